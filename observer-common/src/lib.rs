@@ -1,0 +1,2 @@
+//! Types shared by `observer-ebpf` (kernel side) and `observer` (user side).
+#![no_std]

@@ -1,0 +1,1 @@
+//! Terminal views of the observer's model stream.
