@@ -1,2 +1,16 @@
 //! Types shared by `observer-ebpf` (kernel side) and `observer` (user side).
+//!
+//! Every struct that crosses the kernel↔user boundary is defined here, once:
+//! `#[repr(C)]`, `Copy`, only fixed-width integers and arrays of them, explicit
+//! padding, and a const size assertion so that a layout change is a compile
+//! error on both sides rather than a silent misread.
+//!
+//! With the `user` feature the types also implement `aya::Pod`, so user space
+//! can read them out of maps.
 #![no_std]
+
+pub mod faults;
+pub mod hist;
+
+pub use faults::{Config, GlobalCounter, ThreadFaults};
+pub use hist::HIST_BUCKETS;

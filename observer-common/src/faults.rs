@@ -1,0 +1,69 @@
+//! Page-fault bracketing: per-thread accumulators.
+//!
+//! Measurement rule (see `observer-ebpf/src/faults.rs` for the probes):
+//! a fault *enters* when the perf software event `page-faults` fires (in
+//! `do_user_addr_fault`, for user- and kernel-mode faults on user addresses) and
+//! *exits* when `major-faults` or `minor-faults` fires (in `mm_account_fault`,
+//! once per completed fault, after any retry). The time between the two, on or
+//! off CPU, is the fault's latency; the exit event says major or minor. Faults
+//! that fail (SIGSEGV) have an entry and no exit; faults taken through
+//! `get_user_pages` (no `pt_regs`) have neither — both are counted by the
+//! kernel's `getrusage` but not here (`unmatched_*` counts what was seen).
+
+use crate::hist::HIST_BUCKETS;
+
+/// Filter and options, written by user space into the `CONFIG` array (index 0)
+/// before the programs are attached.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Config {
+    /// Only events of this process (all its threads) are counted.
+    pub target_tgid: u32,
+    pub _pad: u32,
+}
+const _: () = assert!(core::mem::size_of::<Config>() == 8);
+
+/// Per-thread fault accumulators, the value of the `THREAD_FAULTS` hash map
+/// keyed by TID. Times in nanoseconds.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct ThreadFaults {
+    /// Kernel time of the entry of the fault in progress, 0 when none.
+    pub fault_start_ns: u64,
+    pub majflt: u64,
+    pub minflt: u64,
+    /// Total time between entry and exit of completed major faults.
+    pub majflt_ns: u64,
+    /// Same for minor faults.
+    pub minflt_ns: u64,
+    /// An entry while another fault was still open (the earlier one failed).
+    pub unmatched_entries: u64,
+    /// An exit with no open entry (counted in `majflt`/`minflt`, no time).
+    pub unmatched_exits: u64,
+    /// Thread name at first sight (`comm`), NUL padded.
+    pub comm: [u8; 16],
+    pub majflt_hist: [u64; HIST_BUCKETS],
+    pub minflt_hist: [u64; HIST_BUCKETS],
+}
+const _: () = assert!(core::mem::size_of::<ThreadFaults>() == 7 * 8 + 16 + 2 * HIST_BUCKETS * 8);
+
+/// Indices of the per-CPU `COUNTERS` array: the observer's own health.
+#[repr(u32)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum GlobalCounter {
+    /// Events dropped because a map was full or a ring buffer had no room.
+    LostEvents = 0,
+    /// Probe invocations that matched the target (for cost accounting).
+    TargetEvents = 1,
+}
+/// Number of slots in `COUNTERS`.
+pub const GLOBAL_COUNTERS: u32 = 4;
+
+#[cfg(feature = "user")]
+mod pod {
+    // SAFETY: repr(C), only integer fields and arrays, no padding holes
+    // (checked by the size assertions above).
+    unsafe impl aya::Pod for super::Config {}
+    // SAFETY: as above.
+    unsafe impl aya::Pod for super::ThreadFaults {}
+}

@@ -1,0 +1,96 @@
+//! Fault bracketing (rule: `observer_common::faults`).
+//!
+//! - `fault_entry`: perf software event `page-faults` (PERF_COUNT_SW_PAGE_FAULTS).
+//! - `fault_exit_maj` / `fault_exit_min`: `major-faults` / `minor-faults`, which
+//!   the kernel raises from `mm_account_fault` when a fault completes.
+//!
+//! All three run synchronously in the faulting task, so the current TID is the
+//! faulting thread. Minimum kernel: 4.9 (BPF on perf events).
+
+use aya_ebpf::{
+    helpers::{bpf_get_current_comm, bpf_ktime_get_ns},
+    macros::perf_event,
+    programs::PerfEventContext,
+};
+use observer_common::{GlobalCounter, ThreadFaults, hist::bucket_of};
+
+use crate::maps::{FAULTS_TEMPLATE, THREAD_FAULTS, bump, target_tid};
+
+#[inline(always)]
+fn thread_faults(tid: u32) -> Option<*mut ThreadFaults> {
+    if let Some(p) = THREAD_FAULTS.get_ptr_mut(tid) {
+        return Some(p);
+    }
+    let tmpl = FAULTS_TEMPLATE.get_ptr_mut(0)?;
+    // SAFETY: per-CPU scratch value; only `comm` is ever written, the rest stays zero.
+    unsafe {
+        (*tmpl).comm = bpf_get_current_comm().unwrap_or([0; 16]);
+        if THREAD_FAULTS.insert(&tid, &*tmpl, 0).is_err() {
+            bump(GlobalCounter::LostEvents);
+            return None;
+        }
+    }
+    THREAD_FAULTS.get_ptr_mut(tid)
+}
+
+#[perf_event]
+pub fn fault_entry(_ctx: PerfEventContext) -> u32 {
+    let Some(tid) = target_tid() else { return 0 };
+    bump(GlobalCounter::TargetEvents);
+    let Some(t) = thread_faults(tid) else { return 0 };
+    let now = unsafe { bpf_ktime_get_ns() };
+    // SAFETY: map value pointer; only this thread's own events write it.
+    unsafe {
+        if (*t).fault_start_ns != 0 {
+            (*t).unmatched_entries += 1;
+        }
+        (*t).fault_start_ns = now;
+    }
+    0
+}
+
+#[inline(always)]
+fn fault_exit(major: bool) -> u32 {
+    let Some(tid) = target_tid() else { return 0 };
+    bump(GlobalCounter::TargetEvents);
+    let Some(t) = thread_faults(tid) else { return 0 };
+    let now = unsafe { bpf_ktime_get_ns() };
+    // SAFETY: map value pointer; only this thread's own events write it.
+    unsafe {
+        let start = (*t).fault_start_ns;
+        (*t).fault_start_ns = 0;
+        if major {
+            (*t).majflt += 1;
+        } else {
+            (*t).minflt += 1;
+        }
+        if start == 0 || now < start {
+            (*t).unmatched_exits += 1;
+            return 0;
+        }
+        let dt = now - start;
+        let b = bucket_of(dt);
+        if major {
+            (*t).majflt_ns += dt;
+            if let Some(c) = (*t).majflt_hist.get_mut(b) {
+                *c += 1;
+            }
+        } else {
+            (*t).minflt_ns += dt;
+            if let Some(c) = (*t).minflt_hist.get_mut(b) {
+                *c += 1;
+            }
+        }
+    }
+    0
+}
+
+#[perf_event]
+pub fn fault_exit_maj(_ctx: PerfEventContext) -> u32 {
+    fault_exit(true)
+}
+
+#[perf_event]
+pub fn fault_exit_min(_ctx: PerfEventContext) -> u32 {
+    fault_exit(false)
+}

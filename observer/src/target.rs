@@ -1,0 +1,230 @@
+//! The observed process: spawned by us (held before `exec` until the probes are
+//! attached, so nothing it does is missed) or an existing PID.
+
+use std::{
+    ffi::{CString, OsStr, OsString},
+    io,
+    os::{
+        fd::{AsRawFd, FromRawFd, OwnedFd},
+        unix::{ffi::OsStrExt, ffi::OsStringExt, fs::PermissionsExt},
+    },
+    time::Duration,
+};
+
+use anyhow::{Context, Result, bail};
+use tokio::io::unix::AsyncFd;
+
+/// A process under observation. Either way its exit is seen through a pidfd.
+#[derive(Debug)]
+pub struct Target {
+    pid: u32,
+    pidfd: AsyncFd<OwnedFd>,
+    /// Spawned by us: the pipe end that releases it into `exec`, and the pipe
+    /// on which a failed `exec` reports its errno.
+    spawned: Option<Spawned>,
+}
+
+#[derive(Debug)]
+struct Spawned {
+    release: Option<OwnedFd>,
+    exec_error: OwnedFd,
+    program: String,
+}
+
+/// How the target ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Ending {
+    /// Exit status code, or 128 + signal.
+    Exited(i32),
+    /// The target went away but it was not our child (attach mode).
+    Gone,
+}
+
+fn pidfd_open(pid: u32) -> io::Result<OwnedFd> {
+    // SAFETY: plain syscall with integer arguments.
+    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid as libc::pid_t, 0) };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: the kernel just handed us this descriptor.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd as i32) })
+}
+
+fn register(fd: OwnedFd) -> Result<AsyncFd<OwnedFd>> {
+    // SAFETY: we own `fd` and hand it to the AsyncFd, which keeps it open for
+    // as long as it is registered.
+    unsafe { AsyncFd::register(fd) }
+        .map_err(|e| e.into_parts().1)
+        .context("registering pidfd")
+}
+
+fn pipe() -> Result<(OwnedFd, OwnedFd)> {
+    let mut fds = [0i32; 2];
+    // SAFETY: fds is a valid 2-element array.
+    if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
+        return Err(io::Error::last_os_error()).context("pipe2");
+    }
+    // SAFETY: fresh descriptors from pipe2.
+    Ok(unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) })
+}
+
+/// `prog` as `execvp` would find it, resolved before `fork` (after it only
+/// async-signal-safe calls are allowed).
+fn resolve_program(prog: &OsStr) -> Result<CString> {
+    let bytes = prog.as_bytes();
+    let found = if bytes.contains(&b'/') {
+        Some(std::path::PathBuf::from(prog))
+    } else {
+        std::env::var_os("PATH").and_then(|path| {
+            std::env::split_paths(&path)
+                .map(|d| d.join(prog))
+                .find(|p| p.metadata().map(|m| m.is_file() && m.permissions().mode() & 0o111 != 0).unwrap_or(false))
+        })
+    };
+    let Some(path) = found else {
+        bail!("cannot start `{}`: command not found in PATH", prog.to_string_lossy());
+    };
+    CString::new(path.into_os_string().into_vec())
+        .with_context(|| format!("command `{}` contains a NUL byte", prog.to_string_lossy()))
+}
+
+impl Target {
+    /// Fork `cmd`, with the child blocked before `exec` until [`Target::release`],
+    /// so that the probes see everything it does.
+    pub fn spawn(cmd: &[OsString]) -> Result<Self> {
+        let (prog, _) = cmd.split_first().context("no command given after `--`")?;
+        let path = resolve_program(prog)?;
+        let argv_c: Vec<CString> = cmd
+            .iter()
+            .map(|a| CString::new(a.as_bytes().to_vec()))
+            .collect::<Result<_, _>>()
+            .context("an argument contains a NUL byte")?;
+        let mut argv: Vec<*const libc::c_char> = argv_c.iter().map(|a| a.as_ptr()).collect();
+        argv.push(std::ptr::null());
+        let (go_rd, go_wr) = pipe()?;
+        let (err_rd, err_wr) = pipe()?;
+        // SAFETY: after fork the child only calls async-signal-safe functions
+        // (read, write, execv, _exit) on memory prepared before the fork.
+        let pid = unsafe { libc::fork() };
+        if pid < 0 {
+            return Err(io::Error::last_os_error()).context("fork");
+        }
+        if pid == 0 {
+            // SAFETY: see above; we never return from this block.
+            unsafe {
+                let mut b = 0u8;
+                loop {
+                    let n = libc::read(go_rd.as_raw_fd(), (&mut b as *mut u8).cast(), 1);
+                    if n >= 0 || *libc::__errno_location() != libc::EINTR {
+                        break;
+                    }
+                }
+                if n_is_go(b) {
+                    libc::execv(path.as_ptr(), argv.as_ptr());
+                    let errno = *libc::__errno_location();
+                    libc::write(err_wr.as_raw_fd(), (&errno as *const i32).cast(), 4);
+                }
+                libc::_exit(127);
+            }
+        }
+        drop(go_rd);
+        drop(err_wr);
+        let pid = pid as u32;
+        let pidfd = register(pidfd_open(pid).with_context(|| format!("pidfd_open({pid})"))?)?;
+        Ok(Target {
+            pid,
+            pidfd,
+            spawned: Some(Spawned {
+                release: Some(go_wr),
+                exec_error: err_rd,
+                program: prog.to_string_lossy().into_owned(),
+            }),
+        })
+    }
+
+    /// Attach to a running process.
+    pub fn attach(pid: u32) -> Result<Self> {
+        if pid == 0 || !std::path::Path::new(&format!("/proc/{pid}")).exists() {
+            bail!("no process with PID {pid} (check `ps -p {pid}`)");
+        }
+        let fd = pidfd_open(pid).with_context(|| format!("no process with PID {pid} (pidfd_open)"))?;
+        Ok(Target { pid, pidfd: register(fd)?, spawned: None })
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.pid
+    }
+
+    /// Let a spawned child run (`exec`), and report an `exec` failure; no-op
+    /// when attached.
+    pub fn release(&mut self) -> Result<()> {
+        let Some(sp) = &mut self.spawned else { return Ok(()) };
+        let Some(fd) = sp.release.take() else { return Ok(()) };
+        // SAFETY: writing one byte from a valid buffer to our pipe end.
+        let n = unsafe { libc::write(fd.as_raw_fd(), [GO].as_ptr().cast(), 1) };
+        if n != 1 {
+            return Err(io::Error::last_os_error()).context("releasing the child");
+        }
+        drop(fd);
+        // The error pipe closes on a successful exec (CLOEXEC) or carries errno.
+        let mut errno = 0i32;
+        // SAFETY: reading at most 4 bytes into an i32.
+        let n = unsafe { libc::read(sp.exec_error.as_raw_fd(), (&mut errno as *mut i32).cast(), 4) };
+        if n == 4 {
+            bail!(
+                "cannot start `{}`: {}",
+                sp.program,
+                io::Error::from_raw_os_error(errno)
+            );
+        }
+        Ok(())
+    }
+
+    /// Wait for the target to end.
+    pub async fn wait(&mut self) -> Result<Ending> {
+        // A pidfd becomes readable when the process exits.
+        let mut guard = self.pidfd.readable().await.context("waiting on pidfd")?;
+        guard.retain_ready();
+        drop(guard);
+        if self.spawned.is_none() {
+            return Ok(Ending::Gone);
+        }
+        let mut status = 0i32;
+        // SAFETY: our own child, valid status pointer.
+        let r = unsafe { libc::waitpid(self.pid as libc::pid_t, &mut status, 0) };
+        if r < 0 {
+            return Err(io::Error::last_os_error()).context("waitpid");
+        }
+        let code = if libc::WIFEXITED(status) {
+            libc::WEXITSTATUS(status)
+        } else if libc::WIFSIGNALED(status) {
+            128 + libc::WTERMSIG(status)
+        } else {
+            -1
+        };
+        Ok(Ending::Exited(code))
+    }
+
+    /// Forward a signal to the target (spawned children only; an attached
+    /// process belongs to someone else).
+    pub fn signal(&self, sig: i32) {
+        if self.spawned.is_some() {
+            // SAFETY: kill with a PID we spawned and have not reaped yet.
+            unsafe { libc::kill(self.pid as libc::pid_t, sig) };
+        }
+    }
+
+    pub fn is_spawned(&self) -> bool {
+        self.spawned.is_some()
+    }
+}
+
+const GO: u8 = 1;
+
+#[inline(always)]
+fn n_is_go(b: u8) -> bool {
+    b == GO
+}
+
+/// Grace period between forwarding SIGINT and giving up on a child.
+pub const CHILD_GRACE: Duration = Duration::from_secs(5);

@@ -1,0 +1,178 @@
+//! Fault attribution end to end: real probes, compared with the workload's own
+//! `getrusage` on the same run.
+
+mod common;
+
+use std::{
+    process::{Command, Stdio},
+    time::{Duration, Instant},
+};
+
+use common::*;
+
+#[test]
+fn file_refaults_match_getrusage() {
+    let _l = machine_lock();
+    let file = scratch_dir("refault").join("refault-256M.bin");
+    let r = observe(
+        "refault.json",
+        &["--", WORKLOAD, "file-refault", "--size", "256M", "--path", file.to_str().unwrap()],
+    );
+    let w = &r.workload[0];
+    let totals = &r.summary["totals"];
+    assert!(u(w, "majflt") >= 60_000, "workload should take one major fault per page: {w}");
+    assert_within("major faults", u(totals, "majflt"), u(w, "majflt"), 0.02);
+    let maj_ns = u(totals, "majflt_ns");
+    assert!(maj_ns > 0, "no time in major faults");
+    assert!(
+        maj_ns < u(w, "wall_ns") as u64,
+        "time in major faults {maj_ns} ns exceeds the workload's wall time {} ns",
+        w["wall_ns"]
+    );
+    assert!(u(totals, "fault_ns") >= maj_ns);
+    // Histogram counts agree with the counter.
+    assert_eq!(u(&r.summary["majflt_hist"], "count"), u(totals, "majflt"));
+}
+
+#[test]
+fn anonymous_minor_faults_match_getrusage() {
+    let _l = machine_lock();
+    let r = observe("anon.json", &["--", WORKLOAD, "anon", "--size", "256M"]);
+    let w = &r.workload[0];
+    let totals = &r.summary["totals"];
+    assert!(u(w, "minflt") >= 65_000, "one minor fault per 4 KiB page expected: {w}");
+    assert_within("minor faults", u(totals, "minflt"), u(w, "minflt"), 0.02);
+    assert!(u(totals, "minflt_ns") > 0);
+    assert_eq!(u(totals, "majflt"), 0, "fresh anonymous memory takes no major faults");
+}
+
+#[test]
+fn per_thread_rows_add_up() {
+    let _l = machine_lock();
+    let r = observe("threads.json", &["--", WORKLOAD, "anon", "--size", "256M", "--threads", "4"]);
+    let threads = r.summary["threads"].as_array().expect("threads array");
+    // The main thread plus four workers.
+    let workers: Vec<_> = threads.iter().filter(|t| u(t, "minflt") >= 16_000).collect();
+    assert_eq!(workers.len(), 4, "expected 4 threads with ~16384 faults each: {threads:?}");
+    let sum: u64 = threads.iter().map(|t| u(t, "minflt")).sum();
+    assert_eq!(sum, u(&r.summary["totals"], "minflt"));
+    let tids: std::collections::HashSet<u64> = threads.iter().map(|t| u(t, "tid")).collect();
+    assert_eq!(tids.len(), threads.len(), "one row per thread");
+    assert_within("minor faults", sum, u(&r.workload[0], "minflt"), 0.02);
+}
+
+#[test]
+fn other_processes_are_not_counted() {
+    let _l = machine_lock();
+    // A second process faulting 512 MiB at the same time, not observed.
+    let mut noise = Command::new(WORKLOAD)
+        .args(["anon", "--size", "512M", "--repeat", "6"])
+        .stdout(Stdio::null())
+        .spawn()
+        .expect("spawn noise");
+    let r = observe("filter.json", &["--", WORKLOAD, "anon", "--size", "256M", "--repeat", "2"]);
+    let still_running = noise.try_wait().expect("try_wait").is_none();
+    noise.kill().ok();
+    noise.wait().ok();
+    assert!(still_running, "the noise process must overlap the observed one");
+    let w = &r.workload[0];
+    assert_within("minor faults of the target only", u(&r.summary["totals"], "minflt"), u(w, "minflt"), 0.02);
+}
+
+#[test]
+fn nothing_stays_loaded_after_exit() {
+    let _l = machine_lock();
+    assert!(ours_loaded().is_empty(), "programs loaded before the test: {:?}", ours_loaded());
+    let mut child = Command::new(OBSERVER)
+        .args(["run", "--", "sleep", "3"])
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("spawn observer");
+    // While it runs, its programs are there (so the check below means something).
+    let t0 = Instant::now();
+    let mut seen = Vec::new();
+    while t0.elapsed() < Duration::from_secs(3) && seen.len() < OUR_PROGRAMS.len() {
+        seen = ours_loaded();
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert_eq!(seen.len(), OUR_PROGRAMS.len(), "observer's programs not seen while running: {seen:?}");
+    let st = child.wait().expect("wait observer");
+    assert!(st.success());
+    assert!(ours_loaded().is_empty(), "programs left loaded: {:?}", ours_loaded());
+}
+
+#[test]
+fn sigint_ends_cleanly_with_summary() {
+    let _l = machine_lock();
+    // Spawn mode: the child gets SIGINT forwarded, the summary is printed.
+    let child = Command::new(OBSERVER)
+        .args(["run", "--", "sleep", "30"])
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn observer");
+    std::thread::sleep(Duration::from_millis(800));
+    // SAFETY: signalling our own child.
+    unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
+    let t0 = Instant::now();
+    let out = child.wait_with_output().expect("wait");
+    assert!(t0.elapsed() < Duration::from_secs(10), "observer did not stop promptly");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("total"), "no summary table after SIGINT:\n{err}");
+    assert_eq!(out.status.code(), Some(128 + libc::SIGINT), "exit code is the child's: {err}");
+    assert!(ours_loaded().is_empty());
+
+    // Attach mode: the target keeps running, the observer prints and exits 0.
+    let mut target = Command::new("sleep").arg("30").spawn().expect("spawn sleep");
+    let obs = Command::new(OBSERVER)
+        .args(["run", "--pid", &target.id().to_string()])
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn observer");
+    std::thread::sleep(Duration::from_millis(800));
+    // SAFETY: signalling our own child.
+    unsafe { libc::kill(obs.id() as i32, libc::SIGINT) };
+    let out = obs.wait_with_output().expect("wait");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    assert!(err.contains("total"), "no summary:\n{err}");
+    assert!(target.try_wait().unwrap().is_none(), "an attached target must not be signalled");
+    target.kill().ok();
+    target.wait().ok();
+}
+
+#[test]
+fn attach_sees_target_exit() {
+    let _l = machine_lock();
+    let mut target = Command::new(WORKLOAD)
+        .args(["anon", "--size", "64M", "--delay-ms", "1000"])
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("spawn workload");
+    let json = scratch_dir("json").join("attach.json");
+    let out = Command::new(OBSERVER)
+        .args(["run", "--json", json.to_str().unwrap(), "--pid", &target.id().to_string()])
+        .output()
+        .expect("observer");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    target.wait().ok();
+    let v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    // Attached during the delay, before the 16384 page touches.
+    assert!(u(&v["totals"], "minflt") >= 16_000, "{}", v["totals"]);
+}
+
+#[test]
+fn json_uses_the_design_vocabulary() {
+    let _l = machine_lock();
+    let r = observe("vocab.json", &["--", WORKLOAD, "anon", "--size", "16M"]);
+    let s = &r.summary;
+    for key in ["majflt", "minflt", "fault_ns"] {
+        assert!(s["totals"][key].is_u64(), "totals.{key} missing: {s}");
+    }
+    assert!(s["lost_events"].is_u64());
+    assert_eq!(u(s, "lost_events"), 0);
+    let t = &s["threads"][0];
+    for key in ["tid", "comm", "majflt", "minflt", "fault_ns"] {
+        assert!(!t[key].is_null(), "threads[0].{key} missing: {t}");
+    }
+    assert_eq!(s["target"]["exit_code"], 0);
+}

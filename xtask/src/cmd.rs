@@ -1,0 +1,40 @@
+//! Running commands with errors that say which command failed.
+
+use std::process::{Command, Output, Stdio};
+
+use anyhow::{Context, Result, bail};
+
+fn describe(c: &Command) -> String {
+    let mut s = c.get_program().to_string_lossy().into_owned();
+    for a in c.get_args() {
+        s.push(' ');
+        s.push_str(&a.to_string_lossy());
+    }
+    s
+}
+
+/// Run, inheriting stdio; fail on a non-zero exit.
+pub fn run(c: &mut Command) -> Result<()> {
+    let d = describe(c);
+    eprintln!("+ {d}");
+    let st = c.status().with_context(|| format!("cannot run `{d}`"))?;
+    if !st.success() {
+        bail!("`{d}` failed ({st})");
+    }
+    Ok(())
+}
+
+/// Run and capture stdout+stderr; returns the output even on failure.
+pub fn capture(c: &mut Command) -> Result<Output> {
+    let d = describe(c);
+    c.stdin(Stdio::null())
+        .output()
+        .with_context(|| format!("cannot run `{d}`"))
+}
+
+/// Whether a program is found on PATH.
+pub fn on_path(prog: &str) -> bool {
+    std::env::var_os("PATH")
+        .map(|p| std::env::split_paths(&p).any(|d| d.join(prog).is_file()))
+        .unwrap_or(false)
+}

@@ -1,0 +1,93 @@
+//! `cargo xtask test`: setup, build every binary in release mode, run every
+//! test of the workspace in release mode, and say how many ran.
+//!
+//! Tests run in release so the binaries they drive (observer, engine, workload)
+//! are the ones a user runs, and so nothing is compiled twice.
+
+use std::{
+    io::{BufRead, BufReader},
+    process::{Command, Stdio},
+};
+
+use anyhow::{Context, Result, bail};
+
+use crate::{cache, cmd, setup};
+
+#[derive(Debug, Default)]
+struct Counts {
+    passed: u64,
+    failed: u64,
+    ignored: u64,
+    binaries: u64,
+}
+
+/// Parse cargo's `test result: ok. 5 passed; 0 failed; 1 ignored; …` line.
+fn parse_result(line: &str, c: &mut Counts) {
+    let Some(rest) = line.trim().strip_prefix("test result: ") else { return };
+    c.binaries += 1;
+    for part in rest.split(';') {
+        let words: Vec<&str> = part.split_whitespace().collect();
+        let (n, what) = match words.as_slice() {
+            [_, n, what, ..] if n.parse::<u64>().is_ok() => (n, what),
+            [n, what, ..] => (n, what),
+            _ => continue,
+        };
+        let Ok(n) = n.parse::<u64>() else { continue };
+        match *what {
+            "passed" => c.passed += n,
+            "failed" => c.failed += n,
+            "ignored" => c.ignored += n,
+            _ => {}
+        }
+    }
+}
+
+pub fn run(args: &[String]) -> Result<()> {
+    setup::run(setup::Scope::All)?;
+    let root = cache::workspace_root();
+    cmd::run(Command::new("cargo").current_dir(&root).args(["build", "--release", "--workspace", "--bins"]))?;
+
+    let mut c = Command::new("cargo");
+    c.current_dir(&root)
+        .args(["test", "--release", "--workspace", "--no-fail-fast"])
+        .args(args)
+        .stdout(Stdio::piped());
+    eprintln!("+ cargo test --release --workspace --no-fail-fast {}", args.join(" "));
+    let mut child = c.spawn().context("cannot run cargo test")?;
+    let out = child.stdout.take().context("no stdout")?;
+    let mut counts = Counts::default();
+    for line in BufReader::new(out).lines() {
+        let line = line.context("reading cargo test output")?;
+        println!("{line}");
+        parse_result(&line, &mut counts);
+    }
+    let status = child.wait()?;
+    let ran = counts.passed + counts.failed;
+    println!(
+        "\nxtask test: {ran} tests ran in {} test binaries: {} passed, {} failed, {} ignored",
+        counts.binaries, counts.passed, counts.failed, counts.ignored
+    );
+    if !status.success() || counts.failed > 0 {
+        bail!("test suite failed");
+    }
+    if counts.ignored > 0 {
+        bail!("{} tests are #[ignore]d: this project does not skip tests silently", counts.ignored);
+    }
+    if ran == 0 && args.is_empty() {
+        bail!("no tests ran");
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_cargo_result_line() {
+        let mut c = Counts::default();
+        parse_result("test result: ok. 5 passed; 0 failed; 1 ignored; 0 measured; 2 filtered out; finished in 0.01s", &mut c);
+        parse_result("test result: FAILED. 3 passed; 2 failed; 0 ignored; 0 measured; 0 filtered out", &mut c);
+        assert_eq!((c.passed, c.failed, c.ignored, c.binaries), (8, 2, 1, 2));
+    }
+}
