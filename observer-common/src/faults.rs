@@ -19,9 +19,11 @@ use crate::hist::HIST_BUCKETS;
 pub struct Config {
     /// Only events of this process (all its threads) are counted.
     pub target_tgid: u32,
-    pub _pad: u32,
+    /// Block major number of zram devices (from /proc/devices), 0 when none.
+    pub zram_major: u32,
+    pub _pad: [u32; 2],
 }
-const _: () = assert!(core::mem::size_of::<Config>() == 8);
+const _: () = assert!(core::mem::size_of::<Config>() == 16);
 
 /// Per-thread fault accumulators, the value of the `THREAD_FAULTS` hash map
 /// keyed by TID. Times in nanoseconds.

@@ -9,7 +9,13 @@
 //! can read them out of maps.
 #![no_std]
 
+#[cfg(feature = "user")]
+extern crate std;
+
+pub mod attrib;
 pub mod faults;
+#[cfg(feature = "user")]
+pub mod model;
 pub mod hist;
 
 pub use faults::{Config, GlobalCounter, ThreadFaults};

@@ -1,20 +1,29 @@
-//! Fault bracketing (rule: `observer_common::faults`).
+//! Fault bracketing (rule: `observer_common::faults`, attribution:
+//! `observer_common::attrib`).
 //!
 //! - `fault_entry`: perf software event `page-faults` (PERF_COUNT_SW_PAGE_FAULTS).
 //! - `fault_exit_maj` / `fault_exit_min`: `major-faults` / `minor-faults`, which
 //!   the kernel raises from `mm_account_fault` when a fault completes.
+//! - `filemap_fault`: tracepoint `filemap:mm_filemap_fault` marks the open
+//!   fault as a file fault (optional, Linux >= 6.8).
 //!
-//! All three run synchronously in the faulting task, so the current TID is the
+//! All run synchronously in the faulting task, so the current TID is the
 //! faulting thread. Minimum kernel: 4.9 (BPF on perf events).
 
 use aya_ebpf::{
     helpers::{bpf_get_current_comm, bpf_ktime_get_ns},
-    macros::perf_event,
-    programs::PerfEventContext,
+    macros::{perf_event, tracepoint},
+    programs::{PerfEventContext, TracePointContext},
 };
-use observer_common::{GlobalCounter, ThreadFaults, hist::bucket_of};
+use observer_common::{
+    GlobalCounter, ThreadFaults,
+    attrib::{F_FAULT_FILE, H_FAULT_MAJOR_FILE, H_FAULT_MAJOR_SWAP, H_FAULT_MINOR},
+    hist::bucket_of,
+};
 
-use crate::maps::{FAULTS_TEMPLATE, THREAD_FAULTS, bump, target_tid};
+use crate::maps::{
+    FAULTS_TEMPLATE, THREAD_FAULTS, bump, current_state, hist_add, target_tid, update,
+};
 
 #[inline(always)]
 fn thread_faults(tid: u32) -> Option<*mut ThreadFaults> {
@@ -37,8 +46,12 @@ fn thread_faults(tid: u32) -> Option<*mut ThreadFaults> {
 pub fn fault_entry(_ctx: PerfEventContext) -> u32 {
     let Some(tid) = target_tid() else { return 0 };
     bump(GlobalCounter::TargetEvents);
-    let Some(t) = thread_faults(tid) else { return 0 };
+    // SAFETY: helper without preconditions.
     let now = unsafe { bpf_ktime_get_ns() };
+    if let Some(s) = current_state(tid, now) {
+        update(s, |s| s.fault_enter(now));
+    }
+    let Some(t) = thread_faults(tid) else { return 0 };
     // SAFETY: map value pointer; only this thread's own events write it.
     unsafe {
         if (*t).fault_start_ns != 0 {
@@ -53,8 +66,22 @@ pub fn fault_entry(_ctx: PerfEventContext) -> u32 {
 fn fault_exit(major: bool) -> u32 {
     let Some(tid) = target_tid() else { return 0 };
     bump(GlobalCounter::TargetEvents);
-    let Some(t) = thread_faults(tid) else { return 0 };
+    // SAFETY: helper without preconditions.
     let now = unsafe { bpf_ktime_get_ns() };
+    if let Some(s) = current_state(tid, now) {
+        let mut res = (0u64, 0usize);
+        update(s, |s| res = s.fault_exit(now, major));
+        let (lat, class) = res;
+        if lat != 0 {
+            let h = match class {
+                0 => H_FAULT_MINOR,
+                1 => H_FAULT_MAJOR_FILE,
+                _ => H_FAULT_MAJOR_SWAP,
+            };
+            hist_add(h, lat);
+        }
+    }
+    let Some(t) = thread_faults(tid) else { return 0 };
     // SAFETY: map value pointer; only this thread's own events write it.
     unsafe {
         let start = (*t).fault_start_ns;
@@ -93,4 +120,19 @@ pub fn fault_exit_maj(_ctx: PerfEventContext) -> u32 {
 #[perf_event]
 pub fn fault_exit_min(_ctx: PerfEventContext) -> u32 {
     fault_exit(false)
+}
+
+#[tracepoint]
+pub fn filemap_fault(_ctx: TracePointContext) -> u32 {
+    let Some(tid) = target_tid() else { return 0 };
+    // SAFETY: helper without preconditions.
+    let now = unsafe { bpf_ktime_get_ns() };
+    if let Some(s) = current_state(tid, now) {
+        update(s, |s| {
+            if s.fault_start != 0 {
+                s.flags |= F_FAULT_FILE;
+            }
+        });
+    }
+    0
 }

@@ -1,17 +1,29 @@
-//! Maps shared by the programs, and small helpers around them.
+//! Maps shared by the programs, and the helpers that find a thread's state.
 
 use aya_ebpf::{
-    helpers::bpf_get_current_pid_tgid,
+    helpers::{bpf_get_current_comm, bpf_get_current_pid_tgid},
     macros::map,
-    maps::{Array, HashMap, PerCpuArray},
+    maps::{Array, HashMap, LruHashMap, PerCpuArray, RingBuf},
 };
-use observer_common::{Config, GlobalCounter, ThreadFaults, faults::GLOBAL_COUNTERS};
+use observer_common::{
+    Config, GlobalCounter, ThreadFaults,
+    attrib::{BioInflight, BioKey, F_ON_CPU, Hist, MAX_SLOTS, N_HIST, ThreadState, TpOffsets},
+    faults::GLOBAL_COUNTERS,
+    hist::bucket_of,
+};
 
-/// Upper bound on threads tracked per run; beyond it events count as lost.
+/// Upper bound on threads with per-thread fault histograms.
 pub const MAX_THREADS: u32 = 8192;
 
 #[map]
 pub static CONFIG: Array<Config> = Array::with_max_entries(1, 0);
+
+#[map]
+pub static OFFSETS: Array<TpOffsets> = Array::with_max_entries(1, 0);
+
+/// Bitmap of syscall numbers that count as explicit I/O (512 bits).
+#[map]
+pub static IO_SYSCALLS: Array<u64> = Array::with_max_entries(8, 0);
 
 #[map]
 pub static THREAD_FAULTS: HashMap<u32, ThreadFaults> = HashMap::with_max_entries(MAX_THREADS, 0);
@@ -23,12 +35,49 @@ pub static FAULTS_TEMPLATE: PerCpuArray<ThreadFaults> = PerCpuArray::with_max_en
 #[map]
 pub static COUNTERS: PerCpuArray<u64> = PerCpuArray::with_max_entries(GLOBAL_COUNTERS, 0);
 
-/// The current thread's TID when it belongs to the target process.
+/// TID → slot in `THREADS`.
+#[map]
+pub static SLOTS: HashMap<u32, u32> = HashMap::with_max_entries(MAX_SLOTS, 0);
+
+/// Attribution state, one slot per thread of the target.
+#[map]
+pub static THREADS: Array<ThreadState> = Array::with_max_entries(MAX_SLOTS, 0);
+
+/// Index 0: slots handed out so far. Index 1: marks emitted so far.
+#[map]
+pub static SEQS: Array<u64> = Array::with_max_entries(2, 0);
+
+#[map]
+pub static HISTS: PerCpuArray<Hist> = PerCpuArray::with_max_entries(N_HIST, 0);
+
+/// Block devices of interest (dev_t in the kernel's encoding) → `DEV_*` kind.
+#[map]
+pub static DEVICES: HashMap<u32, u32> = HashMap::with_max_entries(64, 0);
+
+/// Read bios of the target in flight; LRU so that never-completed keys
+/// (merged bios) age out.
+#[map]
+pub static INFLIGHT: LruHashMap<BioKey, BioInflight> = LruHashMap::with_max_entries(16384, 0);
+
+/// Per-CPU scratch: thread records a mark could not send.
+#[map]
+pub static MARK_LOST: PerCpuArray<u64> = PerCpuArray::with_max_entries(1, 0);
+
+/// Token-boundary records to user space.
+#[map]
+pub static EVENTS: RingBuf = RingBuf::with_byte_size(4 << 20, 0);
+
+#[inline(always)]
+pub fn config() -> Option<&'static Config> {
+    CONFIG.get(0)
+}
+
+/// (tgid, tid) of the current task when it belongs to the target process.
 #[inline(always)]
 pub fn target_tid() -> Option<u32> {
     let id = bpf_get_current_pid_tgid();
     let tgid = (id >> 32) as u32;
-    let cfg = CONFIG.get(0)?;
+    let cfg = config()?;
     if cfg.target_tgid == 0 || cfg.target_tgid != tgid {
         return None;
     }
@@ -41,4 +90,109 @@ pub fn bump(counter: GlobalCounter) {
         // SAFETY: per-CPU slot, programs do not nest on one CPU for these hooks.
         unsafe { *p += 1 };
     }
+}
+
+#[inline(always)]
+pub fn hist_add(h: u32, v: u64) {
+    if let Some(p) = HISTS.get_ptr_mut(h) {
+        let b = bucket_of(v);
+        // SAFETY: per-CPU value.
+        unsafe {
+            if let Some(c) = (*p).b.get_mut(b) {
+                *c += 1;
+            }
+        }
+    }
+}
+
+/// The state of a tracked thread (no allocation).
+#[inline(always)]
+pub fn state_of(tid: u32) -> Option<*mut ThreadState> {
+    // SAFETY: plain map lookup.
+    let slot = unsafe { *SLOTS.get(&tid)? };
+    THREADS.get_ptr_mut(slot)
+}
+
+/// The state of the current thread of the target, allocated on first sight
+/// as "on CPU, user mode, accounting from now".
+#[inline(always)]
+pub fn current_state(tid: u32, now: u64) -> Option<*mut ThreadState> {
+    if let Some(p) = state_of(tid) {
+        return Some(p);
+    }
+    let next = SEQS.get_ptr_mut(0)?;
+    // SAFETY: aligned map value; atomic so that two CPUs never get one slot.
+    let slot = unsafe { atomic_fetch_add(next, 1) };
+    if slot >= MAX_SLOTS as u64 {
+        bump(GlobalCounter::LostEvents);
+        return None;
+    }
+    let slot = slot as u32;
+    let p = THREADS.get_ptr_mut(slot)?;
+    // SAFETY: a fresh slot nobody else has been given.
+    unsafe {
+        (*p).tid = tid;
+        (*p).flags = F_ON_CPU;
+        (*p).last_ts = now;
+        (*p).first_ts = now;
+        (*p).fault_start = 0;
+        (*p).comm = bpf_get_current_comm().unwrap_or([0; 16]);
+    }
+    if SLOTS.insert(&tid, &slot, 0).is_err() {
+        bump(GlobalCounter::LostEvents);
+        return None;
+    }
+    Some(p)
+}
+
+/// Run `f` on a thread's state inside its update sequence (odd while updating),
+/// so that marks reading it from another CPU can tell a torn copy.
+#[inline(always)]
+pub fn update(p: *mut ThreadState, f: impl FnOnce(&mut ThreadState)) {
+    // SAFETY: `p` is a map value; `seq` is its first, 8-byte aligned field.
+    unsafe {
+        let seq = &raw mut (*p).seq;
+        atomic_add(seq, 1);
+        f(&mut *p);
+        atomic_add(seq, 1);
+    }
+}
+
+/// Atomically add to a u64 that another CPU may also update (BPF_XADD, a
+/// full barrier on x86). The BPF target has no `core` atomics, hence asm.
+#[inline(always)]
+pub fn atomic_add(p: *mut u64, v: u64) {
+    // SAFETY: `p` points to an aligned u64 inside a map value.
+    unsafe {
+        core::arch::asm!(
+            "lock *(u64 *)({p} + 0) += {v}",
+            p = in(reg) p,
+            v = in(reg) v,
+            options(nostack),
+        );
+    }
+}
+
+/// Atomic fetch-and-add (BPF_ATOMIC | BPF_FETCH, Linux >= 5.12).
+///
+/// # Safety
+/// `p` must point to an aligned u64 inside a map value.
+#[inline(always)]
+pub unsafe fn atomic_fetch_add(p: *mut u64, v: u64) -> u64 {
+    let mut v = v;
+    // SAFETY: guaranteed by the caller.
+    unsafe {
+        core::arch::asm!(
+            "{v} = atomic_fetch_add((u64 *)({p} + 0), {v})",
+            p = in(reg) p,
+            v = inout(reg) v,
+            options(nostack),
+        );
+    }
+    v
+}
+
+#[inline(always)]
+pub fn offsets() -> Option<&'static TpOffsets> {
+    OFFSETS.get(0)
 }

@@ -50,7 +50,6 @@ pub fn ensure_tracefs() -> Result<()> {
 }
 
 /// Whether a tracepoint exists on this kernel (tracefs must be mounted).
-#[expect(dead_code, reason = "used by the tracepoint probes of the attribution work")]
 pub fn tracepoint_exists(category: &str, name: &str) -> bool {
     Path::new(TRACEFS).join("events").join(category).join(name).is_dir()
 }

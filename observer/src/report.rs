@@ -5,8 +5,18 @@
 
 use std::io::Write;
 
-use observer_common::{HIST_BUCKETS, ThreadFaults, hist::bucket_upper_ns};
+use observer_common::{
+    HIST_BUCKETS, ThreadFaults,
+    attrib::{
+        C_CTX_SWITCHES, C_DISK_READ_NS, C_MAJFLT_FILE, C_MAJFLT_SWAP, C_MINFLT, C_READ_BYTES,
+        C_READ_IOS, C_SWAPINS, C_ZRAM_READ_NS, Hist, ThreadState,
+    },
+    hist::bucket_upper_ns,
+    model::{Component, Components, TokenRecord},
+};
 use serde::Serialize;
+
+use crate::attribution;
 
 #[derive(Debug, Clone, Default, Serialize)]
 pub struct FaultCounts {
@@ -42,6 +52,47 @@ pub struct ThreadRow {
     pub counts: FaultCounts,
     pub majflt_hist: Histogram,
     pub minflt_hist: Histogram,
+    /// Where this thread's time went since it was first seen (see `attrib`).
+    pub attribution: Option<ThreadAttribution>,
+}
+
+/// A thread's whole-run attribution.
+#[derive(Debug, Clone, Serialize)]
+pub struct ThreadAttribution {
+    /// Time accounted since the thread was first seen.
+    pub wall_ns: u64,
+    #[serde(flatten)]
+    pub components: Components,
+    pub majflt_file: u64,
+    pub majflt_swap: u64,
+    pub minflt: u64,
+    pub swapins: u64,
+    pub read_bytes: u64,
+    pub read_ios: u64,
+    /// Σ queue→complete latency of the thread's read bios on disks / on zram.
+    pub disk_read_ns: u64,
+    pub zram_read_ns: u64,
+    pub ctx_switches: u64,
+    pub exited: bool,
+}
+
+impl ThreadAttribution {
+    fn from_state(s: &ThreadState) -> Self {
+        ThreadAttribution {
+            wall_ns: s.accounted(),
+            components: Components::all_measured(s.time),
+            majflt_file: s.cnt[C_MAJFLT_FILE],
+            majflt_swap: s.cnt[C_MAJFLT_SWAP],
+            minflt: s.cnt[C_MINFLT],
+            swapins: s.cnt[C_SWAPINS],
+            read_bytes: s.cnt[C_READ_BYTES],
+            read_ios: s.cnt[C_READ_IOS],
+            disk_read_ns: s.cnt[C_DISK_READ_NS],
+            zram_read_ns: s.cnt[C_ZRAM_READ_NS],
+            ctx_switches: s.cnt[C_CTX_SWITCHES],
+            exited: s.flags & observer_common::attrib::F_EXITED != 0,
+        }
+    }
 }
 
 /// A log2 histogram, buckets as in `observer_common::hist`: `le_ns` is the
@@ -59,7 +110,7 @@ pub struct Bucket {
 }
 
 impl Histogram {
-    fn from_counts(c: &[u64; HIST_BUCKETS]) -> Self {
+    pub fn from_counts(c: &[u64; HIST_BUCKETS]) -> Self {
         let mut h = Histogram::default();
         h.add(c);
         h
@@ -98,6 +149,15 @@ pub struct Summary {
     pub threads: Vec<ThreadRow>,
     /// Events the kernel side could not record (full maps, full ring buffers).
     pub lost_events: u64,
+    /// Latency histograms by kind: `fault_minor`, `fault_major_file`,
+    /// `fault_major_swap`, `zram_read`, `disk_read`.
+    pub latency: std::collections::BTreeMap<String, Histogram>,
+    /// Whole-run attribution summed over threads.
+    pub attribution_totals: Option<ThreadAttribution>,
+    /// Per-token summary (when tokens were marked or windows used).
+    pub attribution: Option<attribution::Summary>,
+    /// Every token record, in order.
+    pub tokens: Vec<TokenRecord>,
 }
 
 pub fn comm_str(c: &[u8; 16]) -> String {
@@ -129,6 +189,7 @@ impl Summary {
                 counts,
                 majflt_hist: Histogram::from_counts(&t.majflt_hist),
                 minflt_hist: Histogram::from_counts(&t.minflt_hist),
+                attribution: None,
             });
         }
         if maj.buckets.is_empty() {
@@ -146,7 +207,61 @@ impl Summary {
             minflt_hist: min,
             threads,
             lost_events,
+            latency: Default::default(),
+            attribution_totals: None,
+            attribution: None,
+            tokens: Vec::new(),
         }
+    }
+
+    /// Add the attribution results: final thread states, kernel histograms and
+    /// the token records.
+    pub fn add_attribution(&mut self, states: &[ThreadState], hists: &[Hist], tokens: Vec<TokenRecord>) {
+        let mut total: Option<ThreadAttribution> = None;
+        for st in states {
+            let a = ThreadAttribution::from_state(st);
+            total = Some(match total {
+                None => a.clone(),
+                Some(mut t) => {
+                    t.wall_ns += a.wall_ns;
+                    for c in Component::ALL {
+                        t.components.add(c, a.components.get(c).unwrap_or(0));
+                    }
+                    t.majflt_file += a.majflt_file;
+                    t.majflt_swap += a.majflt_swap;
+                    t.minflt += a.minflt;
+                    t.swapins += a.swapins;
+                    t.read_bytes += a.read_bytes;
+                    t.read_ios += a.read_ios;
+                    t.disk_read_ns += a.disk_read_ns;
+                    t.zram_read_ns += a.zram_read_ns;
+                    t.ctx_switches += a.ctx_switches;
+                    t.exited &= a.exited;
+                    t
+                }
+            });
+            match self.threads.iter_mut().find(|r| r.tid == st.tid) {
+                Some(row) => row.attribution = Some(a),
+                None => self.threads.push(ThreadRow {
+                    tid: st.tid,
+                    comm: comm_str(&st.comm),
+                    counts: FaultCounts::default(),
+                    majflt_hist: Histogram::from_counts(&[0; HIST_BUCKETS]),
+                    minflt_hist: Histogram::from_counts(&[0; HIST_BUCKETS]),
+                    attribution: Some(a),
+                }),
+            }
+        }
+        self.threads.sort_by_key(|r| r.tid);
+        self.attribution_totals = total;
+        const NAMES: [&str; 5] = ["fault_minor", "fault_major_file", "fault_major_swap", "zram_read", "disk_read"];
+        for (name, h) in NAMES.iter().zip(hists) {
+            self.latency.insert((*name).into(), Histogram::from_counts(&h.b));
+        }
+        if !tokens.is_empty() {
+            self.attribution = Some(attribution::summarise(&tokens));
+        }
+        self.tokens = tokens;
     }
 
     /// The human table.
@@ -195,6 +310,42 @@ impl Summary {
                 "unmatched: {} fault entries without exit (failed faults), {} exits without entry",
                 self.totals.unmatched_entries, self.totals.unmatched_exits
             )?;
+        }
+        let with_attr: Vec<&ThreadRow> = self.threads.iter().filter(|t| t.attribution.is_some()).collect();
+        if !with_attr.is_empty() {
+            writeln!(out, "where the time went (ms, whole run, per thread):")?;
+            let mut h = format!("{:>8}  {:<16} {:>9}", "tid", "comm", "wall");
+            for c in Component::ALL {
+                h.push_str(&format!(" {:>11}", c.name()));
+            }
+            writeln!(out, "{h}")?;
+            let row = |out: &mut dyn Write, tid: &str, comm: &str, a: &ThreadAttribution| {
+                let mut l = format!("{:>8}  {:<16} {:>9.1}", tid, comm, a.wall_ns as f64 / 1e6);
+                for c in Component::ALL {
+                    l.push_str(&format!(" {:>11.1}", a.components.get(c).unwrap_or(0) as f64 / 1e6));
+                }
+                writeln!(out, "{l}")
+            };
+            for t in &with_attr {
+                if let Some(a) = &t.attribution {
+                    row(out, &t.tid.to_string(), &t.comm, a)?;
+                }
+            }
+            if let Some(a) = &self.attribution_totals {
+                row(out, "total", "", a)?;
+                writeln!(
+                    out,
+                    "major faults: {} file, {} swap; swap-ins: {} pages; read: {:.1} MB in {} bios",
+                    a.majflt_file,
+                    a.majflt_swap,
+                    a.swapins,
+                    a.read_bytes as f64 / 1e6,
+                    a.read_ios
+                )?;
+            }
+        }
+        if let Some(a) = &self.attribution {
+            a.print(out)?;
         }
         if self.lost_events > 0 {
             writeln!(out, "\x1b[31mlost events: {}\x1b[0m", self.lost_events)?;

@@ -29,6 +29,7 @@ struct Spawned {
     release: Option<OwnedFd>,
     exec_error: OwnedFd,
     program: String,
+    path: std::path::PathBuf,
 }
 
 /// How the target ended.
@@ -72,13 +73,21 @@ fn pipe() -> Result<(OwnedFd, OwnedFd)> {
 /// async-signal-safe calls are allowed).
 fn resolve_program(prog: &OsStr) -> Result<CString> {
     let bytes = prog.as_bytes();
+    let executable = |p: &std::path::Path| {
+        p.metadata().map(|m| m.is_file() && m.permissions().mode() & 0o111 != 0).unwrap_or(false)
+    };
     let found = if bytes.contains(&b'/') {
-        Some(std::path::PathBuf::from(prog))
+        let p = std::path::PathBuf::from(prog);
+        if !p.exists() {
+            bail!("cannot start `{}`: no such file", prog.to_string_lossy());
+        }
+        if !executable(&p) {
+            bail!("cannot start `{}`: not an executable file", prog.to_string_lossy());
+        }
+        Some(p)
     } else {
         std::env::var_os("PATH").and_then(|path| {
-            std::env::split_paths(&path)
-                .map(|d| d.join(prog))
-                .find(|p| p.metadata().map(|m| m.is_file() && m.permissions().mode() & 0o111 != 0).unwrap_or(false))
+            std::env::split_paths(&path).map(|d| d.join(prog)).find(|p| executable(p))
         })
     };
     let Some(path) = found else {
@@ -138,6 +147,7 @@ impl Target {
                 release: Some(go_wr),
                 exec_error: err_rd,
                 program: prog.to_string_lossy().into_owned(),
+                path: std::path::PathBuf::from(std::ffi::OsStr::from_bytes(path.as_bytes())),
             }),
         })
     }
@@ -153,6 +163,14 @@ impl Target {
 
     pub fn pid(&self) -> u32 {
         self.pid
+    }
+
+    /// The executable the target runs (or will run, once released).
+    pub fn exe(&self) -> Option<std::path::PathBuf> {
+        match &self.spawned {
+            Some(s) => Some(s.path.clone()),
+            None => std::fs::read_link(format!("/proc/{}/exe", self.pid)).ok(),
+        }
     }
 
     /// Let a spawned child run (`exec`), and report an `exec` failure; no-op

@@ -5,8 +5,6 @@
 #![allow(dead_code, reason = "each test binary uses a different subset")]
 
 use std::{
-    fs::File,
-    os::fd::AsRawFd,
     path::PathBuf,
     process::{Command, Output},
 };
@@ -18,15 +16,9 @@ pub const WORKLOAD: &str = env!("CARGO_BIN_EXE_workload");
 
 /// Serialises every test that loads probes or measures the machine, across
 /// test binaries, so that runs do not disturb each other's counters.
-pub struct MachineLock(File);
-
-pub fn machine_lock() -> MachineLock {
+pub fn machine_lock() -> testkit::MachineLock {
     assert_root();
-    let f = File::create("/tmp/moe-observer-tests.lock").expect("create lock file");
-    // SAFETY: valid fd; blocking exclusive lock.
-    let rc = unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX) };
-    assert_eq!(rc, 0, "flock failed");
-    MachineLock(f)
+    testkit::machine_lock()
 }
 
 pub fn assert_root() {
@@ -104,7 +96,24 @@ pub fn loaded_programs() -> Vec<String> {
 }
 
 /// Our programs' names as the kernel shows them (truncated to 15 chars).
-pub const OUR_PROGRAMS: &[&str] = &["fault_entry", "fault_exit_maj", "fault_exit_min"];
+pub const OUR_PROGRAMS: &[&str] = &[
+    "fault_entry",
+    "fault_exit_maj",
+    "fault_exit_min",
+    "sched_switch",
+    "sched_wakeup",
+    "sched_exit",
+    "sys_enter",
+    "sys_exit",
+    "reclaim_begin",
+    "reclaim_end",
+    "bio_queue",
+    "bio_complete",
+    "rq_complete",
+    "filemap_fault",
+    "mark_begin",
+    "mark_end",
+];
 
 pub fn ours_loaded() -> Vec<String> {
     loaded_programs().into_iter().filter(|n| OUR_PROGRAMS.contains(&n.as_str())).collect()

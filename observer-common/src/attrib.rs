@@ -1,0 +1,491 @@
+//! Per-thread time attribution: the state machine shared by the eBPF programs
+//! (which drive it from kernel events) and user space (which uses the same
+//! code to close a snapshot at an arbitrary instant, and to test the rules).
+//!
+//! ## Measurement rule
+//! Every thread of the target is, at every instant, in exactly one context.
+//! Each kernel event first charges the interval since the thread's previous
+//! event (`last_ts` → now) to the context it was in, then changes context:
+//!
+//! | on CPU? | innermost context            | component     |
+//! |---------|------------------------------|---------------|
+//! | yes     | direct / memcg reclaim       | `reclaim`     |
+//! | yes     | page fault, zram read issued | `swapin_zram` |
+//! | yes     | page fault (otherwise)       | `fault_minor` |
+//! | yes     | syscall                      | `syscall`     |
+//! | yes     | none (user mode)             | `compute`     |
+//! | no, runnable (preempted or woken) | any | `runqueue`    |
+//! | no, blocked | reclaim                  | `reclaim`     |
+//! | no, blocked | page fault               | `fault_io`    |
+//! | no, blocked | read/pread/io_uring/… syscall | `io_wait` |
+//! | no, blocked | anything else            | `sleep`       |
+//!
+//! Events: fault entry/exit (perf `page-faults` → `major-faults`/`minor-faults`),
+//! `raw_syscalls:sys_enter/exit`, `vmscan:*reclaim_begin/end`,
+//! `sched:sched_switch` (out: runnable when `prev_state & 0xff == 0`, i.e.
+//! `TASK_RUNNING` or the preemption marker `TASK_REPORT_MAX`; in: on CPU),
+//! `sched:sched_wakeup` (blocked → runnable), `sched:sched_process_exit`.
+//! A zram read bio queued by the thread inside a fault switches that fault's
+//! remaining on-CPU time to `swapin_zram` (the time before it stays
+//! `fault_minor`). Fault *counts* are classified at exit: major with a zram or
+//! swap-device read → `majflt_swap`; other majors → `majflt_file`.
+//!
+//! Hence the components of a thread add up to the time since it was first
+//! seen, exactly, by construction; what is approximate is *which* component
+//! gets a slice: user-mode time includes interrupts taken while in user mode
+//! and the few hundred nanoseconds of kernel entry before a probe fires.
+
+use crate::hist::HIST_BUCKETS;
+
+/// Number of time components (indices below, same order as `model::Component`).
+pub const N_TIME: usize = 9;
+pub const T_COMPUTE: usize = 0;
+pub const T_FAULT_MINOR: usize = 1;
+pub const T_SWAPIN_ZRAM: usize = 2;
+pub const T_FAULT_IO: usize = 3;
+pub const T_IO_WAIT: usize = 4;
+pub const T_RECLAIM: usize = 5;
+pub const T_SYSCALL: usize = 6;
+pub const T_RUNQUEUE: usize = 7;
+pub const T_SLEEP: usize = 8;
+
+/// Counter indices (0..8 follow `model::Counter`; the rest are observer-internal).
+pub const N_CNT: usize = 16;
+pub const C_MAJFLT_FILE: usize = 0;
+pub const C_MAJFLT_SWAP: usize = 1;
+pub const C_MINFLT: usize = 2;
+/// Pages read from swap devices (zram included) by this thread's faults.
+pub const C_SWAPINS: usize = 3;
+/// Bytes of read bios this thread queued, any block device.
+pub const C_READ_BYTES: usize = 4;
+pub const C_PAGECACHE_ADDED: usize = 5;
+pub const C_PAGECACHE_EVICTED: usize = 6;
+/// All switches away from the CPU.
+pub const C_CTX_SWITCHES: usize = 7;
+/// … of which the thread was still runnable (involuntary).
+pub const C_CTX_INVOLUNTARY: usize = 8;
+pub const C_SYSCALLS: usize = 9;
+pub const C_RECLAIMS: usize = 10;
+/// Read bios queued by this thread (count).
+pub const C_READ_IOS: usize = 11;
+/// Sum of queue→complete latency of this thread's read bios on non-zram devices.
+pub const C_DISK_READ_NS: usize = 12;
+/// Same for zram devices.
+pub const C_ZRAM_READ_NS: usize = 13;
+/// Fault entries while a fault was open (the earlier one failed).
+pub const C_FAULT_UNMATCHED_ENTRY: usize = 14;
+/// Fault exits without an entry.
+pub const C_FAULT_UNMATCHED_EXIT: usize = 15;
+
+/// `ThreadState::flags` bits.
+pub const F_ON_CPU: u32 = 1 << 0;
+pub const F_IN_SYSCALL: u32 = 1 << 1;
+pub const F_IO_SYSCALL: u32 = 1 << 2;
+pub const F_IN_RECLAIM: u32 = 1 << 3;
+/// Off CPU but runnable (preempted, or woken and waiting for a CPU).
+pub const F_RUNNABLE: u32 = 1 << 4;
+pub const F_EXITED: u32 = 1 << 5;
+/// The open fault queued a read on a zram device.
+pub const F_FAULT_ZRAM: u32 = 1 << 6;
+/// The open fault queued a read on a (non-zram) swap device.
+pub const F_FAULT_SWAP: u32 = 1 << 7;
+/// The open fault went through `filemap_fault`.
+pub const F_FAULT_FILE: u32 = 1 << 8;
+/// Seeded by user space at attach time (state before that is unknown).
+pub const F_SEEDED: u32 = 1 << 9;
+
+/// One thread's attribution state and cumulative accumulators (nanoseconds).
+/// Lives in the `THREADS` array map, one slot per thread of the target.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct ThreadState {
+    /// Incremented before and after every update by the owning program
+    /// (odd = update in progress), so a reader on another CPU can tell a torn copy.
+    pub seq: u64,
+    pub tid: u32,
+    pub flags: u32,
+    /// Time of the last transition: everything before it is accounted.
+    pub last_ts: u64,
+    /// When the thread was first seen (accounting starts there).
+    pub first_ts: u64,
+    /// Entry time of the open fault, 0 when none.
+    pub fault_start: u64,
+    pub comm: [u8; 16],
+    pub time: [u64; N_TIME],
+    pub cnt: [u64; N_CNT],
+}
+const _: () = assert!(core::mem::size_of::<ThreadState>() == 8 * 5 + 16 + 8 * (N_TIME + N_CNT));
+
+impl ThreadState {
+    pub const fn zeroed() -> Self {
+        ThreadState {
+            seq: 0,
+            tid: 0,
+            flags: 0,
+            last_ts: 0,
+            first_ts: 0,
+            fault_start: 0,
+            comm: [0; 16],
+            time: [0; N_TIME],
+            cnt: [0; N_CNT],
+        }
+    }
+
+    /// The component the thread's current context charges.
+    #[inline(always)]
+    pub fn current_component(&self) -> usize {
+        let f = self.flags;
+        if f & F_ON_CPU != 0 {
+            if f & F_IN_RECLAIM != 0 {
+                T_RECLAIM
+            } else if self.fault_start != 0 {
+                if f & F_FAULT_ZRAM != 0 { T_SWAPIN_ZRAM } else { T_FAULT_MINOR }
+            } else if f & F_IN_SYSCALL != 0 {
+                T_SYSCALL
+            } else {
+                T_COMPUTE
+            }
+        } else if f & F_RUNNABLE != 0 {
+            T_RUNQUEUE
+        } else if f & F_IN_RECLAIM != 0 {
+            T_RECLAIM
+        } else if self.fault_start != 0 {
+            T_FAULT_IO
+        } else if f & F_IN_SYSCALL != 0 && f & F_IO_SYSCALL != 0 {
+            T_IO_WAIT
+        } else {
+            T_SLEEP
+        }
+    }
+
+    /// Charge `last_ts → now` to the current context and move `last_ts`.
+    #[inline(always)]
+    pub fn account(&mut self, now: u64) {
+        if self.flags & F_EXITED != 0 || now <= self.last_ts {
+            return;
+        }
+        let dt = now - self.last_ts;
+        self.last_ts = now;
+        let c = self.current_component();
+        if let Some(t) = self.time.get_mut(c) {
+            *t += dt;
+        }
+    }
+
+    /// Total accounted time.
+    pub fn accounted(&self) -> u64 {
+        let mut s = 0;
+        let mut i = 0;
+        while i < N_TIME {
+            s += self.time[i];
+            i += 1;
+        }
+        s
+    }
+
+    #[inline(always)]
+    pub fn fault_enter(&mut self, now: u64) {
+        self.account(now);
+        if self.fault_start != 0 {
+            self.cnt[C_FAULT_UNMATCHED_ENTRY] += 1;
+        }
+        self.fault_start = now;
+        self.flags &= !(F_FAULT_ZRAM | F_FAULT_SWAP | F_FAULT_FILE);
+    }
+
+    /// Returns the fault's latency (0 when its entry was not seen) and its
+    /// class: 0 minor, 1 major file, 2 major swap.
+    #[inline(always)]
+    pub fn fault_exit(&mut self, now: u64, major: bool) -> (u64, usize) {
+        self.account(now);
+        let class = if !major {
+            self.cnt[C_MINFLT] += 1;
+            0
+        } else if self.flags & (F_FAULT_ZRAM | F_FAULT_SWAP) != 0 {
+            self.cnt[C_MAJFLT_SWAP] += 1;
+            2
+        } else {
+            self.cnt[C_MAJFLT_FILE] += 1;
+            1
+        };
+        let lat = if self.fault_start == 0 || now < self.fault_start {
+            self.cnt[C_FAULT_UNMATCHED_EXIT] += 1;
+            0
+        } else {
+            now - self.fault_start
+        };
+        self.fault_start = 0;
+        self.flags &= !(F_FAULT_ZRAM | F_FAULT_SWAP | F_FAULT_FILE);
+        (lat, class)
+    }
+
+    /// A read bio queued by this thread on a swap device while in a fault:
+    /// the rest of the fault's on-CPU time is zram decompression (or swap I/O).
+    #[inline(always)]
+    pub fn fault_swap_read(&mut self, now: u64, zram: bool) {
+        if self.fault_start == 0 {
+            return;
+        }
+        self.account(now);
+        self.flags |= if zram { F_FAULT_ZRAM } else { F_FAULT_SWAP };
+    }
+
+    #[inline(always)]
+    pub fn switch_out(&mut self, now: u64, runnable: bool) {
+        self.account(now);
+        self.flags &= !F_ON_CPU;
+        self.cnt[C_CTX_SWITCHES] += 1;
+        if runnable {
+            self.flags |= F_RUNNABLE;
+            self.cnt[C_CTX_INVOLUNTARY] += 1;
+        } else {
+            self.flags &= !F_RUNNABLE;
+        }
+    }
+
+    #[inline(always)]
+    pub fn switch_in(&mut self, now: u64) {
+        self.account(now);
+        self.flags = (self.flags | F_ON_CPU) & !F_RUNNABLE;
+    }
+
+    /// A wakeup of a blocked thread: from now on it waits for a CPU.
+    #[inline(always)]
+    pub fn wakeup(&mut self, now: u64) {
+        if self.flags & (F_ON_CPU | F_RUNNABLE) != 0 {
+            return;
+        }
+        self.account(now);
+        self.flags |= F_RUNNABLE;
+    }
+
+    #[inline(always)]
+    pub fn syscall_enter(&mut self, now: u64, io: bool) {
+        self.account(now);
+        self.cnt[C_SYSCALLS] += 1;
+        self.flags |= F_IN_SYSCALL | F_ON_CPU;
+        if io {
+            self.flags |= F_IO_SYSCALL;
+        } else {
+            self.flags &= !F_IO_SYSCALL;
+        }
+    }
+
+    #[inline(always)]
+    pub fn syscall_exit(&mut self, now: u64) {
+        self.account(now);
+        self.flags = (self.flags | F_ON_CPU) & !(F_IN_SYSCALL | F_IO_SYSCALL);
+    }
+
+    #[inline(always)]
+    pub fn reclaim(&mut self, now: u64, begin: bool) {
+        self.account(now);
+        if begin {
+            self.flags |= F_IN_RECLAIM;
+            self.cnt[C_RECLAIMS] += 1;
+        } else {
+            self.flags &= !F_IN_RECLAIM;
+        }
+    }
+
+    #[inline(always)]
+    pub fn exit(&mut self, now: u64) {
+        self.account(now);
+        self.flags |= F_EXITED;
+    }
+}
+
+/// Global latency histograms (per-CPU array index).
+pub const H_FAULT_MINOR: u32 = 0;
+pub const H_FAULT_MAJOR_FILE: u32 = 1;
+pub const H_FAULT_MAJOR_SWAP: u32 = 2;
+pub const H_ZRAM_READ: u32 = 3;
+pub const H_DISK_READ: u32 = 4;
+pub const N_HIST: u32 = 5;
+
+/// One log2 histogram (see `hist`).
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct Hist {
+    pub b: [u64; HIST_BUCKETS],
+}
+
+/// Field offsets of the tracepoints we read, parsed by user space from
+/// `/sys/kernel/tracing/events/*/*/format` (Rust eBPF has no CO-RE).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct TpOffsets {
+    pub switch_prev_pid: u32,
+    pub switch_prev_state: u32,
+    pub switch_next_pid: u32,
+    pub wakeup_pid: u32,
+    pub exit_pid: u32,
+    pub bio_dev: u32,
+    pub bio_sector: u32,
+    pub bio_nr_sector: u32,
+    pub bio_rwbs: u32,
+    pub biod_dev: u32,
+    pub biod_sector: u32,
+    pub biod_nr_sector: u32,
+    pub sys_id: u32,
+    /// Size in bytes of `prev_state` (4 or 8 depending on the kernel).
+    pub switch_prev_state_size: u32,
+    pub rqd_dev: u32,
+    pub rqd_sector: u32,
+}
+const _: () = assert!(core::mem::size_of::<TpOffsets>() == 16 * 4);
+
+/// `DEVICES` map values: what a block device is to us.
+pub const DEV_ZRAM: u32 = 1;
+pub const DEV_SWAP: u32 = 2;
+
+/// A read bio in flight, keyed by (dev, sector).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct BioKey {
+    pub dev: u32,
+    pub _pad: u32,
+    pub sector: u64,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct BioInflight {
+    pub ts: u64,
+    pub slot: u32,
+    pub zram: u32,
+}
+
+/// Ring-buffer records emitted at token boundaries.
+pub const REC_THREAD: u32 = 1;
+pub const REC_MARK: u32 = 2;
+pub const PHASE_BEGIN: u32 = 0;
+pub const PHASE_END: u32 = 1;
+/// Bytes of the engine's per-token record copied at an `end` mark.
+pub const ENGINE_REC_BYTES: usize = 160;
+
+/// One thread's state at a mark, closed (`account`ed) at the mark's instant.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct ThreadRecord {
+    pub kind: u32,
+    pub phase: u32,
+    pub mark_seq: u64,
+    pub state: ThreadState,
+}
+
+/// Sent after the thread records of a mark.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct MarkRecord {
+    pub kind: u32,
+    pub phase: u32,
+    pub mark_seq: u64,
+    pub ts: u64,
+    /// The index argument of the marker (engine token index), or a call count.
+    pub index: u64,
+    /// Thread records sent for this mark.
+    pub n_threads: u32,
+    /// Thread records that could not be sent or were torn.
+    pub n_lost: u32,
+    /// `1` when `engine` holds a copy of the engine's per-token record.
+    pub has_engine: u32,
+    pub tid: u32,
+    pub engine: [u8; ENGINE_REC_BYTES],
+}
+
+/// Upper bound on threads tracked per target.
+pub const MAX_SLOTS: u32 = 256;
+
+#[cfg(feature = "user")]
+mod pod {
+    // SAFETY (all): repr(C), integer fields and arrays only, sizes asserted.
+    unsafe impl aya::Pod for super::ThreadState {}
+    unsafe impl aya::Pod for super::Hist {}
+    unsafe impl aya::Pod for super::TpOffsets {}
+    unsafe impl aya::Pod for super::BioKey {}
+    unsafe impl aya::Pod for super::BioInflight {}
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn thread() -> ThreadState {
+        let mut t = ThreadState::zeroed();
+        t.flags = F_ON_CPU;
+        t.last_ts = 1000;
+        t.first_ts = 1000;
+        t
+    }
+
+    #[test]
+    fn components_add_up_to_elapsed_time() {
+        let mut t = thread();
+        t.syscall_enter(1100, true); // 100 compute
+        t.switch_out(1150, false); // 50 syscall
+        t.wakeup(1400); // 250 io_wait
+        t.switch_in(1420); // 20 runqueue
+        t.syscall_exit(1430); // 10 syscall
+        t.fault_enter(1500); // 70 compute
+        t.switch_out(1510, false); // 10 fault_minor (on cpu, no zram)
+        t.wakeup(1600); // 90 fault_io
+        t.switch_in(1605); // 5 runqueue
+        t.fault_exit(1610, true); // 5 fault_minor ; major file
+        t.switch_out(1700, true); // 90 compute, preempted
+        t.switch_in(1720); // 20 runqueue
+        t.account(2000); // 280 compute
+        assert_eq!(t.accounted(), 1000);
+        assert_eq!(t.time[T_COMPUTE], 100 + 70 + 90 + 280);
+        assert_eq!(t.time[T_SYSCALL], 60);
+        assert_eq!(t.time[T_IO_WAIT], 250);
+        assert_eq!(t.time[T_RUNQUEUE], 45);
+        assert_eq!(t.time[T_FAULT_MINOR], 15);
+        assert_eq!(t.time[T_FAULT_IO], 90);
+        assert_eq!(t.cnt[C_MAJFLT_FILE], 1);
+        assert_eq!(t.cnt[C_CTX_SWITCHES], 3);
+        assert_eq!(t.cnt[C_CTX_INVOLUNTARY], 1);
+    }
+
+    #[test]
+    fn zram_swapin_splits_the_fault() {
+        let mut t = thread();
+        t.fault_enter(1010);
+        t.account(1012); // 2 fault_minor before the zram read
+        t.flags |= F_FAULT_ZRAM;
+        let (lat, class) = t.fault_exit(1015, true); // 3 swapin_zram
+        assert_eq!((lat, class), (5, 2));
+        assert_eq!(t.time[T_FAULT_MINOR], 2);
+        assert_eq!(t.time[T_SWAPIN_ZRAM], 3);
+        assert_eq!(t.cnt[C_MAJFLT_SWAP], 1);
+        assert_eq!(t.time[T_COMPUTE], 10);
+    }
+
+    #[test]
+    fn sleep_and_reclaim() {
+        let mut t = thread();
+        t.syscall_enter(1000, false);
+        t.switch_out(1000, false);
+        t.wakeup(1500);
+        t.switch_in(1500);
+        t.syscall_exit(1500);
+        t.fault_enter(1500);
+        t.reclaim(1500, true);
+        t.switch_out(1600, false);
+        t.switch_in(1700);
+        t.reclaim(1750, false);
+        t.fault_exit(1800, false);
+        assert_eq!(t.time[T_SLEEP], 500);
+        assert_eq!(t.time[T_RECLAIM], 250);
+        assert_eq!(t.time[T_FAULT_MINOR], 50);
+        assert_eq!(t.accounted(), 800);
+    }
+
+    #[test]
+    fn exited_threads_stop_accumulating() {
+        let mut t = thread();
+        t.exit(1100);
+        t.account(5000);
+        assert_eq!(t.accounted(), 100);
+    }
+}

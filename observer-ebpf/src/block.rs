@@ -1,0 +1,110 @@
+//! Block I/O attributed to the thread that caused it.
+//!
+//! `block:block_bio_queue` runs in the submitting task: reads queued by the
+//! target's threads are counted (bytes, ios; pages from swap devices are
+//! swap-ins) and remembered in `INFLIGHT` by (dev, sector). Completion:
+//! `block:block_bio_complete` for bio-based devices (zram), and
+//! `block:block_rq_complete` for blk-mq disks (which do not trace bio
+//! completion); both share the dev/sector layout. Bios merged into a larger
+//! request complete under the request's first sector only: the others age
+//! out of the LRU map without a latency.
+
+use aya_ebpf::{helpers::bpf_ktime_get_ns, macros::tracepoint, programs::TracePointContext};
+use observer_common::attrib::{
+    BioInflight, BioKey, C_DISK_READ_NS, C_READ_BYTES, C_READ_IOS, C_SWAPINS, C_ZRAM_READ_NS,
+    DEV_SWAP, DEV_ZRAM, H_DISK_READ, H_ZRAM_READ,
+};
+
+use crate::maps::{
+    DEVICES, INFLIGHT, SLOTS, THREADS, atomic_add, config, current_state, hist_add, offsets,
+    target_tid, update,
+};
+
+/// `rwbs` starts with the op: optional 'F' (preflush), then 'R' for reads.
+#[inline(always)]
+fn is_read(rwbs: [u8; 2]) -> bool {
+    rwbs[0] == b'R' || (rwbs[0] == b'F' && rwbs[1] == b'R')
+}
+
+#[tracepoint]
+pub fn bio_queue(ctx: TracePointContext) -> u32 {
+    let Some(tid) = target_tid() else { return 0 };
+    let Some(o) = offsets() else { return 0 };
+    // SAFETY: offsets from the tracepoint's format file.
+    let (dev, sector, nr, rwbs) = unsafe {
+        (
+            ctx.read_at::<u32>(o.bio_dev as usize).unwrap_or(0),
+            ctx.read_at::<u64>(o.bio_sector as usize).unwrap_or(0),
+            ctx.read_at::<u32>(o.bio_nr_sector as usize).unwrap_or(0),
+            ctx.read_at::<[u8; 2]>(o.bio_rwbs as usize).unwrap_or([0; 2]),
+        )
+    };
+    if !is_read(rwbs) {
+        return 0;
+    }
+    // SAFETY: helper without preconditions.
+    let now = unsafe { bpf_ktime_get_ns() };
+    let zram_major = config().map(|c| c.zram_major).unwrap_or(0);
+    let zram = zram_major != 0 && (dev >> 20) == zram_major;
+    // SAFETY: plain map lookup.
+    let kind = if zram { DEV_ZRAM } else { unsafe { DEVICES.get(&dev).copied().unwrap_or(0) } };
+    let bytes = nr as u64 * 512;
+    let Some(s) = current_state(tid, now) else { return 0 };
+    update(s, |s| {
+        s.cnt[C_READ_BYTES] += bytes;
+        s.cnt[C_READ_IOS] += 1;
+        if kind == DEV_ZRAM || kind == DEV_SWAP {
+            s.cnt[C_SWAPINS] += bytes / 4096;
+            s.fault_swap_read(now, kind == DEV_ZRAM);
+        }
+    });
+    // SAFETY: plain map lookup.
+    let slot = unsafe { SLOTS.get(&tid).copied().unwrap_or(u32::MAX) };
+    let key = BioKey { dev, _pad: 0, sector };
+    let _ = INFLIGHT.insert(&key, &BioInflight { ts: now, slot, zram: zram as u32 }, 0);
+    0
+}
+
+#[inline(always)]
+fn complete(ctx: &TracePointContext, rq: bool) -> u32 {
+    let Some(o) = offsets() else { return 0 };
+    let (dev_off, sector_off) = if rq { (o.rqd_dev, o.rqd_sector) } else { (o.biod_dev, o.biod_sector) };
+    // SAFETY: offsets from the tracepoint's format file.
+    let (dev, sector) = unsafe {
+        (
+            ctx.read_at::<u32>(dev_off as usize).unwrap_or(0),
+            ctx.read_at::<u64>(sector_off as usize).unwrap_or(0),
+        )
+    };
+    let key = BioKey { dev, _pad: 0, sector };
+    // SAFETY: plain map lookup; copied out before removal.
+    let Some(inf) = (unsafe { INFLIGHT.get(&key).copied() }) else { return 0 };
+    let _ = INFLIGHT.remove(&key);
+    // SAFETY: helper without preconditions.
+    let now = unsafe { bpf_ktime_get_ns() };
+    if now <= inf.ts {
+        return 0;
+    }
+    let lat = now - inf.ts;
+    hist_add(if inf.zram != 0 { H_ZRAM_READ } else { H_DISK_READ }, lat);
+    if let Some(t) = THREADS.get_ptr_mut(inf.slot) {
+        let idx = if inf.zram != 0 { C_ZRAM_READ_NS } else { C_DISK_READ_NS };
+        // SAFETY: map value; completion may run on another CPU than the owner.
+        unsafe {
+            if let Some(c) = (*t).cnt.get_mut(idx) {
+                atomic_add(c, lat);
+            }
+        }
+    }
+    0
+}
+
+#[tracepoint]
+pub fn bio_complete(ctx: TracePointContext) -> u32 {
+    complete(&ctx, false)
+}
+
+#[tracepoint]
+pub fn rq_complete(ctx: TracePointContext) -> u32 {
+    complete(&ctx, true)
+}

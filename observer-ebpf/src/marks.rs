@@ -1,0 +1,160 @@
+//! Token boundaries: uprobes on the engine's marker functions
+//! (`moe_engine_token_begin(index, record)` / `moe_engine_token_end(index,
+//! record)`), or a uprobe/uretprobe pair on any function (`--token-symbol`).
+//!
+//! At a mark, every tracked thread's state is copied (checking its update
+//! sequence, so torn copies are retried once and then counted as lost) and
+//! sent as a `ThreadRecord`; then one `MarkRecord` (with a copy of the
+//! engine's per-token record at `end`). User space closes each copy at the
+//! mark's instant (`ThreadState::account`) and subtracts consecutive marks.
+//! Minimum kernel: 5.8 (ring buffer).
+
+use core::ptr::{addr_of, addr_of_mut, read_volatile};
+
+use aya_ebpf::{
+    helpers::{bpf_get_current_pid_tgid, bpf_ktime_get_ns, bpf_probe_read_user_buf},
+    macros::{uprobe, uretprobe},
+    programs::{ProbeContext, RetProbeContext},
+};
+use observer_common::{
+    GlobalCounter,
+    attrib::{
+        MAX_SLOTS, MarkRecord, PHASE_BEGIN, PHASE_END, REC_MARK, REC_THREAD, ThreadRecord,
+    },
+};
+
+use crate::maps::{COUNTERS, EVENTS, MARK_LOST, SEQS, THREADS, bump, config};
+
+/// Copy slot `i` into the ring buffer; false when it could not be sent.
+#[inline(always)]
+fn emit_thread(i: u32, phase: u32, mark_seq: u64) -> bool {
+    let Some(t) = THREADS.get_ptr(i) else { return false };
+    let Some(mut e) = EVENTS.reserve::<ThreadRecord>(0) else { return false };
+    let r = e.as_mut_ptr();
+    let mut ok = false;
+    // Two attempts; an update on another CPU takes well under a microsecond.
+    for _ in 0..2 {
+        // SAFETY: `t` is a map value, `r` a reserved ring-buffer record of the right size.
+        unsafe {
+            let s1 = read_volatile(addr_of!((*t).seq));
+            core::ptr::copy_nonoverlapping(t, addr_of_mut!((*r).state), 1);
+            let s2 = read_volatile(addr_of!((*t).seq));
+            if s1 == s2 && s1 & 1 == 0 {
+                ok = true;
+                break;
+            }
+        }
+    }
+    if !ok {
+        e.discard(0);
+        return false;
+    }
+    // SAFETY: as above.
+    unsafe {
+        (*r).kind = REC_THREAD;
+        (*r).phase = phase;
+        (*r).mark_seq = mark_seq;
+    }
+    // Closing the copy at the mark's instant (`ThreadState::account`) is left
+    // to user space: its branches, unrolled over every slot, would exceed the
+    // verifier's budget.
+    e.submit(0);
+    true
+}
+
+#[inline(always)]
+fn mark(phase: u32, index: u64, engine_rec: u64) -> u32 {
+    let Some(cfg) = config() else { return 0 };
+    let id = bpf_get_current_pid_tgid();
+    if cfg.target_tgid == 0 || (id >> 32) as u32 != cfg.target_tgid {
+        return 0;
+    }
+    // SAFETY: helper without preconditions.
+    let now = unsafe { bpf_ktime_get_ns() };
+    let Some(seqs) = SEQS.get_ptr_mut(1) else { return 0 };
+    // SAFETY: only the marking thread writes this slot.
+    let mark_seq = unsafe {
+        *seqs += 1;
+        *seqs
+    };
+    // SAFETY: map value read.
+    let used = SEQS.get(0).map(|v| *v).unwrap_or(0);
+    let n = if used > MAX_SLOTS as u64 { MAX_SLOTS } else { used as u32 };
+    // Counts live in a map, not in registers: distinct register values per
+    // path would multiply the states the verifier has to walk per slot.
+    if let Some(l) = MARK_LOST.get_ptr_mut(0) {
+        // SAFETY: per-CPU scratch.
+        unsafe { *l = 0 };
+    }
+    for i in 0..MAX_SLOTS {
+        if i >= n {
+            break;
+        }
+        if !emit_thread(i, phase, mark_seq)
+            && let Some(l) = MARK_LOST.get_ptr_mut(0)
+        {
+            // SAFETY: per-CPU scratch.
+            unsafe { *l += 1 };
+        }
+    }
+    // SAFETY: per-CPU scratch.
+    let lost = MARK_LOST.get(0).map(|v| *v).unwrap_or(0) as u32;
+    let Some(mut e) = EVENTS.reserve::<MarkRecord>(0) else {
+        bump(GlobalCounter::LostEvents);
+        return 0;
+    };
+    let r = e.as_mut_ptr();
+    // SAFETY: reserved record of the right size.
+    unsafe {
+        (*r).kind = REC_MARK;
+        (*r).phase = phase;
+        (*r).mark_seq = mark_seq;
+        (*r).ts = now;
+        (*r).index = index;
+        (*r).n_threads = n - lost.min(n);
+        (*r).n_lost = lost;
+        (*r).tid = id as u32;
+        (*r).has_engine = 0;
+        if engine_rec != 0
+            && bpf_probe_read_user_buf(engine_rec as *const u8, &mut *addr_of_mut!((*r).engine)).is_ok()
+        {
+            (*r).has_engine = 1;
+        }
+    }
+    if lost > 0
+        && let Some(c) = COUNTERS.get_ptr_mut(GlobalCounter::LostEvents as u32)
+    {
+        // SAFETY: per-CPU slot.
+        unsafe { *c += lost as u64 };
+    }
+    e.submit(0);
+    0
+}
+
+/// `moe_engine_token_begin(u64 index, const record *rec)`.
+#[uprobe]
+pub fn mark_begin(ctx: ProbeContext) -> u32 {
+    let index: u64 = ctx.arg(0).unwrap_or(0);
+    mark(PHASE_BEGIN, index, 0)
+}
+
+/// `moe_engine_token_end(u64 index, const record *rec)`: the record is complete.
+#[uprobe]
+pub fn mark_end(ctx: ProbeContext) -> u32 {
+    let index: u64 = ctx.arg(0).unwrap_or(0);
+    let rec: u64 = ctx.arg(1).unwrap_or(0);
+    mark(PHASE_END, index, rec)
+}
+
+/// Entry of a `--token-symbol` function: index = marks so far / 2.
+#[uprobe]
+pub fn call_begin(_ctx: ProbeContext) -> u32 {
+    let n = SEQS.get(1).map(|v| *v).unwrap_or(0);
+    mark(PHASE_BEGIN, n / 2, 0)
+}
+
+#[uretprobe]
+pub fn call_end(_ctx: RetProbeContext) -> u32 {
+    let n = SEQS.get(1).map(|v| *v).unwrap_or(0);
+    mark(PHASE_END, n / 2, 0)
+}

@@ -1,0 +1,69 @@
+//! Scheduling: `sched:sched_switch` (on/off CPU, runnable or blocked),
+//! `sched:sched_wakeup` (blocked → runnable), `sched:sched_process_exit`.
+//! Field offsets come from tracefs (`OFFSETS`). Minimum kernel: 4.7.
+//!
+//! `sched_switch` runs as the *previous* task; the next task is known only by
+//! its TID, so only threads already tracked are switched in. `sched_wakeup`
+//! runs in the waker's context (any process): the wakee is looked up by TID.
+
+use aya_ebpf::{helpers::bpf_ktime_get_ns, macros::tracepoint, programs::TracePointContext};
+
+use crate::maps::{current_state, offsets, state_of, target_tid, update};
+
+#[tracepoint]
+pub fn sched_switch(ctx: TracePointContext) -> u32 {
+    let Some(o) = offsets() else { return 0 };
+    // SAFETY: helper without preconditions.
+    let now = unsafe { bpf_ktime_get_ns() };
+    // The previous task is the current one.
+    if let Some(tid) = target_tid() {
+        let state: u64 = if o.switch_prev_state_size == 8 {
+            // SAFETY: offset from the tracepoint's format file.
+            unsafe { ctx.read_at::<u64>(o.switch_prev_state as usize) }.unwrap_or(1)
+        } else {
+            // SAFETY: as above.
+            unsafe { ctx.read_at::<u32>(o.switch_prev_state as usize) }.map(u64::from).unwrap_or(1)
+        };
+        let runnable = state & 0xff == 0;
+        if let Some(s) = current_state(tid, now) {
+            update(s, |s| s.switch_out(now, runnable));
+        }
+    }
+    // SAFETY: offset from the tracepoint's format file.
+    let next: i32 = unsafe { ctx.read_at(o.switch_next_pid as usize) }.unwrap_or(0);
+    if next > 0
+        && let Some(s) = state_of(next as u32)
+    {
+        update(s, |s| s.switch_in(now));
+    }
+    0
+}
+
+#[tracepoint]
+pub fn sched_wakeup(ctx: TracePointContext) -> u32 {
+    let Some(o) = offsets() else { return 0 };
+    // SAFETY: offset from the tracepoint's format file.
+    let pid: i32 = unsafe { ctx.read_at(o.wakeup_pid as usize) }.unwrap_or(0);
+    if pid <= 0 {
+        return 0;
+    }
+    let Some(s) = state_of(pid as u32) else { return 0 };
+    // SAFETY: helper without preconditions.
+    let now = unsafe { bpf_ktime_get_ns() };
+    update(s, |s| s.wakeup(now));
+    0
+}
+
+#[tracepoint]
+pub fn sched_exit(_ctx: TracePointContext) -> u32 {
+    // Runs in the exiting task.
+    let Some(tid) = target_tid() else { return 0 };
+    // SAFETY: helper without preconditions.
+    let now = unsafe { bpf_ktime_get_ns() };
+    if let Some(s) = state_of(tid) {
+        update(s, |s| s.exit(now));
+    } else if let Some(s) = current_state(tid, now) {
+        update(s, |s| s.exit(now));
+    }
+    0
+}

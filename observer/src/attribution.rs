@@ -1,0 +1,195 @@
+//! Per-token output of `observer run`: one line per token while running and a
+//! summary at the end (mean ms per token per component, tok/s, faults and
+//! swap-ins per token, bytes read per token, the hidden cost
+//! `engine_compute − compute`).
+//!
+//! tok/s is `tokens / Σ wall` over generated tokens (or over all records when
+//! the run has no engine markers), the definition users already apply.
+
+use std::io::Write;
+
+use observer_common::model::{Component, Counter, StepKind, TokenRecord};
+use serde::Serialize;
+
+fn ms(ns: u64) -> f64 {
+    ns as f64 / 1e6
+}
+
+/// Header for [`line`].
+pub fn header() -> String {
+    let mut s = format!("{:>6} {:<6} {:>8}", "tok", "kind", "wall");
+    for c in Component::ALL {
+        s.push_str(&format!(" {:>8}", short(c)));
+    }
+    s.push_str(&format!(
+        " {:>7} {:>8} {:>8} | {:>5} {:>5} {:>6} {:>6} {:>7}",
+        "resid", "eng_cmp", "hidden", "majF", "majS", "minflt", "swapin", "read_MB"
+    ));
+    s.push_str("\n(ms per token; components are the mean over the threads that ran)");
+    s
+}
+
+fn short(c: Component) -> &'static str {
+    match c {
+        Component::Compute => "compute",
+        Component::FaultMinor => "flt_min",
+        Component::SwapinZram => "zram",
+        Component::FaultIo => "flt_io",
+        Component::IoWait => "io_wait",
+        Component::Reclaim => "reclaim",
+        Component::Syscall => "syscall",
+        Component::Runqueue => "runq",
+        Component::Sleep => "sleep",
+    }
+}
+
+fn opt_ms(v: Option<u64>) -> String {
+    v.map(|v| format!("{:.2}", ms(v))).unwrap_or_else(|| "-".into())
+}
+
+fn opt_cnt(v: Option<u64>) -> String {
+    v.map(|v| v.to_string()).unwrap_or_else(|| "-".into())
+}
+
+fn kind_name(k: StepKind) -> &'static str {
+    match k {
+        StepKind::Prompt => "prompt",
+        StepKind::Generate => "gen",
+        StepKind::Call => "call",
+        StepKind::Window => "window",
+    }
+}
+
+/// One line per token.
+pub fn line(t: &TokenRecord) -> String {
+    let idx = t.index.unwrap_or(t.seq);
+    let mut s = format!("{:>6} {:<6} {:>8.2}", idx, kind_name(t.kind), ms(t.wall_ns));
+    for c in Component::ALL {
+        s.push_str(&format!(" {:>8}", opt_ms(t.components.get(c))));
+    }
+    let hidden = t.hidden_ns().map(|h| format!("{:.2}", h as f64 / 1e6)).unwrap_or_else(|| "-".into());
+    s.push_str(&format!(
+        " {:>7.2} {:>8} {:>8} | {:>5} {:>5} {:>6} {:>6} {:>7}",
+        t.residual_ns as f64 / 1e6,
+        opt_ms(t.engine_compute_ns),
+        hidden,
+        opt_cnt(t.counters.get(Counter::MajfltFile)),
+        opt_cnt(t.counters.get(Counter::MajfltSwap)),
+        opt_cnt(t.counters.get(Counter::Minflt)),
+        opt_cnt(t.counters.get(Counter::Swapins)),
+        t.counters.get(Counter::ReadBytes).map(|b| format!("{:.2}", b as f64 / 1e6)).unwrap_or_else(|| "-".into()),
+    ));
+    if t.lost_events > 0 {
+        s.push_str(&format!(" \x1b[31mlost {}\x1b[0m", t.lost_events));
+    }
+    s
+}
+
+/// Means over the summarised tokens, in the design's vocabulary (ns, counts).
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct Summary {
+    /// All token records (prompt steps included).
+    pub records: u64,
+    pub prompt_steps: u64,
+    /// Records summarised below: generated tokens, or all when none is marked as such.
+    pub summarised: u64,
+    pub tokens: u64,
+    /// tokens / Σ wall of the summarised records.
+    pub tok_s: Option<f64>,
+    /// Mean per token: `wall_ns`, each `<component>_ns`, `residual_ns`,
+    /// `engine_compute_ns`, `hidden_ns`.
+    pub mean_ns: std::collections::BTreeMap<String, f64>,
+    /// Mean per token of each counter.
+    pub per_token: std::collections::BTreeMap<String, f64>,
+    pub lost_events: u64,
+}
+
+pub fn summarise(records: &[TokenRecord]) -> Summary {
+    let gen_: Vec<&TokenRecord> = records.iter().filter(|t| t.kind == StepKind::Generate).collect();
+    let set: Vec<&TokenRecord> = if gen_.is_empty() {
+        records.iter().filter(|t| t.kind != StepKind::Prompt).collect()
+    } else {
+        gen_
+    };
+    let mut s = Summary {
+        records: records.len() as u64,
+        prompt_steps: records.iter().filter(|t| t.kind == StepKind::Prompt).count() as u64,
+        summarised: set.len() as u64,
+        lost_events: records.iter().map(|t| t.lost_events).sum(),
+        ..Summary::default()
+    };
+    if set.is_empty() {
+        return s;
+    }
+    let n = set.len() as f64;
+    let tokens: u64 = set.iter().map(|t| t.n_tokens).sum();
+    let wall: u64 = set.iter().map(|t| t.wall_ns).sum();
+    s.tokens = tokens;
+    s.tok_s = (wall > 0).then(|| tokens as f64 / (wall as f64 / 1e9));
+    let mean = |f: &dyn Fn(&TokenRecord) -> Option<f64>| -> Option<f64> {
+        let v: Vec<f64> = set.iter().filter_map(|t| f(t)).collect();
+        (!v.is_empty()).then(|| v.iter().sum::<f64>() / v.len() as f64)
+    };
+    s.mean_ns.insert("wall_ns".into(), wall as f64 / n);
+    for c in Component::ALL {
+        if let Some(m) = mean(&|t| t.components.get(c).map(|v| v as f64)) {
+            s.mean_ns.insert(c.json_key().into(), m);
+        }
+    }
+    s.mean_ns.insert("residual_ns".into(), set.iter().map(|t| t.residual_ns as f64).sum::<f64>() / n);
+    if let Some(m) = mean(&|t| t.engine_compute_ns.map(|v| v as f64)) {
+        s.mean_ns.insert("engine_compute_ns".into(), m);
+    }
+    if let Some(m) = mean(&|t| t.hidden_ns().map(|v| v as f64)) {
+        s.mean_ns.insert("hidden_ns".into(), m);
+    }
+    for c in Counter::ALL {
+        if let Some(m) = mean(&|t| t.counters.get(c).map(|v| v as f64)) {
+            s.per_token.insert(c.name().into(), m);
+        }
+    }
+    s
+}
+
+impl Summary {
+    pub fn print(&self, out: &mut impl Write) -> std::io::Result<()> {
+        if self.summarised == 0 {
+            return Ok(());
+        }
+        writeln!(
+            out,
+            "tokens: {} records ({} prompt steps); summary over {} records, {} tokens: {} tok/s",
+            self.records,
+            self.prompt_steps,
+            self.summarised,
+            self.tokens,
+            self.tok_s.map(|v| format!("{v:.3}")).unwrap_or_else(|| "-".into())
+        )?;
+        let g = |k: &str| self.mean_ns.get(k).map(|v| format!("{:.3}", v / 1e6)).unwrap_or_else(|| "-".into());
+        write!(out, "mean ms/token: wall {}", g("wall_ns"))?;
+        for c in Component::ALL {
+            write!(out, ", {} {}", c.name(), g(c.json_key()))?;
+        }
+        writeln!(out, ", residual {}", g("residual_ns"))?;
+        if self.mean_ns.contains_key("engine_compute_ns") {
+            writeln!(
+                out,
+                "engine's own compute (a residual): {} ms/token; measured compute: {} ms/token; hidden cost: {} ms/token",
+                g("engine_compute_ns"),
+                g("compute_ns"),
+                g("hidden_ns")
+            )?;
+        }
+        let p = |k: &str| self.per_token.get(k).map(|v| format!("{v:.1}")).unwrap_or_else(|| "-".into());
+        writeln!(
+            out,
+            "per token: majflt_file {}, majflt_swap {}, minflt {}, swapins {}, read {} MB",
+            p("majflt_file"),
+            p("majflt_swap"),
+            p("minflt"),
+            p("swapins"),
+            self.per_token.get("read_bytes").map(|v| format!("{:.3}", v / 1e6)).unwrap_or_else(|| "-".into())
+        )?;
+        Ok(())
+    }
+}

@@ -1,0 +1,276 @@
+//! `observer run`: observe a command or a PID, print per-token lines and a
+//! summary, optionally write JSON.
+
+use std::{
+    ffi::OsString,
+    io::Write,
+    path::PathBuf,
+    time::{Duration, Instant},
+};
+
+use anyhow::{Context, Result, bail};
+use observer::{
+    attribution,
+    bpf::{self, AttachOptions, MarkerKind, Markers, Probes},
+    preflight,
+    report::{Summary, TargetInfo},
+    seed,
+    target::{CHILD_GRACE, Ending, Target},
+    tokens::{Assembler, Snapshot},
+};
+use observer_common::{GlobalCounter, model::StepKind};
+use tokio::io::unix::AsyncFd;
+
+#[derive(Debug, clap::Args)]
+pub struct RunArgs {
+    /// Attach to this running process (all its threads) instead of spawning one.
+    #[arg(long, conflicts_with = "command")]
+    pub pid: Option<u32>,
+    /// Also write the summary and every token record as JSON to this file.
+    #[arg(long, value_name = "FILE")]
+    json: Option<PathBuf>,
+    /// Token boundaries from calls of this function (uprobe at entry, uretprobe
+    /// at return), e.g. `llama_decode:/usr/lib/libllama.so`. Default: the
+    /// engine's marker symbols when the target has them.
+    #[arg(long, value_name = "SYM[:LIB]")]
+    token_symbol: Option<String>,
+    /// Fixed time windows instead of tokens (e.g. `250ms`, `1s`).
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
+    window: Option<Duration>,
+    /// Print every Nth token line while running (0: none).
+    #[arg(long, default_value_t = 1, value_name = "N")]
+    every: u64,
+    /// The command to spawn and observe.
+    #[arg(last = true, value_name = "CMD")]
+    command: Vec<OsString>,
+}
+
+fn parse_duration(s: &str) -> Result<Duration, String> {
+    let s = s.trim();
+    let (num, unit) = s.split_at(s.find(|c: char| c.is_ascii_alphabetic()).unwrap_or(s.len()));
+    let v: f64 = num.parse().map_err(|_| format!("not a duration: {s:?} (use e.g. 250ms, 1s)"))?;
+    let secs = match unit {
+        "ms" => v / 1e3,
+        "s" | "" => v,
+        "us" | "µs" => v / 1e6,
+        "m" | "min" => v * 60.0,
+        _ => return Err(format!("unknown unit in {s:?} (ms, s, min)")),
+    };
+    if !(secs > 0.0 && secs.is_finite()) {
+        return Err(format!("duration must be positive: {s:?}"));
+    }
+    Ok(Duration::from_secs_f64(secs))
+}
+
+/// Resolves on Ctrl-C (SIGINT) or SIGTERM.
+async fn stop_requested() -> Result<()> {
+    use tokio::signal::unix::{SignalKind, signal};
+    let mut int = signal(SignalKind::interrupt()).context("installing the SIGINT handler")?;
+    let mut term = signal(SignalKind::terminate()).context("installing the SIGTERM handler")?;
+    tokio::select! {
+        _ = int.recv() => {}
+        _ = term.recv() => {}
+    }
+    Ok(())
+}
+
+fn markers_for(args: &RunArgs, target: &Target) -> Result<Markers> {
+    if let Some(spec) = &args.token_symbol {
+        let (symbol, lib) = match spec.split_once(':') {
+            Some((s, l)) => (s.to_string(), Some(PathBuf::from(l))),
+            None => (spec.clone(), None),
+        };
+        let path = match lib {
+            Some(l) => l,
+            None => target.exe().context("cannot find the target's executable for --token-symbol")?,
+        };
+        if !path.exists() {
+            bail!("--token-symbol: {} does not exist", path.display());
+        }
+        if !bpf::elf_has_symbol(&path, &symbol) {
+            bail!("--token-symbol: {} defines no symbol `{symbol}` (check `nm -D {}`)", path.display(), path.display());
+        }
+        return Ok(Markers::Symbol { symbol, path });
+    }
+    Ok(match target.exe() {
+        Some(exe) => Markers::Auto { exe },
+        None => Markers::None,
+    })
+}
+
+/// Prints token lines as they complete.
+struct Live {
+    every: u64,
+    header_done: bool,
+}
+
+impl Live {
+    fn token(&mut self, t: &observer_common::model::TokenRecord) {
+        if self.every == 0 || t.seq % self.every != 0 {
+            return;
+        }
+        let mut err = std::io::stderr().lock();
+        if !self.header_done {
+            let _ = writeln!(err, "{}", attribution::header());
+            self.header_done = true;
+        }
+        let _ = writeln!(err, "{}", attribution::line(t));
+    }
+}
+
+pub async fn run(args: RunArgs) -> Result<i32> {
+    if args.pid.is_none() && args.command.is_empty() {
+        bail!("nothing to observe: give `--pid PID` or `-- CMD [ARGS…]`");
+    }
+    preflight::check_privileges()?;
+    preflight::ensure_tracefs()?;
+    let (mut target, command) = match args.pid {
+        Some(pid) => {
+            let t = Target::attach(pid)?;
+            let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+            let cmd = cmdline
+                .split(|&b| b == 0)
+                .filter(|s| !s.is_empty())
+                .map(|s| String::from_utf8_lossy(s).into_owned())
+                .collect();
+            (t, cmd)
+        }
+        None => {
+            let cmd = args.command.iter().map(|s| s.to_string_lossy().into_owned()).collect();
+            (Target::spawn(&args.command)?, cmd)
+        }
+    };
+    let pid = target.pid();
+    let markers = match markers_for(&args, &target) {
+        Ok(m) => m,
+        Err(e) => {
+            target.signal(libc::SIGKILL);
+            return Err(e);
+        }
+    };
+    let mut probes = match Probes::attach(&AttachOptions { target: pid, markers }) {
+        Ok(p) => p,
+        Err(e) => {
+            // A spawned child is still blocked before exec: end it.
+            target.signal(libc::SIGKILL);
+            return Err(e.into());
+        }
+    };
+    let marker_desc = match &probes.markers {
+        Some(MarkerKind::Engine { exe }) => format!("engine markers in {exe}"),
+        Some(MarkerKind::Symbol { symbol, path }) => format!("calls of {symbol} in {path}"),
+        None if args.window.is_some() => "fixed windows".to_string(),
+        None => "none (whole-run totals only; use --window or --token-symbol)".to_string(),
+    };
+    eprintln!(
+        "observer: pid {pid}: {} probes attached; tokens: {marker_desc}{}",
+        probes.attached.len(),
+        if probes.missing.is_empty() { String::new() } else { format!("; not attached: {}", probes.missing.join(", ")) }
+    );
+    let ring = probes.take_events()?;
+    // SAFETY: the ring buffer owns its fd and outlives the registration.
+    let mut ring = unsafe { AsyncFd::register(ring) }
+        .map_err(|e| e.into_parts().1)
+        .context("registering the ring buffer")?;
+    let default_kind = match probes.markers {
+        Some(MarkerKind::Symbol { .. }) => StepKind::Call,
+        Some(MarkerKind::Engine { .. }) => StepKind::Generate,
+        None => StepKind::Window,
+    };
+    let mut asm = Assembler::new(default_kind);
+    let mut records = Vec::new();
+    let mut live = Live { every: args.every, header_done: false };
+    let use_windows = args.window.is_some() && probes.markers.is_none();
+    let mut ticker = tokio::time::interval(args.window.unwrap_or(Duration::from_secs(3600)));
+    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+
+    target.release()?;
+    let start = Instant::now();
+    if use_windows {
+        ticker.tick().await; // the first tick is immediate
+        let now = seed::mono_ns();
+        asm.window(Snapshot { ts: now, index: 0, threads: probes.snapshot(now)?, engine: None, lost: 0 });
+    }
+
+    let mut ending: Option<Ending> = None;
+    let mut stopping: Option<Instant> = None;
+    loop {
+        let deadline = stopping.map(|t| t + CHILD_GRACE);
+        tokio::select! {
+            e = target.wait() => { ending = Some(e?); break; }
+            r = stop_requested() => {
+                r?;
+                if !target.is_spawned() { break; }
+                if stopping.is_some() {
+                    target.signal(libc::SIGKILL);
+                } else {
+                    target.signal(libc::SIGINT);
+                    stopping = Some(Instant::now());
+                }
+            }
+            _ = async { tokio::time::sleep_until(deadline.unwrap_or_else(Instant::now).into()).await }, if deadline.is_some() => {
+                eprintln!("observer: target still running {} s after SIGINT; killing it", CHILD_GRACE.as_secs());
+                target.signal(libc::SIGKILL);
+                stopping = Some(Instant::now() + Duration::from_secs(3600));
+            }
+            guard = ring.readable_mut() => {
+                let mut guard = guard.context("waiting on the ring buffer")?;
+                drain(guard.get_inner_mut(), &mut asm, &mut records, &mut live);
+                guard.clear_ready();
+            }
+            _ = ticker.tick(), if use_windows => {
+                let now = seed::mono_ns();
+                let snap = Snapshot { ts: now, index: 0, threads: probes.snapshot(now)?, engine: None, lost: 0 };
+                if let Some(t) = asm.window(snap) { live.token(&t); records.push(t); }
+            }
+        }
+    }
+    let duration_ns = start.elapsed().as_nanos() as u64;
+    drain(ring.get_mut(), &mut asm, &mut records, &mut live);
+    let end_ns = seed::mono_ns();
+    if use_windows {
+        let snap = Snapshot { ts: end_ns, index: 0, threads: probes.snapshot(end_ns)?, engine: None, lost: 0 };
+        if let Some(t) = asm.window(snap) {
+            live.token(&t);
+            records.push(t);
+        }
+    }
+
+    let rows = probes.thread_faults()?;
+    let states = probes.snapshot(end_ns)?;
+    let hists = probes.hists()?;
+    let lost = probes.counter(GlobalCounter::LostEvents)? + asm.malformed;
+    let attached = probes.attached.clone();
+    drop(ring);
+    drop(probes);
+
+    let exit_code = match ending {
+        Some(Ending::Exited(c)) => Some(c),
+        _ => None,
+    };
+    let mut summary = Summary::build(TargetInfo { pid, command, exit_code }, duration_ns, attached, &rows, lost);
+    summary.add_attribution(&states, &hists, records);
+    let mut err = std::io::stderr().lock();
+    summary.print(&mut err)?;
+    drop(err);
+    if let Some(path) = &args.json {
+        let f = std::fs::File::create(path).with_context(|| format!("cannot create JSON file {}", path.display()))?;
+        serde_json::to_writer_pretty(std::io::BufWriter::new(f), &summary)
+            .with_context(|| format!("writing {}", path.display()))?;
+    }
+    Ok(exit_code.unwrap_or(0))
+}
+
+fn drain(
+    ring: &mut aya::maps::RingBuf<aya::maps::MapData>,
+    asm: &mut Assembler,
+    records: &mut Vec<observer_common::model::TokenRecord>,
+    live: &mut Live,
+) {
+    while let Some(item) = ring.next() {
+        if let Some(t) = asm.push(&item) {
+            live.token(&t);
+            records.push(t);
+        }
+    }
+}
