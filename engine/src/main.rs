@@ -33,6 +33,25 @@ enum Cmd {
     Synth(SynthArgs),
     /// Run a prompt and generate.
     Run(RunArgs),
+    /// Measure prompt (pp) and generation (tg) speed like llama-bench: random token ids,
+    /// an empty context per repetition, averages over repetitions.
+    Bench {
+        #[arg(long, short)]
+        model: PathBuf,
+        /// Prompt tokens per pp test.
+        #[arg(short = 'p', default_value_t = 128)]
+        n_prompt: usize,
+        /// Generated tokens per tg test.
+        #[arg(short = 'n', default_value_t = 64)]
+        n_gen: usize,
+        #[arg(long, short)]
+        threads: Option<usize>,
+        #[arg(long, short, default_value_t = 3)]
+        repetitions: usize,
+        /// Print one JSON object instead of text.
+        #[arg(long)]
+        json: bool,
+    },
     /// Tokenize text with the model's vocabulary and print the ids as JSON.
     Tokenize {
         #[arg(long)]
@@ -80,6 +99,9 @@ struct SynthArgs {
     seed: u64,
     #[arg(long)]
     threads: Option<usize>,
+    /// Print the resolved configuration and exit without writing.
+    #[arg(long)]
+    dry_run: bool,
 }
 
 #[derive(clap::Args)]
@@ -130,6 +152,9 @@ fn main() -> Result<()> {
         }
         Cmd::Synth(a) => synth(a),
         Cmd::Run(a) => run(a),
+        Cmd::Bench { model, n_prompt, n_gen, threads, repetitions, json } => {
+            bench(&model, n_prompt, n_gen, threads.unwrap_or_else(default_threads).max(1), repetitions.max(1), json)
+        }
         Cmd::Tokenize { model, text } => {
             let g = Gguf::open(&model).with_context(|| format!("reading {}", model.display()))?;
             let tok = Tokenizer::from_gguf(&g).with_context(|| format!("tokenizer of {}", model.display()))?;
@@ -138,6 +163,62 @@ fn main() -> Result<()> {
             Ok(())
         }
     }
+}
+
+fn bench(path: &std::path::Path, n_prompt: usize, n_gen: usize, threads: usize, reps: usize, json: bool) -> Result<()> {
+    let model = Model::load(path).with_context(|| format!("loading {}", path.display()))?;
+    let n_vocab = model.cfg.n_vocab as u64;
+    let mut rng = engine::synth::SplitMix::new(1);
+    let mut sess = Session::new(&model, threads, n_prompt.max(n_gen) + 1);
+    // Warm-up (page in the weights, like llama-bench's warm-up run).
+    sess.step(&[0]).context("warm-up")?;
+    let mut pp = Vec::new();
+    let mut tg = Vec::new();
+    let mut times = engine::model::StepTimes::default();
+    for _ in 0..reps {
+        if n_prompt > 0 {
+            sess.reset();
+            let toks: Vec<u32> = (0..n_prompt).map(|_| (rng.next_u64() % n_vocab) as u32).collect();
+            let t = Instant::now();
+            sess.step(&toks).context("prompt")?;
+            pp.push(n_prompt as f64 / t.elapsed().as_secs_f64());
+        }
+        if n_gen > 0 {
+            sess.reset();
+            sess.times = Default::default();
+            let mut tok = (rng.next_u64() % n_vocab) as u32;
+            let t = Instant::now();
+            for _ in 0..n_gen {
+                let logits = sess.step(&[tok]).context("generation")?;
+                tok = engine::sampling::argmax(logits);
+            }
+            tg.push(n_gen as f64 / t.elapsed().as_secs_f64());
+            times = sess.times;
+        }
+    }
+    let avg = |v: &[f64]| if v.is_empty() { 0.0 } else { v.iter().sum::<f64>() / v.len() as f64 };
+    let per_tok = |ns: u64| ns as f64 / 1e6 / n_gen.max(1) as f64;
+    if json {
+        println!(
+            "{}",
+            serde_json::json!({
+                "pp_tok_s": avg(&pp), "tg_tok_s": avg(&tg), "n_prompt": n_prompt, "n_gen": n_gen,
+                "threads": threads, "repetitions": reps,
+                "tg_attention_ms_per_tok": per_tok(times.attention_ns),
+                "tg_experts_ms_per_tok": per_tok(times.experts_ns),
+                "tg_output_ms_per_tok": per_tok(times.output_ns),
+            })
+        );
+    } else {
+        println!("pp{n_prompt}: {:.2} tok/s  tg{n_gen}: {:.2} tok/s  ({threads} threads, {reps} reps)", avg(&pp), avg(&tg));
+        println!(
+            "tg per token: attention {:.3} ms, experts {:.3} ms, output {:.3} ms",
+            per_tok(times.attention_ns),
+            per_tok(times.experts_ns),
+            per_tok(times.output_ns)
+        );
+    }
+    Ok(())
 }
 
 fn synth(a: SynthArgs) -> Result<()> {
@@ -153,6 +234,10 @@ fn synth(a: SynthArgs) -> Result<()> {
     c.tied_output |= a.tied;
     c.seed = a.seed;
     c.validate()?;
+    if a.dry_run {
+        println!("{c:?} format={}", engine::synth::FORMAT_VERSION);
+        return Ok(());
+    }
     let total = c.total_bytes();
     eprintln!(
         "synth: {} layers, hidden {}, {}/{} heads × {}, {} experts ({} used) × ffn {}, vocab {}, {}: {:.1} MiB of tensors → {}",

@@ -25,6 +25,9 @@ use crate::gguf::{GgufWriter, TensorSpec, Value};
 use crate::quant::{self, GgmlType};
 use crate::tokenizer::{TOKEN_CONTROL, TOKEN_NORMAL, TOKEN_UNUSED, bytes_to_token_text};
 
+/// Bumped whenever the bytes written for a given configuration change (caches key on it).
+pub const FORMAT_VERSION: u32 = 1;
+
 #[derive(Debug, thiserror::Error)]
 pub enum SynthError {
     #[error("invalid synthetic model configuration: {0}")]
