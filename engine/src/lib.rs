@@ -1,1 +1,3 @@
 //! The embedded MoE engine.
+
+pub mod quant;
