@@ -616,7 +616,10 @@ fn check_dot(ty: GgmlType, n: usize, w: &[u8], x: &[u8]) -> Result<(), QuantErro
 /// [`try_vec_dot`] for untrusted input.
 #[inline]
 pub fn vec_dot(ty: GgmlType, n: usize, w: &[u8], x: &[u8]) -> f32 {
-    debug_assert!(check_dot(ty, n, w, x).is_ok(), "vec_dot: {:?}", check_dot(ty, n, w, x));
+    #[cfg(debug_assertions)]
+    if let Err(e) = check_dot(ty, n, w, x) {
+        panic!("vec_dot: {e}");
+    }
     let Some(k) = kernel(ty) else {
         panic!("vec_dot: type {ty} is not supported");
     };
