@@ -67,10 +67,11 @@
 //! equivalent `bsums` correction for the bias).
 //!
 //! # Quantizers (weights)
-//! Per sub-block scale (and min) search modelled on ggml's `make_qkx2_quants`
-//! (`Q2_K`, `Q4_K`, `Q5_K`), `make_q3_quants` (`Q3_K`) and `make_qx_quants`
-//! (`Q6_K`), then the sub-block scales are quantized and the elements requantized
-//! with the decoded scales.
+//! Step-by-step ports of ggml's `quantize_row_q{2,3,4,5,6}_K_ref` (scale search of
+//! `make_qkx2_quants` for `Q2_K`/`Q4_K`/`Q5_K`, `make_q3_quants` for `Q3_K`,
+//! `make_qx_quants` for `Q6_K`, then quantized sub-block scales and requantized
+//! elements), including ggml's comparison and rounding order. Not promised to be
+//! byte-identical to ggml in every corner case, but it was on the data tried.
 
 #![expect(
     clippy::needless_range_loop,
@@ -416,10 +417,11 @@ fn search_scale_min(
     }
     let mut laux = [0u8; 32];
     for is in 0..=nstep {
-        iscale = (rmin + rdelta * is as f32 + nmax as f32) / (hi - lo);
+        // Like ggml, later candidates are centred on the best `min` found so far.
+        iscale = (rmin + rdelta * is as f32 + nmax as f32) / (hi - min);
         let (mut sl, mut sl2, mut sxl) = (0f32, 0f32, 0f32);
         for i in 0..n {
-            let l = nearest_int(iscale * (x[i] - lo)).clamp(0, nmax);
+            let l = nearest_int(iscale * (x[i] - min)).clamp(0, nmax);
             laux[i] = l as u8;
             let (w, lf) = (weights[i], l as f32);
             sl += w * lf;
@@ -450,8 +452,9 @@ fn search_scale_min(
 
 /// Symmetric quantization of `x` to `-nmax..nmax-1` weighted by `x^2`, trying
 /// inverse scales around `nmax / max` (ggml's `make_qx_quants`, `rmse_type = 1`).
-/// Returns the scale (negative when the largest-magnitude value is positive).
-fn search_scale_sym(x: &[f32], nmax: i32) -> f32 {
+/// Returns the scale (negative when the largest-magnitude value is positive) and
+/// writes the best quants, biased by `nmax`, to `l_out`.
+fn search_scale_sym(x: &[f32], nmax: i32, l_out: &mut [u8]) -> f32 {
     let mut max = 0f32;
     let mut amax = 0f32;
     for &v in x {
@@ -461,27 +464,38 @@ fn search_scale_sym(x: &[f32], nmax: i32) -> f32 {
         }
     }
     if amax < GROUP_MAX_EPS {
+        l_out.fill(0);
         return 0.0;
     }
+    let quant = |iscale: f32, v: f32| nearest_int(iscale * v).clamp(-nmax, nmax - 1);
     let fit = |iscale: f32| {
         let (mut sumlx, mut suml2) = (0f32, 0f32);
         for &v in x {
-            let l = nearest_int(iscale * v).clamp(-nmax, nmax - 1) as f32;
+            let l = quant(iscale, v) as f32;
             let w = v * v;
             sumlx += w * v * l;
             suml2 += w * l * l;
         }
         (sumlx, suml2)
     };
-    let (sumlx, suml2) = fit(-(nmax as f32) / max);
+    let store = |iscale: f32, l_out: &mut [u8]| {
+        for (o, &v) in l_out.iter_mut().zip(x) {
+            *o = (quant(iscale, v) + nmax) as u8;
+        }
+    };
+    let iscale0 = -(nmax as f32) / max;
+    let (sumlx, suml2) = fit(iscale0);
+    store(iscale0, l_out);
     let mut scale = if suml2 != 0.0 { sumlx / suml2 } else { 0.0 };
     let mut best = scale * sumlx;
     for is in -9..=9 {
         if is == 0 {
             continue;
         }
-        let (sumlx, suml2) = fit(-(nmax as f32 + 0.1 * is as f32) / max);
+        let iscale = -(nmax as f32 + 0.1 * is as f32) / max;
+        let (sumlx, suml2) = fit(iscale);
         if suml2 > 0.0 && sumlx * sumlx > best * suml2 {
+            store(iscale, l_out);
             scale = sumlx / suml2;
             best = scale * sumlx;
         }
@@ -490,8 +504,9 @@ fn search_scale_sym(x: &[f32], nmax: i32) -> f32 {
 }
 
 /// Symmetric 3-bit search with greedy per-element refinement (ggml's
-/// `make_q3_quants` with `do_rmse`). Returns the scale.
-fn search_scale_q3(x: &[f32], nmax: i32) -> f32 {
+/// `make_q3_quants` with `do_rmse`). Returns the scale and writes the quants,
+/// biased by `nmax`, to `l_out`.
+fn search_scale_q3(x: &[f32], nmax: i32, l_out: &mut [u8]) -> f32 {
     let mut max = 0f32;
     let mut amax = 0f32;
     for &v in x {
@@ -501,6 +516,7 @@ fn search_scale_q3(x: &[f32], nmax: i32) -> f32 {
         }
     }
     if amax < GROUP_MAX_EPS {
+        l_out.fill(0);
         return 0.0;
     }
     let iscale = -(nmax as f32) / max;
@@ -536,6 +552,9 @@ fn search_scale_q3(x: &[f32], nmax: i32) -> f32 {
             break;
         }
     }
+    for (o, li) in l_out.iter_mut().zip(&l) {
+        *o = (li + nmax) as u8;
+    }
     if suml2 > 0.0 { sumlx / suml2 } else { 0.0 }
 }
 
@@ -568,8 +587,8 @@ fn quantize_q45k_block(x: &[f32], nmax: i32, grid: (f32, f32, i32), b: &mut [u8]
         }
         (scales[j], mins[j]) = search_scale_min(xs, &weights, nmax, &mut l[32 * j..32 * j + 32], grid, false);
     }
-    let max_scale = scales.iter().fold(0f32, |a, &b| a.max(b));
-    let max_min = mins.iter().fold(0f32, |a, &b| a.max(b));
+    let max_scale = scales.iter().fold(0f32, |a, &b| if b > a { b } else { a });
+    let max_min = mins.iter().fold(0f32, |a, &b| if b > a { b } else { a });
     let inv_scale = if max_scale > 0.0 { 63.0 / max_scale } else { 0.0 };
     let inv_min = if max_min > 0.0 { 63.0 / max_min } else { 0.0 };
     let mut ls = [0u8; 8];
@@ -650,8 +669,8 @@ pub(crate) fn quantize_q2_k(src: &[f32], dst: &mut [u8]) {
             (scales[j], mins[j]) =
                 search_scale_min(xs, &weights, 3, &mut l[16 * j..16 * j + 16], (-0.5, 0.1, 15), true);
         }
-        let max_scale = scales.iter().fold(0f32, |a, &b| a.max(b));
-        let max_min = mins.iter().fold(0f32, |a, &b| a.max(b));
+        let max_scale = scales.iter().fold(0f32, |a, &b| if b > a { b } else { a });
+        let max_min = mins.iter().fold(0f32, |a, &b| if b > a { b } else { a });
         b[..16].fill(0);
         if max_scale > 0.0 {
             let iscale = 15.0 / max_scale;
@@ -694,7 +713,7 @@ pub(crate) fn quantize_q3_k(src: &[f32], dst: &mut [u8]) {
         let mut max_scale = 0f32;
         let mut amax = 0f32;
         for j in 0..16 {
-            scales[j] = search_scale_q3(&x[16 * j..16 * j + 16], 4);
+            scales[j] = search_scale_q3(&x[16 * j..16 * j + 16], 4, &mut l[16 * j..16 * j + 16]);
             if scales[j].abs() > amax {
                 amax = scales[j].abs();
                 max_scale = scales[j];
@@ -720,8 +739,11 @@ pub(crate) fn quantize_q3_k(src: &[f32], dst: &mut [u8]) {
         let sc = q3k_scales(&b[96..108]);
         for j in 0..16 {
             let dj = d * sc[j] as f32;
+            if dj == 0.0 {
+                continue; // keep the search's quants, as ggml does
+            }
             for e in 16 * j..16 * j + 16 {
-                l[e] = if dj == 0.0 { 4 } else { (nearest_int(x[e] / dj).clamp(-4, 3) + 4) as u8 };
+                l[e] = (nearest_int(x[e] / dj).clamp(-4, 3) + 4) as u8;
             }
         }
         b[..32].fill(0);
@@ -747,7 +769,7 @@ pub(crate) fn quantize_q6_k(src: &[f32], dst: &mut [u8]) {
         let mut max_scale = 0f32;
         let mut amax = 0f32;
         for j in 0..16 {
-            scales[j] = search_scale_sym(&x[16 * j..16 * j + 16], 32);
+            scales[j] = search_scale_sym(&x[16 * j..16 * j + 16], 32, &mut l[16 * j..16 * j + 16]);
             if scales[j].abs() > amax {
                 amax = scales[j].abs();
                 max_scale = scales[j];
@@ -765,8 +787,11 @@ pub(crate) fn quantize_q6_k(src: &[f32], dst: &mut [u8]) {
         let d = rd_f16(b, 208);
         for j in 0..16 {
             let dj = d * (b[192 + j] as i8) as f32;
+            if dj == 0.0 {
+                continue; // keep the search's quants, as ggml does
+            }
             for e in 16 * j..16 * j + 16 {
-                l[e] = if dj == 0.0 { 32 } else { (nearest_int(x[e] / dj).clamp(-32, 31) + 32) as u8 };
+                l[e] = (nearest_int(x[e] / dj).clamp(-32, 31) + 32) as u8;
             }
         }
         for h in 0..2 {

@@ -365,9 +365,10 @@ pub fn dequantize_row(ty: GgmlType, src: &[u8], dst: &mut [f32]) -> Result<(), Q
 /// `ty.row_bytes(src.len())` bytes.
 ///
 /// Activation types (`Q8_0`, `Q8_1`, `Q8_K`, `F16`, `BF16`) are bit-identical to
-/// ggml's reference quantizers. Weight types use a per-sub-block scale/min search
-/// modelled on ggml's (`make_qkx2_quants` and friends): valid blocks that decode
-/// close to the input, not necessarily the bytes ggml would write.
+/// ggml's reference quantizers. Weight types follow ggml's `quantize_row_*_ref`
+/// algorithms step by step (per-sub-block scale/min search, e.g.
+/// `make_qkx2_quants`); they aim at ggml's bytes but only promise valid blocks
+/// that decode close to the input.
 pub fn quantize_row(ty: GgmlType, src: &[f32], dst: &mut [u8]) -> Result<(), QuantError> {
     if !ty.is_supported() {
         return Err(QuantError::Unsupported(ty));
