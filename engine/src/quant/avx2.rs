@@ -1,0 +1,478 @@
+//! x86_64 AVX2 + FMA + F16C kernels.
+//!
+//! Same integer arithmetic as the scalar kernels (and ggml): quants are multiplied
+//! with `vpmaddubsw` (unsigned weight quants x signed activation quants, no
+//! saturation possible for the value ranges involved), widened with `vpmaddwd`
+//! against the sub-block scales, accumulated in `i32` per super-block, then scaled
+//! by `d_w * d_x` with one FMA. Signed weight quants (`Q3_K`, `Q6_K`) are made
+//! unsigned by adding their bias (4, 32) and the bias is removed through the
+//! activation's `bsums`, which gives the same integer per super-block.
+//!
+//! `Q8_0`/`Q8_K` x `Q8_0`/`Q8_K` use ggml's sign trick (`|w| * sign(w) x`); like
+//! ggml's, it assumes activation quants are never -128, which ggml's and this
+//! module's quantizers never produce.
+//!
+//! Every kernel here is a safe `#[target_feature]` function; the only `unsafe`
+//! is in the loads (bounds asserted) and in the wrappers handed out by
+//! [`kernel`], which exist only after [`available`] confirmed the features.
+
+use std::arch::x86_64::*;
+
+use super::kquants::{Q2_K_BYTES, Q3_K_BYTES, Q4_K_BYTES, Q5_K_BYTES, Q6_K_BYTES};
+use super::q8::{Q8_0_BYTES, Q8_K_BYTES};
+use super::{GgmlType, Kernel};
+
+/// Whether the CPU has everything these kernels use (cached by std).
+pub(super) fn available() -> bool {
+    is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") && is_x86_feature_detected!("f16c")
+}
+
+// ---------------------------------------------------------------------------
+// Loads and small helpers
+// ---------------------------------------------------------------------------
+
+#[inline]
+#[target_feature(enable = "avx2")]
+fn ld256<const N: usize>(b: &[u8; N], off: usize) -> __m256i {
+    assert!(off + 32 <= N);
+    // SAFETY: `off + 32 <= N` was just checked; `loadu` has no alignment requirement.
+    unsafe { _mm256_loadu_si256(b.as_ptr().add(off).cast()) }
+}
+
+#[inline]
+#[target_feature(enable = "avx2")]
+fn ld128<const N: usize>(b: &[u8; N], off: usize) -> __m128i {
+    assert!(off + 16 <= N);
+    // SAFETY: `off + 16 <= N` was just checked; `loadu` has no alignment requirement.
+    unsafe { _mm_loadu_si128(b.as_ptr().add(off).cast()) }
+}
+
+#[inline]
+#[target_feature(enable = "avx2")]
+fn ld_u32<const N: usize>(b: &[u8; N], off: usize) -> u32 {
+    u32::from_le_bytes([b[off], b[off + 1], b[off + 2], b[off + 3]])
+}
+
+/// One f16 at `off`, converted with F16C.
+#[inline]
+#[target_feature(enable = "avx2,f16c")]
+fn f16_at<const N: usize>(b: &[u8; N], off: usize) -> f32 {
+    let h = u16::from_le_bytes([b[off], b[off + 1]]);
+    _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(h as i32)))
+}
+
+/// Two consecutive f16 at `off` (e.g. `d`, `dmin`).
+#[inline]
+#[target_feature(enable = "avx2,f16c")]
+fn f16x2_at<const N: usize>(b: &[u8; N], off: usize) -> (f32, f32) {
+    let v = _mm_cvtph_ps(_mm_cvtsi32_si128(ld_u32(b, off) as i32));
+    (_mm_cvtss_f32(v), _mm_cvtss_f32(_mm_movehdup_ps(v)))
+}
+
+#[inline]
+#[target_feature(enable = "avx2")]
+fn f32_at<const N: usize>(b: &[u8; N], off: usize) -> f32 {
+    f32::from_bits(ld_u32(b, off))
+}
+
+#[inline]
+#[target_feature(enable = "avx2")]
+fn hsum_ps(v: __m256) -> f32 {
+    let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v));
+    let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    let s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    _mm_cvtss_f32(s)
+}
+
+/// Signed i8 x i8 products summed in groups of four, as 8 x i32
+/// (requires `y != -128` wherever `x < 0`).
+#[inline]
+#[target_feature(enable = "avx2")]
+fn dot_i8_i32(x: __m256i, y: __m256i) -> __m256i {
+    let ax = _mm256_sign_epi8(x, x);
+    let sy = _mm256_sign_epi8(y, x);
+    _mm256_madd_epi16(_mm256_maddubs_epi16(ax, sy), _mm256_set1_epi16(1))
+}
+
+/// From 16 i8 scales, the i16 vector `[s[2p] x 8, s[2p+1] x 8]` for the pair `p`
+/// of 16-element sub-blocks covered by one 32-byte quant vector.
+#[inline]
+#[target_feature(enable = "avx2")]
+fn scale_pair(scales: __m128i, p: usize) -> __m256i {
+    let base = _mm_set_epi64x(0x0101_0101_0101_0101, 0);
+    let idx = _mm_add_epi8(base, _mm_set1_epi8((2 * p) as i8));
+    _mm256_cvtepi8_epi16(_mm_shuffle_epi8(scales, idx))
+}
+
+// ---------------------------------------------------------------------------
+// Q8_0 x Q8_0 and Q8_K x Q8_K
+// ---------------------------------------------------------------------------
+
+#[target_feature(enable = "avx2,fma,f16c")]
+fn dot_q8_0(w: &[u8], x: &[u8]) -> f32 {
+    let (wb, _) = w.as_chunks::<Q8_0_BYTES>();
+    let (xb, _) = x.as_chunks::<Q8_0_BYTES>();
+    let mut acc0 = _mm256_setzero_ps();
+    let mut acc1 = _mm256_setzero_ps();
+    let mut pairs_w = wb.chunks_exact(2);
+    let mut pairs_x = xb.chunks_exact(2);
+    for (pw, px) in (&mut pairs_w).zip(&mut pairs_x) {
+        let (a0, a1, b0, b1) = (&pw[0], &pw[1], &px[0], &px[1]);
+        let p0 = _mm256_cvtepi32_ps(dot_i8_i32(ld256(a0, 2), ld256(b0, 2)));
+        let p1 = _mm256_cvtepi32_ps(dot_i8_i32(ld256(a1, 2), ld256(b1, 2)));
+        acc0 = _mm256_fmadd_ps(_mm256_set1_ps(f16_at(a0, 0) * f16_at(b0, 0)), p0, acc0);
+        acc1 = _mm256_fmadd_ps(_mm256_set1_ps(f16_at(a1, 0) * f16_at(b1, 0)), p1, acc1);
+    }
+    for (a, b) in pairs_w.remainder().iter().zip(pairs_x.remainder()) {
+        let p = _mm256_cvtepi32_ps(dot_i8_i32(ld256(a, 2), ld256(b, 2)));
+        acc0 = _mm256_fmadd_ps(_mm256_set1_ps(f16_at(a, 0) * f16_at(b, 0)), p, acc0);
+    }
+    hsum_ps(_mm256_add_ps(acc0, acc1))
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+fn dot_q8_k(w: &[u8], x: &[u8]) -> f32 {
+    let (wb, _) = w.as_chunks::<Q8_K_BYTES>();
+    let (xb, _) = x.as_chunks::<Q8_K_BYTES>();
+    let mut acc = _mm256_setzero_ps();
+    for (a, b) in wb.iter().zip(xb) {
+        let mut sumi = _mm256_setzero_si256();
+        for j in 0..8 {
+            sumi = _mm256_add_epi32(sumi, dot_i8_i32(ld256(a, 4 + 32 * j), ld256(b, 4 + 32 * j)));
+        }
+        let d = f32_at(a, 0) * f32_at(b, 0);
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
+    }
+    hsum_ps(acc)
+}
+
+// ---------------------------------------------------------------------------
+// K-quants
+// ---------------------------------------------------------------------------
+
+/// `Q4_K`/`Q5_K` 6-bit scales and mins as `[scales(8) | mins(8)]` u8, via the
+/// same 32-bit shuffles as ggml.
+#[inline]
+#[target_feature(enable = "avx2")]
+fn k4_scales_mins(b: &[u8; 12]) -> __m128i {
+    const KMASK1: u32 = 0x3f3f_3f3f;
+    const KMASK2: u32 = 0x0f0f_0f0f;
+    const KMASK3: u32 = 0x0303_0303;
+    let u0 = ld_u32(b, 0);
+    let u1 = ld_u32(b, 4);
+    let u2 = ld_u32(b, 8);
+    let m_hi = ((u2 >> 4) & KMASK2) | (((u1 >> 6) & KMASK3) << 4);
+    let m_lo = u1 & KMASK1;
+    let s_hi = (u2 & KMASK2) | (((u0 >> 6) & KMASK3) << 4);
+    let s_lo = u0 & KMASK1;
+    _mm_set_epi32(m_hi as i32, m_lo as i32, s_hi as i32, s_lo as i32)
+}
+
+/// Sum over the 8 sub-blocks of `min_j * (bsums[2j] + bsums[2j+1])`, as 4 x i32.
+#[inline]
+#[target_feature(enable = "avx2")]
+fn k4_min_sums(scales_mins: __m128i, y: &[u8; Q8_K_BYTES]) -> __m128i {
+    let mins16 = _mm_cvtepu8_epi16(_mm_unpackhi_epi64(scales_mins, scales_mins));
+    let bsums = ld256(y, 260);
+    let pair_sums = _mm_hadd_epi16(_mm256_castsi256_si128(bsums), _mm256_extracti128_si256::<1>(bsums));
+    _mm_madd_epi16(mins16, pair_sums)
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+fn dot_q4_k(w: &[u8], x: &[u8]) -> f32 {
+    let (wb, _) = w.as_chunks::<Q4_K_BYTES>();
+    let (xb, _) = x.as_chunks::<Q8_K_BYTES>();
+    let m4 = _mm256_set1_epi8(0xf);
+    let mut acc = _mm256_setzero_ps();
+    let mut acc_m = _mm_setzero_ps();
+    for (a, y) in wb.iter().zip(xb) {
+        let (dw, dminw) = f16x2_at(a, 0);
+        let dy = f32_at(y, 0);
+        let sm = k4_scales_mins(a[4..16].try_into().expect("12 bytes"));
+        acc_m = _mm_fmadd_ps(_mm_set1_ps(-dminw * dy), _mm_cvtepi32_ps(k4_min_sums(sm, y)), acc_m);
+        // Scales as i16, duplicated into both 128-bit lanes.
+        let sc16 = _mm_cvtepu8_epi16(sm);
+        let sc = _mm256_set_m128i(sc16, sc16);
+        let mut sumi = _mm256_setzero_si256();
+        for j in 0..4 {
+            let bits = ld256(a, 16 + 32 * j);
+            let lo = _mm256_and_si256(bits, m4);
+            let hi = _mm256_and_si256(_mm256_srli_epi16::<4>(bits), m4);
+            let pl = _mm256_maddubs_epi16(lo, ld256(y, 4 + 64 * j));
+            let ph = _mm256_maddubs_epi16(hi, ld256(y, 4 + 64 * j + 32));
+            let sl = _mm256_shuffle_epi8(sc, _mm256_set1_epi16((0x0100 + 0x0202 * (2 * j)) as i16));
+            let sh = _mm256_shuffle_epi8(sc, _mm256_set1_epi16((0x0100 + 0x0202 * (2 * j + 1)) as i16));
+            sumi = _mm256_add_epi32(sumi, _mm256_add_epi32(_mm256_madd_epi16(pl, sl), _mm256_madd_epi16(ph, sh)));
+        }
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(dw * dy), _mm256_cvtepi32_ps(sumi), acc);
+    }
+    let m = _mm_add_ps(acc_m, _mm_movehl_ps(acc_m, acc_m));
+    let m = _mm_add_ss(m, _mm_movehdup_ps(m));
+    hsum_ps(acc) + _mm_cvtss_f32(m)
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+fn dot_q5_k(w: &[u8], x: &[u8]) -> f32 {
+    let (wb, _) = w.as_chunks::<Q5_K_BYTES>();
+    let (xb, _) = x.as_chunks::<Q8_K_BYTES>();
+    let m4 = _mm256_set1_epi8(0xf);
+    let one = _mm256_set1_epi8(1);
+    let two = _mm256_set1_epi8(2);
+    let mut acc = _mm256_setzero_ps();
+    let mut acc_m = _mm_setzero_ps();
+    for (a, y) in wb.iter().zip(xb) {
+        let (dw, dminw) = f16x2_at(a, 0);
+        let dy = f32_at(y, 0);
+        let sm = k4_scales_mins(a[4..16].try_into().expect("12 bytes"));
+        acc_m = _mm_fmadd_ps(_mm_set1_ps(-dminw * dy), _mm_cvtepi32_ps(k4_min_sums(sm, y)), acc_m);
+        let sc16 = _mm_cvtepu8_epi16(sm);
+        let sc = _mm256_set_m128i(sc16, sc16);
+        let mut hb = ld256(a, 16);
+        let mut sumi = _mm256_setzero_si256();
+        for j in 0..4 {
+            let bits = ld256(a, 48 + 32 * j);
+            // Bit 2j of qh[l] is the 5th bit of the low nibble, bit 2j+1 of the high one;
+            // `hb` is shifted right by 2 per step, so they are bits 0 and 1 here.
+            let h_lo = _mm256_slli_epi16::<4>(_mm256_and_si256(hb, one));
+            let h_hi = _mm256_slli_epi16::<3>(_mm256_and_si256(hb, two));
+            hb = _mm256_srli_epi16::<2>(hb);
+            let lo = _mm256_or_si256(_mm256_and_si256(bits, m4), h_lo);
+            let hi = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16::<4>(bits), m4), h_hi);
+            let pl = _mm256_maddubs_epi16(lo, ld256(y, 4 + 64 * j));
+            let ph = _mm256_maddubs_epi16(hi, ld256(y, 4 + 64 * j + 32));
+            let sl = _mm256_shuffle_epi8(sc, _mm256_set1_epi16((0x0100 + 0x0202 * (2 * j)) as i16));
+            let sh = _mm256_shuffle_epi8(sc, _mm256_set1_epi16((0x0100 + 0x0202 * (2 * j + 1)) as i16));
+            sumi = _mm256_add_epi32(sumi, _mm256_add_epi32(_mm256_madd_epi16(pl, sl), _mm256_madd_epi16(ph, sh)));
+        }
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(dw * dy), _mm256_cvtepi32_ps(sumi), acc);
+    }
+    let m = _mm_add_ps(acc_m, _mm_movehl_ps(acc_m, acc_m));
+    let m = _mm_add_ss(m, _mm_movehdup_ps(m));
+    hsum_ps(acc) + _mm_cvtss_f32(m)
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+fn dot_q6_k(w: &[u8], x: &[u8]) -> f32 {
+    let (wb, _) = w.as_chunks::<Q6_K_BYTES>();
+    let (xb, _) = x.as_chunks::<Q8_K_BYTES>();
+    let m4 = _mm256_set1_epi8(0xf);
+    let m3 = _mm256_set1_epi8(3);
+    let mut acc = _mm256_setzero_ps();
+    for (a, y) in wb.iter().zip(xb) {
+        let dw = f16_at(a, 208);
+        let dy = f32_at(y, 0);
+        let scales = ld128(a, 192);
+        // Bias: sum_s scale_s * 32 * bsums_s, removed from the unsigned products.
+        let bias = _mm256_slli_epi32::<5>(_mm256_madd_epi16(_mm256_cvtepi8_epi16(scales), ld256(y, 260)));
+        let mut sumi = _mm256_setzero_si256();
+        for h in 0..2 {
+            let l0 = ld256(a, 64 * h);
+            let l1 = ld256(a, 64 * h + 32);
+            let qh = ld256(a, 128 + 32 * h);
+            let q0 = _mm256_or_si256(
+                _mm256_and_si256(l0, m4),
+                _mm256_slli_epi16::<4>(_mm256_and_si256(qh, m3)),
+            );
+            let q1 = _mm256_or_si256(
+                _mm256_and_si256(l1, m4),
+                _mm256_slli_epi16::<4>(_mm256_and_si256(_mm256_srli_epi16::<2>(qh), m3)),
+            );
+            let q2 = _mm256_or_si256(
+                _mm256_and_si256(_mm256_srli_epi16::<4>(l0), m4),
+                _mm256_slli_epi16::<4>(_mm256_and_si256(_mm256_srli_epi16::<4>(qh), m3)),
+            );
+            let q3 = _mm256_or_si256(
+                _mm256_and_si256(_mm256_srli_epi16::<4>(l1), m4),
+                _mm256_slli_epi16::<4>(_mm256_and_si256(_mm256_srli_epi16::<6>(qh), m3)),
+            );
+            let base = 4 + 128 * h;
+            let p0 = _mm256_maddubs_epi16(q0, ld256(y, base));
+            let p1 = _mm256_maddubs_epi16(q1, ld256(y, base + 32));
+            let p2 = _mm256_maddubs_epi16(q2, ld256(y, base + 64));
+            let p3 = _mm256_maddubs_epi16(q3, ld256(y, base + 96));
+            let p0 = _mm256_madd_epi16(p0, scale_pair(scales, 4 * h));
+            let p1 = _mm256_madd_epi16(p1, scale_pair(scales, 4 * h + 1));
+            let p2 = _mm256_madd_epi16(p2, scale_pair(scales, 4 * h + 2));
+            let p3 = _mm256_madd_epi16(p3, scale_pair(scales, 4 * h + 3));
+            sumi = _mm256_add_epi32(sumi, _mm256_add_epi32(_mm256_add_epi32(p0, p1), _mm256_add_epi32(p2, p3)));
+        }
+        let sumi = _mm256_sub_epi32(sumi, bias);
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(dw * dy), _mm256_cvtepi32_ps(sumi), acc);
+    }
+    hsum_ps(acc)
+}
+
+/// The 16 `Q3_K` 6-bit scales minus 32, as i8.
+#[inline]
+#[target_feature(enable = "avx2")]
+fn q3k_scales(b: &[u8; 12]) -> __m128i {
+    const KMASK1: u32 = 0x0303_0303;
+    const KMASK2: u32 = 0x0f0f_0f0f;
+    let a0 = ld_u32(b, 0);
+    let a1 = ld_u32(b, 4);
+    let a2 = ld_u32(b, 8);
+    let v = _mm_set_epi32(
+        (((a1 >> 4) & KMASK2) | (((a2 >> 6) & KMASK1) << 4)) as i32,
+        (((a0 >> 4) & KMASK2) | (((a2 >> 4) & KMASK1) << 4)) as i32,
+        ((a1 & KMASK2) | (((a2 >> 2) & KMASK1) << 4)) as i32,
+        ((a0 & KMASK2) | ((a2 & KMASK1) << 4)) as i32,
+    );
+    _mm_sub_epi8(v, _mm_set1_epi8(32))
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+fn dot_q3_k(w: &[u8], x: &[u8]) -> f32 {
+    let (wb, _) = w.as_chunks::<Q3_K_BYTES>();
+    let (xb, _) = x.as_chunks::<Q8_K_BYTES>();
+    let m3 = _mm256_set1_epi8(3);
+    let one = _mm256_set1_epi8(1);
+    let mut acc = _mm256_setzero_ps();
+    for (a, y) in wb.iter().zip(xb) {
+        let dw = f16_at(a, 108);
+        let dy = f32_at(y, 0);
+        let scales = q3k_scales(a[96..108].try_into().expect("12 bytes"));
+        // q = (low2 + 4*hbit) - 4: bias removed through bsums.
+        let bias = _mm256_slli_epi32::<2>(_mm256_madd_epi16(_mm256_cvtepi8_epi16(scales), ld256(y, 260)));
+        let mut hb = ld256(a, 0);
+        let mut sumi = _mm256_setzero_si256();
+        for h in 0..2 {
+            let bits = ld256(a, 32 + 32 * h);
+            let mut lowbits = bits;
+            for k in 0..4 {
+                let hi = _mm256_slli_epi16::<2>(_mm256_and_si256(hb, one));
+                hb = _mm256_srli_epi16::<1>(hb);
+                let q = _mm256_or_si256(_mm256_and_si256(lowbits, m3), hi);
+                lowbits = _mm256_srli_epi16::<2>(lowbits);
+                let p = _mm256_maddubs_epi16(q, ld256(y, 4 + 128 * h + 32 * k));
+                sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(p, scale_pair(scales, 4 * h + k)));
+            }
+        }
+        let sumi = _mm256_sub_epi32(sumi, bias);
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(dw * dy), _mm256_cvtepi32_ps(sumi), acc);
+    }
+    hsum_ps(acc)
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+fn dot_q2_k(w: &[u8], x: &[u8]) -> f32 {
+    let (wb, _) = w.as_chunks::<Q2_K_BYTES>();
+    let (xb, _) = x.as_chunks::<Q8_K_BYTES>();
+    let m3 = _mm256_set1_epi8(3);
+    let m4 = _mm_set1_epi8(0xf);
+    let mut acc = _mm256_setzero_ps();
+    for (a, y) in wb.iter().zip(xb) {
+        let (dw, dminw) = f16x2_at(a, 80);
+        let dy = f32_at(y, 0);
+        let sm = ld128(a, 0);
+        let scales = _mm_and_si128(sm, m4);
+        let mins = _mm_and_si128(_mm_srli_epi16::<4>(sm), m4);
+        let summs = _mm256_madd_epi16(_mm256_cvtepu8_epi16(mins), ld256(y, 260));
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(-dminw * dy), _mm256_cvtepi32_ps(summs), acc);
+        let mut sumi = _mm256_setzero_si256();
+        for h in 0..2 {
+            let mut bits = ld256(a, 16 + 32 * h);
+            for k in 0..4 {
+                let q = _mm256_and_si256(bits, m3);
+                bits = _mm256_srli_epi16::<2>(bits);
+                let p = _mm256_maddubs_epi16(q, ld256(y, 4 + 128 * h + 32 * k));
+                sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(p, scale_pair(scales, 4 * h + k)));
+            }
+        }
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(dw * dy), _mm256_cvtepi32_ps(sumi), acc);
+    }
+    hsum_ps(acc)
+}
+
+// ---------------------------------------------------------------------------
+// Floats
+// ---------------------------------------------------------------------------
+
+#[target_feature(enable = "avx2,fma,f16c")]
+fn dot_f32(w: &[u8], x: &[u8]) -> f32 {
+    let (wb, wr) = w.as_chunks::<128>();
+    let (xb, xr) = x.as_chunks::<128>();
+    let mut acc = [_mm256_setzero_ps(); 4];
+    for (a, b) in wb.iter().zip(xb) {
+        for (i, s) in acc.iter_mut().enumerate() {
+            let va = _mm256_castsi256_ps(ld256(a, 32 * i));
+            let vb = _mm256_castsi256_ps(ld256(b, 32 * i));
+            *s = _mm256_fmadd_ps(va, vb, *s);
+        }
+    }
+    let mut sum = hsum_ps(_mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3]))) as f64;
+    for (a, b) in wr.chunks_exact(4).zip(xr.chunks_exact(4)) {
+        let a = f32::from_le_bytes([a[0], a[1], a[2], a[3]]);
+        let b = f32::from_le_bytes([b[0], b[1], b[2], b[3]]);
+        sum += (a * b) as f64;
+    }
+    sum as f32
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+fn dot_f16(w: &[u8], x: &[u8]) -> f32 {
+    let (wb, wr) = w.as_chunks::<64>();
+    let (xb, xr) = x.as_chunks::<64>();
+    let mut acc = [_mm256_setzero_ps(); 4];
+    for (a, b) in wb.iter().zip(xb) {
+        for (i, s) in acc.iter_mut().enumerate() {
+            let va = _mm256_cvtph_ps(ld128(a, 16 * i));
+            let vb = _mm256_cvtph_ps(ld128(b, 16 * i));
+            *s = _mm256_fmadd_ps(va, vb, *s);
+        }
+    }
+    let mut sum = hsum_ps(_mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3]))) as f64;
+    for (a, b) in wr.chunks_exact(2).zip(xr.chunks_exact(2)) {
+        let a = super::f16_to_f32(u16::from_le_bytes([a[0], a[1]]));
+        let b = super::f16_to_f32(u16::from_le_bytes([b[0], b[1]]));
+        sum += (a * b) as f64;
+    }
+    sum as f32
+}
+
+// ---------------------------------------------------------------------------
+// Dispatch
+// ---------------------------------------------------------------------------
+
+/// Generates the safe entry points for one kernel: a dot product and a row loop
+/// compiled with the same features (so the dot product inlines into it).
+macro_rules! entry {
+    ($dot:ident) => {{
+        #[target_feature(enable = "avx2,fma,f16c")]
+        fn rows(w: &[u8], row_bytes: usize, x: &[u8], out: &mut [f32]) {
+            for (row, o) in w.chunks_exact(row_bytes).zip(out.iter_mut()) {
+                *o = $dot(row, x);
+            }
+        }
+        fn vec_dot(_n: usize, w: &[u8], x: &[u8]) -> f32 {
+            // SAFETY: `kernel()` hands this out only after `available()` confirmed
+            // AVX2, FMA and F16C on this CPU.
+            unsafe { $dot(w, x) }
+        }
+        fn matvec(w: &[u8], row_bytes: usize, _cols: usize, x: &[u8], out: &mut [f32]) {
+            // SAFETY: as for `vec_dot` above.
+            unsafe { rows(w, row_bytes, x, out) }
+        }
+        Kernel { vec_dot, matvec }
+    }};
+}
+
+/// The AVX2 kernel for `ty`, if there is one. Callers must have checked
+/// [`available`].
+pub(super) fn kernel(ty: GgmlType) -> Option<Kernel> {
+    if !available() {
+        return None;
+    }
+    use GgmlType::*;
+    Some(match ty {
+        F32 => entry!(dot_f32),
+        F16 => entry!(dot_f16),
+        Q8_0 => entry!(dot_q8_0),
+        Q8_K => entry!(dot_q8_k),
+        Q2_K => entry!(dot_q2_k),
+        Q3_K => entry!(dot_q3_k),
+        Q4_K => entry!(dot_q4_k),
+        Q5_K => entry!(dot_q5_k),
+        Q6_K => entry!(dot_q6_k),
+        _ => return None,
+    })
+}
