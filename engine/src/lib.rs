@@ -10,3 +10,4 @@ pub mod quant;
 pub mod sampling;
 pub mod synth;
 pub mod tokenizer;
+pub mod vmath;

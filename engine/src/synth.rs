@@ -11,6 +11,9 @@
 //! - the tensors of [`tensor_specs`], weights uniform in `±sqrt(3/fan_in)` (unit-variance
 //!   outputs), norms `1 ± 0.1`. Each row is generated from its own seed, so the file depends
 //!   only on the configuration and `--seed`, not on the thread count.
+//! - Residual-branch projections (`attn_output`, `ffn_down_exps`) are scaled by
+//!   `1/sqrt(2·layers)` as in GPT-2's initialisation, and `output.weight` rows by a log-normal
+//!   factor (σ = 1), so that a few tokens carry large logits as in real vocabularies.
 //! - Router skew: row `e` of `ffn_gate_inp` is scaled by `(rank_e + 1)^-skew` (ranks shuffled
 //!   per layer), so high-norm experts win the top-k more often and popularity is uneven.
 //!
@@ -26,7 +29,7 @@ use crate::quant::{self, GgmlType};
 use crate::tokenizer::{TOKEN_CONTROL, TOKEN_NORMAL, TOKEN_UNUSED, bytes_to_token_text};
 
 /// Bumped whenever the bytes written for a given configuration change (caches key on it).
-pub const FORMAT_VERSION: u32 = 1;
+pub const FORMAT_VERSION: u32 = 2;
 
 #[derive(Debug, thiserror::Error)]
 pub enum SynthError {
@@ -433,8 +436,20 @@ fn row_values(c: &SynthConfig, spec: &TensorSpec, tensor_seed: u64, row: u64, ou
         let rank = perm[row as usize] as f32;
         let scale = 4.0 * (3.0 / fan_in).sqrt() * (rank + 1.0).powf(-c.router_skew);
         out.iter_mut().for_each(|x| *x = scale * rng.uniform());
+    } else if name == "output.weight" {
+        // Token `row` gets a log-normal logit scale (σ = 1): like a real vocabulary, a few
+        // tokens carry large logits, so greedy choices are rarely decided by a hair.
+        let mut trng = SplitMix::new(mix(tensor_seed, u64::MAX - row));
+        let z = (trng.uniform() + trng.uniform() + trng.uniform() + trng.uniform()) * 0.866; // ≈ N(0,1)
+        let scale = 2.0 * (3.0 / fan_in).sqrt() * z.exp();
+        out.iter_mut().for_each(|x| *x = scale * rng.uniform());
     } else {
-        let scale = (3.0 / fan_in).sqrt();
+        let mut scale = (3.0 / fan_in).sqrt();
+        if name.ends_with("attn_output.weight") || name.ends_with("ffn_down_exps.weight") {
+            // Residual-branch projections scaled by 1/sqrt(2·layers) (GPT-2's initialisation):
+            // each layer nudges the residual stream instead of replacing it.
+            scale /= (2.0 * c.layers as f32).sqrt();
+        }
         out.iter_mut().for_each(|x| *x = scale * rng.uniform());
     }
 }
