@@ -92,6 +92,9 @@ struct SynthArgs {
     /// Router skew exponent: expert of popularity rank r gets router rows scaled by (r+1)^-skew.
     #[arg(long)]
     router_skew: Option<f32>,
+    /// σ of the log-normal per-token scale of output.weight rows (larger = more peaked logits).
+    #[arg(long)]
+    output_skew: Option<f32>,
     /// Use token_embd as the output matrix (no output.weight).
     #[arg(long)]
     tied: bool,
@@ -127,6 +130,9 @@ struct RunArgs {
     /// Context length (default: prompt + n).
     #[arg(long)]
     ctx: Option<usize>,
+    /// Prompt tokens per forward pass (1 = token by token, like decode).
+    #[arg(long, default_value_t = engine::model::MAX_BATCH)]
+    ubatch: usize,
     /// Keep generating past end-of-generation tokens.
     #[arg(long)]
     ignore_eos: bool,
@@ -230,7 +236,7 @@ fn synth(a: SynthArgs) -> Result<()> {
     macro_rules! set {
         ($($f:ident),*) => { $( if let Some(v) = a.$f { c.$f = v; } )* };
     }
-    set!(layers, hidden, heads, kv_heads, head_dim, experts, experts_used, expert_ffn, vocab, router_skew);
+    set!(layers, hidden, heads, kv_heads, head_dim, experts, experts_used, expert_ffn, vocab, router_skew, output_skew);
     c.tied_output |= a.tied;
     c.seed = a.seed;
     c.validate()?;
@@ -278,6 +284,7 @@ fn run(a: RunArgs) -> Result<()> {
     let threads = a.threads.unwrap_or_else(default_threads).max(1);
     let n_ctx = a.ctx.unwrap_or(prompt.len() + a.n);
     let mut sess = Session::new(&model, threads, n_ctx);
+    sess.ubatch = a.ubatch;
     if prompt.len() + a.n > sess.n_ctx {
         bail!(
             "{}: prompt ({}) + n ({}) exceeds the context ({}, model trained for {})",

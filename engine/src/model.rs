@@ -28,6 +28,7 @@ use half::slice::HalfFloatSliceExt;
 use crate::gguf::{Gguf, GgufError, TensorInfo};
 use crate::pool::Pool;
 use crate::quant::{self, GgmlType};
+use crate::vmath;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ModelError {
@@ -305,6 +306,8 @@ pub struct Session<'m> {
     pub n_ctx: usize,
     logits: Vec<f32>,
     pub times: StepTimes,
+    /// Tokens per forward pass when a step gets several (prompt processing).
+    pub ubatch: usize,
     /// Expert selections since the start, per layer and expert (popularity).
     pub expert_counts: Vec<Vec<u64>>,
 }
@@ -318,6 +321,16 @@ impl std::fmt::Debug for Session<'_> {
 /// Largest number of tokens processed in one batch (llama.cpp's n_ubatch analogue).
 pub const MAX_BATCH: usize = 256;
 
+fn dump(name: &str, v: &[f32]) {
+    if std::env::var_os("ENGINE_DUMP").is_some() {
+        let s: f64 = v.iter().map(|&x| f64::from(x)).sum();
+        let a: f64 = v.iter().map(|&x| f64::from(x.abs())).sum();
+        eprintln!("{name:<28} n={:<6} sum {s:.6} abs {a:.6} first {:?}", v.len(), &v[..4.min(v.len())]);
+        let bytes: Vec<u8> = v.iter().flat_map(|x| x.to_le_bytes()).collect();
+        let _ = std::fs::write(format!("/tmp/engine-{name}.bin"), bytes);
+    }
+}
+
 fn rms_norm(x: &[f32], w: &[f32], eps: f32, out: &mut [f32]) {
     let sum: f64 = x.iter().map(|&v| f64::from(v * v)).sum();
     let mean = (sum / x.len() as f64) as f32;
@@ -327,17 +340,6 @@ fn rms_norm(x: &[f32], w: &[f32], eps: f32, out: &mut [f32]) {
     }
 }
 
-/// Softmax in place, ggml's way: exp(x - max), f64 sum, multiply by the f32 inverse.
-fn softmax(x: &mut [f32]) {
-    let max = x.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-    let mut sum = 0f64;
-    for v in x.iter_mut() {
-        *v = (*v - max).exp();
-        sum += f64::from(*v);
-    }
-    let inv = (1.0 / sum) as f32;
-    x.iter_mut().for_each(|v| *v *= inv);
-}
 
 /// f32 dot product with 8 independent accumulators (vectorizes; f32 accumulation like ggml's
 /// f16 dot on x86).
@@ -357,9 +359,6 @@ fn dot_f32(a: &[f32], b: &[f32]) -> f32 {
     s
 }
 
-fn silu(x: f32) -> f32 {
-    x / (1.0 + (-x).exp())
-}
 
 /// Rows per task for a matrix product over `rows` rows: enough tasks to balance, big enough to
 /// amortise dispatch; multiples of 16.
@@ -383,6 +382,7 @@ impl<'m> Session<'m> {
             n_ctx: n_ctx.min(c.n_ctx_train).max(1),
             logits: vec![0.0; c.n_vocab],
             times: StepTimes::default(),
+            ubatch: MAX_BATCH,
             expert_counts: vec![vec![0; c.n_expert]; c.n_layer],
         }
     }
@@ -414,7 +414,7 @@ impl<'m> Session<'m> {
         if self.pos + tokens.len() > self.n_ctx {
             return Err(ModelError::ContextFull { pos: self.pos, n: tokens.len(), ctx: self.n_ctx });
         }
-        for chunk in tokens.chunks(MAX_BATCH) {
+        for chunk in tokens.chunks(self.ubatch.clamp(1, MAX_BATCH)) {
             self.forward(chunk)?;
         }
         Ok(&self.logits)
@@ -470,6 +470,7 @@ impl<'m> Session<'m> {
             let start = m.tok_embd.range.start + t as usize * erow;
             quant::dequantize_row(m.tok_embd.ty, m.bytes(start..start + erow), &mut x[b * d..(b + 1) * d])?;
         }
+        dump("embd", &x);
 
         // RoPE cos/sin per token position (ggml_rope_cache_init with freq_scale 1, ext 0).
         let theta_scale = c.rope_base.powf(-2.0 / c.n_rot as f32);
@@ -503,6 +504,7 @@ impl<'m> Session<'m> {
                 rms_norm(&x[b * d..(b + 1) * d], &layer.attn_norm, c.rms_eps, &mut xn[b * d..(b + 1) * d]);
             }
             let xrow = Self::quantize_batch(layer.wq.ty, &xn, d, &mut xq)?;
+            dump(&format!("attn_norm-{il}"), &xn);
             self.matmul(&layer.wq, layer.wq.range.clone(), q_dim, &xq, xrow, bsz, &mut q);
             let xrow = Self::quantize_batch(layer.wk.ty, &xn, d, &mut xq)?;
             self.matmul(&layer.wk, layer.wk.range.clone(), kv_dim, &xq, xrow, bsz, &mut k);
@@ -536,6 +538,9 @@ impl<'m> Session<'m> {
                 }
             }
             let kv = &mut self.kv[il];
+            dump(&format!("Qcur-{il}"), &q);
+            dump(&format!("Kcur-{il}"), &k);
+            dump(&format!("Vcur-{il}"), &v);
             kv.k.extend(k.iter().map(|&x| f16::from_f32(x)));
             kv.v.extend(v.iter().map(|&x| f16::from_f32(x)));
             let kv = &self.kv[il];
@@ -557,7 +562,7 @@ impl<'m> Session<'m> {
                         let dot = dot_f32(qh, &row);
                         *s = dot * kq_scale;
                     }
-                    softmax(&mut scores);
+                    vmath::softmax(&mut scores, true);
                     // SAFETY: task t alone writes head h of token b.
                     let o = unsafe { attn_p.slice(b * q_dim + h * hd..b * q_dim + (h + 1) * hd) };
                     o.fill(0.0);
@@ -572,7 +577,9 @@ impl<'m> Session<'m> {
                 });
             }
             let xrow = Self::quantize_batch(layer.wo.ty, &attn, q_dim, &mut xq)?;
+            dump(&format!("kqv_out-{il}"), &attn);
             self.matmul(&layer.wo, layer.wo.range.clone(), d, &xq, xrow, bsz, &mut proj);
+            dump(&format!("attn_out-{il}"), &proj);
             for (xv, &p) in x.iter_mut().zip(&proj) {
                 *xv += p;
             }
@@ -584,13 +591,15 @@ impl<'m> Session<'m> {
                 rms_norm(&x[b * d..(b + 1) * d], &layer.ffn_norm, c.rms_eps, &mut xn[b * d..(b + 1) * d]);
             }
             let mut router = vec![0f32; bsz * c.n_expert];
+            dump(&format!("ffn_norm-{il}"), &xn[(bsz - 1) * d..]);
             let xrow = Self::quantize_batch(layer.router.ty, &xn, d, &mut xq)?;
             self.matmul(&layer.router, layer.router.range.clone(), c.n_expert, &xq, xrow, bsz, &mut router);
+            dump(&format!("ffn_moe_logits-{il}"), &router);
             // selected[b*n_used + k] = (expert, weight)
             let mut selected = Vec::with_capacity(bsz * n_used);
             for b in 0..bsz {
                 let p = &mut router[b * c.n_expert..(b + 1) * c.n_expert];
-                softmax(p);
+                vmath::softmax(p, false);
                 let mut idx: Vec<usize> = (0..c.n_expert).collect();
                 idx.sort_by(|&a, &b2| p[b2].total_cmp(&p[a]).then(a.cmp(&b2)));
                 let top = &idx[..n_used];
@@ -651,13 +660,12 @@ impl<'m> Session<'m> {
                         // SAFETY: slot s belongs to exactly one expert and rows r0..r1 to one
                         // task of that expert.
                         let h = unsafe { h_p.slice(s * n_ff + r0..s * n_ff + r1) };
-                        for ((hh, &gg), &uu) in h.iter_mut().zip(&g).zip(&u) {
-                            *hh = silu(gg) * uu;
-                        }
+                        vmath::swiglu(&g, &u, h);
                     }
                 });
             }
             let hrow = Self::quantize_batch(dty, &hbuf, n_ff, &mut xq)?;
+            dump(&format!("ffn_moe_swiglu-{il}"), &hbuf[(bsz - 1) * n_used * n_ff..]);
             let mut down = vec![0f32; n_slots * d];
             {
                 let chunk = row_chunk(d, self.pool.threads(), by_expert.iter().map(|e| e.1.len()).max().unwrap_or(1));
@@ -695,6 +703,8 @@ impl<'m> Session<'m> {
                 }
             }
             self.times.experts_ns += t_moe.elapsed().as_nanos() as u64;
+            dump(&format!("ffn_moe_down-{il}"), &down[(bsz - 1) * n_used * d..]);
+            dump(&format!("l_out-{il}"), &x[(bsz - 1) * d..]);
         }
 
         // Output for the last token only.
@@ -702,10 +712,12 @@ impl<'m> Session<'m> {
         let last = &x[(bsz - 1) * d..bsz * d];
         let mut xl = vec![0f32; d];
         rms_norm(last, &m.output_norm, c.rms_eps, &mut xl);
+        dump("result_norm", &xl);
         let xrow = Self::quantize_batch(m.output.ty, &xl, d, &mut xq)?;
         let mut logits = std::mem::take(&mut self.logits);
         self.matmul(&m.output, m.output.range.clone(), c.n_vocab, &xq, xrow, 1, &mut logits);
         self.logits = logits;
+        dump("result_output", &self.logits);
         self.times.output_ns += t_out.elapsed().as_nanos() as u64;
         self.pos += bsz;
         Ok(())

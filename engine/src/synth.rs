@@ -13,7 +13,8 @@
 //!   only on the configuration and `--seed`, not on the thread count.
 //! - Residual-branch projections (`attn_output`, `ffn_down_exps`) are scaled by
 //!   `1/sqrt(2·layers)` as in GPT-2's initialisation, and `output.weight` rows by a log-normal
-//!   factor (σ = 1), so that a few tokens carry large logits as in real vocabularies.
+//!   factor (σ = `output_skew`, default 1), so that a few tokens carry large logits as in real
+//!   vocabularies.
 //! - Router skew: row `e` of `ffn_gate_inp` is scaled by `(rank_e + 1)^-skew` (ranks shuffled
 //!   per layer), so high-norm experts win the top-k more often and popularity is uneven.
 //!
@@ -115,6 +116,8 @@ pub struct SynthConfig {
     pub rms_eps: f32,
     pub tied_output: bool,
     pub router_skew: f32,
+    /// σ of the log-normal per-token scale of `output.weight` rows (0 = uniform).
+    pub output_skew: f32,
     pub quant: QuantMix,
     pub seed: u64,
 }
@@ -137,6 +140,7 @@ impl SynthConfig {
             rms_eps: 1e-6,
             tied_output: false,
             router_skew: 1.0,
+            output_skew: 1.0,
             quant: QuantMix::Q8_0,
             seed: 42,
         };
@@ -413,6 +417,7 @@ fn metadata(c: &SynthConfig) -> Vec<(String, Value)> {
     ];
     m.push(("synth.seed".to_owned(), Value::U64(c.seed)));
     m.push(("synth.router_skew".to_owned(), Value::F32(c.router_skew)));
+    m.push(("synth.output_skew".to_owned(), Value::F32(c.output_skew)));
     m
 }
 
@@ -437,11 +442,11 @@ fn row_values(c: &SynthConfig, spec: &TensorSpec, tensor_seed: u64, row: u64, ou
         let scale = 4.0 * (3.0 / fan_in).sqrt() * (rank + 1.0).powf(-c.router_skew);
         out.iter_mut().for_each(|x| *x = scale * rng.uniform());
     } else if name == "output.weight" {
-        // Token `row` gets a log-normal logit scale (σ = 1): like a real vocabulary, a few
+        // Token `row` gets a log-normal logit scale (σ = output_skew): like a real vocabulary, a few
         // tokens carry large logits, so greedy choices are rarely decided by a hair.
         let mut trng = SplitMix::new(mix(tensor_seed, u64::MAX - row));
         let z = (trng.uniform() + trng.uniform() + trng.uniform() + trng.uniform()) * 0.866; // ≈ N(0,1)
-        let scale = 2.0 * (3.0 / fan_in).sqrt() * z.exp();
+        let scale = 2.0 * (3.0 / fan_in).sqrt() * (c.output_skew * z).exp();
         out.iter_mut().for_each(|x| *x = scale * rng.uniform());
     } else {
         let mut scale = (3.0 / fan_in).sqrt();

@@ -3,7 +3,8 @@
 // pinned libllama there.
 //
 //   parity-llama tokenize MODEL TEXT...               -> {"tokens":[[ids],...]}
-//   parity-llama generate MODEL THREADS N LOGITS PROMPT -> {"prompt":[ids],"ids":[ids]}
+//   parity-llama generate MODEL THREADS N LOGITS PROMPT [UBATCH] -> {"prompt":[ids],"ids":[ids]}
+// UBATCH (default 256) is the number of prompt tokens per llama_decode call.
 // The logits that chose the last generated token are written to LOGITS (f32 little-endian).
 // Flash attention is off (the engine follows ggml's non-flash path); the KV cache is f16.
 #include "llama.h"
@@ -12,6 +13,7 @@
 #include <cstring>
 #include <string>
 #include <vector>
+#include <algorithm>
 
 static void quiet(enum ggml_log_level level, const char * text, void *) {
     if (level == GGML_LOG_LEVEL_ERROR) fputs(text, stderr);
@@ -58,7 +60,8 @@ int main(int argc, char ** argv) {
         llama_model_free(model);
         return 0;
     }
-    if (mode != "generate" || argc != 7) { fprintf(stderr, "bad arguments\n"); return 2; }
+    if (mode != "generate" || (argc != 7 && argc != 8)) { fprintf(stderr, "bad arguments\n"); return 2; }
+    const int ubatch = argc == 8 ? atoi(argv[7]) : 256;
     const int threads = atoi(argv[3]);
     const int n_gen = atoi(argv[4]);
     const char * logits_path = argv[5];
@@ -79,8 +82,11 @@ int main(int argc, char ** argv) {
     const int n_vocab = llama_vocab_n_tokens(vocab);
     std::vector<llama_token> ids;
     std::vector<float> last(n_vocab);
-    if (llama_decode(ctx, llama_batch_get_one(prompt.data(), (int32_t) prompt.size()))) {
-        fprintf(stderr, "llama_decode failed on the prompt\n"); return 1;
+    for (size_t i = 0; i < prompt.size(); i += ubatch) {
+        const int32_t n = (int32_t) std::min(prompt.size() - i, (size_t) ubatch);
+        if (llama_decode(ctx, llama_batch_get_one(prompt.data() + i, n))) {
+            fprintf(stderr, "llama_decode failed on the prompt\n"); return 1;
+        }
     }
     for (int i = 0; i < n_gen; i++) {
         const float * logits = llama_get_logits_ith(ctx, -1);
