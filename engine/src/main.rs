@@ -149,6 +149,11 @@ fn default_threads() -> usize {
 }
 
 fn main() -> Result<()> {
+    // Die quietly on a closed stdout (`engine run … | head`) instead of panicking.
+    // SAFETY: restoring the default SIGPIPE disposition before any thread is started.
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+    }
     let cli = Cli::parse();
     match cli.cmd {
         Cmd::Inspect { file, experts } => {

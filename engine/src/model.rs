@@ -289,6 +289,15 @@ struct LayerKv {
     v: Vec<f16>,
 }
 
+struct MatJob<'a> {
+    w: &'a Weight,
+    range: Range<usize>,
+    rows: usize,
+    xq: &'a [u8],
+    xrow: usize,
+    out: &'a mut [f32],
+}
+
 /// Which parts of a step took how long (filled by [`Session::step`]).
 #[derive(Debug, Default, Clone, Copy)]
 pub struct StepTimes {
@@ -427,20 +436,39 @@ impl<'m> Session<'m> {
     /// `out[b*w.rows + r] = w[r] · x[b]` for every token `b`; `xq` holds the B activations
     /// quantized for `w.ty` (`xrow` bytes each).
     fn matmul(&self, w: &Weight, range: Range<usize>, rows: usize, xq: &[u8], xrow: usize, batch: usize, out: &mut [f32]) {
-        let bytes = self.model.bytes(range);
-        let chunk = row_chunk(rows, self.pool.threads(), batch);
-        let n_tasks = rows.div_ceil(chunk);
-        let out_p = SharedMut::new(out);
-        self.pool.run(n_tasks, &|t| {
-            let r0 = t * chunk;
-            let r1 = (r0 + chunk).min(rows);
-            for b in 0..batch {
-                // SAFETY: task t writes only rows r0..r1 of each token's output; tasks' row
-                // ranges are disjoint.
-                let o = unsafe { out_p.slice(b * rows + r0..b * rows + r1) };
-                quant::matvec(w.ty, bytes, r0..r1, w.cols, &xq[b * xrow..(b + 1) * xrow], o);
+        self.matmuls(&mut [MatJob { w, range, rows, xq, xrow, out }], batch);
+    }
+
+    /// Several independent products in one parallel region (e.g. Q, K and V), so that decode
+    /// pays one fork-join instead of three. Products with few rows run on the caller.
+    fn matmuls(&self, jobs: &mut [MatJob<'_>], batch: usize) {
+        let threads = self.pool.threads();
+        let mut tasks = Vec::new(); // (job, r0, r1)
+        for (j, job) in jobs.iter().enumerate() {
+            let chunk = row_chunk(job.rows, threads, batch);
+            for r0 in (0..job.rows).step_by(chunk) {
+                tasks.push((j, r0, (r0 + chunk).min(job.rows)));
             }
-        });
+        }
+        let outs: Vec<SharedMut<f32>> = jobs.iter_mut().map(|j| SharedMut::new(j.out)).collect();
+        let jobs = &*jobs;
+        let run = |t: usize| {
+            let (j, r0, r1) = tasks[t];
+            let job = &jobs[j];
+            let bytes = self.model.bytes(job.range.clone());
+            for b in 0..batch {
+                // SAFETY: task t writes only rows r0..r1 of job j's output for each token; the
+                // (job, row range) pairs of the tasks are disjoint.
+                let o = unsafe { outs[j].slice(b * job.rows + r0..b * job.rows + r1) };
+                quant::matvec(job.w.ty, bytes, r0..r1, job.w.cols, &job.xq[b * job.xrow..(b + 1) * job.xrow], o);
+            }
+        };
+        let total_rows: usize = jobs.iter().map(|j| j.rows).sum();
+        if total_rows * batch < 128 {
+            (0..tasks.len()).for_each(run);
+        } else {
+            self.pool.run(tasks.len(), &run);
+        }
     }
 
     fn quantize_batch(ty: GgmlType, x: &[f32], cols: usize, buf: &mut Vec<u8>) -> Result<usize, ModelError> {
@@ -486,6 +514,7 @@ impl<'m> Session<'m> {
 
         let mut xn = vec![0f32; bsz * d];
         let mut xq = Vec::new();
+        let (mut xq_k, mut xq_v) = (Vec::<u8>::new(), Vec::<u8>::new());
         let mut q = vec![0f32; bsz * q_dim];
         let mut k = vec![0f32; bsz * kv_dim];
         let mut v = vec![0f32; bsz * kv_dim];
@@ -503,13 +532,18 @@ impl<'m> Session<'m> {
             for b in 0..bsz {
                 rms_norm(&x[b * d..(b + 1) * d], &layer.attn_norm, c.rms_eps, &mut xn[b * d..(b + 1) * d]);
             }
-            let xrow = Self::quantize_batch(layer.wq.ty, &xn, d, &mut xq)?;
             dump(&format!("attn_norm-{il}"), &xn);
-            self.matmul(&layer.wq, layer.wq.range.clone(), q_dim, &xq, xrow, bsz, &mut q);
-            let xrow = Self::quantize_batch(layer.wk.ty, &xn, d, &mut xq)?;
-            self.matmul(&layer.wk, layer.wk.range.clone(), kv_dim, &xq, xrow, bsz, &mut k);
-            let xrow = Self::quantize_batch(layer.wv.ty, &xn, d, &mut xq)?;
-            self.matmul(&layer.wv, layer.wv.range.clone(), kv_dim, &xq, xrow, bsz, &mut v);
+            let qrow = Self::quantize_batch(layer.wq.ty, &xn, d, &mut xq)?;
+            let krow = Self::quantize_batch(layer.wk.ty, &xn, d, &mut xq_k)?;
+            let vrow = Self::quantize_batch(layer.wv.ty, &xn, d, &mut xq_v)?;
+            self.matmuls(
+                &mut [
+                    MatJob { w: &layer.wq, range: layer.wq.range.clone(), rows: q_dim, xq: &xq, xrow: qrow, out: &mut q },
+                    MatJob { w: &layer.wk, range: layer.wk.range.clone(), rows: kv_dim, xq: &xq_k, xrow: krow, out: &mut k },
+                    MatJob { w: &layer.wv, range: layer.wv.range.clone(), rows: kv_dim, xq: &xq_v, xrow: vrow, out: &mut v },
+                ],
+                bsz,
+            );
 
             // Q/K RMS norm per head, NEOX RoPE; K and V into the f16 cache.
             let rope_head = |h: &mut [f32], cs: &[f32], tmp: &mut [f32]| {

@@ -18,7 +18,6 @@ const HARNESS_SRC: &str = include_str!("parity_llama.cpp");
 pub struct Llama {
     pub bench: PathBuf,
     pub harness: PathBuf,
-    pub lib_dir: PathBuf,
 }
 
 pub fn cache_root() -> Result<PathBuf> {
@@ -127,7 +126,7 @@ pub fn ensure() -> Result<Llama> {
             .args(["-lllama", "-lggml", "-lggml-base"])
             .arg(format!("-Wl,-rpath,{}", lib_dir.display())))?;
     }
-    Ok(Llama { bench, harness, lib_dir })
+    Ok(Llama { bench, harness })
 }
 
 /// The workspace root (xtask's manifest is one level below it).
