@@ -435,6 +435,7 @@ impl<'m> Session<'m> {
 
     /// `out[b*w.rows + r] = w[r] · x[b]` for every token `b`; `xq` holds the B activations
     /// quantized for `w.ty` (`xrow` bytes each).
+    #[expect(clippy::too_many_arguments, reason = "one product's full description; see MatJob")]
     fn matmul(&self, w: &Weight, range: Range<usize>, rows: usize, xq: &[u8], xrow: usize, batch: usize, out: &mut [f32]) {
         self.matmuls(&mut [MatJob { w, range, rows, xq, xrow, out }], batch);
     }
@@ -733,7 +734,7 @@ impl<'m> Session<'m> {
                     }
                 }
                 for (xv, &a) in xb.iter_mut().zip(acc.iter()) {
-                    *xv = a + *xv;
+                    *xv += a;
                 }
             }
             self.times.experts_ns += t_moe.elapsed().as_nanos() as u64;

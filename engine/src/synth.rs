@@ -184,10 +184,10 @@ impl SynthConfig {
         if self.layers == 0 || self.hidden == 0 || self.heads == 0 || self.kv_heads == 0 || self.head_dim == 0 {
             return bad("layers, hidden, heads, kv heads and head dim must be positive".into());
         }
-        if self.heads % self.kv_heads != 0 {
+        if !self.heads.is_multiple_of(self.kv_heads) {
             return bad(format!("heads ({}) must be a multiple of kv heads ({})", self.heads, self.kv_heads));
         }
-        if self.head_dim % 2 != 0 {
+        if !self.head_dim.is_multiple_of(2) {
             return bad(format!("head dim ({}) must be even for RoPE", self.head_dim));
         }
         if self.experts == 0 || self.experts_used == 0 || self.experts_used > self.experts {

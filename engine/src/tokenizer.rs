@@ -243,8 +243,7 @@ impl Utf8Stream {
             Err(e) => e.valid_up_to(),
         };
         let rest = self.pending.split_off(valid);
-        let out = String::from_utf8(std::mem::replace(&mut self.pending, rest)).unwrap_or_default();
-        out
+        String::from_utf8(std::mem::replace(&mut self.pending, rest)).unwrap_or_default()
     }
 
     pub fn finish(&mut self) -> String {
