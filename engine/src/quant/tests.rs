@@ -5,11 +5,6 @@
 //! the module; the reference quantizers re-implement ggml's `_ref` algorithms
 //! with different primitives (f64 rounding, explicit bit manipulation).
 
-#![expect(
-    clippy::needless_range_loop,
-    reason = "element-by-element reference code reads best with explicit indices"
-)]
-
 use super::*;
 
 // ---------------------------------------------------------------------------
