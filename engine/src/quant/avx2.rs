@@ -150,22 +150,24 @@ fn dot_q8_k(w: &[u8], x: &[u8]) -> f32 {
 // K-quants
 // ---------------------------------------------------------------------------
 
-/// `Q4_K`/`Q5_K` 6-bit scales and mins as `[scales(8) | mins(8)]` u8, via the
-/// same 32-bit shuffles as ggml.
+/// `Q4_K`/`Q5_K` 6-bit scales and mins as `[scales(8) | mins(8)]` u8, from the
+/// 12 scale bytes at `off` in block `b` (see the layout in `kquants`):
+/// low bits `[q0..q3 & 63, q8..q11 & 15, q4..q7 & 63, q8..q11 >> 4]`, plus
+/// `(q0..q3 >> 6) << 4` into scales 4..8 and `(q4..q7 >> 6) << 4` into mins 4..8.
 #[inline]
 #[target_feature(enable = "avx2")]
-fn k4_scales_mins(b: &[u8; 12]) -> __m128i {
-    const KMASK1: u32 = 0x3f3f_3f3f;
-    const KMASK2: u32 = 0x0f0f_0f0f;
-    const KMASK3: u32 = 0x0303_0303;
-    let u0 = ld_u32(b, 0);
-    let u1 = ld_u32(b, 4);
-    let u2 = ld_u32(b, 8);
-    let m_hi = ((u2 >> 4) & KMASK2) | (((u1 >> 6) & KMASK3) << 4);
-    let m_lo = u1 & KMASK1;
-    let s_hi = (u2 & KMASK2) | (((u0 >> 6) & KMASK3) << 4);
-    let s_lo = u0 & KMASK1;
-    _mm_set_epi32(m_hi as i32, m_lo as i32, s_hi as i32, s_lo as i32)
+fn k4_scales_mins<const N: usize>(b: &[u8; N], off: usize) -> __m128i {
+    // Bytes off..off+16: the 12 scale bytes and 4 bytes of quants (ignored).
+    let v = ld128(b, off);
+    let lo = _mm_and_si128(
+        _mm_shuffle_epi8(v, _mm_setr_epi8(0, 1, 2, 3, 8, 9, 10, 11, 4, 5, 6, 7, -1, -1, -1, -1)),
+        _mm_setr_epi8(63, 63, 63, 63, 15, 15, 15, 15, 63, 63, 63, 63, 0, 0, 0, 0),
+    );
+    let nib_hi = _mm_and_si128(_mm_srli_epi16::<4>(v), _mm_set1_epi8(0x0f));
+    let nib_hi = _mm_shuffle_epi8(nib_hi, _mm_setr_epi8(-1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, 8, 9, 10, 11));
+    let top = _mm_srli_epi16::<2>(_mm_and_si128(v, _mm_set1_epi8(0xc0u8 as i8)));
+    let top = _mm_shuffle_epi8(top, _mm_setr_epi8(-1, -1, -1, -1, 0, 1, 2, 3, -1, -1, -1, -1, 4, 5, 6, 7));
+    _mm_or_si128(_mm_or_si128(lo, nib_hi), top)
 }
 
 /// Sum over the 8 sub-blocks of `min_j * (bsums[2j] + bsums[2j+1])`, as 4 x i32.
@@ -178,37 +180,104 @@ fn k4_min_sums(scales_mins: __m128i, y: &[u8; Q8_K_BYTES]) -> __m128i {
     _mm_madd_epi16(mins16, pair_sums)
 }
 
+/// Pairwise sums of a `Q8_K` block's `bsums`: the 8 activation sums of the
+/// 32-element sub-blocks, as i16.
+#[inline]
+#[target_feature(enable = "avx2")]
+fn q8k_pair_sums(y: &[u8; Q8_K_BYTES]) -> __m128i {
+    let bsums = ld256(y, 260);
+    _mm_hadd_epi16(_mm256_castsi256_si128(bsums), _mm256_extracti128_si256::<1>(bsums))
+}
+
+/// Integer part of one `Q4_K` x `Q8_K` super-block: `sum_j scale_j * dot_j` as
+/// 8 x i32 lanes, and `sum_j min_j * (bsums[2j] + bsums[2j+1])` as 4 x i32 lanes.
+///
+/// The two nibble products of each 64-element chunk are interleaved as i16
+/// (`|p| <= 2*15*128`, so the sum of two fits) and multiplied by the pair of
+/// scales in one `vpmaddwd`.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn q4k_block(a: &[u8; Q4_K_BYTES], y: &[u8; Q8_K_BYTES], pair_sums: __m128i) -> (__m256i, __m128i) {
+    let m4 = _mm256_set1_epi8(0xf);
+    let sm = k4_scales_mins(a, 4);
+    let mins = _mm_madd_epi16(_mm_cvtepu8_epi16(_mm_unpackhi_epi64(sm, sm)), pair_sums);
+    // Scales as i16 in both lanes: dword j holds (scale_2j, scale_2j+1).
+    let sc = _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(sm));
+    let scale_pairs = [
+        _mm256_shuffle_epi32::<0x00>(sc),
+        _mm256_shuffle_epi32::<0x55>(sc),
+        _mm256_shuffle_epi32::<0xaa>(sc),
+        _mm256_shuffle_epi32::<0xff>(sc),
+    ];
+    let mut sumi = _mm256_setzero_si256();
+    for (j, sj) in scale_pairs.into_iter().enumerate() {
+        let bits = ld256(a, 16 + 32 * j);
+        let lo = _mm256_and_si256(bits, m4);
+        let hi = _mm256_and_si256(_mm256_srli_epi16::<4>(bits), m4);
+        let pl = _mm256_maddubs_epi16(lo, ld256(y, 4 + 64 * j));
+        let ph = _mm256_maddubs_epi16(hi, ld256(y, 4 + 64 * j + 32));
+        let p = _mm256_add_epi16(_mm256_unpacklo_epi16(pl, ph), _mm256_unpackhi_epi16(pl, ph));
+        sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(p, sj));
+    }
+    (sumi, mins)
+}
+
+/// `acc += d * sumi - dmin * mins` for a K-quant block whose f16 `d`, `dmin`
+/// are at `off` in `a`, against activation scale `dy`.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn k_accumulate<const N: usize>(acc: __m256, a: &[u8; N], off: usize, dy: f32, sumi: __m256i, mins: __m128i) -> __m256 {
+    let dd = _mm_mul_ps(_mm_cvtph_ps(_mm_cvtsi32_si128(ld_u32(a, off) as i32)), _mm_set1_ps(dy));
+    let d = _mm256_broadcastss_ps(dd);
+    let dmin = _mm256_broadcastss_ps(_mm_movehdup_ps(dd));
+    let acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(sumi), acc);
+    _mm256_fnmadd_ps(dmin, _mm256_cvtepi32_ps(_mm256_zextsi128_si256(mins)), acc)
+}
+
+/// Blocks up to which the row loops precompute the activation's pair sums
+/// (16384 columns) on the stack.
+const MAX_PRE_BLOCKS: usize = 64;
+
 #[target_feature(enable = "avx2,fma,f16c")]
 fn dot_q4_k(w: &[u8], x: &[u8]) -> f32 {
     let (wb, _) = w.as_chunks::<Q4_K_BYTES>();
     let (xb, _) = x.as_chunks::<Q8_K_BYTES>();
-    let m4 = _mm256_set1_epi8(0xf);
     let mut acc = _mm256_setzero_ps();
-    let mut acc_m = _mm_setzero_ps();
     for (a, y) in wb.iter().zip(xb) {
-        let (dw, dminw) = f16x2_at(a, 0);
-        let dy = f32_at(y, 0);
-        let sm = k4_scales_mins(a[4..16].try_into().expect("12 bytes"));
-        acc_m = _mm_fmadd_ps(_mm_set1_ps(-dminw * dy), _mm_cvtepi32_ps(k4_min_sums(sm, y)), acc_m);
-        // Scales as i16, duplicated into both 128-bit lanes.
-        let sc16 = _mm_cvtepu8_epi16(sm);
-        let sc = _mm256_set_m128i(sc16, sc16);
-        let mut sumi = _mm256_setzero_si256();
-        for j in 0..4 {
-            let bits = ld256(a, 16 + 32 * j);
-            let lo = _mm256_and_si256(bits, m4);
-            let hi = _mm256_and_si256(_mm256_srli_epi16::<4>(bits), m4);
-            let pl = _mm256_maddubs_epi16(lo, ld256(y, 4 + 64 * j));
-            let ph = _mm256_maddubs_epi16(hi, ld256(y, 4 + 64 * j + 32));
-            let sl = _mm256_shuffle_epi8(sc, _mm256_set1_epi16((0x0100 + 0x0202 * (2 * j)) as i16));
-            let sh = _mm256_shuffle_epi8(sc, _mm256_set1_epi16((0x0100 + 0x0202 * (2 * j + 1)) as i16));
-            sumi = _mm256_add_epi32(sumi, _mm256_add_epi32(_mm256_madd_epi16(pl, sl), _mm256_madd_epi16(ph, sh)));
-        }
-        acc = _mm256_fmadd_ps(_mm256_set1_ps(dw * dy), _mm256_cvtepi32_ps(sumi), acc);
+        let (sumi, mins) = q4k_block(a, y, q8k_pair_sums(y));
+        acc = k_accumulate(acc, a, 0, f32_at(y, 0), sumi, mins);
     }
-    let m = _mm_add_ps(acc_m, _mm_movehl_ps(acc_m, acc_m));
-    let m = _mm_add_ss(m, _mm_movehdup_ps(m));
-    hsum_ps(acc) + _mm_cvtss_f32(m)
+    hsum_ps(acc)
+}
+
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn dot_q4_k_pre(w: &[u8], xb: &[[u8; Q8_K_BYTES]], pairs: &[__m128i]) -> f32 {
+    let (wb, _) = w.as_chunks::<Q4_K_BYTES>();
+    let mut acc = _mm256_setzero_ps();
+    for ((a, y), p) in wb.iter().zip(xb).zip(pairs) {
+        let (sumi, mins) = q4k_block(a, y, *p);
+        acc = k_accumulate(acc, a, 0, f32_at(y, 0), sumi, mins);
+    }
+    hsum_ps(acc)
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+fn rows_q4_k(w: &[u8], row_bytes: usize, x: &[u8], out: &mut [f32]) {
+    let (xb, _) = x.as_chunks::<Q8_K_BYTES>();
+    if xb.len() <= MAX_PRE_BLOCKS {
+        let mut pairs = [_mm_setzero_si128(); MAX_PRE_BLOCKS];
+        for (p, y) in pairs.iter_mut().zip(xb) {
+            *p = q8k_pair_sums(y);
+        }
+        for (row, o) in w.chunks_exact(row_bytes).zip(out.iter_mut()) {
+            *o = dot_q4_k_pre(row, xb, &pairs[..xb.len()]);
+        }
+    } else {
+        for (row, o) in w.chunks_exact(row_bytes).zip(out.iter_mut()) {
+            *o = dot_q4_k(row, x);
+        }
+    }
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
@@ -223,7 +292,7 @@ fn dot_q5_k(w: &[u8], x: &[u8]) -> f32 {
     for (a, y) in wb.iter().zip(xb) {
         let (dw, dminw) = f16x2_at(a, 0);
         let dy = f32_at(y, 0);
-        let sm = k4_scales_mins(a[4..16].try_into().expect("12 bytes"));
+        let sm = k4_scales_mins(a, 4);
         acc_m = _mm_fmadd_ps(_mm_set1_ps(-dminw * dy), _mm_cvtepi32_ps(k4_min_sums(sm, y)), acc_m);
         let sc16 = _mm_cvtepu8_epi16(sm);
         let sc = _mm256_set_m128i(sc16, sc16);
@@ -443,6 +512,27 @@ macro_rules! entry {
                 *o = $dot(row, x);
             }
         }
+        entry!(@wrap $dot, rows)
+    }};
+    ($dot:ident, $dot4:ident) => {{
+        #[target_feature(enable = "avx2,fma,f16c")]
+        fn rows(w: &[u8], row_bytes: usize, x: &[u8], out: &mut [f32]) {
+            // Four long sequential streams: rows i, q+i, 2q+i, 3q+i.
+            let q = out.len() / 4;
+            for i in 0..q {
+                let row = |k: usize| &w[(k * q + i) * row_bytes..(k * q + i + 1) * row_bytes];
+                let r = $dot4([row(0), row(1), row(2), row(3)], x);
+                for (k, v) in r.into_iter().enumerate() {
+                    out[k * q + i] = v;
+                }
+            }
+            for (k, o) in out.iter_mut().enumerate().skip(4 * q) {
+                *o = $dot(&w[k * row_bytes..(k + 1) * row_bytes], x);
+            }
+        }
+        entry!(@wrap $dot, rows)
+    }};
+    (@wrap $dot:ident, $rows:ident) => {{
         fn vec_dot(_n: usize, w: &[u8], x: &[u8]) -> f32 {
             // SAFETY: `kernel()` hands this out only after `available()` confirmed
             // AVX2, FMA and F16C on this CPU.
@@ -450,7 +540,7 @@ macro_rules! entry {
         }
         fn matvec(w: &[u8], row_bytes: usize, _cols: usize, x: &[u8], out: &mut [f32]) {
             // SAFETY: as for `vec_dot` above.
-            unsafe { rows(w, row_bytes, x, out) }
+            unsafe { $rows(w, row_bytes, x, out) }
         }
         Kernel { vec_dot, matvec }
     }};
@@ -470,9 +560,11 @@ pub(super) fn kernel(ty: GgmlType) -> Option<Kernel> {
         Q8_K => entry!(dot_q8_k),
         Q2_K => entry!(dot_q2_k),
         Q3_K => entry!(dot_q3_k),
-        Q4_K => entry!(dot_q4_k),
+        Q4_K => entry!(@wrap dot_q4_k, rows_q4_k),
         Q5_K => entry!(dot_q5_k),
         Q6_K => entry!(dot_q6_k),
         _ => return None,
     })
 }
+
+
