@@ -514,24 +514,6 @@ macro_rules! entry {
         }
         entry!(@wrap $dot, rows)
     }};
-    ($dot:ident, $dot4:ident) => {{
-        #[target_feature(enable = "avx2,fma,f16c")]
-        fn rows(w: &[u8], row_bytes: usize, x: &[u8], out: &mut [f32]) {
-            // Four long sequential streams: rows i, q+i, 2q+i, 3q+i.
-            let q = out.len() / 4;
-            for i in 0..q {
-                let row = |k: usize| &w[(k * q + i) * row_bytes..(k * q + i + 1) * row_bytes];
-                let r = $dot4([row(0), row(1), row(2), row(3)], x);
-                for (k, v) in r.into_iter().enumerate() {
-                    out[k * q + i] = v;
-                }
-            }
-            for (k, o) in out.iter_mut().enumerate().skip(4 * q) {
-                *o = $dot(&w[k * row_bytes..(k + 1) * row_bytes], x);
-            }
-        }
-        entry!(@wrap $dot, rows)
-    }};
     (@wrap $dot:ident, $rows:ident) => {{
         fn vec_dot(_n: usize, w: &[u8], x: &[u8]) -> f32 {
             // SAFETY: `kernel()` hands this out only after `available()` confirmed
