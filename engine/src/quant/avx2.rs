@@ -94,16 +94,6 @@ fn dot_i8_i32(x: __m256i, y: __m256i) -> __m256i {
     _mm256_madd_epi16(_mm256_maddubs_epi16(ax, sy), _mm256_set1_epi16(1))
 }
 
-/// From 16 i8 scales, the i16 vector `[s[2p] x 8, s[2p+1] x 8]` for the pair `p`
-/// of 16-element sub-blocks covered by one 32-byte quant vector.
-#[inline]
-#[target_feature(enable = "avx2")]
-fn scale_pair(scales: __m128i, p: usize) -> __m256i {
-    let base = _mm_set_epi64x(0x0101_0101_0101_0101, 0);
-    let idx = _mm_add_epi8(base, _mm_set1_epi8((2 * p) as i8));
-    _mm256_cvtepi8_epi16(_mm_shuffle_epi8(scales, idx))
-}
-
 // ---------------------------------------------------------------------------
 // Q8_0 x Q8_0 and Q8_K x Q8_K
 // ---------------------------------------------------------------------------
@@ -170,16 +160,6 @@ fn k4_scales_mins<const N: usize>(b: &[u8; N], off: usize) -> __m128i {
     _mm_or_si128(_mm_or_si128(lo, nib_hi), top)
 }
 
-/// Sum over the 8 sub-blocks of `min_j * (bsums[2j] + bsums[2j+1])`, as 4 x i32.
-#[inline]
-#[target_feature(enable = "avx2")]
-fn k4_min_sums(scales_mins: __m128i, y: &[u8; Q8_K_BYTES]) -> __m128i {
-    let mins16 = _mm_cvtepu8_epi16(_mm_unpackhi_epi64(scales_mins, scales_mins));
-    let bsums = ld256(y, 260);
-    let pair_sums = _mm_hadd_epi16(_mm256_castsi256_si128(bsums), _mm256_extracti128_si256::<1>(bsums));
-    _mm_madd_epi16(mins16, pair_sums)
-}
-
 /// Pairwise sums of a `Q8_K` block's `bsums`: the 8 activation sums of the
 /// 32-element sub-blocks, as i16.
 #[inline]
@@ -238,135 +218,156 @@ fn k_accumulate<const N: usize>(acc: __m256, a: &[u8; N], off: usize, dy: f32, s
 /// (16384 columns) on the stack.
 const MAX_PRE_BLOCKS: usize = 64;
 
-#[target_feature(enable = "avx2,fma,f16c")]
-fn dot_q4_k(w: &[u8], x: &[u8]) -> f32 {
-    let (wb, _) = w.as_chunks::<Q4_K_BYTES>();
-    let (xb, _) = x.as_chunks::<Q8_K_BYTES>();
-    let mut acc = _mm256_setzero_ps();
-    for (a, y) in wb.iter().zip(xb) {
-        let (sumi, mins) = q4k_block(a, y, q8k_pair_sums(y));
-        acc = k_accumulate(acc, a, 0, f32_at(y, 0), sumi, mins);
-    }
-    hsum_ps(acc)
-}
-
+/// Integer part of one `Q5_K` x `Q8_K` super-block, as [`q4k_block`] with the
+/// 5th bits from `qh` (bit `2j` of `qh[l]` for the low nibble of chunk `j`, bit
+/// `2j+1` for the high one; `|p| <= 2*31*128`, so the interleaved sum fits i16).
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-fn dot_q4_k_pre(w: &[u8], xb: &[[u8; Q8_K_BYTES]], pairs: &[__m128i]) -> f32 {
-    let (wb, _) = w.as_chunks::<Q4_K_BYTES>();
-    let mut acc = _mm256_setzero_ps();
-    for ((a, y), p) in wb.iter().zip(xb).zip(pairs) {
-        let (sumi, mins) = q4k_block(a, y, *p);
-        acc = k_accumulate(acc, a, 0, f32_at(y, 0), sumi, mins);
-    }
-    hsum_ps(acc)
-}
-
-#[target_feature(enable = "avx2,fma,f16c")]
-fn rows_q4_k(w: &[u8], row_bytes: usize, x: &[u8], out: &mut [f32]) {
-    let (xb, _) = x.as_chunks::<Q8_K_BYTES>();
-    if xb.len() <= MAX_PRE_BLOCKS {
-        let mut pairs = [_mm_setzero_si128(); MAX_PRE_BLOCKS];
-        for (p, y) in pairs.iter_mut().zip(xb) {
-            *p = q8k_pair_sums(y);
-        }
-        for (row, o) in w.chunks_exact(row_bytes).zip(out.iter_mut()) {
-            *o = dot_q4_k_pre(row, xb, &pairs[..xb.len()]);
-        }
-    } else {
-        for (row, o) in w.chunks_exact(row_bytes).zip(out.iter_mut()) {
-            *o = dot_q4_k(row, x);
-        }
-    }
-}
-
-#[target_feature(enable = "avx2,fma,f16c")]
-fn dot_q5_k(w: &[u8], x: &[u8]) -> f32 {
-    let (wb, _) = w.as_chunks::<Q5_K_BYTES>();
-    let (xb, _) = x.as_chunks::<Q8_K_BYTES>();
+fn q5k_block(a: &[u8; Q5_K_BYTES], y: &[u8; Q8_K_BYTES], pair_sums: __m128i) -> (__m256i, __m128i) {
     let m4 = _mm256_set1_epi8(0xf);
     let one = _mm256_set1_epi8(1);
     let two = _mm256_set1_epi8(2);
-    let mut acc = _mm256_setzero_ps();
-    let mut acc_m = _mm_setzero_ps();
-    for (a, y) in wb.iter().zip(xb) {
-        let (dw, dminw) = f16x2_at(a, 0);
-        let dy = f32_at(y, 0);
-        let sm = k4_scales_mins(a, 4);
-        acc_m = _mm_fmadd_ps(_mm_set1_ps(-dminw * dy), _mm_cvtepi32_ps(k4_min_sums(sm, y)), acc_m);
-        let sc16 = _mm_cvtepu8_epi16(sm);
-        let sc = _mm256_set_m128i(sc16, sc16);
-        let mut hb = ld256(a, 16);
-        let mut sumi = _mm256_setzero_si256();
-        for j in 0..4 {
-            let bits = ld256(a, 48 + 32 * j);
-            // Bit 2j of qh[l] is the 5th bit of the low nibble, bit 2j+1 of the high one;
-            // `hb` is shifted right by 2 per step, so they are bits 0 and 1 here.
-            let h_lo = _mm256_slli_epi16::<4>(_mm256_and_si256(hb, one));
-            let h_hi = _mm256_slli_epi16::<3>(_mm256_and_si256(hb, two));
-            hb = _mm256_srli_epi16::<2>(hb);
-            let lo = _mm256_or_si256(_mm256_and_si256(bits, m4), h_lo);
-            let hi = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16::<4>(bits), m4), h_hi);
-            let pl = _mm256_maddubs_epi16(lo, ld256(y, 4 + 64 * j));
-            let ph = _mm256_maddubs_epi16(hi, ld256(y, 4 + 64 * j + 32));
-            let sl = _mm256_shuffle_epi8(sc, _mm256_set1_epi16((0x0100 + 0x0202 * (2 * j)) as i16));
-            let sh = _mm256_shuffle_epi8(sc, _mm256_set1_epi16((0x0100 + 0x0202 * (2 * j + 1)) as i16));
-            sumi = _mm256_add_epi32(sumi, _mm256_add_epi32(_mm256_madd_epi16(pl, sl), _mm256_madd_epi16(ph, sh)));
-        }
-        acc = _mm256_fmadd_ps(_mm256_set1_ps(dw * dy), _mm256_cvtepi32_ps(sumi), acc);
+    let sm = k4_scales_mins(a, 4);
+    let mins = _mm_madd_epi16(_mm_cvtepu8_epi16(_mm_unpackhi_epi64(sm, sm)), pair_sums);
+    let sc = _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(sm));
+    let scale_pairs = [
+        _mm256_shuffle_epi32::<0x00>(sc),
+        _mm256_shuffle_epi32::<0x55>(sc),
+        _mm256_shuffle_epi32::<0xaa>(sc),
+        _mm256_shuffle_epi32::<0xff>(sc),
+    ];
+    let mut hb = ld256(a, 16);
+    let mut sumi = _mm256_setzero_si256();
+    for (j, sj) in scale_pairs.into_iter().enumerate() {
+        let bits = ld256(a, 48 + 32 * j);
+        // `hb` is shifted right by 2 per step: bits 2j, 2j+1 are bits 0, 1 here.
+        let h_lo = _mm256_slli_epi16::<4>(_mm256_and_si256(hb, one));
+        let h_hi = _mm256_slli_epi16::<3>(_mm256_and_si256(hb, two));
+        hb = _mm256_srli_epi16::<2>(hb);
+        let lo = _mm256_or_si256(_mm256_and_si256(bits, m4), h_lo);
+        let hi = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16::<4>(bits), m4), h_hi);
+        let pl = _mm256_maddubs_epi16(lo, ld256(y, 4 + 64 * j));
+        let ph = _mm256_maddubs_epi16(hi, ld256(y, 4 + 64 * j + 32));
+        let p = _mm256_add_epi16(_mm256_unpacklo_epi16(pl, ph), _mm256_unpackhi_epi16(pl, ph));
+        sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(p, sj));
     }
-    let m = _mm_add_ps(acc_m, _mm_movehl_ps(acc_m, acc_m));
-    let m = _mm_add_ss(m, _mm_movehdup_ps(m));
-    hsum_ps(acc) + _mm_cvtss_f32(m)
+    (sumi, mins)
+}
+
+/// Dot product, dot product with precomputed activation pair sums, and row
+/// loop for a K-quant with 32-element sub-blocks and minimums.
+macro_rules! k4_kernels {
+    ($dot:ident, $dot_pre:ident, $rows:ident, $block:ident, $bytes:expr) => {
+        #[target_feature(enable = "avx2,fma,f16c")]
+        fn $dot(w: &[u8], x: &[u8]) -> f32 {
+            let (wb, _) = w.as_chunks::<{ $bytes }>();
+            let (xb, _) = x.as_chunks::<Q8_K_BYTES>();
+            let mut acc = _mm256_setzero_ps();
+            for (a, y) in wb.iter().zip(xb) {
+                let (sumi, mins) = $block(a, y, q8k_pair_sums(y));
+                acc = k_accumulate(acc, a, 0, f32_at(y, 0), sumi, mins);
+            }
+            hsum_ps(acc)
+        }
+
+        #[inline]
+        #[target_feature(enable = "avx2,fma,f16c")]
+        fn $dot_pre(w: &[u8], xb: &[[u8; Q8_K_BYTES]], pairs: &[__m128i]) -> f32 {
+            let (wb, _) = w.as_chunks::<{ $bytes }>();
+            let mut acc = _mm256_setzero_ps();
+            for ((a, y), p) in wb.iter().zip(xb).zip(pairs) {
+                let (sumi, mins) = $block(a, y, *p);
+                acc = k_accumulate(acc, a, 0, f32_at(y, 0), sumi, mins);
+            }
+            hsum_ps(acc)
+        }
+
+        #[target_feature(enable = "avx2,fma,f16c")]
+        fn $rows(w: &[u8], row_bytes: usize, x: &[u8], out: &mut [f32]) {
+            let (xb, _) = x.as_chunks::<Q8_K_BYTES>();
+            if xb.len() <= MAX_PRE_BLOCKS {
+                let mut pairs = [_mm_setzero_si128(); MAX_PRE_BLOCKS];
+                for (p, y) in pairs.iter_mut().zip(xb) {
+                    *p = q8k_pair_sums(y);
+                }
+                for (row, o) in w.chunks_exact(row_bytes).zip(out.iter_mut()) {
+                    *o = $dot_pre(row, xb, &pairs[..xb.len()]);
+                }
+            } else {
+                for (row, o) in w.chunks_exact(row_bytes).zip(out.iter_mut()) {
+                    *o = $dot(row, x);
+                }
+            }
+        }
+    };
+}
+
+k4_kernels!(dot_q4_k, dot_q4_k_pre, rows_q4_k, q4k_block, Q4_K_BYTES);
+k4_kernels!(dot_q5_k, dot_q5_k_pre, rows_q5_k, q5k_block, Q5_K_BYTES);
+
+/// Scale vectors for two 32-byte quant vectors `k`, `k+1` of a 128-element half
+/// whose products are interleaved as in [`q4k_block`]: each vector covers two
+/// 16-element sub-blocks (low lane `s`, high lane `s+1`, `s = 8h + 2k`), so the
+/// low lane needs the i16 pair `(sc[s], sc[s+2])` and the high lane
+/// `(sc[s+1], sc[s+3])`.
+#[inline]
+#[target_feature(enable = "avx2")]
+fn scales_16_pair(scales: __m128i, s: usize) -> __m256i {
+    let s = s as i8;
+    let idx = _mm_setr_epi8(s, s + 2, s, s + 2, s, s + 2, s, s + 2, s + 1, s + 3, s + 1, s + 3, s + 1, s + 3, s + 1, s + 3);
+    _mm256_cvtepi8_epi16(_mm_shuffle_epi8(scales, idx))
+}
+
+#[inline]
+#[target_feature(enable = "avx2")]
+fn interleave_sum(a: __m256i, b: __m256i) -> __m256i {
+    _mm256_add_epi16(_mm256_unpacklo_epi16(a, b), _mm256_unpackhi_epi16(a, b))
+}
+
+/// Integer part of one `Q6_K` x `Q8_K` super-block with the `-32` bias removed
+/// through `bsums` (`|p| <= 2*63*128`, so two interleaved products fit i16).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn q6k_block(a: &[u8; Q6_K_BYTES], y: &[u8; Q8_K_BYTES]) -> __m256i {
+    let m4 = _mm256_set1_epi8(0xf);
+    let m30 = _mm256_set1_epi8(0x30);
+    let scales = ld128(a, 192);
+    let bias = _mm256_slli_epi32::<5>(_mm256_madd_epi16(_mm256_cvtepi8_epi16(scales), ld256(y, 260)));
+    let mut sumi = _mm256_setzero_si256();
+    for h in 0..2 {
+        let l0 = ld256(a, 64 * h);
+        let l1 = ld256(a, 64 * h + 32);
+        let qh = ld256(a, 128 + 32 * h);
+        // 16-bit shifts move bits across bytes, but the 0x30 mask keeps only
+        // bits that stayed inside their byte.
+        let q0 = _mm256_or_si256(_mm256_and_si256(l0, m4), _mm256_and_si256(_mm256_slli_epi16::<4>(qh), m30));
+        let q1 = _mm256_or_si256(_mm256_and_si256(l1, m4), _mm256_and_si256(_mm256_slli_epi16::<2>(qh), m30));
+        let q2 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16::<4>(l0), m4), _mm256_and_si256(qh, m30));
+        let q3 = _mm256_or_si256(
+            _mm256_and_si256(_mm256_srli_epi16::<4>(l1), m4),
+            _mm256_and_si256(_mm256_srli_epi16::<2>(qh), m30),
+        );
+        let base = 4 + 128 * h;
+        let p0 = _mm256_maddubs_epi16(q0, ld256(y, base));
+        let p1 = _mm256_maddubs_epi16(q1, ld256(y, base + 32));
+        let p2 = _mm256_maddubs_epi16(q2, ld256(y, base + 64));
+        let p3 = _mm256_maddubs_epi16(q3, ld256(y, base + 96));
+        let s01 = _mm256_madd_epi16(interleave_sum(p0, p1), scales_16_pair(scales, 8 * h));
+        let s23 = _mm256_madd_epi16(interleave_sum(p2, p3), scales_16_pair(scales, 8 * h + 4));
+        sumi = _mm256_add_epi32(sumi, _mm256_add_epi32(s01, s23));
+    }
+    _mm256_sub_epi32(sumi, bias)
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
 fn dot_q6_k(w: &[u8], x: &[u8]) -> f32 {
     let (wb, _) = w.as_chunks::<Q6_K_BYTES>();
     let (xb, _) = x.as_chunks::<Q8_K_BYTES>();
-    let m4 = _mm256_set1_epi8(0xf);
-    let m3 = _mm256_set1_epi8(3);
     let mut acc = _mm256_setzero_ps();
     for (a, y) in wb.iter().zip(xb) {
-        let dw = f16_at(a, 208);
-        let dy = f32_at(y, 0);
-        let scales = ld128(a, 192);
-        // Bias: sum_s scale_s * 32 * bsums_s, removed from the unsigned products.
-        let bias = _mm256_slli_epi32::<5>(_mm256_madd_epi16(_mm256_cvtepi8_epi16(scales), ld256(y, 260)));
-        let mut sumi = _mm256_setzero_si256();
-        for h in 0..2 {
-            let l0 = ld256(a, 64 * h);
-            let l1 = ld256(a, 64 * h + 32);
-            let qh = ld256(a, 128 + 32 * h);
-            let q0 = _mm256_or_si256(
-                _mm256_and_si256(l0, m4),
-                _mm256_slli_epi16::<4>(_mm256_and_si256(qh, m3)),
-            );
-            let q1 = _mm256_or_si256(
-                _mm256_and_si256(l1, m4),
-                _mm256_slli_epi16::<4>(_mm256_and_si256(_mm256_srli_epi16::<2>(qh), m3)),
-            );
-            let q2 = _mm256_or_si256(
-                _mm256_and_si256(_mm256_srli_epi16::<4>(l0), m4),
-                _mm256_slli_epi16::<4>(_mm256_and_si256(_mm256_srli_epi16::<4>(qh), m3)),
-            );
-            let q3 = _mm256_or_si256(
-                _mm256_and_si256(_mm256_srli_epi16::<4>(l1), m4),
-                _mm256_slli_epi16::<4>(_mm256_and_si256(_mm256_srli_epi16::<6>(qh), m3)),
-            );
-            let base = 4 + 128 * h;
-            let p0 = _mm256_maddubs_epi16(q0, ld256(y, base));
-            let p1 = _mm256_maddubs_epi16(q1, ld256(y, base + 32));
-            let p2 = _mm256_maddubs_epi16(q2, ld256(y, base + 64));
-            let p3 = _mm256_maddubs_epi16(q3, ld256(y, base + 96));
-            let p0 = _mm256_madd_epi16(p0, scale_pair(scales, 4 * h));
-            let p1 = _mm256_madd_epi16(p1, scale_pair(scales, 4 * h + 1));
-            let p2 = _mm256_madd_epi16(p2, scale_pair(scales, 4 * h + 2));
-            let p3 = _mm256_madd_epi16(p3, scale_pair(scales, 4 * h + 3));
-            sumi = _mm256_add_epi32(sumi, _mm256_add_epi32(_mm256_add_epi32(p0, p1), _mm256_add_epi32(p2, p3)));
-        }
-        let sumi = _mm256_sub_epi32(sumi, bias);
-        acc = _mm256_fmadd_ps(_mm256_set1_ps(dw * dy), _mm256_cvtepi32_ps(sumi), acc);
+        let sumi = q6k_block(a, y);
+        let d = f16_at(a, 208) * f32_at(y, 0);
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
     }
     hsum_ps(acc)
 }
@@ -405,16 +406,18 @@ fn dot_q3_k(w: &[u8], x: &[u8]) -> f32 {
         let mut hb = ld256(a, 0);
         let mut sumi = _mm256_setzero_si256();
         for h in 0..2 {
-            let bits = ld256(a, 32 + 32 * h);
-            let mut lowbits = bits;
-            for k in 0..4 {
+            let mut lowbits = ld256(a, 32 + 32 * h);
+            let mut p = [_mm256_setzero_si256(); 4];
+            for (k, pk) in p.iter_mut().enumerate() {
                 let hi = _mm256_slli_epi16::<2>(_mm256_and_si256(hb, one));
                 hb = _mm256_srli_epi16::<1>(hb);
                 let q = _mm256_or_si256(_mm256_and_si256(lowbits, m3), hi);
                 lowbits = _mm256_srli_epi16::<2>(lowbits);
-                let p = _mm256_maddubs_epi16(q, ld256(y, 4 + 128 * h + 32 * k));
-                sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(p, scale_pair(scales, 4 * h + k)));
+                *pk = _mm256_maddubs_epi16(q, ld256(y, 4 + 128 * h + 32 * k));
             }
+            let s01 = _mm256_madd_epi16(interleave_sum(p[0], p[1]), scales_16_pair(scales, 8 * h));
+            let s23 = _mm256_madd_epi16(interleave_sum(p[2], p[3]), scales_16_pair(scales, 8 * h + 4));
+            sumi = _mm256_add_epi32(sumi, _mm256_add_epi32(s01, s23));
         }
         let sumi = _mm256_sub_epi32(sumi, bias);
         acc = _mm256_fmadd_ps(_mm256_set1_ps(dw * dy), _mm256_cvtepi32_ps(sumi), acc);
@@ -440,12 +443,15 @@ fn dot_q2_k(w: &[u8], x: &[u8]) -> f32 {
         let mut sumi = _mm256_setzero_si256();
         for h in 0..2 {
             let mut bits = ld256(a, 16 + 32 * h);
-            for k in 0..4 {
+            let mut p = [_mm256_setzero_si256(); 4];
+            for (k, pk) in p.iter_mut().enumerate() {
                 let q = _mm256_and_si256(bits, m3);
                 bits = _mm256_srli_epi16::<2>(bits);
-                let p = _mm256_maddubs_epi16(q, ld256(y, 4 + 128 * h + 32 * k));
-                sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(p, scale_pair(scales, 4 * h + k)));
+                *pk = _mm256_maddubs_epi16(q, ld256(y, 4 + 128 * h + 32 * k));
             }
+            let s01 = _mm256_madd_epi16(interleave_sum(p[0], p[1]), scales_16_pair(scales, 8 * h));
+            let s23 = _mm256_madd_epi16(interleave_sum(p[2], p[3]), scales_16_pair(scales, 8 * h + 4));
+            sumi = _mm256_add_epi32(sumi, _mm256_add_epi32(s01, s23));
         }
         acc = _mm256_fmadd_ps(_mm256_set1_ps(dw * dy), _mm256_cvtepi32_ps(sumi), acc);
     }
@@ -543,7 +549,7 @@ pub(super) fn kernel(ty: GgmlType) -> Option<Kernel> {
         Q2_K => entry!(dot_q2_k),
         Q3_K => entry!(dot_q3_k),
         Q4_K => entry!(@wrap dot_q4_k, rows_q4_k),
-        Q5_K => entry!(dot_q5_k),
+        Q5_K => entry!(@wrap dot_q5_k, rows_q5_k),
         Q6_K => entry!(dot_q6_k),
         _ => return None,
     })
