@@ -19,6 +19,7 @@
 use std::arch::x86_64::*;
 
 use super::kquants::{Q2_K_BYTES, Q3_K_BYTES, Q4_K_BYTES, Q5_K_BYTES, Q6_K_BYTES};
+use super::legacy::Q4_0_BYTES;
 use super::q8::{Q8_0_BYTES, Q8_K_BYTES};
 use super::{GgmlType, Kernel};
 
@@ -98,27 +99,70 @@ fn dot_i8_i32(x: __m256i, y: __m256i) -> __m256i {
 // Q8_0 x Q8_0 and Q8_K x Q8_K
 // ---------------------------------------------------------------------------
 
-#[target_feature(enable = "avx2,fma,f16c")]
-fn dot_q8_0(w: &[u8], x: &[u8]) -> f32 {
-    let (wb, _) = w.as_chunks::<Q8_0_BYTES>();
-    let (xb, _) = x.as_chunks::<Q8_0_BYTES>();
-    let mut acc0 = _mm256_setzero_ps();
-    let mut acc1 = _mm256_setzero_ps();
-    let mut pairs_w = wb.chunks_exact(2);
-    let mut pairs_x = xb.chunks_exact(2);
-    for (pw, px) in (&mut pairs_w).zip(&mut pairs_x) {
-        let (a0, a1, b0, b1) = (&pw[0], &pw[1], &px[0], &px[1]);
-        let p0 = _mm256_cvtepi32_ps(dot_i8_i32(ld256(a0, 2), ld256(b0, 2)));
-        let p1 = _mm256_cvtepi32_ps(dot_i8_i32(ld256(a1, 2), ld256(b1, 2)));
-        acc0 = _mm256_fmadd_ps(_mm256_set1_ps(f16_at(a0, 0) * f16_at(b0, 0)), p0, acc0);
-        acc1 = _mm256_fmadd_ps(_mm256_set1_ps(f16_at(a1, 0) * f16_at(b1, 0)), p1, acc1);
-    }
-    for (a, b) in pairs_w.remainder().iter().zip(pairs_x.remainder()) {
-        let p = _mm256_cvtepi32_ps(dot_i8_i32(ld256(a, 2), ld256(b, 2)));
-        acc0 = _mm256_fmadd_ps(_mm256_set1_ps(f16_at(a, 0) * f16_at(b, 0)), p, acc0);
-    }
-    hsum_ps(_mm256_add_ps(acc0, acc1))
+/// Lane sums of four 8 x i32 vectors: `[s0 s1 s2 s3 | t0 t1 t2 t3]` with
+/// `s_i + t_i = sum(v_i)`.
+#[inline]
+#[target_feature(enable = "avx2")]
+fn hsum4_i32(v: [__m256i; 4]) -> __m256i {
+    _mm256_hadd_epi32(_mm256_hadd_epi32(v[0], v[1]), _mm256_hadd_epi32(v[2], v[3]))
 }
+
+/// The f16 at offset 0 of four consecutive `N`-byte blocks, as f32.
+#[inline]
+#[target_feature(enable = "avx2,f16c")]
+fn f16_of_4<const N: usize>(b: &[[u8; N]]) -> __m128 {
+    let h = |i: usize| u16::from_le_bytes([b[i][0], b[i][1]]) as i16;
+    _mm_cvtph_ps(_mm_setr_epi16(h(0), h(1), h(2), h(3), 0, 0, 0, 0))
+}
+
+/// Dot product for 32-element blocks with an f16 scale at offset 0 against
+/// `Q8_0`: `$int(a, b)` gives a block's integer products as 8 x i32 lanes;
+/// four blocks are reduced together and scaled with one FMA.
+macro_rules! q8_0_style_dot {
+    ($name:ident, $bytes:expr, $int:ident) => {
+        #[target_feature(enable = "avx2,fma,f16c")]
+        fn $name(w: &[u8], x: &[u8]) -> f32 {
+            let (wb, _) = w.as_chunks::<{ $bytes }>();
+            let (xb, _) = x.as_chunks::<Q8_0_BYTES>();
+            let mut acc = _mm256_setzero_ps();
+            let mut wq = wb.chunks_exact(4);
+            let mut xq = xb.chunks_exact(4);
+            for (a, b) in (&mut wq).zip(&mut xq) {
+                let sums = hsum4_i32([$int(&a[0], &b[0]), $int(&a[1], &b[1]), $int(&a[2], &b[2]), $int(&a[3], &b[3])]);
+                let d = _mm_mul_ps(f16_of_4(a), f16_of_4(b));
+                acc = _mm256_fmadd_ps(_mm256_set_m128(d, d), _mm256_cvtepi32_ps(sums), acc);
+            }
+            let mut sum = hsum_ps(acc);
+            for (a, b) in wq.remainder().iter().zip(xq.remainder()) {
+                let p = _mm256_cvtepi32_ps($int(a, b));
+                sum += hsum_ps(p) * (f16_at(a, 0) * f16_at(b, 0));
+            }
+            sum
+        }
+    };
+}
+
+#[inline]
+#[target_feature(enable = "avx2")]
+fn int_q8_0(a: &[u8; Q8_0_BYTES], b: &[u8; Q8_0_BYTES]) -> __m256i {
+    dot_i8_i32(ld256(a, 2), ld256(b, 2))
+}
+
+/// `Q4_0` quants `q - 8` as 32 signed bytes (element `j` low nibble of
+/// `qs[j]`, element `j + 16` the high nibble).
+#[inline]
+#[target_feature(enable = "avx2")]
+fn int_q4_0(a: &[u8; Q4_0_BYTES], b: &[u8; Q8_0_BYTES]) -> __m256i {
+    let q = ld128(a, 2);
+    let m4 = _mm_set1_epi8(0xf);
+    let lo = _mm_and_si128(q, m4);
+    let hi = _mm_and_si128(_mm_srli_epi16::<4>(q), m4);
+    let w = _mm256_sub_epi8(_mm256_set_m128i(hi, lo), _mm256_set1_epi8(8));
+    dot_i8_i32(w, ld256(b, 2))
+}
+
+q8_0_style_dot!(dot_q8_0, Q8_0_BYTES, int_q8_0);
+q8_0_style_dot!(dot_q4_0, Q4_0_BYTES, int_q4_0);
 
 #[target_feature(enable = "avx2,fma,f16c")]
 fn dot_q8_k(w: &[u8], x: &[u8]) -> f32 {
@@ -504,6 +548,26 @@ fn dot_f16(w: &[u8], x: &[u8]) -> f32 {
     sum as f32
 }
 
+#[target_feature(enable = "avx2,fma,f16c")]
+fn dot_bf16(w: &[u8], x: &[u8]) -> f32 {
+    let (wb, wr) = w.as_chunks::<64>();
+    let (xb, xr) = x.as_chunks::<64>();
+    let mut acc = [_mm256_setzero_ps(); 4];
+    let widen = |v: __m128i| _mm256_castsi256_ps(_mm256_slli_epi32::<16>(_mm256_cvtepu16_epi32(v)));
+    for (a, b) in wb.iter().zip(xb) {
+        for (i, s) in acc.iter_mut().enumerate() {
+            *s = _mm256_fmadd_ps(widen(ld128(a, 16 * i)), widen(ld128(b, 16 * i)), *s);
+        }
+    }
+    let mut sum = hsum_ps(_mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3]))) as f64;
+    for (a, b) in wr.chunks_exact(2).zip(xr.chunks_exact(2)) {
+        let a = super::float::bf16_bits_to_f32(u16::from_le_bytes([a[0], a[1]]));
+        let b = super::float::bf16_bits_to_f32(u16::from_le_bytes([b[0], b[1]]));
+        sum += (a * b) as f64;
+    }
+    sum as f32
+}
+
 // ---------------------------------------------------------------------------
 // Dispatch
 // ---------------------------------------------------------------------------
@@ -545,6 +609,8 @@ pub(super) fn kernel(ty: GgmlType) -> Option<Kernel> {
         F32 => entry!(dot_f32),
         F16 => entry!(dot_f16),
         Q8_0 => entry!(dot_q8_0),
+        Q4_0 => entry!(dot_q4_0),
+        BF16 => entry!(dot_bf16),
         Q8_K => entry!(dot_q8_k),
         Q2_K => entry!(dot_q2_k),
         Q3_K => entry!(dot_q3_k),
