@@ -456,6 +456,43 @@ fn vec_dot_matches_f64_dot_of_dequantized_rows() {
 }
 
 #[test]
+fn float_vec_dot_handles_odd_lengths() {
+    // Float types have block size 1: lengths that leave SIMD remainders.
+    let mut rng = Rng::new(14);
+    for backend in backends() {
+        for ty in [GgmlType::F32, GgmlType::F16, GgmlType::BF16] {
+            for n in [1, 7, 31, 33, 100, 257, 1000] {
+                let w = random_row(ty, n, &mut rng);
+                let x = random_row(ty, n, &mut rng);
+                let got = vec_dot_on(backend, ty, n, &w, &x).unwrap() as f64;
+                let (want, tol) = expected_dot(ty, &w, &x, n);
+                assert!((got - want).abs() <= tol, "{backend:?} {ty} n={n}: {got} vs {want}");
+            }
+        }
+    }
+}
+
+#[test]
+fn matvec_on_very_long_rows() {
+    // More blocks per row than the kernels precompute activation data for.
+    let mut rng = Rng::new(15);
+    let cols = 256 * 70;
+    for backend in backends() {
+        for ty in [GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K, GgmlType::Q8_0] {
+            let rb = ty.row_bytes(cols).unwrap();
+            let w: Vec<u8> = (0..3).flat_map(|_| random_row(ty, cols, &mut rng)).collect();
+            let x = random_row(ty.vec_dot_type(), cols, &mut rng);
+            let mut out = vec![0f32; 3];
+            matvec_on(backend, ty, &w, 0..3, cols, &x, &mut out).unwrap();
+            for (r, o) in out.iter().enumerate() {
+                let (want, tol) = expected_dot(ty, &w[r * rb..(r + 1) * rb], &x, cols);
+                assert!((*o as f64 - want).abs() <= tol, "{backend:?} {ty} row {r}");
+            }
+        }
+    }
+}
+
+#[test]
 fn vec_dot_detects_a_single_changed_quant() {
     // Guards the tolerance above: flipping one weight quant must be visible.
     let mut rng = Rng::new(3);
