@@ -85,6 +85,35 @@ fn hsum_ps(v: __m256) -> f32 {
     _mm_cvtss_f32(s)
 }
 
+/// How far ahead of the current weight block the compute-heavier kernels (Q2_K,
+/// Q3_K, Q4_K, Q5_K, Q4_0) prefetch. Rows are streamed once from DRAM; on the
+/// development machine (2-core AMD EPYC) 3-6 KiB ahead gained ~10% over the
+/// hardware prefetchers alone for these, while the fast Q6_K and Q8_0 kernels
+/// did as well or better without.
+const PREFETCH_DISTANCE: usize = 4096;
+
+/// Prefetches the `N`-byte block [`PREFETCH_DISTANCE`] after block `a`.
+#[inline]
+#[target_feature(enable = "avx2")]
+fn prefetch_block<const N: usize>(a: &[u8; N]) {
+    prefetch_ahead::<N>(a.as_ptr());
+}
+
+/// Prefetches the `N` bytes that lie [`PREFETCH_DISTANCE`] after `p`, one hint per
+/// 64-byte line (consecutive blocks are contiguous, so every line is covered).
+#[inline]
+#[target_feature(enable = "avx2")]
+fn prefetch_ahead<const N: usize>(p: *const u8) {
+    // Prefetching is only a hint and never faults: addresses past the end of the
+    // matrix are harmless, so `wrapping_add` without bounds is fine.
+    let p = p.wrapping_add(PREFETCH_DISTANCE).cast::<i8>();
+    let mut off = 0;
+    while off < N {
+        _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(off));
+        off += 64;
+    }
+}
+
 /// Signed i8 x i8 products summed in groups of four, as 8 x i32
 /// (requires `y != -128` wherever `x < 0`).
 #[inline]
@@ -119,7 +148,7 @@ fn f16_of_4<const N: usize>(b: &[[u8; N]]) -> __m128 {
 /// `Q8_0`: `$int(a, b)` gives a block's integer products as 8 x i32 lanes;
 /// four blocks are reduced together and scaled with one FMA.
 macro_rules! q8_0_style_dot {
-    ($name:ident, $bytes:expr, $int:ident) => {
+    ($name:ident, $bytes:expr, $int:ident, prefetch: $pf:expr) => {
         #[target_feature(enable = "avx2,fma,f16c")]
         fn $name(w: &[u8], x: &[u8]) -> f32 {
             let (wb, _) = w.as_chunks::<{ $bytes }>();
@@ -128,6 +157,9 @@ macro_rules! q8_0_style_dot {
             let mut wq = wb.chunks_exact(4);
             let mut xq = xb.chunks_exact(4);
             for (a, b) in (&mut wq).zip(&mut xq) {
+                if $pf {
+                    prefetch_ahead::<{ 4 * $bytes }>(a[0].as_ptr());
+                }
                 let sums = hsum4_i32([$int(&a[0], &b[0]), $int(&a[1], &b[1]), $int(&a[2], &b[2]), $int(&a[3], &b[3])]);
                 let d = _mm_mul_ps(f16_of_4(a), f16_of_4(b));
                 acc = _mm256_fmadd_ps(_mm256_set_m128(d, d), _mm256_cvtepi32_ps(sums), acc);
@@ -161,8 +193,9 @@ fn int_q4_0(a: &[u8; Q4_0_BYTES], b: &[u8; Q8_0_BYTES]) -> __m256i {
     dot_i8_i32(w, ld256(b, 2))
 }
 
-q8_0_style_dot!(dot_q8_0, Q8_0_BYTES, int_q8_0);
-q8_0_style_dot!(dot_q4_0, Q4_0_BYTES, int_q4_0);
+// Prefetching measured neutral to harmful for the fast Q8_0 kernel.
+q8_0_style_dot!(dot_q8_0, Q8_0_BYTES, int_q8_0, prefetch: false);
+q8_0_style_dot!(dot_q4_0, Q4_0_BYTES, int_q4_0, prefetch: true);
 
 #[target_feature(enable = "avx2,fma,f16c")]
 fn dot_q8_k(w: &[u8], x: &[u8]) -> f32 {
@@ -308,6 +341,7 @@ macro_rules! k4_kernels {
             let (xb, _) = x.as_chunks::<Q8_K_BYTES>();
             let mut acc = _mm256_setzero_ps();
             for (a, y) in wb.iter().zip(xb) {
+                prefetch_block(a);
                 let (sumi, mins) = $block(a, y, q8k_pair_sums(y));
                 acc = k_accumulate(acc, a, 0, f32_at(y, 0), sumi, mins);
             }
@@ -320,6 +354,7 @@ macro_rules! k4_kernels {
             let (wb, _) = w.as_chunks::<{ $bytes }>();
             let mut acc = _mm256_setzero_ps();
             for ((a, y), p) in wb.iter().zip(xb).zip(pairs) {
+                prefetch_block(a);
                 let (sumi, mins) = $block(a, y, *p);
                 acc = k_accumulate(acc, a, 0, f32_at(y, 0), sumi, mins);
             }
@@ -409,6 +444,7 @@ fn dot_q6_k(w: &[u8], x: &[u8]) -> f32 {
     let (xb, _) = x.as_chunks::<Q8_K_BYTES>();
     let mut acc = _mm256_setzero_ps();
     for (a, y) in wb.iter().zip(xb) {
+        // No software prefetch: measured neutral to harmful for this fast kernel.
         let sumi = q6k_block(a, y);
         let d = f16_at(a, 208) * f32_at(y, 0);
         acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
@@ -442,6 +478,7 @@ fn dot_q3_k(w: &[u8], x: &[u8]) -> f32 {
     let one = _mm256_set1_epi8(1);
     let mut acc = _mm256_setzero_ps();
     for (a, y) in wb.iter().zip(xb) {
+        prefetch_block(a);
         let dw = f16_at(a, 108);
         let dy = f32_at(y, 0);
         let scales = q3k_scales(a[96..108].try_into().expect("12 bytes"));
@@ -477,6 +514,7 @@ fn dot_q2_k(w: &[u8], x: &[u8]) -> f32 {
     let m4 = _mm_set1_epi8(0xf);
     let mut acc = _mm256_setzero_ps();
     for (a, y) in wb.iter().zip(xb) {
+        prefetch_block(a);
         let (dw, dminw) = f16x2_at(a, 80);
         let dy = f32_at(y, 0);
         let sm = ld128(a, 0);
