@@ -96,6 +96,20 @@ fn main() {
 
     let x: Vec<f32> = (0..COLS).map(|i| ((i * 7919) % 1000) as f32 / 500.0 - 1.0).collect();
     let mut xq = Vec::new();
+    for ty in [GgmlType::Q4_K, GgmlType::Q8_0, GgmlType::F16] {
+        let reps = 2000;
+        let secs = best_secs(5, || {
+            for _ in 0..reps {
+                quant::quantize_activation(ty, black_box(&x), &mut xq).expect("activation");
+            }
+        });
+        println!(
+            "quantize_activation for {} weights ({}): {:.2} us per {COLS} floats",
+            ty.name(),
+            ty.vec_dot_type().name(),
+            secs / reps as f64 * 1e6
+        );
+    }
     for ty in [
         GgmlType::Q4_K,
         GgmlType::Q5_K,

@@ -668,27 +668,52 @@ fn ref_q8_0(x: &[f32], flavor: Q8Flavor, with_sum: bool) -> Vec<u8> {
                 }
             }
         };
-        let qs: Vec<i8> = blk
+        let qs: Vec<(i8, i32)> = blk
             .iter()
             .map(|v| {
                 let p = v * id;
                 let r = match flavor {
-                    Q8Flavor::Reference => roundf_c(p),
+                    Q8Flavor::Reference => roundf_c(p) as f64,
                     // Halves to even via f64: floor(p + 0.5), minus one on exact odd halves.
                     _ => {
                         let f = (p as f64 + 0.5).floor();
-                        if f - p as f64 == 0.5 && (f as i64) % 2 != 0 { (f - 1.0) as f32 } else { f as f32 }
+                        if f - p as f64 == 0.5 && (f as i64) % 2 != 0 { f - 1.0 } else { f }
                     }
                 };
-                r as i8
+                // Non-representable results (inverse scale overflowed to inf)
+                // as the C builds of ggml convert them.
+                let fits_i32 = r.is_finite() && r.abs() < 2_147_483_648.0;
+                // Each flavour as (stored quant, value added into Q8_1's sum).
+                match flavor {
+                    // gcc: 32-bit truncating conversion (i32::MIN if invalid), low
+                    // byte; the sum adds the stored bytes.
+                    Q8Flavor::Reference => {
+                        let q = (if fits_i32 { r as i64 } else { i32::MIN as i64 }) as u8 as i8;
+                        (q, q as i32)
+                    }
+                    // cvtps2dq (i32::MIN if invalid), then saturating packs; the
+                    // sum adds the i32 values.
+                    Q8Flavor::X86 => {
+                        if fits_i32 {
+                            (r.clamp(-128.0, 127.0) as i8, r as i32)
+                        } else {
+                            (-128, i32::MIN)
+                        }
+                    }
+                    // Saturating conversion to i32 (NaN -> 0), low byte stored.
+                    Q8Flavor::Arm => {
+                        let i = if r.is_nan() { 0 } else { r.clamp(i32::MIN as f64, i32::MAX as f64) as i64 };
+                        (i as u8 as i8, i as i32)
+                    }
+                }
             })
             .collect();
         out.extend_from_slice(&ggml_fp32_to_fp16(d).to_le_bytes());
         if with_sum {
-            let sum: i32 = qs.iter().map(|&q| q as i32).sum();
+            let sum = qs.iter().fold(0i32, |s, &(_, v)| s.wrapping_add(v));
             out.extend_from_slice(&ggml_fp32_to_fp16(sum as f32 * d).to_le_bytes());
         }
-        out.extend(qs.iter().map(|&q| q as u8));
+        out.extend(qs.iter().map(|&(q, _)| q as u8));
     }
     out
 }
