@@ -1,6 +1,7 @@
 //! Single-thread throughput of `engine::quant::matvec`, in GB/s of weight bytes.
 //!
 //! `cargo run -p engine --release --example quant_speed [MiB] [threads] [type...]`
+//! (`QS_COLS=768` for rows of 768 columns instead of 2048)
 //!
 //! For each type: a matrix of about `MiB` MiB (default 256, far larger than the
 //! caches: memory-bound, like decode) and one of 256 KiB (cache-resident: the
@@ -14,14 +15,18 @@ use std::time::Instant;
 
 use engine::quant::{self, Backend, GgmlType};
 
-const COLS: usize = 2048;
+/// Columns of the test matrices: 2048 (Qwen3-30B-A3B's hidden size) unless
+/// `QS_cols()` says otherwise (e.g. 768, its expert width, for `ffn_down`).
+fn cols() -> usize {
+    std::env::var("QS_cols()").ok().and_then(|v| v.parse().ok()).unwrap_or(2048)
+}
 
-/// A `rows x COLS` matrix of `ty`: a few quantized random rows, repeated.
+/// A `rows x cols()` matrix of `ty`: a few quantized random rows, repeated.
 fn matrix(ty: GgmlType, rows: usize) -> Vec<u8> {
-    let rb = ty.row_bytes(COLS).expect("row size");
+    let rb = ty.row_bytes(cols()).expect("row size");
     let mut seed = 0x1234_5678_9abc_def0u64 ^ ty as u64;
     let mut uniq = vec![0u8; rb * 16];
-    let mut x = vec![0f32; COLS];
+    let mut x = vec![0f32; cols()];
     for row in uniq.chunks_exact_mut(rb) {
         for v in x.iter_mut() {
             seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
@@ -48,7 +53,7 @@ fn best_secs(reps: usize, mut f: impl FnMut()) -> f64 {
 }
 
 fn gbps(ty: GgmlType, backend: Backend, w: &[u8], xq: &[u8], reps: usize, inner: usize, threads: usize) -> f64 {
-    let rows = w.len() / ty.row_bytes(COLS).expect("row size");
+    let rows = w.len() / ty.row_bytes(cols()).expect("row size");
     let mut out = vec![0f32; rows];
     let per = rows.div_ceil(threads);
     let secs = best_secs(reps, || {
@@ -56,7 +61,7 @@ fn gbps(ty: GgmlType, backend: Backend, w: &[u8], xq: &[u8], reps: usize, inner:
             std::thread::scope(|s| {
                 for (t, o) in out.chunks_mut(per).enumerate() {
                     let r = t * per..t * per + o.len();
-                    let run = move || quant::matvec_on(backend, ty, black_box(w), r, COLS, xq, o).expect("matvec");
+                    let run = move || quant::matvec_on(backend, ty, black_box(w), r, cols(), xq, o).expect("matvec");
                     if threads == 1 {
                         run();
                     } else {
@@ -94,7 +99,7 @@ fn main() {
         "type", "big GB/s", "cached GB/s", "scalar cached", "Mrows/s big", "big, vec_dot/row"
     );
 
-    let x: Vec<f32> = (0..COLS).map(|i| ((i * 7919) % 1000) as f32 / 500.0 - 1.0).collect();
+    let x: Vec<f32> = (0..cols()).map(|i| ((i * 7919) % 1000) as f32 / 500.0 - 1.0).collect();
     let mut xq = Vec::new();
     for ty in [GgmlType::Q4_K, GgmlType::Q8_0, GgmlType::F16] {
         let reps = 2000;
@@ -104,9 +109,10 @@ fn main() {
             }
         });
         println!(
-            "quantize_activation for {} weights ({}): {:.2} us per {COLS} floats",
+            "quantize_activation for {} weights ({}): {:.2} us per {} floats",
             ty.name(),
             ty.vec_dot_type().name(),
+            cols(),
             secs / reps as f64 * 1e6
         );
     }
@@ -126,7 +132,7 @@ fn main() {
             continue;
         }
         quant::quantize_activation(ty, &x, &mut xq).expect("activation");
-        let rb = ty.row_bytes(COLS).expect("row size");
+        let rb = ty.row_bytes(cols()).expect("row size");
         let w_big = matrix(ty, big / rb);
         let w_small = matrix(ty, (256 << 10) / rb);
         // The machine's memory bandwidth is shared and noisy: alternate the two
@@ -139,7 +145,7 @@ fn main() {
             // One `vec_dot` call per row, in row order (a single sequential stream).
             let secs = best_secs(1, || {
                 for (o, row) in out.iter_mut().zip(w_big.chunks_exact(rb)) {
-                    *o = quant::vec_dot(ty, COLS, black_box(row), &xq);
+                    *o = quant::vec_dot(ty, cols(), black_box(row), &xq);
                 }
                 black_box(&out);
             });
