@@ -72,20 +72,61 @@ fn q8_scale(flavor: Q8Flavor, x: &[f32]) -> (f32, f32) {
     (d, id)
 }
 
+/// Rounds `v = x * id` to a quant the way each ggml build does. For finite
+/// inputs `|v| <= 127` (plus rounding) and all flavours only differ in how
+/// halves round. Inputs whose inverse scale overflows (blocks of values below
+/// ~1e-37) or that contain inf/NaN give garbage in ggml too; it is reproduced as
+/// gcc-built x86_64 ggml produces it, and as ARM's saturating conversion does.
+/// Returns the stored quant and the value ggml adds into `Q8_1`'s sum (the
+/// SIMD flavours sum the i32 conversions before narrowing them).
 #[inline]
-fn q8_round(flavor: Q8Flavor, v: f32) -> i8 {
+fn q8_round(flavor: Q8Flavor, v: f32) -> (i8, i32) {
+    // x86 `cvt(t)ps2dq`: NaN and out-of-range values become i32::MIN.
+    fn cvt_x86(r: f32) -> i32 {
+        if r.is_nan() || !(-2_147_483_648.0..2_147_483_648.0).contains(&r) {
+            i32::MIN
+        } else {
+            r as i32
+        }
+    }
     match flavor {
-        Q8Flavor::Reference => v.round() as i8,
-        Q8Flavor::X86 | Q8Flavor::Arm => v.round_ties_even() as i8,
+        // `int8_t q = roundf(v)`: gcc converts through a 32-bit cvttss2si and
+        // keeps the low byte.
+        Flavor::Reference => {
+            let q = cvt_x86(v.round()) as i8;
+            (q, q as i32)
+        }
+        // `_mm256_round_ps` + `_mm256_cvtps_epi32` + saturating packs.
+        Flavor::X86 => {
+            let r = if v.abs() < 4_194_304.0 {
+                // Exactly round-half-even here, and much cheaper than
+                // `round_ties_even` (a libm call on baseline x86_64).
+                nearest_int(v)
+            } else {
+                cvt_x86(v.round_ties_even())
+            };
+            (r.clamp(-128, 127) as i8, r)
+        }
+        // `vcvtnq_s32_f32` (saturating, NaN -> 0), low byte stored.
+        Flavor::Arm => {
+            let r = if v.abs() < 4_194_304.0 {
+                nearest_int(v)
+            } else {
+                v.round_ties_even() as i32
+            };
+            (r as i8, r)
+        }
     }
 }
+
+use Q8Flavor as Flavor;
 
 pub(crate) fn quantize_q8_0(flavor: Q8Flavor, src: &[f32], dst: &mut [u8]) {
     for (x, y) in src.chunks_exact(QK8_0).zip(dst.chunks_exact_mut(Q8_0_BYTES)) {
         let (d, id) = q8_scale(flavor, x);
         wr_u16(y, 0, f32_to_f16_bits(d));
         for (q, v) in y[2..].iter_mut().zip(x) {
-            *q = q8_round(flavor, v * id) as u8;
+            *q = q8_round(flavor, v * id).0 as u8;
         }
     }
 }
@@ -96,8 +137,8 @@ pub(crate) fn quantize_q8_1(flavor: Q8Flavor, src: &[f32], dst: &mut [u8]) {
         wr_u16(y, 0, f32_to_f16_bits(d));
         let mut sum = 0i32;
         for (q, v) in y[4..].iter_mut().zip(x) {
-            let r = q8_round(flavor, v * id);
-            sum += r as i32;
+            let (r, for_sum) = q8_round(flavor, v * id);
+            sum = sum.wrapping_add(for_sum);
             *q = r as u8;
         }
         wr_u16(y, 2, f32_to_f16_bits(sum as f32 * d));

@@ -5,11 +5,6 @@
 //! the module; the reference quantizers re-implement ggml's `_ref` algorithms
 //! with different primitives (f64 rounding, explicit bit manipulation).
 
-#![expect(
-    clippy::needless_range_loop,
-    reason = "element-by-element reference code reads best with explicit indices"
-)]
-
 use super::*;
 
 // ---------------------------------------------------------------------------
@@ -461,6 +456,43 @@ fn vec_dot_matches_f64_dot_of_dequantized_rows() {
 }
 
 #[test]
+fn float_vec_dot_handles_odd_lengths() {
+    // Float types have block size 1: lengths that leave SIMD remainders.
+    let mut rng = Rng::new(14);
+    for backend in backends() {
+        for ty in [GgmlType::F32, GgmlType::F16, GgmlType::BF16] {
+            for n in [1, 7, 31, 33, 100, 257, 1000] {
+                let w = random_row(ty, n, &mut rng);
+                let x = random_row(ty, n, &mut rng);
+                let got = vec_dot_on(backend, ty, n, &w, &x).unwrap() as f64;
+                let (want, tol) = expected_dot(ty, &w, &x, n);
+                assert!((got - want).abs() <= tol, "{backend:?} {ty} n={n}: {got} vs {want}");
+            }
+        }
+    }
+}
+
+#[test]
+fn matvec_on_very_long_rows() {
+    // More blocks per row than the kernels precompute activation data for.
+    let mut rng = Rng::new(15);
+    let cols = 256 * 70;
+    for backend in backends() {
+        for ty in [GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K, GgmlType::Q8_0] {
+            let rb = ty.row_bytes(cols).unwrap();
+            let w: Vec<u8> = (0..3).flat_map(|_| random_row(ty, cols, &mut rng)).collect();
+            let x = random_row(ty.vec_dot_type(), cols, &mut rng);
+            let mut out = vec![0f32; 3];
+            matvec_on(backend, ty, &w, 0..3, cols, &x, &mut out).unwrap();
+            for (r, o) in out.iter().enumerate() {
+                let (want, tol) = expected_dot(ty, &w[r * rb..(r + 1) * rb], &x, cols);
+                assert!((*o as f64 - want).abs() <= tol, "{backend:?} {ty} row {r}");
+            }
+        }
+    }
+}
+
+#[test]
 fn vec_dot_detects_a_single_changed_quant() {
     // Guards the tolerance above: flipping one weight quant must be visible.
     let mut rng = Rng::new(3);
@@ -636,27 +668,52 @@ fn ref_q8_0(x: &[f32], flavor: Q8Flavor, with_sum: bool) -> Vec<u8> {
                 }
             }
         };
-        let qs: Vec<i8> = blk
+        let qs: Vec<(i8, i32)> = blk
             .iter()
             .map(|v| {
                 let p = v * id;
                 let r = match flavor {
-                    Q8Flavor::Reference => roundf_c(p),
+                    Q8Flavor::Reference => roundf_c(p) as f64,
                     // Halves to even via f64: floor(p + 0.5), minus one on exact odd halves.
                     _ => {
                         let f = (p as f64 + 0.5).floor();
-                        if f - p as f64 == 0.5 && (f as i64) % 2 != 0 { (f - 1.0) as f32 } else { f as f32 }
+                        if f - p as f64 == 0.5 && (f as i64) % 2 != 0 { f - 1.0 } else { f }
                     }
                 };
-                r as i8
+                // Non-representable results (inverse scale overflowed to inf)
+                // as the C builds of ggml convert them.
+                let fits_i32 = r.is_finite() && r.abs() < 2_147_483_648.0;
+                // Each flavour as (stored quant, value added into Q8_1's sum).
+                match flavor {
+                    // gcc: 32-bit truncating conversion (i32::MIN if invalid), low
+                    // byte; the sum adds the stored bytes.
+                    Q8Flavor::Reference => {
+                        let q = (if fits_i32 { r as i64 } else { i32::MIN as i64 }) as u8 as i8;
+                        (q, q as i32)
+                    }
+                    // cvtps2dq (i32::MIN if invalid), then saturating packs; the
+                    // sum adds the i32 values.
+                    Q8Flavor::X86 => {
+                        if fits_i32 {
+                            (r.clamp(-128.0, 127.0) as i8, r as i32)
+                        } else {
+                            (-128, i32::MIN)
+                        }
+                    }
+                    // Saturating conversion to i32 (NaN -> 0), low byte stored.
+                    Q8Flavor::Arm => {
+                        let i = if r.is_nan() { 0 } else { r.clamp(i32::MIN as f64, i32::MAX as f64) as i64 };
+                        (i as u8 as i8, i as i32)
+                    }
+                }
             })
             .collect();
         out.extend_from_slice(&ggml_fp32_to_fp16(d).to_le_bytes());
         if with_sum {
-            let sum: i32 = qs.iter().map(|&q| q as i32).sum();
+            let sum = qs.iter().fold(0i32, |s, &(_, v)| s.wrapping_add(v));
             out.extend_from_slice(&ggml_fp32_to_fp16(sum as f32 * d).to_le_bytes());
         }
-        out.extend(qs.iter().map(|&q| q as u8));
+        out.extend(qs.iter().map(|&(q, _)| q as u8));
     }
     out
 }
