@@ -330,6 +330,8 @@ impl std::fmt::Debug for Session<'_> {
 /// Largest number of tokens processed in one batch (llama.cpp's n_ubatch analogue).
 pub const MAX_BATCH: usize = 256;
 
+/// Debugging aid for parity work: with `ENGINE_DUMP` set, prints a summary of each named
+/// intermediate tensor (llama.cpp's names) and writes its values to `/tmp/engine-NAME.bin`.
 fn dump(name: &str, v: &[f32]) {
     if std::env::var_os("ENGINE_DUMP").is_some() {
         let s: f64 = v.iter().map(|&x| f64::from(x)).sum();
