@@ -1,4 +1,377 @@
-fn main() {
-    eprintln!("engine: not built yet");
-    std::process::exit(2);
+//! The `engine` binary: `inspect`, `synth`, `run`.
+
+use std::io::Write as _;
+use std::path::PathBuf;
+use std::time::Instant;
+
+use anyhow::{Context, Result, bail};
+use clap::{Parser, Subcommand};
+
+use engine::gguf::Gguf;
+use engine::model::{Model, Session};
+use engine::sampling::{Sampler, SamplerConfig};
+use engine::synth::{QuantMix, SynthConfig};
+use engine::tokenizer::{Tokenizer, Utf8Stream};
+
+#[derive(Parser)]
+#[command(name = "engine", about = "Embedded MoE engine (qwen3moe GGUF)")]
+struct Cli {
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Print architecture, metadata, tensor shapes, types and byte ranges.
+    Inspect {
+        file: PathBuf,
+        /// List every routed expert's byte range.
+        #[arg(long)]
+        experts: bool,
+    },
+    /// Write a synthetic qwen3moe GGUF with random weights.
+    Synth(SynthArgs),
+    /// Run a prompt and generate.
+    Run(RunArgs),
+    /// Measure prompt (pp) and generation (tg) speed like llama-bench: random token ids,
+    /// an empty context per repetition, averages over repetitions.
+    Bench {
+        #[arg(long, short)]
+        model: PathBuf,
+        /// Prompt tokens per pp test.
+        #[arg(short = 'p', default_value_t = 128)]
+        n_prompt: usize,
+        /// Generated tokens per tg test.
+        #[arg(short = 'n', default_value_t = 64)]
+        n_gen: usize,
+        #[arg(long, short)]
+        threads: Option<usize>,
+        #[arg(long, short, default_value_t = 3)]
+        repetitions: usize,
+        /// Print one JSON object instead of text.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Tokenize text with the model's vocabulary and print the ids as JSON.
+    Tokenize {
+        #[arg(long)]
+        model: PathBuf,
+        #[arg(long)]
+        text: String,
+    },
+}
+
+#[derive(clap::Args)]
+struct SynthArgs {
+    #[arg(short, long)]
+    output: PathBuf,
+    /// tiny | small | qwen3-30b-a3b
+    #[arg(long, default_value = "tiny")]
+    preset: String,
+    /// q8_0 | q4_k | q6_k | q4_k_m (default: the preset's)
+    #[arg(long)]
+    quant: Option<String>,
+    #[arg(long)]
+    layers: Option<usize>,
+    #[arg(long)]
+    hidden: Option<usize>,
+    #[arg(long)]
+    heads: Option<usize>,
+    #[arg(long)]
+    kv_heads: Option<usize>,
+    #[arg(long)]
+    head_dim: Option<usize>,
+    #[arg(long)]
+    experts: Option<usize>,
+    #[arg(long)]
+    experts_used: Option<usize>,
+    #[arg(long)]
+    expert_ffn: Option<usize>,
+    #[arg(long)]
+    vocab: Option<usize>,
+    /// Router skew exponent: expert of popularity rank r gets router rows scaled by (r+1)^-skew.
+    #[arg(long)]
+    router_skew: Option<f32>,
+    /// σ of the log-normal per-token scale of output.weight rows (larger = more peaked logits).
+    #[arg(long)]
+    output_skew: Option<f32>,
+    /// Use token_embd as the output matrix (no output.weight).
+    #[arg(long)]
+    tied: bool,
+    #[arg(long, default_value_t = 42)]
+    seed: u64,
+    #[arg(long)]
+    threads: Option<usize>,
+    /// Print the resolved configuration and exit without writing.
+    #[arg(long)]
+    dry_run: bool,
+}
+
+#[derive(clap::Args)]
+struct RunArgs {
+    #[arg(long, short)]
+    model: PathBuf,
+    #[arg(long, short)]
+    prompt: String,
+    /// Tokens to generate.
+    #[arg(short, default_value_t = 64)]
+    n: usize,
+    #[arg(long, short)]
+    threads: Option<usize>,
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+    /// 0 = greedy.
+    #[arg(long, default_value_t = 0.0)]
+    temp: f32,
+    #[arg(long, default_value_t = 40)]
+    top_k: usize,
+    #[arg(long, default_value_t = 0.95)]
+    top_p: f32,
+    /// Context length (default: prompt + n).
+    #[arg(long)]
+    ctx: Option<usize>,
+    /// Prompt tokens per forward pass (1 = token by token, like decode).
+    #[arg(long, default_value_t = engine::model::MAX_BATCH)]
+    ubatch: usize,
+    /// Keep generating past end-of-generation tokens.
+    #[arg(long)]
+    ignore_eos: bool,
+    /// One JSON object per token, then a summary object.
+    #[arg(long)]
+    json: bool,
+    /// Write the logits that chose the last generated token (f32 little-endian) to this file.
+    #[arg(long)]
+    logits_out: Option<PathBuf>,
+}
+
+fn default_threads() -> usize {
+    std::thread::available_parallelism().map_or(1, |n| n.get())
+}
+
+fn main() -> Result<()> {
+    // Die quietly on a closed stdout (`engine run … | head`) instead of panicking.
+    // SAFETY: restoring the default SIGPIPE disposition before any thread is started.
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+    }
+    let cli = Cli::parse();
+    match cli.cmd {
+        Cmd::Inspect { file, experts } => {
+            let g = Gguf::open(&file).with_context(|| format!("reading {}", file.display()))?;
+            print!("{}", engine::inspect::report(&g, experts));
+            Ok(())
+        }
+        Cmd::Synth(a) => synth(a),
+        Cmd::Run(a) => run(a),
+        Cmd::Bench { model, n_prompt, n_gen, threads, repetitions, json } => {
+            bench(&model, n_prompt, n_gen, threads.unwrap_or_else(default_threads).max(1), repetitions.max(1), json)
+        }
+        Cmd::Tokenize { model, text } => {
+            let g = Gguf::open(&model).with_context(|| format!("reading {}", model.display()))?;
+            let tok = Tokenizer::from_gguf(&g).with_context(|| format!("tokenizer of {}", model.display()))?;
+            let ids = tok.encode(&text).with_context(|| format!("tokenizing with {}", model.display()))?;
+            println!("{}", serde_json::to_string(&ids)?);
+            Ok(())
+        }
+    }
+}
+
+fn bench(path: &std::path::Path, n_prompt: usize, n_gen: usize, threads: usize, reps: usize, json: bool) -> Result<()> {
+    let model = Model::load(path).with_context(|| format!("loading {}", path.display()))?;
+    let n_vocab = model.cfg.n_vocab as u64;
+    let mut rng = engine::synth::SplitMix::new(1);
+    let mut sess = Session::new(&model, threads, n_prompt.max(n_gen) + 1);
+    // Warm-up (page in the weights, like llama-bench's warm-up run).
+    sess.step(&[0]).context("warm-up")?;
+    let mut pp = Vec::new();
+    let mut tg = Vec::new();
+    let mut times = engine::model::StepTimes::default();
+    for _ in 0..reps {
+        if n_prompt > 0 {
+            sess.reset();
+            let toks: Vec<u32> = (0..n_prompt).map(|_| (rng.next_u64() % n_vocab) as u32).collect();
+            let t = Instant::now();
+            sess.step(&toks).context("prompt")?;
+            pp.push(n_prompt as f64 / t.elapsed().as_secs_f64());
+        }
+        if n_gen > 0 {
+            sess.reset();
+            sess.times = Default::default();
+            let mut tok = (rng.next_u64() % n_vocab) as u32;
+            let t = Instant::now();
+            for _ in 0..n_gen {
+                let logits = sess.step(&[tok]).context("generation")?;
+                tok = engine::sampling::argmax(logits);
+            }
+            tg.push(n_gen as f64 / t.elapsed().as_secs_f64());
+            times = sess.times;
+        }
+    }
+    let avg = |v: &[f64]| if v.is_empty() { 0.0 } else { v.iter().sum::<f64>() / v.len() as f64 };
+    let per_tok = |ns: u64| ns as f64 / 1e6 / n_gen.max(1) as f64;
+    if json {
+        println!(
+            "{}",
+            serde_json::json!({
+                "pp_tok_s": avg(&pp), "tg_tok_s": avg(&tg), "n_prompt": n_prompt, "n_gen": n_gen,
+                "threads": threads, "repetitions": reps,
+                "tg_attention_ms_per_tok": per_tok(times.attention_ns),
+                "tg_experts_ms_per_tok": per_tok(times.experts_ns),
+                "tg_output_ms_per_tok": per_tok(times.output_ns),
+            })
+        );
+    } else {
+        println!("pp{n_prompt}: {:.2} tok/s  tg{n_gen}: {:.2} tok/s  ({threads} threads, {reps} reps)", avg(&pp), avg(&tg));
+        println!(
+            "tg per token: attention {:.3} ms, experts {:.3} ms, output {:.3} ms",
+            per_tok(times.attention_ns),
+            per_tok(times.experts_ns),
+            per_tok(times.output_ns)
+        );
+    }
+    Ok(())
+}
+
+fn synth(a: SynthArgs) -> Result<()> {
+    let mut c = SynthConfig::preset(&a.preset)
+        .with_context(|| format!("unknown preset {:?} (tiny, small, qwen3-30b-a3b)", a.preset))?;
+    if let Some(q) = &a.quant {
+        c.quant = QuantMix::parse(q).with_context(|| format!("unknown quant {q:?} (q8_0, q4_k, q6_k, q4_k_m)"))?;
+    }
+    macro_rules! set {
+        ($($f:ident),*) => { $( if let Some(v) = a.$f { c.$f = v; } )* };
+    }
+    set!(layers, hidden, heads, kv_heads, head_dim, experts, experts_used, expert_ffn, vocab, router_skew, output_skew);
+    c.tied_output |= a.tied;
+    c.seed = a.seed;
+    c.validate()?;
+    if a.dry_run {
+        println!("{c:?} format={}", engine::synth::FORMAT_VERSION);
+        return Ok(());
+    }
+    let total = c.total_bytes();
+    eprintln!(
+        "synth: {} layers, hidden {}, {}/{} heads × {}, {} experts ({} used) × ffn {}, vocab {}, {}: {:.1} MiB of tensors → {}",
+        c.layers,
+        c.hidden,
+        c.heads,
+        c.kv_heads,
+        c.head_dim,
+        c.experts,
+        c.experts_used,
+        c.expert_ffn,
+        c.vocab,
+        c.quant.name(),
+        total as f64 / (1 << 20) as f64,
+        a.output.display()
+    );
+    let t = Instant::now();
+    let mut done = 0u64;
+    engine::synth::write_model(&c, &a.output, a.threads.unwrap_or_else(default_threads), |s| {
+        done += s.size().unwrap_or(0);
+        if total > (256 << 20) && s.name.ends_with("ffn_down_exps.weight") {
+            eprintln!("  {:>5.1}% {}", done as f64 * 100.0 / total as f64, s.name);
+        }
+    })
+    .with_context(|| format!("writing {}", a.output.display()))?;
+    eprintln!("synth: done in {:.1} s", t.elapsed().as_secs_f64());
+    Ok(())
+}
+
+fn run(a: RunArgs) -> Result<()> {
+    let path = &a.model;
+    let model = Model::load(path).with_context(|| format!("loading {}", path.display()))?;
+    let tok = Tokenizer::from_gguf(&model.gguf).with_context(|| format!("tokenizer of {}", path.display()))?;
+    let prompt = tok.encode(&a.prompt).with_context(|| format!("tokenizing the prompt with {}", path.display()))?;
+    if prompt.is_empty() {
+        bail!("the prompt tokenizes to nothing; give some text");
+    }
+    let threads = a.threads.unwrap_or_else(default_threads).max(1);
+    let n_ctx = a.ctx.unwrap_or(prompt.len() + a.n);
+    let mut sess = Session::new(&model, threads, n_ctx);
+    sess.ubatch = a.ubatch;
+    if prompt.len() + a.n > sess.n_ctx {
+        bail!(
+            "{}: prompt ({}) + n ({}) exceeds the context ({}, model trained for {})",
+            path.display(),
+            prompt.len(),
+            a.n,
+            sess.n_ctx,
+            model.cfg.n_ctx_train
+        );
+    }
+    let mut sampler = Sampler::new(SamplerConfig { temp: a.temp, top_k: a.top_k, top_p: a.top_p, seed: a.seed });
+    let stdout = std::io::stdout();
+    let mut out = stdout.lock();
+    if !a.json {
+        write!(out, "{}", a.prompt)?;
+        out.flush()?;
+    }
+
+    let t0 = Instant::now();
+    let logits = sess.step(&prompt).with_context(|| format!("prompt of {} tokens", prompt.len()))?;
+    let mut next = sampler.sample(logits);
+    let prompt_s = t0.elapsed().as_secs_f64();
+
+    let mut stream = Utf8Stream::default();
+    let mut generated = Vec::new();
+    let mut last_logits = logits.to_vec();
+    let t1 = Instant::now();
+    for i in 0..a.n {
+        generated.push(next);
+        if a.json {
+            let piece = String::from_utf8_lossy(tok.piece(next));
+            writeln!(out, "{}", serde_json::json!({"id": next, "piece": piece}))?;
+        } else {
+            write!(out, "{}", stream.push(tok.piece(next)))?;
+            out.flush()?;
+        }
+        if (!a.ignore_eos && tok.is_eog(next)) || i + 1 == a.n {
+            break;
+        }
+        let logits = sess.step(&[next]).with_context(|| format!("generating token {}", i + 1))?;
+        if a.logits_out.is_some() {
+            last_logits.clear();
+            last_logits.extend_from_slice(logits);
+        }
+        next = sampler.sample(logits);
+    }
+    // Generation speed counts the decode steps (one per generated token after the first).
+    let gen_s = t1.elapsed().as_secs_f64();
+    let gen_steps = generated.len().saturating_sub(1);
+    let prompt_tok_s = prompt.len() as f64 / prompt_s;
+    let gen_tok_s = if gen_steps > 0 { gen_steps as f64 / gen_s } else { 0.0 };
+    if let Some(p) = &a.logits_out {
+        let bytes: Vec<u8> = last_logits.iter().flat_map(|v| v.to_le_bytes()).collect();
+        std::fs::write(p, bytes).with_context(|| format!("writing {}", p.display()))?;
+    }
+    let times = sess.times;
+    if a.json {
+        let summary = serde_json::json!({
+            "prompt_tokens": prompt.len(),
+            "gen_tokens": generated.len(),
+            "prompt_tok_s": prompt_tok_s,
+            "gen_tok_s": gen_tok_s,
+            "prompt_ms": prompt_s * 1e3,
+            "gen_ms": gen_s * 1e3,
+            "threads": threads,
+            "prompt_ids": prompt,
+            "attention_ms": times.attention_ns as f64 / 1e6,
+            "experts_ms": times.experts_ns as f64 / 1e6,
+            "output_ms": times.output_ns as f64 / 1e6,
+        });
+        writeln!(out, "{summary}")?;
+    } else {
+        write!(out, "{}", stream.finish())?;
+        writeln!(out)?;
+        eprintln!(
+            "prompt: {} tokens, {:.2} tok/s | generation: {} tokens, {:.2} tok/s | {} threads",
+            prompt.len(),
+            prompt_tok_s,
+            generated.len(),
+            gen_tok_s,
+            threads
+        );
+    }
+    Ok(())
 }

@@ -3,10 +3,15 @@
 //! - `setup`: install and check everything the eBPF build and the tests need (idempotent).
 //! - `test`: setup, build, run every test, say how many ran.
 //! - `demo`: setup, build, observe a workload and print the observer's table.
+//! - `parity`: the engine against llama.cpp on synthetic models.
+//! - `bench engine`: engine vs llama.cpp decode/prompt speed, same file, same run.
 
+mod bench_engine;
 mod cache;
 mod cmd;
 mod demo;
+mod llama;
+mod parity;
 mod setup;
 mod test;
 
@@ -15,22 +20,26 @@ use anyhow::Result;
 const USAGE: &str = "usage: cargo xtask <command>
 
 commands:
-  setup          install and check the eBPF toolchain and test tools (root, Debian)
-  test [ARGS]    setup, then run the whole test suite (ARGS go to `cargo test`)
-  demo           setup, then run the observer on a demo workload
+  setup              install and check the eBPF toolchain and test tools (root, Debian)
+  test [ARGS]        setup, then run the whole test suite (ARGS go to `cargo test`)
+  demo               setup, then run the observer on a demo workload
+  parity [OPTIONS]   engine vs llama.cpp: tokens, greedy continuations, logits
+  bench engine [..]  engine vs llama.cpp decode and prompt tok/s, printed as ratios
 ";
 
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
-    let r: Result<()> = match args.first().map(String::as_str) {
-        Some("setup") => setup::run(setup::Scope::All).map(|_| ()),
-        Some("test") => test::run(&args[1..]),
-        Some("demo") => demo::run(&args[1..]),
-        Some("-h" | "--help" | "help") | None => {
+    let r: Result<()> = match args.iter().map(String::as_str).collect::<Vec<_>>().as_slice() {
+        ["setup", ..] => setup::run(setup::Scope::All).map(|_| ()),
+        ["test", ..] => test::run(&args[1..]),
+        ["demo", ..] => demo::run(&args[1..]),
+        ["parity", ..] => parity::main(&args[1..]),
+        ["bench", "engine", ..] => bench_engine::main(&args[2..]),
+        ["-h" | "--help" | "help"] | [] => {
             print!("{USAGE}");
             Ok(())
         }
-        Some(other) => {
+        [other, ..] => {
             eprint!("unknown command `{other}`\n\n{USAGE}");
             std::process::exit(2);
         }

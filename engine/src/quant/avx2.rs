@@ -1,0 +1,662 @@
+//! x86_64 AVX2 + FMA + F16C kernels.
+//!
+//! Same integer arithmetic as the scalar kernels (and ggml): quants are multiplied
+//! with `vpmaddubsw` (unsigned weight quants x signed activation quants, no
+//! saturation possible for the value ranges involved), widened with `vpmaddwd`
+//! against the sub-block scales, accumulated in `i32` per super-block, then scaled
+//! by `d_w * d_x` with one FMA. Signed weight quants (`Q3_K`, `Q6_K`) are made
+//! unsigned by adding their bias (4, 32) and the bias is removed through the
+//! activation's `bsums`, which gives the same integer per super-block.
+//!
+//! `Q8_0`/`Q8_K` x `Q8_0`/`Q8_K` use ggml's sign trick (`|w| * sign(w) x`); like
+//! ggml's, it assumes activation quants are never -128, which ggml's and this
+//! module's quantizers never produce.
+//!
+//! Every kernel here is a safe `#[target_feature]` function; the only `unsafe`
+//! is in the loads (bounds asserted) and in the wrappers handed out by
+//! [`kernel`], which exist only after [`available`] confirmed the features.
+
+use std::arch::x86_64::*;
+
+use super::kquants::{Q2_K_BYTES, Q3_K_BYTES, Q4_K_BYTES, Q5_K_BYTES, Q6_K_BYTES};
+use super::legacy::Q4_0_BYTES;
+use super::q8::{Q8_0_BYTES, Q8_K_BYTES};
+use super::{GgmlType, Kernel};
+
+/// Whether the CPU has everything these kernels use (cached by std).
+pub(super) fn available() -> bool {
+    is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") && is_x86_feature_detected!("f16c")
+}
+
+// ---------------------------------------------------------------------------
+// Loads and small helpers
+// ---------------------------------------------------------------------------
+
+#[inline]
+#[target_feature(enable = "avx2")]
+fn ld256<const N: usize>(b: &[u8; N], off: usize) -> __m256i {
+    assert!(off + 32 <= N);
+    // SAFETY: `off + 32 <= N` was just checked; `loadu` has no alignment requirement.
+    unsafe { _mm256_loadu_si256(b.as_ptr().add(off).cast()) }
+}
+
+#[inline]
+#[target_feature(enable = "avx2")]
+fn ld128<const N: usize>(b: &[u8; N], off: usize) -> __m128i {
+    assert!(off + 16 <= N);
+    // SAFETY: `off + 16 <= N` was just checked; `loadu` has no alignment requirement.
+    unsafe { _mm_loadu_si128(b.as_ptr().add(off).cast()) }
+}
+
+#[inline]
+#[target_feature(enable = "avx2")]
+fn ld_u32<const N: usize>(b: &[u8; N], off: usize) -> u32 {
+    u32::from_le_bytes([b[off], b[off + 1], b[off + 2], b[off + 3]])
+}
+
+/// One f16 at `off`, converted with F16C.
+#[inline]
+#[target_feature(enable = "avx2,f16c")]
+fn f16_at<const N: usize>(b: &[u8; N], off: usize) -> f32 {
+    let h = u16::from_le_bytes([b[off], b[off + 1]]);
+    _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(h as i32)))
+}
+
+/// Two consecutive f16 at `off` (e.g. `d`, `dmin`).
+#[inline]
+#[target_feature(enable = "avx2,f16c")]
+fn f16x2_at<const N: usize>(b: &[u8; N], off: usize) -> (f32, f32) {
+    let v = _mm_cvtph_ps(_mm_cvtsi32_si128(ld_u32(b, off) as i32));
+    (_mm_cvtss_f32(v), _mm_cvtss_f32(_mm_movehdup_ps(v)))
+}
+
+#[inline]
+#[target_feature(enable = "avx2")]
+fn f32_at<const N: usize>(b: &[u8; N], off: usize) -> f32 {
+    f32::from_bits(ld_u32(b, off))
+}
+
+#[inline]
+#[target_feature(enable = "avx2")]
+fn hsum_ps(v: __m256) -> f32 {
+    let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v));
+    let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    let s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    _mm_cvtss_f32(s)
+}
+
+/// How far ahead of the current weight block the compute-heavier kernels (Q2_K,
+/// Q3_K, Q4_K, Q5_K, Q4_0) prefetch. Rows are streamed once from DRAM; on the
+/// development machine (2-core AMD EPYC) 3-6 KiB ahead gained ~10% over the
+/// hardware prefetchers alone for these, while the fast Q6_K and Q8_0 kernels
+/// did as well or better without.
+const PREFETCH_DISTANCE: usize = 4096;
+
+/// Prefetches the `N`-byte block [`PREFETCH_DISTANCE`] after block `a`.
+#[inline]
+#[target_feature(enable = "avx2")]
+fn prefetch_block<const N: usize>(a: &[u8; N]) {
+    prefetch_ahead::<N>(a.as_ptr());
+}
+
+/// Prefetches the `N` bytes that lie [`PREFETCH_DISTANCE`] after `p`, one hint per
+/// 64-byte line (consecutive blocks are contiguous, so every line is covered).
+#[inline]
+#[target_feature(enable = "avx2")]
+fn prefetch_ahead<const N: usize>(p: *const u8) {
+    // Prefetching is only a hint and never faults: addresses past the end of the
+    // matrix are harmless, so `wrapping_add` without bounds is fine.
+    let p = p.wrapping_add(PREFETCH_DISTANCE).cast::<i8>();
+    let mut off = 0;
+    while off < N {
+        _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(off));
+        off += 64;
+    }
+}
+
+/// Signed i8 x i8 products summed in groups of four, as 8 x i32
+/// (requires `y != -128` wherever `x < 0`).
+#[inline]
+#[target_feature(enable = "avx2")]
+fn dot_i8_i32(x: __m256i, y: __m256i) -> __m256i {
+    let ax = _mm256_sign_epi8(x, x);
+    let sy = _mm256_sign_epi8(y, x);
+    _mm256_madd_epi16(_mm256_maddubs_epi16(ax, sy), _mm256_set1_epi16(1))
+}
+
+// ---------------------------------------------------------------------------
+// Q8_0 x Q8_0 and Q8_K x Q8_K
+// ---------------------------------------------------------------------------
+
+/// Lane sums of four 8 x i32 vectors: `[s0 s1 s2 s3 | t0 t1 t2 t3]` with
+/// `s_i + t_i = sum(v_i)`.
+#[inline]
+#[target_feature(enable = "avx2")]
+fn hsum4_i32(v: [__m256i; 4]) -> __m256i {
+    _mm256_hadd_epi32(_mm256_hadd_epi32(v[0], v[1]), _mm256_hadd_epi32(v[2], v[3]))
+}
+
+/// The f16 at offset 0 of four consecutive `N`-byte blocks, as f32.
+#[inline]
+#[target_feature(enable = "avx2,f16c")]
+fn f16_of_4<const N: usize>(b: &[[u8; N]]) -> __m128 {
+    let h = |i: usize| u16::from_le_bytes([b[i][0], b[i][1]]) as i16;
+    _mm_cvtph_ps(_mm_setr_epi16(h(0), h(1), h(2), h(3), 0, 0, 0, 0))
+}
+
+/// Dot product for 32-element blocks with an f16 scale at offset 0 against
+/// `Q8_0`: `$int(a, b)` gives a block's integer products as 8 x i32 lanes;
+/// four blocks are reduced together and scaled with one FMA.
+macro_rules! q8_0_style_dot {
+    ($name:ident, $bytes:expr, $int:ident, prefetch: $pf:expr) => {
+        #[target_feature(enable = "avx2,fma,f16c")]
+        fn $name(w: &[u8], x: &[u8]) -> f32 {
+            let (wb, _) = w.as_chunks::<{ $bytes }>();
+            let (xb, _) = x.as_chunks::<Q8_0_BYTES>();
+            let mut acc = _mm256_setzero_ps();
+            let mut wq = wb.chunks_exact(4);
+            let mut xq = xb.chunks_exact(4);
+            for (a, b) in (&mut wq).zip(&mut xq) {
+                if $pf {
+                    prefetch_ahead::<{ 4 * $bytes }>(a[0].as_ptr());
+                }
+                let sums = hsum4_i32([$int(&a[0], &b[0]), $int(&a[1], &b[1]), $int(&a[2], &b[2]), $int(&a[3], &b[3])]);
+                let d = _mm_mul_ps(f16_of_4(a), f16_of_4(b));
+                acc = _mm256_fmadd_ps(_mm256_set_m128(d, d), _mm256_cvtepi32_ps(sums), acc);
+            }
+            let mut sum = hsum_ps(acc);
+            for (a, b) in wq.remainder().iter().zip(xq.remainder()) {
+                let p = _mm256_cvtepi32_ps($int(a, b));
+                sum += hsum_ps(p) * (f16_at(a, 0) * f16_at(b, 0));
+            }
+            sum
+        }
+    };
+}
+
+#[inline]
+#[target_feature(enable = "avx2")]
+fn int_q8_0(a: &[u8; Q8_0_BYTES], b: &[u8; Q8_0_BYTES]) -> __m256i {
+    dot_i8_i32(ld256(a, 2), ld256(b, 2))
+}
+
+/// `Q4_0` quants `q - 8` as 32 signed bytes (element `j` low nibble of
+/// `qs[j]`, element `j + 16` the high nibble).
+#[inline]
+#[target_feature(enable = "avx2")]
+fn int_q4_0(a: &[u8; Q4_0_BYTES], b: &[u8; Q8_0_BYTES]) -> __m256i {
+    let q = ld128(a, 2);
+    let m4 = _mm_set1_epi8(0xf);
+    let lo = _mm_and_si128(q, m4);
+    let hi = _mm_and_si128(_mm_srli_epi16::<4>(q), m4);
+    let w = _mm256_sub_epi8(_mm256_set_m128i(hi, lo), _mm256_set1_epi8(8));
+    dot_i8_i32(w, ld256(b, 2))
+}
+
+// Prefetching measured neutral to harmful for the fast Q8_0 kernel.
+q8_0_style_dot!(dot_q8_0, Q8_0_BYTES, int_q8_0, prefetch: false);
+q8_0_style_dot!(dot_q4_0, Q4_0_BYTES, int_q4_0, prefetch: true);
+
+#[target_feature(enable = "avx2,fma,f16c")]
+fn dot_q8_k(w: &[u8], x: &[u8]) -> f32 {
+    let (wb, _) = w.as_chunks::<Q8_K_BYTES>();
+    let (xb, _) = x.as_chunks::<Q8_K_BYTES>();
+    let mut acc = _mm256_setzero_ps();
+    for (a, b) in wb.iter().zip(xb) {
+        let mut sumi = _mm256_setzero_si256();
+        for j in 0..8 {
+            sumi = _mm256_add_epi32(sumi, dot_i8_i32(ld256(a, 4 + 32 * j), ld256(b, 4 + 32 * j)));
+        }
+        let d = f32_at(a, 0) * f32_at(b, 0);
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
+    }
+    hsum_ps(acc)
+}
+
+// ---------------------------------------------------------------------------
+// K-quants
+// ---------------------------------------------------------------------------
+
+/// `Q4_K`/`Q5_K` 6-bit scales and mins as `[scales(8) | mins(8)]` u8, from the
+/// 12 scale bytes at `off` in block `b` (see the layout in `kquants`):
+/// low bits `[q0..q3 & 63, q8..q11 & 15, q4..q7 & 63, q8..q11 >> 4]`, plus
+/// `(q0..q3 >> 6) << 4` into scales 4..8 and `(q4..q7 >> 6) << 4` into mins 4..8.
+#[inline]
+#[target_feature(enable = "avx2")]
+fn k4_scales_mins<const N: usize>(b: &[u8; N], off: usize) -> __m128i {
+    // Bytes off..off+16: the 12 scale bytes and 4 bytes of quants (ignored).
+    let v = ld128(b, off);
+    let lo = _mm_and_si128(
+        _mm_shuffle_epi8(v, _mm_setr_epi8(0, 1, 2, 3, 8, 9, 10, 11, 4, 5, 6, 7, -1, -1, -1, -1)),
+        _mm_setr_epi8(63, 63, 63, 63, 15, 15, 15, 15, 63, 63, 63, 63, 0, 0, 0, 0),
+    );
+    let nib_hi = _mm_and_si128(_mm_srli_epi16::<4>(v), _mm_set1_epi8(0x0f));
+    let nib_hi = _mm_shuffle_epi8(nib_hi, _mm_setr_epi8(-1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, 8, 9, 10, 11));
+    let top = _mm_srli_epi16::<2>(_mm_and_si128(v, _mm_set1_epi8(0xc0u8 as i8)));
+    let top = _mm_shuffle_epi8(top, _mm_setr_epi8(-1, -1, -1, -1, 0, 1, 2, 3, -1, -1, -1, -1, 4, 5, 6, 7));
+    _mm_or_si128(_mm_or_si128(lo, nib_hi), top)
+}
+
+/// Pairwise sums of a `Q8_K` block's `bsums`: the 8 activation sums of the
+/// 32-element sub-blocks, as i16.
+#[inline]
+#[target_feature(enable = "avx2")]
+fn q8k_pair_sums(y: &[u8; Q8_K_BYTES]) -> __m128i {
+    let bsums = ld256(y, 260);
+    _mm_hadd_epi16(_mm256_castsi256_si128(bsums), _mm256_extracti128_si256::<1>(bsums))
+}
+
+/// Integer part of one `Q4_K` x `Q8_K` super-block: `sum_j scale_j * dot_j` as
+/// 8 x i32 lanes, and `sum_j min_j * (bsums[2j] + bsums[2j+1])` as 4 x i32 lanes.
+///
+/// The two nibble products of each 64-element chunk are interleaved as i16
+/// (`|p| <= 2*15*128`, so the sum of two fits) and multiplied by the pair of
+/// scales in one `vpmaddwd`.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn q4k_block(a: &[u8; Q4_K_BYTES], y: &[u8; Q8_K_BYTES], pair_sums: __m128i) -> (__m256i, __m128i) {
+    let m4 = _mm256_set1_epi8(0xf);
+    let sm = k4_scales_mins(a, 4);
+    let mins = _mm_madd_epi16(_mm_cvtepu8_epi16(_mm_unpackhi_epi64(sm, sm)), pair_sums);
+    // Scales as i16 in both lanes: dword j holds (scale_2j, scale_2j+1).
+    let sc = _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(sm));
+    let scale_pairs = [
+        _mm256_shuffle_epi32::<0x00>(sc),
+        _mm256_shuffle_epi32::<0x55>(sc),
+        _mm256_shuffle_epi32::<0xaa>(sc),
+        _mm256_shuffle_epi32::<0xff>(sc),
+    ];
+    let mut sumi = _mm256_setzero_si256();
+    for (j, sj) in scale_pairs.into_iter().enumerate() {
+        let bits = ld256(a, 16 + 32 * j);
+        let lo = _mm256_and_si256(bits, m4);
+        let hi = _mm256_and_si256(_mm256_srli_epi16::<4>(bits), m4);
+        let pl = _mm256_maddubs_epi16(lo, ld256(y, 4 + 64 * j));
+        let ph = _mm256_maddubs_epi16(hi, ld256(y, 4 + 64 * j + 32));
+        let p = _mm256_add_epi16(_mm256_unpacklo_epi16(pl, ph), _mm256_unpackhi_epi16(pl, ph));
+        sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(p, sj));
+    }
+    (sumi, mins)
+}
+
+/// `acc += d * sumi - dmin * mins` for a K-quant block whose f16 `d`, `dmin`
+/// are at `off` in `a`, against activation scale `dy`.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn k_accumulate<const N: usize>(acc: __m256, a: &[u8; N], off: usize, dy: f32, sumi: __m256i, mins: __m128i) -> __m256 {
+    let dd = _mm_mul_ps(_mm_cvtph_ps(_mm_cvtsi32_si128(ld_u32(a, off) as i32)), _mm_set1_ps(dy));
+    let d = _mm256_broadcastss_ps(dd);
+    let dmin = _mm256_broadcastss_ps(_mm_movehdup_ps(dd));
+    let acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(sumi), acc);
+    _mm256_fnmadd_ps(dmin, _mm256_cvtepi32_ps(_mm256_zextsi128_si256(mins)), acc)
+}
+
+/// Blocks up to which the row loops precompute the activation's pair sums
+/// (16384 columns) on the stack.
+const MAX_PRE_BLOCKS: usize = 64;
+
+/// Integer part of one `Q5_K` x `Q8_K` super-block, as [`q4k_block`] with the
+/// 5th bits from `qh` (bit `2j` of `qh[l]` for the low nibble of chunk `j`, bit
+/// `2j+1` for the high one; `|p| <= 2*31*128`, so the interleaved sum fits i16).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn q5k_block(a: &[u8; Q5_K_BYTES], y: &[u8; Q8_K_BYTES], pair_sums: __m128i) -> (__m256i, __m128i) {
+    let m4 = _mm256_set1_epi8(0xf);
+    let one = _mm256_set1_epi8(1);
+    let two = _mm256_set1_epi8(2);
+    let sm = k4_scales_mins(a, 4);
+    let mins = _mm_madd_epi16(_mm_cvtepu8_epi16(_mm_unpackhi_epi64(sm, sm)), pair_sums);
+    let sc = _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(sm));
+    let scale_pairs = [
+        _mm256_shuffle_epi32::<0x00>(sc),
+        _mm256_shuffle_epi32::<0x55>(sc),
+        _mm256_shuffle_epi32::<0xaa>(sc),
+        _mm256_shuffle_epi32::<0xff>(sc),
+    ];
+    let mut hb = ld256(a, 16);
+    let mut sumi = _mm256_setzero_si256();
+    for (j, sj) in scale_pairs.into_iter().enumerate() {
+        let bits = ld256(a, 48 + 32 * j);
+        // `hb` is shifted right by 2 per step: bits 2j, 2j+1 are bits 0, 1 here.
+        let h_lo = _mm256_slli_epi16::<4>(_mm256_and_si256(hb, one));
+        let h_hi = _mm256_slli_epi16::<3>(_mm256_and_si256(hb, two));
+        hb = _mm256_srli_epi16::<2>(hb);
+        let lo = _mm256_or_si256(_mm256_and_si256(bits, m4), h_lo);
+        let hi = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16::<4>(bits), m4), h_hi);
+        let pl = _mm256_maddubs_epi16(lo, ld256(y, 4 + 64 * j));
+        let ph = _mm256_maddubs_epi16(hi, ld256(y, 4 + 64 * j + 32));
+        let p = _mm256_add_epi16(_mm256_unpacklo_epi16(pl, ph), _mm256_unpackhi_epi16(pl, ph));
+        sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(p, sj));
+    }
+    (sumi, mins)
+}
+
+/// Dot product, dot product with precomputed activation pair sums, and row
+/// loop for a K-quant with 32-element sub-blocks and minimums.
+macro_rules! k4_kernels {
+    ($dot:ident, $dot_pre:ident, $rows:ident, $block:ident, $bytes:expr) => {
+        #[target_feature(enable = "avx2,fma,f16c")]
+        fn $dot(w: &[u8], x: &[u8]) -> f32 {
+            let (wb, _) = w.as_chunks::<{ $bytes }>();
+            let (xb, _) = x.as_chunks::<Q8_K_BYTES>();
+            let mut acc = _mm256_setzero_ps();
+            for (a, y) in wb.iter().zip(xb) {
+                prefetch_block(a);
+                let (sumi, mins) = $block(a, y, q8k_pair_sums(y));
+                acc = k_accumulate(acc, a, 0, f32_at(y, 0), sumi, mins);
+            }
+            hsum_ps(acc)
+        }
+
+        #[inline]
+        #[target_feature(enable = "avx2,fma,f16c")]
+        fn $dot_pre(w: &[u8], xb: &[[u8; Q8_K_BYTES]], pairs: &[__m128i]) -> f32 {
+            let (wb, _) = w.as_chunks::<{ $bytes }>();
+            let mut acc = _mm256_setzero_ps();
+            for ((a, y), p) in wb.iter().zip(xb).zip(pairs) {
+                prefetch_block(a);
+                let (sumi, mins) = $block(a, y, *p);
+                acc = k_accumulate(acc, a, 0, f32_at(y, 0), sumi, mins);
+            }
+            hsum_ps(acc)
+        }
+
+        #[target_feature(enable = "avx2,fma,f16c")]
+        fn $rows(w: &[u8], row_bytes: usize, x: &[u8], out: &mut [f32]) {
+            let (xb, _) = x.as_chunks::<Q8_K_BYTES>();
+            if xb.len() <= MAX_PRE_BLOCKS {
+                let mut pairs = [_mm_setzero_si128(); MAX_PRE_BLOCKS];
+                for (p, y) in pairs.iter_mut().zip(xb) {
+                    *p = q8k_pair_sums(y);
+                }
+                for (row, o) in w.chunks_exact(row_bytes).zip(out.iter_mut()) {
+                    *o = $dot_pre(row, xb, &pairs[..xb.len()]);
+                }
+            } else {
+                for (row, o) in w.chunks_exact(row_bytes).zip(out.iter_mut()) {
+                    *o = $dot(row, x);
+                }
+            }
+        }
+    };
+}
+
+k4_kernels!(dot_q4_k, dot_q4_k_pre, rows_q4_k, q4k_block, Q4_K_BYTES);
+k4_kernels!(dot_q5_k, dot_q5_k_pre, rows_q5_k, q5k_block, Q5_K_BYTES);
+
+/// Scale vectors for two 32-byte quant vectors `k`, `k+1` of a 128-element half
+/// whose products are interleaved as in [`q4k_block`]: each vector covers two
+/// 16-element sub-blocks (low lane `s`, high lane `s+1`, `s = 8h + 2k`), so the
+/// low lane needs the i16 pair `(sc[s], sc[s+2])` and the high lane
+/// `(sc[s+1], sc[s+3])`.
+#[inline]
+#[target_feature(enable = "avx2")]
+fn scales_16_pair(scales: __m128i, s: usize) -> __m256i {
+    let s = s as i8;
+    let idx = _mm_setr_epi8(s, s + 2, s, s + 2, s, s + 2, s, s + 2, s + 1, s + 3, s + 1, s + 3, s + 1, s + 3, s + 1, s + 3);
+    _mm256_cvtepi8_epi16(_mm_shuffle_epi8(scales, idx))
+}
+
+#[inline]
+#[target_feature(enable = "avx2")]
+fn interleave_sum(a: __m256i, b: __m256i) -> __m256i {
+    _mm256_add_epi16(_mm256_unpacklo_epi16(a, b), _mm256_unpackhi_epi16(a, b))
+}
+
+/// Integer part of one `Q6_K` x `Q8_K` super-block with the `-32` bias removed
+/// through `bsums` (`|p| <= 2*63*128`, so two interleaved products fit i16).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn q6k_block(a: &[u8; Q6_K_BYTES], y: &[u8; Q8_K_BYTES]) -> __m256i {
+    let m4 = _mm256_set1_epi8(0xf);
+    let m30 = _mm256_set1_epi8(0x30);
+    let scales = ld128(a, 192);
+    let bias = _mm256_slli_epi32::<5>(_mm256_madd_epi16(_mm256_cvtepi8_epi16(scales), ld256(y, 260)));
+    let mut sumi = _mm256_setzero_si256();
+    for h in 0..2 {
+        let l0 = ld256(a, 64 * h);
+        let l1 = ld256(a, 64 * h + 32);
+        let qh = ld256(a, 128 + 32 * h);
+        // 16-bit shifts move bits across bytes, but the 0x30 mask keeps only
+        // bits that stayed inside their byte.
+        let q0 = _mm256_or_si256(_mm256_and_si256(l0, m4), _mm256_and_si256(_mm256_slli_epi16::<4>(qh), m30));
+        let q1 = _mm256_or_si256(_mm256_and_si256(l1, m4), _mm256_and_si256(_mm256_slli_epi16::<2>(qh), m30));
+        let q2 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16::<4>(l0), m4), _mm256_and_si256(qh, m30));
+        let q3 = _mm256_or_si256(
+            _mm256_and_si256(_mm256_srli_epi16::<4>(l1), m4),
+            _mm256_and_si256(_mm256_srli_epi16::<2>(qh), m30),
+        );
+        let base = 4 + 128 * h;
+        let p0 = _mm256_maddubs_epi16(q0, ld256(y, base));
+        let p1 = _mm256_maddubs_epi16(q1, ld256(y, base + 32));
+        let p2 = _mm256_maddubs_epi16(q2, ld256(y, base + 64));
+        let p3 = _mm256_maddubs_epi16(q3, ld256(y, base + 96));
+        let s01 = _mm256_madd_epi16(interleave_sum(p0, p1), scales_16_pair(scales, 8 * h));
+        let s23 = _mm256_madd_epi16(interleave_sum(p2, p3), scales_16_pair(scales, 8 * h + 4));
+        sumi = _mm256_add_epi32(sumi, _mm256_add_epi32(s01, s23));
+    }
+    _mm256_sub_epi32(sumi, bias)
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+fn dot_q6_k(w: &[u8], x: &[u8]) -> f32 {
+    let (wb, _) = w.as_chunks::<Q6_K_BYTES>();
+    let (xb, _) = x.as_chunks::<Q8_K_BYTES>();
+    let mut acc = _mm256_setzero_ps();
+    for (a, y) in wb.iter().zip(xb) {
+        // No software prefetch: measured neutral to harmful for this fast kernel.
+        let sumi = q6k_block(a, y);
+        let d = f16_at(a, 208) * f32_at(y, 0);
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
+    }
+    hsum_ps(acc)
+}
+
+/// The 16 `Q3_K` 6-bit scales minus 32, as i8.
+#[inline]
+#[target_feature(enable = "avx2")]
+fn q3k_scales(b: &[u8; 12]) -> __m128i {
+    const KMASK1: u32 = 0x0303_0303;
+    const KMASK2: u32 = 0x0f0f_0f0f;
+    let a0 = ld_u32(b, 0);
+    let a1 = ld_u32(b, 4);
+    let a2 = ld_u32(b, 8);
+    let v = _mm_set_epi32(
+        (((a1 >> 4) & KMASK2) | (((a2 >> 6) & KMASK1) << 4)) as i32,
+        (((a0 >> 4) & KMASK2) | (((a2 >> 4) & KMASK1) << 4)) as i32,
+        ((a1 & KMASK2) | (((a2 >> 2) & KMASK1) << 4)) as i32,
+        ((a0 & KMASK2) | ((a2 & KMASK1) << 4)) as i32,
+    );
+    _mm_sub_epi8(v, _mm_set1_epi8(32))
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+fn dot_q3_k(w: &[u8], x: &[u8]) -> f32 {
+    let (wb, _) = w.as_chunks::<Q3_K_BYTES>();
+    let (xb, _) = x.as_chunks::<Q8_K_BYTES>();
+    let m3 = _mm256_set1_epi8(3);
+    let one = _mm256_set1_epi8(1);
+    let mut acc = _mm256_setzero_ps();
+    for (a, y) in wb.iter().zip(xb) {
+        prefetch_block(a);
+        let dw = f16_at(a, 108);
+        let dy = f32_at(y, 0);
+        let scales = q3k_scales(a[96..108].try_into().expect("12 bytes"));
+        // q = (low2 + 4*hbit) - 4: bias removed through bsums.
+        let bias = _mm256_slli_epi32::<2>(_mm256_madd_epi16(_mm256_cvtepi8_epi16(scales), ld256(y, 260)));
+        let mut hb = ld256(a, 0);
+        let mut sumi = _mm256_setzero_si256();
+        for h in 0..2 {
+            let mut lowbits = ld256(a, 32 + 32 * h);
+            let mut p = [_mm256_setzero_si256(); 4];
+            for (k, pk) in p.iter_mut().enumerate() {
+                let hi = _mm256_slli_epi16::<2>(_mm256_and_si256(hb, one));
+                hb = _mm256_srli_epi16::<1>(hb);
+                let q = _mm256_or_si256(_mm256_and_si256(lowbits, m3), hi);
+                lowbits = _mm256_srli_epi16::<2>(lowbits);
+                *pk = _mm256_maddubs_epi16(q, ld256(y, 4 + 128 * h + 32 * k));
+            }
+            let s01 = _mm256_madd_epi16(interleave_sum(p[0], p[1]), scales_16_pair(scales, 8 * h));
+            let s23 = _mm256_madd_epi16(interleave_sum(p[2], p[3]), scales_16_pair(scales, 8 * h + 4));
+            sumi = _mm256_add_epi32(sumi, _mm256_add_epi32(s01, s23));
+        }
+        let sumi = _mm256_sub_epi32(sumi, bias);
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(dw * dy), _mm256_cvtepi32_ps(sumi), acc);
+    }
+    hsum_ps(acc)
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+fn dot_q2_k(w: &[u8], x: &[u8]) -> f32 {
+    let (wb, _) = w.as_chunks::<Q2_K_BYTES>();
+    let (xb, _) = x.as_chunks::<Q8_K_BYTES>();
+    let m3 = _mm256_set1_epi8(3);
+    let m4 = _mm_set1_epi8(0xf);
+    let mut acc = _mm256_setzero_ps();
+    for (a, y) in wb.iter().zip(xb) {
+        prefetch_block(a);
+        let (dw, dminw) = f16x2_at(a, 80);
+        let dy = f32_at(y, 0);
+        let sm = ld128(a, 0);
+        let scales = _mm_and_si128(sm, m4);
+        let mins = _mm_and_si128(_mm_srli_epi16::<4>(sm), m4);
+        let summs = _mm256_madd_epi16(_mm256_cvtepu8_epi16(mins), ld256(y, 260));
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(-dminw * dy), _mm256_cvtepi32_ps(summs), acc);
+        let mut sumi = _mm256_setzero_si256();
+        for h in 0..2 {
+            let mut bits = ld256(a, 16 + 32 * h);
+            let mut p = [_mm256_setzero_si256(); 4];
+            for (k, pk) in p.iter_mut().enumerate() {
+                let q = _mm256_and_si256(bits, m3);
+                bits = _mm256_srli_epi16::<2>(bits);
+                *pk = _mm256_maddubs_epi16(q, ld256(y, 4 + 128 * h + 32 * k));
+            }
+            let s01 = _mm256_madd_epi16(interleave_sum(p[0], p[1]), scales_16_pair(scales, 8 * h));
+            let s23 = _mm256_madd_epi16(interleave_sum(p[2], p[3]), scales_16_pair(scales, 8 * h + 4));
+            sumi = _mm256_add_epi32(sumi, _mm256_add_epi32(s01, s23));
+        }
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(dw * dy), _mm256_cvtepi32_ps(sumi), acc);
+    }
+    hsum_ps(acc)
+}
+
+// ---------------------------------------------------------------------------
+// Floats
+// ---------------------------------------------------------------------------
+
+#[target_feature(enable = "avx2,fma,f16c")]
+fn dot_f32(w: &[u8], x: &[u8]) -> f32 {
+    let (wb, wr) = w.as_chunks::<128>();
+    let (xb, xr) = x.as_chunks::<128>();
+    let mut acc = [_mm256_setzero_ps(); 4];
+    for (a, b) in wb.iter().zip(xb) {
+        for (i, s) in acc.iter_mut().enumerate() {
+            let va = _mm256_castsi256_ps(ld256(a, 32 * i));
+            let vb = _mm256_castsi256_ps(ld256(b, 32 * i));
+            *s = _mm256_fmadd_ps(va, vb, *s);
+        }
+    }
+    let mut sum = hsum_ps(_mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3]))) as f64;
+    for (a, b) in wr.chunks_exact(4).zip(xr.chunks_exact(4)) {
+        let a = f32::from_le_bytes([a[0], a[1], a[2], a[3]]);
+        let b = f32::from_le_bytes([b[0], b[1], b[2], b[3]]);
+        sum += (a * b) as f64;
+    }
+    sum as f32
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+fn dot_f16(w: &[u8], x: &[u8]) -> f32 {
+    let (wb, wr) = w.as_chunks::<64>();
+    let (xb, xr) = x.as_chunks::<64>();
+    let mut acc = [_mm256_setzero_ps(); 4];
+    for (a, b) in wb.iter().zip(xb) {
+        for (i, s) in acc.iter_mut().enumerate() {
+            let va = _mm256_cvtph_ps(ld128(a, 16 * i));
+            let vb = _mm256_cvtph_ps(ld128(b, 16 * i));
+            *s = _mm256_fmadd_ps(va, vb, *s);
+        }
+    }
+    let mut sum = hsum_ps(_mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3]))) as f64;
+    for (a, b) in wr.chunks_exact(2).zip(xr.chunks_exact(2)) {
+        let a = super::f16_to_f32(u16::from_le_bytes([a[0], a[1]]));
+        let b = super::f16_to_f32(u16::from_le_bytes([b[0], b[1]]));
+        sum += (a * b) as f64;
+    }
+    sum as f32
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+fn dot_bf16(w: &[u8], x: &[u8]) -> f32 {
+    let (wb, wr) = w.as_chunks::<64>();
+    let (xb, xr) = x.as_chunks::<64>();
+    let mut acc = [_mm256_setzero_ps(); 4];
+    let widen = |v: __m128i| _mm256_castsi256_ps(_mm256_slli_epi32::<16>(_mm256_cvtepu16_epi32(v)));
+    for (a, b) in wb.iter().zip(xb) {
+        for (i, s) in acc.iter_mut().enumerate() {
+            *s = _mm256_fmadd_ps(widen(ld128(a, 16 * i)), widen(ld128(b, 16 * i)), *s);
+        }
+    }
+    let mut sum = hsum_ps(_mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3]))) as f64;
+    for (a, b) in wr.chunks_exact(2).zip(xr.chunks_exact(2)) {
+        let a = super::float::bf16_bits_to_f32(u16::from_le_bytes([a[0], a[1]]));
+        let b = super::float::bf16_bits_to_f32(u16::from_le_bytes([b[0], b[1]]));
+        sum += (a * b) as f64;
+    }
+    sum as f32
+}
+
+// ---------------------------------------------------------------------------
+// Dispatch
+// ---------------------------------------------------------------------------
+
+/// Generates the safe entry points for one kernel: a dot product and a row loop
+/// compiled with the same features (so the dot product inlines into it).
+macro_rules! entry {
+    ($dot:ident) => {{
+        #[target_feature(enable = "avx2,fma,f16c")]
+        fn rows(w: &[u8], row_bytes: usize, x: &[u8], out: &mut [f32]) {
+            for (row, o) in w.chunks_exact(row_bytes).zip(out.iter_mut()) {
+                *o = $dot(row, x);
+            }
+        }
+        entry!(@wrap $dot, rows)
+    }};
+    (@wrap $dot:ident, $rows:ident) => {{
+        fn vec_dot(_n: usize, w: &[u8], x: &[u8]) -> f32 {
+            // SAFETY: `kernel()` hands this out only after `available()` confirmed
+            // AVX2, FMA and F16C on this CPU.
+            unsafe { $dot(w, x) }
+        }
+        fn matvec(w: &[u8], row_bytes: usize, _cols: usize, x: &[u8], out: &mut [f32]) {
+            // SAFETY: as for `vec_dot` above.
+            unsafe { $rows(w, row_bytes, x, out) }
+        }
+        Kernel { vec_dot, matvec }
+    }};
+}
+
+/// The AVX2 kernel for `ty`, if there is one. Callers must have checked
+/// [`available`].
+pub(super) fn kernel(ty: GgmlType) -> Option<Kernel> {
+    if !available() {
+        return None;
+    }
+    use GgmlType::*;
+    Some(match ty {
+        F32 => entry!(dot_f32),
+        F16 => entry!(dot_f16),
+        Q8_0 => entry!(dot_q8_0),
+        Q4_0 => entry!(dot_q4_0),
+        BF16 => entry!(dot_bf16),
+        Q8_K => entry!(dot_q8_k),
+        Q2_K => entry!(dot_q2_k),
+        Q3_K => entry!(dot_q3_k),
+        Q4_K => entry!(@wrap dot_q4_k, rows_q4_k),
+        Q5_K => entry!(@wrap dot_q5_k, rows_q5_k),
+        Q6_K => entry!(dot_q6_k),
+        _ => return None,
+    })
+}
+
+

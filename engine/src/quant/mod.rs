@@ -1,0 +1,769 @@
+//! Quantized tensor formats and kernels, compatible with ggml's CPU backend.
+//!
+//! # Scope
+//! This module knows every ggml type id (so a GGUF loader can size any tensor) and
+//! fully implements the ones a Qwen3-MoE GGUF uses: `F32`, `F16`, `BF16`, `Q8_0`,
+//! `Q8_1`, `Q8_K` and the K-quants `Q2_K`..`Q6_K`, plus the legacy `Q4_0`, `Q4_1`,
+//! `Q5_0`, `Q5_1`. "Implemented" means: [`dequantize_row`], [`quantize_row`] and
+//! [`vec_dot`] against the type's [`GgmlType::vec_dot_type`].
+//!
+//! # Numerics (why results match llama.cpp)
+//! * `vec_dot` follows ggml's integer arithmetic exactly: per block the integer dot
+//!   product of the quants (times the integer sub-block scales) is formed in `i32`,
+//!   then scaled once by `d_w * d_x` in `f32`; the K-quant minimums are applied
+//!   through the activation's `bsums`. Only the order of the final `f32` additions
+//!   differs from ggml (as it differs between ggml's own SIMD variants).
+//! * [`quantize_row`] for the activation types (`Q8_0`, `Q8_1`, `Q8_K`, `F16`, `BF16`)
+//!   is bit-identical to ggml's reference quantizers (`quantize_row_q8_0_ref`,
+//!   `quantize_row_q8_1_ref`, `quantize_row_q8_K_ref`, `ggml_compute_fp32_to_fp16`,
+//!   `ggml_compute_fp32_to_bf16`).
+//! * ggml's CPU backend does **not** use the `_ref` quantizer for `Q8_0`/`Q8_1` on
+//!   x86 or ARM: its SIMD quantizers use a differently computed inverse scale and
+//!   round half to even. [`quantize_activation`] therefore uses the flavour that
+//!   llama.cpp's CPU backend runs on the current architecture
+//!   ([`Q8Flavor::native`]); [`quantize_row_q8_0_with`] exposes all three.
+//!   `Q8_K`, `F16` and `BF16` activations are the same in every flavour.
+//!
+//! # Block layouts
+//! All multi-byte fields are little-endian; `f16` is IEEE binary16, `bf16` the top
+//! half of an `f32`. Each file's header gives the byte layout of its types:
+//! [`float`] (F32, F16, BF16), [`q8`] (Q8_0, Q8_1, Q8_K), [`legacy`] (Q4_0, Q4_1,
+//! Q5_0, Q5_1) and [`kquants`] (Q2_K, Q3_K, Q4_K, Q5_K, Q6_K).
+//!
+//! # Kernels
+//! Scalar kernels exist for every supported type and every target. On x86_64 the
+//! AVX2+FMA+F16C kernels (module `avx2`) are chosen at run time, once, and used by
+//! [`vec_dot`] and [`matvec`]; [`vec_dot_on`] runs a specific [`Backend`] (for tests
+//! and benchmarks).
+
+pub mod float;
+pub mod kquants;
+pub mod legacy;
+pub mod q8;
+
+#[cfg(target_arch = "x86_64")]
+mod avx2;
+
+#[cfg(test)]
+mod tests;
+
+use std::ops::Range;
+use std::sync::OnceLock;
+
+/// Elements per K-quant super-block (ggml's `QK_K`).
+pub const QK_K: usize = 256;
+
+/// A ggml tensor type, with ggml's numeric ids (as stored in GGUF files).
+#[repr(u32)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[expect(non_camel_case_types, reason = "ggml's own type names, e.g. Q4_K")]
+pub enum GgmlType {
+    F32 = 0,
+    F16 = 1,
+    Q4_0 = 2,
+    Q4_1 = 3,
+    Q5_0 = 6,
+    Q5_1 = 7,
+    Q8_0 = 8,
+    Q8_1 = 9,
+    Q2_K = 10,
+    Q3_K = 11,
+    Q4_K = 12,
+    Q5_K = 13,
+    Q6_K = 14,
+    Q8_K = 15,
+    IQ2_XXS = 16,
+    IQ2_XS = 17,
+    IQ3_XXS = 18,
+    IQ1_S = 19,
+    IQ4_NL = 20,
+    IQ3_S = 21,
+    IQ2_S = 22,
+    IQ4_XS = 23,
+    I8 = 24,
+    I16 = 25,
+    I32 = 26,
+    I64 = 27,
+    F64 = 28,
+    IQ1_M = 29,
+    BF16 = 30,
+    TQ1_0 = 34,
+    TQ2_0 = 35,
+    MXFP4 = 39,
+    NVFP4 = 40,
+    Q1_0 = 41,
+    Q2_0 = 42,
+}
+
+impl GgmlType {
+    /// Every type this module knows, in id order.
+    pub const ALL: [GgmlType; 35] = [
+        GgmlType::F32,
+        GgmlType::F16,
+        GgmlType::Q4_0,
+        GgmlType::Q4_1,
+        GgmlType::Q5_0,
+        GgmlType::Q5_1,
+        GgmlType::Q8_0,
+        GgmlType::Q8_1,
+        GgmlType::Q2_K,
+        GgmlType::Q3_K,
+        GgmlType::Q4_K,
+        GgmlType::Q5_K,
+        GgmlType::Q6_K,
+        GgmlType::Q8_K,
+        GgmlType::IQ2_XXS,
+        GgmlType::IQ2_XS,
+        GgmlType::IQ3_XXS,
+        GgmlType::IQ1_S,
+        GgmlType::IQ4_NL,
+        GgmlType::IQ3_S,
+        GgmlType::IQ2_S,
+        GgmlType::IQ4_XS,
+        GgmlType::I8,
+        GgmlType::I16,
+        GgmlType::I32,
+        GgmlType::I64,
+        GgmlType::F64,
+        GgmlType::IQ1_M,
+        GgmlType::BF16,
+        GgmlType::TQ1_0,
+        GgmlType::TQ2_0,
+        GgmlType::MXFP4,
+        GgmlType::NVFP4,
+        GgmlType::Q1_0,
+        GgmlType::Q2_0,
+    ];
+
+    /// The type with ggml id `v`, or `None` for ids ggml never assigned or removed.
+    pub fn from_u32(v: u32) -> Option<GgmlType> {
+        GgmlType::ALL.iter().copied().find(|t| *t as u32 == v)
+    }
+
+    /// ggml's name for the type (`ggml_type_name`), e.g. `"q4_K"`.
+    pub fn name(self) -> &'static str {
+        use GgmlType::*;
+        match self {
+            F32 => "f32",
+            F16 => "f16",
+            Q4_0 => "q4_0",
+            Q4_1 => "q4_1",
+            Q5_0 => "q5_0",
+            Q5_1 => "q5_1",
+            Q8_0 => "q8_0",
+            Q8_1 => "q8_1",
+            Q2_K => "q2_K",
+            Q3_K => "q3_K",
+            Q4_K => "q4_K",
+            Q5_K => "q5_K",
+            Q6_K => "q6_K",
+            Q8_K => "q8_K",
+            IQ2_XXS => "iq2_xxs",
+            IQ2_XS => "iq2_xs",
+            IQ3_XXS => "iq3_xxs",
+            IQ1_S => "iq1_s",
+            IQ4_NL => "iq4_nl",
+            IQ3_S => "iq3_s",
+            IQ2_S => "iq2_s",
+            IQ4_XS => "iq4_xs",
+            I8 => "i8",
+            I16 => "i16",
+            I32 => "i32",
+            I64 => "i64",
+            F64 => "f64",
+            IQ1_M => "iq1_m",
+            BF16 => "bf16",
+            TQ1_0 => "tq1_0",
+            TQ2_0 => "tq2_0",
+            MXFP4 => "mxfp4",
+            NVFP4 => "nvfp4",
+            Q1_0 => "q1_0",
+            Q2_0 => "q2_0",
+        }
+    }
+
+    /// Elements per block (ggml's `blck_size`).
+    pub fn block_size(self) -> usize {
+        use GgmlType::*;
+        match self {
+            F32 | F16 | BF16 | I8 | I16 | I32 | I64 | F64 => 1,
+            Q4_0 | Q4_1 | Q5_0 | Q5_1 | Q8_0 | Q8_1 | IQ4_NL | MXFP4 => 32,
+            Q2_0 | NVFP4 => 64,
+            Q1_0 => 128,
+            Q2_K | Q3_K | Q4_K | Q5_K | Q6_K | Q8_K | IQ2_XXS | IQ2_XS | IQ3_XXS | IQ1_S
+            | IQ3_S | IQ2_S | IQ4_XS | IQ1_M | TQ1_0 | TQ2_0 => QK_K,
+        }
+    }
+
+    /// Bytes per block (ggml's `type_size`).
+    pub fn type_size(self) -> usize {
+        use GgmlType::*;
+        match self {
+            F32 => 4,
+            F16 | BF16 => 2,
+            I8 => 1,
+            I16 => 2,
+            I32 => 4,
+            I64 | F64 => 8,
+            Q4_0 => legacy::Q4_0_BYTES,
+            Q4_1 => legacy::Q4_1_BYTES,
+            Q5_0 => legacy::Q5_0_BYTES,
+            Q5_1 => legacy::Q5_1_BYTES,
+            Q8_0 => q8::Q8_0_BYTES,
+            Q8_1 => q8::Q8_1_BYTES,
+            Q8_K => q8::Q8_K_BYTES,
+            Q2_K => kquants::Q2_K_BYTES,
+            Q3_K => kquants::Q3_K_BYTES,
+            Q4_K => kquants::Q4_K_BYTES,
+            Q5_K => kquants::Q5_K_BYTES,
+            Q6_K => kquants::Q6_K_BYTES,
+            // Not implemented here; sizes from ggml-common.h.
+            IQ2_XXS => 2 + 64,
+            IQ2_XS => 2 + 64 + 8,
+            IQ3_XXS => 2 + 96,
+            IQ1_S => 2 + 32 + 16,
+            IQ4_NL => 2 + 16,
+            IQ3_S => 2 + 64 + 8 + 32 + 4,
+            IQ2_S => 2 + 64 + 16,
+            IQ4_XS => 2 + 2 + 4 + 128,
+            IQ1_M => 32 + 16 + 8,
+            TQ1_0 => 48 + 4 + 2,
+            TQ2_0 => 64 + 2,
+            MXFP4 => 1 + 16,
+            NVFP4 => 4 + 32,
+            Q1_0 => 2 + 16,
+            Q2_0 => 2 + 16,
+        }
+    }
+
+    /// Bytes of a row of `n` elements; `None` when `n` is not a whole number of
+    /// blocks or the size overflows `usize`.
+    pub fn row_bytes(self, n: usize) -> Option<usize> {
+        let bs = self.block_size();
+        if !n.is_multiple_of(bs) {
+            return None;
+        }
+        (n / bs).checked_mul(self.type_size())
+    }
+
+    /// The type the other operand of [`vec_dot`] must be in, as in ggml's CPU
+    /// type traits: K-quants use `Q8_K`, `Q4_0`/`Q5_0`/`Q8_0` use `Q8_0`,
+    /// `Q4_1`/`Q5_1` use `Q8_1`, float types use themselves.
+    pub fn vec_dot_type(self) -> GgmlType {
+        use GgmlType::*;
+        match self {
+            F32 => F32,
+            F16 => F16,
+            BF16 => BF16,
+            Q4_0 | Q5_0 | Q8_0 | IQ4_NL | MXFP4 | NVFP4 | Q1_0 | Q2_0 => Q8_0,
+            Q4_1 | Q5_1 | Q8_1 => Q8_1,
+            Q2_K | Q3_K | Q4_K | Q5_K | Q6_K | Q8_K | IQ2_XXS | IQ2_XS | IQ3_XXS | IQ1_S
+            | IQ3_S | IQ2_S | IQ4_XS | IQ1_M | TQ1_0 | TQ2_0 => Q8_K,
+            I8 | I16 | I32 | I64 | F64 => self,
+        }
+    }
+
+    /// Whether this module implements [`dequantize_row`], [`quantize_row`] and
+    /// [`vec_dot`] for the type.
+    pub fn is_supported(self) -> bool {
+        use GgmlType::*;
+        matches!(
+            self,
+            F32 | F16
+                | BF16
+                | Q4_0
+                | Q4_1
+                | Q5_0
+                | Q5_1
+                | Q8_0
+                | Q8_1
+                | Q8_K
+                | Q2_K
+                | Q3_K
+                | Q4_K
+                | Q5_K
+                | Q6_K
+        )
+    }
+}
+
+impl std::fmt::Display for GgmlType {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// Errors of the checked entry points. Nothing in this module panics on bad
+/// lengths or types except the documented unchecked hot-path functions.
+#[derive(Debug, thiserror::Error)]
+pub enum QuantError {
+    #[error("type {0} is not supported by engine::quant")]
+    Unsupported(GgmlType),
+    #[error("{ty}: {n} elements is not a multiple of the block size {block}")]
+    NotBlockMultiple { ty: GgmlType, n: usize, block: usize },
+    #[error("{ty}: row of {n} elements does not fit in usize bytes")]
+    Overflow { ty: GgmlType, n: usize },
+    #[error("{ty}: {what} has length {got}, expected {expected}")]
+    Length {
+        ty: GgmlType,
+        what: &'static str,
+        expected: usize,
+        got: usize,
+    },
+    #[error("kernel backend {0:?} is not available on this CPU")]
+    BackendUnavailable(Backend),
+}
+
+/// Bytes of a row of `n` elements of `ty`, as a `Result`.
+pub fn checked_row_bytes(ty: GgmlType, n: usize) -> Result<usize, QuantError> {
+    let bs = ty.block_size();
+    if !n.is_multiple_of(bs) {
+        return Err(QuantError::NotBlockMultiple { ty, n, block: bs });
+    }
+    ty.row_bytes(n).ok_or(QuantError::Overflow { ty, n })
+}
+
+fn check_len(ty: GgmlType, what: &'static str, expected: usize, got: usize) -> Result<(), QuantError> {
+    if expected == got {
+        Ok(())
+    } else {
+        Err(QuantError::Length { ty, what, expected, got })
+    }
+}
+
+/// Decodes one row: `dst.len()` elements from `src`, which must hold exactly
+/// `ty.row_bytes(dst.len())` bytes.
+pub fn dequantize_row(ty: GgmlType, src: &[u8], dst: &mut [f32]) -> Result<(), QuantError> {
+    if !ty.is_supported() {
+        return Err(QuantError::Unsupported(ty));
+    }
+    let nbytes = checked_row_bytes(ty, dst.len())?;
+    check_len(ty, "quantized row", nbytes, src.len())?;
+    use GgmlType::*;
+    match ty {
+        F32 => float::dequantize_f32(src, dst),
+        F16 => float::dequantize_f16(src, dst),
+        BF16 => float::dequantize_bf16(src, dst),
+        Q4_0 => legacy::dequantize_q4_0(src, dst),
+        Q4_1 => legacy::dequantize_q4_1(src, dst),
+        Q5_0 => legacy::dequantize_q5_0(src, dst),
+        Q5_1 => legacy::dequantize_q5_1(src, dst),
+        Q8_0 => q8::dequantize_q8_0(src, dst),
+        Q8_1 => q8::dequantize_q8_1(src, dst),
+        Q8_K => q8::dequantize_q8_k(src, dst),
+        Q2_K => kquants::dequantize_q2_k(src, dst),
+        Q3_K => kquants::dequantize_q3_k(src, dst),
+        Q4_K => kquants::dequantize_q4_k(src, dst),
+        Q5_K => kquants::dequantize_q5_k(src, dst),
+        Q6_K => kquants::dequantize_q6_k(src, dst),
+        _ => return Err(QuantError::Unsupported(ty)),
+    }
+    Ok(())
+}
+
+/// Encodes one row: `src.len()` elements into `dst`, which must hold exactly
+/// `ty.row_bytes(src.len())` bytes.
+///
+/// Activation types (`Q8_0`, `Q8_1`, `Q8_K`, `F16`, `BF16`) are bit-identical to
+/// ggml's reference quantizers. Weight types follow ggml's `quantize_row_*_ref`
+/// algorithms step by step (per-sub-block scale/min search, e.g.
+/// `make_qkx2_quants`); they aim at ggml's bytes but only promise valid blocks
+/// that decode close to the input.
+pub fn quantize_row(ty: GgmlType, src: &[f32], dst: &mut [u8]) -> Result<(), QuantError> {
+    if !ty.is_supported() {
+        return Err(QuantError::Unsupported(ty));
+    }
+    let nbytes = checked_row_bytes(ty, src.len())?;
+    check_len(ty, "quantized row", nbytes, dst.len())?;
+    use GgmlType::*;
+    match ty {
+        F32 => float::quantize_f32(src, dst),
+        F16 => float::quantize_f16(src, dst),
+        BF16 => float::quantize_bf16(src, dst),
+        Q4_0 => legacy::quantize_q4_0(src, dst),
+        Q4_1 => legacy::quantize_q4_1(src, dst),
+        Q5_0 => legacy::quantize_q5_0(src, dst),
+        Q5_1 => legacy::quantize_q5_1(src, dst),
+        Q8_0 => q8::quantize_q8_0(Q8Flavor::Reference, src, dst),
+        Q8_1 => q8::quantize_q8_1(Q8Flavor::Reference, src, dst),
+        Q8_K => q8::quantize_q8_k(src, dst),
+        Q2_K => kquants::quantize_q2_k(src, dst),
+        Q3_K => kquants::quantize_q3_k(src, dst),
+        Q4_K => kquants::quantize_q4_k(src, dst),
+        Q5_K => kquants::quantize_q5_k(src, dst),
+        Q6_K => kquants::quantize_q6_k(src, dst),
+        _ => return Err(QuantError::Unsupported(ty)),
+    }
+    Ok(())
+}
+
+/// Which of ggml's `Q8_0`/`Q8_1` quantizers to reproduce. They differ only in
+/// rare rounding cases (exact halves, and one-ulp differences of the inverse
+/// scale), but those decide whether activations are bit-identical to llama.cpp's.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Q8Flavor {
+    /// `quantize_row_q8_0_ref`: `id = 1/d`, `roundf` (halves away from zero).
+    Reference,
+    /// ggml-cpu's x86 AVX/AVX2 `quantize_row_q8_0`: `id = 127/amax`, halves to even.
+    X86,
+    /// ggml-cpu's ARM NEON `quantize_row_q8_0`: `id = 1/d`, halves to even.
+    Arm,
+}
+
+impl Q8Flavor {
+    /// The flavour llama.cpp's CPU backend uses on the architecture this was
+    /// compiled for (x86_64: AVX path, aarch64: NEON path, others: reference).
+    pub fn native() -> Q8Flavor {
+        if cfg!(target_arch = "x86_64") {
+            Q8Flavor::X86
+        } else if cfg!(target_arch = "aarch64") {
+            Q8Flavor::Arm
+        } else {
+            Q8Flavor::Reference
+        }
+    }
+}
+
+/// `Q8_0` (or `Q8_1` when `ty == Q8_1`) quantization in a chosen [`Q8Flavor`].
+pub fn quantize_row_q8_0_with(
+    ty: GgmlType,
+    flavor: Q8Flavor,
+    src: &[f32],
+    dst: &mut [u8],
+) -> Result<(), QuantError> {
+    let nbytes = checked_row_bytes(ty, src.len())?;
+    check_len(ty, "quantized row", nbytes, dst.len())?;
+    match ty {
+        GgmlType::Q8_0 => q8::quantize_q8_0(flavor, src, dst),
+        GgmlType::Q8_1 => q8::quantize_q8_1(flavor, src, dst),
+        _ => return Err(QuantError::Unsupported(ty)),
+    }
+    Ok(())
+}
+
+/// Quantizes the activation vector `x` into `weight_ty.vec_dot_type()`, the way
+/// llama.cpp's CPU backend does on this architecture, into `buf` (resized to the
+/// exact row size; no allocation once `buf` has the capacity).
+pub fn quantize_activation(weight_ty: GgmlType, x: &[f32], buf: &mut Vec<u8>) -> Result<(), QuantError> {
+    if !weight_ty.is_supported() {
+        return Err(QuantError::Unsupported(weight_ty));
+    }
+    let ty = weight_ty.vec_dot_type();
+    let nbytes = checked_row_bytes(ty, x.len())?;
+    buf.resize(nbytes, 0);
+    match ty {
+        GgmlType::Q8_0 | GgmlType::Q8_1 => quantize_row_q8_0_with(ty, Q8Flavor::native(), x, buf),
+        _ => quantize_row(ty, x, buf),
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Kernel dispatch
+// ---------------------------------------------------------------------------
+
+/// A kernel set.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Backend {
+    /// Portable scalar Rust; every target.
+    Scalar,
+    /// x86_64 AVX2 + FMA + F16C.
+    Avx2,
+}
+
+impl Backend {
+    /// Whether this CPU can run the backend.
+    pub fn is_available(self) -> bool {
+        match self {
+            Backend::Scalar => true,
+            Backend::Avx2 => avx2_available(),
+        }
+    }
+}
+
+fn avx2_available() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        avx2::available()
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
+}
+
+/// `n` elements of weight row `w` dotted with `n` elements of `x` (already in the
+/// weight's `vec_dot_type`). Slices have exactly the row lengths.
+pub(crate) type VecDotFn = fn(n: usize, w: &[u8], x: &[u8]) -> f32;
+
+/// Rows `0..out.len()` of `w` (row stride `row_bytes`, `cols` elements each)
+/// dotted with `x`. `w` holds at least `out.len() * row_bytes` bytes, `x` exactly
+/// one row of the `vec_dot_type`.
+pub(crate) type MatVecFn = fn(w: &[u8], row_bytes: usize, cols: usize, x: &[u8], out: &mut [f32]);
+
+#[derive(Clone, Copy)]
+pub(crate) struct Kernel {
+    pub(crate) vec_dot: VecDotFn,
+    pub(crate) matvec: MatVecFn,
+}
+
+/// Generic row loop used by kernel sets without a dedicated matvec.
+#[inline]
+pub(crate) fn matvec_rows(dot: VecDotFn, w: &[u8], row_bytes: usize, cols: usize, x: &[u8], out: &mut [f32]) {
+    for (row, o) in w.chunks_exact(row_bytes).zip(out.iter_mut()) {
+        *o = dot(cols, row, x);
+    }
+}
+
+macro_rules! scalar_kernel {
+    ($dot:path) => {{
+        fn mv(w: &[u8], row_bytes: usize, cols: usize, x: &[u8], out: &mut [f32]) {
+            matvec_rows($dot, w, row_bytes, cols, x, out)
+        }
+        Kernel { vec_dot: $dot, matvec: mv }
+    }};
+}
+
+fn scalar_kernel(ty: GgmlType) -> Option<Kernel> {
+    use GgmlType::*;
+    Some(match ty {
+        F32 => scalar_kernel!(float::vec_dot_f32),
+        F16 => scalar_kernel!(float::vec_dot_f16),
+        BF16 => scalar_kernel!(float::vec_dot_bf16),
+        Q4_0 => scalar_kernel!(legacy::vec_dot_q4_0_q8_0),
+        Q4_1 => scalar_kernel!(legacy::vec_dot_q4_1_q8_1),
+        Q5_0 => scalar_kernel!(legacy::vec_dot_q5_0_q8_0),
+        Q5_1 => scalar_kernel!(legacy::vec_dot_q5_1_q8_1),
+        Q8_0 => scalar_kernel!(q8::vec_dot_q8_0_q8_0),
+        Q8_1 => scalar_kernel!(q8::vec_dot_q8_1_q8_1),
+        Q8_K => scalar_kernel!(q8::vec_dot_q8_k_q8_k),
+        Q2_K => scalar_kernel!(kquants::vec_dot_q2_k_q8_k),
+        Q3_K => scalar_kernel!(kquants::vec_dot_q3_k_q8_k),
+        Q4_K => scalar_kernel!(kquants::vec_dot_q4_k_q8_k),
+        Q5_K => scalar_kernel!(kquants::vec_dot_q5_k_q8_k),
+        Q6_K => scalar_kernel!(kquants::vec_dot_q6_k_q8_k),
+        _ => return None,
+    })
+}
+
+fn backend_kernel(backend: Backend, ty: GgmlType) -> Option<Kernel> {
+    match backend {
+        Backend::Scalar => scalar_kernel(ty),
+        Backend::Avx2 => {
+            #[cfg(target_arch = "x86_64")]
+            {
+                if avx2::available() {
+                    avx2::kernel(ty).or_else(|| scalar_kernel(ty))
+                } else {
+                    None
+                }
+            }
+            #[cfg(not(target_arch = "x86_64"))]
+            {
+                None
+            }
+        }
+    }
+}
+
+const TABLE_LEN: usize = 43;
+
+struct Table {
+    backend: Backend,
+    kernels: [Option<Kernel>; TABLE_LEN],
+}
+
+fn table() -> &'static Table {
+    static TABLE: OnceLock<Table> = OnceLock::new();
+    TABLE.get_or_init(|| {
+        let backend = if avx2_available() { Backend::Avx2 } else { Backend::Scalar };
+        let mut kernels = [None; TABLE_LEN];
+        for ty in GgmlType::ALL {
+            kernels[ty as usize] = backend_kernel(backend, ty);
+        }
+        Table { backend, kernels }
+    })
+}
+
+#[inline]
+fn kernel(ty: GgmlType) -> Option<Kernel> {
+    table().kernels[ty as usize]
+}
+
+/// The backend [`vec_dot`] and [`matvec`] use on this CPU (chosen once).
+pub fn backend() -> Backend {
+    table().backend
+}
+
+/// Checks lengths for a dot product and returns the row sizes of `w` and `x`.
+fn check_dot(ty: GgmlType, n: usize, w: &[u8], x: &[u8]) -> Result<(), QuantError> {
+    if !ty.is_supported() {
+        return Err(QuantError::Unsupported(ty));
+    }
+    let wb = checked_row_bytes(ty, n)?;
+    let xt = ty.vec_dot_type();
+    let xb = checked_row_bytes(xt, n)?;
+    check_len(ty, "weight row", wb, w.len())?;
+    check_len(xt, "activation row", xb, x.len())?;
+    Ok(())
+}
+
+/// Dot product of `n` elements: weight row `w` (type `ty`) with activation `x`
+/// (type `ty.vec_dot_type()`), using the fastest backend.
+///
+/// # Panics
+/// On an unsupported type, `n` not a multiple of the block size, or slices that
+/// are not exactly one row long (checked with `debug_assert`; in release builds
+/// short slices still panic on indexing and longer ones are truncated). Use
+/// [`try_vec_dot`] for untrusted input.
+#[inline]
+pub fn vec_dot(ty: GgmlType, n: usize, w: &[u8], x: &[u8]) -> f32 {
+    #[cfg(debug_assertions)]
+    if let Err(e) = check_dot(ty, n, w, x) {
+        panic!("vec_dot: {e}");
+    }
+    let Some(k) = kernel(ty) else {
+        panic!("vec_dot: type {ty} is not supported");
+    };
+    let bs = ty.block_size();
+    assert!(n.is_multiple_of(bs), "vec_dot: n = {n} is not a multiple of {bs}");
+    let nb = n / bs;
+    let w = &w[..nb * ty.type_size()];
+    let xt = ty.vec_dot_type();
+    let x = &x[..n / xt.block_size() * xt.type_size()];
+    (k.vec_dot)(n, w, x)
+}
+
+/// [`vec_dot`] with every length checked.
+pub fn try_vec_dot(ty: GgmlType, n: usize, w: &[u8], x: &[u8]) -> Result<f32, QuantError> {
+    check_dot(ty, n, w, x)?;
+    let k = kernel(ty).ok_or(QuantError::Unsupported(ty))?;
+    Ok((k.vec_dot)(n, w, x))
+}
+
+/// [`try_vec_dot`] on a specific backend (for tests and benchmarks).
+pub fn vec_dot_on(backend: Backend, ty: GgmlType, n: usize, w: &[u8], x: &[u8]) -> Result<f32, QuantError> {
+    if !backend.is_available() {
+        return Err(QuantError::BackendUnavailable(backend));
+    }
+    check_dot(ty, n, w, x)?;
+    let k = backend_kernel(backend, ty).ok_or(QuantError::Unsupported(ty))?;
+    Ok((k.vec_dot)(n, w, x))
+}
+
+fn check_matvec(
+    ty: GgmlType,
+    w: &[u8],
+    rows: &Range<usize>,
+    cols: usize,
+    xq: &[u8],
+    out: &[f32],
+) -> Result<(usize, usize), QuantError> {
+    if !ty.is_supported() {
+        return Err(QuantError::Unsupported(ty));
+    }
+    let rb = checked_row_bytes(ty, cols)?;
+    let xt = ty.vec_dot_type();
+    check_len(xt, "activation row", checked_row_bytes(xt, cols)?, xq.len())?;
+    let nrows = rows.end.saturating_sub(rows.start);
+    check_len(ty, "output", nrows, out.len())?;
+    let need = rows.end.checked_mul(rb).ok_or(QuantError::Overflow { ty, n: cols })?;
+    if rows.start > rows.end || w.len() < need {
+        return Err(QuantError::Length {
+            ty,
+            what: "weight matrix",
+            expected: need,
+            got: w.len(),
+        });
+    }
+    Ok((rb, nrows))
+}
+
+/// `out[i] = dot(row rows.start + i of w, xq)` for a row-major matrix `w` of
+/// `cols`-element rows of type `ty` (row stride `ty.row_bytes(cols)`), `xq` being
+/// the activation quantized with [`quantize_activation`]. Allocation-free and
+/// single-threaded; callers split `rows` across threads.
+///
+/// # Panics
+/// On an unsupported type or inconsistent lengths; [`try_matvec`] returns errors instead.
+pub fn matvec(ty: GgmlType, w: &[u8], rows: Range<usize>, cols: usize, xq: &[u8], out: &mut [f32]) {
+    if let Err(e) = try_matvec(ty, w, rows, cols, xq, out) {
+        panic!("matvec: {e}");
+    }
+}
+
+/// [`matvec`] returning errors instead of panicking.
+pub fn try_matvec(
+    ty: GgmlType,
+    w: &[u8],
+    rows: Range<usize>,
+    cols: usize,
+    xq: &[u8],
+    out: &mut [f32],
+) -> Result<(), QuantError> {
+    let (rb, nrows) = check_matvec(ty, w, &rows, cols, xq, out)?;
+    let k = kernel(ty).ok_or(QuantError::Unsupported(ty))?;
+    if nrows == 0 {
+        return Ok(());
+    }
+    (k.matvec)(&w[rows.start * rb..rows.end * rb], rb, cols, xq, out);
+    Ok(())
+}
+
+/// [`try_matvec`] on a specific backend (for tests and benchmarks).
+pub fn matvec_on(
+    backend: Backend,
+    ty: GgmlType,
+    w: &[u8],
+    rows: Range<usize>,
+    cols: usize,
+    xq: &[u8],
+    out: &mut [f32],
+) -> Result<(), QuantError> {
+    if !backend.is_available() {
+        return Err(QuantError::BackendUnavailable(backend));
+    }
+    let (rb, nrows) = check_matvec(ty, w, &rows, cols, xq, out)?;
+    let k = backend_kernel(backend, ty).ok_or(QuantError::Unsupported(ty))?;
+    if nrows == 0 {
+        return Ok(());
+    }
+    (k.matvec)(&w[rows.start * rb..rows.end * rb], rb, cols, xq, out);
+    Ok(())
+}
+
+// ---------------------------------------------------------------------------
+// Shared scalar helpers
+// ---------------------------------------------------------------------------
+
+#[inline(always)]
+pub(crate) fn f16_to_f32(bits: u16) -> f32 {
+    half::f16::from_bits(bits).to_f32_const()
+}
+
+#[inline(always)]
+pub(crate) fn rd_u16(b: &[u8], off: usize) -> u16 {
+    u16::from_le_bytes([b[off], b[off + 1]])
+}
+
+#[inline(always)]
+pub(crate) fn rd_f16(b: &[u8], off: usize) -> f32 {
+    f16_to_f32(rd_u16(b, off))
+}
+
+#[inline(always)]
+pub(crate) fn rd_f32(b: &[u8], off: usize) -> f32 {
+    f32::from_le_bytes([b[off], b[off + 1], b[off + 2], b[off + 3]])
+}
+
+#[inline(always)]
+pub(crate) fn wr_u16(b: &mut [u8], off: usize, v: u16) {
+    b[off..off + 2].copy_from_slice(&v.to_le_bytes());
+}
+
+/// ggml's `nearest_int`: round to nearest, ties to even, by the `1.5 * 2^23`
+/// trick. Exact for `|x| <= 4194303`; like ggml, garbage (but no UB) beyond.
+#[inline(always)]
+pub(crate) fn nearest_int(x: f32) -> i32 {
+    let v = x + 12_582_912.0;
+    (v.to_bits() & 0x007f_ffff) as i32 - 0x0040_0000
+}

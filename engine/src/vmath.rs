@@ -1,0 +1,244 @@
+//! Elementwise math with ggml's CPU numerics: `exp` for softmax and `silu` for the SwiGLU of
+//! the experts.
+//!
+//! A quantized model amplifies tiny differences: activations are rounded to 8-bit codes before
+//! every matrix product, and a 1e-7 change can move one code, which shifts a whole output row
+//! of the next product. To decode the same tokens as llama.cpp, the engine therefore computes
+//! `exp` the way ggml's vectorised `ggml_v_expf` does on the running CPU (the AVX-512 and the
+//! AVX2+FMA variants are different polynomials/reconstructions), with libm `expf` for the
+//! elements ggml leaves to its scalar tail, and `silu(x) = x / (1 + exp(-x))` on top. The
+//! lanes are computed one by one here (same operations, same roundings: every fused
+//! multiply-add of ggml is an `f32::mul_add`), inside functions compiled with the CPU's FMA
+//! enabled.
+
+use std::sync::OnceLock;
+
+/// Which of ggml's vector `exp` variants a native llama.cpp build runs on this CPU.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ExpKind {
+    /// AVX-512F+DQ: 16 lanes, `scalef` reconstruction.
+    Avx512,
+    /// AVX2+FMA: 8 lanes, exponent-add reconstruction.
+    Avx2,
+    /// No vector path: libm `expf` everywhere.
+    Libm,
+}
+
+impl ExpKind {
+    /// Vector width ggml uses (elements beyond the last full vector use libm).
+    pub fn lanes(self) -> usize {
+        match self {
+            ExpKind::Avx512 => 16,
+            ExpKind::Avx2 => 8,
+            ExpKind::Libm => 1,
+        }
+    }
+}
+
+pub fn exp_kind() -> ExpKind {
+    static KIND: OnceLock<ExpKind> = OnceLock::new();
+    *KIND.get_or_init(|| {
+        #[cfg(target_arch = "x86_64")]
+        {
+            if is_x86_feature_detected!("avx512f") && is_x86_feature_detected!("avx512dq") {
+                return ExpKind::Avx512;
+            }
+            if is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") {
+                return ExpKind::Avx2;
+            }
+        }
+        ExpKind::Libm
+    })
+}
+
+const R: f32 = f32::from_bits(0x4b40_0000); // 0x1.8p23
+const LOG2E: f32 = f32::from_bits(0x3fb8_aa3b); // 0x1.715476p+0
+const LN2_LO: f32 = f32::from_bits(0x35bf_be8e); // 0x1.7f7d1cp-20
+const LN2_HI: f32 = f32::from_bits(0x3f31_7200); // 0x1.62e4p-1
+const C5: f32 = f32::from_bits(0x3c07_2010); // 0x1.0e4020p-7
+const C4: f32 = f32::from_bits(0x3d2b_9f17); // 0x1.573e2ep-5
+const C3: f32 = f32::from_bits(0x3e2a_af33); // 0x1.555e66p-3
+const C2: f32 = f32::from_bits(0x3eff_fedb); // 0x1.fffdb6p-2
+const C1: f32 = f32::from_bits(0x3f7f_fff6); // 0x1.ffffecp-1
+
+#[inline(always)]
+fn reduce(x: f32) -> (f32, f32, f32) {
+    let z = x.mul_add(LOG2E, R);
+    let n = z - R;
+    let b = (-n).mul_add(LN2_LO, (-n).mul_add(LN2_HI, x));
+    (z, n, b)
+}
+
+/// One lane of ggml's AVX2 `ggml_v_expf`.
+#[inline(always)]
+fn exp_avx2_lane(x: f32) -> f32 {
+    let (z, n, b) = reduce(x);
+    let e = z.to_bits() << 23;
+    let k = f32::from_bits(e.wrapping_add(1f32.to_bits()));
+    let c = n.abs() > 126.0;
+    let u = b * b;
+    let j = C5.mul_add(b, C4).mul_add(u, C3.mul_add(b, C2)).mul_add(u, C1 * b);
+    if !c {
+        return j.mul_add(k, k);
+    }
+    let g: u32 = if n <= 0.0 { 0x8200_0000 } else { 0 };
+    let s1 = f32::from_bits(g.wrapping_add(0x7f00_0000));
+    let s2 = f32::from_bits(e.wrapping_sub(g));
+    if n.abs() > 192.0 { s1 * s1 } else { s2.mul_add(j, s2) * s1 }
+}
+
+/// One lane of ggml's AVX-512 `ggml_v_expf`.
+#[inline(always)]
+fn exp_avx512_lane(x: f32) -> f32 {
+    let (_, n, b) = reduce(x);
+    if n.abs() > 192.0 {
+        return if n <= 0.0 { 0.0 } else { f32::INFINITY };
+    }
+    let u = b * b;
+    let j = C5.mul_add(b, C4).mul_add(u, C3.mul_add(b, C2)).mul_add(u, C1.mul_add(b, 1.0));
+    // scalef(j, n) = j * 2^n, n integral with |n| <= 192: two exact power-of-two steps.
+    let ni = n as i32;
+    let (h1, h2) = (ni / 2, ni - ni / 2);
+    let p = |e: i32| f32::from_bits(((e + 127) as u32) << 23);
+    j * p(h1) * p(h2)
+}
+
+#[inline(always)]
+fn exp_lane(kind: ExpKind, x: f32) -> f32 {
+    match kind {
+        ExpKind::Avx512 => exp_avx512_lane(x),
+        ExpKind::Avx2 => exp_avx2_lane(x),
+        ExpKind::Libm => x.exp(),
+    }
+}
+
+/// `y[i] = exp(y[i] - max)`; returns the sum (f64, accumulated per vector like ggml's
+/// `ggml_vec_soft_max_f32`). `all_vector` treats the tail like full vectors (ggml pads the KV
+/// rows of attention with masked entries, so every visible score is in a full vector).
+#[inline(always)]
+fn softmax_exp_impl(kind: ExpKind, y: &mut [f32], max: f32, all_vector: bool) -> f64 {
+    let lanes = kind.lanes();
+    let full = if all_vector { y.len() } else { y.len() / lanes * lanes };
+    let mut sum = 0f64;
+    for chunk in y[..full].chunks_mut(lanes) {
+        let mut s = 0f32;
+        for v in chunk.iter_mut() {
+            *v = exp_lane(kind, *v - max);
+            s += *v;
+        }
+        sum += f64::from(s);
+    }
+    for v in &mut y[full..] {
+        *v = (*v - max).exp();
+        sum += f64::from(*v);
+    }
+    sum
+}
+
+#[inline(always)]
+fn swiglu_impl(kind: ExpKind, gate: &[f32], up: &[f32], out: &mut [f32]) {
+    let lanes = kind.lanes();
+    let full = gate.len() / lanes * lanes;
+    for i in 0..full {
+        let x = gate[i];
+        out[i] = (x / (1.0 + exp_lane(kind, -x))) * up[i];
+    }
+    for i in full..gate.len() {
+        let x = gate[i];
+        out[i] = (x / (1.0 + (-x).exp())) * up[i];
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma,avx512f")]
+fn softmax_exp_avx512(y: &mut [f32], max: f32, all_vector: bool) -> f64 {
+    softmax_exp_impl(ExpKind::Avx512, y, max, all_vector)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+fn softmax_exp_avx2(y: &mut [f32], max: f32, all_vector: bool) -> f64 {
+    softmax_exp_impl(ExpKind::Avx2, y, max, all_vector)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma,avx512f")]
+fn swiglu_avx512(gate: &[f32], up: &[f32], out: &mut [f32]) {
+    swiglu_impl(ExpKind::Avx512, gate, up, out);
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+fn swiglu_avx2(gate: &[f32], up: &[f32], out: &mut [f32]) {
+    swiglu_impl(ExpKind::Avx2, gate, up, out);
+}
+
+/// Softmax in place, ggml's way: `exp(x - max)` (vector `exp` as above), f64 sum, then a
+/// multiply by the f32 inverse of the sum.
+pub fn softmax(x: &mut [f32], all_vector: bool) {
+    if x.is_empty() {
+        return;
+    }
+    let max = x.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let sum = match exp_kind() {
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: exp_kind() returned Avx512 only after detecting avx512f/dq (and avx2/fma,
+        // which every AVX-512 CPU has) at run time.
+        ExpKind::Avx512 => unsafe { softmax_exp_avx512(x, max, all_vector) },
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: avx2 and fma were detected at run time.
+        ExpKind::Avx2 => unsafe { softmax_exp_avx2(x, max, all_vector) },
+        kind => softmax_exp_impl(kind, x, max, all_vector),
+    };
+    let inv = (1.0 / sum) as f32;
+    x.iter_mut().for_each(|v| *v *= inv);
+}
+
+/// `out = silu(gate) * up`, like ggml's `ggml_vec_swiglu_f32`.
+pub fn swiglu(gate: &[f32], up: &[f32], out: &mut [f32]) {
+    assert!(gate.len() == up.len() && up.len() == out.len(), "swiglu: length mismatch");
+    match exp_kind() {
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: see `softmax`.
+        ExpKind::Avx512 => unsafe { swiglu_avx512(gate, up, out) },
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: see `softmax`.
+        ExpKind::Avx2 => unsafe { swiglu_avx2(gate, up, out) },
+        kind => swiglu_impl(kind, gate, up, out),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn vector_exp_variants_agree_with_libm() {
+        for i in -2000..2000 {
+            let x = i as f32 * 0.01;
+            let want = f64::from(x).exp();
+            for got in [exp_avx2_lane(x), exp_avx512_lane(x)] {
+                let rel = ((f64::from(got) - want) / want).abs();
+                assert!(rel < 2e-6, "exp({x}) = {got}, want {want}");
+            }
+        }
+        assert_eq!(exp_avx512_lane(-200.0), 0.0);
+        assert_eq!(exp_avx2_lane(-200.0), 0.0);
+        assert!(exp_avx512_lane(200.0).is_infinite());
+        assert!(exp_avx2_lane(200.0).is_infinite());
+        // Subnormal range goes through the special path of the AVX2 variant.
+        // (|n| > 126, result subnormal with ~17 significant bits.)
+        for x in [-88.0f32, -90.0] {
+            let tiny = exp_avx2_lane(x);
+            assert!((f64::from(tiny) / f64::from(x).exp() - 1.0).abs() < 1e-4, "exp({x}) = {tiny}");
+        }
+    }
+
+    #[test]
+    fn softmax_sums_to_one() {
+        let mut v: Vec<f32> = (0..37).map(|i| (i as f32 * 0.7).sin() * 5.0).collect();
+        softmax(&mut v, false);
+        let s: f32 = v.iter().sum();
+        assert!((s - 1.0).abs() < 1e-5, "{s}");
+    }
+}

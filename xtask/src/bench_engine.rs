@@ -1,0 +1,101 @@
+//! `cargo xtask bench engine`: engine vs llama.cpp's `llama-bench` on the same `small`
+//! synthetic file, same thread count, same run. Both measure pp (a batch of random prompt
+//! tokens from an empty context) and tg (tokens generated one at a time from an empty
+//! context), averaged over repetitions; the result is printed as engine / llama.cpp ratios.
+//! llama-bench runs with its defaults (flash attention `auto`, f16 KV cache).
+//!
+//! The machine is shared, so the two are measured in alternating rounds (`--rounds`, each
+//! with `-r` repetitions) and the medians are compared; every round's numbers are printed.
+
+use std::process::Command;
+
+use anyhow::{Context, Result, bail};
+use serde_json::Value;
+
+use crate::llama;
+
+pub fn main(args: &[String]) -> Result<()> {
+    let mut threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let (mut n_prompt, mut n_gen, mut reps, mut rounds) = (128usize, 64usize, 2usize, 3usize);
+    let mut preset = "small".to_owned();
+    let mut it = args.iter();
+    while let Some(a) = it.next() {
+        let mut val = |name: &str| it.next().with_context(|| format!("{name} needs a value")).cloned();
+        match a.as_str() {
+            "--threads" => threads = val("--threads")?.parse()?,
+            "-p" => n_prompt = val("-p")?.parse()?,
+            "-n" => n_gen = val("-n")?.parse()?,
+            "-r" => reps = val("-r")?.parse()?,
+            "--rounds" => rounds = val("--rounds")?.parse()?,
+            "--preset" => preset = val("--preset")?,
+            _ => bail!("usage: cargo xtask bench engine [--threads T] [-p N] [-n N] [-r N] [--rounds N] [--preset small]"),
+        }
+    }
+    let ll = llama::ensure()?;
+    let engine = llama::build_engine()?;
+    let model = llama::synth_model(&engine, &format!("bench-{preset}"), &["--preset", &preset])?;
+    let size = std::fs::metadata(&model).map(|m| m.len()).unwrap_or(0);
+    println!("model: {} ({:.0} MiB), {threads} threads, pp{n_prompt} tg{n_gen}, {reps} repetitions", model.display(), size as f64 / 1048576.0);
+
+    let mut ll_pp_v = Vec::new();
+    let mut ll_tg_v = Vec::new();
+    let mut en_pp_v = Vec::new();
+    let mut en_tg_v = Vec::new();
+    let mut e = Value::Null;
+    for round in 0..rounds.max(1) {
+        let out = llama::output(
+            Command::new(&ll.bench)
+                .arg("-m")
+                .arg(&model)
+                .args(["-t", &threads.to_string(), "-p", &n_prompt.to_string(), "-n", &n_gen.to_string()])
+                .args(["-r", &reps.to_string(), "-o", "json"]),
+        )?;
+        let rows: Vec<Value> = serde_json::from_str(&out).context("parsing llama-bench -o json")?;
+        let ts = |pp: bool| {
+            rows.iter()
+                .find(|r| {
+                    let (p, g) = (r["n_prompt"].as_u64().unwrap_or(0), r["n_gen"].as_u64().unwrap_or(0));
+                    if pp { p > 0 && g == 0 } else { g > 0 && p == 0 }
+                })
+                .and_then(|r| r["avg_ts"].as_f64())
+        };
+        ll_pp_v.push(ts(true).context("llama-bench: no pp row")?);
+        ll_tg_v.push(ts(false).context("llama-bench: no tg row")?);
+
+        let out = llama::output(
+            Command::new(&engine)
+                .arg("bench")
+                .arg("--model")
+                .arg(&model)
+                .args(["-t", &threads.to_string(), "-p", &n_prompt.to_string(), "-n", &n_gen.to_string()])
+                .args(["-r", &reps.to_string(), "--json"]),
+        )?;
+        e = serde_json::from_str(out.trim()).context("parsing engine bench --json")?;
+        en_pp_v.push(e["pp_tok_s"].as_f64().unwrap_or(0.0));
+        en_tg_v.push(e["tg_tok_s"].as_f64().unwrap_or(0.0));
+        println!(
+            "round {round}: pp engine {:.1} / llama {:.1} tok/s, tg engine {:.1} / llama {:.1} tok/s",
+            en_pp_v[round], ll_pp_v[round], en_tg_v[round], ll_tg_v[round]
+        );
+    }
+    let median = |v: &mut Vec<f64>| {
+        v.sort_by(f64::total_cmp);
+        v[v.len() / 2]
+    };
+    let (ll_pp, ll_tg) = (median(&mut ll_pp_v), median(&mut ll_tg_v));
+    let (en_pp, en_tg) = (median(&mut en_pp_v), median(&mut en_tg_v));
+
+    println!("medians over {rounds} rounds:");
+    println!("{:<8} {:>14} {:>14} {:>8}", "test", "engine tok/s", "llama tok/s", "ratio");
+    println!("{:<8} {:>14.2} {:>14.2} {:>7.2}x", format!("pp{n_prompt}"), en_pp, ll_pp, en_pp / ll_pp);
+    println!("{:<8} {:>14.2} {:>14.2} {:>7.2}x", format!("tg{n_gen}"), en_tg, ll_tg, en_tg / ll_tg);
+    println!(
+        "engine tg time per token (last round): attention {:.3} ms, experts {:.3} ms, output {:.3} ms (wall {:.3} ms)",
+        e["tg_attention_ms_per_tok"].as_f64().unwrap_or(0.0),
+        e["tg_experts_ms_per_tok"].as_f64().unwrap_or(0.0),
+        e["tg_output_ms_per_tok"].as_f64().unwrap_or(0.0),
+        1e3 / en_tg
+    );
+    println!("decode target: >= 0.80x llama.cpp -> {}", if en_tg / ll_tg >= 0.8 { "met" } else { "NOT met" });
+    Ok(())
+}

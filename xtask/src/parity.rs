@@ -1,0 +1,188 @@
+//! `cargo xtask parity`: the engine against llama.cpp on the same synthetic GGUF files.
+//!
+//! For each quantization (`q8_0`, `q4_k`, the `q4_k_m`-like mix): the greedy continuation of
+//! three prompts over 64 tokens must be identical token for token, and the logits that chose the
+//! last token must agree: the error reported is `max_i |engine_i - llama_i| / max_i |llama_i|`
+//! (relative to the logit scale). The aim is below 1e-2; above 5e-2 counts as a mismatch (llama.cpp
+//! itself reaches 1e-2 between two prompt batch sizes on these models, printed alongside).
+//! Tokenization of a set of strings must be identical too. Exit status 1 on any mismatch.
+//!
+//! Both sides process the prompt one token at a time (`UBATCH = 1`), so that both run their
+//! matrix-vector kernels (llama.cpp's batched prompt path uses GEMM kernels whose roundings
+//! differ in the last bit). As a yardstick for how chaotic these random models are, the run
+//! also compares llama.cpp with itself (prompt in one batch vs token by token): on quantized
+//! MoE models a last-bit difference can move an 8-bit activation code, an f16 rounding or a
+//! top-k expert choice, and from there the two runs drift apart.
+
+use std::path::Path;
+use std::process::Command;
+
+use anyhow::{Context, Result, bail};
+use serde_json::Value;
+
+use crate::llama;
+
+const PROMPTS: [&str; 3] = [
+    "The quick brown fox",
+    "Once upon a time there was a little language model that",
+    "<|im_start|>user\nWhere does the time of a token go?<|im_end|>\n<|im_start|>assistant\n",
+];
+
+const TOKENIZE: [&str; 8] = [
+    "Hello world",
+    "It's what they're saying: we've seen 12345 pages, I'm sure.",
+    "  leading spaces and\ttabs\n\nnew lines  ",
+    "mixture-of-experts (MoE) décodage — naïve café 東京 🚀",
+    "<|im_start|>system\nYou are helpful.<|im_end|>",
+    "numbers 3.14159 and 2026-11-29",
+    "'s 'S 'll 'LL 'd",
+    "",
+];
+
+const N_GEN: usize = 64;
+const UBATCH: usize = 1;
+const AIM_REL_ERR: f64 = 1e-2;
+const MAX_REL_ERR: f64 = 5e-2;
+
+fn read_f32s(path: &Path) -> Result<Vec<f32>> {
+    let b = std::fs::read(path).with_context(|| format!("reading {}", path.display()))?;
+    Ok(b.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect())
+}
+
+/// `max_i |a_i - b_i| / max_i |b_i|`.
+fn rel_err(a: &[f32], b: &[f32]) -> f64 {
+    if a.len() != b.len() || a.is_empty() {
+        return f64::INFINITY;
+    }
+    let scale = b.iter().fold(0f64, |m, &v| m.max(f64::from(v).abs()));
+    a.iter().zip(b).fold(0f64, |m, (&x, &y)| m.max((f64::from(x) - f64::from(y)).abs())) / scale
+}
+
+fn ids(v: &Value) -> Vec<u64> {
+    v.as_array().map(|a| a.iter().filter_map(Value::as_u64).collect()).unwrap_or_default()
+}
+
+pub fn main(args: &[String]) -> Result<()> {
+    let threads = match args {
+        [] => 2,
+        [flag, n] if flag == "--threads" => n.parse().context("--threads N")?,
+        _ => bail!("usage: cargo xtask parity [--threads N]"),
+    };
+    let ll = llama::ensure()?;
+    let engine = llama::build_engine()?;
+    let shape = [
+        "--preset", "tiny", "--layers", "4", "--hidden", "1024", "--heads", "16", "--kv-heads", "4", "--head-dim",
+        "64", "--experts", "16", "--experts-used", "4", "--expert-ffn", "512", "--vocab", "4096",
+        "--output-skew", "2.5",
+    ];
+    let tmp = llama::cache_root()?.join("parity-tmp");
+    std::fs::create_dir_all(&tmp).with_context(|| format!("creating {}", tmp.display()))?;
+    let mut failures = 0;
+    let mut worst = 0f64;
+
+    for quant in ["q8_0", "q4_k", "q4_k_m"] {
+        let mut args: Vec<&str> = shape.to_vec();
+        args.extend(["--quant", quant]);
+        let model = llama::synth_model(&engine, &format!("parity-{quant}"), &args)?;
+        println!("== {quant}: {}", model.display());
+
+        // Tokenization.
+        let mut cmd = Command::new(&ll.harness);
+        cmd.arg("tokenize").arg(&model).args(TOKENIZE);
+        let reference: Value = serde_json::from_str(&llama::output(&mut cmd)?).context("parsing parity-llama tokenize output")?;
+        let ref_tokens = reference["tokens"].as_array().cloned().unwrap_or_default();
+        let mut tok_ok = 0;
+        for (i, text) in TOKENIZE.iter().enumerate() {
+            let ours: Value = serde_json::from_str(&llama::output(
+                Command::new(&engine).arg("tokenize").arg("--model").arg(&model).arg("--text").arg(text),
+            )?)?;
+            let theirs = ref_tokens.get(i).map(ids).unwrap_or_default();
+            if ids(&ours) == theirs {
+                tok_ok += 1;
+            } else {
+                failures += 1;
+                println!("  tokenize MISMATCH {text:?}\n    engine:    {ours}\n    llama.cpp: {theirs:?}");
+            }
+        }
+        println!("  tokenization: {tok_ok}/{} strings identical", TOKENIZE.len());
+
+        // Greedy continuation and final logits.
+        for (pi, prompt) in PROMPTS.iter().enumerate() {
+            let ll_logits = tmp.join(format!("{quant}-{pi}.llama.f32"));
+            let en_logits = tmp.join(format!("{quant}-{pi}.engine.f32"));
+            let r: Value = serde_json::from_str(&llama::output(
+                Command::new(&ll.harness)
+                    .arg("generate")
+                    .arg(&model)
+                    .arg(threads.to_string())
+                    .arg(N_GEN.to_string())
+                    .arg(&ll_logits)
+                    .arg(prompt)
+                    .arg(UBATCH.to_string()),
+            )?)
+            .context("parsing parity-llama generate output")?;
+            let out = llama::output(
+                Command::new(&engine)
+                    .arg("run")
+                    .arg("--model")
+                    .arg(&model)
+                    .args(["--prompt", prompt, "-n", &N_GEN.to_string(), "--temp", "0", "--ignore-eos", "--json"])
+                    .args(["--threads", &threads.to_string(), "--ubatch", &UBATCH.to_string()])
+                    .arg("--logits-out")
+                    .arg(&en_logits),
+            )?;
+            let batched: Value = serde_json::from_str(&llama::output(
+                Command::new(&ll.harness)
+                    .arg("generate")
+                    .arg(&model)
+                    .arg(threads.to_string())
+                    .arg(N_GEN.to_string())
+                    .arg(tmp.join("batched.f32"))
+                    .arg(prompt)
+                    .arg("256"),
+            )?)
+            .context("parsing parity-llama generate output")?;
+            let self_same = ids(&batched["ids"]).iter().zip(&ids(&r["ids"])).take_while(|(a, b)| a == b).count();
+            let self_rel = rel_err(&read_f32s(&tmp.join("batched.f32"))?, &read_f32s(&ll_logits)?);
+            let lines: Vec<Value> = out.lines().map(serde_json::from_str).collect::<Result<_, _>>().context("parsing engine --json")?;
+            let ours: Vec<u64> = lines.iter().filter_map(|l| l.get("id").and_then(Value::as_u64)).collect();
+            let summary = lines.last().context("engine printed nothing")?;
+            let theirs = ids(&r["ids"]);
+            let same_prompt = ids(&summary["prompt_ids"]) == ids(&r["prompt"]);
+            let first_diff = ours.iter().zip(&theirs).position(|(a, b)| a != b);
+            let (a, b) = (read_f32s(&en_logits)?, read_f32s(&ll_logits)?);
+            let rel = rel_err(&a, &b);
+            worst = worst.max(rel);
+            let ok = same_prompt && ours == theirs && ours.len() == N_GEN && rel < MAX_REL_ERR;
+            println!(
+                "  prompt {pi} ({} tokens): {}/{} generated tokens identical, final logits max rel err {rel:.2e} -> {}",
+                ids(&r["prompt"]).len(),
+                first_diff.unwrap_or(ours.len().min(theirs.len())),
+                N_GEN,
+                if !ok {
+                    "MISMATCH"
+                } else if rel < AIM_REL_ERR {
+                    "ok"
+                } else {
+                    "ok (logits above the 1e-2 aim)"
+                }
+            );
+            println!(
+                "    (llama.cpp vs itself, prompt batched vs token by token: {self_same}/{N_GEN} identical, rel err {self_rel:.2e})"
+            );
+            if !ok {
+                failures += 1;
+                if !same_prompt {
+                    println!("    prompt ids differ: engine {} vs llama.cpp {}", summary["prompt_ids"], r["prompt"]);
+                }
+                println!("    engine:    {ours:?}\n    llama.cpp: {theirs:?}");
+            }
+        }
+    }
+    println!("worst final-logit relative error: {worst:.2e} (aim {AIM_REL_ERR:.0e}, limit {MAX_REL_ERR:.0e})");
+    if failures > 0 {
+        bail!("parity: {failures} mismatches against llama.cpp {}", llama::LLAMA_CPP_PYTHON);
+    }
+    println!("parity: engine matches llama.cpp (llama-cpp-python {} sources)", llama::LLAMA_CPP_PYTHON);
+    Ok(())
+}

@@ -1,0 +1,115 @@
+// Reference runner for `cargo xtask parity`: llama.cpp's tokenization, greedy continuation and
+// final logits on a GGUF file. Written by xtask into the cache directory and compiled against the
+// pinned libllama there.
+//
+//   parity-llama tokenize MODEL TEXT...               -> {"tokens":[[ids],...]}
+//   parity-llama generate MODEL THREADS N LOGITS PROMPT [UBATCH] -> {"prompt":[ids],"ids":[ids]}
+// UBATCH (default 256) is the number of prompt tokens per llama_decode call.
+// The logits that chose the last generated token are written to LOGITS (f32 little-endian).
+// Flash attention is off (the engine follows ggml's non-flash path); the KV cache is f16.
+#include "llama.h"
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <vector>
+#include <algorithm>
+
+static void quiet(enum ggml_log_level level, const char * text, void *) {
+    if (level == GGML_LOG_LEVEL_ERROR) fputs(text, stderr);
+}
+
+static std::vector<llama_token> tokenize(const llama_vocab * vocab, const std::string & text) {
+    std::vector<llama_token> out(text.size() + 16);
+    int n = llama_tokenize(vocab, text.c_str(), (int32_t) text.size(), out.data(), (int32_t) out.size(),
+                           /*add_special*/ true, /*parse_special*/ true);
+    if (n < 0) {
+        out.resize(-n);
+        n = llama_tokenize(vocab, text.c_str(), (int32_t) text.size(), out.data(), (int32_t) out.size(), true, true);
+    }
+    out.resize(n < 0 ? 0 : n);
+    return out;
+}
+
+static void print_ids(const std::vector<llama_token> & ids) {
+    printf("[");
+    for (size_t i = 0; i < ids.size(); i++) printf(i ? ",%d" : "%d", ids[i]);
+    printf("]");
+}
+
+int main(int argc, char ** argv) {
+    if (argc < 3) {
+        fprintf(stderr, "usage: %s tokenize MODEL TEXT... | generate MODEL THREADS N LOGITS PROMPT\n", argv[0]);
+        return 2;
+    }
+    llama_log_set(quiet, nullptr);
+    llama_backend_init();
+    const std::string mode = argv[1];
+    llama_model_params mp = llama_model_default_params();
+    llama_model * model = llama_model_load_from_file(argv[2], mp);
+    if (!model) { fprintf(stderr, "llama.cpp could not load %s\n", argv[2]); return 1; }
+    const llama_vocab * vocab = llama_model_get_vocab(model);
+
+    if (mode == "tokenize") {
+        printf("{\"tokens\":[");
+        for (int i = 3; i < argc; i++) {
+            if (i > 3) printf(",");
+            print_ids(tokenize(vocab, argv[i]));
+        }
+        printf("]}\n");
+        llama_model_free(model);
+        return 0;
+    }
+    if (mode != "generate" || (argc != 7 && argc != 8)) { fprintf(stderr, "bad arguments\n"); return 2; }
+    const int ubatch = argc == 8 ? atoi(argv[7]) : 256;
+    const int threads = atoi(argv[3]);
+    const int n_gen = atoi(argv[4]);
+    const char * logits_path = argv[5];
+    std::vector<llama_token> prompt = tokenize(vocab, argv[6]);
+    if (prompt.empty()) { fprintf(stderr, "empty prompt\n"); return 1; }
+
+    llama_context_params cp = llama_context_default_params();
+    cp.n_ctx = (uint32_t) (prompt.size() + n_gen + 8);
+    cp.n_batch = cp.n_ctx;
+    cp.n_ubatch = 256;
+    cp.n_threads = threads;
+    cp.n_threads_batch = threads;
+    cp.flash_attn_type = LLAMA_FLASH_ATTN_TYPE_DISABLED;
+    cp.no_perf = true;
+    llama_context * ctx = llama_init_from_model(model, cp);
+    if (!ctx) { fprintf(stderr, "llama_init_from_model failed\n"); return 1; }
+
+    const int n_vocab = llama_vocab_n_tokens(vocab);
+    std::vector<llama_token> ids;
+    std::vector<float> last(n_vocab);
+    for (size_t i = 0; i < prompt.size(); i += ubatch) {
+        const int32_t n = (int32_t) std::min(prompt.size() - i, (size_t) ubatch);
+        if (llama_decode(ctx, llama_batch_get_one(prompt.data() + i, n))) {
+            fprintf(stderr, "llama_decode failed on the prompt\n"); return 1;
+        }
+    }
+    for (int i = 0; i < n_gen; i++) {
+        const float * logits = llama_get_logits_ith(ctx, -1);
+        int best = 0;
+        for (int j = 1; j < n_vocab; j++) if (logits[j] > logits[best]) best = j;
+        memcpy(last.data(), logits, sizeof(float) * n_vocab);
+        ids.push_back(best);
+        if (i + 1 == n_gen) break;
+        llama_token t = best;
+        if (llama_decode(ctx, llama_batch_get_one(&t, 1))) { fprintf(stderr, "llama_decode failed\n"); return 1; }
+    }
+    FILE * f = fopen(logits_path, "wb");
+    if (!f || fwrite(last.data(), sizeof(float), n_vocab, f) != (size_t) n_vocab) {
+        fprintf(stderr, "cannot write %s\n", logits_path); return 1;
+    }
+    fclose(f);
+    printf("{\"prompt\":");
+    print_ids(prompt);
+    printf(",\"ids\":");
+    print_ids(ids);
+    printf("}\n");
+    llama_free(ctx);
+    llama_model_free(model);
+    llama_backend_free();
+    return 0;
+}
