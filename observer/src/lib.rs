@@ -4,9 +4,12 @@
 pub mod attribution;
 pub mod bpf;
 pub mod engine_abi;
+pub mod header;
 pub mod preflight;
+pub mod procsample;
 pub mod report;
 pub mod seed;
+pub mod sink;
 pub mod syscalls;
 pub mod target;
 pub mod tokens;

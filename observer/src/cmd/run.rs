@@ -12,13 +12,17 @@ use anyhow::{Context, Result, bail};
 use observer::{
     attribution,
     bpf::{self, AttachOptions, MarkerKind, Markers, Probes},
-    preflight,
+    header, preflight, procsample,
     report::{Summary, TargetInfo},
     seed,
+    sink::{Sink, emit},
     target::{CHILD_GRACE, Ending, Target},
     tokens::{Assembler, Snapshot},
 };
-use observer_common::{GlobalCounter, model::StepKind};
+use observer_common::{
+    GlobalCounter,
+    model::{Event, RunEnd, StepKind, TokenRecord},
+};
 use tokio::io::unix::AsyncFd;
 
 #[derive(Debug, clap::Args)]
@@ -37,6 +41,13 @@ pub struct RunArgs {
     /// Fixed time windows instead of tokens (e.g. `250ms`, `1s`).
     #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
     window: Option<Duration>,
+    /// The model file (GGUF) the target runs; default: the `--model`/`-m`
+    /// argument or `*.gguf` file of the target's command line.
+    #[arg(long, value_name = "FILE")]
+    pub model: Option<PathBuf>,
+    /// How often to sample the target's memory and swap.
+    #[arg(long, default_value = "1s", value_name = "DURATION", value_parser = parse_duration)]
+    pub sample_interval: Duration,
     /// Print every Nth token line while running (0: none).
     #[arg(long, default_value_t = 1, value_name = "N")]
     every: u64,
@@ -98,16 +109,17 @@ fn markers_for(args: &RunArgs, target: &Target) -> Result<Markers> {
     })
 }
 
-/// Prints token lines as they complete.
+/// Prints token lines to stderr as they complete.
 struct Live {
     every: u64,
     header_done: bool,
 }
 
-impl Live {
-    fn token(&mut self, t: &observer_common::model::TokenRecord) {
+impl Sink for Live {
+    fn event(&mut self, ev: &Event) -> Result<()> {
+        let Event::Token(t) = ev else { return Ok(()) };
         if self.every == 0 || t.seq % self.every != 0 {
-            return;
+            return Ok(());
         }
         let mut err = std::io::stderr().lock();
         if !self.header_done {
@@ -115,16 +127,25 @@ impl Live {
             self.header_done = true;
         }
         let _ = writeln!(err, "{}", attribution::line(t));
+        Ok(())
     }
 }
 
+/// Extra sinks a subcommand adds to `run` (recorder, TUI, exporter).
+pub type ExtraSinks = Vec<Box<dyn Sink>>;
+
 pub async fn run(args: RunArgs) -> Result<i32> {
+    run_with(args, Vec::new()).await
+}
+
+/// `run` with extra sinks fed the same model stream.
+pub async fn run_with(args: RunArgs, extra: ExtraSinks) -> Result<i32> {
     if args.pid.is_none() && args.command.is_empty() {
         bail!("nothing to observe: give `--pid PID` or `-- CMD [ARGS…]`");
     }
     preflight::check_privileges()?;
     preflight::ensure_tracefs()?;
-    let (mut target, command) = match args.pid {
+    let (mut target, command): (Target, Vec<String>) = match args.pid {
         Some(pid) => {
             let t = Target::attach(pid)?;
             let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
@@ -178,8 +199,13 @@ pub async fn run(args: RunArgs) -> Result<i32> {
         None => StepKind::Window,
     };
     let mut asm = Assembler::new(default_kind);
-    let mut records = Vec::new();
-    let mut live = Live { every: args.every, header_done: false };
+    let mut records: Vec<TokenRecord> = Vec::new();
+    let mut sinks: Vec<Box<dyn Sink>> = vec![Box::new(Live { every: args.every, header_done: false })];
+    sinks.extend(extra);
+    let header = header::build("ebpf", pid, &command, probes.attached.clone(), args.model.as_deref());
+    emit(&mut sinks, &Event::Header(header))?;
+    let mut sampler = tokio::time::interval(args.sample_interval);
+    sampler.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let use_windows = args.window.is_some() && probes.markers.is_none();
     let mut ticker = tokio::time::interval(args.window.unwrap_or(Duration::from_secs(3600)));
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -215,24 +241,26 @@ pub async fn run(args: RunArgs) -> Result<i32> {
             }
             guard = ring.readable_mut() => {
                 let mut guard = guard.context("waiting on the ring buffer")?;
-                drain(guard.get_inner_mut(), &mut asm, &mut records, &mut live);
+                drain(guard.get_inner_mut(), &mut asm, &mut records, &mut sinks)?;
                 guard.clear_ready();
             }
             _ = ticker.tick(), if use_windows => {
                 let now = seed::mono_ns();
                 let snap = Snapshot { ts: now, index: 0, threads: probes.snapshot(now)?, engine: None, lost: 0 };
-                if let Some(t) = asm.window(snap) { live.token(&t); records.push(t); }
+                if let Some(t) = asm.window(snap) { token(t, &mut records, &mut sinks)?; }
+            }
+            _ = sampler.tick() => {
+                emit(&mut sinks, &Event::Process(procsample::sample(pid, seed::mono_ns())))?;
             }
         }
     }
     let duration_ns = start.elapsed().as_nanos() as u64;
-    drain(ring.get_mut(), &mut asm, &mut records, &mut live);
+    drain(ring.get_mut(), &mut asm, &mut records, &mut sinks)?;
     let end_ns = seed::mono_ns();
     if use_windows {
         let snap = Snapshot { ts: end_ns, index: 0, threads: probes.snapshot(end_ns)?, engine: None, lost: 0 };
         if let Some(t) = asm.window(snap) {
-            live.token(&t);
-            records.push(t);
+            token(t, &mut records, &mut sinks)?;
         }
     }
 
@@ -248,6 +276,8 @@ pub async fn run(args: RunArgs) -> Result<i32> {
         Some(Ending::Exited(c)) => Some(c),
         _ => None,
     };
+    emit(&mut sinks, &Event::End(RunEnd { mono_ns: end_ns, exit_code, lost_events: lost }))?;
+    drop(sinks);
     let mut summary = Summary::build(TargetInfo { pid, command, exit_code }, duration_ns, attached, &rows, lost);
     summary.add_attribution(&states, &hists, records);
     let mut err = std::io::stderr().lock();
@@ -261,16 +291,22 @@ pub async fn run(args: RunArgs) -> Result<i32> {
     Ok(exit_code.unwrap_or(0))
 }
 
+fn token(t: TokenRecord, records: &mut Vec<TokenRecord>, sinks: &mut [Box<dyn Sink>]) -> Result<()> {
+    emit(sinks, &Event::Token(t.clone()))?;
+    records.push(t);
+    Ok(())
+}
+
 fn drain(
     ring: &mut aya::maps::RingBuf<aya::maps::MapData>,
     asm: &mut Assembler,
-    records: &mut Vec<observer_common::model::TokenRecord>,
-    live: &mut Live,
-) {
+    records: &mut Vec<TokenRecord>,
+    sinks: &mut [Box<dyn Sink>],
+) -> Result<()> {
     while let Some(item) = ring.next() {
         if let Some(t) = asm.push(&item) {
-            live.token(&t);
-            records.push(t);
+            token(t, records, sinks)?;
         }
     }
+    Ok(())
 }
