@@ -1,0 +1,720 @@
+//! The TUI's state: everything the views draw, built only from the model
+//! stream (`observer_common::model::Event`), so that a live run and a replayed
+//! trace go through the same cursor ([`App::push`]).
+//!
+//! Rules:
+//! - Aggregates are kept per step kind; "per token" means per step of the
+//!   main kind (a generated token, a `--token-symbol` call, or a window).
+//! - A mean of a component or counter is over the steps that *measured* it;
+//!   with none it is `None` and the views say "not measured", never 0.
+//! - Rates: tokens per second over the generate and call steps (see
+//!   [`crate::stats`]); "now" is over the last [`NOW_STEPS`] of them.
+//! - The token list keeps the last [`MAX_ROWS`] steps; aggregates and the
+//!   rate interval cover the whole run.
+//! - While paused, events queue (up to [`MAX_PENDING`], then dropped and
+//!   counted) and are applied on resume.
+
+use std::collections::{BTreeMap, VecDeque};
+
+use observer_common::model::{
+    Component, Components, Counter, Counters, Event, ExpertGrid, ProcessSample, RunEnd, RunHeader, StepKind,
+    TokenRecord,
+};
+
+use crate::stats::{self, RateInterval};
+
+/// Steps behind the "now" rate.
+pub const NOW_STEPS: usize = 16;
+/// Token rows kept for the Tokens view.
+pub const MAX_ROWS: usize = 50_000;
+/// Events queued while paused.
+pub const MAX_PENDING: usize = 200_000;
+/// Tokens during which a churned expert stays highlighted.
+pub const CHURN_WINDOW: u64 = 8;
+/// Lines of the target's output kept.
+pub const MAX_OUTPUT_LINES: usize = 200;
+
+/// The views, in tab order.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum View {
+    Tokens,
+    Summary,
+    Heatmap,
+    Threads,
+    Faults,
+}
+
+impl View {
+    pub const ALL: [View; 5] = [View::Tokens, View::Summary, View::Heatmap, View::Threads, View::Faults];
+
+    pub const fn title(self) -> &'static str {
+        match self {
+            View::Tokens => "Tokens",
+            View::Summary => "Summary",
+            View::Heatmap => "Heatmap",
+            View::Threads => "Threads",
+            View::Faults => "Faults",
+        }
+    }
+
+    pub fn index(self) -> usize {
+        View::ALL.iter().position(|&v| v == self).unwrap_or(0)
+    }
+
+    fn offset(self, by: isize) -> View {
+        let n = View::ALL.len() as isize;
+        View::ALL[(self.index() as isize + by).rem_euclid(n) as usize]
+    }
+}
+
+/// What a key asks for (see `input`); applied by [`App::apply`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Effect {
+    Quit,
+    SwitchView(View),
+    NextView,
+    PrevView,
+    TogglePause,
+    Scroll(Scroll),
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Scroll {
+    /// Toward older tokens / the top of a table.
+    Up(usize),
+    Down(usize),
+    PageUp,
+    PageDown,
+    Top,
+    /// The newest token (and follow new ones) / the end of a table.
+    Bottom,
+}
+
+/// Whether the loop goes on after an effect.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Control {
+    Continue,
+    Quit,
+}
+
+/// One step as the Tokens view needs it (a `TokenRecord` without the
+/// per-thread and residency detail).
+#[derive(Clone, Debug, PartialEq)]
+pub struct TokenRow {
+    pub seq: u64,
+    pub index: Option<u64>,
+    pub kind: StepKind,
+    pub n_tokens: u64,
+    pub start_ns: u64,
+    pub wall_ns: u64,
+    pub components: Components,
+    pub residual_ns: i64,
+    pub counters: Counters,
+    pub engine_compute_ns: Option<u64>,
+    pub lost_events: u64,
+}
+
+impl TokenRow {
+    fn of(t: &TokenRecord) -> Self {
+        TokenRow {
+            seq: t.seq,
+            index: t.index,
+            kind: t.kind,
+            n_tokens: t.n_tokens,
+            start_ns: t.start_ns,
+            wall_ns: t.wall_ns,
+            components: t.components,
+            residual_ns: t.residual_ns,
+            counters: t.counters,
+            engine_compute_ns: t.engine_compute_ns,
+            lost_events: t.lost_events,
+        }
+    }
+
+    /// engine compute − measured compute (the hidden cost), when both exist.
+    pub fn hidden_ns(&self) -> Option<i64> {
+        Some(self.engine_compute_ns? as i64 - self.components.get(Component::Compute)? as i64)
+    }
+}
+
+/// A sum over the values that were measured.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct Sum {
+    pub n: u64,
+    pub total: f64,
+}
+
+impl Sum {
+    pub fn add(&mut self, v: Option<f64>) {
+        if let Some(v) = v {
+            self.n += 1;
+            self.total += v;
+        }
+    }
+    pub fn mean(&self) -> Option<f64> {
+        (self.n > 0).then(|| self.total / self.n as f64)
+    }
+}
+
+/// Run-long sums over steps of one kind.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Agg {
+    pub steps: u64,
+    pub tokens: u64,
+    pub wall_ns: Sum,
+    pub components: [Sum; 9],
+    pub residual_ns: Sum,
+    pub counters: [Sum; 8],
+    pub engine_compute_ns: Sum,
+    pub hidden_ns: Sum,
+}
+
+impl Agg {
+    fn add(&mut self, t: &TokenRecord) {
+        self.steps += 1;
+        self.tokens += t.n_tokens;
+        self.wall_ns.add(Some(t.wall_ns as f64));
+        for c in Component::ALL {
+            self.components[c as usize].add(t.components.get(c).map(|v| v as f64));
+        }
+        self.residual_ns.add(Some(t.residual_ns as f64));
+        for c in Counter::ALL {
+            self.counters[c as usize].add(t.counters.get(c).map(|v| v as f64));
+        }
+        self.engine_compute_ns.add(t.engine_compute_ns.map(|v| v as f64));
+        self.hidden_ns.add(t.hidden_ns().map(|v| v as f64));
+    }
+    pub fn component(&self, c: Component) -> &Sum {
+        &self.components[c as usize]
+    }
+    pub fn counter(&self, c: Counter) -> &Sum {
+        &self.counters[c as usize]
+    }
+}
+
+/// One thread over the run.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct ThreadAgg {
+    pub tid: u32,
+    pub comm: String,
+    /// Steps the thread took part in.
+    pub steps: u64,
+    pub components: [Sum; 9],
+    pub counters: [Sum; 8],
+    pub residual_ns: Sum,
+    /// Components of the last step it took part in.
+    pub last: Components,
+    pub last_seq: u64,
+}
+
+impl ThreadAgg {
+    /// Measured time of the thread over the run (ns).
+    pub fn total_ns(&self) -> f64 {
+        self.components.iter().map(|s| s.total).sum()
+    }
+}
+
+/// Latency histogram of one kind of event (log2 buckets, `observer_common::hist`
+/// spec), counts since the start of the run.
+///
+/// Not in the model stream yet: the probes keep these in the kernel (`HISTS`)
+/// and `observer run` prints them at the end; the views render them once a
+/// stream event carries them (see [`App::set_latency`]).
+#[derive(Clone, Debug, PartialEq)]
+pub struct LatencyHist {
+    /// `fault_minor`, `fault_major_file`, `fault_major_swap`, `zram_read`, `disk_read`.
+    pub name: String,
+    /// Count per bucket `b` (values in `(2^(b-1), 2^b]` ns); the last is +Inf.
+    pub buckets: Vec<u64>,
+}
+
+/// Expert residency as last reported, and where it churned recently.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Heat {
+    /// Any token carried a `residency` (else the view says "not measured").
+    pub measured: bool,
+    pub dense_resident_frac: Option<f64>,
+    pub dense_swapped_frac: Option<f64>,
+    pub experts_resident_frac: Option<f64>,
+    pub grid: Option<ExpertGrid>,
+    /// Seq of the step the grid is from.
+    pub grid_seq: u64,
+    /// Per cell: seq of the last step in which pages were added / evicted.
+    pub last_added: Vec<Option<u64>>,
+    pub last_evicted: Vec<Option<u64>>,
+    /// Pages added / evicted over the grid's last step, and over the run.
+    pub step_added: Option<u64>,
+    pub step_evicted: Option<u64>,
+    pub run_added: u64,
+    pub run_evicted: u64,
+}
+
+impl Heat {
+    fn add(&mut self, seq: u64, r: &observer_common::model::Residency) {
+        self.measured = true;
+        self.dense_resident_frac = r.dense_resident_frac.or(self.dense_resident_frac);
+        self.dense_swapped_frac = r.dense_swapped_frac.or(self.dense_swapped_frac);
+        self.experts_resident_frac = r.experts_resident_frac.or(self.experts_resident_frac);
+        let Some(g) = &r.grid else { return };
+        let cells = g.n_layers as usize * g.n_experts as usize;
+        let same_shape =
+            self.grid.as_ref().is_some_and(|old| old.n_layers == g.n_layers && old.n_experts == g.n_experts);
+        if !same_shape {
+            self.last_added = vec![None; cells];
+            self.last_evicted = vec![None; cells];
+        }
+        let mark = |last: &mut Vec<Option<u64>>, v: &Option<Vec<u32>>| -> Option<u64> {
+            let v = v.as_ref()?;
+            let mut sum = 0u64;
+            for (i, &n) in v.iter().enumerate().take(cells) {
+                if n > 0 {
+                    last[i] = Some(seq);
+                    sum += n as u64;
+                }
+            }
+            Some(sum)
+        };
+        self.step_added = mark(&mut self.last_added, &g.added);
+        self.step_evicted = mark(&mut self.last_evicted, &g.evicted);
+        self.run_added += self.step_added.unwrap_or(0);
+        self.run_evicted += self.step_evicted.unwrap_or(0);
+        self.grid = Some(g.clone());
+        self.grid_seq = seq;
+    }
+
+    /// (added, evicted) recently, for cell `i` (within [`CHURN_WINDOW`] steps of the grid).
+    pub fn churn(&self, i: usize) -> (bool, bool) {
+        let recent =
+            |v: &Vec<Option<u64>>| v.get(i).copied().flatten().is_some_and(|s| s + CHURN_WINDOW > self.grid_seq);
+        (recent(&self.last_added), recent(&self.last_evicted))
+    }
+}
+
+/// The whole state.
+#[derive(Clone, Debug)]
+pub struct App {
+    pub header: Option<RunHeader>,
+    pub end: Option<RunEnd>,
+    /// Last [`MAX_ROWS`] steps, oldest first.
+    pub rows: VecDeque<TokenRow>,
+    /// Steps ever received (rows may have forgotten the oldest).
+    pub steps_seen: u64,
+    /// Aggregates per step kind (indexed by [`kind_index`]).
+    pub aggs: [Agg; 4],
+    /// `(n_tokens, wall_ns)` of every generate/call step, for the interval.
+    pub rate_steps: Vec<(u64, u64)>,
+    pub rate: Option<RateInterval>,
+    rate_steps_at: usize,
+    pub threads: BTreeMap<u32, ThreadAgg>,
+    pub heat: Heat,
+    pub process: Option<ProcessSample>,
+    pub latency: Option<Vec<LatencyHist>>,
+    /// Sum of the steps' `lost_events`.
+    pub lost_in_steps: u64,
+    /// Events the consumer dropped before they reached the state (set by the source).
+    pub dropped: u64,
+    /// Events dropped here while paused with a full queue.
+    pub dropped_paused: u64,
+    /// The source has no more events (a replay finished, or the live run ended).
+    pub source_done: bool,
+    /// The last lines the target (and the observer) printed while the TUI was up.
+    pub output: VecDeque<String>,
+    /// The user asked to stop the observation.
+    pub stopping: bool,
+    // --- UI ---
+    pub view: View,
+    pub paused: bool,
+    pending: VecDeque<Event>,
+    /// Tokens view: rows hidden below the window (0 = follow the newest).
+    pub tokens_offset: usize,
+    /// Other views: first row shown.
+    pub table_offset: [usize; 5],
+    /// Terminal size, for page sizes.
+    pub viewport: (u16, u16),
+    dirty: bool,
+    switched_on_end: bool,
+}
+
+impl Default for App {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+pub const fn kind_index(k: StepKind) -> usize {
+    match k {
+        StepKind::Prompt => 0,
+        StepKind::Generate => 1,
+        StepKind::Call => 2,
+        StepKind::Window => 3,
+    }
+}
+
+impl App {
+    pub fn new() -> Self {
+        App {
+            header: None,
+            end: None,
+            rows: VecDeque::new(),
+            steps_seen: 0,
+            aggs: Default::default(),
+            rate_steps: Vec::new(),
+            rate: None,
+            rate_steps_at: 0,
+            threads: BTreeMap::new(),
+            heat: Heat::default(),
+            process: None,
+            latency: None,
+            lost_in_steps: 0,
+            dropped: 0,
+            dropped_paused: 0,
+            source_done: false,
+            output: VecDeque::new(),
+            stopping: false,
+            view: View::Tokens,
+            paused: false,
+            pending: VecDeque::new(),
+            tokens_offset: 0,
+            table_offset: [0; 5],
+            viewport: (80, 24),
+            dirty: true,
+            switched_on_end: false,
+        }
+    }
+
+    /// Feed one event of the model stream (live or replay).
+    pub fn push(&mut self, ev: Event) {
+        if self.paused {
+            if self.pending.len() >= MAX_PENDING {
+                self.dropped_paused += 1;
+            } else {
+                self.pending.push_back(ev);
+            }
+            return;
+        }
+        self.apply_event(ev);
+    }
+
+    fn apply_event(&mut self, ev: Event) {
+        self.dirty = true;
+        match ev {
+            Event::Header(h) => self.header = Some(h),
+            Event::Token(t) => self.add_token(&t),
+            Event::Process(p) => self.process = Some(p),
+            Event::End(e) => {
+                self.end = Some(e);
+                if !self.switched_on_end {
+                    // The final summary stays on screen until the user quits.
+                    self.switched_on_end = true;
+                    self.view = View::Summary;
+                }
+                self.refresh_stats();
+            }
+        }
+    }
+
+    fn add_token(&mut self, t: &TokenRecord) {
+        self.steps_seen += 1;
+        self.lost_in_steps += t.lost_events;
+        self.aggs[kind_index(t.kind)].add(t);
+        if matches!(t.kind, StepKind::Generate | StepKind::Call) {
+            self.rate_steps.push((t.n_tokens, t.wall_ns));
+        }
+        if self.rows.len() >= MAX_ROWS {
+            self.rows.pop_front();
+        }
+        self.rows.push_back(TokenRow::of(t));
+        if self.tokens_offset > 0 {
+            // Scrolled back: keep the same rows on screen.
+            self.tokens_offset += 1;
+        }
+        for th in &t.threads {
+            let a = self.threads.entry(th.tid).or_insert_with(|| ThreadAgg { tid: th.tid, ..Default::default() });
+            if a.comm != th.comm {
+                a.comm = th.comm.clone();
+            }
+            a.steps += 1;
+            for c in Component::ALL {
+                a.components[c as usize].add(th.components.get(c).map(|v| v as f64));
+            }
+            for c in Counter::ALL {
+                a.counters[c as usize].add(th.counters.get(c).map(|v| v as f64));
+            }
+            a.residual_ns.add(Some(th.residual_ns as f64));
+            a.last = th.components;
+            a.last_seq = t.seq;
+        }
+        if let Some(r) = &t.residency {
+            self.heat.add(t.seq, r);
+        }
+    }
+
+    /// Recompute the rate interval if steps arrived since the last time. The
+    /// loop calls this about once a second (it costs up to ~2 M draws).
+    pub fn refresh_stats(&mut self) {
+        if self.rate_steps.len() == self.rate_steps_at && self.rate.is_some() {
+            return;
+        }
+        self.rate_steps_at = self.rate_steps.len();
+        self.rate = stats::rate_interval(&self.rate_steps, stats::resamples_for(self.rate_steps.len()), stats::SEED);
+        self.dirty = true;
+    }
+
+    /// Tokens per second over the last [`NOW_STEPS`] generate/call steps.
+    pub fn rate_now(&self) -> Option<f64> {
+        let n = self.rate_steps.len();
+        stats::rate(self.rate_steps[n.saturating_sub(NOW_STEPS)..].iter().copied())
+    }
+
+    /// The step kind that "per token" refers to: generate, else call, else window.
+    pub fn main_kind(&self) -> StepKind {
+        [StepKind::Generate, StepKind::Call, StepKind::Window]
+            .into_iter()
+            .find(|&k| self.aggs[kind_index(k)].steps > 0)
+            .unwrap_or(StepKind::Generate)
+    }
+
+    pub fn agg(&self, k: StepKind) -> &Agg {
+        &self.aggs[kind_index(k)]
+    }
+
+    /// Events lost by the kernel side (the larger of the per-step sum and the end total).
+    pub fn lost(&self) -> u64 {
+        self.lost_in_steps.max(self.end.as_ref().map_or(0, |e| e.lost_events))
+    }
+
+    /// Events dropped before drawing (consumer channel, or pause queue).
+    pub fn dropped_total(&self) -> u64 {
+        self.dropped + self.dropped_paused
+    }
+
+    pub fn ended(&self) -> bool {
+        self.end.is_some()
+    }
+
+    pub fn pending(&self) -> usize {
+        self.pending.len()
+    }
+
+    /// Set by the source: events it had to drop (never blocks the run).
+    pub fn set_dropped(&mut self, n: u64) {
+        if n != self.dropped {
+            self.dropped = n;
+            self.dirty = true;
+        }
+    }
+
+    /// Set by the source when it has nothing more to give.
+    pub fn set_source_done(&mut self) {
+        if !self.source_done {
+            self.source_done = true;
+            self.dirty = true;
+        }
+    }
+
+    /// Latency histograms, for a stream that carries them (not yet: see [`LatencyHist`]).
+    pub fn set_latency(&mut self, h: Vec<LatencyHist>) {
+        self.latency = Some(h);
+        self.dirty = true;
+    }
+
+    /// Lines the target printed (its stdout/stderr are captured while the TUI is up).
+    pub fn push_output(&mut self, line: String) {
+        if self.output.len() >= MAX_OUTPUT_LINES {
+            self.output.pop_front();
+        }
+        self.output.push_back(line);
+        self.dirty = true;
+    }
+
+    pub fn set_viewport(&mut self, w: u16, h: u16) {
+        if self.viewport != (w, h) {
+            self.viewport = (w, h);
+            self.dirty = true;
+        }
+    }
+
+    /// Has anything changed since the last call (i.e. is a redraw needed)?
+    pub fn take_dirty(&mut self) -> bool {
+        std::mem::replace(&mut self.dirty, false)
+    }
+
+    /// Rows of a page in the current view (for PgUp/PgDn).
+    pub fn page_rows(&self) -> usize {
+        crate::view::body_rows(self.view, self.viewport.0, self.viewport.1).max(1)
+    }
+
+    /// Apply an input effect.
+    pub fn apply(&mut self, e: Effect) -> Control {
+        self.dirty = true;
+        match e {
+            Effect::Quit => return Control::Quit,
+            Effect::SwitchView(v) => self.view = v,
+            Effect::NextView => self.view = self.view.offset(1),
+            Effect::PrevView => self.view = self.view.offset(-1),
+            Effect::TogglePause => {
+                self.paused = !self.paused;
+                if !self.paused {
+                    while let Some(ev) = self.pending.pop_front() {
+                        self.apply_event(ev);
+                    }
+                }
+            }
+            Effect::Scroll(s) => self.scroll(s),
+        }
+        Control::Continue
+    }
+
+    fn scroll(&mut self, s: Scroll) {
+        let page = self.page_rows();
+        if self.view == View::Tokens {
+            let max = self.rows.len().saturating_sub(page);
+            let o = &mut self.tokens_offset;
+            *o = match s {
+                Scroll::Up(n) => o.saturating_add(n),
+                Scroll::Down(n) => o.saturating_sub(n),
+                Scroll::PageUp => o.saturating_add(page),
+                Scroll::PageDown => o.saturating_sub(page),
+                Scroll::Top => max,
+                Scroll::Bottom => 0,
+            }
+            .min(max);
+        } else {
+            let o = &mut self.table_offset[self.view.index()];
+            // Clamped by the view, which knows its length.
+            *o = match s {
+                Scroll::Up(n) => o.saturating_sub(n),
+                Scroll::Down(n) => o.saturating_add(n),
+                Scroll::PageUp => o.saturating_sub(page),
+                Scroll::PageDown => o.saturating_add(page),
+                Scroll::Top => 0,
+                Scroll::Bottom => usize::MAX / 2,
+            };
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use observer_common::model::{ExpertGrid, Residency, ThreadToken};
+
+    fn token(seq: u64, kind: StepKind, wall_ms: u64) -> TokenRecord {
+        let w = wall_ms * 1_000_000;
+        TokenRecord {
+            seq,
+            index: Some(seq),
+            kind,
+            n_tokens: if kind == StepKind::Prompt { 10 } else { 1 },
+            start_ns: seq * w,
+            wall_ns: w,
+            components: Components::all_measured([w / 2, 0, w / 4, 0, 0, 0, 0, w / 8, w / 8]),
+            residual_ns: 0,
+            counters: Counters::default(),
+            engine_compute_ns: Some(w * 3 / 4),
+            threads: vec![ThreadToken {
+                tid: 7,
+                comm: "w".into(),
+                components: Components::all_measured([w, 0, 0, 0, 0, 0, 0, 0, 0]),
+                counters: Counters::default(),
+                residual_ns: 0,
+            }],
+            engine: None,
+            residency: None,
+            lost_events: 1,
+        }
+    }
+
+    #[test]
+    fn rates_cover_generate_steps_only_and_unmeasured_stays_none() {
+        let mut app = App::new();
+        app.push(Event::Token(token(0, StepKind::Prompt, 1000)));
+        for i in 1..=4 {
+            app.push(Event::Token(token(i, StepKind::Generate, 100)));
+        }
+        app.refresh_stats();
+        let r = app.rate.unwrap();
+        assert!((r.rate - 10.0).abs() < 1e-9, "{r:?}");
+        assert_eq!(r.steps, 4);
+        assert_eq!(app.main_kind(), StepKind::Generate);
+        let g = app.agg(StepKind::Generate);
+        assert_eq!(g.component(Component::Compute).mean(), Some(50e6));
+        assert_eq!(g.hidden_ns.mean(), Some(25e6));
+        assert_eq!(g.counter(Counter::Minflt).mean(), None, "not measured is None, not 0");
+        assert_eq!(app.lost(), 5);
+        assert_eq!(app.threads[&7].steps, 5);
+    }
+
+    #[test]
+    fn pause_queues_and_resume_applies_in_order() {
+        let mut app = App::new();
+        app.apply(Effect::TogglePause);
+        for i in 0..3 {
+            app.push(Event::Token(token(i, StepKind::Generate, 10)));
+        }
+        assert_eq!(app.rows.len(), 0);
+        assert_eq!(app.pending(), 3);
+        app.apply(Effect::TogglePause);
+        assert_eq!(app.rows.iter().map(|r| r.seq).collect::<Vec<_>>(), vec![0, 1, 2]);
+    }
+
+    #[test]
+    fn end_switches_to_summary_once_and_views_cycle() {
+        let mut app = App::new();
+        app.push(Event::End(RunEnd { mono_ns: 1, exit_code: Some(0), lost_events: 9 }));
+        assert_eq!(app.view, View::Summary);
+        assert_eq!(app.lost(), 9);
+        app.apply(Effect::NextView);
+        assert_eq!(app.view, View::Heatmap);
+        app.apply(Effect::PrevView);
+        app.apply(Effect::PrevView);
+        app.apply(Effect::PrevView);
+        assert_eq!(app.view, View::Faults);
+        assert_eq!(app.apply(Effect::Quit), Control::Quit);
+    }
+
+    #[test]
+    fn scrolled_back_tokens_stay_put_and_clamp() {
+        let mut app = App::new();
+        app.set_viewport(80, 20);
+        for i in 0..100 {
+            app.push(Event::Token(token(i, StepKind::Generate, 10)));
+        }
+        app.apply(Effect::Scroll(Scroll::Up(5)));
+        assert_eq!(app.tokens_offset, 5);
+        app.push(Event::Token(token(100, StepKind::Generate, 10)));
+        assert_eq!(app.tokens_offset, 6, "the same rows stay on screen");
+        app.apply(Effect::Scroll(Scroll::Top));
+        assert_eq!(app.tokens_offset, 101 - app.page_rows());
+        app.apply(Effect::Scroll(Scroll::Up(1000)));
+        assert_eq!(app.tokens_offset, 101 - app.page_rows());
+        app.apply(Effect::Scroll(Scroll::Bottom));
+        assert_eq!(app.tokens_offset, 0);
+    }
+
+    #[test]
+    fn churn_is_remembered_for_a_window_of_steps() {
+        let mut app = App::new();
+        let grid = |added: Vec<u32>| ExpertGrid {
+            n_layers: 1,
+            n_experts: 3,
+            resident: vec![1.0, 0.5, 0.0],
+            added: Some(added),
+            evicted: Some(vec![0, 0, 4]),
+        };
+        let mut t = token(0, StepKind::Generate, 10);
+        t.residency = Some(Residency { grid: Some(grid(vec![2, 0, 0])), ..Default::default() });
+        app.push(Event::Token(t));
+        assert_eq!(app.heat.churn(0), (true, false));
+        assert_eq!(app.heat.churn(2), (false, true));
+        assert_eq!((app.heat.step_added, app.heat.step_evicted), (Some(2), Some(4)));
+        for s in 1..=CHURN_WINDOW {
+            let mut t = token(s, StepKind::Generate, 10);
+            t.residency = Some(Residency { grid: Some(grid(vec![0, 0, 0])), ..Default::default() });
+            app.push(Event::Token(t));
+        }
+        assert_eq!(app.heat.churn(0), (false, false), "added churn aged out");
+        assert_eq!(app.heat.churn(2), (false, true), "evictions went on");
+        assert_eq!(app.heat.run_evicted, 4 * (CHURN_WINDOW + 1));
+    }
+}

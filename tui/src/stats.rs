@@ -1,0 +1,207 @@
+//! Small statistics for the views: token rates with a seeded bootstrap interval.
+//!
+//! Spec:
+//! - A *step* is `(n_tokens, wall_ns)`. The rate of a set of steps is
+//!   `Σ n_tokens / Σ wall_ns` in tokens per second (time spent inside the
+//!   steps, so gaps between steps are not counted).
+//! - Its 95 % interval is a percentile bootstrap: `resamples` times, draw as
+//!   many steps as there are, with replacement, and compute the same rate; the
+//!   interval is the 2.5th and 97.5th percentiles of those rates (linear
+//!   interpolation between order statistics).
+//! - Draws come from SplitMix64 seeded with a fixed seed, so the same steps
+//!   always give the same interval (snapshots and replays are reproducible).
+//! - Fewer than two steps give a rate and no interval.
+
+/// SplitMix64: a tiny, well-mixed 64-bit generator (Steele, Lea, Flood 2014).
+#[derive(Clone, Debug)]
+pub struct SplitMix64(u64);
+
+impl SplitMix64 {
+    pub fn new(seed: u64) -> Self {
+        SplitMix64(seed)
+    }
+
+    pub fn next_u64(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+
+    /// Uniform in `0..n` (multiply-shift; the bias is below 2^-32 for the n used here).
+    pub fn below(&mut self, n: usize) -> usize {
+        ((self.next_u64() >> 32).wrapping_mul(n as u64) >> 32) as usize
+    }
+
+    /// Uniform in `[0, 1)`.
+    pub fn unit(&mut self) -> f64 {
+        (self.next_u64() >> 11) as f64 / (1u64 << 53) as f64
+    }
+}
+
+/// The seed of every interval the TUI shows.
+pub const SEED: u64 = 0x6F62_7365_7276_6572; // "observer"
+
+/// A rate and, with at least two steps, its bootstrap 95 % interval.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct RateInterval {
+    /// Tokens per second over all steps.
+    pub rate: f64,
+    /// (low, high) tokens per second.
+    pub ci95: Option<(f64, f64)>,
+    /// Bootstrap resamples behind `ci95`.
+    pub resamples: usize,
+    /// Steps the rate is over.
+    pub steps: usize,
+}
+
+/// Tokens per second of `steps` (`(n_tokens, wall_ns)`), or `None` without time.
+pub fn rate(steps: impl IntoIterator<Item = (u64, u64)>) -> Option<f64> {
+    let (mut n, mut wall) = (0u128, 0u128);
+    for (t, w) in steps {
+        n += t as u128;
+        wall += w as u128;
+    }
+    (wall > 0).then(|| n as f64 * 1e9 / wall as f64)
+}
+
+/// How many resamples for `n` steps: enough for stable percentiles, bounded
+/// so that one interval costs at most about two million draws.
+pub fn resamples_for(n: usize) -> usize {
+    (2_000_000 / n.max(1)).clamp(200, 2000)
+}
+
+/// The rate of `steps` with its percentile-bootstrap 95 % interval (module spec).
+pub fn rate_interval(steps: &[(u64, u64)], resamples: usize, seed: u64) -> Option<RateInterval> {
+    let r = rate(steps.iter().copied())?;
+    let n = steps.len();
+    if n < 2 || resamples == 0 {
+        return Some(RateInterval { rate: r, ci95: None, resamples: 0, steps: n });
+    }
+    let mut rng = SplitMix64::new(seed);
+    let mut rates = Vec::with_capacity(resamples);
+    for _ in 0..resamples {
+        let (mut t, mut w) = (0u128, 0u128);
+        for _ in 0..n {
+            let (st, sw) = steps[rng.below(n)];
+            t += st as u128;
+            w += sw as u128;
+        }
+        if w > 0 {
+            rates.push(t as f64 * 1e9 / w as f64);
+        }
+    }
+    if rates.is_empty() {
+        return Some(RateInterval { rate: r, ci95: None, resamples: 0, steps: n });
+    }
+    rates.sort_by(f64::total_cmp);
+    Some(RateInterval {
+        rate: r,
+        ci95: Some((percentile(&rates, 0.025), percentile(&rates, 0.975))),
+        resamples: rates.len(),
+        steps: n,
+    })
+}
+
+/// `q`-quantile of sorted values, linear between order statistics.
+pub fn percentile(sorted: &[f64], q: f64) -> f64 {
+    match sorted.len() {
+        0 => f64::NAN,
+        1 => sorted[0],
+        len => {
+            let pos = q.clamp(0.0, 1.0) * (len - 1) as f64;
+            let lo = pos.floor() as usize;
+            let hi = (lo + 1).min(len - 1);
+            sorted[lo] + (sorted[hi] - sorted[lo]) * (pos - lo as f64)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Normal draws (Box–Muller) for synthetic step times.
+    fn normal(rng: &mut SplitMix64, mean: f64, sd: f64) -> f64 {
+        let u1 = rng.unit().max(1e-12);
+        let u2 = rng.unit();
+        mean + sd * (-2.0 * u1.ln()).sqrt() * (2.0 * std::f64::consts::PI * u2).cos()
+    }
+
+    fn steps(rng: &mut SplitMix64, n: usize, mean_ms: f64, sd_ms: f64) -> Vec<(u64, u64)> {
+        (0..n).map(|_| (1, (normal(rng, mean_ms, sd_ms).max(1.0) * 1e6) as u64)).collect()
+    }
+
+    #[test]
+    fn rate_is_tokens_over_time_in_steps() {
+        assert_eq!(rate([(1, 100_000_000), (1, 100_000_000)]), Some(10.0));
+        assert_eq!(rate([(32, 1_000_000_000)]), Some(32.0));
+        assert_eq!(rate([]), None);
+        assert_eq!(rate([(1, 0)]), None);
+    }
+
+    #[test]
+    fn one_step_has_no_interval_and_same_input_same_interval() {
+        let one = rate_interval(&[(1, 50_000_000)], 500, SEED).unwrap();
+        assert_eq!(one.ci95, None);
+        assert!((one.rate - 20.0).abs() < 1e-9);
+        let mut rng = SplitMix64::new(7);
+        let s = steps(&mut rng, 100, 50.0, 5.0);
+        let a = rate_interval(&s, 500, SEED).unwrap();
+        let b = rate_interval(&s, 500, SEED).unwrap();
+        assert_eq!(a, b);
+        let c = rate_interval(&s, 500, SEED + 1).unwrap();
+        assert_ne!(a.ci95, c.ci95, "a different seed draws different resamples");
+    }
+
+    #[test]
+    fn interval_brackets_the_estimate_and_matches_the_delta_method() {
+        let mut rng = SplitMix64::new(11);
+        let s = steps(&mut rng, 400, 80.0, 12.0);
+        let ri = rate_interval(&s, 2000, SEED).unwrap();
+        let (lo, hi) = ri.ci95.unwrap();
+        assert!(lo < ri.rate && ri.rate < hi, "{lo} < {} < {hi}", ri.rate);
+        // Delta method: rate = 1e3/mean_ms, sd(rate) ≈ rate * sd/mean/√n.
+        let walls: Vec<f64> = s.iter().map(|&(_, w)| w as f64 / 1e6).collect();
+        let mean = walls.iter().sum::<f64>() / walls.len() as f64;
+        let sd = (walls.iter().map(|w| (w - mean).powi(2)).sum::<f64>() / (walls.len() - 1) as f64).sqrt();
+        let half = 1.96 * ri.rate * sd / mean / (walls.len() as f64).sqrt();
+        let got = (hi - lo) / 2.0;
+        assert!((got / half - 1.0).abs() < 0.15, "bootstrap half-width {got} vs delta method {half}");
+    }
+
+    #[test]
+    fn interval_covers_the_true_rate_about_95_percent_of_the_time() {
+        // True mean step 50 ms → 20 tok/s. 200 independent runs of 60 steps.
+        let mut rng = SplitMix64::new(2024);
+        let mut covered = 0;
+        let runs = 200;
+        for i in 0..runs {
+            let s = steps(&mut rng, 60, 50.0, 10.0);
+            let (lo, hi) = rate_interval(&s, 400, SEED + i).unwrap().ci95.unwrap();
+            if lo <= 20.0 && 20.0 <= hi {
+                covered += 1;
+            }
+        }
+        let share = covered as f64 / runs as f64;
+        assert!((0.89..=0.99).contains(&share), "coverage {share}");
+    }
+
+    #[test]
+    fn percentile_interpolates() {
+        let v = [1.0, 2.0, 3.0, 4.0, 5.0];
+        assert_eq!(percentile(&v, 0.0), 1.0);
+        assert_eq!(percentile(&v, 1.0), 5.0);
+        assert_eq!(percentile(&v, 0.5), 3.0);
+        assert!((percentile(&v, 0.125) - 1.5).abs() < 1e-12);
+        assert!(percentile(&[], 0.5).is_nan());
+    }
+
+    #[test]
+    fn resample_budget_is_bounded() {
+        assert_eq!(resamples_for(10), 2000);
+        assert_eq!(resamples_for(4000), 500);
+        assert_eq!(resamples_for(1_000_000), 200);
+    }
+}

@@ -1,0 +1,205 @@
+//! The terminal and the loop: owns `/dev/tty` (alternate screen, raw mode;
+//! restored on exit, on error and on panic), pulls events from a [`Source`]
+//! into the [`App`], redraws at most every `refresh` (and at once after a key),
+//! and turns keys into effects.
+//!
+//! The terminal is `/dev/tty`, not stdout/stdin, so that a caller may point
+//! its own stdio elsewhere (`observer tui` captures the target's output).
+
+use std::{
+    fs::File,
+    io::{self, BufWriter, Write},
+    sync::Once,
+    time::{Duration, Instant},
+};
+
+use observer_common::model::Event;
+use ratatui::{
+    Terminal,
+    backend::CrosstermBackend,
+    crossterm::{
+        cursor::{Hide, Show},
+        event::{self, Event as TermEvent, KeyEventKind},
+        execute,
+        terminal::{EnterAlternateScreen, LeaveAlternateScreen, disable_raw_mode, enable_raw_mode},
+    },
+};
+
+use crate::{
+    input,
+    state::{App, Control},
+    view,
+};
+
+/// Default redraw rate: 4 Hz.
+pub const DEFAULT_REFRESH: Duration = Duration::from_millis(250);
+/// How often the rate interval is recomputed at most (it costs up to ~2 M draws).
+pub const STATS_EVERY: Duration = Duration::from_secs(1);
+/// Events moved from a source into the state per pump, so keys stay responsive.
+pub const PUMP_MAX: usize = 20_000;
+
+#[derive(Clone, Debug)]
+pub struct Options {
+    pub refresh: Duration,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Options { refresh: DEFAULT_REFRESH }
+    }
+}
+
+/// Where events come from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Status {
+    /// More may come.
+    Open,
+    /// No more events, as expected (a replay reached its end, or a live run
+    /// sent its `End`): keep showing the state.
+    Done,
+    /// The producer went away without an `End` (the run failed): leave.
+    Failed,
+}
+
+pub trait Source {
+    /// Move available events into `app` without blocking (at most
+    /// [`PUMP_MAX`]); say whether more may come.
+    fn pump(&mut self, app: &mut App) -> Status;
+}
+
+/// A finite sequence of events (a replayed trace): everything is read at once.
+pub struct IterSource<I>(pub I);
+
+impl<I: Iterator<Item = Event>> Source for IterSource<I> {
+    fn pump(&mut self, app: &mut App) -> Status {
+        for _ in 0..PUMP_MAX {
+            match self.0.next() {
+                Some(ev) => app.push(ev),
+                None => {
+                    app.set_source_done();
+                    return Status::Done;
+                }
+            }
+        }
+        Status::Open
+    }
+}
+
+/// Why the loop ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Exit {
+    /// The user quit.
+    Quit,
+    /// The source failed (see [`Status::Failed`]).
+    SourceFailed,
+}
+
+type Term = Terminal<CrosstermBackend<BufWriter<File>>>;
+
+/// The terminal in TUI mode; back to normal when dropped.
+pub struct TerminalGuard {
+    pub terminal: Term,
+}
+
+impl TerminalGuard {
+    pub fn enter() -> io::Result<Self> {
+        install_panic_hook();
+        let tty = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open("/dev/tty")
+            .map_err(|e| io::Error::new(e.kind(), format!("cannot open the terminal /dev/tty: {e}")))?;
+        enable_raw_mode()?;
+        let mut out = BufWriter::new(tty);
+        if let Err(e) = execute!(out, EnterAlternateScreen, Hide) {
+            restore();
+            return Err(e);
+        }
+        match Terminal::new(CrosstermBackend::new(out)) {
+            Ok(terminal) => Ok(TerminalGuard { terminal }),
+            Err(e) => {
+                restore();
+                Err(e)
+            }
+        }
+    }
+}
+
+impl Drop for TerminalGuard {
+    fn drop(&mut self) {
+        let _ = self.terminal.backend_mut().flush();
+        restore();
+    }
+}
+
+/// Leave the alternate screen, show the cursor, leave raw mode. Idempotent;
+/// safe to call from a panic hook.
+pub fn restore() {
+    if let Ok(mut tty) = std::fs::OpenOptions::new().write(true).open("/dev/tty") {
+        let _ = execute!(tty, LeaveAlternateScreen, Show);
+    }
+    let _ = disable_raw_mode();
+}
+
+/// A panic anywhere restores the terminal before the message is printed.
+pub fn install_panic_hook() {
+    static ONCE: Once = Once::new();
+    ONCE.call_once(|| {
+        let prev = std::panic::take_hook();
+        std::panic::set_hook(Box::new(move |info| {
+            restore();
+            prev(info);
+        }));
+    });
+}
+
+/// Run the TUI until the user quits or the source fails.
+pub fn run(source: &mut dyn Source, app: &mut App, opts: &Options) -> io::Result<Exit> {
+    let mut guard = TerminalGuard::enter()?;
+    let term = &mut guard.terminal;
+    let size = term.size()?;
+    app.set_viewport(size.width, size.height);
+    let mut next_draw = Instant::now();
+    let mut last_stats: Option<Instant> = None;
+    let mut done = false;
+    loop {
+        if !done {
+            match source.pump(app) {
+                Status::Open => {}
+                Status::Done => done = true,
+                Status::Failed if app.ended() => done = true,
+                Status::Failed => return Ok(Exit::SourceFailed),
+            }
+        }
+        let now = Instant::now();
+        if now >= next_draw {
+            if last_stats.is_none_or(|t| now.duration_since(t) >= STATS_EVERY) || done {
+                app.refresh_stats();
+                last_stats = Some(now);
+            }
+            if app.take_dirty() {
+                term.draw(|f| view::draw(app, f))?;
+            }
+            next_draw = now + opts.refresh;
+        }
+        let wait = next_draw.saturating_duration_since(Instant::now());
+        if event::poll(wait)? {
+            match event::read()? {
+                TermEvent::Key(k) if k.kind != KeyEventKind::Release => {
+                    if let Some(e) = input::effect(k) {
+                        if app.apply(e) == Control::Quit {
+                            return Ok(Exit::Quit);
+                        }
+                        next_draw = Instant::now();
+                    }
+                }
+                TermEvent::Resize(w, h) => {
+                    app.set_viewport(w, h);
+                    term.autoresize()?;
+                    next_draw = Instant::now();
+                }
+                _ => {}
+            }
+        }
+    }
+}

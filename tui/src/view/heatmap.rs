@@ -1,0 +1,157 @@
+//! Heatmap: the layer × expert residency grid of the latest step that carried
+//! one. A cell's shade is the resident fraction of that expert's bytes
+//! (`·` none, `░` < 25 %, `▒` < 50 %, `▓` < 75 %, `█` from 75 %); its colour
+//! marks churn within the last [`CHURN_WINDOW`] steps: green where pages were
+//! added, red where evicted, yellow where both. When the grid is wider or
+//! taller than the screen, a cell stands for several experts or layers (mean
+//! residency, any churn) and the header says how many.
+
+use ratatui::{
+    Frame,
+    layout::Rect,
+    style::{Color, Modifier, Style},
+    text::{Line, Span},
+    widgets::Paragraph,
+};
+
+use super::fmt;
+use crate::state::{App, CHURN_WINDOW};
+
+/// Columns for the `L 12 ` row label.
+const LABEL_W: usize = 6;
+
+pub fn shade(frac: f32) -> char {
+    if frac <= 0.0 {
+        '·'
+    } else if frac < 0.25 {
+        '░'
+    } else if frac < 0.5 {
+        '▒'
+    } else if frac < 0.75 {
+        '▓'
+    } else {
+        '█'
+    }
+}
+
+fn churn_style(added: bool, evicted: bool) -> Style {
+    match (added, evicted) {
+        (true, true) => Style::new().fg(Color::Yellow).add_modifier(Modifier::BOLD),
+        (true, false) => Style::new().fg(Color::Green).add_modifier(Modifier::BOLD),
+        (false, true) => Style::new().fg(Color::Red).add_modifier(Modifier::BOLD),
+        (false, false) => Style::new().fg(Color::Gray),
+    }
+}
+
+pub fn draw(app: &App, f: &mut Frame<'_>, area: Rect) {
+    let w = area.width as usize;
+    let h = &app.heat;
+    let mut lines: Vec<Line<'static>> = Vec::new();
+    if !h.measured {
+        lines.push(Line::styled("Residency: not measured", fmt::title()));
+        lines.push(Line::styled(
+            fmt::fit("no step carried residency (no model file known, or the sampler is off)", w),
+            fmt::dim(),
+        ));
+        f.render_widget(Paragraph::new(lines), area);
+        return;
+    }
+    let p = |v: Option<f64>| v.map_or_else(|| "not measured".into(), fmt::pct);
+    lines.push(Line::raw(fmt::fit(
+        &format!(
+            "experts resident {} · dense resident {} · dense swapped {}",
+            p(h.experts_resident_frac),
+            p(h.dense_resident_frac),
+            p(h.dense_swapped_frac)
+        ),
+        w,
+    )));
+    let Some(g) = &h.grid else {
+        lines.push(Line::styled("expert grid: not measured", fmt::dim()));
+        f.render_widget(Paragraph::new(lines), area);
+        return;
+    };
+    let churn = match (h.step_added, h.step_evicted) {
+        (None, None) => "churn: not measured".to_string(),
+        (a, e) => format!(
+            "churn at step #{}: +{} / −{} pages · run +{} / −{}",
+            h.grid_seq,
+            a.map_or_else(|| fmt::NA.into(), |v| v.to_string()),
+            e.map_or_else(|| fmt::NA.into(), |v| v.to_string()),
+            h.run_added,
+            h.run_evicted
+        ),
+    };
+    lines.push(Line::raw(fmt::fit(&churn, w)));
+
+    let (nl, ne) = (g.n_layers as usize, g.n_experts as usize);
+    let grid_cols = w.saturating_sub(LABEL_W).max(1);
+    let per_col = ne.div_ceil(grid_cols).max(1);
+    let mut grid_rows = (area.height as usize).saturating_sub(lines.len() + 2).max(1);
+    if nl > grid_rows || per_col > 1 {
+        grid_rows = grid_rows.saturating_sub(1).max(1); // the binning note
+    }
+    let per_row = nl.div_ceil(grid_rows).max(1);
+    let (cols, rows) = (ne.div_ceil(per_col), nl.div_ceil(per_row));
+
+    lines.push(Line::from(vec![
+        Span::raw("· 0 ░ <25% ▒ <50% ▓ <75% █ ≥75%  "),
+        Span::styled("■ added ", churn_style(true, false)),
+        Span::styled("■ evicted ", churn_style(false, true)),
+        Span::styled("■ both", churn_style(true, true)),
+        Span::raw(format!(" (last {CHURN_WINDOW} steps)")),
+    ]));
+    if per_col > 1 || per_row > 1 {
+        let s = |n: usize, one: &str, many: &str| format!("{n} {}", if n == 1 { one } else { many });
+        lines.push(Line::styled(
+            fmt::fit(
+                &format!(
+                    "one cell = {} × {} (mean residency, any churn)",
+                    s(per_row, "layer", "layers"),
+                    s(per_col, "expert", "experts")
+                ),
+                w,
+            ),
+            fmt::dim(),
+        ));
+    }
+    // Expert index ticks every 10 cells.
+    let mut ticks = format!("{:<LABEL_W$}", "layer");
+    let mut c = 0;
+    while c < cols {
+        let label = format!("{}", c * per_col);
+        if c % 10 == 0 && c + label.len() <= cols {
+            ticks.push_str(&label);
+            c += label.len();
+        } else {
+            ticks.push(' ');
+            c += 1;
+        }
+    }
+    lines.push(Line::styled(fmt::fit(&ticks, w), fmt::dim()));
+
+    for r in 0..rows {
+        let (l0, l1) = (r * per_row, ((r + 1) * per_row).min(nl));
+        let mut spans = vec![Span::styled(format!("{:>4}  ", l0), fmt::dim())];
+        for c in 0..cols {
+            let (e0, e1) = (c * per_col, ((c + 1) * per_col).min(ne));
+            let (mut sum, mut n, mut added, mut evicted) = (0.0f32, 0u32, false, false);
+            for l in l0..l1 {
+                for e in e0..e1 {
+                    let i = l * ne + e;
+                    if let Some(&v) = g.resident.get(i) {
+                        sum += v;
+                        n += 1;
+                    }
+                    let (a, ev) = h.churn(i);
+                    added |= a;
+                    evicted |= ev;
+                }
+            }
+            let ch = if n == 0 { ' ' } else { shade(sum / n as f32) };
+            spans.push(Span::styled(ch.to_string(), churn_style(added, evicted)));
+        }
+        lines.push(Line::from(spans));
+    }
+    f.render_widget(Paragraph::new(lines), area);
+}

@@ -1,0 +1,215 @@
+//! Summary: throughput now and over the run (with its bootstrap 95 %
+//! interval), mean time per token by component beside the engine's own
+//! compute, counts per token, the target's memory, and the last lines the
+//! target printed. Two columns when wide, one scrolling column otherwise.
+
+use observer_common::model::{Component, Counter, StepKind};
+use ratatui::{
+    Frame,
+    layout::{Constraint, Layout, Rect},
+    style::{Color, Modifier, Style},
+    text::{Line, Span},
+    widgets::Paragraph,
+};
+
+use super::{clamp_top, fmt};
+use crate::state::{App, NOW_STEPS, View};
+
+const LABEL: usize = 16;
+
+fn row(label: &str, value: String) -> Line<'static> {
+    Line::from(vec![Span::raw(format!("  {label:<LABEL$} ")), Span::raw(value)])
+}
+
+fn row_styled(label: &str, value: String, style: Style) -> Line<'static> {
+    Line::from(vec![Span::raw(format!("  {label:<LABEL$} ")), Span::styled(value, style)])
+}
+
+fn heading(s: &str) -> Line<'static> {
+    Line::styled(s.to_string(), fmt::title())
+}
+
+fn per(kind: StepKind) -> &'static str {
+    match kind {
+        StepKind::Prompt => "prompt",
+        StepKind::Generate => "token",
+        StepKind::Call => "call",
+        StepKind::Window => "window",
+    }
+}
+
+fn throughput(app: &App) -> Vec<Line<'static>> {
+    let mut out = vec![heading("Throughput")];
+    let kind = app.main_kind();
+    if kind == StepKind::Window {
+        out.push(row("rate", "fixed windows: no token rate (no markers)".into()));
+    } else {
+        out.push(row(
+            &format!("now (last {NOW_STEPS})"),
+            app.rate_now().map_or_else(|| fmt::NA.into(), |r| format!("{r:.2} tok/s")),
+        ));
+        match &app.rate {
+            Some(r) => {
+                out.push(row_styled("run", format!("{:.2} tok/s", r.rate), Style::new().add_modifier(Modifier::BOLD)));
+                out.push(row(
+                    "95 % interval",
+                    match r.ci95 {
+                        Some((lo, hi)) => format!("{lo:.2} – {hi:.2} (bootstrap ×{}, {} steps)", r.resamples, r.steps),
+                        None => "needs 2 steps".into(),
+                    },
+                ));
+            }
+            None => out.push(row("run", fmt::NA.into())),
+        }
+    }
+    let p = app.agg(StepKind::Prompt);
+    if p.steps > 0 {
+        let wall = p.wall_ns.total;
+        out.push(row(
+            "prompt",
+            format!(
+                "{} tokens in {} ms ({:.1} tok/s)",
+                p.tokens,
+                fmt::ms(wall),
+                if wall > 0.0 { p.tokens as f64 * 1e9 / wall } else { 0.0 }
+            ),
+        ));
+    }
+    let g = app.agg(kind);
+    out.push(row(
+        &format!("{}s", per(kind)),
+        if g.tokens == g.steps { g.steps.to_string() } else { format!("{} ({} tokens)", g.steps, g.tokens) },
+    ));
+    out
+}
+
+fn per_token_time(app: &App) -> Vec<Line<'static>> {
+    let kind = app.main_kind();
+    let g = app.agg(kind);
+    let mut out = vec![heading(&format!("Mean ms per {}", per(kind)))];
+    if g.steps == 0 {
+        out.push(row("", "no steps yet".into()));
+        return out;
+    }
+    out.push(row("wall", fmt::opt_ms(g.wall_ns.mean())));
+    for c in Component::ALL {
+        let v = g.component(c).mean();
+        let style = Style::new().fg(fmt::color(c));
+        out.push(Line::from(vec![
+            Span::styled("█ ", style),
+            Span::raw(format!("{:<LABEL$} ", c.name())),
+            Span::raw(v.map_or_else(|| "not measured".into(), fmt::ms)),
+        ]));
+    }
+    out.push(row("unattributed", fmt::opt_ms(g.residual_ns.mean())));
+    out.push(row(
+        "engine compute",
+        g.engine_compute_ns.mean().map_or_else(|| "not reported by the engine".into(), fmt::ms),
+    ));
+    if let Some(h) = g.hidden_ns.mean() {
+        out.push(row_styled(
+            "hidden in it",
+            format!("{} (engine compute − measured compute)", fmt::signed_ms(h)),
+            Style::new().fg(Color::Magenta).add_modifier(Modifier::BOLD),
+        ));
+    }
+    out
+}
+
+fn per_token_counts(app: &App) -> Vec<Line<'static>> {
+    let kind = app.main_kind();
+    let g = app.agg(kind);
+    let mut out = vec![heading(&format!("Counts per {}", per(kind)))];
+    for c in [Counter::Minflt, Counter::MajfltFile, Counter::MajfltSwap, Counter::Swapins, Counter::CtxSwitches] {
+        out.push(row(c.name(), g.counter(c).mean().map_or_else(|| "not measured".into(), fmt::count)));
+    }
+    out.push(row("read_bytes", g.counter(Counter::ReadBytes).mean().map_or_else(|| "not measured".into(), fmt::bytes)));
+    let (a, e) = (g.counter(Counter::PagecacheAdded).mean(), g.counter(Counter::PagecacheEvicted).mean());
+    out.push(row(
+        "pagecache +/−",
+        if a.is_none() && e.is_none() {
+            "not measured".into()
+        } else {
+            format!("{} / {} pages", fmt::opt_count(a), fmt::opt_count(e))
+        },
+    ));
+    out
+}
+
+fn memory(app: &App) -> Vec<Line<'static>> {
+    let mut out = vec![heading("Memory of the target (last sample)")];
+    let Some(p) = &app.process else {
+        out.push(row("", "not sampled yet".into()));
+        return out;
+    };
+    let b = |v: Option<u64>| v.map_or_else(|| "not measured".into(), |v| fmt::bytes(v as f64));
+    out.push(row("rss", b(p.rss_bytes)));
+    out.push(row("  anon", b(p.rss_anon_bytes)));
+    out.push(row("  file", b(p.rss_file_bytes)));
+    out.push(row("swap", b(p.swap_bytes)));
+    out.push(row("mem available", b(p.mem_available_bytes)));
+    out
+}
+
+fn run_state(app: &App) -> Line<'static> {
+    let s = match (&app.end, &app.header) {
+        (Some(e), _) => {
+            let how = match e.exit_code {
+                Some(c) => format!("target exited with code {c}"),
+                None => "observation ended".into(),
+            };
+            let secs = app.header.as_ref().map(|h| e.mono_ns.saturating_sub(h.started_mono_ns) as f64 / 1e9);
+            format!("{how}{} · final summary, q quits", secs.map(|s| format!(" after {s:.1} s")).unwrap_or_default())
+        }
+        (None, Some(_)) if app.source_done => "the trace ends here (no end record: truncated?)".into(),
+        (None, Some(_)) => format!("running · {} steps so far", app.steps_seen),
+        (None, None) => "waiting for the run to start…".into(),
+    };
+    Line::styled(s, Style::new().add_modifier(Modifier::BOLD))
+}
+
+fn output(app: &App, rows: usize) -> Vec<Line<'static>> {
+    if app.output.is_empty() || rows < 2 {
+        return Vec::new();
+    }
+    let mut out = vec![heading("Output of the target")];
+    let n = app.output.len();
+    for l in app.output.range(n.saturating_sub(rows - 1)..) {
+        out.push(Line::styled(format!("  {l}"), fmt::dim()));
+    }
+    out
+}
+
+pub fn draw(app: &App, f: &mut Frame<'_>, area: Rect) {
+    if area.height == 0 {
+        return;
+    }
+    f.render_widget(Paragraph::new(run_state(app)), Rect { height: 1, ..area });
+    let area = Rect { y: area.y + 1, height: area.height - 1, ..area };
+    let mut left = vec![Line::raw("")];
+    left.extend(throughput(app));
+    left.push(Line::raw(""));
+    left.extend(per_token_time(app));
+    let mut right = vec![Line::raw("")];
+    right.extend(per_token_counts(app));
+    right.push(Line::raw(""));
+    right.extend(memory(app));
+
+    if area.width >= 96 {
+        let [l, r] = Layout::horizontal([Constraint::Percentage(55), Constraint::Percentage(45)]).areas(area);
+        let top = clamp_top(app.table_offset[View::Summary.index()], left.len(), area.height as usize);
+        f.render_widget(Paragraph::new(left).scroll((top as u16, 0)), l);
+        let room = (area.height as usize).saturating_sub(right.len() + 1);
+        right.push(Line::raw(""));
+        right.extend(output(app, room));
+        let top_r = clamp_top(app.table_offset[View::Summary.index()], right.len(), area.height as usize);
+        f.render_widget(Paragraph::new(right).scroll((top_r as u16, 0)), r);
+    } else {
+        left.push(Line::raw(""));
+        left.extend(right);
+        left.push(Line::raw(""));
+        left.extend(output(app, 6));
+        let top = clamp_top(app.table_offset[View::Summary.index()], left.len(), area.height as usize);
+        f.render_widget(Paragraph::new(left).scroll((top as u16, 0)), area);
+    }
+}

@@ -1,0 +1,308 @@
+//! Snapshot tests of every view on ratatui's `TestBackend`, fed with the
+//! synthetic stream of `fixture`, plus checks of the colours that carry
+//! meaning (lost events, churn, the engine-compute marker) and of drawing at
+//! every small size without a panic.
+//!
+//! Snapshots live in `tests/snapshots/`; after an intended change, review and
+//! accept them with `cargo insta review` (or `INSTA_UPDATE=always`).
+
+mod fixture;
+
+use fixture::Opts;
+use observer_common::model::Event;
+use ratatui::{
+    Terminal,
+    backend::TestBackend,
+    buffer::Buffer,
+    style::{Color, Modifier},
+};
+use tui::{App, Effect, LatencyHist, Scroll, View};
+
+fn app_with(o: &Opts) -> App {
+    let mut app = App::new();
+    for e in fixture::events(o) {
+        app.push(e);
+    }
+    app.refresh_stats();
+    app
+}
+
+fn render(app: &mut App, w: u16, h: u16) -> Terminal<TestBackend> {
+    app.set_viewport(w, h);
+    let mut t = Terminal::new(TestBackend::new(w, h)).unwrap();
+    t.draw(|f| tui::draw(app, f)).unwrap();
+    t
+}
+
+fn show(app: &mut App, view: View, w: u16, h: u16) -> Terminal<TestBackend> {
+    app.apply(Effect::SwitchView(view));
+    render(app, w, h)
+}
+
+fn text(buf: &Buffer) -> String {
+    let mut s = String::new();
+    for y in 0..buf.area.height {
+        for x in 0..buf.area.width {
+            s.push_str(buf[(x, y)].symbol());
+        }
+        s.push('\n');
+    }
+    s
+}
+
+/// Position of the first occurrence of `needle` on screen.
+fn find(buf: &Buffer, needle: &str) -> Option<(u16, u16)> {
+    for y in 0..buf.area.height {
+        let line: Vec<String> = (0..buf.area.width).map(|x| buf[(x, y)].symbol().to_string()).collect();
+        let joined: String = line.concat();
+        if let Some(byte) = joined.find(needle) {
+            // Column = number of cells before the byte offset.
+            let mut acc = 0;
+            for (x, cell) in line.iter().enumerate() {
+                if acc == byte {
+                    return Some((x as u16, y));
+                }
+                acc += cell.len();
+            }
+        }
+    }
+    None
+}
+
+#[test]
+fn tokens_view_while_running() {
+    let mut app = app_with(&Opts { end: false, ..Default::default() });
+    let t = show(&mut app, View::Tokens, 110, 30);
+    insta::assert_snapshot!(t.backend());
+}
+
+#[test]
+fn tokens_view_scrolled_back_to_the_prompt() {
+    let mut app = app_with(&Opts { end: false, ..Default::default() });
+    app.apply(Effect::SwitchView(View::Tokens));
+    app.set_viewport(110, 30);
+    app.apply(Effect::Scroll(Scroll::Top));
+    let t = render(&mut app, 110, 30);
+    let s = text(t.backend().buffer());
+    assert!(s.contains("     0 P   640.00"), "the prompt row is on top when scrolled to the top:\n{s}");
+    assert!(s.contains('»'), "the prompt is longer than the scale and is cut with »:\n{s}");
+    insta::assert_snapshot!(t.backend());
+}
+
+#[test]
+fn summary_view_after_the_target_exited() {
+    let mut app = app_with(&Opts::default());
+    assert_eq!(app.view, View::Summary, "the end switches to the final summary");
+    let t = render(&mut app, 110, 30);
+    insta::assert_snapshot!(t.backend());
+}
+
+#[test]
+fn summary_view_narrow_is_one_column() {
+    let mut app = app_with(&Opts::default());
+    app.push_output("{\"kind\":\"tokens\",\"n\":48}".into());
+    let t = show(&mut app, View::Summary, 72, 44);
+    insta::assert_snapshot!(t.backend());
+}
+
+#[test]
+fn heatmap_view_with_churn() {
+    let mut app = app_with(&Opts::default());
+    let t = show(&mut app, View::Heatmap, 100, 20);
+    insta::assert_snapshot!(t.backend());
+    // Churn colours: the fixture adds and evicts pages every step.
+    let buf = t.backend().buffer();
+    let fgs: Vec<Color> = (0..buf.area.height)
+        .flat_map(|y| (6..buf.area.width).map(move |x| (x, y)))
+        .filter(|&(x, y)| "·░▒▓█".contains(buf[(x, y)].symbol()) && y >= 6)
+        .map(|(x, y)| buf[(x, y)].fg)
+        .collect();
+    assert!(fgs.contains(&Color::Green), "added pages are green");
+    assert!(fgs.contains(&Color::Red) || fgs.contains(&Color::Yellow), "evicted pages are red (or yellow with added)");
+    assert!(fgs.contains(&Color::Gray), "cells without churn stay plain");
+}
+
+#[test]
+fn heatmap_view_bins_a_grid_wider_than_the_screen() {
+    let mut app = app_with(&Opts::default());
+    let t = show(&mut app, View::Heatmap, 50, 14);
+    let s = text(t.backend().buffer());
+    assert!(s.contains("one cell = 2 layers × 1 expert"), "{s}");
+    insta::assert_snapshot!(t.backend());
+}
+
+#[test]
+fn heatmap_view_says_not_measured() {
+    let mut app = app_with(&Opts { residency: false, ..Default::default() });
+    let t = show(&mut app, View::Heatmap, 80, 12);
+    let s = text(t.backend().buffer());
+    assert!(s.contains("Residency: not measured"), "{s}");
+    insta::assert_snapshot!(t.backend());
+}
+
+#[test]
+fn threads_view() {
+    let mut app = app_with(&Opts::default());
+    let t = show(&mut app, View::Threads, 130, 12);
+    insta::assert_snapshot!(t.backend());
+}
+
+#[test]
+fn threads_view_narrow_drops_columns() {
+    let mut app = app_with(&Opts::default());
+    let t = show(&mut app, View::Threads, 60, 12);
+    let s = text(t.backend().buffer());
+    assert!(s.contains("compute") && !s.contains("ctxsw"), "{s}");
+    insta::assert_snapshot!(t.backend());
+}
+
+#[test]
+fn faults_view_from_the_stream() {
+    let mut app = app_with(&Opts::default());
+    let t = show(&mut app, View::Faults, 100, 16);
+    insta::assert_snapshot!(t.backend());
+}
+
+#[test]
+fn faults_view_with_latency_histograms() {
+    let mut app = app_with(&Opts::default());
+    let mut minor = vec![0u64; 40];
+    minor[9] = 1200; // ≤512 ns
+    minor[10] = 5400;
+    minor[11] = 2100;
+    minor[13] = 40;
+    let mut swap = vec![0u64; 40];
+    swap[14] = 300;
+    swap[15] = 3900;
+    swap[16] = 800;
+    swap[19] = 12;
+    app.set_latency(vec![
+        LatencyHist { name: "fault_minor".into(), buckets: minor },
+        LatencyHist { name: "fault_major_swap".into(), buckets: swap },
+        LatencyHist { name: "disk_read".into(), buckets: vec![0; 40] },
+    ]);
+    let t = show(&mut app, View::Faults, 100, 30);
+    let s = text(t.backend().buffer());
+    assert!(s.contains("n=8740  p50 ≤1.0 µs  p99 ≤2.0 µs"), "{s}");
+    insta::assert_snapshot!(t.backend());
+}
+
+#[test]
+fn tiny_terminal_shows_the_essentials() {
+    let mut app = app_with(&Opts { lost: 3, ..Default::default() });
+    let t = render(&mut app, 30, 5);
+    insta::assert_snapshot!(t.backend());
+    let buf = t.backend().buffer();
+    let (x, y) = find(buf, "lost 3").expect("lost count shown");
+    assert_eq!(buf[(x, y)].fg, Color::Red);
+}
+
+#[test]
+fn smallest_full_layout() {
+    let mut app = app_with(&Opts { end: false, ..Default::default() });
+    let t = show(&mut app, View::Tokens, 40, 8);
+    insta::assert_snapshot!(t.backend());
+}
+
+#[test]
+fn lost_and_dropped_events_are_red_in_the_header() {
+    let mut app = app_with(&Opts { lost: 7, ..Default::default() });
+    let t = render(&mut app, 110, 30);
+    let buf = t.backend().buffer();
+    let (x, y) = find(buf, "lost 7").expect("lost shown");
+    assert_eq!(buf[(x, y)].fg, Color::Red);
+    assert!(buf[(x, y)].modifier.contains(Modifier::BOLD));
+    let (x, y) = find(buf, "dropped 0").expect("dropped shown");
+    assert_ne!(buf[(x, y)].fg, Color::Red, "zero drops are not an alarm");
+    app.set_dropped(2);
+    let t = render(&mut app, 110, 30);
+    let buf = t.backend().buffer();
+    let (x, y) = find(buf, "dropped 2").expect("dropped shown");
+    assert_eq!(buf[(x, y)].fg, Color::Red);
+}
+
+#[test]
+fn every_bar_carries_the_engine_compute_marker_after_the_measured_compute() {
+    let mut app = app_with(&Opts { end: false, ..Default::default() });
+    let t = show(&mut app, View::Tokens, 110, 30);
+    let buf = t.backend().buffer();
+    let mut rows = 0;
+    for y in 3..buf.area.height - 2 {
+        let line: Vec<&str> = (0..buf.area.width).map(|x| buf[(x, y)].symbol()).collect();
+        let Some(bar0) = line.iter().position(|&c| c == "│") else { continue };
+        if !line[..bar0].concat().trim_end().ends_with(|c: char| c.is_ascii_digit()) {
+            continue;
+        }
+        rows += 1;
+        let marker = line.iter().position(|&c| c == "┃").unwrap_or_else(|| panic!("no marker on row {y}"));
+        // Last compute (green) cell before the marker: the hidden cost lies between.
+        let green_end = (bar0 + 1..buf.area.width as usize)
+            .take_while(|&x| buf[(x as u16, y)].fg == Color::Green)
+            .last()
+            .expect("compute segment");
+        assert!(marker > green_end, "row {y}: marker at {marker}, compute ends at {green_end}");
+    }
+    assert!(rows >= 20, "checked {rows} token rows");
+}
+
+#[test]
+fn paused_state_is_shown_and_events_wait() {
+    let mut app = app_with(&Opts { end: false, n_gen: 10, ..Default::default() });
+    app.apply(Effect::TogglePause);
+    for e in fixture::events(&Opts { n_gen: 12, ..Default::default() }).into_iter().skip(14) {
+        app.push(e);
+    }
+    let t = show(&mut app, View::Tokens, 110, 20);
+    let s = text(t.backend().buffer());
+    assert!(s.contains("PAUSED · RUNNING"), "{s}");
+    assert!(s.contains("paused, 3 events queued"), "{s}");
+    app.apply(Effect::TogglePause);
+    assert!(app.ended());
+}
+
+#[test]
+fn waiting_screen_before_the_header() {
+    let mut app = App::new();
+    let t = render(&mut app, 80, 10);
+    insta::assert_snapshot!(t.backend());
+}
+
+#[test]
+fn every_view_draws_at_every_small_size() {
+    let apps = [
+        App::new(),
+        app_with(&Opts { end: false, ..Default::default() }),
+        app_with(&Opts { residency: false, lost: 1, ..Default::default() }),
+    ];
+    for base in apps {
+        for view in View::ALL {
+            for w in 1..=70u16 {
+                for h in 1..=24u16 {
+                    let mut app = base.clone();
+                    app.apply(Effect::SwitchView(view));
+                    app.apply(Effect::Scroll(Scroll::PageDown));
+                    let _ = render(&mut app, w, h);
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn events_round_trip_through_json_into_the_same_screen() {
+    // Replay will feed deserialised events: the screen must not depend on
+    // anything serde drops.
+    let o = Opts::default();
+    let mut a = app_with(&o);
+    let mut b = App::new();
+    for e in fixture::events(&o) {
+        let j = serde_json::to_string(&e).unwrap();
+        b.push(serde_json::from_str::<Event>(&j).unwrap());
+    }
+    b.refresh_stats();
+    for v in View::ALL {
+        let ta = show(&mut a, v, 110, 30);
+        let tb = show(&mut b, v, 110, 30);
+        assert_eq!(ta.backend().buffer(), tb.backend().buffer(), "{v:?}");
+    }
+}
