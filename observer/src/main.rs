@@ -16,6 +16,8 @@ struct Cli {
 enum Cmd {
     /// Observe a command (`observer run -- CMD ARGS…`) or a running process (`--pid`).
     Run(cmd::run::RunArgs),
+    /// The live TUI beside a command (`observer tui -- CMD…`), a PID (`--pid`), or a trace (`--replay`).
+    Tui(cmd::tui::TuiArgs),
 }
 
 fn main() {
@@ -25,6 +27,7 @@ fn main() {
         Ok(rt) => rt.block_on(async {
             match cli.cmd {
                 Cmd::Run(args) => cmd::run::run(args).await,
+                Cmd::Tui(args) => cmd::tui::tui(args).await,
             }
         }),
         Err(e) => Err(anyhow::Error::from(e).context("starting the runtime")),

@@ -450,13 +450,17 @@ impl App {
     }
 
     /// Recompute the rate interval if steps arrived since the last time. The
-    /// loop calls this about once a second (it costs up to ~2 M draws).
+    /// loop calls this every [`crate::term::STATS_EVERY`] (a few ms each: see
+    /// [`stats::resamples_for`]); after the end it uses
+    /// [`stats::final_resamples_for`], once.
     pub fn refresh_stats(&mut self) {
-        if self.rate_steps.len() == self.rate_steps_at && self.rate.is_some() {
+        let n = self.rate_steps.len();
+        let b = if self.ended() { stats::final_resamples_for(n) } else { stats::resamples_for(n) };
+        if n == self.rate_steps_at && self.rate.is_some_and(|r| r.resamples >= b || r.ci95.is_none()) {
             return;
         }
-        self.rate_steps_at = self.rate_steps.len();
-        self.rate = stats::rate_interval(&self.rate_steps, stats::resamples_for(self.rate_steps.len()), stats::SEED);
+        self.rate_steps_at = n;
+        self.rate = stats::rate_interval(&self.rate_steps, b, stats::SEED);
         self.dirty = true;
     }
 

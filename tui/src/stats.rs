@@ -66,10 +66,19 @@ pub fn rate(steps: impl IntoIterator<Item = (u64, u64)>) -> Option<f64> {
     (wall > 0).then(|| n as f64 * 1e9 / wall as f64)
 }
 
-/// How many resamples for `n` steps: enough for stable percentiles, bounded
-/// so that one interval costs at most about two million draws.
+/// Resamples for a final interval (once, at the end of a run), unless the run
+/// is so long that this would take more than ~50 M draws.
+pub const FINAL_RESAMPLES: usize = 2000;
+
+pub fn final_resamples_for(n: usize) -> usize {
+    (50_000_000 / n.max(1)).clamp(200, FINAL_RESAMPLES)
+}
+
+/// Resamples for an interval recomputed while tokens stream in: enough for
+/// stable percentiles, bounded so that one costs about half a million draws
+/// (a few ms) however long the run.
 pub fn resamples_for(n: usize) -> usize {
-    (2_000_000 / n.max(1)).clamp(200, 2000)
+    (500_000 / n.max(1)).clamp(200, FINAL_RESAMPLES)
 }
 
 /// The rate of `steps` with its percentile-bootstrap 95 % interval (module spec).
@@ -201,7 +210,9 @@ mod tests {
     #[test]
     fn resample_budget_is_bounded() {
         assert_eq!(resamples_for(10), 2000);
-        assert_eq!(resamples_for(4000), 500);
+        assert_eq!(resamples_for(1000), 500);
         assert_eq!(resamples_for(1_000_000), 200);
+        assert_eq!(final_resamples_for(10_000), 2000);
+        assert_eq!(final_resamples_for(100_000), 500);
     }
 }

@@ -33,8 +33,8 @@ use crate::{
 
 /// Default redraw rate: 4 Hz.
 pub const DEFAULT_REFRESH: Duration = Duration::from_millis(250);
-/// How often the rate interval is recomputed at most (it costs up to ~2 M draws).
-pub const STATS_EVERY: Duration = Duration::from_secs(1);
+/// How often the rate interval is recomputed at most while tokens stream in.
+pub const STATS_EVERY: Duration = Duration::from_secs(2);
 /// Events moved from a source into the state per pump, so keys stay responsive.
 pub const PUMP_MAX: usize = 20_000;
 
@@ -57,7 +57,7 @@ pub enum Status {
     /// No more events, as expected (a replay reached its end, or a live run
     /// sent its `End`): keep showing the state.
     Done,
-    /// The producer went away without an `End` (the run failed): leave.
+    /// The producer went away before its end (the run failed): leave.
     Failed,
 }
 
@@ -160,22 +160,22 @@ pub fn run(source: &mut dyn Source, app: &mut App, opts: &Options) -> io::Result
     let size = term.size()?;
     app.set_viewport(size.width, size.height);
     let mut next_draw = Instant::now();
-    let mut last_stats: Option<Instant> = None;
+    let mut next_stats = Instant::now();
     let mut done = false;
     loop {
         if !done {
             match source.pump(app) {
                 Status::Open => {}
                 Status::Done => done = true,
-                Status::Failed if app.ended() => done = true,
                 Status::Failed => return Ok(Exit::SourceFailed),
             }
         }
         let now = Instant::now();
         if now >= next_draw {
-            if last_stats.is_none_or(|t| now.duration_since(t) >= STATS_EVERY) || done {
+            if now >= next_stats || done {
                 app.refresh_stats();
-                last_stats = Some(now);
+                // At most every STATS_EVERY, and never more than 0.5 % of the time.
+                next_stats = now + STATS_EVERY.max(now.elapsed() * 200);
             }
             if app.take_dirty() {
                 term.draw(|f| view::draw(app, f))?;

@@ -59,6 +59,14 @@ enum Cmd {
         #[arg(long, default_value_t = 1000)]
         ms: u64,
     },
+    /// N marked tokens of M ms of user-mode spinning each; reports its own
+    /// tok/s (tokens over its own clock around the loop) on stderr too.
+    Tokens {
+        #[arg(long, default_value_t = 20)]
+        n: u64,
+        #[arg(long, default_value_t = 100)]
+        ms: u64,
+    },
     /// Sleep (nanosleep).
     Sleep {
         #[arg(long, default_value_t = 1000)]
@@ -329,6 +337,17 @@ fn busy(ms: u64) -> Result<Measured> {
     })
 }
 
+fn tokens(n: u64, ms: u64) -> Result<Measured> {
+    let before = usage();
+    let t0 = Instant::now();
+    for _ in 0..n {
+        busy(ms)?;
+    }
+    let wall_ns = t0.elapsed().as_nanos();
+    eprintln!("workload: {n} tokens in {:.3} s: {:.3} tok/s", wall_ns as f64 / 1e9, n as f64 * 1e9 / wall_ns as f64);
+    Ok(Measured { kind: "tokens", index: 0, pages: 0, wall_ns, before, after: usage(), extra: vec![("n", n)] })
+}
+
 fn sleep(ms: u64) -> Result<Measured> {
     token("sleep", 0, || {
         std::thread::sleep(std::time::Duration::from_millis(ms));
@@ -432,6 +451,7 @@ fn main() {
         Cmd::FileRefault { path, size, keep } => file_refault(&path, size, keep).map(|m| vec![m]),
         Cmd::Anon { size, threads, repeat, delay_ms } => anon(size, threads, repeat, delay_ms).map(|m| vec![m]),
         Cmd::Busy { ms } => busy(ms).map(|m| vec![m]),
+        Cmd::Tokens { n, ms } => tokens(n, ms).map(|m| vec![m]),
         Cmd::Sleep { ms } => sleep(ms).map(|m| vec![m]),
         Cmd::PreadDirect { path, size, block } => pread_direct(&path, size, block).map(|m| vec![m]),
         Cmd::Swap { size, balloon, pageout } => swap(size, balloon, pageout).map(|m| vec![m]),

@@ -50,10 +50,10 @@ pub struct RunArgs {
     pub sample_interval: Duration,
     /// Print every Nth token line while running (0: none).
     #[arg(long, default_value_t = 1, value_name = "N")]
-    every: u64,
+    pub every: u64,
     /// The command to spawn and observe.
     #[arg(last = true, value_name = "CMD")]
-    command: Vec<OsString>,
+    pub command: Vec<OsString>,
 }
 
 fn parse_duration(s: &str) -> Result<Duration, String> {
@@ -73,14 +73,15 @@ fn parse_duration(s: &str) -> Result<Duration, String> {
     Ok(Duration::from_secs_f64(secs))
 }
 
-/// Resolves on Ctrl-C (SIGINT) or SIGTERM.
-async fn stop_requested() -> Result<()> {
+/// Resolves on Ctrl-C (SIGINT), SIGTERM, or a notification on `stop`.
+async fn stop_requested(stop: &tokio::sync::Notify) -> Result<()> {
     use tokio::signal::unix::{SignalKind, signal};
     let mut int = signal(SignalKind::interrupt()).context("installing the SIGINT handler")?;
     let mut term = signal(SignalKind::terminate()).context("installing the SIGTERM handler")?;
     tokio::select! {
         _ = int.recv() => {}
         _ = term.recv() => {}
+        _ = stop.notified() => {}
     }
     Ok(())
 }
@@ -140,6 +141,11 @@ pub async fn run(args: RunArgs) -> Result<i32> {
 
 /// `run` with extra sinks fed the same model stream.
 pub async fn run_with(args: RunArgs, extra: ExtraSinks) -> Result<i32> {
+    run_with_stop(args, extra, std::sync::Arc::default()).await
+}
+
+/// `run_with`, also stopped (like Ctrl-C) by a notification on `stop` (the TUI's quit).
+pub async fn run_with_stop(args: RunArgs, extra: ExtraSinks, stop: std::sync::Arc<tokio::sync::Notify>) -> Result<i32> {
     if args.pid.is_none() && args.command.is_empty() {
         bail!("nothing to observe: give `--pid PID` or `-- CMD [ARGS…]`");
     }
@@ -224,7 +230,7 @@ pub async fn run_with(args: RunArgs, extra: ExtraSinks) -> Result<i32> {
         let deadline = stopping.map(|t| t + CHILD_GRACE);
         tokio::select! {
             e = target.wait() => { ending = Some(e?); break; }
-            r = stop_requested() => {
+            r = stop_requested(&stop) => {
                 r?;
                 if !target.is_spawned() { break; }
                 if stopping.is_some() {

@@ -94,22 +94,29 @@ pub fn draw(app: &App, f: &mut Frame<'_>, area: Rect) {
         return;
     }
 
-    let mut lines = Vec::with_capacity(visible.len());
-    for r in &visible {
+    // Straight into the buffer: this is the view redrawn while tokens stream.
+    let buf = f.buffer_mut();
+    let right = area.x + area.width;
+    for (i, r) in visible.iter().enumerate() {
+        let y = list_y + i as u16;
         let hidden = r.hidden_ns().map_or_else(|| fmt::NA.to_string(), |h| fmt::signed_ms(h as f64));
         let head = if wide {
             format!("{:>6} {} {:>8} {:>7} ", r.seq, kind_char(r.kind), fmt::ms(r.wall_ns as f64), hidden)
         } else {
             format!("{:>5} {:>7} ", r.seq % 100_000, fmt::ms(r.wall_ns as f64))
         };
-        let mut spans = vec![Span::raw(head)];
+        buf.set_stringn(area.x, y, &head, area.width as usize, Style::new());
         if bar_w >= 4 {
-            spans.push(Span::styled("│", fmt::dim()));
-            spans.extend(bar(r, scale, bar_w));
+            let x0 = area.x + prefix as u16;
+            buf.set_stringn(x0, y, "│", 1, fmt::dim());
+            for (j, (ch, st)) in bar(r, scale, bar_w).into_iter().enumerate() {
+                let x = x0 + 1 + j as u16;
+                if x < right {
+                    buf[(x, y)].set_char(ch).set_style(st);
+                }
+            }
         }
-        lines.push(Line::from(spans));
     }
-    f.render_widget(Paragraph::new(lines), Rect { y: list_y, height: rows_h as u16, ..area });
 
     if chrome && let Some(last) = visible.last() {
         let y = list_y + rows_h as u16;
@@ -132,7 +139,7 @@ fn scale_ns(rows: &[&TokenRow]) -> f64 {
 }
 
 /// The stacked bar of one step, `w` cells wide.
-fn bar(r: &TokenRow, scale: f64, w: usize) -> Vec<Span<'static>> {
+fn bar(r: &TokenRow, scale: f64, w: usize) -> Vec<(char, Style)> {
     let mut cells: Vec<(char, Style)> = vec![(' ', Style::new()); w];
     let px = |ns: f64| (((ns / scale) * w as f64).round().max(0.0) as usize).min(w);
     let mut cum = 0.0;
@@ -168,21 +175,7 @@ fn bar(r: &TokenRow, scale: f64, w: usize) -> Vec<Span<'static>> {
             cells[x] = (MARKER, st);
         }
     }
-    // Runs of one style become one span.
-    let mut spans = Vec::new();
-    let mut text = String::new();
-    let mut style = cells.first().map(|c| c.1).unwrap_or_default();
-    for (ch, st) in cells {
-        if st != style && !text.is_empty() {
-            spans.push(Span::styled(std::mem::take(&mut text), style));
-        }
-        style = st;
-        text.push(ch);
-    }
-    if !text.is_empty() {
-        spans.push(Span::styled(text, style));
-    }
-    spans
+    cells
 }
 
 fn legend(w: usize) -> Line<'static> {

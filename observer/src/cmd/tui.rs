@@ -1,0 +1,485 @@
+//! `observer tui`: the live TUI beside a running target (`-- CMD…` or
+//! `--pid PID`), or over a recorded trace (`--replay FILE`).
+//!
+//! Live, it runs exactly the pipeline of `observer run` (`run_with_stop`)
+//! with one more sink that forwards the model stream to the TUI thread:
+//! - `Header` and `End` (once per run each) are sent blocking; `Token` and
+//!   `Process` events are offered to a bounded queue and, when it is full,
+//!   dropped and counted (`dropped N`, red, in the header). The run loop, and
+//!   so the observed process, never waits for the screen.
+//! - The TUI thread owns the terminal (`/dev/tty`: alternate screen, raw mode,
+//!   restored on exit and on panic). While it is up, this process's stdin is
+//!   `/dev/null` and its stdout/stderr go into a pipe that the spawned target
+//!   inherits: those lines show under "Output of the target" and are printed,
+//!   with the run's end-of-run summary, once the terminal is back.
+//! - `run`'s per-token lines are off (`--every 0`).
+//! - Quitting (`q`) stops the observation like Ctrl-C does under `run`: a
+//!   spawned target gets SIGINT (SIGKILL after a grace period), a `--pid`
+//!   target is detached from. When the target exits on its own, the final
+//!   summary stays on screen until the user quits.
+//!
+//! Replay feeds the events of a trace file through the same `tui::App`
+//! ([`ReplaySource`]); it waits for the trace reader of the record issue.
+
+use std::{
+    io::{Read, Write},
+    os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd},
+    path::{Path, PathBuf},
+    sync::{
+        Arc, Mutex,
+        atomic::{AtomicI32, AtomicU64, Ordering},
+        mpsc::{Receiver, SyncSender, TryRecvError, TrySendError, sync_channel},
+    },
+    time::{Duration, Instant},
+};
+
+use ::tui::{App, Options, Source, Status, term, term::Exit};
+use anyhow::{Context, Result, bail};
+use observer::sink::Sink;
+use observer_common::model::Event;
+
+use super::run::{RunArgs, run_with_stop};
+
+#[derive(Debug, clap::Args)]
+pub struct TuiArgs {
+    /// Show a recorded trace instead of observing a process.
+    #[arg(long, value_name = "FILE", conflicts_with_all = ["pid", "command"])]
+    replay: Option<PathBuf>,
+    /// Screen redraws per second (at most; nothing is redrawn while nothing changes).
+    #[arg(long, default_value_t = 4.0, value_name = "HZ", value_parser = parse_hz)]
+    refresh: f64,
+    /// Events that may wait for the screen before new ones are dropped (and counted).
+    #[arg(long, default_value_t = 4096, value_name = "N", value_parser = clap::value_parser!(u32).range(16..))]
+    queue: u32,
+    #[command(flatten)]
+    run: RunArgs,
+}
+
+fn parse_hz(s: &str) -> Result<f64, String> {
+    let v: f64 = s.trim().parse().map_err(|_| format!("not a number: {s:?}"))?;
+    if !(0.1..=60.0).contains(&v) {
+        return Err(format!("refresh rate {v} Hz is outside 0.1..=60"));
+    }
+    Ok(v)
+}
+
+pub async fn tui(mut args: TuiArgs) -> Result<i32> {
+    let opts = Options { refresh: Duration::from_secs_f64(1.0 / args.refresh) };
+    if let Some(path) = &args.replay {
+        return replay(path, &opts);
+    }
+    if args.run.pid.is_none() && args.run.command.is_empty() {
+        bail!("nothing to observe: give `--pid PID`, `-- CMD [ARGS…]` or `--replay FILE`");
+    }
+    // Fail before touching stdio when there is no terminal to draw on.
+    std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open("/dev/tty")
+        .context("observer tui needs a terminal (/dev/tty); use `observer run` without one")?;
+    args.run.every = 0;
+
+    let capture = Capture::start()?;
+    let (tx, rx) = sync_channel::<Event>(args.queue as usize);
+    let dropped = Arc::new(AtomicU64::new(0));
+    let stop = Arc::new(tokio::sync::Notify::new());
+    let ui = {
+        let mut source = LiveSource { rx, dropped: dropped.clone(), lines: capture.lines.clone(), saw_end: false };
+        let stop = stop.clone();
+        let mut note = capture.real_stderr();
+        std::thread::Builder::new()
+            .name("observer-tui".into())
+            .spawn(move || {
+                let mut app = App::new();
+                let r = term::run(&mut source, &mut app, &opts);
+                if matches!(r, Ok(Exit::Quit))
+                    && !app.ended()
+                    && let Some(n) = &mut note
+                {
+                    let _ = writeln!(n, "observer tui: stopping the observation…");
+                }
+                // Leaving the screen ends the observation (a no-op once it has ended).
+                stop.notify_one();
+                r
+            })
+            .context("starting the TUI thread")?
+    };
+    let sink = ToScreen { tx, dropped };
+    // When the target exits on its own, the TUI keeps the final summary on
+    // screen until the user quits; when the run fails, the TUI sees the queue
+    // close without an `End` and leaves by itself.
+    let run = run_with_stop(args.run, vec![Box::new(sink)], stop).await;
+    let ui = ui.join();
+    let captured = capture.finish();
+    let mut err = std::io::stderr().lock();
+    let _ = err.write_all(&captured);
+    let _ = err.flush();
+    drop(err);
+    match ui {
+        Ok(Ok(_)) => {}
+        Ok(Err(e)) => return Err(anyhow::Error::from(e).context("drawing on the terminal")),
+        Err(_) => bail!("the TUI thread panicked (the terminal was restored; see the message above)"),
+    }
+    run
+}
+
+// ---- the stream to the screen ----------------------------------------------
+
+/// The sink `run` feeds: forwards events to the TUI thread, never blocking on
+/// tokens or samples (module doc).
+struct ToScreen {
+    tx: SyncSender<Event>,
+    dropped: Arc<AtomicU64>,
+}
+
+impl Sink for ToScreen {
+    fn event(&mut self, ev: &Event) -> Result<()> {
+        match ev {
+            // Once per run; the TUI thread drains the queue continuously.
+            // An error means the screen is gone: nothing left to show.
+            Event::Header(_) | Event::End(_) => {
+                let _ = self.tx.send(ev.clone());
+            }
+            _ => match self.tx.try_send(ev.clone()) {
+                Ok(()) | Err(TrySendError::Disconnected(_)) => {}
+                Err(TrySendError::Full(_)) => {
+                    self.dropped.fetch_add(1, Ordering::Relaxed);
+                }
+            },
+        }
+        Ok(())
+    }
+}
+
+/// The TUI's end of the queue, plus the captured output lines.
+struct LiveSource {
+    rx: Receiver<Event>,
+    dropped: Arc<AtomicU64>,
+    lines: Arc<Mutex<Vec<String>>>,
+    saw_end: bool,
+}
+
+impl Source for LiveSource {
+    fn pump(&mut self, app: &mut App) -> Status {
+        // After the end, the target has exited and its output is complete:
+        // what follows is `run`'s own end-of-run report, printed after the
+        // screen closes rather than pushing the target's last lines away.
+        if !self.saw_end
+            && let Ok(mut l) = self.lines.lock()
+        {
+            for line in l.drain(..) {
+                app.push_output(line);
+            }
+        }
+        app.set_dropped(self.dropped.load(Ordering::Relaxed));
+        for _ in 0..term::PUMP_MAX {
+            match self.rx.try_recv() {
+                Ok(ev) => {
+                    self.saw_end |= matches!(ev, Event::End(_));
+                    app.push(ev);
+                }
+                Err(TryRecvError::Empty) => return Status::Open,
+                Err(TryRecvError::Disconnected) if self.saw_end => {
+                    app.set_source_done();
+                    return Status::Done;
+                }
+                Err(TryRecvError::Disconnected) => return Status::Failed,
+            }
+        }
+        Status::Open
+    }
+}
+
+// ---- replay -----------------------------------------------------------------
+
+/// Events of a recorded trace, in order; a read error ends the replay with
+/// what was read so far and says why on screen.
+pub struct ReplaySource<I> {
+    events: I,
+    done: bool,
+}
+
+impl<I, E> Source for ReplaySource<I>
+where
+    I: Iterator<Item = Result<Event, E>>,
+    E: std::fmt::Display,
+{
+    fn pump(&mut self, app: &mut App) -> Status {
+        if self.done {
+            return Status::Done;
+        }
+        for _ in 0..term::PUMP_MAX {
+            match self.events.next() {
+                Some(Ok(ev)) => app.push(ev),
+                Some(Err(e)) => {
+                    app.push_output(format!("trace: {e}; showing what was read before"));
+                    self.done = true;
+                }
+                None => self.done = true,
+            }
+            if self.done {
+                app.set_source_done();
+                return Status::Done;
+            }
+        }
+        Status::Open
+    }
+}
+
+fn replay(path: &Path, opts: &Options) -> Result<i32> {
+    std::fs::metadata(path).with_context(|| format!("--replay {}: cannot read the trace", path.display()))?;
+    // REPLAY: waits for the trace reader of issue 9 (`observer::trace::Reader`,
+    // an iterator of `Result<Event, _>`), not merged on this branch. With it:
+    //     let reader = observer::trace::Reader::open(path)
+    //         .with_context(|| format!("--replay {}", path.display()))?;
+    //     let mut source = ReplaySource { events: reader, done: false };
+    //     let mut app = App::new();
+    //     term::run(&mut source, &mut app, opts).context("terminal error")?;
+    //     return Ok(0);
+    let _ = opts;
+    bail!(
+        "--replay {}: reading trace files comes with `observer record` (the trace format is not in this build yet)",
+        path.display()
+    )
+}
+
+impl<I> ReplaySource<I> {
+    #[cfg_attr(not(test), expect(dead_code, reason = "used by --replay once the trace reader (issue 9) lands"))]
+    pub fn new(events: I) -> Self {
+        ReplaySource { events, done: false }
+    }
+}
+
+// ---- stdio capture ----------------------------------------------------------
+
+/// Output kept for printing after the TUI (the tail, when it is larger).
+const CAPTURE_MAX: usize = 8 << 20;
+/// Lines waiting for the TUI thread; more are not shown live (still printed after).
+const LINES_MAX: usize = 1000;
+
+/// Saved stdio of this process, for the panic hook (-1: nothing to restore).
+static SAVED: [AtomicI32; 3] = [AtomicI32::new(-1), AtomicI32::new(-1), AtomicI32::new(-1)];
+
+/// While alive: fd 0 is /dev/null, fds 1 and 2 write into a pipe read by a
+/// thread (see the module doc).
+struct Capture {
+    saved: Option<[OwnedFd; 3]>,
+    lines: Arc<Mutex<Vec<String>>>,
+    kept: Arc<Mutex<Kept>>,
+    reader: Option<std::thread::JoinHandle<()>>,
+}
+
+#[derive(Default)]
+struct Kept {
+    bytes: Vec<u8>,
+    /// Bytes of earlier output not kept (beyond CAPTURE_MAX).
+    cut: u64,
+}
+
+fn cvt(r: libc::c_int, what: &str) -> Result<libc::c_int> {
+    if r < 0 { Err(std::io::Error::last_os_error()).with_context(|| what.to_string()) } else { Ok(r) }
+}
+
+fn restore_saved_fds() {
+    for (i, s) in SAVED.iter().enumerate() {
+        let fd = s.swap(-1, Ordering::SeqCst);
+        if fd >= 0 {
+            // SAFETY: `fd` is a descriptor we duplicated and still own; dup2 onto stdio.
+            unsafe { libc::dup2(fd, i as RawFd) };
+        }
+    }
+}
+
+impl Capture {
+    fn start() -> Result<Capture> {
+        let mut fds = [0; 2];
+        // SAFETY: fds is a valid 2-element array.
+        cvt(unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) }, "pipe2 for the output capture")?;
+        // SAFETY: fresh descriptors from pipe2, owned from here on.
+        let (rd, wr) = unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) };
+        let null = std::fs::File::open("/dev/null").context("opening /dev/null")?;
+        let mut saved = Vec::with_capacity(3);
+        for fd in 0..3 {
+            // SAFETY: duplicating a standard descriptor; the copy is ours (CLOEXEC).
+            let d = cvt(unsafe { libc::fcntl(fd, libc::F_DUPFD_CLOEXEC, 3) }, "saving stdio")?;
+            // SAFETY: fresh descriptor from fcntl.
+            saved.push(unsafe { OwnedFd::from_raw_fd(d) });
+        }
+        let saved: [OwnedFd; 3] = saved.try_into().map_err(|_| anyhow::anyhow!("saving stdio"))?;
+        for (i, s) in saved.iter().enumerate() {
+            SAVED[i].store(s.as_raw_fd(), Ordering::SeqCst);
+        }
+        install_panic_hook();
+        let _ = std::io::stderr().flush();
+        let _ = std::io::stdout().flush();
+        for (src, dst) in [(null.as_raw_fd(), 0), (wr.as_raw_fd(), 1), (wr.as_raw_fd(), 2)] {
+            // SAFETY: both descriptors are open; dup2 leaves the new one inheritable,
+            // so a spawned target writes into the pipe too.
+            if let Err(e) = cvt(unsafe { libc::dup2(src, dst) }, "redirecting stdio") {
+                restore_saved_fds();
+                return Err(e);
+            }
+        }
+        drop(wr);
+        let lines: Arc<Mutex<Vec<String>>> = Arc::default();
+        let kept: Arc<Mutex<Kept>> = Arc::default();
+        let reader = {
+            let (lines, kept) = (lines.clone(), kept.clone());
+            std::thread::Builder::new()
+                .name("observer-tui-output".into())
+                .spawn(move || read_output(std::fs::File::from(rd), &lines, &kept))
+                .context("starting the output reader")?
+        };
+        Ok(Capture { saved: Some(saved), lines, kept, reader: Some(reader) })
+    }
+
+    /// The real stderr, for notes printed after the screen is gone.
+    fn real_stderr(&self) -> Option<std::fs::File> {
+        let s = self.saved.as_ref()?;
+        s[2].try_clone().ok().map(std::fs::File::from)
+    }
+
+    /// Put stdio back and return what was written meanwhile.
+    fn finish(mut self) -> Vec<u8> {
+        self.restore();
+        // The reader sees end-of-file once every writer (also the target's
+        // children, if any outlive it) has closed the pipe; do not wait long.
+        let deadline = Instant::now() + Duration::from_secs(2);
+        if let Some(r) = self.reader.take() {
+            while !r.is_finished() && Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            if r.is_finished() {
+                let _ = r.join();
+            }
+        }
+        let kept = std::mem::take(&mut *self.kept.lock().unwrap_or_else(|e| e.into_inner()));
+        let mut out = Vec::new();
+        if kept.cut > 0 {
+            out.extend_from_slice(
+                format!("observer tui: ({} earlier bytes of output not kept)\n", kept.cut).as_bytes(),
+            );
+        }
+        out.extend_from_slice(&kept.bytes);
+        out
+    }
+
+    fn restore(&mut self) {
+        let _ = std::io::stdout().flush();
+        let _ = std::io::stderr().flush();
+        restore_saved_fds();
+        self.saved = None;
+    }
+}
+
+impl Drop for Capture {
+    fn drop(&mut self) {
+        if self.saved.is_some() {
+            self.restore();
+        }
+    }
+}
+
+fn read_output(mut rd: std::fs::File, lines: &Mutex<Vec<String>>, kept: &Mutex<Kept>) {
+    let mut buf = vec![0u8; 64 << 10];
+    let mut partial: Vec<u8> = Vec::new();
+    loop {
+        let n = match rd.read(&mut buf) {
+            Ok(0) => break,
+            Ok(n) => n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(_) => break,
+        };
+        let chunk = &buf[..n];
+        if let Ok(mut k) = kept.lock() {
+            k.bytes.extend_from_slice(chunk);
+            if k.bytes.len() > CAPTURE_MAX {
+                let cut = k.bytes.len() - CAPTURE_MAX / 2;
+                k.bytes.drain(..cut);
+                k.cut += cut as u64;
+            }
+        }
+        partial.extend_from_slice(chunk);
+        let mut new_lines = Vec::new();
+        while let Some(i) = partial.iter().position(|&b| b == b'\n') {
+            let line: Vec<u8> = partial.drain(..=i).collect();
+            new_lines.push(String::from_utf8_lossy(&line[..line.len() - 1]).trim_end_matches('\r').to_string());
+        }
+        if partial.len() > 4096 {
+            new_lines.push(String::from_utf8_lossy(&partial).into_owned());
+            partial.clear();
+        }
+        if let Ok(mut l) = lines.lock() {
+            for line in new_lines {
+                if l.len() < LINES_MAX {
+                    l.push(line);
+                }
+            }
+        }
+    }
+}
+
+/// A panic puts stdio back (after the TUI's hook restored the terminal), so
+/// its message reaches the user.
+fn install_panic_hook() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        let prev = std::panic::take_hook();
+        std::panic::set_hook(Box::new(move |info| {
+            restore_saved_fds();
+            prev(info);
+        }));
+    });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use observer_common::model::{RunEnd, RunHeader};
+
+    #[test]
+    fn replay_source_stops_at_a_read_error_and_keeps_what_it_read() {
+        let events: Vec<Result<Event, String>> = vec![
+            Ok(Event::Header(RunHeader { target_pid: 9, ..Default::default() })),
+            Err("truncated record at byte 812".into()),
+            Ok(Event::End(RunEnd::default())),
+        ];
+        let mut src = ReplaySource::new(events.into_iter());
+        let mut app = App::new();
+        assert_eq!(src.pump(&mut app), Status::Done);
+        assert_eq!(app.header.as_ref().map(|h| h.target_pid), Some(9));
+        assert!(!app.ended(), "nothing after the error is read");
+        assert!(app.source_done);
+        assert!(app.output.iter().any(|l| l.contains("truncated record at byte 812")));
+    }
+
+    #[test]
+    fn the_sink_never_blocks_on_tokens_and_counts_what_it_drops() {
+        let (tx, rx) = sync_channel(16);
+        let dropped = Arc::new(AtomicU64::new(0));
+        let mut sink = ToScreen { tx, dropped: dropped.clone() };
+        let sample = Event::Process(Default::default());
+        for _ in 0..100 {
+            sink.event(&sample).unwrap();
+        }
+        assert_eq!(dropped.load(Ordering::Relaxed), 84);
+        let mut src = LiveSource { rx, dropped, lines: Arc::default(), saw_end: false };
+        let mut app = App::new();
+        assert_eq!(src.pump(&mut app), Status::Open);
+        assert_eq!(app.dropped_total(), 84);
+        // End is delivered even to a full queue once it drains; then the
+        // closed channel reads as a finished run.
+        sink.event(&Event::End(RunEnd::default())).unwrap();
+        drop(sink);
+        assert_eq!(src.pump(&mut app), Status::Done);
+        assert!(app.ended());
+    }
+
+    #[test]
+    fn a_run_that_fails_before_its_end_closes_the_screen() {
+        let (tx, rx) = sync_channel::<Event>(4);
+        drop(tx);
+        let mut src = LiveSource { rx, dropped: Arc::default(), lines: Arc::default(), saw_end: false };
+        assert_eq!(src.pump(&mut App::new()), Status::Failed);
+    }
+}

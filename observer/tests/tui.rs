@@ -1,0 +1,174 @@
+//! End-to-end tests of `observer tui` in a real terminal (tmux): the screen
+//! shows token bars while the target runs, a tok/s figure that matches the
+//! workload's own clock within 5 %, the final summary after it exits, and the
+//! terminal comes back when the user quits. They load probes: root and the
+//! machine lock; tmux comes from `cargo xtask setup`.
+
+mod common;
+
+use std::{
+    process::{Command, Output},
+    time::{Duration, Instant},
+};
+
+use common::{OBSERVER, WORKLOAD, machine_lock};
+
+/// A private tmux server (own socket), killed on drop.
+struct Tmux {
+    socket: String,
+}
+
+impl Tmux {
+    fn start(name: &str, w: u16, h: u16, shell_cmd: &str) -> Tmux {
+        let v = Command::new("tmux").arg("-V").output();
+        assert!(
+            v.as_ref().is_ok_and(|o| o.status.success()),
+            "tmux is needed for the TUI's end-to-end tests: run `cargo xtask setup` ({v:?})"
+        );
+        let t = Tmux { socket: format!("observer-{name}-{}", std::process::id()) };
+        let out = t.run(&["new-session", "-d", "-s", "t", "-x", &w.to_string(), "-y", &h.to_string(), shell_cmd]);
+        assert!(out.status.success(), "tmux new-session: {}", String::from_utf8_lossy(&out.stderr));
+        t
+    }
+
+    fn run(&self, args: &[&str]) -> Output {
+        Command::new("tmux").arg("-L").arg(&self.socket).args(args).output().expect("run tmux")
+    }
+
+    fn screen(&self) -> String {
+        String::from_utf8_lossy(&self.run(&["capture-pane", "-p", "-t", "t"]).stdout).into_owned()
+    }
+
+    fn keys(&self, keys: &str) {
+        let out = self.run(&["send-keys", "-t", "t", keys]);
+        assert!(out.status.success(), "tmux send-keys {keys}");
+    }
+
+    /// Poll the screen until `pred` holds; panic with the last screen after `timeout`.
+    fn wait(&self, what: &str, timeout: Duration, pred: impl Fn(&str) -> bool) -> String {
+        let t0 = Instant::now();
+        loop {
+            let s = self.screen();
+            if pred(&s) {
+                return s;
+            }
+            assert!(t0.elapsed() < timeout, "timed out after {timeout:?} waiting for {what}; screen:\n{s}");
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+}
+
+impl Drop for Tmux {
+    fn drop(&mut self) {
+        let _ = self.run(&["kill-server"]);
+    }
+}
+
+/// Token rows of the Tokens view: `   seq g  wall ms  hidden │███…`.
+fn bar_rows(screen: &str) -> Vec<&str> {
+    screen
+        .lines()
+        .filter(|l| {
+            let mut it = l.split_whitespace();
+            it.next().is_some_and(|s| s.parse::<u64>().is_ok()) && it.next() == Some("g") && l.contains("│█")
+        })
+        .collect()
+}
+
+/// The number before `tok/s` on the first line that starts (after spaces) with `label`.
+fn rate_after(screen: &str, label: &str) -> Option<f64> {
+    let line = screen.lines().find(|l| l.trim_start().starts_with(label))?;
+    let before = line.split("tok/s").next()?;
+    before.split_whitespace().last()?.parse().ok()
+}
+
+/// `workload: N tokens in X s: R tok/s` → R.
+fn workload_rate(screen: &str) -> Option<f64> {
+    let line = screen.lines().find(|l| l.starts_with("workload: ") && l.contains(" tokens in "))?;
+    line.rsplit(": ").next()?.split_whitespace().next()?.parse().ok()
+}
+
+fn assert_within_5_percent(tui: f64, reference: f64) {
+    let diff = (tui - reference).abs() / reference;
+    eprintln!(
+        "TUI {tui:.3} tok/s, workload's own clock {reference:.3} tok/s ({:+.2} %)",
+        (tui / reference - 1.0) * 100.0
+    );
+    assert!(diff <= 0.05, "TUI {tui:.3} tok/s vs the workload's own {reference:.3} tok/s: {:.1} % apart", diff * 100.0);
+}
+
+#[test]
+fn live_screen_shows_bars_then_the_final_rate_matching_the_workload() {
+    let _lock = machine_lock();
+    let n = 30;
+    let cmd = format!("{OBSERVER} tui -- {WORKLOAD} tokens --n {n} --ms 100; echo OBSERVER_EXIT=$?; sleep 600");
+    let tmux = Tmux::start("tui-live", 130, 48, &cmd);
+
+    let live = tmux.wait("token bars while the target runs", Duration::from_secs(60), |s| {
+        s.contains("RUNNING") && bar_rows(s).len() >= 3
+    });
+    assert!(live.contains("probes") && live.contains("lost 0"), "header:\n{live}");
+
+    let fin = tmux.wait("the final summary", Duration::from_secs(60), |s| s.contains("EXITED 0"));
+    assert!(fin.contains("final summary"), "{fin}");
+    let tui_rate = rate_after(&fin, "run ").unwrap_or_else(|| panic!("no run tok/s on the final summary:\n{fin}"));
+    assert!(fin.contains("95 % interval"), "{fin}");
+    // It stays: the screen does not go away by itself.
+    std::thread::sleep(Duration::from_millis(1500));
+    assert!(tmux.screen().contains("EXITED 0"), "the final summary stays until the user quits");
+
+    tmux.keys("1");
+    let bars = tmux.wait("every token in the Tokens view", Duration::from_secs(10), |s| bar_rows(s).len() == n);
+    assert!(bars.contains("#29 token: wall"), "detail of the last token:\n{bars}");
+
+    tmux.keys("q");
+    let after = tmux.wait("observer to exit", Duration::from_secs(30), |s| s.contains("OBSERVER_EXIT="));
+    assert!(after.contains("OBSERVER_EXIT=0"), "{after}");
+    assert!(!after.contains("1 Tokens │ 2 Summary"), "the alternate screen is gone:\n{after}");
+    // The target's own output, captured while the TUI was up, is printed after it.
+    let own = workload_rate(&after).unwrap_or_else(|| panic!("no workload rate printed after the TUI:\n{after}"));
+    assert_within_5_percent(tui_rate, own);
+}
+
+#[test]
+fn attaches_to_a_pid_and_quitting_detaches() {
+    let _lock = machine_lock();
+    let wl = Command::new(WORKLOAD)
+        .args(["tokens", "--n", "80", "--ms", "100"])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("start workload");
+    let pid = wl.id();
+    let cmd = format!("{OBSERVER} tui --pid {pid}; echo OBSERVER_EXIT=$?; sleep 600");
+    let tmux = Tmux::start("tui-pid", 130, 40, &cmd);
+    let live = tmux.wait("token bars of the attached process", Duration::from_secs(60), |s| bar_rows(s).len() >= 5);
+    assert!(live.contains(&format!("pid {pid}")), "{live}");
+    tmux.keys("2");
+    let summary = tmux.wait("a rate on the summary", Duration::from_secs(10), |s| rate_after(s, "run ").is_some());
+    let tui_rate = rate_after(&summary, "run ").unwrap();
+    tmux.keys("q");
+    let after = tmux.wait("observer to exit", Duration::from_secs(30), |s| s.contains("OBSERVER_EXIT="));
+    assert!(after.contains("OBSERVER_EXIT=0"), "{after}");
+    // Detached, not stopped: the workload runs to its end and reports its own rate.
+    let out = wl.wait_with_output().expect("workload");
+    assert!(out.status.success(), "the workload was not disturbed: {:?}", out.status);
+    let own = workload_rate(&String::from_utf8_lossy(&out.stderr)).expect("workload rate");
+    assert_within_5_percent(tui_rate, own);
+}
+
+#[test]
+fn quitting_while_the_command_runs_stops_it_and_restores_the_terminal() {
+    let _lock = machine_lock();
+    let cmd = format!("{OBSERVER} tui -- {WORKLOAD} tokens --n 1000 --ms 100; echo OBSERVER_EXIT=$?; sleep 600");
+    let tmux = Tmux::start("tui-quit", 120, 30, &cmd);
+    tmux.wait("a few tokens", Duration::from_secs(60), |s| bar_rows(s).len() >= 3);
+    let t0 = Instant::now();
+    tmux.keys("q");
+    let after = tmux.wait("observer to exit", Duration::from_secs(30), |s| s.contains("OBSERVER_EXIT="));
+    assert!(t0.elapsed() < Duration::from_secs(10), "stopping took {:?}", t0.elapsed());
+    assert!(after.contains("observer tui: stopping the observation"), "{after}");
+    assert!(!after.contains("1 Tokens │ 2 Summary"), "the alternate screen is gone:\n{after}");
+    // The run's own end-of-run report (stderr captured during the TUI) follows.
+    assert!(after.contains("tokens:") && after.contains("records"), "{after}");
+}
