@@ -75,10 +75,11 @@ fn bar_rows(screen: &str) -> Vec<&str> {
         .collect()
 }
 
-/// The number before `tok/s` on the first line that starts (after spaces) with `label`.
+/// The number just before `tok/s` on the first line that starts (after
+/// spaces) with `label` (the left column of the summary).
 fn rate_after(screen: &str, label: &str) -> Option<f64> {
     let line = screen.lines().find(|l| l.trim_start().starts_with(label))?;
-    let before = line.split("tok/s").next()?;
+    let (before, _) = line.split_once(" tok/s")?;
     before.split_whitespace().last()?.parse().ok()
 }
 
@@ -88,13 +89,17 @@ fn workload_rate(screen: &str) -> Option<f64> {
     line.rsplit(": ").next()?.split_whitespace().next()?.parse().ok()
 }
 
-fn assert_within_5_percent(tui: f64, reference: f64) {
+fn assert_within_5_percent(tui: f64, reference: f64, screen: &str) {
     let diff = (tui - reference).abs() / reference;
     eprintln!(
         "TUI {tui:.3} tok/s, workload's own clock {reference:.3} tok/s ({:+.2} %)",
         (tui / reference - 1.0) * 100.0
     );
-    assert!(diff <= 0.05, "TUI {tui:.3} tok/s vs the workload's own {reference:.3} tok/s: {:.1} % apart", diff * 100.0);
+    assert!(
+        diff <= 0.05,
+        "TUI {tui:.3} tok/s vs the workload's own {reference:.3} tok/s: {:.1} % apart; screen:\n{screen}",
+        diff * 100.0
+    );
 }
 
 #[test]
@@ -127,14 +132,14 @@ fn live_screen_shows_bars_then_the_final_rate_matching_the_workload() {
     assert!(!after.contains("1 Tokens │ 2 Summary"), "the alternate screen is gone:\n{after}");
     // The target's own output, captured while the TUI was up, is printed after it.
     let own = workload_rate(&after).unwrap_or_else(|| panic!("no workload rate printed after the TUI:\n{after}"));
-    assert_within_5_percent(tui_rate, own);
+    assert_within_5_percent(tui_rate, own, &fin);
 }
 
 #[test]
-fn attaches_to_a_pid_and_quitting_detaches() {
+fn attaches_to_a_pid_and_keeps_the_final_summary_when_it_exits() {
     let _lock = machine_lock();
     let wl = Command::new(WORKLOAD)
-        .args(["tokens", "--n", "80", "--ms", "100"])
+        .args(["tokens", "--n", "60", "--ms", "100"])
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::piped())
         .spawn()
@@ -144,17 +149,16 @@ fn attaches_to_a_pid_and_quitting_detaches() {
     let tmux = Tmux::start("tui-pid", 130, 40, &cmd);
     let live = tmux.wait("token bars of the attached process", Duration::from_secs(60), |s| bar_rows(s).len() >= 5);
     assert!(live.contains(&format!("pid {pid}")), "{live}");
-    tmux.keys("2");
-    let summary = tmux.wait("a rate on the summary", Duration::from_secs(10), |s| rate_after(s, "run ").is_some());
-    let tui_rate = rate_after(&summary, "run ").unwrap();
+    // An attached process is not our child: its end shows as ENDED.
+    let fin = tmux.wait("the final summary", Duration::from_secs(60), |s| s.contains("ENDED"));
+    let tui_rate = rate_after(&fin, "run ").unwrap_or_else(|| panic!("no run tok/s on the final summary:\n{fin}"));
+    let out = wl.wait_with_output().expect("workload");
+    assert!(out.status.success(), "the workload was not disturbed: {:?}", out.status);
     tmux.keys("q");
     let after = tmux.wait("observer to exit", Duration::from_secs(30), |s| s.contains("OBSERVER_EXIT="));
     assert!(after.contains("OBSERVER_EXIT=0"), "{after}");
-    // Detached, not stopped: the workload runs to its end and reports its own rate.
-    let out = wl.wait_with_output().expect("workload");
-    assert!(out.status.success(), "the workload was not disturbed: {:?}", out.status);
     let own = workload_rate(&String::from_utf8_lossy(&out.stderr)).expect("workload rate");
-    assert_within_5_percent(tui_rate, own);
+    assert_within_5_percent(tui_rate, own, &fin);
 }
 
 #[test]
@@ -171,4 +175,35 @@ fn quitting_while_the_command_runs_stops_it_and_restores_the_terminal() {
     assert!(!after.contains("1 Tokens │ 2 Summary"), "the alternate screen is gone:\n{after}");
     // The run's own end-of-run report (stderr captured during the TUI) follows.
     assert!(after.contains("tokens:") && after.contains("records"), "{after}");
+}
+
+#[test]
+fn clear_errors_without_a_target_a_terminal_or_a_readable_trace() {
+    use std::os::unix::process::CommandExt;
+    let run = |args: &[&str]| {
+        let mut c = Command::new(OBSERVER);
+        c.arg("tui").args(args).stdin(std::process::Stdio::null());
+        // SAFETY: setsid is async-signal-safe; it detaches the child from our
+        // controlling terminal, so it has no /dev/tty.
+        unsafe {
+            c.pre_exec(|| {
+                libc::setsid();
+                Ok(())
+            });
+        }
+        let out = c.output().expect("run observer");
+        (out.status.code(), String::from_utf8_lossy(&out.stderr).into_owned())
+    };
+    let (code, err) = run(&[]);
+    assert_eq!(code, Some(2), "{err}");
+    assert!(err.contains("nothing to observe"), "{err}");
+    let (code, err) = run(&["--", "true"]);
+    assert_eq!(code, Some(2), "{err}");
+    assert!(err.contains("needs a terminal") && err.contains("observer run"), "{err}");
+    let (code, err) = run(&["--replay", "/nonexistent/trace"]);
+    assert_eq!(code, Some(2), "{err}");
+    assert!(err.contains("/nonexistent/trace") && err.contains("cannot read"), "{err}");
+    let (code, err) = run(&["--refresh", "0", "--", "true"]);
+    assert_eq!(code, Some(2), "{err}");
+    assert!(err.contains("--refresh"), "{err}");
 }

@@ -303,6 +303,8 @@ pub struct App {
     pub aggs: [Agg; 4],
     /// `(n_tokens, wall_ns)` of every generate/call step, for the interval.
     pub rate_steps: Vec<(u64, u64)>,
+    /// Σ n_tokens and Σ wall_ns of those steps (the run rate, always current).
+    rate_sums: (u128, u128),
     pub rate: Option<RateInterval>,
     rate_steps_at: usize,
     pub threads: BTreeMap<u32, ThreadAgg>,
@@ -319,8 +321,6 @@ pub struct App {
     pub source_done: bool,
     /// The last lines the target (and the observer) printed while the TUI was up.
     pub output: VecDeque<String>,
-    /// The user asked to stop the observation.
-    pub stopping: bool,
     // --- UI ---
     pub view: View,
     pub paused: bool,
@@ -359,6 +359,7 @@ impl App {
             steps_seen: 0,
             aggs: Default::default(),
             rate_steps: Vec::new(),
+            rate_sums: (0, 0),
             rate: None,
             rate_steps_at: 0,
             threads: BTreeMap::new(),
@@ -370,7 +371,6 @@ impl App {
             dropped_paused: 0,
             source_done: false,
             output: VecDeque::new(),
-            stopping: false,
             view: View::Tokens,
             paused: false,
             pending: VecDeque::new(),
@@ -419,6 +419,8 @@ impl App {
         self.aggs[kind_index(t.kind)].add(t);
         if matches!(t.kind, StepKind::Generate | StepKind::Call) {
             self.rate_steps.push((t.n_tokens, t.wall_ns));
+            self.rate_sums.0 += t.n_tokens as u128;
+            self.rate_sums.1 += t.wall_ns as u128;
         }
         if self.rows.len() >= MAX_ROWS {
             self.rows.pop_front();
@@ -462,6 +464,13 @@ impl App {
         self.rate_steps_at = n;
         self.rate = stats::rate_interval(&self.rate_steps, b, stats::SEED);
         self.dirty = true;
+    }
+
+    /// Tokens per second over all generate/call steps so far (the interval in
+    /// [`App::rate`] may lag it by a refresh).
+    pub fn rate_run(&self) -> Option<f64> {
+        let (n, wall) = self.rate_sums;
+        (wall > 0).then(|| n as f64 * 1e9 / wall as f64)
     }
 
     /// Tokens per second over the last [`NOW_STEPS`] generate/call steps.
@@ -639,6 +648,7 @@ mod tests {
         app.refresh_stats();
         let r = app.rate.unwrap();
         assert!((r.rate - 10.0).abs() < 1e-9, "{r:?}");
+        assert_eq!(app.rate_run(), Some(r.rate));
         assert_eq!(r.steps, 4);
         assert_eq!(app.main_kind(), StepKind::Generate);
         let g = app.agg(StepKind::Generate);

@@ -9,7 +9,10 @@
 use std::{
     fs::File,
     io::{self, BufWriter, Write},
-    sync::Once,
+    sync::{
+        Once,
+        atomic::{AtomicBool, Ordering},
+    },
     time::{Duration, Instant},
 };
 
@@ -110,6 +113,7 @@ impl TerminalGuard {
             .open("/dev/tty")
             .map_err(|e| io::Error::new(e.kind(), format!("cannot open the terminal /dev/tty: {e}")))?;
         enable_raw_mode()?;
+        ACTIVE.store(true, Ordering::SeqCst);
         let mut out = BufWriter::new(tty);
         if let Err(e) = execute!(out, EnterAlternateScreen, Hide) {
             restore();
@@ -132,9 +136,17 @@ impl Drop for TerminalGuard {
     }
 }
 
-/// Leave the alternate screen, show the cursor, leave raw mode. Idempotent;
-/// safe to call from a panic hook.
+/// The terminal is in TUI mode (set by [`TerminalGuard::enter`]).
+static ACTIVE: AtomicBool = AtomicBool::new(false);
+
+/// Leave the alternate screen, show the cursor, leave raw mode. Does nothing
+/// the second time: leaving the alternate screen twice would also restore the
+/// cursor saved on entering it, and what is printed next (a panic message)
+/// would overwrite the lines before it. Safe to call from a panic hook.
 pub fn restore() {
+    if !ACTIVE.swap(false, Ordering::SeqCst) {
+        return;
+    }
     if let Ok(mut tty) = std::fs::OpenOptions::new().write(true).open("/dev/tty") {
         let _ = execute!(tty, LeaveAlternateScreen, Show);
     }

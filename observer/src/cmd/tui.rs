@@ -10,7 +10,7 @@
 //! - The TUI thread owns the terminal (`/dev/tty`: alternate screen, raw mode,
 //!   restored on exit and on panic). While it is up, this process's stdin is
 //!   `/dev/null` and its stdout/stderr go into a pipe that the spawned target
-//!   inherits: those lines show under "Output of the target" and are printed,
+//!   inherits: those lines show under "Output (target, observer)" and are printed,
 //!   with the run's end-of-run summary, once the terminal is back.
 //! - `run`'s per-token lines are off (`--every 0`).
 //! - Quitting (`q`) stops the observation like Ctrl-C does under `run`: a
@@ -41,6 +41,8 @@ use observer_common::model::Event;
 use super::run::{RunArgs, run_with_stop};
 
 #[derive(Debug, clap::Args)]
+// `run`'s per-token lines would draw over the screen: always off here.
+#[command(mut_arg("every", |a| a.hide(true)))]
 pub struct TuiArgs {
     /// Show a recorded trace instead of observing a process.
     #[arg(long, value_name = "FILE", conflicts_with_all = ["pid", "command"])]
@@ -90,6 +92,9 @@ pub async fn tui(mut args: TuiArgs) -> Result<i32> {
         std::thread::Builder::new()
             .name("observer-tui".into())
             .spawn(move || {
+                // Leaving the screen, even by a panic, ends the observation
+                // (a no-op once it has ended).
+                let _stop = StopOnDrop(stop);
                 let mut app = App::new();
                 let r = term::run(&mut source, &mut app, &opts);
                 if matches!(r, Ok(Exit::Quit))
@@ -98,8 +103,6 @@ pub async fn tui(mut args: TuiArgs) -> Result<i32> {
                 {
                     let _ = writeln!(n, "observer tui: stopping the observation…");
                 }
-                // Leaving the screen ends the observation (a no-op once it has ended).
-                stop.notify_one();
                 r
             })
             .context("starting the TUI thread")?
@@ -121,6 +124,14 @@ pub async fn tui(mut args: TuiArgs) -> Result<i32> {
         Err(_) => bail!("the TUI thread panicked (the terminal was restored; see the message above)"),
     }
     run
+}
+
+struct StopOnDrop(Arc<tokio::sync::Notify>);
+
+impl Drop for StopOnDrop {
+    fn drop(&mut self) {
+        self.0.notify_one();
+    }
 }
 
 // ---- the stream to the screen ----------------------------------------------

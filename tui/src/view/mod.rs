@@ -78,8 +78,6 @@ fn status(app: &App) -> Span<'static> {
         }
     } else if app.source_done {
         Span::styled("TRACE ENDS (no end record)", Style::new().fg(Color::Yellow).add_modifier(Modifier::BOLD))
-    } else if app.stopping {
-        Span::styled("STOPPING", Style::new().fg(Color::Yellow).add_modifier(Modifier::BOLD))
     } else if app.header.is_none() {
         Span::styled("STARTING", Style::new().fg(Color::Yellow))
     } else {
@@ -168,13 +166,10 @@ fn draw_help(app: &App, f: &mut Frame<'_>, area: Rect) {
 /// Too small for the views: the numbers that matter, as many lines as fit.
 fn draw_compact(app: &App, f: &mut Frame<'_>, area: Rect) {
     let w = area.width as usize;
-    let rate = match (&app.rate, app.rate_now()) {
-        (Some(r), _) => match r.ci95 {
-            Some((lo, hi)) => format!("{:.2} tok/s [{lo:.2}–{hi:.2}]", r.rate),
-            None => format!("{:.2} tok/s", r.rate),
-        },
-        (None, Some(now)) => format!("{now:.2} tok/s"),
-        (None, None) => "no tokens yet".to_string(),
+    let rate = match (app.rate_run(), app.rate.and_then(|r| r.ci95)) {
+        (Some(r), Some((lo, hi))) => format!("{r:.2} tok/s [{lo:.2}–{hi:.2}]"),
+        (Some(r), None) => format!("{r:.2} tok/s"),
+        (None, _) => "no tokens yet".to_string(),
     };
     let lost = app.lost();
     let dropped = app.dropped_total();

@@ -13,7 +13,10 @@ use ratatui::{
 };
 
 use super::{clamp_top, fmt};
-use crate::state::{App, NOW_STEPS, View};
+use crate::{
+    state::{App, NOW_STEPS, View},
+    stats::RateInterval,
+};
 
 const LABEL: usize = 16;
 
@@ -48,19 +51,21 @@ fn throughput(app: &App) -> Vec<Line<'static>> {
             &format!("now (last {NOW_STEPS})"),
             app.rate_now().map_or_else(|| fmt::NA.into(), |r| format!("{r:.2} tok/s")),
         ));
-        match &app.rate {
-            Some(r) => {
-                out.push(row_styled("run", format!("{:.2} tok/s", r.rate), Style::new().add_modifier(Modifier::BOLD)));
-                out.push(row(
-                    "95 % interval",
-                    match r.ci95 {
-                        Some((lo, hi)) => format!("{lo:.2} – {hi:.2} (bootstrap ×{}, {} steps)", r.resamples, r.steps),
-                        None => "needs 2 steps".into(),
-                    },
-                ));
-            }
-            None => out.push(row("run", fmt::NA.into())),
-        }
+        out.push(row_styled(
+            "run",
+            app.rate_run().map_or_else(|| fmt::NA.into(), |r| format!("{r:.2} tok/s")),
+            Style::new().add_modifier(Modifier::BOLD),
+        ));
+        out.push(row(
+            "95 % interval",
+            match &app.rate {
+                Some(RateInterval { ci95: Some((lo, hi)), resamples, steps, .. }) => {
+                    format!("{lo:.2} – {hi:.2} (bootstrap ×{resamples}, {steps} steps)")
+                }
+                _ if app.rate_steps.len() < 2 => "needs 2 steps".into(),
+                _ => "computing…".into(),
+            },
+        ));
     }
     let p = app.agg(StepKind::Prompt);
     if p.steps > 0 {
@@ -172,7 +177,7 @@ fn output(app: &App, rows: usize) -> Vec<Line<'static>> {
     if app.output.is_empty() || rows < 2 {
         return Vec::new();
     }
-    let mut out = vec![heading("Output of the target")];
+    let mut out = vec![heading("Output (target, observer)")];
     let n = app.output.len();
     for l in app.output.range(n.saturating_sub(rows - 1)..) {
         out.push(Line::styled(format!("  {l}"), fmt::dim()));
