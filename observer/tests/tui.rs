@@ -207,3 +207,25 @@ fn clear_errors_without_a_target_a_terminal_or_a_readable_trace() {
     assert_eq!(code, Some(2), "{err}");
     assert!(err.contains("--refresh"), "{err}");
 }
+
+#[test]
+fn sigterm_closes_the_final_summary_and_restores_the_terminal() {
+    let _lock = machine_lock();
+    let cmd = format!("{OBSERVER} tui -- {WORKLOAD} tokens --n 5 --ms 50; echo OBSERVER_EXIT=$?; sleep 600");
+    let tmux = Tmux::start("tui-term", 120, 30, &cmd);
+    tmux.wait("the final summary", Duration::from_secs(60), |s| s.contains("EXITED 0"));
+    let shell =
+        String::from_utf8_lossy(&tmux.run(&["display", "-p", "-t", "t", "#{pane_pid}"]).stdout).trim().to_string();
+    let children =
+        std::fs::read_to_string(format!("/proc/{shell}/task/{shell}/children")).expect("children of the shell");
+    let observer: i32 = children
+        .split_whitespace()
+        .filter_map(|p| p.parse().ok())
+        .find(|p: &i32| std::fs::read_to_string(format!("/proc/{p}/comm")).is_ok_and(|c| c.trim() == "observer"))
+        .unwrap_or_else(|| panic!("no observer among {children:?}"));
+    // SAFETY: plain kill(2) of the observer we started.
+    assert_eq!(unsafe { libc::kill(observer, libc::SIGTERM) }, 0);
+    let after = tmux.wait("observer to exit", Duration::from_secs(15), |s| s.contains("OBSERVER_EXIT="));
+    assert!(after.contains("OBSERVER_EXIT=0"), "{after}");
+    assert!(!after.contains("1 Tokens │ 2 Summary"), "the alternate screen is gone:\n{after}");
+}

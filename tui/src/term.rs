@@ -62,16 +62,25 @@ pub enum Status {
     Done,
     /// The producer went away before its end (the run failed): leave.
     Failed,
+    /// Leave now, as if the user had quit (e.g. the process got SIGTERM).
+    Quit,
 }
 
 pub trait Source {
     /// Move available events into `app` without blocking (at most
-    /// [`PUMP_MAX`]); say whether more may come.
+    /// [`PUMP_MAX`]); say whether more may come. Called on every tick, also
+    /// after it said `Done`.
     fn pump(&mut self, app: &mut App) -> Status;
 }
 
-/// A finite sequence of events (a replayed trace): everything is read at once.
-pub struct IterSource<I>(pub I);
+/// A finite sequence of events (e.g. a test's).
+pub struct IterSource<I>(pub std::iter::Fuse<I>);
+
+impl<I: Iterator> IterSource<I> {
+    pub fn new(events: I) -> Self {
+        IterSource(events.fuse())
+    }
+}
 
 impl<I: Iterator<Item = Event>> Source for IterSource<I> {
     fn pump(&mut self, app: &mut App) -> Status {
@@ -175,12 +184,12 @@ pub fn run(source: &mut dyn Source, app: &mut App, opts: &Options) -> io::Result
     let mut next_stats = Instant::now();
     let mut done = false;
     loop {
-        if !done {
-            match source.pump(app) {
-                Status::Open => {}
-                Status::Done => done = true,
-                Status::Failed => return Ok(Exit::SourceFailed),
-            }
+        // Pumped also after `Done`: a source may still ask to quit.
+        match source.pump(app) {
+            Status::Open => {}
+            Status::Done => done = true,
+            Status::Failed => return Ok(Exit::SourceFailed),
+            Status::Quit => return Ok(Exit::Quit),
         }
         let now = Instant::now();
         if now >= next_draw {

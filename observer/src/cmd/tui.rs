@@ -16,7 +16,9 @@
 //! - Quitting (`q`) stops the observation like Ctrl-C does under `run`: a
 //!   spawned target gets SIGINT (SIGKILL after a grace period), a `--pid`
 //!   target is detached from. When the target exits on its own, the final
-//!   summary stays on screen until the user quits.
+//!   summary stays on screen until the user quits. SIGINT/SIGTERM sent to
+//!   the observer (the keyboard's Ctrl-C is a key in raw mode) stop the run
+//!   as under `run` and close the screen.
 //!
 //! Replay feeds the events of a trace file through the same `tui::App`
 //! ([`ReplaySource`]); it waits for the trace reader of the record issue.
@@ -27,7 +29,7 @@ use std::{
     path::{Path, PathBuf},
     sync::{
         Arc, Mutex,
-        atomic::{AtomicI32, AtomicU64, Ordering},
+        atomic::{AtomicBool, AtomicI32, AtomicU64, Ordering},
         mpsc::{Receiver, SyncSender, TryRecvError, TrySendError, sync_channel},
     },
     time::{Duration, Instant},
@@ -81,20 +83,42 @@ pub async fn tui(mut args: TuiArgs) -> Result<i32> {
         .context("observer tui needs a terminal (/dev/tty); use `observer run` without one")?;
     args.run.every = 0;
 
+    // SIGINT/SIGTERM stop the run (inside `run`) and close the screen (here),
+    // also while the final summary is up.
+    let signalled = Arc::new(AtomicBool::new(false));
+    {
+        use tokio::signal::unix::{SignalKind, signal};
+        let mut int = signal(SignalKind::interrupt()).context("installing the SIGINT handler")?;
+        let mut term = signal(SignalKind::terminate()).context("installing the SIGTERM handler")?;
+        let signalled = signalled.clone();
+        tokio::spawn(async move {
+            tokio::select! {
+                _ = int.recv() => {}
+                _ = term.recv() => {}
+            }
+            signalled.store(true, Ordering::SeqCst);
+        });
+    }
     let capture = Capture::start()?;
     let (tx, rx) = sync_channel::<Event>(args.queue as usize);
     let dropped = Arc::new(AtomicU64::new(0));
     let stop = Arc::new(tokio::sync::Notify::new());
     let ui = {
-        let mut source = LiveSource { rx, dropped: dropped.clone(), lines: capture.lines.clone(), saw_end: false };
-        let stop = stop.clone();
+        let mut source = LiveSource {
+            rx,
+            dropped: dropped.clone(),
+            lines: capture.lines.clone(),
+            saw_end: false,
+            signalled: signalled.clone(),
+        };
+        let stop = StopOnDrop { stop: stop.clone(), signalled: signalled.clone() };
         let mut note = capture.real_stderr();
         std::thread::Builder::new()
             .name("observer-tui".into())
             .spawn(move || {
                 // Leaving the screen, even by a panic, ends the observation
                 // (a no-op once it has ended).
-                let _stop = StopOnDrop(stop);
+                let _stop = stop;
                 let mut app = App::new();
                 let r = term::run(&mut source, &mut app, &opts);
                 if matches!(r, Ok(Exit::Quit))
@@ -112,6 +136,10 @@ pub async fn tui(mut args: TuiArgs) -> Result<i32> {
     // screen until the user quits; when the run fails, the TUI sees the queue
     // close without an `End` and leaves by itself.
     let run = run_with_stop(args.run, vec![Box::new(sink)], stop).await;
+    // Wait for the user without blocking the runtime (the signal task runs on it).
+    while !ui.is_finished() {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
     let ui = ui.join();
     let captured = capture.finish();
     let mut err = std::io::stderr().lock();
@@ -126,11 +154,17 @@ pub async fn tui(mut args: TuiArgs) -> Result<i32> {
     run
 }
 
-struct StopOnDrop(Arc<tokio::sync::Notify>);
+struct StopOnDrop {
+    stop: Arc<tokio::sync::Notify>,
+    /// A signal already stops the run; a second stop would SIGKILL the target.
+    signalled: Arc<AtomicBool>,
+}
 
 impl Drop for StopOnDrop {
     fn drop(&mut self) {
-        self.0.notify_one();
+        if !self.signalled.load(Ordering::SeqCst) {
+            self.stop.notify_one();
+        }
     }
 }
 
@@ -168,10 +202,14 @@ struct LiveSource {
     dropped: Arc<AtomicU64>,
     lines: Arc<Mutex<Vec<String>>>,
     saw_end: bool,
+    signalled: Arc<AtomicBool>,
 }
 
 impl Source for LiveSource {
     fn pump(&mut self, app: &mut App) -> Status {
+        if self.signalled.load(Ordering::SeqCst) {
+            return Status::Quit;
+        }
         // After the end, the target has exited and its output is complete:
         // what follows is `run`'s own end-of-run report, printed after the
         // screen closes rather than pushing the target's last lines away.
@@ -474,7 +512,7 @@ mod tests {
             sink.event(&sample).unwrap();
         }
         assert_eq!(dropped.load(Ordering::Relaxed), 84);
-        let mut src = LiveSource { rx, dropped, lines: Arc::default(), saw_end: false };
+        let mut src = LiveSource { rx, dropped, lines: Arc::default(), saw_end: false, signalled: Arc::default() };
         let mut app = App::new();
         assert_eq!(src.pump(&mut app), Status::Open);
         assert_eq!(app.dropped_total(), 84);
@@ -490,7 +528,13 @@ mod tests {
     fn a_run_that_fails_before_its_end_closes_the_screen() {
         let (tx, rx) = sync_channel::<Event>(4);
         drop(tx);
-        let mut src = LiveSource { rx, dropped: Arc::default(), lines: Arc::default(), saw_end: false };
+        let mut src = LiveSource {
+            rx,
+            dropped: Arc::default(),
+            lines: Arc::default(),
+            saw_end: false,
+            signalled: Arc::default(),
+        };
         assert_eq!(src.pump(&mut App::new()), Status::Failed);
     }
 }
