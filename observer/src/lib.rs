@@ -13,4 +13,5 @@ pub mod sink;
 pub mod syscalls;
 pub mod target;
 pub mod tokens;
+pub mod trace;
 pub mod tracefs;
