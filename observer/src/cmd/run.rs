@@ -33,6 +33,9 @@ pub struct RunArgs {
     /// Also write the summary and every token record as JSON to this file.
     #[arg(long, value_name = "FILE")]
     json: Option<PathBuf>,
+    /// Also record the model stream to this trace file (see `observer record`).
+    #[arg(long, value_name = "FILE")]
+    pub record: Option<PathBuf>,
     /// Token boundaries from calls of this function (uprobe at entry, uretprobe
     /// at return), e.g. `llama_decode:/usr/lib/libllama.so`. Default: the
     /// engine's marker symbols when the target has them.
@@ -139,9 +142,12 @@ pub async fn run(args: RunArgs) -> Result<i32> {
 }
 
 /// `run` with extra sinks fed the same model stream.
-pub async fn run_with(args: RunArgs, extra: ExtraSinks) -> Result<i32> {
+pub async fn run_with(args: RunArgs, mut extra: ExtraSinks) -> Result<i32> {
     if args.pid.is_none() && args.command.is_empty() {
         bail!("nothing to observe: give `--pid PID` or `-- CMD [ARGS…]`");
+    }
+    if let Some(p) = &args.record {
+        extra.push(Box::new(observer::trace::TraceWriter::create(p).context("cannot create the trace file")?));
     }
     preflight::check_privileges()?;
     preflight::ensure_tracefs()?;

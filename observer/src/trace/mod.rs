@@ -141,4 +141,4 @@ pub(crate) fn parse_record_header(b: &[u8]) -> Option<RecordHeader> {
 }
 
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;
