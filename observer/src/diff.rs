@@ -218,7 +218,9 @@ impl Options {
 pub fn estimate(runs: &[&LoadedRun], metrics: &[Metric], opts: &Options, stream: u64) -> Vec<Estimate> {
     let strata: Vec<Stratum> = runs
         .iter()
-        .map(|r| Stratum::new(metrics.len(), r.summarised().into_iter().map(|t| metrics.iter().map(|m| m.term(t)).collect())))
+        .map(|r| {
+            Stratum::new(metrics.len(), r.summarised().into_iter().map(|t| metrics.iter().map(|m| m.term(t)).collect()))
+        })
         .collect();
     stats::bootstrap(&strata, metrics.len(), opts.resamples, opts.seed, stream)
 }
@@ -231,7 +233,11 @@ pub fn wall_cv(run: &LoadedRun) -> Option<f64> {
 
 /// The configuration a run is grouped by.
 pub fn config_of(h: &RunHeader) -> BTreeMap<String, String> {
-    h.engine_config.iter().filter(|(k, _)| !IGNORED_KEYS.contains(&k.as_str())).map(|(k, v)| (k.clone(), v.clone())).collect()
+    h.engine_config
+        .iter()
+        .filter(|(k, _)| !IGNORED_KEYS.contains(&k.as_str()))
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect()
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -355,12 +361,8 @@ fn known(s: &str) -> Option<&str> {
 
 /// Wall-clock duration of a run, ns.
 fn duration_ns(r: &LoadedRun) -> u64 {
-    let end = r
-        .end
-        .as_ref()
-        .map(|e| e.mono_ns)
-        .or_else(|| r.tokens.last().map(|t| t.start_ns + t.wall_ns))
-        .unwrap_or(0);
+    let end =
+        r.end.as_ref().map(|e| e.mono_ns).or_else(|| r.tokens.last().map(|t| t.start_ns + t.wall_ns)).unwrap_or(0);
     end.saturating_sub(r.header.started_mono_ns)
 }
 
@@ -536,7 +538,10 @@ pub fn diff(runs: &[LoadedRun], opts: &Options) -> DiffReport {
         if info.lost_events > 0 {
             warnings.push(Warning {
                 kind: "lost",
-                message: format!("{}: {} events were lost or dropped: some tokens may be under-counted", labels[i], info.lost_events),
+                message: format!(
+                    "{}: {} events were lost or dropped: some tokens may be under-counted",
+                    labels[i], info.lost_events
+                ),
             });
         }
         for n in &info.notes {
@@ -563,7 +568,8 @@ pub fn diff(runs: &[LoadedRun], opts: &Options) -> DiffReport {
 }
 
 fn environment_warnings(runs: &[LoadedRun], labels: &[String], order: &[usize], by_time: bool, w: &mut Vec<Warning>) {
-    let fields: [(&str, fn(&RunHeader) -> String); 6] = [
+    type Field = fn(&RunHeader) -> String;
+    let fields: [(&str, Field); 6] = [
         ("model", |h| h.model.as_ref().map(|m| m.hash.clone()).unwrap_or_default()),
         ("host", |h| h.host.clone()),
         ("kernel", |h| h.kernel.clone()),
@@ -695,18 +701,14 @@ fn delta_cells(r: &Row) -> (String, String) {
 fn run_line(r: &RunInfo) -> String {
     let started = r.started_unix_ns.map(|t| format!(", started {} UTC", utc(t))).unwrap_or_default();
     let cv = r.wall_cv.map(|c| format!(", CV of wall {}", pct(c))).unwrap_or_default();
-    format!(
-        "{:<4} {}  ({}, {} tokens{started}{cv}) tok/s {}",
-        r.label,
-        r.path,
-        r.format,
-        r.tokens,
-        est(&r.tok_s)
-    )
+    format!("{:<4} {}  ({}, {} tokens{started}{cv}) tok/s {}", r.label, r.path, r.format, r.tokens, est(&r.tok_s))
 }
 
 fn config_str(c: &BTreeMap<String, String>, keys: &[String]) -> String {
-    keys.iter().map(|k| format!("{k}={}", c.get(k).map(String::as_str).unwrap_or("(unset)"))).collect::<Vec<_>>().join(" ")
+    keys.iter()
+        .map(|k| format!("{k}={}", c.get(k).map(String::as_str).unwrap_or("(unset)")))
+        .collect::<Vec<_>>()
+        .join(" ")
 }
 
 /// The terminal table.

@@ -29,7 +29,11 @@ fn scratch(name: &str) -> PathBuf {
 
 fn observer(args: &[&str]) -> (bool, String, String) {
     let o = Command::new(OBSERVER).args(args).output().expect("run observer");
-    (o.status.success(), String::from_utf8_lossy(&o.stdout).into_owned(), String::from_utf8_lossy(&o.stderr).into_owned())
+    (
+        o.status.success(),
+        String::from_utf8_lossy(&o.stdout).into_owned(),
+        String::from_utf8_lossy(&o.stderr).into_owned(),
+    )
 }
 
 fn ok(args: &[&str]) -> String {
@@ -62,7 +66,8 @@ fn shared_samples_diff_prints_their_speeds_overlap_and_the_short_run_warning() {
     let (ta, tb) = (tok_s(&a), tok_s(&b));
     assert_eq!((format!("{ta:.3}"), format!("{tb:.3}")), ("2.981".into(), "2.955".into()));
     let out = ok(&["diff", a.to_str().unwrap(), b.to_str().unwrap()]);
-    let line = out.lines().find(|l| l.trim_start().starts_with("tok/s")).unwrap_or_else(|| panic!("no tok/s row:\n{out}"));
+    let line =
+        out.lines().find(|l| l.trim_start().starts_with("tok/s")).unwrap_or_else(|| panic!("no tok/s row:\n{out}"));
     assert!(line.contains("2.981") && line.contains("2.955"), "{line}");
     assert!(line.contains("overlap"), "intervals overlap: {line}");
     assert!(out.contains("short run"), "short-run warning expected:\n{out}");
@@ -130,8 +135,7 @@ fn abba_runs_are_pooled_and_the_order_recognised() {
     let a2 = variant(&d, A, "bmoe-20260721-100300.csv", &same);
     let p = |x: &PathBuf| x.to_str().unwrap().to_string();
     // Given in any order: the start times decide.
-    let j: Value =
-        serde_json::from_str(&ok(&["diff", "--json", &p(&a1), &p(&a2), &p(&b1), &p(&b2)])).unwrap();
+    let j: Value = serde_json::from_str(&ok(&["diff", "--json", &p(&a1), &p(&a2), &p(&b1), &p(&b2)])).unwrap();
     assert_eq!(j["sides"].as_array().unwrap().len(), 2);
     assert_eq!(j["sides"][0]["runs"], serde_json::json!(["A1", "A2"]));
     let c = &j["comparisons"][0];

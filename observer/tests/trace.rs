@@ -2,9 +2,9 @@
 //! back and compared with the run's own JSON summary, the workload's own
 //! clock, truncated at every byte, damaged, and cut by SIGKILL.
 
-mod common;
 #[path = "support/chrome.rs"]
 mod chrome;
+mod common;
 
 use std::{
     path::{Path, PathBuf},
@@ -181,7 +181,16 @@ fn windows_and_process_samples_round_trip() {
     let dir = out_dir("windows");
     let r = record(
         &dir,
-        &["--window", "20ms", "--sample-interval", "50ms", "--", "sh", "-c", "i=0; while [ $i -lt 300000 ]; do i=$((i+1)); done"],
+        &[
+            "--window",
+            "20ms",
+            "--sample-interval",
+            "50ms",
+            "--",
+            "sh",
+            "-c",
+            "i=0; while [ $i -lt 300000 ]; do i=$((i+1)); done",
+        ],
     );
     let mut reader = Reader::open(&r.trace).unwrap();
     let ev: Vec<Event> = reader.by_ref().collect();
@@ -197,7 +206,8 @@ fn windows_and_process_samples_round_trip() {
 
     // diff of two recorded runs: tok/s equals each run's own summary.
     let dir2 = out_dir("windows2");
-    let r2 = record(&dir2, &["--window", "20ms", "--", "sh", "-c", "i=0; while [ $i -lt 200000 ]; do i=$((i+1)); done"]);
+    let r2 =
+        record(&dir2, &["--window", "20ms", "--", "sh", "-c", "i=0; while [ $i -lt 200000 ]; do i=$((i+1)); done"]);
     let j: Value =
         serde_json::from_str(&observer_ok(&["diff", "--json", r.trace.to_str().unwrap(), r2.trace.to_str().unwrap()]))
             .unwrap();
@@ -216,7 +226,17 @@ fn sigkill_leaves_a_trace_whose_complete_records_read_back() {
     let dir = out_dir("sigkill");
     let trace = dir.join("killed.trace");
     let mut obs = Command::new(OBSERVER)
-        .args(["record", "-o", trace.to_str().unwrap(), "--window", "10ms", "--sample-interval", "20ms", "--every", "0"])
+        .args([
+            "record",
+            "-o",
+            trace.to_str().unwrap(),
+            "--window",
+            "10ms",
+            "--sample-interval",
+            "20ms",
+            "--every",
+            "0",
+        ])
         .args(["--", "sh", "-c", "i=0; while [ $i -lt 20000000 ]; do i=$((i+1)); done"])
         .stdout(Stdio::null())
         .stderr(Stdio::null())

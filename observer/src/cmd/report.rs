@@ -83,7 +83,10 @@ fn build<'a>(run: &'a LoadedRun, opts: &Options) -> Report<'a> {
 
 fn text(r: &Report<'_>) -> String {
     let h = r.header;
-    let mut o = format!("{} ({}): {} records, {} prompt steps, {} tokens summarised\n", r.source, r.format, r.records, r.prompt_steps, r.tokens);
+    let mut o = format!(
+        "{} ({}): {} records, {} prompt steps, {} tokens summarised\n",
+        r.source, r.format, r.records, r.prompt_steps, r.tokens
+    );
     let mut fact = |k: &str, v: String| {
         if !v.is_empty() {
             o.push_str(&format!("  {k:<10} {v}\n"));
@@ -94,13 +97,25 @@ fn text(r: &Report<'_>) -> String {
     fact("started", if h.started_unix_ns > 0 { format!("{} UTC", utc(h.started_unix_ns)) } else { String::new() });
     fact("host", h.host.clone());
     fact("kernel", h.kernel.clone());
+    fact("cpu", if h.cpu_model.is_empty() { String::new() } else { format!("{} ({} CPUs)", h.cpu_model, h.n_cpus) });
     fact(
-        "cpu",
-        if h.cpu_model.is_empty() { String::new() } else { format!("{} ({} CPUs)", h.cpu_model, h.n_cpus) },
+        "memory",
+        if h.mem_total_bytes > 0 {
+            format!("{:.1} GiB", h.mem_total_bytes as f64 / (1u64 << 30) as f64)
+        } else {
+            String::new()
+        },
     );
-    fact("memory", if h.mem_total_bytes > 0 { format!("{:.1} GiB", h.mem_total_bytes as f64 / (1u64 << 30) as f64) } else { String::new() });
     fact("boot", h.boot_id.clone());
-    fact("observer", [h.observer_version.as_str(), h.mode.as_str()].iter().filter(|s| !s.is_empty()).cloned().collect::<Vec<_>>().join(", "));
+    fact(
+        "observer",
+        [h.observer_version.as_str(), h.mode.as_str()]
+            .iter()
+            .filter(|s| !s.is_empty())
+            .cloned()
+            .collect::<Vec<_>>()
+            .join(", "),
+    );
     fact(
         "model",
         h.model.as_ref().map(|m| format!("{} ({} bytes, {})", m.path, m.size_bytes, m.hash)).unwrap_or_default(),
@@ -109,12 +124,19 @@ fn text(r: &Report<'_>) -> String {
     fact("probes", if h.probes.is_empty() { String::new() } else { format!("{} attached", h.probes.len()) });
     fact("exit code", r.exit_code.map(|c| c.to_string()).unwrap_or_default());
     let dropped = match r.recorder {
-        Some(s) if s.dropped() > 0 => format!("\x1b[31m{} token and {} process events dropped by the recorder\x1b[0m", s.dropped_tokens, s.dropped_process),
+        Some(s) if s.dropped() > 0 => format!(
+            "\x1b[31m{} token and {} process events dropped by the recorder\x1b[0m",
+            s.dropped_tokens, s.dropped_process
+        ),
         Some(_) => "none dropped by the recorder".into(),
         None if r.format == import::Format::Trace => "recorder drops unknown (no end record)".into(),
         None => String::new(),
     };
-    let lost = if r.lost_events > 0 { format!("\x1b[31mlost events: {}\x1b[0m", r.lost_events) } else { "lost events: 0".into() };
+    let lost = if r.lost_events > 0 {
+        format!("\x1b[31mlost events: {}\x1b[0m", r.lost_events)
+    } else {
+        "lost events: 0".into()
+    };
     o.push_str(&format!("  {lost}{}\n", if dropped.is_empty() { String::new() } else { format!("; {dropped}") }));
     for n in r.notes {
         o.push_str(&format!("  ! {n}\n"));
@@ -122,7 +144,13 @@ fn text(r: &Report<'_>) -> String {
     let labels: Vec<String> = r
         .metrics
         .iter()
-        .map(|m| if m.unit.is_empty() || m.unit == m.label { m.label.to_string() } else { format!("{} ({})", m.label, m.unit) })
+        .map(|m| {
+            if m.unit.is_empty() || m.unit == m.label {
+                m.label.to_string()
+            } else {
+                format!("{} ({})", m.label, m.unit)
+            }
+        })
         .collect();
     let w = labels.iter().map(|l| l.chars().count()).max().unwrap_or(6);
     o.push_str(&format!("\n  {:<w$}  {:<32}  {:>6}\n", "metric", "mean [95 % CI]", "tokens"));

@@ -64,9 +64,8 @@ pub fn parse(path: &Path, text: &str) -> Result<(Vec<Event>, Vec<String>), Impor
         }
         if let Some(kv) = l.strip_prefix('#') {
             for item in kv.split_whitespace() {
-                let (k, v) = item
-                    .split_once('=')
-                    .ok_or_else(|| err(n, format!("expected key=value pairs, found `{item}`")))?;
+                let (k, v) =
+                    item.split_once('=').ok_or_else(|| err(n, format!("expected key=value pairs, found `{item}`")))?;
                 if let Some(old) = config.insert(k.to_string(), v.to_string())
                     && old != v
                 {
@@ -120,14 +119,19 @@ pub fn parse(path: &Path, text: &str) -> Result<(Vec<Event>, Vec<String>), Impor
                 return Ok(None);
             }
             if !v.is_finite() || v < 0.0 {
-                return Err(err(n, format!("column `{name}`: {s} is negative or not finite (only -1, not measured, may be)")));
+                return Err(err(
+                    n,
+                    format!("column `{name}`: {s} is negative or not finite (only -1, not measured, may be)"),
+                ));
             }
             Ok(Some(v))
         };
-        let ns = |name: &str| -> Result<Option<u64>, ImportError> { Ok(num(name)?.map(|ms| (ms * 1e6).round() as u64)) };
+        let ns =
+            |name: &str| -> Result<Option<u64>, ImportError> { Ok(num(name)?.map(|ms| (ms * 1e6).round() as u64)) };
         let mib = |name: &str| -> Result<Option<u64>, ImportError> { Ok(num(name)?.map(|m| (m * MIB).round() as u64)) };
-        let wall_ns = ns("wall_ms")?
-            .ok_or_else(|| err(n, format!("column `wall_ms` is `{}`: every row needs a wall time", fields[wall_col])))?;
+        let wall_ns = ns("wall_ms")?.ok_or_else(|| {
+            err(n, format!("column `wall_ms` is `{}`: every row needs a wall time", fields[wall_col]))
+        })?;
         let engine = EngineTelemetry {
             wall_ns: Some(wall_ns),
             compute_ns: ns("compute_ms")?,

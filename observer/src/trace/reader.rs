@@ -25,8 +25,8 @@ use observer_common::model::Event;
 use serde::Deserialize;
 
 use super::{
-    ENCODING_JSON, FILE_HEADER_LEN, FILE_MAGIC, KIND_END, KIND_HEADER, KIND_PROCESS, KIND_TOKEN,
-    RECORD_HEADER_LEN, RECORD_MAGIC, RecorderStats, VERSION, kind_of, parse_record_header,
+    ENCODING_JSON, FILE_HEADER_LEN, FILE_MAGIC, KIND_END, KIND_HEADER, KIND_PROCESS, KIND_TOKEN, RECORD_HEADER_LEN,
+    RECORD_MAGIC, RecorderStats, VERSION, kind_of, parse_record_header,
 };
 
 /// Errors that stop reading before the first record.
@@ -82,9 +82,14 @@ impl fmt::Display for Issue {
             Issue::Corrupt { offset, skipped, reason } => {
                 write!(f, "corrupt data at byte {offset} ({reason}): skipped {skipped} bytes to the next valid record")
             }
-            Issue::Undecodable { offset, reason } => write!(f, "record at byte {offset} does not decode ({reason}): skipped"),
+            Issue::Undecodable { offset, reason } => {
+                write!(f, "record at byte {offset} does not decode ({reason}): skipped")
+            }
             Issue::Unknown { offset, kind, encoding } => {
-                write!(f, "record at byte {offset} has unknown kind {kind} / encoding {encoding} (newer observer?): skipped")
+                write!(
+                    f,
+                    "record at byte {offset} has unknown kind {kind} / encoding {encoding} (newer observer?): skipped"
+                )
             }
         }
     }
@@ -161,7 +166,9 @@ impl<R: Read> Reader<R> {
             r.issues.push(Issue::Corrupt {
                 offset: 0,
                 skipped: 0,
-                reason: format!("file header checksum mismatch (version field says {version}); reading as version {VERSION}"),
+                reason: format!(
+                    "file header checksum mismatch (version field says {version}); reading as version {VERSION}"
+                ),
             });
         }
         r.advance(FILE_HEADER_LEN);
@@ -290,7 +297,8 @@ impl<R: Read> Reader<R> {
                 continue;
             }
             let Some(h) = parse_record_header(hb) else {
-                let reason = if hb[0..4] != RECORD_MAGIC { "no record magic" } else { "record header checksum mismatch" };
+                let reason =
+                    if hb[0..4] != RECORD_MAGIC { "no record magic" } else { "record header checksum mismatch" };
                 self.resync(reason)?;
                 continue;
             };
@@ -352,7 +360,11 @@ impl<R: Read> Iterator for Reader<R> {
             }
             Err(e) => {
                 // An I/O error mid-file: report it where it happened and stop.
-                self.issues.push(Issue::Corrupt { offset: self.offset, skipped: 0, reason: format!("read error: {e}") });
+                self.issues.push(Issue::Corrupt {
+                    offset: self.offset,
+                    skipped: 0,
+                    reason: format!("read error: {e}"),
+                });
                 self.done = true;
                 None
             }

@@ -54,7 +54,7 @@ pub(crate) fn token(seq: u64) -> TokenRecord {
     counters.set(Counter::Minflt, Some(seq * 3));
     counters.set(Counter::ReadBytes, Some(4096 * seq));
     let mut components = Components::all_measured([60, 10, 5, 5, 0, 0, 10, 5, 5].map(|v| v * 1000 + seq));
-    if seq % 3 == 0 {
+    if seq.is_multiple_of(3) {
         components.set(Component::Reclaim, None);
     }
     TokenRecord {
@@ -68,13 +68,7 @@ pub(crate) fn token(seq: u64) -> TokenRecord {
         residual_ns: -3,
         counters,
         engine_compute_ns: Some(80_000),
-        threads: vec![ThreadToken {
-            tid: 43,
-            comm: "worker \"q\"".into(),
-            components,
-            counters,
-            residual_ns: 7,
-        }],
+        threads: vec![ThreadToken { tid: 43, comm: "worker \"q\"".into(), components, counters, residual_ns: 7 }],
         engine: Some(EngineTelemetry {
             wall_ns: Some(100_000),
             cache_hit_pct: Some(0.1 + 0.2),
@@ -117,8 +111,7 @@ fn record(events: &[Event]) -> Vec<u8> {
         w.event(e).unwrap();
     }
     drop(w);
-    let b = buf.0.lock().unwrap().clone();
-    b
+    buf.0.lock().unwrap().clone()
 }
 
 fn read(bytes: &[u8]) -> (Vec<Event>, Vec<Issue>, Reader<&[u8]>) {

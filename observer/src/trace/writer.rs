@@ -131,7 +131,10 @@ impl TraceWriter {
     fn writer_failed(&mut self) {
         if !self.failed {
             self.failed = true;
-            eprintln!("observer: writing trace {} failed; further events are dropped (the error follows at the end)", self.name);
+            eprintln!(
+                "observer: writing trace {} failed; further events are dropped (the error follows at the end)",
+                self.name
+            );
         }
     }
 }

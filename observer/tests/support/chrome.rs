@@ -35,7 +35,8 @@ pub fn check(v: &Value) -> Checked {
     }
     let events = top["traceEvents"].as_array().expect("`traceEvents` must be an array");
     assert!(!events.is_empty(), "no events");
-    let mut c = Checked { tracks: Tracks::new(), thread_names: BTreeMap::new(), process_names: BTreeMap::new(), counters: 0 };
+    let mut c =
+        Checked { tracks: Tracks::new(), thread_names: BTreeMap::new(), process_names: BTreeMap::new(), counters: 0 };
     for e in events {
         let ph = e["ph"].as_str().unwrap_or_else(|| panic!("every event needs a `ph` string: {e}"));
         let name = e["name"].as_str().unwrap_or_else(|| panic!("every event needs a `name` string: {e}"));
