@@ -143,9 +143,10 @@ fn main() {
         for _ in 0..5 {
             b = b.max(gbps(ty, quant::backend(), &w_big, &xq, 1, 1, threads));
             // One `vec_dot` call per row, in row order (a single sequential stream).
+            let n = cols();
             let secs = best_secs(1, || {
                 for (o, row) in out.iter_mut().zip(w_big.chunks_exact(rb)) {
-                    *o = quant::vec_dot(ty, cols(), black_box(row), &xq);
+                    *o = quant::vec_dot(ty, n, black_box(row), &xq);
                 }
                 black_box(&out);
             });

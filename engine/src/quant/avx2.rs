@@ -225,16 +225,33 @@ fn dot_q8_k(w: &[u8], x: &[u8]) -> f32 {
 #[target_feature(enable = "avx2")]
 fn k4_scales_mins<const N: usize>(b: &[u8; N], off: usize) -> __m128i {
     // Bytes off..off+16: the 12 scale bytes and 4 bytes of quants (ignored).
-    let v = ld128(b, off);
-    let lo = _mm_and_si128(
-        _mm_shuffle_epi8(v, _mm_setr_epi8(0, 1, 2, 3, 8, 9, 10, 11, 4, 5, 6, 7, -1, -1, -1, -1)),
-        _mm_setr_epi8(63, 63, 63, 63, 15, 15, 15, 15, 63, 63, 63, 63, 0, 0, 0, 0),
+    _mm256_castsi256_si128(k4_decode(_mm256_castsi128_si256(ld128(b, off))))
+}
+
+/// [`k4_scales_mins`] of two blocks at once (lane 0: `a`, lane 1: `b`).
+#[inline]
+#[target_feature(enable = "avx2")]
+fn k4_scales_mins2<const N: usize>(a: &[u8; N], b: &[u8; N], off: usize) -> __m256i {
+    k4_decode(_mm256_set_m128i(ld128(b, off), ld128(a, off)))
+}
+
+/// The decoding of [`k4_scales_mins`], independently in each 128-bit lane.
+#[inline]
+#[target_feature(enable = "avx2")]
+fn k4_decode(v: __m256i) -> __m256i {
+    let lane = |x: __m128i| _mm256_broadcastsi128_si256(x);
+    let lo = _mm256_and_si256(
+        _mm256_shuffle_epi8(v, lane(_mm_setr_epi8(0, 1, 2, 3, 8, 9, 10, 11, 4, 5, 6, 7, -1, -1, -1, -1))),
+        lane(_mm_setr_epi8(63, 63, 63, 63, 15, 15, 15, 15, 63, 63, 63, 63, 0, 0, 0, 0)),
     );
-    let nib_hi = _mm_and_si128(_mm_srli_epi16::<4>(v), _mm_set1_epi8(0x0f));
-    let nib_hi = _mm_shuffle_epi8(nib_hi, _mm_setr_epi8(-1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, 8, 9, 10, 11));
-    let top = _mm_srli_epi16::<2>(_mm_and_si128(v, _mm_set1_epi8(0xc0u8 as i8)));
-    let top = _mm_shuffle_epi8(top, _mm_setr_epi8(-1, -1, -1, -1, 0, 1, 2, 3, -1, -1, -1, -1, 4, 5, 6, 7));
-    _mm_or_si128(_mm_or_si128(lo, nib_hi), top)
+    let nib_hi = _mm256_and_si256(_mm256_srli_epi16::<4>(v), _mm256_set1_epi8(0x0f));
+    let nib_hi = _mm256_shuffle_epi8(
+        nib_hi,
+        lane(_mm_setr_epi8(-1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, 8, 9, 10, 11)),
+    );
+    let top = _mm256_srli_epi16::<2>(_mm256_and_si256(v, _mm256_set1_epi8(0xc0u8 as i8)));
+    let top = _mm256_shuffle_epi8(top, lane(_mm_setr_epi8(-1, -1, -1, -1, 0, 1, 2, 3, -1, -1, -1, -1, 4, 5, 6, 7)));
+    _mm256_or_si256(_mm256_or_si256(lo, nib_hi), top)
 }
 
 /// Pairwise sums of a `Q8_K` block's `bsums`: the 8 activation sums of the
@@ -248,18 +265,24 @@ fn q8k_pair_sums(y: &[u8; Q8_K_BYTES]) -> __m128i {
 
 /// Integer part of one `Q4_K` x `Q8_K` super-block: `sum_j scale_j * dot_j` as
 /// 8 x i32 lanes, and `sum_j min_j * (bsums[2j] + bsums[2j+1])` as 4 x i32 lanes.
-///
-/// The two nibble products of each 64-element chunk are interleaved as i16
-/// (`|p| <= 2*15*128`, so the sum of two fits) and multiplied by the pair of
-/// scales in one `vpmaddwd`.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
 fn q4k_block(a: &[u8; Q4_K_BYTES], y: &[u8; Q8_K_BYTES], pair_sums: __m128i) -> (__m256i, __m128i) {
-    let m4 = _mm256_set1_epi8(0xf);
     let sm = k4_scales_mins(a, 4);
     let mins = _mm_madd_epi16(_mm_cvtepu8_epi16(_mm_unpackhi_epi64(sm, sm)), pair_sums);
-    // Scales as i16 in both lanes: dword j holds (scale_2j, scale_2j+1).
     let sc = _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(sm));
+    (q4k_core(a, y, sc), mins)
+}
+
+/// `sum_j scale_j * dot_j` of a `Q4_K` block, `sc` holding its 8 scales as i16
+/// in both lanes. The two nibble products of each 64-element chunk are
+/// interleaved as i16 (`|p| <= 2*15*128`, so the sum of two fits) and multiplied
+/// by the pair of scales in one `vpmaddwd`.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn q4k_core(a: &[u8; Q4_K_BYTES], y: &[u8; Q8_K_BYTES], sc: __m256i) -> __m256i {
+    let m4 = _mm256_set1_epi8(0xf);
+    // dword j of `sc` holds (scale_2j, scale_2j+1).
     let scale_pairs = [
         _mm256_shuffle_epi32::<0x00>(sc),
         _mm256_shuffle_epi32::<0x55>(sc),
@@ -276,7 +299,7 @@ fn q4k_block(a: &[u8; Q4_K_BYTES], y: &[u8; Q8_K_BYTES], pair_sums: __m128i) -> 
         let p = _mm256_add_epi16(_mm256_unpacklo_epi16(pl, ph), _mm256_unpackhi_epi16(pl, ph));
         sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(p, sj));
     }
-    (sumi, mins)
+    sumi
 }
 
 /// `acc += d * sumi - dmin * mins` for a K-quant block whose f16 `d`, `dmin`
@@ -295,18 +318,25 @@ fn k_accumulate<const N: usize>(acc: __m256, a: &[u8; N], off: usize, dy: f32, s
 /// (16384 columns) on the stack.
 const MAX_PRE_BLOCKS: usize = 64;
 
-/// Integer part of one `Q5_K` x `Q8_K` super-block, as [`q4k_block`] with the
-/// 5th bits from `qh` (bit `2j` of `qh[l]` for the low nibble of chunk `j`, bit
-/// `2j+1` for the high one; `|p| <= 2*31*128`, so the interleaved sum fits i16).
+/// Integer part of one `Q5_K` x `Q8_K` super-block, as [`q4k_block`].
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
 fn q5k_block(a: &[u8; Q5_K_BYTES], y: &[u8; Q8_K_BYTES], pair_sums: __m128i) -> (__m256i, __m128i) {
-    let m4 = _mm256_set1_epi8(0xf);
-    let one = _mm256_set1_epi8(1);
-    let two = _mm256_set1_epi8(2);
     let sm = k4_scales_mins(a, 4);
     let mins = _mm_madd_epi16(_mm_cvtepu8_epi16(_mm_unpackhi_epi64(sm, sm)), pair_sums);
     let sc = _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(sm));
+    (q5k_core(a, y, sc), mins)
+}
+
+/// As [`q4k_core`] with the 5th bits from `qh` (bit `2j` of `qh[l]` for the low
+/// nibble of chunk `j`, bit `2j+1` for the high one; `|p| <= 2*31*128`, so the
+/// interleaved sum still fits i16).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn q5k_core(a: &[u8; Q5_K_BYTES], y: &[u8; Q8_K_BYTES], sc: __m256i) -> __m256i {
+    let m4 = _mm256_set1_epi8(0xf);
+    let one = _mm256_set1_epi8(1);
+    let two = _mm256_set1_epi8(2);
     let scale_pairs = [
         _mm256_shuffle_epi32::<0x00>(sc),
         _mm256_shuffle_epi32::<0x55>(sc),
@@ -328,13 +358,13 @@ fn q5k_block(a: &[u8; Q5_K_BYTES], y: &[u8; Q8_K_BYTES], pair_sums: __m128i) -> 
         let p = _mm256_add_epi16(_mm256_unpacklo_epi16(pl, ph), _mm256_unpackhi_epi16(pl, ph));
         sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(p, sj));
     }
-    (sumi, mins)
+    sumi
 }
 
 /// Dot product, dot product with precomputed activation pair sums, and row
 /// loop for a K-quant with 32-element sub-blocks and minimums.
 macro_rules! k4_kernels {
-    ($dot:ident, $dot_pre:ident, $rows:ident, $block:ident, $bytes:expr) => {
+    ($dot:ident, $dot_pre:ident, $rows:ident, $block:ident, $core:ident, $bytes:expr) => {
         #[target_feature(enable = "avx2,fma,f16c")]
         fn $dot(w: &[u8], x: &[u8]) -> f32 {
             let (wb, _) = w.as_chunks::<{ $bytes }>();
@@ -348,14 +378,34 @@ macro_rules! k4_kernels {
             hsum_ps(acc)
         }
 
+        /// Two blocks per step: their scales and minimums are decoded and
+        /// applied together, each 128-bit lane holding one block's.
         #[inline]
         #[target_feature(enable = "avx2,fma,f16c")]
-        fn $dot_pre(w: &[u8], xb: &[[u8; Q8_K_BYTES]], pairs: &[__m128i]) -> f32 {
+        fn $dot_pre(w: &[u8], xb: &[[u8; Q8_K_BYTES]], pairs: &[__m256i]) -> f32 {
             let (wb, _) = w.as_chunks::<{ $bytes }>();
+            let zero = _mm256_setzero_si256();
             let mut acc = _mm256_setzero_ps();
-            for ((a, y), p) in wb.iter().zip(xb).zip(pairs) {
-                prefetch_block(a);
-                let (sumi, mins) = $block(a, y, *p);
+            let mut w2 = wb.chunks_exact(2);
+            let mut x2 = xb.chunks_exact(2);
+            for ((a, y), p) in (&mut w2).zip(&mut x2).zip(pairs) {
+                let (a0, a1, y0, y1) = (&a[0], &a[1], &y[0], &y[1]);
+                prefetch_ahead::<{ 2 * $bytes }>(a0.as_ptr());
+                let sm = k4_scales_mins2(a0, a1, 4);
+                let sc = _mm256_unpacklo_epi8(sm, zero);
+                let mins = _mm256_madd_epi16(_mm256_unpackhi_epi8(sm, zero), *p);
+                let s0 = $core(a0, y0, _mm256_permute2x128_si256::<0x00>(sc, sc));
+                let s1 = $core(a1, y1, _mm256_permute2x128_si256::<0x11>(sc, sc));
+                let (dy0, dy1) = (f32_at(y0, 0), f32_at(y1, 0));
+                let (d0, m0) = f16x2_at(a0, 0);
+                let (d1, m1) = f16x2_at(a1, 0);
+                acc = _mm256_fmadd_ps(_mm256_set1_ps(d0 * dy0), _mm256_cvtepi32_ps(s0), acc);
+                acc = _mm256_fmadd_ps(_mm256_set1_ps(d1 * dy1), _mm256_cvtepi32_ps(s1), acc);
+                let dmin = _mm256_set_m128(_mm_set1_ps(m1 * dy1), _mm_set1_ps(m0 * dy0));
+                acc = _mm256_fnmadd_ps(dmin, _mm256_cvtepi32_ps(mins), acc);
+            }
+            for (a, y) in w2.remainder().iter().zip(x2.remainder()) {
+                let (sumi, mins) = $block(a, y, q8k_pair_sums(y));
                 acc = k_accumulate(acc, a, 0, f32_at(y, 0), sumi, mins);
             }
             hsum_ps(acc)
@@ -365,12 +415,13 @@ macro_rules! k4_kernels {
         fn $rows(w: &[u8], row_bytes: usize, x: &[u8], out: &mut [f32]) {
             let (xb, _) = x.as_chunks::<Q8_K_BYTES>();
             if xb.len() <= MAX_PRE_BLOCKS {
-                let mut pairs = [_mm_setzero_si128(); MAX_PRE_BLOCKS];
-                for (p, y) in pairs.iter_mut().zip(xb) {
-                    *p = q8k_pair_sums(y);
+                // Pair sums of blocks 2i and 2i+1 side by side.
+                let mut pairs = [_mm256_setzero_si256(); MAX_PRE_BLOCKS / 2];
+                for (p, y) in pairs.iter_mut().zip(xb.chunks_exact(2)) {
+                    *p = _mm256_set_m128i(q8k_pair_sums(&y[1]), q8k_pair_sums(&y[0]));
                 }
                 for (row, o) in w.chunks_exact(row_bytes).zip(out.iter_mut()) {
-                    *o = $dot_pre(row, xb, &pairs[..xb.len()]);
+                    *o = $dot_pre(row, xb, &pairs[..xb.len() / 2]);
                 }
             } else {
                 for (row, o) in w.chunks_exact(row_bytes).zip(out.iter_mut()) {
@@ -381,8 +432,8 @@ macro_rules! k4_kernels {
     };
 }
 
-k4_kernels!(dot_q4_k, dot_q4_k_pre, rows_q4_k, q4k_block, Q4_K_BYTES);
-k4_kernels!(dot_q5_k, dot_q5_k_pre, rows_q5_k, q5k_block, Q5_K_BYTES);
+k4_kernels!(dot_q4_k, dot_q4_k_pre, rows_q4_k, q4k_block, q4k_core, Q4_K_BYTES);
+k4_kernels!(dot_q5_k, dot_q5_k_pre, rows_q5_k, q5k_block, q5k_core, Q5_K_BYTES);
 
 /// Scale vectors for two 32-byte quant vectors `k`, `k+1` of a 128-element half
 /// whose products are interleaved as in [`q4k_block`]: each vector covers two

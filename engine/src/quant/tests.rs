@@ -585,7 +585,7 @@ fn vec_dot_with_real_activations() {
 #[test]
 fn matvec_matches_vec_dot_per_row() {
     let mut rng = Rng::new(6);
-    let (rows, cols) = (13, 512);
+    let (rows, cols) = (13, 768);
     for backend in backends() {
         for ty in WEIGHT_TYPES {
             let rb = ty.row_bytes(cols).unwrap();
@@ -595,8 +595,10 @@ fn matvec_matches_vec_dot_per_row() {
             matvec_on(backend, ty, &w, 3..12, cols, &x, &mut out).unwrap();
             for (i, o) in out.iter().enumerate() {
                 let r = 3 + i;
-                let d = vec_dot_on(backend, ty, cols, &w[r * rb..(r + 1) * rb], &x).unwrap();
-                assert_eq!(o.to_bits(), d.to_bits(), "{backend:?} {ty} row {r}");
+                let d = vec_dot_on(backend, ty, cols, &w[r * rb..(r + 1) * rb], &x).unwrap() as f64;
+                // Same integers, possibly another f32 summation order.
+                let (_, tol) = expected_dot(ty, &w[r * rb..(r + 1) * rb], &x, cols);
+                assert!((*o as f64 - d).abs() <= 2.0 * tol, "{backend:?} {ty} row {r}: {o} vs {d}");
             }
             let mut out2 = vec![f32::NAN; 9];
             matvec(ty, &w, 3..12, cols, &x, &mut out2);
