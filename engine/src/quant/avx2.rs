@@ -8,9 +8,17 @@
 //! unsigned by adding their bias (4, 32) and the bias is removed through the
 //! activation's `bsums`, which gives the same integer per super-block.
 //!
-//! `Q8_0`/`Q8_K` x `Q8_0`/`Q8_K` use ggml's sign trick (`|w| * sign(w) x`); like
-//! ggml's, it assumes activation quants are never -128, which ggml's and this
-//! module's quantizers never produce.
+//! Where ggml applies each sub-block scale with its own `vpmaddwd`, these kernels
+//! interleave the i16 products of two sub-blocks (`vpunpck{l,h}wd` + `vpaddw`,
+//! the ranges leave room) and apply both scales with one `vpmaddwd`. The `Q4_K`
+//! and `Q5_K` row loops also decode the scales of two blocks per step and
+//! precompute the activation's per-sub-block sums once per `matvec`; the
+//! `Q8_0`/`Q4_0` loops scale four blocks with one FMA. The kernels whose compute
+//! is closest to the memory bandwidth prefetch 4 KiB ahead.
+//!
+//! `Q8_0`/`Q8_K` x `Q8_0`/`Q8_K` (and `Q4_0`) use ggml's sign trick
+//! (`|w| * sign(w) x`); like ggml's, it assumes activation quants are never
+//! -128, which ggml's and this module's quantizers never produce.
 //!
 //! Every kernel here is a safe `#[target_feature]` function; the only `unsafe`
 //! is in the loads (bounds asserted) and in the wrappers handed out by
