@@ -722,7 +722,8 @@ pub fn try_matvec(
 ) -> Result<(), QuantError> {
     let (rb, nrows) = check_matvec(ty, w, &rows, cols, xq, out)?;
     let k = kernel(ty).ok_or(QuantError::Unsupported(ty))?;
-    if nrows == 0 {
+    if nrows == 0 || cols == 0 {
+        out.fill(0.0);
         return Ok(());
     }
     (k.matvec)(&w[rows.start * rb..rows.end * rb], rb, cols, xq, out);
@@ -744,7 +745,8 @@ pub fn matvec_on(
     }
     let (rb, nrows) = check_matvec(ty, w, &rows, cols, xq, out)?;
     let k = backend_kernel(backend, ty).ok_or(QuantError::Unsupported(ty))?;
-    if nrows == 0 {
+    if nrows == 0 || cols == 0 {
+        out.fill(0.0);
         return Ok(());
     }
     (k.matvec)(&w[rows.start * rb..rows.end * rb], rb, cols, xq, out);

@@ -1067,6 +1067,24 @@ fn bad_input_gives_errors() {
 }
 
 #[test]
+fn empty_rows_and_vectors() {
+    for backend in backends() {
+        for ty in WEIGHT_TYPES {
+            assert_eq!(vec_dot_on(backend, ty, 0, &[], &[]).unwrap(), 0.0, "{ty}");
+            let mut out = vec![f32::NAN; 3];
+            matvec_on(backend, ty, &[], 0..3, 0, &[], &mut out).unwrap();
+            assert_eq!(out, [0.0; 3], "{ty}");
+        }
+    }
+    let mut out = vec![f32::NAN; 2];
+    matvec(GgmlType::Q4_K, &[], 5..7, 0, &[], &mut out);
+    assert_eq!(out, [0.0; 2]);
+    let mut buf = vec![1u8; 10];
+    quantize_activation(GgmlType::Q4_K, &[], &mut buf).unwrap();
+    assert!(buf.is_empty());
+}
+
+#[test]
 fn quantize_activation_reuses_the_buffer() {
     let x = vec![0.5f32; 2048];
     let mut buf = Vec::with_capacity(GgmlType::Q8_K.row_bytes(2048).unwrap());
