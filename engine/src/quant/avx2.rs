@@ -205,6 +205,65 @@ fn int_q4_0(a: &[u8; Q4_0_BYTES], b: &[u8; Q8_0_BYTES]) -> __m256i {
 q8_0_style_dot!(dot_q8_0, Q8_0_BYTES, int_q8_0, prefetch: false);
 q8_0_style_dot!(dot_q4_0, Q4_0_BYTES, int_q4_0, prefetch: true);
 
+/// `Q4_0` quants `q` (unsigned, without the `-8`) times the activation, as
+/// 8 x i32 lanes; the bias is removed with the activation's block sums.
+#[inline]
+#[target_feature(enable = "avx2")]
+fn int_q4_0_unsigned(a: &[u8; Q4_0_BYTES], b: &[u8; Q8_0_BYTES]) -> __m256i {
+    let q = ld128(a, 2);
+    let m4 = _mm_set1_epi8(0xf);
+    let w = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16::<4>(q), m4), _mm_and_si128(q, m4));
+    _mm256_madd_epi16(_mm256_maddubs_epi16(w, ld256(b, 2)), _mm256_set1_epi16(1))
+}
+
+/// Activation blocks up to which the `Q4_0` row loop precomputes `8 * sum(q8)`
+/// per block on the stack (16384 columns).
+const MAX_PRE_BLOCKS_32: usize = 512;
+
+/// `Q4_0` row loop: `sum((q - 8) * y) = sum(q * y) - 8 * sum(y)` with the
+/// activation sums computed once, which saves the sign trick per block.
+#[target_feature(enable = "avx2,fma,f16c")]
+fn rows_q4_0(w: &[u8], row_bytes: usize, x: &[u8], out: &mut [f32]) {
+    let (xb, _) = x.as_chunks::<Q8_0_BYTES>();
+    if xb.len() > MAX_PRE_BLOCKS_32 {
+        for (row, o) in w.chunks_exact(row_bytes).zip(out.iter_mut()) {
+            *o = dot_q4_0(row, x);
+        }
+        return;
+    }
+    let mut bias = [0i32; MAX_PRE_BLOCKS_32];
+    for (s, y) in bias.iter_mut().zip(xb) {
+        *s = 8 * y[2..].iter().map(|&v| v as i8 as i32).sum::<i32>();
+    }
+    let bias = &bias[..xb.len()];
+    for (row, o) in w.chunks_exact(row_bytes).zip(out.iter_mut()) {
+        let (wb, _) = row.as_chunks::<Q4_0_BYTES>();
+        let mut acc = _mm256_setzero_ps();
+        let mut wq = wb.chunks_exact(4);
+        let mut xq = xb.chunks_exact(4);
+        let mut bq = bias.chunks_exact(4);
+        for ((a, b), s) in (&mut wq).zip(&mut xq).zip(&mut bq) {
+            prefetch_ahead::<{ 4 * Q4_0_BYTES }>(a[0].as_ptr());
+            let sums = hsum4_i32([
+                int_q4_0_unsigned(&a[0], &b[0]),
+                int_q4_0_unsigned(&a[1], &b[1]),
+                int_q4_0_unsigned(&a[2], &b[2]),
+                int_q4_0_unsigned(&a[3], &b[3]),
+            ]);
+            // Lanes 0..4 hold one partial sum of each block: subtract the bias there.
+            let sums = _mm256_sub_epi32(sums, _mm256_setr_epi32(s[0], s[1], s[2], s[3], 0, 0, 0, 0));
+            let d = _mm_mul_ps(f16_of_4(a), f16_of_4(b));
+            acc = _mm256_fmadd_ps(_mm256_set_m128(d, d), _mm256_cvtepi32_ps(sums), acc);
+        }
+        let mut sum = hsum_ps(acc);
+        for (a, b) in wq.remainder().iter().zip(xq.remainder()) {
+            let p = _mm256_cvtepi32_ps(int_q4_0(a, b));
+            sum += hsum_ps(p) * (f16_at(a, 0) * f16_at(b, 0));
+        }
+        *o = sum;
+    }
+}
+
 #[target_feature(enable = "avx2,fma,f16c")]
 fn dot_q8_k(w: &[u8], x: &[u8]) -> f32 {
     let (wb, _) = w.as_chunks::<Q8_K_BYTES>();
@@ -706,7 +765,7 @@ pub(super) fn kernel(ty: GgmlType) -> Option<Kernel> {
         F32 => entry!(dot_f32),
         F16 => entry!(dot_f16),
         Q8_0 => entry!(dot_q8_0),
-        Q4_0 => entry!(dot_q4_0),
+        Q4_0 => entry!(@wrap dot_q4_0, rows_q4_0),
         BF16 => entry!(dot_bf16),
         Q8_K => entry!(dot_q8_k),
         Q2_K => entry!(dot_q2_k),

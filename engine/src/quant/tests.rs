@@ -473,12 +473,39 @@ fn float_vec_dot_handles_odd_lengths() {
 }
 
 #[test]
+fn matvec_on_rows_of_few_blocks() {
+    // Block counts that leave remainders in the kernels' 2- and 4-block steps.
+    let mut rng = Rng::new(16);
+    for backend in backends() {
+        for (ty, nblocks) in [
+            (GgmlType::Q8_0, 3),
+            (GgmlType::Q8_0, 7),
+            (GgmlType::Q4_0, 1),
+            (GgmlType::Q4_0, 9),
+            (GgmlType::Q4_K, 1),
+            (GgmlType::Q5_K, 5),
+        ] {
+            let cols = nblocks * ty.block_size();
+            let rb = ty.row_bytes(cols).unwrap();
+            let w: Vec<u8> = (0..5).flat_map(|_| random_row(ty, cols, &mut rng)).collect();
+            let x = random_row(ty.vec_dot_type(), cols, &mut rng);
+            let mut out = vec![0f32; 5];
+            matvec_on(backend, ty, &w, 0..5, cols, &x, &mut out).unwrap();
+            for (r, o) in out.iter().enumerate() {
+                let (want, tol) = expected_dot(ty, &w[r * rb..(r + 1) * rb], &x, cols);
+                assert!((*o as f64 - want).abs() <= tol, "{backend:?} {ty} {nblocks} blocks, row {r}");
+            }
+        }
+    }
+}
+
+#[test]
 fn matvec_on_very_long_rows() {
     // More blocks per row than the kernels precompute activation data for.
     let mut rng = Rng::new(15);
     let cols = 256 * 70;
     for backend in backends() {
-        for ty in [GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K, GgmlType::Q8_0] {
+        for ty in [GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K, GgmlType::Q8_0, GgmlType::Q4_0] {
             let rb = ty.row_bytes(cols).unwrap();
             let w: Vec<u8> = (0..3).flat_map(|_| random_row(ty, cols, &mut rng)).collect();
             let x = random_row(ty.vec_dot_type(), cols, &mut rng);
