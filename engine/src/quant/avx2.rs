@@ -33,7 +33,9 @@ use super::{GgmlType, Kernel};
 
 /// Whether the CPU has everything these kernels use (cached by std).
 pub(super) fn available() -> bool {
-    is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") && is_x86_feature_detected!("f16c")
+    is_x86_feature_detected!("avx2")
+        && is_x86_feature_detected!("fma")
+        && is_x86_feature_detected!("f16c")
 }
 
 // ---------------------------------------------------------------------------
@@ -168,7 +170,12 @@ macro_rules! q8_0_style_dot {
                 if $pf {
                     prefetch_ahead::<{ 4 * $bytes }>(a[0].as_ptr());
                 }
-                let sums = hsum4_i32([$int(&a[0], &b[0]), $int(&a[1], &b[1]), $int(&a[2], &b[2]), $int(&a[3], &b[3])]);
+                let sums = hsum4_i32([
+                    $int(&a[0], &b[0]),
+                    $int(&a[1], &b[1]),
+                    $int(&a[2], &b[2]),
+                    $int(&a[3], &b[3]),
+                ]);
                 let d = _mm_mul_ps(f16_of_4(a), f16_of_4(b));
                 acc = _mm256_fmadd_ps(_mm256_set_m128(d, d), _mm256_cvtepi32_ps(sums), acc);
             }
@@ -212,7 +219,10 @@ q8_0_style_dot!(dot_q4_0, Q4_0_BYTES, int_q4_0, prefetch: true);
 fn int_q4_0_unsigned(a: &[u8; Q4_0_BYTES], b: &[u8; Q8_0_BYTES]) -> __m256i {
     let q = ld128(a, 2);
     let m4 = _mm_set1_epi8(0xf);
-    let w = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16::<4>(q), m4), _mm_and_si128(q, m4));
+    let w = _mm256_set_m128i(
+        _mm_and_si128(_mm_srli_epi16::<4>(q), m4),
+        _mm_and_si128(q, m4),
+    );
     _mm256_madd_epi16(_mm256_maddubs_epi16(w, ld256(b, 2)), _mm256_set1_epi16(1))
 }
 
@@ -251,7 +261,8 @@ fn rows_q4_0(w: &[u8], row_bytes: usize, x: &[u8], out: &mut [f32]) {
                 int_q4_0_unsigned(&a[3], &b[3]),
             ]);
             // Lanes 0..4 hold one partial sum of each block: subtract the bias there.
-            let sums = _mm256_sub_epi32(sums, _mm256_setr_epi32(s[0], s[1], s[2], s[3], 0, 0, 0, 0));
+            let sums =
+                _mm256_sub_epi32(sums, _mm256_setr_epi32(s[0], s[1], s[2], s[3], 0, 0, 0, 0));
             let d = _mm_mul_ps(f16_of_4(a), f16_of_4(b));
             acc = _mm256_fmadd_ps(_mm256_set_m128(d, d), _mm256_cvtepi32_ps(sums), acc);
         }
@@ -308,16 +319,30 @@ fn k4_scales_mins2<const N: usize>(a: &[u8; N], b: &[u8; N], off: usize) -> __m2
 fn k4_decode(v: __m256i) -> __m256i {
     let lane = |x: __m128i| _mm256_broadcastsi128_si256(x);
     let lo = _mm256_and_si256(
-        _mm256_shuffle_epi8(v, lane(_mm_setr_epi8(0, 1, 2, 3, 8, 9, 10, 11, 4, 5, 6, 7, -1, -1, -1, -1))),
-        lane(_mm_setr_epi8(63, 63, 63, 63, 15, 15, 15, 15, 63, 63, 63, 63, 0, 0, 0, 0)),
+        _mm256_shuffle_epi8(
+            v,
+            lane(_mm_setr_epi8(
+                0, 1, 2, 3, 8, 9, 10, 11, 4, 5, 6, 7, -1, -1, -1, -1,
+            )),
+        ),
+        lane(_mm_setr_epi8(
+            63, 63, 63, 63, 15, 15, 15, 15, 63, 63, 63, 63, 0, 0, 0, 0,
+        )),
     );
     let nib_hi = _mm256_and_si256(_mm256_srli_epi16::<4>(v), _mm256_set1_epi8(0x0f));
     let nib_hi = _mm256_shuffle_epi8(
         nib_hi,
-        lane(_mm_setr_epi8(-1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, 8, 9, 10, 11)),
+        lane(_mm_setr_epi8(
+            -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, 8, 9, 10, 11,
+        )),
     );
     let top = _mm256_srli_epi16::<2>(_mm256_and_si256(v, _mm256_set1_epi8(0xc0u8 as i8)));
-    let top = _mm256_shuffle_epi8(top, lane(_mm_setr_epi8(-1, -1, -1, -1, 0, 1, 2, 3, -1, -1, -1, -1, 4, 5, 6, 7)));
+    let top = _mm256_shuffle_epi8(
+        top,
+        lane(_mm_setr_epi8(
+            -1, -1, -1, -1, 0, 1, 2, 3, -1, -1, -1, -1, 4, 5, 6, 7,
+        )),
+    );
     _mm256_or_si256(_mm256_or_si256(lo, nib_hi), top)
 }
 
@@ -327,7 +352,10 @@ fn k4_decode(v: __m256i) -> __m256i {
 #[target_feature(enable = "avx2")]
 fn q8k_pair_sums(y: &[u8; Q8_K_BYTES]) -> __m128i {
     let bsums = ld256(y, 260);
-    _mm_hadd_epi16(_mm256_castsi256_si128(bsums), _mm256_extracti128_si256::<1>(bsums))
+    _mm_hadd_epi16(
+        _mm256_castsi256_si128(bsums),
+        _mm256_extracti128_si256::<1>(bsums),
+    )
 }
 
 /// Integer part of one `Q4_K` x `Q8_K` super-block: `sum_j scale_j * dot_j` as
@@ -373,8 +401,18 @@ fn q4k_core(a: &[u8; Q4_K_BYTES], y: &[u8; Q8_K_BYTES], sc: __m256i) -> __m256i 
 /// are at `off` in `a`, against activation scale `dy`.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-fn k_accumulate<const N: usize>(acc: __m256, a: &[u8; N], off: usize, dy: f32, sumi: __m256i, mins: __m128i) -> __m256 {
-    let dd = _mm_mul_ps(_mm_cvtph_ps(_mm_cvtsi32_si128(ld_u32(a, off) as i32)), _mm_set1_ps(dy));
+fn k_accumulate<const N: usize>(
+    acc: __m256,
+    a: &[u8; N],
+    off: usize,
+    dy: f32,
+    sumi: __m256i,
+    mins: __m128i,
+) -> __m256 {
+    let dd = _mm_mul_ps(
+        _mm_cvtph_ps(_mm_cvtsi32_si128(ld_u32(a, off) as i32)),
+        _mm_set1_ps(dy),
+    );
     let d = _mm256_broadcastss_ps(dd);
     let dmin = _mm256_broadcastss_ps(_mm_movehdup_ps(dd));
     let acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(sumi), acc);
@@ -499,8 +537,22 @@ macro_rules! k4_kernels {
     };
 }
 
-k4_kernels!(dot_q4_k, dot_q4_k_pre, rows_q4_k, q4k_block, q4k_core, Q4_K_BYTES);
-k4_kernels!(dot_q5_k, dot_q5_k_pre, rows_q5_k, q5k_block, q5k_core, Q5_K_BYTES);
+k4_kernels!(
+    dot_q4_k,
+    dot_q4_k_pre,
+    rows_q4_k,
+    q4k_block,
+    q4k_core,
+    Q4_K_BYTES
+);
+k4_kernels!(
+    dot_q5_k,
+    dot_q5_k_pre,
+    rows_q5_k,
+    q5k_block,
+    q5k_core,
+    Q5_K_BYTES
+);
 
 /// Scale vectors for two 32-byte quant vectors `k`, `k+1` of a 128-element half
 /// whose products are interleaved as in [`q4k_block`]: each vector covers two
@@ -511,7 +563,24 @@ k4_kernels!(dot_q5_k, dot_q5_k_pre, rows_q5_k, q5k_block, q5k_core, Q5_K_BYTES);
 #[target_feature(enable = "avx2")]
 fn scales_16_pair(scales: __m128i, s: usize) -> __m256i {
     let s = s as i8;
-    let idx = _mm_setr_epi8(s, s + 2, s, s + 2, s, s + 2, s, s + 2, s + 1, s + 3, s + 1, s + 3, s + 1, s + 3, s + 1, s + 3);
+    let idx = _mm_setr_epi8(
+        s,
+        s + 2,
+        s,
+        s + 2,
+        s,
+        s + 2,
+        s,
+        s + 2,
+        s + 1,
+        s + 3,
+        s + 1,
+        s + 3,
+        s + 1,
+        s + 3,
+        s + 1,
+        s + 3,
+    );
     _mm256_cvtepi8_epi16(_mm_shuffle_epi8(scales, idx))
 }
 
@@ -529,7 +598,10 @@ fn q6k_block(a: &[u8; Q6_K_BYTES], y: &[u8; Q8_K_BYTES]) -> __m256i {
     let m4 = _mm256_set1_epi8(0xf);
     let m30 = _mm256_set1_epi8(0x30);
     let scales = ld128(a, 192);
-    let bias = _mm256_slli_epi32::<5>(_mm256_madd_epi16(_mm256_cvtepi8_epi16(scales), ld256(y, 260)));
+    let bias = _mm256_slli_epi32::<5>(_mm256_madd_epi16(
+        _mm256_cvtepi8_epi16(scales),
+        ld256(y, 260),
+    ));
     let mut sumi = _mm256_setzero_si256();
     for h in 0..2 {
         let l0 = ld256(a, 64 * h);
@@ -537,9 +609,18 @@ fn q6k_block(a: &[u8; Q6_K_BYTES], y: &[u8; Q8_K_BYTES]) -> __m256i {
         let qh = ld256(a, 128 + 32 * h);
         // 16-bit shifts move bits across bytes, but the 0x30 mask keeps only
         // bits that stayed inside their byte.
-        let q0 = _mm256_or_si256(_mm256_and_si256(l0, m4), _mm256_and_si256(_mm256_slli_epi16::<4>(qh), m30));
-        let q1 = _mm256_or_si256(_mm256_and_si256(l1, m4), _mm256_and_si256(_mm256_slli_epi16::<2>(qh), m30));
-        let q2 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16::<4>(l0), m4), _mm256_and_si256(qh, m30));
+        let q0 = _mm256_or_si256(
+            _mm256_and_si256(l0, m4),
+            _mm256_and_si256(_mm256_slli_epi16::<4>(qh), m30),
+        );
+        let q1 = _mm256_or_si256(
+            _mm256_and_si256(l1, m4),
+            _mm256_and_si256(_mm256_slli_epi16::<2>(qh), m30),
+        );
+        let q2 = _mm256_or_si256(
+            _mm256_and_si256(_mm256_srli_epi16::<4>(l0), m4),
+            _mm256_and_si256(qh, m30),
+        );
         let q3 = _mm256_or_si256(
             _mm256_and_si256(_mm256_srli_epi16::<4>(l1), m4),
             _mm256_and_si256(_mm256_srli_epi16::<2>(qh), m30),
@@ -601,7 +682,10 @@ fn dot_q3_k(w: &[u8], x: &[u8]) -> f32 {
         let dy = f32_at(y, 0);
         let scales = q3k_scales(a[96..108].try_into().expect("12 bytes"));
         // q = (low2 + 4*hbit) - 4: bias removed through bsums.
-        let bias = _mm256_slli_epi32::<2>(_mm256_madd_epi16(_mm256_cvtepi8_epi16(scales), ld256(y, 260)));
+        let bias = _mm256_slli_epi32::<2>(_mm256_madd_epi16(
+            _mm256_cvtepi8_epi16(scales),
+            ld256(y, 260),
+        ));
         let mut hb = ld256(a, 0);
         let mut sumi = _mm256_setzero_si256();
         for h in 0..2 {
@@ -615,7 +699,10 @@ fn dot_q3_k(w: &[u8], x: &[u8]) -> f32 {
                 *pk = _mm256_maddubs_epi16(q, ld256(y, 4 + 128 * h + 32 * k));
             }
             let s01 = _mm256_madd_epi16(interleave_sum(p[0], p[1]), scales_16_pair(scales, 8 * h));
-            let s23 = _mm256_madd_epi16(interleave_sum(p[2], p[3]), scales_16_pair(scales, 8 * h + 4));
+            let s23 = _mm256_madd_epi16(
+                interleave_sum(p[2], p[3]),
+                scales_16_pair(scales, 8 * h + 4),
+            );
             sumi = _mm256_add_epi32(sumi, _mm256_add_epi32(s01, s23));
         }
         let sumi = _mm256_sub_epi32(sumi, bias);
@@ -650,7 +737,10 @@ fn dot_q2_k(w: &[u8], x: &[u8]) -> f32 {
                 *pk = _mm256_maddubs_epi16(q, ld256(y, 4 + 128 * h + 32 * k));
             }
             let s01 = _mm256_madd_epi16(interleave_sum(p[0], p[1]), scales_16_pair(scales, 8 * h));
-            let s23 = _mm256_madd_epi16(interleave_sum(p[2], p[3]), scales_16_pair(scales, 8 * h + 4));
+            let s23 = _mm256_madd_epi16(
+                interleave_sum(p[2], p[3]),
+                scales_16_pair(scales, 8 * h + 4),
+            );
             sumi = _mm256_add_epi32(sumi, _mm256_add_epi32(s01, s23));
         }
         acc = _mm256_fmadd_ps(_mm256_set1_ps(dw * dy), _mm256_cvtepi32_ps(sumi), acc);
@@ -674,7 +764,10 @@ fn dot_f32(w: &[u8], x: &[u8]) -> f32 {
             *s = _mm256_fmadd_ps(va, vb, *s);
         }
     }
-    let mut sum = hsum_ps(_mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3]))) as f64;
+    let mut sum = hsum_ps(_mm256_add_ps(
+        _mm256_add_ps(acc[0], acc[1]),
+        _mm256_add_ps(acc[2], acc[3]),
+    )) as f64;
     for (a, b) in wr.chunks_exact(4).zip(xr.chunks_exact(4)) {
         let a = f32::from_le_bytes([a[0], a[1], a[2], a[3]]);
         let b = f32::from_le_bytes([b[0], b[1], b[2], b[3]]);
@@ -695,7 +788,10 @@ fn dot_f16(w: &[u8], x: &[u8]) -> f32 {
             *s = _mm256_fmadd_ps(va, vb, *s);
         }
     }
-    let mut sum = hsum_ps(_mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3]))) as f64;
+    let mut sum = hsum_ps(_mm256_add_ps(
+        _mm256_add_ps(acc[0], acc[1]),
+        _mm256_add_ps(acc[2], acc[3]),
+    )) as f64;
     for (a, b) in wr.chunks_exact(2).zip(xr.chunks_exact(2)) {
         let a = super::f16_to_f32(u16::from_le_bytes([a[0], a[1]]));
         let b = super::f16_to_f32(u16::from_le_bytes([b[0], b[1]]));
@@ -715,7 +811,10 @@ fn dot_bf16(w: &[u8], x: &[u8]) -> f32 {
             *s = _mm256_fmadd_ps(widen(ld128(a, 16 * i)), widen(ld128(b, 16 * i)), *s);
         }
     }
-    let mut sum = hsum_ps(_mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3]))) as f64;
+    let mut sum = hsum_ps(_mm256_add_ps(
+        _mm256_add_ps(acc[0], acc[1]),
+        _mm256_add_ps(acc[2], acc[3]),
+    )) as f64;
     for (a, b) in wr.chunks_exact(2).zip(xr.chunks_exact(2)) {
         let a = super::float::bf16_bits_to_f32(u16::from_le_bytes([a[0], a[1]]));
         let b = super::float::bf16_bits_to_f32(u16::from_le_bytes([b[0], b[1]]));
@@ -776,5 +875,3 @@ pub(super) fn kernel(ty: GgmlType) -> Option<Kernel> {
         _ => return None,
     })
 }
-
-

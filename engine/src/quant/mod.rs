@@ -320,7 +320,11 @@ pub enum QuantError {
     #[error("type {0} is not supported by engine::quant")]
     Unsupported(GgmlType),
     #[error("{ty}: {n} elements is not a multiple of the block size {block}")]
-    NotBlockMultiple { ty: GgmlType, n: usize, block: usize },
+    NotBlockMultiple {
+        ty: GgmlType,
+        n: usize,
+        block: usize,
+    },
     #[error("{ty}: row of {n} elements does not fit in usize bytes")]
     Overflow { ty: GgmlType, n: usize },
     #[error("{ty}: {what} has length {got}, expected {expected}")]
@@ -343,11 +347,21 @@ pub fn checked_row_bytes(ty: GgmlType, n: usize) -> Result<usize, QuantError> {
     ty.row_bytes(n).ok_or(QuantError::Overflow { ty, n })
 }
 
-fn check_len(ty: GgmlType, what: &'static str, expected: usize, got: usize) -> Result<(), QuantError> {
+fn check_len(
+    ty: GgmlType,
+    what: &'static str,
+    expected: usize,
+    got: usize,
+) -> Result<(), QuantError> {
     if expected == got {
         Ok(())
     } else {
-        Err(QuantError::Length { ty, what, expected, got })
+        Err(QuantError::Length {
+            ty,
+            what,
+            expected,
+            got,
+        })
     }
 }
 
@@ -464,7 +478,11 @@ pub fn quantize_row_q8_0_with(
 /// Quantizes the activation vector `x` into `weight_ty.vec_dot_type()`, the way
 /// llama.cpp's CPU backend does on this architecture, into `buf` (resized to the
 /// exact row size; no allocation once `buf` has the capacity).
-pub fn quantize_activation(weight_ty: GgmlType, x: &[f32], buf: &mut Vec<u8>) -> Result<(), QuantError> {
+pub fn quantize_activation(
+    weight_ty: GgmlType,
+    x: &[f32],
+    buf: &mut Vec<u8>,
+) -> Result<(), QuantError> {
     if !weight_ty.is_supported() {
         return Err(QuantError::Unsupported(weight_ty));
     }
@@ -528,7 +546,14 @@ pub(crate) struct Kernel {
 
 /// Generic row loop used by kernel sets without a dedicated matvec.
 #[inline]
-pub(crate) fn matvec_rows(dot: VecDotFn, w: &[u8], row_bytes: usize, cols: usize, x: &[u8], out: &mut [f32]) {
+pub(crate) fn matvec_rows(
+    dot: VecDotFn,
+    w: &[u8],
+    row_bytes: usize,
+    cols: usize,
+    x: &[u8],
+    out: &mut [f32],
+) {
     for (row, o) in w.chunks_exact(row_bytes).zip(out.iter_mut()) {
         *o = dot(cols, row, x);
     }
@@ -539,7 +564,10 @@ macro_rules! scalar_kernel {
         fn mv(w: &[u8], row_bytes: usize, cols: usize, x: &[u8], out: &mut [f32]) {
             matvec_rows($dot, w, row_bytes, cols, x, out)
         }
-        Kernel { vec_dot: $dot, matvec: mv }
+        Kernel {
+            vec_dot: $dot,
+            matvec: mv,
+        }
     }};
 }
 
@@ -595,7 +623,11 @@ struct Table {
 fn table() -> &'static Table {
     static TABLE: OnceLock<Table> = OnceLock::new();
     TABLE.get_or_init(|| {
-        let backend = if avx2_available() { Backend::Avx2 } else { Backend::Scalar };
+        let backend = if avx2_available() {
+            Backend::Avx2
+        } else {
+            Backend::Scalar
+        };
         let mut kernels = [None; TABLE_LEN];
         for ty in GgmlType::ALL {
             kernels[ty as usize] = backend_kernel(backend, ty);
@@ -645,7 +677,10 @@ pub fn vec_dot(ty: GgmlType, n: usize, w: &[u8], x: &[u8]) -> f32 {
         panic!("vec_dot: type {ty} is not supported");
     };
     let bs = ty.block_size();
-    assert!(n.is_multiple_of(bs), "vec_dot: n = {n} is not a multiple of {bs}");
+    assert!(
+        n.is_multiple_of(bs),
+        "vec_dot: n = {n} is not a multiple of {bs}"
+    );
     let nb = n / bs;
     let w = &w[..nb * ty.type_size()];
     let xt = ty.vec_dot_type();
@@ -661,7 +696,13 @@ pub fn try_vec_dot(ty: GgmlType, n: usize, w: &[u8], x: &[u8]) -> Result<f32, Qu
 }
 
 /// [`try_vec_dot`] on a specific backend (for tests and benchmarks).
-pub fn vec_dot_on(backend: Backend, ty: GgmlType, n: usize, w: &[u8], x: &[u8]) -> Result<f32, QuantError> {
+pub fn vec_dot_on(
+    backend: Backend,
+    ty: GgmlType,
+    n: usize,
+    w: &[u8],
+    x: &[u8],
+) -> Result<f32, QuantError> {
     if !backend.is_available() {
         return Err(QuantError::BackendUnavailable(backend));
     }
@@ -686,7 +727,10 @@ fn check_matvec(
     check_len(xt, "activation row", checked_row_bytes(xt, cols)?, xq.len())?;
     let nrows = rows.end.saturating_sub(rows.start);
     check_len(ty, "output", nrows, out.len())?;
-    let need = rows.end.checked_mul(rb).ok_or(QuantError::Overflow { ty, n: cols })?;
+    let need = rows
+        .end
+        .checked_mul(rb)
+        .ok_or(QuantError::Overflow { ty, n: cols })?;
     if rows.start > rows.end || w.len() < need {
         return Err(QuantError::Length {
             ty,

@@ -32,7 +32,7 @@
 //!   blocks give `d = 0`, `qs = 0`, `bsums = 0`; else `iscale = -127/max`,
 //!   `q = min(127, nearest_int(iscale*x))` (halves to even), `d = 1/iscale`.
 
-use super::{float::f32_to_f16_bits, nearest_int, rd_f16, rd_f32, wr_u16, Q8Flavor, QK_K};
+use super::{Q8Flavor, QK_K, float::f32_to_f16_bits, nearest_int, rd_f16, rd_f32, wr_u16};
 
 pub const QK8_0: usize = 32;
 pub const Q8_0_BYTES: usize = 34;
@@ -122,7 +122,10 @@ fn q8_round(flavor: Q8Flavor, v: f32) -> (i8, i32) {
 use Q8Flavor as Flavor;
 
 pub(crate) fn quantize_q8_0(flavor: Q8Flavor, src: &[f32], dst: &mut [u8]) {
-    for (x, y) in src.chunks_exact(QK8_0).zip(dst.chunks_exact_mut(Q8_0_BYTES)) {
+    for (x, y) in src
+        .chunks_exact(QK8_0)
+        .zip(dst.chunks_exact_mut(Q8_0_BYTES))
+    {
         let (d, id) = q8_scale(flavor, x);
         wr_u16(y, 0, f32_to_f16_bits(d));
         for (q, v) in y[2..].iter_mut().zip(x) {
@@ -132,7 +135,10 @@ pub(crate) fn quantize_q8_0(flavor: Q8Flavor, src: &[f32], dst: &mut [u8]) {
 }
 
 pub(crate) fn quantize_q8_1(flavor: Q8Flavor, src: &[f32], dst: &mut [u8]) {
-    for (x, y) in src.chunks_exact(QK8_0).zip(dst.chunks_exact_mut(Q8_1_BYTES)) {
+    for (x, y) in src
+        .chunks_exact(QK8_0)
+        .zip(dst.chunks_exact_mut(Q8_1_BYTES))
+    {
         let (d, id) = q8_scale(flavor, x);
         wr_u16(y, 0, f32_to_f16_bits(d));
         let mut sum = 0i32;
@@ -169,14 +175,18 @@ pub(crate) fn quantize_q8_k(src: &[f32], dst: &mut [u8]) {
                 .iter()
                 .map(|&q| q as i8 as i32)
                 .sum();
-            y[Q8_K_BSUMS + 2 * g..Q8_K_BSUMS + 2 * g + 2].copy_from_slice(&(s as i16).to_le_bytes());
+            y[Q8_K_BSUMS + 2 * g..Q8_K_BSUMS + 2 * g + 2]
+                .copy_from_slice(&(s as i16).to_le_bytes());
         }
         y[0..4].copy_from_slice(&(1.0 / iscale).to_le_bytes());
     }
 }
 
 pub(crate) fn dequantize_q8_0(src: &[u8], dst: &mut [f32]) {
-    for (b, y) in src.chunks_exact(Q8_0_BYTES).zip(dst.chunks_exact_mut(QK8_0)) {
+    for (b, y) in src
+        .chunks_exact(Q8_0_BYTES)
+        .zip(dst.chunks_exact_mut(QK8_0))
+    {
         let d = rd_f16(b, 0);
         for (o, &q) in y.iter_mut().zip(&b[2..]) {
             *o = (q as i8 as f32) * d;
@@ -185,7 +195,10 @@ pub(crate) fn dequantize_q8_0(src: &[u8], dst: &mut [f32]) {
 }
 
 pub(crate) fn dequantize_q8_1(src: &[u8], dst: &mut [f32]) {
-    for (b, y) in src.chunks_exact(Q8_1_BYTES).zip(dst.chunks_exact_mut(QK8_0)) {
+    for (b, y) in src
+        .chunks_exact(Q8_1_BYTES)
+        .zip(dst.chunks_exact_mut(QK8_0))
+    {
         let d = rd_f16(b, 0);
         for (o, &q) in y.iter_mut().zip(&b[4..]) {
             *o = (q as i8 as f32) * d;
@@ -204,7 +217,10 @@ pub(crate) fn dequantize_q8_k(src: &[u8], dst: &mut [f32]) {
 
 #[inline(always)]
 pub(crate) fn dot_i8(a: &[u8], b: &[u8]) -> i32 {
-    a.iter().zip(b).map(|(&x, &y)| (x as i8 as i32) * (y as i8 as i32)).sum()
+    a.iter()
+        .zip(b)
+        .map(|(&x, &y)| (x as i8 as i32) * (y as i8 as i32))
+        .sum()
 }
 
 pub(crate) fn vec_dot_q8_0_q8_0(_n: usize, w: &[u8], x: &[u8]) -> f32 {
