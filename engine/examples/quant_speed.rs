@@ -141,8 +141,8 @@ fn main() {
             "quantize_activation for {} weights ({}): {:.2} us per {} floats",
             ty.name(),
             ty.vec_dot_type().name(),
-            cols(),
-            secs / reps as f64 * 1e6
+            secs / reps as f64 * 1e6,
+            cols()
         );
     }
     for ty in [
