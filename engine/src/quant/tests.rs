@@ -1288,6 +1288,44 @@ fn empty_rows_and_vectors() {
 }
 
 #[test]
+fn checked_entry_points_never_panic() {
+    // Random types (supported or not), lengths and bytes, including floats that
+    // are NaN, infinite or subnormal: every checked function returns.
+    let mut rng = Rng::new(17);
+    let specials = [f32::NAN, f32::INFINITY, f32::NEG_INFINITY, 1e-40, -0.0, 3e38, -3e38];
+    for _ in 0..3000 {
+        let ty = GgmlType::ALL[rng.range(0, GgmlType::ALL.len() as i32 - 1) as usize];
+        let n = match rng.range(0, 3) {
+            0 => rng.range(0, 40) as usize,
+            1 => 32 * rng.range(0, 9) as usize,
+            _ => 256 * rng.range(0, 3) as usize,
+        };
+        let bytes = ty.row_bytes(n).unwrap_or(n);
+        let len = if rng.range(0, 4) == 0 { bytes + rng.range(0, 3) as usize } else { bytes };
+        let w = rng.bytes(len);
+        let x: Vec<f32> = (0..n)
+            .map(|i| if i % 7 == 3 { specials[i % specials.len()] } else { rng.normal() * 10.0 })
+            .collect();
+        let mut out = vec![0f32; n];
+        let _ = dequantize_row(ty, &w, &mut out);
+        let mut q = vec![0u8; len];
+        let _ = quantize_row(ty, &x, &mut q);
+        let mut act = Vec::new();
+        if quantize_activation(ty, &x, &mut act).is_ok() {
+            let _ = try_vec_dot(ty, n, &w, &act);
+            for b in backends() {
+                let _ = vec_dot_on(b, ty, n, &w, &act);
+            }
+            let mut o = [0f32; 1];
+            let _ = try_matvec(ty, &w, 0..1, n, &act, &mut o);
+        }
+        for f in [Q8Flavor::Reference, Q8Flavor::X86, Q8Flavor::Arm] {
+            let _ = quantize_row_q8_0_with(ty, f, &x, &mut q);
+        }
+    }
+}
+
+#[test]
 fn quantize_activation_reuses_the_buffer() {
     let x = vec![0.5f32; 2048];
     let mut buf = Vec::with_capacity(GgmlType::Q8_K.row_bytes(2048).unwrap());
