@@ -824,6 +824,121 @@ fn dot_bf16(w: &[u8], x: &[u8]) -> f32 {
 }
 
 // ---------------------------------------------------------------------------
+// Q8_K activation quantizer
+// ---------------------------------------------------------------------------
+
+/// `quantize_row_q8_K_ref`, bit for bit, eight lanes at a time. Blocks holding
+/// NaN or whose inverse scale overflows (values below ~1e-37) go to the scalar
+/// code, which reproduces ggml's garbage for them.
+#[target_feature(enable = "avx2,fma,f16c")]
+fn quantize_q8_k(src: &[f32], dst: &mut [u8]) {
+    let (xs, _) = src.as_chunks::<{ super::QK_K }>();
+    let (ys, _) = dst.as_chunks_mut::<Q8_K_BYTES>();
+    let sign = _mm256_set1_ps(-0.0);
+    for (x, y) in xs.iter().zip(ys.iter_mut()) {
+        let ld = |i: usize| -> __m256 {
+            let c: &[f32; 8] = x[8 * i..8 * i + 8].try_into().expect("8 lanes");
+            // SAFETY: `c` is 8 in-bounds f32; `loadu` has no alignment requirement.
+            unsafe { _mm256_loadu_ps(c.as_ptr()) }
+        };
+        let mut vmax = _mm256_setzero_ps();
+        let mut nan = _mm256_setzero_ps();
+        for i in 0..32 {
+            let v = ld(i);
+            vmax = _mm256_max_ps(vmax, _mm256_andnot_ps(sign, v));
+            nan = _mm256_or_ps(nan, _mm256_cmp_ps::<_CMP_UNORD_Q>(v, v));
+        }
+        if _mm256_movemask_ps(nan) != 0 {
+            super::q8::quantize_q8_k(x, y);
+            continue;
+        }
+        let m = _mm_max_ps(
+            _mm256_castps256_ps128(vmax),
+            _mm256_extractf128_ps::<1>(vmax),
+        );
+        let m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+        let amax = _mm_cvtss_f32(_mm_max_ss(m, _mm_movehdup_ps(m)));
+        if amax == 0.0 {
+            y.fill(0);
+            continue;
+        }
+        // ggml keeps the first element of largest magnitude, with its sign.
+        let va = _mm256_set1_ps(amax);
+        let mut max = amax;
+        for i in 0..32 {
+            let v = ld(i);
+            let hit =
+                _mm256_movemask_ps(_mm256_cmp_ps::<_CMP_EQ_OQ>(_mm256_andnot_ps(sign, v), va));
+            if hit != 0 {
+                max = x[8 * i + hit.trailing_zeros() as usize];
+                break;
+            }
+        }
+        let iscale = -127.0 / max;
+        if !iscale.is_finite() {
+            super::q8::quantize_q8_k(x, y);
+            continue;
+        }
+        // nearest_int: (v + 1.5 * 2^23) bits & 0x7fffff - 0x400000, then min 127.
+        let vs = _mm256_set1_ps(iscale);
+        let magic = _mm256_set1_ps(12_582_912.0);
+        let mant = _mm256_set1_epi32(0x007f_ffff);
+        let bias = _mm256_set1_epi32(0x0040_0000);
+        let top = _mm256_set1_epi32(127);
+        let q = |i: usize| -> __m256i {
+            let t = _mm256_castps_si256(_mm256_add_ps(_mm256_mul_ps(vs, ld(i)), magic));
+            _mm256_min_epi32(_mm256_sub_epi32(_mm256_and_si256(t, mant), bias), top)
+        };
+        let mut bsums = [0i32; 16];
+        for k in 0..8 {
+            let (q0, q1, q2, q3) = (q(4 * k), q(4 * k + 1), q(4 * k + 2), q(4 * k + 3));
+            // |q| <= 127: the saturating packs are exact; the permutation undoes
+            // their per-lane interleaving.
+            let b01 = _mm256_packs_epi32(q0, q1);
+            let b23 = _mm256_packs_epi32(q2, q3);
+            let b = _mm256_permutevar8x32_epi32(
+                _mm256_packs_epi16(b01, b23),
+                _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7),
+            );
+            let off = 4 + 32 * k;
+            let out: &mut [u8; 32] = (&mut y[off..off + 32]).try_into().expect("32 bytes");
+            // SAFETY: `out` is 32 in-bounds bytes; `storeu` has no alignment requirement.
+            unsafe { _mm256_storeu_si256(out.as_mut_ptr().cast(), b) };
+            // Groups 2k (elements of q0, q1) and 2k + 1 (q2, q3).
+            bsums[2 * k] = hsum_epi32(_mm256_add_epi32(q0, q1));
+            bsums[2 * k + 1] = hsum_epi32(_mm256_add_epi32(q2, q3));
+        }
+        for (g, s) in bsums.iter().enumerate() {
+            y[260 + 2 * g..262 + 2 * g].copy_from_slice(&(*s as i16).to_le_bytes());
+        }
+        y[0..4].copy_from_slice(&(1.0 / iscale).to_le_bytes());
+    }
+}
+
+#[inline]
+#[target_feature(enable = "avx2")]
+fn hsum_epi32(v: __m256i) -> i32 {
+    let s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256::<1>(v));
+    let s = _mm_add_epi32(s, _mm_unpackhi_epi64(s, s));
+    _mm_cvtsi128_si32(_mm_add_epi32(s, _mm_shuffle_epi32::<0b01>(s)))
+}
+
+/// The AVX2 quantizer for activations of type `ty`, if there is one.
+pub(super) fn quantizer(ty: GgmlType) -> Option<fn(&[f32], &mut [u8])> {
+    if !available() {
+        return None;
+    }
+    fn q8k(src: &[f32], dst: &mut [u8]) {
+        // SAFETY: handed out only after `available()` confirmed AVX2, FMA and F16C.
+        unsafe { quantize_q8_k(src, dst) }
+    }
+    match ty {
+        GgmlType::Q8_K => Some(q8k),
+        _ => None,
+    }
+}
+
+// ---------------------------------------------------------------------------
 // Dispatch
 // ---------------------------------------------------------------------------
 

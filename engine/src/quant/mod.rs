@@ -404,11 +404,55 @@ pub fn dequantize_row(ty: GgmlType, src: &[u8], dst: &mut [f32]) -> Result<(), Q
 /// `make_qkx2_quants`); they aim at ggml's bytes but only promise valid blocks
 /// that decode close to the input.
 pub fn quantize_row(ty: GgmlType, src: &[f32], dst: &mut [u8]) -> Result<(), QuantError> {
+    quantize_row_with(table().backend, ty, src, dst)
+}
+
+/// [`quantize_row`] on a specific backend (for tests and benchmarks). Only the
+/// `Q8_K` activation quantizer has an AVX2 version; it gives the same bytes.
+pub fn quantize_row_on(
+    backend: Backend,
+    ty: GgmlType,
+    src: &[f32],
+    dst: &mut [u8],
+) -> Result<(), QuantError> {
+    if !backend.is_available() {
+        return Err(QuantError::BackendUnavailable(backend));
+    }
+    quantize_row_with(backend, ty, src, dst)
+}
+
+fn simd_quantizer(backend: Backend, ty: GgmlType) -> Option<fn(&[f32], &mut [u8])> {
+    match backend {
+        Backend::Scalar => None,
+        Backend::Avx2 => {
+            #[cfg(target_arch = "x86_64")]
+            {
+                avx2::quantizer(ty)
+            }
+            #[cfg(not(target_arch = "x86_64"))]
+            {
+                let _ = ty;
+                None
+            }
+        }
+    }
+}
+
+fn quantize_row_with(
+    backend: Backend,
+    ty: GgmlType,
+    src: &[f32],
+    dst: &mut [u8],
+) -> Result<(), QuantError> {
     if !ty.is_supported() {
         return Err(QuantError::Unsupported(ty));
     }
     let nbytes = checked_row_bytes(ty, src.len())?;
     check_len(ty, "quantized row", nbytes, dst.len())?;
+    if let Some(q) = simd_quantizer(backend, ty) {
+        q(src, dst);
+        return Ok(());
+    }
     use GgmlType::*;
     match ty {
         F32 => float::quantize_f32(src, dst),

@@ -938,10 +938,27 @@ fn quantize_q8_0_known_vector() {
 #[test]
 fn quantize_q8_k_bit_exact_with_ggml_algorithm() {
     let mut rng = Rng::new(8);
-    for x in activation_vectors(&mut rng) {
+    let mut vectors = activation_vectors(&mut rng);
+    // NaN and infinity inside a block (ggml's garbage, reproduced), ties of
+    // opposite sign for the largest magnitude.
+    let mut odd = vec![0.25f32; 1024];
+    odd[5] = f32::NAN;
+    odd[300] = f32::INFINITY;
+    odd[520] = -3.0;
+    odd[530] = 3.0;
+    odd[800] = 2.0;
+    odd[801] = -2.0;
+    vectors.push(odd);
+    for x in vectors {
+        let want = ref_q8_k(&x);
+        for backend in backends() {
+            let mut got = vec![0u8; GgmlType::Q8_K.row_bytes(x.len()).unwrap()];
+            quantize_row_on(backend, GgmlType::Q8_K, &x, &mut got).unwrap();
+            assert_eq!(got, want, "{backend:?}");
+        }
         let mut got = vec![0u8; GgmlType::Q8_K.row_bytes(x.len()).unwrap()];
         quantize_row(GgmlType::Q8_K, &x, &mut got).unwrap();
-        assert_eq!(got, ref_q8_k(&x));
+        assert_eq!(got, want);
         let mut act = Vec::new();
         quantize_activation(GgmlType::Q4_K, &x, &mut act).unwrap();
         assert_eq!(act, got, "K-quant activations are the reference Q8_K");
@@ -1292,7 +1309,15 @@ fn checked_entry_points_never_panic() {
     // Random types (supported or not), lengths and bytes, including floats that
     // are NaN, infinite or subnormal: every checked function returns.
     let mut rng = Rng::new(17);
-    let specials = [f32::NAN, f32::INFINITY, f32::NEG_INFINITY, 1e-40, -0.0, 3e38, -3e38];
+    let specials = [
+        f32::NAN,
+        f32::INFINITY,
+        f32::NEG_INFINITY,
+        1e-40,
+        -0.0,
+        3e38,
+        -3e38,
+    ];
     for _ in 0..3000 {
         let ty = GgmlType::ALL[rng.range(0, GgmlType::ALL.len() as i32 - 1) as usize];
         let n = match rng.range(0, 3) {
@@ -1301,10 +1326,20 @@ fn checked_entry_points_never_panic() {
             _ => 256 * rng.range(0, 3) as usize,
         };
         let bytes = ty.row_bytes(n).unwrap_or(n);
-        let len = if rng.range(0, 4) == 0 { bytes + rng.range(0, 3) as usize } else { bytes };
+        let len = if rng.range(0, 4) == 0 {
+            bytes + rng.range(0, 3) as usize
+        } else {
+            bytes
+        };
         let w = rng.bytes(len);
         let x: Vec<f32> = (0..n)
-            .map(|i| if i % 7 == 3 { specials[i % specials.len()] } else { rng.normal() * 10.0 })
+            .map(|i| {
+                if i % 7 == 3 {
+                    specials[i % specials.len()]
+                } else {
+                    rng.normal() * 10.0
+                }
+            })
             .collect();
         let mut out = vec![0f32; n];
         let _ = dequantize_row(ty, &w, &mut out);
