@@ -29,7 +29,7 @@ use std::arch::x86_64::*;
 use super::kquants::{Q2_K_BYTES, Q3_K_BYTES, Q4_K_BYTES, Q5_K_BYTES, Q6_K_BYTES};
 use super::legacy::Q4_0_BYTES;
 use super::q8::{Q8_0_BYTES, Q8_K_BYTES};
-use super::{GgmlType, Kernel};
+use super::{GgmlType, Kernel, QuantizeFn};
 
 /// Whether the CPU has everything these kernels use (cached by std).
 pub(super) fn available() -> bool {
@@ -924,7 +924,7 @@ fn hsum_epi32(v: __m256i) -> i32 {
 }
 
 /// The AVX2 quantizer for activations of type `ty`, if there is one.
-pub(super) fn quantizer(ty: GgmlType) -> Option<fn(&[f32], &mut [u8])> {
+pub(super) fn quantizer(ty: GgmlType) -> Option<QuantizeFn> {
     if !available() {
         return None;
     }
