@@ -580,10 +580,10 @@ pub(crate) type VecDotFn = fn(n: usize, w: &[u8], x: &[u8]) -> f32;
 /// Rows `0..out.len()` of `w` (row stride `row_bytes`, `cols` elements each)
 /// dotted with `x`. `w` holds at least `out.len() * row_bytes` bytes, `x` exactly
 /// one row of the `vec_dot_type`.
+pub(crate) type MatVecFn = fn(w: &[u8], row_bytes: usize, cols: usize, x: &[u8], out: &mut [f32]);
+
 /// A row quantizer: `src.len()` floats into exactly one row of bytes.
 pub(crate) type QuantizeFn = fn(src: &[f32], dst: &mut [u8]);
-
-pub(crate) type MatVecFn = fn(w: &[u8], row_bytes: usize, cols: usize, x: &[u8], out: &mut [f32]);
 
 #[derive(Clone, Copy)]
 pub(crate) struct Kernel {
