@@ -36,7 +36,8 @@
 //! [`vec_dot`] and [`matvec`]; [`vec_dot_on`]/[`matvec_on`] run a specific
 //! [`Backend`] (for tests and benchmarks). AVX2 kernels exist for `F32`, `F16`,
 //! `BF16`, `Q8_0`, `Q8_K`, `Q4_0` and `Q2_K`..`Q6_K`; the other supported types use
-//! the scalar kernels on every backend.
+//! the scalar kernels on every backend. The `Q8_K` activation quantizer also has
+//! an AVX2 version (same bytes; [`quantize_row_on`] picks a backend).
 //!
 //! # Using it in a decode loop
 //! * Quantize each activation vector once with [`quantize_activation`] (into a
@@ -49,9 +50,10 @@
 //! * Decode is memory-bound: the kernels stream each weight row once. On the
 //!   2-core development machine (AMD EPYC, ~23 GB/s single-thread, ~30-33 GB/s
 //!   two-thread DRAM read) `examples/quant_speed.rs` measured, for `Q4_K`, about
-//!   23 GB/s from cache and 16-19 GB/s (1 thread) / 28-31 GB/s (2 threads) from
-//!   DRAM, versus 20-21 / 33 GB/s for llama.cpp's repacked `Q4_K` path on the same
-//!   machine. llama.cpp's CPU backend repacks `Q4_K`/`Q4_0` weights into 8-row
+//!   26 GB/s from cache and ~20 GB/s (1 thread) / ~30 GB/s (2 threads) from DRAM,
+//!   the same as ggml's repacked `Q4_K` path measured alternately on the same
+//!   machine (the shared machine's bandwidth varies by +-30% from run to run).
+//!   llama.cpp's CPU backend repacks `Q4_K`/`Q4_0` weights into 8-row
 //!   interleaved blocks at load time (its float summation order then differs from
 //!   ggml's plain `vec_dot`, the integer parts do not); this module keeps the GGUF
 //!   layout.
