@@ -923,6 +923,26 @@ fn hsum_epi32(v: __m256i) -> i32 {
     _mm_cvtsi128_si32(_mm_add_epi32(s, _mm_shuffle_epi32::<0b01>(s)))
 }
 
+/// `f32 -> f16` with F16C (round to nearest even, like ggml); eight lanes that
+/// hold a NaN go to the scalar conversion, which writes ggml's `0x7e00` NaN.
+#[target_feature(enable = "avx2,fma,f16c")]
+fn quantize_f16(src: &[f32], dst: &mut [u8]) {
+    let (xs, xr) = src.as_chunks::<8>();
+    let (ys, yr) = dst.as_chunks_mut::<16>();
+    for (x, y) in xs.iter().zip(ys.iter_mut()) {
+        // SAFETY: `x` is 8 in-bounds f32; `loadu` has no alignment requirement.
+        let v = unsafe { _mm256_loadu_ps(x.as_ptr()) };
+        if _mm256_movemask_ps(_mm256_cmp_ps::<_CMP_UNORD_Q>(v, v)) != 0 {
+            super::float::quantize_f16(x, y);
+            continue;
+        }
+        let h = _mm256_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(v);
+        // SAFETY: `y` is 16 in-bounds bytes; `storeu` has no alignment requirement.
+        unsafe { _mm_storeu_si128(y.as_mut_ptr().cast(), h) };
+    }
+    super::float::quantize_f16(xr, yr);
+}
+
 /// The AVX2 quantizer for activations of type `ty`, if there is one.
 pub(super) fn quantizer(ty: GgmlType) -> Option<QuantizeFn> {
     if !available() {
@@ -932,8 +952,13 @@ pub(super) fn quantizer(ty: GgmlType) -> Option<QuantizeFn> {
         // SAFETY: handed out only after `available()` confirmed AVX2, FMA and F16C.
         unsafe { quantize_q8_k(src, dst) }
     }
+    fn f16(src: &[f32], dst: &mut [u8]) {
+        // SAFETY: as above.
+        unsafe { quantize_f16(src, dst) }
+    }
     match ty {
         GgmlType::Q8_K => Some(q8k),
+        GgmlType::F16 => Some(f16),
         _ => None,
     }
 }

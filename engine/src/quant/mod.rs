@@ -36,8 +36,9 @@
 //! [`vec_dot`] and [`matvec`]; [`vec_dot_on`]/[`matvec_on`] run a specific
 //! [`Backend`] (for tests and benchmarks). AVX2 kernels exist for `F32`, `F16`,
 //! `BF16`, `Q8_0`, `Q8_K`, `Q4_0` and `Q2_K`..`Q6_K`; the other supported types use
-//! the scalar kernels on every backend. The `Q8_K` activation quantizer also has
-//! an AVX2 version (same bytes; [`quantize_row_on`] picks a backend).
+//! the scalar kernels on every backend. The `Q8_K` and `F16` activation
+//! quantizers also have AVX2 versions (same bytes; [`quantize_row_on`] picks a
+//! backend).
 //!
 //! # Using it in a decode loop
 //! * Quantize each activation vector once with [`quantize_activation`] (into a
@@ -410,7 +411,7 @@ pub fn quantize_row(ty: GgmlType, src: &[f32], dst: &mut [u8]) -> Result<(), Qua
 }
 
 /// [`quantize_row`] on a specific backend (for tests and benchmarks). Only the
-/// `Q8_K` activation quantizer has an AVX2 version; it gives the same bytes.
+/// `Q8_K` and `F16` quantizers have AVX2 versions; they give the same bytes.
 pub fn quantize_row_on(
     backend: Backend,
     ty: GgmlType,
