@@ -310,6 +310,16 @@ impl Probes {
         Ok(Self { ebpf, attached, missing, markers })
     }
 
+    /// The loaded object, for modules that attach their own programs or
+    /// read their own maps (e.g. page-cache churn).
+    pub fn ebpf_mut(&mut self) -> &mut Ebpf {
+        &mut self.ebpf
+    }
+
+    pub fn ebpf(&self) -> &Ebpf {
+        &self.ebpf
+    }
+
     /// Per-thread fault accumulators, sorted by TID.
     pub fn thread_faults(&self) -> Result<Vec<(u32, ThreadFaults)>, ProbeError> {
         let map = self.ebpf.map("THREAD_FAULTS").ok_or_else(|| no_map("THREAD_FAULTS"))?;
