@@ -55,8 +55,8 @@ pub fn bio_queue(ctx: TracePointContext) -> u32 {
         s.cnt[C_READ_IOS] += 1;
         if kind == DEV_ZRAM || kind == DEV_SWAP {
             s.cnt[C_SWAPINS] += bytes / 4096;
-            s.fault_swap_read(now, kind == DEV_ZRAM);
         }
+        s.fault_read(now, kind == DEV_ZRAM, kind == DEV_SWAP);
     });
     // SAFETY: plain map lookup.
     let slot = unsafe { SLOTS.get(&tid).copied().unwrap_or(u32::MAX) };

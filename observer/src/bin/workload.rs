@@ -8,8 +8,10 @@
 //! the phase, so the observer sees it as a token.
 //!
 //! Output: one JSON object per phase on stdout, e.g.
-//! `{"kind":"file-refault","index":0,"pages":65536,"wall_ns":…,"majflt":…,"minflt":…,"utime_ns":…}`
-//! where the numbers are deltas around the phase only.
+//! `{"kind":"file-refault","index":0,"pages":65536,"wall_ns":…,"majflt":…,"minflt":…,"utime_ns":…,
+//! "stime_ns":…,"sched_cpu_ns":…,"sched_wait_ns":…}` where the numbers are deltas around the
+//! phase only (`sched_*`: the calling thread's on-CPU time and run-queue wait from
+//! `/proc/thread-self/schedstat`, the scheduler's own accounting).
 
 use std::{
     io::Write,
@@ -141,6 +143,16 @@ struct Usage {
     minflt: i64,
     utime_ns: i64,
     stime_ns: i64,
+    /// This thread's on-CPU time and run-queue wait, from the scheduler's
+    /// own accounting (`/proc/thread-self/schedstat`).
+    sched_cpu_ns: i64,
+    sched_wait_ns: i64,
+}
+
+fn schedstat() -> (i64, i64) {
+    let s = std::fs::read_to_string("/proc/thread-self/schedstat").unwrap_or_default();
+    let mut it = s.split_whitespace().map(|v| v.parse::<i64>().unwrap_or(0));
+    (it.next().unwrap_or(0), it.next().unwrap_or(0))
 }
 
 fn usage() -> Usage {
@@ -149,7 +161,15 @@ fn usage() -> Usage {
     // SAFETY: valid pointer to an rusage.
     unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut ru) };
     let ns = |t: libc::timeval| t.tv_sec * 1_000_000_000 + t.tv_usec * 1000;
-    Usage { majflt: ru.ru_majflt, minflt: ru.ru_minflt, utime_ns: ns(ru.ru_utime), stime_ns: ns(ru.ru_stime) }
+    let (sched_cpu_ns, sched_wait_ns) = schedstat();
+    Usage {
+        majflt: ru.ru_majflt,
+        minflt: ru.ru_minflt,
+        utime_ns: ns(ru.ru_utime),
+        stime_ns: ns(ru.ru_stime),
+        sched_cpu_ns,
+        sched_wait_ns,
+    }
 }
 
 /// What a phase measured about itself.
@@ -166,7 +186,7 @@ struct Measured {
 impl Measured {
     fn json(&self) -> String {
         let mut s = format!(
-            "{{\"kind\":\"{}\",\"index\":{},\"pages\":{},\"wall_ns\":{},\"majflt\":{},\"minflt\":{},\"utime_ns\":{},\"stime_ns\":{}",
+            "{{\"kind\":\"{}\",\"index\":{},\"pages\":{},\"wall_ns\":{},\"majflt\":{},\"minflt\":{},\"utime_ns\":{},\"stime_ns\":{},\"sched_cpu_ns\":{},\"sched_wait_ns\":{}",
             self.kind,
             self.index,
             self.pages,
@@ -175,6 +195,8 @@ impl Measured {
             self.after.minflt - self.before.minflt,
             self.after.utime_ns - self.before.utime_ns,
             self.after.stime_ns - self.before.stime_ns,
+            self.after.sched_cpu_ns - self.before.sched_cpu_ns,
+            self.after.sched_wait_ns - self.before.sched_wait_ns,
         );
         for (k, v) in &self.extra {
             s.push_str(&format!(",\"{k}\":{v}"));
