@@ -11,7 +11,7 @@
 //! |---------|--------------------------------------------|---------------|
 //! | yes     | direct / memcg reclaim                     | `reclaim`     |
 //! | yes     | page fault, after it queued a zram read    | `swapin_zram` |
-//! | yes     | page fault, after it queued a disk read    | `fault_io`    |
+//! | yes     | page fault, disk read queued, not yet woken | `fault_io`   |
 //! | yes     | page fault (otherwise)                     | `fault_minor` |
 //! | yes     | explicit I/O syscall (read, pread, …)      | `io_wait`     |
 //! | yes     | other syscall                              | `syscall`     |
@@ -24,8 +24,11 @@
 //!
 //! So `io_wait` is all the time in explicit I/O syscalls but run-queue waits
 //! (what an engine measures around its reads as `io_ms`), and `fault_io` is a
-//! fault's time from its first disk read on (the read's latency, plus any
-//! blocked time), while the CPU work of setting a fault up is `fault_minor`.
+//! fault's time from queueing a disk read until the wakeup that ends the wait
+//! (the read's latency as the thread lives it), plus any other blocked time;
+//! the CPU work of a fault before and after is `fault_minor`. A wakeup is the
+//! `sched_waking` tracepoint: the moment the waker decides, so that the time
+//! until the thread runs (IPI, queueing) is `runqueue`.
 //!
 //! Events: fault entry/exit (perf `page-faults` → `major-faults`/`minor-faults`),
 //! `raw_syscalls:sys_enter/exit`, `vmscan:*reclaim_begin/end`,
@@ -272,14 +275,16 @@ impl ThreadState {
         self.flags = (self.flags | F_ON_CPU) & !F_RUNNABLE;
     }
 
-    /// A wakeup of a blocked thread: from now on it waits for a CPU.
+    /// A wakeup of a blocked thread: from now on it waits for a CPU. Inside a
+    /// fault, the disk read it waited for is done: the rest of the fault's
+    /// CPU work is `fault_minor` again (until it issues another read).
     #[inline(always)]
     pub fn wakeup(&mut self, now: u64) {
         if self.flags & (F_ON_CPU | F_RUNNABLE) != 0 {
             return;
         }
         self.account(now);
-        self.flags |= F_RUNNABLE;
+        self.flags = (self.flags | F_RUNNABLE) & !F_FAULT_DISK;
     }
 
     #[inline(always)]
@@ -492,10 +497,10 @@ mod tests {
         t.switch_out(1006, false); // 2 fault_io (on CPU, read in flight)
         t.wakeup(1050); // 44 fault_io (blocked)
         t.switch_in(1060); // 10 runqueue
-        let (_, class) = t.fault_exit(1063, true); // 3 fault_io
+        let (_, class) = t.fault_exit(1063, true); // 3 fault_minor (after the read)
         assert_eq!(class, 1);
-        assert_eq!(t.time[T_FAULT_MINOR], 4);
-        assert_eq!(t.time[T_FAULT_IO], 49);
+        assert_eq!(t.time[T_FAULT_MINOR], 7);
+        assert_eq!(t.time[T_FAULT_IO], 46);
         assert_eq!(t.time[T_RUNQUEUE], 10);
         assert_eq!(t.cnt[C_MAJFLT_FILE], 1);
         // A disk swap device classifies the fault as swap.

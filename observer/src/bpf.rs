@@ -141,7 +141,7 @@ const FAULT_PROBES: [PerfProbe; 3] = [
 /// Tracepoints: (program, category, name, required).
 const TRACEPOINTS: &[(&str, &str, &str, bool)] = &[
     ("sched_switch", "sched", "sched_switch", true),
-    ("sched_wakeup", "sched", "sched_wakeup", true),
+    ("sched_wakeup", "sched", "sched_waking", true),
     ("sched_exit", "sched", "sched_process_exit", true),
     ("sys_enter", "raw_syscalls", "sys_enter", true),
     ("sys_exit", "raw_syscalls", "sys_exit", true),
@@ -159,7 +159,7 @@ const TRACEPOINTS: &[(&str, &str, &str, bool)] = &[
 fn tp_offsets() -> Result<TpOffsets, ProbeError> {
     let miss = |e: anyhow::Error| ProbeError::MissingTracepoint(format!("{e:#}"));
     let sw = Format::load("sched", "sched_switch").map_err(miss)?;
-    let wk = Format::load("sched", "sched_wakeup").map_err(miss)?;
+    let wk = Format::load("sched", "sched_waking").map_err(miss)?;
     let ex = Format::load("sched", "sched_process_exit").map_err(miss)?;
     let se = Format::load("raw_syscalls", "sys_enter").map_err(miss)?;
     let mut o = TpOffsets {

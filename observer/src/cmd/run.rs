@@ -48,6 +48,13 @@ pub struct RunArgs {
     /// How often to sample the target's memory and swap.
     #[arg(long, default_value = "1s", value_name = "DURATION", value_parser = parse_duration)]
     pub sample_interval: Duration,
+    /// Run the spawned command inside this cgroup (a directory under
+    /// /sys/fs/cgroup, e.g. one with a memory limit); only the child joins it.
+    #[arg(long, value_name = "DIR", conflicts_with = "pid")]
+    pub cgroup: Option<PathBuf>,
+    /// How often to read token records from the kernel.
+    #[arg(long, default_value = "100ms", value_name = "DURATION", value_parser = parse_duration)]
+    pub poll: Duration,
     /// Print every Nth token line while running (0: none).
     #[arg(long, default_value_t = 1, value_name = "N")]
     every: u64,
@@ -158,7 +165,7 @@ pub async fn run_with(args: RunArgs, extra: ExtraSinks) -> Result<i32> {
         }
         None => {
             let cmd = args.command.iter().map(|s| s.to_string_lossy().into_owned()).collect();
-            (Target::spawn(&args.command)?, cmd)
+            (Target::spawn_in(&args.command, args.cgroup.as_deref())?, cmd)
         }
     };
     let pid = target.pid();
@@ -204,6 +211,9 @@ pub async fn run_with(args: RunArgs, extra: ExtraSinks) -> Result<i32> {
     sinks.extend(extra);
     let header = header::build("ebpf", pid, &command, probes.attached.clone(), args.model.as_deref());
     emit(&mut sinks, &Event::Header(header))?;
+    // The kernel side never wakes us (see observer-ebpf/src/marks.rs): poll.
+    let mut poll = tokio::time::interval(args.poll);
+    poll.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut sampler = tokio::time::interval(args.sample_interval);
     sampler.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let use_windows = args.window.is_some() && probes.markers.is_none();
@@ -248,6 +258,9 @@ pub async fn run_with(args: RunArgs, extra: ExtraSinks) -> Result<i32> {
                 let now = seed::mono_ns();
                 let snap = Snapshot { ts: now, index: 0, threads: probes.snapshot(now)?, engine: None, lost: 0 };
                 if let Some(t) = asm.window(snap) { token(t, &mut records, &mut sinks)?; }
+            }
+            _ = poll.tick() => {
+                drain(ring.get_mut(), &mut asm, &mut records, &mut sinks)?;
             }
             _ = sampler.tick() => {
                 emit(&mut sinks, &Event::Process(procsample::sample(pid, seed::mono_ns())))?;
