@@ -6,6 +6,7 @@ pub mod bpf;
 pub mod engine_abi;
 pub mod header;
 pub mod preflight;
+pub mod procfs;
 pub mod procsample;
 pub mod report;
 pub mod seed;

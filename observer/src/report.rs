@@ -139,13 +139,16 @@ pub struct TargetInfo {
 #[derive(Debug, Clone, Serialize)]
 pub struct Summary {
     pub observer_version: &'static str,
+    /// `ebpf`, or `procfs` for the fallback (most fields not measured).
+    pub mode: String,
     pub kernel: String,
     pub target: TargetInfo,
     pub duration_ns: u64,
     pub probes: Vec<String>,
-    pub totals: FaultCounts,
-    pub majflt_hist: Histogram,
-    pub minflt_hist: Histogram,
+    /// Fault bracketing totals; `None` when faults were not probed (procfs fallback).
+    pub totals: Option<FaultCounts>,
+    pub majflt_hist: Option<Histogram>,
+    pub minflt_hist: Option<Histogram>,
     pub threads: Vec<ThreadRow>,
     /// Events the kernel side could not record (full maps, full ring buffers).
     pub lost_events: u64,
@@ -198,13 +201,14 @@ impl Summary {
         }
         Summary {
             observer_version: env!("CARGO_PKG_VERSION"),
+            mode: "ebpf".into(),
             kernel: kernel_release(),
             target,
             duration_ns,
             probes,
-            totals,
-            majflt_hist: maj,
-            minflt_hist: min,
+            totals: Some(totals),
+            majflt_hist: Some(maj),
+            minflt_hist: Some(min),
             threads,
             lost_events,
             latency: Default::default(),
@@ -267,48 +271,58 @@ impl Summary {
     /// The human table.
     pub fn print(&self, out: &mut impl Write) -> std::io::Result<()> {
         let secs = self.duration_ns as f64 / 1e9;
-        writeln!(
-            out,
-            "observer: pid {} ({}) observed for {:.3} s, {} thread(s) faulted",
-            self.target.pid,
-            self.target.command.first().map(String::as_str).unwrap_or("?"),
-            secs,
-            self.threads.len()
-        )?;
-        writeln!(
-            out,
-            "{:>8}  {:<16} {:>10} {:>10} {:>11} {:>11} {:>11}",
-            "tid", "comm", "majflt", "minflt", "fault ms", "maj avg µs", "min avg µs"
-        )?;
-        let line = |out: &mut dyn Write, tid: &str, comm: &str, c: &FaultCounts| {
+        let cmd = self.target.command.first().map(String::as_str).unwrap_or("?");
+        if let Some(totals) = &self.totals {
             writeln!(
                 out,
-                "{:>8}  {:<16} {:>10} {:>10} {:>11.2} {:>11} {:>11}",
-                tid,
-                comm,
-                c.majflt,
-                c.minflt,
-                c.fault_ns as f64 / 1e6,
-                avg_us(c.majflt_ns, c.majflt),
-                avg_us(c.minflt_ns, c.minflt),
-            )
-        };
-        for t in &self.threads {
-            line(out, &t.tid.to_string(), &t.comm, &t.counts)?;
-        }
-        line(out, "total", "", &self.totals)?;
-        for (name, h) in [("major", &self.majflt_hist), ("minor", &self.minflt_hist)] {
-            if h.count == 0 {
-                continue;
+                "observer: pid {} ({}) observed for {:.3} s, {} thread(s) faulted",
+                self.target.pid,
+                cmd,
+                secs,
+                self.threads.iter().filter(|t| t.counts.majflt + t.counts.minflt > 0).count()
+            )?;
+            writeln!(
+                out,
+                "{:>8}  {:<16} {:>10} {:>10} {:>11} {:>11} {:>11}",
+                "tid", "comm", "majflt", "minflt", "fault ms", "maj avg µs", "min avg µs"
+            )?;
+            let line = |out: &mut dyn Write, tid: &str, comm: &str, c: &FaultCounts| {
+                writeln!(
+                    out,
+                    "{:>8}  {:<16} {:>10} {:>10} {:>11.2} {:>11} {:>11}",
+                    tid,
+                    comm,
+                    c.majflt,
+                    c.minflt,
+                    c.fault_ns as f64 / 1e6,
+                    avg_us(c.majflt_ns, c.majflt),
+                    avg_us(c.minflt_ns, c.minflt),
+                )
+            };
+            for t in self.threads.iter().filter(|t| t.counts.majflt + t.counts.minflt > 0) {
+                line(out, &t.tid.to_string(), &t.comm, &t.counts)?;
             }
-            writeln!(out, "{name}-fault latency ({} faults):", h.count)?;
-            print_hist(out, h)?;
-        }
-        if self.totals.unmatched_entries + self.totals.unmatched_exits > 0 {
+            line(out, "total", "", totals)?;
+            for (name, h) in [("major", &self.majflt_hist), ("minor", &self.minflt_hist)] {
+                let Some(h) = h else { continue };
+                if h.count == 0 {
+                    continue;
+                }
+                writeln!(out, "{name}-fault latency ({} faults):", h.count)?;
+                print_hist(out, h)?;
+            }
+            if totals.unmatched_entries + totals.unmatched_exits > 0 {
+                writeln!(
+                    out,
+                    "unmatched: {} fault entries without exit (failed faults), {} exits without entry",
+                    totals.unmatched_entries, totals.unmatched_exits
+                )?;
+            }
+        } else {
             writeln!(
                 out,
-                "unmatched: {} fault entries without exit (failed faults), {} exits without entry",
-                self.totals.unmatched_entries, self.totals.unmatched_exits
+                "observer: pid {} ({}) observed for {:.3} s in {} mode (faults not probed)",
+                self.target.pid, cmd, secs, self.mode
             )?;
         }
         let with_attr: Vec<&ThreadRow> = self.threads.iter().filter(|t| t.attribution.is_some()).collect();

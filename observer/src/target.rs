@@ -222,12 +222,23 @@ impl Target {
         Ok(())
     }
 
-    /// Wait for the target to end.
+    /// Wait for the target to end, and reap it when it is our child.
     pub async fn wait(&mut self) -> Result<Ending> {
+        self.exited().await?;
+        self.reap()
+    }
+
+    /// Resolves when the target has exited; a spawned child stays a zombie
+    /// (its final /proc counters readable) until [`Target::reap`].
+    pub async fn exited(&self) -> Result<()> {
         // A pidfd becomes readable when the process exits.
         let mut guard = self.pidfd.readable().await.context("waiting on pidfd")?;
         guard.retain_ready();
-        drop(guard);
+        Ok(())
+    }
+
+    /// Collect the exit status of an exited target.
+    pub fn reap(&mut self) -> Result<Ending> {
         if self.spawned.is_none() {
             return Ok(Ending::Gone);
         }
