@@ -382,6 +382,19 @@ pub struct BioInflight {
     pub ts: u64,
     pub slot: u32,
     pub zram: u32,
+    pub dev: u32,
+    pub _pad: u32,
+}
+
+/// Per-device totals of the target's reads (`DEV_IO` map, key: kernel dev_t).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct DevIo {
+    pub read_bytes: u64,
+    pub read_ios: u64,
+    /// Σ queue→complete latency of the reads that completed under their key.
+    pub read_ns: u64,
+    pub completed: u64,
 }
 
 /// Ring-buffer records emitted at token boundaries.
@@ -433,6 +446,7 @@ mod pod {
     unsafe impl aya::Pod for super::TpOffsets {}
     unsafe impl aya::Pod for super::BioKey {}
     unsafe impl aya::Pod for super::BioInflight {}
+    unsafe impl aya::Pod for super::DevIo {}
 }
 
 #[cfg(test)]

@@ -19,7 +19,7 @@ use aya::{
 };
 use observer_common::{
     Config, GlobalCounter, ThreadFaults,
-    attrib::{DEV_SWAP, Hist, MAX_SLOTS, N_HIST, ThreadState, TpOffsets},
+    attrib::{DEV_SWAP, DevIo, Hist, MAX_SLOTS, N_HIST, ThreadState, TpOffsets},
     faults::GLOBAL_COUNTERS,
 };
 
@@ -380,6 +380,18 @@ impl Probes {
             out.push(s);
         }
         Ok(out)
+    }
+
+    /// Per-device totals of the target's block reads: (kernel dev_t, totals).
+    pub fn devices(&self) -> Result<Vec<(u32, DevIo)>, ProbeError> {
+        let map = self.ebpf.map("DEV_IO").ok_or_else(|| no_map("DEV_IO"))?;
+        let h: HashMap<_, u32, DevIo> = HashMap::try_from(map).map_err(map_err("DEV_IO"))?;
+        let mut v = Vec::new();
+        for item in h.iter() {
+            v.push(item.map_err(map_err("DEV_IO"))?);
+        }
+        v.sort_by_key(|(d, _)| *d);
+        Ok(v)
     }
 
     /// The ring buffer of token-boundary records (can be taken once).

@@ -128,6 +128,38 @@ impl Histogram {
     }
 }
 
+/// Block reads the target caused on one device.
+#[derive(Debug, Clone, Serialize)]
+pub struct DeviceRow {
+    /// `major:minor`.
+    pub dev: String,
+    /// Kernel name (`vda`, `zram0`, …) when known.
+    pub name: Option<String>,
+    pub read_bytes: u64,
+    pub read_ios: u64,
+    /// Σ queue→complete latency over the reads whose completion was matched.
+    pub read_ns: u64,
+    pub completed: u64,
+}
+
+impl DeviceRow {
+    /// From the kernel's dev_t encoding `(major << 20) | minor`.
+    pub fn new(kdev: u32, d: &observer_common::attrib::DevIo) -> Self {
+        let (major, minor) = (kdev >> 20, kdev & 0xfffff);
+        let name = std::fs::read_to_string(format!("/sys/dev/block/{major}:{minor}/uevent"))
+            .ok()
+            .and_then(|u| u.lines().find_map(|l| l.strip_prefix("DEVNAME=").map(str::to_string)));
+        DeviceRow {
+            dev: format!("{major}:{minor}"),
+            name,
+            read_bytes: d.read_bytes,
+            read_ios: d.read_ios,
+            read_ns: d.read_ns,
+            completed: d.completed,
+        }
+    }
+}
+
 #[derive(Debug, Clone, Serialize)]
 pub struct TargetInfo {
     pub pid: u32,
@@ -155,6 +187,8 @@ pub struct Summary {
     /// Latency histograms by kind: `fault_minor`, `fault_major_file`,
     /// `fault_major_swap`, `zram_read`, `disk_read`.
     pub latency: std::collections::BTreeMap<String, Histogram>,
+    /// The target's block reads per device.
+    pub devices: Vec<DeviceRow>,
     /// Whole-run attribution summed over threads.
     pub attribution_totals: Option<ThreadAttribution>,
     /// Per-token summary (when tokens were marked or windows used).
@@ -212,6 +246,7 @@ impl Summary {
             threads,
             lost_events,
             latency: Default::default(),
+            devices: Vec::new(),
             attribution_totals: None,
             attribution: None,
             tokens: Vec::new(),
@@ -357,6 +392,17 @@ impl Summary {
                     a.read_ios
                 )?;
             }
+        }
+        for d in &self.devices {
+            writeln!(
+                out,
+                "block reads on {} ({}): {:.1} MB in {} requests, mean latency {}",
+                d.name.as_deref().unwrap_or("?"),
+                d.dev,
+                d.read_bytes as f64 / 1e6,
+                d.read_ios,
+                if d.completed > 0 { fmt_ns(d.read_ns / d.completed) } else { "-".into() }
+            )?;
         }
         if let Some(a) = &self.attribution {
             a.print(out)?;

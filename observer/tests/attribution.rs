@@ -149,3 +149,57 @@ fn zram_swapins_are_measured_and_not_compute() {
     );
     assert_within("major faults vs getrusage", u(t, "majflt_swap") + u(t, "majflt_file"), u(w, "majflt"), 0.02);
 }
+
+#[test]
+fn token_symbol_marks_calls_of_any_function() {
+    let _l = machine_lock();
+    // A function of the executable.
+    let r = observe("call-exe.json", &["--token-symbol", "workload_phase", "--", WORKLOAD, "busy", "--ms", "400"]);
+    assert_components_add_up(&r);
+    let (t, w) = single_token(&r);
+    assert_eq!(t["kind"], "call");
+    assert_within("call wall vs the workload's clock", u(t, "wall_ns"), u(w, "wall_ns"), 0.02);
+    assert_within("compute vs schedstat on-CPU time", ns(t, "compute"), u(w, "sched_cpu_ns"), 0.02);
+    // A function of a shared library: glibc's clock_nanosleep (std's sleep).
+    let libc_path = ["/lib/x86_64-linux-gnu/libc.so.6", "/usr/lib/x86_64-linux-gnu/libc.so.6", "/lib64/libc.so.6"]
+        .into_iter()
+        .find(|p| std::path::Path::new(p).exists())
+        .expect("glibc not found");
+    let spec = format!("clock_nanosleep:{libc_path}");
+    let r = observe("call-lib.json", &["--token-symbol", &spec, "--", WORKLOAD, "sleep", "--ms", "400"]);
+    let (t, w) = single_token(&r);
+    assert_eq!(t["kind"], "call");
+    assert_within("sleep in the call vs the workload's clock", ns(t, "sleep"), u(w, "wall_ns") - u(w, "sched_wait_ns"), 0.02);
+}
+
+#[test]
+fn block_reads_per_device_match_sys_block() {
+    let _l = machine_lock();
+    let dir = scratch_dir("devio");
+    let file = dir.join("refault.bin");
+    // The device under the scratch directory, from /proc/self/mountinfo's st_dev.
+    use std::os::unix::fs::MetadataExt;
+    let st_dev = std::fs::metadata(&dir).unwrap().dev();
+    let (major, minor) = (libc::major(st_dev), libc::minor(st_dev));
+    let sys = format!("/sys/dev/block/{major}:{minor}/stat");
+    let sectors_read = || -> u64 {
+        let s = std::fs::read_to_string(&sys).unwrap_or_else(|e| panic!("{sys}: {e}"));
+        s.split_whitespace().nth(2).unwrap().parse().unwrap()
+    };
+    let before = sectors_read();
+    let r = observe("devio.json", &["--", WORKLOAD, "file-refault", "--size", "64M", "--path", file.to_str().unwrap()]);
+    let sys_bytes = (sectors_read() - before) * 512;
+    let devs = r.summary["devices"].as_array().unwrap();
+    let d = devs
+        .iter()
+        .find(|d| d["dev"] == format!("{major}:{minor}"))
+        .unwrap_or_else(|| panic!("no row for {major}:{minor}: {devs:?}"));
+    // The device also serves other processes: the target's reads are at most
+    // its total, and exactly what the kernel's per-process I/O accounting says.
+    assert!(u(d, "read_bytes") <= sys_bytes, "observer {} > /sys/block {sys_bytes}", d["read_bytes"]);
+    let w = &r.workload[0];
+    assert_within("device read bytes vs /proc/self/io read_bytes", u(d, "read_bytes"), u(w, "io_read_bytes"), 0.02);
+    let t = &tokens(&r)[0];
+    assert_within("token read_bytes vs /proc/self/io", u(t, "read_bytes"), u(w, "io_read_bytes"), 0.02);
+    assert!(u(d, "completed") * 100 >= u(d, "read_ios") * 95, "latency matched for most reads: {d}");
+}

@@ -147,6 +147,15 @@ struct Usage {
     /// own accounting (`/proc/thread-self/schedstat`).
     sched_cpu_ns: i64,
     sched_wait_ns: i64,
+    /// Bytes this process caused to be read from storage (`/proc/self/io`).
+    io_read_bytes: i64,
+}
+
+fn io_read_bytes() -> i64 {
+    std::fs::read_to_string("/proc/self/io")
+        .ok()
+        .and_then(|s| s.lines().find_map(|l| l.strip_prefix("read_bytes:")?.trim().parse().ok()))
+        .unwrap_or(0)
 }
 
 fn schedstat() -> (i64, i64) {
@@ -169,6 +178,7 @@ fn usage() -> Usage {
         stime_ns: ns(ru.ru_stime),
         sched_cpu_ns,
         sched_wait_ns,
+        io_read_bytes: io_read_bytes(),
     }
 }
 
@@ -186,7 +196,7 @@ struct Measured {
 impl Measured {
     fn json(&self) -> String {
         let mut s = format!(
-            "{{\"kind\":\"{}\",\"index\":{},\"pages\":{},\"wall_ns\":{},\"majflt\":{},\"minflt\":{},\"utime_ns\":{},\"stime_ns\":{},\"sched_cpu_ns\":{},\"sched_wait_ns\":{}",
+            "{{\"kind\":\"{}\",\"index\":{},\"pages\":{},\"wall_ns\":{},\"majflt\":{},\"minflt\":{},\"utime_ns\":{},\"stime_ns\":{},\"sched_cpu_ns\":{},\"sched_wait_ns\":{},\"io_read_bytes\":{}",
             self.kind,
             self.index,
             self.pages,
@@ -197,6 +207,7 @@ impl Measured {
             self.after.stime_ns - self.before.stime_ns,
             self.after.sched_cpu_ns - self.before.sched_cpu_ns,
             self.after.sched_wait_ns - self.before.sched_wait_ns,
+            self.after.io_read_bytes - self.before.io_read_bytes,
         );
         for (k, v) in &self.extra {
             s.push_str(&format!(",\"{k}\":{v}"));
@@ -204,6 +215,21 @@ impl Measured {
         s.push('}');
         s
     }
+}
+
+/// Every phase runs inside this exported function, so that it can also be
+/// observed as a call (`observer run --token-symbol workload_phase`).
+#[unsafe(no_mangle)]
+#[inline(never)]
+pub extern "C" fn workload_phase(ctx: *mut std::ffi::c_void) {
+    // SAFETY: `ctx` is the `&mut dyn FnMut()` passed by `in_phase` below.
+    let f = unsafe { &mut *ctx.cast::<&mut dyn FnMut()>() };
+    f();
+}
+
+fn in_phase(mut f: impl FnMut()) {
+    let mut dynf: &mut dyn FnMut() = &mut f;
+    workload_phase((&raw mut dynf).cast());
 }
 
 /// Run `f` as one marked token and measure it.
@@ -219,7 +245,10 @@ fn token(kind: &'static str, pages: u64, f: impl FnOnce() -> Result<Vec<(&'stati
     moe_engine_token_begin(index, &rec);
     let before = usage();
     let t0 = Instant::now();
-    let extra = f()?;
+    let mut f = Some(f);
+    let mut out = None;
+    in_phase(|| out = f.take().map(|f| f()));
+    let extra = out.expect("the phase ran")?;
     let wall_ns = t0.elapsed().as_nanos();
     let after = usage();
     rec.wall_ns = wall_ns as u64;

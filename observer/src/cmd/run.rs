@@ -268,6 +268,7 @@ pub async fn run_with(args: RunArgs, extra: ExtraSinks) -> Result<i32> {
     let rows = probes.thread_faults()?;
     let states = probes.snapshot(end_ns)?;
     let hists = probes.hists()?;
+    let devices = probes.devices()?;
     let lost = probes.counter(GlobalCounter::LostEvents)? + asm.malformed;
     let attached = probes.attached.clone();
     drop(ring);
@@ -281,6 +282,7 @@ pub async fn run_with(args: RunArgs, extra: ExtraSinks) -> Result<i32> {
     drop(sinks);
     let mut summary = Summary::build(TargetInfo { pid, command, exit_code }, duration_ns, attached, &rows, lost);
     summary.add_attribution(&states, &hists, records);
+    summary.devices = devices.iter().map(|(d, io)| observer::report::DeviceRow::new(*d, io)).collect();
     finish(&args, &summary)?;
     Ok(exit_code.unwrap_or(0))
 }
