@@ -1,9 +1,10 @@
 //! Scheduling: `sched:sched_switch` (on/off CPU, runnable or blocked),
-//! `sched:sched_wakeup` (blocked → runnable), `sched:sched_process_exit`.
+//! `sched:sched_waking` (blocked → runnable, at the moment the waker decides;
+//! `sched_wakeup` fires later, after any cross-CPU IPI), `sched:sched_process_exit`.
 //! Field offsets come from tracefs (`OFFSETS`). Minimum kernel: 4.7.
 //!
 //! `sched_switch` runs as the *previous* task; the next task is known only by
-//! its TID, so only threads already tracked are switched in. `sched_wakeup`
+//! its TID, so only threads already tracked are switched in. `sched_waking`
 //! runs in the waker's context (any process): the wakee is looked up by TID.
 
 use aya_ebpf::{helpers::bpf_ktime_get_ns, macros::tracepoint, programs::TracePointContext};

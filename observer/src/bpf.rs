@@ -19,7 +19,7 @@ use aya::{
 };
 use observer_common::{
     Config, GlobalCounter, ThreadFaults,
-    attrib::{DEV_SWAP, Hist, MAX_SLOTS, N_HIST, ThreadState, TpOffsets},
+    attrib::{DEV_SWAP, DevIo, Hist, MAX_SLOTS, N_HIST, ThreadState, TpOffsets},
     faults::GLOBAL_COUNTERS,
 };
 
@@ -141,7 +141,7 @@ const FAULT_PROBES: [PerfProbe; 3] = [
 /// Tracepoints: (program, category, name, required).
 const TRACEPOINTS: &[(&str, &str, &str, bool)] = &[
     ("sched_switch", "sched", "sched_switch", true),
-    ("sched_wakeup", "sched", "sched_wakeup", true),
+    ("sched_wakeup", "sched", "sched_waking", true),
     ("sched_exit", "sched", "sched_process_exit", true),
     ("sys_enter", "raw_syscalls", "sys_enter", true),
     ("sys_exit", "raw_syscalls", "sys_exit", true),
@@ -159,7 +159,7 @@ const TRACEPOINTS: &[(&str, &str, &str, bool)] = &[
 fn tp_offsets() -> Result<TpOffsets, ProbeError> {
     let miss = |e: anyhow::Error| ProbeError::MissingTracepoint(format!("{e:#}"));
     let sw = Format::load("sched", "sched_switch").map_err(miss)?;
-    let wk = Format::load("sched", "sched_wakeup").map_err(miss)?;
+    let wk = Format::load("sched", "sched_waking").map_err(miss)?;
     let ex = Format::load("sched", "sched_process_exit").map_err(miss)?;
     let se = Format::load("raw_syscalls", "sys_enter").map_err(miss)?;
     let mut o = TpOffsets {
@@ -310,6 +310,16 @@ impl Probes {
         Ok(Self { ebpf, attached, missing, markers })
     }
 
+    /// The loaded object, for modules that attach their own programs or
+    /// read their own maps (e.g. page-cache churn).
+    pub fn ebpf_mut(&mut self) -> &mut Ebpf {
+        &mut self.ebpf
+    }
+
+    pub fn ebpf(&self) -> &Ebpf {
+        &self.ebpf
+    }
+
     /// Per-thread fault accumulators, sorted by TID.
     pub fn thread_faults(&self) -> Result<Vec<(u32, ThreadFaults)>, ProbeError> {
         let map = self.ebpf.map("THREAD_FAULTS").ok_or_else(|| no_map("THREAD_FAULTS"))?;
@@ -370,6 +380,18 @@ impl Probes {
             out.push(s);
         }
         Ok(out)
+    }
+
+    /// Per-device totals of the target's block reads: (kernel dev_t, totals).
+    pub fn devices(&self) -> Result<Vec<(u32, DevIo)>, ProbeError> {
+        let map = self.ebpf.map("DEV_IO").ok_or_else(|| no_map("DEV_IO"))?;
+        let h: HashMap<_, u32, DevIo> = HashMap::try_from(map).map_err(map_err("DEV_IO"))?;
+        let mut v = Vec::new();
+        for item in h.iter() {
+            v.push(item.map_err(map_err("DEV_IO"))?);
+        }
+        v.sort_by_key(|(d, _)| *d);
+        Ok(v)
     }
 
     /// The ring buffer of token-boundary records (can be taken once).

@@ -9,6 +9,7 @@ pub mod export;
 pub mod header;
 pub mod import;
 pub mod preflight;
+pub mod procfs;
 pub mod procsample;
 pub mod report;
 pub mod seed;

@@ -7,6 +7,7 @@
 //! - `bench engine`: engine vs llama.cpp decode/prompt speed, same file, same run.
 
 mod bench_engine;
+mod bench_observer;
 mod cache;
 mod cmd;
 mod demo;
@@ -25,6 +26,7 @@ commands:
   demo               setup, then run the observer on a demo workload
   parity [OPTIONS]   engine vs llama.cpp: tokens, greedy continuations, logits
   bench engine [..]  engine vs llama.cpp decode and prompt tok/s, printed as ratios
+  bench observer     engine decode tok/s with and without the observer, as a ratio
 ";
 
 fn main() {
@@ -35,6 +37,7 @@ fn main() {
         ["demo", ..] => demo::run(&args[1..]),
         ["parity", ..] => parity::main(&args[1..]),
         ["bench", "engine", ..] => bench_engine::main(&args[2..]),
+        ["bench", "observer", ..] => bench_observer::main(&args[2..]),
         ["-h" | "--help" | "help"] | [] => {
             print!("{USAGE}");
             Ok(())
