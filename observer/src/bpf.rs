@@ -40,6 +40,8 @@ pub enum ProbeError {
     MissingPerfEvent { event: &'static str, source: io::Error },
     #[error("{0}")]
     MissingTracepoint(String),
+    #[error("{0}")]
+    Markers(String),
     #[error("cannot list online CPUs ({path}): {source}")]
     Cpus { path: &'static str, source: io::Error },
     #[error("eBPF program `{program}`: {source}")]
@@ -153,6 +155,7 @@ const TRACEPOINTS: &[(&str, &str, &str, bool)] = &[
     ("bio_complete", "block", "block_bio_complete", false),
     ("rq_complete", "block", "block_rq_complete", false),
     ("filemap_fault", "filemap", "mm_filemap_fault", false),
+    ("sched_exec", "sched", "sched_process_exec", false),
 ];
 
 /// Field offsets the programs need, from tracefs.
@@ -238,7 +241,7 @@ impl Probes {
         let offsets = tp_offsets()?;
         let mut ebpf = Ebpf::load(OBJECT).map_err(classify_load)?;
         let target = opts.target;
-        set(&mut ebpf, "CONFIG", 0, Config { target_tgid: target, zram_major: zram_major(), _pad: [0; 2] })?;
+        set(&mut ebpf, "CONFIG", 0, Config { target_tgid: target, zram_major: zram_major(), stop_on_exec: 0, _pad: 0 })?;
         set(&mut ebpf, "OFFSETS", 0, offsets)?;
         for (i, w) in syscalls::io_bitmap().into_iter().enumerate() {
             set(&mut ebpf, "IO_SYSCALLS", i as u32, w)?;
@@ -394,6 +397,24 @@ impl Probes {
         Ok(v)
     }
 
+    /// Stop a spawned target at its next `exec` (see `Config::stop_on_exec`).
+    pub fn set_stop_on_exec(&mut self, target: u32, on: bool) -> Result<(), ProbeError> {
+        let cfg = Config { target_tgid: target, zram_major: zram_major(), stop_on_exec: on as u32, _pad: 0 };
+        set(&mut self.ebpf, "CONFIG", 0, cfg)
+    }
+
+    /// The target `exec`'d `exe`: attach the engine markers there when it has
+    /// them and no markers are attached yet. Returns what is attached now.
+    pub fn attach_after_exec(&mut self, exe: &std::path::Path, pid: u32) -> Result<Option<MarkerKind>, ProbeError> {
+        if self.markers.is_some() {
+            return Ok(None);
+        }
+        let opts = AttachOptions { target: pid, markers: Markers::Auto { exe: exe.to_path_buf() } };
+        let m = attach_markers(&mut self.ebpf, &opts, &mut self.attached)?;
+        self.markers = m.clone();
+        Ok(m)
+    }
+
     /// The ring buffer of token-boundary records (can be taken once).
     pub fn take_events(&mut self) -> Result<RingBuf<MapData>, ProbeError> {
         let map: Map = self.ebpf.take_map("EVENTS").ok_or_else(|| no_map("EVENTS"))?;
@@ -468,14 +489,14 @@ fn attach_markers(
             };
             for (sym, addr) in [(engine_abi::SYM_BEGIN, b), (engine_abi::SYM_END, e)] {
                 if let Some(why) = unprobeable_entry(exe, addr) {
-                    return Err(ProbeError::MissingTracepoint(format!(
+                    return Err(ProbeError::Markers(format!(
                         "cannot uprobe {sym} in {}: {why}",
                         exe.display()
                     )));
                 }
             }
             if b == e {
-                return Err(ProbeError::MissingTracepoint(format!(
+                return Err(ProbeError::Markers(format!(
                     "{} defines {} and {} at the same address {b:#x} (the linker folded identical functions): give the two markers different bodies",
                     exe.display(),
                     engine_abi::SYM_BEGIN,

@@ -23,6 +23,7 @@ use observer_common::{
     GlobalCounter,
     model::{Event, RunEnd, StepKind, TokenRecord},
 };
+use tokio::io::unix::AsyncFd;
 
 #[derive(Debug, clap::Args)]
 pub struct RunArgs {
@@ -215,7 +216,13 @@ pub async fn run_with(args: RunArgs, extra: ExtraSinks) -> Result<i32> {
         probes.attached.len(),
         if probes.missing.is_empty() { String::new() } else { format!("; not attached: {}", probes.missing.join(", ")) }
     );
-    let mut ring = probes.take_events()?;
+    let ring = probes.take_events()?;
+    // Token records are polled; only an `exec` of the target wakes us (to
+    // attach the new program's markers before its first token).
+    // SAFETY: the ring buffer owns its fd and outlives the registration.
+    let mut ring = unsafe { AsyncFd::register(ring) }
+        .map_err(|e| e.into_parts().1)
+        .context("registering the ring buffer")?;
     let default_kind = match probes.markers {
         Some(MarkerKind::Symbol { .. }) => StepKind::Call,
         Some(MarkerKind::Engine { .. }) => StepKind::Generate,
@@ -232,6 +239,10 @@ pub async fn run_with(args: RunArgs, extra: ExtraSinks) -> Result<i32> {
     let use_windows = args.window.is_some() && probes.markers.is_none();
     let mut ticker = interval(args.window.unwrap_or(Duration::from_secs(3600)));
 
+    // A spawned wrapper (sh -c, env, …) without markers: stop it at each
+    // exec until a program with markers runs, so no token is missed.
+    let mut stop_on_exec = target.is_spawned() && probes.markers.is_none() && args.token_symbol.is_none();
+    probes.set_stop_on_exec(pid, stop_on_exec)?;
     target.release()?;
     let start = Instant::now();
     if use_windows {
@@ -246,7 +257,21 @@ pub async fn run_with(args: RunArgs, extra: ExtraSinks) -> Result<i32> {
             e = target.wait() => break Some(e?),
             r = stop_requested() => { r?; if stop.signal(&target) { break None; } }
             _ = stop.deadline(), if stop.pending() => stop.expired(&target),
-            _ = poll.tick() => drain(&mut ring, &mut asm, &mut records, &mut sinks)?,
+            _ = poll.tick() => drain(ring.get_mut(), &mut asm, &mut records, &mut sinks)?,
+            guard = ring.readable_mut() => {
+                let mut guard = guard.context("waiting on the ring buffer")?;
+                drain(guard.get_inner_mut(), &mut asm, &mut records, &mut sinks)?;
+                guard.clear_ready();
+                if std::mem::take(&mut asm.exec_seen) {
+                    after_exec(&mut probes, pid)?;
+                    if stop_on_exec {
+                        // The kernel side stopped it at exec; markers are in place now.
+                        target.signal(libc::SIGCONT);
+                        stop_on_exec = probes.markers.is_none();
+                        probes.set_stop_on_exec(pid, stop_on_exec)?;
+                    }
+                }
+            }
             _ = ticker.tick(), if use_windows => {
                 let now = seed::mono_ns();
                 let snap = Snapshot { ts: now, index: 0, threads: probes.snapshot(now)?, engine: None, lost: 0 };
@@ -256,7 +281,7 @@ pub async fn run_with(args: RunArgs, extra: ExtraSinks) -> Result<i32> {
         }
     };
     let duration_ns = start.elapsed().as_nanos() as u64;
-    drain(&mut ring, &mut asm, &mut records, &mut sinks)?;
+    drain(ring.get_mut(), &mut asm, &mut records, &mut sinks)?;
     let end_ns = seed::mono_ns();
     if use_windows {
         let snap = Snapshot { ts: end_ns, index: 0, threads: probes.snapshot(end_ns)?, engine: None, lost: 0 };
@@ -285,6 +310,15 @@ pub async fn run_with(args: RunArgs, extra: ExtraSinks) -> Result<i32> {
     summary.devices = devices.iter().map(|(d, io)| observer::report::DeviceRow::new(*d, io)).collect();
     finish(&args, &summary)?;
     Ok(exit_code.unwrap_or(0))
+}
+
+/// The target exec'd: attach the markers of its new program, when it has them.
+fn after_exec(probes: &mut Probes, pid: u32) -> Result<()> {
+    let Ok(exe) = std::fs::read_link(format!("/proc/{pid}/exe")) else { return Ok(()) };
+    if probes.attach_after_exec(&exe, pid)?.is_some() {
+        eprintln!("observer: pid {pid} exec'd {}: engine markers attached", exe.display());
+    }
+    Ok(())
 }
 
 fn interval(d: Duration) -> tokio::time::Interval {
