@@ -114,6 +114,8 @@ pub enum MarkerKind {
 /// The loaded and attached programs with their maps.
 pub struct Probes {
     ebpf: Ebpf,
+    /// Keeps the kernel's BPF run-time statistics on while held.
+    stats: Option<std::os::fd::OwnedFd>,
     /// What is attached, for headers and JSON.
     pub attached: Vec<String>,
     /// Optional probes that could not be attached, with the reason.
@@ -310,7 +312,10 @@ impl Probes {
             }
         }
         let markers = attach_markers(&mut ebpf, opts, &mut attached)?;
-        Ok(Self { ebpf, attached, missing, markers })
+        // Program run time for the observer's own cost (Linux >= 5.8); absent
+        // stats are reported as not measured.
+        let stats = aya::sys::enable_stats(aya::sys::Stats::RunTime).ok();
+        Ok(Self { ebpf, stats, attached, missing, markers })
     }
 
     /// The loaded object, for modules that attach their own programs or
@@ -383,6 +388,30 @@ impl Probes {
             out.push(s);
         }
         Ok(out)
+    }
+
+    /// Run time and run count summed over the observer's programs, when the
+    /// kernel's BPF statistics are on.
+    pub fn bpf_stats(&self) -> Option<(u64, u64)> {
+        self.stats.as_ref()?;
+        let (mut ns, mut n) = (0u64, 0u64);
+        for (_, p) in self.ebpf.programs() {
+            if let Ok(info) = p.info() {
+                ns += info.run_time().as_nanos() as u64;
+                n += info.run_count();
+            }
+        }
+        Some((ns, n))
+    }
+
+    /// The latency histograms as a model event.
+    pub fn histograms_event(&self, mono_ns: u64) -> Result<observer_common::model::LatencyHistograms, ProbeError> {
+        const NAMES: [&str; 5] = ["fault_minor", "fault_major_file", "fault_major_swap", "zram_read", "disk_read"];
+        let hists = self.hists()?;
+        Ok(observer_common::model::LatencyHistograms {
+            mono_ns,
+            kinds: NAMES.iter().zip(hists).map(|(n, h)| ((*n).to_string(), h.b.to_vec())).collect(),
+        })
     }
 
     /// Per-device totals of the target's block reads: (kernel dev_t, totals).

@@ -21,7 +21,7 @@ use observer::{
 };
 use observer_common::{
     GlobalCounter,
-    model::{Event, RunEnd, StepKind, TokenRecord},
+    model::{Event, ObserverHealth, RunEnd, StepKind, TokenRecord},
 };
 use tokio::io::unix::AsyncFd;
 
@@ -277,11 +277,19 @@ pub async fn run_with(args: RunArgs, extra: ExtraSinks) -> Result<i32> {
                 let snap = Snapshot { ts: now, index: 0, threads: probes.snapshot(now)?, engine: None, lost: 0 };
                 if let Some(t) = asm.window(snap) { token(t, &mut records, &mut sinks)?; }
             }
-            _ = sampler.tick() => emit(&mut sinks, &Event::Process(procsample::sample(pid, seed::mono_ns())))?,
+            _ = sampler.tick() => {
+                let now = seed::mono_ns();
+                emit(&mut sinks, &Event::Process(procsample::sample(pid, now)))?;
+                emit(&mut sinks, &Event::Histograms(probes.histograms_event(now)?))?;
+                emit(&mut sinks, &Event::Health(health(&probes, asm.malformed, now)?))?;
+            }
         }
     };
     let duration_ns = start.elapsed().as_nanos() as u64;
     drain(ring.get_mut(), &mut asm, &mut records, &mut sinks)?;
+    let now = seed::mono_ns();
+    emit(&mut sinks, &Event::Histograms(probes.histograms_event(now)?))?;
+    emit(&mut sinks, &Event::Health(health(&probes, asm.malformed, now)?))?;
     let end_ns = seed::mono_ns();
     if use_windows {
         let snap = Snapshot { ts: end_ns, index: 0, threads: probes.snapshot(end_ns)?, engine: None, lost: 0 };
@@ -294,6 +302,7 @@ pub async fn run_with(args: RunArgs, extra: ExtraSinks) -> Result<i32> {
     let states = probes.snapshot(end_ns)?;
     let hists = probes.hists()?;
     let devices = probes.devices()?;
+    let bpf_stats = probes.bpf_stats();
     let lost = probes.counter(GlobalCounter::LostEvents)? + asm.malformed;
     let attached = probes.attached.clone();
     drop(ring);
@@ -308,8 +317,22 @@ pub async fn run_with(args: RunArgs, extra: ExtraSinks) -> Result<i32> {
     let mut summary = Summary::build(TargetInfo { pid, command, exit_code }, duration_ns, attached, &rows, lost);
     summary.add_attribution(&states, &hists, records);
     summary.devices = devices.iter().map(|(d, io)| observer::report::DeviceRow::new(*d, io)).collect();
+    summary.bpf_run_ns = bpf_stats.map(|s| s.0);
+    summary.bpf_run_count = bpf_stats.map(|s| s.1);
     finish(&args, &summary)?;
     Ok(exit_code.unwrap_or(0))
+}
+
+fn health(probes: &Probes, malformed: u64, mono_ns: u64) -> Result<ObserverHealth> {
+    let stats = probes.bpf_stats();
+    Ok(ObserverHealth {
+        mono_ns,
+        lost_events: probes.counter(GlobalCounter::LostEvents)? + malformed,
+        probes_attached: probes.attached.len() as u32,
+        probes_missing: probes.missing.len() as u32,
+        bpf_run_ns: stats.map(|s| s.0),
+        bpf_run_count: stats.map(|s| s.1),
+    })
 }
 
 /// The target exec'd: attach the markers of its new program, when it has them.
