@@ -400,6 +400,16 @@ pub struct DevIo {
 /// Ring-buffer records emitted at token boundaries.
 pub const REC_THREAD: u32 = 1;
 pub const REC_MARK: u32 = 2;
+/// The target called `exec` (payload: `ExecRecord`).
+pub const REC_EXEC: u32 = 3;
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct ExecRecord {
+    pub kind: u32,
+    pub tid: u32,
+    pub ts: u64,
+}
 pub const PHASE_BEGIN: u32 = 0;
 pub const PHASE_END: u32 = 1;
 /// Bytes of the engine's per-token record copied at an `end` mark.

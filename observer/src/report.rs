@@ -189,6 +189,11 @@ pub struct Summary {
     pub latency: std::collections::BTreeMap<String, Histogram>,
     /// The target's block reads per device.
     pub devices: Vec<DeviceRow>,
+    /// The observer's own cost: run time and run count of its eBPF programs
+    /// (all processes' events, since filtering happens inside them), when the
+    /// kernel's BPF statistics are available.
+    pub bpf_run_ns: Option<u64>,
+    pub bpf_run_count: Option<u64>,
     /// Whole-run attribution summed over threads.
     pub attribution_totals: Option<ThreadAttribution>,
     /// Per-token summary (when tokens were marked or windows used).
@@ -247,6 +252,8 @@ impl Summary {
             lost_events,
             latency: Default::default(),
             devices: Vec::new(),
+            bpf_run_ns: None,
+            bpf_run_count: None,
             attribution_totals: None,
             attribution: None,
             tokens: Vec::new(),
@@ -406,6 +413,14 @@ impl Summary {
         }
         if let Some(a) = &self.attribution {
             a.print(out)?;
+        }
+        if let (Some(ns), Some(n)) = (self.bpf_run_ns, self.bpf_run_count) {
+            writeln!(
+                out,
+                "observer cost: {:.1} ms of eBPF program time in {n} runs ({:.0} ns per run)",
+                ns as f64 / 1e6,
+                if n > 0 { ns as f64 / n as f64 } else { 0.0 }
+            )?;
         }
         if self.lost_events > 0 {
             writeln!(out, "\x1b[31mlost events: {}\x1b[0m", self.lost_events)?;

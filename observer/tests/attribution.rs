@@ -203,3 +203,17 @@ fn block_reads_per_device_match_sys_block() {
     assert_within("token read_bytes vs /proc/self/io", u(t, "read_bytes"), u(w, "io_read_bytes"), 0.02);
     assert!(u(d, "completed") * 100 >= u(d, "read_ios") * 95, "latency matched for most reads: {d}");
 }
+
+#[test]
+fn markers_are_found_after_a_wrapper_execs() {
+    let _l = machine_lock();
+    // `sh -c 'exec workload …'`: the spawned program has no markers; the one it
+    // execs has. The observer holds it at the exec until the markers are attached,
+    // so even a token that starts at once is seen.
+    let script = format!("exec {WORKLOAD} busy --ms 200");
+    let r = observe("wrapped.json", &["--", "/bin/sh", "-c", &script]);
+    let err = String::from_utf8_lossy(&r.output.stderr);
+    assert!(err.contains("engine markers attached"), "{err}");
+    let (t, w) = single_token(&r);
+    assert_within("token wall vs the workload's clock", u(t, "wall_ns"), u(w, "wall_ns"), 0.02);
+}

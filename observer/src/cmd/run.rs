@@ -21,8 +21,9 @@ use observer::{
 };
 use observer_common::{
     GlobalCounter,
-    model::{Event, RunEnd, StepKind, TokenRecord},
+    model::{Event, ObserverHealth, RunEnd, StepKind, TokenRecord},
 };
+use tokio::io::unix::AsyncFd;
 
 #[derive(Debug, clap::Args)]
 pub struct RunArgs {
@@ -221,7 +222,13 @@ pub async fn run_with(args: RunArgs, mut extra: ExtraSinks) -> Result<i32> {
         probes.attached.len(),
         if probes.missing.is_empty() { String::new() } else { format!("; not attached: {}", probes.missing.join(", ")) }
     );
-    let mut ring = probes.take_events()?;
+    let ring = probes.take_events()?;
+    // Token records are polled; only an `exec` of the target wakes us (to
+    // attach the new program's markers before its first token).
+    // SAFETY: the ring buffer owns its fd and outlives the registration.
+    let mut ring = unsafe { AsyncFd::register(ring) }
+        .map_err(|e| e.into_parts().1)
+        .context("registering the ring buffer")?;
     let default_kind = match probes.markers {
         Some(MarkerKind::Symbol { .. }) => StepKind::Call,
         Some(MarkerKind::Engine { .. }) => StepKind::Generate,
@@ -238,6 +245,10 @@ pub async fn run_with(args: RunArgs, mut extra: ExtraSinks) -> Result<i32> {
     let use_windows = args.window.is_some() && probes.markers.is_none();
     let mut ticker = interval(args.window.unwrap_or(Duration::from_secs(3600)));
 
+    // A spawned wrapper (sh -c, env, …) without markers: stop it at each
+    // exec until a program with markers runs, so no token is missed.
+    let mut stop_on_exec = target.is_spawned() && probes.markers.is_none() && args.token_symbol.is_none();
+    probes.set_stop_on_exec(pid, stop_on_exec)?;
     target.release()?;
     let start = Instant::now();
     if use_windows {
@@ -252,17 +263,39 @@ pub async fn run_with(args: RunArgs, mut extra: ExtraSinks) -> Result<i32> {
             e = target.wait() => break Some(e?),
             r = stop_requested() => { r?; if stop.signal(&target) { break None; } }
             _ = stop.deadline(), if stop.pending() => stop.expired(&target),
-            _ = poll.tick() => drain(&mut ring, &mut asm, &mut records, &mut sinks)?,
+            _ = poll.tick() => drain(ring.get_mut(), &mut asm, &mut records, &mut sinks)?,
+            guard = ring.readable_mut() => {
+                let mut guard = guard.context("waiting on the ring buffer")?;
+                drain(guard.get_inner_mut(), &mut asm, &mut records, &mut sinks)?;
+                guard.clear_ready();
+                if std::mem::take(&mut asm.exec_seen) {
+                    after_exec(&mut probes, pid)?;
+                    if stop_on_exec {
+                        // The kernel side stopped it at exec; markers are in place now.
+                        target.signal(libc::SIGCONT);
+                        stop_on_exec = probes.markers.is_none();
+                        probes.set_stop_on_exec(pid, stop_on_exec)?;
+                    }
+                }
+            }
             _ = ticker.tick(), if use_windows => {
                 let now = seed::mono_ns();
                 let snap = Snapshot { ts: now, index: 0, threads: probes.snapshot(now)?, engine: None, lost: 0 };
                 if let Some(t) = asm.window(snap) { token(t, &mut records, &mut sinks)?; }
             }
-            _ = sampler.tick() => emit(&mut sinks, &Event::Process(procsample::sample(pid, seed::mono_ns())))?,
+            _ = sampler.tick() => {
+                let now = seed::mono_ns();
+                emit(&mut sinks, &Event::Process(procsample::sample(pid, now)))?;
+                emit(&mut sinks, &Event::Histograms(probes.histograms_event(now)?))?;
+                emit(&mut sinks, &Event::Health(health(&probes, asm.malformed, now)?))?;
+            }
         }
     };
     let duration_ns = start.elapsed().as_nanos() as u64;
-    drain(&mut ring, &mut asm, &mut records, &mut sinks)?;
+    drain(ring.get_mut(), &mut asm, &mut records, &mut sinks)?;
+    let now = seed::mono_ns();
+    emit(&mut sinks, &Event::Histograms(probes.histograms_event(now)?))?;
+    emit(&mut sinks, &Event::Health(health(&probes, asm.malformed, now)?))?;
     let end_ns = seed::mono_ns();
     if use_windows {
         let snap = Snapshot { ts: end_ns, index: 0, threads: probes.snapshot(end_ns)?, engine: None, lost: 0 };
@@ -275,6 +308,7 @@ pub async fn run_with(args: RunArgs, mut extra: ExtraSinks) -> Result<i32> {
     let states = probes.snapshot(end_ns)?;
     let hists = probes.hists()?;
     let devices = probes.devices()?;
+    let bpf_stats = probes.bpf_stats();
     let lost = probes.counter(GlobalCounter::LostEvents)? + asm.malformed;
     let attached = probes.attached.clone();
     drop(ring);
@@ -289,8 +323,31 @@ pub async fn run_with(args: RunArgs, mut extra: ExtraSinks) -> Result<i32> {
     let mut summary = Summary::build(TargetInfo { pid, command, exit_code }, duration_ns, attached, &rows, lost);
     summary.add_attribution(&states, &hists, records);
     summary.devices = devices.iter().map(|(d, io)| observer::report::DeviceRow::new(*d, io)).collect();
+    summary.bpf_run_ns = bpf_stats.map(|s| s.0);
+    summary.bpf_run_count = bpf_stats.map(|s| s.1);
     finish(&args, &summary)?;
     Ok(exit_code.unwrap_or(0))
+}
+
+fn health(probes: &Probes, malformed: u64, mono_ns: u64) -> Result<ObserverHealth> {
+    let stats = probes.bpf_stats();
+    Ok(ObserverHealth {
+        mono_ns,
+        lost_events: probes.counter(GlobalCounter::LostEvents)? + malformed,
+        probes_attached: probes.attached.len() as u32,
+        probes_missing: probes.missing.len() as u32,
+        bpf_run_ns: stats.map(|s| s.0),
+        bpf_run_count: stats.map(|s| s.1),
+    })
+}
+
+/// The target exec'd: attach the markers of its new program, when it has them.
+fn after_exec(probes: &mut Probes, pid: u32) -> Result<()> {
+    let Ok(exe) = std::fs::read_link(format!("/proc/{pid}/exe")) else { return Ok(()) };
+    if probes.attach_after_exec(&exe, pid)?.is_some() {
+        eprintln!("observer: pid {pid} exec'd {}: engine markers attached", exe.display());
+    }
+    Ok(())
 }
 
 fn interval(d: Duration) -> tokio::time::Interval {
