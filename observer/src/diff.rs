@@ -13,7 +13,8 @@
 //! - Per metric ([`metrics`]): the point value over all tokens of a side, its
 //!   95 % bootstrap interval, delta = B − A and delta % = (B − A) / A, and the
 //!   verdict: **disjoint** intervals are a real difference, overlapping ones
-//!   are inconclusive. tok/s is `tokens / Σ wall`.
+//!   are inconclusive. tok/s is `tokens / Σ wall` (none for fixed windows,
+//!   which are not tokens).
 //! - Warnings: short runs (fewer than [`MIN_TOKENS`] tokens, or fewer than the
 //!   per-token coefficient of variation of wall needs to resolve the observed
 //!   tok/s difference, `stats::tokens_needed`); sides whose configurations
@@ -24,7 +25,7 @@
 
 use std::collections::BTreeMap;
 
-use observer_common::model::{Component, Counter, RunHeader, TokenRecord};
+use observer_common::model::{Component, Counter, RunHeader, StepKind, TokenRecord};
 use serde::Serialize;
 
 use crate::{
@@ -84,6 +85,10 @@ impl Metric {
     /// `(num, den)` of this metric for one token (see `crate::stats`).
     pub fn term(&self, t: &TokenRecord) -> (f64, f64) {
         if self.source == Source::TokS {
+            // Windows are not tokens: no token rate for them (as `attribution`).
+            if t.kind == StepKind::Window {
+                return (0.0, 0.0);
+            }
             return (t.n_tokens as f64, t.wall_ns as f64 / 1e9);
         }
         stats::mean_term(self.value(t).map(|v| v * self.scale))

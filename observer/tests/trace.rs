@@ -204,7 +204,7 @@ fn windows_and_process_samples_round_trip() {
     let samples = ev.iter().filter(|e| matches!(e, Event::Process(_))).count();
     assert!(samples >= 3, "process samples every 50 ms: {samples}");
 
-    // diff of two recorded runs: tok/s equals each run's own summary.
+    // diff of two recorded runs: the same numbers as each run's own summary.
     let dir2 = out_dir("windows2");
     let r2 =
         record(&dir2, &["--window", "20ms", "--", "sh", "-c", "i=0; while [ $i -lt 200000 ]; do i=$((i+1)); done"]);
@@ -212,9 +212,14 @@ fn windows_and_process_samples_round_trip() {
         serde_json::from_str(&observer_ok(&["diff", "--json", r.trace.to_str().unwrap(), r2.trace.to_str().unwrap()]))
             .unwrap();
     for (k, s) in [&r.summary, &r2.summary].iter().enumerate() {
-        let want = s["attribution"]["tok_s"].as_f64().unwrap();
-        let have = j["runs"][k]["tok_s"]["value"].as_f64().unwrap();
-        assert!((want - have).abs() < 1e-9 * want, "run {k}: diff {have} vs run {want}");
+        assert!(s["attribution"]["tok_s"].is_null() && j["runs"][k]["tok_s"]["value"].is_null(), "windows: no tok/s");
+        let side = if k == 0 { "a" } else { "b" };
+        for (metric, key) in [("wall_ms", "wall_ns"), ("compute_ms", "compute_ns"), ("runqueue_ms", "runqueue_ns")] {
+            let want = s["attribution"]["mean_ns"][key].as_f64().unwrap() / 1e6;
+            let row = j["comparisons"][0]["rows"].as_array().unwrap().iter().find(|r| r["metric"] == metric).unwrap();
+            let have = row[side]["value"].as_f64().unwrap();
+            assert!((want - have).abs() <= 1e-9 * want.max(1e-9), "run {k} {metric}: diff {have} vs run {want}");
+        }
     }
     let rows = j["comparisons"][0]["rows"].as_array().unwrap();
     assert!(rows.iter().any(|r| r["metric"] == "compute_ms"), "measured components are compared");

@@ -125,8 +125,8 @@ fn text(r: &Report<'_>) -> String {
     fact("exit code", r.exit_code.map(|c| c.to_string()).unwrap_or_default());
     let dropped = match r.recorder {
         Some(s) if s.dropped() > 0 => format!(
-            "\x1b[31m{} token and {} process events dropped by the recorder\x1b[0m",
-            s.dropped_tokens, s.dropped_process
+            "\x1b[31m{} token and {} other events dropped by the recorder\x1b[0m",
+            s.dropped_tokens, s.dropped_other
         ),
         Some(_) => "none dropped by the recorder".into(),
         None if r.format == import::Format::Trace => "recorder drops unknown (no end record)".into(),

@@ -58,6 +58,8 @@ pub struct LoadedRun {
     pub tokens: Vec<TokenRecord>,
     pub process: Vec<ProcessSample>,
     pub end: Option<RunEnd>,
+    /// Other events (histograms, health, …), in order.
+    pub other: Vec<Event>,
     /// The recorder's counts (traces with an end record only).
     pub recorder: Option<RecorderStats>,
     /// Problems met while reading (truncation, corruption, skipped rows).
@@ -92,6 +94,7 @@ impl LoadedRun {
             tokens: Vec::new(),
             process: Vec::new(),
             end: None,
+            other: Vec::new(),
             recorder: None,
             notes: Vec::new(),
         };
@@ -106,6 +109,7 @@ impl LoadedRun {
                 Event::Token(t) => run.tokens.push(t),
                 Event::Process(p) => run.process.push(p),
                 Event::End(e) => run.end = Some(e),
+                other => run.other.push(other),
             }
         }
         if !have_header {

@@ -17,7 +17,9 @@
 //! record = record_header payload
 //! record_header (20 bytes)
 //!   0  [u8; 4]  magic     b"MREC"  (lets a reader resynchronise after damage)
-//!   4  u8       kind      1 header, 2 token, 3 process sample, 4 end
+//!   4  u8       kind      the event's type: 1 header, 2 token, 3 process,
+//!                         4 end, 5 histograms, 6 health; 255 a newer type
+//!                         (the payload's JSON `type` tag names it)
 //!   5  u8       encoding  1 = JSON (UTF-8)
 //!   6  u16      reserved  0
 //!   8  u32      len       payload length in bytes (≤ MAX_PAYLOAD)
@@ -28,8 +30,9 @@
 //!
 //! - The first record is the `header` (the self-describing `RunHeader`: observer
 //!   version, kernel, host, CPU, memory, boot, target command line, model path,
-//!   size and hash, engine configuration); then `token` and `process` records
-//!   in the order the run produced them; the last is `end`.
+//!   size and hash, engine configuration); then `token`, `process`,
+//!   `histograms`, `health` records in the order the run produced them; the
+//!   last is `end`. `kind` always agrees with the payload's `type` tag.
 //! - The `end` payload is the `Event::End` JSON plus a `"recorder"` object
 //!   ([`RecorderStats`]): how many events the recorder wrote and how many it
 //!   dropped because the disk could not keep up. A trace without an `end`
@@ -54,8 +57,6 @@ mod writer;
 pub use reader::{Issue, Reader, TraceError};
 pub use writer::{RecorderStats, TraceWriter};
 
-use observer_common::model::Event;
-
 pub const FILE_MAGIC: [u8; 8] = *b"MOETRACE";
 pub const VERSION: u16 = 1;
 pub const FILE_HEADER_LEN: usize = 16;
@@ -66,11 +67,14 @@ pub const RECORD_HEADER_LEN: usize = 20;
 pub const MAX_PAYLOAD: u32 = 64 << 20;
 pub const ENCODING_JSON: u8 = 1;
 
-/// Record kinds.
+/// Record kinds by the event's JSON `type` tag (`observer_common::model::Event`).
+pub const KINDS: [(u8, &str); 6] =
+    [(1, "header"), (2, "token"), (3, "process"), (4, "end"), (5, "histograms"), (6, "health")];
 pub const KIND_HEADER: u8 = 1;
 pub const KIND_TOKEN: u8 = 2;
-pub const KIND_PROCESS: u8 = 3;
 pub const KIND_END: u8 = 4;
+/// A model event type newer than [`KINDS`]: the JSON `type` tag names it.
+pub const KIND_OTHER: u8 = 255;
 
 const _: () = assert!(FILE_MAGIC.len() + 2 + 2 + 4 == FILE_HEADER_LEN);
 const _: () = assert!(RECORD_MAGIC.len() + 1 + 1 + 2 + 4 + 4 + 4 == RECORD_HEADER_LEN);
@@ -85,13 +89,18 @@ pub fn file_header() -> [u8; FILE_HEADER_LEN] {
     h
 }
 
-pub fn kind_of(ev: &Event) -> u8 {
-    match ev {
-        Event::Header(_) => KIND_HEADER,
-        Event::Token(_) => KIND_TOKEN,
-        Event::Process(_) => KIND_PROCESS,
-        Event::End(_) => KIND_END,
-    }
+/// The `type` tag at the start of an event's JSON (`{"type":"token",…`);
+/// serde writes an internally tagged enum's tag first.
+pub fn type_tag(payload: &[u8]) -> Option<&str> {
+    let rest = payload.strip_prefix(b"{\"type\":\"")?;
+    let end = rest.iter().position(|&b| b == b'"')?;
+    std::str::from_utf8(&rest[..end]).ok()
+}
+
+/// The record kind of an event's JSON payload.
+pub fn kind_of_payload(payload: &[u8]) -> u8 {
+    let tag = type_tag(payload);
+    KINDS.iter().find(|(_, t)| Some(*t) == tag).map(|(k, _)| *k).unwrap_or(KIND_OTHER)
 }
 
 /// The 20-byte header of a record with this payload.

@@ -25,8 +25,8 @@ use observer_common::model::Event;
 use serde::Deserialize;
 
 use super::{
-    ENCODING_JSON, FILE_HEADER_LEN, FILE_MAGIC, KIND_END, KIND_HEADER, KIND_PROCESS, KIND_TOKEN, RECORD_HEADER_LEN,
-    RECORD_MAGIC, RecorderStats, VERSION, kind_of, parse_record_header,
+    ENCODING_JSON, FILE_HEADER_LEN, FILE_MAGIC, KIND_END, KIND_OTHER, KINDS, RECORD_HEADER_LEN, RECORD_MAGIC,
+    RecorderStats, VERSION, kind_of_payload, parse_record_header,
 };
 
 /// Errors that stop reading before the first record.
@@ -319,16 +319,18 @@ impl<R: Read> Reader<R> {
                 self.advance(total);
                 continue;
             }
-            if h.encoding != ENCODING_JSON || !matches!(h.kind, KIND_HEADER | KIND_TOKEN | KIND_PROCESS | KIND_END) {
+            let known_kind = h.kind == KIND_OTHER || KINDS.iter().any(|(k, _)| *k == h.kind);
+            if h.encoding != ENCODING_JSON || !known_kind {
                 self.issues.push(Issue::Unknown { offset: at, kind: h.kind, encoding: h.encoding });
                 self.advance(total);
                 continue;
             }
             let decoded = serde_json::from_slice::<Event>(payload);
             let extras = if h.kind == KIND_END { serde_json::from_slice::<EndExtras>(payload).ok() } else { None };
+            let payload_kind = kind_of_payload(payload);
             self.advance(total);
             match decoded {
-                Ok(ev) if kind_of(&ev) == h.kind => {
+                Ok(ev) if payload_kind == h.kind => {
                     self.records += 1;
                     if h.kind == KIND_END {
                         self.saw_end = true;
@@ -340,6 +342,10 @@ impl<R: Read> Reader<R> {
                     offset: at,
                     reason: format!("payload type does not match record kind {}", h.kind),
                 }),
+                Err(_) if h.kind == KIND_OTHER => {
+                    // A model event type this reader does not know (newer observer).
+                    self.issues.push(Issue::Unknown { offset: at, kind: h.kind, encoding: h.encoding });
+                }
                 Err(e) => self.issues.push(Issue::Undecodable { offset: at, reason: e.to_string() }),
             }
         }

@@ -9,8 +9,8 @@ use std::{
 };
 
 use observer_common::model::{
-    Component, Components, Counter, Counters, EngineTelemetry, Event, ExpertGrid, ModelInfo, ProcessSample, Residency,
-    RunEnd, RunHeader, StepKind, ThreadToken, TokenRecord,
+    Component, Components, Counter, Counters, EngineTelemetry, Event, ExpertGrid, LatencyHistograms, ModelInfo,
+    ObserverHealth, ProcessSample, Residency, RunEnd, RunHeader, StepKind, ThreadToken, TokenRecord,
 };
 
 use super::*;
@@ -98,6 +98,18 @@ pub(crate) fn stream(n: u64) -> Vec<Event> {
         if i % 2 == 1 {
             v.push(Event::Process(ProcessSample { mono_ns: i, rss_bytes: Some(1 << 20), ..Default::default() }));
         }
+        if i % 3 == 2 {
+            v.push(Event::Histograms(LatencyHistograms {
+                mono_ns: i,
+                kinds: [("fault_minor".to_string(), vec![0, 3, 5, 1])].into_iter().collect(),
+            }));
+            v.push(Event::Health(ObserverHealth {
+                mono_ns: i,
+                lost_events: 1,
+                probes_attached: 16,
+                ..Default::default()
+            }));
+        }
     }
     v.push(Event::End(RunEnd { mono_ns: 99, exit_code: Some(0), lost_events: 2 }));
     v
@@ -152,6 +164,15 @@ fn layout_is_as_specified() {
 }
 
 #[test]
+fn record_kinds_follow_the_type_tag() {
+    for (ev, kind) in stream(3).iter().map(|e| (e, kind_of_payload(&serde_json::to_vec(e).unwrap()))) {
+        let tag = serde_json::to_value(ev).unwrap()["type"].as_str().unwrap().to_string();
+        assert_eq!(KINDS.iter().find(|(_, t)| *t == tag).map(|(k, _)| *k), Some(kind), "{tag}");
+    }
+    assert_eq!(kind_of_payload(b"{\"type\":\"later\"}"), KIND_OTHER);
+}
+
+#[test]
 fn round_trip_is_exact() {
     let events = stream(20);
     let bytes = record(&events);
@@ -161,7 +182,7 @@ fn round_trip_is_exact() {
     assert!(r.complete());
     assert_eq!(
         r.recorder(),
-        Some(RecorderStats { records_written: events.len() as u64, dropped_tokens: 0, dropped_process: 0 })
+        Some(RecorderStats { records_written: events.len() as u64, dropped_tokens: 0, dropped_other: 0 })
     );
 }
 
@@ -272,14 +293,17 @@ fn unknown_kinds_and_undecodable_payloads_are_skipped() {
     bytes.extend(encode_record(KIND_HEADER, &serde_json::to_vec(&events[0]).unwrap()));
     let at_unknown = bytes.len() as u64;
     bytes.extend(encode_record(77, b"{}"));
+    let at_future = bytes.len() as u64;
+    bytes.extend(encode_record(KIND_OTHER, b"{\"type\":\"future_event\",\"x\":1}"));
     let at_bad = bytes.len() as u64;
     bytes.extend(encode_record(KIND_TOKEN, b"{\"type\":\"token\"}"));
     bytes.extend(encode_record(KIND_TOKEN, &serde_json::to_vec(&events[1]).unwrap()));
     let (back, issues, r) = read(&bytes);
     assert_eq!(back, events[..2]);
-    assert_eq!(issues.len(), 2);
+    assert_eq!(issues.len(), 3, "{issues:?}");
     assert!(matches!(issues[0], Issue::Unknown { offset, kind: 77, .. } if offset == at_unknown));
-    assert!(matches!(issues[1], Issue::Undecodable { offset, .. } if offset == at_bad));
+    assert!(matches!(issues[1], Issue::Unknown { offset, kind: KIND_OTHER, .. } if offset == at_future));
+    assert!(matches!(issues[2], Issue::Undecodable { offset, .. } if offset == at_bad));
     assert!(!r.complete(), "no end record");
     assert_eq!(r.recorder(), None);
 }
@@ -318,7 +342,8 @@ fn a_stalled_disk_drops_and_counts_instead_of_blocking() {
     *m.lock().unwrap() = false;
     let events = stream(200);
     let n_tok = events.iter().filter(|e| matches!(e, Event::Token(_))).count() as u64;
-    let n_proc = events.iter().filter(|e| matches!(e, Event::Process(_))).count() as u64;
+    let other = |e: &&Event| !matches!(e, Event::Token(_) | Event::Header(_) | Event::End(_));
+    let n_proc = events.iter().filter(other).count() as u64;
     for e in &events[..events.len() - 1] {
         w.event(e).unwrap();
     }
@@ -337,9 +362,9 @@ fn a_stalled_disk_drops_and_counts_instead_of_blocking() {
     let (back, issues, r) = read(&bytes);
     assert!(issues.is_empty(), "{issues:?}");
     let s = r.recorder().expect("end record has the recorder's counts");
-    assert_eq!((s.dropped_tokens, s.dropped_process), (dt, dp));
+    assert_eq!((s.dropped_tokens, s.dropped_other), (dt, dp));
     let got_tok = back.iter().filter(|e| matches!(e, Event::Token(_))).count() as u64;
-    let got_proc = back.iter().filter(|e| matches!(e, Event::Process(_))).count() as u64;
+    let got_proc = back.iter().filter(other).count() as u64;
     assert_eq!(got_tok + dt, n_tok);
     assert_eq!(got_proc + dp, n_proc);
     assert_eq!(s.records_written, back.len() as u64);

@@ -25,7 +25,7 @@ use anyhow::Context;
 use observer_common::model::Event;
 use serde::{Deserialize, Serialize};
 
-use super::{KIND_END, TraceError, encode_record, file_header, kind_of};
+use super::{TraceError, encode_record, file_header, kind_of_payload};
 use crate::sink::Sink;
 
 /// Default channel capacity, in events.
@@ -38,13 +38,13 @@ pub struct RecorderStats {
     pub records_written: u64,
     /// Token events dropped because the channel to the writer was full.
     pub dropped_tokens: u64,
-    /// Process samples dropped for the same reason.
-    pub dropped_process: u64,
+    /// Other events (process samples, histograms, health) dropped for the same reason.
+    pub dropped_other: u64,
 }
 
 impl RecorderStats {
     pub fn dropped(&self) -> u64 {
-        self.dropped_tokens + self.dropped_process
+        self.dropped_tokens + self.dropped_other
     }
 }
 
@@ -59,7 +59,7 @@ struct EndPayload<'a> {
 #[derive(Debug, Default)]
 struct Shared {
     dropped_tokens: AtomicU64,
-    dropped_process: AtomicU64,
+    dropped_other: AtomicU64,
 }
 
 /// Records the model stream to a trace file. See the module doc.
@@ -107,9 +107,9 @@ impl TraceWriter {
         })
     }
 
-    /// Drops so far (token, process).
+    /// Drops so far (tokens, other events).
     pub fn dropped(&self) -> (u64, u64) {
-        (self.shared.dropped_tokens.load(Ordering::Relaxed), self.shared.dropped_process.load(Ordering::Relaxed))
+        (self.shared.dropped_tokens.load(Ordering::Relaxed), self.shared.dropped_other.load(Ordering::Relaxed))
     }
 
     /// Close the channel, wait for the writer, and return its counts. Called
@@ -151,13 +151,13 @@ impl Sink for TraceWriter {
                     let s = self.finish()?;
                     if s.dropped() > 0 {
                         eprintln!(
-                            "\x1b[31mobserver: trace {}: dropped {} token and {} process events (the disk did not keep up)\x1b[0m",
-                            self.name, s.dropped_tokens, s.dropped_process
+                            "\x1b[31mobserver: trace {}: dropped {} token and {} other events (the disk did not keep up)\x1b[0m",
+                            self.name, s.dropped_tokens, s.dropped_other
                         );
                     }
                 }
             }
-            Event::Token(_) | Event::Process(_) => match tx.try_send(ev.clone()) {
+            _ => match tx.try_send(ev.clone()) {
                 Ok(()) => {}
                 Err(TrySendError::Full(_)) => self.count_drop(ev),
                 Err(TrySendError::Disconnected(_)) => {
@@ -172,10 +172,7 @@ impl Sink for TraceWriter {
 
 impl TraceWriter {
     fn count_drop(&self, ev: &Event) {
-        let c = match ev {
-            Event::Process(_) => &self.shared.dropped_process,
-            _ => &self.shared.dropped_tokens,
-        };
+        let c = if matches!(ev, Event::Token(_)) { &self.shared.dropped_tokens } else { &self.shared.dropped_other };
         c.fetch_add(1, Ordering::Relaxed);
     }
 }
@@ -199,15 +196,14 @@ fn write_loop<W: Write>(mut out: W, rx: Receiver<Event>, shared: &Shared) -> std
             let payload = if end {
                 stats.records_written += 1; // counts itself
                 stats.dropped_tokens = shared.dropped_tokens.load(Ordering::Relaxed);
-                stats.dropped_process = shared.dropped_process.load(Ordering::Relaxed);
+                stats.dropped_other = shared.dropped_other.load(Ordering::Relaxed);
                 serde_json::to_vec(&EndPayload { event: &ev, recorder: stats })
             } else {
                 stats.records_written += 1;
                 serde_json::to_vec(&ev)
             }
             .map_err(std::io::Error::other)?;
-            let kind = if end { KIND_END } else { kind_of(&ev) };
-            out.write_all(&encode_record(kind, &payload))?;
+            out.write_all(&encode_record(kind_of_payload(&payload), &payload))?;
             if end {
                 out.flush()?;
                 return Ok(stats);
@@ -218,7 +214,7 @@ fn write_loop<W: Write>(mut out: W, rx: Receiver<Event>, shared: &Shared) -> std
     }
     // The sink went away without an `end` (the run failed): keep what we have.
     stats.dropped_tokens = shared.dropped_tokens.load(Ordering::Relaxed);
-    stats.dropped_process = shared.dropped_process.load(Ordering::Relaxed);
+    stats.dropped_other = shared.dropped_other.load(Ordering::Relaxed);
     out.flush()?;
     Ok(stats)
 }
