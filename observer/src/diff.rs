@@ -6,7 +6,7 @@
 //!   (generated tokens; prompt steps are left out).
 //! - Runs are grouped into *sides* by their engine configuration
 //!   (`RunHeader::engine_config` without the output-only keys in
-//!   [`IGNORED_KEYS`]), in the order the configurations first appear: side A
+//!   [`IGNORED_KEYS`] and the user's `--ignore KEY`s), in the order the configurations first appear: side A
 //!   is the baseline, B, C, … are each compared with A. Several runs of one
 //!   configuration (e.g. A-B-B-A) are pooled (stratified, see `crate::stats`).
 //!   When every run has the same configuration each file is its own side.
@@ -21,7 +21,9 @@
 //!   differ in more than one setting; different model, host, kernel, CPU or
 //!   observer mode; different boots, different (UTC) days, gaps of more than
 //!   [`MAX_GAP_S`] between consecutive runs; an unbalanced run order (A-B-B-A is
-//!   recognised as balanced); lost or dropped events; damaged inputs.
+//!   recognised as balanced); runs of one side whose own tok/s intervals are
+//!   disjoint (variation between runs, which the token bootstrap does not
+//!   see); lost or dropped events; damaged inputs.
 
 use std::collections::BTreeMap;
 
@@ -38,7 +40,19 @@ pub const MIN_TOKENS: usize = 100;
 /// Consecutive runs further apart than this are not "back to back".
 pub const MAX_GAP_S: u64 = 30 * 60;
 /// Configuration keys that name outputs, not settings.
-pub const IGNORED_KEYS: &[&str] = &["json", "logits-out", "output", "out", "o", "record"];
+pub const IGNORED_KEYS: &[&str] = &[
+    "json",
+    "logits-out",
+    "output",
+    "out",
+    "o",
+    "record",
+    "metrics-csv",
+    "metrics-json",
+    "metrics-out",
+    "log",
+    "log-file",
+];
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum EngField {
@@ -196,15 +210,17 @@ fn counter_key(c: Counter) -> &'static str {
 }
 
 /// How intervals are computed.
-#[derive(Debug, Clone, Copy, Serialize)]
+#[derive(Debug, Clone, Serialize)]
 pub struct Options {
     pub resamples: usize,
     pub seed: u64,
+    /// More configuration keys to leave out of the grouping (besides [`IGNORED_KEYS`]).
+    pub ignore: Vec<String>,
 }
 
 impl Default for Options {
     fn default() -> Self {
-        Options { resamples: stats::DEFAULT_RESAMPLES, seed: stats::DEFAULT_SEED }
+        Options { resamples: stats::DEFAULT_RESAMPLES, seed: stats::DEFAULT_SEED, ignore: Vec::new() }
     }
 }
 
@@ -237,10 +253,10 @@ pub fn wall_cv(run: &LoadedRun) -> Option<f64> {
 }
 
 /// The configuration a run is grouped by.
-pub fn config_of(h: &RunHeader) -> BTreeMap<String, String> {
+pub fn config_of(h: &RunHeader, ignore: &[String]) -> BTreeMap<String, String> {
     h.engine_config
         .iter()
-        .filter(|(k, _)| !IGNORED_KEYS.contains(&k.as_str()))
+        .filter(|(k, _)| !IGNORED_KEYS.contains(&k.as_str()) && !ignore.contains(k))
         .map(|(k, v)| (k.clone(), v.clone()))
         .collect()
 }
@@ -379,7 +395,7 @@ pub fn diff(runs: &[LoadedRun], opts: &Options) -> DiffReport {
     // Sides by configuration.
     let mut sides: Vec<(BTreeMap<String, String>, Vec<usize>)> = Vec::new();
     for (i, r) in runs.iter().enumerate() {
-        let c = config_of(&r.header);
+        let c = config_of(&r.header, &opts.ignore);
         match sides.iter_mut().find(|(sc, _)| *sc == c) {
             Some((_, v)) => v.push(i),
             None => sides.push((c, vec![i])),
@@ -537,6 +553,30 @@ pub fn diff(runs: &[LoadedRun], opts: &Options) -> DiffReport {
         warnings.push(Warning { kind: "short_run", message: msg });
     }
 
+    // Runs of one side whose own tok/s intervals are disjoint: the token
+    // bootstrap does not see variation between runs.
+    for (s, (_, members)) in sides.iter().enumerate() {
+        for (x, &i) in members.iter().enumerate() {
+            for &j in &members[x + 1..] {
+                if let (Some(a), Some(b)) = (infos[i].tok_s.ci95, infos[j].tok_s.ci95)
+                    && a.disjoint(&b)
+                {
+                    warnings.push(Warning {
+                        kind: "between_runs",
+                        message: format!(
+                            "runs of side {} disagree: {} {} vs {} {} tok/s (disjoint intervals); the intervals above \
+                             resample tokens within runs and miss this run-to-run variation: record more runs",
+                            side_name(s),
+                            labels[i],
+                            est(&infos[i].tok_s),
+                            labels[j],
+                            est(&infos[j].tok_s)
+                        ),
+                    });
+                }
+            }
+        }
+    }
     environment_warnings(runs, &labels, &order, by_time, &mut warnings);
 
     for (i, info) in infos.iter().enumerate() {
@@ -556,7 +596,7 @@ pub fn diff(runs: &[LoadedRun], opts: &Options) -> DiffReport {
 
     DiffReport {
         resampling: opts.describe(),
-        options: *opts,
+        options: opts.clone(),
         runs: infos,
         sides: sides
             .iter()

@@ -226,3 +226,61 @@ fn bad_inputs_are_clear_errors() {
     let (ok_, _, _) = observer(&["diff", data(A).to_str().unwrap()]);
     assert!(!ok_, "diff needs two files");
 }
+
+/// `wall_ms` (the third column) of every token row multiplied by `k`.
+fn slower(text: &str, k: f64) -> String {
+    text.lines()
+        .map(|l| {
+            let f: Vec<&str> = l.split(',').collect();
+            match f.get(2).and_then(|w| w.parse::<f64>().ok()) {
+                Some(w) if !l.starts_with('#') => {
+                    let mut g: Vec<String> = f.iter().map(|s| s.to_string()).collect();
+                    g[2] = format!("{:.3}", w * k);
+                    g.join(",")
+                }
+                _ => l.to_string(),
+            }
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
+        + "\n"
+}
+
+#[test]
+fn disagreeing_runs_of_one_side_are_flagged() {
+    let d = scratch("between");
+    let a1 = variant(&d, A, "bmoe-20260721-100000.csv", &|s| s.to_string());
+    let b1 = variant(&d, B, "bmoe-20260721-100100.csv", &|s| s.to_string());
+    let b2 = variant(&d, B, "bmoe-20260721-100200.csv", &|s| s.to_string());
+    let a2 = variant(&d, A, "bmoe-20260721-100300.csv", &|s| slower(s, 2.5));
+    let p = |x: &PathBuf| x.to_str().unwrap().to_string();
+    let j: Value = serde_json::from_str(&ok(&["diff", "--json", &p(&a1), &p(&b1), &p(&b2), &p(&a2)])).unwrap();
+    let w: Vec<&Value> = j["warnings"].as_array().unwrap().iter().filter(|w| w["kind"] == "between_runs").collect();
+    assert_eq!(w.len(), 1, "{}", j["warnings"]);
+    assert!(w[0]["message"].as_str().unwrap().contains("A1") && w[0]["message"].as_str().unwrap().contains("A2"));
+    // A2's tok/s is 2.5 times lower than A1's, from its own file.
+    let (t1, t2) = (j["runs"][0]["tok_s"]["value"].as_f64().unwrap(), j["runs"][3]["tok_s"]["value"].as_f64().unwrap());
+    assert!((t1 / t2 - 2.5).abs() < 1e-3, "{t1} / {t2}");
+}
+
+#[test]
+fn output_keys_can_be_ignored() {
+    let d = scratch("ignore");
+    let a = variant(&d, A, "bmoe-20260721-090406.csv", &|s| s.replace("prefetch=0", "prefetch=0 out_file=a.bin"));
+    let b = variant(&d, B, "bmoe-20260721-090539.csv", &|s| s.replace("prefetch=0", "prefetch=0 out_file=b.bin"));
+    let (a, b) = (a.to_str().unwrap(), b.to_str().unwrap());
+    let settings = |extra: &[&str]| {
+        let mut args = vec!["diff", "--json"];
+        args.extend_from_slice(extra);
+        args.extend([a, b]);
+        let j: Value = serde_json::from_str(&ok(&args)).unwrap();
+        j["comparisons"][0]["settings"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|s| s["key"].as_str().unwrap().to_string())
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(settings(&[]), ["dense_weights", "out_file"]);
+    assert_eq!(settings(&["--ignore", "out_file"]), ["dense_weights"]);
+}

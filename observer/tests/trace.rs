@@ -283,3 +283,41 @@ fn sigkill_leaves_a_trace_whose_complete_records_read_back() {
     let text = observer_ok(&["report", trace.to_str().unwrap()]);
     assert!(text.contains("no end record"), "{text}");
 }
+
+/// Issue 9's last acceptance item, ready for when branch `engine` is merged
+/// (`engine run --dense mmap|anon|locked`, the token markers, and a pressure
+/// guard in testkit): two engine configurations that differ only in
+/// `--dense`, recorded A-B-B-A (`anon`, `locked`, `locked`, `anon`) inside
+/// the memory cgroup `cgroup` (a cgroup-v1 directory with a limit below the
+/// model plus its balloon, zram swap on, as the engine's pressure test sets
+/// up), then `observer diff --json` of the four traces.
+///
+/// The test that calls it should assert: two sides, order `A-B-B-A` and
+/// balanced; `swapin_zram_ms` and `majflt_swap` disjoint and higher for
+/// `anon`; and the tok/s verdict equal to what the per-token walls of the four
+/// traces say (recompute tokens / Σ wall per side from the traces; disjoint
+/// iff the two intervals do not overlap). Run by hand on 2026-11-29 with the
+/// engine branch's binary (86 MiB limit, 64 MiB balloon, 512 MiB zram, 64
+/// tokens, 1 thread): anon 6.23 [4.81, 8.59] tok/s vs locked 12.68 [8.99,
+/// 19.31], disjoint; swapin_zram 5.16 vs 0.08 ms/token; majflt_swap 1215 vs
+/// 10.8 per token — and the two `locked` runs disagreed (8.3 vs 26.9 tok/s),
+/// which `diff` flags as `between_runs`.
+#[expect(dead_code, reason = "called by the dense A/B test once the engine's placement policies are merged")]
+fn record_dense_ab_under_pressure(engine: &Path, model: &Path, cgroup: &Path, dir: &Path) -> Value {
+    let mut traces = Vec::new();
+    for (i, dense) in ["anon", "locked", "locked", "anon"].iter().enumerate() {
+        testkit::drop_caches().expect("drop caches before each run");
+        let trace = dir.join(format!("{}-{dense}.trace", i + 1));
+        let o = Command::new(OBSERVER)
+            .args(["record", "-o", trace.to_str().unwrap(), "--every", "0", "--cgroup", cgroup.to_str().unwrap()])
+            .args(["--", engine.to_str().unwrap(), "run", "-m", model.to_str().unwrap(), "-p", "Once upon a time"])
+            .args(["-n", "64", "-t", "1", "--ignore-eos", "--dense", dense])
+            .output()
+            .expect("run observer record");
+        assert!(o.status.success(), "record {dense}: {}", String::from_utf8_lossy(&o.stderr));
+        traces.push(trace.to_str().unwrap().to_string());
+    }
+    let mut args = vec!["diff", "--json"];
+    args.extend(traces.iter().map(String::as_str));
+    serde_json::from_str(&observer_ok(&args)).expect("diff JSON")
+}

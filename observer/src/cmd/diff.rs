@@ -24,6 +24,10 @@ pub struct DiffArgs {
     /// Seed of the bootstrap's random draws.
     #[arg(long, default_value_t = observer::stats::DEFAULT_SEED)]
     pub seed: u64,
+    /// A configuration key that is not a setting (an output path, a label):
+    /// leave it out when grouping runs. Repeatable.
+    #[arg(long, value_name = "KEY")]
+    pub ignore: Vec<String>,
 }
 
 pub fn diff(a: DiffArgs) -> Result<i32> {
@@ -31,7 +35,7 @@ pub fn diff(a: DiffArgs) -> Result<i32> {
         bail!("--resamples {} is too few for a 95 % interval (use 1000 or more)", a.resamples);
     }
     let runs = a.files.iter().map(|p| import::load(p)).collect::<Result<Vec<_>, _>>()?;
-    let d = diff::diff(&runs, &diff::Options { resamples: a.resamples, seed: a.seed });
+    let d = diff::diff(&runs, &diff::Options { resamples: a.resamples, seed: a.seed, ignore: a.ignore });
     if a.json {
         println!("{}", serde_json::to_string_pretty(&d)?);
     } else if a.markdown {

@@ -173,7 +173,7 @@ pub fn report(a: ReportArgs) -> Result<i32> {
         anyhow::bail!("--resamples {} is too few for a 95 % interval (use 1000 or more)", a.resamples);
     }
     let run = import::load(&a.input)?;
-    let r = build(&run, &Options { resamples: a.resamples, seed: a.seed });
+    let r = build(&run, &Options { resamples: a.resamples, seed: a.seed, ignore: Vec::new() });
     if a.json {
         println!("{}", serde_json::to_string_pretty(&r)?);
     } else {

@@ -119,8 +119,20 @@ impl LoadedRun {
     }
 }
 
-/// Read a trace or a bmoe_metrics CSV.
-pub fn load(path: &Path) -> Result<LoadedRun, ImportError> {
+/// A file's events in stream order, whatever its format: what a replay
+/// consumes (`observer tui --replay FILE` can take a CSV too).
+#[derive(Debug, Clone)]
+pub struct Events {
+    pub format: Format,
+    pub events: Vec<Event>,
+    /// Problems met while reading (truncation, corruption, skipped rows).
+    pub notes: Vec<String>,
+    /// The recorder's counts (traces with an end record only).
+    pub recorder: Option<RecorderStats>,
+}
+
+/// Read a trace or a bmoe_metrics CSV into its event stream.
+pub fn load_events(path: &Path) -> Result<Events, ImportError> {
     let io = |source| ImportError::Io { path: path.to_path_buf(), source };
     let mut head = [0u8; 16];
     let n = {
@@ -139,26 +151,32 @@ pub fn load(path: &Path) -> Result<LoadedRun, ImportError> {
     if n > 0 && trace::FILE_MAGIC.starts_with(&head[..n.min(8)]) {
         let mut r = trace::Reader::open(path)?;
         let events: Vec<Event> = r.by_ref().collect();
-        let mut run = LoadedRun::from_events(path, Format::Trace, events);
-        run.recorder = r.recorder();
-        run.notes.extend(r.issues().iter().map(|i| format!("{}: {i}", path.display())));
+        let mut notes: Vec<String> = r.issues().iter().map(|i| format!("{}: {i}", path.display())).collect();
         if !r.complete() {
-            run.notes.push(format!(
+            notes.push(format!(
                 "{}: no end record: the recording was cut short (observer killed?); events it dropped are unknown",
                 path.display()
             ));
         }
-        if run.tokens.is_empty() {
-            return Err(ImportError::NoTokens { path: path.to_path_buf() });
-        }
-        return Ok(run);
+        return Ok(Events { format: Format::Trace, events, notes, recorder: r.recorder() });
     }
     if bmoe::sniff(head) {
         let text = std::fs::read_to_string(path).map_err(io)?;
         let (events, notes) = bmoe::parse(path, &text)?;
-        let mut run = LoadedRun::from_events(path, Format::BmoeMetrics, events);
-        run.notes.extend(notes);
-        return Ok(run);
+        return Ok(Events { format: Format::BmoeMetrics, events, notes, recorder: None });
     }
     Err(ImportError::Unknown { path: path.to_path_buf() })
+}
+
+/// Read a trace or a bmoe_metrics CSV as one run; an error when it has no
+/// token records.
+pub fn load(path: &Path) -> Result<LoadedRun, ImportError> {
+    let e = load_events(path)?;
+    let mut run = LoadedRun::from_events(path, e.format, e.events);
+    run.recorder = e.recorder;
+    run.notes.extend(e.notes);
+    if run.tokens.is_empty() {
+        return Err(ImportError::NoTokens { path: path.to_path_buf() });
+    }
+    Ok(run)
 }
