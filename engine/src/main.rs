@@ -161,7 +161,8 @@ struct RunArgs {
     /// Write the same rows as JSON lines to this file.
     #[arg(long)]
     metrics_json: Option<PathBuf>,
-    /// Sample `dense_resident_frac` (mincore) at most this often, in ms (0 = every step).
+    /// Sample `dense_resident_frac` (mincore) at most this often, in ms, and at most 1 % of the
+    /// time (0 = every step, whatever it costs).
     #[arg(long, default_value_t = 100)]
     resident_every_ms: u64,
 }

@@ -21,7 +21,13 @@ const USAGE: &str = "usage: cargo xtask pressure --limit-mib N [--zram-mib M] [-
   --touch-ms T     the balloon re-reads all its pages every T ms (default 100)
 ";
 
-extern "C" fn ignore(_: libc::c_int) {}
+static INTERRUPTED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// SIGINT/SIGTERM while the machine is set up: remember it and clean up (a handler, not
+/// SIG_IGN, so that the command, which execs, gets the default disposition back).
+extern "C" fn interrupted(_: libc::c_int) {
+    INTERRUPTED.store(true, std::sync::atomic::Ordering::Relaxed);
+}
 
 pub fn main(args: &[String]) -> Result<()> {
     let split = args.iter().position(|a| a == "--").with_context(|| format!("missing `-- CMD`\n\n{USAGE}"))?;
@@ -56,6 +62,13 @@ pub fn main(args: &[String]) -> Result<()> {
         bail!("cargo xtask pressure changes zram and cgroups: run it as root");
     }
     let _lock = testkit::machine_lock();
+    // From here on Ctrl-C / SIGTERM never skip the cleanup: during the setup they cancel the
+    // run, while CMD runs they reach CMD (same process group) and we clean up after it.
+    // SAFETY: installing a handler that only stores to an atomic.
+    unsafe {
+        libc::signal(libc::SIGINT, interrupted as *const () as libc::sighandler_t);
+        libc::signal(libc::SIGTERM, interrupted as *const () as libc::sighandler_t);
+    }
     let cfg = testkit::PressureConfig {
         name: "xtask-pressure".into(),
         limit_bytes: limit << 20,
@@ -71,12 +84,9 @@ pub fn main(args: &[String]) -> Result<()> {
         p.zram.as_ref().map_or("off".to_string(), |z| format!("{} {} MiB", z.device(), zram.unwrap_or(0))),
         p.balloon.as_ref().map_or("none".to_string(), |b| format!("{} MiB (pid {}, touch {touch_ms} ms)", b.mib(), b.pid()))
     );
-    // Ctrl-C / SIGTERM: let the child die of it and clean up here. A handler (not SIG_IGN) so
-    // that the child, which execs, gets the default disposition back.
-    // SAFETY: installing a handler that does nothing.
-    unsafe {
-        libc::signal(libc::SIGINT, ignore as *const () as libc::sighandler_t);
-        libc::signal(libc::SIGTERM, ignore as *const () as libc::sighandler_t);
+    if INTERRUPTED.load(std::sync::atomic::Ordering::Relaxed) {
+        drop(p);
+        bail!("interrupted during the setup; machine restored");
     }
     let refs: Vec<&str> = cmd.iter().map(String::as_str).collect();
     let status = p.command(&refs).status().with_context(|| format!("running {}", cmd.join(" ")));
