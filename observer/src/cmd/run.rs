@@ -55,6 +55,11 @@ pub struct RunArgs {
     /// /sys/fs/cgroup, e.g. one with a memory limit); only the child joins it.
     #[arg(long, value_name = "DIR", conflicts_with = "pid")]
     pub cgroup: Option<PathBuf>,
+    /// With --pid: hold the process at its next exec (SIGSTOP from the kernel
+    /// side, SIGCONT once the new program's token markers are attached), as is
+    /// always done for a spawned command. Its parent will see it stop briefly.
+    #[arg(long, requires = "pid")]
+    pub follow_exec: bool,
     /// Without eBPF (no root/CAP_BPF, or no BPF in the kernel), fall back to a
     /// procfs-only measurement instead of failing.
     #[arg(long)]
@@ -246,8 +251,10 @@ pub async fn run_with(args: RunArgs, mut extra: ExtraSinks) -> Result<i32> {
     let mut ticker = interval(args.window.unwrap_or(Duration::from_secs(3600)));
 
     // A spawned wrapper (sh -c, env, …) without markers: stop it at each
-    // exec until a program with markers runs, so no token is missed.
-    let mut stop_on_exec = target.is_spawned() && probes.markers.is_none() && args.token_symbol.is_none();
+    // exec until a program with markers runs, so no token is missed. An
+    // attached process is only held when asked (its parent sees it stop).
+    let mut stop_on_exec =
+        (target.is_spawned() || args.follow_exec) && probes.markers.is_none() && args.token_symbol.is_none();
     probes.set_stop_on_exec(pid, stop_on_exec)?;
     target.release()?;
     let start = Instant::now();
@@ -272,7 +279,8 @@ pub async fn run_with(args: RunArgs, mut extra: ExtraSinks) -> Result<i32> {
                     after_exec(&mut probes, pid)?;
                     if stop_on_exec {
                         // The kernel side stopped it at exec; markers are in place now.
-                        target.signal(libc::SIGCONT);
+                        // SAFETY: plain kill(2) of the process we are observing.
+                        unsafe { libc::kill(pid as libc::pid_t, libc::SIGCONT) };
                         stop_on_exec = probes.markers.is_none();
                         probes.set_stop_on_exec(pid, stop_on_exec)?;
                     }
