@@ -302,7 +302,6 @@ fn sigkill_leaves_a_trace_whose_complete_records_read_back() {
 /// 19.31], disjoint; swapin_zram 5.16 vs 0.08 ms/token; majflt_swap 1215 vs
 /// 10.8 per token — and the two `locked` runs disagreed (8.3 vs 26.9 tok/s),
 /// which `diff` flags as `between_runs`.
-#[expect(dead_code, reason = "called by the dense A/B test once the engine's placement policies are merged")]
 fn record_dense_ab_under_pressure(engine: &Path, model: &Path, cgroup: &Path, dir: &Path) -> Value {
     let mut traces = Vec::new();
     for (i, dense) in ["anon", "locked", "locked", "anon"].iter().enumerate() {
@@ -320,4 +319,89 @@ fn record_dense_ab_under_pressure(engine: &Path, model: &Path, cgroup: &Path, di
     let mut args = vec!["diff", "--json"];
     args.extend(traces.iter().map(String::as_str));
     serde_json::from_str(&observer_ok(&args)).expect("diff JSON")
+}
+
+/// The engine binary beside the observer (`cargo xtask test` builds it).
+fn engine_bin() -> PathBuf {
+    let p = Path::new(OBSERVER).with_file_name("engine");
+    assert!(p.exists(), "{} missing: run `cargo build --release -p engine` (cargo xtask test does)", p.display());
+    p
+}
+
+#[test]
+fn dense_anon_vs_locked_under_pressure_diffs_into_the_right_verdict() {
+    let _l = machine_lock();
+    let dir = scratch_dir("dense-ab");
+    let engine = engine_bin();
+    // 4 layers, hidden 1024, 8 experts, vocab 16384, q8_0: ~70 MiB, ~45 MiB of it dense.
+    let model = dir.join("pressure.gguf");
+    if !model.exists() {
+        let st = Command::new(&engine)
+            .args(["synth", "-o", model.to_str().unwrap(), "--quant", "q8_0", "--layers", "4", "--hidden", "1024"])
+            .args(["--heads", "16", "--kv-heads", "4", "--head-dim", "64", "--experts", "8", "--experts-used", "2"])
+            .args(["--expert-ffn", "256", "--vocab", "16384"])
+            .status()
+            .expect("engine synth");
+        assert!(st.success());
+    }
+    let dense_mib = {
+        let g = engine::gguf::Gguf::open(&model).unwrap();
+        g.tensors.iter().filter(|t| !t.is_routed_expert()).map(|t| t.size).sum::<u64>() >> 20
+    };
+    let p = testkit::Pressure::new(&testkit::PressureConfig {
+        name: "observer-dense-ab".into(),
+        limit_bytes: (dense_mib + 41) << 20,
+        zram_mib: Some(512),
+        balloon_mib: 64,
+        balloon_touch: std::time::Duration::from_millis(100),
+    })
+    .expect("pressure setup (root, zram, cgroup v1 memory)");
+    let d = record_dense_ab_under_pressure(&engine, &model, p.cgroup.dir(), &dir);
+    drop(p);
+    let text = d.to_string();
+    assert_eq!(d["sides"].as_array().map(Vec::len), Some(2), "two sides: {text}");
+    let cmp = &d["comparisons"][0];
+    assert_eq!(cmp["order"], "A-B-B-A", "{text}");
+    assert_eq!(cmp["order_balanced"], true, "{text}");
+    let settings = cmp["settings"].as_array().unwrap();
+    assert!(settings.iter().any(|s| s["key"] == "dense"), "the compared setting is --dense: {text}");
+    // Recompute tok/s per side straight from the traces' per-token walls, and
+    // compare with diff's numbers and verdict.
+    let mut walls: std::collections::BTreeMap<String, (u64, u64)> = Default::default();
+    for entry in std::fs::read_dir(&dir).unwrap().flatten() {
+        let path = entry.path();
+        if path.extension().and_then(|e| e.to_str()) != Some("trace") {
+            continue;
+        }
+        let dense = if path.to_str().unwrap().ends_with("anon.trace") { "anon" } else { "locked" };
+        let mut r = Reader::open(&path).unwrap();
+        for ev in r.by_ref() {
+            if let Event::Token(t) = ev
+                && t.kind == observer_common::model::StepKind::Generate
+            {
+                let e = walls.entry(dense.to_string()).or_default();
+                e.0 += t.n_tokens;
+                e.1 += t.wall_ns;
+            }
+        }
+    }
+    let tok_s = |k: &str| walls[k].0 as f64 / (walls[k].1 as f64 / 1e9);
+    let rows = cmp["rows"].as_array().expect("metric rows");
+    let row = |name: &str| rows.iter().find(|m| m["metric"] == name).unwrap_or_else(|| panic!("no {name} row: {text}"));
+    let tps = row("tok_s");
+    let (a, b) = (tps["a"]["value"].as_f64().unwrap(), tps["b"]["value"].as_f64().unwrap());
+    let (anon_side_is_a, locked_tps, anon_tps) =
+        if (a - tok_s("anon")).abs() < 1e-6 * a { (true, b, a) } else { (false, a, b) };
+    assert!((anon_tps - tok_s("anon")).abs() <= 1e-6 * anon_tps, "diff's anon tok/s {anon_tps} vs traces {}", tok_s("anon"));
+    assert!((locked_tps - tok_s("locked")).abs() <= 1e-6 * locked_tps, "diff's locked tok/s vs traces");
+    // The verdict is what the intervals say.
+    let ci = |s: &str, k: &str| tps[s]["ci95"][k].as_f64().unwrap();
+    let (alo, ahi, blo, bhi) = (ci("a", "lo"), ci("a", "hi"), ci("b", "lo"), ci("b", "hi"));
+    let disjoint = ahi < blo || bhi < alo;
+    assert_eq!(tps["disjoint"].as_bool(), Some(disjoint), "verdict vs intervals: {tps}");
+    // Swapped-out dense weights cost the anon runs zram swap-ins the locked ones do not have.
+    let zr = row("swapin_zram_ms");
+    let (za, zb) = (zr["a"]["value"].as_f64().unwrap(), zr["b"]["value"].as_f64().unwrap());
+    let (z_anon, z_locked) = if anon_side_is_a { (za, zb) } else { (zb, za) };
+    assert!(z_anon > z_locked, "anon must show more zram swap-in time: {zr}");
 }
