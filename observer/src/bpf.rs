@@ -328,16 +328,18 @@ impl Probes {
         &self.ebpf
     }
 
+    /// Every entry of a `u32`-keyed hash map, sorted by key.
+    fn entries<V: Pod>(&self, name: &'static str) -> Result<Vec<(u32, V)>, ProbeError> {
+        let map = self.ebpf.map(name).ok_or_else(|| no_map(name))?;
+        let h: HashMap<_, u32, V> = HashMap::try_from(map).map_err(map_err(name))?;
+        let mut rows = h.iter().collect::<Result<Vec<_>, _>>().map_err(map_err(name))?;
+        rows.sort_by_key(|(k, _)| *k);
+        Ok(rows)
+    }
+
     /// Per-thread fault accumulators, sorted by TID.
     pub fn thread_faults(&self) -> Result<Vec<(u32, ThreadFaults)>, ProbeError> {
-        let map = self.ebpf.map("THREAD_FAULTS").ok_or_else(|| no_map("THREAD_FAULTS"))?;
-        let h: HashMap<_, u32, ThreadFaults> = HashMap::try_from(map).map_err(map_err("THREAD_FAULTS"))?;
-        let mut rows = Vec::new();
-        for item in h.iter() {
-            rows.push(item.map_err(map_err("THREAD_FAULTS"))?);
-        }
-        rows.sort_by_key(|(tid, _)| *tid);
-        Ok(rows)
+        self.entries("THREAD_FAULTS")
     }
 
     /// A global counter summed over CPUs.
@@ -416,14 +418,7 @@ impl Probes {
 
     /// Per-device totals of the target's block reads: (kernel dev_t, totals).
     pub fn devices(&self) -> Result<Vec<(u32, DevIo)>, ProbeError> {
-        let map = self.ebpf.map("DEV_IO").ok_or_else(|| no_map("DEV_IO"))?;
-        let h: HashMap<_, u32, DevIo> = HashMap::try_from(map).map_err(map_err("DEV_IO"))?;
-        let mut v = Vec::new();
-        for item in h.iter() {
-            v.push(item.map_err(map_err("DEV_IO"))?);
-        }
-        v.sort_by_key(|(d, _)| *d);
-        Ok(v)
+        self.entries("DEV_IO")
     }
 
     /// Stop a spawned target at its next `exec` (see `Config::stop_on_exec`).

@@ -35,15 +35,6 @@ fn state(pid: u32) -> char {
     s.rsplit_once(')').and_then(|(_, r)| r.trim().chars().next()).unwrap_or('?')
 }
 
-fn perf_count(text: &str, event: &str) -> u64 {
-    text.lines()
-        .find_map(|l| {
-            let f: Vec<&str> = l.split(',').collect();
-            (f.len() > 2 && f[2] == event).then(|| f[0].trim().parse::<u64>().ok())?
-        })
-        .unwrap_or_else(|| panic!("no `{event}` line in perf output:\n{text}"))
-}
-
 #[test]
 fn engine_tokens_components_and_perf_stat() {
     let _l = machine_lock();

@@ -12,15 +12,6 @@ use std::{
 
 use common::*;
 
-fn perf_count(text: &str, event: &str) -> u64 {
-    text.lines()
-        .find_map(|l| {
-            let f: Vec<&str> = l.split(',').collect();
-            (f.len() > 2 && f[2] == event).then(|| f[0].trim().parse::<u64>().ok())?
-        })
-        .unwrap_or_else(|| panic!("no `{event}` line in perf output:\n{text}"))
-}
-
 #[test]
 fn fault_counts_match_perf_stat() {
     let _l = machine_lock();

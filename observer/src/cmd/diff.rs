@@ -18,24 +18,38 @@ pub struct DiffArgs {
     /// Print JSON instead of the terminal table.
     #[arg(long)]
     pub json: bool,
-    /// Bootstrap resamples.
-    #[arg(long, default_value_t = observer::stats::DEFAULT_RESAMPLES)]
-    pub resamples: usize,
-    /// Seed of the bootstrap's random draws.
-    #[arg(long, default_value_t = observer::stats::DEFAULT_SEED)]
-    pub seed: u64,
+    #[command(flatten)]
+    pub bootstrap: BootstrapArgs,
     /// A configuration key that is not a setting (an output path, a label):
     /// leave it out when grouping runs. Repeatable.
     #[arg(long, value_name = "KEY")]
     pub ignore: Vec<String>,
 }
 
-pub fn diff(a: DiffArgs) -> Result<i32> {
-    if a.resamples < 100 {
-        bail!("--resamples {} is too few for a 95 % interval (use 1000 or more)", a.resamples);
+/// The bootstrap's settings, shared by `diff` and `report`.
+#[derive(Debug, clap::Args)]
+pub struct BootstrapArgs {
+    /// Bootstrap resamples.
+    #[arg(long, default_value_t = observer::stats::DEFAULT_RESAMPLES)]
+    pub resamples: usize,
+    /// Seed of the bootstrap's random draws.
+    #[arg(long, default_value_t = observer::stats::DEFAULT_SEED)]
+    pub seed: u64,
+}
+
+impl BootstrapArgs {
+    pub fn options(&self, ignore: Vec<String>) -> Result<diff::Options> {
+        if self.resamples < 100 {
+            bail!("--resamples {} is too few for a 95 % interval (use 1000 or more)", self.resamples);
+        }
+        Ok(diff::Options { resamples: self.resamples, seed: self.seed, ignore })
     }
+}
+
+pub fn diff(a: DiffArgs) -> Result<i32> {
+    let opts = a.bootstrap.options(a.ignore)?;
     let runs = a.files.iter().map(|p| import::load(p)).collect::<Result<Vec<_>, _>>()?;
-    let d = diff::diff(&runs, &diff::Options { resamples: a.resamples, seed: a.seed, ignore: a.ignore });
+    let d = diff::diff(&runs, &opts);
     if a.json {
         println!("{}", serde_json::to_string_pretty(&d)?);
     } else if a.markdown {

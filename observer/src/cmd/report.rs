@@ -19,12 +19,8 @@ pub struct ReportArgs {
     /// Print JSON instead of text.
     #[arg(long)]
     pub json: bool,
-    /// Bootstrap resamples.
-    #[arg(long, default_value_t = observer::stats::DEFAULT_RESAMPLES)]
-    pub resamples: usize,
-    /// Seed of the bootstrap's random draws.
-    #[arg(long, default_value_t = observer::stats::DEFAULT_SEED)]
-    pub seed: u64,
+    #[command(flatten)]
+    pub bootstrap: super::diff::BootstrapArgs,
 }
 
 #[derive(Serialize)]
@@ -169,11 +165,9 @@ fn text(r: &Report<'_>) -> String {
 }
 
 pub fn report(a: ReportArgs) -> Result<i32> {
-    if a.resamples < 100 {
-        anyhow::bail!("--resamples {} is too few for a 95 % interval (use 1000 or more)", a.resamples);
-    }
+    let opts = a.bootstrap.options(Vec::new())?;
     let run = import::load(&a.input)?;
-    let r = build(&run, &Options { resamples: a.resamples, seed: a.seed, ignore: Vec::new() });
+    let r = build(&run, &opts);
     if a.json {
         println!("{}", serde_json::to_string_pretty(&r)?);
     } else {

@@ -104,3 +104,13 @@ pub fn loaded_prog_ids() -> Vec<u64> {
     let v: Value = serde_json::from_slice(&out.stdout).expect("bpftool JSON");
     v.as_array().map(|a| a.iter().filter_map(|p| p["id"].as_u64()).collect()).unwrap_or_default()
 }
+
+/// A count from `perf stat -x,` output (`value,unit,event,…`).
+pub fn perf_count(text: &str, event: &str) -> u64 {
+    text.lines()
+        .find_map(|l| {
+            let f: Vec<&str> = l.split(',').collect();
+            (f.len() > 2 && f[2] == event).then(|| f[0].trim().parse::<u64>().ok())?
+        })
+        .unwrap_or_else(|| panic!("no `{event}` line in perf output:\n{text}"))
+}
