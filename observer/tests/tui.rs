@@ -202,7 +202,12 @@ fn clear_errors_without_a_target_a_terminal_or_a_readable_trace() {
     assert!(err.contains("needs a terminal") && err.contains("observer run"), "{err}");
     let (code, err) = run(&["--replay", "/nonexistent/trace"]);
     assert_eq!(code, Some(2), "{err}");
-    assert!(err.contains("/nonexistent/trace") && err.contains("cannot read"), "{err}");
+    assert!(err.contains("--replay: /nonexistent/trace: No such file"), "{err}");
+    let junk = common::scratch_dir("tui-replay").join("junk.txt");
+    std::fs::write(&junk, "not a trace\n").expect("write junk");
+    let (code, err) = run(&["--replay", junk.to_str().unwrap()]);
+    assert_eq!(code, Some(2), "{err}");
+    assert!(err.contains("neither an observer trace"), "{err}");
     let (code, err) = run(&["--refresh", "0", "--", "true"]);
     assert_eq!(code, Some(2), "{err}");
     assert!(err.contains("--refresh"), "{err}");
@@ -228,4 +233,46 @@ fn sigterm_closes_the_final_summary_and_restores_the_terminal() {
     let after = tmux.wait("observer to exit", Duration::from_secs(15), |s| s.contains("OBSERVER_EXIT="));
     assert!(after.contains("OBSERVER_EXIT=0"), "{after}");
     assert!(!after.contains("1 Tokens │ 2 Summary"), "the alternate screen is gone:\n{after}");
+}
+
+#[test]
+fn replays_a_recorded_trace_and_a_truncated_one() {
+    let _lock = machine_lock();
+    let dir = common::scratch_dir("tui-replay");
+    let trace = dir.join("tokens.trace");
+    let _ = std::fs::remove_file(&trace);
+    let rec = Command::new(OBSERVER)
+        .args(["record", "-o"])
+        .arg(&trace)
+        .args(["--", WORKLOAD, "tokens", "--n", "20", "--ms", "50"])
+        .output()
+        .expect("observer record");
+    let stderr = String::from_utf8_lossy(&rec.stderr);
+    assert!(rec.status.success(), "observer record failed:\n{stderr}");
+    let own = workload_rate(&stderr).unwrap_or_else(|| panic!("no workload rate in:\n{stderr}"));
+
+    let cmd = format!("{OBSERVER} tui --replay {}; echo OBSERVER_EXIT=$?; sleep 600", trace.display());
+    let tmux = Tmux::start("tui-replay", 130, 40, &cmd);
+    let fin = tmux.wait("the recorded run's final summary", Duration::from_secs(30), |s| s.contains("EXITED 0"));
+    let tui_rate = rate_after(&fin, "run ").unwrap_or_else(|| panic!("no run tok/s:\n{fin}"));
+    assert_within_5_percent(tui_rate, own, &fin);
+    tmux.keys("1");
+    tmux.wait("the recorded tokens", Duration::from_secs(10), |s| bar_rows(s).len() == 20);
+    tmux.keys("q");
+    let after = tmux.wait("observer to exit", Duration::from_secs(10), |s| s.contains("OBSERVER_EXIT="));
+    assert!(after.contains("OBSERVER_EXIT=0"), "{after}");
+    drop(tmux);
+
+    // Cut inside the last record (the end): every complete record still shows.
+    let bytes = std::fs::read(&trace).expect("read trace");
+    let cut = dir.join("cut.trace");
+    std::fs::write(&cut, &bytes[..bytes.len() - 7]).expect("write cut trace");
+    let cmd = format!("{OBSERVER} tui --replay {}; echo OBSERVER_EXIT=$?; sleep 600", cut.display());
+    let tmux = Tmux::start("tui-replay-cut", 130, 40, &cmd);
+    let s = tmux.wait("the cut trace", Duration::from_secs(30), |s| s.contains("TRACE ENDS (no end record)"));
+    assert!(s.contains("no end record"), "{s}");
+    tmux.keys("1");
+    tmux.wait("the tokens before the cut", Duration::from_secs(10), |s| bar_rows(s).len() == 20);
+    tmux.keys("q");
+    tmux.wait("observer to exit", Duration::from_secs(10), |s| s.contains("OBSERVER_EXIT=0"));
 }

@@ -16,6 +16,6 @@ pub mod stats;
 pub mod term;
 pub mod view;
 
-pub use state::{App, Control, Effect, LatencyHist, Scroll, View};
+pub use state::{App, Control, Effect, Scroll, View};
 pub use term::{IterSource, Options, Source, Status};
 pub use view::draw;

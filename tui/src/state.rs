@@ -17,8 +17,8 @@
 use std::collections::{BTreeMap, VecDeque};
 
 use observer_common::model::{
-    Component, Components, Counter, Counters, Event, ExpertGrid, ProcessSample, RunEnd, RunHeader, StepKind,
-    TokenRecord,
+    Component, Components, Counter, Counters, Event, ExpertGrid, LatencyHistograms, ObserverHealth, ProcessSample,
+    RunEnd, RunHeader, StepKind, TokenRecord,
 };
 
 use crate::stats::{self, RateInterval};
@@ -214,20 +214,6 @@ impl ThreadAgg {
     }
 }
 
-/// Latency histogram of one kind of event (log2 buckets, `observer_common::hist`
-/// spec), counts since the start of the run.
-///
-/// Not in the model stream yet: the probes keep these in the kernel (`HISTS`)
-/// and `observer run` prints them at the end; the views render them once a
-/// stream event carries them (see [`App::set_latency`]).
-#[derive(Clone, Debug, PartialEq)]
-pub struct LatencyHist {
-    /// `fault_minor`, `fault_major_file`, `fault_major_swap`, `zram_read`, `disk_read`.
-    pub name: String,
-    /// Count per bucket `b` (values in `(2^(b-1), 2^b]` ns); the last is +Inf.
-    pub buckets: Vec<u64>,
-}
-
 /// Expert residency as last reported, and where it churned recently.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Heat {
@@ -310,7 +296,10 @@ pub struct App {
     pub threads: BTreeMap<u32, ThreadAgg>,
     pub heat: Heat,
     pub process: Option<ProcessSample>,
-    pub latency: Option<Vec<LatencyHist>>,
+    /// The latest cumulative latency histograms (`Event::Histograms`).
+    pub latency: Option<LatencyHistograms>,
+    /// The observer's latest health and cost (`Event::Health`).
+    pub health: Option<ObserverHealth>,
     /// Sum of the steps' `lost_events`.
     pub lost_in_steps: u64,
     /// Events the consumer dropped before they reached the state (set by the source).
@@ -366,6 +355,7 @@ impl App {
             heat: Heat::default(),
             process: None,
             latency: None,
+            health: None,
             lost_in_steps: 0,
             dropped: 0,
             dropped_paused: 0,
@@ -401,6 +391,8 @@ impl App {
             Event::Header(h) => self.header = Some(h),
             Event::Token(t) => self.add_token(&t),
             Event::Process(p) => self.process = Some(p),
+            Event::Histograms(h) => self.latency = Some(h),
+            Event::Health(h) => self.health = Some(h),
             Event::End(e) => {
                 self.end = Some(e);
                 if !self.switched_on_end {
@@ -491,9 +483,12 @@ impl App {
         &self.aggs[kind_index(k)]
     }
 
-    /// Events lost by the kernel side (the larger of the per-step sum and the end total).
+    /// Events lost by the kernel side: the largest of the per-step sum and
+    /// the cumulative totals of the latest health sample and of the end.
     pub fn lost(&self) -> u64 {
-        self.lost_in_steps.max(self.end.as_ref().map_or(0, |e| e.lost_events))
+        self.lost_in_steps
+            .max(self.health.as_ref().map_or(0, |h| h.lost_events))
+            .max(self.end.as_ref().map_or(0, |e| e.lost_events))
     }
 
     /// Events dropped before drawing (consumer channel, or pause queue).
@@ -523,12 +518,6 @@ impl App {
             self.source_done = true;
             self.dirty = true;
         }
-    }
-
-    /// Latency histograms, for a stream that carries them (not yet: see [`LatencyHist`]).
-    pub fn set_latency(&mut self, h: Vec<LatencyHist>) {
-        self.latency = Some(h);
-        self.dirty = true;
     }
 
     /// Lines the target printed (its stdout/stderr are captured while the TUI is up).
@@ -670,6 +659,19 @@ mod tests {
         assert_eq!(app.pending(), 3);
         app.apply(Effect::TogglePause);
         assert_eq!(app.rows.iter().map(|r| r.seq).collect::<Vec<_>>(), vec![0, 1, 2]);
+    }
+
+    #[test]
+    fn histograms_and_health_are_kept_and_lost_events_take_the_largest_total() {
+        let mut app = App::new();
+        app.push(Event::Token(token(0, StepKind::Generate, 10)));
+        app.push(Event::Health(ObserverHealth { lost_events: 4, probes_attached: 17, ..Default::default() }));
+        let mut h = LatencyHistograms::default();
+        h.kinds.insert("fault_minor".into(), vec![0, 1, 2]);
+        app.push(Event::Histograms(h.clone()));
+        assert_eq!(app.lost(), 4);
+        assert_eq!(app.latency, Some(h));
+        assert_eq!(app.health.as_ref().map(|h| h.probes_attached), Some(17));
     }
 
     #[test]

@@ -16,7 +16,7 @@ use ratatui::{
     buffer::Buffer,
     style::{Color, Modifier},
 };
-use tui::{App, Effect, LatencyHist, Scroll, View};
+use tui::{App, Effect, Scroll, View};
 
 fn app_with(o: &Opts) -> App {
     let mut app = App::new();
@@ -159,32 +159,31 @@ fn threads_view_narrow_drops_columns() {
 #[test]
 fn faults_view_from_the_stream() {
     let mut app = app_with(&Opts::default());
-    let t = show(&mut app, View::Faults, 100, 16);
+    let t = show(&mut app, View::Faults, 100, 60);
+    let s = text(t.backend().buffer());
+    assert!(s.contains("fault_minor (minor fault)  n=8544  p50 ≤2.0 µs  p99 ≤16.4 µs"), "{s}");
     insta::assert_snapshot!(t.backend());
 }
 
 #[test]
-fn faults_view_with_latency_histograms() {
-    let mut app = app_with(&Opts::default());
-    let mut minor = vec![0u64; 40];
-    minor[9] = 1200; // ≤512 ns
-    minor[10] = 5400;
-    minor[11] = 2100;
-    minor[13] = 40;
-    let mut swap = vec![0u64; 40];
-    swap[14] = 300;
-    swap[15] = 3900;
-    swap[16] = 800;
-    swap[19] = 12;
-    app.set_latency(vec![
-        LatencyHist { name: "fault_minor".into(), buckets: minor },
-        LatencyHist { name: "fault_major_swap".into(), buckets: swap },
-        LatencyHist { name: "disk_read".into(), buckets: vec![0; 40] },
-    ]);
-    let t = show(&mut app, View::Faults, 100, 30);
+fn faults_view_in_procfs_mode_has_no_histograms() {
+    let mut app = app_with(&Opts { hists: false, ..Default::default() });
+    let t = show(&mut app, View::Faults, 100, 14);
     let s = text(t.backend().buffer());
-    assert!(s.contains("n=8740  p50 ≤1.0 µs  p99 ≤2.0 µs"), "{s}");
-    insta::assert_snapshot!(t.backend());
+    assert!(s.contains("Latency histograms: none received yet"), "{s}");
+}
+
+#[test]
+fn faults_view_with_a_histogram_kind_it_does_not_know() {
+    let mut app = app_with(&Opts::default());
+    let mut h = app.latency.clone().unwrap();
+    h.kinds.insert("io_uring_wait".into(), vec![0, 0, 5]);
+    app.push(Event::Histograms(h));
+    app.apply(Effect::SwitchView(View::Faults));
+    app.apply(Effect::Scroll(Scroll::Bottom));
+    let t = render(&mut app, 100, 20);
+    let s = text(t.backend().buffer());
+    assert!(s.contains("io_uring_wait  n=5  p50 ≤4 ns  p99 ≤4 ns"), "{s}");
 }
 
 #[test]
@@ -255,7 +254,7 @@ fn paused_state_is_shown_and_events_wait() {
     let t = show(&mut app, View::Tokens, 110, 20);
     let s = text(t.backend().buffer());
     assert!(s.contains("PAUSED · RUNNING"), "{s}");
-    assert!(s.contains("paused, 3 events queued"), "{s}");
+    assert!(s.contains("paused, 5 events queued"), "{s}");
     app.apply(Effect::TogglePause);
     assert!(app.ended());
 }

@@ -8,9 +8,17 @@
 //! unsigned by adding their bias (4, 32) and the bias is removed through the
 //! activation's `bsums`, which gives the same integer per super-block.
 //!
-//! `Q8_0`/`Q8_K` x `Q8_0`/`Q8_K` use ggml's sign trick (`|w| * sign(w) x`); like
-//! ggml's, it assumes activation quants are never -128, which ggml's and this
-//! module's quantizers never produce.
+//! Where ggml applies each sub-block scale with its own `vpmaddwd`, these kernels
+//! interleave the i16 products of two sub-blocks (`vpunpck{l,h}wd` + `vpaddw`,
+//! the ranges leave room) and apply both scales with one `vpmaddwd`. The `Q4_K`
+//! and `Q5_K` row loops also decode the scales of two blocks per step and
+//! precompute the activation's per-sub-block sums once per `matvec`; the
+//! `Q8_0`/`Q4_0` loops scale four blocks with one FMA. The kernels whose compute
+//! is closest to the memory bandwidth prefetch 4 KiB ahead.
+//!
+//! `Q8_0`/`Q8_K` x `Q8_0`/`Q8_K` (and `Q4_0`) use ggml's sign trick
+//! (`|w| * sign(w) x`); like ggml's, it assumes activation quants are never
+//! -128, which ggml's and this module's quantizers never produce.
 //!
 //! Every kernel here is a safe `#[target_feature]` function; the only `unsafe`
 //! is in the loads (bounds asserted) and in the wrappers handed out by
@@ -21,11 +29,13 @@ use std::arch::x86_64::*;
 use super::kquants::{Q2_K_BYTES, Q3_K_BYTES, Q4_K_BYTES, Q5_K_BYTES, Q6_K_BYTES};
 use super::legacy::Q4_0_BYTES;
 use super::q8::{Q8_0_BYTES, Q8_K_BYTES};
-use super::{GgmlType, Kernel};
+use super::{GgmlType, Kernel, QuantizeFn};
 
 /// Whether the CPU has everything these kernels use (cached by std).
 pub(super) fn available() -> bool {
-    is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") && is_x86_feature_detected!("f16c")
+    is_x86_feature_detected!("avx2")
+        && is_x86_feature_detected!("fma")
+        && is_x86_feature_detected!("f16c")
 }
 
 // ---------------------------------------------------------------------------
@@ -160,7 +170,12 @@ macro_rules! q8_0_style_dot {
                 if $pf {
                     prefetch_ahead::<{ 4 * $bytes }>(a[0].as_ptr());
                 }
-                let sums = hsum4_i32([$int(&a[0], &b[0]), $int(&a[1], &b[1]), $int(&a[2], &b[2]), $int(&a[3], &b[3])]);
+                let sums = hsum4_i32([
+                    $int(&a[0], &b[0]),
+                    $int(&a[1], &b[1]),
+                    $int(&a[2], &b[2]),
+                    $int(&a[3], &b[3]),
+                ]);
                 let d = _mm_mul_ps(f16_of_4(a), f16_of_4(b));
                 acc = _mm256_fmadd_ps(_mm256_set_m128(d, d), _mm256_cvtepi32_ps(sums), acc);
             }
@@ -197,6 +212,69 @@ fn int_q4_0(a: &[u8; Q4_0_BYTES], b: &[u8; Q8_0_BYTES]) -> __m256i {
 q8_0_style_dot!(dot_q8_0, Q8_0_BYTES, int_q8_0, prefetch: false);
 q8_0_style_dot!(dot_q4_0, Q4_0_BYTES, int_q4_0, prefetch: true);
 
+/// `Q4_0` quants `q` (unsigned, without the `-8`) times the activation, as
+/// 8 x i32 lanes; the bias is removed with the activation's block sums.
+#[inline]
+#[target_feature(enable = "avx2")]
+fn int_q4_0_unsigned(a: &[u8; Q4_0_BYTES], b: &[u8; Q8_0_BYTES]) -> __m256i {
+    let q = ld128(a, 2);
+    let m4 = _mm_set1_epi8(0xf);
+    let w = _mm256_set_m128i(
+        _mm_and_si128(_mm_srli_epi16::<4>(q), m4),
+        _mm_and_si128(q, m4),
+    );
+    _mm256_madd_epi16(_mm256_maddubs_epi16(w, ld256(b, 2)), _mm256_set1_epi16(1))
+}
+
+/// Activation blocks up to which the `Q4_0` row loop precomputes `8 * sum(q8)`
+/// per block on the stack (16384 columns).
+const MAX_PRE_BLOCKS_32: usize = 512;
+
+/// `Q4_0` row loop: `sum((q - 8) * y) = sum(q * y) - 8 * sum(y)` with the
+/// activation sums computed once, which saves the sign trick per block.
+#[target_feature(enable = "avx2,fma,f16c")]
+fn rows_q4_0(w: &[u8], row_bytes: usize, x: &[u8], out: &mut [f32]) {
+    let (xb, _) = x.as_chunks::<Q8_0_BYTES>();
+    if xb.len() > MAX_PRE_BLOCKS_32 {
+        for (row, o) in w.chunks_exact(row_bytes).zip(out.iter_mut()) {
+            *o = dot_q4_0(row, x);
+        }
+        return;
+    }
+    let mut bias = [0i32; MAX_PRE_BLOCKS_32];
+    for (s, y) in bias.iter_mut().zip(xb) {
+        *s = 8 * y[2..].iter().map(|&v| v as i8 as i32).sum::<i32>();
+    }
+    let bias = &bias[..xb.len()];
+    for (row, o) in w.chunks_exact(row_bytes).zip(out.iter_mut()) {
+        let (wb, _) = row.as_chunks::<Q4_0_BYTES>();
+        let mut acc = _mm256_setzero_ps();
+        let mut wq = wb.chunks_exact(4);
+        let mut xq = xb.chunks_exact(4);
+        let mut bq = bias.chunks_exact(4);
+        for ((a, b), s) in (&mut wq).zip(&mut xq).zip(&mut bq) {
+            prefetch_ahead::<{ 4 * Q4_0_BYTES }>(a[0].as_ptr());
+            let sums = hsum4_i32([
+                int_q4_0_unsigned(&a[0], &b[0]),
+                int_q4_0_unsigned(&a[1], &b[1]),
+                int_q4_0_unsigned(&a[2], &b[2]),
+                int_q4_0_unsigned(&a[3], &b[3]),
+            ]);
+            // Lanes 0..4 hold one partial sum of each block: subtract the bias there.
+            let sums =
+                _mm256_sub_epi32(sums, _mm256_setr_epi32(s[0], s[1], s[2], s[3], 0, 0, 0, 0));
+            let d = _mm_mul_ps(f16_of_4(a), f16_of_4(b));
+            acc = _mm256_fmadd_ps(_mm256_set_m128(d, d), _mm256_cvtepi32_ps(sums), acc);
+        }
+        let mut sum = hsum_ps(acc);
+        for (a, b) in wq.remainder().iter().zip(xq.remainder()) {
+            let p = _mm256_cvtepi32_ps(int_q4_0(a, b));
+            sum += hsum_ps(p) * (f16_at(a, 0) * f16_at(b, 0));
+        }
+        *o = sum;
+    }
+}
+
 #[target_feature(enable = "avx2,fma,f16c")]
 fn dot_q8_k(w: &[u8], x: &[u8]) -> f32 {
     let (wb, _) = w.as_chunks::<Q8_K_BYTES>();
@@ -225,16 +303,47 @@ fn dot_q8_k(w: &[u8], x: &[u8]) -> f32 {
 #[target_feature(enable = "avx2")]
 fn k4_scales_mins<const N: usize>(b: &[u8; N], off: usize) -> __m128i {
     // Bytes off..off+16: the 12 scale bytes and 4 bytes of quants (ignored).
-    let v = ld128(b, off);
-    let lo = _mm_and_si128(
-        _mm_shuffle_epi8(v, _mm_setr_epi8(0, 1, 2, 3, 8, 9, 10, 11, 4, 5, 6, 7, -1, -1, -1, -1)),
-        _mm_setr_epi8(63, 63, 63, 63, 15, 15, 15, 15, 63, 63, 63, 63, 0, 0, 0, 0),
+    _mm256_castsi256_si128(k4_decode(_mm256_castsi128_si256(ld128(b, off))))
+}
+
+/// [`k4_scales_mins`] of two blocks at once (lane 0: `a`, lane 1: `b`).
+#[inline]
+#[target_feature(enable = "avx2")]
+fn k4_scales_mins2<const N: usize>(a: &[u8; N], b: &[u8; N], off: usize) -> __m256i {
+    k4_decode(_mm256_set_m128i(ld128(b, off), ld128(a, off)))
+}
+
+/// The decoding of [`k4_scales_mins`], independently in each 128-bit lane.
+#[inline]
+#[target_feature(enable = "avx2")]
+fn k4_decode(v: __m256i) -> __m256i {
+    let lane = |x: __m128i| _mm256_broadcastsi128_si256(x);
+    let lo = _mm256_and_si256(
+        _mm256_shuffle_epi8(
+            v,
+            lane(_mm_setr_epi8(
+                0, 1, 2, 3, 8, 9, 10, 11, 4, 5, 6, 7, -1, -1, -1, -1,
+            )),
+        ),
+        lane(_mm_setr_epi8(
+            63, 63, 63, 63, 15, 15, 15, 15, 63, 63, 63, 63, 0, 0, 0, 0,
+        )),
     );
-    let nib_hi = _mm_and_si128(_mm_srli_epi16::<4>(v), _mm_set1_epi8(0x0f));
-    let nib_hi = _mm_shuffle_epi8(nib_hi, _mm_setr_epi8(-1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, 8, 9, 10, 11));
-    let top = _mm_srli_epi16::<2>(_mm_and_si128(v, _mm_set1_epi8(0xc0u8 as i8)));
-    let top = _mm_shuffle_epi8(top, _mm_setr_epi8(-1, -1, -1, -1, 0, 1, 2, 3, -1, -1, -1, -1, 4, 5, 6, 7));
-    _mm_or_si128(_mm_or_si128(lo, nib_hi), top)
+    let nib_hi = _mm256_and_si256(_mm256_srli_epi16::<4>(v), _mm256_set1_epi8(0x0f));
+    let nib_hi = _mm256_shuffle_epi8(
+        nib_hi,
+        lane(_mm_setr_epi8(
+            -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, 8, 9, 10, 11,
+        )),
+    );
+    let top = _mm256_srli_epi16::<2>(_mm256_and_si256(v, _mm256_set1_epi8(0xc0u8 as i8)));
+    let top = _mm256_shuffle_epi8(
+        top,
+        lane(_mm_setr_epi8(
+            -1, -1, -1, -1, 0, 1, 2, 3, -1, -1, -1, -1, 4, 5, 6, 7,
+        )),
+    );
+    _mm256_or_si256(_mm256_or_si256(lo, nib_hi), top)
 }
 
 /// Pairwise sums of a `Q8_K` block's `bsums`: the 8 activation sums of the
@@ -243,23 +352,32 @@ fn k4_scales_mins<const N: usize>(b: &[u8; N], off: usize) -> __m128i {
 #[target_feature(enable = "avx2")]
 fn q8k_pair_sums(y: &[u8; Q8_K_BYTES]) -> __m128i {
     let bsums = ld256(y, 260);
-    _mm_hadd_epi16(_mm256_castsi256_si128(bsums), _mm256_extracti128_si256::<1>(bsums))
+    _mm_hadd_epi16(
+        _mm256_castsi256_si128(bsums),
+        _mm256_extracti128_si256::<1>(bsums),
+    )
 }
 
 /// Integer part of one `Q4_K` x `Q8_K` super-block: `sum_j scale_j * dot_j` as
 /// 8 x i32 lanes, and `sum_j min_j * (bsums[2j] + bsums[2j+1])` as 4 x i32 lanes.
-///
-/// The two nibble products of each 64-element chunk are interleaved as i16
-/// (`|p| <= 2*15*128`, so the sum of two fits) and multiplied by the pair of
-/// scales in one `vpmaddwd`.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
 fn q4k_block(a: &[u8; Q4_K_BYTES], y: &[u8; Q8_K_BYTES], pair_sums: __m128i) -> (__m256i, __m128i) {
-    let m4 = _mm256_set1_epi8(0xf);
     let sm = k4_scales_mins(a, 4);
     let mins = _mm_madd_epi16(_mm_cvtepu8_epi16(_mm_unpackhi_epi64(sm, sm)), pair_sums);
-    // Scales as i16 in both lanes: dword j holds (scale_2j, scale_2j+1).
     let sc = _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(sm));
+    (q4k_core(a, y, sc), mins)
+}
+
+/// `sum_j scale_j * dot_j` of a `Q4_K` block, `sc` holding its 8 scales as i16
+/// in both lanes. The two nibble products of each 64-element chunk are
+/// interleaved as i16 (`|p| <= 2*15*128`, so the sum of two fits) and multiplied
+/// by the pair of scales in one `vpmaddwd`.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn q4k_core(a: &[u8; Q4_K_BYTES], y: &[u8; Q8_K_BYTES], sc: __m256i) -> __m256i {
+    let m4 = _mm256_set1_epi8(0xf);
+    // dword j of `sc` holds (scale_2j, scale_2j+1).
     let scale_pairs = [
         _mm256_shuffle_epi32::<0x00>(sc),
         _mm256_shuffle_epi32::<0x55>(sc),
@@ -276,15 +394,25 @@ fn q4k_block(a: &[u8; Q4_K_BYTES], y: &[u8; Q8_K_BYTES], pair_sums: __m128i) -> 
         let p = _mm256_add_epi16(_mm256_unpacklo_epi16(pl, ph), _mm256_unpackhi_epi16(pl, ph));
         sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(p, sj));
     }
-    (sumi, mins)
+    sumi
 }
 
 /// `acc += d * sumi - dmin * mins` for a K-quant block whose f16 `d`, `dmin`
 /// are at `off` in `a`, against activation scale `dy`.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-fn k_accumulate<const N: usize>(acc: __m256, a: &[u8; N], off: usize, dy: f32, sumi: __m256i, mins: __m128i) -> __m256 {
-    let dd = _mm_mul_ps(_mm_cvtph_ps(_mm_cvtsi32_si128(ld_u32(a, off) as i32)), _mm_set1_ps(dy));
+fn k_accumulate<const N: usize>(
+    acc: __m256,
+    a: &[u8; N],
+    off: usize,
+    dy: f32,
+    sumi: __m256i,
+    mins: __m128i,
+) -> __m256 {
+    let dd = _mm_mul_ps(
+        _mm_cvtph_ps(_mm_cvtsi32_si128(ld_u32(a, off) as i32)),
+        _mm_set1_ps(dy),
+    );
     let d = _mm256_broadcastss_ps(dd);
     let dmin = _mm256_broadcastss_ps(_mm_movehdup_ps(dd));
     let acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(sumi), acc);
@@ -295,18 +423,25 @@ fn k_accumulate<const N: usize>(acc: __m256, a: &[u8; N], off: usize, dy: f32, s
 /// (16384 columns) on the stack.
 const MAX_PRE_BLOCKS: usize = 64;
 
-/// Integer part of one `Q5_K` x `Q8_K` super-block, as [`q4k_block`] with the
-/// 5th bits from `qh` (bit `2j` of `qh[l]` for the low nibble of chunk `j`, bit
-/// `2j+1` for the high one; `|p| <= 2*31*128`, so the interleaved sum fits i16).
+/// Integer part of one `Q5_K` x `Q8_K` super-block, as [`q4k_block`].
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
 fn q5k_block(a: &[u8; Q5_K_BYTES], y: &[u8; Q8_K_BYTES], pair_sums: __m128i) -> (__m256i, __m128i) {
-    let m4 = _mm256_set1_epi8(0xf);
-    let one = _mm256_set1_epi8(1);
-    let two = _mm256_set1_epi8(2);
     let sm = k4_scales_mins(a, 4);
     let mins = _mm_madd_epi16(_mm_cvtepu8_epi16(_mm_unpackhi_epi64(sm, sm)), pair_sums);
     let sc = _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(sm));
+    (q5k_core(a, y, sc), mins)
+}
+
+/// As [`q4k_core`] with the 5th bits from `qh` (bit `2j` of `qh[l]` for the low
+/// nibble of chunk `j`, bit `2j+1` for the high one; `|p| <= 2*31*128`, so the
+/// interleaved sum still fits i16).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn q5k_core(a: &[u8; Q5_K_BYTES], y: &[u8; Q8_K_BYTES], sc: __m256i) -> __m256i {
+    let m4 = _mm256_set1_epi8(0xf);
+    let one = _mm256_set1_epi8(1);
+    let two = _mm256_set1_epi8(2);
     let scale_pairs = [
         _mm256_shuffle_epi32::<0x00>(sc),
         _mm256_shuffle_epi32::<0x55>(sc),
@@ -328,13 +463,13 @@ fn q5k_block(a: &[u8; Q5_K_BYTES], y: &[u8; Q8_K_BYTES], pair_sums: __m128i) -> 
         let p = _mm256_add_epi16(_mm256_unpacklo_epi16(pl, ph), _mm256_unpackhi_epi16(pl, ph));
         sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(p, sj));
     }
-    (sumi, mins)
+    sumi
 }
 
 /// Dot product, dot product with precomputed activation pair sums, and row
 /// loop for a K-quant with 32-element sub-blocks and minimums.
 macro_rules! k4_kernels {
-    ($dot:ident, $dot_pre:ident, $rows:ident, $block:ident, $bytes:expr) => {
+    ($dot:ident, $dot_pre:ident, $rows:ident, $block:ident, $core:ident, $bytes:expr) => {
         #[target_feature(enable = "avx2,fma,f16c")]
         fn $dot(w: &[u8], x: &[u8]) -> f32 {
             let (wb, _) = w.as_chunks::<{ $bytes }>();
@@ -348,14 +483,34 @@ macro_rules! k4_kernels {
             hsum_ps(acc)
         }
 
+        /// Two blocks per step: their scales and minimums are decoded and
+        /// applied together, each 128-bit lane holding one block's.
         #[inline]
         #[target_feature(enable = "avx2,fma,f16c")]
-        fn $dot_pre(w: &[u8], xb: &[[u8; Q8_K_BYTES]], pairs: &[__m128i]) -> f32 {
+        fn $dot_pre(w: &[u8], xb: &[[u8; Q8_K_BYTES]], pairs: &[__m256i]) -> f32 {
             let (wb, _) = w.as_chunks::<{ $bytes }>();
+            let zero = _mm256_setzero_si256();
             let mut acc = _mm256_setzero_ps();
-            for ((a, y), p) in wb.iter().zip(xb).zip(pairs) {
-                prefetch_block(a);
-                let (sumi, mins) = $block(a, y, *p);
+            let mut w2 = wb.chunks_exact(2);
+            let mut x2 = xb.chunks_exact(2);
+            for ((a, y), p) in (&mut w2).zip(&mut x2).zip(pairs) {
+                let (a0, a1, y0, y1) = (&a[0], &a[1], &y[0], &y[1]);
+                prefetch_ahead::<{ 2 * $bytes }>(a0.as_ptr());
+                let sm = k4_scales_mins2(a0, a1, 4);
+                let sc = _mm256_unpacklo_epi8(sm, zero);
+                let mins = _mm256_madd_epi16(_mm256_unpackhi_epi8(sm, zero), *p);
+                let s0 = $core(a0, y0, _mm256_permute2x128_si256::<0x00>(sc, sc));
+                let s1 = $core(a1, y1, _mm256_permute2x128_si256::<0x11>(sc, sc));
+                let (dy0, dy1) = (f32_at(y0, 0), f32_at(y1, 0));
+                let (d0, m0) = f16x2_at(a0, 0);
+                let (d1, m1) = f16x2_at(a1, 0);
+                acc = _mm256_fmadd_ps(_mm256_set1_ps(d0 * dy0), _mm256_cvtepi32_ps(s0), acc);
+                acc = _mm256_fmadd_ps(_mm256_set1_ps(d1 * dy1), _mm256_cvtepi32_ps(s1), acc);
+                let dmin = _mm256_set_m128(_mm_set1_ps(m1 * dy1), _mm_set1_ps(m0 * dy0));
+                acc = _mm256_fnmadd_ps(dmin, _mm256_cvtepi32_ps(mins), acc);
+            }
+            for (a, y) in w2.remainder().iter().zip(x2.remainder()) {
+                let (sumi, mins) = $block(a, y, q8k_pair_sums(y));
                 acc = k_accumulate(acc, a, 0, f32_at(y, 0), sumi, mins);
             }
             hsum_ps(acc)
@@ -365,12 +520,13 @@ macro_rules! k4_kernels {
         fn $rows(w: &[u8], row_bytes: usize, x: &[u8], out: &mut [f32]) {
             let (xb, _) = x.as_chunks::<Q8_K_BYTES>();
             if xb.len() <= MAX_PRE_BLOCKS {
-                let mut pairs = [_mm_setzero_si128(); MAX_PRE_BLOCKS];
-                for (p, y) in pairs.iter_mut().zip(xb) {
-                    *p = q8k_pair_sums(y);
+                // Pair sums of blocks 2i and 2i+1 side by side.
+                let mut pairs = [_mm256_setzero_si256(); MAX_PRE_BLOCKS / 2];
+                for (p, y) in pairs.iter_mut().zip(xb.chunks_exact(2)) {
+                    *p = _mm256_set_m128i(q8k_pair_sums(&y[1]), q8k_pair_sums(&y[0]));
                 }
                 for (row, o) in w.chunks_exact(row_bytes).zip(out.iter_mut()) {
-                    *o = $dot_pre(row, xb, &pairs[..xb.len()]);
+                    *o = $dot_pre(row, xb, &pairs[..xb.len() / 2]);
                 }
             } else {
                 for (row, o) in w.chunks_exact(row_bytes).zip(out.iter_mut()) {
@@ -381,8 +537,22 @@ macro_rules! k4_kernels {
     };
 }
 
-k4_kernels!(dot_q4_k, dot_q4_k_pre, rows_q4_k, q4k_block, Q4_K_BYTES);
-k4_kernels!(dot_q5_k, dot_q5_k_pre, rows_q5_k, q5k_block, Q5_K_BYTES);
+k4_kernels!(
+    dot_q4_k,
+    dot_q4_k_pre,
+    rows_q4_k,
+    q4k_block,
+    q4k_core,
+    Q4_K_BYTES
+);
+k4_kernels!(
+    dot_q5_k,
+    dot_q5_k_pre,
+    rows_q5_k,
+    q5k_block,
+    q5k_core,
+    Q5_K_BYTES
+);
 
 /// Scale vectors for two 32-byte quant vectors `k`, `k+1` of a 128-element half
 /// whose products are interleaved as in [`q4k_block`]: each vector covers two
@@ -393,7 +563,24 @@ k4_kernels!(dot_q5_k, dot_q5_k_pre, rows_q5_k, q5k_block, Q5_K_BYTES);
 #[target_feature(enable = "avx2")]
 fn scales_16_pair(scales: __m128i, s: usize) -> __m256i {
     let s = s as i8;
-    let idx = _mm_setr_epi8(s, s + 2, s, s + 2, s, s + 2, s, s + 2, s + 1, s + 3, s + 1, s + 3, s + 1, s + 3, s + 1, s + 3);
+    let idx = _mm_setr_epi8(
+        s,
+        s + 2,
+        s,
+        s + 2,
+        s,
+        s + 2,
+        s,
+        s + 2,
+        s + 1,
+        s + 3,
+        s + 1,
+        s + 3,
+        s + 1,
+        s + 3,
+        s + 1,
+        s + 3,
+    );
     _mm256_cvtepi8_epi16(_mm_shuffle_epi8(scales, idx))
 }
 
@@ -411,7 +598,10 @@ fn q6k_block(a: &[u8; Q6_K_BYTES], y: &[u8; Q8_K_BYTES]) -> __m256i {
     let m4 = _mm256_set1_epi8(0xf);
     let m30 = _mm256_set1_epi8(0x30);
     let scales = ld128(a, 192);
-    let bias = _mm256_slli_epi32::<5>(_mm256_madd_epi16(_mm256_cvtepi8_epi16(scales), ld256(y, 260)));
+    let bias = _mm256_slli_epi32::<5>(_mm256_madd_epi16(
+        _mm256_cvtepi8_epi16(scales),
+        ld256(y, 260),
+    ));
     let mut sumi = _mm256_setzero_si256();
     for h in 0..2 {
         let l0 = ld256(a, 64 * h);
@@ -419,9 +609,18 @@ fn q6k_block(a: &[u8; Q6_K_BYTES], y: &[u8; Q8_K_BYTES]) -> __m256i {
         let qh = ld256(a, 128 + 32 * h);
         // 16-bit shifts move bits across bytes, but the 0x30 mask keeps only
         // bits that stayed inside their byte.
-        let q0 = _mm256_or_si256(_mm256_and_si256(l0, m4), _mm256_and_si256(_mm256_slli_epi16::<4>(qh), m30));
-        let q1 = _mm256_or_si256(_mm256_and_si256(l1, m4), _mm256_and_si256(_mm256_slli_epi16::<2>(qh), m30));
-        let q2 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16::<4>(l0), m4), _mm256_and_si256(qh, m30));
+        let q0 = _mm256_or_si256(
+            _mm256_and_si256(l0, m4),
+            _mm256_and_si256(_mm256_slli_epi16::<4>(qh), m30),
+        );
+        let q1 = _mm256_or_si256(
+            _mm256_and_si256(l1, m4),
+            _mm256_and_si256(_mm256_slli_epi16::<2>(qh), m30),
+        );
+        let q2 = _mm256_or_si256(
+            _mm256_and_si256(_mm256_srli_epi16::<4>(l0), m4),
+            _mm256_and_si256(qh, m30),
+        );
         let q3 = _mm256_or_si256(
             _mm256_and_si256(_mm256_srli_epi16::<4>(l1), m4),
             _mm256_and_si256(_mm256_srli_epi16::<2>(qh), m30),
@@ -483,7 +682,10 @@ fn dot_q3_k(w: &[u8], x: &[u8]) -> f32 {
         let dy = f32_at(y, 0);
         let scales = q3k_scales(a[96..108].try_into().expect("12 bytes"));
         // q = (low2 + 4*hbit) - 4: bias removed through bsums.
-        let bias = _mm256_slli_epi32::<2>(_mm256_madd_epi16(_mm256_cvtepi8_epi16(scales), ld256(y, 260)));
+        let bias = _mm256_slli_epi32::<2>(_mm256_madd_epi16(
+            _mm256_cvtepi8_epi16(scales),
+            ld256(y, 260),
+        ));
         let mut hb = ld256(a, 0);
         let mut sumi = _mm256_setzero_si256();
         for h in 0..2 {
@@ -497,7 +699,10 @@ fn dot_q3_k(w: &[u8], x: &[u8]) -> f32 {
                 *pk = _mm256_maddubs_epi16(q, ld256(y, 4 + 128 * h + 32 * k));
             }
             let s01 = _mm256_madd_epi16(interleave_sum(p[0], p[1]), scales_16_pair(scales, 8 * h));
-            let s23 = _mm256_madd_epi16(interleave_sum(p[2], p[3]), scales_16_pair(scales, 8 * h + 4));
+            let s23 = _mm256_madd_epi16(
+                interleave_sum(p[2], p[3]),
+                scales_16_pair(scales, 8 * h + 4),
+            );
             sumi = _mm256_add_epi32(sumi, _mm256_add_epi32(s01, s23));
         }
         let sumi = _mm256_sub_epi32(sumi, bias);
@@ -532,7 +737,10 @@ fn dot_q2_k(w: &[u8], x: &[u8]) -> f32 {
                 *pk = _mm256_maddubs_epi16(q, ld256(y, 4 + 128 * h + 32 * k));
             }
             let s01 = _mm256_madd_epi16(interleave_sum(p[0], p[1]), scales_16_pair(scales, 8 * h));
-            let s23 = _mm256_madd_epi16(interleave_sum(p[2], p[3]), scales_16_pair(scales, 8 * h + 4));
+            let s23 = _mm256_madd_epi16(
+                interleave_sum(p[2], p[3]),
+                scales_16_pair(scales, 8 * h + 4),
+            );
             sumi = _mm256_add_epi32(sumi, _mm256_add_epi32(s01, s23));
         }
         acc = _mm256_fmadd_ps(_mm256_set1_ps(dw * dy), _mm256_cvtepi32_ps(sumi), acc);
@@ -556,7 +764,10 @@ fn dot_f32(w: &[u8], x: &[u8]) -> f32 {
             *s = _mm256_fmadd_ps(va, vb, *s);
         }
     }
-    let mut sum = hsum_ps(_mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3]))) as f64;
+    let mut sum = hsum_ps(_mm256_add_ps(
+        _mm256_add_ps(acc[0], acc[1]),
+        _mm256_add_ps(acc[2], acc[3]),
+    )) as f64;
     for (a, b) in wr.chunks_exact(4).zip(xr.chunks_exact(4)) {
         let a = f32::from_le_bytes([a[0], a[1], a[2], a[3]]);
         let b = f32::from_le_bytes([b[0], b[1], b[2], b[3]]);
@@ -577,7 +788,10 @@ fn dot_f16(w: &[u8], x: &[u8]) -> f32 {
             *s = _mm256_fmadd_ps(va, vb, *s);
         }
     }
-    let mut sum = hsum_ps(_mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3]))) as f64;
+    let mut sum = hsum_ps(_mm256_add_ps(
+        _mm256_add_ps(acc[0], acc[1]),
+        _mm256_add_ps(acc[2], acc[3]),
+    )) as f64;
     for (a, b) in wr.chunks_exact(2).zip(xr.chunks_exact(2)) {
         let a = super::f16_to_f32(u16::from_le_bytes([a[0], a[1]]));
         let b = super::f16_to_f32(u16::from_le_bytes([b[0], b[1]]));
@@ -597,13 +811,156 @@ fn dot_bf16(w: &[u8], x: &[u8]) -> f32 {
             *s = _mm256_fmadd_ps(widen(ld128(a, 16 * i)), widen(ld128(b, 16 * i)), *s);
         }
     }
-    let mut sum = hsum_ps(_mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3]))) as f64;
+    let mut sum = hsum_ps(_mm256_add_ps(
+        _mm256_add_ps(acc[0], acc[1]),
+        _mm256_add_ps(acc[2], acc[3]),
+    )) as f64;
     for (a, b) in wr.chunks_exact(2).zip(xr.chunks_exact(2)) {
         let a = super::float::bf16_bits_to_f32(u16::from_le_bytes([a[0], a[1]]));
         let b = super::float::bf16_bits_to_f32(u16::from_le_bytes([b[0], b[1]]));
         sum += (a * b) as f64;
     }
     sum as f32
+}
+
+// ---------------------------------------------------------------------------
+// Q8_K activation quantizer
+// ---------------------------------------------------------------------------
+
+/// `quantize_row_q8_K_ref`, bit for bit, eight lanes at a time. Blocks holding
+/// NaN or whose inverse scale overflows (values below ~1e-37) go to the scalar
+/// code, which reproduces ggml's garbage for them.
+#[target_feature(enable = "avx2,fma,f16c")]
+fn quantize_q8_k(src: &[f32], dst: &mut [u8]) {
+    let (xs, _) = src.as_chunks::<{ super::QK_K }>();
+    let (ys, _) = dst.as_chunks_mut::<Q8_K_BYTES>();
+    let sign = _mm256_set1_ps(-0.0);
+    for (x, y) in xs.iter().zip(ys.iter_mut()) {
+        let ld = |i: usize| -> __m256 {
+            let c: &[f32; 8] = x[8 * i..8 * i + 8].try_into().expect("8 lanes");
+            // SAFETY: `c` is 8 in-bounds f32; `loadu` has no alignment requirement.
+            unsafe { _mm256_loadu_ps(c.as_ptr()) }
+        };
+        let mut vmax = _mm256_setzero_ps();
+        let mut nan = _mm256_setzero_ps();
+        for i in 0..32 {
+            let v = ld(i);
+            vmax = _mm256_max_ps(vmax, _mm256_andnot_ps(sign, v));
+            nan = _mm256_or_ps(nan, _mm256_cmp_ps::<_CMP_UNORD_Q>(v, v));
+        }
+        if _mm256_movemask_ps(nan) != 0 {
+            super::q8::quantize_q8_k(x, y);
+            continue;
+        }
+        let m = _mm_max_ps(
+            _mm256_castps256_ps128(vmax),
+            _mm256_extractf128_ps::<1>(vmax),
+        );
+        let m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+        let amax = _mm_cvtss_f32(_mm_max_ss(m, _mm_movehdup_ps(m)));
+        if amax == 0.0 {
+            y.fill(0);
+            continue;
+        }
+        // ggml keeps the first element of largest magnitude, with its sign.
+        let va = _mm256_set1_ps(amax);
+        let mut max = amax;
+        for i in 0..32 {
+            let v = ld(i);
+            let hit =
+                _mm256_movemask_ps(_mm256_cmp_ps::<_CMP_EQ_OQ>(_mm256_andnot_ps(sign, v), va));
+            if hit != 0 {
+                max = x[8 * i + hit.trailing_zeros() as usize];
+                break;
+            }
+        }
+        let iscale = -127.0 / max;
+        if !iscale.is_finite() {
+            super::q8::quantize_q8_k(x, y);
+            continue;
+        }
+        // nearest_int: (v + 1.5 * 2^23) bits & 0x7fffff - 0x400000, then min 127.
+        let vs = _mm256_set1_ps(iscale);
+        let magic = _mm256_set1_ps(12_582_912.0);
+        let mant = _mm256_set1_epi32(0x007f_ffff);
+        let bias = _mm256_set1_epi32(0x0040_0000);
+        let top = _mm256_set1_epi32(127);
+        let q = |i: usize| -> __m256i {
+            let t = _mm256_castps_si256(_mm256_add_ps(_mm256_mul_ps(vs, ld(i)), magic));
+            _mm256_min_epi32(_mm256_sub_epi32(_mm256_and_si256(t, mant), bias), top)
+        };
+        let mut bsums = [0i32; 16];
+        for k in 0..8 {
+            let (q0, q1, q2, q3) = (q(4 * k), q(4 * k + 1), q(4 * k + 2), q(4 * k + 3));
+            // |q| <= 127: the saturating packs are exact; the permutation undoes
+            // their per-lane interleaving.
+            let b01 = _mm256_packs_epi32(q0, q1);
+            let b23 = _mm256_packs_epi32(q2, q3);
+            let b = _mm256_permutevar8x32_epi32(
+                _mm256_packs_epi16(b01, b23),
+                _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7),
+            );
+            let off = 4 + 32 * k;
+            let out: &mut [u8; 32] = (&mut y[off..off + 32]).try_into().expect("32 bytes");
+            // SAFETY: `out` is 32 in-bounds bytes; `storeu` has no alignment requirement.
+            unsafe { _mm256_storeu_si256(out.as_mut_ptr().cast(), b) };
+            // Groups 2k (elements of q0, q1) and 2k + 1 (q2, q3).
+            bsums[2 * k] = hsum_epi32(_mm256_add_epi32(q0, q1));
+            bsums[2 * k + 1] = hsum_epi32(_mm256_add_epi32(q2, q3));
+        }
+        for (g, s) in bsums.iter().enumerate() {
+            y[260 + 2 * g..262 + 2 * g].copy_from_slice(&(*s as i16).to_le_bytes());
+        }
+        y[0..4].copy_from_slice(&(1.0 / iscale).to_le_bytes());
+    }
+}
+
+#[inline]
+#[target_feature(enable = "avx2")]
+fn hsum_epi32(v: __m256i) -> i32 {
+    let s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256::<1>(v));
+    let s = _mm_add_epi32(s, _mm_unpackhi_epi64(s, s));
+    _mm_cvtsi128_si32(_mm_add_epi32(s, _mm_shuffle_epi32::<0b01>(s)))
+}
+
+/// `f32 -> f16` with F16C (round to nearest even, like ggml); eight lanes that
+/// hold a NaN go to the scalar conversion, which writes ggml's `0x7e00` NaN.
+#[target_feature(enable = "avx2,fma,f16c")]
+fn quantize_f16(src: &[f32], dst: &mut [u8]) {
+    let (xs, xr) = src.as_chunks::<8>();
+    let (ys, yr) = dst.as_chunks_mut::<16>();
+    for (x, y) in xs.iter().zip(ys.iter_mut()) {
+        // SAFETY: `x` is 8 in-bounds f32; `loadu` has no alignment requirement.
+        let v = unsafe { _mm256_loadu_ps(x.as_ptr()) };
+        if _mm256_movemask_ps(_mm256_cmp_ps::<_CMP_UNORD_Q>(v, v)) != 0 {
+            super::float::quantize_f16(x, y);
+            continue;
+        }
+        let h = _mm256_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(v);
+        // SAFETY: `y` is 16 in-bounds bytes; `storeu` has no alignment requirement.
+        unsafe { _mm_storeu_si128(y.as_mut_ptr().cast(), h) };
+    }
+    super::float::quantize_f16(xr, yr);
+}
+
+/// The AVX2 quantizer for activations of type `ty`, if there is one.
+pub(super) fn quantizer(ty: GgmlType) -> Option<QuantizeFn> {
+    if !available() {
+        return None;
+    }
+    fn q8k(src: &[f32], dst: &mut [u8]) {
+        // SAFETY: handed out only after `available()` confirmed AVX2, FMA and F16C.
+        unsafe { quantize_q8_k(src, dst) }
+    }
+    fn f16(src: &[f32], dst: &mut [u8]) {
+        // SAFETY: as above.
+        unsafe { quantize_f16(src, dst) }
+    }
+    match ty {
+        GgmlType::Q8_K => Some(q8k),
+        GgmlType::F16 => Some(f16),
+        _ => None,
+    }
 }
 
 // ---------------------------------------------------------------------------
@@ -647,7 +1004,7 @@ pub(super) fn kernel(ty: GgmlType) -> Option<Kernel> {
         F32 => entry!(dot_f32),
         F16 => entry!(dot_f16),
         Q8_0 => entry!(dot_q8_0),
-        Q4_0 => entry!(dot_q4_0),
+        Q4_0 => entry!(@wrap dot_q4_0, rows_q4_0),
         BF16 => entry!(dot_bf16),
         Q8_K => entry!(dot_q8_k),
         Q2_K => entry!(dot_q2_k),
@@ -658,5 +1015,3 @@ pub(super) fn kernel(ty: GgmlType) -> Option<Kernel> {
         _ => return None,
     })
 }
-
-

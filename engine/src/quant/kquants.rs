@@ -79,8 +79,8 @@
 )]
 
 use super::float::f32_to_f16_bits;
-use super::q8::{q8k_bsum, q8k_d, Q8_K_BYTES, Q8_K_QS};
-use super::{nearest_int, rd_f16, wr_u16, QK_K};
+use super::q8::{Q8_K_BYTES, Q8_K_QS, q8k_bsum, q8k_d};
+use super::{QK_K, nearest_int, rd_f16, wr_u16};
 
 pub const Q2_K_BYTES: usize = 84;
 pub const Q3_K_BYTES: usize = 110;
@@ -575,7 +575,13 @@ fn pack_scale_min_k4(ls: &[u8; 8], lm: &[u8; 8], out: &mut [u8]) {
 
 /// Shared by `Q4_K` (`nmax = 15`) and `Q5_K` (`nmax = 31`): returns the 256
 /// quants and writes `d`, `dmin`, `scales` (bytes 0..16 of the block).
-fn quantize_q45k_block(x: &[f32], nmax: i32, grid: (f32, f32, i32), b: &mut [u8], l: &mut [u8; QK_K]) {
+fn quantize_q45k_block(
+    x: &[f32],
+    nmax: i32,
+    grid: (f32, f32, i32),
+    b: &mut [u8],
+    l: &mut [u8; QK_K],
+) {
     let mut scales = [0f32; 8];
     let mut mins = [0f32; 8];
     let mut weights = [0f32; 32];
@@ -585,11 +591,16 @@ fn quantize_q45k_block(x: &[f32], nmax: i32, grid: (f32, f32, i32), b: &mut [u8]
         for (w, v) in weights.iter_mut().zip(xs) {
             *w = av_x + v.abs();
         }
-        (scales[j], mins[j]) = search_scale_min(xs, &weights, nmax, &mut l[32 * j..32 * j + 32], grid, false);
+        (scales[j], mins[j]) =
+            search_scale_min(xs, &weights, nmax, &mut l[32 * j..32 * j + 32], grid, false);
     }
     let max_scale = scales.iter().fold(0f32, |a, &b| if b > a { b } else { a });
     let max_min = mins.iter().fold(0f32, |a, &b| if b > a { b } else { a });
-    let inv_scale = if max_scale > 0.0 { 63.0 / max_scale } else { 0.0 };
+    let inv_scale = if max_scale > 0.0 {
+        63.0 / max_scale
+    } else {
+        0.0
+    };
     let inv_min = if max_min > 0.0 { 63.0 / max_min } else { 0.0 };
     let mut ls = [0u8; 8];
     let mut lm = [0u8; 8];
@@ -650,7 +661,10 @@ fn pack_2bit_planes(l: &[u8; QK_K], qs: &mut [u8]) {
     for h in 0..2 {
         for i in 0..32 {
             let e = 128 * h + i;
-            qs[32 * h + i] = (l[e] & 3) | ((l[e + 32] & 3) << 2) | ((l[e + 64] & 3) << 4) | ((l[e + 96] & 3) << 6);
+            qs[32 * h + i] = (l[e] & 3)
+                | ((l[e + 32] & 3) << 2)
+                | ((l[e + 64] & 3) << 4)
+                | ((l[e + 96] & 3) << 6);
         }
     }
 }
@@ -666,8 +680,14 @@ pub(crate) fn quantize_q2_k(src: &[f32], dst: &mut [u8]) {
             for (w, v) in weights.iter_mut().zip(xs) {
                 *w = v.abs();
             }
-            (scales[j], mins[j]) =
-                search_scale_min(xs, &weights, 3, &mut l[16 * j..16 * j + 16], (-0.5, 0.1, 15), true);
+            (scales[j], mins[j]) = search_scale_min(
+                xs,
+                &weights,
+                3,
+                &mut l[16 * j..16 * j + 16],
+                (-0.5, 0.1, 15),
+                true,
+            );
         }
         let max_scale = scales.iter().fold(0f32, |a, &b| if b > a { b } else { a });
         let max_min = mins.iter().fold(0f32, |a, &b| if b > a { b } else { a });
@@ -800,7 +820,8 @@ pub(crate) fn quantize_q6_k(src: &[f32], dst: &mut [u8]) {
                 let (q1, q2, q3, q4) = (l[e], l[e + 32], l[e + 64], l[e + 96]);
                 b[64 * h + i] = (q1 & 0xf) | ((q3 & 0xf) << 4);
                 b[64 * h + 32 + i] = (q2 & 0xf) | ((q4 & 0xf) << 4);
-                b[128 + 32 * h + i] = (q1 >> 4) | ((q2 >> 4) << 2) | ((q3 >> 4) << 4) | ((q4 >> 4) << 6);
+                b[128 + 32 * h + i] =
+                    (q1 >> 4) | ((q2 >> 4) << 2) | ((q3 >> 4) << 4) | ((q4 >> 4) << 6);
             }
         }
     }

@@ -33,8 +33,31 @@
 //! # Kernels
 //! Scalar kernels exist for every supported type and every target. On x86_64 the
 //! AVX2+FMA+F16C kernels (module `avx2`) are chosen at run time, once, and used by
-//! [`vec_dot`] and [`matvec`]; [`vec_dot_on`] runs a specific [`Backend`] (for tests
-//! and benchmarks).
+//! [`vec_dot`] and [`matvec`]; [`vec_dot_on`]/[`matvec_on`] run a specific
+//! [`Backend`] (for tests and benchmarks). AVX2 kernels exist for `F32`, `F16`,
+//! `BF16`, `Q8_0`, `Q8_K`, `Q4_0` and `Q2_K`..`Q6_K`; the other supported types use
+//! the scalar kernels on every backend. The `Q8_K` and `F16` activation
+//! quantizers also have AVX2 versions (same bytes; [`quantize_row_on`] picks a
+//! backend).
+//!
+//! # Using it in a decode loop
+//! * Quantize each activation vector once with [`quantize_activation`] (into a
+//!   reused `Vec`), then call [`matvec`] on row ranges; split a matrix's rows
+//!   across threads by giving each thread its own `rows` range and `out` slice.
+//!   `matvec` is allocation-free and touches only the rows it is given.
+//! * Prefer [`matvec`] to one [`vec_dot`] call per row: it hoists per-call work
+//!   (dispatch, slicing, the activation's `Q8_K` pair sums) out of the row loop,
+//!   which matters for short rows (e.g. 768-column `ffn_down` rows).
+//! * Decode is memory-bound: the kernels stream each weight row once. On the
+//!   2-core development machine (AMD EPYC, ~23 GB/s single-thread, ~30-33 GB/s
+//!   two-thread DRAM read) `examples/quant_speed.rs` measured, for `Q4_K`, about
+//!   26 GB/s from cache and ~20 GB/s (1 thread) / ~30 GB/s (2 threads) from DRAM,
+//!   the same as ggml's repacked `Q4_K` path measured alternately on the same
+//!   machine (the shared machine's bandwidth varies by +-30% from run to run).
+//!   llama.cpp's CPU backend repacks `Q4_K`/`Q4_0` weights into 8-row
+//!   interleaved blocks at load time (its float summation order then differs from
+//!   ggml's plain `vec_dot`, the integer parts do not); this module keeps the GGUF
+//!   layout.
 
 pub mod float;
 pub mod kquants;
@@ -300,7 +323,11 @@ pub enum QuantError {
     #[error("type {0} is not supported by engine::quant")]
     Unsupported(GgmlType),
     #[error("{ty}: {n} elements is not a multiple of the block size {block}")]
-    NotBlockMultiple { ty: GgmlType, n: usize, block: usize },
+    NotBlockMultiple {
+        ty: GgmlType,
+        n: usize,
+        block: usize,
+    },
     #[error("{ty}: row of {n} elements does not fit in usize bytes")]
     Overflow { ty: GgmlType, n: usize },
     #[error("{ty}: {what} has length {got}, expected {expected}")]
@@ -323,11 +350,21 @@ pub fn checked_row_bytes(ty: GgmlType, n: usize) -> Result<usize, QuantError> {
     ty.row_bytes(n).ok_or(QuantError::Overflow { ty, n })
 }
 
-fn check_len(ty: GgmlType, what: &'static str, expected: usize, got: usize) -> Result<(), QuantError> {
+fn check_len(
+    ty: GgmlType,
+    what: &'static str,
+    expected: usize,
+    got: usize,
+) -> Result<(), QuantError> {
     if expected == got {
         Ok(())
     } else {
-        Err(QuantError::Length { ty, what, expected, got })
+        Err(QuantError::Length {
+            ty,
+            what,
+            expected,
+            got,
+        })
     }
 }
 
@@ -370,11 +407,55 @@ pub fn dequantize_row(ty: GgmlType, src: &[u8], dst: &mut [f32]) -> Result<(), Q
 /// `make_qkx2_quants`); they aim at ggml's bytes but only promise valid blocks
 /// that decode close to the input.
 pub fn quantize_row(ty: GgmlType, src: &[f32], dst: &mut [u8]) -> Result<(), QuantError> {
+    quantize_row_with(table().backend, ty, src, dst)
+}
+
+/// [`quantize_row`] on a specific backend (for tests and benchmarks). Only the
+/// `Q8_K` and `F16` quantizers have AVX2 versions; they give the same bytes.
+pub fn quantize_row_on(
+    backend: Backend,
+    ty: GgmlType,
+    src: &[f32],
+    dst: &mut [u8],
+) -> Result<(), QuantError> {
+    if !backend.is_available() {
+        return Err(QuantError::BackendUnavailable(backend));
+    }
+    quantize_row_with(backend, ty, src, dst)
+}
+
+fn simd_quantizer(backend: Backend, ty: GgmlType) -> Option<QuantizeFn> {
+    match backend {
+        Backend::Scalar => None,
+        Backend::Avx2 => {
+            #[cfg(target_arch = "x86_64")]
+            {
+                avx2::quantizer(ty)
+            }
+            #[cfg(not(target_arch = "x86_64"))]
+            {
+                let _ = ty;
+                None
+            }
+        }
+    }
+}
+
+fn quantize_row_with(
+    backend: Backend,
+    ty: GgmlType,
+    src: &[f32],
+    dst: &mut [u8],
+) -> Result<(), QuantError> {
     if !ty.is_supported() {
         return Err(QuantError::Unsupported(ty));
     }
     let nbytes = checked_row_bytes(ty, src.len())?;
     check_len(ty, "quantized row", nbytes, dst.len())?;
+    if let Some(q) = simd_quantizer(backend, ty) {
+        q(src, dst);
+        return Ok(());
+    }
     use GgmlType::*;
     match ty {
         F32 => float::quantize_f32(src, dst),
@@ -444,7 +525,11 @@ pub fn quantize_row_q8_0_with(
 /// Quantizes the activation vector `x` into `weight_ty.vec_dot_type()`, the way
 /// llama.cpp's CPU backend does on this architecture, into `buf` (resized to the
 /// exact row size; no allocation once `buf` has the capacity).
-pub fn quantize_activation(weight_ty: GgmlType, x: &[f32], buf: &mut Vec<u8>) -> Result<(), QuantError> {
+pub fn quantize_activation(
+    weight_ty: GgmlType,
+    x: &[f32],
+    buf: &mut Vec<u8>,
+) -> Result<(), QuantError> {
     if !weight_ty.is_supported() {
         return Err(QuantError::Unsupported(weight_ty));
     }
@@ -500,6 +585,9 @@ pub(crate) type VecDotFn = fn(n: usize, w: &[u8], x: &[u8]) -> f32;
 /// one row of the `vec_dot_type`.
 pub(crate) type MatVecFn = fn(w: &[u8], row_bytes: usize, cols: usize, x: &[u8], out: &mut [f32]);
 
+/// A row quantizer: `src.len()` floats into exactly one row of bytes.
+pub(crate) type QuantizeFn = fn(src: &[f32], dst: &mut [u8]);
+
 #[derive(Clone, Copy)]
 pub(crate) struct Kernel {
     pub(crate) vec_dot: VecDotFn,
@@ -508,7 +596,14 @@ pub(crate) struct Kernel {
 
 /// Generic row loop used by kernel sets without a dedicated matvec.
 #[inline]
-pub(crate) fn matvec_rows(dot: VecDotFn, w: &[u8], row_bytes: usize, cols: usize, x: &[u8], out: &mut [f32]) {
+pub(crate) fn matvec_rows(
+    dot: VecDotFn,
+    w: &[u8],
+    row_bytes: usize,
+    cols: usize,
+    x: &[u8],
+    out: &mut [f32],
+) {
     for (row, o) in w.chunks_exact(row_bytes).zip(out.iter_mut()) {
         *o = dot(cols, row, x);
     }
@@ -519,7 +614,10 @@ macro_rules! scalar_kernel {
         fn mv(w: &[u8], row_bytes: usize, cols: usize, x: &[u8], out: &mut [f32]) {
             matvec_rows($dot, w, row_bytes, cols, x, out)
         }
-        Kernel { vec_dot: $dot, matvec: mv }
+        Kernel {
+            vec_dot: $dot,
+            matvec: mv,
+        }
     }};
 }
 
@@ -575,7 +673,11 @@ struct Table {
 fn table() -> &'static Table {
     static TABLE: OnceLock<Table> = OnceLock::new();
     TABLE.get_or_init(|| {
-        let backend = if avx2_available() { Backend::Avx2 } else { Backend::Scalar };
+        let backend = if avx2_available() {
+            Backend::Avx2
+        } else {
+            Backend::Scalar
+        };
         let mut kernels = [None; TABLE_LEN];
         for ty in GgmlType::ALL {
             kernels[ty as usize] = backend_kernel(backend, ty);
@@ -625,7 +727,10 @@ pub fn vec_dot(ty: GgmlType, n: usize, w: &[u8], x: &[u8]) -> f32 {
         panic!("vec_dot: type {ty} is not supported");
     };
     let bs = ty.block_size();
-    assert!(n.is_multiple_of(bs), "vec_dot: n = {n} is not a multiple of {bs}");
+    assert!(
+        n.is_multiple_of(bs),
+        "vec_dot: n = {n} is not a multiple of {bs}"
+    );
     let nb = n / bs;
     let w = &w[..nb * ty.type_size()];
     let xt = ty.vec_dot_type();
@@ -641,7 +746,13 @@ pub fn try_vec_dot(ty: GgmlType, n: usize, w: &[u8], x: &[u8]) -> Result<f32, Qu
 }
 
 /// [`try_vec_dot`] on a specific backend (for tests and benchmarks).
-pub fn vec_dot_on(backend: Backend, ty: GgmlType, n: usize, w: &[u8], x: &[u8]) -> Result<f32, QuantError> {
+pub fn vec_dot_on(
+    backend: Backend,
+    ty: GgmlType,
+    n: usize,
+    w: &[u8],
+    x: &[u8],
+) -> Result<f32, QuantError> {
     if !backend.is_available() {
         return Err(QuantError::BackendUnavailable(backend));
     }
@@ -666,7 +777,10 @@ fn check_matvec(
     check_len(xt, "activation row", checked_row_bytes(xt, cols)?, xq.len())?;
     let nrows = rows.end.saturating_sub(rows.start);
     check_len(ty, "output", nrows, out.len())?;
-    let need = rows.end.checked_mul(rb).ok_or(QuantError::Overflow { ty, n: cols })?;
+    let need = rows
+        .end
+        .checked_mul(rb)
+        .ok_or(QuantError::Overflow { ty, n: cols })?;
     if rows.start > rows.end || w.len() < need {
         return Err(QuantError::Length {
             ty,
@@ -702,7 +816,8 @@ pub fn try_matvec(
 ) -> Result<(), QuantError> {
     let (rb, nrows) = check_matvec(ty, w, &rows, cols, xq, out)?;
     let k = kernel(ty).ok_or(QuantError::Unsupported(ty))?;
-    if nrows == 0 {
+    if nrows == 0 || cols == 0 {
+        out.fill(0.0);
         return Ok(());
     }
     (k.matvec)(&w[rows.start * rb..rows.end * rb], rb, cols, xq, out);
@@ -724,7 +839,8 @@ pub fn matvec_on(
     }
     let (rb, nrows) = check_matvec(ty, w, &rows, cols, xq, out)?;
     let k = backend_kernel(backend, ty).ok_or(QuantError::Unsupported(ty))?;
-    if nrows == 0 {
+    if nrows == 0 || cols == 0 {
+        out.fill(0.0);
         return Ok(());
     }
     (k.matvec)(&w[rows.start * rb..rows.end * rb], rb, cols, xq, out);

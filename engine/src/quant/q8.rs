@@ -32,7 +32,7 @@
 //!   blocks give `d = 0`, `qs = 0`, `bsums = 0`; else `iscale = -127/max`,
 //!   `q = min(127, nearest_int(iscale*x))` (halves to even), `d = 1/iscale`.
 
-use super::{float::f32_to_f16_bits, nearest_int, rd_f16, rd_f32, wr_u16, Q8Flavor, QK_K};
+use super::{Q8Flavor, QK_K, float::f32_to_f16_bits, nearest_int, rd_f16, rd_f32, wr_u16};
 
 pub const QK8_0: usize = 32;
 pub const Q8_0_BYTES: usize = 34;
@@ -45,11 +45,17 @@ pub const Q8_K_QS: usize = 4;
 pub const Q8_K_BSUMS: usize = 260;
 
 #[inline]
-fn q8_scale(flavor: Q8Flavor, x: &[f32]) -> (f32, f32) {
+/// `(d, id, fast)`: the block's scale, inverse scale, and whether every
+/// `x * id` is a finite value of magnitude below 2^22 (true for any finite
+/// block whose inverse scale did not overflow), where the half-to-even flavours
+/// reduce to [`nearest_int`].
+fn q8_scale(flavor: Q8Flavor, x: &[f32]) -> (f32, f32, bool) {
     // `a > b ? a : b` as ggml's MAX macro; NaN handling is as garbage as ggml's.
     let mut amax = 0f32;
+    let mut nan = false;
     for v in x {
         let av = v.abs();
+        nan |= av.is_nan();
         amax = if amax > av { amax } else { av };
     }
     let d = amax / 127.0;
@@ -69,14 +75,10 @@ fn q8_scale(flavor: Q8Flavor, x: &[f32]) -> (f32, f32) {
             }
         }
     };
-    (d, id)
+    let fast = !nan && flavor != Q8Flavor::Reference && id.is_finite() && amax * id < 4_000_000.0;
+    (d, id, fast)
 }
 
-/// Rounds `v = x * id` to a quant the way each ggml build does. For finite
-/// inputs `|v| <= 127` (plus rounding) and all flavours only differ in how
-/// halves round. Inputs whose inverse scale overflows (blocks of values below
-/// ~1e-37) or that contain inf/NaN give garbage in ggml too; it is reproduced as
-/// gcc-built x86_64 ggml produces it, and as ARM's saturating conversion does.
 /// Returns the stored quant and the value ggml adds into `Q8_1`'s sum (the
 /// SIMD flavours sum the i32 conversions before narrowing them).
 #[inline]
@@ -122,24 +124,44 @@ fn q8_round(flavor: Q8Flavor, v: f32) -> (i8, i32) {
 use Q8Flavor as Flavor;
 
 pub(crate) fn quantize_q8_0(flavor: Q8Flavor, src: &[f32], dst: &mut [u8]) {
-    for (x, y) in src.chunks_exact(QK8_0).zip(dst.chunks_exact_mut(Q8_0_BYTES)) {
-        let (d, id) = q8_scale(flavor, x);
+    for (x, y) in src
+        .chunks_exact(QK8_0)
+        .zip(dst.chunks_exact_mut(Q8_0_BYTES))
+    {
+        let (d, id, fast) = q8_scale(flavor, x);
         wr_u16(y, 0, f32_to_f16_bits(d));
-        for (q, v) in y[2..].iter_mut().zip(x) {
-            *q = q8_round(flavor, v * id).0 as u8;
+        if fast {
+            for (q, v) in y[2..].iter_mut().zip(x) {
+                *q = nearest_int(v * id) as i8 as u8;
+            }
+        } else {
+            for (q, v) in y[2..].iter_mut().zip(x) {
+                *q = q8_round(flavor, v * id).0 as u8;
+            }
         }
     }
 }
 
 pub(crate) fn quantize_q8_1(flavor: Q8Flavor, src: &[f32], dst: &mut [u8]) {
-    for (x, y) in src.chunks_exact(QK8_0).zip(dst.chunks_exact_mut(Q8_1_BYTES)) {
-        let (d, id) = q8_scale(flavor, x);
+    for (x, y) in src
+        .chunks_exact(QK8_0)
+        .zip(dst.chunks_exact_mut(Q8_1_BYTES))
+    {
+        let (d, id, fast) = q8_scale(flavor, x);
         wr_u16(y, 0, f32_to_f16_bits(d));
         let mut sum = 0i32;
-        for (q, v) in y[4..].iter_mut().zip(x) {
-            let (r, for_sum) = q8_round(flavor, v * id);
-            sum = sum.wrapping_add(for_sum);
-            *q = r as u8;
+        if fast {
+            for (q, v) in y[4..].iter_mut().zip(x) {
+                let r = nearest_int(v * id);
+                sum += r;
+                *q = r as i8 as u8;
+            }
+        } else {
+            for (q, v) in y[4..].iter_mut().zip(x) {
+                let (r, for_sum) = q8_round(flavor, v * id);
+                sum = sum.wrapping_add(for_sum);
+                *q = r as u8;
+            }
         }
         wr_u16(y, 2, f32_to_f16_bits(sum as f32 * d));
     }
@@ -169,14 +191,18 @@ pub(crate) fn quantize_q8_k(src: &[f32], dst: &mut [u8]) {
                 .iter()
                 .map(|&q| q as i8 as i32)
                 .sum();
-            y[Q8_K_BSUMS + 2 * g..Q8_K_BSUMS + 2 * g + 2].copy_from_slice(&(s as i16).to_le_bytes());
+            y[Q8_K_BSUMS + 2 * g..Q8_K_BSUMS + 2 * g + 2]
+                .copy_from_slice(&(s as i16).to_le_bytes());
         }
         y[0..4].copy_from_slice(&(1.0 / iscale).to_le_bytes());
     }
 }
 
 pub(crate) fn dequantize_q8_0(src: &[u8], dst: &mut [f32]) {
-    for (b, y) in src.chunks_exact(Q8_0_BYTES).zip(dst.chunks_exact_mut(QK8_0)) {
+    for (b, y) in src
+        .chunks_exact(Q8_0_BYTES)
+        .zip(dst.chunks_exact_mut(QK8_0))
+    {
         let d = rd_f16(b, 0);
         for (o, &q) in y.iter_mut().zip(&b[2..]) {
             *o = (q as i8 as f32) * d;
@@ -185,7 +211,10 @@ pub(crate) fn dequantize_q8_0(src: &[u8], dst: &mut [f32]) {
 }
 
 pub(crate) fn dequantize_q8_1(src: &[u8], dst: &mut [f32]) {
-    for (b, y) in src.chunks_exact(Q8_1_BYTES).zip(dst.chunks_exact_mut(QK8_0)) {
+    for (b, y) in src
+        .chunks_exact(Q8_1_BYTES)
+        .zip(dst.chunks_exact_mut(QK8_0))
+    {
         let d = rd_f16(b, 0);
         for (o, &q) in y.iter_mut().zip(&b[4..]) {
             *o = (q as i8 as f32) * d;
@@ -204,7 +233,10 @@ pub(crate) fn dequantize_q8_k(src: &[u8], dst: &mut [f32]) {
 
 #[inline(always)]
 pub(crate) fn dot_i8(a: &[u8], b: &[u8]) -> i32 {
-    a.iter().zip(b).map(|(&x, &y)| (x as i8 as i32) * (y as i8 as i32)).sum()
+    a.iter()
+        .zip(b)
+        .map(|(&x, &y)| (x as i8 as i32) * (y as i8 as i32))
+        .sum()
 }
 
 pub(crate) fn vec_dot_q8_0_q8_0(_n: usize, w: &[u8], x: &[u8]) -> f32 {

@@ -82,7 +82,10 @@ impl Elem {
 }
 
 fn plain(v: f32) -> Elem {
-    Elem { scaled: v, min_part: 0.0 }
+    Elem {
+        scaled: v,
+        min_part: 0.0,
+    }
 }
 
 /// Reference element `e` of block `b` of type `ty`.
@@ -91,7 +94,9 @@ fn ref_elem(ty: GgmlType, b: &[u8], e: usize) -> Elem {
     match ty {
         F32 => plain(f32::from_le_bytes([b[0], b[1], b[2], b[3]])),
         F16 => plain(h(b, 0)),
-        BF16 => plain(f32::from_bits((u16::from_le_bytes([b[0], b[1]]) as u32) << 16)),
+        BF16 => plain(f32::from_bits(
+            (u16::from_le_bytes([b[0], b[1]]) as u32) << 16,
+        )),
         Q8_0 => plain(i8at(b, 2 + e) as f32 * h(b, 0)),
         Q8_1 => plain(i8at(b, 4 + e) as f32 * h(b, 0)),
         Q8_K => plain(f32::from_le_bytes([b[0], b[1], b[2], b[3]]) * i8at(b, 4 + e) as f32),
@@ -113,7 +118,10 @@ fn ref_elem(ty: GgmlType, b: &[u8], e: usize) -> Elem {
             match ty {
                 Q4_0 => plain((q - 8) as f32 * d),
                 Q5_0 => plain((q - 16) as f32 * d),
-                _ => Elem { scaled: q as f32 * d, min_part: -h(b, 2) },
+                _ => Elem {
+                    scaled: q as f32 * d,
+                    min_part: -h(b, 2),
+                },
             }
         }
         Q2_K => {
@@ -152,7 +160,10 @@ fn ref_elem(ty: GgmlType, b: &[u8], e: usize) -> Elem {
             let (sc, m) = if j < 4 {
                 (s[j] & 63, s[j + 4] & 63)
             } else {
-                ((s[j + 4] & 0xf) | ((s[j - 4] >> 6) << 4), (s[j + 4] >> 4) | ((s[j] >> 6) << 4))
+                (
+                    (s[j + 4] & 0xf) | ((s[j - 4] >> 6) << 4),
+                    (s[j + 4] >> 4) | ((s[j] >> 6) << 4),
+                )
             };
             Elem {
                 scaled: h(b, 0) * sc as f32 * q as f32,
@@ -173,7 +184,9 @@ fn ref_elem(ty: GgmlType, b: &[u8], e: usize) -> Elem {
 
 fn ref_row(ty: GgmlType, row: &[u8], n: usize) -> Vec<Elem> {
     let (bs, ts) = (ty.block_size(), ty.type_size());
-    (0..n).map(|i| ref_elem(ty, &row[(i / bs) * ts..(i / bs + 1) * ts], i % bs)).collect()
+    (0..n)
+        .map(|i| ref_elem(ty, &row[(i / bs) * ts..(i / bs + 1) * ts], i % bs))
+        .collect()
 }
 
 // ---------------------------------------------------------------------------
@@ -358,7 +371,11 @@ fn dequantize_matches_reference_decoder() {
             let want = ref_row(ty, &row, n);
             for i in 0..n {
                 // Same f32 operations as ggml's dequantizers, so exact.
-                assert_eq!(out[i].to_bits(), want[i].value().to_bits(), "{ty} element {i}");
+                assert_eq!(
+                    out[i].to_bits(),
+                    want[i].value().to_bits(),
+                    "{ty} element {i}"
+                );
             }
         }
     }
@@ -466,7 +483,42 @@ fn float_vec_dot_handles_odd_lengths() {
                 let x = random_row(ty, n, &mut rng);
                 let got = vec_dot_on(backend, ty, n, &w, &x).unwrap() as f64;
                 let (want, tol) = expected_dot(ty, &w, &x, n);
-                assert!((got - want).abs() <= tol, "{backend:?} {ty} n={n}: {got} vs {want}");
+                assert!(
+                    (got - want).abs() <= tol,
+                    "{backend:?} {ty} n={n}: {got} vs {want}"
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn matvec_on_rows_of_few_blocks() {
+    // Block counts that leave remainders in the kernels' 2- and 4-block steps.
+    let mut rng = Rng::new(16);
+    for backend in backends() {
+        for (ty, nblocks) in [
+            (GgmlType::Q8_0, 3),
+            (GgmlType::Q8_0, 7),
+            (GgmlType::Q4_0, 1),
+            (GgmlType::Q4_0, 9),
+            (GgmlType::Q4_K, 1),
+            (GgmlType::Q5_K, 5),
+        ] {
+            let cols = nblocks * ty.block_size();
+            let rb = ty.row_bytes(cols).unwrap();
+            let w: Vec<u8> = (0..5)
+                .flat_map(|_| random_row(ty, cols, &mut rng))
+                .collect();
+            let x = random_row(ty.vec_dot_type(), cols, &mut rng);
+            let mut out = vec![0f32; 5];
+            matvec_on(backend, ty, &w, 0..5, cols, &x, &mut out).unwrap();
+            for (r, o) in out.iter().enumerate() {
+                let (want, tol) = expected_dot(ty, &w[r * rb..(r + 1) * rb], &x, cols);
+                assert!(
+                    (*o as f64 - want).abs() <= tol,
+                    "{backend:?} {ty} {nblocks} blocks, row {r}"
+                );
             }
         }
     }
@@ -478,9 +530,17 @@ fn matvec_on_very_long_rows() {
     let mut rng = Rng::new(15);
     let cols = 256 * 70;
     for backend in backends() {
-        for ty in [GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K, GgmlType::Q8_0] {
+        for ty in [
+            GgmlType::Q4_K,
+            GgmlType::Q5_K,
+            GgmlType::Q6_K,
+            GgmlType::Q8_0,
+            GgmlType::Q4_0,
+        ] {
             let rb = ty.row_bytes(cols).unwrap();
-            let w: Vec<u8> = (0..3).flat_map(|_| random_row(ty, cols, &mut rng)).collect();
+            let w: Vec<u8> = (0..3)
+                .flat_map(|_| random_row(ty, cols, &mut rng))
+                .collect();
             let x = random_row(ty.vec_dot_type(), cols, &mut rng);
             let mut out = vec![0f32; 3];
             matvec_on(backend, ty, &w, 0..3, cols, &x, &mut out).unwrap();
@@ -497,7 +557,13 @@ fn vec_dot_detects_a_single_changed_quant() {
     // Guards the tolerance above: flipping one weight quant must be visible.
     let mut rng = Rng::new(3);
     for backend in backends() {
-        for ty in [GgmlType::Q4_K, GgmlType::Q6_K, GgmlType::Q2_K, GgmlType::Q3_K, GgmlType::Q5_K] {
+        for ty in [
+            GgmlType::Q4_K,
+            GgmlType::Q6_K,
+            GgmlType::Q2_K,
+            GgmlType::Q3_K,
+            GgmlType::Q5_K,
+        ] {
             let n = 2048;
             let w = random_row(ty, n, &mut rng);
             let x = random_row(GgmlType::Q8_K, n, &mut rng);
@@ -519,7 +585,10 @@ fn vec_dot_detects_a_single_changed_quant() {
             let got2 = vec_dot_on(backend, ty, n, &w2, &x).unwrap() as f64;
             assert!((got2 - want2).abs() <= before_tol, "{backend:?} {ty}");
             if (want2 - want).abs() > 3.0 * before_tol {
-                assert!((got2 - base).abs() > before_tol, "{backend:?} {ty}: change not seen");
+                assert!(
+                    (got2 - base).abs() > before_tol,
+                    "{backend:?} {ty}: change not seen"
+                );
             }
         }
     }
@@ -528,7 +597,9 @@ fn vec_dot_detects_a_single_changed_quant() {
 #[test]
 fn simd_and_scalar_agree() {
     if !Backend::Avx2.is_available() {
-        eprintln!("AVX2 not available: SIMD/scalar agreement is covered on x86_64 CI machines only");
+        eprintln!(
+            "AVX2 not available: SIMD/scalar agreement is covered on x86_64 CI machines only"
+        );
         return;
     }
     let mut rng = Rng::new(4);
@@ -540,14 +611,21 @@ fn simd_and_scalar_agree() {
             let a = vec_dot_on(Backend::Scalar, ty, n, &w, &x).unwrap() as f64;
             let b = vec_dot_on(Backend::Avx2, ty, n, &w, &x).unwrap() as f64;
             let (_, tol) = expected_dot(ty, &w, &x, n);
-            assert!((a - b).abs() <= 2.0 * tol, "{ty} n={n}: scalar {a}, avx2 {b}");
+            assert!(
+                (a - b).abs() <= 2.0 * tol,
+                "{ty} n={n}: scalar {a}, avx2 {b}"
+            );
         }
     }
 }
 
 #[test]
 fn dispatch_uses_avx2_when_available() {
-    let expected = if Backend::Avx2.is_available() { Backend::Avx2 } else { Backend::Scalar };
+    let expected = if Backend::Avx2.is_available() {
+        Backend::Avx2
+    } else {
+        Backend::Scalar
+    };
     assert_eq!(backend(), expected);
     assert!(Backend::Scalar.is_available());
 }
@@ -578,25 +656,35 @@ fn vec_dot_with_real_activations() {
         let float_dot: f64 = wd.iter().zip(&xf).map(|(a, b)| *a as f64 * *b as f64).sum();
         let w_rms = (wd.iter().map(|v| (*v as f64).powi(2)).sum::<f64>() / n as f64).sqrt();
         let bound = 5.0 * (n as f64).sqrt() * w_rms * 0.01;
-        assert!((got - float_dot).abs() < bound, "{ty}: quantized {got} vs float {float_dot} (bound {bound})");
+        assert!(
+            (got - float_dot).abs() < bound,
+            "{ty}: quantized {got} vs float {float_dot} (bound {bound})"
+        );
     }
 }
 
 #[test]
 fn matvec_matches_vec_dot_per_row() {
     let mut rng = Rng::new(6);
-    let (rows, cols) = (13, 512);
+    let (rows, cols) = (13, 768);
     for backend in backends() {
         for ty in WEIGHT_TYPES {
             let rb = ty.row_bytes(cols).unwrap();
-            let w: Vec<u8> = (0..rows).flat_map(|_| random_row(ty, cols, &mut rng)).collect();
+            let w: Vec<u8> = (0..rows)
+                .flat_map(|_| random_row(ty, cols, &mut rng))
+                .collect();
             let x = random_row(ty.vec_dot_type(), cols, &mut rng);
             let mut out = vec![f32::NAN; 9];
             matvec_on(backend, ty, &w, 3..12, cols, &x, &mut out).unwrap();
             for (i, o) in out.iter().enumerate() {
                 let r = 3 + i;
-                let d = vec_dot_on(backend, ty, cols, &w[r * rb..(r + 1) * rb], &x).unwrap();
-                assert_eq!(o.to_bits(), d.to_bits(), "{backend:?} {ty} row {r}");
+                let d = vec_dot_on(backend, ty, cols, &w[r * rb..(r + 1) * rb], &x).unwrap() as f64;
+                // Same integers, possibly another f32 summation order.
+                let (_, tol) = expected_dot(ty, &w[r * rb..(r + 1) * rb], &x, cols);
+                assert!(
+                    (*o as f64 - d).abs() <= 2.0 * tol,
+                    "{backend:?} {ty} row {r}: {o} vs {d}"
+                );
             }
             let mut out2 = vec![f32::NAN; 9];
             matvec(ty, &w, 3..12, cols, &x, &mut out2);
@@ -636,7 +724,12 @@ fn ggml_fp32_to_fp16(f: f32) -> u16 {
     let exp_bits = (bits >> 13) & 0x0000_7c00;
     let mantissa_bits = bits & 0x0000_0fff;
     let nonsign = exp_bits + mantissa_bits;
-    ((sign >> 16) | if shl1_w > 0xff00_0000 { 0x7e00 } else { nonsign }) as u16
+    ((sign >> 16)
+        | if shl1_w > 0xff00_0000 {
+            0x7e00
+        } else {
+            nonsign
+        }) as u16
 }
 
 fn ggml_fp32_to_bf16(f: f32) -> u16 {
@@ -650,7 +743,9 @@ fn ggml_fp32_to_bf16(f: f32) -> u16 {
 fn ref_q8_0(x: &[f32], flavor: Q8Flavor, with_sum: bool) -> Vec<u8> {
     let mut out = Vec::new();
     for blk in x.chunks(32) {
-        let amax = blk.iter().fold(0f32, |a, v| if a > v.abs() { a } else { v.abs() });
+        let amax = blk
+            .iter()
+            .fold(0f32, |a, v| if a > v.abs() { a } else { v.abs() });
         let d = amax / 127.0;
         let id = match flavor {
             Q8Flavor::X86 => {
@@ -677,7 +772,11 @@ fn ref_q8_0(x: &[f32], flavor: Q8Flavor, with_sum: bool) -> Vec<u8> {
                     // Halves to even via f64: floor(p + 0.5), minus one on exact odd halves.
                     _ => {
                         let f = (p as f64 + 0.5).floor();
-                        if f - p as f64 == 0.5 && (f as i64) % 2 != 0 { f - 1.0 } else { f }
+                        if f - p as f64 == 0.5 && (f as i64) % 2 != 0 {
+                            f - 1.0
+                        } else {
+                            f
+                        }
                     }
                 };
                 // Non-representable results (inverse scale overflowed to inf)
@@ -702,7 +801,11 @@ fn ref_q8_0(x: &[f32], flavor: Q8Flavor, with_sum: bool) -> Vec<u8> {
                     }
                     // Saturating conversion to i32 (NaN -> 0), low byte stored.
                     Q8Flavor::Arm => {
-                        let i = if r.is_nan() { 0 } else { r.clamp(i32::MIN as f64, i32::MAX as f64) as i64 };
+                        let i = if r.is_nan() {
+                            0
+                        } else {
+                            r.clamp(i32::MIN as f64, i32::MAX as f64) as i64
+                        };
                         (i as u8 as i8, i as i32)
                     }
                 }
@@ -731,7 +834,11 @@ fn nearest_even(x: f32) -> i32 {
     let v = x as f64;
     let f = v.floor();
     let diff = v - f;
-    if diff > 0.5 || (diff == 0.5 && (f as i64) % 2 != 0) { f as i32 + 1 } else { f as i32 }
+    if diff > 0.5 || (diff == 0.5 && (f as i64) % 2 != 0) {
+        f as i32 + 1
+    } else {
+        f as i32
+    }
 }
 
 fn ref_q8_k(x: &[f32]) -> Vec<u8> {
@@ -750,7 +857,10 @@ fn ref_q8_k(x: &[f32]) -> Vec<u8> {
             continue;
         }
         let iscale = -127.0 / max;
-        let qs: Vec<i8> = blk.iter().map(|&v| nearest_even(iscale * v).min(127) as i8).collect();
+        let qs: Vec<i8> = blk
+            .iter()
+            .map(|&v| nearest_even(iscale * v).min(127) as i8)
+            .collect();
         out.extend_from_slice(&(1.0 / iscale).to_le_bytes());
         out.extend(qs.iter().map(|&q| q as u8));
         for g in 0..16 {
@@ -775,7 +885,11 @@ fn activation_vectors(rng: &mut Rng) -> Vec<Vec<f32>> {
     v.push(z);
     v.push(vec![0f32; 512]);
     // Subnormal and huge magnitudes.
-    v.push((0..512).map(|i| if i % 2 == 0 { 1e-40 } else { -3e-39 }).collect());
+    v.push(
+        (0..512)
+            .map(|i| if i % 2 == 0 { 1e-40 } else { -3e-39 })
+            .collect(),
+    );
     v
 }
 
@@ -791,7 +905,10 @@ fn quantize_q8_0_and_q8_1_bit_exact_with_ggml_algorithms() {
                 if flavor == Q8Flavor::Reference {
                     let mut got2 = vec![0u8; got.len()];
                     quantize_row(ty, &x, &mut got2).unwrap();
-                    assert_eq!(got2, got, "quantize_row({ty}) must be the reference quantizer");
+                    assert_eq!(
+                        got2, got,
+                        "quantize_row({ty}) must be the reference quantizer"
+                    );
                 }
             }
         }
@@ -821,10 +938,27 @@ fn quantize_q8_0_known_vector() {
 #[test]
 fn quantize_q8_k_bit_exact_with_ggml_algorithm() {
     let mut rng = Rng::new(8);
-    for x in activation_vectors(&mut rng) {
+    let mut vectors = activation_vectors(&mut rng);
+    // NaN and infinity inside a block (ggml's garbage, reproduced), ties of
+    // opposite sign for the largest magnitude.
+    let mut odd = vec![0.25f32; 1024];
+    odd[5] = f32::NAN;
+    odd[300] = f32::INFINITY;
+    odd[520] = -3.0;
+    odd[530] = 3.0;
+    odd[800] = 2.0;
+    odd[801] = -2.0;
+    vectors.push(odd);
+    for x in vectors {
+        let want = ref_q8_k(&x);
+        for backend in backends() {
+            let mut got = vec![0u8; GgmlType::Q8_K.row_bytes(x.len()).unwrap()];
+            quantize_row_on(backend, GgmlType::Q8_K, &x, &mut got).unwrap();
+            assert_eq!(got, want, "{backend:?}");
+        }
         let mut got = vec![0u8; GgmlType::Q8_K.row_bytes(x.len()).unwrap()];
         quantize_row(GgmlType::Q8_K, &x, &mut got).unwrap();
-        assert_eq!(got, ref_q8_k(&x));
+        assert_eq!(got, want);
         let mut act = Vec::new();
         quantize_activation(GgmlType::Q4_K, &x, &mut act).unwrap();
         assert_eq!(act, got, "K-quant activations are the reference Q8_K");
@@ -843,7 +977,10 @@ fn quantize_q8_k_known_vector() {
     let want: [i8; 6] = [-127, -2, 4, 0, 2, -100];
     assert_eq!(&q[4..10], &want.map(|v| v as u8));
     // bsums[0] = -127 - 2 + 4 + 0 + 2 - 100 = -223, bsums[1] = 7.
-    assert_eq!(&q[260..264], &[(-223i16).to_le_bytes(), 7i16.to_le_bytes()].concat()[..]);
+    assert_eq!(
+        &q[260..264],
+        &[(-223i16).to_le_bytes(), 7i16.to_le_bytes()].concat()[..]
+    );
     assert!(q[264..].iter().all(|&b| b == 0));
 }
 
@@ -877,14 +1014,21 @@ fn fp16_conversion_bit_exact_with_ggml() {
         for _ in 0..200 {
             let bits = (rng.next_u64() as u32 & 0x807f_ffff) | (exp << 23);
             let x = f32::from_bits(bits);
-            assert_eq!(float::f32_to_f16_bits(x), ggml_fp32_to_fp16(x), "{bits:#010x}");
+            assert_eq!(
+                float::f32_to_f16_bits(x),
+                ggml_fp32_to_fp16(x),
+                "{bits:#010x}"
+            );
         }
     }
     let x: Vec<f32> = (0..64).map(|_| rng.normal() * 100.0).collect();
     let mut got = vec![0u8; 128];
     quantize_row(GgmlType::F16, &x, &mut got).unwrap();
     for (i, v) in x.iter().enumerate() {
-        assert_eq!(u16::from_le_bytes([got[2 * i], got[2 * i + 1]]), ggml_fp32_to_fp16(*v));
+        assert_eq!(
+            u16::from_le_bytes([got[2 * i], got[2 * i + 1]]),
+            ggml_fp32_to_fp16(*v)
+        );
     }
 }
 
@@ -903,11 +1047,16 @@ fn bf16_conversion_bit_exact_with_ggml() {
         assert_eq!(float::f32_to_bf16_bits(x), want, "{:#010x}", x.to_bits());
     }
     let mut rng = Rng::new(10);
-    let x: Vec<f32> = (0..4096).map(|_| f32::from_bits(rng.next_u64() as u32)).collect();
+    let x: Vec<f32> = (0..4096)
+        .map(|_| f32::from_bits(rng.next_u64() as u32))
+        .collect();
     let mut got = vec![0u8; 8192];
     quantize_row(GgmlType::BF16, &x, &mut got).unwrap();
     for (i, v) in x.iter().enumerate() {
-        assert_eq!(u16::from_le_bytes([got[2 * i], got[2 * i + 1]]), ggml_fp32_to_bf16(*v));
+        assert_eq!(
+            u16::from_le_bytes([got[2 * i], got[2 * i + 1]]),
+            ggml_fp32_to_bf16(*v)
+        );
     }
 }
 
@@ -924,7 +1073,11 @@ fn float_round_trips() {
         let mut b = vec![0u8; 600];
         quantize_row(ty, &x, &mut b).unwrap();
         dequantize_row(ty, &b, &mut y).unwrap();
-        let rel = if ty == GgmlType::F16 { 1.0 / 2048.0 } else { 1.0 / 256.0 };
+        let rel = if ty == GgmlType::F16 {
+            1.0 / 2048.0
+        } else {
+            1.0 / 256.0
+        };
         for (a, c) in x.iter().zip(&y) {
             assert!((a - c).abs() <= a.abs() * rel, "{ty}: {a} -> {c}");
         }
@@ -940,9 +1093,17 @@ fn round_trip_rel_rmse(ty: GgmlType, x: &[f32]) -> (f64, f32) {
     quantize_row(ty, x, &mut q).unwrap();
     let mut y = vec![0f32; x.len()];
     dequantize_row(ty, &q, &mut y).unwrap();
-    let err: f64 = x.iter().zip(&y).map(|(a, b)| ((a - b) as f64).powi(2)).sum();
+    let err: f64 = x
+        .iter()
+        .zip(&y)
+        .map(|(a, b)| ((a - b) as f64).powi(2))
+        .sum();
     let sig: f64 = x.iter().map(|a| (*a as f64).powi(2)).sum();
-    let max_err = x.iter().zip(&y).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
+    let max_err = x
+        .iter()
+        .zip(&y)
+        .map(|(a, b)| (a - b).abs())
+        .fold(0f32, f32::max);
     ((err / sig).sqrt(), max_err)
 }
 
@@ -967,9 +1128,15 @@ fn weight_quantizers_round_trip_within_bounds() {
         for scale in [1e-3f32, 1.0, 50.0] {
             let x: Vec<f32> = (0..4096).map(|_| rng.normal() * scale).collect();
             let (rel, max_err) = round_trip_rel_rmse(ty, &x);
-            assert!(rel < bound, "{ty} scale {scale}: relative RMSE {rel:.4} >= {bound}");
+            assert!(
+                rel < bound,
+                "{ty} scale {scale}: relative RMSE {rel:.4} >= {bound}"
+            );
             let amax = x.iter().fold(0f32, |a, v| a.max(v.abs()));
-            assert!(max_err <= amax * 2.0 * bound as f32 * 4.0, "{ty}: max error {max_err} vs amax {amax}");
+            assert!(
+                max_err <= amax * 2.0 * bound as f32 * 4.0,
+                "{ty}: max error {max_err} vs amax {amax}"
+            );
         }
     }
 }
@@ -1002,7 +1169,12 @@ fn weight_quantizers_handle_zero_constant_and_offset_blocks() {
         dequantize_row(ty, &q, &mut y).unwrap();
         assert!(y.iter().all(|v| v.is_finite()), "{ty}");
         for i in (0..n).step_by(97) {
-            assert!((y[i] - spikes[i]).abs() < 0.5 * spikes[i].abs(), "{ty}: spike {i}: {} vs {}", y[i], spikes[i]);
+            assert!(
+                (y[i] - spikes[i]).abs() < 0.5 * spikes[i].abs(),
+                "{ty}: spike {i}: {} vs {}",
+                y[i],
+                spikes[i]
+            );
         }
     }
 }
@@ -1017,15 +1189,32 @@ fn bad_input_gives_errors() {
     let mut out = vec![0f32; 256];
     assert!(matches!(
         dequantize_row(Q4_K, &[0u8; 143], &mut out),
-        Err(QuantError::Length { expected: 144, got: 143, .. })
+        Err(QuantError::Length {
+            expected: 144,
+            got: 143,
+            ..
+        })
     ));
     assert!(matches!(
         dequantize_row(Q4_K, &[0u8; 144], &mut out[..200]),
-        Err(QuantError::NotBlockMultiple { n: 200, block: 256, .. })
+        Err(QuantError::NotBlockMultiple {
+            n: 200,
+            block: 256,
+            ..
+        })
     ));
-    assert!(matches!(dequantize_row(IQ2_XXS, &[0u8; 66], &mut out), Err(QuantError::Unsupported(IQ2_XXS))));
-    assert!(matches!(quantize_row(Q6_K, &out, &mut [0u8; 209]), Err(QuantError::Length { .. })));
-    assert!(matches!(quantize_row(I32, &out, &mut [0u8; 1024]), Err(QuantError::Unsupported(I32))));
+    assert!(matches!(
+        dequantize_row(IQ2_XXS, &[0u8; 66], &mut out),
+        Err(QuantError::Unsupported(IQ2_XXS))
+    ));
+    assert!(matches!(
+        quantize_row(Q6_K, &out, &mut [0u8; 209]),
+        Err(QuantError::Length { .. })
+    ));
+    assert!(matches!(
+        quantize_row(I32, &out, &mut [0u8; 1024]),
+        Err(QuantError::Unsupported(I32))
+    ));
     assert!(matches!(
         quantize_row_q8_0_with(Q4_0, Q8Flavor::X86, &out, &mut [0u8; 144]),
         Err(QuantError::Unsupported(Q4_0))
@@ -1034,34 +1223,141 @@ fn bad_input_gives_errors() {
     let w = vec![0u8; 144];
     let x = vec![0u8; 292];
     assert!(try_vec_dot(Q4_K, 256, &w, &x).is_ok());
-    assert!(matches!(try_vec_dot(Q4_K, 256, &w[..100], &x), Err(QuantError::Length { .. })));
-    assert!(matches!(try_vec_dot(Q4_K, 256, &w, &x[..291]), Err(QuantError::Length { .. })));
-    assert!(matches!(try_vec_dot(Q4_K, 255, &w, &x), Err(QuantError::NotBlockMultiple { .. })));
-    assert!(matches!(try_vec_dot(IQ4_XS, 256, &w, &x), Err(QuantError::Unsupported(IQ4_XS))));
+    assert!(matches!(
+        try_vec_dot(Q4_K, 256, &w[..100], &x),
+        Err(QuantError::Length { .. })
+    ));
+    assert!(matches!(
+        try_vec_dot(Q4_K, 256, &w, &x[..291]),
+        Err(QuantError::Length { .. })
+    ));
+    assert!(matches!(
+        try_vec_dot(Q4_K, 255, &w, &x),
+        Err(QuantError::NotBlockMultiple { .. })
+    ));
+    assert!(matches!(
+        try_vec_dot(IQ4_XS, 256, &w, &x),
+        Err(QuantError::Unsupported(IQ4_XS))
+    ));
     for b in [Backend::Scalar, Backend::Avx2] {
         if b.is_available() {
-            assert!(matches!(vec_dot_on(b, Q6_K, 256, &w, &x), Err(QuantError::Length { .. })));
+            assert!(matches!(
+                vec_dot_on(b, Q6_K, 256, &w, &x),
+                Err(QuantError::Length { .. })
+            ));
         } else {
-            assert!(matches!(vec_dot_on(b, Q4_K, 256, &w, &x), Err(QuantError::BackendUnavailable(_))));
+            assert!(matches!(
+                vec_dot_on(b, Q4_K, 256, &w, &x),
+                Err(QuantError::BackendUnavailable(_))
+            ));
         }
     }
 
     let w = vec![0u8; 4 * 144];
     let mut o = vec![0f32; 2];
     assert!(try_matvec(Q4_K, &w, 2..4, 256, &x, &mut o).is_ok());
-    assert!(matches!(try_matvec(Q4_K, &w, 3..5, 256, &x, &mut o), Err(QuantError::Length { .. })));
-    assert!(matches!(try_matvec(Q4_K, &w, 0..3, 256, &x, &mut o), Err(QuantError::Length { .. })));
-    #[expect(clippy::reversed_empty_ranges, reason = "testing that a reversed range is rejected")]
+    assert!(matches!(
+        try_matvec(Q4_K, &w, 3..5, 256, &x, &mut o),
+        Err(QuantError::Length { .. })
+    ));
+    assert!(matches!(
+        try_matvec(Q4_K, &w, 0..3, 256, &x, &mut o),
+        Err(QuantError::Length { .. })
+    ));
+    #[expect(
+        clippy::reversed_empty_ranges,
+        reason = "testing that a reversed range is rejected"
+    )]
     let reversed = 3..1;
     assert!(try_matvec(Q4_K, &w, reversed, 256, &x, &mut []).is_err());
-    assert!(matches!(try_matvec(Q4_K, &w, 0..2, 256, &x[..10], &mut o), Err(QuantError::Length { .. })));
+    assert!(matches!(
+        try_matvec(Q4_K, &w, 0..2, 256, &x[..10], &mut o),
+        Err(QuantError::Length { .. })
+    ));
 
     let mut buf = Vec::new();
-    assert!(matches!(quantize_activation(IQ1_S, &out, &mut buf), Err(QuantError::Unsupported(IQ1_S))));
+    assert!(matches!(
+        quantize_activation(IQ1_S, &out, &mut buf),
+        Err(QuantError::Unsupported(IQ1_S))
+    ));
     assert!(matches!(
         quantize_activation(Q4_K, &out[..100], &mut buf),
         Err(QuantError::NotBlockMultiple { .. })
     ));
+}
+
+#[test]
+fn empty_rows_and_vectors() {
+    for backend in backends() {
+        for ty in WEIGHT_TYPES {
+            assert_eq!(vec_dot_on(backend, ty, 0, &[], &[]).unwrap(), 0.0, "{ty}");
+            let mut out = vec![f32::NAN; 3];
+            matvec_on(backend, ty, &[], 0..3, 0, &[], &mut out).unwrap();
+            assert_eq!(out, [0.0; 3], "{ty}");
+        }
+    }
+    let mut out = vec![f32::NAN; 2];
+    matvec(GgmlType::Q4_K, &[], 5..7, 0, &[], &mut out);
+    assert_eq!(out, [0.0; 2]);
+    let mut buf = vec![1u8; 10];
+    quantize_activation(GgmlType::Q4_K, &[], &mut buf).unwrap();
+    assert!(buf.is_empty());
+}
+
+#[test]
+fn checked_entry_points_never_panic() {
+    // Random types (supported or not), lengths and bytes, including floats that
+    // are NaN, infinite or subnormal: every checked function returns.
+    let mut rng = Rng::new(17);
+    let specials = [
+        f32::NAN,
+        f32::INFINITY,
+        f32::NEG_INFINITY,
+        1e-40,
+        -0.0,
+        3e38,
+        -3e38,
+    ];
+    for _ in 0..3000 {
+        let ty = GgmlType::ALL[rng.range(0, GgmlType::ALL.len() as i32 - 1) as usize];
+        let n = match rng.range(0, 3) {
+            0 => rng.range(0, 40) as usize,
+            1 => 32 * rng.range(0, 9) as usize,
+            _ => 256 * rng.range(0, 3) as usize,
+        };
+        let bytes = ty.row_bytes(n).unwrap_or(n);
+        let len = if rng.range(0, 4) == 0 {
+            bytes + rng.range(0, 3) as usize
+        } else {
+            bytes
+        };
+        let w = rng.bytes(len);
+        let x: Vec<f32> = (0..n)
+            .map(|i| {
+                if i % 7 == 3 {
+                    specials[i % specials.len()]
+                } else {
+                    rng.normal() * 10.0
+                }
+            })
+            .collect();
+        let mut out = vec![0f32; n];
+        let _ = dequantize_row(ty, &w, &mut out);
+        let mut q = vec![0u8; len];
+        let _ = quantize_row(ty, &x, &mut q);
+        let mut act = Vec::new();
+        if quantize_activation(ty, &x, &mut act).is_ok() {
+            let _ = try_vec_dot(ty, n, &w, &act);
+            for b in backends() {
+                let _ = vec_dot_on(b, ty, n, &w, &act);
+            }
+            let mut o = [0f32; 1];
+            let _ = try_matvec(ty, &w, 0..1, n, &act, &mut o);
+        }
+        for f in [Q8Flavor::Reference, Q8Flavor::X86, Q8Flavor::Arm] {
+            let _ = quantize_row_q8_0_with(ty, f, &x, &mut q);
+        }
+    }
 }
 
 #[test]

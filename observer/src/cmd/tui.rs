@@ -1,11 +1,11 @@
 //! `observer tui`: the live TUI beside a running target (`-- CMD…` or
 //! `--pid PID`), or over a recorded trace (`--replay FILE`).
 //!
-//! Live, it runs exactly the pipeline of `observer run` (`run_with_stop`)
+//! Live, it runs exactly the pipeline of `observer run` (`run_with`)
 //! with one more sink that forwards the model stream to the TUI thread:
-//! - `Header` and `End` (once per run each) are sent blocking; `Token` and
-//!   `Process` events are offered to a bounded queue and, when it is full,
-//!   dropped and counted (`dropped N`, red, in the header). The run loop, and
+//! - `Header` and `End` (once per run each) are sent blocking; the others
+//!   (tokens, samples, histograms, health) are offered to a bounded queue and,
+//!   when it is full, dropped and counted (`dropped N`, red, in the header). The run loop, and
 //!   so the observed process, never waits for the screen.
 //! - The TUI thread owns the terminal (`/dev/tty`: alternate screen, raw mode,
 //!   restored on exit and on panic). While it is up, this process's stdin is
@@ -20,8 +20,8 @@
 //!   the observer (the keyboard's Ctrl-C is a key in raw mode) stop the run
 //!   as under `run` and close the screen.
 //!
-//! Replay feeds the events of a trace file through the same `tui::App`
-//! ([`ReplaySource`]); it waits for the trace reader of the record issue.
+//! Replay (`--replay FILE`, a trace or a bmoe_metrics CSV) feeds the file's
+//! events through the same `tui::App`.
 
 use std::{
     io::{Read, Write},
@@ -35,12 +35,12 @@ use std::{
     time::{Duration, Instant},
 };
 
-use ::tui::{App, Options, Source, Status, term, term::Exit};
+use ::tui::{App, IterSource, Options, Source, Status, term, term::Exit};
 use anyhow::{Context, Result, bail};
 use observer::sink::Sink;
 use observer_common::model::Event;
 
-use super::run::{RunArgs, run_with_stop};
+use super::run::{RunArgs, run_with};
 
 #[derive(Debug, clap::Args)]
 // `run`'s per-token lines would draw over the screen: always off here.
@@ -102,7 +102,7 @@ pub async fn tui(mut args: TuiArgs) -> Result<i32> {
     let capture = Capture::start()?;
     let (tx, rx) = sync_channel::<Event>(args.queue as usize);
     let dropped = Arc::new(AtomicU64::new(0));
-    let stop = Arc::new(tokio::sync::Notify::new());
+    let stop = args.run.stop.clone();
     let ui = {
         let mut source = LiveSource {
             rx,
@@ -135,7 +135,7 @@ pub async fn tui(mut args: TuiArgs) -> Result<i32> {
     // When the target exits on its own, the TUI keeps the final summary on
     // screen until the user quits; when the run fails, the TUI sees the queue
     // close without an `End` and leaves by itself.
-    let run = run_with_stop(args.run, vec![Box::new(sink)], stop).await;
+    let run = run_with(args.run, vec![Box::new(sink)]).await;
     // Wait for the user without blocking the runtime (the signal task runs on it).
     while !ui.is_finished() {
         tokio::time::sleep(Duration::from_millis(50)).await;
@@ -241,62 +241,31 @@ impl Source for LiveSource {
 
 // ---- replay -----------------------------------------------------------------
 
-/// Events of a recorded trace, in order; a read error ends the replay with
-/// what was read so far and says why on screen.
-pub struct ReplaySource<I> {
-    events: I,
-    done: bool,
-}
-
-impl<I, E> Source for ReplaySource<I>
-where
-    I: Iterator<Item = Result<Event, E>>,
-    E: std::fmt::Display,
-{
-    fn pump(&mut self, app: &mut App) -> Status {
-        if self.done {
-            return Status::Done;
-        }
-        for _ in 0..term::PUMP_MAX {
-            match self.events.next() {
-                Some(Ok(ev)) => app.push(ev),
-                Some(Err(e)) => {
-                    app.push_output(format!("trace: {e}; showing what was read before"));
-                    self.done = true;
-                }
-                None => self.done = true,
-            }
-            if self.done {
-                app.set_source_done();
-                return Status::Done;
-            }
-        }
-        Status::Open
-    }
-}
-
+/// Show a recorded run: a trace (`observer record`) or a bmoe_metrics CSV,
+/// read whole (`observer::import::load_events`), through the same `App` as a
+/// live run. What the reader had to skip (truncation, damage) is listed under
+/// "Output"; a trace without an end record says so in the header.
 fn replay(path: &Path, opts: &Options) -> Result<i32> {
-    std::fs::metadata(path).with_context(|| format!("--replay {}: cannot read the trace", path.display()))?;
-    // REPLAY: waits for the trace reader of issue 9 (`observer::trace::Reader`,
-    // an iterator of `Result<Event, _>`), not merged on this branch. With it:
-    //     let reader = observer::trace::Reader::open(path)
-    //         .with_context(|| format!("--replay {}", path.display()))?;
-    //     let mut source = ReplaySource { events: reader, done: false };
-    //     let mut app = App::new();
-    //     term::run(&mut source, &mut app, opts).context("terminal error")?;
-    //     return Ok(0);
-    let _ = opts;
-    bail!(
-        "--replay {}: reading trace files comes with `observer record` (the trace format is not in this build yet)",
-        path.display()
-    )
-}
-
-impl<I> ReplaySource<I> {
-    #[cfg_attr(not(test), expect(dead_code, reason = "used by --replay once the trace reader (issue 9) lands"))]
-    pub fn new(events: I) -> Self {
-        ReplaySource { events, done: false }
+    // The import error names the file and the cause (its Display already
+    // includes its source, so the chain is not printed again).
+    let loaded = observer::import::load_events(path).map_err(|e| anyhow::anyhow!("--replay: {e}"))?;
+    std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open("/dev/tty")
+        .context("observer tui needs a terminal (/dev/tty); use `observer report` without one")?;
+    let mut app = App::new();
+    app.push_output(format!("{}: {} ({} events)", path.display(), loaded.format, loaded.events.len()));
+    for note in &loaded.notes {
+        app.push_output(note.clone());
     }
+    if let Some(r) = loaded.recorder {
+        // What the recorder could not write is missing here too.
+        app.set_dropped(r.dropped());
+    }
+    let mut source = IterSource::new(loaded.events.into_iter());
+    term::run(&mut source, &mut app, opts).context("drawing on the terminal")?;
+    Ok(0)
 }
 
 // ---- stdio capture ----------------------------------------------------------
@@ -484,23 +453,7 @@ fn install_panic_hook() {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use observer_common::model::{RunEnd, RunHeader};
-
-    #[test]
-    fn replay_source_stops_at_a_read_error_and_keeps_what_it_read() {
-        let events: Vec<Result<Event, String>> = vec![
-            Ok(Event::Header(RunHeader { target_pid: 9, ..Default::default() })),
-            Err("truncated record at byte 812".into()),
-            Ok(Event::End(RunEnd::default())),
-        ];
-        let mut src = ReplaySource::new(events.into_iter());
-        let mut app = App::new();
-        assert_eq!(src.pump(&mut app), Status::Done);
-        assert_eq!(app.header.as_ref().map(|h| h.target_pid), Some(9));
-        assert!(!app.ended(), "nothing after the error is read");
-        assert!(app.source_done);
-        assert!(app.output.iter().any(|l| l.contains("truncated record at byte 812")));
-    }
+    use observer_common::model::RunEnd;
 
     #[test]
     fn the_sink_never_blocks_on_tokens_and_counts_what_it_drops() {

@@ -82,39 +82,35 @@ pub fn assert_within(what: &str, observed: u64, reference: u64, tol: f64) {
     );
 }
 
-/// Names of loaded BPF programs (bpftool is installed by `cargo xtask setup`).
-pub fn loaded_programs() -> Vec<String> {
+/// IDs of the BPF programs a process holds open (from /proc/PID/fdinfo).
+pub fn prog_ids_of(pid: u32) -> Vec<u64> {
+    let Ok(dir) = std::fs::read_dir(format!("/proc/{pid}/fdinfo")) else { return Vec::new() };
+    let mut ids: Vec<u64> = dir
+        .flatten()
+        .filter_map(|e| std::fs::read_to_string(e.path()).ok())
+        .filter_map(|s| s.lines().find_map(|l| l.strip_prefix("prog_id:")?.trim().parse().ok()))
+        .collect();
+    ids.sort_unstable();
+    ids.dedup();
+    ids
+}
+
+/// IDs of all loaded BPF programs.
+pub fn loaded_prog_ids() -> Vec<u64> {
     let out = Command::new("bpftool")
         .args(["prog", "list", "--json"])
         .output()
         .expect("bpftool not found: run `cargo xtask setup`");
-    assert!(out.status.success(), "bpftool prog list failed");
     let v: Value = serde_json::from_slice(&out.stdout).expect("bpftool JSON");
-    v.as_array()
-        .map(|a| a.iter().filter_map(|p| p["name"].as_str().map(String::from)).collect())
-        .unwrap_or_default()
+    v.as_array().map(|a| a.iter().filter_map(|p| p["id"].as_u64()).collect()).unwrap_or_default()
 }
 
-/// Our programs' names as the kernel shows them (truncated to 15 chars).
-pub const OUR_PROGRAMS: &[&str] = &[
-    "fault_entry",
-    "fault_exit_maj",
-    "fault_exit_min",
-    "sched_switch",
-    "sched_wakeup",
-    "sched_exit",
-    "sys_enter",
-    "sys_exit",
-    "reclaim_begin",
-    "reclaim_end",
-    "bio_queue",
-    "bio_complete",
-    "rq_complete",
-    "filemap_fault",
-    "mark_begin",
-    "mark_end",
-];
-
-pub fn ours_loaded() -> Vec<String> {
-    loaded_programs().into_iter().filter(|n| OUR_PROGRAMS.contains(&n.as_str())).collect()
+/// A count from `perf stat -x,` output (`value,unit,event,…`).
+pub fn perf_count(text: &str, event: &str) -> u64 {
+    text.lines()
+        .find_map(|l| {
+            let f: Vec<&str> = l.split(',').collect();
+            (f.len() > 2 && f[2] == event).then(|| f[0].trim().parse::<u64>().ok())?
+        })
+        .unwrap_or_else(|| panic!("no `{event}` line in perf output:\n{text}"))
 }

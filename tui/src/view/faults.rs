@@ -7,8 +7,10 @@
 //! `swapin_zram` (on-CPU decompression) with `majflt_swap`; blocked fault time
 //! `fault_io` covers file refaults *and* disk swap, paired with `majflt_file`.
 //!
-//! Histograms (log2 buckets, `observer_common::hist`): one bar per bucket
-//! between the first and last non-empty one, with p50/p99 upper bounds.
+//! Histograms (`Event::Histograms`, cumulative since the start; log2 buckets,
+//! `observer_common::hist`): one bar per bucket between the first and last
+//! non-empty one, with p50/p99 upper bounds; the known kinds first, in the
+//! order of [`KINDS`].
 
 use observer_common::{
     hist::bucket_upper_ns,
@@ -23,7 +25,16 @@ use ratatui::{
 };
 
 use super::{clamp_top, fmt};
-use crate::state::{App, LatencyHist, View};
+use crate::state::{App, View};
+
+/// Known histogram kinds and what they time.
+const KINDS: [(&str, &str); 5] = [
+    ("fault_minor", "minor fault"),
+    ("fault_major_file", "major fault, file"),
+    ("fault_major_swap", "major fault, swap"),
+    ("zram_read", "zram read"),
+    ("disk_read", "disk read"),
+];
 
 pub fn draw(app: &App, f: &mut Frame<'_>, area: Rect) {
     let w = area.width as usize;
@@ -69,16 +80,19 @@ pub fn draw(app: &App, f: &mut Frame<'_>, area: Rect) {
     lines.push(Line::raw(""));
     match &app.latency {
         None => {
-            lines.push(Line::styled("Latency histograms per fault: not in the model stream", fmt::title()));
+            lines.push(Line::styled("Latency histograms: none received yet", fmt::title()));
             lines.push(Line::styled(
-                fmt::fit("the probes keep them in the kernel; `observer run` prints them at exit", w),
+                fmt::fit("the observer sends them with each memory sample (procfs mode has none)", w),
                 fmt::dim(),
             ));
         }
         Some(hs) => {
             lines.push(Line::styled("Latency per event (log2 buckets, since the start)", fmt::title()));
-            for h in hs {
-                lines.extend(histogram(h, w));
+            let known = KINDS.iter().filter_map(|&(k, what)| hs.kinds.get(k).map(|b| (k, what, b)));
+            let other =
+                hs.kinds.iter().filter(|(k, _)| !KINDS.iter().any(|(n, _)| n == k)).map(|(k, b)| (k.as_str(), "", b));
+            for (name, what, buckets) in known.chain(other) {
+                lines.extend(histogram(name, what, buckets, w));
             }
         }
     }
@@ -108,24 +122,24 @@ fn bound(i: usize) -> String {
     bucket_upper_ns(i).map_or_else(|| "+Inf".into(), |ns| format!("≤{}", fmt::duration_ns(ns)))
 }
 
-fn histogram(h: &LatencyHist, w: usize) -> Vec<Line<'static>> {
-    let total: u64 = h.buckets.iter().sum();
+fn histogram(name: &str, what: &str, buckets: &[u64], w: usize) -> Vec<Line<'static>> {
+    let total: u64 = buckets.iter().sum();
     let mut out = Vec::new();
-    let (Some(first), Some(last)) = (h.buckets.iter().position(|&n| n > 0), h.buckets.iter().rposition(|&n| n > 0))
-    else {
-        out.push(Line::raw(format!("  {}: no events", h.name)));
+    let what = if what.is_empty() { String::new() } else { format!(" ({what})") };
+    let (Some(first), Some(last)) = (buckets.iter().position(|&n| n > 0), buckets.iter().rposition(|&n| n > 0)) else {
+        out.push(Line::styled(format!("  {name}{what}: no events"), fmt::dim()));
         return out;
     };
-    let q = |p| quantile_bound(&h.buckets, p).map(bound).unwrap_or_default();
+    let q = |p| quantile_bound(buckets, p).map(bound).unwrap_or_default();
     out.push(Line::from(vec![
-        Span::styled(format!("  {}", h.name), fmt::title()),
-        Span::raw(format!("  n={total}  p50 {}  p99 {}", q(0.5), q(0.99))),
+        Span::styled(format!("  {name}"), fmt::title()),
+        Span::raw(format!("{what}  n={total}  p50 {}  p99 {}", q(0.5), q(0.99))),
     ]));
-    let max = h.buckets[first..=last].iter().copied().max().unwrap_or(1).max(1);
+    let max = buckets[first..=last].iter().copied().max().unwrap_or(1).max(1);
     let label_w = 12;
     let count_w = 10;
     let bar_w = w.saturating_sub(label_w + count_w + 4);
-    for (i, &n) in h.buckets.iter().enumerate().take(last + 1).skip(first) {
+    for (i, &n) in buckets.iter().enumerate().take(last + 1).skip(first) {
         let len = ((n as f64 / max as f64) * bar_w as f64).round() as usize;
         let len = if n > 0 { len.max(1) } else { 0 };
         out.push(Line::from(vec![

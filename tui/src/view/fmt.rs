@@ -34,6 +34,16 @@ pub fn count(v: f64) -> String {
     }
 }
 
+/// An integer, with `k`/`M`/`G` from ten thousand up.
+pub fn int(v: u64) -> String {
+    match v {
+        0..10_000 => v.to_string(),
+        10_000..10_000_000 => format!("{:.1}k", v as f64 / 1e3),
+        10_000_000..10_000_000_000 => format!("{:.2}M", v as f64 / 1e6),
+        _ => format!("{:.2}G", v as f64 / 1e9),
+    }
+}
+
 pub fn opt_count(v: Option<f64>) -> String {
     v.map_or_else(|| NA.to_string(), count)
 }
@@ -147,6 +157,9 @@ mod tests {
         assert_eq!(signed_ms(8_300_000.0), "+8.30");
         assert_eq!(count(1234.56), "1234.6");
         assert_eq!(count(250_000.0), "250.0k");
+        assert_eq!(int(9_999), "9999");
+        assert_eq!(int(1_858_822), "1858.8k");
+        assert_eq!(int(18_588_220), "18.59M");
         assert_eq!(bytes(1536.0), "1.50 KiB");
         assert_eq!(bytes(3.0 * 1024.0 * 1024.0 * 1024.0), "3.00 GiB");
         assert_eq!(bytes(12.0), "12 B");

@@ -156,6 +156,36 @@ fn memory(app: &App) -> Vec<Line<'static>> {
     out
 }
 
+fn observer(app: &App) -> Vec<Line<'static>> {
+    let Some(h) = &app.health else { return Vec::new() };
+    let mut out = vec![heading("The observer (last health sample)")];
+    let elapsed = app.header.as_ref().map(|hd| h.mono_ns.saturating_sub(hd.started_mono_ns)).filter(|&e| e > 0);
+    match h.bpf_run_ns {
+        Some(ns) => {
+            let share = elapsed.map(|e| format!(" ({:.2} % CPU)", ns as f64 * 100.0 / e as f64)).unwrap_or_default();
+            out.push(row("eBPF run time", format!("{} ms{share}", fmt::ms(ns as f64))));
+            if let Some(r) = h.bpf_run_count {
+                out.push(row("eBPF runs", fmt::int(r)));
+            }
+        }
+        None => out.push(row("eBPF run time", "not measured (kernel BPF stats off)".into())),
+    }
+    out.push(row(
+        "probes",
+        if h.probes_missing > 0 {
+            format!("{} attached, {} missing", h.probes_attached, h.probes_missing)
+        } else {
+            format!("{} attached", h.probes_attached)
+        },
+    ));
+    out.push(row_styled(
+        "lost events",
+        app.lost().to_string(),
+        if app.lost() > 0 { fmt::alarm() } else { Style::new() },
+    ));
+    out
+}
+
 fn run_state(app: &App) -> Line<'static> {
     let s = match (&app.end, &app.header) {
         (Some(e), _) => {
@@ -199,6 +229,11 @@ pub fn draw(app: &App, f: &mut Frame<'_>, area: Rect) {
     right.extend(per_token_counts(app));
     right.push(Line::raw(""));
     right.extend(memory(app));
+    let obs = observer(app);
+    if !obs.is_empty() {
+        right.push(Line::raw(""));
+        right.extend(obs);
+    }
 
     if area.width >= 96 {
         let [l, r] = Layout::horizontal([Constraint::Percentage(55), Constraint::Percentage(45)]).areas(area);

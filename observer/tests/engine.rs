@@ -1,0 +1,118 @@
+//! The embedded engine under the observer: a record for every token, the
+//! components add up, and the fault counts agree with `perf stat` attached to
+//! the same process for the same span.
+
+mod common;
+
+use std::{
+    io::{BufRead, BufReader},
+    process::{Command, Stdio},
+    time::Duration,
+};
+
+use common::*;
+
+const ENGINE: &str = env!("CARGO_BIN_EXE_observer");
+
+fn engine_bin() -> std::path::PathBuf {
+    // The engine is a sibling binary of the workspace (built by `cargo xtask test`).
+    let p = std::path::Path::new(ENGINE).with_file_name("engine");
+    assert!(p.exists(), "{} missing: run `cargo build --release -p engine` (cargo xtask test does)", p.display());
+    p
+}
+
+fn tiny_model() -> std::path::PathBuf {
+    let path = scratch_dir("engine").join("tiny.gguf");
+    if !path.exists() {
+        let st = Command::new(engine_bin()).args(["synth", "-o"]).arg(&path).status().expect("engine synth");
+        assert!(st.success(), "engine synth failed");
+    }
+    path
+}
+
+fn state(pid: u32) -> char {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    s.rsplit_once(')').and_then(|(_, r)| r.trim().chars().next()).unwrap_or('?')
+}
+
+#[test]
+fn engine_tokens_components_and_perf_stat() {
+    let _l = machine_lock();
+    let model = tiny_model();
+    let dir = scratch_dir("engine");
+    let (perf_out, json) = (dir.join("perf.csv"), dir.join("obs.json"));
+    let n_gen = 24;
+    // A shell that stops itself, then becomes the engine (same PID): perf and
+    // the observer attach while it is stopped, so both count the same span.
+    let script = format!(
+        "kill -STOP $$; exec {} run -m {} -p 'The quick brown fox' -n {n_gen} --ignore-eos --json -t 2",
+        engine_bin().display(),
+        model.display()
+    );
+    let target = Command::new("/bin/sh").args(["-c", &script]).stdout(Stdio::piped()).spawn().unwrap();
+    let pid = target.id();
+    for _ in 0..200 {
+        if state(pid) == 'T' {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    assert_eq!(state(pid), 'T', "the target did not stop itself");
+    let mut perf = Command::new("perf")
+        .args(["stat", "-x,", "-e", "major-faults,minor-faults", "-o"])
+        .arg(&perf_out)
+        .args(["-p", &pid.to_string()])
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("perf not found: run `cargo xtask setup`");
+    let mut obs = Command::new(OBSERVER)
+        .args(["run", "--follow-exec", "--every", "0", "--json", json.to_str().unwrap(), "--pid", &pid.to_string()])
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut err = BufReader::new(obs.stderr.take().unwrap());
+    let mut first = String::new();
+    err.read_line(&mut first).unwrap();
+    assert!(first.contains("probes attached"), "{first}");
+    std::thread::sleep(Duration::from_millis(500)); // perf has no readiness signal
+    // SAFETY: continuing our own stopped child.
+    unsafe { libc::kill(pid as i32, libc::SIGCONT) };
+    let out = target.wait_with_output().unwrap();
+    assert!(out.status.success(), "engine failed");
+    let mut rest = String::new();
+    let _ = std::io::Read::read_to_string(&mut err, &mut rest);
+    assert!(obs.wait().unwrap().success(), "observer failed: {rest}");
+    assert!(perf.wait().unwrap().success());
+    assert!(rest.contains("engine markers attached"), "{rest}");
+
+    let engine_out = String::from_utf8_lossy(&out.stdout);
+    let summary: serde_json::Value =
+        serde_json::from_str(engine_out.lines().rev().find(|l| l.contains("gen_tokens")).expect("engine summary")).unwrap();
+    let v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    let toks = v["tokens"].as_array().unwrap();
+    // One prompt step (which samples the first token), then one step per further token.
+    let gen_tokens = u(&summary, "gen_tokens");
+    assert_eq!(toks.len() as u64, gen_tokens, "a record for every marked step: {}", toks.len());
+    assert_eq!(toks[0]["kind"], "prompt");
+    assert!(toks[1..].iter().all(|t| t["kind"] == "generate"));
+    let mut idx: Vec<u64> = toks.iter().map(|t| u(t, "index")).collect();
+    idx.dedup();
+    assert_eq!(idx.len(), toks.len(), "each token index once");
+    for t in toks {
+        let wall = u(t, "wall_ns");
+        for th in t["threads"].as_array().unwrap() {
+            let resid = th["residual_ns"].as_i64().unwrap();
+            assert!(resid.unsigned_abs() <= wall / 50, "thread components vs wall: {th}");
+        }
+        assert!(t["residual_ns"].as_i64().unwrap().unsigned_abs() <= wall / 50, "{t}");
+        // The engine's own numbers ride along.
+        assert!(t["engine_compute_ns"].is_u64(), "{t}");
+        assert_within("token wall vs the engine's own wall", wall, u(&t["engine"], "wall_ns"), 0.05);
+    }
+    let perf_text = std::fs::read_to_string(&perf_out).unwrap();
+    let maj = perf_count(&perf_text, "major-faults");
+    let min = perf_count(&perf_text, "minor-faults");
+    assert!(min > 100, "{perf_text}");
+    assert_within("minor faults vs perf stat", u(&v["totals"], "minflt"), min, 0.02);
+    assert!(u(&v["totals"], "majflt").abs_diff(maj) <= maj / 50 + 2, "major faults {} vs perf {maj}", v["totals"]["majflt"]);
+}
