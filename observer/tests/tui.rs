@@ -92,12 +92,12 @@ fn workload_rate(screen: &str) -> Option<f64> {
 fn assert_within_5_percent(tui: f64, reference: f64, screen: &str) {
     let diff = (tui - reference).abs() / reference;
     eprintln!(
-        "TUI {tui:.3} tok/s, workload's own clock {reference:.3} tok/s ({:+.2} %)",
+        "TUI {tui:.3} tok/s, the target's own clock {reference:.3} tok/s ({:+.2} %)",
         (tui / reference - 1.0) * 100.0
     );
     assert!(
         diff <= 0.05,
-        "TUI {tui:.3} tok/s vs the workload's own {reference:.3} tok/s: {:.1} % apart; screen:\n{screen}",
+        "TUI {tui:.3} tok/s vs the target's own {reference:.3} tok/s: {:.1} % apart; screen:\n{screen}",
         diff * 100.0
     );
 }
@@ -275,4 +275,48 @@ fn replays_a_recorded_trace_and_a_truncated_one() {
     tmux.wait("the tokens before the cut", Duration::from_secs(10), |s| bar_rows(s).len() == 20);
     tmux.keys("q");
     tmux.wait("observer to exit", Duration::from_secs(10), |s| s.contains("OBSERVER_EXIT=0"));
+}
+
+/// `… | generation: N tokens, M steps, R tok/s | …` (the engine's own clock) → R.
+fn engine_gen_rate(text: &str) -> Option<f64> {
+    let line = text.lines().find(|l| l.contains("generation: ") && l.contains("tok/s"))?;
+    let (_, after) = line.split_once("generation: ")?;
+    let (before, _) = after.split_once(" tok/s")?;
+    before.split_whitespace().last()?.parse().ok()
+}
+
+#[test]
+fn the_engine_under_the_tui_shows_its_hidden_cost_and_its_own_rate() {
+    let _lock = machine_lock();
+    let engine = std::path::Path::new(OBSERVER).with_file_name("engine");
+    assert!(engine.exists(), "{} missing: run `cargo build --release --workspace --bins`", engine.display());
+    let model = common::scratch_dir("tui-engine").join("tiny.gguf");
+    if !model.exists() {
+        let st = Command::new(&engine).args(["synth", "-o"]).arg(&model).status().expect("engine synth");
+        assert!(st.success(), "engine synth failed");
+    }
+    let cmd = format!(
+        "{OBSERVER} tui -- {} run -m {} -p 'The quick brown fox' -n 64 --ignore-eos -t 2; echo OBSERVER_EXIT=$?; sleep 600",
+        engine.display(),
+        model.display()
+    );
+    let tmux = Tmux::start("tui-engine", 130, 48, &cmd);
+    let live = tmux.wait("the engine's token bars", Duration::from_secs(60), |s| bar_rows(s).len() >= 5);
+    // The engine reports its own compute: every bar carries the ┃ marker and a hidden-cost figure.
+    for row in bar_rows(&live) {
+        assert!(row.contains('┃'), "no engine-compute marker: {row}");
+        let hidden = row.split_whitespace().nth(3).unwrap_or("");
+        assert!(hidden.starts_with('+') || hidden.starts_with('−'), "no hidden cost in: {row}");
+    }
+    let fin = tmux.wait("the final summary", Duration::from_secs(120), |s| s.contains("EXITED 0"));
+    let tui_rate = rate_after(&fin, "run ").unwrap_or_else(|| panic!("no run tok/s:\n{fin}"));
+    assert!(fin.contains("engine compute") && fin.contains("hidden in it"), "{fin}");
+    // The target's own last lines stay in the output pane; the observer's end report does not push them away.
+    assert!(engine_gen_rate(&fin).is_some(), "the engine's rate line is on screen:\n{fin}");
+    assert!(!fin.contains("where the time went"), "{fin}");
+    tmux.keys("q");
+    let after = tmux.wait("observer to exit", Duration::from_secs(30), |s| s.contains("OBSERVER_EXIT="));
+    assert!(after.contains("OBSERVER_EXIT=0"), "{after}");
+    let own = engine_gen_rate(&after).unwrap_or_else(|| panic!("no engine rate printed after the TUI:\n{after}"));
+    assert_within_5_percent(tui_rate, own, &fin);
 }

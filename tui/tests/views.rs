@@ -98,6 +98,21 @@ fn summary_view_after_the_target_exited() {
 }
 
 #[test]
+fn summary_view_shows_the_targets_last_lines_full_width() {
+    let mut app = app_with(&Opts::default());
+    for l in [
+        "engine: small.gguf: dense weights 92.1 MiB (mmap), routed experts 386.0 MiB (mmap), loaded in 0.02 s",
+        "prompt: 24 tokens, 37.50 tok/s | generation: 48 tokens, 48 steps, 15.61 tok/s | 2 threads | 49 marked steps",
+    ] {
+        app.push_output(l.into());
+    }
+    let t = show(&mut app, View::Summary, 110, 40);
+    let s = text(t.backend().buffer());
+    assert!(s.contains("| generation: 48 tokens, 48 steps, 15.61 tok/s | 2 threads"), "{s}");
+    insta::assert_snapshot!(t.backend());
+}
+
+#[test]
 fn summary_view_narrow_is_one_column() {
     let mut app = app_with(&Opts::default());
     app.push_output("{\"kind\":\"tokens\",\"n\":48}".into());

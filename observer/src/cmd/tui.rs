@@ -131,7 +131,7 @@ pub async fn tui(mut args: TuiArgs) -> Result<i32> {
             })
             .context("starting the TUI thread")?
     };
-    let sink = ToScreen { tx, dropped };
+    let sink = ToScreen { tx, dropped, lines: capture.lines.clone() };
     // When the target exits on its own, the TUI keeps the final summary on
     // screen until the user quits; when the run fails, the TUI sees the queue
     // close without an `End` and leaves by itself.
@@ -175,6 +175,7 @@ impl Drop for StopOnDrop {
 struct ToScreen {
     tx: SyncSender<Event>,
     dropped: Arc<AtomicU64>,
+    lines: Arc<Mutex<LiveLines>>,
 }
 
 impl Sink for ToScreen {
@@ -183,6 +184,14 @@ impl Sink for ToScreen {
             // Once per run; the TUI thread drains the queue continuously.
             // An error means the screen is gone: nothing left to show.
             Event::Header(_) | Event::End(_) => {
+                if matches!(ev, Event::End(_))
+                    && let Ok(mut l) = self.lines.lock()
+                {
+                    // The target has exited and its output is complete: what
+                    // follows is `run`'s end-of-run report, printed after the
+                    // screen closes rather than pushing the target's last lines away.
+                    l.open = false;
+                }
                 let _ = self.tx.send(ev.clone());
             }
             _ => match self.tx.try_send(ev.clone()) {
@@ -200,7 +209,7 @@ impl Sink for ToScreen {
 struct LiveSource {
     rx: Receiver<Event>,
     dropped: Arc<AtomicU64>,
-    lines: Arc<Mutex<Vec<String>>>,
+    lines: Arc<Mutex<LiveLines>>,
     saw_end: bool,
     signalled: Arc<AtomicBool>,
 }
@@ -210,13 +219,8 @@ impl Source for LiveSource {
         if self.signalled.load(Ordering::SeqCst) {
             return Status::Quit;
         }
-        // After the end, the target has exited and its output is complete:
-        // what follows is `run`'s own end-of-run report, printed after the
-        // screen closes rather than pushing the target's last lines away.
-        if !self.saw_end
-            && let Ok(mut l) = self.lines.lock()
-        {
-            for line in l.drain(..) {
+        if let Ok(mut l) = self.lines.lock() {
+            for line in l.lines.drain(..) {
                 app.push_output(line);
             }
         }
@@ -282,7 +286,7 @@ static SAVED: [AtomicI32; 3] = [AtomicI32::new(-1), AtomicI32::new(-1), AtomicI3
 /// thread (see the module doc).
 struct Capture {
     saved: Option<[OwnedFd; 3]>,
-    lines: Arc<Mutex<Vec<String>>>,
+    lines: Arc<Mutex<LiveLines>>,
     kept: Arc<Mutex<Kept>>,
     reader: Option<std::thread::JoinHandle<()>>,
 }
@@ -339,7 +343,7 @@ impl Capture {
             }
         }
         drop(wr);
-        let lines: Arc<Mutex<Vec<String>>> = Arc::default();
+        let lines = Arc::new(Mutex::new(LiveLines { lines: Vec::new(), open: true }));
         let kept: Arc<Mutex<Kept>> = Arc::default();
         let reader = {
             let (lines, kept) = (lines.clone(), kept.clone());
@@ -398,7 +402,15 @@ impl Drop for Capture {
     }
 }
 
-fn read_output(mut rd: std::fs::File, lines: &Mutex<Vec<String>>, kept: &Mutex<Kept>) {
+/// Captured lines on their way to the screen; none are added once `open` is
+/// false (after the run's end).
+#[derive(Default)]
+struct LiveLines {
+    lines: Vec<String>,
+    open: bool,
+}
+
+fn read_output(mut rd: std::fs::File, lines: &Mutex<LiveLines>, kept: &Mutex<Kept>) {
     let mut buf = vec![0u8; 64 << 10];
     let mut partial: Vec<u8> = Vec::new();
     loop {
@@ -427,10 +439,12 @@ fn read_output(mut rd: std::fs::File, lines: &Mutex<Vec<String>>, kept: &Mutex<K
             new_lines.push(String::from_utf8_lossy(&partial).into_owned());
             partial.clear();
         }
-        if let Ok(mut l) = lines.lock() {
+        if let Ok(mut l) = lines.lock()
+            && l.open
+        {
             for line in new_lines {
-                if l.len() < LINES_MAX {
-                    l.push(line);
+                if l.lines.len() < LINES_MAX {
+                    l.lines.push(line);
                 }
             }
         }
@@ -459,7 +473,7 @@ mod tests {
     fn the_sink_never_blocks_on_tokens_and_counts_what_it_drops() {
         let (tx, rx) = sync_channel(16);
         let dropped = Arc::new(AtomicU64::new(0));
-        let mut sink = ToScreen { tx, dropped: dropped.clone() };
+        let mut sink = ToScreen { tx, dropped: dropped.clone(), lines: Arc::default() };
         let sample = Event::Process(Default::default());
         for _ in 0..100 {
             sink.event(&sample).unwrap();

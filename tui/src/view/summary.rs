@@ -236,14 +236,24 @@ pub fn draw(app: &App, f: &mut Frame<'_>, area: Rect) {
     }
 
     if area.width >= 96 {
-        let [l, r] = Layout::horizontal([Constraint::Percentage(55), Constraint::Percentage(45)]).areas(area);
-        let top = clamp_top(app.table_offset[View::Summary.index()], left.len(), area.height as usize);
+        // Two columns, and the target's output full width below them.
+        let cols_h = left.len().max(right.len()) as u16;
+        let out = if area.height > cols_h + 2 { output(app, (area.height - cols_h - 1) as usize) } else { Vec::new() };
+        let (cols, below) = if out.is_empty() {
+            (area, None)
+        } else {
+            let [c, _, b] =
+                Layout::vertical([Constraint::Length(cols_h), Constraint::Length(1), Constraint::Min(0)]).areas(area);
+            (c, Some(b))
+        };
+        let [l, r] = Layout::horizontal([Constraint::Percentage(55), Constraint::Percentage(45)]).areas(cols);
+        let top = clamp_top(app.table_offset[View::Summary.index()], left.len(), cols.height as usize);
         f.render_widget(Paragraph::new(left).scroll((top as u16, 0)), l);
-        let room = (area.height as usize).saturating_sub(right.len() + 1);
-        right.push(Line::raw(""));
-        right.extend(output(app, room));
-        let top_r = clamp_top(app.table_offset[View::Summary.index()], right.len(), area.height as usize);
+        let top_r = clamp_top(app.table_offset[View::Summary.index()], right.len(), cols.height as usize);
         f.render_widget(Paragraph::new(right).scroll((top_r as u16, 0)), r);
+        if let Some(b) = below {
+            f.render_widget(Paragraph::new(out), b);
+        }
     } else {
         left.push(Line::raw(""));
         left.extend(right);
