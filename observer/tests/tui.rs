@@ -1,8 +1,10 @@
 //! End-to-end tests of `observer tui` in a real terminal (tmux): the screen
 //! shows token bars while the target runs, a tok/s figure that matches the
-//! workload's own clock within 5 %, the final summary after it exits, and the
-//! terminal comes back when the user quits. They load probes: root and the
-//! machine lock; tmux comes from `cargo xtask setup`.
+//! target's own clock within 5 % (`workload tokens`, and the engine on a
+//! synthetic model), the final summary after it exits, replays of recorded
+//! traces, and the terminal comes back when the user quits or the observer is
+//! signalled. They load probes: root and the machine lock; tmux comes from
+//! `cargo xtask setup`.
 
 mod common;
 
