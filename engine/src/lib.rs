@@ -7,6 +7,7 @@ pub mod inspect;
 pub mod model;
 pub mod pool;
 pub mod quant;
+pub mod regions;
 pub mod sampling;
 pub mod synth;
 pub mod tokenizer;
