@@ -8,6 +8,7 @@ pub mod header;
 pub mod preflight;
 pub mod procsample;
 pub mod report;
+pub mod residency;
 pub mod seed;
 pub mod sink;
 pub mod syscalls;

@@ -16,6 +16,8 @@ struct Cli {
 enum Cmd {
     /// Observe a command (`observer run -- CMD ARGS…`) or a running process (`--pid`).
     Run(cmd::run::RunArgs),
+    /// Which weights of a GGUF model are in the page cache: a layer × expert heatmap.
+    Heatmap(cmd::heatmap::HeatmapArgs),
 }
 
 fn main() {
@@ -25,6 +27,7 @@ fn main() {
         Ok(rt) => rt.block_on(async {
             match cli.cmd {
                 Cmd::Run(args) => cmd::run::run(args).await,
+                Cmd::Heatmap(args) => cmd::heatmap::run(args),
             }
         }),
         Err(e) => Err(anyhow::Error::from(e).context("starting the runtime")),

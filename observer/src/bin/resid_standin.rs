@@ -1,0 +1,161 @@
+//! `resid_standin`: a small stand-in for an MoE engine, for the residency tests. It reads a
+//! GGUF's region map with the engine's reader and either
+//! - `cycle`: touches (one byte per page, through a shared read-only mapping, as an mmap engine
+//!   does) every expert of a chosen set in every MoE layer, round after round; or
+//! - `dense-anon`: copies the dense weights into anonymous memory, publishes the copy through the
+//!   dense-regions ABI (`observer::residency::anon`), optionally pushes every Nth page of it out
+//!   with `MADV_PAGEOUT`, prints where the copy is, and waits for stdin to close.
+//!
+//! Output: one JSON object on stdout per command (what it did, measured by itself).
+
+use std::{io::Read, path::PathBuf, ptr::read_volatile};
+
+use anyhow::{Context, Result, bail};
+use clap::{Parser, Subcommand};
+use engine::{
+    gguf::Gguf,
+    regions::{RegionKind, RegionMap},
+};
+use observer::residency::anon::{DenseRange, DenseRegionsV1};
+
+/// The dense-regions ABI symbol (see `observer::residency::anon`).
+#[unsafe(no_mangle)]
+pub static moe_engine_dense_regions: DenseRegionsV1 = DenseRegionsV1::new();
+
+#[derive(Debug, Parser)]
+#[command(name = "resid_standin", about = "Stand-in engine for the residency tests")]
+struct Cli {
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Debug, Subcommand)]
+enum Cmd {
+    /// Touch experts FIRST..LAST (inclusive) of every MoE layer, ROUNDS times.
+    Cycle {
+        #[arg(long)]
+        model: PathBuf,
+        #[arg(long, default_value_t = 0)]
+        first: u32,
+        #[arg(long)]
+        last: u32,
+        #[arg(long, default_value_t = 1)]
+        rounds: u32,
+    },
+    /// Copy the dense weights to anonymous memory and publish them.
+    DenseAnon {
+        #[arg(long)]
+        model: PathBuf,
+        /// MADV_PAGEOUT every Nth page of the copy (0: none).
+        #[arg(long, default_value_t = 0)]
+        pageout_every: u64,
+    },
+}
+
+fn page() -> usize {
+    // SAFETY: no preconditions.
+    let p = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+    if p > 0 { p as usize } else { 4096 }
+}
+
+fn open(model: &PathBuf) -> Result<(Gguf, RegionMap)> {
+    let g = Gguf::open(model).with_context(|| format!("opening {}", model.display()))?;
+    let m = RegionMap::from_gguf(&g).with_context(|| format!("region map of {}", model.display()))?;
+    Ok((g, m))
+}
+
+fn cycle(model: &PathBuf, first: u32, last: u32, rounds: u32) -> Result<String> {
+    let (g, m) = open(model)?;
+    if last >= m.n_experts {
+        bail!("--last {last}: the model has {} experts", m.n_experts);
+    }
+    let bytes = g.bytes();
+    let p = page();
+    let mut touched = 0u64;
+    let mut sum = 0u64;
+    for _ in 0..rounds {
+        for &layer in &m.moe_layers {
+            for e in first..=last {
+                for r in m.expert_ranges(layer, e) {
+                    let mut off = r.start as usize;
+                    while off < r.end as usize {
+                        // SAFETY: in bounds of the mapping (ranges validated by the reader).
+                        sum = sum.wrapping_add(unsafe { read_volatile(bytes.as_ptr().add(off)) } as u64);
+                        touched += 1;
+                        off = (off / p + 1) * p;
+                    }
+                }
+            }
+        }
+    }
+    Ok(format!(r#"{{"kind":"cycle","rounds":{rounds},"first":{first},"last":{last},"page_touches":{touched},"checksum":{sum}}}"#))
+}
+
+fn dense_anon(model: &PathBuf, pageout_every: u64) -> Result<String> {
+    let (g, m) = open(model)?;
+    let dense: Vec<_> = m.regions.iter().filter(|r| !matches!(r.kind, RegionKind::Expert { .. })).collect();
+    let p = page();
+    let total: usize = dense.iter().map(|r| (r.len() as usize).div_ceil(p) * p).sum();
+    if total == 0 {
+        bail!("{}: no dense weights", model.display());
+    }
+    // SAFETY: fresh private anonymous mapping.
+    let base = unsafe {
+        libc::mmap(std::ptr::null_mut(), total, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_PRIVATE | libc::MAP_ANONYMOUS, -1, 0)
+    };
+    if base == libc::MAP_FAILED {
+        bail!("mmap of {total} anonymous bytes: {}", std::io::Error::last_os_error());
+    }
+    let base = base as *mut u8;
+    let mut table = Vec::with_capacity(dense.len());
+    let mut at = 0usize;
+    for r in &dense {
+        let src = &g.bytes()[r.range.start as usize..r.range.end as usize];
+        // SAFETY: `at + len` stays inside the mapping (sized for page-rounded regions).
+        unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), base.add(at), src.len()) };
+        // Make every page of the copy hold data (not the shared zero page), also the padding.
+        // SAFETY: as above.
+        unsafe { *base.add(at + (r.len() as usize).div_ceil(p) * p - 1) |= 1 };
+        table.push(DenseRange { addr: base as u64 + at as u64, len: r.len(), file_offset: r.range.start });
+        at += (r.len() as usize).div_ceil(p) * p;
+    }
+    moe_engine_dense_regions.publish(Vec::leak(table));
+    let pages = (total / p) as u64;
+    let mut paged_out = 0u64;
+    if pageout_every > 0 {
+        for i in (0..pages).step_by(pageout_every as usize) {
+            // SAFETY: one page inside our own mapping.
+            let rc = unsafe { libc::madvise(base.add(i as usize * p).cast(), p, libc::MADV_PAGEOUT) };
+            if rc != 0 {
+                bail!("MADV_PAGEOUT: {}", std::io::Error::last_os_error());
+            }
+            paged_out += 1;
+        }
+    }
+    Ok(format!(
+        r#"{{"kind":"dense-anon","addr":{},"len":{total},"pages":{pages},"pageout_requests":{paged_out}}}"#,
+        base as u64
+    ))
+}
+
+fn main() {
+    let cli = Cli::parse();
+    let wait = matches!(cli.cmd, Cmd::DenseAnon { .. });
+    let r = match cli.cmd {
+        Cmd::Cycle { model, first, last, rounds } => cycle(&model, first, last, rounds),
+        Cmd::DenseAnon { model, pageout_every } => dense_anon(&model, pageout_every),
+    };
+    match r {
+        Ok(line) => {
+            println!("{line}");
+            if wait {
+                // Stay alive (with the copy published) until the test closes our stdin.
+                let _ = std::io::stdin().read_to_end(&mut Vec::new());
+            }
+        }
+        Err(e) => {
+            eprintln!("resid_standin: error: {e:#}");
+            std::process::exit(1);
+        }
+    }
+}
