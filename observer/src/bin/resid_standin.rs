@@ -99,14 +99,21 @@ fn dense_anon(model: &PathBuf, pageout_every: u64) -> Result<String> {
     if total == 0 {
         bail!("{}: no dense weights", model.display());
     }
+    // A PROT_NONE guard page on each side keeps the copy one VMA of its own (anonymous
+    // neighbours with the same flags would merge with it and blur /proc/PID/smaps).
     // SAFETY: fresh private anonymous mapping.
-    let base = unsafe {
-        libc::mmap(std::ptr::null_mut(), total, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_PRIVATE | libc::MAP_ANONYMOUS, -1, 0)
+    let outer = unsafe {
+        libc::mmap(std::ptr::null_mut(), total + 2 * p, libc::PROT_NONE, libc::MAP_PRIVATE | libc::MAP_ANONYMOUS, -1, 0)
     };
-    if base == libc::MAP_FAILED {
+    if outer == libc::MAP_FAILED {
         bail!("mmap of {total} anonymous bytes: {}", std::io::Error::last_os_error());
     }
-    let base = base as *mut u8;
+    // SAFETY: the inner part of our own mapping.
+    let base = unsafe { (outer as *mut u8).add(p) };
+    // SAFETY: as above.
+    if unsafe { libc::mprotect(base.cast(), total, libc::PROT_READ | libc::PROT_WRITE) } != 0 {
+        bail!("mprotect: {}", std::io::Error::last_os_error());
+    }
     let mut table = Vec::with_capacity(dense.len());
     let mut at = 0usize;
     for r in &dense {

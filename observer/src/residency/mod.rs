@@ -9,8 +9,9 @@
 //!   bit per page; a region's resident bytes are the bytes of its resident pages that it covers
 //!   (a page shared by two regions counts for both, each with its part). Fractions are resident
 //!   bytes / bytes. The whole-file number is resident pages / pages, as `fincore` counts it.
-//!   Where `mincore` would lie (no write permission, see [`scan`]) `cachestat` per region is
-//!   used (page granularity at region boundaries), or the file is refused with the fix.
+//!   Where `mincore` would lie (no write permission: it then reports every page resident, see
+//!   [`scan`]) `cachestat` per region is used (page granularity at region boundaries) where the
+//!   kernel allows it (before 6.14), or the file is refused with the fix.
 //! - **`dense_resident_frac`**: dense tensors and shared experts together, from the file; but
 //!   when the target publishes an anonymous copy of its dense weights ([`anon`]), from
 //!   `/proc/PID/pagemap` of that copy, and then `dense_swapped_frac` too (else `None`: file
@@ -61,7 +62,7 @@ pub enum ResidencyError {
     #[error(transparent)]
     Regions(#[from] RegionError),
     #[error(
-        "cannot see which pages of {path} are in the page cache: the kernel shows a file's page-cache residency only to its owner, to root (CAP_FOWNER) or to a process that may write it (mincore since Linux 5.0 reports nothing else; cachestat {cachestat}); run as root, or as the file's owner"
+        "cannot see which pages of {path} are in the page cache: the kernel shows a file's page-cache residency only to its owner, to root (CAP_FOWNER) or to a process that may write it (mincore would report every page as resident; cachestat {cachestat}); run as root, or as the file's owner"
     )]
     Untrusted { path: PathBuf, cachestat: String },
     #[error("pid {pid}: {what}: {source}")]
@@ -151,6 +152,10 @@ impl ModelFile {
     pub fn open(path: &Path) -> Result<ModelFile, ResidencyError> {
         let mut file = MappedFile::open(path)?;
         let trusted = matches!(file.trust, Trust::Trusted(_));
+        if !trusted {
+            // Refuse before parsing: the parse would warm the file for nothing.
+            untrusted_fallback(&file)?;
+        }
         let mut before = Bitmap::new(file.page, file.n_pages());
         if trusted {
             file.scan(&mut before)?;
@@ -198,16 +203,7 @@ impl ModelFile {
                 per_region.extend(self.map.regions.iter().map(|r| self.bitmap.resident_bytes(&r.range)));
             }
             Trust::Untrusted => {
-                let Ok(w) = whole else {
-                    let why = match whole {
-                        Err(e) if e.raw_os_error() == Some(libc::EPERM) => {
-                            "refuses it too (EPERM, Linux >= 6.14)".to_string()
-                        }
-                        Err(e) => format!("is not available ({e})"),
-                        Ok(_) => String::new(),
-                    };
-                    return Err(ResidencyError::Untrusted { path: self.file.path.clone(), cachestat: why });
-                };
+                let w = untrusted_fallback(&self.file)?;
                 s.source = Source::Cachestat;
                 s.file_resident_pages = w.nr_cache;
                 for r in &self.map.regions {
@@ -236,6 +232,19 @@ impl ModelFile {
         s.scan_ns = t0.elapsed().as_nanos() as u64;
         Ok(s)
     }
+}
+
+/// The whole-file `cachestat` when the kernel lets an untrusted caller use it, else the error
+/// that says why residency cannot be seen.
+fn untrusted_fallback(file: &MappedFile) -> Result<CacheStat, ResidencyError> {
+    scan::cachestat(&file.file, 0..0).map_err(|e| {
+        let why = if e.raw_os_error() == Some(libc::EPERM) {
+            "refuses it too (EPERM, Linux >= 6.14)".to_string()
+        } else {
+            format!("is not available ({e})")
+        };
+        ResidencyError::Untrusted { path: file.path.clone(), cachestat: why }
+    })
 }
 
 /// Drop (`POSIX_FADV_DONTNEED`) the runs of pages resident in `after` but not in `before`.

@@ -2,15 +2,15 @@
 //! `cachestat(2)` for counts over byte ranges.
 //!
 //! ## When `mincore` can be trusted
-//! Since Linux 5.0 (`can_do_mincore()` in mm/mincore.c) `mincore` on a file mapping reports
-//! page-cache residency only when the caller owns the file, has `CAP_FOWNER`, or could open it
-//! for writing; otherwise it reports only the pages mapped in the caller's own page tables —
-//! none, for a mapping never touched — and says nothing about it. [`trust`] applies that rule
-//! (owner = effective uid, `CAP_FOWNER` from `/proc/self/status`, writability from
-//! `faccessat(W_OK, AT_EACCESS)`) before any number is produced. When it fails, `cachestat`
-//! (Linux 6.5, x86_64/aarch64 syscall 451) is the fallback; since Linux 6.14 it applies the same
+//! `mincore` on a file mapping reports the page cache only when the caller owns the file, has
+//! `CAP_FOWNER`, or could open it for writing (`can_do_mincore()` in mm/mincore.c); otherwise it
+//! reports **every page as resident**, whatever is cached (checked on this machine's 6.18:
+//! `fincore` run as `nobody` on an evicted root-owned 0644 file prints the full size). [`trust`]
+//! applies that rule (owner = effective uid, `CAP_FOWNER` from `/proc/self/status`, writability
+//! from `faccessat(W_OK, AT_EACCESS)`) before any number is produced. When it fails,
+//! `cachestat` (Linux 6.5, syscall 451) is the fallback; since Linux 6.14 it applies the same
 //! rule but refuses with `EPERM` instead of answering wrongly, so an untrusted file on such a
-//! kernel is an error that says how to fix it, never a 0 %.
+//! kernel is an error that says how to fix it, never a made-up 100 %.
 //!
 //! ## Cost
 //! The mapping reserves address space only: nothing is read or faulted. `mincore` is called on
