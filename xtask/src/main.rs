@@ -5,8 +5,10 @@
 //! - `demo`: setup, build, observe a workload and print the observer's table.
 //! - `parity`: the engine against llama.cpp on synthetic models.
 //! - `bench engine`: engine vs llama.cpp decode/prompt speed, same file, same run.
+//! - `bench heatmap`: one residency refresh of a 20 GB (sparse) model vs `fincore`, same file.
 
 mod bench_engine;
+mod bench_heatmap;
 mod cache;
 mod cmd;
 mod demo;
@@ -25,6 +27,7 @@ commands:
   demo               setup, then run the observer on a demo workload
   parity [OPTIONS]   engine vs llama.cpp: tokens, greedy continuations, logits
   bench engine [..]  engine vs llama.cpp decode and prompt tok/s, printed as ratios
+  bench heatmap [..] residency refresh of a 20 GB sparse model vs fincore, same run
 ";
 
 fn main() {
@@ -35,6 +38,7 @@ fn main() {
         ["demo", ..] => demo::run(&args[1..]),
         ["parity", ..] => parity::main(&args[1..]),
         ["bench", "engine", ..] => bench_engine::main(&args[2..]),
+        ["bench", "heatmap", ..] => bench_heatmap::main(&args[2..]),
         ["-h" | "--help" | "help"] | [] => {
             print!("{USAGE}");
             Ok(())

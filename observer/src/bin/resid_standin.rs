@@ -4,7 +4,10 @@
 //!   does) every expert of a chosen set in every MoE layer, round after round; or
 //! - `dense-anon`: copies the dense weights into anonymous memory, publishes the copy through the
 //!   dense-regions ABI (`observer::residency::anon`), optionally pushes every Nth page of it out
-//!   with `MADV_PAGEOUT`, prints where the copy is, and waits for stdin to close.
+//!   with `MADV_PAGEOUT`, prints where the copy is, and waits for stdin to close;
+//! - `sparse-model`: writes a GGUF of a synthetic preset's shapes whose tensor data is a hole
+//!   (header and tensor table only, then `set_len`): a file of any size in no time, for
+//!   `cargo xtask bench heatmap`.
 //!
 //! Output: one JSON object on stdout per command (what it did, measured by itself).
 
@@ -41,6 +44,15 @@ enum Cmd {
         last: u32,
         #[arg(long, default_value_t = 1)]
         rounds: u32,
+    },
+    /// Write a sparse GGUF: a real header and tensor table, the data a hole.
+    SparseModel {
+        #[arg(long)]
+        out: PathBuf,
+        #[arg(long, default_value = "qwen3-30b-a3b")]
+        preset: String,
+        #[arg(long)]
+        layers: Option<usize>,
     },
     /// Copy the dense weights to anonymous memory and publish them.
     DenseAnon {
@@ -145,12 +157,48 @@ fn dense_anon(model: &PathBuf, pageout_every: u64) -> Result<String> {
     ))
 }
 
+fn sparse_model(out: &PathBuf, preset: &str, layers: Option<usize>) -> Result<String> {
+    use engine::gguf::{Value, encode_header};
+    let mut c = engine::synth::SynthConfig::preset(preset).with_context(|| format!("unknown preset {preset}"))?;
+    if let Some(l) = layers {
+        c.layers = l;
+    }
+    let specs = engine::synth::tensor_specs(&c);
+    let a = "qwen3moe";
+    let meta = vec![
+        ("general.architecture".to_owned(), Value::String(a.into())),
+        ("general.alignment".to_owned(), Value::U32(32)),
+        (format!("{a}.block_count"), Value::U32(c.layers as u32)),
+        (format!("{a}.expert_count"), Value::U32(c.experts as u32)),
+    ];
+    let header = encode_header(&meta, &specs, 32);
+    let data = (header.len() as u64).next_multiple_of(32);
+    let mut end = data;
+    for s in &specs {
+        end = end.next_multiple_of(32) + s.size().context("tensor size")?;
+    }
+    let f = std::fs::File::create(out).with_context(|| format!("creating {}", out.display()))?;
+    use std::io::Write;
+    (&f).write_all(&header).with_context(|| format!("writing {}", out.display()))?;
+    f.set_len(end).with_context(|| format!("extending {}", out.display()))?;
+    f.sync_all()?;
+    drop(f);
+    let (_, m) = open(out)?;
+    Ok(format!(
+        r#"{{"kind":"sparse-model","size_bytes":{end},"tensors":{},"n_layers":{},"n_experts":{}}}"#,
+        specs.len(),
+        m.moe_layers.len(),
+        m.n_experts
+    ))
+}
+
 fn main() {
     let cli = Cli::parse();
     let wait = matches!(cli.cmd, Cmd::DenseAnon { .. });
     let r = match cli.cmd {
         Cmd::Cycle { model, first, last, rounds } => cycle(&model, first, last, rounds),
         Cmd::DenseAnon { model, pageout_every } => dense_anon(&model, pageout_every),
+        Cmd::SparseModel { out, preset, layers } => sparse_model(&out, &preset, layers),
     };
     match r {
         Ok(line) => {

@@ -9,7 +9,8 @@
 //!   evicted from each expert since the previous refresh.
 //! - `--json`: one JSON object per refresh, on one line:
 //!   `{"sample", "file", "architecture", "size_bytes", "page_size", "source" ("mincore" |
-//!   "cachestat"), "scan_ns", "file_pages", "file_resident_pages", "file_resident_bytes"
+//!   "cachestat"), "scan_ns", "scan_cpu_ns" (wall and CPU time of the scan), "mincore_pages" (pages the scan asked `mincore` about; chunks that
+//!   `cachestat` found empty or full are not), "file_pages", "file_resident_pages", "file_resident_bytes"
 //!   (pages × page size, as `fincore` counts), "file_resident_frac", "cachestat" (the kernel's
 //!   counts for the whole file, or null), "dense" / "shared" / "experts" ({"bytes",
 //!   "resident_bytes", "resident_frac"}), "dense_resident_frac" (dense + shared),
@@ -190,6 +191,8 @@ fn json_line(k: u64, m: &ModelFile, s: &Snapshot, churn: Option<&ChurnDelta>) ->
         "page_size": s.page_size,
         "source": s.source,
         "scan_ns": s.scan_ns,
+        "scan_cpu_ns": s.scan_cpu_ns,
+        "mincore_pages": s.mincore_pages,
         "file_pages": s.file_pages,
         "file_resident_pages": s.file_resident_pages,
         "file_resident_bytes": s.file_resident_pages * s.page_size,

@@ -115,6 +115,11 @@ pub struct Snapshot {
     pub cells: Vec<Part>,
     /// Time the scan took (mapping excluded: done once).
     pub scan_ns: u64,
+    /// CPU time of the scanning thread during the scan (kernel time of mincore/cachestat
+    /// included).
+    pub scan_cpu_ns: u64,
+    /// Pages `mincore` was asked about (the other chunks were settled by `cachestat`).
+    pub mincore_pages: u64,
 }
 
 impl Snapshot {
@@ -131,6 +136,10 @@ impl Snapshot {
         self.cells.iter().map(|c| c.frac().unwrap_or(0.0) as f32).collect()
     }
 }
+
+/// The prefix of the file whose residency is compared around the header parse: headers of real
+/// models are a few MiB (vocabularies), read-around adds at most twice the device's read-ahead.
+const HEADER_WINDOW: u64 = 256 << 20;
 
 /// A GGUF model file mapped for residency scans.
 #[derive(Debug)]
@@ -156,9 +165,10 @@ impl ModelFile {
             // Refuse before parsing: the parse would warm the file for nothing.
             untrusted_fallback(&file)?;
         }
+        let window = 0..HEADER_WINDOW / file.page;
         let mut before = Bitmap::new(file.page, file.n_pages());
         if trusted {
-            file.scan(&mut before)?;
+            file.scan_pages(window.clone(), &mut before)?;
         }
         let g = Gguf::open(path)?;
         let map = RegionMap::from_gguf(&g)?;
@@ -166,7 +176,7 @@ impl ModelFile {
         let mut bitmap = Bitmap::new(file.page, file.n_pages());
         let mut header_pages_dropped = 0;
         if trusted {
-            file.scan(&mut bitmap)?;
+            file.scan_pages(window, &mut bitmap)?;
             header_pages_dropped = drop_new_pages(&file, &before, &bitmap);
         }
         Ok(ModelFile { map, file, bitmap, header_pages_dropped })
@@ -180,6 +190,7 @@ impl ModelFile {
     /// Scan the file's residency now.
     pub fn scan(&mut self) -> Result<Snapshot, ResidencyError> {
         let t0 = Instant::now();
+        let cpu0 = thread_cpu_ns();
         let whole = scan::cachestat(&self.file.file, 0..0);
         let page = self.file.page;
         let mut s = Snapshot {
@@ -194,11 +205,13 @@ impl ModelFile {
             experts: Part::default(),
             cells: vec![Part::default(); self.map.n_cells()],
             scan_ns: 0,
+            scan_cpu_ns: 0,
+            mincore_pages: 0,
         };
         let mut per_region: Vec<u64> = Vec::with_capacity(self.map.regions.len());
         match self.file.trust {
             Trust::Trusted(_) => {
-                self.file.scan(&mut self.bitmap)?;
+                s.mincore_pages = self.file.scan(&mut self.bitmap)?.mincore_pages;
                 s.file_resident_pages = self.bitmap.total();
                 per_region.extend(self.map.regions.iter().map(|r| self.bitmap.resident_bytes(&r.range)));
             }
@@ -230,8 +243,16 @@ impl ModelFile {
             }
         }
         s.scan_ns = t0.elapsed().as_nanos() as u64;
+        s.scan_cpu_ns = thread_cpu_ns().saturating_sub(cpu0);
         Ok(s)
     }
+}
+
+fn thread_cpu_ns() -> u64 {
+    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: valid timespec to fill.
+    unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
 }
 
 /// The whole-file `cachestat` when the kernel lets an untrusted caller use it, else the error

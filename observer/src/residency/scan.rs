@@ -13,9 +13,13 @@
 //! kernel is an error that says how to fix it, never a made-up 100 %.
 //!
 //! ## Cost
-//! The mapping reserves address space only: nothing is read or faulted. `mincore` is called on
-//! chunks of [`CHUNK_PAGES`] pages with one reused vector, so memory stays at one bit per page
-//! of the file (a 1 TB file needs a 32 MiB bitmap) whatever the file's size.
+//! The mapping reserves address space only: nothing is read or faulted. The file is scanned in
+//! chunks of [`FILTER_PAGES`] pages: `cachestat` first (it walks only the cached folios, so an
+//! absent chunk, or one cached in large folios, costs microseconds), a sparsely cached chunk is
+//! halved while one half turns out uniform, and `mincore` gets only what is left partly cached, into one reused
+//! vector. Memory stays at one bit per page of the file (a 1 TB
+//! file needs a 32 MiB bitmap). (`mincore` counts a page only once its read completed,
+//! `cachestat` as soon as it is in the page cache: they differ by the reads in flight.)
 
 use std::{
     fs::File,
@@ -27,8 +31,8 @@ use std::{
 
 use super::ResidencyError;
 
-/// Pages per `mincore` call (1 GiB of file with 4 KiB pages).
-pub const CHUNK_PAGES: usize = 1 << 18;
+/// Pages per chunk (16 MiB of file with 4 KiB pages; a multiple of 64).
+pub const FILTER_PAGES: u64 = 4096;
 
 /// `cachestat` system call number (the unified syscall table of Linux 6.5+, all 64-bit arches Rust targets).
 const SYS_CACHESTAT: libc::c_long = 451;
@@ -142,6 +146,21 @@ impl Bitmap {
         }
     }
 
+    /// Set (or clear) the pages `[a, b)`.
+    pub fn fill(&mut self, r: Range<u64>, v: bool) {
+        let b = r.end.min(self.n_pages);
+        let mut p = r.start;
+        while p < b {
+            if p % 64 == 0 && p + 64 <= b {
+                self.words[(p / 64) as usize] = if v { !0 } else { 0 };
+                p += 64;
+            } else {
+                self.set(p, v);
+                p += 1;
+            }
+        }
+    }
+
     /// Set pages among `[a, b)`.
     pub fn count(&self, a: u64, b: u64) -> u64 {
         let b = b.min(self.n_pages);
@@ -196,6 +215,8 @@ pub struct MappedFile {
     pub trust: Trust,
     map: Option<memmap2::Mmap>,
     vec: Vec<u8>,
+    /// `cachestat` works here (until it fails once).
+    cachestat_ok: bool,
 }
 
 impl std::fmt::Debug for MappedFile {
@@ -221,44 +242,106 @@ impl MappedFile {
             // mincore), so a concurrent truncation cannot fault this process.
             Some(unsafe { memmap2::MmapOptions::new().map(&file) }.map_err(io("mapping"))?)
         };
-        Ok(MappedFile { path: path.to_owned(), file, len, page: page_size(), trust, map, vec: Vec::new() })
+        let cachestat_ok = cachestat(&file, 0..1).is_ok();
+        Ok(MappedFile { path: path.to_owned(), file, len, page: page_size(), trust, map, vec: Vec::new(), cachestat_ok })
     }
 
     pub fn n_pages(&self) -> u64 {
         self.len.div_ceil(self.page)
     }
 
-    /// The residency bitmap of the whole file, from `mincore` in chunks. Only meaningful when
-    /// [`MappedFile::trust`] is `Trusted`.
-    pub fn scan(&mut self, out: &mut Bitmap) -> Result<(), ResidencyError> {
+    /// The residency bitmap of the whole file. Only meaningful when [`MappedFile::trust`] is
+    /// `Trusted`.
+    pub fn scan(&mut self, out: &mut Bitmap) -> Result<ScanStats, ResidencyError> {
+        self.scan_pages(0..u64::MAX, out)
+    }
+
+    /// Scan the pages `pages` (clipped to the file) into `out`, which is reset to the file's
+    /// size if it has another shape; bits outside `pages` are left as they are.
+    pub fn scan_pages(&mut self, pages: Range<u64>, out: &mut Bitmap) -> Result<ScanStats, ResidencyError> {
         let n_pages = self.n_pages();
         if out.page != self.page || out.n_pages != n_pages {
             *out = Bitmap::new(self.page, n_pages);
         }
-        let Some(map) = &self.map else { return Ok(()) };
-        self.vec.resize(CHUNK_PAGES, 0);
-        let base = map.as_ptr();
-        let mut p = 0u64;
-        while p < n_pages {
-            let n = (n_pages - p).min(CHUNK_PAGES as u64) as usize;
-            let len = (n as u64 * self.page).min(self.len - p * self.page) as usize;
-            // SAFETY: `base + p·page .. + len` lies inside the mapping; `vec` has room for
-            // one byte per page of that range.
-            let rc = unsafe {
-                libc::mincore(base.add((p * self.page) as usize) as *mut libc::c_void, len, self.vec.as_mut_ptr())
-            };
-            if rc != 0 {
-                return Err(ResidencyError::Io {
-                    path: self.path.clone(),
-                    what: "mincore",
-                    source: io::Error::last_os_error(),
-                });
-            }
-            pack(&self.vec[..n], p, out);
-            p += n as u64;
+        let mut stats = ScanStats::default();
+        if self.map.is_none() {
+            return Ok(stats);
         }
+        let mut p = pages.start.min(n_pages);
+        let end = pages.end.min(n_pages);
+        while p < end {
+            // Chunks aligned to FILTER_PAGES, so that uniform ones are whole bitmap words.
+            let n = ((p / FILTER_PAGES + 1) * FILTER_PAGES).min(end) - p;
+            stats.chunks += 1;
+            let cached = self.cached(p, n);
+            self.settle(p, n, cached, out, &mut stats)?;
+            p += n;
+        }
+        Ok(stats)
+    }
+
+    /// Cached pages among `p..p+n` (`None` without `cachestat`).
+    fn cached(&mut self, p: u64, n: u64) -> Option<u64> {
+        if !self.cachestat_ok {
+            return None;
+        }
+        let bytes = (p * self.page)..((p + n) * self.page).min(self.len);
+        let c = cachestat(&self.file, bytes).ok().map(|c| c.nr_cache);
+        self.cachestat_ok = c.is_some();
+        c
+    }
+
+    /// Pages `p..p+n` (of which `cached` are cached, per `cachestat`) into `out`: an empty or
+    /// full range is settled; a sparsely cached one (< 1/4, at least `2·MIN_MINCORE` pages) is
+    /// halved when one half turns out uniform; whatever is left goes to `mincore`.
+    fn settle(&mut self, p: u64, n: u64, cached: Option<u64>, out: &mut Bitmap, stats: &mut ScanStats) -> Result<(), ResidencyError> {
+        const MIN_MINCORE: u64 = 256;
+        let mixed = |c: Option<u64>, n: u64| c.is_none_or(|c| c > 0 && c < n);
+        match cached {
+            Some(0) => return Ok(out.fill(p..p + n, false)),
+            Some(c) if c >= n => return Ok(out.fill(p..p + n, true)),
+            Some(c) if n >= 2 * MIN_MINCORE && c * 4 < n => {
+                let half = n / 2 / 64 * 64;
+                let (c1, c2) = (self.cached(p, half), self.cached(p + half, n - half));
+                if !(mixed(c1, half) && mixed(c2, n - half)) {
+                    self.settle(p, half, c1, out, stats)?;
+                    return self.settle(p + half, n - half, c2, out, stats);
+                }
+            }
+            _ => {}
+        }
+        let bytes = (p * self.page)..((p + n) * self.page).min(self.len);
+        let Some(map) = &self.map else { return Ok(()) };
+        self.vec.resize(n as usize, 0);
+        // SAFETY: `bytes` lies inside the mapping; `vec` has one byte per page of it.
+        let rc = unsafe {
+            libc::mincore(
+                map.as_ptr().add(bytes.start as usize) as *mut libc::c_void,
+                (bytes.end - bytes.start) as usize,
+                self.vec.as_mut_ptr(),
+            )
+        };
+        if rc != 0 {
+            return Err(ResidencyError::Io { path: self.path.clone(), what: "mincore", source: io::Error::last_os_error() });
+        }
+        pack(&self.vec[..n as usize], p, out);
+        stats.mincore_pages += n;
         Ok(())
     }
+
+    /// Use `cachestat` to skip uniform chunks (default where the kernel has it); off: `mincore`
+    /// for every page, as `fincore` does (for comparisons).
+    pub fn set_cachestat_filter(&mut self, on: bool) {
+        self.cachestat_ok = on && cachestat(&self.file, 0..1).is_ok();
+    }
+}
+
+/// What a scan did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ScanStats {
+    pub chunks: u64,
+    /// Pages asked of `mincore` (the rest were settled by `cachestat`).
+    pub mincore_pages: u64,
 }
 
 /// Store mincore's bytes (bit 0 = resident) for pages `first..` into the bitmap, a word at a time.
@@ -305,6 +388,12 @@ mod tests {
     fn pack_matches_bytes_at_any_alignment() {
         let bytes: Vec<u8> = (0..300u32).map(|i| ((i * 7 + i / 5) % 3 == 0) as u8 | 0x80).collect();
         for first in [0u64, 64, 5] {
+            let mut f = Bitmap::new(4096, 400);
+            f.fill(first..first + 130, true);
+            assert_eq!(f.total(), 130);
+            assert_eq!(f.count(first, first + 130), 130);
+            f.fill(first + 1..first + 129, false);
+            assert_eq!(f.total(), 2);
             let mut b = Bitmap::new(4096, 400);
             pack(&bytes, first, &mut b);
             for (i, v) in bytes.iter().enumerate() {
