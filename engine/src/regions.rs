@@ -140,9 +140,12 @@ impl RegionMap {
                     push_experts(&mut regions, &path, ti, t, l)?;
                     moe_layers.push(l);
                 }
-                Some(l) if is_shared(rest) => {
-                    regions.push(Region { range: t.byte_range(), kind: RegionKind::Shared { layer: l }, tensor: ti, layer })
-                }
+                Some(l) if is_shared(rest) => regions.push(Region {
+                    range: t.byte_range(),
+                    kind: RegionKind::Shared { layer: l },
+                    tensor: ti,
+                    layer,
+                }),
                 _ => regions.push(Region { range: t.byte_range(), kind: RegionKind::Dense, tensor: ti, layer }),
             }
         }
@@ -216,7 +219,13 @@ impl RegionMap {
     }
 }
 
-fn push_experts(regions: &mut Vec<Region>, path: &str, ti: usize, t: &TensorInfo, layer: u32) -> Result<(), RegionError> {
+fn push_experts(
+    regions: &mut Vec<Region>,
+    path: &str,
+    ti: usize,
+    t: &TensorInfo,
+    layer: u32,
+) -> Result<(), RegionError> {
     let n = t.n_slices();
     if n == 0 || !t.size.is_multiple_of(n) {
         return Err(RegionError::Uneven { path: path.to_owned(), tensor: t.name.clone(), size: t.size, n });
@@ -328,7 +337,10 @@ mod tests {
     fn inconsistent_expert_counts_are_refused_with_the_tensor_named() {
         let dir = tempfile::tempdir().unwrap();
         let q = GgmlType::Q8_0;
-        let specs = vec![spec("blk.0.ffn_up_exps.weight", &[64, 32, 4], q), spec("blk.0.ffn_down_exps.weight", &[64, 32, 3], q)];
+        let specs = vec![
+            spec("blk.0.ffn_up_exps.weight", &[64, 32, 4], q),
+            spec("blk.0.ffn_down_exps.weight", &[64, 32, 3], q),
+        ];
         let g = write(dir.path(), "a.gguf", &arch("qwen3moe", None), specs);
         let e = RegionMap::from_gguf(&g).unwrap_err().to_string();
         assert!(e.contains("blk.0.ffn_down_exps.weight") && e.contains("3 slices") && e.contains("4 experts"), "{e}");
@@ -347,7 +359,10 @@ mod tests {
     #[test]
     fn a_dense_model_has_an_empty_grid() {
         let dir = tempfile::tempdir().unwrap();
-        let specs = vec![spec("token_embd.weight", &[64, 32], GgmlType::Q8_0), spec("blk.0.ffn_up.weight", &[64, 64], GgmlType::Q8_0)];
+        let specs = vec![
+            spec("token_embd.weight", &[64, 32], GgmlType::Q8_0),
+            spec("blk.0.ffn_up.weight", &[64, 64], GgmlType::Q8_0),
+        ];
         let g = write(dir.path(), "d.gguf", &arch("llama", None), specs);
         let m = RegionMap::from_gguf(&g).unwrap();
         assert_eq!((m.n_experts, m.n_cells()), (0, 0));

@@ -17,9 +17,8 @@ use aya_ebpf::{
     programs::TracePointContext,
 };
 use observer_common::filemap::{
-    Churn, FilemapConfig, FilemapFields, FilemapScratch, MAX_INTERVALS, MAX_SPAN, N_TOTALS, NO_FIELD,
-    SEARCH_STEPS, T_ADD_EVENTS, T_ADD_PAGES, T_ADD_SPILL, T_DEL_EVENTS, T_DEL_PAGES, T_DEL_SPILL,
-    T_OTHER_DEV, T_OTHER_DEV_LAST,
+    Churn, FilemapConfig, FilemapFields, FilemapScratch, MAX_INTERVALS, MAX_SPAN, N_TOTALS, NO_FIELD, SEARCH_STEPS,
+    T_ADD_EVENTS, T_ADD_PAGES, T_ADD_SPILL, T_DEL_EVENTS, T_DEL_PAGES, T_DEL_SPILL, T_OTHER_DEV, T_OTHER_DEV_LAST,
 };
 
 use crate::maps::atomic_add;

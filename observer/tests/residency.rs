@@ -350,7 +350,18 @@ fn thrashing_under_a_cgroup_limit_shows_evictions_of_the_cycled_experts() {
     let before = sampler.sample().unwrap();
     let cached0 = cachestat_pages(&path);
     let c0 = sampler.churn_counts().unwrap();
-    let argv = cg.wrap(&[STANDIN, "cycle", "--model", path.to_str().unwrap(), "--first", "0", "--last", "11", "--rounds", "3"]);
+    let argv = cg.wrap(&[
+        STANDIN,
+        "cycle",
+        "--model",
+        path.to_str().unwrap(),
+        "--first",
+        "0",
+        "--last",
+        "11",
+        "--rounds",
+        "3",
+    ]);
     let out = Command::new(&argv[0]).args(&argv[1..]).output().expect("run the stand-in");
     assert!(out.status.success(), "stand-in failed: {}", String::from_utf8_lossy(&out.stderr));
     std::thread::sleep(Duration::from_millis(100));

@@ -88,9 +88,14 @@ pub fn main(args: &[String]) -> Result<()> {
         bail!("fincore (util-linux) is not installed: `apt-get install util-linux`");
     }
     let root = crate::llama::workspace_root();
-    run(Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
-        .current_dir(&root)
-        .args(["build", "--quiet", "--release", "--package", "observer", "--bins"]))?;
+    run(Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into())).current_dir(&root).args([
+        "build",
+        "--quiet",
+        "--release",
+        "--package",
+        "observer",
+        "--bins",
+    ]))?;
     let target = std::env::var_os("CARGO_TARGET_DIR").map_or_else(|| root.join("target"), PathBuf::from);
     let observer = target.join("release/observer");
     let standin = target.join("release/resid_standin");
@@ -124,7 +129,17 @@ pub fn main(args: &[String]) -> Result<()> {
     );
     println!(
         "{:<10} {:>11} {:>11} {:>10} {:>10} {:>11} {:>9} {:>12} {:>12} {:>8} {:>10}",
-        "state", "refresh ms", "fincore ms", "ratio", "cpu ms", "fincore cpu", "ratio", "one-shot ms", "resident MiB", "mincore%", "vs fincore"
+        "state",
+        "refresh ms",
+        "fincore ms",
+        "ratio",
+        "cpu ms",
+        "fincore cpu",
+        "ratio",
+        "one-shot ms",
+        "resident MiB",
+        "mincore%",
+        "vs fincore"
     );
     let mut buf = vec![0u8; 1 << 20];
     // Reads of holes: the pages become real page-cache pages of zeros.
@@ -140,8 +155,11 @@ pub fn main(args: &[String]) -> Result<()> {
         };
         match state {
             "extents" | "extents-4k" => {
-                let (advice, block) =
-                    if state == "extents" { (libc::POSIX_FADV_NORMAL, 1 << 20) } else { (libc::POSIX_FADV_RANDOM, page as usize) };
+                let (advice, block) = if state == "extents" {
+                    (libc::POSIX_FADV_NORMAL, 1 << 20)
+                } else {
+                    (libc::POSIX_FADV_RANDOM, page as usize)
+                };
                 fadvise(&f, 0, 0, advice)?;
                 let ext = 128u64 << 20;
                 for k in 0..16u64 {
@@ -166,13 +184,16 @@ pub fn main(args: &[String]) -> Result<()> {
             }
             _ => {}
         }
-        let out = output(
-            Command::new(&observer)
-                .arg("heatmap")
-                .arg(&model)
-                .args(["--json", "--watch", "--count", &rounds.to_string(), "--interval", "20ms"]),
-        )?;
-        let lines: Vec<Value> = out.lines().map(serde_json::from_str).collect::<Result<_, _>>().context("heatmap JSON")?;
+        let out = output(Command::new(&observer).arg("heatmap").arg(&model).args([
+            "--json",
+            "--watch",
+            "--count",
+            &rounds.to_string(),
+            "--interval",
+            "20ms",
+        ]))?;
+        let lines: Vec<Value> =
+            out.lines().map(serde_json::from_str).collect::<Result<_, _>>().context("heatmap JSON")?;
         let mut scans: Vec<f64> = lines.iter().filter_map(|j| j["scan_ns"].as_f64()).map(|n| n / 1e6).collect();
         let mut cpus: Vec<f64> = lines.iter().filter_map(|j| j["scan_cpu_ns"].as_f64()).map(|n| n / 1e6).collect();
         let last = lines.last().context("no heatmap output")?;
@@ -186,7 +207,8 @@ pub fn main(args: &[String]) -> Result<()> {
             fin.push(t * 1e3);
             fin_cpu.push(c * 1e3);
             let t = Instant::now();
-            let j: Value = serde_json::from_str(&output(Command::new(&observer).arg("heatmap").arg(&model).arg("--json"))?)?;
+            let j: Value =
+                serde_json::from_str(&output(Command::new(&observer).arg("heatmap").arg(&model).arg("--json"))?)?;
             one.push(t.elapsed().as_secs_f64() * 1e3);
             (ours, fin_res) = (j["file_resident_bytes"].as_u64().unwrap_or(0), r);
             diffs.push(if ours == fin_res { 0.0 } else { ours.abs_diff(fin_res) as f64 / fin_res.max(1) as f64 });

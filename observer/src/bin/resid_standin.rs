@@ -100,7 +100,9 @@ fn cycle(model: &PathBuf, first: u32, last: u32, rounds: u32) -> Result<String> 
             }
         }
     }
-    Ok(format!(r#"{{"kind":"cycle","rounds":{rounds},"first":{first},"last":{last},"page_touches":{touched},"checksum":{sum}}}"#))
+    Ok(format!(
+        r#"{{"kind":"cycle","rounds":{rounds},"first":{first},"last":{last},"page_touches":{touched},"checksum":{sum}}}"#
+    ))
 }
 
 fn dense_anon(model: &PathBuf, pageout_every: u64) -> Result<String> {

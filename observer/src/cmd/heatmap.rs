@@ -104,7 +104,8 @@ fn delta(now: &Counts, last: &Counts) -> ChurnDelta {
 }
 
 pub fn run(args: HeatmapArgs) -> Result<i32> {
-    let mut model = ModelFile::open(&args.model).with_context(|| format!("observer heatmap {}", args.model.display()))?;
+    let mut model =
+        ModelFile::open(&args.model).with_context(|| format!("observer heatmap {}", args.model.display()))?;
     let mut churn_state: Option<(aya::Ebpf, Churn, Counts)> = None;
     if args.churn {
         observer::preflight::check_privileges()?;
@@ -327,7 +328,12 @@ fn render(
     )?;
     let cs = s
         .cachestat
-        .map(|c| format!("; cachestat: {} pages cached, {} evicted ({} recently)", c.nr_cache, c.nr_evicted, c.nr_recently_evicted))
+        .map(|c| {
+            format!(
+                "; cachestat: {} pages cached, {} evicted ({} recently)",
+                c.nr_cache, c.nr_evicted, c.nr_recently_evicted
+            )
+        })
         .unwrap_or_default();
     writeln!(
         out,
@@ -358,7 +364,11 @@ fn render(
             c.evicted_pages,
             c.dense.0,
             c.dense.1,
-            if c.spill > 0 { format!(", {} pages unattributed (folios over too many regions)", c.spill) } else { String::new() }
+            if c.spill > 0 {
+                format!(", {} pages unattributed (folios over too many regions)", c.spill)
+            } else {
+                String::new()
+            }
         )?;
     }
     if n_e == 0 {
@@ -373,19 +383,20 @@ fn render(
         "\n  resident per expert ({}):",
         if group == 1 { "1 column = 1 expert".to_string() } else { format!("1 column = {group} experts, mean") }
     )?;
-    let grid = |out: &mut dyn Write, vals: &dyn Fn(usize) -> Option<f64>, label: &dyn Fn(usize) -> String| -> Result<()> {
-        for (r, layer) in m.map.moe_layers.iter().enumerate() {
-            let mut line = String::new();
-            for c in 0..cols {
-                let es = c * group..((c + 1) * group).min(n_e);
-                let v: Vec<f64> = es.filter_map(|e| vals(r * n_e + e)).collect();
-                let f = (!v.is_empty()).then(|| v.iter().sum::<f64>() / v.len() as f64);
-                cell(&mut line, f, color);
+    let grid =
+        |out: &mut dyn Write, vals: &dyn Fn(usize) -> Option<f64>, label: &dyn Fn(usize) -> String| -> Result<()> {
+            for (r, layer) in m.map.moe_layers.iter().enumerate() {
+                let mut line = String::new();
+                for c in 0..cols {
+                    let es = c * group..((c + 1) * group).min(n_e);
+                    let v: Vec<f64> = es.filter_map(|e| vals(r * n_e + e)).collect();
+                    let f = (!v.is_empty()).then(|| v.iter().sum::<f64>() / v.len() as f64);
+                    cell(&mut line, f, color);
+                }
+                writeln!(out, "  {layer:>4} {line}{reset} {}", label(r))?;
             }
-            writeln!(out, "  {layer:>4} {line}{reset} {}", label(r))?;
-        }
-        Ok(())
-    };
+            Ok(())
+        };
     let frac = |i: usize| s.cells[i].frac();
     let row_label = |r: usize| {
         let row = &s.cells[r * n_e..(r + 1) * n_e];

@@ -262,10 +262,9 @@ fn load_bias(pid: u32, exe: &std::path::Path, id: (u64, u64)) -> Result<Option<u
             .split_once(':')
             .and_then(|(a, b)| Some((u32::from_str_radix(a, 16).ok()?, u32::from_str_radix(b, 16).ok()?)))
             == Some((major, minor));
-        let (Some(start), Ok(off)) = (
-            range.split_once('-').and_then(|(s, _)| u64::from_str_radix(s, 16).ok()),
-            u64::from_str_radix(off, 16),
-        ) else {
+        let (Some(start), Ok(off)) =
+            (range.split_once('-').and_then(|(s, _)| u64::from_str_radix(s, 16).ok()), u64::from_str_radix(off, 16))
+        else {
             continue;
         };
         if !dev_ok {

@@ -20,8 +20,8 @@ use aya::{
 };
 use engine::regions::{RegionKind, RegionMap};
 use observer_common::filemap::{
-    FilemapConfig, FilemapFields, MAX_INTERVALS, N_TOTALS, NO_FIELD, T_ADD_EVENTS, T_ADD_PAGES,
-    T_ADD_SPILL, T_DEL_EVENTS, T_DEL_PAGES, T_DEL_SPILL, T_OTHER_DEV, T_OTHER_DEV_LAST, kernel_dev,
+    FilemapConfig, FilemapFields, MAX_INTERVALS, N_TOTALS, NO_FIELD, T_ADD_EVENTS, T_ADD_PAGES, T_ADD_SPILL,
+    T_DEL_EVENTS, T_DEL_PAGES, T_DEL_SPILL, T_OTHER_DEV, T_OTHER_DEV_LAST, kernel_dev,
 };
 
 use super::ResidencyError;
@@ -255,13 +255,28 @@ impl Churn {
         let add = fields("filemap", TRACEPOINTS[0].1)?;
         let del = fields("filemap", TRACEPOINTS[1].1)?;
 
-        let mut starts = MapMem::new(array_data(ebpf, "FILEMAP_STARTS")?, round_page(MAX_INTERVALS as usize * 8), true, "FILEMAP_STARTS")?;
+        let mut starts = MapMem::new(
+            array_data(ebpf, "FILEMAP_STARTS")?,
+            round_page(MAX_INTERVALS as usize * 8),
+            true,
+            "FILEMAP_STARTS",
+        )?;
         for i in 0..MAX_INTERVALS as usize {
             starts.set_u64(i, intervals.starts.get(i).copied().unwrap_or(u64::MAX));
         }
         drop(starts);
-        let churn = MapMem::new(array_data(ebpf, "FILEMAP_CHURN")?, round_page(MAX_INTERVALS as usize * 16), false, "FILEMAP_CHURN")?;
-        let totals = MapMem::new(array_data(ebpf, "FILEMAP_TOTALS")?, round_page(N_TOTALS as usize * 8), false, "FILEMAP_TOTALS")?;
+        let churn = MapMem::new(
+            array_data(ebpf, "FILEMAP_CHURN")?,
+            round_page(MAX_INTERVALS as usize * 16),
+            false,
+            "FILEMAP_CHURN",
+        )?;
+        let totals = MapMem::new(
+            array_data(ebpf, "FILEMAP_TOTALS")?,
+            round_page(N_TOTALS as usize * 8),
+            false,
+            "FILEMAP_TOTALS",
+        )?;
         {
             let m = ebpf
                 .map_mut("FILEMAP_CONFIG")
@@ -330,7 +345,9 @@ static OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/ob
 /// Load the observer's eBPF object on its own (for `observer heatmap --churn`, which has no
 /// target process): only the programs [`Churn::attach`] loads are loaded.
 pub fn load_standalone() -> Result<Ebpf, ResidencyError> {
-    Ebpf::load(OBJECT).map_err(|e| ResidencyError::Churn(format!("loading the eBPF object: {e} (run as root, or with CAP_BPF and CAP_PERFMON)")))
+    Ebpf::load(OBJECT).map_err(|e| {
+        ResidencyError::Churn(format!("loading the eBPF object: {e} (run as root, or with CAP_BPF and CAP_PERFMON)"))
+    })
 }
 
 #[cfg(test)]
@@ -358,11 +375,11 @@ mod tests {
         let e = |expert| RegionKind::Expert { layer: 0, expert };
         let m = map(
             vec![
-                (1000, 5000, RegionKind::Dense),       // pages 0 (mid 2048 ✓)
-                (5000, 9000, RegionKind::Dense),       // page 1 (mid 6144 ✓): merged with page 0
-                (9000, 3 * p + 100, e(0)),             // page 2 (mid 10240 ✓), page 3 mid 14336 ✗
-                (3 * p + 100, 3 * p + 200, e(1)),      // owns nothing
-                (3 * p + 200, 6 * p, e(2)),            // pages 3, 4, 5
+                (1000, 5000, RegionKind::Dense),                 // pages 0 (mid 2048 ✓)
+                (5000, 9000, RegionKind::Dense),                 // page 1 (mid 6144 ✓): merged with page 0
+                (9000, 3 * p + 100, e(0)),                       // page 2 (mid 10240 ✓), page 3 mid 14336 ✗
+                (3 * p + 100, 3 * p + 200, e(1)),                // owns nothing
+                (3 * p + 200, 6 * p, e(2)),                      // pages 3, 4, 5
                 (7 * p, 8 * p, RegionKind::Shared { layer: 0 }), // page 7; page 6 is a gap
             ],
             vec![0],

@@ -129,7 +129,10 @@ impl Snapshot {
 
     /// Dense weights as the engine reads them from the file: dense tensors and shared experts.
     pub fn dense_with_shared(&self) -> Part {
-        Part { bytes: self.dense.bytes + self.shared.bytes, resident_bytes: self.dense.resident_bytes + self.shared.resident_bytes }
+        Part {
+            bytes: self.dense.bytes + self.shared.bytes,
+            resident_bytes: self.dense.resident_bytes + self.shared.resident_bytes,
+        }
     }
 
     pub fn cell_fracs(&self) -> Vec<f32> {
@@ -282,7 +285,12 @@ fn drop_new_pages(file: &MappedFile, before: &Bitmap, after: &Bitmap) -> u64 {
             let (off, len) = (start * file.page, (p - start) * file.page);
             // SAFETY: plain advice on our own descriptor.
             let rc = unsafe {
-                libc::posix_fadvise(file.file.as_raw_fd(), off as libc::off_t, len as libc::off_t, libc::POSIX_FADV_DONTNEED)
+                libc::posix_fadvise(
+                    file.file.as_raw_fd(),
+                    off as libc::off_t,
+                    len as libc::off_t,
+                    libc::POSIX_FADV_DONTNEED,
+                )
             };
             if rc == 0 {
                 n += p - start;

@@ -151,7 +151,7 @@ impl Bitmap {
         let b = r.end.min(self.n_pages);
         let mut p = r.start;
         while p < b {
-            if p % 64 == 0 && p + 64 <= b {
+            if p.is_multiple_of(64) && p + 64 <= b {
                 self.words[(p / 64) as usize] = if v { !0 } else { 0 };
                 p += 64;
             } else {
@@ -243,7 +243,16 @@ impl MappedFile {
             Some(unsafe { memmap2::MmapOptions::new().map(&file) }.map_err(io("mapping"))?)
         };
         let cachestat_ok = cachestat(&file, 0..1).is_ok();
-        Ok(MappedFile { path: path.to_owned(), file, len, page: page_size(), trust, map, vec: Vec::new(), cachestat_ok })
+        Ok(MappedFile {
+            path: path.to_owned(),
+            file,
+            len,
+            page: page_size(),
+            trust,
+            map,
+            vec: Vec::new(),
+            cachestat_ok,
+        })
     }
 
     pub fn n_pages(&self) -> u64 {
@@ -294,12 +303,25 @@ impl MappedFile {
     /// Pages `p..p+n` (of which `cached` are cached, per `cachestat`) into `out`: an empty or
     /// full range is settled; a sparsely cached one (< 1/4, at least `2·MIN_MINCORE` pages) is
     /// halved when one half turns out uniform; whatever is left goes to `mincore`.
-    fn settle(&mut self, p: u64, n: u64, cached: Option<u64>, out: &mut Bitmap, stats: &mut ScanStats) -> Result<(), ResidencyError> {
+    fn settle(
+        &mut self,
+        p: u64,
+        n: u64,
+        cached: Option<u64>,
+        out: &mut Bitmap,
+        stats: &mut ScanStats,
+    ) -> Result<(), ResidencyError> {
         const MIN_MINCORE: u64 = 256;
         let mixed = |c: Option<u64>, n: u64| c.is_none_or(|c| c > 0 && c < n);
         match cached {
-            Some(0) => return Ok(out.fill(p..p + n, false)),
-            Some(c) if c >= n => return Ok(out.fill(p..p + n, true)),
+            Some(0) => {
+                out.fill(p..p + n, false);
+                return Ok(());
+            }
+            Some(c) if c >= n => {
+                out.fill(p..p + n, true);
+                return Ok(());
+            }
             Some(c) if n >= 2 * MIN_MINCORE && c * 4 < n => {
                 let half = n / 2 / 64 * 64;
                 let (c1, c2) = (self.cached(p, half), self.cached(p + half, n - half));
@@ -322,7 +344,11 @@ impl MappedFile {
             )
         };
         if rc != 0 {
-            return Err(ResidencyError::Io { path: self.path.clone(), what: "mincore", source: io::Error::last_os_error() });
+            return Err(ResidencyError::Io {
+                path: self.path.clone(),
+                what: "mincore",
+                source: io::Error::last_os_error(),
+            });
         }
         pack(&self.vec[..n as usize], p, out);
         stats.mincore_pages += n;
@@ -346,7 +372,7 @@ pub struct ScanStats {
 
 /// Store mincore's bytes (bit 0 = resident) for pages `first..` into the bitmap, a word at a time.
 fn pack(bytes: &[u8], first: u64, out: &mut Bitmap) {
-    if first % 64 != 0 {
+    if !first.is_multiple_of(64) {
         for (i, b) in bytes.iter().enumerate() {
             out.set(first + i as u64, b & 1 == 1);
         }
