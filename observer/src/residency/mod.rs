@@ -23,7 +23,7 @@
 //!   millisecond of it).
 //!
 //! ## Live API (for `observer run`'s loop)
-//! ```ignore
+//! ```text
 //! let mut s = residency::Sampler::new(&model_path, Some(pid))?;   // parses the GGUF, maps it
 //! s.set_scan_interval(Duration::from_millis(500));                  // mincore at most this often
 //! if let Err(e) = s.enable_churn(probes.ebpf_mut()) { eprintln!("churn not measured: {e}") }
