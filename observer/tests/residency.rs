@@ -576,3 +576,35 @@ fn heatmap_formats_watch_and_errors() {
     assert_eq!(out.status.code(), Some(2));
     assert!(err.contains("not a GGUF file"), "{err}");
 }
+
+#[test]
+fn churn_rides_on_the_probes_of_a_run() {
+    let _l = machine_lock();
+    common::assert_root();
+    use observer::bpf::{AttachOptions, Markers, Probes};
+    let path = write_model(&scratch_dir("resid").join("probes.gguf"), 2, 8, 256, 32);
+    let mut target = Command::new("sleep").arg("30").spawn().unwrap();
+    let mut probes = Probes::attach(&AttachOptions { target: target.id(), markers: Markers::None }).expect("probes");
+    let mut sampler = Sampler::new(&path, Some(target.id())).unwrap();
+    sampler.set_scan_interval(Duration::from_secs(3600));
+    sampler.enable_churn(probes.ebpf_mut()).expect("churn on the run's eBPF object");
+    evict_all(&path);
+    let first = sampler.sample().unwrap();
+    read_all(&path);
+    let second = sampler.sample().unwrap();
+    let pages = std::fs::metadata(&path).unwrap().len().div_ceil(4096);
+    assert_eq!(first.pagecache_added, Some(0));
+    assert!(first.pagecache_evicted.unwrap() > 0, "the eviction before the first sample");
+    assert_eq!(second.pagecache_added, Some(pages), "reading the evicted file adds every page once");
+    assert_eq!(second.pagecache_evicted, Some(0));
+    // The scan interval keeps the residency of the first scan (taken while evicted) ...
+    assert_eq!(second.snapshot, first.snapshot);
+    assert_eq!(second.residency.experts_resident_frac, Some(0.0));
+    // ... while churn is per sample; the grid's added pages cover the expert part of the file.
+    let added: u64 = second.residency.grid.as_ref().unwrap().added.as_ref().unwrap().iter().map(|&x| x as u64).sum();
+    let experts = sampler.model().map.bytes_by_kind().2;
+    assert!(added.abs_diff(experts / 4096) <= 2 * 48, "expert pages added {added} vs {} expert bytes", experts);
+    drop(probes);
+    let _ = target.kill();
+    let _ = target.wait();
+}
