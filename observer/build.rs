@@ -21,6 +21,11 @@ fn fail(msg: &str) -> ! {
     std::process::exit(1);
 }
 
+fn fail_compile() -> ! {
+    eprintln!("\nerror: compiling observer-ebpf failed (see the compiler output above)\n");
+    std::process::exit(1);
+}
+
 fn main() {
     let manifest = PathBuf::from(env::var_os("CARGO_MANIFEST_DIR").expect("cargo sets CARGO_MANIFEST_DIR"));
     let ebpf_dir = manifest.join("..").join("observer-ebpf");
@@ -81,7 +86,7 @@ fn main() {
         .status()
         .unwrap_or_else(|e| fail(&format!("could not run cargo for observer-ebpf: {e}")));
     if !status.success() {
-        fail("`cargo build` of observer-ebpf failed (see the compiler output above)");
+        fail_compile();
     }
     let obj = target_dir.join("bpfel-unknown-none").join("release").join("observer-ebpf");
     let dst = out_dir.join("observer-ebpf.o");

@@ -553,6 +553,11 @@ impl Gguf {
         }
     }
 
+    /// Whether [`Gguf::bytes`] is a file mapping (from [`Gguf::open`]) rather than a buffer.
+    pub fn is_mapped(&self) -> bool {
+        matches!(self.backing, Backing::Mmap(_))
+    }
+
     pub fn get(&self, key: &str) -> Option<&Value> {
         self.meta_index.get(key).map(|&i| &self.metadata[i].1)
     }

@@ -1,14 +1,30 @@
 //! The embedded MoE engine: GGUF v3 on memmap2 ([`gguf`]), quantized CPU kernels ([`quant`]),
 //! `qwen3moe` decode ([`model`]), a byte-level BPE tokenizer from the GGUF vocabulary
 //! ([`tokenizer`]), sampling ([`sampling`]) and a synthetic-model generator ([`synth`]).
+//!
+//! For the observer: dense-weight placement policies `mmap | anon | locked` ([`placement`]),
+//! per-token telemetry with the `bmoe_metrics v1` CSV / JSON-lines writer ([`telemetry`]), and
+//! token markers ([`markers`]): the `engine` binary exports
+//!
+//! ```c
+//! void moe_engine_token_begin(uint64_t index, const struct moe_token_record *rec);
+//! void moe_engine_token_end(uint64_t index, const struct moe_token_record *rec);
+//! ```
+//!
+//! called around every step (the prompt is step 0, each further generated token one step), with
+//! `rec` the 152-byte `repr(C)` record v1 (magic `0x4B4F544D`, `u64::MAX` / negative = not
+//! measured) whose field-by-field layout table is in [`markers`].
 
 pub mod gguf;
 pub mod inspect;
+pub mod markers;
 pub mod model;
+pub mod placement;
 pub mod pool;
 pub mod quant;
 pub mod regions;
 pub mod sampling;
 pub mod synth;
+pub mod telemetry;
 pub mod tokenizer;
 pub mod vmath;

@@ -2,13 +2,16 @@
 
 use std::io::Write as _;
 use std::path::PathBuf;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 use clap::{Parser, Subcommand};
 
 use engine::gguf::Gguf;
+use engine::markers::{KIND_GENERATE, KIND_PROMPT};
 use engine::model::{Model, Session};
+use engine::placement::{DensePolicy, ExpertPolicy};
+use engine::telemetry::{Meter, MetricsHeader, MetricsWriter};
 use engine::sampling::{Sampler, SamplerConfig};
 use engine::synth::{QuantMix, SynthConfig};
 use engine::tokenizer::{Tokenizer, Utf8Stream};
@@ -51,6 +54,9 @@ enum Cmd {
         /// Print one JSON object instead of text.
         #[arg(long)]
         json: bool,
+        /// Dense weights: mmap | anon | locked (see `run --help`).
+        #[arg(long, default_value = "mmap")]
+        dense: DensePolicy,
     },
     /// Tokenize text with the model's vocabulary and print the ids as JSON.
     Tokenize {
@@ -142,6 +148,23 @@ struct RunArgs {
     /// Write the logits that chose the last generated token (f32 little-endian) to this file.
     #[arg(long)]
     logits_out: Option<PathBuf>,
+    /// Dense weights (all but routed experts): `mmap` = the file mapping (page cache), `anon` =
+    /// a copy in anonymous memory (swappable, e.g. to zram), `locked` = that copy mlock'ed.
+    #[arg(long, default_value = "mmap")]
+    dense: DensePolicy,
+    /// Routed experts: `mmap` = the file mapping.
+    #[arg(long, default_value = "mmap")]
+    experts: ExpertPolicy,
+    /// Write per-token telemetry in the `bmoe_metrics v1` CSV format to this file.
+    #[arg(long)]
+    metrics_csv: Option<PathBuf>,
+    /// Write the same rows as JSON lines to this file.
+    #[arg(long)]
+    metrics_json: Option<PathBuf>,
+    /// Sample `dense_resident_frac` (mincore) at most this often, in ms, and at most 1 % of the
+    /// time (0 = every step, whatever it costs).
+    #[arg(long, default_value_t = 100)]
+    resident_every_ms: u64,
 }
 
 fn default_threads() -> usize {
@@ -163,9 +186,15 @@ fn main() -> Result<()> {
         }
         Cmd::Synth(a) => synth(a),
         Cmd::Run(a) => run(a),
-        Cmd::Bench { model, n_prompt, n_gen, threads, repetitions, json } => {
-            bench(&model, n_prompt, n_gen, threads.unwrap_or_else(default_threads).max(1), repetitions.max(1), json)
-        }
+        Cmd::Bench { model, n_prompt, n_gen, threads, repetitions, json, dense } => bench(
+            &model,
+            n_prompt,
+            n_gen,
+            threads.unwrap_or_else(default_threads).max(1),
+            repetitions.max(1),
+            json,
+            dense,
+        ),
         Cmd::Tokenize { model, text } => {
             let g = Gguf::open(&model).with_context(|| format!("reading {}", model.display()))?;
             let tok = Tokenizer::from_gguf(&g).with_context(|| format!("tokenizer of {}", model.display()))?;
@@ -176,8 +205,16 @@ fn main() -> Result<()> {
     }
 }
 
-fn bench(path: &std::path::Path, n_prompt: usize, n_gen: usize, threads: usize, reps: usize, json: bool) -> Result<()> {
-    let model = Model::load(path).with_context(|| format!("loading {}", path.display()))?;
+fn bench(
+    path: &std::path::Path,
+    n_prompt: usize,
+    n_gen: usize,
+    threads: usize,
+    reps: usize,
+    json: bool,
+    dense: DensePolicy,
+) -> Result<()> {
+    let model = Model::load_with(path, dense).with_context(|| format!("loading {}", path.display()))?;
     let n_vocab = model.cfg.n_vocab as u64;
     let mut rng = engine::synth::SplitMix::new(1);
     let mut sess = Session::new(&model, threads, n_prompt.max(n_gen) + 1);
@@ -278,9 +315,45 @@ fn synth(a: SynthArgs) -> Result<()> {
     Ok(())
 }
 
+/// Writes generated tokens to stdout (text, or one JSON object per token).
+struct Emitter<'a> {
+    json: bool,
+    stream: Utf8Stream,
+    out: std::io::StdoutLock<'a>,
+}
+
+impl Emitter<'_> {
+    fn emit(&mut self, tok: &Tokenizer, id: u32) -> Result<()> {
+        if self.json {
+            let piece = String::from_utf8_lossy(tok.piece(id));
+            writeln!(self.out, "{}", serde_json::json!({"id": id, "piece": piece}))?;
+        } else {
+            write!(self.out, "{}", self.stream.push(tok.piece(id)))?;
+            self.out.flush()?;
+        }
+        Ok(())
+    }
+}
+
+fn mib(b: u64) -> f64 {
+    b as f64 / (1u64 << 20) as f64
+}
+
 fn run(a: RunArgs) -> Result<()> {
     let path = &a.model;
-    let model = Model::load(path).with_context(|| format!("loading {}", path.display()))?;
+    let t_load = Instant::now();
+    let model = Model::load_with(path, a.dense).with_context(|| format!("loading {}", path.display()))?;
+    let load_s = t_load.elapsed().as_secs_f64();
+    let p = &model.placement;
+    eprintln!(
+        "engine: {}: dense weights {:.1} MiB ({}), routed experts {:.1} MiB ({}), loaded in {:.2} s",
+        path.display(),
+        mib(p.dense_bytes),
+        p.dense.name(),
+        mib(p.expert_bytes),
+        p.experts.name(),
+        load_s
+    );
     let tok = Tokenizer::from_gguf(&model.gguf).with_context(|| format!("tokenizer of {}", path.display()))?;
     let prompt = tok.encode(&a.prompt).with_context(|| format!("tokenizing the prompt with {}", path.display()))?;
     if prompt.is_empty() {
@@ -301,44 +374,76 @@ fn run(a: RunArgs) -> Result<()> {
         );
     }
     let mut sampler = Sampler::new(SamplerConfig { temp: a.temp, top_k: a.top_k, top_p: a.top_p, seed: a.seed });
+    let gen_steps_planned = a.n.saturating_sub(1) as u64;
+    let metrics = if a.metrics_csv.is_some() || a.metrics_json.is_some() {
+        let header = MetricsHeader::for_run(
+            &model,
+            threads,
+            sess.n_ctx,
+            &[
+                ("prompt_tokens", prompt.len().to_string()),
+                ("n_predict", a.n.to_string()),
+                ("temp", a.temp.to_string()),
+                ("seed", a.seed.to_string()),
+                ("resident_every_ms", a.resident_every_ms.to_string()),
+            ],
+        );
+        Some(
+            MetricsWriter::create(a.metrics_csv.as_deref(), a.metrics_json.as_deref(), &header, gen_steps_planned)
+                .context("creating the metrics file")?,
+        )
+    } else {
+        None
+    };
+    let ExpertPolicy::Mmap = a.experts;
+    let mut meter = Meter::new(&model, Duration::from_millis(a.resident_every_ms), metrics);
     let stdout = std::io::stdout();
-    let mut out = stdout.lock();
+    let mut em = Emitter { json: a.json, stream: Utf8Stream::default(), out: stdout.lock() };
     if !a.json {
-        write!(out, "{}", a.prompt)?;
-        out.flush()?;
+        write!(em.out, "{}", a.prompt)?;
+        em.out.flush()?;
     }
 
-    let t0 = Instant::now();
-    let logits = sess.step(&prompt).with_context(|| format!("prompt of {} tokens", prompt.len()))?;
-    let mut next = sampler.sample(logits);
-    let prompt_s = t0.elapsed().as_secs_f64();
-
-    let mut stream = Utf8Stream::default();
-    let mut generated = Vec::new();
-    let mut last_logits = logits.to_vec();
-    let t1 = Instant::now();
-    for i in 0..a.n {
-        generated.push(next);
-        if a.json {
-            let piece = String::from_utf8_lossy(tok.piece(next));
-            writeln!(out, "{}", serde_json::json!({"id": next, "piece": piece}))?;
-        } else {
-            write!(out, "{}", stream.push(tok.piece(next)))?;
-            out.flush()?;
+    // Step 0 (marked as the prompt): the forward pass over the prompt, then the first token is
+    // sampled and written. Every later step (marked as a generated token) decodes the previous
+    // token, samples the next one and writes it.
+    let mut last_logits = Vec::new();
+    let keep_logits = a.logits_out.is_some();
+    let (first, prompt_rec) = meter.step(KIND_PROMPT, 0, prompt.len() as u64, || -> Result<u32> {
+        let logits = sess.step(&prompt).with_context(|| format!("prompt of {} tokens", prompt.len()))?;
+        if keep_logits {
+            last_logits = logits.to_vec();
         }
-        if (!a.ignore_eos && tok.is_eog(next)) || i + 1 == a.n {
-            break;
+        let t = sampler.sample(logits);
+        if a.n > 0 {
+            em.emit(&tok, t)?;
         }
-        let logits = sess.step(&[next]).with_context(|| format!("generating token {}", i + 1))?;
-        if a.logits_out.is_some() {
-            last_logits.clear();
-            last_logits.extend_from_slice(logits);
-        }
-        next = sampler.sample(logits);
+        Ok(t)
+    })?;
+    let prompt_s = prompt_rec.rec.wall_ns as f64 / 1e9;
+    let mut generated = if a.n > 0 { vec![first] } else { Vec::new() };
+    let mut next = first;
+    let mut gen_steps = 0u64;
+    let t_gen = Instant::now();
+    while generated.len() < a.n && (a.ignore_eos || !tok.is_eog(next)) {
+        let index = generated.len() as u64;
+        let (t, _) = meter.step(KIND_GENERATE, index, 1, || -> Result<u32> {
+            let logits = sess.step(&[next]).with_context(|| format!("generating token {index}"))?;
+            if keep_logits {
+                last_logits.clear();
+                last_logits.extend_from_slice(logits);
+            }
+            let t = sampler.sample(logits);
+            em.emit(&tok, t)?;
+            Ok(t)
+        })?;
+        next = t;
+        generated.push(t);
+        gen_steps += 1;
     }
-    // Generation speed counts the decode steps (one per generated token after the first).
-    let gen_s = t1.elapsed().as_secs_f64();
-    let gen_steps = generated.len().saturating_sub(1);
+    // Generation speed: generation steps over the wall-clock time of the generation loop.
+    let gen_s = t_gen.elapsed().as_secs_f64();
+    meter.finish().context("writing the metrics")?;
     let prompt_tok_s = prompt.len() as f64 / prompt_s;
     let gen_tok_s = if gen_steps > 0 { gen_steps as f64 / gen_s } else { 0.0 };
     if let Some(p) = &a.logits_out {
@@ -346,31 +451,41 @@ fn run(a: RunArgs) -> Result<()> {
         std::fs::write(p, bytes).with_context(|| format!("writing {}", p.display()))?;
     }
     let times = sess.times;
+    let marked_steps = 1 + gen_steps;
     if a.json {
         let summary = serde_json::json!({
             "prompt_tokens": prompt.len(),
             "gen_tokens": generated.len(),
+            "gen_steps": gen_steps,
+            "marked_steps": marked_steps,
             "prompt_tok_s": prompt_tok_s,
             "gen_tok_s": gen_tok_s,
             "prompt_ms": prompt_s * 1e3,
             "gen_ms": gen_s * 1e3,
             "threads": threads,
+            "dense": model.placement.dense.name(),
+            "experts": model.placement.experts.name(),
+            "dense_bytes": model.placement.dense_bytes,
+            "expert_bytes": model.placement.expert_bytes,
             "prompt_ids": prompt,
             "attention_ms": times.attention_ns as f64 / 1e6,
             "experts_ms": times.experts_ns as f64 / 1e6,
             "output_ms": times.output_ns as f64 / 1e6,
         });
-        writeln!(out, "{summary}")?;
+        writeln!(em.out, "{summary}")?;
     } else {
-        write!(out, "{}", stream.finish())?;
-        writeln!(out)?;
+        let rest = em.stream.finish();
+        write!(em.out, "{rest}")?;
+        writeln!(em.out)?;
         eprintln!(
-            "prompt: {} tokens, {:.2} tok/s | generation: {} tokens, {:.2} tok/s | {} threads",
+            "prompt: {} tokens, {:.2} tok/s | generation: {} tokens, {} steps, {:.2} tok/s | {} threads | {} marked steps",
             prompt.len(),
             prompt_tok_s,
             generated.len(),
+            gen_steps,
             gen_tok_s,
-            threads
+            threads,
+            marked_steps
         );
     }
     Ok(())

@@ -15,7 +15,8 @@
 //! in top-k order.
 //!
 //! Weights are referenced by byte ranges of the file ([`Weight::range`]) and read through
-//! [`Model::bytes`], so a placement policy can later serve dense ranges from another buffer.
+//! [`Model::bytes`], which serves dense ranges from the placement's anonymous copy under
+//! `--dense anon|locked` ([`crate::placement`]).
 //! [`Session::step`] runs one batch of tokens (a prompt chunk or one generated token): the unit
 //! that per-token markers and telemetry wrap.
 
@@ -26,6 +27,7 @@ use half::f16;
 use half::slice::HalfFloatSliceExt;
 
 use crate::gguf::{Gguf, GgufError, TensorInfo};
+use crate::placement::{DensePolicy, ExpertPolicy, Placement, PlacementError};
 use crate::pool::Pool;
 use crate::quant::{self, GgmlType};
 use crate::vmath;
@@ -42,6 +44,8 @@ pub enum ModelError {
     ContextFull { pos: usize, n: usize, ctx: usize },
     #[error("quant: {0}")]
     Quant(#[from] quant::QuantError),
+    #[error(transparent)]
+    Placement(#[from] PlacementError),
 }
 
 #[derive(Debug, Clone)]
@@ -115,14 +119,26 @@ pub struct Model {
     pub output_norm: Vec<f32>,
     pub output: Weight,
     pub layers: Vec<Layer>,
+    /// Where the dense weights are served from ([`crate::placement`]).
+    pub placement: Placement,
 }
 
 impl Model {
+    /// Loads with the dense weights on the file mapping.
     pub fn load(path: impl AsRef<Path>) -> Result<Model, ModelError> {
-        Self::from_gguf(Gguf::open(path)?)
+        Self::load_with(path, DensePolicy::Mmap)
+    }
+
+    /// Loads and places the dense weights by `dense` (experts stay on the mapping).
+    pub fn load_with(path: impl AsRef<Path>, dense: DensePolicy) -> Result<Model, ModelError> {
+        Self::from_gguf_with(Gguf::open(path)?, dense)
     }
 
     pub fn from_gguf(g: Gguf) -> Result<Model, ModelError> {
+        Self::from_gguf_with(g, DensePolicy::Mmap)
+    }
+
+    pub fn from_gguf_with(g: Gguf, dense: DensePolicy) -> Result<Model, ModelError> {
         let path = g.path().display().to_string();
         let bad = |what: String| ModelError::Bad { path: path.clone(), what };
         let arch = g.architecture()?.to_owned();
@@ -248,13 +264,19 @@ impl Model {
             });
         }
         let output_norm = vector("output_norm.weight", n_embd)?;
-        Ok(Model { gguf: g, cfg, tok_embd, output_norm, output, layers })
+        // Placed last, once the file has been validated as a model.
+        let placement = Placement::new(&g, dense, ExpertPolicy::Mmap)?;
+        Ok(Model { gguf: g, cfg, tok_embd, output_norm, output, layers, placement })
     }
 
-    /// The bytes of a weight range (today: the file mapping).
+    /// The bytes of a weight range: the anonymous copy for a dense range under `anon`/`locked`,
+    /// the file mapping otherwise (both hold the same bytes).
     #[inline]
     pub fn bytes(&self, r: Range<usize>) -> &[u8] {
-        &self.gguf.bytes()[r]
+        match self.placement.dense_copy(&r) {
+            Some(b) => b,
+            None => &self.gguf.bytes()[r],
+        }
     }
 }
 

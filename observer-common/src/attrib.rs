@@ -7,18 +7,28 @@
 //! Each kernel event first charges the interval since the thread's previous
 //! event (`last_ts` → now) to the context it was in, then changes context:
 //!
-//! | on CPU? | innermost context            | component     |
-//! |---------|------------------------------|---------------|
-//! | yes     | direct / memcg reclaim       | `reclaim`     |
-//! | yes     | page fault, zram read issued | `swapin_zram` |
-//! | yes     | page fault (otherwise)       | `fault_minor` |
-//! | yes     | syscall                      | `syscall`     |
-//! | yes     | none (user mode)             | `compute`     |
-//! | no, runnable (preempted or woken) | any | `runqueue`    |
-//! | no, blocked | reclaim                  | `reclaim`     |
-//! | no, blocked | page fault               | `fault_io`    |
-//! | no, blocked | read/pread/io_uring/… syscall | `io_wait` |
-//! | no, blocked | anything else            | `sleep`       |
+//! | on CPU? | innermost context                          | component     |
+//! |---------|--------------------------------------------|---------------|
+//! | yes     | direct / memcg reclaim                     | `reclaim`     |
+//! | yes     | page fault, after it queued a zram read    | `swapin_zram` |
+//! | yes     | page fault, disk read queued, not yet woken | `fault_io`   |
+//! | yes     | page fault (otherwise)                     | `fault_minor` |
+//! | yes     | explicit I/O syscall (read, pread, …)      | `io_wait`     |
+//! | yes     | other syscall                              | `syscall`     |
+//! | yes     | none (user mode)                           | `compute`     |
+//! | no, runnable (preempted or woken) | any              | `runqueue`    |
+//! | no, blocked | reclaim                                | `reclaim`     |
+//! | no, blocked | page fault                             | `fault_io`    |
+//! | no, blocked | explicit I/O syscall                   | `io_wait`     |
+//! | no, blocked | anything else                          | `sleep`       |
+//!
+//! So `io_wait` is all the time in explicit I/O syscalls but run-queue waits
+//! (what an engine measures around its reads as `io_ms`), and `fault_io` is a
+//! fault's time from queueing a disk read until the wakeup that ends the wait
+//! (the read's latency as the thread lives it), plus any other blocked time;
+//! the CPU work of a fault before and after is `fault_minor`. A wakeup is the
+//! `sched_waking` tracepoint: the moment the waker decides, so that the time
+//! until the thread runs (IPI, queueing) is `runqueue`.
 //!
 //! Events: fault entry/exit (perf `page-faults` → `major-faults`/`minor-faults`),
 //! `raw_syscalls:sys_enter/exit`, `vmscan:*reclaim_begin/end`,
@@ -91,6 +101,8 @@ pub const F_FAULT_ZRAM: u32 = 1 << 6;
 pub const F_FAULT_SWAP: u32 = 1 << 7;
 /// The open fault went through `filemap_fault`.
 pub const F_FAULT_FILE: u32 = 1 << 8;
+/// The open fault queued a read on a disk (not zram).
+pub const F_FAULT_DISK: u32 = 1 << 10;
 /// Seeded by user space at attach time (state before that is unknown).
 pub const F_SEEDED: u32 = 1 << 9;
 
@@ -139,9 +151,15 @@ impl ThreadState {
             if f & F_IN_RECLAIM != 0 {
                 T_RECLAIM
             } else if self.fault_start != 0 {
-                if f & F_FAULT_ZRAM != 0 { T_SWAPIN_ZRAM } else { T_FAULT_MINOR }
+                if f & F_FAULT_ZRAM != 0 {
+                    T_SWAPIN_ZRAM
+                } else if f & F_FAULT_DISK != 0 {
+                    T_FAULT_IO
+                } else {
+                    T_FAULT_MINOR
+                }
             } else if f & F_IN_SYSCALL != 0 {
-                T_SYSCALL
+                if f & F_IO_SYSCALL != 0 { T_IO_WAIT } else { T_SYSCALL }
             } else {
                 T_COMPUTE
             }
@@ -190,7 +208,7 @@ impl ThreadState {
             self.cnt[C_FAULT_UNMATCHED_ENTRY] += 1;
         }
         self.fault_start = now;
-        self.flags &= !(F_FAULT_ZRAM | F_FAULT_SWAP | F_FAULT_FILE);
+        self.flags &= !(F_FAULT_ZRAM | F_FAULT_SWAP | F_FAULT_FILE | F_FAULT_DISK);
     }
 
     /// Returns the fault's latency (0 when its entry was not seen) and its
@@ -215,19 +233,27 @@ impl ThreadState {
             now - self.fault_start
         };
         self.fault_start = 0;
-        self.flags &= !(F_FAULT_ZRAM | F_FAULT_SWAP | F_FAULT_FILE);
+        self.flags &= !(F_FAULT_ZRAM | F_FAULT_SWAP | F_FAULT_FILE | F_FAULT_DISK);
         (lat, class)
     }
 
-    /// A read bio queued by this thread on a swap device while in a fault:
-    /// the rest of the fault's on-CPU time is zram decompression (or swap I/O).
+    /// A read bio queued by this thread while in a fault: from now on the
+    /// fault's on-CPU time is zram decompression (zram) or I/O (a disk).
+    /// `swap`: the device is a swap device (classifies a major fault as swap).
     #[inline(always)]
-    pub fn fault_swap_read(&mut self, now: u64, zram: bool) {
+    pub fn fault_read(&mut self, now: u64, zram: bool, swap: bool) {
         if self.fault_start == 0 {
             return;
         }
         self.account(now);
-        self.flags |= if zram { F_FAULT_ZRAM } else { F_FAULT_SWAP };
+        if zram {
+            self.flags |= F_FAULT_ZRAM;
+        } else {
+            self.flags |= F_FAULT_DISK;
+            if swap {
+                self.flags |= F_FAULT_SWAP;
+            }
+        }
     }
 
     #[inline(always)]
@@ -249,14 +275,16 @@ impl ThreadState {
         self.flags = (self.flags | F_ON_CPU) & !F_RUNNABLE;
     }
 
-    /// A wakeup of a blocked thread: from now on it waits for a CPU.
+    /// A wakeup of a blocked thread: from now on it waits for a CPU. Inside a
+    /// fault, the disk read it waited for is done: the rest of the fault's
+    /// CPU work is `fault_minor` again (until it issues another read).
     #[inline(always)]
     pub fn wakeup(&mut self, now: u64) {
         if self.flags & (F_ON_CPU | F_RUNNABLE) != 0 {
             return;
         }
         self.account(now);
-        self.flags |= F_RUNNABLE;
+        self.flags = (self.flags | F_RUNNABLE) & !F_FAULT_DISK;
     }
 
     #[inline(always)]
@@ -354,11 +382,34 @@ pub struct BioInflight {
     pub ts: u64,
     pub slot: u32,
     pub zram: u32,
+    pub dev: u32,
+    pub _pad: u32,
+}
+
+/// Per-device totals of the target's reads (`DEV_IO` map, key: kernel dev_t).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct DevIo {
+    pub read_bytes: u64,
+    pub read_ios: u64,
+    /// Σ queue→complete latency of the reads that completed under their key.
+    pub read_ns: u64,
+    pub completed: u64,
 }
 
 /// Ring-buffer records emitted at token boundaries.
 pub const REC_THREAD: u32 = 1;
 pub const REC_MARK: u32 = 2;
+/// The target called `exec` (payload: `ExecRecord`).
+pub const REC_EXEC: u32 = 3;
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct ExecRecord {
+    pub kind: u32,
+    pub tid: u32,
+    pub ts: u64,
+}
 pub const PHASE_BEGIN: u32 = 0;
 pub const PHASE_END: u32 = 1;
 /// Bytes of the engine's per-token record copied at an `end` mark.
@@ -405,6 +456,7 @@ mod pod {
     unsafe impl aya::Pod for super::TpOffsets {}
     unsafe impl aya::Pod for super::BioKey {}
     unsafe impl aya::Pod for super::BioInflight {}
+    unsafe impl aya::Pod for super::DevIo {}
 }
 
 #[cfg(test)]
@@ -423,10 +475,10 @@ mod tests {
     fn components_add_up_to_elapsed_time() {
         let mut t = thread();
         t.syscall_enter(1100, true); // 100 compute
-        t.switch_out(1150, false); // 50 syscall
+        t.switch_out(1150, false); // 50 io_wait (on CPU, explicit I/O)
         t.wakeup(1400); // 250 io_wait
         t.switch_in(1420); // 20 runqueue
-        t.syscall_exit(1430); // 10 syscall
+        t.syscall_exit(1430); // 10 io_wait
         t.fault_enter(1500); // 70 compute
         t.switch_out(1510, false); // 10 fault_minor (on cpu, no zram)
         t.wakeup(1600); // 90 fault_io
@@ -437,8 +489,8 @@ mod tests {
         t.account(2000); // 280 compute
         assert_eq!(t.accounted(), 1000);
         assert_eq!(t.time[T_COMPUTE], 100 + 70 + 90 + 280);
-        assert_eq!(t.time[T_SYSCALL], 60);
-        assert_eq!(t.time[T_IO_WAIT], 250);
+        assert_eq!(t.time[T_SYSCALL], 0);
+        assert_eq!(t.time[T_IO_WAIT], 310);
         assert_eq!(t.time[T_RUNQUEUE], 45);
         assert_eq!(t.time[T_FAULT_MINOR], 15);
         assert_eq!(t.time[T_FAULT_IO], 90);
@@ -452,13 +504,35 @@ mod tests {
         let mut t = thread();
         t.fault_enter(1010);
         t.account(1012); // 2 fault_minor before the zram read
-        t.flags |= F_FAULT_ZRAM;
+        t.fault_read(1012, true, true);
         let (lat, class) = t.fault_exit(1015, true); // 3 swapin_zram
         assert_eq!((lat, class), (5, 2));
         assert_eq!(t.time[T_FAULT_MINOR], 2);
         assert_eq!(t.time[T_SWAPIN_ZRAM], 3);
         assert_eq!(t.cnt[C_MAJFLT_SWAP], 1);
         assert_eq!(t.time[T_COMPUTE], 10);
+    }
+
+    #[test]
+    fn a_disk_read_turns_the_rest_of_the_fault_into_fault_io() {
+        let mut t = thread();
+        t.fault_enter(1000);
+        t.fault_read(1004, false, false); // 4 fault_minor (setting up)
+        t.switch_out(1006, false); // 2 fault_io (on CPU, read in flight)
+        t.wakeup(1050); // 44 fault_io (blocked)
+        t.switch_in(1060); // 10 runqueue
+        let (_, class) = t.fault_exit(1063, true); // 3 fault_minor (after the read)
+        assert_eq!(class, 1);
+        assert_eq!(t.time[T_FAULT_MINOR], 7);
+        assert_eq!(t.time[T_FAULT_IO], 46);
+        assert_eq!(t.time[T_RUNQUEUE], 10);
+        assert_eq!(t.cnt[C_MAJFLT_FILE], 1);
+        // A disk swap device classifies the fault as swap.
+        let mut t = thread();
+        t.fault_enter(1000);
+        t.fault_read(1001, false, true);
+        assert_eq!(t.fault_exit(1002, true).1, 2);
+        assert_eq!(t.cnt[C_MAJFLT_SWAP], 1);
     }
 
     #[test]

@@ -21,7 +21,12 @@ pub struct Config {
     pub target_tgid: u32,
     /// Block major number of zram devices (from /proc/devices), 0 when none.
     pub zram_major: u32,
-    pub _pad: [u32; 2],
+    /// Non-zero: stop the target (SIGSTOP) when it `exec`s, so that user
+    /// space can attach the new program's token markers before it runs on;
+    /// user space continues it. Only ever set for a target the observer
+    /// spawned (an attached process's parent would see it stop).
+    pub stop_on_exec: u32,
+    pub _pad: u32,
 }
 const _: () = assert!(core::mem::size_of::<Config>() == 16);
 

@@ -373,6 +373,31 @@ pub struct ProcessSample {
     pub mem_available_bytes: Option<u64>,
 }
 
+/// Cumulative latency histograms kept in the kernel, by kind
+/// (`fault_minor`, `fault_major_file`, `fault_major_swap`, `zram_read`,
+/// `disk_read`). Per-bucket counts (not cumulative): bucket `i` counts values
+/// in `(2^(i-1), 2^i]` ns (`observer_common::hist`); the last is +Inf.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct LatencyHistograms {
+    pub mono_ns: u64,
+    pub kinds: BTreeMap<String, Vec<u64>>,
+}
+
+/// The observer's own health and cost, sampled during the run.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct ObserverHealth {
+    pub mono_ns: u64,
+    /// Cumulative events the kernel side could not deliver.
+    pub lost_events: u64,
+    pub probes_attached: u32,
+    /// Optional probes this kernel lacks.
+    pub probes_missing: u32,
+    /// Cumulative run time and run count of the observer's eBPF programs
+    /// (kernel BPF stats), when the kernel exposes them.
+    pub bpf_run_ns: Option<u64>,
+    pub bpf_run_count: Option<u64>,
+}
+
 /// How the run ended.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct RunEnd {
@@ -388,6 +413,8 @@ pub enum Event {
     Header(RunHeader),
     Token(TokenRecord),
     Process(ProcessSample),
+    Histograms(LatencyHistograms),
+    Health(ObserverHealth),
     End(RunEnd),
 }
 

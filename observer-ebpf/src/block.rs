@@ -11,12 +11,12 @@
 
 use aya_ebpf::{helpers::bpf_ktime_get_ns, macros::tracepoint, programs::TracePointContext};
 use observer_common::attrib::{
-    BioInflight, BioKey, C_DISK_READ_NS, C_READ_BYTES, C_READ_IOS, C_SWAPINS, C_ZRAM_READ_NS,
+    BioInflight, BioKey, DevIo, C_DISK_READ_NS, C_READ_BYTES, C_READ_IOS, C_SWAPINS, C_ZRAM_READ_NS,
     DEV_SWAP, DEV_ZRAM, H_DISK_READ, H_ZRAM_READ,
 };
 
 use crate::maps::{
-    DEVICES, INFLIGHT, SLOTS, THREADS, atomic_add, config, current_state, hist_add, offsets,
+    DEV_IO, DEVICES, INFLIGHT, SLOTS, THREADS, atomic_add, config, current_state, hist_add, offsets,
     target_tid, update,
 };
 
@@ -55,13 +55,27 @@ pub fn bio_queue(ctx: TracePointContext) -> u32 {
         s.cnt[C_READ_IOS] += 1;
         if kind == DEV_ZRAM || kind == DEV_SWAP {
             s.cnt[C_SWAPINS] += bytes / 4096;
-            s.fault_swap_read(now, kind == DEV_ZRAM);
         }
+        s.fault_read(now, kind == DEV_ZRAM, kind == DEV_SWAP);
     });
     // SAFETY: plain map lookup.
     let slot = unsafe { SLOTS.get(&tid).copied().unwrap_or(u32::MAX) };
     let key = BioKey { dev, _pad: 0, sector };
-    let _ = INFLIGHT.insert(&key, &BioInflight { ts: now, slot, zram: zram as u32 }, 0);
+    let _ = INFLIGHT.insert(&key, &BioInflight { ts: now, slot, zram: zram as u32, dev, _pad: 0 }, 0);
+    let d = match DEV_IO.get_ptr_mut(&dev) {
+        Some(d) => Some(d),
+        None => {
+            let _ = DEV_IO.insert(&dev, &DevIo::default(), 1 /* BPF_NOEXIST */);
+            DEV_IO.get_ptr_mut(&dev)
+        }
+    };
+    if let Some(d) = d {
+        // SAFETY: map value; other CPUs may update the same device.
+        unsafe {
+            atomic_add(&raw mut (*d).read_bytes, bytes);
+            atomic_add(&raw mut (*d).read_ios, 1);
+        }
+    }
     0
 }
 
@@ -87,6 +101,13 @@ fn complete(ctx: &TracePointContext, rq: bool) -> u32 {
     }
     let lat = now - inf.ts;
     hist_add(if inf.zram != 0 { H_ZRAM_READ } else { H_DISK_READ }, lat);
+    if let Some(d) = DEV_IO.get_ptr_mut(&inf.dev) {
+        // SAFETY: map value; other CPUs may update the same device.
+        unsafe {
+            atomic_add(&raw mut (*d).read_ns, lat);
+            atomic_add(&raw mut (*d).completed, 1);
+        }
+    }
     if let Some(t) = THREADS.get_ptr_mut(inf.slot) {
         let idx = if inf.zram != 0 { C_ZRAM_READ_NS } else { C_DISK_READ_NS };
         // SAFETY: map value; completion may run on another CPU than the owner.

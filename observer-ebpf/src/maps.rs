@@ -7,7 +7,7 @@ use aya_ebpf::{
 };
 use observer_common::{
     Config, GlobalCounter, ThreadFaults,
-    attrib::{BioInflight, BioKey, F_ON_CPU, Hist, MAX_SLOTS, N_HIST, ThreadState, TpOffsets},
+    attrib::{BioInflight, BioKey, DevIo, F_ON_CPU, Hist, MAX_SLOTS, N_HIST, ThreadState, TpOffsets},
     faults::GLOBAL_COUNTERS,
     hist::bucket_of,
 };
@@ -53,6 +53,10 @@ pub static HISTS: PerCpuArray<Hist> = PerCpuArray::with_max_entries(N_HIST, 0);
 /// Block devices of interest (dev_t in the kernel's encoding) → `DEV_*` kind.
 #[map]
 pub static DEVICES: HashMap<u32, u32> = HashMap::with_max_entries(64, 0);
+
+/// Per-device read totals of the target.
+#[map]
+pub static DEV_IO: HashMap<u32, DevIo> = HashMap::with_max_entries(64, 0);
 
 /// Read bios of the target in flight; LRU so that never-completed keys
 /// (merged bios) age out.

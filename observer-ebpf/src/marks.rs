@@ -23,6 +23,11 @@ use observer_common::{
     },
 };
 
+/// No reader wakeup per record: waking the observer at every token would
+/// make it compete with the engine for a CPU at exactly the wrong moment.
+/// User space polls the ring on a timer instead.
+const BPF_RB_NO_WAKEUP: u64 = 1;
+
 use crate::maps::{COUNTERS, EVENTS, MARK_LOST, SEQS, THREADS, bump, config};
 
 /// Copy slot `i` into the ring buffer; false when it could not be sent.
@@ -58,7 +63,7 @@ fn emit_thread(i: u32, phase: u32, mark_seq: u64) -> bool {
     // Closing the copy at the mark's instant (`ThreadState::account`) is left
     // to user space: its branches, unrolled over every slot, would exceed the
     // verifier's budget.
-    e.submit(0);
+    e.submit(BPF_RB_NO_WAKEUP);
     true
 }
 
@@ -127,7 +132,7 @@ fn mark(phase: u32, index: u64, engine_rec: u64) -> u32 {
         // SAFETY: per-CPU slot.
         unsafe { *c += lost as u64 };
     }
-    e.submit(0);
+    e.submit(BPF_RB_NO_WAKEUP);
     0
 }
 

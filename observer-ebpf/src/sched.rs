@@ -1,14 +1,24 @@
 //! Scheduling: `sched:sched_switch` (on/off CPU, runnable or blocked),
-//! `sched:sched_wakeup` (blocked → runnable), `sched:sched_process_exit`.
+//! `sched:sched_waking` (blocked → runnable, at the moment the waker decides;
+//! `sched_wakeup` fires later, after any cross-CPU IPI), `sched:sched_process_exit`.
 //! Field offsets come from tracefs (`OFFSETS`). Minimum kernel: 4.7.
 //!
 //! `sched_switch` runs as the *previous* task; the next task is known only by
-//! its TID, so only threads already tracked are switched in. `sched_wakeup`
+//! its TID, so only threads already tracked are switched in. `sched_waking`
 //! runs in the waker's context (any process): the wakee is looked up by TID.
 
-use aya_ebpf::{helpers::bpf_ktime_get_ns, macros::tracepoint, programs::TracePointContext};
+use aya_ebpf::{
+    helpers::{bpf_ktime_get_ns, bpf_send_signal},
+    macros::tracepoint,
+    programs::TracePointContext,
+};
 
-use crate::maps::{current_state, offsets, state_of, target_tid, update};
+use observer_common::{
+    GlobalCounter,
+    attrib::{ExecRecord, REC_EXEC},
+};
+
+use crate::maps::{EVENTS, bump, config, current_state, offsets, state_of, target_tid, update};
 
 #[tracepoint]
 pub fn sched_switch(ctx: TracePointContext) -> u32 {
@@ -67,3 +77,26 @@ pub fn sched_exit(_ctx: TracePointContext) -> u32 {
     }
     0
 }
+
+/// `sched:sched_process_exec`: tell user space, at once (forced wakeup), so
+/// that it can attach the token markers of the new program.
+#[tracepoint]
+pub fn sched_exec(_ctx: TracePointContext) -> u32 {
+    let Some(tid) = target_tid() else { return 0 };
+    if config().map(|c| c.stop_on_exec != 0).unwrap_or(false) {
+        // SAFETY: signals the current (exec'ing) process; user space sends SIGCONT.
+        unsafe { bpf_send_signal(SIGSTOP) };
+    }
+    let Some(mut e) = EVENTS.reserve::<ExecRecord>(0) else {
+        bump(GlobalCounter::LostEvents);
+        return 0;
+    };
+    // SAFETY: helper without preconditions.
+    let ts = unsafe { bpf_ktime_get_ns() };
+    e.write(ExecRecord { kind: REC_EXEC, tid, ts });
+    e.submit(BPF_RB_FORCE_WAKEUP);
+    0
+}
+
+const BPF_RB_FORCE_WAKEUP: u64 = 2;
+const SIGSTOP: u32 = 19;

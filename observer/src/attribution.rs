@@ -122,10 +122,13 @@ pub fn summarise(records: &[TokenRecord]) -> Summary {
         return s;
     }
     let n = set.len() as f64;
-    let tokens: u64 = set.iter().map(|t| t.n_tokens).sum();
     let wall: u64 = set.iter().map(|t| t.wall_ns).sum();
-    s.tokens = tokens;
-    s.tok_s = (wall > 0).then(|| tokens as f64 / (wall as f64 / 1e9));
+    // Windows are not tokens: no token rate for them.
+    if set.iter().all(|t| t.kind != StepKind::Window) {
+        let tokens: u64 = set.iter().map(|t| t.n_tokens).sum();
+        s.tokens = tokens;
+        s.tok_s = (wall > 0).then(|| tokens as f64 / (wall as f64 / 1e9));
+    }
     let mean = |f: &dyn Fn(&TokenRecord) -> Option<f64>| -> Option<f64> {
         let v: Vec<f64> = set.iter().filter_map(|t| f(t)).collect();
         (!v.is_empty()).then(|| v.iter().sum::<f64>() / v.len() as f64)
@@ -158,7 +161,7 @@ impl Summary {
         }
         writeln!(
             out,
-            "tokens: {} records ({} prompt steps); summary over {} records, {} tokens: {} tok/s",
+            "tokens: {} records ({} prompt steps); summary over {} records, {} tokens: {} tok/s (tokens / Σ wall)",
             self.records,
             self.prompt_steps,
             self.summarised,

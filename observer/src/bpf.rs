@@ -19,7 +19,7 @@ use aya::{
 };
 use observer_common::{
     Config, GlobalCounter, ThreadFaults,
-    attrib::{DEV_SWAP, Hist, MAX_SLOTS, N_HIST, ThreadState, TpOffsets},
+    attrib::{DEV_SWAP, DevIo, Hist, MAX_SLOTS, N_HIST, ThreadState, TpOffsets},
     faults::GLOBAL_COUNTERS,
 };
 
@@ -40,6 +40,8 @@ pub enum ProbeError {
     MissingPerfEvent { event: &'static str, source: io::Error },
     #[error("{0}")]
     MissingTracepoint(String),
+    #[error("{0}")]
+    Markers(String),
     #[error("cannot list online CPUs ({path}): {source}")]
     Cpus { path: &'static str, source: io::Error },
     #[error("eBPF program `{program}`: {source}")]
@@ -112,6 +114,8 @@ pub enum MarkerKind {
 /// The loaded and attached programs with their maps.
 pub struct Probes {
     ebpf: Ebpf,
+    /// Keeps the kernel's BPF run-time statistics on while held.
+    stats: Option<std::os::fd::OwnedFd>,
     /// What is attached, for headers and JSON.
     pub attached: Vec<String>,
     /// Optional probes that could not be attached, with the reason.
@@ -141,7 +145,7 @@ const FAULT_PROBES: [PerfProbe; 3] = [
 /// Tracepoints: (program, category, name, required).
 const TRACEPOINTS: &[(&str, &str, &str, bool)] = &[
     ("sched_switch", "sched", "sched_switch", true),
-    ("sched_wakeup", "sched", "sched_wakeup", true),
+    ("sched_wakeup", "sched", "sched_waking", true),
     ("sched_exit", "sched", "sched_process_exit", true),
     ("sys_enter", "raw_syscalls", "sys_enter", true),
     ("sys_exit", "raw_syscalls", "sys_exit", true),
@@ -153,13 +157,14 @@ const TRACEPOINTS: &[(&str, &str, &str, bool)] = &[
     ("bio_complete", "block", "block_bio_complete", false),
     ("rq_complete", "block", "block_rq_complete", false),
     ("filemap_fault", "filemap", "mm_filemap_fault", false),
+    ("sched_exec", "sched", "sched_process_exec", false),
 ];
 
 /// Field offsets the programs need, from tracefs.
 fn tp_offsets() -> Result<TpOffsets, ProbeError> {
     let miss = |e: anyhow::Error| ProbeError::MissingTracepoint(format!("{e:#}"));
     let sw = Format::load("sched", "sched_switch").map_err(miss)?;
-    let wk = Format::load("sched", "sched_wakeup").map_err(miss)?;
+    let wk = Format::load("sched", "sched_waking").map_err(miss)?;
     let ex = Format::load("sched", "sched_process_exit").map_err(miss)?;
     let se = Format::load("raw_syscalls", "sys_enter").map_err(miss)?;
     let mut o = TpOffsets {
@@ -238,7 +243,7 @@ impl Probes {
         let offsets = tp_offsets()?;
         let mut ebpf = Ebpf::load(OBJECT).map_err(classify_load)?;
         let target = opts.target;
-        set(&mut ebpf, "CONFIG", 0, Config { target_tgid: target, zram_major: zram_major(), _pad: [0; 2] })?;
+        set(&mut ebpf, "CONFIG", 0, Config { target_tgid: target, zram_major: zram_major(), stop_on_exec: 0, _pad: 0 })?;
         set(&mut ebpf, "OFFSETS", 0, offsets)?;
         for (i, w) in syscalls::io_bitmap().into_iter().enumerate() {
             set(&mut ebpf, "IO_SYSCALLS", i as u32, w)?;
@@ -307,7 +312,10 @@ impl Probes {
             }
         }
         let markers = attach_markers(&mut ebpf, opts, &mut attached)?;
-        Ok(Self { ebpf, attached, missing, markers })
+        // Program run time for the observer's own cost (Linux >= 5.8); absent
+        // stats are reported as not measured.
+        let stats = aya::sys::enable_stats(aya::sys::Stats::RunTime).ok();
+        Ok(Self { ebpf, stats, attached, missing, markers })
     }
 
     /// The loaded object, for modules that attach their own programs or
@@ -380,6 +388,60 @@ impl Probes {
             out.push(s);
         }
         Ok(out)
+    }
+
+    /// Run time and run count summed over the observer's programs, when the
+    /// kernel's BPF statistics are on.
+    pub fn bpf_stats(&self) -> Option<(u64, u64)> {
+        self.stats.as_ref()?;
+        let (mut ns, mut n) = (0u64, 0u64);
+        for (_, p) in self.ebpf.programs() {
+            if let Ok(info) = p.info() {
+                ns += info.run_time().as_nanos() as u64;
+                n += info.run_count();
+            }
+        }
+        Some((ns, n))
+    }
+
+    /// The latency histograms as a model event.
+    pub fn histograms_event(&self, mono_ns: u64) -> Result<observer_common::model::LatencyHistograms, ProbeError> {
+        const NAMES: [&str; 5] = ["fault_minor", "fault_major_file", "fault_major_swap", "zram_read", "disk_read"];
+        let hists = self.hists()?;
+        Ok(observer_common::model::LatencyHistograms {
+            mono_ns,
+            kinds: NAMES.iter().zip(hists).map(|(n, h)| ((*n).to_string(), h.b.to_vec())).collect(),
+        })
+    }
+
+    /// Per-device totals of the target's block reads: (kernel dev_t, totals).
+    pub fn devices(&self) -> Result<Vec<(u32, DevIo)>, ProbeError> {
+        let map = self.ebpf.map("DEV_IO").ok_or_else(|| no_map("DEV_IO"))?;
+        let h: HashMap<_, u32, DevIo> = HashMap::try_from(map).map_err(map_err("DEV_IO"))?;
+        let mut v = Vec::new();
+        for item in h.iter() {
+            v.push(item.map_err(map_err("DEV_IO"))?);
+        }
+        v.sort_by_key(|(d, _)| *d);
+        Ok(v)
+    }
+
+    /// Stop a spawned target at its next `exec` (see `Config::stop_on_exec`).
+    pub fn set_stop_on_exec(&mut self, target: u32, on: bool) -> Result<(), ProbeError> {
+        let cfg = Config { target_tgid: target, zram_major: zram_major(), stop_on_exec: on as u32, _pad: 0 };
+        set(&mut self.ebpf, "CONFIG", 0, cfg)
+    }
+
+    /// The target `exec`'d `exe`: attach the engine markers there when it has
+    /// them and no markers are attached yet. Returns what is attached now.
+    pub fn attach_after_exec(&mut self, exe: &std::path::Path, pid: u32) -> Result<Option<MarkerKind>, ProbeError> {
+        if self.markers.is_some() {
+            return Ok(None);
+        }
+        let opts = AttachOptions { target: pid, markers: Markers::Auto { exe: exe.to_path_buf() } };
+        let m = attach_markers(&mut self.ebpf, &opts, &mut self.attached)?;
+        self.markers = m.clone();
+        Ok(m)
     }
 
     /// The ring buffer of token-boundary records (can be taken once).
@@ -456,14 +518,14 @@ fn attach_markers(
             };
             for (sym, addr) in [(engine_abi::SYM_BEGIN, b), (engine_abi::SYM_END, e)] {
                 if let Some(why) = unprobeable_entry(exe, addr) {
-                    return Err(ProbeError::MissingTracepoint(format!(
+                    return Err(ProbeError::Markers(format!(
                         "cannot uprobe {sym} in {}: {why}",
                         exe.display()
                     )));
                 }
             }
             if b == e {
-                return Err(ProbeError::MissingTracepoint(format!(
+                return Err(ProbeError::Markers(format!(
                     "{} defines {} and {} at the same address {b:#x} (the linker folded identical functions): give the two markers different bodies",
                     exe.display(),
                     engine_abi::SYM_BEGIN,

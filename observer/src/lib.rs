@@ -3,15 +3,21 @@
 
 pub mod attribution;
 pub mod bpf;
+pub mod diff;
 pub mod engine_abi;
+pub mod export;
 pub mod header;
+pub mod import;
 pub mod preflight;
+pub mod procfs;
 pub mod procsample;
 pub mod report;
 pub mod residency;
 pub mod seed;
 pub mod sink;
+pub mod stats;
 pub mod syscalls;
 pub mod target;
 pub mod tokens;
+pub mod trace;
 pub mod tracefs;

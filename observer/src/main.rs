@@ -16,6 +16,14 @@ struct Cli {
 enum Cmd {
     /// Observe a command (`observer run -- CMD ARGS…`) or a running process (`--pid`).
     Run(cmd::run::RunArgs),
+    /// Observe like `run` and write the model stream to a trace file (`-o FILE`).
+    Record(cmd::record::RecordArgs),
+    /// Compare runs (traces or bmoe_metrics CSVs) with bootstrap intervals.
+    Diff(cmd::diff::DiffArgs),
+    /// Summarise one run (a trace or a bmoe_metrics CSV).
+    Report(cmd::report::ReportArgs),
+    /// Convert a run to another format (Chrome / Perfetto trace JSON).
+    Export(cmd::export::ExportArgs),
     /// Which weights of a GGUF model are in the page cache: a layer × expert heatmap.
     Heatmap(cmd::heatmap::HeatmapArgs),
 }
@@ -27,6 +35,10 @@ fn main() {
         Ok(rt) => rt.block_on(async {
             match cli.cmd {
                 Cmd::Run(args) => cmd::run::run(args).await,
+                Cmd::Record(args) => cmd::record::record(args).await,
+                Cmd::Diff(args) => cmd::diff::diff(args),
+                Cmd::Report(args) => cmd::report::report(args),
+                Cmd::Export(args) => cmd::export::export(args),
                 Cmd::Heatmap(args) => cmd::heatmap::run(args),
             }
         }),

@@ -128,6 +128,38 @@ impl Histogram {
     }
 }
 
+/// Block reads the target caused on one device.
+#[derive(Debug, Clone, Serialize)]
+pub struct DeviceRow {
+    /// `major:minor`.
+    pub dev: String,
+    /// Kernel name (`vda`, `zram0`, …) when known.
+    pub name: Option<String>,
+    pub read_bytes: u64,
+    pub read_ios: u64,
+    /// Σ queue→complete latency over the reads whose completion was matched.
+    pub read_ns: u64,
+    pub completed: u64,
+}
+
+impl DeviceRow {
+    /// From the kernel's dev_t encoding `(major << 20) | minor`.
+    pub fn new(kdev: u32, d: &observer_common::attrib::DevIo) -> Self {
+        let (major, minor) = (kdev >> 20, kdev & 0xfffff);
+        let name = std::fs::read_to_string(format!("/sys/dev/block/{major}:{minor}/uevent"))
+            .ok()
+            .and_then(|u| u.lines().find_map(|l| l.strip_prefix("DEVNAME=").map(str::to_string)));
+        DeviceRow {
+            dev: format!("{major}:{minor}"),
+            name,
+            read_bytes: d.read_bytes,
+            read_ios: d.read_ios,
+            read_ns: d.read_ns,
+            completed: d.completed,
+        }
+    }
+}
+
 #[derive(Debug, Clone, Serialize)]
 pub struct TargetInfo {
     pub pid: u32,
@@ -139,19 +171,29 @@ pub struct TargetInfo {
 #[derive(Debug, Clone, Serialize)]
 pub struct Summary {
     pub observer_version: &'static str,
+    /// `ebpf`, or `procfs` for the fallback (most fields not measured).
+    pub mode: String,
     pub kernel: String,
     pub target: TargetInfo,
     pub duration_ns: u64,
     pub probes: Vec<String>,
-    pub totals: FaultCounts,
-    pub majflt_hist: Histogram,
-    pub minflt_hist: Histogram,
+    /// Fault bracketing totals; `None` when faults were not probed (procfs fallback).
+    pub totals: Option<FaultCounts>,
+    pub majflt_hist: Option<Histogram>,
+    pub minflt_hist: Option<Histogram>,
     pub threads: Vec<ThreadRow>,
     /// Events the kernel side could not record (full maps, full ring buffers).
     pub lost_events: u64,
     /// Latency histograms by kind: `fault_minor`, `fault_major_file`,
     /// `fault_major_swap`, `zram_read`, `disk_read`.
     pub latency: std::collections::BTreeMap<String, Histogram>,
+    /// The target's block reads per device.
+    pub devices: Vec<DeviceRow>,
+    /// The observer's own cost: run time and run count of its eBPF programs
+    /// (all processes' events, since filtering happens inside them), when the
+    /// kernel's BPF statistics are available.
+    pub bpf_run_ns: Option<u64>,
+    pub bpf_run_count: Option<u64>,
     /// Whole-run attribution summed over threads.
     pub attribution_totals: Option<ThreadAttribution>,
     /// Per-token summary (when tokens were marked or windows used).
@@ -198,16 +240,20 @@ impl Summary {
         }
         Summary {
             observer_version: env!("CARGO_PKG_VERSION"),
+            mode: "ebpf".into(),
             kernel: kernel_release(),
             target,
             duration_ns,
             probes,
-            totals,
-            majflt_hist: maj,
-            minflt_hist: min,
+            totals: Some(totals),
+            majflt_hist: Some(maj),
+            minflt_hist: Some(min),
             threads,
             lost_events,
             latency: Default::default(),
+            devices: Vec::new(),
+            bpf_run_ns: None,
+            bpf_run_count: None,
             attribution_totals: None,
             attribution: None,
             tokens: Vec::new(),
@@ -267,48 +313,58 @@ impl Summary {
     /// The human table.
     pub fn print(&self, out: &mut impl Write) -> std::io::Result<()> {
         let secs = self.duration_ns as f64 / 1e9;
-        writeln!(
-            out,
-            "observer: pid {} ({}) observed for {:.3} s, {} thread(s) faulted",
-            self.target.pid,
-            self.target.command.first().map(String::as_str).unwrap_or("?"),
-            secs,
-            self.threads.len()
-        )?;
-        writeln!(
-            out,
-            "{:>8}  {:<16} {:>10} {:>10} {:>11} {:>11} {:>11}",
-            "tid", "comm", "majflt", "minflt", "fault ms", "maj avg µs", "min avg µs"
-        )?;
-        let line = |out: &mut dyn Write, tid: &str, comm: &str, c: &FaultCounts| {
+        let cmd = self.target.command.first().map(String::as_str).unwrap_or("?");
+        if let Some(totals) = &self.totals {
             writeln!(
                 out,
-                "{:>8}  {:<16} {:>10} {:>10} {:>11.2} {:>11} {:>11}",
-                tid,
-                comm,
-                c.majflt,
-                c.minflt,
-                c.fault_ns as f64 / 1e6,
-                avg_us(c.majflt_ns, c.majflt),
-                avg_us(c.minflt_ns, c.minflt),
-            )
-        };
-        for t in &self.threads {
-            line(out, &t.tid.to_string(), &t.comm, &t.counts)?;
-        }
-        line(out, "total", "", &self.totals)?;
-        for (name, h) in [("major", &self.majflt_hist), ("minor", &self.minflt_hist)] {
-            if h.count == 0 {
-                continue;
+                "observer: pid {} ({}) observed for {:.3} s, {} thread(s) faulted",
+                self.target.pid,
+                cmd,
+                secs,
+                self.threads.iter().filter(|t| t.counts.majflt + t.counts.minflt > 0).count()
+            )?;
+            writeln!(
+                out,
+                "{:>8}  {:<16} {:>10} {:>10} {:>11} {:>11} {:>11}",
+                "tid", "comm", "majflt", "minflt", "fault ms", "maj avg µs", "min avg µs"
+            )?;
+            let line = |out: &mut dyn Write, tid: &str, comm: &str, c: &FaultCounts| {
+                writeln!(
+                    out,
+                    "{:>8}  {:<16} {:>10} {:>10} {:>11.2} {:>11} {:>11}",
+                    tid,
+                    comm,
+                    c.majflt,
+                    c.minflt,
+                    c.fault_ns as f64 / 1e6,
+                    avg_us(c.majflt_ns, c.majflt),
+                    avg_us(c.minflt_ns, c.minflt),
+                )
+            };
+            for t in self.threads.iter().filter(|t| t.counts.majflt + t.counts.minflt > 0) {
+                line(out, &t.tid.to_string(), &t.comm, &t.counts)?;
             }
-            writeln!(out, "{name}-fault latency ({} faults):", h.count)?;
-            print_hist(out, h)?;
-        }
-        if self.totals.unmatched_entries + self.totals.unmatched_exits > 0 {
+            line(out, "total", "", totals)?;
+            for (name, h) in [("major", &self.majflt_hist), ("minor", &self.minflt_hist)] {
+                let Some(h) = h else { continue };
+                if h.count == 0 {
+                    continue;
+                }
+                writeln!(out, "{name}-fault latency ({} faults):", h.count)?;
+                print_hist(out, h)?;
+            }
+            if totals.unmatched_entries + totals.unmatched_exits > 0 {
+                writeln!(
+                    out,
+                    "unmatched: {} fault entries without exit (failed faults), {} exits without entry",
+                    totals.unmatched_entries, totals.unmatched_exits
+                )?;
+            }
+        } else {
             writeln!(
                 out,
-                "unmatched: {} fault entries without exit (failed faults), {} exits without entry",
-                self.totals.unmatched_entries, self.totals.unmatched_exits
+                "observer: pid {} ({}) observed for {:.3} s in {} mode (faults not probed)",
+                self.target.pid, cmd, secs, self.mode
             )?;
         }
         let with_attr: Vec<&ThreadRow> = self.threads.iter().filter(|t| t.attribution.is_some()).collect();
@@ -344,8 +400,27 @@ impl Summary {
                 )?;
             }
         }
+        for d in &self.devices {
+            writeln!(
+                out,
+                "block reads on {} ({}): {:.1} MB in {} requests, mean latency {}",
+                d.name.as_deref().unwrap_or("?"),
+                d.dev,
+                d.read_bytes as f64 / 1e6,
+                d.read_ios,
+                if d.completed > 0 { fmt_ns(d.read_ns / d.completed) } else { "-".into() }
+            )?;
+        }
         if let Some(a) = &self.attribution {
             a.print(out)?;
+        }
+        if let (Some(ns), Some(n)) = (self.bpf_run_ns, self.bpf_run_count) {
+            writeln!(
+                out,
+                "observer cost: {:.1} ms of eBPF program time in {n} runs ({:.0} ns per run)",
+                ns as f64 / 1e6,
+                if n > 0 { ns as f64 / n as f64 } else { 0.0 }
+            )?;
         }
         if self.lost_events > 0 {
             writeln!(out, "\x1b[31mlost events: {}\x1b[0m", self.lost_events)?;

@@ -101,8 +101,25 @@ impl Target {
     /// Fork `cmd`, with the child blocked before `exec` until [`Target::release`],
     /// so that the probes see everything it does.
     pub fn spawn(cmd: &[OsString]) -> Result<Self> {
+        Self::spawn_in(cmd, None)
+    }
+
+    /// Like [`Target::spawn`], with the child joining a cgroup before `exec`
+    /// (`DIR/cgroup.procs`, or `DIR/tasks` for cgroup v1). Only the child
+    /// moves, never the observer.
+    pub fn spawn_in(cmd: &[OsString], cgroup: Option<&std::path::Path>) -> Result<Self> {
         let (prog, _) = cmd.split_first().context("no command given after `--`")?;
         let path = resolve_program(prog)?;
+        let procs = match cgroup {
+            None => None,
+            Some(dir) => {
+                let f = ["cgroup.procs", "tasks"].iter().map(|n| dir.join(n)).find(|p| p.exists());
+                let Some(f) = f else {
+                    bail!("--cgroup {}: no cgroup.procs or tasks file there (not a cgroup directory?)", dir.display());
+                };
+                Some(CString::new(f.into_os_string().into_vec()).context("cgroup path contains a NUL byte")?)
+            }
+        };
         let argv_c: Vec<CString> = cmd
             .iter()
             .map(|a| CString::new(a.as_bytes().to_vec()))
@@ -121,6 +138,13 @@ impl Target {
         if pid == 0 {
             // SAFETY: see above; we never return from this block.
             unsafe {
+                if let Some(procs) = &procs {
+                    if !join_cgroup(procs) {
+                        let errno = *libc::__errno_location();
+                        libc::write(err_wr.as_raw_fd(), (&errno as *const i32).cast(), 4);
+                        libc::_exit(126);
+                    }
+                }
                 let mut b = 0u8;
                 loop {
                     let n = libc::read(go_rd.as_raw_fd(), (&mut b as *mut u8).cast(), 1);
@@ -190,7 +214,7 @@ impl Target {
         let n = unsafe { libc::read(sp.exec_error.as_raw_fd(), (&mut errno as *mut i32).cast(), 4) };
         if n == 4 {
             bail!(
-                "cannot start `{}`: {}",
+                "cannot start `{}`: {} (joining the cgroup or exec failed)",
                 sp.program,
                 io::Error::from_raw_os_error(errno)
             );
@@ -198,12 +222,23 @@ impl Target {
         Ok(())
     }
 
-    /// Wait for the target to end.
+    /// Wait for the target to end, and reap it when it is our child.
     pub async fn wait(&mut self) -> Result<Ending> {
+        self.exited().await?;
+        self.reap()
+    }
+
+    /// Resolves when the target has exited; a spawned child stays a zombie
+    /// (its final /proc counters readable) until [`Target::reap`].
+    pub async fn exited(&self) -> Result<()> {
         // A pidfd becomes readable when the process exits.
         let mut guard = self.pidfd.readable().await.context("waiting on pidfd")?;
         guard.retain_ready();
-        drop(guard);
+        Ok(())
+    }
+
+    /// Collect the exit status of an exited target.
+    pub fn reap(&mut self) -> Result<Ending> {
         if self.spawned.is_none() {
             return Ok(Ending::Gone);
         }
@@ -238,6 +273,36 @@ impl Target {
 }
 
 const GO: u8 = 1;
+
+/// Write our own PID into a cgroup's procs file, without allocating
+/// (called between fork and exec).
+///
+/// # Safety
+/// Only async-signal-safe calls; `procs` is a valid C string.
+unsafe fn join_cgroup(procs: &CString) -> bool {
+    // SAFETY: see the function's contract.
+    unsafe {
+        let fd = libc::open(procs.as_ptr(), libc::O_WRONLY | libc::O_CLOEXEC);
+        if fd < 0 {
+            return false;
+        }
+        let mut buf = [0u8; 16];
+        let mut pid = libc::getpid() as u32;
+        let mut i = buf.len();
+        loop {
+            i -= 1;
+            buf[i] = b'0' + (pid % 10) as u8;
+            pid /= 10;
+            if pid == 0 {
+                break;
+            }
+        }
+        let n = buf.len() - i;
+        let ok = libc::write(fd, buf.as_ptr().add(i).cast(), n) == n as isize;
+        libc::close(fd);
+        ok
+    }
+}
 
 #[inline(always)]
 fn n_is_go(b: u8) -> bool {

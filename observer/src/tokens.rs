@@ -12,7 +12,7 @@
 use observer_common::{
     attrib::{
         C_CTX_SWITCHES, C_MAJFLT_FILE, C_MAJFLT_SWAP, C_MINFLT, C_READ_BYTES, C_SWAPINS, F_EXITED,
-        MarkRecord, N_CNT, N_TIME, PHASE_BEGIN, PHASE_END, REC_MARK, REC_THREAD, ThreadRecord,
+        MarkRecord, N_CNT, N_TIME, PHASE_BEGIN, PHASE_END, REC_EXEC, REC_MARK, REC_THREAD, ThreadRecord,
         ThreadState,
     },
     model::{Component, Components, Counter, Counters, StepKind, ThreadToken, TokenRecord},
@@ -40,6 +40,8 @@ pub struct Assembler {
     default_kind: StepKind,
     /// Records that could not be parsed (never expected; counted, not hidden).
     pub malformed: u64,
+    /// The target called `exec` since this was last cleared.
+    pub exec_seen: bool,
 }
 
 fn read<T: Copy>(b: &[u8]) -> Option<T> {
@@ -59,6 +61,7 @@ impl Assembler {
             next_seq: 0,
             default_kind,
             malformed: 0,
+            exec_seen: false,
         }
     }
 
@@ -118,6 +121,10 @@ impl Assembler {
                         None
                     }
                 }
+            }
+            REC_EXEC => {
+                self.exec_seen = true;
+                None
             }
             _ => {
                 self.malformed += 1;

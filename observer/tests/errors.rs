@@ -45,6 +45,47 @@ fn unprivileged_user_is_told_what_to_do() {
             .args(["--reuid=65534", "--regid=65534", "--clear-groups", "--inh-caps=-all", OBSERVER, "run", "--", "true"]),
     );
     assert_ne!(code, 0);
-    assert!(err.contains("CAP_BPF") && err.contains("root"), "{err}");
+    assert!(err.contains("CAP_BPF") && err.contains("root") && err.contains("--fallback"), "{err}");
     assert_eq!(err.trim().lines().count(), 1, "one line: {err}");
+}
+
+#[test]
+fn procfs_fallback_without_privileges() {
+    assert_root();
+    let _l = testkit::machine_lock();
+    let json = format!("/tmp/moe-observer-fallback-{}.json", std::process::id());
+    let _ = std::fs::remove_file(&json);
+    let out = Command::new("setpriv")
+        .args(["--reuid=65534", "--regid=65534", "--clear-groups", "--inh-caps=-all", OBSERVER, "run", "--fallback"])
+        .args(["--window", "200ms", "--json", &json, "--", WORKLOAD, "busy", "--ms", "1000"])
+        .output()
+        .expect("run observer as nobody");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    let first = err.lines().next().unwrap_or("");
+    assert!(first.contains("no eBPF") && first.contains("procfs fallback") && first.contains("not measured"), "{first}");
+    let v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    let _ = std::fs::remove_file(&json);
+    assert_eq!(v["mode"], "procfs");
+    assert!(v["totals"].is_null(), "fault bracketing was not measured: {}", v["totals"]);
+    let toks = v["tokens"].as_array().unwrap();
+    assert!(toks.len() >= 4, "200 ms windows over a 1 s run: {}", toks.len());
+    for t in toks {
+        for k in ["fault_minor_ns", "swapin_zram_ns", "fault_io_ns", "io_wait_ns", "sleep_ns", "majflt_file", "swapins"] {
+            assert!(t[k].is_null(), "{k} must be not measured, never 0: {t}");
+        }
+        assert!(t["compute_ns"].is_u64() && t["runqueue_ns"].is_u64() && t["minflt"].is_u64());
+    }
+    // Against the workload's own accounting (user time, clock-tick resolution).
+    let w: serde_json::Value = serde_json::from_str(
+        String::from_utf8_lossy(&out.stdout).lines().find(|l| l.starts_with('{')).expect("workload output"),
+    )
+    .unwrap();
+    let compute: u64 = toks.iter().map(|t| t["compute_ns"].as_u64().unwrap()).sum();
+    let utime = w["utime_ns"].as_u64().unwrap();
+    let tick = 10_000_000 * toks.len() as u64;
+    assert!(
+        compute.abs_diff(utime) <= utime / 20 + tick,
+        "compute {compute} vs the workload's user time {utime}"
+    );
 }

@@ -170,6 +170,11 @@ fn json_uses_the_design_vocabulary() {
     }
     assert!(s["lost_events"].is_u64());
     assert_eq!(u(s, "lost_events"), 0);
+    // The observer's own cost, from the kernel's BPF statistics: every fault
+    // the target took ran at least an entry and an exit program.
+    let faults = u(&s["totals"], "majflt") + u(&s["totals"], "minflt");
+    assert!(u(s, "bpf_run_count") >= 2 * faults, "bpf_run_count {} < 2 × {faults} faults", s["bpf_run_count"]);
+    assert!(u(s, "bpf_run_ns") > 0);
     let t = &s["threads"][0];
     for key in ["tid", "comm", "majflt", "minflt", "fault_ns"] {
         assert!(!t[key].is_null(), "threads[0].{key} missing: {t}");

@@ -2,7 +2,9 @@
 //!
 //! Every guard here changes machine state on creation and restores it on
 //! drop (also when a test panics): zram swap ([`ZramSwap`]), a cgroup-v1
-//! memory limit ([`MemCgroup`]), and a cross-process lock ([`machine_lock`])
+//! memory limit ([`MemCgroup`]), an anonymous-memory [`Balloon`] in a cgroup,
+//! all three together as a memory-pressure setup ([`Pressure`], also behind
+//! `cargo xtask pressure`), and a cross-process lock ([`machine_lock`])
 //! that serialises tests which measure the whole machine. Nothing here ever
 //! moves the calling process into a cgroup: commands are placed there from
 //! inside the child (`sh -c 'echo $$ > …/tasks; exec CMD'`).
@@ -174,6 +176,255 @@ impl Drop for MemCgroup {
     }
 }
 
+/// An anonymous-memory balloon: a child process, placed in a memory cgroup from inside the child,
+/// that holds `mib` MiB of incompressible anonymous memory and reads one byte of every page
+/// again every `touch` interval, so that its memory stays hot and competes with the workload's
+/// (like another app in use). Killed on drop; dies with the process that spawned it.
+#[derive(Debug)]
+pub struct Balloon {
+    pid: libc::pid_t,
+    mib: u64,
+}
+
+impl Balloon {
+    /// Forks the balloon into `cg` and returns once all of its memory has been written.
+    pub fn spawn(cg: &MemCgroup, mib: u64, touch: Duration) -> Result<Balloon> {
+        use std::ffi::CString;
+        let tasks = CString::new(cg.dir().join("tasks").into_os_string().into_encoded_bytes())
+            .context("cgroup path contains NUL")?;
+        let len = usize::try_from(mib << 20).context("balloon size")?;
+        let parent = std::process::id() as libc::pid_t;
+        let mut fds = [0i32; 2];
+        // SAFETY: valid out-array of two fds.
+        if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
+            bail!("pipe2: {}", std::io::Error::last_os_error());
+        }
+        let (rd, wr) = (fds[0], fds[1]);
+        // SAFETY: the child only makes raw system calls on data prepared before the fork (no
+        // allocation, no locks) and leaves with _exit; see `balloon_child`.
+        let pid = unsafe { libc::fork() };
+        if pid < 0 {
+            let e = std::io::Error::last_os_error();
+            // SAFETY: our own fds.
+            unsafe {
+                libc::close(rd);
+                libc::close(wr);
+            }
+            bail!("fork: {e}");
+        }
+        if pid == 0 {
+            // SAFETY: in the freshly forked child; see above.
+            unsafe { balloon_child(&tasks, len, touch, wr, parent) }
+        }
+        // SAFETY: our own fd.
+        unsafe { libc::close(wr) };
+        let mut b = [0u8; 1];
+        // SAFETY: reading one byte into a valid buffer; blocks until the child is ready or dead.
+        let n = unsafe { libc::read(rd, b.as_mut_ptr().cast(), 1) };
+        // SAFETY: our own fd.
+        unsafe { libc::close(rd) };
+        let balloon = Balloon { pid, mib };
+        match (n, b[0]) {
+            (1, b'R') => Ok(balloon),
+            (1, b'C') => bail!("balloon: cannot join the cgroup {}", cg.dir().display()),
+            (1, b'M') => bail!("balloon: mmap of {mib} MiB failed"),
+            _ => bail!("balloon of {mib} MiB died before it was filled (OOM-killed in {}?)", cg.dir().display()),
+        }
+    }
+
+    pub fn pid(&self) -> i32 {
+        self.pid
+    }
+
+    pub fn mib(&self) -> u64 {
+        self.mib
+    }
+
+    /// Whether the balloon process is still alive (not OOM-killed).
+    pub fn alive(&self) -> bool {
+        let mut st = 0;
+        // SAFETY: non-blocking wait on our own child.
+        unsafe { libc::waitpid(self.pid, &mut st, libc::WNOHANG) == 0 }
+    }
+}
+
+impl Drop for Balloon {
+    fn drop(&mut self) {
+        // SAFETY: kill and reap our own child.
+        unsafe {
+            libc::kill(self.pid, libc::SIGKILL);
+            libc::waitpid(self.pid, std::ptr::null_mut(), 0);
+        }
+    }
+}
+
+/// The balloon's body after `fork`: only raw system calls, then `_exit`.
+///
+/// # Safety
+/// Must run in a freshly forked child, with `wr` the write end of the readiness pipe.
+unsafe fn balloon_child(tasks: &std::ffi::CStr, len: usize, touch: Duration, wr: i32, parent: libc::pid_t) -> ! {
+    // SAFETY: raw system calls on valid arguments; the child owns its copy of the address space.
+    unsafe {
+        let fail = |code: u8| -> ! {
+            libc::write(wr, (&code as *const u8).cast(), 1);
+            libc::_exit(1)
+        };
+        libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+        if libc::getppid() != parent {
+            libc::_exit(1);
+        }
+        // Join the cgroup: write our pid in decimal, without allocating.
+        let mut digits = [0u8; 16];
+        let mut n = libc::getpid() as u64;
+        let mut i = digits.len();
+        loop {
+            i -= 1;
+            digits[i] = b'0' + (n % 10) as u8;
+            n /= 10;
+            if n == 0 {
+                break;
+            }
+        }
+        let fd = libc::open(tasks.as_ptr(), libc::O_WRONLY | libc::O_CLOEXEC);
+        if fd < 0 || libc::write(fd, digits[i..].as_ptr().cast(), digits.len() - i) < 0 {
+            fail(b'C');
+        }
+        libc::close(fd);
+        let p = libc::mmap(
+            std::ptr::null_mut(),
+            len,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+            -1,
+            0,
+        );
+        if p == libc::MAP_FAILED {
+            fail(b'M');
+        }
+        // Incompressible contents (xorshift64), like the weights it competes with.
+        let words = p.cast::<u64>();
+        let mut x = 0x9E37_79B9_7F4A_7C15u64 ^ libc::getpid() as u64;
+        for w in 0..len / 8 {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            words.add(w).write(x);
+        }
+        let ready = b'R';
+        libc::write(wr, (&ready as *const u8).cast(), 1);
+        libc::close(wr);
+        let ts = libc::timespec {
+            tv_sec: touch.as_secs() as libc::time_t,
+            tv_nsec: touch.subsec_nanos() as libc::c_long,
+        };
+        let bytes = p.cast::<u8>();
+        let mut sum = 0u8;
+        loop {
+            let mut off = 0;
+            while off < len {
+                sum = sum.wrapping_add(bytes.add(off).read_volatile());
+                off += 4096;
+            }
+            std::hint::black_box(sum);
+            libc::nanosleep(&ts, std::ptr::null_mut());
+        }
+    }
+}
+
+/// A memory-pressure setup: optional zram swap, a cgroup-v1 memory limit and an optional
+/// [`Balloon`] inside it. Commands run in the cgroup through [`Pressure::command`]; the caller is
+/// never moved. Dropping it kills what runs in the cgroup, removes the cgroup and tears down the
+/// zram swap (fields drop in this order).
+#[derive(Debug)]
+pub struct Pressure {
+    pub balloon: Option<Balloon>,
+    pub cgroup: MemCgroup,
+    pub zram: Option<ZramSwap>,
+}
+
+#[derive(Debug, Clone)]
+pub struct PressureConfig {
+    /// Name stem of the cgroup (the PID is appended).
+    pub name: String,
+    pub limit_bytes: u64,
+    /// zram swap of this size, or none.
+    pub zram_mib: Option<u64>,
+    /// Balloon size (0 = no balloon) and how often it re-reads its pages.
+    pub balloon_mib: u64,
+    pub balloon_touch: Duration,
+}
+
+/// Counters of a pressure run: the cgroup's and the machine's.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct PressureStats {
+    pub max_usage_bytes: Option<u64>,
+    pub failcnt: Option<u64>,
+    /// `swap` of the cgroup's memory.stat (bytes of its memory in swap now).
+    pub swap_bytes: Option<u64>,
+    /// /proc/vmstat deltas since [`Pressure::new`].
+    pub pswpin: Option<u64>,
+    pub pswpout: Option<u64>,
+    pub pgmajfault: Option<u64>,
+}
+
+impl Pressure {
+    pub fn new(cfg: &PressureConfig) -> Result<Pressure> {
+        if !is_root() {
+            bail!("memory pressure needs root (zram, cgroups): run as root");
+        }
+        let zram = cfg.zram_mib.map(ZramSwap::new).transpose()?;
+        let cgroup = MemCgroup::new(&cfg.name, cfg.limit_bytes)?;
+        let mut p = Pressure { balloon: None, cgroup, zram };
+        p.reset_counters();
+        if cfg.balloon_mib > 0 {
+            p.balloon = Some(Balloon::spawn(&p.cgroup, cfg.balloon_mib, cfg.balloon_touch)?);
+        }
+        Ok(p)
+    }
+
+    fn reset_counters(&mut self) {
+        let _ = write(self.cgroup.dir().join("memory.max_usage_in_bytes"), "0");
+    }
+
+    /// `args` as a command that runs inside the cgroup (see [`MemCgroup::wrap`]).
+    pub fn command(&self, args: &[&str]) -> Command {
+        let v = self.cgroup.wrap(args);
+        let mut c = Command::new(&v[0]);
+        c.args(&v[1..]);
+        c
+    }
+
+    fn read_u64(&self, file: &str) -> Option<u64> {
+        std::fs::read_to_string(self.cgroup.dir().join(file)).ok()?.trim().parse().ok()
+    }
+
+    /// Counters now; `since` is the /proc/vmstat state at the start, from [`vmstat_snapshot`].
+    pub fn stats(&self, since: &VmstatSnapshot) -> PressureStats {
+        let now = vmstat_snapshot();
+        let d = |a: Option<u64>, b: Option<u64>| Some(a?.saturating_sub(b?));
+        PressureStats {
+            max_usage_bytes: self.read_u64("memory.max_usage_in_bytes"),
+            failcnt: self.read_u64("memory.failcnt"),
+            swap_bytes: self.cgroup.stat("swap"),
+            pswpin: d(now.pswpin, since.pswpin),
+            pswpout: d(now.pswpout, since.pswpout),
+            pgmajfault: d(now.pgmajfault, since.pgmajfault),
+        }
+    }
+}
+
+/// The /proc/vmstat counters [`PressureStats`] reports.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct VmstatSnapshot {
+    pub pswpin: Option<u64>,
+    pub pswpout: Option<u64>,
+    pub pgmajfault: Option<u64>,
+}
+
+pub fn vmstat_snapshot() -> VmstatSnapshot {
+    VmstatSnapshot { pswpin: vmstat("pswpin"), pswpout: vmstat("pswpout"), pgmajfault: vmstat("pgmajfault") }
+}
+
 /// `sync; echo 3 > /proc/sys/vm/drop_caches`.
 pub fn drop_caches() -> Result<()> {
     // SAFETY: no preconditions.
@@ -208,6 +459,24 @@ mod tests {
     fn vmstat_reads_a_counter() {
         assert!(vmstat("pgfault").is_some());
         assert!(vmstat("no_such_counter").is_none());
+    }
+
+    #[test]
+    fn balloon_fills_its_cgroup_and_dies_on_drop() {
+        assert!(is_root(), "this test creates a cgroup and must run as root (CI does)");
+        let _l = machine_lock();
+        let cg = MemCgroup::new("testkit-balloon", 512 << 20).expect("cgroup");
+        let b = Balloon::spawn(&cg, 32, Duration::from_millis(10)).expect("balloon");
+        let pid = b.pid();
+        assert!(b.alive());
+        let tasks = std::fs::read_to_string(cg.dir().join("tasks")).unwrap();
+        assert!(tasks.split_whitespace().any(|p| p == pid.to_string()), "balloon {pid} not in {tasks}");
+        let usage: u64 = std::fs::read_to_string(cg.dir().join("memory.usage_in_bytes")).unwrap().trim().parse().unwrap();
+        assert!(usage >= 32 << 20, "cgroup usage {usage} < the balloon's 32 MiB");
+        let mine = std::fs::read_to_string("/proc/self/cgroup").unwrap();
+        assert!(!mine.contains(cg.dir().file_name().unwrap().to_str().unwrap()), "the test process must never join the cgroup");
+        drop(b);
+        assert!(!Path::new(&format!("/proc/{pid}")).exists(), "balloon {pid} still exists after drop");
     }
 
     #[test]

@@ -5,15 +5,18 @@
 //! - `demo`: setup, build, observe a workload and print the observer's table.
 //! - `parity`: the engine against llama.cpp on synthetic models.
 //! - `bench engine`: engine vs llama.cpp decode/prompt speed, same file, same run.
+//! - `pressure`: run a command under a cgroup memory limit, optional zram and balloon.
 //! - `bench heatmap`: one residency refresh of a 20 GB (sparse) model vs `fincore`, same file.
 
 mod bench_engine;
 mod bench_heatmap;
+mod bench_observer;
 mod cache;
 mod cmd;
 mod demo;
 mod llama;
 mod parity;
+mod pressure;
 mod setup;
 mod test;
 
@@ -27,6 +30,8 @@ commands:
   demo               setup, then run the observer on a demo workload
   parity [OPTIONS]   engine vs llama.cpp: tokens, greedy continuations, logits
   bench engine [..]  engine vs llama.cpp decode and prompt tok/s, printed as ratios
+  bench observer     engine decode tok/s with and without the observer, as a ratio
+  pressure [..] -- CMD  run CMD under a memory limit (+ zram, balloon); restores the machine
   bench heatmap [..] residency refresh of a 20 GB sparse model vs fincore, same run
 ";
 
@@ -38,6 +43,8 @@ fn main() {
         ["demo", ..] => demo::run(&args[1..]),
         ["parity", ..] => parity::main(&args[1..]),
         ["bench", "engine", ..] => bench_engine::main(&args[2..]),
+        ["bench", "observer", ..] => bench_observer::main(&args[2..]),
+        ["pressure", ..] => pressure::main(&args[1..]),
         ["bench", "heatmap", ..] => bench_heatmap::main(&args[2..]),
         ["-h" | "--help" | "help"] | [] => {
             print!("{USAGE}");

@@ -8,8 +8,10 @@
 //! the phase, so the observer sees it as a token.
 //!
 //! Output: one JSON object per phase on stdout, e.g.
-//! `{"kind":"file-refault","index":0,"pages":65536,"wall_ns":…,"majflt":…,"minflt":…,"utime_ns":…}`
-//! where the numbers are deltas around the phase only.
+//! `{"kind":"file-refault","index":0,"pages":65536,"wall_ns":…,"majflt":…,"minflt":…,"utime_ns":…,
+//! "stime_ns":…,"sched_cpu_ns":…,"sched_wait_ns":…}` where the numbers are deltas around the
+//! phase only (`sched_*`: the calling thread's on-CPU time and run-queue wait from
+//! `/proc/thread-self/schedstat`, the scheduler's own accounting).
 
 use std::{
     io::Write,
@@ -141,6 +143,25 @@ struct Usage {
     minflt: i64,
     utime_ns: i64,
     stime_ns: i64,
+    /// This thread's on-CPU time and run-queue wait, from the scheduler's
+    /// own accounting (`/proc/thread-self/schedstat`).
+    sched_cpu_ns: i64,
+    sched_wait_ns: i64,
+    /// Bytes this process caused to be read from storage (`/proc/self/io`).
+    io_read_bytes: i64,
+}
+
+fn io_read_bytes() -> i64 {
+    std::fs::read_to_string("/proc/self/io")
+        .ok()
+        .and_then(|s| s.lines().find_map(|l| l.strip_prefix("read_bytes:")?.trim().parse().ok()))
+        .unwrap_or(0)
+}
+
+fn schedstat() -> (i64, i64) {
+    let s = std::fs::read_to_string("/proc/thread-self/schedstat").unwrap_or_default();
+    let mut it = s.split_whitespace().map(|v| v.parse::<i64>().unwrap_or(0));
+    (it.next().unwrap_or(0), it.next().unwrap_or(0))
 }
 
 fn usage() -> Usage {
@@ -149,7 +170,16 @@ fn usage() -> Usage {
     // SAFETY: valid pointer to an rusage.
     unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut ru) };
     let ns = |t: libc::timeval| t.tv_sec * 1_000_000_000 + t.tv_usec * 1000;
-    Usage { majflt: ru.ru_majflt, minflt: ru.ru_minflt, utime_ns: ns(ru.ru_utime), stime_ns: ns(ru.ru_stime) }
+    let (sched_cpu_ns, sched_wait_ns) = schedstat();
+    Usage {
+        majflt: ru.ru_majflt,
+        minflt: ru.ru_minflt,
+        utime_ns: ns(ru.ru_utime),
+        stime_ns: ns(ru.ru_stime),
+        sched_cpu_ns,
+        sched_wait_ns,
+        io_read_bytes: io_read_bytes(),
+    }
 }
 
 /// What a phase measured about itself.
@@ -166,7 +196,7 @@ struct Measured {
 impl Measured {
     fn json(&self) -> String {
         let mut s = format!(
-            "{{\"kind\":\"{}\",\"index\":{},\"pages\":{},\"wall_ns\":{},\"majflt\":{},\"minflt\":{},\"utime_ns\":{},\"stime_ns\":{}",
+            "{{\"kind\":\"{}\",\"index\":{},\"pages\":{},\"wall_ns\":{},\"majflt\":{},\"minflt\":{},\"utime_ns\":{},\"stime_ns\":{},\"sched_cpu_ns\":{},\"sched_wait_ns\":{},\"io_read_bytes\":{}",
             self.kind,
             self.index,
             self.pages,
@@ -175,6 +205,9 @@ impl Measured {
             self.after.minflt - self.before.minflt,
             self.after.utime_ns - self.before.utime_ns,
             self.after.stime_ns - self.before.stime_ns,
+            self.after.sched_cpu_ns - self.before.sched_cpu_ns,
+            self.after.sched_wait_ns - self.before.sched_wait_ns,
+            self.after.io_read_bytes - self.before.io_read_bytes,
         );
         for (k, v) in &self.extra {
             s.push_str(&format!(",\"{k}\":{v}"));
@@ -182,6 +215,21 @@ impl Measured {
         s.push('}');
         s
     }
+}
+
+/// Every phase runs inside this exported function, so that it can also be
+/// observed as a call (`observer run --token-symbol workload_phase`).
+#[unsafe(no_mangle)]
+#[inline(never)]
+pub extern "C" fn workload_phase(ctx: *mut std::ffi::c_void) {
+    // SAFETY: `ctx` is the `&mut dyn FnMut()` passed by `in_phase` below.
+    let f = unsafe { &mut *ctx.cast::<&mut dyn FnMut()>() };
+    f();
+}
+
+fn in_phase(mut f: impl FnMut()) {
+    let mut dynf: &mut dyn FnMut() = &mut f;
+    workload_phase((&raw mut dynf).cast());
 }
 
 /// Run `f` as one marked token and measure it.
@@ -197,7 +245,10 @@ fn token(kind: &'static str, pages: u64, f: impl FnOnce() -> Result<Vec<(&'stati
     moe_engine_token_begin(index, &rec);
     let before = usage();
     let t0 = Instant::now();
-    let extra = f()?;
+    let mut f = Some(f);
+    let mut out = None;
+    in_phase(|| out = f.take().map(|f| f()));
+    let extra = out.expect("the phase ran")?;
     let wall_ns = t0.elapsed().as_nanos();
     let after = usage();
     rec.wall_ns = wall_ns as u64;

@@ -11,8 +11,8 @@ use std::{
 use anyhow::{Context, Result, bail};
 use observer::{
     attribution,
-    bpf::{self, AttachOptions, MarkerKind, Markers, Probes},
-    header, preflight, procsample,
+    bpf::{self, AttachOptions, MarkerKind, Markers, ProbeError, Probes},
+    header, preflight, procfs, procsample,
     report::{Summary, TargetInfo},
     seed,
     sink::{Sink, emit},
@@ -21,7 +21,7 @@ use observer::{
 };
 use observer_common::{
     GlobalCounter,
-    model::{Event, RunEnd, StepKind, TokenRecord},
+    model::{Event, ObserverHealth, RunEnd, StepKind, TokenRecord},
 };
 use tokio::io::unix::AsyncFd;
 
@@ -33,6 +33,9 @@ pub struct RunArgs {
     /// Also write the summary and every token record as JSON to this file.
     #[arg(long, value_name = "FILE")]
     json: Option<PathBuf>,
+    /// Also record the model stream to this trace file (see `observer record`).
+    #[arg(long, value_name = "FILE")]
+    pub record: Option<PathBuf>,
     /// Token boundaries from calls of this function (uprobe at entry, uretprobe
     /// at return), e.g. `llama_decode:/usr/lib/libllama.so`. Default: the
     /// engine's marker symbols when the target has them.
@@ -48,6 +51,20 @@ pub struct RunArgs {
     /// How often to sample the target's memory and swap.
     #[arg(long, default_value = "1s", value_name = "DURATION", value_parser = parse_duration)]
     pub sample_interval: Duration,
+    /// Run the spawned command inside this cgroup (a directory under
+    /// /sys/fs/cgroup, e.g. one with a memory limit); only the child joins it.
+    #[arg(long, value_name = "DIR", conflicts_with = "pid")]
+    pub cgroup: Option<PathBuf>,
+    /// Without eBPF (no root/CAP_BPF, or no BPF in the kernel), fall back to a
+    /// procfs-only measurement instead of failing.
+    #[arg(long)]
+    pub fallback: bool,
+    /// Use the procfs-only measurement even where eBPF works.
+    #[arg(long)]
+    pub procfs: bool,
+    /// How often to read token records from the kernel.
+    #[arg(long, default_value = "100ms", value_name = "DURATION", value_parser = parse_duration)]
+    pub poll: Duration,
     /// Print every Nth token line while running (0: none).
     #[arg(long, default_value_t = 1, value_name = "N")]
     every: u64,
@@ -139,12 +156,23 @@ pub async fn run(args: RunArgs) -> Result<i32> {
 }
 
 /// `run` with extra sinks fed the same model stream.
-pub async fn run_with(args: RunArgs, extra: ExtraSinks) -> Result<i32> {
+pub async fn run_with(args: RunArgs, mut extra: ExtraSinks) -> Result<i32> {
     if args.pid.is_none() && args.command.is_empty() {
         bail!("nothing to observe: give `--pid PID` or `-- CMD [ARGS…]`");
     }
-    preflight::check_privileges()?;
-    preflight::ensure_tracefs()?;
+    // Without eBPF: fall back to procfs when asked to, else say what to do.
+    let no_ebpf = if args.procfs {
+        Some("--procfs given".to_string())
+    } else {
+        match preflight::check_privileges().and_then(|_| preflight::ensure_tracefs()) {
+            Ok(()) => None,
+            Err(e) if args.fallback => Some(format!("{e:#}")),
+            Err(e) => return Err(e.context("(or add --fallback for a procfs-only measurement)")),
+        }
+    };
+    if let Some(p) = &args.record {
+        extra.push(Box::new(observer::trace::TraceWriter::create(p).context("cannot create the trace file")?));
+    }
     let (mut target, command): (Target, Vec<String>) = match args.pid {
         Some(pid) => {
             let t = Target::attach(pid)?;
@@ -158,9 +186,12 @@ pub async fn run_with(args: RunArgs, extra: ExtraSinks) -> Result<i32> {
         }
         None => {
             let cmd = args.command.iter().map(|s| s.to_string_lossy().into_owned()).collect();
-            (Target::spawn(&args.command)?, cmd)
+            (Target::spawn_in(&args.command, args.cgroup.as_deref())?, cmd)
         }
     };
+    if let Some(why) = no_ebpf {
+        return run_procfs(args, extra, target, command, &why).await;
+    }
     let pid = target.pid();
     let markers = match markers_for(&args, &target) {
         Ok(m) => m,
@@ -171,6 +202,9 @@ pub async fn run_with(args: RunArgs, extra: ExtraSinks) -> Result<i32> {
     };
     let mut probes = match Probes::attach(&AttachOptions { target: pid, markers }) {
         Ok(p) => p,
+        Err(e @ (ProbeError::Permission(_) | ProbeError::Load(_))) if args.fallback => {
+            return run_procfs(args, extra, target, command, &e.to_string()).await;
+        }
         Err(e) => {
             // A spawned child is still blocked before exec: end it.
             target.signal(libc::SIGKILL);
@@ -189,6 +223,8 @@ pub async fn run_with(args: RunArgs, extra: ExtraSinks) -> Result<i32> {
         if probes.missing.is_empty() { String::new() } else { format!("; not attached: {}", probes.missing.join(", ")) }
     );
     let ring = probes.take_events()?;
+    // Token records are polled; only an `exec` of the target wakes us (to
+    // attach the new program's markers before its first token).
     // SAFETY: the ring buffer owns its fd and outlives the registration.
     let mut ring = unsafe { AsyncFd::register(ring) }
         .map_err(|e| e.into_parts().1)
@@ -200,16 +236,19 @@ pub async fn run_with(args: RunArgs, extra: ExtraSinks) -> Result<i32> {
     };
     let mut asm = Assembler::new(default_kind);
     let mut records: Vec<TokenRecord> = Vec::new();
-    let mut sinks: Vec<Box<dyn Sink>> = vec![Box::new(Live { every: args.every, header_done: false })];
-    sinks.extend(extra);
+    let mut sinks = sinks(&args, extra);
     let header = header::build("ebpf", pid, &command, probes.attached.clone(), args.model.as_deref());
     emit(&mut sinks, &Event::Header(header))?;
-    let mut sampler = tokio::time::interval(args.sample_interval);
-    sampler.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    // The kernel side never wakes us (see observer-ebpf/src/marks.rs): poll.
+    let mut poll = interval(args.poll);
+    let mut sampler = interval(args.sample_interval);
     let use_windows = args.window.is_some() && probes.markers.is_none();
-    let mut ticker = tokio::time::interval(args.window.unwrap_or(Duration::from_secs(3600)));
-    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut ticker = interval(args.window.unwrap_or(Duration::from_secs(3600)));
 
+    // A spawned wrapper (sh -c, env, …) without markers: stop it at each
+    // exec until a program with markers runs, so no token is missed.
+    let mut stop_on_exec = target.is_spawned() && probes.markers.is_none() && args.token_symbol.is_none();
+    probes.set_stop_on_exec(pid, stop_on_exec)?;
     target.release()?;
     let start = Instant::now();
     if use_windows {
@@ -218,31 +257,26 @@ pub async fn run_with(args: RunArgs, extra: ExtraSinks) -> Result<i32> {
         asm.window(Snapshot { ts: now, index: 0, threads: probes.snapshot(now)?, engine: None, lost: 0 });
     }
 
-    let mut ending: Option<Ending> = None;
-    let mut stopping: Option<Instant> = None;
-    loop {
-        let deadline = stopping.map(|t| t + CHILD_GRACE);
+    let mut stop = Stopper::default();
+    let ending = loop {
         tokio::select! {
-            e = target.wait() => { ending = Some(e?); break; }
-            r = stop_requested() => {
-                r?;
-                if !target.is_spawned() { break; }
-                if stopping.is_some() {
-                    target.signal(libc::SIGKILL);
-                } else {
-                    target.signal(libc::SIGINT);
-                    stopping = Some(Instant::now());
-                }
-            }
-            _ = async { tokio::time::sleep_until(deadline.unwrap_or_else(Instant::now).into()).await }, if deadline.is_some() => {
-                eprintln!("observer: target still running {} s after SIGINT; killing it", CHILD_GRACE.as_secs());
-                target.signal(libc::SIGKILL);
-                stopping = Some(Instant::now() + Duration::from_secs(3600));
-            }
+            e = target.wait() => break Some(e?),
+            r = stop_requested() => { r?; if stop.signal(&target) { break None; } }
+            _ = stop.deadline(), if stop.pending() => stop.expired(&target),
+            _ = poll.tick() => drain(ring.get_mut(), &mut asm, &mut records, &mut sinks)?,
             guard = ring.readable_mut() => {
                 let mut guard = guard.context("waiting on the ring buffer")?;
                 drain(guard.get_inner_mut(), &mut asm, &mut records, &mut sinks)?;
                 guard.clear_ready();
+                if std::mem::take(&mut asm.exec_seen) {
+                    after_exec(&mut probes, pid)?;
+                    if stop_on_exec {
+                        // The kernel side stopped it at exec; markers are in place now.
+                        target.signal(libc::SIGCONT);
+                        stop_on_exec = probes.markers.is_none();
+                        probes.set_stop_on_exec(pid, stop_on_exec)?;
+                    }
+                }
             }
             _ = ticker.tick(), if use_windows => {
                 let now = seed::mono_ns();
@@ -250,12 +284,18 @@ pub async fn run_with(args: RunArgs, extra: ExtraSinks) -> Result<i32> {
                 if let Some(t) = asm.window(snap) { token(t, &mut records, &mut sinks)?; }
             }
             _ = sampler.tick() => {
-                emit(&mut sinks, &Event::Process(procsample::sample(pid, seed::mono_ns())))?;
+                let now = seed::mono_ns();
+                emit(&mut sinks, &Event::Process(procsample::sample(pid, now)))?;
+                emit(&mut sinks, &Event::Histograms(probes.histograms_event(now)?))?;
+                emit(&mut sinks, &Event::Health(health(&probes, asm.malformed, now)?))?;
             }
         }
-    }
+    };
     let duration_ns = start.elapsed().as_nanos() as u64;
     drain(ring.get_mut(), &mut asm, &mut records, &mut sinks)?;
+    let now = seed::mono_ns();
+    emit(&mut sinks, &Event::Histograms(probes.histograms_event(now)?))?;
+    emit(&mut sinks, &Event::Health(health(&probes, asm.malformed, now)?))?;
     let end_ns = seed::mono_ns();
     if use_windows {
         let snap = Snapshot { ts: end_ns, index: 0, threads: probes.snapshot(end_ns)?, engine: None, lost: 0 };
@@ -267,6 +307,8 @@ pub async fn run_with(args: RunArgs, extra: ExtraSinks) -> Result<i32> {
     let rows = probes.thread_faults()?;
     let states = probes.snapshot(end_ns)?;
     let hists = probes.hists()?;
+    let devices = probes.devices()?;
+    let bpf_stats = probes.bpf_stats();
     let lost = probes.counter(GlobalCounter::LostEvents)? + asm.malformed;
     let attached = probes.attached.clone();
     drop(ring);
@@ -280,14 +322,161 @@ pub async fn run_with(args: RunArgs, extra: ExtraSinks) -> Result<i32> {
     drop(sinks);
     let mut summary = Summary::build(TargetInfo { pid, command, exit_code }, duration_ns, attached, &rows, lost);
     summary.add_attribution(&states, &hists, records);
-    let mut err = std::io::stderr().lock();
-    summary.print(&mut err)?;
-    drop(err);
+    summary.devices = devices.iter().map(|(d, io)| observer::report::DeviceRow::new(*d, io)).collect();
+    summary.bpf_run_ns = bpf_stats.map(|s| s.0);
+    summary.bpf_run_count = bpf_stats.map(|s| s.1);
+    finish(&args, &summary)?;
+    Ok(exit_code.unwrap_or(0))
+}
+
+fn health(probes: &Probes, malformed: u64, mono_ns: u64) -> Result<ObserverHealth> {
+    let stats = probes.bpf_stats();
+    Ok(ObserverHealth {
+        mono_ns,
+        lost_events: probes.counter(GlobalCounter::LostEvents)? + malformed,
+        probes_attached: probes.attached.len() as u32,
+        probes_missing: probes.missing.len() as u32,
+        bpf_run_ns: stats.map(|s| s.0),
+        bpf_run_count: stats.map(|s| s.1),
+    })
+}
+
+/// The target exec'd: attach the markers of its new program, when it has them.
+fn after_exec(probes: &mut Probes, pid: u32) -> Result<()> {
+    let Ok(exe) = std::fs::read_link(format!("/proc/{pid}/exe")) else { return Ok(()) };
+    if probes.attach_after_exec(&exe, pid)?.is_some() {
+        eprintln!("observer: pid {pid} exec'd {}: engine markers attached", exe.display());
+    }
+    Ok(())
+}
+
+fn interval(d: Duration) -> tokio::time::Interval {
+    let mut i = tokio::time::interval(d);
+    i.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    i
+}
+
+fn sinks(args: &RunArgs, extra: ExtraSinks) -> Vec<Box<dyn Sink>> {
+    let mut v: Vec<Box<dyn Sink>> = vec![Box::new(Live { every: args.every, header_done: false })];
+    v.extend(extra);
+    v
+}
+
+/// Print the summary; write it as JSON when asked.
+fn finish(args: &RunArgs, summary: &Summary) -> Result<()> {
+    summary.print(&mut std::io::stderr().lock())?;
     if let Some(path) = &args.json {
         let f = std::fs::File::create(path).with_context(|| format!("cannot create JSON file {}", path.display()))?;
-        serde_json::to_writer_pretty(std::io::BufWriter::new(f), &summary)
+        serde_json::to_writer_pretty(std::io::BufWriter::new(f), summary)
             .with_context(|| format!("writing {}", path.display()))?;
     }
+    Ok(())
+}
+
+/// Ctrl-C / SIGTERM handling shared by both modes: a spawned child gets
+/// SIGINT and a grace period (a second signal, or the end of the grace
+/// period, kills it); an attached process is left alone and we stop at once.
+#[derive(Debug, Default)]
+struct Stopper {
+    since: Option<Instant>,
+}
+
+impl Stopper {
+    /// A stop signal arrived; true when the loop should end now.
+    fn signal(&mut self, target: &Target) -> bool {
+        if !target.is_spawned() {
+            return true;
+        }
+        if self.since.is_some() {
+            target.signal(libc::SIGKILL);
+        } else {
+            target.signal(libc::SIGINT);
+            self.since = Some(Instant::now());
+        }
+        false
+    }
+    fn pending(&self) -> bool {
+        self.since.is_some()
+    }
+    async fn deadline(&self) {
+        let at = self.since.unwrap_or_else(Instant::now) + CHILD_GRACE;
+        tokio::time::sleep_until(at.into()).await
+    }
+    fn expired(&mut self, target: &Target) {
+        eprintln!("observer: target still running {} s after SIGINT; killing it", CHILD_GRACE.as_secs());
+        target.signal(libc::SIGKILL);
+        self.since = Some(Instant::now() + Duration::from_secs(3600));
+    }
+}
+
+/// The procfs fallback (`observer::procfs`): fixed windows, what procfs can
+/// measure, everything else `None`.
+async fn run_procfs(
+    args: RunArgs,
+    extra: ExtraSinks,
+    mut target: Target,
+    command: Vec<String>,
+    why: &str,
+) -> Result<i32> {
+    let pid = target.pid();
+    let window = args.window.unwrap_or(Duration::from_secs(1));
+    eprintln!(
+        "observer: pid {pid}: no eBPF ({why}); procfs fallback every {} ms: measuring {}",
+        window.as_millis(),
+        procfs::MEASURED
+    );
+    let mut sinks = sinks(&args, extra);
+    emit(&mut sinks, &Event::Header(header::build("procfs", pid, &command, Vec::new(), args.model.as_deref())))?;
+    let mut asm = Assembler::new(StepKind::Window);
+    let mut records: Vec<TokenRecord> = Vec::new();
+    let mut ticker = interval(window);
+    let mut sampler = interval(args.sample_interval);
+    target.release()?;
+    let start = Instant::now();
+    ticker.tick().await;
+    let snap = |asm: &mut Assembler| {
+        let now = seed::mono_ns();
+        asm.window(Snapshot { ts: now, index: 0, threads: procfs::snapshot(pid), engine: None, lost: 0 })
+    };
+    snap(&mut asm);
+    let mut stop = Stopper::default();
+    let ending = loop {
+        tokio::select! {
+            e = target.exited() => {
+                e?;
+                // The last, partial window: a spawned child is still a
+                // zombie here, with its final counters.
+                if let Some(mut t) = snap(&mut asm) {
+                    procfs::mark_unmeasured(&mut t);
+                    token(t, &mut records, &mut sinks)?;
+                }
+                break Some(target.reap()?);
+            }
+            r = stop_requested() => { r?; if stop.signal(&target) { break None; } }
+            _ = stop.deadline(), if stop.pending() => stop.expired(&target),
+            _ = ticker.tick() => {
+                if let Some(mut t) = snap(&mut asm) {
+                    procfs::mark_unmeasured(&mut t);
+                    token(t, &mut records, &mut sinks)?;
+                }
+            }
+            _ = sampler.tick() => emit(&mut sinks, &Event::Process(procsample::sample(pid, seed::mono_ns())))?,
+        }
+    };
+    let duration_ns = start.elapsed().as_nanos() as u64;
+    let exit_code = match ending {
+        Some(Ending::Exited(c)) => Some(c),
+        _ => None,
+    };
+    emit(&mut sinks, &Event::End(RunEnd { mono_ns: seed::mono_ns(), exit_code, lost_events: 0 }))?;
+    drop(sinks);
+    let mut summary = Summary::build(TargetInfo { pid, command, exit_code }, duration_ns, Vec::new(), &[], 0);
+    summary.mode = "procfs".into();
+    summary.totals = None;
+    summary.majflt_hist = None;
+    summary.minflt_hist = None;
+    summary.add_attribution(&[], &[], records);
+    finish(&args, &summary)?;
     Ok(exit_code.unwrap_or(0))
 }
 

@@ -113,6 +113,7 @@ pub const OUR_PROGRAMS: &[&str] = &[
     "filemap_fault",
     "mark_begin",
     "mark_end",
+    "sched_exec",
 ];
 
 pub fn ours_loaded() -> Vec<String> {

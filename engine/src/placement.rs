@@ -1,0 +1,336 @@
+//! Weight placement: where the dense weights live while the engine decodes.
+//!
+//! ## Policies
+//! *Dense* weights are every tensor but the routed experts (`ffn_{gate,up,down}_exps`): token
+//! embeddings, attention, norms, routers, the output matrix. They are touched every token.
+//! - `mmap`: served from the read-only file mapping, i.e. from the page cache (like llama.cpp's
+//!   default). Under pressure the kernel drops them and faults them back from the file.
+//! - `anon`: copied at load into one private anonymous mapping (each tensor 64-byte aligned).
+//!   Under pressure the kernel may swap them out, e.g. to zram, and every later touch is a
+//!   synchronous swap-in on the decoding thread (charged to the engine's "compute").
+//! - `locked`: as `anon`, then `mlock`ed: the Linux counterpart of pinned buffers. Needs
+//!   `CAP_IPC_LOCK` or an `RLIMIT_MEMLOCK` of at least the dense size.
+//!
+//! After the copy (`anon`, `locked`) the file's dense pages are released, from this process's
+//! mapping (`MADV_DONTNEED`) and from the page cache (`POSIX_FADV_DONTNEED`), so that the dense
+//! weights are held once, in anonymous memory.
+//!
+//! Routed experts always stay on the file mapping (`--experts mmap`).
+//!
+//! ## Residency (`dense_resident_frac`)
+//! The share of the dense weights' pages that are in RAM, by `mincore(2)`: over the pages of the
+//! file mapping that overlap dense tensors for `mmap` (page-cache residency of those file pages),
+//! over the anonymous copy for `anon`/`locked` (a page swapped out to zram is not resident; a
+//! page in the swap cache is). Page granular: a page shared by a dense tensor and an expert
+//! counts as dense.
+
+use std::ops::Range;
+
+use crate::gguf::Gguf;
+
+/// Where the dense weights live.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DensePolicy {
+    Mmap,
+    Anon,
+    Locked,
+}
+
+impl DensePolicy {
+    pub fn name(self) -> &'static str {
+        match self {
+            DensePolicy::Mmap => "mmap",
+            DensePolicy::Anon => "anon",
+            DensePolicy::Locked => "locked",
+        }
+    }
+}
+
+impl std::str::FromStr for DensePolicy {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "mmap" => Ok(DensePolicy::Mmap),
+            "anon" => Ok(DensePolicy::Anon),
+            "locked" => Ok(DensePolicy::Locked),
+            _ => Err(format!("unknown dense policy {s:?} (mmap, anon, locked)")),
+        }
+    }
+}
+
+/// Where the routed experts live (only `mmap` so far).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ExpertPolicy {
+    Mmap,
+}
+
+impl ExpertPolicy {
+    pub fn name(self) -> &'static str {
+        "mmap"
+    }
+}
+
+impl std::str::FromStr for ExpertPolicy {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "mmap" => Ok(ExpertPolicy::Mmap),
+            _ => Err(format!("unknown expert policy {s:?} (mmap)")),
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum PlacementError {
+    #[error("{path}: cannot allocate {bytes} bytes of anonymous memory for the dense weights: {source}")]
+    Alloc { path: String, bytes: usize, source: std::io::Error },
+    #[error(
+        "{path}: mlock of the {bytes} bytes of dense weights failed: {source} (`--dense locked` needs \
+         CAP_IPC_LOCK or `ulimit -l` of at least that size, and enough memory in the cgroup)"
+    )]
+    Mlock { path: String, bytes: usize, source: std::io::Error },
+}
+
+/// The anonymous copy of the dense tensors.
+struct AnonCopy {
+    ptr: *mut u8,
+    /// Mapped length (whole pages).
+    len: usize,
+    /// Bytes used by the copies (≤ `len`).
+    used: usize,
+    /// `(file range, offset in the copy)`, sorted by file offset.
+    entries: Vec<(Range<usize>, usize)>,
+}
+
+// SAFETY: the copy is written once in `Placement::new` and only read afterwards; the pointer is
+// owned (unmapped on drop) and never aliased mutably.
+unsafe impl Send for AnonCopy {}
+// SAFETY: as above (shared read-only access).
+unsafe impl Sync for AnonCopy {}
+
+impl Drop for AnonCopy {
+    fn drop(&mut self) {
+        // SAFETY: `ptr`/`len` come from a successful mmap and nothing borrows the copy any more
+        // (borrows are tied to `&Placement`).
+        unsafe { libc::munmap(self.ptr.cast(), self.len) };
+    }
+}
+
+impl AnonCopy {
+    fn bytes(&self) -> &[u8] {
+        // SAFETY: `used` bytes of the mapping were initialised by the copy.
+        unsafe { std::slice::from_raw_parts(self.ptr, self.used) }
+    }
+}
+
+/// The dense/expert split of a model file and the dense weights' placement.
+pub struct Placement {
+    pub dense: DensePolicy,
+    pub experts: ExpertPolicy,
+    /// Bytes of dense tensors / of routed-expert tensors.
+    pub dense_bytes: u64,
+    pub expert_bytes: u64,
+    /// Dense tensors' file ranges, merged and sorted.
+    dense_ranges: Vec<Range<usize>>,
+    copy: Option<AnonCopy>,
+}
+
+impl std::fmt::Debug for Placement {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "Placement(dense {} {} B, experts {} {} B)",
+            self.dense.name(),
+            self.dense_bytes,
+            self.experts.name(),
+            self.expert_bytes
+        )
+    }
+}
+
+pub fn page_size() -> usize {
+    // SAFETY: sysconf has no memory-safety preconditions.
+    let p = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+    usize::try_from(p).ok().filter(|&p| p > 0).unwrap_or(4096)
+}
+
+/// Resident pages among `len` bytes from page-aligned `addr`, by mincore.
+fn mincore_count(addr: *const u8, len: usize, page: usize, vec: &mut Vec<u8>) -> std::io::Result<(usize, usize)> {
+    let pages = len.div_ceil(page);
+    vec.clear();
+    vec.resize(pages, 0);
+    // SAFETY: `addr` is page-aligned and `addr..addr+len` lies in one live mapping of ours;
+    // `vec` holds one byte per page.
+    let rc = unsafe { libc::mincore(addr as *mut libc::c_void, len, vec.as_mut_ptr()) };
+    if rc != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok((vec.iter().filter(|&&b| b & 1 != 0).count(), pages))
+}
+
+impl Placement {
+    /// Splits `g`'s tensors into dense and expert ranges and places the dense ones.
+    pub fn new(g: &Gguf, dense: DensePolicy, experts: ExpertPolicy) -> Result<Placement, PlacementError> {
+        let mut ranges: Vec<Range<usize>> = Vec::new();
+        let (mut dense_bytes, mut expert_bytes) = (0u64, 0u64);
+        for t in &g.tensors {
+            if t.is_routed_expert() {
+                expert_bytes += t.size;
+            } else {
+                dense_bytes += t.size;
+                ranges.push(t.offset as usize..(t.offset + t.size) as usize);
+            }
+        }
+        ranges.sort_by_key(|r| r.start);
+        let mut merged: Vec<Range<usize>> = Vec::new();
+        for r in &ranges {
+            match merged.last_mut() {
+                Some(m) if r.start <= m.end => m.end = m.end.max(r.end),
+                _ => merged.push(r.clone()),
+            }
+        }
+        let path = g.path().display().to_string();
+        let copy = match dense {
+            DensePolicy::Mmap => None,
+            DensePolicy::Anon | DensePolicy::Locked => {
+                let c = Self::copy_dense(g, &ranges, &path)?;
+                if dense == DensePolicy::Locked {
+                    // SAFETY: the whole mapping is ours.
+                    if unsafe { libc::mlock(c.ptr.cast(), c.len) } != 0 {
+                        return Err(PlacementError::Mlock {
+                            path,
+                            bytes: c.len,
+                            source: std::io::Error::last_os_error(),
+                        });
+                    }
+                }
+                if g.is_mapped() {
+                    Self::release_file_pages(g, &merged);
+                }
+                Some(c)
+            }
+        };
+        Ok(Placement { dense, experts, dense_bytes, expert_bytes, dense_ranges: merged, copy })
+    }
+
+    fn copy_dense(g: &Gguf, ranges: &[Range<usize>], path: &str) -> Result<AnonCopy, PlacementError> {
+        let mut entries = Vec::with_capacity(ranges.len());
+        let mut used = 0usize;
+        for r in ranges {
+            let off = used.next_multiple_of(64);
+            entries.push((r.clone(), off));
+            used = off + r.len();
+        }
+        let len = used.max(1).next_multiple_of(page_size());
+        // SAFETY: a fresh private anonymous mapping chosen by the kernel.
+        let p = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            )
+        };
+        if p == libc::MAP_FAILED {
+            return Err(PlacementError::Alloc {
+                path: path.to_owned(),
+                bytes: len,
+                source: std::io::Error::last_os_error(),
+            });
+        }
+        let c = AnonCopy { ptr: p.cast(), len, used, entries };
+        let file = g.bytes();
+        for (r, off) in &c.entries {
+            // SAFETY: `off + r.len() <= used <= len`; the mapping is ours and not yet shared.
+            let dst = unsafe { std::slice::from_raw_parts_mut(c.ptr.add(*off), r.len()) };
+            dst.copy_from_slice(&file[r.clone()]);
+        }
+        Ok(c)
+    }
+
+    /// Drops the file's dense pages from our mapping and from the page cache (best effort).
+    fn release_file_pages(g: &Gguf, merged: &[Range<usize>]) {
+        let page = page_size();
+        let base = g.bytes().as_ptr();
+        let fd = std::fs::File::open(g.path()).ok();
+        for r in merged {
+            let start = r.start.next_multiple_of(page);
+            let end = r.end / page * page;
+            if end > start {
+                // SAFETY: the range lies inside our private read-only file mapping, which is never
+                // written: after MADV_DONTNEED a read faults the same bytes back from the file, so
+                // outstanding borrows still see identical contents.
+                unsafe { libc::madvise(base.add(start) as *mut libc::c_void, end - start, libc::MADV_DONTNEED) };
+            }
+            if let Some(f) = &fd {
+                use std::os::fd::AsRawFd;
+                // SAFETY: plain advice on a valid fd.
+                unsafe {
+                    libc::posix_fadvise(f.as_raw_fd(), r.start as libc::off_t, r.len() as libc::off_t, libc::POSIX_FADV_DONTNEED)
+                };
+            }
+        }
+    }
+
+    /// The copy of `r` when `r` lies inside one dense tensor that was copied.
+    #[inline]
+    pub fn dense_copy(&self, r: &Range<usize>) -> Option<&[u8]> {
+        let c = self.copy.as_ref()?;
+        let i = c.entries.partition_point(|(fr, _)| fr.start <= r.start);
+        let (fr, off) = c.entries.get(i.checked_sub(1)?)?;
+        if r.end > fr.end {
+            return None;
+        }
+        let s = off + (r.start - fr.start);
+        c.bytes().get(s..s + r.len())
+    }
+
+    /// Bytes of the anonymous copy (0 for `mmap`).
+    pub fn copy_bytes(&self) -> usize {
+        self.copy.as_ref().map_or(0, |c| c.len)
+    }
+
+    /// The dense tensors' file ranges (merged, sorted).
+    pub fn dense_ranges(&self) -> &[Range<usize>] {
+        &self.dense_ranges
+    }
+
+    /// `dense_resident_frac` now (see the module docs); `None` when it cannot be measured (a
+    /// model read from a buffer rather than mapped, or no dense tensors).
+    pub fn dense_resident_frac(&self, g: &Gguf, scratch: &mut Vec<u8>) -> Option<f64> {
+        let page = page_size();
+        let (mut res, mut total) = (0usize, 0usize);
+        match &self.copy {
+            Some(c) => {
+                let (r, t) = mincore_count(c.ptr, c.used, page, scratch).ok()?;
+                (res, total) = (r, t);
+            }
+            None => {
+                if !g.is_mapped() {
+                    return None;
+                }
+                let base = g.bytes().as_ptr();
+                let mut last_page_end = 0usize;
+                for r in &self.dense_ranges {
+                    // Page-aligned cover, without counting a page twice.
+                    let start = (r.start / page * page).max(last_page_end);
+                    let end = r.end.next_multiple_of(page).min(g.bytes().len().next_multiple_of(page));
+                    if end <= start {
+                        continue;
+                    }
+                    // SAFETY: `start` is page-aligned inside the mapping (which is page-aligned
+                    // and whose last page is mapped in full).
+                    let (rr, t) = mincore_count(unsafe { base.add(start) }, end - start, page, scratch).ok()?;
+                    res += rr;
+                    total += t;
+                    last_page_end = end;
+                }
+            }
+        }
+        (total > 0).then(|| res as f64 / total as f64)
+    }
+}

@@ -1,0 +1,219 @@
+//! Per-token attribution against independent references on the same run:
+//! the workload's own clock, `getrusage`, the scheduler's `schedstat`,
+//! `/proc/vmstat`. Each workload phase is one marked token (the workload
+//! exports the engine's marker symbols).
+
+mod common;
+
+use common::*;
+use serde_json::Value;
+
+fn tokens(r: &ObserverRun) -> &Vec<Value> {
+    r.summary["tokens"].as_array().expect("tokens array in the JSON summary")
+}
+
+fn ns(v: &Value, component: &str) -> u64 {
+    u(v, &format!("{component}_ns"))
+}
+
+const COMPONENTS: [&str; 9] =
+    ["compute", "fault_minor", "swapin_zram", "fault_io", "io_wait", "reclaim", "syscall", "runqueue", "sleep"];
+
+/// For every token and every thread that lived through it, the components add
+/// up to the token's wall time within 2 %.
+fn assert_components_add_up(r: &ObserverRun) {
+    for t in tokens(r) {
+        let wall = u(t, "wall_ns");
+        let sum: u64 = COMPONENTS.iter().map(|c| ns(t, c)).sum();
+        let resid = t["residual_ns"].as_i64().unwrap();
+        assert_eq!(wall as i64 - sum as i64, resid, "token residual is wall − sum: {t}");
+        assert!(resid.unsigned_abs() <= wall / 50, "token components do not add up to wall: {t}");
+        for th in t["threads"].as_array().unwrap() {
+            let sum: u64 = COMPONENTS.iter().map(|c| ns(th, c)).sum();
+            let diff = wall as i64 - sum as i64;
+            assert!(
+                diff.unsigned_abs() <= wall / 50,
+                "thread {} components {sum} vs wall {wall}: {th}",
+                th["tid"]
+            );
+        }
+    }
+}
+
+fn single_token(r: &ObserverRun) -> (&Value, &Value) {
+    let toks = tokens(r);
+    assert_eq!(toks.len(), 1, "one marked phase, one token: {toks:?}");
+    assert_eq!(r.workload.len(), 1);
+    (&toks[0], &r.workload[0])
+}
+
+#[test]
+fn busy_loop_is_compute() {
+    let _l = machine_lock();
+    let r = observe("busy.json", &["--", WORKLOAD, "busy", "--ms", "1500"]);
+    assert_components_add_up(&r);
+    let (t, w) = single_token(&r);
+    let compute = ns(t, "compute");
+    let wall = u(w, "wall_ns");
+    let cpu = u(w, "sched_cpu_ns");
+    let waited = u(w, "sched_wait_ns");
+    // Against the scheduler's own on-CPU time for the thread.
+    assert_within("compute vs schedstat on-CPU time", compute, cpu, 0.02);
+    // Against the workload's clock: all of it, once run-queue waits (which the
+    // scheduler reports independently) are taken out.
+    assert_within("compute vs wall − run-queue wait", compute, wall - waited, 0.02);
+    if waited < wall / 100 {
+        assert_within("compute vs wall (quiet machine)", compute, wall, 0.02);
+    }
+    assert_within("runqueue vs schedstat run_delay", ns(t, "runqueue") + wall / 100, waited + wall / 100, 0.02);
+}
+
+#[test]
+fn sleep_is_sleep() {
+    let _l = machine_lock();
+    let r = observe("sleep.json", &["--", WORKLOAD, "sleep", "--ms", "1000"]);
+    assert_components_add_up(&r);
+    let (t, w) = single_token(&r);
+    let wall = u(w, "wall_ns");
+    let waited = u(w, "sched_wait_ns");
+    assert_within("sleep vs wall − run-queue wait", ns(t, "sleep"), wall - waited, 0.02);
+    if waited < wall / 100 {
+        assert_within("sleep vs wall (quiet machine)", ns(t, "sleep"), wall, 0.02);
+    }
+    assert!(ns(t, "compute") < wall / 100, "a sleep is not compute: {t}");
+}
+
+#[test]
+fn direct_reads_are_io_wait() {
+    let _l = machine_lock();
+    let file = scratch_dir("pread").join("direct.bin");
+    let r = observe(
+        "pread.json",
+        &["--", WORKLOAD, "pread-direct", "--size", "256M", "--block", "1M", "--path", file.to_str().unwrap()],
+    );
+    assert_components_add_up(&r);
+    let (t, w) = single_token(&r);
+    let io = u(w, "io_ns");
+    let waited = u(w, "sched_wait_ns");
+    assert_within("io_wait vs the reads' own clock (less run-queue waits)", ns(t, "io_wait"), io - waited, 0.05);
+    assert!(ns(t, "compute") < io / 20, "explicit reads are not compute: {t}");
+    // The block layer saw the bytes.
+    assert_within("read_bytes", u(t, "read_bytes"), 256 << 20, 0.01);
+}
+
+#[test]
+fn file_refaults_are_fault_io() {
+    let _l = machine_lock();
+    let file = scratch_dir("refault-attr").join("refault.bin");
+    let r = observe(
+        "refault-attr.json",
+        &["--", WORKLOAD, "file-refault", "--size", "128M", "--path", file.to_str().unwrap()],
+    );
+    assert_components_add_up(&r);
+    let (t, w) = single_token(&r);
+    assert_within("majflt_file vs getrusage", u(t, "majflt_file"), u(w, "majflt"), 0.02);
+    assert_eq!(u(t, "majflt_swap"), 0);
+    // fault_io against the block-layer latency of the same reads, as the
+    // observer saw them (queue → completion of the thread's read bios).
+    let th = &r.summary["threads"].as_array().unwrap().iter().find(|t| !t["attribution"].is_null()).unwrap()
+        ["attribution"];
+    assert_within("fault_io vs block read latency", u(th, "fault_io_ns"), u(th, "disk_read_ns"), 0.10);
+    assert!(ns(t, "fault_io") > ns(t, "compute"), "refault time is not compute: {t}");
+}
+
+#[test]
+fn zram_swapins_are_measured_and_not_compute() {
+    let _l = machine_lock();
+    let _zram = testkit::ZramSwap::new(2048).expect("zram swap (needs root and CONFIG_ZRAM)");
+    let cg = testkit::MemCgroup::new("obs-zram", 200 << 20).expect("memory cgroup");
+    let pswpin0 = testkit::vmstat("pswpin").unwrap();
+    let dir = cg.dir().to_str().unwrap().to_string();
+    let r = observe(
+        "zram.json",
+        &["--cgroup", &dir, "--", WORKLOAD, "swap", "--size", "256M", "--balloon", "128M"],
+    );
+    let pswpin = testkit::vmstat("pswpin").unwrap() - pswpin0;
+    assert_components_add_up(&r);
+    let (t, w) = single_token(&r);
+    assert!(u(w, "swapped_kib_before") > 64 * 1024, "the buffer was not pushed to swap: {w}");
+    let swapins = u(t, "swapins");
+    // Everything that swapped in during the run was the target's touches.
+    let all_swapins = u(&r.summary["attribution_totals"], "swapins");
+    assert_within("swapins vs /proc/vmstat pswpin", all_swapins, pswpin, 0.02);
+    assert!(swapins > 10_000, "{t}");
+    assert_within("majflt_swap vs swapins", u(t, "majflt_swap"), swapins, 0.02);
+    assert!(ns(t, "swapin_zram") > 0, "{t}");
+    assert!(
+        ns(t, "compute") < ns(t, "swapin_zram"),
+        "zram decompression must not be counted as compute: {t}"
+    );
+    assert_within("major faults vs getrusage", u(t, "majflt_swap") + u(t, "majflt_file"), u(w, "majflt"), 0.02);
+}
+
+#[test]
+fn token_symbol_marks_calls_of_any_function() {
+    let _l = machine_lock();
+    // A function of the executable.
+    let r = observe("call-exe.json", &["--token-symbol", "workload_phase", "--", WORKLOAD, "busy", "--ms", "400"]);
+    assert_components_add_up(&r);
+    let (t, w) = single_token(&r);
+    assert_eq!(t["kind"], "call");
+    assert_within("call wall vs the workload's clock", u(t, "wall_ns"), u(w, "wall_ns"), 0.02);
+    assert_within("compute vs schedstat on-CPU time", ns(t, "compute"), u(w, "sched_cpu_ns"), 0.02);
+    // A function of a shared library: glibc's clock_nanosleep (std's sleep).
+    let libc_path = ["/lib/x86_64-linux-gnu/libc.so.6", "/usr/lib/x86_64-linux-gnu/libc.so.6", "/lib64/libc.so.6"]
+        .into_iter()
+        .find(|p| std::path::Path::new(p).exists())
+        .expect("glibc not found");
+    let spec = format!("clock_nanosleep:{libc_path}");
+    let r = observe("call-lib.json", &["--token-symbol", &spec, "--", WORKLOAD, "sleep", "--ms", "400"]);
+    let (t, w) = single_token(&r);
+    assert_eq!(t["kind"], "call");
+    assert_within("sleep in the call vs the workload's clock", ns(t, "sleep"), u(w, "wall_ns") - u(w, "sched_wait_ns"), 0.02);
+}
+
+#[test]
+fn block_reads_per_device_match_sys_block() {
+    let _l = machine_lock();
+    let dir = scratch_dir("devio");
+    let file = dir.join("refault.bin");
+    // The device under the scratch directory, from /proc/self/mountinfo's st_dev.
+    use std::os::unix::fs::MetadataExt;
+    let st_dev = std::fs::metadata(&dir).unwrap().dev();
+    let (major, minor) = (libc::major(st_dev), libc::minor(st_dev));
+    let sys = format!("/sys/dev/block/{major}:{minor}/stat");
+    let sectors_read = || -> u64 {
+        let s = std::fs::read_to_string(&sys).unwrap_or_else(|e| panic!("{sys}: {e}"));
+        s.split_whitespace().nth(2).unwrap().parse().unwrap()
+    };
+    let before = sectors_read();
+    let r = observe("devio.json", &["--", WORKLOAD, "file-refault", "--size", "64M", "--path", file.to_str().unwrap()]);
+    let sys_bytes = (sectors_read() - before) * 512;
+    let devs = r.summary["devices"].as_array().unwrap();
+    let d = devs
+        .iter()
+        .find(|d| d["dev"] == format!("{major}:{minor}"))
+        .unwrap_or_else(|| panic!("no row for {major}:{minor}: {devs:?}"));
+    // The device also serves other processes: the target's reads are at most
+    // its total, and exactly what the kernel's per-process I/O accounting says.
+    assert!(u(d, "read_bytes") <= sys_bytes, "observer {} > /sys/block {sys_bytes}", d["read_bytes"]);
+    let w = &r.workload[0];
+    assert_within("device read bytes vs /proc/self/io read_bytes", u(d, "read_bytes"), u(w, "io_read_bytes"), 0.02);
+    let t = &tokens(&r)[0];
+    assert_within("token read_bytes vs /proc/self/io", u(t, "read_bytes"), u(w, "io_read_bytes"), 0.02);
+    assert!(u(d, "completed") * 100 >= u(d, "read_ios") * 95, "latency matched for most reads: {d}");
+}
+
+#[test]
+fn markers_are_found_after_a_wrapper_execs() {
+    let _l = machine_lock();
+    // `sh -c 'exec workload …'`: the spawned program has no markers; the one it
+    // execs has. The observer holds it at the exec until the markers are attached,
+    // so even a token that starts at once is seen.
+    let script = format!("exec {WORKLOAD} busy --ms 200");
+    let r = observe("wrapped.json", &["--", "/bin/sh", "-c", &script]);
+    let err = String::from_utf8_lossy(&r.output.stderr);
+    assert!(err.contains("engine markers attached"), "{err}");
+    let (t, w) = single_token(&r);
+    assert_within("token wall vs the workload's clock", u(t, "wall_ns"), u(w, "wall_ns"), 0.02);
+}

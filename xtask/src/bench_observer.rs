@@ -1,0 +1,86 @@
+//! `cargo xtask bench observer`: what the observer costs the engine. The same
+//! `engine run` (small synthetic model, greedy, fixed prompt and length) with
+//! and without `observer run` attached, in A-B-B-A order over several rounds
+//! on the same machine in the same run; prints every round, the medians and
+//! their ratio (target >= 0.98).
+
+use std::process::Command;
+
+use anyhow::{Context, Result, bail};
+use serde_json::Value;
+
+use crate::{cache, cmd, llama};
+
+fn gen_tok_s(stdout: &str) -> Result<f64> {
+    let last = stdout.lines().rev().find(|l| l.trim_start().starts_with('{')).context("engine printed no JSON")?;
+    let v: Value = serde_json::from_str(last).context("parsing the engine's summary")?;
+    v["gen_tok_s"].as_f64().context("no gen_tok_s in the engine's summary")
+}
+
+fn median(v: &mut [f64]) -> f64 {
+    v.sort_by(|a, b| a.total_cmp(b));
+    let n = v.len();
+    if n % 2 == 1 { v[n / 2] } else { (v[n / 2 - 1] + v[n / 2]) / 2.0 }
+}
+
+pub fn main(args: &[String]) -> Result<()> {
+    let mut rounds = 4usize;
+    let mut n_gen = 96usize;
+    let mut threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let mut preset = "small".to_string();
+    let mut it = args.iter();
+    while let Some(a) = it.next() {
+        let mut val = |name: &str| it.next().with_context(|| format!("{name} needs a value")).cloned();
+        match a.as_str() {
+            "--rounds" => rounds = val("--rounds")?.parse()?,
+            "-n" => n_gen = val("-n")?.parse()?,
+            "--threads" => threads = val("--threads")?.parse()?,
+            "--preset" => preset = val("--preset")?,
+            _ => bail!("usage: cargo xtask bench observer [--rounds N] [-n TOKENS] [--threads T] [--preset small]"),
+        }
+    }
+    crate::setup::run(crate::setup::Scope::All)?;
+    let root = cache::workspace_root();
+    cmd::run(Command::new("cargo").current_dir(&root).args(["build", "--release", "-p", "observer", "-p", "engine", "--bins"]))?;
+    let bin = cache::target_dir().join("release");
+    let engine = bin.join("engine");
+    let observer = bin.join("observer");
+    let model = llama::synth_model(&engine, &format!("bench-{preset}"), &["--preset", &preset])?;
+    let engine_args: Vec<String> = vec![
+        "run".into(),
+        "-m".into(),
+        model.display().to_string(),
+        "-p".into(),
+        "The observer measures where the time of a token goes".into(),
+        "-n".into(),
+        n_gen.to_string(),
+        "-t".into(),
+        threads.to_string(),
+        "--ignore-eos".into(),
+        "--json".into(),
+    ];
+    println!("model {} ({} threads, {n_gen} tokens), {rounds} rounds in A-B-B-A order", model.display(), threads);
+    let run_plain = || -> Result<f64> { gen_tok_s(&llama::output(Command::new(&engine).args(&engine_args))?) };
+    let run_observed = || -> Result<f64> {
+        gen_tok_s(&llama::output(
+            Command::new(&observer).args(["run", "--every", "0", "--"]).arg(&engine).args(&engine_args),
+        )?)
+    };
+    let (mut plain, mut observed) = (Vec::new(), Vec::new());
+    for r in 0..rounds {
+        let (a, b) = if r % 2 == 0 {
+            let a = run_plain()?;
+            (a, run_observed()?)
+        } else {
+            let b = run_observed()?;
+            (run_plain()?, b)
+        };
+        println!("round {r}: engine alone {a:.2} tok/s, with observer {b:.2} tok/s, ratio {:.4}", b / a);
+        plain.push(a);
+        observed.push(b);
+    }
+    let (mp, mo) = (median(&mut plain), median(&mut observed));
+    println!("median: engine alone {mp:.2} tok/s, with observer {mo:.2} tok/s");
+    println!("observer cost ratio (with / without): {:.4} (target >= 0.98)", mo / mp);
+    Ok(())
+}
