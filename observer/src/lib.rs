@@ -12,6 +12,7 @@ pub mod preflight;
 pub mod procfs;
 pub mod procsample;
 pub mod report;
+pub mod residency;
 pub mod seed;
 pub mod sink;
 pub mod stats;

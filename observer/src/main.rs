@@ -24,6 +24,8 @@ enum Cmd {
     Report(cmd::report::ReportArgs),
     /// Convert a run to another format (Chrome / Perfetto trace JSON).
     Export(cmd::export::ExportArgs),
+    /// Which weights of a GGUF model are in the page cache: a layer × expert heatmap.
+    Heatmap(cmd::heatmap::HeatmapArgs),
 }
 
 fn main() {
@@ -37,6 +39,7 @@ fn main() {
                 Cmd::Diff(args) => cmd::diff::diff(args),
                 Cmd::Report(args) => cmd::report::report(args),
                 Cmd::Export(args) => cmd::export::export(args),
+                Cmd::Heatmap(args) => cmd::heatmap::run(args),
             }
         }),
         Err(e) => Err(anyhow::Error::from(e).context("starting the runtime")),

@@ -2,6 +2,7 @@
 
 pub mod diff;
 pub mod export;
+pub mod heatmap;
 pub mod record;
 pub mod report;
 pub mod run;
