@@ -5,6 +5,7 @@ pub mod attribution;
 pub mod bpf;
 pub mod engine_abi;
 pub mod header;
+pub mod metrics;
 pub mod preflight;
 pub mod procfs;
 pub mod procsample;

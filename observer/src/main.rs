@@ -16,6 +16,9 @@ struct Cli {
 enum Cmd {
     /// Observe a command (`observer run -- CMD ARGS…`) or a running process (`--pid`).
     Run(cmd::run::RunArgs),
+    /// A standing Prometheus exporter: observe a PID, a command, or every
+    /// process called NAME as it comes and goes, serving /metrics throughout.
+    Serve(cmd::serve::ServeArgs),
 }
 
 fn main() {
@@ -25,6 +28,7 @@ fn main() {
         Ok(rt) => rt.block_on(async {
             match cli.cmd {
                 Cmd::Run(args) => cmd::run::run(args).await,
+                Cmd::Serve(args) => cmd::serve::serve(args).await,
             }
         }),
         Err(e) => Err(anyhow::Error::from(e).context("starting the runtime")),

@@ -7,6 +7,7 @@
 //! - `bench engine`: engine vs llama.cpp decode/prompt speed, same file, same run.
 
 mod bench_engine;
+mod bench_metrics;
 mod bench_observer;
 mod cache;
 mod cmd;
@@ -27,6 +28,7 @@ commands:
   parity [OPTIONS]   engine vs llama.cpp: tokens, greedy continuations, logits
   bench engine [..]  engine vs llama.cpp decode and prompt tok/s, printed as ratios
   bench observer     engine decode tok/s with and without the observer, as a ratio
+  bench metrics      observed engine tok/s with and without bursts of /metrics scrapes
 ";
 
 fn main() {
@@ -38,6 +40,7 @@ fn main() {
         ["parity", ..] => parity::main(&args[1..]),
         ["bench", "engine", ..] => bench_engine::main(&args[2..]),
         ["bench", "observer", ..] => bench_observer::main(&args[2..]),
+        ["bench", "metrics", ..] => bench_metrics::main(&args[2..]),
         ["-h" | "--help" | "help"] | [] => {
             print!("{USAGE}");
             Ok(())
