@@ -452,7 +452,9 @@ const NOT_YET_PRODUCED: &[&str] = &[
 fn shown_metric(expr: &str) -> &str {
     let at = expr.find("moe_observer_").unwrap_or(expr.len());
     let rest = &expr[at..];
-    &rest[..rest.find(|c: char| !(c.is_ascii_alphanumeric() || c == '_')).unwrap_or(rest.len())]
+    &rest[..rest
+        .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+        .unwrap_or(rest.len())]
 }
 
 /// Expressions that this run (CPU, fresh anonymous pages, file refaults,
@@ -610,7 +612,10 @@ fn prometheus_scrapes_a_run_and_every_dashboard_expression_returns_data() {
     );
     // Kernel histograms: every major file fault of the target, counted by
     // the kernel's getrusage in the workload (tokens are all of its faults).
-    let maj_count = val(&m, "moe_observer_fault_major_file_latency_seconds_count");
+    let maj_count = val(
+        &m,
+        "moe_observer_fault_major_file_latency_seconds_bucket{le=\"+Inf\"}",
+    );
     assert_close(
         "major-fault latency count vs getrusage",
         maj_count,
@@ -618,9 +623,11 @@ fn prometheus_scrapes_a_run_and_every_dashboard_expression_returns_data() {
         0.05,
     );
     assert!(
-        !m.keys()
-            .any(|k| k.starts_with("moe_observer_fault_major_file_latency_seconds_sum")),
-        "no _sum"
+        !m.keys().any(
+            |k| k.starts_with("moe_observer_fault_major_file_latency_seconds_sum")
+                || k.starts_with("moe_observer_fault_major_file_latency_seconds_count")
+        ),
+        "no _sum (not kept by the kernel), hence no _count"
     );
 
     // ---- the same numbers in the run's JSON summary (exact) ---------------
@@ -644,7 +651,10 @@ fn prometheus_scrapes_a_run_and_every_dashboard_expression_returns_data() {
     );
     assert_eq!(g("moe_observer_minflt_total") as u64, tok_sum("minflt"));
     for (kind, h) in s["latency"].as_object().unwrap() {
-        let c = val(&m, &format!("moe_observer_{kind}_latency_seconds_count"));
+        let c = val(
+            &m,
+            &format!("moe_observer_{kind}_latency_seconds_bucket{{le=\"+Inf\"}}"),
+        );
         assert_eq!(
             c as u64,
             h["count"].as_u64().unwrap(),
@@ -694,7 +704,9 @@ fn prometheus_scrapes_a_run_and_every_dashboard_expression_returns_data() {
         }
         if vals.is_empty() {
             failures.push(format!("{title}: {q}: no data"));
-        } else if MUST_BE_POSITIVE.iter().any(|n| shown_metric(expr).starts_with(n))
+        } else if MUST_BE_POSITIVE
+            .iter()
+            .any(|n| shown_metric(expr).starts_with(n))
             && !vals.iter().any(|v| *v > 0.0)
         {
             failures.push(format!(

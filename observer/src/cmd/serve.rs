@@ -10,6 +10,9 @@
 //!   as it ends. A process that cannot be observed (it vanished, or attaching
 //!   failed) is reported and skipped while it lives.
 //!
+//! Every `observer run` option applies to each target lifetime (`--json FILE`
+//! is rewritten at the end of each; token lines are off unless `--every N`).
+//!
 //! The endpoint (default [`DEFAULT_ADDR`]) is up from the start and stays up
 //! across targets; counters keep growing across them (`runs_total` counts
 //! targets, `target_up` says whether one is observed now). Each target

@@ -9,11 +9,13 @@
 //!   `b = FIRST_BUCKET..=LAST_BUCKET` is the sum of kernel buckets `0..=b`
 //!   (cumulative; lower buckets fold into the first exported one, which is
 //!   still exact as `le` means "at most"), then `le="+Inf"`: all of them;
-//! - `<prefix>_<kind>_latency_seconds_count`: the same as `+Inf`;
 //! - **no `_sum`**: the kernel keeps counts only, and a sum estimated from the
-//!   buckets would be a guess presented as a measurement. (Both exposition
-//!   formats allow a histogram without `_sum`; `histogram_quantile` and the
-//!   dashboards' heatmaps use buckets only.)
+//!   buckets would be a guess presented as a measurement; hence **no `_count`**
+//!   either (OpenMetrics: a `_count` iff a `_sum`): the count is the `+Inf`
+//!   bucket. `histogram_quantile` and the dashboards' heatmaps use buckets
+//!   only.
+//! - `le` values in the canonical rendering (Go's `%g`: `2.56e-07`,
+//!   `0.000131072`, `274.877906944`), buckets in increasing order.
 //!
 //! Counts only grow: every run's counts (cumulative within the run) are added
 //! as deltas to totals that survive target restarts (`observer serve`).
@@ -32,10 +34,38 @@ pub const FIRST_BUCKET: usize = 8;
 /// Last exported finite bound: 2^38 ns ≈ 275 s (the kernel's last finite bucket).
 pub const LAST_BUCKET: usize = HIST_BUCKETS - 2;
 
-/// `le` of bucket `b`, in seconds, as a stable string (Rust's shortest
-/// round-trip decimal: `0.000000256`, …, `274.877906944`).
+/// `le` of bucket `b`, in seconds, in the canonical rendering.
 pub fn le_seconds(b: usize) -> String {
-    format!("{}", (1u64 << b) as f64 / 1e9)
+    canonical((1u64 << b) as f64 / 1e9)
+}
+
+/// A float as OpenMetrics' canonical numbers (and Go's `%g`, which
+/// Prometheus' own clients use): the shortest round-trip digits, exponent form
+/// when the decimal exponent is < -4 or >= 6 (`e-07`: at least two exponent
+/// digits), and `.0` appended to an integer.
+pub fn canonical(v: f64) -> String {
+    if !v.is_finite() {
+        return if v.is_nan() {
+            "NaN".into()
+        } else if v > 0.0 {
+            "+Inf".into()
+        } else {
+            "-Inf".into()
+        };
+    }
+    let e = format!("{v:e}");
+    let (mant, exp) = e.split_once('e').unwrap_or((&e, "0"));
+    let exp: i32 = exp.parse().unwrap_or(0);
+    if v != 0.0 && !(-4..6).contains(&exp) {
+        format!(
+            "{mant}e{}{:02}",
+            if exp < 0 { '-' } else { '+' },
+            exp.unsigned_abs()
+        )
+    } else {
+        let d = format!("{v}");
+        if d.contains('.') { d } else { format!("{d}.0") }
+    }
 }
 
 /// What each kind measures (kinds from `Probes::histograms_event`).
@@ -50,12 +80,12 @@ fn help(kind: &str) -> String {
         "disk_read" => "the target's block-device reads other than zram (bio queued to completed)",
         other => {
             return format!(
-                "Latency of kernel events `{other}`, log2 buckets from the kernel; no _sum: the kernel keeps counts only."
+                "Latency of kernel events `{other}`, log2 buckets from the kernel; no _sum or _count: the kernel keeps counts only (the count is the +Inf bucket)."
             );
         }
     };
     format!(
-        "Latency of {what}, log2 buckets from the kernel; no _sum: the kernel keeps counts only."
+        "Latency of {what}, log2 buckets from the kernel; no _sum or _count: the kernel keeps counts only (the count is the +Inf bucket)."
     )
 }
 
@@ -117,16 +147,15 @@ impl KernelHists {
                 continue;
             };
             let name = format!("{prefix}_{}_latency_seconds", name_part(kind));
-            writeln!(out, "# HELP {name} {}", help(kind))?;
             writeln!(out, "# TYPE {name} histogram")?;
             if format == Format::OpenMetrics {
                 writeln!(out, "# UNIT {name} seconds")?;
             }
+            writeln!(out, "# HELP {name} {}", help(kind))?;
             for (b, c) in buckets {
                 writeln!(out, "{name}_bucket{{le=\"{}\"}} {c}", le_seconds(b))?;
             }
             writeln!(out, "{name}_bucket{{le=\"+Inf\"}} {count}")?;
-            writeln!(out, "{name}_count {count}")?;
         }
         Ok(())
     }
@@ -157,24 +186,16 @@ mod tests {
         );
         let mut s = String::new();
         h.encode(&mut s, "p", Format::Text).unwrap();
+        for line in [
+            "p_fault_minor_latency_seconds_bucket{le=\"2.56e-07\"} 10\n",
+            "p_fault_minor_latency_seconds_bucket{le=\"1.024e-06\"} 14\n",
+            "p_fault_minor_latency_seconds_bucket{le=\"+Inf\"} 16\n",
+        ] {
+            assert!(s.contains(line), "{line} not in {s}");
+        }
         assert!(
-            s.contains("p_fault_minor_latency_seconds_bucket{le=\"0.000000256\"} 10\n"),
-            "{s}"
-        );
-        assert!(
-            s.contains("p_fault_minor_latency_seconds_bucket{le=\"0.000001024\"} 14\n"),
-            "{s}"
-        );
-        assert!(
-            s.contains("p_fault_minor_latency_seconds_bucket{le=\"+Inf\"} 16\n"),
-            "{s}"
-        );
-        assert!(
-            s.contains("p_fault_minor_latency_seconds_count 16\n"),
-            "{s}"
-        );
-        assert!(
-            !s.lines().any(|l| !l.starts_with('#') && l.contains("_sum")),
+            !s.lines()
+                .any(|l| !l.starts_with('#') && (l.contains("_sum") || l.contains("_count"))),
             "{s}"
         );
         assert!(!s.contains("# UNIT"), "{s}");
@@ -195,13 +216,34 @@ mod tests {
         assert!(b.iter().all(|(_, c)| *c == 1));
         let mut s = String::new();
         h.encode(&mut s, "p", Format::Text).unwrap();
-        assert!(s.contains("p_x_y_latency_seconds_count 8"), "{s}");
+        assert!(
+            s.contains("p_x_y_latency_seconds_bucket{le=\"+Inf\"} 8"),
+            "{s}"
+        );
     }
 
     #[test]
-    fn le_strings_are_plain_decimals() {
-        assert_eq!(le_seconds(8), "0.000000256");
+    fn le_strings_are_canonical() {
+        assert_eq!(le_seconds(8), "2.56e-07");
+        assert_eq!(le_seconds(16), "6.5536e-05");
+        assert_eq!(le_seconds(17), "0.000131072");
         assert_eq!(le_seconds(30), "1.073741824");
         assert_eq!(le_seconds(LAST_BUCKET), "274.877906944");
+        // The examples of the OpenMetrics spec's canonical numbers.
+        for (v, s) in [
+            (1e-10, "1e-10"),
+            (1e-9, "1e-09"),
+            (1e-5, "1e-05"),
+            (1e-4, "0.0001"),
+            (0.1, "0.1"),
+            (1.0, "1.0"),
+            (1e5, "100000.0"),
+            (1e6, "1e+06"),
+            (1e10, "1e+10"),
+            (0.0, "0.0"),
+            (0.999, "0.999"),
+        ] {
+            assert_eq!(canonical(v), s);
+        }
     }
 }

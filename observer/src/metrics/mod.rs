@@ -39,8 +39,9 @@
 //! `mem_available_bytes` (the machine's).
 //!
 //! Kernel latency histograms: `<kind>_latency_seconds` for `fault_minor`,
-//! `fault_major_file`, `fault_major_swap`, `zram_read`, `disk_read`: buckets and
-//! count, no `_sum` ([`kernel`]).
+//! `fault_major_file`, `fault_major_swap`, `zram_read`, `disk_read`: buckets only:
+//! no `_sum` (the kernel keeps counts only), so no `_count` either; the
+//! count is the `+Inf` bucket ([`kernel`]).
 //!
 //! The observer's health: `lost_events_total`, `probes_attached`,
 //! `probes_missing` (gauges while a target runs), `bpf_run_seconds_total` and
@@ -437,17 +438,18 @@ impl Exporter {
     /// The whole exposition in `format`.
     pub fn render(&self, format: Format) -> Result<String, std::fmt::Error> {
         let mut s = String::with_capacity(32 << 10);
-        let kernel = self.kernel.lock().unwrap_or_else(|p| p.into_inner());
         match format {
-            Format::OpenMetrics => {
-                text::encode_registry(&mut s, &self.registry)?;
-                kernel.encode(&mut s, PREFIX, format)?;
-                text::encode_eof(&mut s)?;
-            }
-            Format::Text => {
-                prometheus_text::encode(&mut s, &self.registry)?;
-                kernel.encode(&mut s, PREFIX, format)?;
-            }
+            Format::OpenMetrics => text::encode_registry(&mut s, &self.registry)?,
+            Format::Text => prometheus_text::encode(&mut s, &self.registry)?,
+        }
+        // The sink takes this lock for each Histograms event: hold it only
+        // for these few families.
+        self.kernel
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .encode(&mut s, PREFIX, format)?;
+        if format == Format::OpenMetrics {
+            text::encode_eof(&mut s)?;
         }
         Ok(s)
     }

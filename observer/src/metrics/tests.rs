@@ -303,13 +303,16 @@ fn counters_never_go_down_across_target_restarts() {
     assert_eq!(get(&m, "moe_observer_lost_events_total"), 4.0);
     assert_eq!(get(&m, "moe_observer_bpf_run_seconds_total"), 1600e-9);
     assert_eq!(
-        get(&m, "moe_observer_fault_major_file_latency_seconds_count"),
+        get(
+            &m,
+            r#"moe_observer_fault_major_file_latency_seconds_bucket{le="+Inf"}"#
+        ),
         22.0
     );
     assert_eq!(
         get(
             &m,
-            r#"moe_observer_fault_major_file_latency_seconds_bucket{le="0.000001024"}"#
+            r#"moe_observer_fault_major_file_latency_seconds_bucket{le="1.024e-06"}"#
         ),
         20.0
     );
