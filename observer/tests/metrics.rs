@@ -988,3 +988,46 @@ fn dashboards_are_consistent_and_documented() {
         String::from_utf8_lossy(&out.stdout)
     );
 }
+
+#[test]
+fn serve_keeps_serving_a_commands_final_values_until_stopped() {
+    let _l = machine_lock();
+    let obs = Observer::start(
+        "serve",
+        &[
+            "--",
+            WORKLOAD,
+            "tokens",
+            "--n",
+            "12",
+            "--ms",
+            "5",
+            "--delay-ms",
+            "200",
+        ],
+    );
+    let m = obs.scrape_until("the command's end", Duration::from_secs(30), |m| {
+        m.get("moe_observer_runs_total") == Some(&1.0)
+            && m.get("moe_observer_target_up") == Some(&0.0)
+    });
+    assert_eq!(
+        val(&m, "moe_observer_steps_total{kind=\"generate\"}"),
+        12.0,
+        "{}",
+        obs.stderr()
+    );
+    // Still there a while later, unchanged.
+    std::thread::sleep(Duration::from_millis(500));
+    let again = scrape(obs.addr);
+    assert_eq!(
+        again.get("moe_observer_steps_total{kind=\"generate\"}"),
+        Some(&12.0)
+    );
+    assert!(
+        obs.stderr().contains("serving its final values"),
+        "{}",
+        obs.stderr()
+    );
+    let st = obs.stop();
+    assert!(st.success(), "{st}");
+}

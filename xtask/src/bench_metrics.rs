@@ -4,10 +4,18 @@
 //! --metrics-addr 127.0.0.1:0 --window 100ms` (windows keep the registry
 //! populated whether or not the engine has token markers), A: nobody scrapes,
 //! B: bursts of concurrent scrapes on loopback while it decodes — every
-//! `--period` a burst of `--clients` simultaneous GETs of /metrics, bounded
+//! `--period-ms` a burst of `--clients` simultaneous GETs of /metrics, bounded
 //! in count (`--max-bursts`) and by the run's end. A-B-B-A order over
 //! several rounds; prints every round, the medians and their ratio
 //! (target >= 0.99), and the scrapes' latencies and sizes.
+//!
+//! On a shared machine the tok/s of single runs can vary by more than the
+//! 1 % target, so the endpoint's own cost is also measured directly: the
+//! on-CPU time of the observer's `metrics-http` thread (its schedstat, the
+//! scheduler's own accounting) over the run, as a share of the CPU time the
+//! machine had in that time (wall × CPUs) — an upper bound of what serving
+//! the scrapes can take from the engine. (The scraping clients' CPU, this
+//! process's, is the benchmark's, printed apart.)
 
 use std::{
     io::{BufRead, BufReader, Read, Write},
@@ -66,9 +74,39 @@ struct ScrapeStats {
     bytes: usize,
 }
 
-/// One GET /metrics as Prometheus asks for it; returns the body size.
-fn scrape(addr: SocketAddr) -> Result<usize> {
-    let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(5))?;
+/// What one observed run measured.
+#[derive(Debug, Default)]
+struct Observed {
+    tok_s: f64,
+    scrapes: ScrapeStats,
+    /// On-CPU time of the endpoint's thread over the run.
+    endpoint_cpu_ns: u64,
+    wall_s: f64,
+}
+
+/// The on-CPU time of `pid`'s thread called `metrics-http`.
+fn endpoint_cpu_ns(pid: u32) -> Option<u64> {
+    for t in std::fs::read_dir(format!("/proc/{pid}/task"))
+        .ok()?
+        .flatten()
+    {
+        let comm = std::fs::read_to_string(t.path().join("comm")).unwrap_or_default();
+        if comm.trim() == "metrics-http" {
+            let s = std::fs::read_to_string(t.path().join("schedstat")).ok()?;
+            return s.split_whitespace().next()?.parse().ok();
+        }
+    }
+    None
+}
+
+/// One GET /metrics as Prometheus asks for it; returns the body size, or
+/// `None` when the endpoint is gone (the run ended: connection refused).
+fn scrape(addr: SocketAddr) -> Result<Option<usize>> {
+    let mut s = match TcpStream::connect_timeout(&addr, Duration::from_secs(5)) {
+        Ok(s) => s,
+        Err(e) if e.kind() == std::io::ErrorKind::ConnectionRefused => return Ok(None),
+        Err(e) => return Err(e.into()),
+    };
     s.set_read_timeout(Some(Duration::from_secs(5)))?;
     s.write_all(
         b"GET /metrics HTTP/1.1\r\nHost: bench\r\nAccept: application/openmetrics-text;version=1.0.0,text/plain;version=0.0.4;q=0.5\r\nConnection: close\r\n\r\n",
@@ -81,7 +119,7 @@ fn scrape(addr: SocketAddr) -> Result<usize> {
             String::from_utf8_lossy(&out[..out.len().min(80)])
         );
     }
-    Ok(out.len())
+    Ok(Some(out.len()))
 }
 
 /// Bursts until `stop` or `max_bursts`.
@@ -92,7 +130,7 @@ fn burst_loop(addr: SocketAddr, b: Burst, stop: &AtomicBool) -> ScrapeStats {
             break;
         }
         let t0 = Instant::now();
-        let results: Vec<(Result<usize>, Duration)> = std::thread::scope(|sc| {
+        let results: Vec<(Result<Option<usize>>, Duration)> = std::thread::scope(|sc| {
             let hs: Vec<_> = (0..b.clients)
                 .map(|_| {
                     sc.spawn(move || {
@@ -103,15 +141,20 @@ fn burst_loop(addr: SocketAddr, b: Burst, stop: &AtomicBool) -> ScrapeStats {
                 .collect();
             hs.into_iter().filter_map(|h| h.join().ok()).collect()
         });
+        let mut gone = false;
         for (r, d) in results {
             match r {
-                Ok(n) => {
+                Ok(Some(n)) => {
                     st.ok += 1;
                     st.bytes = n;
                     st.latencies_us.push(d.as_secs_f64() * 1e6);
                 }
+                Ok(None) => gone = true,
                 Err(_) => st.failed += 1,
             }
+        }
+        if gone {
+            break;
         }
         let left = b.period.saturating_sub(t0.elapsed());
         let until = Instant::now() + left;
@@ -128,7 +171,7 @@ fn observed(
     engine: &std::path::Path,
     engine_args: &[String],
     burst: Option<Burst>,
-) -> Result<(f64, ScrapeStats)> {
+) -> Result<Observed> {
     let mut child = Command::new(observer)
         .args([
             "run",
@@ -171,11 +214,24 @@ fn observed(
         .parse()
         .context("parsing the metrics address")?;
     let stop = Arc::new(AtomicBool::new(false));
+    let mut cpu_ns = 0u64;
     let scraper = burst.map(|b| {
         let stop = Arc::clone(&stop);
         std::thread::spawn(move || burst_loop(addr, b, &stop))
     });
-    let status = child.wait().context("waiting for observer run")?;
+    let t0 = Instant::now();
+    // Sample the endpoint thread's CPU time until the observer exits.
+    let pid = child.id();
+    let status = loop {
+        if let Some(st) = child.try_wait().context("waiting for observer run")? {
+            break st;
+        }
+        if let Some(ns) = endpoint_cpu_ns(pid) {
+            cpu_ns = ns;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let wall_s = t0.elapsed().as_secs_f64();
     stop.store(true, Ordering::Relaxed);
     let stats = scraper
         .map(|h| h.join().unwrap_or_default())
@@ -185,7 +241,12 @@ fn observed(
     if !status.success() {
         bail!("observer run failed: {status}\n{stderr}");
     }
-    Ok((gen_tok_s(&stdout)?, stats))
+    Ok(Observed {
+        tok_s: gen_tok_s(&stdout)?,
+        scrapes: stats,
+        endpoint_cpu_ns: cpu_ns,
+        wall_s,
+    })
 }
 
 pub fn main(args: &[String]) -> Result<()> {
@@ -255,28 +316,48 @@ pub fn main(args: &[String]) -> Result<()> {
     let (mut quiet, mut scraped) = (Vec::new(), Vec::new());
     let mut lat = Vec::new();
     let (mut ok, mut failed, mut bytes) = (0usize, 0usize, 0usize);
+    let ncpu = std::thread::available_parallelism().map_or(1, |n| n.get()) as f64;
+    let (mut share_b, mut share_a, mut per_scrape_us, mut client_share) =
+        (Vec::new(), Vec::new(), Vec::new(), Vec::new());
     for r in 0..rounds {
-        let run_a = || observed(&observer, &engine, &engine_args, None).map(|x| x.0);
-        let run_b = || observed(&observer, &engine, &engine_args, Some(burst));
-        let (a, (b, st)) = if r % 2 == 0 {
+        let run_a = || observed(&observer, &engine, &engine_args, None);
+        let run_b = || -> Result<(Observed, f64)> {
+            let c0 = self_cpu_ns();
+            let o = observed(&observer, &engine, &engine_args, Some(burst))?;
+            Ok((o, (self_cpu_ns() - c0) as f64))
+        };
+        let (a, (b, client_ns)) = if r % 2 == 0 {
             let a = run_a()?;
             (a, run_b()?)
         } else {
             let b = run_b()?;
             (run_a()?, b)
         };
+        let st = &b.scrapes;
+        let sb = b.endpoint_cpu_ns as f64 / (b.wall_s * 1e9 * ncpu);
+        let sa = a.endpoint_cpu_ns as f64 / (a.wall_s * 1e9 * ncpu);
         println!(
-            "round {r}: no scrapes {a:.2} tok/s, scraped {b:.2} tok/s ({} scrapes, {} failed), ratio {:.4}",
+            "round {r}: no scrapes {:.2} tok/s, scraped {:.2} tok/s ({} scrapes, {} failed), ratio {:.4}; \
+             endpoint CPU {:.3} % of the machine ({:.3} % unscraped), {:.0} us per scrape",
+            a.tok_s,
+            b.tok_s,
             st.ok,
             st.failed,
-            b / a
+            b.tok_s / a.tok_s,
+            100.0 * sb,
+            100.0 * sa,
+            b.endpoint_cpu_ns as f64 / 1e3 / st.ok.max(1) as f64
         );
-        quiet.push(a);
-        scraped.push(b);
+        quiet.push(a.tok_s);
+        scraped.push(b.tok_s);
+        share_b.push(sb);
+        share_a.push(sa);
+        per_scrape_us.push(b.endpoint_cpu_ns as f64 / 1e3 / st.ok.max(1) as f64);
+        client_share.push(client_ns / (b.wall_s * 1e9 * ncpu));
         ok += st.ok;
         failed += st.failed;
         bytes = bytes.max(st.bytes);
-        lat.extend(st.latencies_us);
+        lat.extend(st.latencies_us.iter().copied());
     }
     let (mq, ms) = (median(&mut quiet), median(&mut scraped));
     lat.sort_by(|a, b| a.total_cmp(b));
@@ -291,6 +372,14 @@ pub fn main(args: &[String]) -> Result<()> {
         p(0.99),
         p(1.0)
     );
+    println!(
+        "endpoint CPU while scraped (median): {:.3} % of the machine, {:.0} us per scrape; unscraped {:.3} %; \
+         the scraping clients (this process) {:.3} %",
+        100.0 * median(&mut share_b),
+        median(&mut per_scrape_us),
+        100.0 * median(&mut share_a),
+        100.0 * median(&mut client_share)
+    );
     println!("median: no scrapes {mq:.2} tok/s, scraped {ms:.2} tok/s");
     println!(
         "scrape cost ratio (scraped / not scraped): {:.4} (target >= 0.99)",
@@ -300,4 +389,14 @@ pub fn main(args: &[String]) -> Result<()> {
         bail!("{failed} scrapes failed");
     }
     Ok(())
+}
+
+/// This process's CPU time (user + system), for the scraping clients' cost.
+fn self_cpu_ns() -> u64 {
+    // SAFETY: zeroed rusage is a valid out-parameter.
+    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: valid pointer to an rusage.
+    unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut ru) };
+    let ns = |t: libc::timeval| t.tv_sec as u64 * 1_000_000_000 + t.tv_usec as u64 * 1000;
+    ns(ru.ru_utime) + ns(ru.ru_stime)
 }
