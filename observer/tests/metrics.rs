@@ -1031,3 +1031,33 @@ fn serve_keeps_serving_a_commands_final_values_until_stopped() {
     let st = obs.stop();
     assert!(st.success(), "{st}");
 }
+
+#[test]
+fn serve_stops_on_sigint_while_attached_and_leaves_the_target_running() {
+    let _l = machine_lock();
+    let name = "wl-prom-sigint";
+    let wl = named_workload(name);
+    let obs = Observer::start("serve", &["--name", name]);
+    let mut target = Command::new(&wl)
+        .args(["sleep", "--ms", "30000"])
+        .stdout(Stdio::null())
+        .spawn()
+        .expect("start the workload");
+    obs.scrape_until("the attach", Duration::from_secs(30), |m| {
+        m.get("moe_observer_target_up") == Some(&1.0)
+    });
+    let t0 = Instant::now();
+    let st = obs.stop();
+    assert!(st.success(), "{st}");
+    assert!(
+        t0.elapsed() < Duration::from_secs(5),
+        "stopping took {:?}",
+        t0.elapsed()
+    );
+    assert!(
+        target.try_wait().unwrap().is_none(),
+        "an attached target is left alone"
+    );
+    target.kill().unwrap();
+    target.wait().unwrap();
+}

@@ -40,6 +40,9 @@ const SCAN_INTERVAL: Duration = Duration::from_millis(100);
 
 #[derive(Debug, clap::Args)]
 #[command(mut_arg("every", |a| a.default_value("0")))]
+#[command(mut_arg("metrics_addr", |a| a
+    .default_value(DEFAULT_ADDR)
+    .help("Serve Prometheus/OpenMetrics metrics at http://ADDR/metrics (`PORT` or `:PORT` listen on 127.0.0.1; `HOST:PORT`)")))]
 #[command(group(clap::ArgGroup::new("target").required(true).args(["name", "pid", "command"])))]
 pub struct ServeArgs {
     /// Follow every process called NAME (its comm, or its executable's file
@@ -97,6 +100,7 @@ pub async fn serve(args: ServeArgs) -> Result<i32> {
     {
         bail!("--name {n:?}: give a process name as `ps -o comm` shows it (no path)");
     }
+    // Not for `run_with`: this endpoint outlives each target.
     let addr = run
         .metrics_addr
         .take()
@@ -112,6 +116,8 @@ pub async fn serve(args: ServeArgs) -> Result<i32> {
         Some(name) => follow(&name, run, &ex, &stop).await,
         None => {
             run_with(run, vec![Box::new(ex.sink())]).await?;
+            // A SIGINT that ended the run also woke our listener: let it run.
+            tokio::task::yield_now().await;
             if !stop.is_set() {
                 eprintln!(
                     "observer serve: the target ended; serving its final values until SIGINT/SIGTERM"
@@ -151,6 +157,9 @@ async fn follow(name: &str, run: RunArgs, ex: &Arc<Exporter>, stop: &Stop) {
                 skip.insert(pid);
             }
         }
+        // A SIGINT that ended the run (an attached target lives on) also
+        // woke our listener: let it run before deciding to go on.
+        tokio::task::yield_now().await;
         if stop.is_set() {
             return;
         }
@@ -223,6 +232,7 @@ mod tests {
         let (a, every) = parse(&["serve", "--name", "engine"]).unwrap();
         assert_eq!(a.name.as_deref(), Some("engine"));
         assert_eq!(every, 0);
+        assert_eq!(a.run.metrics_addr.as_deref(), Some(DEFAULT_ADDR));
         let (a, _) = parse(&["serve", "--metrics-addr", ":9100", "--pid", "1"]).unwrap();
         assert_eq!(
             (a.run.pid, a.run.metrics_addr.as_deref()),
