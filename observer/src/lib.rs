@@ -8,6 +8,7 @@ pub mod engine_abi;
 pub mod export;
 pub mod header;
 pub mod import;
+pub mod metrics;
 pub mod preflight;
 pub mod procfs;
 pub mod procsample;

@@ -26,6 +26,9 @@ enum Cmd {
     Export(cmd::export::ExportArgs),
     /// Which weights of a GGUF model are in the page cache: a layer × expert heatmap.
     Heatmap(cmd::heatmap::HeatmapArgs),
+    /// A standing Prometheus exporter: observe a PID, a command, or every
+    /// process called NAME as it comes and goes, serving /metrics throughout.
+    Serve(cmd::serve::ServeArgs),
 }
 
 fn main() {
@@ -40,6 +43,7 @@ fn main() {
                 Cmd::Report(args) => cmd::report::report(args),
                 Cmd::Export(args) => cmd::export::export(args),
                 Cmd::Heatmap(args) => cmd::heatmap::run(args),
+                Cmd::Serve(args) => cmd::serve::serve(args).await,
             }
         }),
         Err(e) => Err(anyhow::Error::from(e).context("starting the runtime")),

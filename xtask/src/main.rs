@@ -10,6 +10,7 @@
 
 mod bench_engine;
 mod bench_heatmap;
+mod bench_metrics;
 mod bench_observer;
 mod cache;
 mod cmd;
@@ -33,6 +34,7 @@ commands:
   bench observer     engine decode tok/s with and without the observer, as a ratio
   pressure [..] -- CMD  run CMD under a memory limit (+ zram, balloon); restores the machine
   bench heatmap [..] residency refresh of a 20 GB sparse model vs fincore, same run
+  bench metrics      observed engine tok/s with and without bursts of /metrics scrapes
 ";
 
 fn main() {
@@ -46,6 +48,7 @@ fn main() {
         ["bench", "observer", ..] => bench_observer::main(&args[2..]),
         ["pressure", ..] => pressure::main(&args[1..]),
         ["bench", "heatmap", ..] => bench_heatmap::main(&args[2..]),
+        ["bench", "metrics", ..] => bench_metrics::main(&args[2..]),
         ["-h" | "--help" | "help"] | [] => {
             print!("{USAGE}");
             Ok(())

@@ -87,6 +87,26 @@ enum Cmd {
         #[arg(long)]
         pageout: bool,
     },
+    /// Many short tokens, like a decode loop: each spins `--ms` in user mode,
+    /// writes `--anon` bytes of fresh anonymous pages (minor faults) and, with
+    /// `--path`, reads `--file-pages` pages of an evicted file (major faults).
+    /// Its marker record reports `compute_ns` as an engine that times nothing
+    /// would: wall time minus the (zero) time it timed.
+    Tokens {
+        #[arg(long, default_value_t = 100)]
+        n: u64,
+        #[arg(long, default_value_t = 10)]
+        ms: u64,
+        #[arg(long, default_value = "256K", value_parser = parse_size)]
+        anon: u64,
+        #[arg(long)]
+        path: Option<std::path::PathBuf>,
+        #[arg(long, default_value_t = 16)]
+        file_pages: u64,
+        /// Sleep this long before the first token (lets an observer attach).
+        #[arg(long, default_value_t = 0)]
+        delay_ms: u64,
+    },
     /// File refaults, then fresh anonymous memory, then a short sleep: the demo.
     Demo {
         #[arg(long)]
@@ -243,6 +263,17 @@ fn in_phase(mut f: impl FnMut()) {
 
 /// Run `f` as one marked token and measure it.
 fn token(kind: &'static str, pages: u64, f: impl FnOnce() -> Result<Vec<(&'static str, u64)>>) -> Result<Measured> {
+    token_rec(kind, pages, false, f)
+}
+
+/// [`token`]; with `residual_compute`, the record's `compute_ns` is the wall
+/// time (the engine ABI's residual when nothing else is timed).
+fn token_rec(
+    kind: &'static str,
+    pages: u64,
+    residual_compute: bool,
+    f: impl FnOnce() -> Result<Vec<(&'static str, u64)>>,
+) -> Result<Measured> {
     // SAFETY: single-threaded use of the token counter (phases run one by one).
     let index = unsafe {
         let i = NEXT_INDEX;
@@ -264,6 +295,9 @@ fn token(kind: &'static str, pages: u64, f: impl FnOnce() -> Result<Vec<(&'stati
     rec.wall_ns = t0.elapsed().as_nanos() as u64;
     rec.majflt = (inner.majflt - before.majflt) as u64;
     rec.cpu_ns = (inner.utime_ns + inner.stime_ns - before.utime_ns - before.stime_ns) as u64;
+    if residual_compute {
+        rec.compute_ns = rec.wall_ns;
+    }
     moe_engine_token_end(index, &rec);
     let wall_ns = t0.elapsed().as_nanos();
     let after = usage();
@@ -379,18 +413,67 @@ fn anon(size: u64, threads: usize, repeat: u32, delay_ms: u64) -> Result<Measure
     })
 }
 
+fn spin(ms: u64) {
+    let t0 = Instant::now();
+    let mut x = 0u64;
+    while t0.elapsed().as_millis() < ms as u128 {
+        for i in 0..10_000u64 {
+            x = x.wrapping_mul(6364136223846793005).wrapping_add(i);
+        }
+    }
+    std::hint::black_box(x);
+}
+
 fn busy(ms: u64) -> Result<Measured> {
     token("busy", 0, || {
-        let t0 = Instant::now();
-        let mut x = 0u64;
-        while t0.elapsed().as_millis() < ms as u128 {
-            for i in 0..10_000u64 {
-                x = x.wrapping_mul(6364136223846793005).wrapping_add(i);
-            }
-        }
-        std::hint::black_box(x);
+        spin(ms);
         Ok(Vec::new())
     })
+}
+
+fn tokens(n: u64, ms: u64, anon: u64, path: Option<&std::path::Path>, file_pages: u64, delay_ms: u64) -> Result<Vec<Measured>> {
+    let ps = page_size();
+    let file = match path {
+        Some(p) => {
+            let len = (n * file_pages).max(1) as usize * ps;
+            write_file(p, len as u64)?;
+            let f = std::fs::File::open(p).with_context(|| format!("cannot open {}", p.display()))?;
+            evict(&f)?;
+            let m = mmap(len, libc::PROT_READ, libc::MAP_PRIVATE, f.as_raw_fd())?;
+            // SAFETY: the range is our mapping.
+            unsafe { libc::madvise(m.ptr.cast(), len, libc::MADV_RANDOM) };
+            Some(m)
+        }
+        None => None,
+    };
+    std::thread::sleep(std::time::Duration::from_millis(delay_ms));
+    let mut out = Vec::new();
+    for i in 0..n {
+        out.push(token_rec("tokens", file_pages, true, || {
+            spin(ms);
+            if anon > 0 {
+                let m = anon_map(anon as usize)?;
+                for off in (0..anon as usize).step_by(ps) {
+                    // SAFETY: inside the writable mapping.
+                    unsafe { std::ptr::write_volatile(m.ptr.add(off), 1) };
+                }
+            }
+            if let Some(m) = &file {
+                let first = (i * file_pages) as usize;
+                let mut sum = 0u64;
+                for p in first..first + file_pages as usize {
+                    // SAFETY: p < n * file_pages pages, inside the mapping.
+                    sum = sum.wrapping_add(unsafe { std::ptr::read_volatile(m.ptr.add(p * ps)) } as u64);
+                }
+                std::hint::black_box(sum);
+            }
+            Ok(Vec::new())
+        })?);
+    }
+    if let Some(p) = path {
+        let _ = std::fs::remove_file(p);
+    }
+    Ok(out)
 }
 
 fn sleep(ms: u64) -> Result<Measured> {
@@ -499,6 +582,9 @@ fn main() {
         Cmd::Sleep { ms } => sleep(ms).map(|m| vec![m]),
         Cmd::PreadDirect { path, size, block } => pread_direct(&path, size, block).map(|m| vec![m]),
         Cmd::Swap { size, balloon, pageout } => swap(size, balloon, pageout).map(|m| vec![m]),
+        Cmd::Tokens { n, ms, anon, path, file_pages, delay_ms } => {
+            tokens(n, ms, anon, path.as_deref(), file_pages, delay_ms)
+        }
         Cmd::Demo { path, size } => (|| {
             Ok(vec![file_refault(&path, size, false)?, anon(size, 2, 1, 0)?, busy(200)?, sleep(200)?])
         })(),

@@ -6,3 +6,4 @@ pub mod heatmap;
 pub mod record;
 pub mod report;
 pub mod run;
+pub mod serve;

@@ -25,7 +25,7 @@ use observer_common::{
 };
 use tokio::io::unix::AsyncFd;
 
-#[derive(Debug, clap::Args)]
+#[derive(Debug, Clone, clap::Args)]
 pub struct RunArgs {
     /// Attach to this running process (all its threads) instead of spawning one.
     #[arg(long, conflicts_with = "command")]
@@ -73,6 +73,10 @@ pub struct RunArgs {
     /// Print every Nth token line while running (0: none).
     #[arg(long, default_value_t = 1, value_name = "N")]
     every: u64,
+    /// Serve Prometheus/OpenMetrics metrics at http://ADDR/metrics while
+    /// running (`PORT` or `:PORT` listen on 127.0.0.1; `HOST:PORT`).
+    #[arg(long, value_name = "ADDR")]
+    pub metrics_addr: Option<String>,
     /// The command to spawn and observe.
     #[arg(last = true, value_name = "CMD")]
     command: Vec<OsString>,
@@ -164,6 +168,9 @@ pub async fn run(args: RunArgs) -> Result<i32> {
 pub async fn run_with(args: RunArgs, mut extra: ExtraSinks) -> Result<i32> {
     if args.pid.is_none() && args.command.is_empty() {
         bail!("nothing to observe: give `--pid PID` or `-- CMD [ARGS…]`");
+    }
+    if let Some(addr) = &args.metrics_addr {
+        extra.push(Box::new(observer::metrics::run_sink(addr)?));
     }
     // Without eBPF: fall back to procfs when asked to, else say what to do.
     let no_ebpf = if args.procfs {
