@@ -438,13 +438,19 @@ fn substitute(expr: &str, d: &Value, range_s: u64) -> String {
 /// *nothing* here, so that this test fails — and this list must go — as soon
 /// as they do produce data; their names are checked against the exporter by
 /// `residency_metric_names_exist` below.
-const NOT_YET_PRODUCED: &[&str] = &[
+/// Residency and churn metrics (checked by name in `residency_metric_names_exist`).
+const RESIDENCY_METRICS: &[&str] = &[
     "moe_observer_dense_resident_ratio",
     "moe_observer_dense_swapped_ratio",
     "moe_observer_experts_resident_ratio",
     "moe_observer_layer_experts_resident_ratio",
     "moe_observer_pagecache_added_total",
     "moe_observer_pagecache_evicted_total",
+];
+
+const NOT_YET_PRODUCED: &[&str] = &[
+    // Needs an engine that publishes its anonymous dense copy (`--dense anon`).
+    "moe_observer_dense_swapped_ratio",
 ];
 
 /// The metric an expression shows: the first one it names (the numerator of
@@ -487,7 +493,17 @@ fn prometheus_scrapes_a_run_and_every_dashboard_expression_returns_data() {
     let dir = scratch_dir("prom-dash");
     let json = dir.join("summary.json");
     let _ = std::fs::remove_file(&json);
-    let obs = Observer::start("serve", &["--name", name, "--json", json.to_str().unwrap()]);
+    // A model file for the residency and churn metrics (a small synthetic GGUF).
+    let model = dir.join("tiny.gguf");
+    if !model.exists() {
+        let engine = std::path::Path::new(OBSERVER).with_file_name("engine");
+        let st = Command::new(&engine).args(["synth", "-o"]).arg(&model).status().expect("engine synth");
+        assert!(st.success(), "engine synth failed");
+    }
+    let obs = Observer::start(
+        "serve",
+        &["--name", name, "--json", json.to_str().unwrap(), "--model", model.to_str().unwrap(), "--residency-interval", "100ms"],
+    );
     let prom = Prometheus::start(obs.addr, "prom-dash");
     // Prometheus scrapes the waiting exporter before the target exists.
     let t0 = Instant::now();
@@ -502,6 +518,22 @@ fn prometheus_scrapes_a_run_and_every_dashboard_expression_returns_data() {
     }
 
     let start = now_unix();
+    // Page-cache churn of the model while the run lasts: evict it and read it
+    // back, over and over (the page cache is shared; churn counts every reader).
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let churner = {
+        let (stop, model) = (Arc::clone(&stop), model.clone());
+        std::thread::spawn(move || {
+            use std::os::fd::AsRawFd;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                let f = std::fs::File::open(&model).unwrap();
+                // SAFETY: valid fd.
+                unsafe { libc::posix_fadvise(f.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED) };
+                let _ = std::fs::read(&model);
+                std::thread::sleep(Duration::from_millis(200));
+            }
+        })
+    };
     let file = dir.join("tokens.bin");
     let out = Command::new(&wl)
         .args([
@@ -521,6 +553,8 @@ fn prometheus_scrapes_a_run_and_every_dashboard_expression_returns_data() {
         .arg(&file)
         .output()
         .expect("run the workload");
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    churner.join().unwrap();
     let ws = workload_lines(&out);
     assert_eq!(ws.len(), 300);
     // The exporter's final values: serve keeps serving after the target ends.
@@ -767,7 +801,7 @@ fn residency_metric_names_exist() {
     };
     s.event(&Event::Token(t)).unwrap();
     let text = ex.render(Format::Text).unwrap();
-    for n in NOT_YET_PRODUCED {
+    for n in RESIDENCY_METRICS {
         assert!(
             text.contains(&format!("\n{n}")),
             "{n} not exported:\n{text}"

@@ -13,6 +13,7 @@ use observer::{
     attribution,
     bpf::{self, AttachOptions, MarkerKind, Markers, ProbeError, Probes},
     header, preflight, procfs, procsample,
+    residency::Sampler,
     report::{Summary, TargetInfo},
     seed,
     sink::{Sink, emit},
@@ -48,6 +49,9 @@ pub struct RunArgs {
     /// argument or `*.gguf` file of the target's command line.
     #[arg(long, value_name = "FILE")]
     pub model: Option<PathBuf>,
+    /// Rescan the model file's residency (mincore, pagemap) at most this often.
+    #[arg(long, default_value = "500ms", value_name = "DURATION", value_parser = parse_duration)]
+    pub residency_interval: Duration,
     /// How often to sample the target's memory and swap.
     #[arg(long, default_value = "1s", value_name = "DURATION", value_parser = parse_duration)]
     pub sample_interval: Duration,
@@ -248,6 +252,8 @@ pub async fn run_with(args: RunArgs, mut extra: ExtraSinks) -> Result<i32> {
     };
     let mut asm = Assembler::new(default_kind);
     let mut records: Vec<TokenRecord> = Vec::new();
+    let mut resid = residency_sampler(&args, &command, &target, &mut probes);
+    asm.churn = resid.as_ref().is_some_and(|r| r.churn().is_some());
     let mut sinks = sinks(&args, extra);
     let header = header::build("ebpf", pid, &command, probes.attached.clone(), args.model.as_deref());
     emit(&mut sinks, &Event::Header(header))?;
@@ -268,7 +274,7 @@ pub async fn run_with(args: RunArgs, mut extra: ExtraSinks) -> Result<i32> {
     if use_windows {
         ticker.tick().await; // the first tick is immediate
         let now = seed::mono_ns();
-        asm.window(Snapshot { ts: now, index: 0, threads: probes.snapshot(now)?, engine: None, lost: 0 });
+        asm.window(Snapshot { ts: now, index: 0, threads: probes.snapshot(now)?, engine: None, lost: 0, churn: None });
     }
 
     let mut stop = Stopper::default();
@@ -277,10 +283,10 @@ pub async fn run_with(args: RunArgs, mut extra: ExtraSinks) -> Result<i32> {
             e = target.wait() => break Some(e?),
             r = stop_requested() => { r?; if stop.signal(&target) { break None; } }
             _ = stop.deadline(), if stop.pending() => stop.expired(&target),
-            _ = poll.tick() => drain(ring.get_mut(), &mut asm, &mut records, &mut sinks)?,
+            _ = poll.tick() => drain(ring.get_mut(), &mut asm, &mut resid, &mut records, &mut sinks)?,
             guard = ring.readable_mut() => {
                 let mut guard = guard.context("waiting on the ring buffer")?;
-                drain(guard.get_inner_mut(), &mut asm, &mut records, &mut sinks)?;
+                drain(guard.get_inner_mut(), &mut asm, &mut resid, &mut records, &mut sinks)?;
                 guard.clear_ready();
                 if std::mem::take(&mut asm.exec_seen) {
                     after_exec(&mut probes, pid)?;
@@ -295,8 +301,8 @@ pub async fn run_with(args: RunArgs, mut extra: ExtraSinks) -> Result<i32> {
             }
             _ = ticker.tick(), if use_windows => {
                 let now = seed::mono_ns();
-                let snap = Snapshot { ts: now, index: 0, threads: probes.snapshot(now)?, engine: None, lost: 0 };
-                if let Some(t) = asm.window(snap) { token(t, &mut records, &mut sinks)?; }
+                let snap = Snapshot { ts: now, index: 0, threads: probes.snapshot(now)?, engine: None, lost: 0, churn: None };
+                if let Some(t) = asm.window(snap) { tokens(vec![t], &mut resid, &mut records, &mut sinks)?; }
             }
             _ = sampler.tick() => {
                 let now = seed::mono_ns();
@@ -307,17 +313,18 @@ pub async fn run_with(args: RunArgs, mut extra: ExtraSinks) -> Result<i32> {
         }
     };
     let duration_ns = start.elapsed().as_nanos() as u64;
-    drain(ring.get_mut(), &mut asm, &mut records, &mut sinks)?;
+    drain(ring.get_mut(), &mut asm, &mut resid, &mut records, &mut sinks)?;
     let now = seed::mono_ns();
     emit(&mut sinks, &Event::Histograms(probes.histograms_event(now)?))?;
     emit(&mut sinks, &Event::Health(health(&probes, asm.malformed, now)?))?;
     let end_ns = seed::mono_ns();
     if use_windows {
-        let snap = Snapshot { ts: end_ns, index: 0, threads: probes.snapshot(end_ns)?, engine: None, lost: 0 };
+        let snap = Snapshot { ts: end_ns, index: 0, threads: probes.snapshot(end_ns)?, engine: None, lost: 0, churn: None };
         if let Some(t) = asm.window(snap) {
-            token(t, &mut records, &mut sinks)?;
+            tokens(vec![t], &mut resid, &mut records, &mut sinks)?;
         }
     }
+    drop(resid);
 
     let rows = probes.thread_faults()?;
     let states = probes.snapshot(end_ns)?;
@@ -451,7 +458,7 @@ async fn run_procfs(
     ticker.tick().await;
     let snap = |asm: &mut Assembler| {
         let now = seed::mono_ns();
-        asm.window(Snapshot { ts: now, index: 0, threads: procfs::snapshot(pid), engine: None, lost: 0 })
+        asm.window(Snapshot { ts: now, index: 0, threads: procfs::snapshot(pid), engine: None, lost: 0, churn: None })
     };
     snap(&mut asm);
     let mut stop = Stopper::default();
@@ -463,7 +470,7 @@ async fn run_procfs(
                 // zombie here, with its final counters.
                 if let Some(mut t) = snap(&mut asm) {
                     procfs::mark_unmeasured(&mut t);
-                    token(t, &mut records, &mut sinks)?;
+                    tokens(vec![t], &mut None, &mut records, &mut sinks)?;
                 }
                 break Some(target.reap()?);
             }
@@ -472,7 +479,7 @@ async fn run_procfs(
             _ = ticker.tick() => {
                 if let Some(mut t) = snap(&mut asm) {
                     procfs::mark_unmeasured(&mut t);
-                    token(t, &mut records, &mut sinks)?;
+                    tokens(vec![t], &mut None, &mut records, &mut sinks)?;
                 }
             }
             _ = sampler.tick() => emit(&mut sinks, &Event::Process(procsample::sample(pid, seed::mono_ns())))?,
@@ -495,22 +502,68 @@ async fn run_procfs(
     Ok(exit_code.unwrap_or(0))
 }
 
-fn token(t: TokenRecord, records: &mut Vec<TokenRecord>, sinks: &mut [Box<dyn Sink>]) -> Result<()> {
-    emit(sinks, &Event::Token(t.clone()))?;
-    records.push(t);
+/// Emit a batch of token records. With a residency sampler, the last record
+/// of the batch carries a residency sample (taken now; the file scan is rate
+/// limited by the sampler), the others none: tokens are read in batches.
+fn tokens(
+    mut batch: Vec<TokenRecord>,
+    resid: &mut Option<Sampler>,
+    records: &mut Vec<TokenRecord>,
+    sinks: &mut [Box<dyn Sink>],
+) -> Result<()> {
+    if let (Some(s), Some(last)) = (resid.as_mut(), batch.last_mut()) {
+        match s.sample() {
+            Ok(x) => last.residency = Some(x.residency),
+            Err(e) => {
+                eprintln!("observer: residency sampling stopped: {e}");
+                *resid = None;
+            }
+        }
+    }
+    for t in batch {
+        emit(sinks, &Event::Token(t.clone()))?;
+        records.push(t);
+    }
     Ok(())
 }
 
 fn drain(
     ring: &mut aya::maps::RingBuf<aya::maps::MapData>,
     asm: &mut Assembler,
+    resid: &mut Option<Sampler>,
     records: &mut Vec<TokenRecord>,
     sinks: &mut [Box<dyn Sink>],
 ) -> Result<()> {
+    let mut batch = Vec::new();
     while let Some(item) = ring.next() {
         if let Some(t) = asm.push(&item) {
-            token(t, records, sinks)?;
+            batch.push(t);
         }
     }
-    Ok(())
+    if batch.is_empty() { Ok(()) } else { tokens(batch, resid, records, sinks) }
+}
+
+/// The residency sampler for the target's model file, when there is one (a
+/// GGUF named by `--model` or on the command line), with page-cache churn
+/// counted in the kernel. Problems are reported in one line, never fatal.
+fn residency_sampler(args: &RunArgs, command: &[String], target: &Target, probes: &mut Probes) -> Option<Sampler> {
+    let model = args.model.clone().or_else(|| header::model_from_command(command).map(PathBuf::from))?;
+    // A relative path is relative to the target's working directory.
+    let model = if model.is_relative() {
+        std::fs::read_link(format!("/proc/{}/cwd", target.pid())).map(|d| d.join(&model)).unwrap_or(model)
+    } else {
+        model
+    };
+    let mut s = match Sampler::new(&model, Some(target.pid())) {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("observer: residency not measured ({}): {e}", model.display());
+            return None;
+        }
+    };
+    s.set_scan_interval(args.residency_interval);
+    if let Err(e) = s.enable_churn(probes.ebpf_mut()) {
+        eprintln!("observer: page-cache churn not measured: {e}");
+    }
+    Some(s)
 }
