@@ -71,6 +71,10 @@ pub struct RunArgs {
     /// Use the procfs-only measurement even where eBPF works.
     #[arg(long)]
     pub procfs: bool,
+    /// Keep at most this many token records for the end-of-run summary and
+    /// JSON (older ones are dropped, and counted); sinks see every record.
+    #[arg(long, default_value_t = usize::MAX, hide = true)]
+    pub keep_tokens: usize,
     /// How often to read token records from the kernel.
     #[arg(long, default_value = "100ms", value_name = "DURATION", value_parser = parse_duration)]
     pub poll: Duration,
@@ -251,7 +255,7 @@ pub async fn run_with(args: RunArgs, mut extra: ExtraSinks) -> Result<i32> {
         None => StepKind::Window,
     };
     let mut asm = Assembler::new(default_kind);
-    let mut records: Vec<TokenRecord> = Vec::new();
+    let mut records = Kept::new(args.keep_tokens);
     let mut resid = residency_sampler(&args, &command, &target, &mut probes);
     asm.churn = resid.as_ref().is_some_and(|r| r.churn().is_some());
     let mut sinks = sinks(&args, extra);
@@ -343,7 +347,8 @@ pub async fn run_with(args: RunArgs, mut extra: ExtraSinks) -> Result<i32> {
     emit(&mut sinks, &Event::End(RunEnd { mono_ns: end_ns, exit_code, lost_events: lost }))?;
     drop(sinks);
     let mut summary = Summary::build(TargetInfo { pid, command, exit_code }, duration_ns, attached, &rows, lost);
-    summary.add_attribution(&states, &hists, records);
+    summary.tokens_not_kept = records.dropped;
+    summary.add_attribution(&states, &hists, records.records);
     summary.devices = devices.iter().map(|(d, io)| observer::report::DeviceRow::new(*d, io)).collect();
     summary.bpf_run_ns = bpf_stats.map(|s| s.0);
     summary.bpf_run_count = bpf_stats.map(|s| s.1);
@@ -450,7 +455,7 @@ async fn run_procfs(
     let mut sinks = sinks(&args, extra);
     emit(&mut sinks, &Event::Header(header::build("procfs", pid, &command, Vec::new(), args.model.as_deref())))?;
     let mut asm = Assembler::new(StepKind::Window);
-    let mut records: Vec<TokenRecord> = Vec::new();
+    let mut records = Kept::new(args.keep_tokens);
     let mut ticker = interval(window);
     let mut sampler = interval(args.sample_interval);
     target.release()?;
@@ -497,9 +502,33 @@ async fn run_procfs(
     summary.totals = None;
     summary.majflt_hist = None;
     summary.minflt_hist = None;
-    summary.add_attribution(&[], &[], records);
+    summary.tokens_not_kept = records.dropped;
+    summary.add_attribution(&[], &[], records.records);
     finish(&args, &summary)?;
     Ok(exit_code.unwrap_or(0))
+}
+
+/// The token records kept for the summary: all of them, or the newest
+/// `cap` (a standing `observer serve` must not grow without bound).
+#[derive(Debug)]
+struct Kept {
+    records: Vec<TokenRecord>,
+    cap: usize,
+    dropped: u64,
+}
+
+impl Kept {
+    fn new(cap: usize) -> Self {
+        Kept { records: Vec::new(), cap: cap.max(1), dropped: 0 }
+    }
+    fn push(&mut self, t: TokenRecord) {
+        if self.records.len() >= self.cap {
+            let n = self.records.len().div_ceil(2);
+            self.records.drain(..n);
+            self.dropped += n as u64;
+        }
+        self.records.push(t);
+    }
 }
 
 /// Emit a batch of token records. With a residency sampler, the last record
@@ -508,7 +537,7 @@ async fn run_procfs(
 fn tokens(
     mut batch: Vec<TokenRecord>,
     resid: &mut Option<Sampler>,
-    records: &mut Vec<TokenRecord>,
+    records: &mut Kept,
     sinks: &mut [Box<dyn Sink>],
 ) -> Result<()> {
     if let (Some(s), Some(last)) = (resid.as_mut(), batch.last_mut()) {
@@ -531,7 +560,7 @@ fn drain(
     ring: &mut aya::maps::RingBuf<aya::maps::MapData>,
     asm: &mut Assembler,
     resid: &mut Option<Sampler>,
-    records: &mut Vec<TokenRecord>,
+    records: &mut Kept,
     sinks: &mut [Box<dyn Sink>],
 ) -> Result<()> {
     let mut batch = Vec::new();
@@ -566,4 +595,54 @@ fn residency_sampler(args: &RunArgs, command: &[String], target: &Target, probes
         eprintln!("observer: page-cache churn not measured: {e}");
     }
     Some(s)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use observer_common::model::{Components, Counters};
+
+    fn rec(seq: u64) -> TokenRecord {
+        TokenRecord {
+            seq,
+            index: Some(seq),
+            kind: StepKind::Generate,
+            n_tokens: 1,
+            start_ns: 0,
+            wall_ns: 1,
+            components: Components::default(),
+            residual_ns: 0,
+            counters: Counters::default(),
+            engine_compute_ns: None,
+            threads: Vec::new(),
+            engine: None,
+            residency: None,
+            lost_events: 0,
+        }
+    }
+
+    #[test]
+    fn kept_tokens_are_bounded_and_the_rest_counted() {
+        let mut k = Kept::new(10);
+        for i in 0..25 {
+            k.push(rec(i));
+        }
+        assert!(k.records.len() <= 10);
+        assert_eq!(k.records.len() as u64 + k.dropped, 25);
+        assert_eq!(k.records.last().unwrap().seq, 24, "the newest are kept");
+        let mut all = Kept::new(usize::MAX);
+        for i in 0..25 {
+            all.push(rec(i));
+        }
+        assert_eq!((all.records.len(), all.dropped), (25, 0));
+    }
+
+    #[test]
+    fn durations_parse() {
+        assert_eq!(parse_duration("250ms").unwrap(), Duration::from_millis(250));
+        assert_eq!(parse_duration("2s").unwrap(), Duration::from_secs(2));
+        assert_eq!(parse_duration("1.5").unwrap(), Duration::from_millis(1500));
+        assert!(parse_duration("0s").is_err());
+        assert!(parse_duration("5 parsecs").is_err());
+    }
 }

@@ -92,6 +92,9 @@ impl Stop {
     }
 }
 
+/// Token records `serve` keeps per target for its end-of-target summary.
+const SERVE_KEEP_TOKENS: usize = 100_000;
+
 pub async fn serve(args: ServeArgs) -> Result<i32> {
     // clap made sure exactly one of --name, --pid and CMD is given.
     let ServeArgs { name, mut run } = args;
@@ -105,6 +108,8 @@ pub async fn serve(args: ServeArgs) -> Result<i32> {
         .metrics_addr
         .take()
         .unwrap_or_else(|| DEFAULT_ADDR.to_string());
+    // A standing exporter keeps only recent tokens for each target's summary.
+    run.keep_tokens = run.keep_tokens.min(SERVE_KEEP_TOKENS);
     let ex = Exporter::new();
     let endpoint = Endpoint::start(&addr, Arc::clone(&ex))?;
     eprintln!(
