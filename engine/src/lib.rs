@@ -22,6 +22,7 @@ pub mod model;
 pub mod placement;
 pub mod pool;
 pub mod quant;
+pub mod regions;
 pub mod sampling;
 pub mod synth;
 pub mod telemetry;

@@ -442,6 +442,10 @@ pub struct MarkRecord {
     /// `1` when `engine` holds a copy of the engine's per-token record.
     pub has_engine: u32,
     pub tid: u32,
+    /// The model file's cumulative page-cache adds / evictions (pages) at the
+    /// mark, from the churn counters (`filemap`); 0 while churn is not attached.
+    pub churn_added: u64,
+    pub churn_evicted: u64,
     pub engine: [u8; ENGINE_REC_BYTES],
 }
 

@@ -14,6 +14,7 @@ extern crate std;
 
 pub mod attrib;
 pub mod faults;
+pub mod filemap;
 #[cfg(feature = "user")]
 pub mod model;
 pub mod hist;

@@ -10,6 +10,7 @@
 
 mod block;
 mod faults;
+mod filemap;
 mod maps;
 mod marks;
 mod reclaim;

@@ -28,6 +28,9 @@ use observer_common::{
 /// User space polls the ring on a timer instead.
 const BPF_RB_NO_WAKEUP: u64 = 1;
 
+use observer_common::filemap::{T_ADD_PAGES, T_DEL_PAGES};
+
+use crate::filemap::FILEMAP_TOTALS;
 use crate::maps::{COUNTERS, EVENTS, MARK_LOST, SEQS, THREADS, bump, config};
 
 /// Copy slot `i` into the ring buffer; false when it could not be sent.
@@ -120,6 +123,8 @@ fn mark(phase: u32, index: u64, engine_rec: u64) -> u32 {
         (*r).n_lost = lost;
         (*r).tid = id as u32;
         (*r).has_engine = 0;
+        (*r).churn_added = FILEMAP_TOTALS.get(T_ADD_PAGES).map(|v| read_volatile(v)).unwrap_or(0);
+        (*r).churn_evicted = FILEMAP_TOTALS.get(T_DEL_PAGES).map(|v| read_volatile(v)).unwrap_or(0);
         if engine_rec != 0
             && bpf_probe_read_user_buf(engine_rec as *const u8, &mut *addr_of_mut!((*r).engine)).is_ok()
         {

@@ -24,6 +24,11 @@ enum Cmd {
     Report(cmd::report::ReportArgs),
     /// Convert a run to another format (Chrome / Perfetto trace JSON).
     Export(cmd::export::ExportArgs),
+    /// Which weights of a GGUF model are in the page cache: a layer × expert heatmap.
+    Heatmap(cmd::heatmap::HeatmapArgs),
+    /// A standing Prometheus exporter: observe a PID, a command, or every
+    /// process called NAME as it comes and goes, serving /metrics throughout.
+    Serve(cmd::serve::ServeArgs),
     /// The live TUI beside a command (`observer tui -- CMD…`), a PID (`--pid`), or a trace (`--replay`).
     Tui(cmd::tui::TuiArgs),
 }
@@ -39,6 +44,8 @@ fn main() {
                 Cmd::Diff(args) => cmd::diff::diff(args),
                 Cmd::Report(args) => cmd::report::report(args),
                 Cmd::Export(args) => cmd::export::export(args),
+                Cmd::Heatmap(args) => cmd::heatmap::run(args),
+                Cmd::Serve(args) => cmd::serve::serve(args).await,
                 Cmd::Tui(args) => cmd::tui::tui(args).await,
             }
         }),

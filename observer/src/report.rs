@@ -198,8 +198,10 @@ pub struct Summary {
     pub attribution_totals: Option<ThreadAttribution>,
     /// Per-token summary (when tokens were marked or windows used).
     pub attribution: Option<attribution::Summary>,
-    /// Every token record, in order.
+    /// Every token record, in order (the newest ones when `tokens_not_kept` > 0).
     pub tokens: Vec<TokenRecord>,
+    /// Older token records left out of `tokens` and the per-token summary.
+    pub tokens_not_kept: u64,
 }
 
 pub fn comm_str(c: &[u8; 16]) -> String {
@@ -257,6 +259,7 @@ impl Summary {
             attribution_totals: None,
             attribution: None,
             tokens: Vec::new(),
+            tokens_not_kept: 0,
         }
     }
 
@@ -413,6 +416,9 @@ impl Summary {
         }
         if let Some(a) = &self.attribution {
             a.print(out)?;
+            if self.tokens_not_kept > 0 {
+                writeln!(out, "(the summary covers the newest {} tokens; {} older ones were not kept)", self.tokens.len(), self.tokens_not_kept)?;
+            }
         }
         if let (Some(ns), Some(n)) = (self.bpf_run_ns, self.bpf_run_count) {
             writeln!(

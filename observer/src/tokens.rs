@@ -28,6 +28,9 @@ pub struct Snapshot {
     pub threads: Vec<ThreadState>,
     pub engine: Option<Vec<u8>>,
     pub lost: u64,
+    /// The model file's cumulative page-cache (adds, evictions) at this
+    /// instant, when churn is measured.
+    pub churn: Option<(u64, u64)>,
 }
 
 /// Reassembles ring-buffer records into snapshots and pairs them into tokens.
@@ -42,6 +45,8 @@ pub struct Assembler {
     pub malformed: u64,
     /// The target called `exec` since this was last cleared.
     pub exec_seen: bool,
+    /// Page-cache churn of the model file is counted (marks carry it).
+    pub churn: bool,
 }
 
 fn read<T: Copy>(b: &[u8]) -> Option<T> {
@@ -62,6 +67,7 @@ impl Assembler {
             default_kind,
             malformed: 0,
             exec_seen: false,
+            churn: false,
         }
     }
 
@@ -104,6 +110,7 @@ impl Assembler {
                     threads,
                     engine: (m.has_engine != 0).then(|| m.engine.to_vec()),
                     lost: m.n_lost as u64,
+                    churn: self.churn.then_some((m.churn_added, m.churn_evicted)),
                 };
                 match m.phase {
                     PHASE_BEGIN => {
@@ -195,6 +202,11 @@ pub fn build(begin: &Snapshot, end: &Snapshot, seq: u64, default_kind: StepKind)
         Some(d) => (d.kind, Some(d.index), d.n_tokens, Some(d.telemetry)),
         None => (default_kind, (default_kind != StepKind::Window).then_some(end.index), 1, None),
     };
+    let mut counters = model_counters(&counters);
+    if let (Some(b), Some(e)) = (begin.churn, end.churn) {
+        counters.set(Counter::PagecacheAdded, Some(e.0.saturating_sub(b.0)));
+        counters.set(Counter::PagecacheEvicted, Some(e.1.saturating_sub(b.1)));
+    }
     TokenRecord {
         seq,
         index,
@@ -204,7 +216,7 @@ pub fn build(begin: &Snapshot, end: &Snapshot, seq: u64, default_kind: StepKind)
         wall_ns: wall,
         residual_ns: wall as i64 - components.sum() as i64,
         components,
-        counters: model_counters(&counters),
+        counters,
         engine_compute_ns: engine.as_ref().and_then(|e| e.compute_ns),
         threads,
         engine,
@@ -240,7 +252,7 @@ mod tests {
     }
 
     fn snap(ts: u64, threads: Vec<ThreadState>) -> Snapshot {
-        Snapshot { ts, index: 0, threads, engine: None, lost: 0 }
+        Snapshot { ts, index: 0, threads, engine: None, lost: 0, churn: None }
     }
 
     #[test]

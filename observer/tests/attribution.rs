@@ -65,7 +65,12 @@ fn busy_loop_is_compute() {
     if waited < wall / 100 {
         assert_within("compute vs wall (quiet machine)", compute, wall, 0.02);
     }
-    assert_within("runqueue vs schedstat run_delay", ns(t, "runqueue") + wall / 100, waited + wall / 100, 0.02);
+    // Run-queue waits against the scheduler's own run_delay, to 2 % of the token.
+    assert!(
+        ns(t, "runqueue").abs_diff(waited) <= wall / 50,
+        "runqueue {} vs schedstat run_delay {waited} (wall {wall})",
+        ns(t, "runqueue")
+    );
 }
 
 #[test]

@@ -85,10 +85,24 @@ fn rate_after(screen: &str, label: &str) -> Option<f64> {
     before.split_whitespace().last()?.parse().ok()
 }
 
-/// `workload: N tokens in X s: R tok/s` → R.
-fn workload_rate(screen: &str) -> Option<f64> {
-    let line = screen.lines().find(|l| l.starts_with("workload: ") && l.contains(" tokens in "))?;
-    line.rsplit(": ").next()?.split_whitespace().next()?.parse().ok()
+/// The workload's own rate: its JSON lines (`{"kind":"tokens",…,"wall_ns":…}`,
+/// one per token, timed by its own clock around the markers) → tokens / Σ wall.
+fn workload_rate(output: &str) -> Option<f64> {
+    let (mut n, mut wall) = (0u64, 0u64);
+    for l in output.lines().filter(|l| l.starts_with('{')) {
+        let v: serde_json::Value = serde_json::from_str(l).ok()?;
+        if v["kind"] == "tokens" {
+            n += 1;
+            wall += v["wall_ns"].as_u64()?;
+        }
+    }
+    (wall > 0).then(|| n as f64 * 1e9 / wall as f64)
+}
+
+/// What `observer tui` printed after the screen closed (the captured output),
+/// sent to `file` by the shell in tmux.
+fn printed_after(file: &std::path::Path) -> String {
+    std::fs::read_to_string(file).unwrap_or_else(|e| panic!("{}: {e}", file.display()))
 }
 
 fn assert_within_5_percent(tui: f64, reference: f64, screen: &str) {
@@ -108,7 +122,11 @@ fn assert_within_5_percent(tui: f64, reference: f64, screen: &str) {
 fn live_screen_shows_bars_then_the_final_rate_matching_the_workload() {
     let _lock = machine_lock();
     let n = 30;
-    let cmd = format!("{OBSERVER} tui -- {WORKLOAD} tokens --n {n} --ms 100; echo OBSERVER_EXIT=$?; sleep 600");
+    let out = common::scratch_dir("tui-live").join("after.txt");
+    let cmd = format!(
+        "{OBSERVER} tui -- {WORKLOAD} tokens --n {n} --ms 100 2>{}; echo OBSERVER_EXIT=$?; sleep 600",
+        out.display()
+    );
     let tmux = Tmux::start("tui-live", 130, 48, &cmd);
 
     let live = tmux.wait("token bars while the target runs", Duration::from_secs(60), |s| {
@@ -133,7 +151,9 @@ fn live_screen_shows_bars_then_the_final_rate_matching_the_workload() {
     assert!(after.contains("OBSERVER_EXIT=0"), "{after}");
     assert!(!after.contains("1 Tokens │ 2 Summary"), "the alternate screen is gone:\n{after}");
     // The target's own output, captured while the TUI was up, is printed after it.
-    let own = workload_rate(&after).unwrap_or_else(|| panic!("no workload rate printed after the TUI:\n{after}"));
+    let printed = printed_after(&out);
+    let own = workload_rate(&printed).unwrap_or_else(|| panic!("no workload lines printed after the TUI:\n{printed}"));
+    assert!(printed.contains("tokens: 30 records"), "the run's end report follows:\n{printed}");
     assert_within_5_percent(tui_rate, own, &fin);
 }
 
@@ -141,9 +161,10 @@ fn live_screen_shows_bars_then_the_final_rate_matching_the_workload() {
 fn attaches_to_a_pid_and_keeps_the_final_summary_when_it_exits() {
     let _lock = machine_lock();
     let wl = Command::new(WORKLOAD)
-        .args(["tokens", "--n", "60", "--ms", "100"])
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::piped())
+        // The delay lets the observer attach before the first token.
+        .args(["tokens", "--n", "40", "--ms", "100", "--delay-ms", "3000"])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
         .spawn()
         .expect("start workload");
     let pid = wl.id();
@@ -159,7 +180,7 @@ fn attaches_to_a_pid_and_keeps_the_final_summary_when_it_exits() {
     tmux.keys("q");
     let after = tmux.wait("observer to exit", Duration::from_secs(30), |s| s.contains("OBSERVER_EXIT="));
     assert!(after.contains("OBSERVER_EXIT=0"), "{after}");
-    let own = workload_rate(&String::from_utf8_lossy(&out.stderr)).expect("workload rate");
+    let own = workload_rate(&String::from_utf8_lossy(&out.stdout)).expect("workload rate");
     assert_within_5_percent(tui_rate, own, &fin);
 }
 
@@ -251,7 +272,8 @@ fn replays_a_recorded_trace_and_a_truncated_one() {
         .expect("observer record");
     let stderr = String::from_utf8_lossy(&rec.stderr);
     assert!(rec.status.success(), "observer record failed:\n{stderr}");
-    let own = workload_rate(&stderr).unwrap_or_else(|| panic!("no workload rate in:\n{stderr}"));
+    let stdout = String::from_utf8_lossy(&rec.stdout);
+    let own = workload_rate(&stdout).unwrap_or_else(|| panic!("no workload lines in:\n{stdout}"));
 
     let cmd = format!("{OBSERVER} tui --replay {}; echo OBSERVER_EXIT=$?; sleep 600", trace.display());
     let tmux = Tmux::start("tui-replay", 130, 40, &cmd);

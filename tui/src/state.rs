@@ -8,7 +8,14 @@
 //! - A mean of a component or counter is over the steps that *measured* it;
 //!   with none it is `None` and the views say "not measured", never 0.
 //! - Rates: tokens per second over the generate and call steps (see
-//!   [`crate::stats`]); "now" is over the last [`NOW_STEPS`] of them.
+//!   [`crate::stats`]), on the decode clock: a step's *cycle* runs from its
+//!   start to the start of the next such step, so the time between marked
+//!   steps (sampling outside the markers, the probes' own trap cost) counts,
+//!   as it does in an engine's own tok/s; a gap longer than the step itself
+//!   is idle time (waiting for a request) and does not count: that step's
+//!   cycle is its wall. The last step's cycle is its wall. "now" is over the
+//!   last [`NOW_STEPS`] cycles. The rate over step walls alone (`observer
+//!   run`'s summary) is kept beside it.
 //! - The token list keeps the last [`MAX_ROWS`] steps; aggregates and the
 //!   rate interval cover the whole run.
 //! - While paused, events queue (up to [`MAX_PENDING`], then dropped and
@@ -287,10 +294,12 @@ pub struct App {
     pub steps_seen: u64,
     /// Aggregates per step kind (indexed by [`kind_index`]).
     pub aggs: [Agg; 4],
-    /// `(n_tokens, wall_ns)` of every generate/call step, for the interval.
+    /// `(n_tokens, cycle_ns)` of every generate/call step (module doc), for the interval.
     pub rate_steps: Vec<(u64, u64)>,
-    /// Σ n_tokens and Σ wall_ns of those steps (the run rate, always current).
-    rate_sums: (u128, u128),
+    /// Σ n_tokens, Σ cycle_ns and Σ wall_ns of those steps (always current).
+    rate_sums: (u128, u128, u128),
+    /// `(start_ns, wall_ns)` of the last generate/call step, while the next may extend its cycle.
+    last_rate_step: Option<(u64, u64)>,
     pub rate: Option<RateInterval>,
     rate_steps_at: usize,
     pub threads: BTreeMap<u32, ThreadAgg>,
@@ -348,7 +357,8 @@ impl App {
             steps_seen: 0,
             aggs: Default::default(),
             rate_steps: Vec::new(),
-            rate_sums: (0, 0),
+            rate_sums: (0, 0, 0),
+            last_rate_step: None,
             rate: None,
             rate_steps_at: 0,
             threads: BTreeMap::new(),
@@ -410,9 +420,22 @@ impl App {
         self.lost_in_steps += t.lost_events;
         self.aggs[kind_index(t.kind)].add(t);
         if matches!(t.kind, StepKind::Generate | StepKind::Call) {
+            if let (Some((start, wall)), Some(last)) = (self.last_rate_step, self.rate_steps.last_mut()) {
+                let end = start.saturating_add(wall);
+                if t.start_ns >= end && t.start_ns - end <= wall {
+                    let cycle = t.start_ns - start;
+                    self.rate_sums.1 += (cycle - last.1) as u128;
+                    last.1 = cycle;
+                }
+            }
             self.rate_steps.push((t.n_tokens, t.wall_ns));
             self.rate_sums.0 += t.n_tokens as u128;
             self.rate_sums.1 += t.wall_ns as u128;
+            self.rate_sums.2 += t.wall_ns as u128;
+            self.last_rate_step = Some((t.start_ns, t.wall_ns));
+        } else {
+            // A prompt (or a window) between two steps: no cycle spans it.
+            self.last_rate_step = None;
         }
         if self.rows.len() >= MAX_ROWS {
             self.rows.pop_front();
@@ -458,14 +481,20 @@ impl App {
         self.dirty = true;
     }
 
-    /// Tokens per second over all generate/call steps so far (the interval in
-    /// [`App::rate`] may lag it by a refresh).
+    /// Tokens per second over all generate/call steps so far, on the decode
+    /// clock (module doc; the interval in [`App::rate`] may lag it by a refresh).
     pub fn rate_run(&self) -> Option<f64> {
-        let (n, wall) = self.rate_sums;
-        (wall > 0).then(|| n as f64 * 1e9 / wall as f64)
+        let (n, cycles, _) = self.rate_sums;
+        (cycles > 0).then(|| n as f64 * 1e9 / cycles as f64)
     }
 
-    /// Tokens per second over the last [`NOW_STEPS`] generate/call steps.
+    /// Tokens per second over the steps' own walls only (`observer run`'s figure).
+    pub fn rate_in_steps(&self) -> Option<f64> {
+        let (n, _, walls) = self.rate_sums;
+        (walls > 0).then(|| n as f64 * 1e9 / walls as f64)
+    }
+
+    /// Tokens per second over the last [`NOW_STEPS`] generate/call step cycles.
     pub fn rate_now(&self) -> Option<f64> {
         let n = self.rate_steps.len();
         stats::rate(self.rate_steps[n.saturating_sub(NOW_STEPS)..].iter().copied())
@@ -646,6 +675,28 @@ mod tests {
         assert_eq!(g.counter(Counter::Minflt).mean(), None, "not measured is None, not 0");
         assert_eq!(app.lost(), 5);
         assert_eq!(app.threads[&7].steps, 5);
+    }
+
+    #[test]
+    fn the_decode_clock_counts_short_gaps_between_steps_but_not_idle_time() {
+        let mut app = App::new();
+        let step = |seq: u64, start_ms: u64, wall_ms: u64| {
+            let mut t = token(seq, StepKind::Generate, wall_ms);
+            t.start_ns = start_ms * 1_000_000;
+            Event::Token(t)
+        };
+        app.push(step(0, 0, 90)); // next starts 10 ms after its end: cycle 100
+        app.push(step(1, 100, 90)); // next starts 910 ms after its end (idle): cycle 90
+        app.push(step(2, 1100, 90)); // the last: cycle = wall
+        assert_eq!(app.rate_steps.iter().map(|s| s.1 / 1_000_000).collect::<Vec<_>>(), vec![100, 90, 90]);
+        assert!((app.rate_run().unwrap() - 3.0 / 0.280).abs() < 1e-9);
+        assert!((app.rate_in_steps().unwrap() - 3.0 / 0.270).abs() < 1e-9);
+        // A prompt in between: no cycle spans it.
+        app.push(Event::Token(token(3, StepKind::Prompt, 5)));
+        app.push(step(4, 1200, 90));
+        assert_eq!(app.rate_steps[2].1, 90_000_000);
+        app.refresh_stats();
+        assert!((app.rate.unwrap().rate - app.rate_run().unwrap()).abs() < 1e-9);
     }
 
     #[test]

@@ -1,9 +1,9 @@
 //! Small statistics for the views: token rates with a seeded bootstrap interval.
 //!
 //! Spec:
-//! - A *step* is `(n_tokens, wall_ns)`. The rate of a set of steps is
-//!   `Σ n_tokens / Σ wall_ns` in tokens per second (time spent inside the
-//!   steps, so gaps between steps are not counted).
+//! - A *step* is `(n_tokens, time_ns)` (the state passes each step's cycle on
+//!   the decode clock, see `state`). The rate of a set of steps is
+//!   `Σ n_tokens / Σ time_ns` in tokens per second.
 //! - Its 95 % interval is a percentile bootstrap: `resamples` times, draw as
 //!   many steps as there are, with replacement, and compute the same rate; the
 //!   interval is the 2.5th and 97.5th percentiles of those rates (linear

@@ -6,8 +6,11 @@
 //! - `parity`: the engine against llama.cpp on synthetic models.
 //! - `bench engine`: engine vs llama.cpp decode/prompt speed, same file, same run.
 //! - `pressure`: run a command under a cgroup memory limit, optional zram and balloon.
+//! - `bench heatmap`: one residency refresh of a 20 GB (sparse) model vs `fincore`, same file.
 
 mod bench_engine;
+mod bench_heatmap;
+mod bench_metrics;
 mod bench_observer;
 mod cache;
 mod cmd;
@@ -30,6 +33,8 @@ commands:
   bench engine [..]  engine vs llama.cpp decode and prompt tok/s, printed as ratios
   bench observer     engine decode tok/s with and without the observer, as a ratio
   pressure [..] -- CMD  run CMD under a memory limit (+ zram, balloon); restores the machine
+  bench heatmap [..] residency refresh of a 20 GB sparse model vs fincore, same run
+  bench metrics      observed engine tok/s with and without bursts of /metrics scrapes
 ";
 
 fn main() {
@@ -42,6 +47,8 @@ fn main() {
         ["bench", "engine", ..] => bench_engine::main(&args[2..]),
         ["bench", "observer", ..] => bench_observer::main(&args[2..]),
         ["pressure", ..] => pressure::main(&args[1..]),
+        ["bench", "heatmap", ..] => bench_heatmap::main(&args[2..]),
+        ["bench", "metrics", ..] => bench_metrics::main(&args[2..]),
         ["-h" | "--help" | "help"] | [] => {
             print!("{USAGE}");
             Ok(())

@@ -35,6 +35,7 @@ const PACKAGES: &[(&str, &str)] = &[
     ("linux-perf", "`perf stat` as an independent reference in tests"),
     ("tmux", "end-to-end TUI tests"),
     ("cmake", "building llama.cpp, the engine's reference"),
+    ("prometheus", "a real Prometheus server and promtool for the exporter's tests"),
 ];
 
 fn is_root() -> bool {

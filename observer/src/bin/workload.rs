@@ -61,14 +61,6 @@ enum Cmd {
         #[arg(long, default_value_t = 1000)]
         ms: u64,
     },
-    /// N marked tokens of M ms of user-mode spinning each; reports its own
-    /// tok/s (tokens over its own clock around the loop) on stderr too.
-    Tokens {
-        #[arg(long, default_value_t = 20)]
-        n: u64,
-        #[arg(long, default_value_t = 100)]
-        ms: u64,
-    },
     /// Sleep (nanosleep).
     Sleep {
         #[arg(long, default_value_t = 1000)]
@@ -94,6 +86,26 @@ enum Cmd {
         /// Ask the kernel to page the buffer out (MADV_PAGEOUT, Linux >= 5.4).
         #[arg(long)]
         pageout: bool,
+    },
+    /// Many short tokens, like a decode loop: each spins `--ms` in user mode,
+    /// writes `--anon` bytes of fresh anonymous pages (minor faults) and, with
+    /// `--path`, reads `--file-pages` pages of an evicted file (major faults).
+    /// Its marker record reports `compute_ns` as an engine that times nothing
+    /// would: wall time minus the (zero) time it timed.
+    Tokens {
+        #[arg(long, default_value_t = 100)]
+        n: u64,
+        #[arg(long, default_value_t = 10)]
+        ms: u64,
+        #[arg(long, default_value = "256K", value_parser = parse_size)]
+        anon: u64,
+        #[arg(long)]
+        path: Option<std::path::PathBuf>,
+        #[arg(long, default_value_t = 16)]
+        file_pages: u64,
+        /// Sleep this long before the first token (lets an observer attach).
+        #[arg(long, default_value_t = 0)]
+        delay_ms: u64,
     },
     /// File refaults, then fresh anonymous memory, then a short sleep: the demo.
     Demo {
@@ -172,13 +184,22 @@ fn schedstat() -> (i64, i64) {
     (it.next().unwrap_or(0), it.next().unwrap_or(0))
 }
 
+/// `getrusage` only (no /proc reads).
+fn usage_fast() -> Usage {
+    usage_with(false)
+}
+
 fn usage() -> Usage {
+    usage_with(true)
+}
+
+fn usage_with(procfs: bool) -> Usage {
     // SAFETY: zeroed rusage is a valid out-parameter.
     let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
     // SAFETY: valid pointer to an rusage.
     unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut ru) };
     let ns = |t: libc::timeval| t.tv_sec * 1_000_000_000 + t.tv_usec * 1000;
-    let (sched_cpu_ns, sched_wait_ns) = schedstat();
+    let (sched_cpu_ns, sched_wait_ns) = if procfs { schedstat() } else { (0, 0) };
     Usage {
         majflt: ru.ru_majflt,
         minflt: ru.ru_minflt,
@@ -186,7 +207,7 @@ fn usage() -> Usage {
         stime_ns: ns(ru.ru_stime),
         sched_cpu_ns,
         sched_wait_ns,
-        io_read_bytes: io_read_bytes(),
+        io_read_bytes: if procfs { io_read_bytes() } else { 0 },
     }
 }
 
@@ -242,6 +263,17 @@ fn in_phase(mut f: impl FnMut()) {
 
 /// Run `f` as one marked token and measure it.
 fn token(kind: &'static str, pages: u64, f: impl FnOnce() -> Result<Vec<(&'static str, u64)>>) -> Result<Measured> {
+    token_rec(kind, pages, false, f)
+}
+
+/// [`token`]; with `residual_compute`, the record's `compute_ns` is the wall
+/// time (the engine ABI's residual when nothing else is timed).
+fn token_rec(
+    kind: &'static str,
+    pages: u64,
+    residual_compute: bool,
+    f: impl FnOnce() -> Result<Vec<(&'static str, u64)>>,
+) -> Result<Measured> {
     // SAFETY: single-threaded use of the token counter (phases run one by one).
     let index = unsafe {
         let i = NEXT_INDEX;
@@ -250,19 +282,26 @@ fn token(kind: &'static str, pages: u64, f: impl FnOnce() -> Result<Vec<(&'stati
     };
     let mut rec = TokenRecordV1::empty();
     rec.index = index;
-    moe_engine_token_begin(index, &rec);
+    // The workload's own numbers bracket the token's markers tightly: nothing
+    // but a clock read between a measurement and a marker (reading /proc here
+    // would leave a syscall, a likely preemption point, outside the window).
     let before = usage();
     let t0 = Instant::now();
+    moe_engine_token_begin(index, &rec);
     let mut f = Some(f);
     let mut out = None;
     in_phase(|| out = f.take().map(|f| f()));
-    let extra = out.expect("the phase ran")?;
+    let inner = usage_fast();
+    rec.wall_ns = t0.elapsed().as_nanos() as u64;
+    rec.majflt = (inner.majflt - before.majflt) as u64;
+    rec.cpu_ns = (inner.utime_ns + inner.stime_ns - before.utime_ns - before.stime_ns) as u64;
+    if residual_compute {
+        rec.compute_ns = rec.wall_ns;
+    }
+    moe_engine_token_end(index, &rec);
     let wall_ns = t0.elapsed().as_nanos();
     let after = usage();
-    rec.wall_ns = wall_ns as u64;
-    rec.majflt = (after.majflt - before.majflt) as u64;
-    rec.cpu_ns = (after.utime_ns + after.stime_ns - before.utime_ns - before.stime_ns) as u64;
-    moe_engine_token_end(index, &rec);
+    let extra = out.expect("the phase ran")?;
     Ok(Measured { kind, index, pages, wall_ns, before, after, extra })
 }
 
@@ -374,29 +413,67 @@ fn anon(size: u64, threads: usize, repeat: u32, delay_ms: u64) -> Result<Measure
     })
 }
 
+fn spin(ms: u64) {
+    let t0 = Instant::now();
+    let mut x = 0u64;
+    while t0.elapsed().as_millis() < ms as u128 {
+        for i in 0..10_000u64 {
+            x = x.wrapping_mul(6364136223846793005).wrapping_add(i);
+        }
+    }
+    std::hint::black_box(x);
+}
+
 fn busy(ms: u64) -> Result<Measured> {
     token("busy", 0, || {
-        let t0 = Instant::now();
-        let mut x = 0u64;
-        while t0.elapsed().as_millis() < ms as u128 {
-            for i in 0..10_000u64 {
-                x = x.wrapping_mul(6364136223846793005).wrapping_add(i);
-            }
-        }
-        std::hint::black_box(x);
+        spin(ms);
         Ok(Vec::new())
     })
 }
 
-fn tokens(n: u64, ms: u64) -> Result<Measured> {
-    let before = usage();
-    let t0 = Instant::now();
-    for _ in 0..n {
-        busy(ms)?;
+fn tokens(n: u64, ms: u64, anon: u64, path: Option<&std::path::Path>, file_pages: u64, delay_ms: u64) -> Result<Vec<Measured>> {
+    let ps = page_size();
+    let file = match path {
+        Some(p) => {
+            let len = (n * file_pages).max(1) as usize * ps;
+            write_file(p, len as u64)?;
+            let f = std::fs::File::open(p).with_context(|| format!("cannot open {}", p.display()))?;
+            evict(&f)?;
+            let m = mmap(len, libc::PROT_READ, libc::MAP_PRIVATE, f.as_raw_fd())?;
+            // SAFETY: the range is our mapping.
+            unsafe { libc::madvise(m.ptr.cast(), len, libc::MADV_RANDOM) };
+            Some(m)
+        }
+        None => None,
+    };
+    std::thread::sleep(std::time::Duration::from_millis(delay_ms));
+    let mut out = Vec::new();
+    for i in 0..n {
+        out.push(token_rec("tokens", file_pages, true, || {
+            spin(ms);
+            if anon > 0 {
+                let m = anon_map(anon as usize)?;
+                for off in (0..anon as usize).step_by(ps) {
+                    // SAFETY: inside the writable mapping.
+                    unsafe { std::ptr::write_volatile(m.ptr.add(off), 1) };
+                }
+            }
+            if let Some(m) = &file {
+                let first = (i * file_pages) as usize;
+                let mut sum = 0u64;
+                for p in first..first + file_pages as usize {
+                    // SAFETY: p < n * file_pages pages, inside the mapping.
+                    sum = sum.wrapping_add(unsafe { std::ptr::read_volatile(m.ptr.add(p * ps)) } as u64);
+                }
+                std::hint::black_box(sum);
+            }
+            Ok(Vec::new())
+        })?);
     }
-    let wall_ns = t0.elapsed().as_nanos();
-    eprintln!("workload: {n} tokens in {:.3} s: {:.3} tok/s", wall_ns as f64 / 1e9, n as f64 * 1e9 / wall_ns as f64);
-    Ok(Measured { kind: "tokens", index: 0, pages: 0, wall_ns, before, after: usage(), extra: vec![("n", n)] })
+    if let Some(p) = path {
+        let _ = std::fs::remove_file(p);
+    }
+    Ok(out)
 }
 
 fn sleep(ms: u64) -> Result<Measured> {
@@ -502,10 +579,12 @@ fn main() {
         Cmd::FileRefault { path, size, keep } => file_refault(&path, size, keep).map(|m| vec![m]),
         Cmd::Anon { size, threads, repeat, delay_ms } => anon(size, threads, repeat, delay_ms).map(|m| vec![m]),
         Cmd::Busy { ms } => busy(ms).map(|m| vec![m]),
-        Cmd::Tokens { n, ms } => tokens(n, ms).map(|m| vec![m]),
         Cmd::Sleep { ms } => sleep(ms).map(|m| vec![m]),
         Cmd::PreadDirect { path, size, block } => pread_direct(&path, size, block).map(|m| vec![m]),
         Cmd::Swap { size, balloon, pageout } => swap(size, balloon, pageout).map(|m| vec![m]),
+        Cmd::Tokens { n, ms, anon, path, file_pages, delay_ms } => {
+            tokens(n, ms, anon, path.as_deref(), file_pages, delay_ms)
+        }
         Cmd::Demo { path, size } => (|| {
             Ok(vec![file_refault(&path, size, false)?, anon(size, 2, 1, 0)?, busy(200)?, sleep(200)?])
         })(),

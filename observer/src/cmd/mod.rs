@@ -2,7 +2,9 @@
 
 pub mod diff;
 pub mod export;
+pub mod heatmap;
 pub mod record;
 pub mod report;
 pub mod run;
+pub mod serve;
 pub mod tui;

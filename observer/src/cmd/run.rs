@@ -13,6 +13,7 @@ use observer::{
     attribution,
     bpf::{self, AttachOptions, MarkerKind, Markers, ProbeError, Probes},
     header, preflight, procfs, procsample,
+    residency::Sampler,
     report::{Summary, TargetInfo},
     seed,
     sink::{Sink, emit},
@@ -25,7 +26,7 @@ use observer_common::{
 };
 use tokio::io::unix::AsyncFd;
 
-#[derive(Debug, clap::Args)]
+#[derive(Debug, Clone, clap::Args)]
 pub struct RunArgs {
     /// Attach to this running process (all its threads) instead of spawning one.
     #[arg(long, conflicts_with = "command")]
@@ -48,6 +49,9 @@ pub struct RunArgs {
     /// argument or `*.gguf` file of the target's command line.
     #[arg(long, value_name = "FILE")]
     pub model: Option<PathBuf>,
+    /// Rescan the model file's residency (mincore, pagemap) at most this often.
+    #[arg(long, default_value = "500ms", value_name = "DURATION", value_parser = parse_duration)]
+    pub residency_interval: Duration,
     /// How often to sample the target's memory and swap.
     #[arg(long, default_value = "1s", value_name = "DURATION", value_parser = parse_duration)]
     pub sample_interval: Duration,
@@ -67,12 +71,20 @@ pub struct RunArgs {
     /// Use the procfs-only measurement even where eBPF works.
     #[arg(long)]
     pub procfs: bool,
+    /// Keep at most this many token records for the end-of-run summary and
+    /// JSON (older ones are dropped, and counted); sinks see every record.
+    #[arg(long, default_value_t = usize::MAX, hide = true)]
+    pub keep_tokens: usize,
     /// How often to read token records from the kernel.
     #[arg(long, default_value = "100ms", value_name = "DURATION", value_parser = parse_duration)]
     pub poll: Duration,
     /// Print every Nth token line while running (0: none).
     #[arg(long, default_value_t = 1, value_name = "N")]
     pub every: u64,
+    /// Serve Prometheus/OpenMetrics metrics at http://ADDR/metrics while
+    /// running (`PORT` or `:PORT` listen on 127.0.0.1; `HOST:PORT`).
+    #[arg(long, value_name = "ADDR")]
+    pub metrics_addr: Option<String>,
     /// The command to spawn and observe.
     #[arg(last = true, value_name = "CMD")]
     pub command: Vec<OsString>,
@@ -169,6 +181,9 @@ pub async fn run_with(args: RunArgs, mut extra: ExtraSinks) -> Result<i32> {
     if args.pid.is_none() && args.command.is_empty() {
         bail!("nothing to observe: give `--pid PID` or `-- CMD [ARGS…]`");
     }
+    if let Some(addr) = &args.metrics_addr {
+        extra.push(Box::new(observer::metrics::run_sink(addr)?));
+    }
     // Without eBPF: fall back to procfs when asked to, else say what to do.
     let no_ebpf = if args.procfs {
         Some("--procfs given".to_string())
@@ -244,7 +259,9 @@ pub async fn run_with(args: RunArgs, mut extra: ExtraSinks) -> Result<i32> {
         None => StepKind::Window,
     };
     let mut asm = Assembler::new(default_kind);
-    let mut records: Vec<TokenRecord> = Vec::new();
+    let mut records = Kept::new(args.keep_tokens);
+    let mut resid = residency_sampler(&args, &command, &target, &mut probes);
+    asm.churn = resid.as_ref().is_some_and(|r| r.churn().is_some());
     let mut sinks = sinks(&args, extra);
     let header = header::build("ebpf", pid, &command, probes.attached.clone(), args.model.as_deref());
     emit(&mut sinks, &Event::Header(header))?;
@@ -265,7 +282,7 @@ pub async fn run_with(args: RunArgs, mut extra: ExtraSinks) -> Result<i32> {
     if use_windows {
         ticker.tick().await; // the first tick is immediate
         let now = seed::mono_ns();
-        asm.window(Snapshot { ts: now, index: 0, threads: probes.snapshot(now)?, engine: None, lost: 0 });
+        asm.window(Snapshot { ts: now, index: 0, threads: probes.snapshot(now)?, engine: None, lost: 0, churn: None });
     }
 
     let mut stop = Stopper::default();
@@ -274,10 +291,10 @@ pub async fn run_with(args: RunArgs, mut extra: ExtraSinks) -> Result<i32> {
             e = target.wait() => break Some(e?),
             r = stop_requested(&args.stop) => { r?; if stop.signal(&target) { break None; } }
             _ = stop.deadline(), if stop.pending() => stop.expired(&target),
-            _ = poll.tick() => drain(ring.get_mut(), &mut asm, &mut records, &mut sinks)?,
+            _ = poll.tick() => drain(ring.get_mut(), &mut asm, &mut resid, &mut records, &mut sinks)?,
             guard = ring.readable_mut() => {
                 let mut guard = guard.context("waiting on the ring buffer")?;
-                drain(guard.get_inner_mut(), &mut asm, &mut records, &mut sinks)?;
+                drain(guard.get_inner_mut(), &mut asm, &mut resid, &mut records, &mut sinks)?;
                 guard.clear_ready();
                 if std::mem::take(&mut asm.exec_seen) {
                     after_exec(&mut probes, pid)?;
@@ -292,8 +309,8 @@ pub async fn run_with(args: RunArgs, mut extra: ExtraSinks) -> Result<i32> {
             }
             _ = ticker.tick(), if use_windows => {
                 let now = seed::mono_ns();
-                let snap = Snapshot { ts: now, index: 0, threads: probes.snapshot(now)?, engine: None, lost: 0 };
-                if let Some(t) = asm.window(snap) { token(t, &mut records, &mut sinks)?; }
+                let snap = Snapshot { ts: now, index: 0, threads: probes.snapshot(now)?, engine: None, lost: 0, churn: None };
+                if let Some(t) = asm.window(snap) { tokens(vec![t], &mut resid, &mut records, &mut sinks)?; }
             }
             _ = sampler.tick() => {
                 let now = seed::mono_ns();
@@ -304,17 +321,18 @@ pub async fn run_with(args: RunArgs, mut extra: ExtraSinks) -> Result<i32> {
         }
     };
     let duration_ns = start.elapsed().as_nanos() as u64;
-    drain(ring.get_mut(), &mut asm, &mut records, &mut sinks)?;
+    drain(ring.get_mut(), &mut asm, &mut resid, &mut records, &mut sinks)?;
     let now = seed::mono_ns();
     emit(&mut sinks, &Event::Histograms(probes.histograms_event(now)?))?;
     emit(&mut sinks, &Event::Health(health(&probes, asm.malformed, now)?))?;
     let end_ns = seed::mono_ns();
     if use_windows {
-        let snap = Snapshot { ts: end_ns, index: 0, threads: probes.snapshot(end_ns)?, engine: None, lost: 0 };
+        let snap = Snapshot { ts: end_ns, index: 0, threads: probes.snapshot(end_ns)?, engine: None, lost: 0, churn: None };
         if let Some(t) = asm.window(snap) {
-            token(t, &mut records, &mut sinks)?;
+            tokens(vec![t], &mut resid, &mut records, &mut sinks)?;
         }
     }
+    drop(resid);
 
     let rows = probes.thread_faults()?;
     let states = probes.snapshot(end_ns)?;
@@ -333,7 +351,8 @@ pub async fn run_with(args: RunArgs, mut extra: ExtraSinks) -> Result<i32> {
     emit(&mut sinks, &Event::End(RunEnd { mono_ns: end_ns, exit_code, lost_events: lost }))?;
     drop(sinks);
     let mut summary = Summary::build(TargetInfo { pid, command, exit_code }, duration_ns, attached, &rows, lost);
-    summary.add_attribution(&states, &hists, records);
+    summary.tokens_not_kept = records.dropped;
+    summary.add_attribution(&states, &hists, records.records);
     summary.devices = devices.iter().map(|(d, io)| observer::report::DeviceRow::new(*d, io)).collect();
     summary.bpf_run_ns = bpf_stats.map(|s| s.0);
     summary.bpf_run_count = bpf_stats.map(|s| s.1);
@@ -440,7 +459,7 @@ async fn run_procfs(
     let mut sinks = sinks(&args, extra);
     emit(&mut sinks, &Event::Header(header::build("procfs", pid, &command, Vec::new(), args.model.as_deref())))?;
     let mut asm = Assembler::new(StepKind::Window);
-    let mut records: Vec<TokenRecord> = Vec::new();
+    let mut records = Kept::new(args.keep_tokens);
     let mut ticker = interval(window);
     let mut sampler = interval(args.sample_interval);
     target.release()?;
@@ -448,7 +467,7 @@ async fn run_procfs(
     ticker.tick().await;
     let snap = |asm: &mut Assembler| {
         let now = seed::mono_ns();
-        asm.window(Snapshot { ts: now, index: 0, threads: procfs::snapshot(pid), engine: None, lost: 0 })
+        asm.window(Snapshot { ts: now, index: 0, threads: procfs::snapshot(pid), engine: None, lost: 0, churn: None })
     };
     snap(&mut asm);
     let mut stop = Stopper::default();
@@ -460,7 +479,7 @@ async fn run_procfs(
                 // zombie here, with its final counters.
                 if let Some(mut t) = snap(&mut asm) {
                     procfs::mark_unmeasured(&mut t);
-                    token(t, &mut records, &mut sinks)?;
+                    tokens(vec![t], &mut None, &mut records, &mut sinks)?;
                 }
                 break Some(target.reap()?);
             }
@@ -469,7 +488,7 @@ async fn run_procfs(
             _ = ticker.tick() => {
                 if let Some(mut t) = snap(&mut asm) {
                     procfs::mark_unmeasured(&mut t);
-                    token(t, &mut records, &mut sinks)?;
+                    tokens(vec![t], &mut None, &mut records, &mut sinks)?;
                 }
             }
             _ = sampler.tick() => emit(&mut sinks, &Event::Process(procsample::sample(pid, seed::mono_ns())))?,
@@ -487,27 +506,147 @@ async fn run_procfs(
     summary.totals = None;
     summary.majflt_hist = None;
     summary.minflt_hist = None;
-    summary.add_attribution(&[], &[], records);
+    summary.tokens_not_kept = records.dropped;
+    summary.add_attribution(&[], &[], records.records);
     finish(&args, &summary)?;
     Ok(exit_code.unwrap_or(0))
 }
 
-fn token(t: TokenRecord, records: &mut Vec<TokenRecord>, sinks: &mut [Box<dyn Sink>]) -> Result<()> {
-    emit(sinks, &Event::Token(t.clone()))?;
-    records.push(t);
+/// The token records kept for the summary: all of them, or the newest
+/// `cap` (a standing `observer serve` must not grow without bound).
+#[derive(Debug)]
+struct Kept {
+    records: Vec<TokenRecord>,
+    cap: usize,
+    dropped: u64,
+}
+
+impl Kept {
+    fn new(cap: usize) -> Self {
+        Kept { records: Vec::new(), cap: cap.max(1), dropped: 0 }
+    }
+    fn push(&mut self, t: TokenRecord) {
+        if self.records.len() >= self.cap {
+            let n = self.records.len().div_ceil(2);
+            self.records.drain(..n);
+            self.dropped += n as u64;
+        }
+        self.records.push(t);
+    }
+}
+
+/// Emit a batch of token records. With a residency sampler, the last record
+/// of the batch carries a residency sample (taken now; the file scan is rate
+/// limited by the sampler), the others none: tokens are read in batches.
+fn tokens(
+    mut batch: Vec<TokenRecord>,
+    resid: &mut Option<Sampler>,
+    records: &mut Kept,
+    sinks: &mut [Box<dyn Sink>],
+) -> Result<()> {
+    if let (Some(s), Some(last)) = (resid.as_mut(), batch.last_mut()) {
+        match s.sample() {
+            Ok(x) => last.residency = Some(x.residency),
+            Err(e) => {
+                eprintln!("observer: residency sampling stopped: {e}");
+                *resid = None;
+            }
+        }
+    }
+    for t in batch {
+        emit(sinks, &Event::Token(t.clone()))?;
+        records.push(t);
+    }
     Ok(())
 }
 
 fn drain(
     ring: &mut aya::maps::RingBuf<aya::maps::MapData>,
     asm: &mut Assembler,
-    records: &mut Vec<TokenRecord>,
+    resid: &mut Option<Sampler>,
+    records: &mut Kept,
     sinks: &mut [Box<dyn Sink>],
 ) -> Result<()> {
+    let mut batch = Vec::new();
     while let Some(item) = ring.next() {
         if let Some(t) = asm.push(&item) {
-            token(t, records, sinks)?;
+            batch.push(t);
         }
     }
-    Ok(())
+    if batch.is_empty() { Ok(()) } else { tokens(batch, resid, records, sinks) }
+}
+
+/// The residency sampler for the target's model file, when there is one (a
+/// GGUF named by `--model` or on the command line), with page-cache churn
+/// counted in the kernel. Problems are reported in one line, never fatal.
+fn residency_sampler(args: &RunArgs, command: &[String], target: &Target, probes: &mut Probes) -> Option<Sampler> {
+    let model = args.model.clone().or_else(|| header::model_from_command(command).map(PathBuf::from))?;
+    // A relative path is relative to the target's working directory.
+    let model = if model.is_relative() {
+        std::fs::read_link(format!("/proc/{}/cwd", target.pid())).map(|d| d.join(&model)).unwrap_or(model)
+    } else {
+        model
+    };
+    let mut s = match Sampler::new(&model, Some(target.pid())) {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("observer: residency not measured ({}): {e}", model.display());
+            return None;
+        }
+    };
+    s.set_scan_interval(args.residency_interval);
+    if let Err(e) = s.enable_churn(probes.ebpf_mut()) {
+        eprintln!("observer: page-cache churn not measured: {e}");
+    }
+    Some(s)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use observer_common::model::{Components, Counters};
+
+    fn rec(seq: u64) -> TokenRecord {
+        TokenRecord {
+            seq,
+            index: Some(seq),
+            kind: StepKind::Generate,
+            n_tokens: 1,
+            start_ns: 0,
+            wall_ns: 1,
+            components: Components::default(),
+            residual_ns: 0,
+            counters: Counters::default(),
+            engine_compute_ns: None,
+            threads: Vec::new(),
+            engine: None,
+            residency: None,
+            lost_events: 0,
+        }
+    }
+
+    #[test]
+    fn kept_tokens_are_bounded_and_the_rest_counted() {
+        let mut k = Kept::new(10);
+        for i in 0..25 {
+            k.push(rec(i));
+        }
+        assert!(k.records.len() <= 10);
+        assert_eq!(k.records.len() as u64 + k.dropped, 25);
+        assert_eq!(k.records.last().unwrap().seq, 24, "the newest are kept");
+        let mut all = Kept::new(usize::MAX);
+        for i in 0..25 {
+            all.push(rec(i));
+        }
+        assert_eq!((all.records.len(), all.dropped), (25, 0));
+    }
+
+    #[test]
+    fn durations_parse() {
+        assert_eq!(parse_duration("250ms").unwrap(), Duration::from_millis(250));
+        assert_eq!(parse_duration("2s").unwrap(), Duration::from_secs(2));
+        assert_eq!(parse_duration("1.5").unwrap(), Duration::from_millis(1500));
+        assert!(parse_duration("0s").is_err());
+        assert!(parse_duration("5 parsecs").is_err());
+    }
 }

@@ -56,6 +56,9 @@ fn throughput(app: &App) -> Vec<Line<'static>> {
             app.rate_run().map_or_else(|| fmt::NA.into(), |r| format!("{r:.2} tok/s")),
             Style::new().add_modifier(Modifier::BOLD),
         ));
+        if let Some(r) = app.rate_in_steps() {
+            out.push(row("in steps", format!("{r:.2} tok/s (tokens ÷ Σ step wall)")));
+        }
         out.push(row(
             "95 % interval",
             match &app.rate {

@@ -1,0 +1,158 @@
+//! Page-cache churn of the model file, per region (rule and layout:
+//! `observer_common::filemap`).
+//!
+//! `filemap:mm_filemap_add_to_page_cache` / `mm_filemap_delete_from_page_cache` fire for every
+//! file of the system; events not on the configured (device, inode) return after two loads. For
+//! the model file the folio's pages are added to the cumulative per-interval counters that user
+//! space maps, so heavy thrashing costs no ring-buffer traffic. These programs have their own
+//! maps and do not depend on the target filter (`CONFIG`): the page cache is shared by every
+//! process. Minimum kernel: 5.5 (mmapable arrays). On kernels whose format has no `order` field
+//! (before large folios in the page cache) every event counts one page.
+
+use core::ptr::{read_volatile, write_volatile};
+
+use aya_ebpf::{
+    bindings::BPF_F_MMAPABLE,
+    macros::{map, tracepoint},
+    maps::{Array, PerCpuArray},
+    programs::TracePointContext,
+};
+use observer_common::filemap::{
+    Churn, FilemapConfig, FilemapFields, FilemapScratch, MAX_INTERVALS, MAX_SPAN, N_TOTALS, NO_FIELD, SEARCH_STEPS,
+    T_ADD_EVENTS, T_ADD_PAGES, T_ADD_SPILL, T_DEL_EVENTS, T_DEL_PAGES, T_DEL_SPILL, T_OTHER_DEV, T_OTHER_DEV_LAST,
+};
+
+use crate::maps::atomic_add;
+
+#[map]
+pub static FILEMAP_CONFIG: Array<FilemapConfig> = Array::with_max_entries(1, 0);
+
+/// First page index of each interval, ascending; unused entries are `u64::MAX`.
+#[map]
+pub static FILEMAP_STARTS: Array<u64> = Array::with_max_entries(MAX_INTERVALS, BPF_F_MMAPABLE);
+
+/// Cumulative pages added / evicted per interval.
+#[map]
+pub static FILEMAP_CHURN: Array<Churn> = Array::with_max_entries(MAX_INTERVALS, BPF_F_MMAPABLE);
+
+#[map]
+pub static FILEMAP_TOTALS: Array<u64> = Array::with_max_entries(N_TOTALS, BPF_F_MMAPABLE);
+
+#[map]
+pub static FILEMAP_SCRATCH: PerCpuArray<FilemapScratch> = PerCpuArray::with_max_entries(1, 0);
+
+#[inline(always)]
+fn total_add(i: u32, v: u64) {
+    if let Some(p) = FILEMAP_TOTALS.get_ptr_mut(i) {
+        atomic_add(p, v);
+    }
+}
+
+/// The interval holding page `page`: the last `i` with `start[i] <= page`. The position lives in
+/// the per-CPU scratch so that both outcomes of each step leave the verifier one state.
+#[inline(always)]
+fn find(s: *mut FilemapScratch, page: u64) {
+    // SAFETY: `s` is this CPU's scratch value; programs do not nest on one CPU.
+    unsafe { write_volatile(&raw mut (*s).lo, 0) };
+    for k in 0..SEARCH_STEPS {
+        let step = 1u32 << (SEARCH_STEPS - 1 - k);
+        // SAFETY: as above.
+        let lo = unsafe { read_volatile(&raw const (*s).lo) } as u32 & (MAX_INTERVALS - 1);
+        let cand = lo | step;
+        if let Some(v) = FILEMAP_STARTS.get(cand)
+            // SAFETY: map value; user space only writes it before enabling.
+            && unsafe { read_volatile(v) } <= page
+        {
+            // SAFETY: as above.
+            unsafe { write_volatile(&raw mut (*s).lo, cand as u64) };
+        }
+    }
+}
+
+/// Count the `1 << order` pages at `index` into the intervals they fall in.
+#[inline(always)]
+fn count(index: u64, order: u32, evicted: bool) {
+    let pages = 1u64 << (order & 15);
+    let end = index.saturating_add(pages);
+    total_add(if evicted { T_DEL_EVENTS } else { T_ADD_EVENTS }, 1);
+    total_add(if evicted { T_DEL_PAGES } else { T_ADD_PAGES }, pages);
+    let Some(s) = FILEMAP_SCRATCH.get_ptr_mut(0) else {
+        total_add(if evicted { T_DEL_SPILL } else { T_ADD_SPILL }, pages);
+        return;
+    };
+    find(s, index);
+    // SAFETY: this CPU's scratch.
+    unsafe { write_volatile(&raw mut (*s).cur, index) };
+    for _ in 0..MAX_SPAN {
+        // SAFETY: this CPU's scratch.
+        let (i, cur) = unsafe { (read_volatile(&raw const (*s).lo) as u32, read_volatile(&raw const (*s).cur)) };
+        let i = i & (MAX_INTERVALS - 1);
+        // SAFETY: map value.
+        let next = FILEMAP_STARTS.get(i + 1).map(|v| unsafe { read_volatile(v) }).unwrap_or(u64::MAX);
+        let stop = if next < end { next } else { end };
+        if stop > cur
+            && let Some(c) = FILEMAP_CHURN.get_ptr_mut(i)
+        {
+            // SAFETY: aligned u64 fields of a map value, updated from any CPU.
+            let field = unsafe { if evicted { &raw mut (*c).evicted } else { &raw mut (*c).added } };
+            atomic_add(field, stop - cur);
+        }
+        if stop >= end {
+            return;
+        }
+        // SAFETY: this CPU's scratch.
+        unsafe {
+            write_volatile(&raw mut (*s).lo, i as u64 + 1);
+            write_volatile(&raw mut (*s).cur, stop);
+        }
+    }
+    // SAFETY: this CPU's scratch.
+    let cur = unsafe { read_volatile(&raw const (*s).cur) };
+    if end > cur {
+        total_add(if evicted { T_DEL_SPILL } else { T_ADD_SPILL }, end - cur);
+    }
+}
+
+#[inline(always)]
+fn on_event(ctx: &TracePointContext, evicted: bool) -> u32 {
+    let Some(cfg) = FILEMAP_CONFIG.get(0) else { return 0 };
+    if cfg.enabled == 0 {
+        return 0;
+    }
+    let f: &FilemapFields = if evicted { &cfg.del } else { &cfg.add };
+    // SAFETY: offsets from the tracepoint's format file.
+    let ino: u64 = unsafe { ctx.read_at(f.ino as usize) }.unwrap_or(0);
+    if ino != cfg.ino {
+        return 0;
+    }
+    // SAFETY: as above.
+    let dev: u32 = unsafe { ctx.read_at(f.dev as usize) }.unwrap_or(0);
+    if dev != cfg.dev {
+        total_add(T_OTHER_DEV, 1);
+        if let Some(p) = FILEMAP_TOTALS.get_ptr_mut(T_OTHER_DEV_LAST) {
+            // SAFETY: map value; a racy store of a diagnostic.
+            unsafe { write_volatile(p, dev as u64) };
+        }
+        return 0;
+    }
+    // SAFETY: as above.
+    let index: u64 = unsafe { ctx.read_at(f.index as usize) }.unwrap_or(0);
+    let order: u32 = if f.order == NO_FIELD {
+        0
+    } else {
+        // SAFETY: as above.
+        unsafe { ctx.read_at::<u8>(f.order as usize) }.unwrap_or(0) as u32
+    };
+    count(index, order, evicted);
+    0
+}
+
+#[tracepoint]
+pub fn filemap_add(ctx: TracePointContext) -> u32 {
+    on_event(&ctx, false)
+}
+
+#[tracepoint]
+pub fn filemap_delete(ctx: TracePointContext) -> u32 {
+    on_event(&ctx, true)
+}

@@ -1,0 +1,421 @@
+//! `observer heatmap MODEL.gguf`: which weights of a model are in the page cache, as a
+//! layer × expert grid (no target process needed). Rules: `observer::residency`.
+//!
+//! ## Output formats
+//! - terminal (default): a summary (file, dense, shared experts, routed experts: bytes, share of
+//!   the file, resident %), then one row per MoE layer with one coloured cell per expert (or per
+//!   group of experts when the terminal is narrower than the grid; the header says how many)
+//!   and the layer's resident %, and a legend. With `--churn`, a second grid of the pages
+//!   evicted from each expert since the previous refresh.
+//! - `--json`: one JSON object per refresh, on one line:
+//!   `{"sample", "file", "architecture", "size_bytes", "page_size", "source" ("mincore" |
+//!   "cachestat"), "scan_ns", "scan_cpu_ns" (wall and CPU time of the scan), "mincore_pages" (pages the scan asked `mincore` about; chunks that
+//!   `cachestat` found empty or full are not), "file_pages", "file_resident_pages", "file_resident_bytes"
+//!   (pages × page size, as `fincore` counts), "file_resident_frac", "cachestat" (the kernel's
+//!   counts for the whole file, or null), "dense" / "shared" / "experts" ({"bytes",
+//!   "resident_bytes", "resident_frac"}), "dense_resident_frac" (dense + shared),
+//!   "n_layers", "n_experts", "layers" (block index of each row), "resident" (rows of
+//!   per-expert fractions), "added" / "evicted" (rows of pages since the previous refresh, or
+//!   null without `--churn`), "churn" ({"added_pages", "evicted_pages", "spill_pages",
+//!   "dense_added", "dense_evicted"} or null), "header_pages_dropped"}`.
+//! - `--csv`: `sample,kind,layer,expert,bytes,resident_bytes,resident_frac,added_pages,evicted_pages`
+//!   with one row per kind `file`, `dense`, `shared`, `experts` (layer, expert empty) and one
+//!   per expert (`expert`); unmeasured values are empty.
+
+use std::{
+    io::{IsTerminal, Write},
+    path::PathBuf,
+    time::Duration,
+};
+
+use anyhow::{Context, Result, bail};
+use observer::residency::{Counts, ModelFile, Part, Snapshot, Source, churn::Churn};
+use serde_json::{Value, json};
+
+#[derive(Debug, clap::Args)]
+pub struct HeatmapArgs {
+    /// The GGUF model file.
+    pub model: PathBuf,
+    /// One JSON object per refresh (see the format in `observer heatmap --help`'s module docs).
+    #[arg(long, conflicts_with = "csv")]
+    json: bool,
+    /// CSV rows: one per expert and per part of the model.
+    #[arg(long)]
+    csv: bool,
+    /// Refresh until interrupted (or `--count` refreshes).
+    #[arg(long)]
+    watch: bool,
+    /// Time between refreshes with `--watch`.
+    #[arg(long, default_value = "1s", value_parser = parse_interval)]
+    interval: Duration,
+    /// Stop after this many refreshes (with `--watch`).
+    #[arg(long)]
+    count: Option<u64>,
+    /// Also count page-cache adds/evictions per expert between refreshes (eBPF, root).
+    #[arg(long)]
+    churn: bool,
+    /// Grid width in columns (default: the terminal's, or 120).
+    #[arg(long)]
+    width: Option<usize>,
+    /// No colours (also when NO_COLOR is set or stdout is not a terminal).
+    #[arg(long)]
+    no_color: bool,
+}
+
+fn parse_interval(s: &str) -> Result<Duration, String> {
+    let s = s.trim();
+    let (num, unit) = s.split_at(s.find(|c: char| c.is_ascii_alphabetic()).unwrap_or(s.len()));
+    let v: f64 = num.parse().map_err(|_| format!("not a duration: {s:?} (use e.g. 250ms, 1s)"))?;
+    let secs = match unit {
+        "ms" => v / 1e3,
+        "s" | "" => v,
+        "m" | "min" => v * 60.0,
+        _ => return Err(format!("unknown unit in {s:?} (ms, s, min)")),
+    };
+    if !(secs > 0.0 && secs.is_finite()) {
+        return Err(format!("duration must be positive: {s:?}"));
+    }
+    Ok(Duration::from_secs_f64(secs))
+}
+
+/// Churn deltas of one refresh.
+struct ChurnDelta {
+    added: Vec<u64>,
+    evicted: Vec<u64>,
+    added_pages: u64,
+    evicted_pages: u64,
+    spill: u64,
+    dense: (u64, u64),
+}
+
+fn delta(now: &Counts, last: &Counts) -> ChurnDelta {
+    let d = |a: &[u64], b: &[u64]| a.iter().zip(b).map(|(x, y)| x.saturating_sub(*y)).collect::<Vec<_>>();
+    ChurnDelta {
+        added: d(&now.cell_added, &last.cell_added),
+        evicted: d(&now.cell_evicted, &last.cell_evicted),
+        added_pages: now.add_pages.saturating_sub(last.add_pages),
+        evicted_pages: now.del_pages.saturating_sub(last.del_pages),
+        spill: (now.add_spill + now.del_spill).saturating_sub(last.add_spill + last.del_spill),
+        dense: (
+            (now.dense.0 + now.shared.0).saturating_sub(last.dense.0 + last.shared.0),
+            (now.dense.1 + now.shared.1).saturating_sub(last.dense.1 + last.shared.1),
+        ),
+    }
+}
+
+pub fn run(args: HeatmapArgs) -> Result<i32> {
+    let mut model =
+        ModelFile::open(&args.model).with_context(|| format!("observer heatmap {}", args.model.display()))?;
+    let mut churn_state: Option<(aya::Ebpf, Churn, Counts)> = None;
+    if args.churn {
+        observer::preflight::check_privileges()?;
+        let mut ebpf = observer::residency::churn::load_standalone()?;
+        let c = Churn::attach(&mut ebpf, &args.model, &model.map, model.file.page)
+            .with_context(|| format!("page-cache churn of {}", args.model.display()))?;
+        let base = c.read();
+        churn_state = Some((ebpf, c, base));
+    }
+    let color = !args.no_color && std::env::var_os("NO_COLOR").is_none() && std::io::stdout().is_terminal();
+    let width = args.width.unwrap_or_else(terminal_width);
+    let mut out = std::io::stdout().lock();
+    let mut k = 0u64;
+    loop {
+        let snap = model.scan().with_context(|| format!("scanning {}", args.model.display()))?;
+        let churn = churn_state.as_mut().map(|(_, c, last)| {
+            let now = c.read();
+            let d = delta(&now, last);
+            *last = now;
+            d
+        });
+        if args.json {
+            writeln!(out, "{}", json_line(k, &model, &snap, churn.as_ref()))?;
+        } else if args.csv {
+            write_csv(&mut out, k, &model, &snap, churn.as_ref())?;
+        } else {
+            if args.watch {
+                write!(out, "\x1b[H\x1b[2J")?;
+            }
+            render(&mut out, &model, &snap, churn.as_ref(), width, color)?;
+        }
+        out.flush()?;
+        k += 1;
+        if !args.watch || args.count.is_some_and(|c| k >= c) {
+            break;
+        }
+        std::thread::sleep(args.interval);
+    }
+    if let Some((_, c, _)) = &churn_state {
+        let n = c.read();
+        if n.other_dev_events > 0 && n.add_pages + n.del_pages == 0 {
+            bail!(
+                "page-cache churn of {}: {} events matched the file's inode on device {:#x} instead of {:#x} (btrfs subvolume or overlayfs?): churn not measured",
+                args.model.display(),
+                n.other_dev_events,
+                n.other_dev_last,
+                c.dev
+            );
+        }
+    }
+    Ok(0)
+}
+
+fn terminal_width() -> usize {
+    // SAFETY: TIOCGWINSZ fills a winsize struct we own.
+    let mut ws: libc::winsize = unsafe { std::mem::zeroed() };
+    // SAFETY: as above; fd 1 may not be a terminal, then the call fails harmlessly.
+    let rc = unsafe { libc::ioctl(1, libc::TIOCGWINSZ, &mut ws) };
+    if rc == 0 && ws.ws_col > 0 {
+        return ws.ws_col as usize;
+    }
+    std::env::var("COLUMNS").ok().and_then(|c| c.parse().ok()).unwrap_or(120)
+}
+
+fn part_json(p: &Part) -> Value {
+    json!({"bytes": p.bytes, "resident_bytes": p.resident_bytes, "resident_frac": p.frac()})
+}
+
+fn rows<T: Copy + Into<Value>>(v: &[T], n_experts: usize) -> Value {
+    if n_experts == 0 {
+        return Value::Array(Vec::new());
+    }
+    Value::Array(v.chunks(n_experts).map(|r| Value::Array(r.iter().map(|&x| x.into()).collect())).collect())
+}
+
+fn json_line(k: u64, m: &ModelFile, s: &Snapshot, churn: Option<&ChurnDelta>) -> Value {
+    let n_e = m.map.n_experts as usize;
+    let fracs: Vec<f64> = s.cells.iter().map(|c| c.frac().unwrap_or(0.0)).collect();
+    json!({
+        "sample": k,
+        "file": m.file.path.display().to_string(),
+        "architecture": m.map.architecture,
+        "size_bytes": s.file_bytes,
+        "page_size": s.page_size,
+        "source": s.source,
+        "scan_ns": s.scan_ns,
+        "scan_cpu_ns": s.scan_cpu_ns,
+        "mincore_pages": s.mincore_pages,
+        "file_pages": s.file_pages,
+        "file_resident_pages": s.file_resident_pages,
+        "file_resident_bytes": s.file_resident_pages * s.page_size,
+        "file_resident_frac": s.file_resident_frac(),
+        "cachestat": s.cachestat,
+        "dense": part_json(&s.dense),
+        "shared": part_json(&s.shared),
+        "experts": part_json(&s.experts),
+        "dense_resident_frac": s.dense_with_shared().frac(),
+        "n_layers": m.map.moe_layers.len(),
+        "n_experts": n_e,
+        "layers": m.map.moe_layers,
+        "resident": rows(&fracs, n_e),
+        "added": churn.map(|c| rows(&c.added, n_e)),
+        "evicted": churn.map(|c| rows(&c.evicted, n_e)),
+        "churn": churn.map(|c| json!({
+            "added_pages": c.added_pages,
+            "evicted_pages": c.evicted_pages,
+            "spill_pages": c.spill,
+            "dense_added": c.dense.0,
+            "dense_evicted": c.dense.1,
+        })),
+        "header_pages_dropped": m.header_pages_dropped,
+    })
+}
+
+fn write_csv(out: &mut impl Write, k: u64, m: &ModelFile, s: &Snapshot, churn: Option<&ChurnDelta>) -> Result<()> {
+    if k == 0 {
+        writeln!(out, "sample,kind,layer,expert,bytes,resident_bytes,resident_frac,added_pages,evicted_pages")?;
+    }
+    let opt = |v: Option<u64>| v.map(|x| x.to_string()).unwrap_or_default();
+    let frac = |f: Option<f64>| f.map(|x| format!("{x:.6}")).unwrap_or_default();
+    let file = Part { bytes: s.file_bytes, resident_bytes: (s.file_resident_pages * s.page_size).min(s.file_bytes) };
+    let totals = churn.map(|c| (c.added_pages, c.evicted_pages));
+    writeln!(
+        out,
+        "{k},file,,,{},{},{},{},{}",
+        file.bytes,
+        file.resident_bytes,
+        frac(s.file_resident_frac()),
+        opt(totals.map(|t| t.0)),
+        opt(totals.map(|t| t.1))
+    )?;
+    for (name, p) in [("dense", s.dense), ("shared", s.shared), ("experts", s.experts)] {
+        let ch = match name {
+            "dense" => churn.map(|c| c.dense),
+            "experts" => churn.map(|c| (c.added.iter().sum(), c.evicted.iter().sum())),
+            _ => None,
+        };
+        writeln!(
+            out,
+            "{k},{name},,,{},{},{},{},{}",
+            p.bytes,
+            p.resident_bytes,
+            frac(p.frac()),
+            opt(ch.map(|c| c.0)),
+            opt(ch.map(|c| c.1))
+        )?;
+    }
+    let n_e = m.map.n_experts as usize;
+    for (i, c) in s.cells.iter().enumerate() {
+        let layer = m.map.moe_layers[i / n_e];
+        let (a, e) = (churn.map(|x| x.added[i]), churn.map(|x| x.evicted[i]));
+        writeln!(
+            out,
+            "{k},expert,{layer},{},{},{},{},{},{}",
+            i % n_e,
+            c.bytes,
+            c.resident_bytes,
+            frac(c.frac()),
+            opt(a),
+            opt(e)
+        )?;
+    }
+    Ok(())
+}
+
+/// 256-colour ramp from cold (dark blue) to warm (yellow).
+const RAMP: [u8; 16] = [17, 18, 19, 20, 21, 27, 33, 39, 45, 44, 43, 42, 41, 82, 154, 226];
+const ASCII: &[u8] = b" .:-=+*#%@";
+
+fn cell(out: &mut String, f: Option<f64>, color: bool) {
+    match (f, color) {
+        (None, _) => out.push(' '),
+        (Some(f), true) => {
+            let i = ((f.clamp(0.0, 1.0) * (RAMP.len() - 1) as f64).round()) as usize;
+            out.push_str(&format!("\x1b[38;5;{}m█", RAMP[i]));
+        }
+        (Some(f), false) => {
+            let i = ((f.clamp(0.0, 1.0) * (ASCII.len() - 1) as f64).round()) as usize;
+            out.push(ASCII[i] as char);
+        }
+    }
+}
+
+fn gib(b: u64) -> String {
+    let b = b as f64;
+    if b >= (1u64 << 30) as f64 {
+        format!("{:.2} GiB", b / (1u64 << 30) as f64)
+    } else {
+        format!("{:.1} MiB", b / (1u64 << 20) as f64)
+    }
+}
+
+fn pct(f: Option<f64>) -> String {
+    f.map(|f| format!("{:5.1} %", 100.0 * f)).unwrap_or_else(|| "    -  ".into())
+}
+
+fn render(
+    out: &mut impl Write,
+    m: &ModelFile,
+    s: &Snapshot,
+    churn: Option<&ChurnDelta>,
+    width: usize,
+    color: bool,
+) -> Result<()> {
+    let reset = if color { "\x1b[0m" } else { "" };
+    let n_rows = m.map.moe_layers.len();
+    let n_e = m.map.n_experts as usize;
+    writeln!(
+        out,
+        "{} — {}, {}, {n_rows} MoE layers × {n_e} experts ({}, {} B pages, scan {:.1} ms)",
+        m.file.path.display(),
+        if m.map.architecture.is_empty() { "?" } else { &m.map.architecture },
+        gib(s.file_bytes),
+        match s.source {
+            Source::Mincore => "mincore",
+            Source::Cachestat => "cachestat (no permission for mincore: page granularity at region edges)",
+        },
+        s.page_size,
+        s.scan_ns as f64 / 1e6
+    )?;
+    let cs = s
+        .cachestat
+        .map(|c| {
+            format!(
+                "; cachestat: {} pages cached, {} evicted ({} recently)",
+                c.nr_cache, c.nr_evicted, c.nr_recently_evicted
+            )
+        })
+        .unwrap_or_default();
+    writeln!(
+        out,
+        "  file     {:>11} resident of {:>11}  {}{cs}",
+        gib(s.file_resident_pages * s.page_size),
+        gib(s.file_bytes),
+        pct(s.file_resident_frac())
+    )?;
+    for (name, p) in [("dense", s.dense), ("shared", s.shared), ("experts", s.experts)] {
+        if p.bytes == 0 && name == "shared" {
+            continue;
+        }
+        let share = p.bytes as f64 / s.file_bytes.max(1) as f64;
+        writeln!(
+            out,
+            "  {name:<8} {:>11} resident of {:>11}  {}   ({:.1} % of the file)",
+            gib(p.resident_bytes),
+            gib(p.bytes),
+            pct(p.frac()),
+            100.0 * share
+        )?;
+    }
+    if let Some(c) = churn {
+        writeln!(
+            out,
+            "  churn since last refresh: {} pages added, {} evicted (dense {} / {}){}",
+            c.added_pages,
+            c.evicted_pages,
+            c.dense.0,
+            c.dense.1,
+            if c.spill > 0 {
+                format!(", {} pages unattributed (folios over too many regions)", c.spill)
+            } else {
+                String::new()
+            }
+        )?;
+    }
+    if n_e == 0 {
+        writeln!(out, "  (no routed experts in this model)")?;
+        return Ok(());
+    }
+    let cols = width.saturating_sub(20).max(8).min(n_e);
+    let group = n_e.div_ceil(cols);
+    let cols = n_e.div_ceil(group);
+    writeln!(
+        out,
+        "\n  resident per expert ({}):",
+        if group == 1 { "1 column = 1 expert".to_string() } else { format!("1 column = {group} experts, mean") }
+    )?;
+    let grid =
+        |out: &mut dyn Write, vals: &dyn Fn(usize) -> Option<f64>, label: &dyn Fn(usize) -> String| -> Result<()> {
+            for (r, layer) in m.map.moe_layers.iter().enumerate() {
+                let mut line = String::new();
+                for c in 0..cols {
+                    let es = c * group..((c + 1) * group).min(n_e);
+                    let v: Vec<f64> = es.filter_map(|e| vals(r * n_e + e)).collect();
+                    let f = (!v.is_empty()).then(|| v.iter().sum::<f64>() / v.len() as f64);
+                    cell(&mut line, f, color);
+                }
+                writeln!(out, "  {layer:>4} {line}{reset} {}", label(r))?;
+            }
+            Ok(())
+        };
+    let frac = |i: usize| s.cells[i].frac();
+    let row_label = |r: usize| {
+        let row = &s.cells[r * n_e..(r + 1) * n_e];
+        let (b, res) = row.iter().fold((0, 0), |a, c| (a.0 + c.bytes, a.1 + c.resident_bytes));
+        pct((b > 0).then(|| res as f64 / b as f64))
+    };
+    grid(out, &frac, &row_label)?;
+    let mut legend = String::new();
+    for i in 0..=10 {
+        cell(&mut legend, Some(i as f64 / 10.0), color);
+    }
+    writeln!(out, "  legend: 0 % {legend}{reset} 100 % resident")?;
+    if let Some(c) = churn {
+        let max = c.evicted.iter().copied().max().unwrap_or(0);
+        writeln!(out, "\n  pages evicted per expert since last refresh (log scale, max {max}):")?;
+        let lmax = ((max + 1) as f64).ln().max(1e-9);
+        let ev = |i: usize| Some(((c.evicted[i] + 1) as f64).ln() / lmax);
+        let ev_label = |r: usize| format!("{:>8}", c.evicted[r * n_e..(r + 1) * n_e].iter().sum::<u64>());
+        grid(out, &ev, &ev_label)?;
+    }
+    Ok(())
+}

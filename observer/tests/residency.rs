@@ -1,0 +1,610 @@
+//! Residency and churn against independent sources on the same files: `fincore` (util-linux),
+//! `cachestat`, `mincore` bitmaps before/after, `/proc/PID/smaps`, and the page ranges the
+//! tests themselves evict (`posix_fadvise(DONTNEED)`) and read. Every test takes the machine
+//! lock: other tests drop the page cache and load probes.
+
+mod common;
+
+use std::{
+    fs::File,
+    io::{BufRead, BufReader, Write},
+    ops::Range,
+    os::{fd::AsRawFd, unix::fs::FileExt},
+    path::{Path, PathBuf},
+    process::{Command, Stdio},
+    time::Duration,
+};
+
+use common::{OBSERVER, machine_lock, scratch_dir};
+use engine::{
+    gguf::{GgufWriter, TensorSpec, Value},
+    quant::GgmlType,
+    regions::RegionKind,
+};
+use observer::residency::{
+    ModelFile, Sampler,
+    churn::{self, Churn},
+    scan,
+};
+
+const STANDIN: &str = env!("CARGO_BIN_EXE_resid_standin");
+
+/// A qwen3moe-shaped GGUF of Q8_0 tensors with patterned bytes: `hidden` = expert ffn size.
+fn write_model(path: &Path, layers: usize, experts: u64, hidden: u64, alignment: u32) -> PathBuf {
+    let q = GgmlType::Q8_0;
+    let t = |name: String, dims: &[u64], ty| TensorSpec { name, dims: dims.to_vec(), ty };
+    let mut specs = vec![t("token_embd.weight".into(), &[hidden, 512], q)];
+    for l in 0..layers {
+        specs.push(t(format!("blk.{l}.attn_norm.weight"), &[hidden], GgmlType::F32));
+        specs.push(t(format!("blk.{l}.attn_q.weight"), &[hidden, hidden], q));
+        specs.push(t(format!("blk.{l}.ffn_gate_inp.weight"), &[hidden, experts], GgmlType::F32));
+        for name in ["ffn_gate_exps", "ffn_up_exps", "ffn_down_exps"] {
+            specs.push(t(format!("blk.{l}.{name}.weight"), &[hidden, hidden, experts], q));
+        }
+    }
+    specs.push(t("output.weight".into(), &[hidden, 512], q));
+    let meta = vec![
+        ("general.architecture".to_owned(), Value::String("qwen3moe".into())),
+        ("general.alignment".to_owned(), Value::U32(alignment)),
+        ("qwen3moe.block_count".to_owned(), Value::U32(layers as u32)),
+        ("qwen3moe.expert_count".to_owned(), Value::U32(experts as u32)),
+    ];
+    let _ = std::fs::remove_file(path);
+    let mut w = GgufWriter::create(path, &meta, specs.clone()).expect("create model");
+    for (k, s) in specs.iter().enumerate() {
+        let n = s.size().expect("size") as usize;
+        let bytes: Vec<u8> = (0..n).map(|i| (i as u8).wrapping_mul(31) ^ k as u8 | 1).collect();
+        w.write_tensor(&bytes).expect("write tensor");
+    }
+    w.finish().expect("finish model");
+    path.to_owned()
+}
+
+fn fadvise(path: &Path, r: Range<u64>, advice: i32) {
+    let f = File::open(path).expect("open model");
+    // SAFETY: plain advice on our own descriptor.
+    let rc = unsafe { libc::posix_fadvise(f.as_raw_fd(), r.start as i64, (r.end - r.start) as i64, advice) };
+    assert_eq!(rc, 0, "posix_fadvise({r:?}, {advice}) on {}", path.display());
+}
+
+fn evict(path: &Path, r: Range<u64>) {
+    fadvise(path, r, libc::POSIX_FADV_DONTNEED);
+}
+
+fn evict_all(path: &Path) {
+    evict(path, 0..std::fs::metadata(path).unwrap().len());
+}
+
+/// Read exactly `r` (no read-ahead beyond it: FADV_RANDOM).
+fn read_range(path: &Path, r: Range<u64>) {
+    let f = File::open(path).expect("open model");
+    // SAFETY: as above.
+    unsafe { libc::posix_fadvise(f.as_raw_fd(), 0, 0, libc::POSIX_FADV_RANDOM) };
+    let mut buf = vec![0u8; (r.end - r.start) as usize];
+    f.read_exact_at(&mut buf, r.start).expect("read range");
+}
+
+/// Warm every region on its own (order-0 folios, none spanning two regions: `fadvise(DONTNEED)`
+/// skips large folios that extend beyond its range, and a plain read of the whole file makes
+/// folios of up to 2 MiB that span several experts).
+fn read_regions(m: &ModelFile) {
+    for r in &m.map.regions {
+        read_range(&m.file.path, r.range.clone());
+    }
+}
+
+fn read_all(path: &Path) {
+    std::io::copy(&mut File::open(path).unwrap(), &mut std::io::sink()).unwrap();
+}
+
+fn fincore_bytes(path: &Path) -> u64 {
+    let out = Command::new("fincore")
+        .args(["--bytes", "--noheadings", "--output", "RES"])
+        .arg(path)
+        .output()
+        .expect("fincore (util-linux) not found: install util-linux");
+    assert!(out.status.success(), "fincore failed: {}", String::from_utf8_lossy(&out.stderr));
+    String::from_utf8_lossy(&out.stdout).trim().parse().expect("fincore RES bytes")
+}
+
+fn heatmap_json(args: &[&str]) -> Vec<serde_json::Value> {
+    let out = Command::new(OBSERVER).arg("heatmap").args(args).arg("--json").output().expect("run observer");
+    assert!(out.status.success(), "observer heatmap failed: {}", String::from_utf8_lossy(&out.stderr));
+    String::from_utf8_lossy(&out.stdout).lines().map(|l| serde_json::from_str(l).expect("JSON line")).collect()
+}
+
+#[test]
+fn whole_file_residency_equals_fincore() {
+    let _l = machine_lock();
+    let path = write_model(&scratch_dir("resid").join("fincore.gguf"), 6, 16, 512, 32);
+    let mut m = ModelFile::open(&path).unwrap();
+    evict_all(&path);
+    // A pattern with partial pages at region edges: every third expert, and one dense tensor.
+    for (i, r) in m.map.regions.iter().enumerate() {
+        if matches!(r.kind, RegionKind::Expert { expert, .. } if expert % 3 == 0) || i == 0 {
+            read_range(&path, r.range.clone());
+        }
+    }
+    let s = m.scan().unwrap();
+    let fin = fincore_bytes(&path);
+    let ours = s.file_resident_pages * s.page_size;
+    assert!(fin > 0 && fin < s.file_bytes, "the test needs a partly resident file, fincore says {fin}");
+    common::assert_within("resident bytes (mincore scan) vs fincore", ours, fin, 0.01);
+    let cs = s.cachestat.expect("cachestat on this kernel (CONFIG_CACHESTAT_SYSCALL=y)");
+    common::assert_within("resident pages (mincore scan) vs cachestat", s.file_resident_pages, cs.nr_cache, 0.01);
+    // End to end through the command.
+    let j = &heatmap_json(&[path.to_str().unwrap()])[0];
+    let cli = j["file_resident_bytes"].as_u64().unwrap();
+    common::assert_within("observer heatmap file_resident_bytes vs fincore", cli, fincore_bytes(&path), 0.01);
+    // The expert share read is ~1/3 (6 of 16 experts per layer: 0, 3, 6, 9, 12, 15).
+    let f = s.experts.frac().unwrap();
+    assert!((f - 6.0 / 16.0).abs() < 0.01, "experts resident {f}");
+}
+
+#[test]
+fn evicting_experts_makes_exactly_those_cells_cold_and_touching_one_makes_only_it_warm() {
+    let _l = machine_lock();
+    // Page-aligned tensors and experts of 17 pages each: cells do not share pages.
+    let path = write_model(&scratch_dir("resid").join("aligned.gguf"), 2, 8, 256, 4096);
+    let mut m = ModelFile::open(&path).unwrap();
+    let n_e = m.map.n_experts as usize;
+    evict_all(&path);
+    read_regions(&m);
+    let s = m.scan().unwrap();
+    assert!(s.cell_fracs().iter().all(|&f| f == 1.0), "after reading the whole file: {:?}", s.cell_fracs());
+    assert_eq!(s.dense.frac(), Some(1.0));
+
+    let cold = [(0u32, 1u32), (1, 5), (1, 7)];
+    for &(l, e) in &cold {
+        for r in m.map.expert_ranges(l, e) {
+            evict(&path, r);
+        }
+    }
+    let s = m.scan().unwrap();
+    for (i, &f) in s.cell_fracs().iter().enumerate() {
+        let want = if cold.contains(&((i / n_e) as u32, (i % n_e) as u32)) { 0.0 } else { 1.0 };
+        assert_eq!(f, want, "cell layer {} expert {} after evicting {cold:?}", i / n_e, i % n_e);
+    }
+    assert_eq!(s.dense.frac(), Some(1.0), "dense weights were not evicted");
+
+    evict_all(&path);
+    for r in m.map.expert_ranges(1, 3) {
+        read_range(&path, r);
+    }
+    let s = m.scan().unwrap();
+    for (i, &f) in s.cell_fracs().iter().enumerate() {
+        let want = if i == n_e + 3 { 1.0 } else { 0.0 };
+        assert_eq!(f, want, "cell layer {} expert {} after touching (1, 3) only", i / n_e, i % n_e);
+    }
+    assert_eq!(s.dense.frac(), Some(0.0));
+    // The command sees the same (its own header parse is dropped again).
+    let j = &heatmap_json(&[path.to_str().unwrap()])[0];
+    let rows = j["resident"].as_array().unwrap();
+    for (l, row) in rows.iter().enumerate() {
+        for (e, v) in row.as_array().unwrap().iter().enumerate() {
+            let want = if (l, e) == (1, 3) { 1.0 } else { 0.0 };
+            assert_eq!(v.as_f64(), Some(want), "CLI cell ({l}, {e})");
+        }
+    }
+    assert_eq!(j["dense"]["resident_frac"].as_f64(), Some(0.0), "{j}");
+}
+
+#[test]
+fn unaligned_experts_share_at_most_their_edge_pages() {
+    let _l = machine_lock();
+    // 32-byte alignment (as real files): expert slices start and end inside pages.
+    let path = write_model(&scratch_dir("resid").join("unaligned.gguf"), 2, 8, 256, 32);
+    let mut m = ModelFile::open(&path).unwrap();
+    let n_e = m.map.n_experts as usize;
+    evict_all(&path);
+    read_regions(&m);
+    let (l, e) = (1u32, 4u32);
+    for r in m.map.expert_ranges(l, e) {
+        evict(&path, r);
+    }
+    let s = m.scan().unwrap();
+    let page = s.page_size;
+    for (i, c) in s.cells.iter().enumerate() {
+        if i == l as usize * n_e + e as usize {
+            // fadvise drops only whole pages inside the range: at most one partial page per end
+            // of each of the three slices stays.
+            assert!(c.resident_bytes <= 3 * 2 * page, "evicted cell keeps {} bytes", c.resident_bytes);
+            assert!(c.resident_bytes < c.bytes / 4);
+        } else {
+            assert_eq!(c.frac(), Some(1.0), "cell {i}");
+        }
+    }
+}
+
+/// Scan until two consecutive scans agree (read-ahead I/O in flight settles).
+fn settled(m: &mut ModelFile) -> scan::Bitmap {
+    let mut last = None;
+    for _ in 0..50 {
+        m.scan().unwrap();
+        let b = m.bitmap().clone();
+        if last.as_ref() == Some(&b) {
+            return b;
+        }
+        last = Some(b);
+        std::thread::sleep(Duration::from_millis(40));
+    }
+    panic!("page cache of the model did not settle within 2 s");
+}
+
+fn churn_matches_mincore(path: &Path, work: impl FnOnce(&ModelFile)) -> churn::Counts {
+    let mut m = ModelFile::open(path).unwrap();
+    let mut ebpf = churn::load_standalone().unwrap();
+    let c = Churn::attach(&mut ebpf, path, &m.map, m.file.page).unwrap();
+    let b0 = settled(&mut m);
+    let c0 = c.read();
+    work(&m);
+    let b1 = settled(&mut m);
+    let c1 = c.read();
+    let n_pages = m.file.n_pages();
+    let iv = &c.intervals;
+    let mut checked = 0;
+    for i in 0..iv.starts.len() {
+        let (a, b) = (iv.starts[i], iv.starts[i] + iv.pages(i, n_pages));
+        let delta = b1.count(a, b) as i64 - b0.count(a, b) as i64;
+        let added = (c1.intervals[i].0 - c0.intervals[i].0) as i64;
+        let evicted = (c1.intervals[i].1 - c0.intervals[i].1) as i64;
+        assert_eq!(
+            delta,
+            added - evicted,
+            "interval {i} (pages {a}..{b}, {:?}): mincore says {delta:+}, churn added {added} evicted {evicted}",
+            iv.owners[i]
+        );
+        checked += u64::from(added + evicted > 0);
+    }
+    assert!(checked > 10, "too few intervals saw churn ({checked}) for a meaningful check");
+    let d = |x: u64, y: u64| x - y;
+    let (aa, ae) = c1.attributed();
+    let (ba, be) = c0.attributed();
+    assert_eq!(d(aa, ba), d(c1.add_pages, c0.add_pages), "added pages: per-region sum vs tracepoint total");
+    assert_eq!(d(ae, be), d(c1.del_pages, c0.del_pages), "evicted pages: per-region sum vs tracepoint total");
+    assert_eq!(c1.other_dev_events, 0, "events on the inode but another device");
+    let mut out = c1.clone();
+    out.add_pages -= c0.add_pages;
+    out.del_pages -= c0.del_pages;
+    out.add_spill -= c0.add_spill;
+    out.del_spill -= c0.del_spill;
+    out
+}
+
+/// Reads (whole file, large folios), evictions of some experts and of the dense weights, and
+/// mmap faults with the kernel's read-around.
+fn mixed_work(m: &ModelFile) {
+    let path = m.file.path.clone();
+    evict_all(&path);
+    read_all(&path);
+    for r in m.map.regions.iter().filter(|r| matches!(r.kind, RegionKind::Expert { expert, .. } if expert % 2 == 1)) {
+        evict(&path, r.range.clone());
+    }
+    for r in m.map.regions.iter().filter(|r| r.kind == RegionKind::Dense) {
+        evict(&path, r.range.clone());
+    }
+    let f = File::open(&path).unwrap();
+    // SAFETY: read-only private mapping of a file nobody truncates during the test.
+    let map = unsafe { memmap2::Mmap::map(&f) }.unwrap();
+    let mut sum = 0u64;
+    for r in m.map.regions.iter().filter(|r| matches!(r.kind, RegionKind::Expert { expert: 3, .. })) {
+        for off in (r.range.start..r.range.end).step_by(4096) {
+            sum = sum.wrapping_add(map[off as usize] as u64);
+        }
+    }
+    std::hint::black_box(sum);
+}
+
+#[test]
+fn churn_per_region_matches_mincore_deltas_exactly() {
+    let _l = machine_lock();
+    common::assert_root();
+    // 32-byte alignment: folios straddle region edges; experts of 17 pages, so large folios
+    // (up to 512 pages) are split over ~30 intervals.
+    let path = write_model(&scratch_dir("resid").join("churn.gguf"), 4, 16, 256, 32);
+    let c = churn_matches_mincore(&path, mixed_work);
+    assert!(c.add_pages > 0 && c.del_pages > 0, "{c:?}");
+    assert_eq!((c.add_spill, c.del_spill), (0, 0), "no folio should span > 64 intervals here");
+}
+
+#[test]
+fn churn_spill_keeps_totals_when_folios_span_many_tiny_regions() {
+    let _l = machine_lock();
+    common::assert_root();
+    // Experts of 32·34·... = 1088 bytes: four per page; a 2 MiB folio covers ~1500 intervals.
+    let path = write_model(&scratch_dir("resid").join("tinyexperts.gguf"), 2, 512, 32, 32);
+    let mut m = ModelFile::open(&path).unwrap();
+    let mut ebpf = churn::load_standalone().unwrap();
+    let c = Churn::attach(&mut ebpf, &path, &m.map, m.file.page).unwrap();
+    let c0 = c.read();
+    let n0 = m.scan().unwrap().file_resident_pages;
+    evict_all(&path);
+    read_all(&path);
+    let n1 = settled(&mut m).total();
+    let c1 = c.read();
+    let (a, e) = (c1.add_pages - c0.add_pages, c1.del_pages - c0.del_pages);
+    assert_eq!(n1 as i64 - n0 as i64, a as i64 - e as i64, "file pages: mincore delta vs added − evicted");
+    let (aa, ae) = (c1.attributed().0 - c0.attributed().0, c1.attributed().1 - c0.attributed().1);
+    assert_eq!((aa, ae), (a, e), "per-region + spill vs totals");
+    let spill = (c1.add_spill - c0.add_spill, c1.del_spill - c0.del_spill);
+    eprintln!("spill: {} added, {} evicted pages of {a}/{e}", spill.0, spill.1);
+    assert!(spill.0 > 0, "the test needs folios spanning more than MAX_SPAN intervals");
+}
+
+fn cachestat_pages(path: &Path) -> u64 {
+    scan::cachestat(&File::open(path).unwrap(), 0..0).unwrap().nr_cache
+}
+
+#[test]
+fn thrashing_under_a_cgroup_limit_shows_evictions_of_the_cycled_experts() {
+    let _l = machine_lock();
+    common::assert_root();
+    // 6 layers × 16 experts × 3 × 272 KiB ≈ 78 MiB; the stand-in cycles 12 of 16 experts
+    // (≈ 59 MiB) under a 32 MiB limit.
+    let path = write_model(&scratch_dir("resid").join("thrash.gguf"), 6, 16, 512, 32);
+    evict_all(&path);
+    let mut sampler = Sampler::new(&path, None).unwrap();
+    let mut ebpf = churn::load_standalone().unwrap();
+    sampler.enable_churn(&mut ebpf).unwrap();
+    let cg = testkit::MemCgroup::new("resid-thrash", 32 << 20).expect("memory cgroup");
+    let before = sampler.sample().unwrap();
+    let cached0 = cachestat_pages(&path);
+    let c0 = sampler.churn_counts().unwrap();
+    let argv = cg.wrap(&[
+        STANDIN,
+        "cycle",
+        "--model",
+        path.to_str().unwrap(),
+        "--first",
+        "0",
+        "--last",
+        "11",
+        "--rounds",
+        "3",
+    ]);
+    let out = Command::new(&argv[0]).args(&argv[1..]).output().expect("run the stand-in");
+    assert!(out.status.success(), "stand-in failed: {}", String::from_utf8_lossy(&out.stderr));
+    std::thread::sleep(Duration::from_millis(100));
+    let after = sampler.sample().unwrap();
+    let c1 = sampler.churn_counts().unwrap();
+    let cached1 = cachestat_pages(&path);
+    drop(cg);
+
+    let grid = after.residency.grid.as_ref().unwrap();
+    let evicted = grid.evicted.as_ref().unwrap();
+    let added = grid.added.as_ref().unwrap();
+    let n_e = grid.n_experts as usize;
+    for (i, (&a, &e)) in added.iter().zip(evicted).enumerate() {
+        if i % n_e <= 11 {
+            assert!(a > 0 && e > 0, "cycled expert (layer {}, expert {}): added {a}, evicted {e}", i / n_e, i % n_e);
+        }
+    }
+    let ev = after.pagecache_evicted.unwrap();
+    let ad = after.pagecache_added.unwrap();
+    assert!(ev > 0, "pagecache_evicted {ev}");
+    assert_eq!(before.residency.grid.as_ref().unwrap().evicted.as_ref().unwrap().iter().sum::<u32>(), 0);
+    // Per-expert counts + dense + other add up to the file's totals from the same tracepoints.
+    let cells_a: u64 = added.iter().map(|&x| x as u64).sum();
+    let cells_e: u64 = evicted.iter().map(|&x| x as u64).sum();
+    let rest = |x: (u64, u64), y: (u64, u64)| (x.0 - y.0, x.1 - y.1);
+    let (da, de) = rest(c1.dense, c0.dense);
+    let (sa, se) = rest(c1.shared, c0.shared);
+    let (oa, oe) = rest(c1.other, c0.other);
+    let spill = (c1.add_spill - c0.add_spill, c1.del_spill - c0.del_spill);
+    assert_eq!(cells_a + da + sa + oa + spill.0, ad, "added: per-region sum vs file total");
+    assert_eq!(cells_e + de + se + oe + spill.1, ev, "evicted: per-region sum vs file total");
+    // And the totals agree with the page cache itself.
+    assert_eq!(cached1 as i64 - cached0 as i64, ad as i64 - ev as i64, "cachestat delta vs added − evicted");
+    eprintln!(
+        "thrash: {ad} pages added, {ev} evicted; cells {cells_a}/{cells_e}, dense {da}/{de}, other {oa}/{oe}; cached {cached0} -> {cached1}"
+    );
+    // The cgroup really constrained the stand-in: it read more than the limit.
+    assert!(ad * 4096 > 32 << 20, "added only {ad} pages");
+}
+
+fn smaps_vma(pid: u32, addr: u64) -> (u64, u64) {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/smaps")).unwrap();
+    let mut found = false;
+    let (mut rss, mut swap) = (None, None);
+    for line in s.lines() {
+        if let Some((range, _)) = line.split_once(' ')
+            && let Some((a, _)) = range.split_once('-')
+            && a.chars().all(|c| c.is_ascii_hexdigit())
+            && !a.is_empty()
+        {
+            if found {
+                break;
+            }
+            found = u64::from_str_radix(a, 16).ok() == Some(addr);
+            continue;
+        }
+        if found {
+            let kb = || line.split_whitespace().nth(1).and_then(|v| v.parse::<u64>().ok());
+            if line.starts_with("Rss:") {
+                rss = kb();
+            } else if line.starts_with("Swap:") {
+                swap = kb();
+            }
+        }
+    }
+    (rss.expect("Rss of the copy's VMA") / 4, swap.expect("Swap of the copy's VMA") / 4)
+}
+
+#[test]
+fn anonymous_dense_copy_resident_and_swapped_from_pagemap_match_smaps() {
+    let _l = machine_lock();
+    common::assert_root();
+    let _zram = testkit::ZramSwap::new(256).expect("zram swap");
+    let path = write_model(&scratch_dir("resid").join("anon.gguf"), 4, 8, 512, 32);
+    let mut child = Command::new(STANDIN)
+        .args(["dense-anon", "--model", path.to_str().unwrap(), "--pageout-every", "2"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let pid = child.id();
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).unwrap();
+    let info: serde_json::Value = serde_json::from_str(&line).expect("stand-in JSON");
+    let (addr, pages) = (info["addr"].as_u64().unwrap(), info["pages"].as_u64().unwrap());
+
+    let mut sampler = Sampler::new(&path, Some(pid)).unwrap();
+    let s = sampler.sample().unwrap();
+    let (rss, swap) = smaps_vma(pid, addr);
+    let a = s.anon.expect("the stand-in publishes its dense copy");
+    assert_eq!(a.pages, pages, "pages of the published ranges");
+    assert_eq!(a.swapped, swap, "swapped pages: pagemap vs smaps Swap");
+    assert_eq!(a.present, rss, "present pages: pagemap vs smaps Rss");
+    assert!(a.swapped > pages / 3, "MADV_PAGEOUT of every other page swapped only {} of {pages}", a.swapped);
+    assert_eq!(s.residency.dense_swapped_frac, Some(a.swapped as f64 / pages as f64));
+    assert_eq!(s.residency.dense_resident_frac, Some(a.present as f64 / pages as f64));
+    drop(child.stdin.take());
+    let _ = child.wait();
+
+    // A process without the symbol: dense numbers from the file, swapped not measured.
+    let mut other = Command::new("sleep").arg("5").spawn().unwrap();
+    let mut sampler = Sampler::new(&path, Some(other.id())).unwrap();
+    let s = sampler.sample().unwrap();
+    assert!(s.anon.is_none());
+    assert_eq!(s.residency.dense_swapped_frac, None);
+    assert!(s.residency.dense_resident_frac.is_some());
+    let _ = other.kill();
+    let _ = other.wait();
+}
+
+fn as_nobody(args: &[&str]) -> std::process::Output {
+    Command::new("setpriv")
+        .args(["--reuid=65534", "--regid=65534", "--clear-groups", "--inh-caps=-all"])
+        .args(args)
+        .output()
+        .expect("setpriv (util-linux)")
+}
+
+#[test]
+fn without_permission_for_mincore_the_heatmap_refuses_instead_of_reporting_zero() {
+    let _l = machine_lock();
+    common::assert_root();
+    let dir = scratch_dir("resid-perm");
+    let mut p = dir.clone();
+    while p.pop() {
+        // Directories up to the root must be searchable by nobody.
+        let m = std::fs::metadata(&p).unwrap();
+        use std::os::unix::fs::PermissionsExt;
+        assert!(m.permissions().mode() & 0o001 != 0, "{} is not searchable by others", p.display());
+    }
+    let path = write_model(&dir.join("perm.gguf"), 2, 8, 256, 32);
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644)).unwrap();
+    std::os::unix::fs::chown(&path, Some(0), Some(0)).unwrap();
+    let p = path.to_str().unwrap();
+    evict_all(&path);
+    assert_eq!(fincore_bytes(&path), 0, "file should be evicted");
+
+    // Why the check exists: fincore (mincore) run as nobody reports the evicted file as fully
+    // resident.
+    let full = std::fs::metadata(&path).unwrap().len().div_ceil(4096) * 4096;
+    let out = as_nobody(&["fincore", "--bytes", "--noheadings", "--output", "RES", p]);
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout).trim(),
+        full.to_string(),
+        "mincore without permission should claim every page ({})",
+        String::from_utf8_lossy(&out.stderr)
+    );
+
+    let out = as_nobody(&[OBSERVER, "heatmap", p, "--json"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "heatmap as nobody must fail, printed {}", String::from_utf8_lossy(&out.stdout));
+    assert!(err.contains("owner") && err.contains(p) && err.contains("EPERM"), "{err}");
+
+    // The owner may look: the same answer as root's.
+    std::os::unix::fs::chown(&path, Some(65534), Some(65534)).unwrap();
+    let out = as_nobody(&[OBSERVER, "heatmap", p, "--json"]);
+    assert!(out.status.success(), "heatmap as owner: {}", String::from_utf8_lossy(&out.stderr));
+    let j: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(j["file_resident_frac"].as_f64(), Some(0.0), "{j}");
+    assert_eq!(j["source"], "mincore");
+    read_all(&path);
+    let out = as_nobody(&[OBSERVER, "heatmap", p, "--json"]);
+    let j: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(j["file_resident_frac"].as_f64(), Some(1.0), "{j}");
+    std::os::unix::fs::chown(&path, Some(0), Some(0)).unwrap();
+}
+
+#[test]
+fn heatmap_formats_watch_and_errors() {
+    let _l = machine_lock();
+    let path = write_model(&scratch_dir("resid").join("cli.gguf"), 3, 8, 256, 32);
+    let p = path.to_str().unwrap();
+    read_all(&path);
+    let lines = heatmap_json(&[p, "--watch", "--count", "3", "--interval", "50ms"]);
+    assert_eq!(lines.len(), 3);
+    for (k, j) in lines.iter().enumerate() {
+        assert_eq!(j["sample"].as_u64(), Some(k as u64));
+        assert_eq!(j["n_layers"].as_u64(), Some(3));
+        assert_eq!(j["resident"].as_array().unwrap().len(), 3);
+        assert!(j["added"].is_null(), "churn not requested: null, not 0");
+    }
+
+    let out = Command::new(OBSERVER).args(["heatmap", p, "--csv"]).output().unwrap();
+    assert!(out.status.success());
+    let text = String::from_utf8_lossy(&out.stdout);
+    let mut lines = text.lines();
+    assert_eq!(
+        lines.next(),
+        Some("sample,kind,layer,expert,bytes,resident_bytes,resident_frac,added_pages,evicted_pages")
+    );
+    let rows: Vec<Vec<&str>> = lines.map(|l| l.split(',').collect()).collect();
+    assert_eq!(rows.iter().filter(|r| r[1] == "expert").count(), 24);
+    assert!(rows.iter().all(|r| r.len() == 9));
+    let experts: u64 = rows.iter().filter(|r| r[1] == "expert").map(|r| r[4].parse::<u64>().unwrap()).sum();
+    let total = rows.iter().find(|r| r[1] == "experts").unwrap()[4].parse::<u64>().unwrap();
+    assert_eq!(experts, total);
+
+    let out = Command::new(OBSERVER).args(["heatmap", p, "--no-color", "--width", "80"]).output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("3 MoE layers × 8 experts") && text.contains("100.0 %"), "{text}");
+
+    let out = Command::new(OBSERVER).args(["heatmap", "/nonexistent/model.gguf"]).output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(err.contains("/nonexistent/model.gguf") && err.contains("No such file"), "{err}");
+
+    let bad = scratch_dir("resid").join("not-a-model.gguf");
+    File::create(&bad).unwrap().write_all(b"hello, this is not a GGUF file at all").unwrap();
+    let out = Command::new(OBSERVER).arg("heatmap").arg(&bad).output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(err.contains("not a GGUF file"), "{err}");
+}
+
+#[test]
+fn churn_rides_on_the_probes_of_a_run() {
+    let _l = machine_lock();
+    common::assert_root();
+    use observer::bpf::{AttachOptions, Markers, Probes};
+    let path = write_model(&scratch_dir("resid").join("probes.gguf"), 2, 8, 256, 32);
+    let mut target = Command::new("sleep").arg("30").spawn().unwrap();
+    let mut probes = Probes::attach(&AttachOptions { target: target.id(), markers: Markers::None }).expect("probes");
+    let mut sampler = Sampler::new(&path, Some(target.id())).unwrap();
+    sampler.set_scan_interval(Duration::from_secs(3600));
+    sampler.enable_churn(probes.ebpf_mut()).expect("churn on the run's eBPF object");
+    evict_all(&path);
+    let first = sampler.sample().unwrap();
+    read_all(&path);
+    let second = sampler.sample().unwrap();
+    let pages = std::fs::metadata(&path).unwrap().len().div_ceil(4096);
+    assert_eq!(first.pagecache_added, Some(0));
+    assert!(first.pagecache_evicted.unwrap() > 0, "the eviction before the first sample");
+    assert_eq!(second.pagecache_added, Some(pages), "reading the evicted file adds every page once");
+    assert_eq!(second.pagecache_evicted, Some(0));
+    // The scan interval keeps the residency of the first scan (taken while evicted) ...
+    assert_eq!(second.snapshot, first.snapshot);
+    assert_eq!(second.residency.experts_resident_frac, Some(0.0));
+    // ... while churn is per sample; the grid's added pages cover the expert part of the file.
+    let added: u64 = second.residency.grid.as_ref().unwrap().added.as_ref().unwrap().iter().map(|&x| x as u64).sum();
+    let experts = sampler.model().map.bytes_by_kind().2;
+    assert!(added.abs_diff(experts / 4096) <= 2 * 48, "expert pages added {added} vs {} expert bytes", experts);
+    drop(probes);
+    let _ = target.kill();
+    let _ = target.wait();
+}
