@@ -2,7 +2,8 @@
 //! (`moe_engine_token_begin(index, record)` / `moe_engine_token_end(index,
 //! record)`), or a uprobe/uretprobe pair on any function (`--token-symbol`).
 //!
-//! At a mark, every tracked thread's state is copied (checking its update
+//! At a mark, every tracked thread's state is copied first, then the mark's
+//! instant is read (so that no copy is newer than the mark). Each copy (checking its update
 //! sequence, so torn copies are retried once and then counted as lost) and
 //! sent as a `ThreadRecord`; then one `MarkRecord` (with a copy of the
 //! engine's per-token record at `end`). User space closes each copy at the
@@ -77,8 +78,6 @@ fn mark(phase: u32, index: u64, engine_rec: u64) -> u32 {
     if cfg.target_tgid == 0 || (id >> 32) as u32 != cfg.target_tgid {
         return 0;
     }
-    // SAFETY: helper without preconditions.
-    let now = unsafe { bpf_ktime_get_ns() };
     let Some(seqs) = SEQS.get_ptr_mut(1) else { return 0 };
     // SAFETY: only the marking thread writes this slot.
     let mark_seq = unsafe {
@@ -107,6 +106,11 @@ fn mark(phase: u32, index: u64, engine_rec: u64) -> u32 {
     }
     // SAFETY: per-CPU scratch.
     let lost = MARK_LOST.get(0).map(|v| *v).unwrap_or(0) as u32;
+    // The mark's instant is taken after every thread was copied: no copy can
+    // then hold a `last_ts` later than it, so closing each copy at this instant
+    // (in user space) never has to undo time a thread accounted after it.
+    // SAFETY: helper without preconditions.
+    let now = unsafe { bpf_ktime_get_ns() };
     let Some(mut e) = EVENTS.reserve::<MarkRecord>(0) else {
         bump(GlobalCounter::LostEvents);
         return 0;

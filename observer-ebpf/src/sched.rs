@@ -8,7 +8,7 @@
 //! runs in the waker's context (any process): the wakee is looked up by TID.
 
 use aya_ebpf::{
-    helpers::{bpf_ktime_get_ns, bpf_send_signal},
+    helpers::{bpf_get_current_comm, bpf_ktime_get_ns, bpf_send_signal},
     macros::tracepoint,
     programs::TracePointContext,
 };
@@ -83,6 +83,11 @@ pub fn sched_exit(_ctx: TracePointContext) -> u32 {
 #[tracepoint]
 pub fn sched_exec(_ctx: TracePointContext) -> u32 {
     let Some(tid) = target_tid() else { return 0 };
+    // The new program's name (exec set it before this tracepoint).
+    if let Some(s) = state_of(tid) {
+        let comm = bpf_get_current_comm().unwrap_or([0; 16]);
+        update(s, |s| s.comm = comm);
+    }
     if config().map(|c| c.stop_on_exec != 0).unwrap_or(false) {
         // SAFETY: signals the current (exec'ing) process; user space sends SIGCONT.
         unsafe { bpf_send_signal(SIGSTOP) };
