@@ -2,6 +2,7 @@
 //! `qwen3moe` decode ([`model`]), a byte-level BPE tokenizer from the GGUF vocabulary
 //! ([`tokenizer`]), sampling ([`sampling`]) and a synthetic-model generator ([`synth`]).
 
+pub mod attention;
 pub mod gguf;
 pub mod inspect;
 pub mod model;

@@ -22,9 +22,8 @@
 use std::ops::Range;
 use std::path::Path;
 
-use half::f16;
-use half::slice::HalfFloatSliceExt;
 
+use crate::attention::{self, AttnSplit, LayerKv};
 use crate::gguf::{Gguf, GgufError, TensorInfo};
 use crate::pool::Pool;
 use crate::quant::{self, GgmlType};
@@ -282,13 +281,6 @@ impl<T> SharedMut<T> {
     }
 }
 
-/// Per-layer KV cache, f16 like llama.cpp's default cache type.
-#[derive(Debug, Default)]
-struct LayerKv {
-    k: Vec<f16>,
-    v: Vec<f16>,
-}
-
 struct MatJob<'a> {
     w: &'a Weight,
     range: Range<usize>,
@@ -331,8 +323,17 @@ impl std::fmt::Debug for Session<'_> {
 pub const MAX_BATCH: usize = 256;
 
 /// Debugging aid for parity work: with `ENGINE_DUMP` set, prints a summary of each named
-/// intermediate tensor (llama.cpp's names) and writes its values to `/tmp/engine-NAME.bin`.
+/// intermediate tensor (llama.cpp's names) and writes its values to `/tmp/engine-NAME.bin`;
+/// with `ENGINE_DUMP_DIR=DIR`, writes every forward pass's tensors to `DIR/step-NNNN/NAME.bin`
+/// (the layout of the parity runner's `PARITY_DUMP`, for a tensor-by-tensor comparison).
 fn dump(name: &str, v: &[f32]) {
+    use std::sync::atomic::Ordering;
+    if let Some(dir) = std::env::var_os("ENGINE_DUMP_DIR") {
+        let dir = std::path::Path::new(&dir).join(format!("step-{:04}", DUMP_STEP.load(Ordering::Relaxed)));
+        let _ = std::fs::create_dir_all(&dir);
+        let bytes: Vec<u8> = v.iter().flat_map(|x| x.to_le_bytes()).collect();
+        let _ = std::fs::write(dir.join(format!("{name}.bin")), bytes);
+    }
     if std::env::var_os("ENGINE_DUMP").is_some() {
         let s: f64 = v.iter().map(|&x| f64::from(x)).sum();
         let a: f64 = v.iter().map(|&x| f64::from(x.abs())).sum();
@@ -342,6 +343,9 @@ fn dump(name: &str, v: &[f32]) {
     }
 }
 
+/// Forward passes so far in this process (the step number of [`dump`]).
+static DUMP_STEP: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
 fn rms_norm(x: &[f32], w: &[f32], eps: f32, out: &mut [f32]) {
     let sum: f64 = x.iter().map(|&v| f64::from(v * v)).sum();
     let mean = (sum / x.len() as f64) as f32;
@@ -349,25 +353,6 @@ fn rms_norm(x: &[f32], w: &[f32], eps: f32, out: &mut [f32]) {
     for ((o, &v), &g) in out.iter_mut().zip(x).zip(w) {
         *o = (v * scale) * g;
     }
-}
-
-
-/// f32 dot product with 8 independent accumulators (vectorizes; f32 accumulation like ggml's
-/// f16 dot on x86).
-fn dot_f32(a: &[f32], b: &[f32]) -> f32 {
-    let mut acc = [0f32; 8];
-    let (ca, cb) = (a.chunks_exact(8), b.chunks_exact(8));
-    let (ra, rb) = (ca.remainder(), cb.remainder());
-    for (x, y) in ca.zip(cb) {
-        for i in 0..8 {
-            acc[i] += x[i] * y[i];
-        }
-    }
-    let mut s = acc.iter().sum::<f32>();
-    for (x, y) in ra.iter().zip(rb) {
-        s += x * y;
-    }
-    s
 }
 
 
@@ -410,8 +395,7 @@ impl<'m> Session<'m> {
     pub fn reset(&mut self) {
         self.pos = 0;
         for l in &mut self.kv {
-            l.k.clear();
-            l.v.clear();
+            l.clear();
         }
     }
 
@@ -554,8 +538,11 @@ impl<'m> Session<'m> {
                 for i in 0..half {
                     let (x0, x1) = (h[i], h[i + half]);
                     let (cos, sin) = (cs[2 * i], cs[2 * i + 1]);
-                    tmp[i] = x0 * cos - x1 * sin;
-                    tmp[i + half] = x0 * sin + x1 * cos;
+                    // ggml's `rotate_pairs`, `x0*cos - x1*sin` and `x0*sin + x1*cos`, as GCC
+                    // compiles it for a native build (floating-point contraction is on in GNU
+                    // C++ mode): the first product of each is fused with the addition.
+                    tmp[i] = x0.mul_add(cos, -(x1 * sin));
+                    tmp[i + half] = x0.mul_add(sin, x1 * cos);
                 }
                 h.copy_from_slice(&tmp[..hd]);
             };
@@ -565,8 +552,6 @@ impl<'m> Session<'m> {
                     tmp2.copy_from_slice(h);
                     rms_norm(&tmp2, &layer.q_norm, c.rms_eps, h);
                     rope_head(h, cs, &mut tmp);
-                    // The non-flash attention path multiplies f16 K by Q converted to f16.
-                    h.iter_mut().for_each(|x| *x = f16::from_f32(*x).to_f32());
                 }
                 for h in k[b * kv_dim..(b + 1) * kv_dim].chunks_mut(hd) {
                     tmp2.copy_from_slice(h);
@@ -578,39 +563,28 @@ impl<'m> Session<'m> {
             dump(&format!("Qcur-{il}"), &q);
             dump(&format!("Kcur-{il}"), &k);
             dump(&format!("Vcur-{il}"), &v);
-            kv.k.extend(k.iter().map(|&x| f16::from_f32(x)));
-            kv.v.extend(v.iter().map(|&x| f16::from_f32(x)));
+            for b in 0..bsz {
+                kv.push(&k[b * kv_dim..(b + 1) * kv_dim], &v[b * kv_dim..(b + 1) * kv_dim]);
+            }
             let kv = &self.kv[il];
 
-            // Attention: one task per (token, head).
+            // Attention (llama.cpp's CPU flash attention, see `attention`): one task per
+            // (token, head).
             {
                 let attn_p = SharedMut::new(&mut attn);
                 let q = &q;
+                let nth = self.pool.threads();
                 self.pool.run(bsz * c.n_head, &|t| {
                     let (b, h) = (t / c.n_head, t % c.n_head);
-                    let kvh = h / group;
-                    let n_kv = pos0 + b + 1;
+                    let n_vis = pos0 + b + 1;
+                    let mut q16 = vec![0u8; 2 * hd];
                     let qh = &q[b * q_dim + h * hd..b * q_dim + (h + 1) * hd];
-                    let mut row = vec![0f32; hd];
-                    let mut scores = vec![0f32; n_kv];
-                    for (j, s) in scores.iter_mut().enumerate() {
-                        let kr = &kv.k[j * kv_dim + kvh * hd..j * kv_dim + (kvh + 1) * hd];
-                        kr.convert_to_f32_slice(&mut row);
-                        let dot = dot_f32(qh, &row);
-                        *s = dot * kq_scale;
-                    }
-                    vmath::softmax(&mut scores, true);
+                    quant::quantize_row(GgmlType::F16, qh, &mut q16).expect("f16 row of head_dim");
+                    // ggml splits the KV cells across threads only for single-token batches.
+                    let split = if bsz == 1 { AttnSplit::for_decode(n_vis - 1, nth) } else { None };
                     // SAFETY: task t alone writes head h of token b.
                     let o = unsafe { attn_p.slice(b * q_dim + h * hd..b * q_dim + (h + 1) * hd) };
-                    o.fill(0.0);
-                    for (j, &p) in scores.iter().enumerate() {
-                        let p = f16::from_f32(p).to_f32();
-                        let vr = &kv.v[j * kv_dim + kvh * hd..j * kv_dim + (kvh + 1) * hd];
-                        vr.convert_to_f32_slice(&mut row);
-                        for (oo, &vv) in o.iter_mut().zip(&row) {
-                            *oo += p * vv;
-                        }
-                    }
+                    attention::attend(&q16, &kv.k, &kv.v, kv_dim, h / group, n_vis, kq_scale, split, o);
                 });
             }
             let xrow = Self::quantize_batch(layer.wo.ty, &attn, q_dim, &mut xq)?;
@@ -757,6 +731,7 @@ impl<'m> Session<'m> {
         dump("result_output", &self.logits);
         self.times.output_ns += t_out.elapsed().as_nanos() as u64;
         self.pos += bsz;
+        DUMP_STEP.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         Ok(())
     }
 }
