@@ -6,13 +6,19 @@
 //! experts of `softmax(router·m)`, the k weights renormalised to sum 1. Finally
 //! `logits = Wout·rmsnorm(x)` (`Wout` = `token_embd` when `output.weight` is absent).
 //!
-//! Numerics follow llama.cpp's CPU backend so that greedy decoding agrees token for token:
-//! activations are quantized to the weight's `vec_dot_type` before every matrix product
-//! (`quant::quantize_activation`), the KV cache is f16, Q is rounded to f16 before `Q·K`, the
-//! attention probabilities are rounded to f16 before `P·V` (ggml's non-flash path), sums of
-//! squares and softmax denominators accumulate in f64, RoPE angles are built by repeated
-//! multiplication as in `ggml_rope_cache_init`, and the expert outputs are weighted and added
-//! in top-k order.
+//! Numerics reproduce llama.cpp's CPU backend (a native x86 build, default context: flash
+//! attention, F16 KV cache, repacked `Q4_K`) bit for bit when prompts are processed one token
+//! at a time, so that greedy decoding agrees token for token and the logits are identical
+//! (`cargo xtask parity`): activations are quantized to the weight's `vec_dot_type` before
+//! every matrix product (`quant::quantize_activation`) and the kernels sum in ggml's float
+//! order (`quant`); RMS norms sum squares in f64 and scale as `(x * s) * w`; RoPE angles are
+//! built by repeated multiplication as in `ggml_rope_cache_init` and rotated with the fused
+//! multiply-adds GCC makes of `rotate_pairs`; attention is [`crate::attention`] (ggml's flash
+//! attention over the f16 cache, including its split of long KV views across threads); the
+//! router softmax uses ggml's vector `exp` and horizontal sums (`vmath`); the expert outputs
+//! are weighted and added in top-k order. Batched prompt steps use the same per-row kernels,
+//! where llama.cpp switches to GEMM kernels (llamafile sgemm, repacked GEMM, tiled flash
+//! attention) that round differently.
 //!
 //! Weights are referenced by byte ranges of the file ([`Weight::range`]) and read through
 //! [`Model::bytes`], so a placement policy can later serve dense ranges from another buffer.

@@ -3,16 +3,22 @@
 //! For each quantization (`q8_0`, `q4_k`, the `q4_k_m`-like mix): the greedy continuation of
 //! three prompts over 64 tokens must be identical token for token, and the logits that chose the
 //! last token must agree: the error reported is `max_i |engine_i - llama_i| / max_i |llama_i|`
-//! (relative to the logit scale). The aim is below 1e-2; above 5e-2 counts as a mismatch (llama.cpp
-//! itself reaches 1e-2 between two prompt batch sizes on these models, printed alongside).
-//! Tokenization of a set of strings must be identical too. Exit status 1 on any mismatch.
+//! (relative to the logit scale). The aim is at most 1e-3; 1e-2 or more counts as a mismatch.
+//! (The engine reproduces llama.cpp's arithmetic, so on an x86 machine the logits are expected
+//! to be bit-identical, error 0.) A fourth, long prompt on the `q4_k_m` model (over 256 tokens,
+//! so that llama.cpp's KV view grows to 512 cells and its flash attention splits the cells
+//! across threads) checks that path. Tokenization of a set of strings must be identical too.
+//! Exit status 1 on any mismatch.
 //!
+//! llama.cpp runs with its default context parameters except where stated in
+//! `parity_llama.cpp`: F16 KV cache and flash attention explicitly on (what `AUTO` resolves to
+//! on the CPU backend, and what `llama-bench` measures in `cargo xtask bench engine`).
 //! Both sides process the prompt one token at a time (`UBATCH = 1`), so that both run their
-//! matrix-vector kernels (llama.cpp's batched prompt path uses GEMM kernels whose roundings
-//! differ in the last bit). As a yardstick for how chaotic these random models are, the run
-//! also compares llama.cpp with itself (prompt in one batch vs token by token): on quantized
-//! MoE models a last-bit difference can move an 8-bit activation code, an f16 rounding or a
-//! top-k expert choice, and from there the two runs drift apart.
+//! matrix-vector kernels (llama.cpp's batched prompt path uses GEMM kernels and a tiled flash
+//! attention whose roundings differ in the last bit). As a yardstick for how chaotic these
+//! random models are, the run also compares llama.cpp with itself (prompt in one batch vs token
+//! by token): on quantized MoE models a last-bit difference can move an 8-bit activation code,
+//! an f16 rounding or a top-k expert choice, and from there the two runs drift apart.
 
 use std::path::Path;
 use std::process::Command;
@@ -28,6 +34,12 @@ const PROMPTS: [&str; 3] = [
     "<|im_start|>user\nWhere does the time of a token go?<|im_end|>\n<|im_start|>assistant\n",
 ];
 
+/// The long prompt: a sentence repeated until the prompt passes 256 tokens (312 with the
+/// synthetic vocabulary), checked on the `q4_k_m` model only.
+fn long_prompt() -> String {
+    ["The quick brown fox jumps over the lazy dog near the river bank."; 8].join(" ")
+}
+
 const TOKENIZE: [&str; 8] = [
     "Hello world",
     "It's what they're saying: we've seen 12345 pages, I'm sure.",
@@ -41,8 +53,8 @@ const TOKENIZE: [&str; 8] = [
 
 const N_GEN: usize = 64;
 const UBATCH: usize = 1;
-const AIM_REL_ERR: f64 = 1e-2;
-const MAX_REL_ERR: f64 = 5e-2;
+const AIM_REL_ERR: f64 = 1e-3;
+const MAX_REL_ERR: f64 = 1e-2;
 
 fn read_f32s(path: &Path) -> Result<Vec<f32>> {
     let b = std::fs::read(path).with_context(|| format!("reading {}", path.display()))?;
@@ -107,7 +119,11 @@ pub fn main(args: &[String]) -> Result<()> {
         println!("  tokenization: {tok_ok}/{} strings identical", TOKENIZE.len());
 
         // Greedy continuation and final logits.
-        for (pi, prompt) in PROMPTS.iter().enumerate() {
+        let mut prompts: Vec<String> = PROMPTS.iter().map(|p| (*p).to_owned()).collect();
+        if quant == "q4_k_m" {
+            prompts.push(long_prompt());
+        }
+        for (pi, prompt) in prompts.iter().enumerate() {
             let ll_logits = tmp.join(format!("{quant}-{pi}.llama.f32"));
             let en_logits = tmp.join(format!("{quant}-{pi}.engine.f32"));
             let r: Value = serde_json::from_str(&llama::output(
@@ -164,7 +180,7 @@ pub fn main(args: &[String]) -> Result<()> {
                 } else if rel < AIM_REL_ERR {
                     "ok"
                 } else {
-                    "ok (logits above the 1e-2 aim)"
+                    "ok (logits above the 1e-3 aim)"
                 }
             );
             println!(

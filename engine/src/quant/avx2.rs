@@ -213,18 +213,59 @@ q8_0_style_dot!(dot_q4_0, Q4_0_BYTES, int_q4_0, prefetch: true);
 /// `Q8_0 x Q8_0` in ggml's x86 order (`ggml_vec_dot_q8_0_q8_0`, AVX2 path): per
 /// block, the 8 lanes of 4-product integer sums are converted to `f32` and
 /// accumulated with one FMA by `d_w * d_x`; one horizontal sum at the end.
+/// `dx(i)` gives blocks `4i..4i+4`'s activation scales as f32; the weight
+/// scales of four blocks are converted together.
 // Prefetching measured neutral to harmful for the fast Q8_0 kernel.
+#[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-fn dot_q8_0(w: &[u8], x: &[u8]) -> f32 {
+fn dot_q8_0_dx(w: &[u8], x: &[u8], dx: impl Fn(usize) -> __m128) -> f32 {
     let (wb, _) = w.as_chunks::<Q8_0_BYTES>();
     let (xb, _) = x.as_chunks::<Q8_0_BYTES>();
     let mut acc = _mm256_setzero_ps();
-    for (a, b) in wb.iter().zip(xb) {
+    let mut w4 = wb.chunks_exact(4);
+    let mut x4 = xb.chunks_exact(4);
+    for (i, (a, b)) in (&mut w4).zip(&mut x4).enumerate() {
+        let d4 = _mm_mul_ps(f16_of_4(a), dx(i));
+        let d = _mm256_set_m128(d4, d4);
+        let q = |k: usize| _mm256_cvtepi32_ps(int_q8_0(&a[k], &b[k]));
+        acc = _mm256_fmadd_ps(_mm256_permute_ps::<0x00>(d), q(0), acc);
+        acc = _mm256_fmadd_ps(_mm256_permute_ps::<0x55>(d), q(1), acc);
+        acc = _mm256_fmadd_ps(_mm256_permute_ps::<0xaa>(d), q(2), acc);
+        acc = _mm256_fmadd_ps(_mm256_permute_ps::<0xff>(d), q(3), acc);
+    }
+    for (a, b) in w4.remainder().iter().zip(x4.remainder()) {
         let d = _mm256_set1_ps(f16_at(a, 0) * f16_at(b, 0));
-        let q = _mm256_cvtepi32_ps(int_q8_0(a, b));
-        acc = _mm256_fmadd_ps(d, q, acc);
+        acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(int_q8_0(a, b)), acc);
     }
     hsum_ps(acc)
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+fn dot_q8_0(w: &[u8], x: &[u8]) -> f32 {
+    let (xb, _) = x.as_chunks::<Q8_0_BYTES>();
+    dot_q8_0_dx(w, x, |i| f16_of_4(&xb[4 * i..4 * i + 4]))
+}
+
+/// Blocks up to which the `Q8_0` row loop converts the activation scales once
+/// (16384 columns).
+const MAX_PRE_BLOCKS_Q8: usize = 512;
+
+#[target_feature(enable = "avx2,fma,f16c")]
+fn rows_q8_0(w: &[u8], row_bytes: usize, x: &[u8], out: &mut [f32]) {
+    let (xb, _) = x.as_chunks::<Q8_0_BYTES>();
+    if xb.len() <= MAX_PRE_BLOCKS_Q8 {
+        let mut dx = [_mm_setzero_ps(); MAX_PRE_BLOCKS_Q8 / 4];
+        for (i, d) in dx.iter_mut().enumerate().take(xb.len() / 4) {
+            *d = f16_of_4(&xb[4 * i..4 * i + 4]);
+        }
+        for (row, o) in w.chunks_exact(row_bytes).zip(out.iter_mut()) {
+            *o = dot_q8_0_dx(row, x, |i| dx[i]);
+        }
+    } else {
+        for (row, o) in w.chunks_exact(row_bytes).zip(out.iter_mut()) {
+            *o = dot_q8_0(row, x);
+        }
+    }
 }
 
 /// `Q4_0` quants `q` (unsigned, without the `-8`) times the activation, as
@@ -319,6 +360,13 @@ fn dot_q8_k(w: &[u8], x: &[u8]) -> f32 {
 fn k4_scales_mins<const N: usize>(b: &[u8; N], off: usize) -> __m128i {
     // Bytes off..off+16: the 12 scale bytes and 4 bytes of quants (ignored).
     _mm256_castsi256_si128(k4_decode(_mm256_castsi128_si256(ld128(b, off))))
+}
+
+/// [`k4_scales_mins`] of two blocks at once (lane 0: `a`, lane 1: `b`).
+#[inline]
+#[target_feature(enable = "avx2")]
+fn k4_scales_mins2<const N: usize>(a: &[u8; N], b: &[u8; N], off: usize) -> __m256i {
+    k4_decode(_mm256_set_m128i(ld128(b, off), ld128(a, off)))
 }
 
 /// The decoding of [`k4_scales_mins`], independently in each 128-bit lane.
@@ -419,15 +467,42 @@ fn hsum_epi32_128(v: __m128i) -> i32 {
 /// integer dot `isum = sum_j scale_j * dot_j` and minimum term
 /// `imin = sum_j min_j * bsum_j` (exact integers, any summation order), then two
 /// `f32` FMA chains `acc = fma(isum, d*dy, acc)`, `accm = fma(imin, dmin*dy, accm)`;
-/// the result is `acc - accm`. `pairs[b]` are block `b`'s activation pair sums.
+/// the result is `acc - accm`. Two blocks per step share the scale decoding and
+/// the horizontal sums; `pairs[i]` holds blocks `2i` and `2i+1`'s activation pair
+/// sums (lane 0, lane 1).
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-fn dot_q4_k_pairs(w: &[u8], xb: &[[u8; Q8_K_BYTES]], pairs: impl Fn(usize) -> __m128i) -> f32 {
+fn dot_q4_k_pairs(w: &[u8], xb: &[[u8; Q8_K_BYTES]], pairs: impl Fn(usize) -> __m256i) -> f32 {
     let (wb, _) = w.as_chunks::<Q4_K_BYTES>();
+    let zero = _mm256_setzero_si256();
     let (mut acc, mut accm) = (0f32, 0f32);
-    for (i, (a, y)) in wb.iter().zip(xb).enumerate() {
-        prefetch_block(a);
-        let (sumi, mins) = q4k_block(a, y, pairs(i));
+    let mut w2 = wb.chunks_exact(2);
+    let mut x2 = xb.chunks_exact(2);
+    for (i, (a, y)) in (&mut w2).zip(&mut x2).enumerate() {
+        let (a0, a1, y0, y1) = (&a[0], &a[1], &y[0], &y[1]);
+        prefetch_ahead::<{ 2 * Q4_K_BYTES }>(a0.as_ptr());
+        let sm = k4_scales_mins2(a0, a1, 4);
+        let sc = _mm256_unpacklo_epi8(sm, zero);
+        // Lane 0: block 0's four min products, lane 1: block 1's.
+        let mins = _mm256_madd_epi16(_mm256_unpackhi_epi8(sm, zero), pairs(i));
+        let s0 = q4k_core(a0, y0, _mm256_permute2x128_si256::<0x00>(sc, sc));
+        let s1 = q4k_core(a1, y1, _mm256_permute2x128_si256::<0x11>(sc, sc));
+        // [isum0, isum1, imin0, imin1] as the sums of the two 128-bit halves.
+        let m = _mm256_permutevar8x32_epi32(mins, _mm256_setr_epi32(0, 1, 4, 5, 2, 3, 6, 7));
+        let h = _mm256_hadd_epi32(_mm256_hadd_epi32(s0, s1), m);
+        let t = _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256::<1>(h));
+        let (isum0, isum1) = (_mm_cvtsi128_si32(t), _mm_extract_epi32::<1>(t));
+        let (imin0, imin1) = (_mm_extract_epi32::<2>(t), _mm_extract_epi32::<3>(t));
+        let (dy0, dy1) = (f32_at(y0, 0), f32_at(y1, 0));
+        let (d0, m0) = f16x2_at(a0, 0);
+        let (d1, m1) = f16x2_at(a1, 0);
+        acc = (isum0 as f32).mul_add(d0 * dy0, acc);
+        accm = (imin0 as f32).mul_add(m0 * dy0, accm);
+        acc = (isum1 as f32).mul_add(d1 * dy1, acc);
+        accm = (imin1 as f32).mul_add(m1 * dy1, accm);
+    }
+    for (a, y) in w2.remainder().iter().zip(x2.remainder()) {
+        let (sumi, mins) = q4k_block(a, y, q8k_pair_sums(y));
         let dy = f32_at(y, 0);
         let (d, dmin) = f16x2_at(a, 0);
         acc = (hsum_epi32(sumi) as f32).mul_add(d * dy, acc);
@@ -436,10 +511,17 @@ fn dot_q4_k_pairs(w: &[u8], xb: &[[u8; Q8_K_BYTES]], pairs: impl Fn(usize) -> __
     acc - accm
 }
 
+/// Pair sums of blocks `2i` and `2i+1` side by side.
+#[inline]
+#[target_feature(enable = "avx2")]
+fn q8k_pair_sums2(xb: &[[u8; Q8_K_BYTES]], i: usize) -> __m256i {
+    _mm256_set_m128i(q8k_pair_sums(&xb[2 * i + 1]), q8k_pair_sums(&xb[2 * i]))
+}
+
 #[target_feature(enable = "avx2,fma,f16c")]
 fn dot_q4_k(w: &[u8], x: &[u8]) -> f32 {
     let (xb, _) = x.as_chunks::<Q8_K_BYTES>();
-    dot_q4_k_pairs(w, xb, |i| q8k_pair_sums(&xb[i]))
+    dot_q4_k_pairs(w, xb, |i| q8k_pair_sums2(xb, i))
 }
 
 /// Blocks up to which the row loops precompute the activation's pair sums
@@ -450,9 +532,9 @@ const MAX_PRE_BLOCKS: usize = 64;
 fn rows_q4_k(w: &[u8], row_bytes: usize, x: &[u8], out: &mut [f32]) {
     let (xb, _) = x.as_chunks::<Q8_K_BYTES>();
     if xb.len() <= MAX_PRE_BLOCKS {
-        let mut pairs = [_mm_setzero_si128(); MAX_PRE_BLOCKS];
-        for (p, y) in pairs.iter_mut().zip(xb) {
-            *p = q8k_pair_sums(y);
+        let mut pairs = [_mm256_setzero_si256(); MAX_PRE_BLOCKS / 2];
+        for (i, p) in pairs.iter_mut().enumerate().take(xb.len() / 2) {
+            *p = q8k_pair_sums2(xb, i);
         }
         for (row, o) in w.chunks_exact(row_bytes).zip(out.iter_mut()) {
             *o = dot_q4_k_pairs(row, xb, |i| pairs[i]);
@@ -531,13 +613,19 @@ fn q6k_block(a: &[u8; Q6_K_BYTES], y: &[u8; Q8_K_BYTES]) -> __m256i {
         _mm256_cvtepi8_epi16(scales),
         ld256(y, 260),
     ));
-    // Group g's scales: sc[2g] for its first 16 elements, sc[2g+1] for the rest.
+    // Group g's scales: sc[2g] (as i16) for its first 16 elements, sc[2g+1] for the
+    // rest; one in-lane byte shuffle of the i16 scales of the group's half
+    // (`s16_lo` holds sc[0..8] in both lanes, `s16_hi` sc[8..16]).
+    let s16 = _mm256_cvtepi8_epi16(scales);
+    let s16_lo = _mm256_permute2x128_si256::<0x00>(s16, s16);
+    let s16_hi = _mm256_permute2x128_si256::<0x11>(s16, s16);
     let group_scales = |g: usize| {
-        let idx = _mm_set_epi64x(
-            (0x0101_0101_0101_0101u64 * (2 * g as u64 + 1)) as i64,
-            (0x0101_0101_0101_0101u64 * (2 * g as u64)) as i64,
+        let (lo, hi) = ((4 * (g % 4)) as i8, (4 * (g % 4) + 2) as i8);
+        let idx = _mm256_setr_epi8(
+            lo, lo + 1, lo, lo + 1, lo, lo + 1, lo, lo + 1, lo, lo + 1, lo, lo + 1, lo, lo + 1, lo, lo + 1,
+            hi, hi + 1, hi, hi + 1, hi, hi + 1, hi, hi + 1, hi, hi + 1, hi, hi + 1, hi, hi + 1, hi, hi + 1,
         );
-        _mm256_cvtepi8_epi16(_mm_shuffle_epi8(scales, idx))
+        _mm256_shuffle_epi8(if g < 4 { s16_lo } else { s16_hi }, idx)
     };
     let mut sumi = _mm256_setzero_si256();
     for h in 0..2 {
@@ -1028,7 +1116,7 @@ pub(super) fn kernel(ty: GgmlType) -> Option<Kernel> {
     Some(match ty {
         F32 => entry!(dot_f32),
         F16 => entry!(dot_f16),
-        Q8_0 => entry!(dot_q8_0),
+        Q8_0 => entry!(@wrap dot_q8_0, rows_q8_0),
         Q4_0 => entry!(@wrap dot_q4_0, rows_q4_0),
         BF16 => entry!(dot_bf16),
         Q8_K => entry!(dot_q8_k),
