@@ -40,7 +40,9 @@ pub fn exp_kind() -> ExpKind {
     *KIND.get_or_init(|| {
         #[cfg(target_arch = "x86_64")]
         {
-            if is_x86_feature_detected!("avx512f") && is_x86_feature_detected!("avx512dq") {
+            // ggml's AVX-512 `exp` needs __AVX512F__ and __AVX512DQ__; `ggml_avx512` also
+            // honours ENGINE_GGML_AVX512=0 (numerics of a build without AVX-512).
+            if crate::quant::ggml_avx512() && is_x86_feature_detected!("avx512dq") {
                 return ExpKind::Avx512;
             }
             if is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") {

@@ -6,7 +6,16 @@
 //   parity-llama generate MODEL THREADS N LOGITS PROMPT [UBATCH] -> {"prompt":[ids],"ids":[ids]}
 // UBATCH (default 256) is the number of prompt tokens per llama_decode call.
 // The logits that chose the last generated token are written to LOGITS (f32 little-endian).
-// Flash attention is off (the engine follows ggml's non-flash path); the KV cache is f16.
+//
+// Context: llama.cpp's defaults (F16 K and V cache, repacked weights), with flash attention set
+// explicitly ON. That is what the default `flash_attn_type = AUTO` resolves to on the CPU
+// backend (llama_context::resolve_fused_ops finds FLASH_ATTN_EXT supported on the layer's
+// device), what llama-bench measures (its default is also AUTO) and so what a user of llama.cpp
+// gets; setting it explicitly keeps the reference from changing if AUTO's resolution changes.
+// The engine reproduces this path (engine/src/attention.rs).
+//
+// Debugging aid: with PARITY_DUMP=DIR, every named tensor of every llama_decode call is written
+// as f32 to DIR/step-NNNN/NAME.bin (the engine writes the same layout with ENGINE_DUMP_DIR).
 #include "llama.h"
 #include "ggml.h"
 #include "ggml-backend.h"
@@ -21,8 +30,7 @@ static void quiet(enum ggml_log_level level, const char * text, void *) {
     if (level == GGML_LOG_LEVEL_ERROR) fputs(text, stderr);
 }
 
-// Debugging aid (like the engine's ENGINE_DUMP_DIR): with PARITY_DUMP=DIR, every named tensor of
-// every llama_decode call is written as f32 to DIR/step-NNNN/NAME.bin.
+// PARITY_DUMP (see the header): the eval callback copies each named F32/F16 tensor out.
 static int g_step = 0;
 static const char * g_dump = nullptr;
 

@@ -8,13 +8,17 @@
 //! unsigned by adding their bias (4, 32) and the bias is removed through the
 //! activation's `bsums`, which gives the same integer per super-block.
 //!
-//! Where ggml applies each sub-block scale with its own `vpmaddwd`, these kernels
-//! interleave the i16 products of two sub-blocks (`vpunpck{l,h}wd` + `vpaddw`,
-//! the ranges leave room) and apply both scales with one `vpmaddwd`. The `Q4_K`
-//! and `Q5_K` row loops also decode the scales of two blocks per step and
-//! precompute the activation's per-sub-block sums once per `matvec`; the
-//! `Q8_0`/`Q4_0` loops scale four blocks with one FMA. The kernels whose compute
-//! is closest to the memory bandwidth prefetch 4 KiB ahead.
+//! The float arithmetic of the `Q8_0`, `Q4_K`, `Q5_K`, `Q6_K`, `F32` and `F16`
+//! kernels is that of the kernel a native x86 llama.cpp build runs (see the
+//! module docs of `quant` and each kernel): where that needs an i32 lane layout
+//! (the 8 FMA lanes of `Q8_0`, `Q5_K`, `Q6_K`), each sub-block scale gets its own
+//! `vpmaddwd` as in ggml; `Q4_K` only needs whole-block integers, so its kernel
+//! interleaves the i16 products of two sub-blocks (`vpunpck{l,h}wd` + `vpaddw`,
+//! the ranges leave room), applies both scales with one `vpmaddwd`, decodes the
+//! scales of two blocks per step and precomputes the activation's per-sub-block
+//! sums once per `matvec`. `Q2_K`/`Q3_K` use the interleaving too (their order is
+//! not ggml's); the `Q4_0` loop scales four blocks with one FMA. The kernels whose
+//! compute is closest to the memory bandwidth prefetch 4 KiB ahead.
 //!
 //! `Q8_0`/`Q8_K` x `Q8_0`/`Q8_K` (and `Q4_0`) use ggml's sign trick
 //! (`|w| * sign(w) x`); like ggml's, it assumes activation quants are never
@@ -814,11 +818,11 @@ fn dot_q2_k(w: &[u8], x: &[u8]) -> f32 {
 // Floats
 // ---------------------------------------------------------------------------
 
-/// Whether a native llama.cpp build on this CPU compiles ggml's AVX-512 float
-/// vector code (`__AVX512F__`): 16-lane vectors, 64-element steps. Otherwise its
-/// AVX code: 8 lanes, 32-element steps. The two sum in different orders.
+/// Whether to sum like ggml's AVX-512 float vector code (16-lane vectors,
+/// 64-element steps) rather than its AVX code (8 lanes, 32-element steps); see
+/// [`super::ggml_avx512`]. The two sum in different orders.
 fn ggml_avx512() -> bool {
-    is_x86_feature_detected!("avx512f")
+    super::ggml_avx512()
 }
 
 /// ggml's `GGML_F32x8_REDUCE` tail (AVX): `(lo + hi)` then two `hadd`s.

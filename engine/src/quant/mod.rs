@@ -11,8 +11,16 @@
 //! * `vec_dot` follows ggml's integer arithmetic exactly: per block the integer dot
 //!   product of the quants (times the integer sub-block scales) is formed in `i32`,
 //!   then scaled once by `d_w * d_x` in `f32`; the K-quant minimums are applied
-//!   through the activation's `bsums`. Only the order of the final `f32` additions
-//!   differs from ggml (as it differs between ggml's own SIMD variants).
+//!   through the activation's `bsums`.
+//! * The `f32` arithmetic after that (products of scales, FMAs, horizontal sums)
+//!   follows, in the AVX2 kernels, the order of the kernel a native x86 llama.cpp
+//!   build runs for one token (`cargo xtask parity` checks the logits bit for bit):
+//!   `Q8_0`, `Q5_K`, `Q6_K` as ggml's x86 `ggml_vec_dot_*` (8 FMA lanes, one
+//!   `hsum_float_8`), `Q4_K` as the repacked `ggml_gemv_q4_K_8x8_q8_K` that
+//!   llama.cpp uses for every `Q4_K` matrix with a multiple of 8 rows, `F32`/`F16`
+//!   as `ggml_vec_dot_f32`/`_f16` in the AVX-512 or the AVX shape that the CPU
+//!   selects. The scalar kernels, and the AVX2 `Q2_K`, `Q3_K`, `Q4_0`, `Q8_K`,
+//!   `BF16` kernels, sum in their own order (last-bit differences from ggml).
 //! * [`quantize_row`] for the activation types (`Q8_0`, `Q8_1`, `Q8_K`, `F16`, `BF16`)
 //!   is bit-identical to ggml's reference quantizers (`quantize_row_q8_0_ref`,
 //!   `quantize_row_q8_1_ref`, `quantize_row_q8_K_ref`, `ggml_compute_fp32_to_fp16`,
@@ -57,7 +65,7 @@
 //!   llama.cpp's CPU backend repacks `Q4_K`/`Q4_0` weights into 8-row
 //!   interleaved blocks at load time (its float summation order then differs from
 //!   ggml's plain `vec_dot`, the integer parts do not); this module keeps the GGUF
-//!   layout.
+//!   layout and reproduces the repacked `Q4_K` order row by row.
 
 pub mod float;
 pub mod kquants;
@@ -545,6 +553,26 @@ pub fn quantize_activation(
 // ---------------------------------------------------------------------------
 // Kernel dispatch
 // ---------------------------------------------------------------------------
+
+/// Whether the llama.cpp build whose numerics the engine reproduces compiles ggml's
+/// AVX-512 float code (`__AVX512F__`, as a native build does on a CPU with AVX-512F):
+/// 16-lane vector sums in `ggml_vec_dot_f32`/`_f16` and the AVX-512 vector `exp`. On
+/// x86_64 that is the CPU's AVX-512F, unless the environment sets `ENGINE_GGML_AVX512=0`,
+/// which selects the numerics of a build without AVX-512 (to compare with one). Read once.
+pub fn ggml_avx512() -> bool {
+    static V: OnceLock<bool> = OnceLock::new();
+    *V.get_or_init(|| {
+        #[cfg(target_arch = "x86_64")]
+        {
+            std::env::var_os("ENGINE_GGML_AVX512").is_none_or(|v| v != "0")
+                && is_x86_feature_detected!("avx512f")
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        {
+            false
+        }
+    })
+}
 
 /// A kernel set.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
