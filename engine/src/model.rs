@@ -449,12 +449,14 @@ impl<'m> Session<'m> {
             let (j, r0, r1) = tasks[t];
             let job = &jobs[j];
             let bytes = self.model.bytes(job.range.clone());
-            for b in 0..batch {
+            let xs: Vec<&[u8]> = (0..batch).map(|b| &job.xq[b * job.xrow..(b + 1) * job.xrow]).collect();
+            let mut os: Vec<&mut [f32]> = (0..batch)
                 // SAFETY: task t writes only rows r0..r1 of job j's output for each token; the
                 // (job, row range) pairs of the tasks are disjoint.
-                let o = unsafe { outs[j].slice(b * job.rows + r0..b * job.rows + r1) };
-                quant::matvec(job.w.ty, bytes, r0..r1, job.w.cols, &job.xq[b * job.xrow..(b + 1) * job.xrow], o);
-            }
+                .map(|b| unsafe { outs[j].slice(b * job.rows + r0..b * job.rows + r1) })
+                .collect();
+            // One pass over the rows for all tokens (bit-identical to one matvec per token).
+            quant::matvec_multi(job.w.ty, bytes, r0..r1, job.w.cols, &xs, &mut os);
         };
         let total_rows: usize = jobs.iter().map(|j| j.rows).sum();
         if total_rows * batch < 128 {
@@ -666,18 +668,22 @@ impl<'m> Session<'m> {
                     let r1 = (r0 + chunk).min(n_ff);
                     let gw = m.bytes(layer.gate_exps.expert_range(*e));
                     let uw = m.bytes(layer.up_exps.expert_range(*e));
-                    let mut g = vec![0f32; r1 - r0];
-                    let mut u = vec![0f32; r1 - r0];
-                    for &s in slots {
-                        let b = s / n_used;
-                        let xg = &xq[b * grow..(b + 1) * grow];
-                        let xu = if urow == 0 { xg } else { &xq_up[b * urow..(b + 1) * urow] };
-                        quant::matvec(gty, gw, r0..r1, d, xg, &mut g);
-                        quant::matvec(uty, uw, r0..r1, d, xu, &mut u);
+                    let n = r1 - r0;
+                    let mut g = vec![0f32; slots.len() * n];
+                    let mut u = vec![0f32; slots.len() * n];
+                    let xg: Vec<&[u8]> = slots.iter().map(|&s| &xq[s / n_used * grow..(s / n_used + 1) * grow]).collect();
+                    let xu: Vec<&[u8]> = if urow == 0 {
+                        xg.clone()
+                    } else {
+                        slots.iter().map(|&s| &xq_up[s / n_used * urow..(s / n_used + 1) * urow]).collect()
+                    };
+                    quant::matvec_multi(gty, gw, r0..r1, d, &xg, &mut g.chunks_mut(n).collect::<Vec<_>>());
+                    quant::matvec_multi(uty, uw, r0..r1, d, &xu, &mut u.chunks_mut(n).collect::<Vec<_>>());
+                    for (k, &s) in slots.iter().enumerate() {
                         // SAFETY: slot s belongs to exactly one expert and rows r0..r1 to one
                         // task of that expert.
                         let h = unsafe { h_p.slice(s * n_ff + r0..s * n_ff + r1) };
-                        vmath::swiglu(&g, &u, h);
+                        vmath::swiglu(&g[k * n..(k + 1) * n], &u[k * n..(k + 1) * n], h);
                     }
                 });
             }
@@ -695,11 +701,13 @@ impl<'m> Session<'m> {
                     let r0 = ci * chunk;
                     let r1 = (r0 + chunk).min(d);
                     let dw = m.bytes(layer.down_exps.expert_range(*e));
-                    for &s in slots {
+                    let xs: Vec<&[u8]> = slots.iter().map(|&s| &xq[s * hrow..(s + 1) * hrow]).collect();
+                    let mut os: Vec<&mut [f32]> = slots
+                        .iter()
                         // SAFETY: as above, (slot, row range) pairs are disjoint across tasks.
-                        let o = unsafe { down_p.slice(s * d + r0..s * d + r1) };
-                        quant::matvec(dty, dw, r0..r1, n_ff, &xq[s * hrow..(s + 1) * hrow], o);
-                    }
+                        .map(|&s| unsafe { down_p.slice(s * d + r0..s * d + r1) })
+                        .collect();
+                    quant::matvec_multi(dty, dw, r0..r1, n_ff, &xs, &mut os);
                 });
             }
             for b in 0..bsz {

@@ -15,7 +15,8 @@
 //! on the CPU backend, and what `llama-bench` measures in `cargo xtask bench engine`).
 //! Both sides process the prompt one token at a time (`UBATCH = 1`), so that both run their
 //! matrix-vector kernels (llama.cpp's batched prompt path uses GEMM kernels and a tiled flash
-//! attention whose roundings differ in the last bit). As a yardstick for how chaotic these
+//! attention whose roundings differ in the last bit). The engine's batched prompt must also
+//! give the same bits as its token-by-token one (prompts up to 256 tokens). As a yardstick for how chaotic these
 //! random models are, the run also compares llama.cpp with itself (prompt in one batch vs token
 //! by token): on quantized MoE models a last-bit difference can move an 8-bit activation code,
 //! an f16 rounding or a top-k expert choice, and from there the two runs drift apart.
@@ -147,6 +148,21 @@ pub fn main(args: &[String]) -> Result<()> {
                     .arg("--logits-out")
                     .arg(&en_logits),
             )?;
+            // The engine's batched prompt must give the same bits as its token-by-token one
+            // (its batched kernels compute every element like the one-token kernels); beyond
+            // 256 positions llama.cpp splits single-token attention across threads and so does
+            // the engine, which batches do not, as in llama.cpp.
+            let en_batched = tmp.join(format!("{quant}-{pi}.engine-batched.f32"));
+            let out_b = llama::output(
+                Command::new(&engine)
+                    .arg("run")
+                    .arg("--model")
+                    .arg(&model)
+                    .args(["--prompt", prompt, "-n", &N_GEN.to_string(), "--temp", "0", "--ignore-eos", "--json"])
+                    .args(["--threads", &threads.to_string(), "--ubatch", "256"])
+                    .arg("--logits-out")
+                    .arg(&en_batched),
+            )?;
             let batched: Value = serde_json::from_str(&llama::output(
                 Command::new(&ll.harness)
                     .arg("generate")
@@ -169,7 +185,18 @@ pub fn main(args: &[String]) -> Result<()> {
             let (a, b) = (read_f32s(&en_logits)?, read_f32s(&ll_logits)?);
             let rel = rel_err(&a, &b);
             worst = worst.max(rel);
-            let ok = same_prompt && ours == theirs && ours.len() == N_GEN && rel < MAX_REL_ERR;
+            let ours_b: Vec<u64> = out_b
+                .lines()
+                .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+                .filter_map(|l| l.get("id").and_then(Value::as_u64))
+                .collect();
+            let batch_same = ours_b == ours && read_f32s(&en_batched)? == a;
+            let batch_required = ids(&r["prompt"]).len() <= 256;
+            let ok = same_prompt
+                && ours == theirs
+                && ours.len() == N_GEN
+                && rel < MAX_REL_ERR
+                && (batch_same || !batch_required);
             println!(
                 "  prompt {pi} ({} tokens): {}/{} generated tokens identical, final logits max rel err {rel:.2e} -> {}",
                 ids(&r["prompt"]).len(),
@@ -182,6 +209,11 @@ pub fn main(args: &[String]) -> Result<()> {
                 } else {
                     "ok (logits above the 1e-3 aim)"
                 }
+            );
+            println!(
+                "    engine, prompt batched vs token by token: {}{}",
+                if batch_same { "bit-identical" } else { "DIFFERENT" },
+                if batch_required { "" } else { " (not required: prompt longer than 256 tokens)" }
             );
             println!(
                 "    (llama.cpp vs itself, prompt batched vs token by token: {self_same}/{N_GEN} identical, rel err {self_rel:.2e})"

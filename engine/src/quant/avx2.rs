@@ -557,7 +557,9 @@ fn rows_q4_k(w: &[u8], row_bytes: usize, x: &[u8], out: &mut [f32]) {
 fn bcast_i16(v: __m256i, i: usize) -> __m256i {
     let lo = (2 * i) as i8;
     let hi = lo + 1;
-    let idx = _mm_setr_epi8(lo, hi, lo, hi, lo, hi, lo, hi, lo, hi, lo, hi, lo, hi, lo, hi);
+    let idx = _mm_setr_epi8(
+        lo, hi, lo, hi, lo, hi, lo, hi, lo, hi, lo, hi, lo, hi, lo, hi,
+    );
     _mm256_shuffle_epi8(v, _mm256_broadcastsi128_si256(idx))
 }
 
@@ -578,7 +580,10 @@ fn dot_q5_k(w: &[u8], x: &[u8]) -> f32 {
     for (a, y) in wb.iter().zip(xb) {
         prefetch_block(a);
         let sm = k4_scales_mins(a, 4);
-        let imin = hsum_epi32_128(_mm_madd_epi16(_mm_cvtepu8_epi16(_mm_unpackhi_epi64(sm, sm)), q8k_pair_sums(y)));
+        let imin = hsum_epi32_128(_mm_madd_epi16(
+            _mm_cvtepu8_epi16(_mm_unpackhi_epi64(sm, sm)),
+            q8k_pair_sums(y),
+        ));
         let dy = f32_at(y, 0);
         let (d, dmin) = f16x2_at(a, 0);
         summs = (-dy * dmin).mul_add(imin as f32, summs);
@@ -593,8 +598,14 @@ fn dot_q5_k(w: &[u8], x: &[u8]) -> f32 {
             hb = _mm256_srli_epi16::<2>(hb);
             let lo = _mm256_or_si256(_mm256_and_si256(bits, m4), h_lo);
             let hi = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16::<4>(bits), m4), h_hi);
-            let pl = _mm256_madd_epi16(bcast_i16(sc, 2 * j), _mm256_maddubs_epi16(lo, ld256(y, 4 + 64 * j)));
-            let ph = _mm256_madd_epi16(bcast_i16(sc, 2 * j + 1), _mm256_maddubs_epi16(hi, ld256(y, 4 + 64 * j + 32)));
+            let pl = _mm256_madd_epi16(
+                bcast_i16(sc, 2 * j),
+                _mm256_maddubs_epi16(lo, ld256(y, 4 + 64 * j)),
+            );
+            let ph = _mm256_madd_epi16(
+                bcast_i16(sc, 2 * j + 1),
+                _mm256_maddubs_epi16(hi, ld256(y, 4 + 64 * j + 32)),
+            );
             sumi = _mm256_add_epi32(sumi, _mm256_add_epi32(pl, ph));
         }
         acc = _mm256_fmadd_ps(_mm256_set1_ps(dy * d), _mm256_cvtepi32_ps(sumi), acc);
@@ -626,8 +637,38 @@ fn q6k_block(a: &[u8; Q6_K_BYTES], y: &[u8; Q8_K_BYTES]) -> __m256i {
     let group_scales = |g: usize| {
         let (lo, hi) = ((4 * (g % 4)) as i8, (4 * (g % 4) + 2) as i8);
         let idx = _mm256_setr_epi8(
-            lo, lo + 1, lo, lo + 1, lo, lo + 1, lo, lo + 1, lo, lo + 1, lo, lo + 1, lo, lo + 1, lo, lo + 1,
-            hi, hi + 1, hi, hi + 1, hi, hi + 1, hi, hi + 1, hi, hi + 1, hi, hi + 1, hi, hi + 1, hi, hi + 1,
+            lo,
+            lo + 1,
+            lo,
+            lo + 1,
+            lo,
+            lo + 1,
+            lo,
+            lo + 1,
+            lo,
+            lo + 1,
+            lo,
+            lo + 1,
+            lo,
+            lo + 1,
+            lo,
+            lo + 1,
+            hi,
+            hi + 1,
+            hi,
+            hi + 1,
+            hi,
+            hi + 1,
+            hi,
+            hi + 1,
+            hi,
+            hi + 1,
+            hi,
+            hi + 1,
+            hi,
+            hi + 1,
+            hi,
+            hi + 1,
         );
         _mm256_shuffle_epi8(if g < 4 { s16_lo } else { s16_hi }, idx)
     };
@@ -656,7 +697,10 @@ fn q6k_block(a: &[u8; Q6_K_BYTES], y: &[u8; Q8_K_BYTES]) -> __m256i {
         );
         let base = 4 + 128 * h;
         let p = |q: __m256i, k: usize| {
-            _mm256_madd_epi16(group_scales(4 * h + k), _mm256_maddubs_epi16(q, ld256(y, base + 32 * k)))
+            _mm256_madd_epi16(
+                group_scales(4 * h + k),
+                _mm256_maddubs_epi16(q, ld256(y, base + 32 * k)),
+            )
         };
         let (p0, p1, p2, p3) = (p(q0, 0), p(q1, 1), p(q2, 2), p(q3, 3));
         sumi = _mm256_add_epi32(sumi, _mm256_add_epi32(p0, p1));
@@ -861,7 +905,12 @@ macro_rules! ggml_float_dot {
             }
             i += step;
         }
-        let r = |x: usize, y: usize| [_mm256_add_ps(acc[x][0], acc[y][0]), _mm256_add_ps(acc[x][1], acc[y][1])];
+        let r = |x: usize, y: usize| {
+            [
+                _mm256_add_ps(acc[x][0], acc[y][0]),
+                _mm256_add_ps(acc[x][1], acc[y][1]),
+            ]
+        };
         let (s02, s13) = (r(0, 2), r(1, 3));
         let s = [_mm256_add_ps(s02[0], s13[0]), _mm256_add_ps(s02[1], s13[1])];
         let sum = if wide {
@@ -1131,4 +1180,302 @@ pub(super) fn kernel(ty: GgmlType) -> Option<Kernel> {
         Q6_K => entry!(dot_q6_k),
         _ => return None,
     })
+}
+
+// ---------------------------------------------------------------------------
+// Several activations against the same rows (prompt processing)
+// ---------------------------------------------------------------------------
+//
+// Each weight block is loaded and decoded once for up to `MAX_MULTI` activations;
+// every output element then goes through exactly the operations of the one-token
+// kernel above (same integers, same f32 operations in the same order), so the
+// results are bit-identical to one `matvec` per activation.
+
+/// Activations per pass of the multi-activation kernels.
+pub(super) const MAX_MULTI: usize = 4;
+
+/// `Q8_0`: per 4-block group, the weight quants' absolute values and scales are
+/// shared; per activation as in [`dot_q8_0_dx`].
+#[target_feature(enable = "avx2,fma,f16c")]
+fn multi_q8_0_t<const T: usize>(w: &[u8], row_bytes: usize, xs: &[&[u8]], outs: &mut [&mut [f32]]) {
+    let xb: [&[[u8; Q8_0_BYTES]]; T] = std::array::from_fn(|t| xs[t].as_chunks::<Q8_0_BYTES>().0);
+    let nb = xb[0].len();
+    if nb > MAX_PRE_BLOCKS_Q8 || !nb.is_multiple_of(4) {
+        for (x, o) in xs.iter().zip(outs.iter_mut()) {
+            rows_q8_0(w, row_bytes, x, o);
+        }
+        return;
+    }
+    let mut dx = [[_mm_setzero_ps(); MAX_PRE_BLOCKS_Q8 / 4]; T];
+    for (t, dt) in dx.iter_mut().enumerate() {
+        for (i, d) in dt.iter_mut().enumerate().take(nb / 4) {
+            *d = f16_of_4(&xb[t][4 * i..4 * i + 4]);
+        }
+    }
+    for (r, row) in w.chunks_exact(row_bytes).enumerate() {
+        let (wb, _) = row.as_chunks::<Q8_0_BYTES>();
+        let mut acc = [_mm256_setzero_ps(); T];
+        for (i, a) in wb.chunks_exact(4).enumerate() {
+            let dw = f16_of_4(a);
+            let d8: [__m256; T] = std::array::from_fn(|t| {
+                let d4 = _mm_mul_ps(dw, dx[t][i]);
+                _mm256_set_m128(d4, d4)
+            });
+            for k in 0..4 {
+                let wq = ld256(&a[k], 2);
+                let aw = _mm256_sign_epi8(wq, wq);
+                for t in 0..T {
+                    let d = match k {
+                        0 => _mm256_permute_ps::<0x00>(d8[t]),
+                        1 => _mm256_permute_ps::<0x55>(d8[t]),
+                        2 => _mm256_permute_ps::<0xaa>(d8[t]),
+                        _ => _mm256_permute_ps::<0xff>(d8[t]),
+                    };
+                    let sy = _mm256_sign_epi8(ld256(&xb[t][4 * i + k], 2), wq);
+                    let q = _mm256_madd_epi16(_mm256_maddubs_epi16(aw, sy), _mm256_set1_epi16(1));
+                    acc[t] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(q), acc[t]);
+                }
+            }
+        }
+        for t in 0..T {
+            outs[t][r] = hsum_ps(acc[t]);
+        }
+    }
+}
+
+/// [`q4k_core`] for `T` activations, the nibbles decoded once.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn q4k_core_t<const T: usize>(
+    a: &[u8; Q4_K_BYTES],
+    ys: [&[u8; Q8_K_BYTES]; T],
+    sc: __m256i,
+) -> [__m256i; T] {
+    let m4 = _mm256_set1_epi8(0xf);
+    let scale_pairs = [
+        _mm256_shuffle_epi32::<0x00>(sc),
+        _mm256_shuffle_epi32::<0x55>(sc),
+        _mm256_shuffle_epi32::<0xaa>(sc),
+        _mm256_shuffle_epi32::<0xff>(sc),
+    ];
+    let mut sumi = [_mm256_setzero_si256(); T];
+    for (j, sj) in scale_pairs.into_iter().enumerate() {
+        let bits = ld256(a, 16 + 32 * j);
+        let lo = _mm256_and_si256(bits, m4);
+        let hi = _mm256_and_si256(_mm256_srli_epi16::<4>(bits), m4);
+        for t in 0..T {
+            let pl = _mm256_maddubs_epi16(lo, ld256(ys[t], 4 + 64 * j));
+            let ph = _mm256_maddubs_epi16(hi, ld256(ys[t], 4 + 64 * j + 32));
+            let p = _mm256_add_epi16(_mm256_unpacklo_epi16(pl, ph), _mm256_unpackhi_epi16(pl, ph));
+            sumi[t] = _mm256_add_epi32(sumi[t], _mm256_madd_epi16(p, sj));
+        }
+    }
+    sumi
+}
+
+/// `Q4_K`: per two-block step, scales and nibbles decoded once; per activation
+/// the integers and the two FMA chains of [`dot_q4_k_pairs`].
+#[target_feature(enable = "avx2,fma,f16c")]
+fn multi_q4_k_t<const T: usize>(w: &[u8], row_bytes: usize, xs: &[&[u8]], outs: &mut [&mut [f32]]) {
+    let xb: [&[[u8; Q8_K_BYTES]]; T] = std::array::from_fn(|t| xs[t].as_chunks::<Q8_K_BYTES>().0);
+    let nb = xb[0].len();
+    if nb > MAX_PRE_BLOCKS || !nb.is_multiple_of(2) {
+        for (x, o) in xs.iter().zip(outs.iter_mut()) {
+            rows_q4_k(w, row_bytes, x, o);
+        }
+        return;
+    }
+    let mut pairs = [[_mm256_setzero_si256(); MAX_PRE_BLOCKS / 2]; T];
+    for (t, pt) in pairs.iter_mut().enumerate() {
+        for (i, p) in pt.iter_mut().enumerate().take(nb / 2) {
+            *p = q8k_pair_sums2(xb[t], i);
+        }
+    }
+    let zero = _mm256_setzero_si256();
+    let perm = _mm256_setr_epi32(0, 1, 4, 5, 2, 3, 6, 7);
+    for (r, row) in w.chunks_exact(row_bytes).enumerate() {
+        let (wb, _) = row.as_chunks::<Q4_K_BYTES>();
+        let (mut acc, mut accm) = ([0f32; T], [0f32; T]);
+        for (i, a) in wb.chunks_exact(2).enumerate() {
+            let (a0, a1) = (&a[0], &a[1]);
+            prefetch_ahead::<{ 2 * Q4_K_BYTES }>(a0.as_ptr());
+            let sm = k4_scales_mins2(a0, a1, 4);
+            let sc = _mm256_unpacklo_epi8(sm, zero);
+            let mn = _mm256_unpackhi_epi8(sm, zero);
+            let s0 = q4k_core_t::<T>(
+                a0,
+                std::array::from_fn(|t| &xb[t][2 * i]),
+                _mm256_permute2x128_si256::<0x00>(sc, sc),
+            );
+            let s1 = q4k_core_t::<T>(
+                a1,
+                std::array::from_fn(|t| &xb[t][2 * i + 1]),
+                _mm256_permute2x128_si256::<0x11>(sc, sc),
+            );
+            let (d0, m0) = f16x2_at(a0, 0);
+            let (d1, m1) = f16x2_at(a1, 0);
+            for t in 0..T {
+                let mins = _mm256_madd_epi16(mn, pairs[t][i]);
+                let m = _mm256_permutevar8x32_epi32(mins, perm);
+                let h = _mm256_hadd_epi32(_mm256_hadd_epi32(s0[t], s1[t]), m);
+                let v = _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256::<1>(h));
+                let (isum0, isum1) = (_mm_cvtsi128_si32(v), _mm_extract_epi32::<1>(v));
+                let (imin0, imin1) = (_mm_extract_epi32::<2>(v), _mm_extract_epi32::<3>(v));
+                let (dy0, dy1) = (f32_at(&xb[t][2 * i], 0), f32_at(&xb[t][2 * i + 1], 0));
+                acc[t] = (isum0 as f32).mul_add(d0 * dy0, acc[t]);
+                accm[t] = (imin0 as f32).mul_add(m0 * dy0, accm[t]);
+                acc[t] = (isum1 as f32).mul_add(d1 * dy1, acc[t]);
+                accm[t] = (imin1 as f32).mul_add(m1 * dy1, accm[t]);
+            }
+        }
+        for t in 0..T {
+            outs[t][r] = acc[t] - accm[t];
+        }
+    }
+}
+
+/// `Q6_K`: per half block the 6-bit quants and group scales decoded once; per
+/// activation the lanes and FMAs of [`q6k_block`] / [`dot_q6_k`].
+#[target_feature(enable = "avx2,fma,f16c")]
+fn multi_q6_k_t<const T: usize>(w: &[u8], row_bytes: usize, xs: &[&[u8]], outs: &mut [&mut [f32]]) {
+    let xb: [&[[u8; Q8_K_BYTES]]; T] = std::array::from_fn(|t| xs[t].as_chunks::<Q8_K_BYTES>().0);
+    let m4 = _mm256_set1_epi8(0xf);
+    let m30 = _mm256_set1_epi8(0x30);
+    for (r, row) in w.chunks_exact(row_bytes).enumerate() {
+        let (wb, _) = row.as_chunks::<Q6_K_BYTES>();
+        let mut acc = [_mm256_setzero_ps(); T];
+        for (b, a) in wb.iter().enumerate() {
+            let scales = ld128(a, 192);
+            let s16 = _mm256_cvtepi8_epi16(scales);
+            let s16_lo = _mm256_permute2x128_si256::<0x00>(s16, s16);
+            let s16_hi = _mm256_permute2x128_si256::<0x11>(s16, s16);
+            let group_scales = |g: usize| {
+                let (lo, hi) = ((4 * (g % 4)) as i8, (4 * (g % 4) + 2) as i8);
+                let idx = _mm256_setr_epi8(
+                    lo,
+                    lo + 1,
+                    lo,
+                    lo + 1,
+                    lo,
+                    lo + 1,
+                    lo,
+                    lo + 1,
+                    lo,
+                    lo + 1,
+                    lo,
+                    lo + 1,
+                    lo,
+                    lo + 1,
+                    lo,
+                    lo + 1,
+                    hi,
+                    hi + 1,
+                    hi,
+                    hi + 1,
+                    hi,
+                    hi + 1,
+                    hi,
+                    hi + 1,
+                    hi,
+                    hi + 1,
+                    hi,
+                    hi + 1,
+                    hi,
+                    hi + 1,
+                    hi,
+                    hi + 1,
+                );
+                _mm256_shuffle_epi8(if g < 4 { s16_lo } else { s16_hi }, idx)
+            };
+            let mut sumi = [_mm256_setzero_si256(); T];
+            for h in 0..2 {
+                let l0 = ld256(a, 64 * h);
+                let l1 = ld256(a, 64 * h + 32);
+                let qh = ld256(a, 128 + 32 * h);
+                let q = [
+                    _mm256_or_si256(
+                        _mm256_and_si256(l0, m4),
+                        _mm256_and_si256(_mm256_slli_epi16::<4>(qh), m30),
+                    ),
+                    _mm256_or_si256(
+                        _mm256_and_si256(l1, m4),
+                        _mm256_and_si256(_mm256_slli_epi16::<2>(qh), m30),
+                    ),
+                    _mm256_or_si256(
+                        _mm256_and_si256(_mm256_srli_epi16::<4>(l0), m4),
+                        _mm256_and_si256(qh, m30),
+                    ),
+                    _mm256_or_si256(
+                        _mm256_and_si256(_mm256_srli_epi16::<4>(l1), m4),
+                        _mm256_and_si256(_mm256_srli_epi16::<2>(qh), m30),
+                    ),
+                ];
+                let gs = [
+                    group_scales(4 * h),
+                    group_scales(4 * h + 1),
+                    group_scales(4 * h + 2),
+                    group_scales(4 * h + 3),
+                ];
+                let base = 4 + 128 * h;
+                for t in 0..T {
+                    let y = &xb[t][b];
+                    let p = |k: usize| {
+                        _mm256_madd_epi16(
+                            gs[k],
+                            _mm256_maddubs_epi16(q[k], ld256(y, base + 32 * k)),
+                        )
+                    };
+                    let (p0, p1, p2, p3) = (p(0), p(1), p(2), p(3));
+                    sumi[t] = _mm256_add_epi32(sumi[t], _mm256_add_epi32(p0, p1));
+                    sumi[t] = _mm256_add_epi32(sumi[t], _mm256_add_epi32(p2, p3));
+                }
+            }
+            let dw = f16_at(a, 208);
+            for t in 0..T {
+                let y = &xb[t][b];
+                let bias = _mm256_slli_epi32::<5>(_mm256_madd_epi16(s16, ld256(y, 260)));
+                let d = f32_at(y, 0) * dw;
+                acc[t] = _mm256_fmadd_ps(
+                    _mm256_set1_ps(d),
+                    _mm256_cvtepi32_ps(_mm256_sub_epi32(sumi[t], bias)),
+                    acc[t],
+                );
+            }
+        }
+        for t in 0..T {
+            outs[t][r] = hsum_ps(acc[t]);
+        }
+    }
+}
+
+macro_rules! multi_entry {
+    ($f:ident) => {{
+        fn multi(w: &[u8], row_bytes: usize, xs: &[&[u8]], outs: &mut [&mut [f32]]) {
+            // SAFETY: handed out by `multi_kernel` only after `available()` confirmed
+            // AVX2, FMA and F16C on this CPU.
+            unsafe {
+                match xs.len() {
+                    1 => $f::<1>(w, row_bytes, xs, outs),
+                    2 => $f::<2>(w, row_bytes, xs, outs),
+                    3 => $f::<3>(w, row_bytes, xs, outs),
+                    _ => $f::<4>(w, row_bytes, xs, outs),
+                }
+            }
+        }
+        multi as super::MultiFn
+    }};
+}
+
+/// The multi-activation kernel for `ty` (1 to [`MAX_MULTI`] activations per call),
+/// if there is one. Callers must have checked [`available`].
+pub(super) fn multi_kernel(ty: GgmlType) -> Option<super::MultiFn> {
+    if !available() {
+        return None;
+    }
+    match ty {
+        GgmlType::Q8_0 => Some(multi_entry!(multi_q8_0_t)),
+        GgmlType::Q4_K => Some(multi_entry!(multi_q4_k_t)),
+        GgmlType::Q6_K => Some(multi_entry!(multi_q6_k_t)),
+        _ => None,
+    }
 }

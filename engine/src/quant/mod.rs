@@ -613,6 +613,10 @@ pub(crate) type VecDotFn = fn(n: usize, w: &[u8], x: &[u8]) -> f32;
 /// one row of the `vec_dot_type`.
 pub(crate) type MatVecFn = fn(w: &[u8], row_bytes: usize, cols: usize, x: &[u8], out: &mut [f32]);
 
+/// Rows of `w` (row stride `row_bytes`) dotted with 1 to 4 activations: `outs[t][i]`
+/// for row `i` and activation `xs[t]`; every `outs[t]` has one element per row.
+pub(crate) type MultiFn = fn(w: &[u8], row_bytes: usize, xs: &[&[u8]], outs: &mut [&mut [f32]]);
+
 /// A row quantizer: `src.len()` floats into exactly one row of bytes.
 pub(crate) type QuantizeFn = fn(src: &[f32], dst: &mut [u8]);
 
@@ -850,6 +854,58 @@ pub fn try_matvec(
     }
     (k.matvec)(&w[rows.start * rb..rows.end * rb], rb, cols, xq, out);
     Ok(())
+}
+
+/// Several activations against the same rows: for every `t`,
+/// `outs[t][i] = dot(row rows.start + i of w, xs[t])`, each `xs[t]` quantized with
+/// [`quantize_activation`]. Every output is bit-identical to [`matvec`] with `xs[t]` (the
+/// same operations per element); where a multi-activation kernel exists (AVX2 `Q8_0`,
+/// `Q4_K`, `Q6_K`) each weight block is decoded once for up to four activations, which
+/// is what prompt processing gains. Allocation-free and single-threaded.
+///
+/// # Panics
+/// On an unsupported type or inconsistent lengths, like [`matvec`].
+pub fn matvec_multi(
+    ty: GgmlType,
+    w: &[u8],
+    rows: Range<usize>,
+    cols: usize,
+    xs: &[&[u8]],
+    outs: &mut [&mut [f32]],
+) {
+    assert_eq!(
+        xs.len(),
+        outs.len(),
+        "matvec_multi: {} activations but {} outputs",
+        xs.len(),
+        outs.len()
+    );
+    let mut rb = 0;
+    for (x, o) in xs.iter().zip(outs.iter()) {
+        match check_matvec(ty, w, &rows, cols, x, o) {
+            Ok((r, _)) => rb = r,
+            Err(e) => panic!("matvec_multi: {e}"),
+        }
+    }
+    let multi = match table().backend {
+        #[cfg(target_arch = "x86_64")]
+        Backend::Avx2 => avx2::multi_kernel(ty),
+        _ => None,
+    };
+    let (Some(multi), true) = (multi, rows.end > rows.start && cols > 0) else {
+        for (x, o) in xs.iter().zip(outs.iter_mut()) {
+            matvec(ty, w, rows.clone(), cols, x, o);
+        }
+        return;
+    };
+    let w = &w[rows.start * rb..rows.end * rb];
+    #[cfg(target_arch = "x86_64")]
+    let group = avx2::MAX_MULTI;
+    #[cfg(not(target_arch = "x86_64"))]
+    let group = 1;
+    for (xg, og) in xs.chunks(group).zip(outs.chunks_mut(group)) {
+        multi(w, rb, xg, og);
+    }
 }
 
 /// [`try_matvec`] on a specific backend (for tests and benchmarks).

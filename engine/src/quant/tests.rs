@@ -1408,7 +1408,10 @@ fn k4_elem(ty: GgmlType, b: &[u8], e: usize) -> (i32, i32, i32) {
     let (sc, m) = if j < 4 {
         (s[j] & 63, s[j + 4] & 63)
     } else {
-        ((s[j + 4] & 0xf) | ((s[j - 4] >> 6) << 4), (s[j + 4] >> 4) | ((s[j] >> 6) << 4))
+        (
+            (s[j + 4] & 0xf) | ((s[j - 4] >> 6) << 4),
+            (s[j + 4] >> 4) | ((s[j] >> 6) << 4),
+        )
     };
     (q as i32, sc as i32, m as i32)
 }
@@ -1432,7 +1435,9 @@ fn ggml_order_dot(ty: GgmlType, w: &[u8], x: &[u8], n: usize) -> f32 {
             for (a, b) in w.chunks_exact(ts).zip(x.chunks_exact(xs)) {
                 let d = h(a, 0) * h(b, 0);
                 for (l, al) in acc.iter_mut().enumerate() {
-                    let s: i32 = (4 * l..4 * l + 4).map(|e| i8at(a, 2 + e) * i8at(b, 2 + e)).sum();
+                    let s: i32 = (4 * l..4 * l + 4)
+                        .map(|e| i8at(a, 2 + e) * i8at(b, 2 + e))
+                        .sum();
                     *al = d.mul_add(s as f32, *al);
                 }
             }
@@ -1503,7 +1508,8 @@ fn ggml_order_dot(ty: GgmlType, w: &[u8], x: &[u8], n: usize) -> f32 {
                             s += sc(e / 16) * qu(e) * i8at(y, 4 + e);
                         }
                     }
-                    s -= 32 * (q8k_bsum(y, 2 * l) * sc(2 * l) + q8k_bsum(y, 2 * l + 1) * sc(2 * l + 1));
+                    s -= 32
+                        * (q8k_bsum(y, 2 * l) * sc(2 * l) + q8k_bsum(y, 2 * l + 1) * sc(2 * l + 1));
                     *al = d.mul_add(s as f32, *al);
                 }
             }
@@ -1530,7 +1536,9 @@ fn ggml_order_dot(ty: GgmlType, w: &[u8], x: &[u8], n: usize) -> f32 {
                     }
                 }
             }
-            let s: Vec<f32> = (0..16).map(|l| (acc[0][l] + acc[2][l]) + (acc[1][l] + acc[3][l])).collect();
+            let s: Vec<f32> = (0..16)
+                .map(|l| (acc[0][l] + acc[2][l]) + (acc[1][l] + acc[3][l]))
+                .collect();
             let red = if wide {
                 let t: [f32; 8] = std::array::from_fn(|l| s[l + 8] + s[l]);
                 ggml_hsum8(&t)
@@ -1541,7 +1549,9 @@ fn ggml_order_dot(ty: GgmlType, w: &[u8], x: &[u8], n: usize) -> f32 {
             if ty == F32 {
                 (np..n).fold(red, |acc, k| val(w, k).mul_add(val(x, k), acc))
             } else {
-                (np..n).fold(f64::from(red), |acc, k| acc + f64::from(val(w, k) * val(x, k))) as f32
+                (np..n).fold(f64::from(red), |acc, k| {
+                    acc + f64::from(val(w, k) * val(x, k))
+                }) as f32
             }
         }
         _ => unreachable!("no ggml-order model for {ty}"),
@@ -1556,13 +1566,26 @@ fn avx2_kernels_follow_ggml_float_order_bit_for_bit() {
         return;
     }
     let mut rng = Rng::new(11);
-    for ty in [GgmlType::Q8_0, GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K, GgmlType::F32, GgmlType::F16] {
+    for ty in [
+        GgmlType::Q8_0,
+        GgmlType::Q4_K,
+        GgmlType::Q5_K,
+        GgmlType::Q6_K,
+        GgmlType::F32,
+        GgmlType::F16,
+    ] {
         // Block counts: odd, even, above the row loops' precomputation limits.
         for cols in [256, 768, 1024, 2048, 4352, 17408] {
-            let cols = if ty.block_size() == 1 { cols + 37 } else { cols };
+            let cols = if ty.block_size() == 1 {
+                cols + 37
+            } else {
+                cols
+            };
             let rows = 19;
             let rb = ty.row_bytes(cols).unwrap();
-            let w: Vec<u8> = (0..rows).flat_map(|_| random_row(ty, cols, &mut rng)).collect();
+            let w: Vec<u8> = (0..rows)
+                .flat_map(|_| random_row(ty, cols, &mut rng))
+                .collect();
             let x = random_row(ty.vec_dot_type(), cols, &mut rng);
             let mut out = vec![f32::NAN; rows];
             matvec_on(Backend::Avx2, ty, &w, 0..rows, cols, &x, &mut out).unwrap();
@@ -1570,8 +1593,52 @@ fn avx2_kernels_follow_ggml_float_order_bit_for_bit() {
                 let row = &w[r * rb..(r + 1) * rb];
                 let want = ggml_order_dot(ty, row, &x, cols);
                 let one = vec_dot_on(Backend::Avx2, ty, cols, row, &x).unwrap();
-                assert_eq!(o.to_bits(), want.to_bits(), "{ty} {cols} cols row {r}: matvec {o} vs ggml order {want}");
-                assert_eq!(one.to_bits(), want.to_bits(), "{ty} {cols} cols row {r}: vec_dot {one} vs ggml order {want}");
+                assert_eq!(
+                    o.to_bits(),
+                    want.to_bits(),
+                    "{ty} {cols} cols row {r}: matvec {o} vs ggml order {want}"
+                );
+                assert_eq!(
+                    one.to_bits(),
+                    want.to_bits(),
+                    "{ty} {cols} cols row {r}: vec_dot {one} vs ggml order {want}"
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn matvec_multi_is_bit_identical_to_matvec() {
+    let mut rng = Rng::new(12);
+    for ty in WEIGHT_TYPES {
+        if ty == GgmlType::Q8_1 {
+            continue; // activation-only type
+        }
+        for cols in [256, 512, 1024, 17408] {
+            let rows = 13;
+            let w: Vec<u8> = (0..rows)
+                .flat_map(|_| random_row(ty, cols, &mut rng))
+                .collect();
+            for n_act in [1, 3, 4, 6] {
+                let xs: Vec<Vec<u8>> = (0..n_act)
+                    .map(|_| random_row(ty.vec_dot_type(), cols, &mut rng))
+                    .collect();
+                let xr: Vec<&[u8]> = xs.iter().map(Vec::as_slice).collect();
+                let mut outs = vec![vec![f32::NAN; 11]; n_act];
+                let mut or: Vec<&mut [f32]> = outs.iter_mut().map(Vec::as_mut_slice).collect();
+                matvec_multi(ty, &w, 2..13, cols, &xr, &mut or);
+                for (t, x) in xs.iter().enumerate() {
+                    let mut one = vec![f32::NAN; 11];
+                    matvec(ty, &w, 2..13, cols, x, &mut one);
+                    for (i, (a, b)) in outs[t].iter().zip(&one).enumerate() {
+                        assert_eq!(
+                            a.to_bits(),
+                            b.to_bits(),
+                            "{ty} {cols} cols, {n_act} activations, t {t} row {i}: {a} vs {b}"
+                        );
+                    }
+                }
             }
         }
     }
