@@ -16,9 +16,10 @@
 //! multiply-adds GCC makes of `rotate_pairs`; attention is [`crate::attention`] (ggml's flash
 //! attention over the f16 cache, including its split of long KV views across threads); the
 //! router softmax uses ggml's vector `exp` and horizontal sums (`vmath`); the expert outputs
-//! are weighted and added in top-k order. Batched prompt steps use the same per-row kernels,
-//! where llama.cpp switches to GEMM kernels (llamafile sgemm, repacked GEMM, tiled flash
-//! attention) that round differently.
+//! are weighted and added in top-k order. Batched prompt steps compute every element with the
+//! one-token operations (`quant::matvec_multi`), so they give the same bits as token-by-token
+//! steps (below 256 positions; beyond, single-token steps split attention like llama.cpp);
+//! llama.cpp's batched path switches to GEMM kernels and a tiled flash attention instead.
 //!
 //! Weights are referenced by byte ranges of the file ([`Weight::range`]) and read through
 //! [`Model::bytes`], so a placement policy can later serve dense ranges from another buffer.
