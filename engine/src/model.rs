@@ -29,7 +29,6 @@
 use std::ops::Range;
 use std::path::Path;
 
-
 use crate::attention::{self, AttnSplit, LayerKv};
 use crate::gguf::{Gguf, GgufError, TensorInfo};
 use crate::pool::Pool;
@@ -335,8 +334,9 @@ pub const MAX_BATCH: usize = 256;
 /// (the layout of the parity runner's `PARITY_DUMP`, for a tensor-by-tensor comparison).
 fn dump(name: &str, v: &[f32]) {
     use std::sync::atomic::Ordering;
-    if let Some(dir) = std::env::var_os("ENGINE_DUMP_DIR") {
-        let dir = std::path::Path::new(&dir).join(format!("step-{:04}", DUMP_STEP.load(Ordering::Relaxed)));
+    static DIR: std::sync::OnceLock<Option<std::ffi::OsString>> = std::sync::OnceLock::new();
+    if let Some(dir) = DIR.get_or_init(|| std::env::var_os("ENGINE_DUMP_DIR")) {
+        let dir = std::path::Path::new(dir).join(format!("step-{:04}", DUMP_STEP.load(Ordering::Relaxed)));
         let _ = std::fs::create_dir_all(&dir);
         let bytes: Vec<u8> = v.iter().flat_map(|x| x.to_le_bytes()).collect();
         let _ = std::fs::write(dir.join(format!("{name}.bin")), bytes);
