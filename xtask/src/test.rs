@@ -1,6 +1,6 @@
 //! `cargo xtask test`: setup, build every binary in release mode, run every
 //! test of the workspace in release mode, say how many ran, then run
-//! `cargo xtask parity` (the engine against llama.cpp; about 35 s once llama.cpp
+//! `cargo xtask parity` (the engine against llama.cpp; under a minute once llama.cpp
 //! is built in the cache, about 12 minutes on 2 cores the first time).
 //!
 //! Tests run in release so the binaries they drive (observer, engine, workload)
