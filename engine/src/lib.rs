@@ -15,6 +15,7 @@
 //! `rec` the 152-byte `repr(C)` record v1 (magic `0x4B4F544D`, `u64::MAX` / negative = not
 //! measured) whose field-by-field layout table is in [`markers`].
 
+pub mod attention;
 pub mod gguf;
 pub mod inspect;
 pub mod markers;

@@ -6,13 +6,20 @@
 //! experts of `softmax(router·m)`, the k weights renormalised to sum 1. Finally
 //! `logits = Wout·rmsnorm(x)` (`Wout` = `token_embd` when `output.weight` is absent).
 //!
-//! Numerics follow llama.cpp's CPU backend so that greedy decoding agrees token for token:
-//! activations are quantized to the weight's `vec_dot_type` before every matrix product
-//! (`quant::quantize_activation`), the KV cache is f16, Q is rounded to f16 before `Q·K`, the
-//! attention probabilities are rounded to f16 before `P·V` (ggml's non-flash path), sums of
-//! squares and softmax denominators accumulate in f64, RoPE angles are built by repeated
-//! multiplication as in `ggml_rope_cache_init`, and the expert outputs are weighted and added
-//! in top-k order.
+//! Numerics reproduce llama.cpp's CPU backend (a native x86 build, default context: flash
+//! attention, F16 KV cache, repacked `Q4_K`) bit for bit when prompts are processed one token
+//! at a time, so that greedy decoding agrees token for token and the logits are identical
+//! (`cargo xtask parity`): activations are quantized to the weight's `vec_dot_type` before
+//! every matrix product (`quant::quantize_activation`) and the kernels sum in ggml's float
+//! order (`quant`); RMS norms sum squares in f64 and scale as `(x * s) * w`; RoPE angles are
+//! built by repeated multiplication as in `ggml_rope_cache_init` and rotated with the fused
+//! multiply-adds GCC makes of `rotate_pairs`; attention is [`crate::attention`] (ggml's flash
+//! attention over the f16 cache, including its split of long KV views across threads); the
+//! router softmax uses ggml's vector `exp` and horizontal sums (`vmath`); the expert outputs
+//! are weighted and added in top-k order. Batched prompt steps compute every element with the
+//! one-token operations (`quant::matvec_multi`), so they give the same bits as token-by-token
+//! steps (below 256 positions; beyond, single-token steps split attention like llama.cpp);
+//! llama.cpp's batched path switches to GEMM kernels and a tiled flash attention instead.
 //!
 //! Weights are referenced by byte ranges of the file ([`Weight::range`]) and read through
 //! [`Model::bytes`], which serves dense ranges from the placement's anonymous copy under
@@ -23,9 +30,7 @@
 use std::ops::Range;
 use std::path::Path;
 
-use half::f16;
-use half::slice::HalfFloatSliceExt;
-
+use crate::attention::{self, AttnSplit, LayerKv};
 use crate::gguf::{Gguf, GgufError, TensorInfo};
 use crate::placement::{DensePolicy, ExpertPolicy, Placement, PlacementError};
 use crate::pool::Pool;
@@ -304,13 +309,6 @@ impl<T> SharedMut<T> {
     }
 }
 
-/// Per-layer KV cache, f16 like llama.cpp's default cache type.
-#[derive(Debug, Default)]
-struct LayerKv {
-    k: Vec<f16>,
-    v: Vec<f16>,
-}
-
 struct MatJob<'a> {
     w: &'a Weight,
     range: Range<usize>,
@@ -353,8 +351,18 @@ impl std::fmt::Debug for Session<'_> {
 pub const MAX_BATCH: usize = 256;
 
 /// Debugging aid for parity work: with `ENGINE_DUMP` set, prints a summary of each named
-/// intermediate tensor (llama.cpp's names) and writes its values to `/tmp/engine-NAME.bin`.
+/// intermediate tensor (llama.cpp's names) and writes its values to `/tmp/engine-NAME.bin`;
+/// with `ENGINE_DUMP_DIR=DIR`, writes every forward pass's tensors to `DIR/step-NNNN/NAME.bin`
+/// (the layout of the parity runner's `PARITY_DUMP`, for a tensor-by-tensor comparison).
 fn dump(name: &str, v: &[f32]) {
+    use std::sync::atomic::Ordering;
+    static DIR: std::sync::OnceLock<Option<std::ffi::OsString>> = std::sync::OnceLock::new();
+    if let Some(dir) = DIR.get_or_init(|| std::env::var_os("ENGINE_DUMP_DIR")) {
+        let dir = std::path::Path::new(dir).join(format!("step-{:04}", DUMP_STEP.load(Ordering::Relaxed)));
+        let _ = std::fs::create_dir_all(&dir);
+        let bytes: Vec<u8> = v.iter().flat_map(|x| x.to_le_bytes()).collect();
+        let _ = std::fs::write(dir.join(format!("{name}.bin")), bytes);
+    }
     if std::env::var_os("ENGINE_DUMP").is_some() {
         let s: f64 = v.iter().map(|&x| f64::from(x)).sum();
         let a: f64 = v.iter().map(|&x| f64::from(x.abs())).sum();
@@ -364,6 +372,9 @@ fn dump(name: &str, v: &[f32]) {
     }
 }
 
+/// Forward passes so far in this process (the step number of [`dump`]).
+static DUMP_STEP: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
 fn rms_norm(x: &[f32], w: &[f32], eps: f32, out: &mut [f32]) {
     let sum: f64 = x.iter().map(|&v| f64::from(v * v)).sum();
     let mean = (sum / x.len() as f64) as f32;
@@ -371,25 +382,6 @@ fn rms_norm(x: &[f32], w: &[f32], eps: f32, out: &mut [f32]) {
     for ((o, &v), &g) in out.iter_mut().zip(x).zip(w) {
         *o = (v * scale) * g;
     }
-}
-
-
-/// f32 dot product with 8 independent accumulators (vectorizes; f32 accumulation like ggml's
-/// f16 dot on x86).
-fn dot_f32(a: &[f32], b: &[f32]) -> f32 {
-    let mut acc = [0f32; 8];
-    let (ca, cb) = (a.chunks_exact(8), b.chunks_exact(8));
-    let (ra, rb) = (ca.remainder(), cb.remainder());
-    for (x, y) in ca.zip(cb) {
-        for i in 0..8 {
-            acc[i] += x[i] * y[i];
-        }
-    }
-    let mut s = acc.iter().sum::<f32>();
-    for (x, y) in ra.iter().zip(rb) {
-        s += x * y;
-    }
-    s
 }
 
 
@@ -432,8 +424,7 @@ impl<'m> Session<'m> {
     pub fn reset(&mut self) {
         self.pos = 0;
         for l in &mut self.kv {
-            l.k.clear();
-            l.v.clear();
+            l.clear();
         }
     }
 
@@ -481,12 +472,14 @@ impl<'m> Session<'m> {
             let (j, r0, r1) = tasks[t];
             let job = &jobs[j];
             let bytes = self.model.bytes(job.range.clone());
-            for b in 0..batch {
+            let xs: Vec<&[u8]> = (0..batch).map(|b| &job.xq[b * job.xrow..(b + 1) * job.xrow]).collect();
+            let mut os: Vec<&mut [f32]> = (0..batch)
                 // SAFETY: task t writes only rows r0..r1 of job j's output for each token; the
                 // (job, row range) pairs of the tasks are disjoint.
-                let o = unsafe { outs[j].slice(b * job.rows + r0..b * job.rows + r1) };
-                quant::matvec(job.w.ty, bytes, r0..r1, job.w.cols, &job.xq[b * job.xrow..(b + 1) * job.xrow], o);
-            }
+                .map(|b| unsafe { outs[j].slice(b * job.rows + r0..b * job.rows + r1) })
+                .collect();
+            // One pass over the rows for all tokens (bit-identical to one matvec per token).
+            quant::matvec_multi(job.w.ty, bytes, r0..r1, job.w.cols, &xs, &mut os);
         };
         let total_rows: usize = jobs.iter().map(|j| j.rows).sum();
         if total_rows * batch < 128 {
@@ -576,8 +569,11 @@ impl<'m> Session<'m> {
                 for i in 0..half {
                     let (x0, x1) = (h[i], h[i + half]);
                     let (cos, sin) = (cs[2 * i], cs[2 * i + 1]);
-                    tmp[i] = x0 * cos - x1 * sin;
-                    tmp[i + half] = x0 * sin + x1 * cos;
+                    // ggml's `rotate_pairs`, `x0*cos - x1*sin` and `x0*sin + x1*cos`, as GCC
+                    // compiles it for a native build (floating-point contraction is on in GNU
+                    // C++ mode): the first product of each is fused with the addition.
+                    tmp[i] = x0.mul_add(cos, -(x1 * sin));
+                    tmp[i + half] = x0.mul_add(sin, x1 * cos);
                 }
                 h.copy_from_slice(&tmp[..hd]);
             };
@@ -587,8 +583,6 @@ impl<'m> Session<'m> {
                     tmp2.copy_from_slice(h);
                     rms_norm(&tmp2, &layer.q_norm, c.rms_eps, h);
                     rope_head(h, cs, &mut tmp);
-                    // The non-flash attention path multiplies f16 K by Q converted to f16.
-                    h.iter_mut().for_each(|x| *x = f16::from_f32(*x).to_f32());
                 }
                 for h in k[b * kv_dim..(b + 1) * kv_dim].chunks_mut(hd) {
                     tmp2.copy_from_slice(h);
@@ -600,39 +594,28 @@ impl<'m> Session<'m> {
             dump(&format!("Qcur-{il}"), &q);
             dump(&format!("Kcur-{il}"), &k);
             dump(&format!("Vcur-{il}"), &v);
-            kv.k.extend(k.iter().map(|&x| f16::from_f32(x)));
-            kv.v.extend(v.iter().map(|&x| f16::from_f32(x)));
+            for b in 0..bsz {
+                kv.push(&k[b * kv_dim..(b + 1) * kv_dim], &v[b * kv_dim..(b + 1) * kv_dim]);
+            }
             let kv = &self.kv[il];
 
-            // Attention: one task per (token, head).
+            // Attention (llama.cpp's CPU flash attention, see `attention`): one task per
+            // (token, head).
             {
                 let attn_p = SharedMut::new(&mut attn);
                 let q = &q;
+                let nth = self.pool.threads();
                 self.pool.run(bsz * c.n_head, &|t| {
                     let (b, h) = (t / c.n_head, t % c.n_head);
-                    let kvh = h / group;
-                    let n_kv = pos0 + b + 1;
+                    let n_vis = pos0 + b + 1;
+                    let mut q16 = vec![0u8; 2 * hd];
                     let qh = &q[b * q_dim + h * hd..b * q_dim + (h + 1) * hd];
-                    let mut row = vec![0f32; hd];
-                    let mut scores = vec![0f32; n_kv];
-                    for (j, s) in scores.iter_mut().enumerate() {
-                        let kr = &kv.k[j * kv_dim + kvh * hd..j * kv_dim + (kvh + 1) * hd];
-                        kr.convert_to_f32_slice(&mut row);
-                        let dot = dot_f32(qh, &row);
-                        *s = dot * kq_scale;
-                    }
-                    vmath::softmax(&mut scores, true);
+                    quant::quantize_row(GgmlType::F16, qh, &mut q16).expect("f16 row of head_dim");
+                    // ggml splits the KV cells across threads only for single-token batches.
+                    let split = if bsz == 1 { AttnSplit::for_decode(n_vis - 1, nth) } else { None };
                     // SAFETY: task t alone writes head h of token b.
                     let o = unsafe { attn_p.slice(b * q_dim + h * hd..b * q_dim + (h + 1) * hd) };
-                    o.fill(0.0);
-                    for (j, &p) in scores.iter().enumerate() {
-                        let p = f16::from_f32(p).to_f32();
-                        let vr = &kv.v[j * kv_dim + kvh * hd..j * kv_dim + (kvh + 1) * hd];
-                        vr.convert_to_f32_slice(&mut row);
-                        for (oo, &vv) in o.iter_mut().zip(&row) {
-                            *oo += p * vv;
-                        }
-                    }
+                    attention::attend(&q16, &kv.k, &kv.v, kv_dim, h / group, n_vis, kq_scale, split, o);
                 });
             }
             let xrow = Self::quantize_batch(layer.wo.ty, &attn, q_dim, &mut xq)?;
@@ -708,18 +691,22 @@ impl<'m> Session<'m> {
                     let r1 = (r0 + chunk).min(n_ff);
                     let gw = m.bytes(layer.gate_exps.expert_range(*e));
                     let uw = m.bytes(layer.up_exps.expert_range(*e));
-                    let mut g = vec![0f32; r1 - r0];
-                    let mut u = vec![0f32; r1 - r0];
-                    for &s in slots {
-                        let b = s / n_used;
-                        let xg = &xq[b * grow..(b + 1) * grow];
-                        let xu = if urow == 0 { xg } else { &xq_up[b * urow..(b + 1) * urow] };
-                        quant::matvec(gty, gw, r0..r1, d, xg, &mut g);
-                        quant::matvec(uty, uw, r0..r1, d, xu, &mut u);
+                    let n = r1 - r0;
+                    let mut g = vec![0f32; slots.len() * n];
+                    let mut u = vec![0f32; slots.len() * n];
+                    let xg: Vec<&[u8]> = slots.iter().map(|&s| &xq[s / n_used * grow..(s / n_used + 1) * grow]).collect();
+                    let xu: Vec<&[u8]> = if urow == 0 {
+                        xg.clone()
+                    } else {
+                        slots.iter().map(|&s| &xq_up[s / n_used * urow..(s / n_used + 1) * urow]).collect()
+                    };
+                    quant::matvec_multi(gty, gw, r0..r1, d, &xg, &mut g.chunks_mut(n).collect::<Vec<_>>());
+                    quant::matvec_multi(uty, uw, r0..r1, d, &xu, &mut u.chunks_mut(n).collect::<Vec<_>>());
+                    for (k, &s) in slots.iter().enumerate() {
                         // SAFETY: slot s belongs to exactly one expert and rows r0..r1 to one
                         // task of that expert.
                         let h = unsafe { h_p.slice(s * n_ff + r0..s * n_ff + r1) };
-                        vmath::swiglu(&g, &u, h);
+                        vmath::swiglu(&g[k * n..(k + 1) * n], &u[k * n..(k + 1) * n], h);
                     }
                 });
             }
@@ -737,11 +724,13 @@ impl<'m> Session<'m> {
                     let r0 = ci * chunk;
                     let r1 = (r0 + chunk).min(d);
                     let dw = m.bytes(layer.down_exps.expert_range(*e));
-                    for &s in slots {
+                    let xs: Vec<&[u8]> = slots.iter().map(|&s| &xq[s * hrow..(s + 1) * hrow]).collect();
+                    let mut os: Vec<&mut [f32]> = slots
+                        .iter()
                         // SAFETY: as above, (slot, row range) pairs are disjoint across tasks.
-                        let o = unsafe { down_p.slice(s * d + r0..s * d + r1) };
-                        quant::matvec(dty, dw, r0..r1, n_ff, &xq[s * hrow..(s + 1) * hrow], o);
-                    }
+                        .map(|&s| unsafe { down_p.slice(s * d + r0..s * d + r1) })
+                        .collect();
+                    quant::matvec_multi(dty, dw, r0..r1, n_ff, &xs, &mut os);
                 });
             }
             for b in 0..bsz {
@@ -779,6 +768,7 @@ impl<'m> Session<'m> {
         dump("result_output", &self.logits);
         self.times.output_ns += t_out.elapsed().as_nanos() as u64;
         self.pos += bsz;
+        DUMP_STEP.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         Ok(())
     }
 }

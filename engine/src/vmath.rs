@@ -40,7 +40,9 @@ pub fn exp_kind() -> ExpKind {
     *KIND.get_or_init(|| {
         #[cfg(target_arch = "x86_64")]
         {
-            if is_x86_feature_detected!("avx512f") && is_x86_feature_detected!("avx512dq") {
+            // ggml's AVX-512 `exp` needs __AVX512F__ and __AVX512DQ__; `ggml_avx512` also
+            // honours ENGINE_GGML_AVX512=0 (numerics of a build without AVX-512).
+            if crate::quant::ggml_avx512() && is_x86_feature_detected!("avx512dq") {
                 return ExpKind::Avx512;
             }
             if is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") {
@@ -121,18 +123,39 @@ fn softmax_exp_impl(kind: ExpKind, y: &mut [f32], max: f32, all_vector: bool) ->
     let full = if all_vector { y.len() } else { y.len() / lanes * lanes };
     let mut sum = 0f64;
     for chunk in y[..full].chunks_mut(lanes) {
-        let mut s = 0f32;
         for v in chunk.iter_mut() {
             *v = exp_lane(kind, *v - max);
-            s += *v;
         }
-        sum += f64::from(s);
+        sum += f64::from(hsum_tree(chunk));
     }
     for v in &mut y[full..] {
         *v = (*v - max).exp();
         sum += f64::from(*v);
     }
     sum
+}
+
+/// The horizontal sum of one vector as ggml's x86 code does it: a 16-lane AVX-512 vector with
+/// GCC's `_mm512_reduce_add_ps` (upper + lower 8 lanes, then as below), an 8-lane AVX2 vector
+/// with `hsum_float_8` (upper + lower 4 lanes, then lanes `(0+2) + (1+3)`); shorter chunks (a
+/// partial vector when `all_vector`, or the 1-lane libm kind) are treated as zero-padded.
+#[inline(always)]
+fn hsum_tree(v: &[f32]) -> f32 {
+    let mut l = [0f32; 16];
+    l[..v.len().min(16)].copy_from_slice(&v[..v.len().min(16)]);
+    if v.len() <= 1 {
+        return l[0];
+    }
+    let mut t = [0f32; 8];
+    if v.len() > 8 {
+        for i in 0..8 {
+            t[i] = l[i + 8] + l[i];
+        }
+    } else {
+        t.copy_from_slice(&l[..8]);
+    }
+    let q = [t[4] + t[0], t[5] + t[1], t[6] + t[2], t[7] + t[3]];
+    (q[0] + q[2]) + (q[1] + q[3])
 }
 
 #[inline(always)]

@@ -37,9 +37,11 @@ fn batched_prompt_matches_token_by_token() {
         let mut b = Session::new(&m, 1, 64);
         b.ubatch = 1;
         let lb = b.step(&ids).unwrap().to_vec();
-        let scale = lb.iter().fold(0f32, |s, v| s.max(v.abs()));
-        let err = la.iter().zip(&lb).fold(0f32, |s, (x, y)| s.max((x - y).abs())) / scale;
-        assert!(err < 2e-2, "{}: batched vs sequential logits differ by {err}", q.name());
+        // Bit-identical: the batched kernels do per token exactly what the one-token ones do,
+        // attention rows are independent, and below 256 positions the thread count does not
+        // enter the numerics (see `engine::attention`).
+        let differ = la.iter().zip(&lb).filter(|(x, y)| x.to_bits() != y.to_bits()).count();
+        assert_eq!(differ, 0, "{}: batched (2 threads) vs token by token (1 thread): {differ} logits differ", q.name());
         assert!(la.iter().all(|v| v.is_finite()));
         // Greedy continuation runs and stays in the vocabulary.
         let mut t = argmax(&la);

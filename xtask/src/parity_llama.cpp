@@ -6,8 +6,19 @@
 //   parity-llama generate MODEL THREADS N LOGITS PROMPT [UBATCH] -> {"prompt":[ids],"ids":[ids]}
 // UBATCH (default 256) is the number of prompt tokens per llama_decode call.
 // The logits that chose the last generated token are written to LOGITS (f32 little-endian).
-// Flash attention is off (the engine follows ggml's non-flash path); the KV cache is f16.
+//
+// Context: llama.cpp's defaults (F16 K and V cache, repacked weights), with flash attention set
+// explicitly ON. That is what the default `flash_attn_type = AUTO` resolves to on the CPU
+// backend (llama_context::resolve_fused_ops finds FLASH_ATTN_EXT supported on the layer's
+// device), what llama-bench measures (its default is also AUTO) and so what a user of llama.cpp
+// gets; setting it explicitly keeps the reference from changing if AUTO's resolution changes.
+// The engine reproduces this path (engine/src/attention.rs).
+//
+// Debugging aid: with PARITY_DUMP=DIR, every named tensor of every llama_decode call is written
+// as f32 to DIR/step-NNNN/NAME.bin (the engine writes the same layout with ENGINE_DUMP_DIR).
 #include "llama.h"
+#include "ggml.h"
+#include "ggml-backend.h"
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -17,6 +28,38 @@
 
 static void quiet(enum ggml_log_level level, const char * text, void *) {
     if (level == GGML_LOG_LEVEL_ERROR) fputs(text, stderr);
+}
+
+// PARITY_DUMP (see the header): the eval callback copies each named F32/F16 tensor out.
+static int g_step = 0;
+static const char * g_dump = nullptr;
+
+static bool dump_cb(struct ggml_tensor * t, bool ask, void *) {
+    if (ask) return t->name[0] != 0;
+    if (t->type != GGML_TYPE_F32 && t->type != GGML_TYPE_F16) return true;
+    const int64_t n = ggml_nelements(t);
+    std::vector<char> raw(ggml_nbytes(t));
+    ggml_backend_tensor_get(t, raw.data(), 0, raw.size());
+    std::vector<float> out;
+    out.reserve(n);
+    for (int64_t i3 = 0; i3 < t->ne[3]; i3++)
+    for (int64_t i2 = 0; i2 < t->ne[2]; i2++)
+    for (int64_t i1 = 0; i1 < t->ne[1]; i1++)
+    for (int64_t i0 = 0; i0 < t->ne[0]; i0++) {
+        const size_t off = i0*t->nb[0] + i1*t->nb[1] + i2*t->nb[2] + i3*t->nb[3];
+        if (off >= raw.size()) continue;
+        out.push_back(t->type == GGML_TYPE_F32 ? *(const float *)(raw.data() + off)
+                                               : ggml_fp16_to_fp32(*(const ggml_fp16_t *)(raw.data() + off)));
+    }
+    char dir[4096], path[4096 + 128];
+    snprintf(dir, sizeof dir, "%s/step-%04d", g_dump, g_step);
+    std::string mk = std::string("mkdir -p '") + dir + "'";
+    static int made = -1;
+    if (made != g_step) { if (system(mk.c_str()) != 0) return true; made = g_step; }
+    snprintf(path, sizeof path, "%s/%s.bin", dir, t->name);
+    FILE * f = fopen(path, "wb");
+    if (f) { fwrite(out.data(), sizeof(float), out.size(), f); fclose(f); }
+    return true;
 }
 
 static std::vector<llama_token> tokenize(const llama_vocab * vocab, const std::string & text) {
@@ -74,8 +117,10 @@ int main(int argc, char ** argv) {
     cp.n_ubatch = 256;
     cp.n_threads = threads;
     cp.n_threads_batch = threads;
-    cp.flash_attn_type = LLAMA_FLASH_ATTN_TYPE_DISABLED;
+    cp.flash_attn_type = LLAMA_FLASH_ATTN_TYPE_ENABLED;
     cp.no_perf = true;
+    g_dump = getenv("PARITY_DUMP");
+    if (g_dump) { cp.cb_eval = dump_cb; cp.cb_eval_user_data = nullptr; }
     llama_context * ctx = llama_init_from_model(model, cp);
     if (!ctx) { fprintf(stderr, "llama_init_from_model failed\n"); return 1; }
 
@@ -87,6 +132,7 @@ int main(int argc, char ** argv) {
         if (llama_decode(ctx, llama_batch_get_one(prompt.data() + i, n))) {
             fprintf(stderr, "llama_decode failed on the prompt\n"); return 1;
         }
+        g_step++;
     }
     for (int i = 0; i < n_gen; i++) {
         const float * logits = llama_get_logits_ith(ctx, -1);
@@ -97,6 +143,7 @@ int main(int argc, char ** argv) {
         if (i + 1 == n_gen) break;
         llama_token t = best;
         if (llama_decode(ctx, llama_batch_get_one(&t, 1))) { fprintf(stderr, "llama_decode failed\n"); return 1; }
+        g_step++;
     }
     FILE * f = fopen(logits_path, "wb");
     if (!f || fwrite(last.data(), sizeof(float), n_vocab, f) != (size_t) n_vocab) {

@@ -1,5 +1,7 @@
 //! `cargo xtask test`: setup, build every binary in release mode, run every
-//! test of the workspace in release mode, and say how many ran.
+//! test of the workspace in release mode, say how many ran, then run
+//! `cargo xtask parity` (the engine against llama.cpp; under a minute once llama.cpp
+//! is built in the cache, about 12 minutes on 2 cores the first time).
 //!
 //! Tests run in release so the binaries they drive (observer, engine, workload)
 //! are the ones a user runs, and so nothing is compiled twice.
@@ -11,7 +13,7 @@ use std::{
 
 use anyhow::{Context, Result, bail};
 
-use crate::{cache, cmd, setup};
+use crate::{cache, cmd, parity, setup};
 
 #[derive(Debug, Default)]
 struct Counts {
@@ -67,9 +69,19 @@ pub fn run(args: &[String]) -> Result<()> {
         "\nxtask test: {ran} tests ran in {} test binaries: {} passed, {} failed, {} ignored",
         counts.binaries, counts.passed, counts.failed, counts.ignored
     );
+    // Parity with llama.cpp is part of the suite (it needs no privileges and measures
+    // nothing about the machine); it runs even when a test failed, so both are reported.
+    let parity = if args.is_empty() {
+        eprintln!("+ cargo xtask parity");
+        parity::main(&[])
+    } else {
+        eprintln!("xtask test: arguments select tests, so parity with llama.cpp is not run (run `cargo xtask parity`)");
+        Ok(())
+    };
     if !status.success() || counts.failed > 0 {
-        bail!("test suite failed");
+        bail!("test suite failed{}", if parity.is_err() { "; parity with llama.cpp failed too" } else { "" });
     }
+    parity.context("parity with llama.cpp (cargo xtask parity)")?;
     if counts.ignored > 0 {
         bail!("{} tests are #[ignore]d: this project does not skip tests silently", counts.ignored);
     }

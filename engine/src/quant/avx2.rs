@@ -8,13 +8,17 @@
 //! unsigned by adding their bias (4, 32) and the bias is removed through the
 //! activation's `bsums`, which gives the same integer per super-block.
 //!
-//! Where ggml applies each sub-block scale with its own `vpmaddwd`, these kernels
-//! interleave the i16 products of two sub-blocks (`vpunpck{l,h}wd` + `vpaddw`,
-//! the ranges leave room) and apply both scales with one `vpmaddwd`. The `Q4_K`
-//! and `Q5_K` row loops also decode the scales of two blocks per step and
-//! precompute the activation's per-sub-block sums once per `matvec`; the
-//! `Q8_0`/`Q4_0` loops scale four blocks with one FMA. The kernels whose compute
-//! is closest to the memory bandwidth prefetch 4 KiB ahead.
+//! The float arithmetic of the `Q8_0`, `Q4_K`, `Q5_K`, `Q6_K`, `F32` and `F16`
+//! kernels is that of the kernel a native x86 llama.cpp build runs (see the
+//! module docs of `quant` and each kernel): where that needs an i32 lane layout
+//! (the 8 FMA lanes of `Q8_0`, `Q5_K`, `Q6_K`), each sub-block scale gets its own
+//! `vpmaddwd` as in ggml; `Q4_K` only needs whole-block integers, so its kernel
+//! interleaves the i16 products of two sub-blocks (`vpunpck{l,h}wd` + `vpaddw`,
+//! the ranges leave room), applies both scales with one `vpmaddwd`, decodes the
+//! scales of two blocks per step and precomputes the activation's per-sub-block
+//! sums once per `matvec`. `Q2_K`/`Q3_K` use the interleaving too (their order is
+//! not ggml's); the `Q4_0` loop scales four blocks with one FMA. The kernels whose
+//! compute is closest to the memory bandwidth prefetch 4 KiB ahead.
 //!
 //! `Q8_0`/`Q8_K` x `Q8_0`/`Q8_K` (and `Q4_0`) use ggml's sign trick
 //! (`|w| * sign(w) x`); like ggml's, it assumes activation quants are never
@@ -208,9 +212,65 @@ fn int_q4_0(a: &[u8; Q4_0_BYTES], b: &[u8; Q8_0_BYTES]) -> __m256i {
     dot_i8_i32(w, ld256(b, 2))
 }
 
-// Prefetching measured neutral to harmful for the fast Q8_0 kernel.
-q8_0_style_dot!(dot_q8_0, Q8_0_BYTES, int_q8_0, prefetch: false);
 q8_0_style_dot!(dot_q4_0, Q4_0_BYTES, int_q4_0, prefetch: true);
+
+/// `Q8_0 x Q8_0` in ggml's x86 order (`ggml_vec_dot_q8_0_q8_0`, AVX2 path): per
+/// block, the 8 lanes of 4-product integer sums are converted to `f32` and
+/// accumulated with one FMA by `d_w * d_x`; one horizontal sum at the end.
+/// `dx(i)` gives blocks `4i..4i+4`'s activation scales as f32; the weight
+/// scales of four blocks are converted together.
+// Prefetching measured neutral to harmful for the fast Q8_0 kernel.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn dot_q8_0_dx(w: &[u8], x: &[u8], dx: impl Fn(usize) -> __m128) -> f32 {
+    let (wb, _) = w.as_chunks::<Q8_0_BYTES>();
+    let (xb, _) = x.as_chunks::<Q8_0_BYTES>();
+    let mut acc = _mm256_setzero_ps();
+    let mut w4 = wb.chunks_exact(4);
+    let mut x4 = xb.chunks_exact(4);
+    for (i, (a, b)) in (&mut w4).zip(&mut x4).enumerate() {
+        let d4 = _mm_mul_ps(f16_of_4(a), dx(i));
+        let d = _mm256_set_m128(d4, d4);
+        let q = |k: usize| _mm256_cvtepi32_ps(int_q8_0(&a[k], &b[k]));
+        acc = _mm256_fmadd_ps(_mm256_permute_ps::<0x00>(d), q(0), acc);
+        acc = _mm256_fmadd_ps(_mm256_permute_ps::<0x55>(d), q(1), acc);
+        acc = _mm256_fmadd_ps(_mm256_permute_ps::<0xaa>(d), q(2), acc);
+        acc = _mm256_fmadd_ps(_mm256_permute_ps::<0xff>(d), q(3), acc);
+    }
+    for (a, b) in w4.remainder().iter().zip(x4.remainder()) {
+        let d = _mm256_set1_ps(f16_at(a, 0) * f16_at(b, 0));
+        acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(int_q8_0(a, b)), acc);
+    }
+    hsum_ps(acc)
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+fn dot_q8_0(w: &[u8], x: &[u8]) -> f32 {
+    let (xb, _) = x.as_chunks::<Q8_0_BYTES>();
+    dot_q8_0_dx(w, x, |i| f16_of_4(&xb[4 * i..4 * i + 4]))
+}
+
+/// Blocks up to which the `Q8_0` row loop converts the activation scales once
+/// (16384 columns).
+const MAX_PRE_BLOCKS_Q8: usize = 512;
+
+#[target_feature(enable = "avx2,fma,f16c")]
+fn rows_q8_0(w: &[u8], row_bytes: usize, x: &[u8], out: &mut [f32]) {
+    let (xb, _) = x.as_chunks::<Q8_0_BYTES>();
+    if xb.len() <= MAX_PRE_BLOCKS_Q8 {
+        let mut dx = [_mm_setzero_ps(); MAX_PRE_BLOCKS_Q8 / 4];
+        for (i, d) in dx.iter_mut().enumerate().take(xb.len() / 4) {
+            *d = f16_of_4(&xb[4 * i..4 * i + 4]);
+        }
+        for (row, o) in w.chunks_exact(row_bytes).zip(out.iter_mut()) {
+            *o = dot_q8_0_dx(row, x, |i| dx[i]);
+        }
+    } else {
+        for (row, o) in w.chunks_exact(row_bytes).zip(out.iter_mut()) {
+            *o = dot_q8_0(row, x);
+        }
+    }
+}
 
 /// `Q4_0` quants `q` (unsigned, without the `-8`) times the activation, as
 /// 8 x i32 lanes; the bias is removed with the activation's block sums.
@@ -397,168 +457,279 @@ fn q4k_core(a: &[u8; Q4_K_BYTES], y: &[u8; Q8_K_BYTES], sc: __m256i) -> __m256i 
     sumi
 }
 
-/// `acc += d * sumi - dmin * mins` for a K-quant block whose f16 `d`, `dmin`
-/// are at `off` in `a`, against activation scale `dy`.
+/// Horizontal sum of 4 x i32.
+#[inline]
+#[target_feature(enable = "avx2")]
+fn hsum_epi32_128(v: __m128i) -> i32 {
+    let s = _mm_add_epi32(v, _mm_unpackhi_epi64(v, v));
+    _mm_cvtsi128_si32(_mm_add_epi32(s, _mm_shuffle_epi32::<0b01>(s)))
+}
+
+/// `Q4_K x Q8_K` of one row in the float order of llama.cpp's repacked kernel
+/// (`ggml_gemv_q4_K_8x8_q8_K`, AVX2), which a native x86 build runs for every
+/// `Q4_K` matrix with a multiple of 8 rows: per super-block, the row's whole
+/// integer dot `isum = sum_j scale_j * dot_j` and minimum term
+/// `imin = sum_j min_j * bsum_j` (exact integers, any summation order), then two
+/// `f32` FMA chains `acc = fma(isum, d*dy, acc)`, `accm = fma(imin, dmin*dy, accm)`;
+/// the result is `acc - accm`. Two blocks per step share the scale decoding and
+/// the horizontal sums; `pairs[i]` holds blocks `2i` and `2i+1`'s activation pair
+/// sums (lane 0, lane 1).
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-fn k_accumulate<const N: usize>(
-    acc: __m256,
-    a: &[u8; N],
-    off: usize,
-    dy: f32,
-    sumi: __m256i,
-    mins: __m128i,
-) -> __m256 {
-    let dd = _mm_mul_ps(
-        _mm_cvtph_ps(_mm_cvtsi32_si128(ld_u32(a, off) as i32)),
-        _mm_set1_ps(dy),
-    );
-    let d = _mm256_broadcastss_ps(dd);
-    let dmin = _mm256_broadcastss_ps(_mm_movehdup_ps(dd));
-    let acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(sumi), acc);
-    _mm256_fnmadd_ps(dmin, _mm256_cvtepi32_ps(_mm256_zextsi128_si256(mins)), acc)
+fn dot_q4_k_pairs(w: &[u8], xb: &[[u8; Q8_K_BYTES]], pairs: impl Fn(usize) -> __m256i) -> f32 {
+    let (wb, _) = w.as_chunks::<Q4_K_BYTES>();
+    let zero = _mm256_setzero_si256();
+    let (mut acc, mut accm) = (0f32, 0f32);
+    let mut w2 = wb.chunks_exact(2);
+    let mut x2 = xb.chunks_exact(2);
+    for (i, (a, y)) in (&mut w2).zip(&mut x2).enumerate() {
+        let (a0, a1, y0, y1) = (&a[0], &a[1], &y[0], &y[1]);
+        prefetch_ahead::<{ 2 * Q4_K_BYTES }>(a0.as_ptr());
+        let sm = k4_scales_mins2(a0, a1, 4);
+        let sc = _mm256_unpacklo_epi8(sm, zero);
+        // Lane 0: block 0's four min products, lane 1: block 1's.
+        let mins = _mm256_madd_epi16(_mm256_unpackhi_epi8(sm, zero), pairs(i));
+        let s0 = q4k_core(a0, y0, _mm256_permute2x128_si256::<0x00>(sc, sc));
+        let s1 = q4k_core(a1, y1, _mm256_permute2x128_si256::<0x11>(sc, sc));
+        // [isum0, isum1, imin0, imin1] as the sums of the two 128-bit halves.
+        let m = _mm256_permutevar8x32_epi32(mins, _mm256_setr_epi32(0, 1, 4, 5, 2, 3, 6, 7));
+        let h = _mm256_hadd_epi32(_mm256_hadd_epi32(s0, s1), m);
+        let t = _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256::<1>(h));
+        let (isum0, isum1) = (_mm_cvtsi128_si32(t), _mm_extract_epi32::<1>(t));
+        let (imin0, imin1) = (_mm_extract_epi32::<2>(t), _mm_extract_epi32::<3>(t));
+        let (dy0, dy1) = (f32_at(y0, 0), f32_at(y1, 0));
+        let (d0, m0) = f16x2_at(a0, 0);
+        let (d1, m1) = f16x2_at(a1, 0);
+        acc = (isum0 as f32).mul_add(d0 * dy0, acc);
+        accm = (imin0 as f32).mul_add(m0 * dy0, accm);
+        acc = (isum1 as f32).mul_add(d1 * dy1, acc);
+        accm = (imin1 as f32).mul_add(m1 * dy1, accm);
+    }
+    for (a, y) in w2.remainder().iter().zip(x2.remainder()) {
+        let (sumi, mins) = q4k_block(a, y, q8k_pair_sums(y));
+        let dy = f32_at(y, 0);
+        let (d, dmin) = f16x2_at(a, 0);
+        acc = (hsum_epi32(sumi) as f32).mul_add(d * dy, acc);
+        accm = (hsum_epi32_128(mins) as f32).mul_add(dmin * dy, accm);
+    }
+    acc - accm
+}
+
+/// Pair sums of blocks `2i` and `2i+1` side by side.
+#[inline]
+#[target_feature(enable = "avx2")]
+fn q8k_pair_sums2(xb: &[[u8; Q8_K_BYTES]], i: usize) -> __m256i {
+    _mm256_set_m128i(q8k_pair_sums(&xb[2 * i + 1]), q8k_pair_sums(&xb[2 * i]))
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+fn dot_q4_k(w: &[u8], x: &[u8]) -> f32 {
+    let (xb, _) = x.as_chunks::<Q8_K_BYTES>();
+    dot_q4_k_pairs(w, xb, |i| q8k_pair_sums2(xb, i))
 }
 
 /// Blocks up to which the row loops precompute the activation's pair sums
 /// (16384 columns) on the stack.
 const MAX_PRE_BLOCKS: usize = 64;
 
-/// Integer part of one `Q5_K` x `Q8_K` super-block, as [`q4k_block`].
-#[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-fn q5k_block(a: &[u8; Q5_K_BYTES], y: &[u8; Q8_K_BYTES], pair_sums: __m128i) -> (__m256i, __m128i) {
-    let sm = k4_scales_mins(a, 4);
-    let mins = _mm_madd_epi16(_mm_cvtepu8_epi16(_mm_unpackhi_epi64(sm, sm)), pair_sums);
-    let sc = _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(sm));
-    (q5k_core(a, y, sc), mins)
+fn rows_q4_k(w: &[u8], row_bytes: usize, x: &[u8], out: &mut [f32]) {
+    let (xb, _) = x.as_chunks::<Q8_K_BYTES>();
+    if xb.len() <= MAX_PRE_BLOCKS {
+        let mut pairs = [_mm256_setzero_si256(); MAX_PRE_BLOCKS / 2];
+        for (i, p) in pairs.iter_mut().enumerate().take(xb.len() / 2) {
+            *p = q8k_pair_sums2(xb, i);
+        }
+        for (row, o) in w.chunks_exact(row_bytes).zip(out.iter_mut()) {
+            *o = dot_q4_k_pairs(row, xb, |i| pairs[i]);
+        }
+    } else {
+        for (row, o) in w.chunks_exact(row_bytes).zip(out.iter_mut()) {
+            *o = dot_q4_k(row, x);
+        }
+    }
 }
 
-/// As [`q4k_core`] with the 5th bits from `qh` (bit `2j` of `qh[l]` for the low
-/// nibble of chunk `j`, bit `2j+1` for the high one; `|p| <= 2*31*128`, so the
-/// interleaved sum still fits i16).
+/// i16 lane `i` of `v` broadcast to all 16 lanes (ggml's `get_scale_shuffle_k4`
+/// on a vector holding the 8 scales in both 128-bit halves).
 #[inline]
+#[target_feature(enable = "avx2")]
+fn bcast_i16(v: __m256i, i: usize) -> __m256i {
+    let lo = (2 * i) as i8;
+    let hi = lo + 1;
+    let idx = _mm_setr_epi8(
+        lo, hi, lo, hi, lo, hi, lo, hi, lo, hi, lo, hi, lo, hi, lo, hi,
+    );
+    _mm256_shuffle_epi8(v, _mm256_broadcastsi128_si256(idx))
+}
+
+/// `Q5_K x Q8_K` in ggml's x86 order (`ggml_vec_dot_q5_K_q8_K`, AVX2 path): per
+/// super-block, 8 i32 lanes `sumi[l] = sum_j scale_j * (4-product sum l of
+/// sub-block j)` (one `vpmaddwd` per 32-element sub-block), accumulated as
+/// `acc = fma(dy*d, sumi, acc)`; the minimums as a scalar
+/// `summs = fma(-dy*dmin, imin, summs)`; result `hsum(acc) + summs`.
 #[target_feature(enable = "avx2,fma,f16c")]
-fn q5k_core(a: &[u8; Q5_K_BYTES], y: &[u8; Q8_K_BYTES], sc: __m256i) -> __m256i {
+fn dot_q5_k(w: &[u8], x: &[u8]) -> f32 {
+    let (wb, _) = w.as_chunks::<Q5_K_BYTES>();
+    let (xb, _) = x.as_chunks::<Q8_K_BYTES>();
     let m4 = _mm256_set1_epi8(0xf);
     let one = _mm256_set1_epi8(1);
     let two = _mm256_set1_epi8(2);
-    let scale_pairs = [
-        _mm256_shuffle_epi32::<0x00>(sc),
-        _mm256_shuffle_epi32::<0x55>(sc),
-        _mm256_shuffle_epi32::<0xaa>(sc),
-        _mm256_shuffle_epi32::<0xff>(sc),
-    ];
-    let mut hb = ld256(a, 16);
-    let mut sumi = _mm256_setzero_si256();
-    for (j, sj) in scale_pairs.into_iter().enumerate() {
-        let bits = ld256(a, 48 + 32 * j);
-        // `hb` is shifted right by 2 per step: bits 2j, 2j+1 are bits 0, 1 here.
-        let h_lo = _mm256_slli_epi16::<4>(_mm256_and_si256(hb, one));
-        let h_hi = _mm256_slli_epi16::<3>(_mm256_and_si256(hb, two));
-        hb = _mm256_srli_epi16::<2>(hb);
-        let lo = _mm256_or_si256(_mm256_and_si256(bits, m4), h_lo);
-        let hi = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16::<4>(bits), m4), h_hi);
-        let pl = _mm256_maddubs_epi16(lo, ld256(y, 4 + 64 * j));
-        let ph = _mm256_maddubs_epi16(hi, ld256(y, 4 + 64 * j + 32));
-        let p = _mm256_add_epi16(_mm256_unpacklo_epi16(pl, ph), _mm256_unpackhi_epi16(pl, ph));
-        sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(p, sj));
+    let mut acc = _mm256_setzero_ps();
+    let mut summs = 0f32;
+    for (a, y) in wb.iter().zip(xb) {
+        prefetch_block(a);
+        let sm = k4_scales_mins(a, 4);
+        let imin = hsum_epi32_128(_mm_madd_epi16(
+            _mm_cvtepu8_epi16(_mm_unpackhi_epi64(sm, sm)),
+            q8k_pair_sums(y),
+        ));
+        let dy = f32_at(y, 0);
+        let (d, dmin) = f16x2_at(a, 0);
+        summs = (-dy * dmin).mul_add(imin as f32, summs);
+        let sc = _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(sm));
+        let mut hb = ld256(a, 16);
+        let mut sumi = _mm256_setzero_si256();
+        for j in 0..4 {
+            let bits = ld256(a, 48 + 32 * j);
+            // `hb` is shifted right by 2 per step: bits 2j, 2j+1 are bits 0, 1 here.
+            let h_lo = _mm256_slli_epi16::<4>(_mm256_and_si256(hb, one));
+            let h_hi = _mm256_slli_epi16::<3>(_mm256_and_si256(hb, two));
+            hb = _mm256_srli_epi16::<2>(hb);
+            let lo = _mm256_or_si256(_mm256_and_si256(bits, m4), h_lo);
+            let hi = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16::<4>(bits), m4), h_hi);
+            let pl = _mm256_madd_epi16(
+                bcast_i16(sc, 2 * j),
+                _mm256_maddubs_epi16(lo, ld256(y, 4 + 64 * j)),
+            );
+            let ph = _mm256_madd_epi16(
+                bcast_i16(sc, 2 * j + 1),
+                _mm256_maddubs_epi16(hi, ld256(y, 4 + 64 * j + 32)),
+            );
+            sumi = _mm256_add_epi32(sumi, _mm256_add_epi32(pl, ph));
+        }
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(dy * d), _mm256_cvtepi32_ps(sumi), acc);
     }
-    sumi
+    hsum_ps(acc) + summs
 }
 
-/// Dot product, dot product with precomputed activation pair sums, and row
-/// loop for a K-quant with 32-element sub-blocks and minimums.
-macro_rules! k4_kernels {
-    ($dot:ident, $dot_pre:ident, $rows:ident, $block:ident, $core:ident, $bytes:expr) => {
-        #[target_feature(enable = "avx2,fma,f16c")]
-        fn $dot(w: &[u8], x: &[u8]) -> f32 {
-            let (wb, _) = w.as_chunks::<{ $bytes }>();
-            let (xb, _) = x.as_chunks::<Q8_K_BYTES>();
-            let mut acc = _mm256_setzero_ps();
-            for (a, y) in wb.iter().zip(xb) {
-                prefetch_block(a);
-                let (sumi, mins) = $block(a, y, q8k_pair_sums(y));
-                acc = k_accumulate(acc, a, 0, f32_at(y, 0), sumi, mins);
-            }
-            hsum_ps(acc)
-        }
-
-        /// Two blocks per step: their scales and minimums are decoded and
-        /// applied together, each 128-bit lane holding one block's.
-        #[inline]
-        #[target_feature(enable = "avx2,fma,f16c")]
-        fn $dot_pre(w: &[u8], xb: &[[u8; Q8_K_BYTES]], pairs: &[__m256i]) -> f32 {
-            let (wb, _) = w.as_chunks::<{ $bytes }>();
-            let zero = _mm256_setzero_si256();
-            let mut acc = _mm256_setzero_ps();
-            let mut w2 = wb.chunks_exact(2);
-            let mut x2 = xb.chunks_exact(2);
-            for ((a, y), p) in (&mut w2).zip(&mut x2).zip(pairs) {
-                let (a0, a1, y0, y1) = (&a[0], &a[1], &y[0], &y[1]);
-                prefetch_ahead::<{ 2 * $bytes }>(a0.as_ptr());
-                let sm = k4_scales_mins2(a0, a1, 4);
-                let sc = _mm256_unpacklo_epi8(sm, zero);
-                let mins = _mm256_madd_epi16(_mm256_unpackhi_epi8(sm, zero), *p);
-                let s0 = $core(a0, y0, _mm256_permute2x128_si256::<0x00>(sc, sc));
-                let s1 = $core(a1, y1, _mm256_permute2x128_si256::<0x11>(sc, sc));
-                let (dy0, dy1) = (f32_at(y0, 0), f32_at(y1, 0));
-                let (d0, m0) = f16x2_at(a0, 0);
-                let (d1, m1) = f16x2_at(a1, 0);
-                acc = _mm256_fmadd_ps(_mm256_set1_ps(d0 * dy0), _mm256_cvtepi32_ps(s0), acc);
-                acc = _mm256_fmadd_ps(_mm256_set1_ps(d1 * dy1), _mm256_cvtepi32_ps(s1), acc);
-                let dmin = _mm256_set_m128(_mm_set1_ps(m1 * dy1), _mm_set1_ps(m0 * dy0));
-                acc = _mm256_fnmadd_ps(dmin, _mm256_cvtepi32_ps(mins), acc);
-            }
-            for (a, y) in w2.remainder().iter().zip(x2.remainder()) {
-                let (sumi, mins) = $block(a, y, q8k_pair_sums(y));
-                acc = k_accumulate(acc, a, 0, f32_at(y, 0), sumi, mins);
-            }
-            hsum_ps(acc)
-        }
-
-        #[target_feature(enable = "avx2,fma,f16c")]
-        fn $rows(w: &[u8], row_bytes: usize, x: &[u8], out: &mut [f32]) {
-            let (xb, _) = x.as_chunks::<Q8_K_BYTES>();
-            if xb.len() <= MAX_PRE_BLOCKS {
-                // Pair sums of blocks 2i and 2i+1 side by side.
-                let mut pairs = [_mm256_setzero_si256(); MAX_PRE_BLOCKS / 2];
-                for (p, y) in pairs.iter_mut().zip(xb.chunks_exact(2)) {
-                    *p = _mm256_set_m128i(q8k_pair_sums(&y[1]), q8k_pair_sums(&y[0]));
-                }
-                for (row, o) in w.chunks_exact(row_bytes).zip(out.iter_mut()) {
-                    *o = $dot_pre(row, xb, &pairs[..xb.len() / 2]);
-                }
-            } else {
-                for (row, o) in w.chunks_exact(row_bytes).zip(out.iter_mut()) {
-                    *o = $dot(row, x);
-                }
-            }
-        }
+/// Integer part of one `Q6_K` x `Q8_K` super-block in ggml's lane layout
+/// (`ggml_vec_dot_q6_K_q8_K`, AVX2 path): lane `l` sums, over the eight 32-element
+/// groups, `scale * (products 4l..4l+3 of the group)` (one `vpmaddwd` per group,
+/// with the scales of its two 16-element sub-blocks), minus the `-32` bias
+/// `32 * (bsums[2l]*sc[2l] + bsums[2l+1]*sc[2l+1])`.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn q6k_block(a: &[u8; Q6_K_BYTES], y: &[u8; Q8_K_BYTES]) -> __m256i {
+    let m4 = _mm256_set1_epi8(0xf);
+    let m30 = _mm256_set1_epi8(0x30);
+    let scales = ld128(a, 192);
+    let bias = _mm256_slli_epi32::<5>(_mm256_madd_epi16(
+        _mm256_cvtepi8_epi16(scales),
+        ld256(y, 260),
+    ));
+    // Group g's scales: sc[2g] (as i16) for its first 16 elements, sc[2g+1] for the
+    // rest; one in-lane byte shuffle of the i16 scales of the group's half
+    // (`s16_lo` holds sc[0..8] in both lanes, `s16_hi` sc[8..16]).
+    let s16 = _mm256_cvtepi8_epi16(scales);
+    let s16_lo = _mm256_permute2x128_si256::<0x00>(s16, s16);
+    let s16_hi = _mm256_permute2x128_si256::<0x11>(s16, s16);
+    let group_scales = |g: usize| {
+        let (lo, hi) = ((4 * (g % 4)) as i8, (4 * (g % 4) + 2) as i8);
+        let idx = _mm256_setr_epi8(
+            lo,
+            lo + 1,
+            lo,
+            lo + 1,
+            lo,
+            lo + 1,
+            lo,
+            lo + 1,
+            lo,
+            lo + 1,
+            lo,
+            lo + 1,
+            lo,
+            lo + 1,
+            lo,
+            lo + 1,
+            hi,
+            hi + 1,
+            hi,
+            hi + 1,
+            hi,
+            hi + 1,
+            hi,
+            hi + 1,
+            hi,
+            hi + 1,
+            hi,
+            hi + 1,
+            hi,
+            hi + 1,
+            hi,
+            hi + 1,
+        );
+        _mm256_shuffle_epi8(if g < 4 { s16_lo } else { s16_hi }, idx)
     };
+    let mut sumi = _mm256_setzero_si256();
+    for h in 0..2 {
+        let l0 = ld256(a, 64 * h);
+        let l1 = ld256(a, 64 * h + 32);
+        let qh = ld256(a, 128 + 32 * h);
+        // 16-bit shifts move bits across bytes, but the 0x30 mask keeps only
+        // bits that stayed inside their byte.
+        let q0 = _mm256_or_si256(
+            _mm256_and_si256(l0, m4),
+            _mm256_and_si256(_mm256_slli_epi16::<4>(qh), m30),
+        );
+        let q1 = _mm256_or_si256(
+            _mm256_and_si256(l1, m4),
+            _mm256_and_si256(_mm256_slli_epi16::<2>(qh), m30),
+        );
+        let q2 = _mm256_or_si256(
+            _mm256_and_si256(_mm256_srli_epi16::<4>(l0), m4),
+            _mm256_and_si256(qh, m30),
+        );
+        let q3 = _mm256_or_si256(
+            _mm256_and_si256(_mm256_srli_epi16::<4>(l1), m4),
+            _mm256_and_si256(_mm256_srli_epi16::<2>(qh), m30),
+        );
+        let base = 4 + 128 * h;
+        let p = |q: __m256i, k: usize| {
+            _mm256_madd_epi16(
+                group_scales(4 * h + k),
+                _mm256_maddubs_epi16(q, ld256(y, base + 32 * k)),
+            )
+        };
+        let (p0, p1, p2, p3) = (p(q0, 0), p(q1, 1), p(q2, 2), p(q3, 3));
+        sumi = _mm256_add_epi32(sumi, _mm256_add_epi32(p0, p1));
+        sumi = _mm256_add_epi32(sumi, _mm256_add_epi32(p2, p3));
+    }
+    _mm256_sub_epi32(sumi, bias)
 }
 
-k4_kernels!(
-    dot_q4_k,
-    dot_q4_k_pre,
-    rows_q4_k,
-    q4k_block,
-    q4k_core,
-    Q4_K_BYTES
-);
-k4_kernels!(
-    dot_q5_k,
-    dot_q5_k_pre,
-    rows_q5_k,
-    q5k_block,
-    q5k_core,
-    Q5_K_BYTES
-);
+/// `Q6_K x Q8_K` in ggml's x86 order: per block `acc = fma(dy*d, sumi, acc)`
+/// on the 8 lanes of [`q6k_block`], one horizontal sum at the end.
+#[target_feature(enable = "avx2,fma,f16c")]
+fn dot_q6_k(w: &[u8], x: &[u8]) -> f32 {
+    let (wb, _) = w.as_chunks::<Q6_K_BYTES>();
+    let (xb, _) = x.as_chunks::<Q8_K_BYTES>();
+    let mut acc = _mm256_setzero_ps();
+    for (a, y) in wb.iter().zip(xb) {
+        // No software prefetch: measured neutral to harmful for this fast kernel.
+        let sumi = q6k_block(a, y);
+        let d = f32_at(y, 0) * f16_at(a, 208);
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
+    }
+    hsum_ps(acc)
+}
 
 /// Scale vectors for two 32-byte quant vectors `k`, `k+1` of a 128-element half
-/// whose products are interleaved as in [`q4k_block`]: each vector covers two
+/// whose i16 products are interleaved (`interleave_sum`): each vector covers two
 /// 16-element sub-blocks (low lane `s`, high lane `s+1`, `s = 8h + 2k`), so the
 /// low lane needs the i16 pair `(sc[s], sc[s+2])` and the high lane
-/// `(sc[s+1], sc[s+3])`.
+/// `(sc[s+1], sc[s+3])`. Used by the `Q3_K` and `Q2_K` kernels.
 #[inline]
 #[target_feature(enable = "avx2")]
 fn scales_16_pair(scales: __m128i, s: usize) -> __m256i {
@@ -588,67 +759,6 @@ fn scales_16_pair(scales: __m128i, s: usize) -> __m256i {
 #[target_feature(enable = "avx2")]
 fn interleave_sum(a: __m256i, b: __m256i) -> __m256i {
     _mm256_add_epi16(_mm256_unpacklo_epi16(a, b), _mm256_unpackhi_epi16(a, b))
-}
-
-/// Integer part of one `Q6_K` x `Q8_K` super-block with the `-32` bias removed
-/// through `bsums` (`|p| <= 2*63*128`, so two interleaved products fit i16).
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c")]
-fn q6k_block(a: &[u8; Q6_K_BYTES], y: &[u8; Q8_K_BYTES]) -> __m256i {
-    let m4 = _mm256_set1_epi8(0xf);
-    let m30 = _mm256_set1_epi8(0x30);
-    let scales = ld128(a, 192);
-    let bias = _mm256_slli_epi32::<5>(_mm256_madd_epi16(
-        _mm256_cvtepi8_epi16(scales),
-        ld256(y, 260),
-    ));
-    let mut sumi = _mm256_setzero_si256();
-    for h in 0..2 {
-        let l0 = ld256(a, 64 * h);
-        let l1 = ld256(a, 64 * h + 32);
-        let qh = ld256(a, 128 + 32 * h);
-        // 16-bit shifts move bits across bytes, but the 0x30 mask keeps only
-        // bits that stayed inside their byte.
-        let q0 = _mm256_or_si256(
-            _mm256_and_si256(l0, m4),
-            _mm256_and_si256(_mm256_slli_epi16::<4>(qh), m30),
-        );
-        let q1 = _mm256_or_si256(
-            _mm256_and_si256(l1, m4),
-            _mm256_and_si256(_mm256_slli_epi16::<2>(qh), m30),
-        );
-        let q2 = _mm256_or_si256(
-            _mm256_and_si256(_mm256_srli_epi16::<4>(l0), m4),
-            _mm256_and_si256(qh, m30),
-        );
-        let q3 = _mm256_or_si256(
-            _mm256_and_si256(_mm256_srli_epi16::<4>(l1), m4),
-            _mm256_and_si256(_mm256_srli_epi16::<2>(qh), m30),
-        );
-        let base = 4 + 128 * h;
-        let p0 = _mm256_maddubs_epi16(q0, ld256(y, base));
-        let p1 = _mm256_maddubs_epi16(q1, ld256(y, base + 32));
-        let p2 = _mm256_maddubs_epi16(q2, ld256(y, base + 64));
-        let p3 = _mm256_maddubs_epi16(q3, ld256(y, base + 96));
-        let s01 = _mm256_madd_epi16(interleave_sum(p0, p1), scales_16_pair(scales, 8 * h));
-        let s23 = _mm256_madd_epi16(interleave_sum(p2, p3), scales_16_pair(scales, 8 * h + 4));
-        sumi = _mm256_add_epi32(sumi, _mm256_add_epi32(s01, s23));
-    }
-    _mm256_sub_epi32(sumi, bias)
-}
-
-#[target_feature(enable = "avx2,fma,f16c")]
-fn dot_q6_k(w: &[u8], x: &[u8]) -> f32 {
-    let (wb, _) = w.as_chunks::<Q6_K_BYTES>();
-    let (xb, _) = x.as_chunks::<Q8_K_BYTES>();
-    let mut acc = _mm256_setzero_ps();
-    for (a, y) in wb.iter().zip(xb) {
-        // No software prefetch: measured neutral to harmful for this fast kernel.
-        let sumi = q6k_block(a, y);
-        let d = f16_at(a, 208) * f32_at(y, 0);
-        acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
-    }
-    hsum_ps(acc)
 }
 
 /// The 16 `Q3_K` 6-bit scales minus 32, as i8.
@@ -752,50 +862,106 @@ fn dot_q2_k(w: &[u8], x: &[u8]) -> f32 {
 // Floats
 // ---------------------------------------------------------------------------
 
-#[target_feature(enable = "avx2,fma,f16c")]
-fn dot_f32(w: &[u8], x: &[u8]) -> f32 {
-    let (wb, wr) = w.as_chunks::<128>();
-    let (xb, xr) = x.as_chunks::<128>();
-    let mut acc = [_mm256_setzero_ps(); 4];
-    for (a, b) in wb.iter().zip(xb) {
-        for (i, s) in acc.iter_mut().enumerate() {
-            let va = _mm256_castsi256_ps(ld256(a, 32 * i));
-            let vb = _mm256_castsi256_ps(ld256(b, 32 * i));
-            *s = _mm256_fmadd_ps(va, vb, *s);
-        }
-    }
-    let mut sum = hsum_ps(_mm256_add_ps(
-        _mm256_add_ps(acc[0], acc[1]),
-        _mm256_add_ps(acc[2], acc[3]),
-    )) as f64;
-    for (a, b) in wr.chunks_exact(4).zip(xr.chunks_exact(4)) {
-        let a = f32::from_le_bytes([a[0], a[1], a[2], a[3]]);
-        let b = f32::from_le_bytes([b[0], b[1], b[2], b[3]]);
-        sum += (a * b) as f64;
-    }
-    sum as f32
+/// Whether to sum like ggml's AVX-512 float vector code (16-lane vectors,
+/// 64-element steps) rather than its AVX code (8 lanes, 32-element steps); see
+/// [`super::ggml_avx512`]. The two sum in different orders.
+fn ggml_avx512() -> bool {
+    super::ggml_avx512()
 }
 
+/// ggml's `GGML_F32x8_REDUCE` tail (AVX): `(lo + hi)` then two `hadd`s.
+#[inline]
+#[target_feature(enable = "avx2")]
+fn hsum_hadd_ps(v: __m256) -> f32 {
+    let t0 = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v));
+    let t1 = _mm_hadd_ps(t0, t0);
+    _mm_cvtss_f32(_mm_hadd_ps(t1, t1))
+}
+
+/// The 4-register float dot product skeleton of ggml's `ggml_vec_dot_f32` and
+/// `ggml_vec_dot_f16` (`GGML_F32_ARR = 4` accumulators, FMA per vector, reduced
+/// as `(s0 + s2) + (s1 + s3)` then horizontally). `LANES` is ggml's vector width
+/// (16 on AVX-512, emulated with two 8-lane halves, whose lane-wise arithmetic is
+/// the same; 8 on AVX2). `load(chunk, k)` gives the 8 floats `8k..8k+8` of a
+/// `4 * LANES`-element chunk. Returns the reduced sum and the number of
+/// elements consumed (the caller adds the tail as ggml does).
+macro_rules! ggml_float_dot {
+    ($a:expr, $b:expr, $elem_bytes:expr, $load:expr) => {{
+        let (a, b): (&[u8], &[u8]) = ($a, $b);
+        let wide = ggml_avx512();
+        let lanes = if wide { 16 } else { 8 };
+        let step = 4 * lanes;
+        let n = a.len() / $elem_bytes;
+        let np = n - n % step;
+        // acc[j][h]: accumulator j, half h (h = 1 only on AVX-512).
+        let mut acc = [[_mm256_setzero_ps(); 2]; 4];
+        let mut i = 0;
+        while i < np {
+            for (j, aj) in acc.iter_mut().enumerate() {
+                for (h, ajh) in aj.iter_mut().enumerate().take(lanes / 8) {
+                    let off = (i + j * lanes + 8 * h) * $elem_bytes;
+                    *ajh = _mm256_fmadd_ps($load(a, off), $load(b, off), *ajh);
+                }
+            }
+            i += step;
+        }
+        let r = |x: usize, y: usize| {
+            [
+                _mm256_add_ps(acc[x][0], acc[y][0]),
+                _mm256_add_ps(acc[x][1], acc[y][1]),
+            ]
+        };
+        let (s02, s13) = (r(0, 2), r(1, 3));
+        let s = [_mm256_add_ps(s02[0], s13[0]), _mm256_add_ps(s02[1], s13[1])];
+        let sum = if wide {
+            // `_mm512_reduce_add_ps` (GCC): upper + lower 256 bits, then as `hsum_float_8`.
+            hsum_ps(_mm256_add_ps(s[1], s[0]))
+        } else {
+            hsum_hadd_ps(s[0])
+        };
+        (sum, np)
+    }};
+}
+
+#[inline]
+#[target_feature(enable = "avx2")]
+fn ld_f32x8(b: &[u8], off: usize) -> __m256 {
+    assert!(off + 32 <= b.len());
+    // SAFETY: `off + 32 <= len` was just checked; `loadu` has no alignment requirement.
+    unsafe { _mm256_loadu_ps(b.as_ptr().add(off).cast()) }
+}
+
+#[inline]
+#[target_feature(enable = "avx2,f16c")]
+fn ld_f16x8(b: &[u8], off: usize) -> __m256 {
+    assert!(off + 16 <= b.len());
+    // SAFETY: `off + 16 <= len` was just checked; `loadu` has no alignment requirement.
+    _mm256_cvtph_ps(unsafe { _mm_loadu_si128(b.as_ptr().add(off).cast()) })
+}
+
+/// `ggml_vec_dot_f32` of a native x86 build: vector sum in `f32`, the tail added
+/// with `sumf += x*y` in `f32` (which GCC contracts to an FMA).
+#[target_feature(enable = "avx2,fma,f16c")]
+fn dot_f32(w: &[u8], x: &[u8]) -> f32 {
+    let (mut sum, np) = ggml_float_dot!(w, x, 4, |b, off| ld_f32x8(b, off));
+    for (a, b) in w[np * 4..].chunks_exact(4).zip(x[np * 4..].chunks_exact(4)) {
+        let a = f32::from_le_bytes([a[0], a[1], a[2], a[3]]);
+        let b = f32::from_le_bytes([b[0], b[1], b[2], b[3]]);
+        sum = a.mul_add(b, sum);
+    }
+    sum
+}
+
+/// `ggml_vec_dot_f16` of a native x86 build (no AVX512-FP16): vector sum in
+/// `f32`, widened to `f64`, the tail's `f32` products added in `f64`.
 #[target_feature(enable = "avx2,fma,f16c")]
 fn dot_f16(w: &[u8], x: &[u8]) -> f32 {
-    let (wb, wr) = w.as_chunks::<64>();
-    let (xb, xr) = x.as_chunks::<64>();
-    let mut acc = [_mm256_setzero_ps(); 4];
-    for (a, b) in wb.iter().zip(xb) {
-        for (i, s) in acc.iter_mut().enumerate() {
-            let va = _mm256_cvtph_ps(ld128(a, 16 * i));
-            let vb = _mm256_cvtph_ps(ld128(b, 16 * i));
-            *s = _mm256_fmadd_ps(va, vb, *s);
-        }
-    }
-    let mut sum = hsum_ps(_mm256_add_ps(
-        _mm256_add_ps(acc[0], acc[1]),
-        _mm256_add_ps(acc[2], acc[3]),
-    )) as f64;
-    for (a, b) in wr.chunks_exact(2).zip(xr.chunks_exact(2)) {
+    let (sum, np) = ggml_float_dot!(w, x, 2, |b, off| ld_f16x8(b, off));
+    let mut sum = f64::from(sum);
+    for (a, b) in w[np * 2..].chunks_exact(2).zip(x[np * 2..].chunks_exact(2)) {
         let a = super::f16_to_f32(u16::from_le_bytes([a[0], a[1]]));
         let b = super::f16_to_f32(u16::from_le_bytes([b[0], b[1]]));
-        sum += (a * b) as f64;
+        sum += f64::from(a * b);
     }
     sum as f32
 }
@@ -1003,15 +1169,313 @@ pub(super) fn kernel(ty: GgmlType) -> Option<Kernel> {
     Some(match ty {
         F32 => entry!(dot_f32),
         F16 => entry!(dot_f16),
-        Q8_0 => entry!(dot_q8_0),
+        Q8_0 => entry!(@wrap dot_q8_0, rows_q8_0),
         Q4_0 => entry!(@wrap dot_q4_0, rows_q4_0),
         BF16 => entry!(dot_bf16),
         Q8_K => entry!(dot_q8_k),
         Q2_K => entry!(dot_q2_k),
         Q3_K => entry!(dot_q3_k),
         Q4_K => entry!(@wrap dot_q4_k, rows_q4_k),
-        Q5_K => entry!(@wrap dot_q5_k, rows_q5_k),
+        Q5_K => entry!(dot_q5_k),
         Q6_K => entry!(dot_q6_k),
         _ => return None,
     })
+}
+
+// ---------------------------------------------------------------------------
+// Several activations against the same rows (prompt processing)
+// ---------------------------------------------------------------------------
+//
+// Each weight block is loaded and decoded once for up to `MAX_MULTI` activations;
+// every output element then goes through exactly the operations of the one-token
+// kernel above (same integers, same f32 operations in the same order), so the
+// results are bit-identical to one `matvec` per activation.
+
+/// Activations per pass of the multi-activation kernels.
+pub(super) const MAX_MULTI: usize = 4;
+
+/// `Q8_0`: per 4-block group, the weight quants' absolute values and scales are
+/// shared; per activation as in [`dot_q8_0_dx`].
+#[target_feature(enable = "avx2,fma,f16c")]
+fn multi_q8_0_t<const T: usize>(w: &[u8], row_bytes: usize, xs: &[&[u8]], outs: &mut [&mut [f32]]) {
+    let xb: [&[[u8; Q8_0_BYTES]]; T] = std::array::from_fn(|t| xs[t].as_chunks::<Q8_0_BYTES>().0);
+    let nb = xb[0].len();
+    if nb > MAX_PRE_BLOCKS_Q8 || !nb.is_multiple_of(4) {
+        for (x, o) in xs.iter().zip(outs.iter_mut()) {
+            rows_q8_0(w, row_bytes, x, o);
+        }
+        return;
+    }
+    let mut dx = [[_mm_setzero_ps(); MAX_PRE_BLOCKS_Q8 / 4]; T];
+    for (t, dt) in dx.iter_mut().enumerate() {
+        for (i, d) in dt.iter_mut().enumerate().take(nb / 4) {
+            *d = f16_of_4(&xb[t][4 * i..4 * i + 4]);
+        }
+    }
+    for (r, row) in w.chunks_exact(row_bytes).enumerate() {
+        let (wb, _) = row.as_chunks::<Q8_0_BYTES>();
+        let mut acc = [_mm256_setzero_ps(); T];
+        for (i, a) in wb.chunks_exact(4).enumerate() {
+            let dw = f16_of_4(a);
+            let d8: [__m256; T] = std::array::from_fn(|t| {
+                let d4 = _mm_mul_ps(dw, dx[t][i]);
+                _mm256_set_m128(d4, d4)
+            });
+            for k in 0..4 {
+                let wq = ld256(&a[k], 2);
+                let aw = _mm256_sign_epi8(wq, wq);
+                for t in 0..T {
+                    let d = match k {
+                        0 => _mm256_permute_ps::<0x00>(d8[t]),
+                        1 => _mm256_permute_ps::<0x55>(d8[t]),
+                        2 => _mm256_permute_ps::<0xaa>(d8[t]),
+                        _ => _mm256_permute_ps::<0xff>(d8[t]),
+                    };
+                    let sy = _mm256_sign_epi8(ld256(&xb[t][4 * i + k], 2), wq);
+                    let q = _mm256_madd_epi16(_mm256_maddubs_epi16(aw, sy), _mm256_set1_epi16(1));
+                    acc[t] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(q), acc[t]);
+                }
+            }
+        }
+        for t in 0..T {
+            outs[t][r] = hsum_ps(acc[t]);
+        }
+    }
+}
+
+/// [`q4k_core`] for `T` activations, the nibbles decoded once.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn q4k_core_t<const T: usize>(
+    a: &[u8; Q4_K_BYTES],
+    ys: [&[u8; Q8_K_BYTES]; T],
+    sc: __m256i,
+) -> [__m256i; T] {
+    let m4 = _mm256_set1_epi8(0xf);
+    let scale_pairs = [
+        _mm256_shuffle_epi32::<0x00>(sc),
+        _mm256_shuffle_epi32::<0x55>(sc),
+        _mm256_shuffle_epi32::<0xaa>(sc),
+        _mm256_shuffle_epi32::<0xff>(sc),
+    ];
+    let mut sumi = [_mm256_setzero_si256(); T];
+    for (j, sj) in scale_pairs.into_iter().enumerate() {
+        let bits = ld256(a, 16 + 32 * j);
+        let lo = _mm256_and_si256(bits, m4);
+        let hi = _mm256_and_si256(_mm256_srli_epi16::<4>(bits), m4);
+        for t in 0..T {
+            let pl = _mm256_maddubs_epi16(lo, ld256(ys[t], 4 + 64 * j));
+            let ph = _mm256_maddubs_epi16(hi, ld256(ys[t], 4 + 64 * j + 32));
+            let p = _mm256_add_epi16(_mm256_unpacklo_epi16(pl, ph), _mm256_unpackhi_epi16(pl, ph));
+            sumi[t] = _mm256_add_epi32(sumi[t], _mm256_madd_epi16(p, sj));
+        }
+    }
+    sumi
+}
+
+/// `Q4_K`: per two-block step, scales and nibbles decoded once; per activation
+/// the integers and the two FMA chains of [`dot_q4_k_pairs`].
+#[target_feature(enable = "avx2,fma,f16c")]
+fn multi_q4_k_t<const T: usize>(w: &[u8], row_bytes: usize, xs: &[&[u8]], outs: &mut [&mut [f32]]) {
+    let xb: [&[[u8; Q8_K_BYTES]]; T] = std::array::from_fn(|t| xs[t].as_chunks::<Q8_K_BYTES>().0);
+    let nb = xb[0].len();
+    if nb > MAX_PRE_BLOCKS || !nb.is_multiple_of(2) {
+        for (x, o) in xs.iter().zip(outs.iter_mut()) {
+            rows_q4_k(w, row_bytes, x, o);
+        }
+        return;
+    }
+    let mut pairs = [[_mm256_setzero_si256(); MAX_PRE_BLOCKS / 2]; T];
+    for (t, pt) in pairs.iter_mut().enumerate() {
+        for (i, p) in pt.iter_mut().enumerate().take(nb / 2) {
+            *p = q8k_pair_sums2(xb[t], i);
+        }
+    }
+    let zero = _mm256_setzero_si256();
+    let perm = _mm256_setr_epi32(0, 1, 4, 5, 2, 3, 6, 7);
+    for (r, row) in w.chunks_exact(row_bytes).enumerate() {
+        let (wb, _) = row.as_chunks::<Q4_K_BYTES>();
+        let (mut acc, mut accm) = ([0f32; T], [0f32; T]);
+        for (i, a) in wb.chunks_exact(2).enumerate() {
+            let (a0, a1) = (&a[0], &a[1]);
+            prefetch_ahead::<{ 2 * Q4_K_BYTES }>(a0.as_ptr());
+            let sm = k4_scales_mins2(a0, a1, 4);
+            let sc = _mm256_unpacklo_epi8(sm, zero);
+            let mn = _mm256_unpackhi_epi8(sm, zero);
+            let s0 = q4k_core_t::<T>(
+                a0,
+                std::array::from_fn(|t| &xb[t][2 * i]),
+                _mm256_permute2x128_si256::<0x00>(sc, sc),
+            );
+            let s1 = q4k_core_t::<T>(
+                a1,
+                std::array::from_fn(|t| &xb[t][2 * i + 1]),
+                _mm256_permute2x128_si256::<0x11>(sc, sc),
+            );
+            let (d0, m0) = f16x2_at(a0, 0);
+            let (d1, m1) = f16x2_at(a1, 0);
+            for t in 0..T {
+                let mins = _mm256_madd_epi16(mn, pairs[t][i]);
+                let m = _mm256_permutevar8x32_epi32(mins, perm);
+                let h = _mm256_hadd_epi32(_mm256_hadd_epi32(s0[t], s1[t]), m);
+                let v = _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256::<1>(h));
+                let (isum0, isum1) = (_mm_cvtsi128_si32(v), _mm_extract_epi32::<1>(v));
+                let (imin0, imin1) = (_mm_extract_epi32::<2>(v), _mm_extract_epi32::<3>(v));
+                let (dy0, dy1) = (f32_at(&xb[t][2 * i], 0), f32_at(&xb[t][2 * i + 1], 0));
+                acc[t] = (isum0 as f32).mul_add(d0 * dy0, acc[t]);
+                accm[t] = (imin0 as f32).mul_add(m0 * dy0, accm[t]);
+                acc[t] = (isum1 as f32).mul_add(d1 * dy1, acc[t]);
+                accm[t] = (imin1 as f32).mul_add(m1 * dy1, accm[t]);
+            }
+        }
+        for t in 0..T {
+            outs[t][r] = acc[t] - accm[t];
+        }
+    }
+}
+
+/// `Q6_K`: per half block the 6-bit quants and group scales decoded once; per
+/// activation the lanes and FMAs of [`q6k_block`] / [`dot_q6_k`].
+#[target_feature(enable = "avx2,fma,f16c")]
+fn multi_q6_k_t<const T: usize>(w: &[u8], row_bytes: usize, xs: &[&[u8]], outs: &mut [&mut [f32]]) {
+    let xb: [&[[u8; Q8_K_BYTES]]; T] = std::array::from_fn(|t| xs[t].as_chunks::<Q8_K_BYTES>().0);
+    let m4 = _mm256_set1_epi8(0xf);
+    let m30 = _mm256_set1_epi8(0x30);
+    for (r, row) in w.chunks_exact(row_bytes).enumerate() {
+        let (wb, _) = row.as_chunks::<Q6_K_BYTES>();
+        let mut acc = [_mm256_setzero_ps(); T];
+        for (b, a) in wb.iter().enumerate() {
+            let scales = ld128(a, 192);
+            let s16 = _mm256_cvtepi8_epi16(scales);
+            let s16_lo = _mm256_permute2x128_si256::<0x00>(s16, s16);
+            let s16_hi = _mm256_permute2x128_si256::<0x11>(s16, s16);
+            let group_scales = |g: usize| {
+                let (lo, hi) = ((4 * (g % 4)) as i8, (4 * (g % 4) + 2) as i8);
+                let idx = _mm256_setr_epi8(
+                    lo,
+                    lo + 1,
+                    lo,
+                    lo + 1,
+                    lo,
+                    lo + 1,
+                    lo,
+                    lo + 1,
+                    lo,
+                    lo + 1,
+                    lo,
+                    lo + 1,
+                    lo,
+                    lo + 1,
+                    lo,
+                    lo + 1,
+                    hi,
+                    hi + 1,
+                    hi,
+                    hi + 1,
+                    hi,
+                    hi + 1,
+                    hi,
+                    hi + 1,
+                    hi,
+                    hi + 1,
+                    hi,
+                    hi + 1,
+                    hi,
+                    hi + 1,
+                    hi,
+                    hi + 1,
+                );
+                _mm256_shuffle_epi8(if g < 4 { s16_lo } else { s16_hi }, idx)
+            };
+            let mut sumi = [_mm256_setzero_si256(); T];
+            for h in 0..2 {
+                let l0 = ld256(a, 64 * h);
+                let l1 = ld256(a, 64 * h + 32);
+                let qh = ld256(a, 128 + 32 * h);
+                let q = [
+                    _mm256_or_si256(
+                        _mm256_and_si256(l0, m4),
+                        _mm256_and_si256(_mm256_slli_epi16::<4>(qh), m30),
+                    ),
+                    _mm256_or_si256(
+                        _mm256_and_si256(l1, m4),
+                        _mm256_and_si256(_mm256_slli_epi16::<2>(qh), m30),
+                    ),
+                    _mm256_or_si256(
+                        _mm256_and_si256(_mm256_srli_epi16::<4>(l0), m4),
+                        _mm256_and_si256(qh, m30),
+                    ),
+                    _mm256_or_si256(
+                        _mm256_and_si256(_mm256_srli_epi16::<4>(l1), m4),
+                        _mm256_and_si256(_mm256_srli_epi16::<2>(qh), m30),
+                    ),
+                ];
+                let gs = [
+                    group_scales(4 * h),
+                    group_scales(4 * h + 1),
+                    group_scales(4 * h + 2),
+                    group_scales(4 * h + 3),
+                ];
+                let base = 4 + 128 * h;
+                for t in 0..T {
+                    let y = &xb[t][b];
+                    let p = |k: usize| {
+                        _mm256_madd_epi16(
+                            gs[k],
+                            _mm256_maddubs_epi16(q[k], ld256(y, base + 32 * k)),
+                        )
+                    };
+                    let (p0, p1, p2, p3) = (p(0), p(1), p(2), p(3));
+                    sumi[t] = _mm256_add_epi32(sumi[t], _mm256_add_epi32(p0, p1));
+                    sumi[t] = _mm256_add_epi32(sumi[t], _mm256_add_epi32(p2, p3));
+                }
+            }
+            let dw = f16_at(a, 208);
+            for t in 0..T {
+                let y = &xb[t][b];
+                let bias = _mm256_slli_epi32::<5>(_mm256_madd_epi16(s16, ld256(y, 260)));
+                let d = f32_at(y, 0) * dw;
+                acc[t] = _mm256_fmadd_ps(
+                    _mm256_set1_ps(d),
+                    _mm256_cvtepi32_ps(_mm256_sub_epi32(sumi[t], bias)),
+                    acc[t],
+                );
+            }
+        }
+        for t in 0..T {
+            outs[t][r] = hsum_ps(acc[t]);
+        }
+    }
+}
+
+macro_rules! multi_entry {
+    ($f:ident) => {{
+        fn multi(w: &[u8], row_bytes: usize, xs: &[&[u8]], outs: &mut [&mut [f32]]) {
+            // SAFETY: handed out by `multi_kernel` only after `available()` confirmed
+            // AVX2, FMA and F16C on this CPU.
+            unsafe {
+                match xs.len() {
+                    1 => $f::<1>(w, row_bytes, xs, outs),
+                    2 => $f::<2>(w, row_bytes, xs, outs),
+                    3 => $f::<3>(w, row_bytes, xs, outs),
+                    _ => $f::<4>(w, row_bytes, xs, outs),
+                }
+            }
+        }
+        multi as super::MultiFn
+    }};
+}
+
+/// The multi-activation kernel for `ty` (1 to [`MAX_MULTI`] activations per call),
+/// if there is one. Callers must have checked [`available`].
+pub(super) fn multi_kernel(ty: GgmlType) -> Option<super::MultiFn> {
+    if !available() {
+        return None;
+    }
+    match ty {
+        GgmlType::Q8_0 => Some(multi_entry!(multi_q8_0_t)),
+        GgmlType::Q4_K => Some(multi_entry!(multi_q4_k_t)),
+        GgmlType::Q6_K => Some(multi_entry!(multi_q6_k_t)),
+        _ => None,
+    }
 }

@@ -11,8 +11,16 @@
 //! * `vec_dot` follows ggml's integer arithmetic exactly: per block the integer dot
 //!   product of the quants (times the integer sub-block scales) is formed in `i32`,
 //!   then scaled once by `d_w * d_x` in `f32`; the K-quant minimums are applied
-//!   through the activation's `bsums`. Only the order of the final `f32` additions
-//!   differs from ggml (as it differs between ggml's own SIMD variants).
+//!   through the activation's `bsums`.
+//! * The `f32` arithmetic after that (products of scales, FMAs, horizontal sums)
+//!   follows, in the AVX2 kernels, the order of the kernel a native x86 llama.cpp
+//!   build runs for one token (`cargo xtask parity` checks the logits bit for bit):
+//!   `Q8_0`, `Q5_K`, `Q6_K` as ggml's x86 `ggml_vec_dot_*` (8 FMA lanes, one
+//!   `hsum_float_8`), `Q4_K` as the repacked `ggml_gemv_q4_K_8x8_q8_K` that
+//!   llama.cpp uses for every `Q4_K` matrix with a multiple of 8 rows, `F32`/`F16`
+//!   as `ggml_vec_dot_f32`/`_f16` in the AVX-512 or the AVX shape that the CPU
+//!   selects. The scalar kernels, and the AVX2 `Q2_K`, `Q3_K`, `Q4_0`, `Q8_K`,
+//!   `BF16` kernels, sum in their own order (last-bit differences from ggml).
 //! * [`quantize_row`] for the activation types (`Q8_0`, `Q8_1`, `Q8_K`, `F16`, `BF16`)
 //!   is bit-identical to ggml's reference quantizers (`quantize_row_q8_0_ref`,
 //!   `quantize_row_q8_1_ref`, `quantize_row_q8_K_ref`, `ggml_compute_fp32_to_fp16`,
@@ -57,7 +65,7 @@
 //!   llama.cpp's CPU backend repacks `Q4_K`/`Q4_0` weights into 8-row
 //!   interleaved blocks at load time (its float summation order then differs from
 //!   ggml's plain `vec_dot`, the integer parts do not); this module keeps the GGUF
-//!   layout.
+//!   layout and reproduces the repacked `Q4_K` order row by row.
 
 pub mod float;
 pub mod kquants;
@@ -546,6 +554,26 @@ pub fn quantize_activation(
 // Kernel dispatch
 // ---------------------------------------------------------------------------
 
+/// Whether the llama.cpp build whose numerics the engine reproduces compiles ggml's
+/// AVX-512 float code (`__AVX512F__`, as a native build does on a CPU with AVX-512F):
+/// 16-lane vector sums in `ggml_vec_dot_f32`/`_f16` and the AVX-512 vector `exp`. On
+/// x86_64 that is the CPU's AVX-512F, unless the environment sets `ENGINE_GGML_AVX512=0`,
+/// which selects the numerics of a build without AVX-512 (to compare with one). Read once.
+pub fn ggml_avx512() -> bool {
+    static V: OnceLock<bool> = OnceLock::new();
+    *V.get_or_init(|| {
+        #[cfg(target_arch = "x86_64")]
+        {
+            std::env::var_os("ENGINE_GGML_AVX512").is_none_or(|v| v != "0")
+                && is_x86_feature_detected!("avx512f")
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        {
+            false
+        }
+    })
+}
+
 /// A kernel set.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Backend {
@@ -584,6 +612,10 @@ pub(crate) type VecDotFn = fn(n: usize, w: &[u8], x: &[u8]) -> f32;
 /// dotted with `x`. `w` holds at least `out.len() * row_bytes` bytes, `x` exactly
 /// one row of the `vec_dot_type`.
 pub(crate) type MatVecFn = fn(w: &[u8], row_bytes: usize, cols: usize, x: &[u8], out: &mut [f32]);
+
+/// Rows of `w` (row stride `row_bytes`) dotted with 1 to 4 activations: `outs[t][i]`
+/// for row `i` and activation `xs[t]`; every `outs[t]` has one element per row.
+pub(crate) type MultiFn = fn(w: &[u8], row_bytes: usize, xs: &[&[u8]], outs: &mut [&mut [f32]]);
 
 /// A row quantizer: `src.len()` floats into exactly one row of bytes.
 pub(crate) type QuantizeFn = fn(src: &[f32], dst: &mut [u8]);
@@ -822,6 +854,58 @@ pub fn try_matvec(
     }
     (k.matvec)(&w[rows.start * rb..rows.end * rb], rb, cols, xq, out);
     Ok(())
+}
+
+/// Several activations against the same rows: for every `t`,
+/// `outs[t][i] = dot(row rows.start + i of w, xs[t])`, each `xs[t]` quantized with
+/// [`quantize_activation`]. Every output is bit-identical to [`matvec`] with `xs[t]` (the
+/// same operations per element); where a multi-activation kernel exists (AVX2 `Q8_0`,
+/// `Q4_K`, `Q6_K`) each weight block is decoded once for up to four activations, which
+/// is what prompt processing gains. Allocation-free and single-threaded.
+///
+/// # Panics
+/// On an unsupported type or inconsistent lengths, like [`matvec`].
+pub fn matvec_multi(
+    ty: GgmlType,
+    w: &[u8],
+    rows: Range<usize>,
+    cols: usize,
+    xs: &[&[u8]],
+    outs: &mut [&mut [f32]],
+) {
+    assert_eq!(
+        xs.len(),
+        outs.len(),
+        "matvec_multi: {} activations but {} outputs",
+        xs.len(),
+        outs.len()
+    );
+    let mut rb = 0;
+    for (x, o) in xs.iter().zip(outs.iter()) {
+        match check_matvec(ty, w, &rows, cols, x, o) {
+            Ok((r, _)) => rb = r,
+            Err(e) => panic!("matvec_multi: {e}"),
+        }
+    }
+    let multi = match table().backend {
+        #[cfg(target_arch = "x86_64")]
+        Backend::Avx2 => avx2::multi_kernel(ty),
+        _ => None,
+    };
+    let (Some(multi), true) = (multi, rows.end > rows.start && cols > 0) else {
+        for (x, o) in xs.iter().zip(outs.iter_mut()) {
+            matvec(ty, w, rows.clone(), cols, x, o);
+        }
+        return;
+    };
+    let w = &w[rows.start * rb..rows.end * rb];
+    #[cfg(target_arch = "x86_64")]
+    let group = avx2::MAX_MULTI;
+    #[cfg(not(target_arch = "x86_64"))]
+    let group = 1;
+    for (xg, og) in xs.chunks(group).zip(outs.chunks_mut(group)) {
+        multi(w, rb, xg, og);
+    }
 }
 
 /// [`try_matvec`] on a specific backend (for tests and benchmarks).

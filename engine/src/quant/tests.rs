@@ -1378,3 +1378,268 @@ fn quantize_activation_reuses_the_buffer() {
 fn vec_dot_panics_on_unsupported_type() {
     vec_dot(GgmlType::IQ2_XS, 256, &[0u8; 74], &[0u8; 292]);
 }
+
+// ---------------------------------------------------------------------------
+// ggml's float summation order (the AVX2 kernels, bit for bit)
+// ---------------------------------------------------------------------------
+//
+// Scalar models of the kernels a native x86 llama.cpp build runs for one token,
+// written from ggml-cpu's `arch/x86/quants.c`, `arch/x86/repack.cpp` and `vec.cpp`:
+// the integer lanes and every f32 operation in order. The AVX2 kernels must give the
+// same bits (this is what makes `cargo xtask parity` bit-exact).
+
+/// `hsum_float_8`: `(l0+l4) + (l2+l6)` and `(l1+l5) + (l3+l7)`, then their sum.
+fn ggml_hsum8(a: &[f32; 8]) -> f32 {
+    let r = [a[0] + a[4], a[1] + a[5], a[2] + a[6], a[3] + a[7]];
+    (r[0] + r[2]) + (r[1] + r[3])
+}
+
+/// Q4_K/Q5_K element `e`: (unsigned quant, sub-block scale, sub-block min).
+fn k4_elem(ty: GgmlType, b: &[u8], e: usize) -> (i32, i32, i32) {
+    let (c, t, l) = (e / 64, (e % 64) / 32, e % 32);
+    let qs_off = if ty == GgmlType::Q4_K { 16 } else { 48 };
+    let byte = b[qs_off + 32 * c + l];
+    let mut q = if t == 0 { byte & 0xf } else { byte >> 4 };
+    if ty == GgmlType::Q5_K {
+        q |= ((b[16 + l] >> (2 * c + t)) & 1) << 4;
+    }
+    let j = e / 32;
+    let s = &b[4..16];
+    let (sc, m) = if j < 4 {
+        (s[j] & 63, s[j + 4] & 63)
+    } else {
+        (
+            (s[j + 4] & 0xf) | ((s[j - 4] >> 6) << 4),
+            (s[j + 4] >> 4) | ((s[j] >> 6) << 4),
+        )
+    };
+    (q as i32, sc as i32, m as i32)
+}
+
+fn q8k_d(y: &[u8]) -> f32 {
+    f32::from_le_bytes([y[0], y[1], y[2], y[3]])
+}
+
+fn q8k_bsum(y: &[u8], g: usize) -> i32 {
+    i16::from_le_bytes([y[260 + 2 * g], y[261 + 2 * g]]) as i32
+}
+
+fn ggml_order_dot(ty: GgmlType, w: &[u8], x: &[u8], n: usize) -> f32 {
+    use GgmlType::*;
+    let ts = ty.type_size();
+    let xs = ty.vec_dot_type().type_size();
+    match ty {
+        // ggml_vec_dot_q8_0_q8_0, AVX2.
+        Q8_0 => {
+            let mut acc = [0f32; 8];
+            for (a, b) in w.chunks_exact(ts).zip(x.chunks_exact(xs)) {
+                let d = h(a, 0) * h(b, 0);
+                for (l, al) in acc.iter_mut().enumerate() {
+                    let s: i32 = (4 * l..4 * l + 4)
+                        .map(|e| i8at(a, 2 + e) * i8at(b, 2 + e))
+                        .sum();
+                    *al = d.mul_add(s as f32, *al);
+                }
+            }
+            ggml_hsum8(&acc)
+        }
+        // ggml_gemv_q4_K_8x8_q8_K (AVX2), one row.
+        Q4_K => {
+            let (mut acc, mut accm) = (0f32, 0f32);
+            for (a, y) in w.chunks_exact(ts).zip(x.chunks_exact(xs)) {
+                let mut isum = 0i32;
+                let mut imin = 0i32;
+                for e in 0..QK_K {
+                    let (q, sc, _) = k4_elem(ty, a, e);
+                    isum += sc * q * i8at(y, 4 + e);
+                }
+                for j in 0..8 {
+                    let (_, _, m) = k4_elem(ty, a, 32 * j);
+                    imin += m * (q8k_bsum(y, 2 * j) + q8k_bsum(y, 2 * j + 1));
+                }
+                let dy = q8k_d(y);
+                acc = (isum as f32).mul_add(h(a, 0) * dy, acc);
+                accm = (imin as f32).mul_add(h(a, 2) * dy, accm);
+            }
+            acc - accm
+        }
+        // ggml_vec_dot_q5_K_q8_K, AVX2.
+        Q5_K => {
+            let mut acc = [0f32; 8];
+            let mut summs = 0f32;
+            for (a, y) in w.chunks_exact(ts).zip(x.chunks_exact(xs)) {
+                let dy = q8k_d(y);
+                let mut imin = 0i32;
+                for j in 0..8 {
+                    let (_, _, m) = k4_elem(ty, a, 32 * j);
+                    imin += m * (q8k_bsum(y, 2 * j) + q8k_bsum(y, 2 * j + 1));
+                }
+                summs = (-dy * h(a, 2)).mul_add(imin as f32, summs);
+                let d = dy * h(a, 0);
+                for (l, al) in acc.iter_mut().enumerate() {
+                    let mut s = 0i32;
+                    for j in 0..8 {
+                        for e in 32 * j + 4 * l..32 * j + 4 * l + 4 {
+                            let (q, sc, _) = k4_elem(ty, a, e);
+                            s += sc * q * i8at(y, 4 + e);
+                        }
+                    }
+                    *al = d.mul_add(s as f32, *al);
+                }
+            }
+            ggml_hsum8(&acc) + summs
+        }
+        // ggml_vec_dot_q6_K_q8_K, AVX2: unsigned quants, the -32 through bsums.
+        Q6_K => {
+            let mut acc = [0f32; 8];
+            for (a, y) in w.chunks_exact(ts).zip(x.chunks_exact(xs)) {
+                let sc = |s: usize| a[192 + s] as i8 as i32;
+                let qu = |e: usize| {
+                    let (hf, k, l) = (e / 128, (e % 128) / 32, e % 32);
+                    let ql = a[64 * hf + 32 * (k & 1) + l];
+                    let low = if k < 2 { ql & 0xf } else { ql >> 4 };
+                    (low | (((a[128 + 32 * hf + l] >> (2 * k)) & 3) << 4)) as i32
+                };
+                let d = q8k_d(y) * h(a, 208);
+                for (l, al) in acc.iter_mut().enumerate() {
+                    let mut s = 0i32;
+                    for g in 0..8 {
+                        for e in 32 * g + 4 * l..32 * g + 4 * l + 4 {
+                            s += sc(e / 16) * qu(e) * i8at(y, 4 + e);
+                        }
+                    }
+                    s -= 32
+                        * (q8k_bsum(y, 2 * l) * sc(2 * l) + q8k_bsum(y, 2 * l + 1) * sc(2 * l + 1));
+                    *al = d.mul_add(s as f32, *al);
+                }
+            }
+            ggml_hsum8(&acc)
+        }
+        // ggml_vec_dot_f32 / ggml_vec_dot_f16, AVX-512 (16 lanes) or AVX (8 lanes).
+        F32 | F16 => {
+            let val = |b: &[u8], i: usize| {
+                if ty == F32 {
+                    f32::from_le_bytes([b[4 * i], b[4 * i + 1], b[4 * i + 2], b[4 * i + 3]])
+                } else {
+                    h(b, 2 * i)
+                }
+            };
+            let wide = ggml_avx512();
+            let lanes = if wide { 16 } else { 8 };
+            let np = n - n % (4 * lanes);
+            let mut acc = vec![[0f32; 16]; 4];
+            for i in (0..np).step_by(4 * lanes) {
+                for (j, aj) in acc.iter_mut().enumerate() {
+                    for (l, a) in aj.iter_mut().enumerate().take(lanes) {
+                        let k = i + j * lanes + l;
+                        *a = val(w, k).mul_add(val(x, k), *a);
+                    }
+                }
+            }
+            let s: Vec<f32> = (0..16)
+                .map(|l| (acc[0][l] + acc[2][l]) + (acc[1][l] + acc[3][l]))
+                .collect();
+            let red = if wide {
+                let t: [f32; 8] = std::array::from_fn(|l| s[l + 8] + s[l]);
+                ggml_hsum8(&t)
+            } else {
+                let t = [s[0] + s[4], s[1] + s[5], s[2] + s[6], s[3] + s[7]];
+                (t[0] + t[1]) + (t[2] + t[3])
+            };
+            if ty == F32 {
+                (np..n).fold(red, |acc, k| val(w, k).mul_add(val(x, k), acc))
+            } else {
+                (np..n).fold(f64::from(red), |acc, k| {
+                    acc + f64::from(val(w, k) * val(x, k))
+                }) as f32
+            }
+        }
+        _ => unreachable!("no ggml-order model for {ty}"),
+    }
+}
+
+#[test]
+fn avx2_kernels_follow_ggml_float_order_bit_for_bit() {
+    if !Backend::Avx2.is_available() {
+        // The property is about the AVX2 kernels; the scalar ones promise no order.
+        assert!(!cfg!(target_arch = "x86_64") || !is_x86_feature_detected!("avx2"));
+        return;
+    }
+    let mut rng = Rng::new(11);
+    for ty in [
+        GgmlType::Q8_0,
+        GgmlType::Q4_K,
+        GgmlType::Q5_K,
+        GgmlType::Q6_K,
+        GgmlType::F32,
+        GgmlType::F16,
+    ] {
+        // Block counts: odd, even, above the row loops' precomputation limits.
+        for cols in [256, 768, 1024, 2048, 4352, 17408] {
+            let cols = if ty.block_size() == 1 {
+                cols + 37
+            } else {
+                cols
+            };
+            let rows = 19;
+            let rb = ty.row_bytes(cols).unwrap();
+            let w: Vec<u8> = (0..rows)
+                .flat_map(|_| random_row(ty, cols, &mut rng))
+                .collect();
+            let x = random_row(ty.vec_dot_type(), cols, &mut rng);
+            let mut out = vec![f32::NAN; rows];
+            matvec_on(Backend::Avx2, ty, &w, 0..rows, cols, &x, &mut out).unwrap();
+            for (r, o) in out.iter().enumerate() {
+                let row = &w[r * rb..(r + 1) * rb];
+                let want = ggml_order_dot(ty, row, &x, cols);
+                let one = vec_dot_on(Backend::Avx2, ty, cols, row, &x).unwrap();
+                assert_eq!(
+                    o.to_bits(),
+                    want.to_bits(),
+                    "{ty} {cols} cols row {r}: matvec {o} vs ggml order {want}"
+                );
+                assert_eq!(
+                    one.to_bits(),
+                    want.to_bits(),
+                    "{ty} {cols} cols row {r}: vec_dot {one} vs ggml order {want}"
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn matvec_multi_is_bit_identical_to_matvec() {
+    let mut rng = Rng::new(12);
+    for ty in WEIGHT_TYPES {
+        if ty == GgmlType::Q8_1 {
+            continue; // activation-only type
+        }
+        for cols in [256, 512, 1024, 17408] {
+            let rows = 13;
+            let w: Vec<u8> = (0..rows)
+                .flat_map(|_| random_row(ty, cols, &mut rng))
+                .collect();
+            for n_act in [1, 3, 4, 6] {
+                let xs: Vec<Vec<u8>> = (0..n_act)
+                    .map(|_| random_row(ty.vec_dot_type(), cols, &mut rng))
+                    .collect();
+                let xr: Vec<&[u8]> = xs.iter().map(Vec::as_slice).collect();
+                let mut outs = vec![vec![f32::NAN; 11]; n_act];
+                let mut or: Vec<&mut [f32]> = outs.iter_mut().map(Vec::as_mut_slice).collect();
+                matvec_multi(ty, &w, 2..13, cols, &xr, &mut or);
+                for (t, x) in xs.iter().enumerate() {
+                    let mut one = vec![f32::NAN; 11];
+                    matvec(ty, &w, 2..13, cols, x, &mut one);
+                    for (i, (a, b)) in outs[t].iter().zip(&one).enumerate() {
+                        assert_eq!(
+                            a.to_bits(),
+                            b.to_bits(),
+                            "{ty} {cols} cols, {n_act} activations, t {t} row {i}: {a} vs {b}"
+                        );
+                    }
+                }
+            }
+        }
+    }
+}
