@@ -43,7 +43,7 @@ pub fn main(args: &[String]) -> Result<()> {
     let mut en_tg_v = Vec::new();
     let mut e = Value::Null;
     for round in 0..rounds.max(1) {
-        let out = llama::output(
+        let out = crate::cmd::output(
             Command::new(&ll.bench)
                 .arg("-m")
                 .arg(&model)
@@ -62,7 +62,7 @@ pub fn main(args: &[String]) -> Result<()> {
         ll_pp_v.push(ts(true).context("llama-bench: no pp row")?);
         ll_tg_v.push(ts(false).context("llama-bench: no tg row")?);
 
-        let out = llama::output(
+        let out = crate::cmd::output(
             Command::new(&engine)
                 .arg("bench")
                 .arg("--model")

@@ -31,7 +31,7 @@ use std::{
 use anyhow::{Context, Result, bail};
 use serde_json::Value;
 
-use crate::llama::{cache_root, output, run};
+use crate::{cache::dir as cache_root, cmd::{output, run}};
 
 fn median(v: &mut [f64]) -> f64 {
     v.sort_by(|a, b| a.total_cmp(b));
@@ -87,7 +87,7 @@ pub fn main(args: &[String]) -> Result<()> {
     if !crate::cmd::on_path("fincore") {
         bail!("fincore (util-linux) is not installed: `apt-get install util-linux`");
     }
-    let root = crate::llama::workspace_root();
+    let root = crate::cache::workspace_root();
     run(Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into())).current_dir(&root).args([
         "build",
         "--quiet",

@@ -60,9 +60,9 @@ pub fn main(args: &[String]) -> Result<()> {
         "--json".into(),
     ];
     println!("model {} ({} threads, {n_gen} tokens), {rounds} rounds in A-B-B-A order", model.display(), threads);
-    let run_plain = || -> Result<f64> { gen_tok_s(&llama::output(Command::new(&engine).args(&engine_args))?) };
+    let run_plain = || -> Result<f64> { gen_tok_s(&crate::cmd::output(Command::new(&engine).args(&engine_args))?) };
     let run_observed = || -> Result<f64> {
-        gen_tok_s(&llama::output(
+        gen_tok_s(&crate::cmd::output(
             Command::new(&observer).args(["run", "--every", "0", "--"]).arg(&engine).args(&engine_args),
         )?)
     };

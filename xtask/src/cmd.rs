@@ -38,3 +38,12 @@ pub fn on_path(prog: &str) -> bool {
         .map(|p| std::env::split_paths(&p).any(|d| d.join(prog).is_file()))
         .unwrap_or(false)
 }
+
+/// Output of a command that must succeed, as UTF-8 (stderr shown on failure).
+pub fn output(c: &mut Command) -> Result<String> {
+    let out = c.output().with_context(|| format!("cannot run `{}`", describe(c)))?;
+    if !out.status.success() {
+        bail!("`{}` failed: {}\n{}", describe(c), out.status, String::from_utf8_lossy(&out.stderr));
+    }
+    String::from_utf8(out.stdout).with_context(|| format!("`{}` printed non-UTF-8", describe(c)))
+}

@@ -20,21 +20,7 @@ pub struct Llama {
     pub harness: PathBuf,
 }
 
-pub fn cache_root() -> Result<PathBuf> {
-    let base = match std::env::var_os("XDG_CACHE_HOME").filter(|v| !v.is_empty()) {
-        Some(x) => PathBuf::from(x),
-        None => PathBuf::from(std::env::var_os("HOME").context("HOME is not set")?).join(".cache"),
-    };
-    Ok(base.join("moe-observer"))
-}
 
-pub fn run(cmd: &mut Command) -> Result<()> {
-    let status = cmd.status().with_context(|| format!("starting {cmd:?}"))?;
-    if !status.success() {
-        bail!("{cmd:?} failed: {status}");
-    }
-    Ok(())
-}
 
 fn have(tool: &str) -> bool {
     Command::new(tool).arg("--version").output().is_ok_and(|o| o.status.success())
@@ -48,8 +34,8 @@ pub fn ensure_cmake() -> Result<()> {
     eprintln!("xtask: cmake missing, installing it with apt-get");
     let install = || Command::new("apt-get").args(["install", "-y", "cmake"]).status();
     if !install().is_ok_and(|s| s.success()) {
-        run(Command::new("apt-get").arg("update"))?;
-        run(Command::new("apt-get").args(["install", "-y", "cmake"]))?;
+        crate::cmd::run(Command::new("apt-get").arg("update"))?;
+        crate::cmd::run(Command::new("apt-get").args(["install", "-y", "cmake"]))?;
     }
     if !have("cmake") {
         bail!("cmake is still not runnable after apt-get install -y cmake");
@@ -67,12 +53,12 @@ fn ensure_source(dir: &Path) -> Result<PathBuf> {
     let tarball = dl.join(format!("llama_cpp_python-{LLAMA_CPP_PYTHON}.tar.gz"));
     if !tarball.is_file() {
         eprintln!("xtask: downloading llama-cpp-python {LLAMA_CPP_PYTHON} (source) from PyPI");
-        run(Command::new("python3").args(["-m", "pip", "download", "--no-deps", "--no-binary", ":all:"]).arg(format!("llama-cpp-python=={LLAMA_CPP_PYTHON}")).arg("-d").arg(&dl))?;
+        crate::cmd::run(Command::new("python3").args(["-m", "pip", "download", "--no-deps", "--no-binary", ":all:"]).arg(format!("llama-cpp-python=={LLAMA_CPP_PYTHON}")).arg("-d").arg(&dl))?;
     }
     let tmp = dir.join("unpack.tmp");
     let _ = std::fs::remove_dir_all(&tmp);
     std::fs::create_dir_all(&tmp)?;
-    run(Command::new("tar").arg("xzf").arg(&tarball).arg("-C").arg(&tmp))?;
+    crate::cmd::run(Command::new("tar").arg("xzf").arg(&tarball).arg("-C").arg(&tmp))?;
     let vendored = tmp.join(format!("llama_cpp_python-{LLAMA_CPP_PYTHON}/vendor/llama.cpp"));
     if !vendored.join("CMakeLists.txt").is_file() {
         bail!("{}: no vendor/llama.cpp inside", tarball.display());
@@ -85,7 +71,7 @@ fn ensure_source(dir: &Path) -> Result<PathBuf> {
 
 /// Builds (if needed) llama.cpp and the reference runner; returns their paths.
 pub fn ensure() -> Result<Llama> {
-    let dir = cache_root()?.join("llama.cpp").join(LLAMA_CPP_PYTHON);
+    let dir = crate::cache::dir()?.join("llama.cpp").join(LLAMA_CPP_PYTHON);
     let build = dir.join("build");
     let lib_dir = build.join("bin");
     let bench = lib_dir.join("llama-bench");
@@ -93,7 +79,7 @@ pub fn ensure() -> Result<Llama> {
         ensure_cmake()?;
         let src = ensure_source(&dir)?;
         eprintln!("xtask: building llama.cpp ({LLAMA_CPP_PYTHON}) in {} — several minutes", build.display());
-        run(Command::new("cmake")
+        crate::cmd::run(Command::new("cmake")
             .arg("-S")
             .arg(&src)
             .arg("-B")
@@ -108,7 +94,7 @@ pub fn ensure() -> Result<Llama> {
                 "-DLLAMA_BUILD_SERVER=OFF",
             ]))?;
         let jobs = std::thread::available_parallelism().map_or(1, |n| n.get()).to_string();
-        run(Command::new("cmake").arg("--build").arg(&build).args(["-j", &jobs, "--target", "llama-bench", "llama"]))?;
+        crate::cmd::run(Command::new("cmake").arg("--build").arg(&build).args(["-j", &jobs, "--target", "llama-bench", "llama"]))?;
     }
     let src = dir.join("src");
     let hash = HARNESS_SRC.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3));
@@ -116,7 +102,7 @@ pub fn ensure() -> Result<Llama> {
     if !harness.is_file() {
         let cpp = dir.join("parity_llama.cpp");
         std::fs::write(&cpp, HARNESS_SRC).with_context(|| format!("writing {}", cpp.display()))?;
-        run(Command::new("c++")
+        crate::cmd::run(Command::new("c++")
             .args(["-O2", "-std=c++17", "-o"])
             .arg(&harness)
             .arg(&cpp)
@@ -129,41 +115,27 @@ pub fn ensure() -> Result<Llama> {
     Ok(Llama { bench, harness })
 }
 
-/// The workspace root (xtask's manifest is one level below it).
-pub fn workspace_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).parent().map_or_else(|| PathBuf::from("."), Path::to_path_buf)
-}
 
 /// Builds the engine binary (release) and returns its path.
 pub fn build_engine() -> Result<PathBuf> {
-    let root = workspace_root();
-    run(Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
+    let root = crate::cache::workspace_root();
+    crate::cmd::run(Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
         .current_dir(&root)
         .args(["build", "--quiet", "--release", "--package", "engine"]))?;
-    let target = std::env::var_os("CARGO_TARGET_DIR").map_or_else(|| root.join("target"), PathBuf::from);
-    Ok(target.join("release/engine"))
-}
-
-/// Output of a command that must succeed, as UTF-8.
-pub fn output(cmd: &mut Command) -> Result<String> {
-    let out = cmd.output().with_context(|| format!("starting {cmd:?}"))?;
-    if !out.status.success() {
-        bail!("{cmd:?} failed: {}\n{}", out.status, String::from_utf8_lossy(&out.stderr));
-    }
-    String::from_utf8(out.stdout).with_context(|| format!("{cmd:?} printed non-UTF-8"))
+    Ok(crate::cache::target_dir().join("release/engine"))
 }
 
 /// A synthetic model in the cache, generated when missing. `args` are `engine synth` options;
 /// the file is keyed by the configuration the engine resolves them to (and its synth format).
 pub fn synth_model(engine: &Path, name: &str, args: &[&str]) -> Result<PathBuf> {
-    let cfg = output(Command::new(engine).arg("synth").args(["-o", "/dev/null", "--dry-run"]).args(args))?;
+    let cfg = crate::cmd::output(Command::new(engine).arg("synth").args(["-o", "/dev/null", "--dry-run"]).args(args))?;
     let hash = cfg.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3));
-    let dir = cache_root()?.join("models");
+    let dir = crate::cache::dir()?.join("models");
     std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
     let path = dir.join(format!("{name}-{hash:016x}.gguf"));
     if !path.is_file() {
         let tmp = path.with_extension("gguf.tmp");
-        run(Command::new(engine).arg("synth").arg("-o").arg(&tmp).args(args))?;
+        crate::cmd::run(Command::new(engine).arg("synth").arg("-o").arg(&tmp).args(args))?;
         std::fs::rename(&tmp, &path).with_context(|| format!("renaming {}", tmp.display()))?;
     }
     Ok(path)

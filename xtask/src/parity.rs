@@ -88,7 +88,7 @@ pub fn main(args: &[String]) -> Result<()> {
         "64", "--experts", "16", "--experts-used", "4", "--expert-ffn", "512", "--vocab", "4096",
         "--output-skew", "2.5",
     ];
-    let tmp = llama::cache_root()?.join("parity-tmp");
+    let tmp = crate::cache::dir()?.join("parity-tmp");
     std::fs::create_dir_all(&tmp).with_context(|| format!("creating {}", tmp.display()))?;
     let mut failures = 0;
     let mut worst = 0f64;
@@ -102,11 +102,11 @@ pub fn main(args: &[String]) -> Result<()> {
         // Tokenization.
         let mut cmd = Command::new(&ll.harness);
         cmd.arg("tokenize").arg(&model).args(TOKENIZE);
-        let reference: Value = serde_json::from_str(&llama::output(&mut cmd)?).context("parsing parity-llama tokenize output")?;
+        let reference: Value = serde_json::from_str(&crate::cmd::output(&mut cmd)?).context("parsing parity-llama tokenize output")?;
         let ref_tokens = reference["tokens"].as_array().cloned().unwrap_or_default();
         let mut tok_ok = 0;
         for (i, text) in TOKENIZE.iter().enumerate() {
-            let ours: Value = serde_json::from_str(&llama::output(
+            let ours: Value = serde_json::from_str(&crate::cmd::output(
                 Command::new(&engine).arg("tokenize").arg("--model").arg(&model).arg("--text").arg(text),
             )?)?;
             let theirs = ref_tokens.get(i).map(ids).unwrap_or_default();
@@ -127,7 +127,7 @@ pub fn main(args: &[String]) -> Result<()> {
         for (pi, prompt) in prompts.iter().enumerate() {
             let ll_logits = tmp.join(format!("{quant}-{pi}.llama.f32"));
             let en_logits = tmp.join(format!("{quant}-{pi}.engine.f32"));
-            let r: Value = serde_json::from_str(&llama::output(
+            let r: Value = serde_json::from_str(&crate::cmd::output(
                 Command::new(&ll.harness)
                     .arg("generate")
                     .arg(&model)
@@ -138,7 +138,7 @@ pub fn main(args: &[String]) -> Result<()> {
                     .arg(UBATCH.to_string()),
             )?)
             .context("parsing parity-llama generate output")?;
-            let out = llama::output(
+            let out = crate::cmd::output(
                 Command::new(&engine)
                     .arg("run")
                     .arg("--model")
@@ -153,7 +153,7 @@ pub fn main(args: &[String]) -> Result<()> {
             // 256 positions llama.cpp splits single-token attention across threads and so does
             // the engine, which batches do not, as in llama.cpp.
             let en_batched = tmp.join(format!("{quant}-{pi}.engine-batched.f32"));
-            let out_b = llama::output(
+            let out_b = crate::cmd::output(
                 Command::new(&engine)
                     .arg("run")
                     .arg("--model")
@@ -163,7 +163,7 @@ pub fn main(args: &[String]) -> Result<()> {
                     .arg("--logits-out")
                     .arg(&en_batched),
             )?;
-            let batched: Value = serde_json::from_str(&llama::output(
+            let batched: Value = serde_json::from_str(&crate::cmd::output(
                 Command::new(&ll.harness)
                     .arg("generate")
                     .arg(&model)
