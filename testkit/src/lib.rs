@@ -55,6 +55,8 @@ fn run(cmd: &mut Command) -> Result<()> {
 pub struct ZramSwap {
     dev: String,
     sys: PathBuf,
+    /// Index of a device this guard created with `hot_add` (removed on drop).
+    added: Option<u32>,
 }
 
 impl ZramSwap {
@@ -75,10 +77,20 @@ impl ZramSwap {
                 break;
             }
         }
+        let mut added = None;
+        if chosen.is_none() {
+            // All in use (another user's swap): add a device of our own.
+            let n: u32 = std::fs::read_to_string("/sys/class/zram-control/hot_add")
+                .ok()
+                .and_then(|s| s.trim().parse().ok())
+                .context("no free zram device and /sys/class/zram-control/hot_add failed (is CONFIG_ZRAM set?)")?;
+            added = Some(n);
+            chosen = Some((format!("/dev/zram{n}"), PathBuf::from(format!("/sys/block/zram{n}"))));
+        }
         let Some((dev, sys)) = chosen else {
             bail!("no free zram device (/sys/block/zram*/disksize all in use, or the kernel lacks CONFIG_ZRAM)");
         };
-        let z = ZramSwap { dev, sys };
+        let z = ZramSwap { dev, sys, added };
         // lz4 where available; the kernel's default otherwise.
         let _ = write(z.sys.join("comp_algorithm"), "lz4");
         write(z.sys.join("disksize"), &format!("{}", size_mib << 20))?;
@@ -102,6 +114,9 @@ impl Drop for ZramSwap {
     fn drop(&mut self) {
         let _ = Command::new("swapoff").arg(&self.dev).status();
         let _ = write(self.sys.join("reset"), "1");
+        if let Some(n) = self.added {
+            let _ = write("/sys/class/zram-control/hot_remove", &n.to_string());
+        }
     }
 }
 
