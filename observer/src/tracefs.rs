@@ -90,6 +90,16 @@ mod tests {
     use super::*;
 
     #[test]
+    fn a_missing_tracepoint_or_field_is_named() {
+        let e = Format::load("no_such_category", "no_such_event").unwrap_err();
+        let msg = format!("{e:#}");
+        assert!(msg.contains("no tracepoint no_such_category:no_such_event"), "{msg}");
+        let f = Format { category: "sched".into(), name: "sched_switch".into(), fields: parse_format("") };
+        let msg = format!("{:#}", f.field("prev_state").unwrap_err());
+        assert!(msg.contains("sched:sched_switch has no field `prev_state`"), "{msg}");
+    }
+
+    #[test]
     fn parses_sched_switch() {
         let text = "name: sched_switch\nID: 316\nformat:\n\tfield:unsigned short common_type;\toffset:0;\tsize:2;\tsigned:0;\n\tfield:char prev_comm[16];\toffset:8;\tsize:16;\tsigned:0;\n\tfield:pid_t prev_pid;\toffset:24;\tsize:4;\tsigned:1;\n\tfield:long prev_state;\toffset:32;\tsize:8;\tsigned:1;\n\tfield:__data_loc char[] cmd;\toffset:44;\tsize:4;\tsigned:0;\n";
         let f = parse_format(text);

@@ -12,6 +12,7 @@ mod bench_engine;
 mod bench_heatmap;
 mod bench_metrics;
 mod bench_observer;
+mod bench_tui;
 mod cache;
 mod cmd;
 mod demo;
@@ -32,6 +33,7 @@ commands:
   parity [OPTIONS]   engine vs llama.cpp: tokens, greedy continuations, logits
   bench engine [..]  engine vs llama.cpp decode and prompt tok/s, printed as ratios
   bench observer     engine decode tok/s with and without the observer, as a ratio
+  bench tui          engine decode tok/s under `observer tui` vs `observer run`, as a ratio
   pressure [..] -- CMD  run CMD under a memory limit (+ zram, balloon); restores the machine
   bench heatmap [..] residency refresh of a 20 GB sparse model vs fincore, same run
   bench metrics      observed engine tok/s with and without bursts of /metrics scrapes
@@ -46,6 +48,7 @@ fn main() {
         ["parity", ..] => parity::main(&args[1..]),
         ["bench", "engine", ..] => bench_engine::main(&args[2..]),
         ["bench", "observer", ..] => bench_observer::main(&args[2..]),
+        ["bench", "tui", ..] => bench_tui::main(&args[2..]),
         ["pressure", ..] => pressure::main(&args[1..]),
         ["bench", "heatmap", ..] => bench_heatmap::main(&args[2..]),
         ["bench", "metrics", ..] => bench_metrics::main(&args[2..]),
