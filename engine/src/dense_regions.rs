@@ -60,12 +60,17 @@
 //! with [`DenseRegions::new`] and hands it to [`export`] before loading a model; placements
 //! publish through the registry here, which writes to the exported object when there is one:
 //!
-//! ```ignore
+//! ```
+//! use engine::dense_regions::{DenseRegions, export};
+//!
 //! #[unsafe(no_mangle)]
 //! #[used]
 //! pub static moe_engine_dense_regions: DenseRegions = DenseRegions::new();
-//! // first thing in main:
-//! engine::dense_regions::export(&moe_engine_dense_regions);
+//!
+//! fn main() {
+//!     export(&moe_engine_dense_regions);
+//!     // … then load the model: `Placement` publishes its copy …
+//! }
 //! ```
 //!
 //! The observer has its own definition of these types (`observer::residency::anon`); the engine
