@@ -834,6 +834,17 @@ fn dense_swapped_panel_shows_an_engine_copy_in_zram() {
         .local_addr()
         .unwrap();
     let prom = Prometheus::start(addr, "prom-dense");
+    // Its first scrape (up = 0: nothing listens yet) says the target is set up.
+    let t0 = Instant::now();
+    while values(&prom.query_range("up{job=\"observer\"}", now_unix() - 5.0, now_unix())).is_empty()
+    {
+        assert!(
+            t0.elapsed() < Duration::from_secs(30),
+            "prometheus never scraped; log:\n{}",
+            prom.log()
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
     testkit::drop_caches().expect("drop caches");
     let p = testkit::Pressure::new(&testkit::PressureConfig {
         name: "observer-prom-dense".into(),
@@ -866,7 +877,7 @@ fn dense_swapped_panel_shows_an_engine_copy_in_zram() {
             "-p",
             "Once upon a time",
             "-n",
-            "64",
+            "240",
             "-t",
             "1",
             "--ignore-eos",
@@ -888,9 +899,24 @@ fn dense_swapped_panel_shows_an_engine_copy_in_zram() {
         exported < 1.0 && resident < 1.0,
         "swapped {exported}, resident {resident}"
     );
+    // The run lasts several seconds more (240 tokens): Prometheus scrapes the gauge meanwhile.
+    let t0 = Instant::now();
+    while values(&prom.query_range("moe_observer_dense_swapped_ratio", start, now_unix()))
+        .is_empty()
+    {
+        assert!(
+            obs.child.try_wait().unwrap().is_none(),
+            "the run ended before Prometheus scraped dense_swapped_ratio; stderr:\n{}",
+            obs.stderr()
+        );
+        assert!(
+            t0.elapsed() < Duration::from_secs(60),
+            "prometheus never scraped dense_swapped_ratio"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
     let st = obs.child.wait().unwrap();
     assert!(st.success(), "{st}: {}", obs.stderr());
-    // Prometheus scrapes every 500 ms: the run's last values were scraped before it ended.
     let end = now_unix();
     drop(p);
 
@@ -923,7 +949,9 @@ fn dense_swapped_panel_shows_an_engine_copy_in_zram() {
         let vals = values(&prom.query_range(&q, start, end));
         assert!(
             vals.iter().any(|v| *v > 0.0 && *v < 1.0),
-            "{title}: {q}: {vals:?} (no fraction of the copy in swap); prometheus log:\n{}",
+            "{title}: {q}: {vals:?} (no fraction of the copy in swap); up: {:?}; run {:.1} s; prometheus log:\n{}",
+            values(&prom.query_range("up{job=\"observer\"}", start, end)),
+            end - start,
             prom.log()
         );
         assert!(
