@@ -7,6 +7,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, bail};
 use clap::{Parser, Subcommand};
 
+use engine::dense_regions::DenseRegions;
 use engine::gguf::Gguf;
 use engine::markers::{KIND_GENERATE, KIND_PROMPT};
 use engine::model::{Model, Session};
@@ -171,7 +172,15 @@ fn default_threads() -> usize {
     std::thread::available_parallelism().map_or(1, |n| n.get())
 }
 
+/// Where the anonymous copy of the dense weights is, for observers (`--dense anon|locked`; the
+/// ABI is specified in [`engine::dense_regions`]). Defined here, in the binary, and kept by
+/// `#[used]`: no Rust code reads it, other processes do (through `/proc/PID/mem`).
+#[unsafe(no_mangle)]
+#[used]
+pub static moe_engine_dense_regions: DenseRegions = DenseRegions::new();
+
 fn main() -> Result<()> {
+    engine::dense_regions::export(&moe_engine_dense_regions);
     // Die quietly on a closed stdout (`engine run … | head`) instead of panicking.
     // SAFETY: restoring the default SIGPIPE disposition before any thread is started.
     unsafe {
@@ -354,6 +363,16 @@ fn run(a: RunArgs) -> Result<()> {
         p.experts.name(),
         load_s
     );
+    if let Some(r) = p.copy_range() {
+        eprintln!(
+            "engine: dense copy at {:#x}-{:#x} ({} pages, {} runs published in {})",
+            r.start,
+            r.end,
+            r.len() / engine::placement::page_size(),
+            p.published_ranges().len(),
+            engine::dense_regions::SYMBOL
+        );
+    }
     let tok = Tokenizer::from_gguf(&model.gguf).with_context(|| format!("tokenizer of {}", path.display()))?;
     let prompt = tok.encode(&a.prompt).with_context(|| format!("tokenizing the prompt with {}", path.display()))?;
     if prompt.is_empty() {

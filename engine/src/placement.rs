@@ -5,9 +5,9 @@
 //! embeddings, attention, norms, routers, the output matrix. They are touched every token.
 //! - `mmap`: served from the read-only file mapping, i.e. from the page cache (like llama.cpp's
 //!   default). Under pressure the kernel drops them and faults them back from the file.
-//! - `anon`: copied at load into one private anonymous mapping (each tensor 64-byte aligned).
-//!   Under pressure the kernel may swap them out, e.g. to zram, and every later touch is a
-//!   synchronous swap-in on the decoding thread (charged to the engine's "compute").
+//! - `anon`: copied at load into one private anonymous mapping. Under pressure the kernel may
+//!   swap them out, e.g. to zram, and every later touch is a synchronous swap-in on the decoding
+//!   thread (charged to the engine's "compute").
 //! - `locked`: as `anon`, then `mlock`ed: the Linux counterpart of pinned buffers. Needs
 //!   `CAP_IPC_LOCK` or an `RLIMIT_MEMLOCK` of at least the dense size.
 //!
@@ -16,6 +16,15 @@
 //! weights are held once, in anonymous memory.
 //!
 //! Routed experts always stay on the file mapping (`--experts mmap`).
+//!
+//! ## Layout of the copy
+//! The dense tensors' file ranges are merged into runs (adjacent dense tensors). Each run is
+//! copied whole, at the same offset within a page as in the file (so every tensor keeps the
+//! file's alignment, as under `mmap`), and starts on a page of its own: no page of the copy
+//! holds two runs. The mapping has a `PROT_NONE` guard page on each side, so it is one VMA of
+//! its own in `/proc/PID/maps`. Once the copy is complete (and locked), its runs are published
+//! for observers in the exported `moe_engine_dense_regions` ([`crate::dense_regions`]), and
+//! unpublished before the copy is unmapped.
 //!
 //! ## Residency (`dense_resident_frac`)
 //! The share of the dense weights' pages that are in RAM, by `mincore(2)`: over the pages of the
@@ -93,15 +102,18 @@ pub enum PlacementError {
     Mlock { path: String, bytes: usize, source: std::io::Error },
 }
 
-/// The anonymous copy of the dense tensors.
+/// The anonymous copy of the dense tensors (layout in the module docs).
 struct AnonCopy {
+    /// The copy's first page (after the leading guard page).
     ptr: *mut u8,
-    /// Mapped length (whole pages).
+    /// Length of the copy in whole pages (guard pages excluded).
     len: usize,
-    /// Bytes used by the copies (≤ `len`).
+    /// Bytes from `ptr` to the end of the last run (≤ `len`).
     used: usize,
-    /// `(file range, offset in the copy)`, sorted by file offset.
+    /// `(file range of a run, offset of its copy from ptr)`, sorted by file offset.
     entries: Vec<(Range<usize>, usize)>,
+    /// The runs as published in `moe_engine_dense_regions`; `None` until the copy is complete.
+    published: Option<crate::dense_regions::Publication>,
 }
 
 // SAFETY: the copy is written once in `Placement::new` and only read afterwards; the pointer is
@@ -112,16 +124,32 @@ unsafe impl Sync for AnonCopy {}
 
 impl Drop for AnonCopy {
     fn drop(&mut self) {
-        // SAFETY: `ptr`/`len` come from a successful mmap and nothing borrows the copy any more
-        // (borrows are tied to `&Placement`).
-        unsafe { libc::munmap(self.ptr.cast(), self.len) };
+        // Observers must stop reading the runs before the memory goes away.
+        drop(self.published.take());
+        let page = page_size();
+        // SAFETY: the mapping (guard pages included) comes from a successful mmap, and nothing
+        // borrows the copy any more (borrows are tied to `&Placement`).
+        unsafe { libc::munmap(self.ptr.sub(page).cast(), self.len + 2 * page) };
     }
 }
 
 impl AnonCopy {
     fn bytes(&self) -> &[u8] {
-        // SAFETY: `used` bytes of the mapping were initialised by the copy.
+        // SAFETY: the first `used` bytes of the mapping are mapped read/write; the runs were
+        // copied in, the rest is zero-filled by the kernel.
         unsafe { std::slice::from_raw_parts(self.ptr, self.used) }
+    }
+
+    /// The runs as `dense_regions` entries.
+    fn ranges(&self) -> Vec<crate::dense_regions::DenseRange> {
+        self.entries
+            .iter()
+            .map(|(r, off)| crate::dense_regions::DenseRange {
+                addr: self.ptr as u64 + *off as u64,
+                len: r.len() as u64,
+                file_offset: r.start as u64,
+            })
+            .collect()
     }
 }
 
@@ -132,7 +160,7 @@ pub struct Placement {
     /// Bytes of dense tensors / of routed-expert tensors.
     pub dense_bytes: u64,
     pub expert_bytes: u64,
-    /// Dense tensors' file ranges, merged and sorted.
+    /// Dense tensors' file ranges, merged into runs (see `new`) and sorted.
     dense_ranges: Vec<Range<usize>>,
     copy: Option<AnonCopy>,
 }
@@ -184,10 +212,13 @@ impl Placement {
             }
         }
         ranges.sort_by_key(|r| r.start);
+        // Runs of dense tensors: adjacent ones merge across the file's alignment padding (a gap
+        // shorter than the alignment cannot hold another tensor, whose start is aligned).
+        let align = (g.alignment as usize).max(1);
         let mut merged: Vec<Range<usize>> = Vec::new();
         for r in &ranges {
             match merged.last_mut() {
-                Some(m) if r.start <= m.end => m.end = m.end.max(r.end),
+                Some(m) if r.start <= m.end.next_multiple_of(align) => m.end = m.end.max(r.end),
                 _ => merged.push(r.clone()),
             }
         }
@@ -195,9 +226,9 @@ impl Placement {
         let copy = match dense {
             DensePolicy::Mmap => None,
             DensePolicy::Anon | DensePolicy::Locked => {
-                let c = Self::copy_dense(g, &ranges, &path)?;
+                let mut c = Self::copy_dense(g, &merged, &path)?;
                 if dense == DensePolicy::Locked {
-                    // SAFETY: the whole mapping is ours.
+                    // SAFETY: the whole copy is ours.
                     if unsafe { libc::mlock(c.ptr.cast(), c.len) } != 0 {
                         return Err(PlacementError::Mlock {
                             path,
@@ -209,40 +240,49 @@ impl Placement {
                 if g.is_mapped() {
                     Self::release_file_pages(g, &merged);
                 }
+                c.published = Some(crate::dense_regions::publish(c.ranges()));
                 Some(c)
             }
         };
         Ok(Placement { dense, experts, dense_bytes, expert_bytes, dense_ranges: merged, copy })
     }
 
-    fn copy_dense(g: &Gguf, ranges: &[Range<usize>], path: &str) -> Result<AnonCopy, PlacementError> {
-        let mut entries = Vec::with_capacity(ranges.len());
+    /// Copies the merged dense runs `runs` (sorted, disjoint) into a fresh anonymous mapping.
+    fn copy_dense(g: &Gguf, runs: &[Range<usize>], path: &str) -> Result<AnonCopy, PlacementError> {
+        let page = page_size();
+        let mut entries = Vec::with_capacity(runs.len());
         let mut used = 0usize;
-        for r in ranges {
-            let off = used.next_multiple_of(64);
+        for r in runs {
+            // A page of its own, at the file's offset within the page.
+            let off = used.next_multiple_of(page) + r.start % page;
             entries.push((r.clone(), off));
             used = off + r.len();
         }
-        let len = used.max(1).next_multiple_of(page_size());
-        // SAFETY: a fresh private anonymous mapping chosen by the kernel.
-        let p = unsafe {
+        let len = used.max(1).next_multiple_of(page);
+        let alloc_err =
+            || PlacementError::Alloc { path: path.to_owned(), bytes: len, source: std::io::Error::last_os_error() };
+        // SAFETY: a fresh private anonymous mapping chosen by the kernel: the copy and a guard
+        // page on each side.
+        let outer = unsafe {
             libc::mmap(
                 std::ptr::null_mut(),
-                len,
-                libc::PROT_READ | libc::PROT_WRITE,
+                len + 2 * page,
+                libc::PROT_NONE,
                 libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
                 -1,
                 0,
             )
         };
-        if p == libc::MAP_FAILED {
-            return Err(PlacementError::Alloc {
-                path: path.to_owned(),
-                bytes: len,
-                source: std::io::Error::last_os_error(),
-            });
+        if outer == libc::MAP_FAILED {
+            return Err(alloc_err());
         }
-        let c = AnonCopy { ptr: p.cast(), len, used, entries };
+        // SAFETY: one page into the mapping of `len + 2 * page` bytes.
+        let ptr = unsafe { outer.cast::<u8>().add(page) };
+        let c = AnonCopy { ptr, len, used, entries, published: None };
+        // SAFETY: the inner `len` bytes of our own mapping (`c` unmaps it on error).
+        if unsafe { libc::mprotect(ptr.cast(), len, libc::PROT_READ | libc::PROT_WRITE) } != 0 {
+            return Err(alloc_err());
+        }
         let file = g.bytes();
         for (r, off) in &c.entries {
             // SAFETY: `off + r.len() <= used <= len`; the mapping is ours and not yet shared.
@@ -276,7 +316,7 @@ impl Placement {
         }
     }
 
-    /// The copy of `r` when `r` lies inside one dense tensor that was copied.
+    /// The copy of `r` when `r` lies inside one run of dense tensors that was copied.
     #[inline]
     pub fn dense_copy(&self, r: &Range<usize>) -> Option<&[u8]> {
         let c = self.copy.as_ref()?;
@@ -289,12 +329,22 @@ impl Placement {
         c.bytes().get(s..s + r.len())
     }
 
-    /// Bytes of the anonymous copy (0 for `mmap`).
+    /// Bytes of the anonymous copy, whole pages (0 for `mmap`).
     pub fn copy_bytes(&self) -> usize {
         self.copy.as_ref().map_or(0, |c| c.len)
     }
 
-    /// The dense tensors' file ranges (merged, sorted).
+    /// The anonymous copy's address range (guard pages excluded); `None` for `mmap`.
+    pub fn copy_range(&self) -> Option<Range<usize>> {
+        self.copy.as_ref().map(|c| c.ptr as usize..c.ptr as usize + c.len)
+    }
+
+    /// The entries this copy published in `moe_engine_dense_regions` (empty for `mmap`).
+    pub fn published_ranges(&self) -> Vec<crate::dense_regions::DenseRange> {
+        self.copy.as_ref().filter(|c| c.published.is_some()).map_or_else(Vec::new, AnonCopy::ranges)
+    }
+
+    /// The dense tensors' file ranges (merged into runs across alignment padding, sorted).
     pub fn dense_ranges(&self) -> &[Range<usize>] {
         &self.dense_ranges
     }

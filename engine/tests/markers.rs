@@ -1,5 +1,6 @@
 //! The token markers in the built `engine` binary (the release binary under `cargo xtask test`):
-//! exported, at distinct addresses, probeable, and firing once per step under a real uprobe.
+//! exported, at distinct addresses, probeable, and firing once per step under a real uprobe; and
+//! the exported dense-regions header beside them.
 
 mod common;
 
@@ -34,6 +35,33 @@ fn marker_symbols_are_exported_at_distinct_probeable_addresses() {
         addrs.push(sym.address());
     }
     assert_ne!(addrs[0], addrs[1], "{SYM_BEGIN} and {SYM_END} were folded to one address");
+}
+
+/// The dense-regions header (`engine::dense_regions`): a global 32-byte data object in the
+/// binary, kept although no code of the engine reads it, and initialised with the magic and
+/// version and nothing published.
+#[test]
+fn dense_regions_header_is_exported_as_an_initialised_data_object() {
+    use engine::dense_regions::{HEADER_SIZE, MAGIC, SYMBOL, VERSION};
+    let data = std::fs::read(ENGINE).unwrap_or_else(|e| panic!("{ENGINE}: {e}"));
+    let file = object::File::parse(&*data).expect("engine is an ELF file");
+    let sym = file
+        .symbols()
+        .find(|s| s.name() == Ok(SYMBOL) && s.is_definition())
+        .unwrap_or_else(|| panic!("{ENGINE} does not define {SYMBOL} (optimised away, or a stripped binary?)"));
+    assert_eq!(sym.kind(), SymbolKind::Data, "{SYMBOL} is not a data object");
+    assert!(sym.is_global(), "{SYMBOL} is not a global symbol");
+    assert_eq!(sym.size(), HEADER_SIZE as u64, "{SYMBOL} size");
+    let sec = file
+        .sections()
+        .find(|s| (s.address()..s.address() + s.size()).contains(&sym.address()))
+        .expect("section of the header");
+    let bytes = sec.data().unwrap();
+    let at = (sym.address() - sec.address()) as usize;
+    let h = &bytes[at..at + HEADER_SIZE];
+    assert_eq!(u32::from_le_bytes(h[0..4].try_into().unwrap()), MAGIC, "magic");
+    assert_eq!(u32::from_le_bytes(h[4..8].try_into().unwrap()), VERSION, "version");
+    assert!(h[8..].iter().all(|&b| b == 0), "seq, count and table start at 0: {h:?}");
 }
 
 /// `{"type": "map", "data": {"@name": {"key": value, …}}}` lines of `bpftrace -f json`.

@@ -107,9 +107,14 @@ struct Observer {
 
 impl Observer {
     fn start(sub: &str, args: &[&str]) -> Observer {
+        Observer::start_at(sub, "127.0.0.1:0", args)
+    }
+
+    /// Like `start`, serving at `addr`.
+    fn start_at(sub: &str, addr: &str, args: &[&str]) -> Observer {
         let mut child = Command::new(OBSERVER)
             .arg(sub)
-            .args(["--metrics-addr", "127.0.0.1:0"])
+            .args(["--metrics-addr", addr])
             .args(args)
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
@@ -448,8 +453,13 @@ const RESIDENCY_METRICS: &[&str] = &[
     "moe_observer_pagecache_evicted_total",
 ];
 
+/// Metrics the dashboard test's run (the workload, not an engine) cannot produce: their panels
+/// are checked to return nothing there, and are covered by another test.
 const NOT_YET_PRODUCED: &[&str] = &[
-    // Needs an engine that publishes its anonymous dense copy (`--dense anon`).
+    // Needs an engine that publishes an anonymous dense copy (`--dense anon`) partly in swap:
+    // the workload has none. The panel ("Dense weights and experts resident", target B) is
+    // evaluated by `dense_swapped_panel_shows_an_engine_copy_in_zram` below, on the engine
+    // under zram + memory-limit pressure, through a real Prometheus.
     "moe_observer_dense_swapped_ratio",
 ];
 
@@ -756,6 +766,199 @@ fn prometheus_scrapes_a_run_and_every_dashboard_expression_returns_data() {
         failures.join("\n")
     );
     assert!(obs.stop().success());
+}
+
+/// The engine with `--dense anon` in a memory cgroup (limit below the model, a balloon beside
+/// it, zram swap; testkit restores the machine): `observer run --metrics-addr` exports
+/// `dense_swapped_ratio` > 0, the value of one of the run's token records, and Prometheus,
+/// scraping the run, evaluates the dashboard's dense-weights panel to it. (That the swapped
+/// fraction itself is right, against the kernel's smaps of the copy, is checked in
+/// `tests/dense_copy.rs`.)
+#[test]
+fn dense_swapped_panel_shows_an_engine_copy_in_zram() {
+    let _l = machine_lock();
+    let dir = scratch_dir("prom-dense");
+    let engine = Path::new(OBSERVER).with_file_name("engine");
+    assert!(
+        engine.exists(),
+        "{} missing: cargo xtask test builds it",
+        engine.display()
+    );
+    // ~70 MiB, ~45 MiB of it dense (a 16k vocabulary).
+    let model = dir.join("pressure.gguf");
+    if !model.exists() {
+        let tmp = dir.join("pressure.tmp");
+        let st = Command::new(&engine)
+            .args([
+                "synth",
+                "-o",
+                tmp.to_str().unwrap(),
+                "--quant",
+                "q8_0",
+                "--layers",
+                "4",
+                "--hidden",
+                "1024",
+            ])
+            .args([
+                "--heads",
+                "16",
+                "--kv-heads",
+                "4",
+                "--head-dim",
+                "64",
+                "--experts",
+                "8",
+                "--experts-used",
+                "2",
+            ])
+            .args(["--expert-ffn", "256", "--vocab", "16384"])
+            .status()
+            .expect("engine synth");
+        assert!(st.success(), "engine synth failed");
+        std::fs::rename(&tmp, &model).unwrap();
+    }
+    let dense_mib = {
+        let g = engine::gguf::Gguf::open(&model).unwrap();
+        g.tensors
+            .iter()
+            .filter(|t| !t.is_routed_expert())
+            .map(|t| t.size)
+            .sum::<u64>()
+            >> 20
+    };
+    // Prometheus first, on a port the observer will serve (free now), so that it scrapes the
+    // whole run.
+    let addr = TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap();
+    let prom = Prometheus::start(addr, "prom-dense");
+    // Its first scrape (up = 0: nothing listens yet) says the target is set up.
+    let t0 = Instant::now();
+    while values(&prom.query_range("up{job=\"observer\"}", now_unix() - 5.0, now_unix())).is_empty()
+    {
+        assert!(
+            t0.elapsed() < Duration::from_secs(30),
+            "prometheus never scraped; log:\n{}",
+            prom.log()
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    testkit::drop_caches().expect("drop caches");
+    let p = testkit::Pressure::new(&testkit::PressureConfig {
+        name: "observer-prom-dense".into(),
+        limit_bytes: (dense_mib + 41) << 20,
+        zram_mib: Some(512),
+        balloon_mib: 64,
+        balloon_touch: Duration::from_millis(100),
+    })
+    .expect("pressure setup (root, zram, cgroup v1 memory)");
+    let json = dir.join("run.json");
+    let _ = std::fs::remove_file(&json);
+    let start = now_unix();
+    let mut obs = Observer::start_at(
+        "run",
+        &addr.to_string(),
+        &[
+            "--every",
+            "0",
+            "--residency-interval",
+            "100ms",
+            "--json",
+            json.to_str().unwrap(),
+            "--cgroup",
+            p.cgroup.dir().to_str().unwrap(),
+            "--",
+            engine.to_str().unwrap(),
+            "run",
+            "-m",
+            model.to_str().unwrap(),
+            "-p",
+            "Once upon a time",
+            "-n",
+            "240",
+            "-t",
+            "1",
+            "--ignore-eos",
+            "--dense",
+            "anon",
+        ],
+    );
+    let m = obs.scrape_until(
+        "dense_swapped_ratio during the run",
+        Duration::from_secs(60),
+        |m| {
+            m.get("moe_observer_dense_swapped_ratio")
+                .is_some_and(|v| *v > 0.0)
+        },
+    );
+    let exported = val(&m, "moe_observer_dense_swapped_ratio");
+    let resident = val(&m, "moe_observer_dense_resident_ratio");
+    assert!(
+        exported < 1.0 && resident < 1.0,
+        "swapped {exported}, resident {resident}"
+    );
+    // The run lasts several seconds more (240 tokens): Prometheus scrapes the gauge meanwhile.
+    let t0 = Instant::now();
+    while values(&prom.query_range("moe_observer_dense_swapped_ratio", start, now_unix()))
+        .is_empty()
+    {
+        assert!(
+            obs.child.try_wait().unwrap().is_none(),
+            "the run ended before Prometheus scraped dense_swapped_ratio; stderr:\n{}",
+            obs.stderr()
+        );
+        assert!(
+            t0.elapsed() < Duration::from_secs(60),
+            "prometheus never scraped dense_swapped_ratio"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let st = obs.child.wait().unwrap();
+    assert!(st.success(), "{st}: {}", obs.stderr());
+    let end = now_unix();
+    drop(p);
+
+    // The exported value is a token record's, exactly.
+    let s: Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    let fracs: Vec<f64> = s["tokens"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|t| t["residency"]["dense_swapped_frac"].as_f64())
+        .collect();
+    assert!(
+        fracs.contains(&exported),
+        "exported {exported}, records {fracs:?}"
+    );
+
+    // The dashboard's panel, as Grafana would query it, shows the copy in swap.
+    let d = dashboard();
+    let range_s = (end - start).ceil() as u64;
+    let exprs: Vec<_> = expressions(&d)
+        .into_iter()
+        .filter(|(_, e)| e.contains("moe_observer_dense_swapped_ratio"))
+        .collect();
+    assert!(
+        !exprs.is_empty(),
+        "no dashboard panel shows moe_observer_dense_swapped_ratio"
+    );
+    for (title, expr) in &exprs {
+        let q = substitute(expr, &d, range_s);
+        let vals = values(&prom.query_range(&q, start, end));
+        assert!(
+            vals.iter().any(|v| *v > 0.0 && *v < 1.0),
+            "{title}: {q}: {vals:?} (no fraction of the copy in swap); up: {:?}; run {:.1} s; prometheus log:\n{}",
+            values(&prom.query_range("up{job=\"observer\"}", start, end)),
+            end - start,
+            prom.log()
+        );
+        assert!(
+            vals.iter().all(|v| fracs.contains(v)),
+            "{title}: {vals:?} are not the records' {fracs:?}"
+        );
+    }
 }
 
 #[test]
