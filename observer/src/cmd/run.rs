@@ -321,7 +321,11 @@ pub async fn run_with(args: RunArgs, mut extra: ExtraSinks) -> Result<i32> {
         }
     };
     let duration_ns = start.elapsed().as_nanos() as u64;
-    drain(ring.get_mut(), &mut asm, &mut resid, &mut records, &mut sinks)?;
+    // The records still in the ring: when the target has exited, a residency
+    // sample now would describe a process that is gone, so they carry none.
+    let ended = ending.is_some();
+    let mut late_resid = if ended { None } else { resid.take() };
+    drain(ring.get_mut(), &mut asm, &mut late_resid, &mut records, &mut sinks)?;
     let now = seed::mono_ns();
     emit(&mut sinks, &Event::Histograms(probes.histograms_event(now)?))?;
     emit(&mut sinks, &Event::Health(health(&probes, asm.malformed, now)?))?;
@@ -329,9 +333,10 @@ pub async fn run_with(args: RunArgs, mut extra: ExtraSinks) -> Result<i32> {
     if use_windows {
         let snap = Snapshot { ts: end_ns, index: 0, threads: probes.snapshot(end_ns)?, engine: None, lost: 0, churn: None };
         if let Some(t) = asm.window(snap) {
-            tokens(vec![t], &mut resid, &mut records, &mut sinks)?;
+            tokens(vec![t], &mut late_resid, &mut records, &mut sinks)?;
         }
     }
+    drop(late_resid);
     drop(resid);
 
     let rows = probes.thread_faults()?;
