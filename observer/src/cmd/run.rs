@@ -49,8 +49,9 @@ pub struct RunArgs {
     /// argument or `*.gguf` file of the target's command line.
     #[arg(long, value_name = "FILE")]
     pub model: Option<PathBuf>,
-    /// Rescan the model file's residency (mincore, pagemap) at most this often.
-    #[arg(long, default_value = "500ms", value_name = "DURATION", value_parser = parse_duration)]
+    /// Rescan the model file's residency (mincore, pagemap) at most this often
+    /// (and never for more than 0.5 % of one CPU).
+    #[arg(long, default_value = "1s", value_name = "DURATION", value_parser = parse_duration)]
     pub residency_interval: Duration,
     /// How often to sample the target's memory and swap.
     #[arg(long, default_value = "1s", value_name = "DURATION", value_parser = parse_duration)]

@@ -317,6 +317,10 @@ pub struct Sample {
     pub anon: Option<AnonResidency>,
 }
 
+/// File scans are spaced to cost at most 1/`SCAN_BUDGET` of one CPU (the
+/// observer shares the machine with the engine it measures).
+pub const SCAN_BUDGET: u32 = 200;
+
 /// Residency of one model (and optionally one engine process) sampled at a configurable rate.
 #[derive(Debug)]
 pub struct Sampler {
@@ -326,6 +330,9 @@ pub struct Sampler {
     churn: Option<churn::Churn>,
     last_counts: Option<Counts>,
     scan_interval: Duration,
+    /// CPU time the last file scan took: scans are spaced so that they cost
+    /// at most 1/`SCAN_BUDGET` of one CPU, whatever the configured interval.
+    last_scan_cost: Duration,
     last_scan: Option<(Instant, Snapshot)>,
     last_anon: Option<(Instant, Option<AnonResidency>)>,
 }
@@ -341,6 +348,7 @@ impl Sampler {
             churn: None,
             last_counts: None,
             scan_interval: Duration::ZERO,
+            last_scan_cost: Duration::ZERO,
             last_scan: None,
             last_anon: None,
         })
@@ -379,11 +387,13 @@ impl Sampler {
 
     pub fn sample(&mut self) -> Result<Sample, ResidencyError> {
         let now = Instant::now();
-        let due = |t: Option<Instant>| t.is_none_or(|t| now.duration_since(t) >= self.scan_interval);
+        let spacing = self.scan_interval.max(self.last_scan_cost * SCAN_BUDGET);
+        let due = |t: Option<Instant>| t.is_none_or(|t| now.duration_since(t) >= spacing);
         let snapshot = match &self.last_scan {
             Some((t, s)) if !due(Some(*t)) => s.clone(),
             _ => {
                 let s = self.model.scan()?;
+                self.last_scan_cost = now.elapsed();
                 self.last_scan = Some((now, s.clone()));
                 s
             }
