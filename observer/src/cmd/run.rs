@@ -49,10 +49,11 @@ pub struct RunArgs {
     /// argument or `*.gguf` file of the target's command line.
     #[arg(long, value_name = "FILE")]
     pub model: Option<PathBuf>,
-    /// Rescan the model file's residency (mincore, pagemap) at most this often
-    /// (and never for more than 0.5 % of one CPU).
-    #[arg(long, default_value = "1s", value_name = "DURATION", value_parser = parse_duration)]
-    pub residency_interval: Duration,
+    /// Rescan the model file's residency (mincore, pagemap) at most this often.
+    /// Default: every second, and never for more than 0.5 % of one CPU; a
+    /// given interval is kept whatever the scans cost.
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
+    pub residency_interval: Option<Duration>,
     /// How often to sample the target's memory and swap.
     #[arg(long, default_value = "1s", value_name = "DURATION", value_parser = parse_duration)]
     pub sample_interval: Duration,
@@ -600,7 +601,13 @@ fn residency_sampler(args: &RunArgs, command: &[String], target: &Target, probes
             return None;
         }
     };
-    s.set_scan_interval(args.residency_interval);
+    match args.residency_interval {
+        Some(d) => s.set_scan_interval(d),
+        None => {
+            s.set_scan_interval(Duration::from_secs(1));
+            s.set_scan_budget(Some(observer::residency::SCAN_BUDGET));
+        }
+    }
     if let Err(e) = s.enable_churn(probes.ebpf_mut()) {
         eprintln!("observer: page-cache churn not measured: {e}");
     }

@@ -317,8 +317,8 @@ pub struct Sample {
     pub anon: Option<AnonResidency>,
 }
 
-/// File scans are spaced to cost at most 1/`SCAN_BUDGET` of one CPU (the
-/// observer shares the machine with the engine it measures).
+/// The default budget for file scans: at most 1/`SCAN_BUDGET` of one CPU
+/// (the observer shares the machine with the engine it measures).
 pub const SCAN_BUDGET: u32 = 200;
 
 /// Residency of one model (and optionally one engine process) sampled at a configurable rate.
@@ -330,9 +330,10 @@ pub struct Sampler {
     churn: Option<churn::Churn>,
     last_counts: Option<Counts>,
     scan_interval: Duration,
-    /// CPU time the last file scan took: scans are spaced so that they cost
-    /// at most 1/`SCAN_BUDGET` of one CPU, whatever the configured interval.
+    /// CPU time the last file scan took: with a budget, scans are spaced so
+    /// that they cost at most 1/budget of one CPU.
     last_scan_cost: Duration,
+    scan_budget: Option<u32>,
     last_scan: Option<(Instant, Snapshot)>,
     last_anon: Option<(Instant, Option<AnonResidency>)>,
 }
@@ -349,6 +350,7 @@ impl Sampler {
             last_counts: None,
             scan_interval: Duration::ZERO,
             last_scan_cost: Duration::ZERO,
+            scan_budget: None,
             last_scan: None,
             last_anon: None,
         })
@@ -358,6 +360,12 @@ impl Sampler {
     /// Default: every sample.
     pub fn set_scan_interval(&mut self, d: Duration) {
         self.scan_interval = d;
+    }
+
+    /// Space scans so that they take at most 1/`budget` of one CPU (e.g.
+    /// [`SCAN_BUDGET`]), on top of the scan interval.
+    pub fn set_scan_budget(&mut self, budget: Option<u32>) {
+        self.scan_budget = budget;
     }
 
     /// Attach the page-cache churn programs of the observer's eBPF object to this model.
@@ -387,7 +395,10 @@ impl Sampler {
 
     pub fn sample(&mut self) -> Result<Sample, ResidencyError> {
         let now = Instant::now();
-        let spacing = self.scan_interval.max(self.last_scan_cost * SCAN_BUDGET);
+        let spacing = match self.scan_budget {
+            Some(b) => self.scan_interval.max(self.last_scan_cost * b),
+            None => self.scan_interval,
+        };
         let due = |t: Option<Instant>| t.is_none_or(|t| now.duration_since(t) >= spacing);
         let snapshot = match &self.last_scan {
             Some((t, s)) if !due(Some(*t)) => s.clone(),
