@@ -31,12 +31,11 @@ use std::{
 use anyhow::{Context, Result, bail};
 use serde_json::Value;
 
-use crate::{cache::dir as cache_root, cmd::{output, run}};
-
-fn median(v: &mut [f64]) -> f64 {
-    v.sort_by(|a, b| a.total_cmp(b));
-    if v.is_empty() { f64::NAN } else { v[v.len() / 2] }
-}
+use crate::{
+    bench_util::median,
+    cache::dir as cache_root,
+    cmd::{output, run},
+};
 
 fn fadvise(f: &File, off: u64, len: u64, advice: i32) -> Result<()> {
     // SAFETY: plain advice on our own descriptor.

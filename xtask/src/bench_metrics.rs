@@ -30,34 +30,10 @@ use std::{
 };
 
 use anyhow::{Context, Result, bail};
-use serde_json::Value;
 
-use crate::{cache, cmd, llama};
-
-fn gen_tok_s(stdout: &str) -> Result<f64> {
-    let last = stdout
-        .lines()
-        .rev()
-        .find(|l| l.trim_start().starts_with('{'))
-        .context("engine printed no JSON")?;
-    let v: Value = serde_json::from_str(last).context("parsing the engine's summary")?;
-    v["gen_tok_s"]
-        .as_f64()
-        .context("no gen_tok_s in the engine's summary")
-}
-
-fn median(v: &mut [f64]) -> f64 {
-    v.sort_by(|a, b| a.total_cmp(b));
-    let n = v.len();
-    if n == 0 {
-        return f64::NAN;
-    }
-    if n % 2 == 1 {
-        v[n / 2]
-    } else {
-        (v[n / 2 - 1] + v[n / 2]) / 2.0
-    }
-}
+use crate::{
+    bench_util::{self, gen_tok_s, median},
+};
 
 #[derive(Debug, Clone, Copy)]
 struct Burst {
@@ -279,34 +255,11 @@ pub fn main(args: &[String]) -> Result<()> {
             ),
         }
     }
-    crate::setup::run(crate::setup::Scope::All)?;
-    let root = cache::workspace_root();
-    cmd::run(Command::new("cargo").current_dir(&root).args([
-        "build",
-        "--release",
-        "-p",
-        "observer",
-        "-p",
-        "engine",
-        "--bins",
-    ]))?;
-    let bin = cache::target_dir().join("release");
+    let bin = bench_util::build()?;
     let engine = bin.join("engine");
     let observer = bin.join("observer");
-    let model = llama::synth_model(&engine, &format!("bench-{preset}"), &["--preset", &preset])?;
-    let engine_args: Vec<String> = vec![
-        "run".into(),
-        "-m".into(),
-        model.display().to_string(),
-        "-p".into(),
-        "The observer measures where the time of a token goes".into(),
-        "-n".into(),
-        n_gen.to_string(),
-        "-t".into(),
-        threads.to_string(),
-        "--ignore-eos".into(),
-        "--json".into(),
-    ];
+    let engine_args = bench_util::engine_args(&engine, &preset, n_gen, threads)?;
+    let model = std::path::PathBuf::from(&engine_args[2]);
     println!(
         "model {} ({threads} threads, {n_gen} tokens), {rounds} rounds in A-B-B-A order; B: bursts of {} concurrent scrapes every {} ms",
         model.display(),

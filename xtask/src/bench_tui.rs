@@ -8,21 +8,11 @@
 use std::{path::Path, process::Command, time::Duration};
 
 use anyhow::{Context, Result, bail};
-use serde_json::Value;
 
-use crate::{cache, cmd, llama};
-
-fn gen_tok_s(text: &str) -> Result<f64> {
-    let line = text.lines().rev().find(|l| l.contains("\"gen_tok_s\"")).context("no engine summary in the output")?;
-    let v: Value = serde_json::from_str(line.trim()).context("parsing the engine's summary")?;
-    v["gen_tok_s"].as_f64().context("gen_tok_s")
-}
-
-fn median(v: &mut [f64]) -> f64 {
-    v.sort_by(|a, b| a.total_cmp(b));
-    let n = v.len();
-    if n % 2 == 1 { v[n / 2] } else { (v[n / 2 - 1] + v[n / 2]) / 2.0 }
-}
+use crate::{
+    bench_util::{self, gen_tok_s, median},
+    cache, cmd,
+};
 
 /// `observer tui -- engine …` in a detached tmux terminal; the engine's
 /// output (printed by the TUI after it restores the terminal) goes to `out`.
@@ -65,29 +55,17 @@ pub fn main(args: &[String]) -> Result<()> {
             _ => bail!("usage: cargo xtask bench tui [--rounds N] [-n TOKENS]"),
         }
     }
-    crate::setup::run(crate::setup::Scope::All)?;
-    let root = cache::workspace_root();
-    cmd::run(Command::new("cargo").current_dir(&root).args(["build", "--release", "-p", "observer", "-p", "engine", "--bins"]))?;
-    let bin = cache::target_dir().join("release");
+    let bin = bench_util::build()?;
     let (engine, observer) = (bin.join("engine"), bin.join("observer"));
-    let model = llama::synth_model(&engine, "bench-small", &["--preset", "small"])?;
-    let engine_cmd: Vec<String> = vec![
-        engine.display().to_string(),
-        "run".into(),
-        "-m".into(),
-        model.display().to_string(),
-        "-p".into(),
-        "The observer measures where the time of a token goes".into(),
-        "-n".into(),
-        n_gen.to_string(),
-        "--ignore-eos".into(),
-        "--json".into(),
-    ];
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let mut engine_cmd = vec![engine.display().to_string()];
+    engine_cmd.extend(bench_util::engine_args(&engine, "small", n_gen, threads)?);
+    let model = engine_cmd[3].clone();
     let out = cache::dir()?.join("bench-tui.out");
     let under_run = || -> Result<f64> {
         gen_tok_s(&cmd::output(Command::new(&observer).args(["run", "--every", "0", "--"]).args(&engine_cmd))?)
     };
-    println!("model {} ({n_gen} tokens), {rounds} rounds in A-B-B-A order, TUI at its default refresh", model.display());
+    println!("model {model} ({n_gen} tokens), {rounds} rounds in A-B-B-A order, TUI at its default refresh");
     let (mut runs, mut tuis) = (Vec::new(), Vec::new());
     for r in 0..rounds {
         let (a, b) = if r % 2 == 0 {

@@ -13,6 +13,7 @@ mod bench_heatmap;
 mod bench_metrics;
 mod bench_observer;
 mod bench_tui;
+mod bench_util;
 mod cache;
 mod cmd;
 mod demo;

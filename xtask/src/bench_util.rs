@@ -1,0 +1,71 @@
+//! Pieces shared by the engine-driving benchmarks (`bench observer|tui|metrics`):
+//! the engine's own decode speed from its `--json` summary, medians, and the
+//! standard benchmark command line on the cached `small` model.
+
+use std::{path::Path, process::Command};
+
+use anyhow::{Context, Result};
+use serde_json::Value;
+
+use crate::{cache, cmd, llama};
+
+/// `gen_tok_s` of the engine's final JSON summary line in `text` (other
+/// output, e.g. the observer's, may be mixed in).
+pub fn gen_tok_s(text: &str) -> Result<f64> {
+    let line = text.lines().rev().find(|l| l.contains("\"gen_tok_s\"")).context("no engine summary in the output")?;
+    let v: Value = serde_json::from_str(line.trim()).context("parsing the engine's summary")?;
+    v["gen_tok_s"].as_f64().context("no gen_tok_s in the engine's summary")
+}
+
+/// Median (NaN for an empty slice).
+pub fn median(v: &mut [f64]) -> f64 {
+    v.sort_by(|a, b| a.total_cmp(b));
+    let n = v.len();
+    match n {
+        0 => f64::NAN,
+        _ if n % 2 == 1 => v[n / 2],
+        _ => (v[n / 2 - 1] + v[n / 2]) / 2.0,
+    }
+}
+
+/// The built binaries directory, after building observer and engine.
+pub fn build() -> Result<std::path::PathBuf> {
+    crate::setup::run(crate::setup::Scope::All)?;
+    let root = cache::workspace_root();
+    cmd::run(Command::new("cargo").current_dir(&root).args(["build", "--release", "-p", "observer", "-p", "engine", "--bins"]))?;
+    Ok(cache::target_dir().join("release"))
+}
+
+/// `engine run` arguments (without the binary) on the cached synthetic model
+/// of `preset`, greedy, `n` tokens, `threads` threads, JSON summary.
+pub fn engine_args(engine: &Path, preset: &str, n: usize, threads: usize) -> Result<Vec<String>> {
+    let model = llama::synth_model(engine, &format!("bench-{preset}"), &["--preset", preset])?;
+    Ok(vec![
+        "run".into(),
+        "-m".into(),
+        model.display().to_string(),
+        "-p".into(),
+        "The observer measures where the time of a token goes".into(),
+        "-n".into(),
+        n.to_string(),
+        "-t".into(),
+        threads.to_string(),
+        "--ignore-eos".into(),
+        "--json".into(),
+    ])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn medians_and_summaries() {
+        assert_eq!(median(&mut [3.0, 1.0, 2.0]), 2.0);
+        assert_eq!(median(&mut [4.0, 1.0, 2.0, 3.0]), 2.5);
+        assert!(median(&mut []).is_nan());
+        let out = "observer: x\n{\"id\":1}\n{\"gen_tok_s\":12.5,\"prompt_tok_s\":3}\n";
+        assert_eq!(gen_tok_s(out).unwrap(), 12.5);
+        assert!(gen_tok_s("nothing").is_err());
+    }
+}
