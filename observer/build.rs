@@ -49,11 +49,7 @@ fn main() {
     }
     let home = env::var("HOME").unwrap_or_else(|_| "/root".to_string());
     let cargo_bin = PathBuf::from(&home).join(".cargo").join("bin");
-    let path = format!(
-        "{LLVM_BIN}:{}:{}",
-        cargo_bin.display(),
-        env::var("PATH").unwrap_or_default()
-    );
+    let path = format!("{LLVM_BIN}:{}:{}", cargo_bin.display(), env::var("PATH").unwrap_or_default());
     let linker_found = env::split_paths(&path).any(|d| d.join("bpf-linker").is_file());
     if !linker_found {
         fail("`bpf-linker` is not on PATH or in ~/.cargo/bin");
@@ -82,14 +78,11 @@ fn main() {
     ] {
         cmd.env_remove(var);
     }
-    let status = cmd
-        .status()
-        .unwrap_or_else(|e| fail(&format!("could not run cargo for observer-ebpf: {e}")));
+    let status = cmd.status().unwrap_or_else(|e| fail(&format!("could not run cargo for observer-ebpf: {e}")));
     if !status.success() {
         fail_compile();
     }
     let obj = target_dir.join("bpfel-unknown-none").join("release").join("observer-ebpf");
     let dst = out_dir.join("observer-ebpf.o");
-    std::fs::copy(&obj, &dst)
-        .unwrap_or_else(|e| fail(&format!("missing {}: {e}", obj.display())));
+    std::fs::copy(&obj, &dst).unwrap_or_else(|e| fail(&format!("missing {}: {e}", obj.display())));
 }

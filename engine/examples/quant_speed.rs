@@ -18,10 +18,7 @@ use engine::quant::{self, Backend, GgmlType};
 /// Columns of the test matrices: 2048 (Qwen3-30B-A3B's hidden size) unless
 /// `QS_cols()` says otherwise (e.g. 768, its expert width, for `ffn_down`).
 fn cols() -> usize {
-    std::env::var("QS_cols()")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(2048)
+    std::env::var("QS_cols()").ok().and_then(|v| v.parse().ok()).unwrap_or(2048)
 }
 
 /// A `rows x cols()` matrix of `ty`: a few quantized random rows, repeated.
@@ -32,9 +29,7 @@ fn matrix(ty: GgmlType, rows: usize) -> Vec<u8> {
     let mut x = vec![0f32; cols()];
     for row in uniq.chunks_exact_mut(rb) {
         for v in x.iter_mut() {
-            seed = seed
-                .wrapping_mul(6364136223846793005)
-                .wrapping_add(1442695040888963407);
+            seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
             *v = ((seed >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * 0.1;
         }
         quant::quantize_row(ty, &x, row).expect("quantize");
@@ -57,15 +52,7 @@ fn best_secs(reps: usize, mut f: impl FnMut()) -> f64 {
         .fold(f64::INFINITY, f64::min)
 }
 
-fn gbps(
-    ty: GgmlType,
-    backend: Backend,
-    w: &[u8],
-    xq: &[u8],
-    reps: usize,
-    inner: usize,
-    threads: usize,
-) -> f64 {
+fn gbps(ty: GgmlType, backend: Backend, w: &[u8], xq: &[u8], reps: usize, inner: usize, threads: usize) -> f64 {
     let rows = w.len() / ty.row_bytes(cols()).expect("row size");
     let mut out = vec![0f32; rows];
     let per = rows.div_ceil(threads);
@@ -74,10 +61,7 @@ fn gbps(
             std::thread::scope(|s| {
                 for (t, o) in out.chunks_mut(per).enumerate() {
                     let r = t * per..t * per + o.len();
-                    let run = move || {
-                        quant::matvec_on(backend, ty, black_box(w), r, cols(), xq, o)
-                            .expect("matvec")
-                    };
+                    let run = move || quant::matvec_on(backend, ty, black_box(w), r, cols(), xq, o).expect("matvec");
                     if threads == 1 {
                         run();
                     } else {
@@ -92,15 +76,8 @@ fn gbps(
 }
 
 fn main() {
-    let mib: usize = std::env::args()
-        .nth(1)
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(256);
-    let threads: usize = std::env::args()
-        .nth(2)
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(1)
-        .max(1);
+    let mib: usize = std::env::args().nth(1).and_then(|s| s.parse().ok()).unwrap_or(256);
+    let threads: usize = std::env::args().nth(2).and_then(|s| s.parse().ok()).unwrap_or(1).max(1);
     let only: Vec<String> = std::env::args().skip(3).collect();
     let big = mib << 20;
 
@@ -126,9 +103,7 @@ fn main() {
         "type", "big GB/s", "cached GB/s", "scalar cached", "Mrows/s big", "big, vec_dot/row"
     );
 
-    let x: Vec<f32> = (0..cols())
-        .map(|i| ((i * 7919) % 1000) as f32 / 500.0 - 1.0)
-        .collect();
+    let x: Vec<f32> = (0..cols()).map(|i| ((i * 7919) % 1000) as f32 / 500.0 - 1.0).collect();
     let mut xq = Vec::new();
     for ty in [GgmlType::Q4_K, GgmlType::Q8_0, GgmlType::F16] {
         let reps = 2000;

@@ -89,20 +89,14 @@ impl AttnSplit {
     /// The split llama.cpp uses for a batch of one token at position `pos` with `nth` threads.
     pub fn for_decode(pos: usize, nth: usize) -> Option<AttnSplit> {
         let n_kv = (pos + 1).next_multiple_of(KV_PAD);
-        (n_kv >= SPLIT_MIN_KV).then(|| AttnSplit {
-            n_kv,
-            chunk: n_kv.div_ceil(nth.max(1)),
-        })
+        (n_kv >= SPLIT_MIN_KV).then(|| AttnSplit { n_kv, chunk: n_kv.div_ceil(nth.max(1)) })
     }
 }
 
 /// One query head against the cache: `out = softmax(scale · K q) V` over cells `0..n_vis`
 /// of KV head `kvh`, with the numerics of the module docs. `q16` is the query as f16 bytes
 /// (`head_dim` values), `k`/`v` the layer's cache, `kv_dim` its row length in values.
-#[expect(
-    clippy::too_many_arguments,
-    reason = "one attention row's full description"
-)]
+#[expect(clippy::too_many_arguments, reason = "one attention row's full description")]
 pub fn attend(
     q16: &[u8],
     k: &[u8],
@@ -196,9 +190,7 @@ fn f16_mad(y: &mut [f16], x: &[u8], s: f32) {
 
 #[cfg(target_arch = "x86_64")]
 fn f16c_available() -> bool {
-    is_x86_feature_detected!("f16c")
-        && is_x86_feature_detected!("fma")
-        && is_x86_feature_detected!("avx")
+    is_x86_feature_detected!("f16c") && is_x86_feature_detected!("fma") && is_x86_feature_detected!("avx")
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -215,10 +207,7 @@ fn f16_mad_f16c(y: &mut [f16], x: &[u8], s: f32) {
             let yp = y.as_mut_ptr().add(i).cast::<__m128i>();
             let xv = _mm256_cvtph_ps(_mm_loadu_si128(x.as_ptr().add(2 * i).cast()));
             let yv = _mm256_cvtph_ps(_mm_loadu_si128(yp));
-            _mm_storeu_si128(
-                yp,
-                _mm256_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(_mm256_fmadd_ps(xv, vs, yv)),
-            );
+            _mm_storeu_si128(yp, _mm256_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(_mm256_fmadd_ps(xv, vs, yv)));
         }
         i += 8;
     }
@@ -233,9 +222,7 @@ mod tests {
     use super::*;
 
     fn f16_bytes(x: &[f32]) -> Vec<u8> {
-        x.iter()
-            .flat_map(|&v| f16::from_f32(v).to_le_bytes())
-            .collect()
+        x.iter().flat_map(|&v| f16::from_f32(v).to_le_bytes()).collect()
     }
 
     /// The flash-attention loop agrees with a plain f64 softmax-weighted sum to f16 precision,
@@ -258,10 +245,7 @@ mod tests {
             kv.push(&k, &v);
         }
         let q16 = f16_bytes(&q);
-        let qr: Vec<f64> = q
-            .iter()
-            .map(|&x| f64::from(f16::from_f32(x).to_f32()))
-            .collect();
+        let qr: Vec<f64> = q.iter().map(|&x| f64::from(f16::from_f32(x).to_f32())).collect();
         let scale = 0.125f32;
         for n_vis in [1, 5, 300, n] {
             let kvh = 1;
@@ -269,22 +253,14 @@ mod tests {
                 let o = 2 * (j * kv_dim + kvh * hd + d);
                 f64::from(f16::from_le_bytes([c[o], c[o + 1]]).to_f32())
             };
-            let s: Vec<f64> = (0..n_vis)
-                .map(|j| (0..hd).map(|d| val(&kv.k, j, d) * qr[d]).sum::<f64>() * 0.125)
-                .collect();
+            let s: Vec<f64> =
+                (0..n_vis).map(|j| (0..hd).map(|d| val(&kv.k, j, d) * qr[d]).sum::<f64>() * 0.125).collect();
             let mx = s.iter().copied().fold(f64::NEG_INFINITY, f64::max);
             let z: f64 = s.iter().map(|x| (x - mx).exp()).sum();
-            let want: Vec<f64> = (0..hd)
-                .map(|d| {
-                    (0..n_vis)
-                        .map(|j| (s[j] - mx).exp() / z * val(&kv.v, j, d))
-                        .sum()
-                })
-                .collect();
+            let want: Vec<f64> =
+                (0..hd).map(|d| (0..n_vis).map(|j| (s[j] - mx).exp() / z * val(&kv.v, j, d)).sum()).collect();
             let mut got = vec![0f32; hd];
-            attend(
-                &q16, &kv.k, &kv.v, kv_dim, kvh, n_vis, scale, None, &mut got,
-            );
+            attend(&q16, &kv.k, &kv.v, kv_dim, kvh, n_vis, scale, None, &mut got);
             let mut split = vec![0f32; hd];
             attend(
                 &q16,
@@ -294,25 +270,12 @@ mod tests {
                 kvh,
                 n_vis,
                 scale,
-                Some(AttnSplit {
-                    n_kv: 768,
-                    chunk: 384,
-                }),
+                Some(AttnSplit { n_kv: 768, chunk: 384 }),
                 &mut split,
             );
             for d in 0..hd {
-                assert!(
-                    (f64::from(got[d]) - want[d]).abs() < 4e-3,
-                    "n_vis {n_vis} d {d}: {} vs {}",
-                    got[d],
-                    want[d]
-                );
-                assert!(
-                    (got[d] - split[d]).abs() < 4e-3,
-                    "split n_vis {n_vis} d {d}: {} vs {}",
-                    split[d],
-                    got[d]
-                );
+                assert!((f64::from(got[d]) - want[d]).abs() < 4e-3, "n_vis {n_vis} d {d}: {} vs {}", got[d], want[d]);
+                assert!((got[d] - split[d]).abs() < 4e-3, "split n_vis {n_vis} d {d}: {} vs {}", split[d], got[d]);
             }
         }
     }
@@ -321,34 +284,14 @@ mod tests {
     fn split_follows_llama_cpp_padding() {
         assert_eq!(AttnSplit::for_decode(0, 2), None);
         assert_eq!(AttnSplit::for_decode(255, 2), None);
-        assert_eq!(
-            AttnSplit::for_decode(256, 2),
-            Some(AttnSplit {
-                n_kv: 512,
-                chunk: 256
-            })
-        );
-        assert_eq!(
-            AttnSplit::for_decode(600, 3),
-            Some(AttnSplit {
-                n_kv: 768,
-                chunk: 256
-            })
-        );
-        assert_eq!(
-            AttnSplit::for_decode(300, 1),
-            Some(AttnSplit {
-                n_kv: 512,
-                chunk: 512
-            })
-        );
+        assert_eq!(AttnSplit::for_decode(256, 2), Some(AttnSplit { n_kv: 512, chunk: 256 }));
+        assert_eq!(AttnSplit::for_decode(600, 3), Some(AttnSplit { n_kv: 768, chunk: 256 }));
+        assert_eq!(AttnSplit::for_decode(300, 1), Some(AttnSplit { n_kv: 512, chunk: 512 }));
     }
 
     #[test]
     fn f16_mad_vector_and_scalar_agree() {
-        let y0: Vec<f16> = (0..37)
-            .map(|i| f16::from_f32(i as f32 * 0.37 - 5.0))
-            .collect();
+        let y0: Vec<f16> = (0..37).map(|i| f16::from_f32(i as f32 * 0.37 - 5.0)).collect();
         let x: Vec<u8> = f16_bytes(&(0..37).map(|i| (i as f32 * 0.11).sin()).collect::<Vec<_>>());
         let mut a = y0.clone();
         f16_mad(&mut a, &x, 0.3);

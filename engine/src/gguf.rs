@@ -465,20 +465,15 @@ impl Gguf {
             }
             let n_el = dims.iter().try_fold(1u64, |a, &d| a.checked_mul(d));
             let n_el = n_el.filter(|&n| n < (1u64 << 48)).ok_or_else(|| bad(format!("absurd shape {dims:?}")))?;
-            let row = usize::try_from(dims[0])
-                .ok()
-                .and_then(|ne0| ty.row_bytes(ne0))
-                .ok_or_else(|| {
-                    bad(format!(
-                        "row length {} is not a multiple of {}'s block size {}",
-                        dims[0],
-                        ty.name(),
-                        ty.block_size()
-                    ))
-                })?;
-            let size = (row as u64)
-                .checked_mul(n_el / dims[0])
-                .ok_or_else(|| bad(format!("absurd shape {dims:?}")))?;
+            let row = usize::try_from(dims[0]).ok().and_then(|ne0| ty.row_bytes(ne0)).ok_or_else(|| {
+                bad(format!(
+                    "row length {} is not a multiple of {}'s block size {}",
+                    dims[0],
+                    ty.name(),
+                    ty.block_size()
+                ))
+            })?;
+            let size = (row as u64).checked_mul(n_el / dims[0]).ok_or_else(|| bad(format!("absurd shape {dims:?}")))?;
             if rel % alignment != 0 {
                 return Err(bad(format!("offset {rel} is not a multiple of the alignment {alignment}")));
             }
@@ -504,13 +499,9 @@ impl Gguf {
             let offset = data_offset.checked_add(r.rel);
             let end = offset.and_then(|o| o.checked_add(r.size));
             match (offset, end) {
-                (Some(offset), Some(end)) if end <= file_len => tensors.push(TensorInfo {
-                    name: r.name,
-                    dims: r.dims,
-                    ty: r.ty,
-                    offset,
-                    size: r.size,
-                }),
+                (Some(offset), Some(end)) if end <= file_len => {
+                    tensors.push(TensorInfo { name: r.name, dims: r.dims, ty: r.ty, offset, size: r.size })
+                }
                 _ => {
                     return Err(GgufError::BadTensor {
                         path: path.to_owned(),
@@ -582,9 +573,7 @@ impl Gguf {
 
     pub fn get_f32(&self, key: &str) -> Result<f32, GgufError> {
         let v = self.get(key).ok_or_else(|| self.key_err(key, "missing"))?;
-        v.as_f64()
-            .map(|f| f as f32)
-            .ok_or_else(|| self.key_err(key, format!("expected a float, got {}", v.summary())))
+        v.as_f64().map(|f| f as f32).ok_or_else(|| self.key_err(key, format!("expected a float, got {}", v.summary())))
     }
 
     pub fn get_str(&self, key: &str) -> Result<&str, GgufError> {
@@ -596,9 +585,7 @@ impl Gguf {
     pub fn get_str_array(&self, key: &str) -> Result<Vec<&str>, GgufError> {
         let v = self.get(key).ok_or_else(|| self.key_err(key, "missing"))?;
         let a = v.as_array().ok_or_else(|| self.key_err(key, "expected an array"))?;
-        a.iter()
-            .map(|e| e.as_str().ok_or_else(|| self.key_err(key, "expected an array of strings")))
-            .collect()
+        a.iter().map(|e| e.as_str().ok_or_else(|| self.key_err(key, "expected an array of strings"))).collect()
     }
 
     pub fn architecture(&self) -> Result<&str, GgufError> {

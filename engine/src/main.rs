@@ -12,9 +12,9 @@ use engine::gguf::Gguf;
 use engine::markers::{KIND_GENERATE, KIND_PROMPT};
 use engine::model::{Model, Session};
 use engine::placement::{DensePolicy, ExpertPolicy};
-use engine::telemetry::{Meter, MetricsHeader, MetricsWriter};
 use engine::sampling::{Sampler, SamplerConfig};
 use engine::synth::{QuantMix, SynthConfig};
+use engine::telemetry::{Meter, MetricsHeader, MetricsWriter};
 use engine::tokenizer::{Tokenizer, Utf8Stream};
 
 #[derive(Parser)]
@@ -267,7 +267,11 @@ fn bench(
             })
         );
     } else {
-        println!("pp{n_prompt}: {:.2} tok/s  tg{n_gen}: {:.2} tok/s  ({threads} threads, {reps} reps)", avg(&pp), avg(&tg));
+        println!(
+            "pp{n_prompt}: {:.2} tok/s  tg{n_gen}: {:.2} tok/s  ({threads} threads, {reps} reps)",
+            avg(&pp),
+            avg(&tg)
+        );
         println!(
             "tg per token: attention {:.3} ms, experts {:.3} ms, output {:.3} ms",
             per_tok(times.attention_ns),

@@ -153,9 +153,10 @@ impl Model {
         let a = arch.as_str();
         let key = |k: &str| -> Result<usize, ModelError> {
             let v = g.get_u64(&format!("{a}.{k}"))?;
-            usize::try_from(v).ok().filter(|&v| v > 0 && v < (1 << 30)).ok_or_else(|| {
-                ModelError::Bad { path: path.clone(), what: format!("{a}.{k} = {v} is out of range") }
-            })
+            usize::try_from(v)
+                .ok()
+                .filter(|&v| v > 0 && v < (1 << 30))
+                .ok_or_else(|| ModelError::Bad { path: path.clone(), what: format!("{a}.{k} = {v} is out of range") })
         };
         let n_embd = key("embedding_length")?;
         let n_head = key("attention.head_count")?;
@@ -165,11 +166,8 @@ impl Model {
         } else {
             n_embd / n_head
         };
-        let n_rot = if g.get(&format!("{a}.rope.dimension_count")).is_some() {
-            key("rope.dimension_count")?
-        } else {
-            head_dim
-        };
+        let n_rot =
+            if g.get(&format!("{a}.rope.dimension_count")).is_some() { key("rope.dimension_count")? } else { head_dim };
         if n_rot != head_dim || head_dim % 2 != 0 {
             return Err(bad(format!("rope dimension {n_rot} must equal the (even) head dim {head_dim}")));
         }
@@ -220,7 +218,13 @@ impl Model {
         let weight = |name: &str, cols: usize, rows: usize| -> Result<Weight, ModelError> {
             let t = find(name)?;
             check(t, &[cols, rows])?;
-            Ok(Weight { name: name.to_owned(), ty: t.ty, rows, cols, range: t.offset as usize..(t.offset + t.size) as usize })
+            Ok(Weight {
+                name: name.to_owned(),
+                ty: t.ty,
+                rows,
+                cols,
+                range: t.offset as usize..(t.offset + t.size) as usize,
+            })
         };
         let experts = |name: &str, cols: usize, rows: usize| -> Result<ExpertWeight, ModelError> {
             let t = find(name)?;
@@ -384,7 +388,6 @@ fn rms_norm(x: &[f32], w: &[f32], eps: f32, out: &mut [f32]) {
     }
 }
 
-
 /// Rows per task for a matrix product over `rows` rows: enough tasks to balance, big enough to
 /// amortise dispatch; multiples of 16.
 fn row_chunk(rows: usize, threads: usize, batch: usize) -> usize {
@@ -451,7 +454,16 @@ impl<'m> Session<'m> {
     /// `out[b*w.rows + r] = w[r] · x[b]` for every token `b`; `xq` holds the B activations
     /// quantized for `w.ty` (`xrow` bytes each).
     #[expect(clippy::too_many_arguments, reason = "one product's full description; see MatJob")]
-    fn matmul(&self, w: &Weight, range: Range<usize>, rows: usize, xq: &[u8], xrow: usize, batch: usize, out: &mut [f32]) {
+    fn matmul(
+        &self,
+        w: &Weight,
+        range: Range<usize>,
+        rows: usize,
+        xq: &[u8],
+        xrow: usize,
+        batch: usize,
+        out: &mut [f32],
+    ) {
         self.matmuls(&mut [MatJob { w, range, rows, xq, xrow, out }], batch);
     }
 
@@ -556,9 +568,30 @@ impl<'m> Session<'m> {
             let vrow = Self::quantize_batch(layer.wv.ty, &xn, d, &mut xq_v)?;
             self.matmuls(
                 &mut [
-                    MatJob { w: &layer.wq, range: layer.wq.range.clone(), rows: q_dim, xq: &xq, xrow: qrow, out: &mut q },
-                    MatJob { w: &layer.wk, range: layer.wk.range.clone(), rows: kv_dim, xq: &xq_k, xrow: krow, out: &mut k },
-                    MatJob { w: &layer.wv, range: layer.wv.range.clone(), rows: kv_dim, xq: &xq_v, xrow: vrow, out: &mut v },
+                    MatJob {
+                        w: &layer.wq,
+                        range: layer.wq.range.clone(),
+                        rows: q_dim,
+                        xq: &xq,
+                        xrow: qrow,
+                        out: &mut q,
+                    },
+                    MatJob {
+                        w: &layer.wk,
+                        range: layer.wk.range.clone(),
+                        rows: kv_dim,
+                        xq: &xq_k,
+                        xrow: krow,
+                        out: &mut k,
+                    },
+                    MatJob {
+                        w: &layer.wv,
+                        range: layer.wv.range.clone(),
+                        rows: kv_dim,
+                        xq: &xq_v,
+                        xrow: vrow,
+                        out: &mut v,
+                    },
                 ],
                 bsz,
             );
@@ -680,7 +713,8 @@ impl<'m> Session<'m> {
             let n_slots = bsz * n_used;
             let mut hbuf = vec![0f32; n_slots * n_ff];
             {
-                let chunk = row_chunk(n_ff, self.pool.threads(), by_expert.iter().map(|e| e.1.len()).max().unwrap_or(1));
+                let chunk =
+                    row_chunk(n_ff, self.pool.threads(), by_expert.iter().map(|e| e.1.len()).max().unwrap_or(1));
                 let per = n_ff.div_ceil(chunk);
                 let h_p = SharedMut::new(&mut hbuf);
                 let (xq, xq_up, by_expert) = (&xq, &xq_up, &by_expert);
@@ -694,7 +728,8 @@ impl<'m> Session<'m> {
                     let n = r1 - r0;
                     let mut g = vec![0f32; slots.len() * n];
                     let mut u = vec![0f32; slots.len() * n];
-                    let xg: Vec<&[u8]> = slots.iter().map(|&s| &xq[s / n_used * grow..(s / n_used + 1) * grow]).collect();
+                    let xg: Vec<&[u8]> =
+                        slots.iter().map(|&s| &xq[s / n_used * grow..(s / n_used + 1) * grow]).collect();
                     let xu: Vec<&[u8]> = if urow == 0 {
                         xg.clone()
                     } else {

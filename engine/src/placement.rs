@@ -310,7 +310,12 @@ impl Placement {
                 use std::os::fd::AsRawFd;
                 // SAFETY: plain advice on a valid fd.
                 unsafe {
-                    libc::posix_fadvise(f.as_raw_fd(), r.start as libc::off_t, r.len() as libc::off_t, libc::POSIX_FADV_DONTNEED)
+                    libc::posix_fadvise(
+                        f.as_raw_fd(),
+                        r.start as libc::off_t,
+                        r.len() as libc::off_t,
+                        libc::POSIX_FADV_DONTNEED,
+                    )
                 };
             }
         }

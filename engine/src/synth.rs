@@ -194,7 +194,11 @@ impl SynthConfig {
             return bad(format!("need 0 < experts used ({}) <= experts ({})", self.experts_used, self.experts));
         }
         if self.vocab < 256 + SPECIALS.len() {
-            return bad(format!("vocab ({}) must hold the 256 byte tokens and {} specials", self.vocab, SPECIALS.len()));
+            return bad(format!(
+                "vocab ({}) must hold the 256 byte tokens and {} specials",
+                self.vocab,
+                SPECIALS.len()
+            ));
         }
         if self.vocab > u32::MAX as usize / 2 {
             return bad(format!("vocab ({}) is absurd", self.vocab));

@@ -438,7 +438,8 @@ impl MetricsWriter {
                 .map(|f| (std::io::BufWriter::new(f), path.clone()))
                 .map_err(|source| MetricsError { path, source })
         };
-        let mut w = MetricsWriter { csv: csv.map(open).transpose()?, json: json.map(open).transpose()?, steps, rows: 0 };
+        let mut w =
+            MetricsWriter { csv: csv.map(open).transpose()?, json: json.map(open).transpose()?, steps, rows: 0 };
         let line = |kv: &[(String, String)]| kv.iter().map(|(k, v)| format!("{k}={v}")).collect::<Vec<_>>().join(" ");
         if let Some((f, path)) = &mut w.csv {
             let text = format!(
@@ -447,14 +448,20 @@ impl MetricsWriter {
                 line(&header.config),
                 COLUMNS.join(",")
             );
-            f.write_all(text.as_bytes()).and_then(|()| f.flush()).map_err(|source| MetricsError { path: path.clone(), source })?;
+            f.write_all(text.as_bytes())
+                .and_then(|()| f.flush())
+                .map_err(|source| MetricsError { path: path.clone(), source })?;
         }
         if let Some((f, path)) = &mut w.json {
             let obj = |kv: &[(String, String)]| {
-                serde_json::Value::Object(kv.iter().map(|(k, v)| (k.clone(), serde_json::Value::String(v.clone()))).collect())
+                serde_json::Value::Object(
+                    kv.iter().map(|(k, v)| (k.clone(), serde_json::Value::String(v.clone()))).collect(),
+                )
             };
             let h = serde_json::json!({"format": "bmoe_metrics v1", "model": obj(&header.model), "config": obj(&header.config)});
-            writeln!(f, "{h}").and_then(|()| f.flush()).map_err(|source| MetricsError { path: path.clone(), source })?;
+            writeln!(f, "{h}")
+                .and_then(|()| f.flush())
+                .map_err(|source| MetricsError { path: path.clone(), source })?;
         }
         Ok(w)
     }
@@ -475,7 +482,9 @@ impl MetricsWriter {
                 }
             }
             line.push('\n');
-            f.write_all(line.as_bytes()).and_then(|()| f.flush()).map_err(|source| MetricsError { path: path.clone(), source })?;
+            f.write_all(line.as_bytes())
+                .and_then(|()| f.flush())
+                .map_err(|source| MetricsError { path: path.clone(), source })?;
         }
         if let Some((f, path)) = &mut self.json {
             let mut m = serde_json::Map::new();

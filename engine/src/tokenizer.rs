@@ -113,9 +113,7 @@ impl Tokenizer {
         let merges_raw = g.get_str_array("tokenizer.ggml.merges")?;
         let mut merges = Vec::with_capacity(merges_raw.len());
         for (i, m) in merges_raw.iter().enumerate() {
-            let (a, b) = m
-                .split_once(' ')
-                .ok_or_else(|| bad(format!("merge #{i} {m:?} is not \"left right\"")))?;
+            let (a, b) = m.split_once(' ').ok_or_else(|| bad(format!("merge #{i} {m:?} is not \"left right\"")))?;
             merges.push((a.to_owned(), b.to_owned()));
         }
         let mut vocab: Vocab = Vocab::with_capacity(n);

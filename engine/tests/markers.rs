@@ -112,7 +112,12 @@ fn markers_fire_once_per_step_under_a_uprobe() {
     );
     let out = Command::new(bpftrace).args(["-f", "json", "-e", &script, "-c", &cmd]).output().expect("run bpftrace");
     let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(out.status.success(), "bpftrace failed: {}\n{}\n{stdout}", out.status, String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "bpftrace failed: {}\n{}\n{stdout}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
     let summary = stdout
         .lines()
         .filter(|l| l.starts_with('{') && l.contains("marked_steps"))
@@ -134,12 +139,8 @@ fn markers_fire_once_per_step_under_a_uprobe() {
     assert_eq!(maps["@ntok"][&0], prompt_tokens);
     assert!(maps["@ntok"].iter().skip(1).all(|(_, &v)| v == 1));
     // The record the probe read at `end` is the one the metrics file reports.
-    let rows: Vec<serde_json::Value> = std::fs::read_to_string(&json)
-        .unwrap()
-        .lines()
-        .skip(1)
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect();
+    let rows: Vec<serde_json::Value> =
+        std::fs::read_to_string(&json).unwrap().lines().skip(1).map(|l| serde_json::from_str(l).unwrap()).collect();
     assert_eq!(rows.len() as u64, steps - 1);
     for r in &rows {
         let step = r["step"].as_u64().unwrap();

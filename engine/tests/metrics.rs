@@ -139,7 +139,9 @@ fn placement_puts_the_dense_weights_where_it_says() {
         assert!(dense_mib > 40.0 && expert_mib > 20.0, "{dense_mib} / {expert_mib}");
         let stderr = String::from_utf8_lossy(&out.stderr);
         assert!(
-            stderr.contains(&format!("dense weights {dense_mib:.1} MiB ({dense}), routed experts {expert_mib:.1} MiB (mmap)")),
+            stderr.contains(&format!(
+                "dense weights {dense_mib:.1} MiB ({dense}), routed experts {expert_mib:.1} MiB (mmap)"
+            )),
             "start-up report: {stderr}"
         );
         let b = read_bmoe(&csv);

@@ -90,7 +90,10 @@ fn mmap_residency_follows_the_page_cache() {
     let mut s = Session::new(&m, 1, 16);
     s.step(&[1, 2, 3]).unwrap();
     let after = m.placement.dense_resident_frac(&m.gguf, &mut scratch).unwrap();
-    assert!(before < 0.5, "dense resident {before} right after dropping the file from the page cache (whole file {whole})");
+    assert!(
+        before < 0.5,
+        "dense resident {before} right after dropping the file from the page cache (whole file {whole})"
+    );
     assert!(after > 0.5 && after > before, "dense resident {before} → {after} after a forward pass");
 
     let a = Model::load_with(&p, DensePolicy::Anon).unwrap();

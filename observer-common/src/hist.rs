@@ -43,20 +43,12 @@ pub fn bucket_of(v: u64) -> usize {
     if x >= 1 << 1 {
         n += 1;
     }
-    if n >= HIST_BUCKETS {
-        HIST_BUCKETS - 1
-    } else {
-        n
-    }
+    if n >= HIST_BUCKETS { HIST_BUCKETS - 1 } else { n }
 }
 
 /// Upper bound (inclusive, nanoseconds) of bucket `b`; `None` for the +Inf bucket.
 pub fn bucket_upper_ns(b: usize) -> Option<u64> {
-    if b + 1 >= HIST_BUCKETS {
-        None
-    } else {
-        Some(1u64 << b)
-    }
+    if b + 1 >= HIST_BUCKETS { None } else { Some(1u64 << b) }
 }
 
 #[cfg(test)]

@@ -15,9 +15,9 @@ extern crate std;
 pub mod attrib;
 pub mod faults;
 pub mod filemap;
+pub mod hist;
 #[cfg(feature = "user")]
 pub mod model;
-pub mod hist;
 
 pub use faults::{Config, GlobalCounter, ThreadFaults};
 pub use hist::HIST_BUCKETS;

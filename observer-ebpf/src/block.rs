@@ -11,13 +11,12 @@
 
 use aya_ebpf::{helpers::bpf_ktime_get_ns, macros::tracepoint, programs::TracePointContext};
 use observer_common::attrib::{
-    BioInflight, BioKey, DevIo, C_DISK_READ_NS, C_READ_BYTES, C_READ_IOS, C_SWAPINS, C_ZRAM_READ_NS,
-    DEV_SWAP, DEV_ZRAM, H_DISK_READ, H_ZRAM_READ,
+    BioInflight, BioKey, C_DISK_READ_NS, C_READ_BYTES, C_READ_IOS, C_SWAPINS, C_ZRAM_READ_NS, DEV_SWAP, DEV_ZRAM,
+    DevIo, H_DISK_READ, H_ZRAM_READ,
 };
 
 use crate::maps::{
-    DEV_IO, DEVICES, INFLIGHT, SLOTS, THREADS, atomic_add, config, current_state, hist_add, offsets,
-    target_tid, update,
+    DEV_IO, DEVICES, INFLIGHT, SLOTS, THREADS, atomic_add, config, current_state, hist_add, offsets, target_tid, update,
 };
 
 /// `rwbs` starts with the op: optional 'F' (preflush), then 'R' for reads.
@@ -85,10 +84,7 @@ fn complete(ctx: &TracePointContext, rq: bool) -> u32 {
     let (dev_off, sector_off) = if rq { (o.rqd_dev, o.rqd_sector) } else { (o.biod_dev, o.biod_sector) };
     // SAFETY: offsets from the tracepoint's format file.
     let (dev, sector) = unsafe {
-        (
-            ctx.read_at::<u32>(dev_off as usize).unwrap_or(0),
-            ctx.read_at::<u64>(sector_off as usize).unwrap_or(0),
-        )
+        (ctx.read_at::<u32>(dev_off as usize).unwrap_or(0), ctx.read_at::<u64>(sector_off as usize).unwrap_or(0))
     };
     let key = BioKey { dev, _pad: 0, sector };
     // SAFETY: plain map lookup; copied out before removal.

@@ -21,9 +21,7 @@ use observer_common::{
     hist::bucket_of,
 };
 
-use crate::maps::{
-    FAULTS_TEMPLATE, THREAD_FAULTS, bump, current_state, hist_add, target_tid, update,
-};
+use crate::maps::{FAULTS_TEMPLATE, THREAD_FAULTS, bump, current_state, hist_add, target_tid, update};
 
 #[inline(always)]
 fn thread_faults(tid: u32) -> Option<*mut ThreadFaults> {

@@ -19,9 +19,7 @@ use aya_ebpf::{
 };
 use observer_common::{
     GlobalCounter,
-    attrib::{
-        MAX_SLOTS, MarkRecord, PHASE_BEGIN, PHASE_END, REC_MARK, REC_THREAD, ThreadRecord,
-    },
+    attrib::{MAX_SLOTS, MarkRecord, PHASE_BEGIN, PHASE_END, REC_MARK, REC_THREAD, ThreadRecord},
 };
 
 /// No reader wakeup per record: waking the observer at every token would
@@ -129,8 +127,7 @@ fn mark(phase: u32, index: u64, engine_rec: u64) -> u32 {
         (*r).has_engine = 0;
         (*r).churn_added = FILEMAP_TOTALS.get(T_ADD_PAGES).map(|v| read_volatile(v)).unwrap_or(0);
         (*r).churn_evicted = FILEMAP_TOTALS.get(T_DEL_PAGES).map(|v| read_volatile(v)).unwrap_or(0);
-        if engine_rec != 0
-            && bpf_probe_read_user_buf(engine_rec as *const u8, &mut *addr_of_mut!((*r).engine)).is_ok()
+        if engine_rec != 0 && bpf_probe_read_user_buf(engine_rec as *const u8, &mut *addr_of_mut!((*r).engine)).is_ok()
         {
             (*r).has_engine = 1;
         }

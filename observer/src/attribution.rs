@@ -106,11 +106,8 @@ pub struct Summary {
 
 pub fn summarise(records: &[TokenRecord]) -> Summary {
     let gen_: Vec<&TokenRecord> = records.iter().filter(|t| t.kind == StepKind::Generate).collect();
-    let set: Vec<&TokenRecord> = if gen_.is_empty() {
-        records.iter().filter(|t| t.kind != StepKind::Prompt).collect()
-    } else {
-        gen_
-    };
+    let set: Vec<&TokenRecord> =
+        if gen_.is_empty() { records.iter().filter(|t| t.kind != StepKind::Prompt).collect() } else { gen_ };
     let mut s = Summary {
         records: records.len() as u64,
         prompt_steps: records.iter().filter(|t| t.kind == StepKind::Prompt).count() as u64,

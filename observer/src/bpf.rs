@@ -34,9 +34,7 @@ pub enum ProbeError {
         "the kernel refused to load eBPF programs ({0}): run as root, or grant CAP_BPF and CAP_PERFMON (e.g. `sudo setcap cap_bpf,cap_perfmon+ep $(which observer)`)"
     )]
     Permission(String),
-    #[error(
-        "this kernel has no perf software event `{event}` ({source}); it needs CONFIG_PERF_EVENTS (Linux >= 4.9)"
-    )]
+    #[error("this kernel has no perf software event `{event}` ({source}); it needs CONFIG_PERF_EVENTS (Linux >= 4.9)")]
     MissingPerfEvent { event: &'static str, source: io::Error },
     #[error("{0}")]
     MissingTracepoint(String),
@@ -72,11 +70,7 @@ fn program_error(program: &'static str, source: ProgramError) -> ProbeError {
         ProgramError::LoadError { io_error, .. } => is_permission(io_error),
         _ => false,
     };
-    if perm {
-        ProbeError::Permission(format!("{program}: {source}"))
-    } else {
-        ProbeError::Program { program, source }
-    }
+    if perm { ProbeError::Permission(format!("{program}: {source}")) } else { ProbeError::Program { program, source } }
 }
 
 fn map_err(map: &'static str) -> impl Fn(MapError) -> ProbeError {
@@ -243,7 +237,12 @@ impl Probes {
         let offsets = tp_offsets()?;
         let mut ebpf = Ebpf::load(OBJECT).map_err(classify_load)?;
         let target = opts.target;
-        set(&mut ebpf, "CONFIG", 0, Config { target_tgid: target, zram_major: zram_major(), stop_on_exec: 0, _pad: 0 })?;
+        set(
+            &mut ebpf,
+            "CONFIG",
+            0,
+            Config { target_tgid: target, zram_major: zram_major(), stop_on_exec: 0, _pad: 0 },
+        )?;
         set(&mut ebpf, "OFFSETS", 0, offsets)?;
         for (i, w) in syscalls::io_bitmap().into_iter().enumerate() {
             set(&mut ebpf, "IO_SYSCALLS", i as u32, w)?;
@@ -449,11 +448,8 @@ impl Probes {
 /// Seed the target's existing threads into slots 0..n.
 fn seed_threads(ebpf: &mut Ebpf, pid: u32) -> Result<(), ProbeError> {
     let now = seed::mono_ns();
-    let states: Vec<ThreadState> = seed::tids(pid)
-        .into_iter()
-        .filter_map(|tid| seed::seed(pid, tid, now))
-        .take(MAX_SLOTS as usize)
-        .collect();
+    let states: Vec<ThreadState> =
+        seed::tids(pid).into_iter().filter_map(|tid| seed::seed(pid, tid, now)).take(MAX_SLOTS as usize).collect();
     {
         let map = ebpf.map_mut("THREADS").ok_or_else(|| no_map("THREADS"))?;
         let mut a: Array<_, ThreadState> = Array::try_from(map).map_err(map_err("THREADS"))?;
@@ -513,10 +509,7 @@ fn attach_markers(
             };
             for (sym, addr) in [(engine_abi::SYM_BEGIN, b), (engine_abi::SYM_END, e)] {
                 if let Some(why) = unprobeable_entry(exe, addr) {
-                    return Err(ProbeError::Markers(format!(
-                        "cannot uprobe {sym} in {}: {why}",
-                        exe.display()
-                    )));
+                    return Err(ProbeError::Markers(format!("cannot uprobe {sym} in {}: {why}", exe.display())));
                 }
             }
             if b == e {

@@ -46,11 +46,7 @@ pub fn model_info(path: &Path) -> Option<ModelInfo> {
     let mut h = crc32fast::Hasher::new();
     h.update(&buf);
     h.update(&size.to_le_bytes());
-    Some(ModelInfo {
-        path: path.display().to_string(),
-        size_bytes: size,
-        hash: format!("crc32:{:08x}", h.finalize()),
-    })
+    Some(ModelInfo { path: path.display().to_string(), size_bytes: size, hash: format!("crc32:{:08x}", h.finalize()) })
 }
 
 /// The model a command line names: `--model F`, `-m F`, or any `*.gguf` argument.
@@ -92,10 +88,8 @@ pub fn config_from_command(cmd: &[String]) -> BTreeMap<String, String> {
 }
 
 pub fn build(mode: &str, pid: u32, command: &[String], probes: Vec<String>, model: Option<&Path>) -> RunHeader {
-    let now_unix = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_nanos() as u64)
-        .unwrap_or(0);
+    let now_unix =
+        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos() as u64).unwrap_or(0);
     let model_path = model.map(|p| p.display().to_string()).or_else(|| model_from_command(command));
     RunHeader {
         observer_version: env!("CARGO_PKG_VERSION").into(),

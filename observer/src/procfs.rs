@@ -54,10 +54,8 @@ pub fn thread_state(pid: u32, tid: u32) -> Option<ThreadState> {
         }
     }
     if let Ok(io) = std::fs::read_to_string(format!("{base}/io")) {
-        t.cnt[C_READ_BYTES] = io
-            .lines()
-            .find_map(|l| l.strip_prefix("read_bytes:").and_then(|v| v.trim().parse().ok()))
-            .unwrap_or(0);
+        t.cnt[C_READ_BYTES] =
+            io.lines().find_map(|l| l.strip_prefix("read_bytes:").and_then(|v| v.trim().parse().ok())).unwrap_or(0);
     }
     if let Ok(st) = std::fs::read_to_string(format!("{base}/status")) {
         let get = |k: &str| st.lines().find_map(|l| l.strip_prefix(k)?.trim().parse::<u64>().ok()).unwrap_or(0);

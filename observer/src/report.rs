@@ -8,8 +8,8 @@ use std::io::Write;
 use observer_common::{
     HIST_BUCKETS, ThreadFaults,
     attrib::{
-        C_CTX_SWITCHES, C_DISK_READ_NS, C_MAJFLT_FILE, C_MAJFLT_SWAP, C_MINFLT, C_READ_BYTES,
-        C_READ_IOS, C_SWAPINS, C_ZRAM_READ_NS, Hist, ThreadState,
+        C_CTX_SWITCHES, C_DISK_READ_NS, C_MAJFLT_FILE, C_MAJFLT_SWAP, C_MINFLT, C_READ_BYTES, C_READ_IOS, C_SWAPINS,
+        C_ZRAM_READ_NS, Hist, ThreadState,
     },
     hist::bucket_upper_ns,
     model::{Component, Components, TokenRecord},
@@ -117,9 +117,7 @@ impl Histogram {
     }
     fn add(&mut self, c: &[u64; HIST_BUCKETS]) {
         if self.buckets.is_empty() {
-            self.buckets = (0..HIST_BUCKETS)
-                .map(|b| Bucket { le_ns: bucket_upper_ns(b), count: 0 })
-                .collect();
+            self.buckets = (0..HIST_BUCKETS).map(|b| Bucket { le_ns: bucket_upper_ns(b), count: 0 }).collect();
         }
         for (dst, &n) in self.buckets.iter_mut().zip(c.iter()) {
             dst.count += n;
@@ -417,7 +415,12 @@ impl Summary {
         if let Some(a) = &self.attribution {
             a.print(out)?;
             if self.tokens_not_kept > 0 {
-                writeln!(out, "(the summary covers the newest {} tokens; {} older ones were not kept)", self.tokens.len(), self.tokens_not_kept)?;
+                writeln!(
+                    out,
+                    "(the summary covers the newest {} tokens; {} older ones were not kept)",
+                    self.tokens.len(),
+                    self.tokens_not_kept
+                )?;
             }
         }
         if let (Some(ns), Some(n)) = (self.bpf_run_ns, self.bpf_run_count) {

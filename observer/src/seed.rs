@@ -3,9 +3,7 @@
 //! `/proc/PID/task/TID/{stat,syscall,comm}`: on CPU or not, and in which
 //! syscall. Accounting for them starts at the seeding instant.
 
-use observer_common::attrib::{
-    F_IN_SYSCALL, F_IO_SYSCALL, F_ON_CPU, F_RUNNABLE, F_SEEDED, ThreadState,
-};
+use observer_common::attrib::{F_IN_SYSCALL, F_IO_SYSCALL, F_ON_CPU, F_RUNNABLE, F_SEEDED, ThreadState};
 
 use crate::syscalls;
 

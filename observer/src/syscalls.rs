@@ -3,9 +3,27 @@
 
 /// Names counted as explicit I/O.
 pub const IO_SYSCALL_NAMES: &[&str] = &[
-    "read", "pread64", "readv", "preadv", "preadv2", "write", "pwrite64", "writev", "pwritev",
-    "pwritev2", "io_uring_enter", "io_getevents", "io_pgetevents", "fsync", "fdatasync",
-    "sync_file_range", "msync", "readahead", "sendfile", "copy_file_range", "splice",
+    "read",
+    "pread64",
+    "readv",
+    "preadv",
+    "preadv2",
+    "write",
+    "pwrite64",
+    "writev",
+    "pwritev",
+    "pwritev2",
+    "io_uring_enter",
+    "io_getevents",
+    "io_pgetevents",
+    "fsync",
+    "fdatasync",
+    "sync_file_range",
+    "msync",
+    "readahead",
+    "sendfile",
+    "copy_file_range",
+    "splice",
 ];
 
 /// (name, number) for the running architecture.

@@ -54,9 +54,7 @@ fn pidfd_open(pid: u32) -> io::Result<OwnedFd> {
 fn register(fd: OwnedFd) -> Result<AsyncFd<OwnedFd>> {
     // SAFETY: we own `fd` and hand it to the AsyncFd, which keeps it open for
     // as long as it is registered.
-    unsafe { AsyncFd::register(fd) }
-        .map_err(|e| e.into_parts().1)
-        .context("registering pidfd")
+    unsafe { AsyncFd::register(fd) }.map_err(|e| e.into_parts().1).context("registering pidfd")
 }
 
 fn pipe() -> Result<(OwnedFd, OwnedFd)> {
@@ -73,9 +71,8 @@ fn pipe() -> Result<(OwnedFd, OwnedFd)> {
 /// async-signal-safe calls are allowed).
 fn resolve_program(prog: &OsStr) -> Result<CString> {
     let bytes = prog.as_bytes();
-    let executable = |p: &std::path::Path| {
-        p.metadata().map(|m| m.is_file() && m.permissions().mode() & 0o111 != 0).unwrap_or(false)
-    };
+    let executable =
+        |p: &std::path::Path| p.metadata().map(|m| m.is_file() && m.permissions().mode() & 0o111 != 0).unwrap_or(false);
     let found = if bytes.contains(&b'/') {
         let p = std::path::PathBuf::from(prog);
         if !p.exists() {
@@ -86,9 +83,8 @@ fn resolve_program(prog: &OsStr) -> Result<CString> {
         }
         Some(p)
     } else {
-        std::env::var_os("PATH").and_then(|path| {
-            std::env::split_paths(&path).map(|d| d.join(prog)).find(|p| executable(p))
-        })
+        std::env::var_os("PATH")
+            .and_then(|path| std::env::split_paths(&path).map(|d| d.join(prog)).find(|p| executable(p)))
     };
     let Some(path) = found else {
         bail!("cannot start `{}`: command not found in PATH", prog.to_string_lossy());

@@ -11,9 +11,8 @@
 
 use observer_common::{
     attrib::{
-        C_CTX_SWITCHES, C_MAJFLT_FILE, C_MAJFLT_SWAP, C_MINFLT, C_READ_BYTES, C_SWAPINS, F_EXITED,
-        MarkRecord, N_CNT, N_TIME, PHASE_BEGIN, PHASE_END, REC_EXEC, REC_MARK, REC_THREAD, ThreadRecord,
-        ThreadState,
+        C_CTX_SWITCHES, C_MAJFLT_FILE, C_MAJFLT_SWAP, C_MINFLT, C_READ_BYTES, C_SWAPINS, F_EXITED, MarkRecord, N_CNT,
+        N_TIME, PHASE_BEGIN, PHASE_END, REC_EXEC, REC_MARK, REC_THREAD, ThreadRecord, ThreadState,
     },
     model::{Component, Components, Counter, Counters, StepKind, ThreadToken, TokenRecord},
 };
@@ -95,11 +94,8 @@ impl Assembler {
                     self.malformed += 1;
                     return None;
                 };
-                let mut threads = if m.mark_seq == self.pending_seq {
-                    std::mem::take(&mut self.pending)
-                } else {
-                    Vec::new()
-                };
+                let mut threads =
+                    if m.mark_seq == self.pending_seq { std::mem::take(&mut self.pending) } else { Vec::new() };
                 // The kernel sends raw copies: close them at the mark's instant.
                 for t in &mut threads {
                     t.account(m.ts);

@@ -72,11 +72,7 @@ impl Format {
     pub fn field(&self, field: &str) -> Result<Field> {
         match self.fields.get(field) {
             Some(f) => Ok(*f),
-            None => bail!(
-                "tracepoint {}:{} has no field `{field}` on this kernel",
-                self.category,
-                self.name
-            ),
+            None => bail!("tracepoint {}:{} has no field `{field}` on this kernel", self.category, self.name),
         }
     }
 

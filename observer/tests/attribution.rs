@@ -31,11 +31,7 @@ fn assert_components_add_up(r: &ObserverRun) {
         for th in t["threads"].as_array().unwrap() {
             let sum: u64 = COMPONENTS.iter().map(|c| ns(th, c)).sum();
             let diff = wall as i64 - sum as i64;
-            assert!(
-                diff.unsigned_abs() <= wall / 50,
-                "thread {} components {sum} vs wall {wall}: {th}",
-                th["tid"]
-            );
+            assert!(diff.unsigned_abs() <= wall / 50, "thread {} components {sum} vs wall {wall}: {th}", th["tid"]);
         }
     }
 }
@@ -120,8 +116,8 @@ fn file_refaults_are_fault_io() {
     assert_eq!(u(t, "majflt_swap"), 0);
     // fault_io against the block-layer latency of the same reads, as the
     // observer saw them (queue → completion of the thread's read bios).
-    let th = &r.summary["threads"].as_array().unwrap().iter().find(|t| !t["attribution"].is_null()).unwrap()
-        ["attribution"];
+    let th =
+        &r.summary["threads"].as_array().unwrap().iter().find(|t| !t["attribution"].is_null()).unwrap()["attribution"];
     assert_within("fault_io vs block read latency", u(th, "fault_io_ns"), u(th, "disk_read_ns"), 0.10);
     assert!(ns(t, "fault_io") > ns(t, "compute"), "refault time is not compute: {t}");
 }
@@ -133,10 +129,7 @@ fn zram_swapins_are_measured_and_not_compute() {
     let cg = testkit::MemCgroup::new("obs-zram", 200 << 20).expect("memory cgroup");
     let pswpin0 = testkit::vmstat("pswpin").unwrap();
     let dir = cg.dir().to_str().unwrap().to_string();
-    let r = observe(
-        "zram.json",
-        &["--cgroup", &dir, "--", WORKLOAD, "swap", "--size", "256M", "--balloon", "128M"],
-    );
+    let r = observe("zram.json", &["--cgroup", &dir, "--", WORKLOAD, "swap", "--size", "256M", "--balloon", "128M"]);
     let pswpin = testkit::vmstat("pswpin").unwrap() - pswpin0;
     assert_components_add_up(&r);
     let (t, w) = single_token(&r);
@@ -148,10 +141,7 @@ fn zram_swapins_are_measured_and_not_compute() {
     assert!(swapins > 10_000, "{t}");
     assert_within("majflt_swap vs swapins", u(t, "majflt_swap"), swapins, 0.02);
     assert!(ns(t, "swapin_zram") > 0, "{t}");
-    assert!(
-        ns(t, "compute") < ns(t, "swapin_zram"),
-        "zram decompression must not be counted as compute: {t}"
-    );
+    assert!(ns(t, "compute") < ns(t, "swapin_zram"), "zram decompression must not be counted as compute: {t}");
     assert_within("major faults vs getrusage", u(t, "majflt_swap") + u(t, "majflt_file"), u(w, "majflt"), 0.02);
 }
 
@@ -174,7 +164,12 @@ fn token_symbol_marks_calls_of_any_function() {
     let r = observe("call-lib.json", &["--token-symbol", &spec, "--", WORKLOAD, "sleep", "--ms", "400"]);
     let (t, w) = single_token(&r);
     assert_eq!(t["kind"], "call");
-    assert_within("sleep in the call vs the workload's clock", ns(t, "sleep"), u(w, "wall_ns") - u(w, "sched_wait_ns"), 0.02);
+    assert_within(
+        "sleep in the call vs the workload's clock",
+        ns(t, "sleep"),
+        u(w, "wall_ns") - u(w, "sched_wait_ns"),
+        0.02,
+    );
 }
 
 #[test]

@@ -87,7 +87,8 @@ fn engine_tokens_components_and_perf_stat() {
 
     let engine_out = String::from_utf8_lossy(&out.stdout);
     let summary: serde_json::Value =
-        serde_json::from_str(engine_out.lines().rev().find(|l| l.contains("gen_tokens")).expect("engine summary")).unwrap();
+        serde_json::from_str(engine_out.lines().rev().find(|l| l.contains("gen_tokens")).expect("engine summary"))
+            .unwrap();
     let v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
     let toks = v["tokens"].as_array().unwrap();
     // One prompt step (which samples the first token), then one step per further token.
@@ -123,5 +124,9 @@ fn engine_tokens_components_and_perf_stat() {
     let min = perf_count(&perf_text, "minor-faults");
     assert!(min > 100, "{perf_text}");
     assert_within("minor faults vs perf stat", u(&v["totals"], "minflt"), min, 0.02);
-    assert!(u(&v["totals"], "majflt").abs_diff(maj) <= maj / 50 + 2, "major faults {} vs perf {maj}", v["totals"]["majflt"]);
+    assert!(
+        u(&v["totals"], "majflt").abs_diff(maj) <= maj / 50 + 2,
+        "major faults {} vs perf {maj}",
+        v["totals"]["majflt"]
+    );
 }

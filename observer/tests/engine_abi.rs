@@ -67,7 +67,10 @@ fn observer_decodes_an_engine_record() {
     assert_eq!(d.kind, observer_common::model::StepKind::Generate);
     assert_eq!((d.index, d.n_tokens), (7, 1));
     let t = d.telemetry;
-    assert_eq!((t.wall_ns, t.compute_ns, t.mgmt_ns, t.io_ns), (Some(5_000_000), Some(4_900_000), Some(100_000), Some(0)));
+    assert_eq!(
+        (t.wall_ns, t.compute_ns, t.mgmt_ns, t.io_ns),
+        (Some(5_000_000), Some(4_900_000), Some(100_000), Some(0))
+    );
     assert_eq!(t.dense_resident_frac, Some(0.25));
     assert_eq!(t.swap_bytes, Some(3 << 20));
     assert_eq!((t.majflt, t.cache_hit_pct, t.rss_bytes), (None, None, None), "not measured");

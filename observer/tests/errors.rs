@@ -40,10 +40,16 @@ fn nothing_to_observe() {
 fn unprivileged_user_is_told_what_to_do() {
     assert_root();
     // Drop to `nobody` with no capabilities (setpriv is in util-linux).
-    let (code, err) = stderr_of(
-        Command::new("setpriv")
-            .args(["--reuid=65534", "--regid=65534", "--clear-groups", "--inh-caps=-all", OBSERVER, "run", "--", "true"]),
-    );
+    let (code, err) = stderr_of(Command::new("setpriv").args([
+        "--reuid=65534",
+        "--regid=65534",
+        "--clear-groups",
+        "--inh-caps=-all",
+        OBSERVER,
+        "run",
+        "--",
+        "true",
+    ]));
     assert_ne!(code, 0);
     assert!(err.contains("CAP_BPF") && err.contains("root") && err.contains("--fallback"), "{err}");
     assert_eq!(err.trim().lines().count(), 1, "one line: {err}");
@@ -63,7 +69,10 @@ fn procfs_fallback_without_privileges() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{err}");
     let first = err.lines().next().unwrap_or("");
-    assert!(first.contains("no eBPF") && first.contains("procfs fallback") && first.contains("not measured"), "{first}");
+    assert!(
+        first.contains("no eBPF") && first.contains("procfs fallback") && first.contains("not measured"),
+        "{first}"
+    );
     let v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
     let _ = std::fs::remove_file(&json);
     assert_eq!(v["mode"], "procfs");
@@ -71,7 +80,8 @@ fn procfs_fallback_without_privileges() {
     let toks = v["tokens"].as_array().unwrap();
     assert!(toks.len() >= 4, "200 ms windows over a 1 s run: {}", toks.len());
     for t in toks {
-        for k in ["fault_minor_ns", "swapin_zram_ns", "fault_io_ns", "io_wait_ns", "sleep_ns", "majflt_file", "swapins"] {
+        for k in ["fault_minor_ns", "swapin_zram_ns", "fault_io_ns", "io_wait_ns", "sleep_ns", "majflt_file", "swapins"]
+        {
             assert!(t[k].is_null(), "{k} must be not measured, never 0: {t}");
         }
         assert!(t["compute_ns"].is_u64() && t["runqueue_ns"].is_u64() && t["minflt"].is_u64());
@@ -84,8 +94,5 @@ fn procfs_fallback_without_privileges() {
     let compute: u64 = toks.iter().map(|t| t["compute_ns"].as_u64().unwrap()).sum();
     let utime = w["utime_ns"].as_u64().unwrap();
     let tick = 10_000_000 * toks.len() as u64;
-    assert!(
-        compute.abs_diff(utime) <= utime / 20 + tick,
-        "compute {compute} vs the workload's user time {utime}"
-    );
+    assert!(compute.abs_diff(utime) <= utime / 20 + tick, "compute {compute} vs the workload's user time {utime}");
 }

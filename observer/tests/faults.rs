@@ -14,10 +14,8 @@ use common::*;
 fn file_refaults_match_getrusage() {
     let _l = machine_lock();
     let file = scratch_dir("refault").join("refault-256M.bin");
-    let r = observe(
-        "refault.json",
-        &["--", WORKLOAD, "file-refault", "--size", "256M", "--path", file.to_str().unwrap()],
-    );
+    let r =
+        observe("refault.json", &["--", WORKLOAD, "file-refault", "--size", "256M", "--path", file.to_str().unwrap()]);
     let w = &r.workload[0];
     let totals = &r.summary["totals"];
     assert!(u(w, "majflt") >= 60_000, "workload should take one major fault per page: {w}");
@@ -89,11 +87,8 @@ fn other_processes_are_not_counted() {
 #[test]
 fn nothing_stays_loaded_after_exit() {
     let _l = machine_lock();
-    let mut child = Command::new(OBSERVER)
-        .args(["run", "--", "sleep", "3"])
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("spawn observer");
+    let mut child =
+        Command::new(OBSERVER).args(["run", "--", "sleep", "3"]).stderr(Stdio::null()).spawn().expect("spawn observer");
     // While it runs, the programs it holds (so the check below means something).
     let t0 = Instant::now();
     let mut held = Vec::new();

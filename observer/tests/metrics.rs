@@ -21,8 +21,7 @@ use common::*;
 use serde_json::Value;
 
 const TEXT: &str = "text/plain";
-const OPENMETRICS: &str =
-    "application/openmetrics-text;version=1.0.0,text/plain;version=0.0.4;q=0.5";
+const OPENMETRICS: &str = "application/openmetrics-text;version=1.0.0,text/plain;version=0.0.4;q=0.5";
 
 // ---- HTTP -------------------------------------------------------------------
 
@@ -30,17 +29,10 @@ const OPENMETRICS: &str =
 fn get(addr: SocketAddr, target: &str, accept: &str) -> (String, String) {
     let mut s = TcpStream::connect(addr).unwrap_or_else(|e| panic!("connect {addr}: {e}"));
     s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
-    write!(
-        s,
-        "GET {target} HTTP/1.0\r\nHost: {addr}\r\nAccept: {accept}\r\n\r\n"
-    )
-    .unwrap();
+    write!(s, "GET {target} HTTP/1.0\r\nHost: {addr}\r\nAccept: {accept}\r\n\r\n").unwrap();
     let mut out = String::new();
-    s.read_to_string(&mut out)
-        .unwrap_or_else(|e| panic!("reading {target} from {addr}: {e}"));
-    let (h, b) = out
-        .split_once("\r\n\r\n")
-        .unwrap_or_else(|| panic!("no HTTP head from {addr}: {out:?}"));
+    s.read_to_string(&mut out).unwrap_or_else(|e| panic!("reading {target} from {addr}: {e}"));
+    let (h, b) = out.split_once("\r\n\r\n").unwrap_or_else(|| panic!("no HTTP head from {addr}: {out:?}"));
     (h.to_string(), b.to_string())
 }
 
@@ -56,13 +48,8 @@ fn samples(text: &str) -> BTreeMap<String, f64> {
     text.lines()
         .filter(|l| !l.starts_with('#') && !l.is_empty())
         .map(|l| {
-            let (k, v) = l
-                .rsplit_once(' ')
-                .unwrap_or_else(|| panic!("bad sample line {l:?}"));
-            (
-                k.to_string(),
-                v.parse().unwrap_or_else(|_| panic!("bad value in {l:?}")),
-            )
+            let (k, v) = l.rsplit_once(' ').unwrap_or_else(|| panic!("bad sample line {l:?}"));
+            (k.to_string(), v.parse().unwrap_or_else(|_| panic!("bad value in {l:?}")))
         })
         .collect()
 }
@@ -74,26 +61,20 @@ fn scrape(addr: SocketAddr) -> BTreeMap<String, f64> {
 }
 
 fn val(m: &BTreeMap<String, f64>, k: &str) -> f64 {
-    *m.get(k)
-        .unwrap_or_else(|| panic!("no series {k}; have: {:#?}", m.keys().collect::<Vec<_>>()))
+    *m.get(k).unwrap_or_else(|| panic!("no series {k}; have: {:#?}", m.keys().collect::<Vec<_>>()))
 }
 
 fn percent_encode(s: &str) -> String {
     s.bytes()
         .map(|b| match b {
-            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => {
-                (b as char).to_string()
-            }
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => (b as char).to_string(),
             _ => format!("%{b:02X}"),
         })
         .collect()
 }
 
 fn now_unix() -> f64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap()
-        .as_secs_f64()
+    SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_secs_f64()
 }
 
 // ---- the observer -------------------------------------------------------------
@@ -138,23 +119,14 @@ impl Observer {
             let _ = std::io::copy(&mut BufReader::new(out), &mut std::io::sink());
         });
         let addr = match rx.recv_timeout(Duration::from_secs(30)) {
-            Ok(a) => a
-                .parse()
-                .unwrap_or_else(|e| panic!("bad address {a:?}: {e}")),
+            Ok(a) => a.parse().unwrap_or_else(|e| panic!("bad address {a:?}: {e}")),
             Err(_) => {
                 let _ = child.kill();
                 let _ = child.wait();
-                panic!(
-                    "the observer printed no metrics address; stderr:\n{}",
-                    stderr.lock().unwrap()
-                );
+                panic!("the observer printed no metrics address; stderr:\n{}", stderr.lock().unwrap());
             }
         };
-        Observer {
-            child,
-            addr,
-            stderr,
-        }
+        Observer { child, addr, stderr }
     }
 
     fn stderr(&self) -> String {
@@ -194,10 +166,7 @@ impl Observer {
             }
             if t0.elapsed() > Duration::from_secs(20) {
                 let _ = self.child.kill();
-                panic!(
-                    "observer did not stop on SIGINT; stderr:\n{}",
-                    self.stderr()
-                );
+                panic!("observer did not stop on SIGINT; stderr:\n{}", self.stderr());
             }
             std::thread::sleep(Duration::from_millis(50));
         }
@@ -225,12 +194,7 @@ fn named_workload(name: &str) -> PathBuf {
 }
 
 fn workload_lines(out: &std::process::Output) -> Vec<Value> {
-    assert!(
-        out.status.success(),
-        "workload failed: {}\n{}",
-        out.status,
-        String::from_utf8_lossy(&out.stderr)
-    );
+    assert!(out.status.success(), "workload failed: {}\n{}", out.status, String::from_utf8_lossy(&out.stderr));
     String::from_utf8_lossy(&out.stdout)
         .lines()
         .filter(|l| l.starts_with('{'))
@@ -280,16 +244,10 @@ impl Prometheus {
         )
         .unwrap();
         // A free loopback port (released just before Prometheus binds it).
-        let addr = TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap();
+        let addr = TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap();
         let child = Command::new(bin)
             .arg(format!("--config.file={}", cfg.display()))
-            .arg(format!(
-                "--storage.tsdb.path={}",
-                dir.join("data").display()
-            ))
+            .arg(format!("--storage.tsdb.path={}", dir.join("data").display()))
             .arg(format!("--web.listen-address={addr}"))
             .arg("--log.level=warn")
             .stdout(Stdio::null())
@@ -307,11 +265,7 @@ impl Prometheus {
                     break;
                 }
             }
-            assert!(
-                t0.elapsed() < Duration::from_secs(60),
-                "prometheus did not become ready; log:\n{}",
-                p.log()
-            );
+            assert!(t0.elapsed() < Duration::from_secs(60), "prometheus did not become ready; log:\n{}", p.log());
             std::thread::sleep(Duration::from_millis(200));
         }
         p
@@ -322,17 +276,9 @@ impl Prometheus {
     }
 
     fn api(&self, path: &str, params: &[(&str, String)]) -> Value {
-        let q: Vec<String> = params
-            .iter()
-            .map(|(k, v)| format!("{k}={}", percent_encode(v)))
-            .collect();
-        let (h, b) = get(
-            self.addr,
-            &format!("{path}?{}", q.join("&")),
-            "application/json",
-        );
-        let v: Value =
-            serde_json::from_str(&b).unwrap_or_else(|e| panic!("{path}: not JSON ({e}): {h}\n{b}"));
+        let q: Vec<String> = params.iter().map(|(k, v)| format!("{k}={}", percent_encode(v))).collect();
+        let (h, b) = get(self.addr, &format!("{path}?{}", q.join("&")), "application/json");
+        let v: Value = serde_json::from_str(&b).unwrap_or_else(|e| panic!("{path}: not JSON ({e}): {h}\n{b}"));
         assert_eq!(v["status"], "success", "{path} {params:?}: {v}");
         v["data"].clone()
     }
@@ -376,10 +322,8 @@ fn dashboards_dir() -> PathBuf {
 
 fn dashboard() -> Value {
     let p = dashboards_dir().join("moe-observer.json");
-    serde_json::from_str(
-        &std::fs::read_to_string(&p).unwrap_or_else(|e| panic!("{}: {e}", p.display())),
-    )
-    .unwrap_or_else(|e| panic!("{}: {e}", p.display()))
+    serde_json::from_str(&std::fs::read_to_string(&p).unwrap_or_else(|e| panic!("{}: {e}", p.display())))
+        .unwrap_or_else(|e| panic!("{}: {e}", p.display()))
 }
 
 /// (panel title, expression) of every target of every panel (rows included).
@@ -387,13 +331,8 @@ fn expressions(d: &Value) -> Vec<(String, String)> {
     fn walk(panels: &Value, out: &mut Vec<(String, String)>) {
         for p in panels.as_array().into_iter().flatten() {
             for t in p["targets"].as_array().into_iter().flatten() {
-                let e = t["expr"]
-                    .as_str()
-                    .unwrap_or_else(|| panic!("a target of {:?} has no expr", p["title"]));
-                out.push((
-                    p["title"].as_str().unwrap_or("?").to_string(),
-                    e.to_string(),
-                ));
+                let e = t["expr"].as_str().unwrap_or_else(|| panic!("a target of {:?} has no expr", p["title"]));
+                out.push((p["title"].as_str().unwrap_or("?").to_string(), e.to_string()));
             }
             walk(&p["panels"], out);
         }
@@ -409,28 +348,18 @@ fn expressions(d: &Value) -> Vec<(String, String)> {
 /// (max(step + scrape, 4 × scrape)), and `$__range` as the evaluated range.
 fn substitute(expr: &str, d: &Value, range_s: u64) -> String {
     let rate = (1000 + SCRAPE_INTERVAL_MS).max(4 * SCRAPE_INTERVAL_MS);
-    let mut e = expr
-        .replace("$__rate_interval", &format!("{rate}ms"))
-        .replace("$__range", &format!("{range_s}s"));
+    let mut e = expr.replace("$__rate_interval", &format!("{rate}ms")).replace("$__range", &format!("{range_s}s"));
     for v in d["templating"]["list"].as_array().unwrap() {
         let name = v["name"].as_str().unwrap();
         let cur = &v["current"]["value"];
         let value = match cur {
-            Value::Array(a) if a.iter().any(|x| x == "$__all") => {
-                v["allValue"].as_str().unwrap_or(".*").to_string()
-            }
-            Value::Array(a) => a
-                .iter()
-                .filter_map(|x| x.as_str())
-                .collect::<Vec<_>>()
-                .join("|"),
+            Value::Array(a) if a.iter().any(|x| x == "$__all") => v["allValue"].as_str().unwrap_or(".*").to_string(),
+            Value::Array(a) => a.iter().filter_map(|x| x.as_str()).collect::<Vec<_>>().join("|"),
             Value::String(s) if s == "$__all" => v["allValue"].as_str().unwrap_or(".*").to_string(),
             Value::String(s) => s.clone(),
             _ => continue,
         };
-        e = e
-            .replace(&format!("${{{name}}}"), &value)
-            .replace(&format!("${name}"), &value);
+        e = e.replace(&format!("${{{name}}}"), &value).replace(&format!("${name}"), &value);
     }
     assert!(!e.contains('$'), "unsubstituted variable in {e}");
     e
@@ -468,9 +397,7 @@ const NOT_YET_PRODUCED: &[&str] = &[
 fn shown_metric(expr: &str) -> &str {
     let at = expr.find("moe_observer_").unwrap_or(expr.len());
     let rest = &expr[at..];
-    &rest[..rest
-        .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
-        .unwrap_or(rest.len())]
+    &rest[..rest.find(|c: char| !(c.is_ascii_alphanumeric() || c == '_')).unwrap_or(rest.len())]
 }
 
 /// Expressions that this run (CPU, fresh anonymous pages, file refaults,
@@ -512,18 +439,22 @@ fn prometheus_scrapes_a_run_and_every_dashboard_expression_returns_data() {
     }
     let obs = Observer::start(
         "serve",
-        &["--name", name, "--json", json.to_str().unwrap(), "--model", model.to_str().unwrap(), "--residency-interval", "100ms"],
+        &[
+            "--name",
+            name,
+            "--json",
+            json.to_str().unwrap(),
+            "--model",
+            model.to_str().unwrap(),
+            "--residency-interval",
+            "100ms",
+        ],
     );
     let prom = Prometheus::start(obs.addr, "prom-dash");
     // Prometheus scrapes the waiting exporter before the target exists.
     let t0 = Instant::now();
-    while values(&prom.query_range("up{job=\"observer\"}", now_unix() - 5.0, now_unix())).is_empty()
-    {
-        assert!(
-            t0.elapsed() < Duration::from_secs(30),
-            "prometheus never scraped the observer; log:\n{}",
-            prom.log()
-        );
+    while values(&prom.query_range("up{job=\"observer\"}", now_unix() - 5.0, now_unix())).is_empty() {
+        assert!(t0.elapsed() < Duration::from_secs(30), "prometheus never scraped the observer; log:\n{}", prom.log());
         std::thread::sleep(Duration::from_millis(200));
     }
 
@@ -546,19 +477,7 @@ fn prometheus_scrapes_a_run_and_every_dashboard_expression_returns_data() {
     };
     let file = dir.join("tokens.bin");
     let out = Command::new(&wl)
-        .args([
-            "tokens",
-            "--n",
-            "300",
-            "--ms",
-            "15",
-            "--anon",
-            "256K",
-            "--file-pages",
-            "8",
-            "--delay-ms",
-            "1500",
-        ])
+        .args(["tokens", "--n", "300", "--ms", "15", "--anon", "256K", "--file-pages", "8", "--delay-ms", "1500"])
         .arg("--path")
         .arg(&file)
         .output()
@@ -569,8 +488,7 @@ fn prometheus_scrapes_a_run_and_every_dashboard_expression_returns_data() {
     assert_eq!(ws.len(), 300);
     // The exporter's final values: serve keeps serving after the target ends.
     let m = obs.scrape_until("the end of the run", Duration::from_secs(30), |m| {
-        m.get("moe_observer_target_up") == Some(&0.0)
-            && m.get("moe_observer_runs_total") == Some(&1.0)
+        m.get("moe_observer_target_up") == Some(&0.0) && m.get("moe_observer_runs_total") == Some(&1.0)
     });
     // Let Prometheus scrape the final values too.
     std::thread::sleep(Duration::from_millis(3 * SCRAPE_INTERVAL_MS));
@@ -579,150 +497,66 @@ fn prometheus_scrapes_a_run_and_every_dashboard_expression_returns_data() {
     // ---- the exported numbers against the workload's own (same run) -----
     let g = |k: &str| val(&m, &format!("{k}{{kind=\"generate\"}}"));
     assert_eq!(val(&m, "moe_observer_runs_total"), 1.0);
-    assert_eq!(
-        g("moe_observer_steps_total"),
-        300.0,
-        "one step per marked token"
-    );
+    assert_eq!(g("moe_observer_steps_total"), 300.0, "one step per marked token");
     assert_eq!(g("moe_observer_tokens_total"), 300.0);
     let wall_ns = sum(&ws, "wall_ns") as f64;
-    assert_close(
-        "wall vs the workload's clock",
-        g("moe_observer_wall_seconds_total") * 1e9,
-        wall_ns,
-        0.02,
-    );
+    assert_close("wall vs the workload's clock", g("moe_observer_wall_seconds_total") * 1e9, wall_ns, 0.02);
     assert_close(
         "engine compute (= wall) vs the workload's clock",
         g("moe_observer_engine_compute_seconds_total") * 1e9,
         wall_ns,
         0.02,
     );
-    let on_cpu: f64 = [
-        "compute",
-        "fault_minor",
-        "swapin_zram",
-        "reclaim",
-        "syscall",
-    ]
-    .iter()
-    .map(|c| g(&format!("moe_observer_{c}_seconds_total")))
-    .sum();
-    assert_close(
-        "on-CPU components vs schedstat",
-        on_cpu * 1e9,
-        sum(&ws, "sched_cpu_ns") as f64,
-        0.05,
-    );
-    assert_close(
-        "minflt vs getrusage",
-        g("moe_observer_minflt_total"),
-        sum(&ws, "minflt") as f64,
-        0.02,
-    );
-    assert_close(
-        "majflt_file vs getrusage",
-        g("moe_observer_majflt_file_total"),
-        sum(&ws, "majflt") as f64,
-        0.02,
-    );
+    let on_cpu: f64 = ["compute", "fault_minor", "swapin_zram", "reclaim", "syscall"]
+        .iter()
+        .map(|c| g(&format!("moe_observer_{c}_seconds_total")))
+        .sum();
+    assert_close("on-CPU components vs schedstat", on_cpu * 1e9, sum(&ws, "sched_cpu_ns") as f64, 0.05);
+    assert_close("minflt vs getrusage", g("moe_observer_minflt_total"), sum(&ws, "minflt") as f64, 0.02);
+    assert_close("majflt_file vs getrusage", g("moe_observer_majflt_file_total"), sum(&ws, "majflt") as f64, 0.02);
     assert_close(
         "read bytes vs /proc/self/io",
         g("moe_observer_read_bytes_total"),
         sum(&ws, "io_read_bytes") as f64,
         0.02,
     );
-    assert_eq!(
-        val(
-            &m,
-            "moe_observer_token_duration_seconds_count{kind=\"generate\"}"
-        ),
-        300.0
-    );
+    assert_eq!(val(&m, "moe_observer_token_duration_seconds_count{kind=\"generate\"}"), 300.0);
     assert_close(
         "token duration sum vs wall",
-        val(
-            &m,
-            "moe_observer_token_duration_seconds_sum{kind=\"generate\"}",
-        ),
+        val(&m, "moe_observer_token_duration_seconds_sum{kind=\"generate\"}"),
         g("moe_observer_wall_seconds_total"),
         1e-9,
     );
-    let hidden = g("moe_observer_engine_compute_seconds_total")
-        - g("moe_observer_engine_steps_compute_seconds_total");
-    assert!(
-        hidden > 0.0,
-        "refault waits are hidden in the engine's residual compute: {hidden}"
-    );
+    let hidden = g("moe_observer_engine_compute_seconds_total") - g("moe_observer_engine_steps_compute_seconds_total");
+    assert!(hidden > 0.0, "refault waits are hidden in the engine's residual compute: {hidden}");
     // Kernel histograms: every major file fault of the target, counted by
     // the kernel's getrusage in the workload (tokens are all of its faults).
-    let maj_count = val(
-        &m,
-        "moe_observer_fault_major_file_latency_seconds_bucket{le=\"+Inf\"}",
-    );
-    assert_close(
-        "major-fault latency count vs getrusage",
-        maj_count,
-        sum(&ws, "majflt") as f64,
-        0.05,
-    );
+    let maj_count = val(&m, "moe_observer_fault_major_file_latency_seconds_bucket{le=\"+Inf\"}");
+    assert_close("major-fault latency count vs getrusage", maj_count, sum(&ws, "majflt") as f64, 0.05);
     assert!(
-        !m.keys().any(
-            |k| k.starts_with("moe_observer_fault_major_file_latency_seconds_sum")
-                || k.starts_with("moe_observer_fault_major_file_latency_seconds_count")
-        ),
+        !m.keys().any(|k| k.starts_with("moe_observer_fault_major_file_latency_seconds_sum")
+            || k.starts_with("moe_observer_fault_major_file_latency_seconds_count")),
         "no _sum (not kept by the kernel), hence no _count"
     );
 
     // ---- the same numbers in the run's JSON summary (exact) ---------------
-    let s: Value =
-        serde_json::from_str(&std::fs::read_to_string(&json).expect("serve wrote the run's JSON"))
-            .unwrap();
+    let s: Value = serde_json::from_str(&std::fs::read_to_string(&json).expect("serve wrote the run's JSON")).unwrap();
     let tokens = s["tokens"].as_array().unwrap();
-    let tok_sum = |k: &str| {
-        tokens
-            .iter()
-            .map(|t| t[k].as_u64().unwrap_or(0))
-            .sum::<u64>()
-    };
-    assert_eq!(
-        (g("moe_observer_compute_seconds_total") * 1e9).round() as u64,
-        tok_sum("compute_ns")
-    );
-    assert_eq!(
-        (g("moe_observer_fault_io_seconds_total") * 1e9).round() as u64,
-        tok_sum("fault_io_ns")
-    );
+    let tok_sum = |k: &str| tokens.iter().map(|t| t[k].as_u64().unwrap_or(0)).sum::<u64>();
+    assert_eq!((g("moe_observer_compute_seconds_total") * 1e9).round() as u64, tok_sum("compute_ns"));
+    assert_eq!((g("moe_observer_fault_io_seconds_total") * 1e9).round() as u64, tok_sum("fault_io_ns"));
     assert_eq!(g("moe_observer_minflt_total") as u64, tok_sum("minflt"));
     for (kind, h) in s["latency"].as_object().unwrap() {
-        let c = val(
-            &m,
-            &format!("moe_observer_{kind}_latency_seconds_bucket{{le=\"+Inf\"}}"),
-        );
-        assert_eq!(
-            c as u64,
-            h["count"].as_u64().unwrap(),
-            "{kind} count vs the JSON summary"
-        );
+        let c = val(&m, &format!("moe_observer_{kind}_latency_seconds_bucket{{le=\"+Inf\"}}"));
+        assert_eq!(c as u64, h["count"].as_u64().unwrap(), "{kind} count vs the JSON summary");
     }
-    assert_eq!(
-        val(&m, "moe_observer_lost_events_total") as u64,
-        s["lost_events"].as_u64().unwrap()
-    );
+    assert_eq!(val(&m, "moe_observer_lost_events_total") as u64, s["lost_events"].as_u64().unwrap());
     let bpf = val(&m, "moe_observer_bpf_run_seconds_total") * 1e9;
-    assert!(
-        bpf > 0.0 && bpf <= s["bpf_run_ns"].as_f64().unwrap() + 1.0,
-        "{bpf} vs {}",
-        s["bpf_run_ns"]
-    );
+    assert!(bpf > 0.0 && bpf <= s["bpf_run_ns"].as_f64().unwrap() + 1.0, "{bpf} vs {}", s["bpf_run_ns"]);
 
     // ---- Prometheus: clean scrapes, then every dashboard expression -------
     let up = values(&prom.query_range("up{job=\"observer\"}", start, end));
-    assert!(
-        !up.is_empty() && up.iter().all(|v| *v == 1.0),
-        "failed scrapes (up = 0): {up:?}\nlog:\n{}",
-        prom.log()
-    );
+    assert!(!up.is_empty() && up.iter().all(|v| *v == 1.0), "failed scrapes (up = 0): {up:?}\nlog:\n{}", prom.log());
     let targets = prom.api("/api/v1/targets", &[]);
     let t = &targets["activeTargets"][0];
     assert_eq!(t["health"], "up", "{t}");
@@ -740,31 +574,17 @@ fn prometheus_scrapes_a_run_and_every_dashboard_expression_returns_data() {
         let pending = NOT_YET_PRODUCED.iter().any(|n| expr.contains(n));
         if pending {
             if !vals.is_empty() {
-                failures.push(format!(
-                    "{title}: {q}: now returns data: remove its metric from NOT_YET_PRODUCED"
-                ));
+                failures.push(format!("{title}: {q}: now returns data: remove its metric from NOT_YET_PRODUCED"));
             }
             continue;
         }
         if vals.is_empty() {
             failures.push(format!("{title}: {q}: no data"));
-        } else if MUST_BE_POSITIVE
-            .iter()
-            .any(|n| shown_metric(expr).starts_with(n))
-            && !vals.iter().any(|v| *v > 0.0)
-        {
-            failures.push(format!(
-                "{title}: {q}: never positive during the run: {vals:?}"
-            ));
+        } else if MUST_BE_POSITIVE.iter().any(|n| shown_metric(expr).starts_with(n)) && !vals.iter().any(|v| *v > 0.0) {
+            failures.push(format!("{title}: {q}: never positive during the run: {vals:?}"));
         }
     }
-    assert!(
-        failures.is_empty(),
-        "{} of {} expressions failed:\n{}",
-        failures.len(),
-        exprs.len(),
-        failures.join("\n")
-    );
+    assert!(failures.is_empty(), "{} of {} expressions failed:\n{}", failures.len(), exprs.len(), failures.join("\n"));
     assert!(obs.stop().success());
 }
 
@@ -779,39 +599,14 @@ fn dense_swapped_panel_shows_an_engine_copy_in_zram() {
     let _l = machine_lock();
     let dir = scratch_dir("prom-dense");
     let engine = Path::new(OBSERVER).with_file_name("engine");
-    assert!(
-        engine.exists(),
-        "{} missing: cargo xtask test builds it",
-        engine.display()
-    );
+    assert!(engine.exists(), "{} missing: cargo xtask test builds it", engine.display());
     // ~70 MiB, ~45 MiB of it dense (a 16k vocabulary).
     let model = dir.join("pressure.gguf");
     if !model.exists() {
         let tmp = dir.join("pressure.tmp");
         let st = Command::new(&engine)
-            .args([
-                "synth",
-                "-o",
-                tmp.to_str().unwrap(),
-                "--quant",
-                "q8_0",
-                "--layers",
-                "4",
-                "--hidden",
-                "1024",
-            ])
-            .args([
-                "--heads",
-                "16",
-                "--kv-heads",
-                "4",
-                "--head-dim",
-                "64",
-                "--experts",
-                "8",
-                "--experts-used",
-                "2",
-            ])
+            .args(["synth", "-o", tmp.to_str().unwrap(), "--quant", "q8_0", "--layers", "4", "--hidden", "1024"])
+            .args(["--heads", "16", "--kv-heads", "4", "--head-dim", "64", "--experts", "8", "--experts-used", "2"])
             .args(["--expert-ffn", "256", "--vocab", "16384"])
             .status()
             .expect("engine synth");
@@ -820,29 +615,16 @@ fn dense_swapped_panel_shows_an_engine_copy_in_zram() {
     }
     let dense_mib = {
         let g = engine::gguf::Gguf::open(&model).unwrap();
-        g.tensors
-            .iter()
-            .filter(|t| !t.is_routed_expert())
-            .map(|t| t.size)
-            .sum::<u64>()
-            >> 20
+        g.tensors.iter().filter(|t| !t.is_routed_expert()).map(|t| t.size).sum::<u64>() >> 20
     };
     // Prometheus first, on a port the observer will serve (free now), so that it scrapes the
     // whole run.
-    let addr = TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap();
+    let addr = TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap();
     let prom = Prometheus::start(addr, "prom-dense");
     // Its first scrape (up = 0: nothing listens yet) says the target is set up.
     let t0 = Instant::now();
-    while values(&prom.query_range("up{job=\"observer\"}", now_unix() - 5.0, now_unix())).is_empty()
-    {
-        assert!(
-            t0.elapsed() < Duration::from_secs(30),
-            "prometheus never scraped; log:\n{}",
-            prom.log()
-        );
+    while values(&prom.query_range("up{job=\"observer\"}", now_unix() - 5.0, now_unix())).is_empty() {
+        assert!(t0.elapsed() < Duration::from_secs(30), "prometheus never scraped; log:\n{}", prom.log());
         std::thread::sleep(Duration::from_millis(200));
     }
     testkit::drop_caches().expect("drop caches");
@@ -885,34 +667,21 @@ fn dense_swapped_panel_shows_an_engine_copy_in_zram() {
             "anon",
         ],
     );
-    let m = obs.scrape_until(
-        "dense_swapped_ratio during the run",
-        Duration::from_secs(60),
-        |m| {
-            m.get("moe_observer_dense_swapped_ratio")
-                .is_some_and(|v| *v > 0.0)
-        },
-    );
+    let m = obs.scrape_until("dense_swapped_ratio during the run", Duration::from_secs(60), |m| {
+        m.get("moe_observer_dense_swapped_ratio").is_some_and(|v| *v > 0.0)
+    });
     let exported = val(&m, "moe_observer_dense_swapped_ratio");
     let resident = val(&m, "moe_observer_dense_resident_ratio");
-    assert!(
-        exported < 1.0 && resident < 1.0,
-        "swapped {exported}, resident {resident}"
-    );
+    assert!(exported < 1.0 && resident < 1.0, "swapped {exported}, resident {resident}");
     // The run lasts several seconds more (240 tokens): Prometheus scrapes the gauge meanwhile.
     let t0 = Instant::now();
-    while values(&prom.query_range("moe_observer_dense_swapped_ratio", start, now_unix()))
-        .is_empty()
-    {
+    while values(&prom.query_range("moe_observer_dense_swapped_ratio", start, now_unix())).is_empty() {
         assert!(
             obs.child.try_wait().unwrap().is_none(),
             "the run ended before Prometheus scraped dense_swapped_ratio; stderr:\n{}",
             obs.stderr()
         );
-        assert!(
-            t0.elapsed() < Duration::from_secs(60),
-            "prometheus never scraped dense_swapped_ratio"
-        );
+        assert!(t0.elapsed() < Duration::from_secs(60), "prometheus never scraped dense_swapped_ratio");
         std::thread::sleep(Duration::from_millis(200));
     }
     let st = obs.child.wait().unwrap();
@@ -922,28 +691,16 @@ fn dense_swapped_panel_shows_an_engine_copy_in_zram() {
 
     // The exported value is a token record's, exactly.
     let s: Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
-    let fracs: Vec<f64> = s["tokens"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter_map(|t| t["residency"]["dense_swapped_frac"].as_f64())
-        .collect();
-    assert!(
-        fracs.contains(&exported),
-        "exported {exported}, records {fracs:?}"
-    );
+    let fracs: Vec<f64> =
+        s["tokens"].as_array().unwrap().iter().filter_map(|t| t["residency"]["dense_swapped_frac"].as_f64()).collect();
+    assert!(fracs.contains(&exported), "exported {exported}, records {fracs:?}");
 
     // The dashboard's panel, as Grafana would query it, shows the copy in swap.
     let d = dashboard();
     let range_s = (end - start).ceil() as u64;
-    let exprs: Vec<_> = expressions(&d)
-        .into_iter()
-        .filter(|(_, e)| e.contains("moe_observer_dense_swapped_ratio"))
-        .collect();
-    assert!(
-        !exprs.is_empty(),
-        "no dashboard panel shows moe_observer_dense_swapped_ratio"
-    );
+    let exprs: Vec<_> =
+        expressions(&d).into_iter().filter(|(_, e)| e.contains("moe_observer_dense_swapped_ratio")).collect();
+    assert!(!exprs.is_empty(), "no dashboard panel shows moe_observer_dense_swapped_ratio");
     for (title, expr) in &exprs {
         let q = substitute(expr, &d, range_s);
         let vals = values(&prom.query_range(&q, start, end));
@@ -954,10 +711,7 @@ fn dense_swapped_panel_shows_an_engine_copy_in_zram() {
             end - start,
             prom.log()
         );
-        assert!(
-            vals.iter().all(|v| fracs.contains(v)),
-            "{title}: {vals:?} are not the records' {fracs:?}"
-        );
+        assert!(vals.iter().all(|v| fracs.contains(v)), "{title}: {vals:?} are not the records' {fracs:?}");
     }
 }
 
@@ -992,23 +746,14 @@ fn residency_metric_names_exist() {
             dense_resident_frac: Some(1.0),
             dense_swapped_frac: Some(0.0),
             experts_resident_frac: Some(1.0),
-            grid: Some(ExpertGrid {
-                n_layers: 1,
-                n_experts: 1,
-                resident: vec![1.0],
-                added: None,
-                evicted: None,
-            }),
+            grid: Some(ExpertGrid { n_layers: 1, n_experts: 1, resident: vec![1.0], added: None, evicted: None }),
         }),
         lost_events: 0,
     };
     s.event(&Event::Token(t)).unwrap();
     let text = ex.render(Format::Text).unwrap();
     for n in RESIDENCY_METRICS {
-        assert!(
-            text.contains(&format!("\n{n}")),
-            "{n} not exported:\n{text}"
-        );
+        assert!(text.contains(&format!("\n{n}")), "{n} not exported:\n{text}");
     }
 }
 
@@ -1024,29 +769,14 @@ fn serve_follows_a_program_across_restarts_and_promtool_accepts_the_output() {
     let mut last: Option<BTreeMap<String, f64>> = None;
     for run in 1..=2u32 {
         let out = Command::new(&wl)
-            .args([
-                "tokens",
-                "--n",
-                "20",
-                "--ms",
-                "5",
-                "--anon",
-                "128K",
-                "--delay-ms",
-                "1500",
-            ])
+            .args(["tokens", "--n", "20", "--ms", "5", "--anon", "128K", "--delay-ms", "1500"])
             .output()
             .expect("run the workload");
         let ws = workload_lines(&out);
         assert_eq!(ws.len(), 20);
-        let m = obs.scrape_until(
-            &format!("the end of run {run}"),
-            Duration::from_secs(30),
-            |m| {
-                m.get("moe_observer_runs_total") == Some(&f64::from(run))
-                    && m.get("moe_observer_target_up") == Some(&0.0)
-            },
-        );
+        let m = obs.scrape_until(&format!("the end of run {run}"), Duration::from_secs(30), |m| {
+            m.get("moe_observer_runs_total") == Some(&f64::from(run)) && m.get("moe_observer_target_up") == Some(&0.0)
+        });
         assert_eq!(
             val(&m, "moe_observer_steps_total{kind=\"generate\"}"),
             f64::from(20 * run),
@@ -1055,19 +785,12 @@ fn serve_follows_a_program_across_restarts_and_promtool_accepts_the_output() {
         );
         if let Some(prev) = &last {
             for (k, v) in prev {
-                if k.contains("_total")
-                    || k.contains("_bucket")
-                    || k.contains("_count")
-                    || k.contains("_sum")
-                {
-                    let now = m
-                        .get(k)
-                        .unwrap_or_else(|| panic!("{k} vanished after a restart"));
+                if k.contains("_total") || k.contains("_bucket") || k.contains("_count") || k.contains("_sum") {
+                    let now = m.get(k).unwrap_or_else(|| panic!("{k} vanished after a restart"));
                     assert!(now >= v, "{k} went down across a restart: {v} -> {now}");
                 }
             }
-            let minflt =
-                |m: &BTreeMap<String, f64>| val(m, "moe_observer_minflt_total{kind=\"generate\"}");
+            let minflt = |m: &BTreeMap<String, f64>| val(m, "moe_observer_minflt_total{kind=\"generate\"}");
             assert_close(
                 "second run's minor faults vs getrusage",
                 minflt(&m) - minflt(prev),
@@ -1080,11 +803,7 @@ fn serve_follows_a_program_across_restarts_and_promtool_accepts_the_output() {
 
     // promtool (Debian's prometheus package) lints the text format.
     let (head, body) = get(obs.addr, "/metrics", TEXT);
-    assert_eq!(
-        header(&head, "Content-Type"),
-        Some("text/plain; version=0.0.4; charset=utf-8"),
-        "{head}"
-    );
+    assert_eq!(header(&head, "Content-Type"), Some("text/plain; version=0.0.4; charset=utf-8"), "{head}");
     let mut p = Command::new("promtool")
         .args(["check", "metrics"])
         .stdin(Stdio::piped())
@@ -1094,20 +813,9 @@ fn serve_follows_a_program_across_restarts_and_promtool_accepts_the_output() {
         .expect("promtool not found: run `cargo xtask setup` (Debian package `prometheus`)");
     p.stdin.take().unwrap().write_all(body.as_bytes()).unwrap();
     let out = p.wait_with_output().unwrap();
-    let said = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    assert!(
-        out.status.success() && said.trim().is_empty(),
-        "promtool check metrics: {}\n{said}\n{body}",
-        out.status
-    );
-    assert!(
-        body.contains("moe_observer_fault_minor_latency_seconds_bucket"),
-        "{body}"
-    );
+    let said = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success() && said.trim().is_empty(), "promtool check metrics: {}\n{said}\n{body}", out.status);
+    assert!(body.contains("moe_observer_fault_minor_latency_seconds_bucket"), "{body}");
 
     // OpenMetrics for clients that ask for it (Prometheus does).
     let (head, om) = get(obs.addr, "/metrics", OPENMETRICS);
@@ -1125,49 +833,27 @@ fn run_serves_metrics_while_it_runs_and_rejects_bad_addresses() {
     let _l = machine_lock();
     let mut obs = Observer::start(
         "run",
-        &[
-            "--every",
-            "0",
-            "--",
-            WORKLOAD,
-            "tokens",
-            "--n",
-            "150",
-            "--ms",
-            "20",
-            "--delay-ms",
-            "300",
-        ],
+        &["--every", "0", "--", WORKLOAD, "tokens", "--n", "150", "--ms", "20", "--delay-ms", "300"],
     );
     let m = obs.scrape_until("tokens during the run", Duration::from_secs(30), |m| {
-        m.get("moe_observer_steps_total{kind=\"generate\"}")
-            .is_some_and(|v| *v >= 5.0)
+        m.get("moe_observer_steps_total{kind=\"generate\"}").is_some_and(|v| *v >= 5.0)
     });
     assert_eq!(val(&m, "moe_observer_target_up"), 1.0);
     assert!(val(&m, "moe_observer_probes_attached") > 0.0);
     let st = obs.child.wait().unwrap();
     assert!(st.success(), "{st}: {}", obs.stderr());
-    assert!(
-        TcpStream::connect(obs.addr).is_err(),
-        "the endpoint ends with the run"
-    );
+    assert!(TcpStream::connect(obs.addr).is_err(), "the endpoint ends with the run");
 
     // A bad address fails before anything is spawned or attached.
     let marker = scratch_dir("metrics-addr").join("spawned");
     let _ = std::fs::remove_file(&marker);
     for bad in ["nope", "127.0.0.1:99999"] {
-        let out = Command::new(OBSERVER)
-            .args(["run", "--metrics-addr", bad, "--", "touch"])
-            .arg(&marker)
-            .output()
-            .unwrap();
+        let out =
+            Command::new(OBSERVER).args(["run", "--metrics-addr", bad, "--", "touch"]).arg(&marker).output().unwrap();
         let err = String::from_utf8_lossy(&out.stderr);
         assert_eq!(out.status.code(), Some(2), "{err}");
         assert!(err.contains("--metrics-addr") && err.contains(bad), "{err}");
-        assert!(
-            !marker.exists(),
-            "the target ran despite a bad --metrics-addr"
-        );
+        assert!(!marker.exists(), "the target ran despite a bad --metrics-addr");
     }
 }
 
@@ -1185,33 +871,17 @@ fn dashboards_are_consistent_and_documented() {
     let mut panels = Vec::new();
     all(&d["panels"], &mut panels);
     for p in &panels {
-        assert!(
-            ids.insert(p["id"].as_u64().unwrap()),
-            "duplicate panel id {}",
-            p["id"]
-        );
+        assert!(ids.insert(p["id"].as_u64().unwrap()), "duplicate panel id {}", p["id"]);
         let title = p["title"].as_str().unwrap();
-        assert!(
-            readme.contains(&format!("**{title}**")),
-            "panel {title:?} is not described in dashboards/README.md"
-        );
+        assert!(readme.contains(&format!("**{title}**")), "panel {title:?} is not described in dashboards/README.md");
         if p["type"] != "row" {
             assert_eq!(p["datasource"]["uid"], "${datasource}", "{title}");
-            assert!(
-                !p["targets"].as_array().unwrap().is_empty(),
-                "{title} has no query"
-            );
-            assert!(
-                p["description"].as_str().is_some_and(|s| !s.is_empty()),
-                "{title} has no description"
-            );
+            assert!(!p["targets"].as_array().unwrap().is_empty(), "{title} has no query");
+            assert!(p["description"].as_str().is_some_and(|s| !s.is_empty()), "{title} has no description");
         }
     }
     for (_, e) in expressions(&d) {
-        assert!(
-            !e.contains("pid") && !e.contains("tid"),
-            "no PID/TID labels: {e}"
-        );
+        assert!(!e.contains("pid") && !e.contains("tid"), "no PID/TID labels: {e}");
     }
     // The scrape example is a valid Prometheus configuration.
     let out = Command::new("promtool")
@@ -1219,52 +889,22 @@ fn dashboards_are_consistent_and_documented() {
         .arg(dashboards_dir().join("prometheus.yml"))
         .output()
         .expect("promtool not found: run `cargo xtask setup` (Debian package `prometheus`)");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stdout)
-    );
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stdout));
 }
 
 #[test]
 fn serve_keeps_serving_a_commands_final_values_until_stopped() {
     let _l = machine_lock();
-    let obs = Observer::start(
-        "serve",
-        &[
-            "--",
-            WORKLOAD,
-            "tokens",
-            "--n",
-            "12",
-            "--ms",
-            "5",
-            "--delay-ms",
-            "200",
-        ],
-    );
+    let obs = Observer::start("serve", &["--", WORKLOAD, "tokens", "--n", "12", "--ms", "5", "--delay-ms", "200"]);
     let m = obs.scrape_until("the command's end", Duration::from_secs(30), |m| {
-        m.get("moe_observer_runs_total") == Some(&1.0)
-            && m.get("moe_observer_target_up") == Some(&0.0)
+        m.get("moe_observer_runs_total") == Some(&1.0) && m.get("moe_observer_target_up") == Some(&0.0)
     });
-    assert_eq!(
-        val(&m, "moe_observer_steps_total{kind=\"generate\"}"),
-        12.0,
-        "{}",
-        obs.stderr()
-    );
+    assert_eq!(val(&m, "moe_observer_steps_total{kind=\"generate\"}"), 12.0, "{}", obs.stderr());
     // Still there a while later, unchanged.
     std::thread::sleep(Duration::from_millis(500));
     let again = scrape(obs.addr);
-    assert_eq!(
-        again.get("moe_observer_steps_total{kind=\"generate\"}"),
-        Some(&12.0)
-    );
-    assert!(
-        obs.stderr().contains("serving its final values"),
-        "{}",
-        obs.stderr()
-    );
+    assert_eq!(again.get("moe_observer_steps_total{kind=\"generate\"}"), Some(&12.0));
+    assert!(obs.stderr().contains("serving its final values"), "{}", obs.stderr());
     let st = obs.stop();
     assert!(st.success(), "{st}");
 }
@@ -1275,26 +915,14 @@ fn serve_stops_on_sigint_while_attached_and_leaves_the_target_running() {
     let name = "wl-prom-sigint";
     let wl = named_workload(name);
     let obs = Observer::start("serve", &["--name", name]);
-    let mut target = Command::new(&wl)
-        .args(["sleep", "--ms", "30000"])
-        .stdout(Stdio::null())
-        .spawn()
-        .expect("start the workload");
-    obs.scrape_until("the attach", Duration::from_secs(30), |m| {
-        m.get("moe_observer_target_up") == Some(&1.0)
-    });
+    let mut target =
+        Command::new(&wl).args(["sleep", "--ms", "30000"]).stdout(Stdio::null()).spawn().expect("start the workload");
+    obs.scrape_until("the attach", Duration::from_secs(30), |m| m.get("moe_observer_target_up") == Some(&1.0));
     let t0 = Instant::now();
     let st = obs.stop();
     assert!(st.success(), "{st}");
-    assert!(
-        t0.elapsed() < Duration::from_secs(5),
-        "stopping took {:?}",
-        t0.elapsed()
-    );
-    assert!(
-        target.try_wait().unwrap().is_none(),
-        "an attached target is left alone"
-    );
+    assert!(t0.elapsed() < Duration::from_secs(5), "stopping took {:?}", t0.elapsed());
+    assert!(target.try_wait().unwrap().is_none(), "an attached target is left alone");
     target.kill().unwrap();
     target.wait().unwrap();
 }

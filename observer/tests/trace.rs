@@ -398,7 +398,11 @@ fn dense_anon_vs_locked_under_pressure_diffs_into_the_right_verdict() {
     let (a, b) = (tps["a"]["value"].as_f64().unwrap(), tps["b"]["value"].as_f64().unwrap());
     let (anon_side_is_a, locked_tps, anon_tps) =
         if (a - tok_s("anon")).abs() < 1e-6 * a { (true, b, a) } else { (false, a, b) };
-    assert!((anon_tps - tok_s("anon")).abs() <= 1e-6 * anon_tps, "diff's anon tok/s {anon_tps} vs traces {}", tok_s("anon"));
+    assert!(
+        (anon_tps - tok_s("anon")).abs() <= 1e-6 * anon_tps,
+        "diff's anon tok/s {anon_tps} vs traces {}",
+        tok_s("anon")
+    );
     assert!((locked_tps - tok_s("locked")).abs() <= 1e-6 * locked_tps, "diff's locked tok/s vs traces");
     // The verdict is what the intervals say.
     let ci = |s: &str, k: &str| tps[s]["ci95"][k].as_f64().unwrap();

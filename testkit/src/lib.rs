@@ -328,10 +328,8 @@ unsafe fn balloon_child(tasks: &std::ffi::CStr, len: usize, touch: Duration, wr:
         let ready = b'R';
         libc::write(wr, (&ready as *const u8).cast(), 1);
         libc::close(wr);
-        let ts = libc::timespec {
-            tv_sec: touch.as_secs() as libc::time_t,
-            tv_nsec: touch.subsec_nanos() as libc::c_long,
-        };
+        let ts =
+            libc::timespec { tv_sec: touch.as_secs() as libc::time_t, tv_nsec: touch.subsec_nanos() as libc::c_long };
         let bytes = p.cast::<u8>();
         let mut sum = 0u8;
         loop {
@@ -486,10 +484,14 @@ mod tests {
         assert!(b.alive());
         let tasks = std::fs::read_to_string(cg.dir().join("tasks")).unwrap();
         assert!(tasks.split_whitespace().any(|p| p == pid.to_string()), "balloon {pid} not in {tasks}");
-        let usage: u64 = std::fs::read_to_string(cg.dir().join("memory.usage_in_bytes")).unwrap().trim().parse().unwrap();
+        let usage: u64 =
+            std::fs::read_to_string(cg.dir().join("memory.usage_in_bytes")).unwrap().trim().parse().unwrap();
         assert!(usage >= 32 << 20, "cgroup usage {usage} < the balloon's 32 MiB");
         let mine = std::fs::read_to_string("/proc/self/cgroup").unwrap();
-        assert!(!mine.contains(cg.dir().file_name().unwrap().to_str().unwrap()), "the test process must never join the cgroup");
+        assert!(
+            !mine.contains(cg.dir().file_name().unwrap().to_str().unwrap()),
+            "the test process must never join the cgroup"
+        );
         drop(b);
         assert!(!Path::new(&format!("/proc/{pid}")).exists(), "balloon {pid} still exists after drop");
     }

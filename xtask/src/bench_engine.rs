@@ -28,14 +28,20 @@ pub fn main(args: &[String]) -> Result<()> {
             "-r" => reps = val("-r")?.parse()?,
             "--rounds" => rounds = val("--rounds")?.parse()?,
             "--preset" => preset = val("--preset")?,
-            _ => bail!("usage: cargo xtask bench engine [--threads T] [-p N] [-n N] [-r N] [--rounds N] [--preset small]"),
+            _ => bail!(
+                "usage: cargo xtask bench engine [--threads T] [-p N] [-n N] [-r N] [--rounds N] [--preset small]"
+            ),
         }
     }
     let ll = llama::ensure()?;
     let engine = llama::build_engine()?;
     let model = llama::synth_model(&engine, &format!("bench-{preset}"), &["--preset", &preset])?;
     let size = std::fs::metadata(&model).map(|m| m.len()).unwrap_or(0);
-    println!("model: {} ({:.0} MiB), {threads} threads, pp{n_prompt} tg{n_gen}, {reps} repetitions", model.display(), size as f64 / 1048576.0);
+    println!(
+        "model: {} ({:.0} MiB), {threads} threads, pp{n_prompt} tg{n_gen}, {reps} repetitions",
+        model.display(),
+        size as f64 / 1048576.0
+    );
 
     let mut ll_pp_v = Vec::new();
     let mut ll_tg_v = Vec::new();

@@ -31,9 +31,7 @@ use std::{
 
 use anyhow::{Context, Result, bail};
 
-use crate::{
-    bench_util::{self, gen_tok_s, median},
-};
+use crate::bench_util::{self, gen_tok_s, median};
 
 #[derive(Debug, Clone, Copy)]
 struct Burst {
@@ -62,10 +60,7 @@ struct Observed {
 
 /// The on-CPU time of `pid`'s thread called `metrics-http`.
 fn endpoint_cpu_ns(pid: u32) -> Option<u64> {
-    for t in std::fs::read_dir(format!("/proc/{pid}/task"))
-        .ok()?
-        .flatten()
-    {
+    for t in std::fs::read_dir(format!("/proc/{pid}/task")).ok()?.flatten() {
         let comm = std::fs::read_to_string(t.path().join("comm")).unwrap_or_default();
         if comm.trim() == "metrics-http" {
             let s = std::fs::read_to_string(t.path().join("schedstat")).ok()?;
@@ -90,10 +85,7 @@ fn scrape(addr: SocketAddr) -> Result<Option<usize>> {
     let mut out = Vec::with_capacity(64 << 10);
     s.read_to_end(&mut out)?;
     if !out.starts_with(b"HTTP/1.1 200") {
-        bail!(
-            "not 200: {}",
-            String::from_utf8_lossy(&out[..out.len().min(80)])
-        );
+        bail!("not 200: {}", String::from_utf8_lossy(&out[..out.len().min(80)]));
     }
     Ok(Some(out.len()))
 }
@@ -149,16 +141,7 @@ fn observed(
     burst: Option<Burst>,
 ) -> Result<Observed> {
     let mut child = Command::new(observer)
-        .args([
-            "run",
-            "--every",
-            "0",
-            "--window",
-            "100ms",
-            "--metrics-addr",
-            "127.0.0.1:0",
-            "--",
-        ])
+        .args(["run", "--every", "0", "--window", "100ms", "--metrics-addr", "127.0.0.1:0", "--"])
         .arg(engine)
         .args(engine_args)
         .stdout(Stdio::piped())
@@ -209,20 +192,13 @@ fn observed(
     };
     let wall_s = t0.elapsed().as_secs_f64();
     stop.store(true, Ordering::Relaxed);
-    let stats = scraper
-        .map(|h| h.join().unwrap_or_default())
-        .unwrap_or_default();
+    let stats = scraper.map(|h| h.join().unwrap_or_default()).unwrap_or_default();
     let stdout = out_thread.join().unwrap_or_default();
     let stderr = err_thread.join().unwrap_or_default();
     if !status.success() {
         bail!("observer run failed: {status}\n{stderr}");
     }
-    Ok(Observed {
-        tok_s: gen_tok_s(&stdout)?,
-        scrapes: stats,
-        endpoint_cpu_ns: cpu_ns,
-        wall_s,
-    })
+    Ok(Observed { tok_s: gen_tok_s(&stdout)?, scrapes: stats, endpoint_cpu_ns: cpu_ns, wall_s })
 }
 
 pub fn main(args: &[String]) -> Result<()> {
@@ -230,18 +206,10 @@ pub fn main(args: &[String]) -> Result<()> {
     let mut n_gen = 96usize;
     let mut threads = std::thread::available_parallelism().map_or(1, |n| n.get());
     let mut preset = "small".to_string();
-    let mut burst = Burst {
-        clients: 32,
-        period: Duration::from_millis(500),
-        max_bursts: 2000,
-    };
+    let mut burst = Burst { clients: 32, period: Duration::from_millis(500), max_bursts: 2000 };
     let mut it = args.iter();
     while let Some(a) = it.next() {
-        let mut val = |name: &str| {
-            it.next()
-                .with_context(|| format!("{name} needs a value"))
-                .cloned()
-        };
+        let mut val = |name: &str| it.next().with_context(|| format!("{name} needs a value")).cloned();
         match a.as_str() {
             "--rounds" => rounds = val("--rounds")?.parse()?,
             "-n" => n_gen = val("-n")?.parse()?,
@@ -314,11 +282,7 @@ pub fn main(args: &[String]) -> Result<()> {
     }
     let (mq, ms) = (median(&mut quiet), median(&mut scraped));
     lat.sort_by(|a, b| a.total_cmp(b));
-    let p = |q: f64| {
-        lat.get(((lat.len() as f64 - 1.0) * q).round() as usize)
-            .copied()
-            .unwrap_or(f64::NAN)
-    };
+    let p = |q: f64| lat.get(((lat.len() as f64 - 1.0) * q).round() as usize).copied().unwrap_or(f64::NAN);
     println!(
         "scrapes: {ok} ok, {failed} failed, {bytes} bytes each; latency under the burst p50 {:.0} us, p99 {:.0} us, max {:.0} us",
         p(0.5),
@@ -334,10 +298,7 @@ pub fn main(args: &[String]) -> Result<()> {
         100.0 * median(&mut client_share)
     );
     println!("median: no scrapes {mq:.2} tok/s, scraped {ms:.2} tok/s");
-    println!(
-        "scrape cost ratio (scraped / not scraped): {:.4} (target >= 0.99)",
-        ms / mq
-    );
+    println!("scrape cost ratio (scraped / not scraped): {:.4} (target >= 0.99)", ms / mq);
     if failed > 0 {
         bail!("{failed} scrapes failed");
     }

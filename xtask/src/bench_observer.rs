@@ -21,7 +21,10 @@ use crate::bench_util::{self, gen_tok_s, median};
 /// every descendant it waited for.
 fn run_timed(c: &mut Command) -> Result<(String, u64)> {
     use std::io::Read;
-    let mut child = c.stdout(std::process::Stdio::piped()).stderr(std::process::Stdio::null()).spawn()
+    let mut child = c
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
         .context("spawning the benchmark command")?;
     let mut out = String::new();
     child.stdout.take().context("stdout")?.read_to_string(&mut out)?;

@@ -32,7 +32,15 @@ pub fn median(v: &mut [f64]) -> f64 {
 pub fn build() -> Result<std::path::PathBuf> {
     crate::setup::run(crate::setup::Scope::All)?;
     let root = cache::workspace_root();
-    cmd::run(Command::new("cargo").current_dir(&root).args(["build", "--release", "-p", "observer", "-p", "engine", "--bins"]))?;
+    cmd::run(Command::new("cargo").current_dir(&root).args([
+        "build",
+        "--release",
+        "-p",
+        "observer",
+        "-p",
+        "engine",
+        "--bins",
+    ]))?;
     Ok(cache::target_dir().join("release"))
 }
 

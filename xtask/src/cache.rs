@@ -18,10 +18,7 @@ pub fn dir() -> Result<PathBuf> {
 
 /// The workspace root (xtask lives one level below it).
 pub fn workspace_root() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from("."))
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).parent().map(PathBuf::from).unwrap_or_else(|| PathBuf::from("."))
 }
 
 /// Cargo's target directory (honours CARGO_TARGET_DIR).

@@ -27,16 +27,12 @@ pub fn run(c: &mut Command) -> Result<()> {
 /// Run and capture stdout+stderr; returns the output even on failure.
 pub fn capture(c: &mut Command) -> Result<Output> {
     let d = describe(c);
-    c.stdin(Stdio::null())
-        .output()
-        .with_context(|| format!("cannot run `{d}`"))
+    c.stdin(Stdio::null()).output().with_context(|| format!("cannot run `{d}`"))
 }
 
 /// Whether a program is found on PATH.
 pub fn on_path(prog: &str) -> bool {
-    std::env::var_os("PATH")
-        .map(|p| std::env::split_paths(&p).any(|d| d.join(prog).is_file()))
-        .unwrap_or(false)
+    std::env::var_os("PATH").map(|p| std::env::split_paths(&p).any(|d| d.join(prog).is_file())).unwrap_or(false)
 }
 
 /// Output of a command that must succeed, as UTF-8 (stderr shown on failure).

@@ -34,7 +34,15 @@ pub fn run(args: &[String]) -> Result<()> {
     let n = n.unwrap_or(if pressure { 64 } else { 256 });
     setup::run(setup::Scope::All)?;
     let root = cache::workspace_root();
-    cmd::run(Command::new("cargo").current_dir(&root).args(["build", "--release", "-p", "observer", "-p", "engine", "--bins"]))?;
+    cmd::run(Command::new("cargo").current_dir(&root).args([
+        "build",
+        "--release",
+        "-p",
+        "observer",
+        "-p",
+        "engine",
+        "--bins",
+    ]))?;
     let bin = cache::target_dir().join("release");
     let engine = bin.join("engine");
     eprintln!("demo: the `small` synthetic model (generated once, then cached)");

@@ -20,8 +20,6 @@ pub struct Llama {
     pub harness: PathBuf,
 }
 
-
-
 fn have(tool: &str) -> bool {
     Command::new(tool).arg("--version").output().is_ok_and(|o| o.status.success())
 }
@@ -53,7 +51,13 @@ fn ensure_source(dir: &Path) -> Result<PathBuf> {
     let tarball = dl.join(format!("llama_cpp_python-{LLAMA_CPP_PYTHON}.tar.gz"));
     if !tarball.is_file() {
         eprintln!("xtask: downloading llama-cpp-python {LLAMA_CPP_PYTHON} (source) from PyPI");
-        crate::cmd::run(Command::new("python3").args(["-m", "pip", "download", "--no-deps", "--no-binary", ":all:"]).arg(format!("llama-cpp-python=={LLAMA_CPP_PYTHON}")).arg("-d").arg(&dl))?;
+        crate::cmd::run(
+            Command::new("python3")
+                .args(["-m", "pip", "download", "--no-deps", "--no-binary", ":all:"])
+                .arg(format!("llama-cpp-python=={LLAMA_CPP_PYTHON}"))
+                .arg("-d")
+                .arg(&dl),
+        )?;
     }
     let tmp = dir.join("unpack.tmp");
     let _ = std::fs::remove_dir_all(&tmp);
@@ -79,49 +83,58 @@ pub fn ensure() -> Result<Llama> {
         ensure_cmake()?;
         let src = ensure_source(&dir)?;
         eprintln!("xtask: building llama.cpp ({LLAMA_CPP_PYTHON}) in {} — several minutes", build.display());
-        crate::cmd::run(Command::new("cmake")
-            .arg("-S")
-            .arg(&src)
-            .arg("-B")
-            .arg(&build)
-            .args([
-                "-DCMAKE_BUILD_TYPE=Release",
-                "-DGGML_NATIVE=ON",
-                "-DLLAMA_CURL=OFF",
-                "-DLLAMA_OPENSSL=OFF",
-                "-DLLAMA_BUILD_TESTS=OFF",
-                "-DLLAMA_BUILD_EXAMPLES=OFF",
-                "-DLLAMA_BUILD_SERVER=OFF",
-            ]))?;
+        crate::cmd::run(Command::new("cmake").arg("-S").arg(&src).arg("-B").arg(&build).args([
+            "-DCMAKE_BUILD_TYPE=Release",
+            "-DGGML_NATIVE=ON",
+            "-DLLAMA_CURL=OFF",
+            "-DLLAMA_OPENSSL=OFF",
+            "-DLLAMA_BUILD_TESTS=OFF",
+            "-DLLAMA_BUILD_EXAMPLES=OFF",
+            "-DLLAMA_BUILD_SERVER=OFF",
+        ]))?;
         let jobs = std::thread::available_parallelism().map_or(1, |n| n.get()).to_string();
-        crate::cmd::run(Command::new("cmake").arg("--build").arg(&build).args(["-j", &jobs, "--target", "llama-bench", "llama"]))?;
+        crate::cmd::run(Command::new("cmake").arg("--build").arg(&build).args([
+            "-j",
+            &jobs,
+            "--target",
+            "llama-bench",
+            "llama",
+        ]))?;
     }
     let src = dir.join("src");
-    let hash = HARNESS_SRC.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3));
+    let hash =
+        HARNESS_SRC.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3));
     let harness = dir.join(format!("parity-llama-{hash:016x}"));
     if !harness.is_file() {
         let cpp = dir.join("parity_llama.cpp");
         std::fs::write(&cpp, HARNESS_SRC).with_context(|| format!("writing {}", cpp.display()))?;
-        crate::cmd::run(Command::new("c++")
-            .args(["-O2", "-std=c++17", "-o"])
-            .arg(&harness)
-            .arg(&cpp)
-            .arg(format!("-I{}", src.join("include").display()))
-            .arg(format!("-I{}", src.join("ggml/include").display()))
-            .arg(format!("-L{}", lib_dir.display()))
-            .args(["-lllama", "-lggml", "-lggml-base"])
-            .arg(format!("-Wl,-rpath,{}", lib_dir.display())))?;
+        crate::cmd::run(
+            Command::new("c++")
+                .args(["-O2", "-std=c++17", "-o"])
+                .arg(&harness)
+                .arg(&cpp)
+                .arg(format!("-I{}", src.join("include").display()))
+                .arg(format!("-I{}", src.join("ggml/include").display()))
+                .arg(format!("-L{}", lib_dir.display()))
+                .args(["-lllama", "-lggml", "-lggml-base"])
+                .arg(format!("-Wl,-rpath,{}", lib_dir.display())),
+        )?;
     }
     Ok(Llama { bench, harness })
 }
 
-
 /// Builds the engine binary (release) and returns its path.
 pub fn build_engine() -> Result<PathBuf> {
     let root = crate::cache::workspace_root();
-    crate::cmd::run(Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
-        .current_dir(&root)
-        .args(["build", "--quiet", "--release", "--package", "engine"]))?;
+    crate::cmd::run(
+        Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into())).current_dir(&root).args([
+            "build",
+            "--quiet",
+            "--release",
+            "--package",
+            "engine",
+        ]),
+    )?;
     Ok(crate::cache::target_dir().join("release/engine"))
 }
 

@@ -84,9 +84,28 @@ pub fn main(args: &[String]) -> Result<()> {
     let ll = llama::ensure()?;
     let engine = llama::build_engine()?;
     let shape = [
-        "--preset", "tiny", "--layers", "4", "--hidden", "1024", "--heads", "16", "--kv-heads", "4", "--head-dim",
-        "64", "--experts", "16", "--experts-used", "4", "--expert-ffn", "512", "--vocab", "4096",
-        "--output-skew", "2.5",
+        "--preset",
+        "tiny",
+        "--layers",
+        "4",
+        "--hidden",
+        "1024",
+        "--heads",
+        "16",
+        "--kv-heads",
+        "4",
+        "--head-dim",
+        "64",
+        "--experts",
+        "16",
+        "--experts-used",
+        "4",
+        "--expert-ffn",
+        "512",
+        "--vocab",
+        "4096",
+        "--output-skew",
+        "2.5",
     ];
     let tmp = crate::cache::dir()?.join("parity-tmp");
     std::fs::create_dir_all(&tmp).with_context(|| format!("creating {}", tmp.display()))?;
@@ -102,7 +121,8 @@ pub fn main(args: &[String]) -> Result<()> {
         // Tokenization.
         let mut cmd = Command::new(&ll.harness);
         cmd.arg("tokenize").arg(&model).args(TOKENIZE);
-        let reference: Value = serde_json::from_str(&crate::cmd::output(&mut cmd)?).context("parsing parity-llama tokenize output")?;
+        let reference: Value =
+            serde_json::from_str(&crate::cmd::output(&mut cmd)?).context("parsing parity-llama tokenize output")?;
         let ref_tokens = reference["tokens"].as_array().cloned().unwrap_or_default();
         let mut tok_ok = 0;
         for (i, text) in TOKENIZE.iter().enumerate() {
@@ -176,7 +196,8 @@ pub fn main(args: &[String]) -> Result<()> {
             .context("parsing parity-llama generate output")?;
             let self_same = ids(&batched["ids"]).iter().zip(&ids(&r["ids"])).take_while(|(a, b)| a == b).count();
             let self_rel = rel_err(&read_f32s(&tmp.join("batched.f32"))?, &read_f32s(&ll_logits)?);
-            let lines: Vec<Value> = out.lines().map(serde_json::from_str).collect::<Result<_, _>>().context("parsing engine --json")?;
+            let lines: Vec<Value> =
+                out.lines().map(serde_json::from_str).collect::<Result<_, _>>().context("parsing engine --json")?;
             let ours: Vec<u64> = lines.iter().filter_map(|l| l.get("id").and_then(Value::as_u64)).collect();
             let summary = lines.last().context("engine printed nothing")?;
             let theirs = ids(&r["ids"]);

@@ -13,7 +13,8 @@ use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
 
-const USAGE: &str = "usage: cargo xtask pressure --limit-mib N [--zram-mib M] [--balloon-mib B] [--touch-ms T] -- CMD [ARGS…]
+const USAGE: &str =
+    "usage: cargo xtask pressure --limit-mib N [--zram-mib M] [--balloon-mib B] [--touch-ms T] -- CMD [ARGS…]
 
   --limit-mib N    cgroup-v1 memory limit for CMD (and the balloon)
   --zram-mib M     enable zram swap of M MiB for the run (default: none)
@@ -82,7 +83,11 @@ pub fn main(args: &[String]) -> Result<()> {
         "pressure: cgroup {} limit {limit} MiB, zram {}, balloon {}",
         p.cgroup.dir().display(),
         p.zram.as_ref().map_or("off".to_string(), |z| format!("{} {} MiB", z.device(), zram.unwrap_or(0))),
-        p.balloon.as_ref().map_or("none".to_string(), |b| format!("{} MiB (pid {}, touch {touch_ms} ms)", b.mib(), b.pid()))
+        p.balloon.as_ref().map_or("none".to_string(), |b| format!(
+            "{} MiB (pid {}, touch {touch_ms} ms)",
+            b.mib(),
+            b.pid()
+        ))
     );
     if INTERRUPTED.load(std::sync::atomic::Ordering::Relaxed) {
         drop(p);
@@ -109,7 +114,10 @@ pub fn main(args: &[String]) -> Result<()> {
             _ => "",
         }
     );
-    eprintln!("pressure: machine restored (cgroup removed{})", if zram.is_some() { ", zram swap off and reset" } else { "" });
+    eprintln!(
+        "pressure: machine restored (cgroup removed{})",
+        if zram.is_some() { ", zram swap off and reset" } else { "" }
+    );
     if !status.success() {
         bail!("{} failed under pressure ({status})", cmd.join(" "));
     }

@@ -76,11 +76,7 @@ fn packages() -> Result<()> {
     let names: Vec<&str> = missing.iter().map(|(p, _)| *p).collect();
     if !is_root() {
         let why: Vec<String> = missing.iter().map(|(p, w)| format!("{p} ({w})")).collect();
-        bail!(
-            "missing Debian packages: {}; run as root: `apt-get install -y {}`",
-            why.join(", "),
-            names.join(" ")
-        );
+        bail!("missing Debian packages: {}; run as root: `apt-get install -y {}`", why.join(", "), names.join(" "));
     }
     eprintln!("setup: installing {}", names.join(" "));
     cmd::run(Command::new("apt-get").args(["update", "-q"]))?;
@@ -168,7 +164,9 @@ pub fn run(scope: Scope) -> Result<()> {
     if is_root() {
         tracefs()?;
     } else {
-        eprintln!("setup: not root: skipping the tracefs mount; the observer itself needs root (or CAP_BPF+CAP_PERFMON)");
+        eprintln!(
+            "setup: not root: skipping the tracefs mount; the observer itself needs root (or CAP_BPF+CAP_PERFMON)"
+        );
     }
     kernel_checks()?;
     eprintln!("setup: done");

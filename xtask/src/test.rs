@@ -50,10 +50,7 @@ pub fn run(args: &[String]) -> Result<()> {
     cmd::run(Command::new("cargo").current_dir(&root).args(["build", "--release", "--workspace", "--bins"]))?;
 
     let mut c = Command::new("cargo");
-    c.current_dir(&root)
-        .args(["test", "--release", "--workspace", "--no-fail-fast"])
-        .args(args)
-        .stdout(Stdio::piped());
+    c.current_dir(&root).args(["test", "--release", "--workspace", "--no-fail-fast"]).args(args).stdout(Stdio::piped());
     eprintln!("+ cargo test --release --workspace --no-fail-fast {}", args.join(" "));
     let mut child = c.spawn().context("cannot run cargo test")?;
     let out = child.stdout.take().context("no stdout")?;
@@ -98,7 +95,10 @@ mod tests {
     #[test]
     fn parses_cargo_result_line() {
         let mut c = Counts::default();
-        parse_result("test result: ok. 5 passed; 0 failed; 1 ignored; 0 measured; 2 filtered out; finished in 0.01s", &mut c);
+        parse_result(
+            "test result: ok. 5 passed; 0 failed; 1 ignored; 0 measured; 2 filtered out; finished in 0.01s",
+            &mut c,
+        );
         parse_result("test result: FAILED. 3 passed; 2 failed; 0 ignored; 0 measured; 0 filtered out", &mut c);
         assert_eq!((c.passed, c.failed, c.ignored, c.binaries), (8, 2, 1, 2));
     }

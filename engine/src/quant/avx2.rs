@@ -37,9 +37,7 @@ use super::{GgmlType, Kernel, QuantizeFn};
 
 /// Whether the CPU has everything these kernels use (cached by std).
 pub(super) fn available() -> bool {
-    is_x86_feature_detected!("avx2")
-        && is_x86_feature_detected!("fma")
-        && is_x86_feature_detected!("f16c")
+    is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") && is_x86_feature_detected!("f16c")
 }
 
 // ---------------------------------------------------------------------------
@@ -174,12 +172,7 @@ macro_rules! q8_0_style_dot {
                 if $pf {
                     prefetch_ahead::<{ 4 * $bytes }>(a[0].as_ptr());
                 }
-                let sums = hsum4_i32([
-                    $int(&a[0], &b[0]),
-                    $int(&a[1], &b[1]),
-                    $int(&a[2], &b[2]),
-                    $int(&a[3], &b[3]),
-                ]);
+                let sums = hsum4_i32([$int(&a[0], &b[0]), $int(&a[1], &b[1]), $int(&a[2], &b[2]), $int(&a[3], &b[3])]);
                 let d = _mm_mul_ps(f16_of_4(a), f16_of_4(b));
                 acc = _mm256_fmadd_ps(_mm256_set_m128(d, d), _mm256_cvtepi32_ps(sums), acc);
             }
@@ -279,10 +272,7 @@ fn rows_q8_0(w: &[u8], row_bytes: usize, x: &[u8], out: &mut [f32]) {
 fn int_q4_0_unsigned(a: &[u8; Q4_0_BYTES], b: &[u8; Q8_0_BYTES]) -> __m256i {
     let q = ld128(a, 2);
     let m4 = _mm_set1_epi8(0xf);
-    let w = _mm256_set_m128i(
-        _mm_and_si128(_mm_srli_epi16::<4>(q), m4),
-        _mm_and_si128(q, m4),
-    );
+    let w = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16::<4>(q), m4), _mm_and_si128(q, m4));
     _mm256_madd_epi16(_mm256_maddubs_epi16(w, ld256(b, 2)), _mm256_set1_epi16(1))
 }
 
@@ -321,8 +311,7 @@ fn rows_q4_0(w: &[u8], row_bytes: usize, x: &[u8], out: &mut [f32]) {
                 int_q4_0_unsigned(&a[3], &b[3]),
             ]);
             // Lanes 0..4 hold one partial sum of each block: subtract the bias there.
-            let sums =
-                _mm256_sub_epi32(sums, _mm256_setr_epi32(s[0], s[1], s[2], s[3], 0, 0, 0, 0));
+            let sums = _mm256_sub_epi32(sums, _mm256_setr_epi32(s[0], s[1], s[2], s[3], 0, 0, 0, 0));
             let d = _mm_mul_ps(f16_of_4(a), f16_of_4(b));
             acc = _mm256_fmadd_ps(_mm256_set_m128(d, d), _mm256_cvtepi32_ps(sums), acc);
         }
@@ -379,30 +368,14 @@ fn k4_scales_mins2<const N: usize>(a: &[u8; N], b: &[u8; N], off: usize) -> __m2
 fn k4_decode(v: __m256i) -> __m256i {
     let lane = |x: __m128i| _mm256_broadcastsi128_si256(x);
     let lo = _mm256_and_si256(
-        _mm256_shuffle_epi8(
-            v,
-            lane(_mm_setr_epi8(
-                0, 1, 2, 3, 8, 9, 10, 11, 4, 5, 6, 7, -1, -1, -1, -1,
-            )),
-        ),
-        lane(_mm_setr_epi8(
-            63, 63, 63, 63, 15, 15, 15, 15, 63, 63, 63, 63, 0, 0, 0, 0,
-        )),
+        _mm256_shuffle_epi8(v, lane(_mm_setr_epi8(0, 1, 2, 3, 8, 9, 10, 11, 4, 5, 6, 7, -1, -1, -1, -1))),
+        lane(_mm_setr_epi8(63, 63, 63, 63, 15, 15, 15, 15, 63, 63, 63, 63, 0, 0, 0, 0)),
     );
     let nib_hi = _mm256_and_si256(_mm256_srli_epi16::<4>(v), _mm256_set1_epi8(0x0f));
-    let nib_hi = _mm256_shuffle_epi8(
-        nib_hi,
-        lane(_mm_setr_epi8(
-            -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, 8, 9, 10, 11,
-        )),
-    );
+    let nib_hi =
+        _mm256_shuffle_epi8(nib_hi, lane(_mm_setr_epi8(-1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, 8, 9, 10, 11)));
     let top = _mm256_srli_epi16::<2>(_mm256_and_si256(v, _mm256_set1_epi8(0xc0u8 as i8)));
-    let top = _mm256_shuffle_epi8(
-        top,
-        lane(_mm_setr_epi8(
-            -1, -1, -1, -1, 0, 1, 2, 3, -1, -1, -1, -1, 4, 5, 6, 7,
-        )),
-    );
+    let top = _mm256_shuffle_epi8(top, lane(_mm_setr_epi8(-1, -1, -1, -1, 0, 1, 2, 3, -1, -1, -1, -1, 4, 5, 6, 7)));
     _mm256_or_si256(_mm256_or_si256(lo, nib_hi), top)
 }
 
@@ -412,10 +385,7 @@ fn k4_decode(v: __m256i) -> __m256i {
 #[target_feature(enable = "avx2")]
 fn q8k_pair_sums(y: &[u8; Q8_K_BYTES]) -> __m128i {
     let bsums = ld256(y, 260);
-    _mm_hadd_epi16(
-        _mm256_castsi256_si128(bsums),
-        _mm256_extracti128_si256::<1>(bsums),
-    )
+    _mm_hadd_epi16(_mm256_castsi256_si128(bsums), _mm256_extracti128_si256::<1>(bsums))
 }
 
 /// Integer part of one `Q4_K` x `Q8_K` super-block: `sum_j scale_j * dot_j` as
@@ -557,9 +527,7 @@ fn rows_q4_k(w: &[u8], row_bytes: usize, x: &[u8], out: &mut [f32]) {
 fn bcast_i16(v: __m256i, i: usize) -> __m256i {
     let lo = (2 * i) as i8;
     let hi = lo + 1;
-    let idx = _mm_setr_epi8(
-        lo, hi, lo, hi, lo, hi, lo, hi, lo, hi, lo, hi, lo, hi, lo, hi,
-    );
+    let idx = _mm_setr_epi8(lo, hi, lo, hi, lo, hi, lo, hi, lo, hi, lo, hi, lo, hi, lo, hi);
     _mm256_shuffle_epi8(v, _mm256_broadcastsi128_si256(idx))
 }
 
@@ -580,10 +548,7 @@ fn dot_q5_k(w: &[u8], x: &[u8]) -> f32 {
     for (a, y) in wb.iter().zip(xb) {
         prefetch_block(a);
         let sm = k4_scales_mins(a, 4);
-        let imin = hsum_epi32_128(_mm_madd_epi16(
-            _mm_cvtepu8_epi16(_mm_unpackhi_epi64(sm, sm)),
-            q8k_pair_sums(y),
-        ));
+        let imin = hsum_epi32_128(_mm_madd_epi16(_mm_cvtepu8_epi16(_mm_unpackhi_epi64(sm, sm)), q8k_pair_sums(y)));
         let dy = f32_at(y, 0);
         let (d, dmin) = f16x2_at(a, 0);
         summs = (-dy * dmin).mul_add(imin as f32, summs);
@@ -598,14 +563,8 @@ fn dot_q5_k(w: &[u8], x: &[u8]) -> f32 {
             hb = _mm256_srli_epi16::<2>(hb);
             let lo = _mm256_or_si256(_mm256_and_si256(bits, m4), h_lo);
             let hi = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16::<4>(bits), m4), h_hi);
-            let pl = _mm256_madd_epi16(
-                bcast_i16(sc, 2 * j),
-                _mm256_maddubs_epi16(lo, ld256(y, 4 + 64 * j)),
-            );
-            let ph = _mm256_madd_epi16(
-                bcast_i16(sc, 2 * j + 1),
-                _mm256_maddubs_epi16(hi, ld256(y, 4 + 64 * j + 32)),
-            );
+            let pl = _mm256_madd_epi16(bcast_i16(sc, 2 * j), _mm256_maddubs_epi16(lo, ld256(y, 4 + 64 * j)));
+            let ph = _mm256_madd_epi16(bcast_i16(sc, 2 * j + 1), _mm256_maddubs_epi16(hi, ld256(y, 4 + 64 * j + 32)));
             sumi = _mm256_add_epi32(sumi, _mm256_add_epi32(pl, ph));
         }
         acc = _mm256_fmadd_ps(_mm256_set1_ps(dy * d), _mm256_cvtepi32_ps(sumi), acc);
@@ -624,10 +583,7 @@ fn q6k_block(a: &[u8; Q6_K_BYTES], y: &[u8; Q8_K_BYTES]) -> __m256i {
     let m4 = _mm256_set1_epi8(0xf);
     let m30 = _mm256_set1_epi8(0x30);
     let scales = ld128(a, 192);
-    let bias = _mm256_slli_epi32::<5>(_mm256_madd_epi16(
-        _mm256_cvtepi8_epi16(scales),
-        ld256(y, 260),
-    ));
+    let bias = _mm256_slli_epi32::<5>(_mm256_madd_epi16(_mm256_cvtepi8_epi16(scales), ld256(y, 260)));
     // Group g's scales: sc[2g] (as i16) for its first 16 elements, sc[2g+1] for the
     // rest; one in-lane byte shuffle of the i16 scales of the group's half
     // (`s16_lo` holds sc[0..8] in both lanes, `s16_hi` sc[8..16]).
@@ -679,28 +635,16 @@ fn q6k_block(a: &[u8; Q6_K_BYTES], y: &[u8; Q8_K_BYTES]) -> __m256i {
         let qh = ld256(a, 128 + 32 * h);
         // 16-bit shifts move bits across bytes, but the 0x30 mask keeps only
         // bits that stayed inside their byte.
-        let q0 = _mm256_or_si256(
-            _mm256_and_si256(l0, m4),
-            _mm256_and_si256(_mm256_slli_epi16::<4>(qh), m30),
-        );
-        let q1 = _mm256_or_si256(
-            _mm256_and_si256(l1, m4),
-            _mm256_and_si256(_mm256_slli_epi16::<2>(qh), m30),
-        );
-        let q2 = _mm256_or_si256(
-            _mm256_and_si256(_mm256_srli_epi16::<4>(l0), m4),
-            _mm256_and_si256(qh, m30),
-        );
+        let q0 = _mm256_or_si256(_mm256_and_si256(l0, m4), _mm256_and_si256(_mm256_slli_epi16::<4>(qh), m30));
+        let q1 = _mm256_or_si256(_mm256_and_si256(l1, m4), _mm256_and_si256(_mm256_slli_epi16::<2>(qh), m30));
+        let q2 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16::<4>(l0), m4), _mm256_and_si256(qh, m30));
         let q3 = _mm256_or_si256(
             _mm256_and_si256(_mm256_srli_epi16::<4>(l1), m4),
             _mm256_and_si256(_mm256_srli_epi16::<2>(qh), m30),
         );
         let base = 4 + 128 * h;
         let p = |q: __m256i, k: usize| {
-            _mm256_madd_epi16(
-                group_scales(4 * h + k),
-                _mm256_maddubs_epi16(q, ld256(y, base + 32 * k)),
-            )
+            _mm256_madd_epi16(group_scales(4 * h + k), _mm256_maddubs_epi16(q, ld256(y, base + 32 * k)))
         };
         let (p0, p1, p2, p3) = (p(q0, 0), p(q1, 1), p(q2, 2), p(q3, 3));
         sumi = _mm256_add_epi32(sumi, _mm256_add_epi32(p0, p1));
@@ -734,24 +678,8 @@ fn dot_q6_k(w: &[u8], x: &[u8]) -> f32 {
 #[target_feature(enable = "avx2")]
 fn scales_16_pair(scales: __m128i, s: usize) -> __m256i {
     let s = s as i8;
-    let idx = _mm_setr_epi8(
-        s,
-        s + 2,
-        s,
-        s + 2,
-        s,
-        s + 2,
-        s,
-        s + 2,
-        s + 1,
-        s + 3,
-        s + 1,
-        s + 3,
-        s + 1,
-        s + 3,
-        s + 1,
-        s + 3,
-    );
+    let idx =
+        _mm_setr_epi8(s, s + 2, s, s + 2, s, s + 2, s, s + 2, s + 1, s + 3, s + 1, s + 3, s + 1, s + 3, s + 1, s + 3);
     _mm256_cvtepi8_epi16(_mm_shuffle_epi8(scales, idx))
 }
 
@@ -792,10 +720,7 @@ fn dot_q3_k(w: &[u8], x: &[u8]) -> f32 {
         let dy = f32_at(y, 0);
         let scales = q3k_scales(a[96..108].try_into().expect("12 bytes"));
         // q = (low2 + 4*hbit) - 4: bias removed through bsums.
-        let bias = _mm256_slli_epi32::<2>(_mm256_madd_epi16(
-            _mm256_cvtepi8_epi16(scales),
-            ld256(y, 260),
-        ));
+        let bias = _mm256_slli_epi32::<2>(_mm256_madd_epi16(_mm256_cvtepi8_epi16(scales), ld256(y, 260)));
         let mut hb = ld256(a, 0);
         let mut sumi = _mm256_setzero_si256();
         for h in 0..2 {
@@ -809,10 +734,7 @@ fn dot_q3_k(w: &[u8], x: &[u8]) -> f32 {
                 *pk = _mm256_maddubs_epi16(q, ld256(y, 4 + 128 * h + 32 * k));
             }
             let s01 = _mm256_madd_epi16(interleave_sum(p[0], p[1]), scales_16_pair(scales, 8 * h));
-            let s23 = _mm256_madd_epi16(
-                interleave_sum(p[2], p[3]),
-                scales_16_pair(scales, 8 * h + 4),
-            );
+            let s23 = _mm256_madd_epi16(interleave_sum(p[2], p[3]), scales_16_pair(scales, 8 * h + 4));
             sumi = _mm256_add_epi32(sumi, _mm256_add_epi32(s01, s23));
         }
         let sumi = _mm256_sub_epi32(sumi, bias);
@@ -847,10 +769,7 @@ fn dot_q2_k(w: &[u8], x: &[u8]) -> f32 {
                 *pk = _mm256_maddubs_epi16(q, ld256(y, 4 + 128 * h + 32 * k));
             }
             let s01 = _mm256_madd_epi16(interleave_sum(p[0], p[1]), scales_16_pair(scales, 8 * h));
-            let s23 = _mm256_madd_epi16(
-                interleave_sum(p[2], p[3]),
-                scales_16_pair(scales, 8 * h + 4),
-            );
+            let s23 = _mm256_madd_epi16(interleave_sum(p[2], p[3]), scales_16_pair(scales, 8 * h + 4));
             sumi = _mm256_add_epi32(sumi, _mm256_add_epi32(s01, s23));
         }
         acc = _mm256_fmadd_ps(_mm256_set1_ps(dw * dy), _mm256_cvtepi32_ps(sumi), acc);
@@ -905,12 +824,7 @@ macro_rules! ggml_float_dot {
             }
             i += step;
         }
-        let r = |x: usize, y: usize| {
-            [
-                _mm256_add_ps(acc[x][0], acc[y][0]),
-                _mm256_add_ps(acc[x][1], acc[y][1]),
-            ]
-        };
+        let r = |x: usize, y: usize| [_mm256_add_ps(acc[x][0], acc[y][0]), _mm256_add_ps(acc[x][1], acc[y][1])];
         let (s02, s13) = (r(0, 2), r(1, 3));
         let s = [_mm256_add_ps(s02[0], s13[0]), _mm256_add_ps(s02[1], s13[1])];
         let sum = if wide {
@@ -977,10 +891,7 @@ fn dot_bf16(w: &[u8], x: &[u8]) -> f32 {
             *s = _mm256_fmadd_ps(widen(ld128(a, 16 * i)), widen(ld128(b, 16 * i)), *s);
         }
     }
-    let mut sum = hsum_ps(_mm256_add_ps(
-        _mm256_add_ps(acc[0], acc[1]),
-        _mm256_add_ps(acc[2], acc[3]),
-    )) as f64;
+    let mut sum = hsum_ps(_mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3]))) as f64;
     for (a, b) in wr.chunks_exact(2).zip(xr.chunks_exact(2)) {
         let a = super::float::bf16_bits_to_f32(u16::from_le_bytes([a[0], a[1]]));
         let b = super::float::bf16_bits_to_f32(u16::from_le_bytes([b[0], b[1]]));
@@ -1018,10 +929,7 @@ fn quantize_q8_k(src: &[f32], dst: &mut [u8]) {
             super::q8::quantize_q8_k(x, y);
             continue;
         }
-        let m = _mm_max_ps(
-            _mm256_castps256_ps128(vmax),
-            _mm256_extractf128_ps::<1>(vmax),
-        );
+        let m = _mm_max_ps(_mm256_castps256_ps128(vmax), _mm256_extractf128_ps::<1>(vmax));
         let m = _mm_max_ps(m, _mm_movehl_ps(m, m));
         let amax = _mm_cvtss_f32(_mm_max_ss(m, _mm_movehdup_ps(m)));
         if amax == 0.0 {
@@ -1033,8 +941,7 @@ fn quantize_q8_k(src: &[f32], dst: &mut [u8]) {
         let mut max = amax;
         for i in 0..32 {
             let v = ld(i);
-            let hit =
-                _mm256_movemask_ps(_mm256_cmp_ps::<_CMP_EQ_OQ>(_mm256_andnot_ps(sign, v), va));
+            let hit = _mm256_movemask_ps(_mm256_cmp_ps::<_CMP_EQ_OQ>(_mm256_andnot_ps(sign, v), va));
             if hit != 0 {
                 max = x[8 * i + hit.trailing_zeros() as usize];
                 break;
@@ -1062,10 +969,8 @@ fn quantize_q8_k(src: &[f32], dst: &mut [u8]) {
             // their per-lane interleaving.
             let b01 = _mm256_packs_epi32(q0, q1);
             let b23 = _mm256_packs_epi32(q2, q3);
-            let b = _mm256_permutevar8x32_epi32(
-                _mm256_packs_epi16(b01, b23),
-                _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7),
-            );
+            let b =
+                _mm256_permutevar8x32_epi32(_mm256_packs_epi16(b01, b23), _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
             let off = 4 + 32 * k;
             let out: &mut [u8; 32] = (&mut y[off..off + 32]).try_into().expect("32 bytes");
             // SAFETY: `out` is 32 in-bounds bytes; `storeu` has no alignment requirement.
@@ -1246,11 +1151,7 @@ fn multi_q8_0_t<const T: usize>(w: &[u8], row_bytes: usize, xs: &[&[u8]], outs: 
 /// [`q4k_core`] for `T` activations, the nibbles decoded once.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-fn q4k_core_t<const T: usize>(
-    a: &[u8; Q4_K_BYTES],
-    ys: [&[u8; Q8_K_BYTES]; T],
-    sc: __m256i,
-) -> [__m256i; T] {
+fn q4k_core_t<const T: usize>(a: &[u8; Q4_K_BYTES], ys: [&[u8; Q8_K_BYTES]; T], sc: __m256i) -> [__m256i; T] {
     let m4 = _mm256_set1_epi8(0xf);
     let scale_pairs = [
         _mm256_shuffle_epi32::<0x00>(sc),
@@ -1302,11 +1203,8 @@ fn multi_q4_k_t<const T: usize>(w: &[u8], row_bytes: usize, xs: &[&[u8]], outs: 
             let sm = k4_scales_mins2(a0, a1, 4);
             let sc = _mm256_unpacklo_epi8(sm, zero);
             let mn = _mm256_unpackhi_epi8(sm, zero);
-            let s0 = q4k_core_t::<T>(
-                a0,
-                std::array::from_fn(|t| &xb[t][2 * i]),
-                _mm256_permute2x128_si256::<0x00>(sc, sc),
-            );
+            let s0 =
+                q4k_core_t::<T>(a0, std::array::from_fn(|t| &xb[t][2 * i]), _mm256_permute2x128_si256::<0x00>(sc, sc));
             let s1 = q4k_core_t::<T>(
                 a1,
                 std::array::from_fn(|t| &xb[t][2 * i + 1]),
@@ -1393,38 +1291,20 @@ fn multi_q6_k_t<const T: usize>(w: &[u8], row_bytes: usize, xs: &[&[u8]], outs: 
                 let l1 = ld256(a, 64 * h + 32);
                 let qh = ld256(a, 128 + 32 * h);
                 let q = [
-                    _mm256_or_si256(
-                        _mm256_and_si256(l0, m4),
-                        _mm256_and_si256(_mm256_slli_epi16::<4>(qh), m30),
-                    ),
-                    _mm256_or_si256(
-                        _mm256_and_si256(l1, m4),
-                        _mm256_and_si256(_mm256_slli_epi16::<2>(qh), m30),
-                    ),
-                    _mm256_or_si256(
-                        _mm256_and_si256(_mm256_srli_epi16::<4>(l0), m4),
-                        _mm256_and_si256(qh, m30),
-                    ),
+                    _mm256_or_si256(_mm256_and_si256(l0, m4), _mm256_and_si256(_mm256_slli_epi16::<4>(qh), m30)),
+                    _mm256_or_si256(_mm256_and_si256(l1, m4), _mm256_and_si256(_mm256_slli_epi16::<2>(qh), m30)),
+                    _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16::<4>(l0), m4), _mm256_and_si256(qh, m30)),
                     _mm256_or_si256(
                         _mm256_and_si256(_mm256_srli_epi16::<4>(l1), m4),
                         _mm256_and_si256(_mm256_srli_epi16::<2>(qh), m30),
                     ),
                 ];
-                let gs = [
-                    group_scales(4 * h),
-                    group_scales(4 * h + 1),
-                    group_scales(4 * h + 2),
-                    group_scales(4 * h + 3),
-                ];
+                let gs =
+                    [group_scales(4 * h), group_scales(4 * h + 1), group_scales(4 * h + 2), group_scales(4 * h + 3)];
                 let base = 4 + 128 * h;
                 for t in 0..T {
                     let y = &xb[t][b];
-                    let p = |k: usize| {
-                        _mm256_madd_epi16(
-                            gs[k],
-                            _mm256_maddubs_epi16(q[k], ld256(y, base + 32 * k)),
-                        )
-                    };
+                    let p = |k: usize| _mm256_madd_epi16(gs[k], _mm256_maddubs_epi16(q[k], ld256(y, base + 32 * k)));
                     let (p0, p1, p2, p3) = (p(0), p(1), p(2), p(3));
                     sumi[t] = _mm256_add_epi32(sumi[t], _mm256_add_epi32(p0, p1));
                     sumi[t] = _mm256_add_epi32(sumi[t], _mm256_add_epi32(p2, p3));
@@ -1435,11 +1315,8 @@ fn multi_q6_k_t<const T: usize>(w: &[u8], row_bytes: usize, xs: &[&[u8]], outs: 
                 let y = &xb[t][b];
                 let bias = _mm256_slli_epi32::<5>(_mm256_madd_epi16(s16, ld256(y, 260)));
                 let d = f32_at(y, 0) * dw;
-                acc[t] = _mm256_fmadd_ps(
-                    _mm256_set1_ps(d),
-                    _mm256_cvtepi32_ps(_mm256_sub_epi32(sumi[t], bias)),
-                    acc[t],
-                );
+                acc[t] =
+                    _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(_mm256_sub_epi32(sumi[t], bias)), acc[t]);
             }
         }
         for t in 0..T {

@@ -20,11 +20,7 @@ use super::{f16_to_f32, rd_f32, rd_u16, wr_u16};
 /// `f32 -> f16` bits as ggml's reference `ggml_compute_fp32_to_fp16`.
 #[inline]
 pub fn f32_to_f16_bits(x: f32) -> u16 {
-    if x.is_nan() {
-        ((x.to_bits() >> 16) as u16 & 0x8000) | 0x7e00
-    } else {
-        half::f16::from_f32(x).to_bits()
-    }
+    if x.is_nan() { ((x.to_bits() >> 16) as u16 & 0x8000) | 0x7e00 } else { half::f16::from_f32(x).to_bits() }
 }
 
 /// `f16` bits -> `f32` (exact).

@@ -101,10 +101,7 @@ pub fn scale_min_k4(j: usize, q: &[u8]) -> (u8, u8) {
     if j < 4 {
         (q[j] & 63, q[j + 4] & 63)
     } else {
-        (
-            (q[j + 4] & 0xf) | ((q[j - 4] >> 6) << 4),
-            (q[j + 4] >> 4) | ((q[j] >> 6) << 4),
-        )
+        ((q[j + 4] & 0xf) | ((q[j - 4] >> 6) << 4), (q[j + 4] >> 4) | ((q[j] >> 6) << 4))
     }
 }
 
@@ -436,9 +433,7 @@ fn search_scale_min(
                 this_min = 0.0;
                 this_scale = sxl / sl2;
             }
-            let cur: f32 = (0..n)
-                .map(|i| weights[i] * err(this_scale * laux[i] as f32 + this_min - x[i]))
-                .sum();
+            let cur: f32 = (0..n).map(|i| weights[i] * err(this_scale * laux[i] as f32 + this_min - x[i])).sum();
             if cur < best {
                 l_out[..n].copy_from_slice(&laux[..n]);
                 best = cur;
@@ -575,13 +570,7 @@ fn pack_scale_min_k4(ls: &[u8; 8], lm: &[u8; 8], out: &mut [u8]) {
 
 /// Shared by `Q4_K` (`nmax = 15`) and `Q5_K` (`nmax = 31`): returns the 256
 /// quants and writes `d`, `dmin`, `scales` (bytes 0..16 of the block).
-fn quantize_q45k_block(
-    x: &[f32],
-    nmax: i32,
-    grid: (f32, f32, i32),
-    b: &mut [u8],
-    l: &mut [u8; QK_K],
-) {
+fn quantize_q45k_block(x: &[f32], nmax: i32, grid: (f32, f32, i32), b: &mut [u8], l: &mut [u8; QK_K]) {
     let mut scales = [0f32; 8];
     let mut mins = [0f32; 8];
     let mut weights = [0f32; 32];
@@ -591,16 +580,11 @@ fn quantize_q45k_block(
         for (w, v) in weights.iter_mut().zip(xs) {
             *w = av_x + v.abs();
         }
-        (scales[j], mins[j]) =
-            search_scale_min(xs, &weights, nmax, &mut l[32 * j..32 * j + 32], grid, false);
+        (scales[j], mins[j]) = search_scale_min(xs, &weights, nmax, &mut l[32 * j..32 * j + 32], grid, false);
     }
     let max_scale = scales.iter().fold(0f32, |a, &b| if b > a { b } else { a });
     let max_min = mins.iter().fold(0f32, |a, &b| if b > a { b } else { a });
-    let inv_scale = if max_scale > 0.0 {
-        63.0 / max_scale
-    } else {
-        0.0
-    };
+    let inv_scale = if max_scale > 0.0 { 63.0 / max_scale } else { 0.0 };
     let inv_min = if max_min > 0.0 { 63.0 / max_min } else { 0.0 };
     let mut ls = [0u8; 8];
     let mut lm = [0u8; 8];
@@ -661,10 +645,7 @@ fn pack_2bit_planes(l: &[u8; QK_K], qs: &mut [u8]) {
     for h in 0..2 {
         for i in 0..32 {
             let e = 128 * h + i;
-            qs[32 * h + i] = (l[e] & 3)
-                | ((l[e + 32] & 3) << 2)
-                | ((l[e + 64] & 3) << 4)
-                | ((l[e + 96] & 3) << 6);
+            qs[32 * h + i] = (l[e] & 3) | ((l[e + 32] & 3) << 2) | ((l[e + 64] & 3) << 4) | ((l[e + 96] & 3) << 6);
         }
     }
 }
@@ -680,14 +661,8 @@ pub(crate) fn quantize_q2_k(src: &[f32], dst: &mut [u8]) {
             for (w, v) in weights.iter_mut().zip(xs) {
                 *w = v.abs();
             }
-            (scales[j], mins[j]) = search_scale_min(
-                xs,
-                &weights,
-                3,
-                &mut l[16 * j..16 * j + 16],
-                (-0.5, 0.1, 15),
-                true,
-            );
+            (scales[j], mins[j]) =
+                search_scale_min(xs, &weights, 3, &mut l[16 * j..16 * j + 16], (-0.5, 0.1, 15), true);
         }
         let max_scale = scales.iter().fold(0f32, |a, &b| if b > a { b } else { a });
         let max_min = mins.iter().fold(0f32, |a, &b| if b > a { b } else { a });
@@ -820,8 +795,7 @@ pub(crate) fn quantize_q6_k(src: &[f32], dst: &mut [u8]) {
                 let (q1, q2, q3, q4) = (l[e], l[e + 32], l[e + 64], l[e + 96]);
                 b[64 * h + i] = (q1 & 0xf) | ((q3 & 0xf) << 4);
                 b[64 * h + 32 + i] = (q2 & 0xf) | ((q4 & 0xf) << 4);
-                b[128 + 32 * h + i] =
-                    (q1 >> 4) | ((q2 >> 4) << 2) | ((q3 >> 4) << 4) | ((q4 >> 4) << 6);
+                b[128 + 32 * h + i] = (q1 >> 4) | ((q2 >> 4) << 2) | ((q3 >> 4) << 4) | ((q4 >> 4) << 6);
             }
         }
     }

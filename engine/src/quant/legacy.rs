@@ -198,18 +198,12 @@ pub(crate) fn quantize_q5_1(src: &[f32], dst: &mut [u8]) {
 
 #[inline(always)]
 fn dot_u_i8(q: &[u8; QK], y: &[u8]) -> i32 {
-    q.iter()
-        .zip(y)
-        .map(|(&a, &b)| a as i32 * (b as i8 as i32))
-        .sum()
+    q.iter().zip(y).map(|(&a, &b)| a as i32 * (b as i8 as i32)).sum()
 }
 
 #[inline(always)]
 fn dot_centered(q: &[u8; QK], bias: i32, y: &[u8]) -> i32 {
-    q.iter()
-        .zip(y)
-        .map(|(&a, &b)| (a as i32 - bias) * (b as i8 as i32))
-        .sum()
+    q.iter().zip(y).map(|(&a, &b)| (a as i32 - bias) * (b as i8 as i32)).sum()
 }
 
 pub(crate) fn vec_dot_q4_0_q8_0(_n: usize, w: &[u8], x: &[u8]) -> f32 {

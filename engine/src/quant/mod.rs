@@ -221,8 +221,8 @@ impl GgmlType {
             Q4_0 | Q4_1 | Q5_0 | Q5_1 | Q8_0 | Q8_1 | IQ4_NL | MXFP4 => 32,
             Q2_0 | NVFP4 => 64,
             Q1_0 => 128,
-            Q2_K | Q3_K | Q4_K | Q5_K | Q6_K | Q8_K | IQ2_XXS | IQ2_XS | IQ3_XXS | IQ1_S
-            | IQ3_S | IQ2_S | IQ4_XS | IQ1_M | TQ1_0 | TQ2_0 => QK_K,
+            Q2_K | Q3_K | Q4_K | Q5_K | Q6_K | Q8_K | IQ2_XXS | IQ2_XS | IQ3_XXS | IQ1_S | IQ3_S | IQ2_S | IQ4_XS
+            | IQ1_M | TQ1_0 | TQ2_0 => QK_K,
         }
     }
 
@@ -288,8 +288,8 @@ impl GgmlType {
             BF16 => BF16,
             Q4_0 | Q5_0 | Q8_0 | IQ4_NL | MXFP4 | NVFP4 | Q1_0 | Q2_0 => Q8_0,
             Q4_1 | Q5_1 | Q8_1 => Q8_1,
-            Q2_K | Q3_K | Q4_K | Q5_K | Q6_K | Q8_K | IQ2_XXS | IQ2_XS | IQ3_XXS | IQ1_S
-            | IQ3_S | IQ2_S | IQ4_XS | IQ1_M | TQ1_0 | TQ2_0 => Q8_K,
+            Q2_K | Q3_K | Q4_K | Q5_K | Q6_K | Q8_K | IQ2_XXS | IQ2_XS | IQ3_XXS | IQ1_S | IQ3_S | IQ2_S | IQ4_XS
+            | IQ1_M | TQ1_0 | TQ2_0 => Q8_K,
             I8 | I16 | I32 | I64 | F64 => self,
         }
     }
@@ -300,20 +300,7 @@ impl GgmlType {
         use GgmlType::*;
         matches!(
             self,
-            F32 | F16
-                | BF16
-                | Q4_0
-                | Q4_1
-                | Q5_0
-                | Q5_1
-                | Q8_0
-                | Q8_1
-                | Q8_K
-                | Q2_K
-                | Q3_K
-                | Q4_K
-                | Q5_K
-                | Q6_K
+            F32 | F16 | BF16 | Q4_0 | Q4_1 | Q5_0 | Q5_1 | Q8_0 | Q8_1 | Q8_K | Q2_K | Q3_K | Q4_K | Q5_K | Q6_K
         )
     }
 }
@@ -331,20 +318,11 @@ pub enum QuantError {
     #[error("type {0} is not supported by engine::quant")]
     Unsupported(GgmlType),
     #[error("{ty}: {n} elements is not a multiple of the block size {block}")]
-    NotBlockMultiple {
-        ty: GgmlType,
-        n: usize,
-        block: usize,
-    },
+    NotBlockMultiple { ty: GgmlType, n: usize, block: usize },
     #[error("{ty}: row of {n} elements does not fit in usize bytes")]
     Overflow { ty: GgmlType, n: usize },
     #[error("{ty}: {what} has length {got}, expected {expected}")]
-    Length {
-        ty: GgmlType,
-        what: &'static str,
-        expected: usize,
-        got: usize,
-    },
+    Length { ty: GgmlType, what: &'static str, expected: usize, got: usize },
     #[error("kernel backend {0:?} is not available on this CPU")]
     BackendUnavailable(Backend),
 }
@@ -358,22 +336,8 @@ pub fn checked_row_bytes(ty: GgmlType, n: usize) -> Result<usize, QuantError> {
     ty.row_bytes(n).ok_or(QuantError::Overflow { ty, n })
 }
 
-fn check_len(
-    ty: GgmlType,
-    what: &'static str,
-    expected: usize,
-    got: usize,
-) -> Result<(), QuantError> {
-    if expected == got {
-        Ok(())
-    } else {
-        Err(QuantError::Length {
-            ty,
-            what,
-            expected,
-            got,
-        })
-    }
+fn check_len(ty: GgmlType, what: &'static str, expected: usize, got: usize) -> Result<(), QuantError> {
+    if expected == got { Ok(()) } else { Err(QuantError::Length { ty, what, expected, got }) }
 }
 
 /// Decodes one row: `dst.len()` elements from `src`, which must hold exactly
@@ -420,12 +384,7 @@ pub fn quantize_row(ty: GgmlType, src: &[f32], dst: &mut [u8]) -> Result<(), Qua
 
 /// [`quantize_row`] on a specific backend (for tests and benchmarks). Only the
 /// `Q8_K` and `F16` quantizers have AVX2 versions; they give the same bytes.
-pub fn quantize_row_on(
-    backend: Backend,
-    ty: GgmlType,
-    src: &[f32],
-    dst: &mut [u8],
-) -> Result<(), QuantError> {
+pub fn quantize_row_on(backend: Backend, ty: GgmlType, src: &[f32], dst: &mut [u8]) -> Result<(), QuantError> {
     if !backend.is_available() {
         return Err(QuantError::BackendUnavailable(backend));
     }
@@ -449,12 +408,7 @@ fn simd_quantizer(backend: Backend, ty: GgmlType) -> Option<QuantizeFn> {
     }
 }
 
-fn quantize_row_with(
-    backend: Backend,
-    ty: GgmlType,
-    src: &[f32],
-    dst: &mut [u8],
-) -> Result<(), QuantError> {
+fn quantize_row_with(backend: Backend, ty: GgmlType, src: &[f32], dst: &mut [u8]) -> Result<(), QuantError> {
     if !ty.is_supported() {
         return Err(QuantError::Unsupported(ty));
     }
@@ -514,12 +468,7 @@ impl Q8Flavor {
 }
 
 /// `Q8_0` (or `Q8_1` when `ty == Q8_1`) quantization in a chosen [`Q8Flavor`].
-pub fn quantize_row_q8_0_with(
-    ty: GgmlType,
-    flavor: Q8Flavor,
-    src: &[f32],
-    dst: &mut [u8],
-) -> Result<(), QuantError> {
+pub fn quantize_row_q8_0_with(ty: GgmlType, flavor: Q8Flavor, src: &[f32], dst: &mut [u8]) -> Result<(), QuantError> {
     let nbytes = checked_row_bytes(ty, src.len())?;
     check_len(ty, "quantized row", nbytes, dst.len())?;
     match ty {
@@ -533,11 +482,7 @@ pub fn quantize_row_q8_0_with(
 /// Quantizes the activation vector `x` into `weight_ty.vec_dot_type()`, the way
 /// llama.cpp's CPU backend does on this architecture, into `buf` (resized to the
 /// exact row size; no allocation once `buf` has the capacity).
-pub fn quantize_activation(
-    weight_ty: GgmlType,
-    x: &[f32],
-    buf: &mut Vec<u8>,
-) -> Result<(), QuantError> {
+pub fn quantize_activation(weight_ty: GgmlType, x: &[f32], buf: &mut Vec<u8>) -> Result<(), QuantError> {
     if !weight_ty.is_supported() {
         return Err(QuantError::Unsupported(weight_ty));
     }
@@ -564,8 +509,7 @@ pub fn ggml_avx512() -> bool {
     *V.get_or_init(|| {
         #[cfg(target_arch = "x86_64")]
         {
-            std::env::var_os("ENGINE_GGML_AVX512").is_none_or(|v| v != "0")
-                && is_x86_feature_detected!("avx512f")
+            std::env::var_os("ENGINE_GGML_AVX512").is_none_or(|v| v != "0") && is_x86_feature_detected!("avx512f")
         }
         #[cfg(not(target_arch = "x86_64"))]
         {
@@ -628,14 +572,7 @@ pub(crate) struct Kernel {
 
 /// Generic row loop used by kernel sets without a dedicated matvec.
 #[inline]
-pub(crate) fn matvec_rows(
-    dot: VecDotFn,
-    w: &[u8],
-    row_bytes: usize,
-    cols: usize,
-    x: &[u8],
-    out: &mut [f32],
-) {
+pub(crate) fn matvec_rows(dot: VecDotFn, w: &[u8], row_bytes: usize, cols: usize, x: &[u8], out: &mut [f32]) {
     for (row, o) in w.chunks_exact(row_bytes).zip(out.iter_mut()) {
         *o = dot(cols, row, x);
     }
@@ -646,10 +583,7 @@ macro_rules! scalar_kernel {
         fn mv(w: &[u8], row_bytes: usize, cols: usize, x: &[u8], out: &mut [f32]) {
             matvec_rows($dot, w, row_bytes, cols, x, out)
         }
-        Kernel {
-            vec_dot: $dot,
-            matvec: mv,
-        }
+        Kernel { vec_dot: $dot, matvec: mv }
     }};
 }
 
@@ -681,11 +615,7 @@ fn backend_kernel(backend: Backend, ty: GgmlType) -> Option<Kernel> {
         Backend::Avx2 => {
             #[cfg(target_arch = "x86_64")]
             {
-                if avx2::available() {
-                    avx2::kernel(ty).or_else(|| scalar_kernel(ty))
-                } else {
-                    None
-                }
+                if avx2::available() { avx2::kernel(ty).or_else(|| scalar_kernel(ty)) } else { None }
             }
             #[cfg(not(target_arch = "x86_64"))]
             {
@@ -705,11 +635,7 @@ struct Table {
 fn table() -> &'static Table {
     static TABLE: OnceLock<Table> = OnceLock::new();
     TABLE.get_or_init(|| {
-        let backend = if avx2_available() {
-            Backend::Avx2
-        } else {
-            Backend::Scalar
-        };
+        let backend = if avx2_available() { Backend::Avx2 } else { Backend::Scalar };
         let mut kernels = [None; TABLE_LEN];
         for ty in GgmlType::ALL {
             kernels[ty as usize] = backend_kernel(backend, ty);
@@ -759,10 +685,7 @@ pub fn vec_dot(ty: GgmlType, n: usize, w: &[u8], x: &[u8]) -> f32 {
         panic!("vec_dot: type {ty} is not supported");
     };
     let bs = ty.block_size();
-    assert!(
-        n.is_multiple_of(bs),
-        "vec_dot: n = {n} is not a multiple of {bs}"
-    );
+    assert!(n.is_multiple_of(bs), "vec_dot: n = {n} is not a multiple of {bs}");
     let nb = n / bs;
     let w = &w[..nb * ty.type_size()];
     let xt = ty.vec_dot_type();
@@ -778,13 +701,7 @@ pub fn try_vec_dot(ty: GgmlType, n: usize, w: &[u8], x: &[u8]) -> Result<f32, Qu
 }
 
 /// [`try_vec_dot`] on a specific backend (for tests and benchmarks).
-pub fn vec_dot_on(
-    backend: Backend,
-    ty: GgmlType,
-    n: usize,
-    w: &[u8],
-    x: &[u8],
-) -> Result<f32, QuantError> {
+pub fn vec_dot_on(backend: Backend, ty: GgmlType, n: usize, w: &[u8], x: &[u8]) -> Result<f32, QuantError> {
     if !backend.is_available() {
         return Err(QuantError::BackendUnavailable(backend));
     }
@@ -809,17 +726,9 @@ fn check_matvec(
     check_len(xt, "activation row", checked_row_bytes(xt, cols)?, xq.len())?;
     let nrows = rows.end.saturating_sub(rows.start);
     check_len(ty, "output", nrows, out.len())?;
-    let need = rows
-        .end
-        .checked_mul(rb)
-        .ok_or(QuantError::Overflow { ty, n: cols })?;
+    let need = rows.end.checked_mul(rb).ok_or(QuantError::Overflow { ty, n: cols })?;
     if rows.start > rows.end || w.len() < need {
-        return Err(QuantError::Length {
-            ty,
-            what: "weight matrix",
-            expected: need,
-            got: w.len(),
-        });
+        return Err(QuantError::Length { ty, what: "weight matrix", expected: need, got: w.len() });
     }
     Ok((rb, nrows))
 }
@@ -865,21 +774,8 @@ pub fn try_matvec(
 ///
 /// # Panics
 /// On an unsupported type or inconsistent lengths, like [`matvec`].
-pub fn matvec_multi(
-    ty: GgmlType,
-    w: &[u8],
-    rows: Range<usize>,
-    cols: usize,
-    xs: &[&[u8]],
-    outs: &mut [&mut [f32]],
-) {
-    assert_eq!(
-        xs.len(),
-        outs.len(),
-        "matvec_multi: {} activations but {} outputs",
-        xs.len(),
-        outs.len()
-    );
+pub fn matvec_multi(ty: GgmlType, w: &[u8], rows: Range<usize>, cols: usize, xs: &[&[u8]], outs: &mut [&mut [f32]]) {
+    assert_eq!(xs.len(), outs.len(), "matvec_multi: {} activations but {} outputs", xs.len(), outs.len());
     let mut rb = 0;
     for (x, o) in xs.iter().zip(outs.iter()) {
         match check_matvec(ty, w, &rows, cols, x, o) {

@@ -85,11 +85,7 @@ fn q8_scale(flavor: Q8Flavor, x: &[f32]) -> (f32, f32, bool) {
 fn q8_round(flavor: Q8Flavor, v: f32) -> (i8, i32) {
     // x86 `cvt(t)ps2dq`: NaN and out-of-range values become i32::MIN.
     fn cvt_x86(r: f32) -> i32 {
-        if r.is_nan() || !(-2_147_483_648.0..2_147_483_648.0).contains(&r) {
-            i32::MIN
-        } else {
-            r as i32
-        }
+        if r.is_nan() || !(-2_147_483_648.0..2_147_483_648.0).contains(&r) { i32::MIN } else { r as i32 }
     }
     match flavor {
         // `int8_t q = roundf(v)`: gcc converts through a 32-bit cvttss2si and
@@ -111,11 +107,7 @@ fn q8_round(flavor: Q8Flavor, v: f32) -> (i8, i32) {
         }
         // `vcvtnq_s32_f32` (saturating, NaN -> 0), low byte stored.
         Flavor::Arm => {
-            let r = if v.abs() < 4_194_304.0 {
-                nearest_int(v)
-            } else {
-                v.round_ties_even() as i32
-            };
+            let r = if v.abs() < 4_194_304.0 { nearest_int(v) } else { v.round_ties_even() as i32 };
             (r as i8, r)
         }
     }
@@ -124,10 +116,7 @@ fn q8_round(flavor: Q8Flavor, v: f32) -> (i8, i32) {
 use Q8Flavor as Flavor;
 
 pub(crate) fn quantize_q8_0(flavor: Q8Flavor, src: &[f32], dst: &mut [u8]) {
-    for (x, y) in src
-        .chunks_exact(QK8_0)
-        .zip(dst.chunks_exact_mut(Q8_0_BYTES))
-    {
+    for (x, y) in src.chunks_exact(QK8_0).zip(dst.chunks_exact_mut(Q8_0_BYTES)) {
         let (d, id, fast) = q8_scale(flavor, x);
         wr_u16(y, 0, f32_to_f16_bits(d));
         if fast {
@@ -143,10 +132,7 @@ pub(crate) fn quantize_q8_0(flavor: Q8Flavor, src: &[f32], dst: &mut [u8]) {
 }
 
 pub(crate) fn quantize_q8_1(flavor: Q8Flavor, src: &[f32], dst: &mut [u8]) {
-    for (x, y) in src
-        .chunks_exact(QK8_0)
-        .zip(dst.chunks_exact_mut(Q8_1_BYTES))
-    {
+    for (x, y) in src.chunks_exact(QK8_0).zip(dst.chunks_exact_mut(Q8_1_BYTES)) {
         let (d, id, fast) = q8_scale(flavor, x);
         wr_u16(y, 0, f32_to_f16_bits(d));
         let mut sum = 0i32;
@@ -187,22 +173,15 @@ pub(crate) fn quantize_q8_k(src: &[f32], dst: &mut [u8]) {
             *q = nearest_int(iscale * v).min(127) as i8 as u8;
         }
         for g in 0..QK_K / 16 {
-            let s: i32 = y[Q8_K_QS + 16 * g..Q8_K_QS + 16 * g + 16]
-                .iter()
-                .map(|&q| q as i8 as i32)
-                .sum();
-            y[Q8_K_BSUMS + 2 * g..Q8_K_BSUMS + 2 * g + 2]
-                .copy_from_slice(&(s as i16).to_le_bytes());
+            let s: i32 = y[Q8_K_QS + 16 * g..Q8_K_QS + 16 * g + 16].iter().map(|&q| q as i8 as i32).sum();
+            y[Q8_K_BSUMS + 2 * g..Q8_K_BSUMS + 2 * g + 2].copy_from_slice(&(s as i16).to_le_bytes());
         }
         y[0..4].copy_from_slice(&(1.0 / iscale).to_le_bytes());
     }
 }
 
 pub(crate) fn dequantize_q8_0(src: &[u8], dst: &mut [f32]) {
-    for (b, y) in src
-        .chunks_exact(Q8_0_BYTES)
-        .zip(dst.chunks_exact_mut(QK8_0))
-    {
+    for (b, y) in src.chunks_exact(Q8_0_BYTES).zip(dst.chunks_exact_mut(QK8_0)) {
         let d = rd_f16(b, 0);
         for (o, &q) in y.iter_mut().zip(&b[2..]) {
             *o = (q as i8 as f32) * d;
@@ -211,10 +190,7 @@ pub(crate) fn dequantize_q8_0(src: &[u8], dst: &mut [f32]) {
 }
 
 pub(crate) fn dequantize_q8_1(src: &[u8], dst: &mut [f32]) {
-    for (b, y) in src
-        .chunks_exact(Q8_1_BYTES)
-        .zip(dst.chunks_exact_mut(QK8_0))
-    {
+    for (b, y) in src.chunks_exact(Q8_1_BYTES).zip(dst.chunks_exact_mut(QK8_0)) {
         let d = rd_f16(b, 0);
         for (o, &q) in y.iter_mut().zip(&b[4..]) {
             *o = (q as i8 as f32) * d;
@@ -233,10 +209,7 @@ pub(crate) fn dequantize_q8_k(src: &[u8], dst: &mut [f32]) {
 
 #[inline(always)]
 pub(crate) fn dot_i8(a: &[u8], b: &[u8]) -> i32 {
-    a.iter()
-        .zip(b)
-        .map(|(&x, &y)| (x as i8 as i32) * (y as i8 as i32))
-        .sum()
+    a.iter().zip(b).map(|(&x, &y)| (x as i8 as i32) * (y as i8 as i32)).sum()
 }
 
 pub(crate) fn vec_dot_q8_0_q8_0(_n: usize, w: &[u8], x: &[u8]) -> f32 {

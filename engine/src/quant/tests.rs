@@ -82,10 +82,7 @@ impl Elem {
 }
 
 fn plain(v: f32) -> Elem {
-    Elem {
-        scaled: v,
-        min_part: 0.0,
-    }
+    Elem { scaled: v, min_part: 0.0 }
 }
 
 /// Reference element `e` of block `b` of type `ty`.
@@ -94,9 +91,7 @@ fn ref_elem(ty: GgmlType, b: &[u8], e: usize) -> Elem {
     match ty {
         F32 => plain(f32::from_le_bytes([b[0], b[1], b[2], b[3]])),
         F16 => plain(h(b, 0)),
-        BF16 => plain(f32::from_bits(
-            (u16::from_le_bytes([b[0], b[1]]) as u32) << 16,
-        )),
+        BF16 => plain(f32::from_bits((u16::from_le_bytes([b[0], b[1]]) as u32) << 16)),
         Q8_0 => plain(i8at(b, 2 + e) as f32 * h(b, 0)),
         Q8_1 => plain(i8at(b, 4 + e) as f32 * h(b, 0)),
         Q8_K => plain(f32::from_le_bytes([b[0], b[1], b[2], b[3]]) * i8at(b, 4 + e) as f32),
@@ -118,10 +113,7 @@ fn ref_elem(ty: GgmlType, b: &[u8], e: usize) -> Elem {
             match ty {
                 Q4_0 => plain((q - 8) as f32 * d),
                 Q5_0 => plain((q - 16) as f32 * d),
-                _ => Elem {
-                    scaled: q as f32 * d,
-                    min_part: -h(b, 2),
-                },
+                _ => Elem { scaled: q as f32 * d, min_part: -h(b, 2) },
             }
         }
         Q2_K => {
@@ -130,10 +122,7 @@ fn ref_elem(ty: GgmlType, b: &[u8], e: usize) -> Elem {
             let sc = b[e / 16];
             let d = h(b, 80);
             let dmin = h(b, 82);
-            Elem {
-                scaled: d * (sc & 0xf) as f32 * q as f32,
-                min_part: dmin * (sc >> 4) as f32,
-            }
+            Elem { scaled: d * (sc & 0xf) as f32 * q as f32, min_part: dmin * (sc >> 4) as f32 }
         }
         Q3_K => {
             let (hf, k, l) = (e / 128, (e % 128) / 32, e % 32);
@@ -160,15 +149,9 @@ fn ref_elem(ty: GgmlType, b: &[u8], e: usize) -> Elem {
             let (sc, m) = if j < 4 {
                 (s[j] & 63, s[j + 4] & 63)
             } else {
-                (
-                    (s[j + 4] & 0xf) | ((s[j - 4] >> 6) << 4),
-                    (s[j + 4] >> 4) | ((s[j] >> 6) << 4),
-                )
+                ((s[j + 4] & 0xf) | ((s[j - 4] >> 6) << 4), (s[j + 4] >> 4) | ((s[j] >> 6) << 4))
             };
-            Elem {
-                scaled: h(b, 0) * sc as f32 * q as f32,
-                min_part: h(b, 2) * m as f32,
-            }
+            Elem { scaled: h(b, 0) * sc as f32 * q as f32, min_part: h(b, 2) * m as f32 }
         }
         Q6_K => {
             let (hf, k, l) = (e / 128, (e % 128) / 32, e % 32);
@@ -184,9 +167,7 @@ fn ref_elem(ty: GgmlType, b: &[u8], e: usize) -> Elem {
 
 fn ref_row(ty: GgmlType, row: &[u8], n: usize) -> Vec<Elem> {
     let (bs, ts) = (ty.block_size(), ty.type_size());
-    (0..n)
-        .map(|i| ref_elem(ty, &row[(i / bs) * ts..(i / bs + 1) * ts], i % bs))
-        .collect()
+    (0..n).map(|i| ref_elem(ty, &row[(i / bs) * ts..(i / bs + 1) * ts], i % bs)).collect()
 }
 
 // ---------------------------------------------------------------------------
@@ -371,11 +352,7 @@ fn dequantize_matches_reference_decoder() {
             let want = ref_row(ty, &row, n);
             for i in 0..n {
                 // Same f32 operations as ggml's dequantizers, so exact.
-                assert_eq!(
-                    out[i].to_bits(),
-                    want[i].value().to_bits(),
-                    "{ty} element {i}"
-                );
+                assert_eq!(out[i].to_bits(), want[i].value().to_bits(), "{ty} element {i}");
             }
         }
     }
@@ -463,10 +440,7 @@ fn vec_dot_matches_f64_dot_of_dequantized_rows() {
                 let x = random_row(ty.vec_dot_type(), n, &mut rng);
                 let got = vec_dot_on(backend, ty, n, &w, &x).unwrap() as f64;
                 let (want, tol) = expected_dot(ty, &w, &x, n);
-                assert!(
-                    (got - want).abs() <= tol,
-                    "{backend:?} {ty} n={n}: got {got}, want {want}, tol {tol}"
-                );
+                assert!((got - want).abs() <= tol, "{backend:?} {ty} n={n}: got {got}, want {want}, tol {tol}");
             }
         }
     }
@@ -483,10 +457,7 @@ fn float_vec_dot_handles_odd_lengths() {
                 let x = random_row(ty, n, &mut rng);
                 let got = vec_dot_on(backend, ty, n, &w, &x).unwrap() as f64;
                 let (want, tol) = expected_dot(ty, &w, &x, n);
-                assert!(
-                    (got - want).abs() <= tol,
-                    "{backend:?} {ty} n={n}: {got} vs {want}"
-                );
+                assert!((got - want).abs() <= tol, "{backend:?} {ty} n={n}: {got} vs {want}");
             }
         }
     }
@@ -507,18 +478,13 @@ fn matvec_on_rows_of_few_blocks() {
         ] {
             let cols = nblocks * ty.block_size();
             let rb = ty.row_bytes(cols).unwrap();
-            let w: Vec<u8> = (0..5)
-                .flat_map(|_| random_row(ty, cols, &mut rng))
-                .collect();
+            let w: Vec<u8> = (0..5).flat_map(|_| random_row(ty, cols, &mut rng)).collect();
             let x = random_row(ty.vec_dot_type(), cols, &mut rng);
             let mut out = vec![0f32; 5];
             matvec_on(backend, ty, &w, 0..5, cols, &x, &mut out).unwrap();
             for (r, o) in out.iter().enumerate() {
                 let (want, tol) = expected_dot(ty, &w[r * rb..(r + 1) * rb], &x, cols);
-                assert!(
-                    (*o as f64 - want).abs() <= tol,
-                    "{backend:?} {ty} {nblocks} blocks, row {r}"
-                );
+                assert!((*o as f64 - want).abs() <= tol, "{backend:?} {ty} {nblocks} blocks, row {r}");
             }
         }
     }
@@ -530,17 +496,9 @@ fn matvec_on_very_long_rows() {
     let mut rng = Rng::new(15);
     let cols = 256 * 70;
     for backend in backends() {
-        for ty in [
-            GgmlType::Q4_K,
-            GgmlType::Q5_K,
-            GgmlType::Q6_K,
-            GgmlType::Q8_0,
-            GgmlType::Q4_0,
-        ] {
+        for ty in [GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K, GgmlType::Q8_0, GgmlType::Q4_0] {
             let rb = ty.row_bytes(cols).unwrap();
-            let w: Vec<u8> = (0..3)
-                .flat_map(|_| random_row(ty, cols, &mut rng))
-                .collect();
+            let w: Vec<u8> = (0..3).flat_map(|_| random_row(ty, cols, &mut rng)).collect();
             let x = random_row(ty.vec_dot_type(), cols, &mut rng);
             let mut out = vec![0f32; 3];
             matvec_on(backend, ty, &w, 0..3, cols, &x, &mut out).unwrap();
@@ -557,13 +515,7 @@ fn vec_dot_detects_a_single_changed_quant() {
     // Guards the tolerance above: flipping one weight quant must be visible.
     let mut rng = Rng::new(3);
     for backend in backends() {
-        for ty in [
-            GgmlType::Q4_K,
-            GgmlType::Q6_K,
-            GgmlType::Q2_K,
-            GgmlType::Q3_K,
-            GgmlType::Q5_K,
-        ] {
+        for ty in [GgmlType::Q4_K, GgmlType::Q6_K, GgmlType::Q2_K, GgmlType::Q3_K, GgmlType::Q5_K] {
             let n = 2048;
             let w = random_row(ty, n, &mut rng);
             let x = random_row(GgmlType::Q8_K, n, &mut rng);
@@ -585,10 +537,7 @@ fn vec_dot_detects_a_single_changed_quant() {
             let got2 = vec_dot_on(backend, ty, n, &w2, &x).unwrap() as f64;
             assert!((got2 - want2).abs() <= before_tol, "{backend:?} {ty}");
             if (want2 - want).abs() > 3.0 * before_tol {
-                assert!(
-                    (got2 - base).abs() > before_tol,
-                    "{backend:?} {ty}: change not seen"
-                );
+                assert!((got2 - base).abs() > before_tol, "{backend:?} {ty}: change not seen");
             }
         }
     }
@@ -597,9 +546,7 @@ fn vec_dot_detects_a_single_changed_quant() {
 #[test]
 fn simd_and_scalar_agree() {
     if !Backend::Avx2.is_available() {
-        eprintln!(
-            "AVX2 not available: SIMD/scalar agreement is covered on x86_64 CI machines only"
-        );
+        eprintln!("AVX2 not available: SIMD/scalar agreement is covered on x86_64 CI machines only");
         return;
     }
     let mut rng = Rng::new(4);
@@ -611,21 +558,14 @@ fn simd_and_scalar_agree() {
             let a = vec_dot_on(Backend::Scalar, ty, n, &w, &x).unwrap() as f64;
             let b = vec_dot_on(Backend::Avx2, ty, n, &w, &x).unwrap() as f64;
             let (_, tol) = expected_dot(ty, &w, &x, n);
-            assert!(
-                (a - b).abs() <= 2.0 * tol,
-                "{ty} n={n}: scalar {a}, avx2 {b}"
-            );
+            assert!((a - b).abs() <= 2.0 * tol, "{ty} n={n}: scalar {a}, avx2 {b}");
         }
     }
 }
 
 #[test]
 fn dispatch_uses_avx2_when_available() {
-    let expected = if Backend::Avx2.is_available() {
-        Backend::Avx2
-    } else {
-        Backend::Scalar
-    };
+    let expected = if Backend::Avx2.is_available() { Backend::Avx2 } else { Backend::Scalar };
     assert_eq!(backend(), expected);
     assert!(Backend::Scalar.is_available());
 }
@@ -656,10 +596,7 @@ fn vec_dot_with_real_activations() {
         let float_dot: f64 = wd.iter().zip(&xf).map(|(a, b)| *a as f64 * *b as f64).sum();
         let w_rms = (wd.iter().map(|v| (*v as f64).powi(2)).sum::<f64>() / n as f64).sqrt();
         let bound = 5.0 * (n as f64).sqrt() * w_rms * 0.01;
-        assert!(
-            (got - float_dot).abs() < bound,
-            "{ty}: quantized {got} vs float {float_dot} (bound {bound})"
-        );
+        assert!((got - float_dot).abs() < bound, "{ty}: quantized {got} vs float {float_dot} (bound {bound})");
     }
 }
 
@@ -670,9 +607,7 @@ fn matvec_matches_vec_dot_per_row() {
     for backend in backends() {
         for ty in WEIGHT_TYPES {
             let rb = ty.row_bytes(cols).unwrap();
-            let w: Vec<u8> = (0..rows)
-                .flat_map(|_| random_row(ty, cols, &mut rng))
-                .collect();
+            let w: Vec<u8> = (0..rows).flat_map(|_| random_row(ty, cols, &mut rng)).collect();
             let x = random_row(ty.vec_dot_type(), cols, &mut rng);
             let mut out = vec![f32::NAN; 9];
             matvec_on(backend, ty, &w, 3..12, cols, &x, &mut out).unwrap();
@@ -681,10 +616,7 @@ fn matvec_matches_vec_dot_per_row() {
                 let d = vec_dot_on(backend, ty, cols, &w[r * rb..(r + 1) * rb], &x).unwrap() as f64;
                 // Same integers, possibly another f32 summation order.
                 let (_, tol) = expected_dot(ty, &w[r * rb..(r + 1) * rb], &x, cols);
-                assert!(
-                    (*o as f64 - d).abs() <= 2.0 * tol,
-                    "{backend:?} {ty} row {r}: {o} vs {d}"
-                );
+                assert!((*o as f64 - d).abs() <= 2.0 * tol, "{backend:?} {ty} row {r}: {o} vs {d}");
             }
             let mut out2 = vec![f32::NAN; 9];
             matvec(ty, &w, 3..12, cols, &x, &mut out2);
@@ -724,12 +656,7 @@ fn ggml_fp32_to_fp16(f: f32) -> u16 {
     let exp_bits = (bits >> 13) & 0x0000_7c00;
     let mantissa_bits = bits & 0x0000_0fff;
     let nonsign = exp_bits + mantissa_bits;
-    ((sign >> 16)
-        | if shl1_w > 0xff00_0000 {
-            0x7e00
-        } else {
-            nonsign
-        }) as u16
+    ((sign >> 16) | if shl1_w > 0xff00_0000 { 0x7e00 } else { nonsign }) as u16
 }
 
 fn ggml_fp32_to_bf16(f: f32) -> u16 {
@@ -743,9 +670,7 @@ fn ggml_fp32_to_bf16(f: f32) -> u16 {
 fn ref_q8_0(x: &[f32], flavor: Q8Flavor, with_sum: bool) -> Vec<u8> {
     let mut out = Vec::new();
     for blk in x.chunks(32) {
-        let amax = blk
-            .iter()
-            .fold(0f32, |a, v| if a > v.abs() { a } else { v.abs() });
+        let amax = blk.iter().fold(0f32, |a, v| if a > v.abs() { a } else { v.abs() });
         let d = amax / 127.0;
         let id = match flavor {
             Q8Flavor::X86 => {
@@ -772,11 +697,7 @@ fn ref_q8_0(x: &[f32], flavor: Q8Flavor, with_sum: bool) -> Vec<u8> {
                     // Halves to even via f64: floor(p + 0.5), minus one on exact odd halves.
                     _ => {
                         let f = (p as f64 + 0.5).floor();
-                        if f - p as f64 == 0.5 && (f as i64) % 2 != 0 {
-                            f - 1.0
-                        } else {
-                            f
-                        }
+                        if f - p as f64 == 0.5 && (f as i64) % 2 != 0 { f - 1.0 } else { f }
                     }
                 };
                 // Non-representable results (inverse scale overflowed to inf)
@@ -801,11 +722,7 @@ fn ref_q8_0(x: &[f32], flavor: Q8Flavor, with_sum: bool) -> Vec<u8> {
                     }
                     // Saturating conversion to i32 (NaN -> 0), low byte stored.
                     Q8Flavor::Arm => {
-                        let i = if r.is_nan() {
-                            0
-                        } else {
-                            r.clamp(i32::MIN as f64, i32::MAX as f64) as i64
-                        };
+                        let i = if r.is_nan() { 0 } else { r.clamp(i32::MIN as f64, i32::MAX as f64) as i64 };
                         (i as u8 as i8, i as i32)
                     }
                 }
@@ -834,11 +751,7 @@ fn nearest_even(x: f32) -> i32 {
     let v = x as f64;
     let f = v.floor();
     let diff = v - f;
-    if diff > 0.5 || (diff == 0.5 && (f as i64) % 2 != 0) {
-        f as i32 + 1
-    } else {
-        f as i32
-    }
+    if diff > 0.5 || (diff == 0.5 && (f as i64) % 2 != 0) { f as i32 + 1 } else { f as i32 }
 }
 
 fn ref_q8_k(x: &[f32]) -> Vec<u8> {
@@ -857,10 +770,7 @@ fn ref_q8_k(x: &[f32]) -> Vec<u8> {
             continue;
         }
         let iscale = -127.0 / max;
-        let qs: Vec<i8> = blk
-            .iter()
-            .map(|&v| nearest_even(iscale * v).min(127) as i8)
-            .collect();
+        let qs: Vec<i8> = blk.iter().map(|&v| nearest_even(iscale * v).min(127) as i8).collect();
         out.extend_from_slice(&(1.0 / iscale).to_le_bytes());
         out.extend(qs.iter().map(|&q| q as u8));
         for g in 0..16 {
@@ -885,11 +795,7 @@ fn activation_vectors(rng: &mut Rng) -> Vec<Vec<f32>> {
     v.push(z);
     v.push(vec![0f32; 512]);
     // Subnormal and huge magnitudes.
-    v.push(
-        (0..512)
-            .map(|i| if i % 2 == 0 { 1e-40 } else { -3e-39 })
-            .collect(),
-    );
+    v.push((0..512).map(|i| if i % 2 == 0 { 1e-40 } else { -3e-39 }).collect());
     v
 }
 
@@ -905,10 +811,7 @@ fn quantize_q8_0_and_q8_1_bit_exact_with_ggml_algorithms() {
                 if flavor == Q8Flavor::Reference {
                     let mut got2 = vec![0u8; got.len()];
                     quantize_row(ty, &x, &mut got2).unwrap();
-                    assert_eq!(
-                        got2, got,
-                        "quantize_row({ty}) must be the reference quantizer"
-                    );
+                    assert_eq!(got2, got, "quantize_row({ty}) must be the reference quantizer");
                 }
             }
         }
@@ -977,10 +880,7 @@ fn quantize_q8_k_known_vector() {
     let want: [i8; 6] = [-127, -2, 4, 0, 2, -100];
     assert_eq!(&q[4..10], &want.map(|v| v as u8));
     // bsums[0] = -127 - 2 + 4 + 0 + 2 - 100 = -223, bsums[1] = 7.
-    assert_eq!(
-        &q[260..264],
-        &[(-223i16).to_le_bytes(), 7i16.to_le_bytes()].concat()[..]
-    );
+    assert_eq!(&q[260..264], &[(-223i16).to_le_bytes(), 7i16.to_le_bytes()].concat()[..]);
     assert!(q[264..].iter().all(|&b| b == 0));
 }
 
@@ -992,11 +892,11 @@ fn fp16_conversion_bit_exact_with_ggml() {
         (-2.0, 0xc000),
         (65504.0, 0x7bff),
         (65519.0, 0x7bff),
-        (65520.0, 0x7c00), // halfway to the next binade: rounds to even -> inf
-        (1.0 + 1.0 / 2048.0, 0x3c00), // tie -> even mantissa
-        (1.0 + 3.0 / 2048.0, 0x3c02), // tie -> even mantissa (up)
-        (2f32.powi(-24), 0x0001), // smallest subnormal
-        (2f32.powi(-25), 0x0000), // tie -> 0
+        (65520.0, 0x7c00),              // halfway to the next binade: rounds to even -> inf
+        (1.0 + 1.0 / 2048.0, 0x3c00),   // tie -> even mantissa
+        (1.0 + 3.0 / 2048.0, 0x3c02),   // tie -> even mantissa (up)
+        (2f32.powi(-24), 0x0001),       // smallest subnormal
+        (2f32.powi(-25), 0x0000),       // tie -> 0
         (3.0 * 2f32.powi(-25), 0x0002), // tie -> 2
         (-0.0, 0x8000),
         (f32::INFINITY, 0x7c00),
@@ -1014,21 +914,14 @@ fn fp16_conversion_bit_exact_with_ggml() {
         for _ in 0..200 {
             let bits = (rng.next_u64() as u32 & 0x807f_ffff) | (exp << 23);
             let x = f32::from_bits(bits);
-            assert_eq!(
-                float::f32_to_f16_bits(x),
-                ggml_fp32_to_fp16(x),
-                "{bits:#010x}"
-            );
+            assert_eq!(float::f32_to_f16_bits(x), ggml_fp32_to_fp16(x), "{bits:#010x}");
         }
     }
     let x: Vec<f32> = (0..64).map(|_| rng.normal() * 100.0).collect();
     let mut got = vec![0u8; 128];
     quantize_row(GgmlType::F16, &x, &mut got).unwrap();
     for (i, v) in x.iter().enumerate() {
-        assert_eq!(
-            u16::from_le_bytes([got[2 * i], got[2 * i + 1]]),
-            ggml_fp32_to_fp16(*v)
-        );
+        assert_eq!(u16::from_le_bytes([got[2 * i], got[2 * i + 1]]), ggml_fp32_to_fp16(*v));
     }
 }
 
@@ -1047,16 +940,11 @@ fn bf16_conversion_bit_exact_with_ggml() {
         assert_eq!(float::f32_to_bf16_bits(x), want, "{:#010x}", x.to_bits());
     }
     let mut rng = Rng::new(10);
-    let x: Vec<f32> = (0..4096)
-        .map(|_| f32::from_bits(rng.next_u64() as u32))
-        .collect();
+    let x: Vec<f32> = (0..4096).map(|_| f32::from_bits(rng.next_u64() as u32)).collect();
     let mut got = vec![0u8; 8192];
     quantize_row(GgmlType::BF16, &x, &mut got).unwrap();
     for (i, v) in x.iter().enumerate() {
-        assert_eq!(
-            u16::from_le_bytes([got[2 * i], got[2 * i + 1]]),
-            ggml_fp32_to_bf16(*v)
-        );
+        assert_eq!(u16::from_le_bytes([got[2 * i], got[2 * i + 1]]), ggml_fp32_to_bf16(*v));
     }
 }
 
@@ -1073,11 +961,7 @@ fn float_round_trips() {
         let mut b = vec![0u8; 600];
         quantize_row(ty, &x, &mut b).unwrap();
         dequantize_row(ty, &b, &mut y).unwrap();
-        let rel = if ty == GgmlType::F16 {
-            1.0 / 2048.0
-        } else {
-            1.0 / 256.0
-        };
+        let rel = if ty == GgmlType::F16 { 1.0 / 2048.0 } else { 1.0 / 256.0 };
         for (a, c) in x.iter().zip(&y) {
             assert!((a - c).abs() <= a.abs() * rel, "{ty}: {a} -> {c}");
         }
@@ -1093,17 +977,9 @@ fn round_trip_rel_rmse(ty: GgmlType, x: &[f32]) -> (f64, f32) {
     quantize_row(ty, x, &mut q).unwrap();
     let mut y = vec![0f32; x.len()];
     dequantize_row(ty, &q, &mut y).unwrap();
-    let err: f64 = x
-        .iter()
-        .zip(&y)
-        .map(|(a, b)| ((a - b) as f64).powi(2))
-        .sum();
+    let err: f64 = x.iter().zip(&y).map(|(a, b)| ((a - b) as f64).powi(2)).sum();
     let sig: f64 = x.iter().map(|a| (*a as f64).powi(2)).sum();
-    let max_err = x
-        .iter()
-        .zip(&y)
-        .map(|(a, b)| (a - b).abs())
-        .fold(0f32, f32::max);
+    let max_err = x.iter().zip(&y).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
     ((err / sig).sqrt(), max_err)
 }
 
@@ -1128,15 +1004,9 @@ fn weight_quantizers_round_trip_within_bounds() {
         for scale in [1e-3f32, 1.0, 50.0] {
             let x: Vec<f32> = (0..4096).map(|_| rng.normal() * scale).collect();
             let (rel, max_err) = round_trip_rel_rmse(ty, &x);
-            assert!(
-                rel < bound,
-                "{ty} scale {scale}: relative RMSE {rel:.4} >= {bound}"
-            );
+            assert!(rel < bound, "{ty} scale {scale}: relative RMSE {rel:.4} >= {bound}");
             let amax = x.iter().fold(0f32, |a, v| a.max(v.abs()));
-            assert!(
-                max_err <= amax * 2.0 * bound as f32 * 4.0,
-                "{ty}: max error {max_err} vs amax {amax}"
-            );
+            assert!(max_err <= amax * 2.0 * bound as f32 * 4.0, "{ty}: max error {max_err} vs amax {amax}");
         }
     }
 }
@@ -1169,12 +1039,7 @@ fn weight_quantizers_handle_zero_constant_and_offset_blocks() {
         dequantize_row(ty, &q, &mut y).unwrap();
         assert!(y.iter().all(|v| v.is_finite()), "{ty}");
         for i in (0..n).step_by(97) {
-            assert!(
-                (y[i] - spikes[i]).abs() < 0.5 * spikes[i].abs(),
-                "{ty}: spike {i}: {} vs {}",
-                y[i],
-                spikes[i]
-            );
+            assert!((y[i] - spikes[i]).abs() < 0.5 * spikes[i].abs(), "{ty}: spike {i}: {} vs {}", y[i], spikes[i]);
         }
     }
 }
@@ -1189,32 +1054,15 @@ fn bad_input_gives_errors() {
     let mut out = vec![0f32; 256];
     assert!(matches!(
         dequantize_row(Q4_K, &[0u8; 143], &mut out),
-        Err(QuantError::Length {
-            expected: 144,
-            got: 143,
-            ..
-        })
+        Err(QuantError::Length { expected: 144, got: 143, .. })
     ));
     assert!(matches!(
         dequantize_row(Q4_K, &[0u8; 144], &mut out[..200]),
-        Err(QuantError::NotBlockMultiple {
-            n: 200,
-            block: 256,
-            ..
-        })
+        Err(QuantError::NotBlockMultiple { n: 200, block: 256, .. })
     ));
-    assert!(matches!(
-        dequantize_row(IQ2_XXS, &[0u8; 66], &mut out),
-        Err(QuantError::Unsupported(IQ2_XXS))
-    ));
-    assert!(matches!(
-        quantize_row(Q6_K, &out, &mut [0u8; 209]),
-        Err(QuantError::Length { .. })
-    ));
-    assert!(matches!(
-        quantize_row(I32, &out, &mut [0u8; 1024]),
-        Err(QuantError::Unsupported(I32))
-    ));
+    assert!(matches!(dequantize_row(IQ2_XXS, &[0u8; 66], &mut out), Err(QuantError::Unsupported(IQ2_XXS))));
+    assert!(matches!(quantize_row(Q6_K, &out, &mut [0u8; 209]), Err(QuantError::Length { .. })));
+    assert!(matches!(quantize_row(I32, &out, &mut [0u8; 1024]), Err(QuantError::Unsupported(I32))));
     assert!(matches!(
         quantize_row_q8_0_with(Q4_0, Q8Flavor::X86, &out, &mut [0u8; 144]),
         Err(QuantError::Unsupported(Q4_0))
@@ -1223,67 +1071,31 @@ fn bad_input_gives_errors() {
     let w = vec![0u8; 144];
     let x = vec![0u8; 292];
     assert!(try_vec_dot(Q4_K, 256, &w, &x).is_ok());
-    assert!(matches!(
-        try_vec_dot(Q4_K, 256, &w[..100], &x),
-        Err(QuantError::Length { .. })
-    ));
-    assert!(matches!(
-        try_vec_dot(Q4_K, 256, &w, &x[..291]),
-        Err(QuantError::Length { .. })
-    ));
-    assert!(matches!(
-        try_vec_dot(Q4_K, 255, &w, &x),
-        Err(QuantError::NotBlockMultiple { .. })
-    ));
-    assert!(matches!(
-        try_vec_dot(IQ4_XS, 256, &w, &x),
-        Err(QuantError::Unsupported(IQ4_XS))
-    ));
+    assert!(matches!(try_vec_dot(Q4_K, 256, &w[..100], &x), Err(QuantError::Length { .. })));
+    assert!(matches!(try_vec_dot(Q4_K, 256, &w, &x[..291]), Err(QuantError::Length { .. })));
+    assert!(matches!(try_vec_dot(Q4_K, 255, &w, &x), Err(QuantError::NotBlockMultiple { .. })));
+    assert!(matches!(try_vec_dot(IQ4_XS, 256, &w, &x), Err(QuantError::Unsupported(IQ4_XS))));
     for b in [Backend::Scalar, Backend::Avx2] {
         if b.is_available() {
-            assert!(matches!(
-                vec_dot_on(b, Q6_K, 256, &w, &x),
-                Err(QuantError::Length { .. })
-            ));
+            assert!(matches!(vec_dot_on(b, Q6_K, 256, &w, &x), Err(QuantError::Length { .. })));
         } else {
-            assert!(matches!(
-                vec_dot_on(b, Q4_K, 256, &w, &x),
-                Err(QuantError::BackendUnavailable(_))
-            ));
+            assert!(matches!(vec_dot_on(b, Q4_K, 256, &w, &x), Err(QuantError::BackendUnavailable(_))));
         }
     }
 
     let w = vec![0u8; 4 * 144];
     let mut o = vec![0f32; 2];
     assert!(try_matvec(Q4_K, &w, 2..4, 256, &x, &mut o).is_ok());
-    assert!(matches!(
-        try_matvec(Q4_K, &w, 3..5, 256, &x, &mut o),
-        Err(QuantError::Length { .. })
-    ));
-    assert!(matches!(
-        try_matvec(Q4_K, &w, 0..3, 256, &x, &mut o),
-        Err(QuantError::Length { .. })
-    ));
-    #[expect(
-        clippy::reversed_empty_ranges,
-        reason = "testing that a reversed range is rejected"
-    )]
+    assert!(matches!(try_matvec(Q4_K, &w, 3..5, 256, &x, &mut o), Err(QuantError::Length { .. })));
+    assert!(matches!(try_matvec(Q4_K, &w, 0..3, 256, &x, &mut o), Err(QuantError::Length { .. })));
+    #[expect(clippy::reversed_empty_ranges, reason = "testing that a reversed range is rejected")]
     let reversed = 3..1;
     assert!(try_matvec(Q4_K, &w, reversed, 256, &x, &mut []).is_err());
-    assert!(matches!(
-        try_matvec(Q4_K, &w, 0..2, 256, &x[..10], &mut o),
-        Err(QuantError::Length { .. })
-    ));
+    assert!(matches!(try_matvec(Q4_K, &w, 0..2, 256, &x[..10], &mut o), Err(QuantError::Length { .. })));
 
     let mut buf = Vec::new();
-    assert!(matches!(
-        quantize_activation(IQ1_S, &out, &mut buf),
-        Err(QuantError::Unsupported(IQ1_S))
-    ));
-    assert!(matches!(
-        quantize_activation(Q4_K, &out[..100], &mut buf),
-        Err(QuantError::NotBlockMultiple { .. })
-    ));
+    assert!(matches!(quantize_activation(IQ1_S, &out, &mut buf), Err(QuantError::Unsupported(IQ1_S))));
+    assert!(matches!(quantize_activation(Q4_K, &out[..100], &mut buf), Err(QuantError::NotBlockMultiple { .. })));
 }
 
 #[test]
@@ -1309,15 +1121,7 @@ fn checked_entry_points_never_panic() {
     // Random types (supported or not), lengths and bytes, including floats that
     // are NaN, infinite or subnormal: every checked function returns.
     let mut rng = Rng::new(17);
-    let specials = [
-        f32::NAN,
-        f32::INFINITY,
-        f32::NEG_INFINITY,
-        1e-40,
-        -0.0,
-        3e38,
-        -3e38,
-    ];
+    let specials = [f32::NAN, f32::INFINITY, f32::NEG_INFINITY, 1e-40, -0.0, 3e38, -3e38];
     for _ in 0..3000 {
         let ty = GgmlType::ALL[rng.range(0, GgmlType::ALL.len() as i32 - 1) as usize];
         let n = match rng.range(0, 3) {
@@ -1326,21 +1130,10 @@ fn checked_entry_points_never_panic() {
             _ => 256 * rng.range(0, 3) as usize,
         };
         let bytes = ty.row_bytes(n).unwrap_or(n);
-        let len = if rng.range(0, 4) == 0 {
-            bytes + rng.range(0, 3) as usize
-        } else {
-            bytes
-        };
+        let len = if rng.range(0, 4) == 0 { bytes + rng.range(0, 3) as usize } else { bytes };
         let w = rng.bytes(len);
-        let x: Vec<f32> = (0..n)
-            .map(|i| {
-                if i % 7 == 3 {
-                    specials[i % specials.len()]
-                } else {
-                    rng.normal() * 10.0
-                }
-            })
-            .collect();
+        let x: Vec<f32> =
+            (0..n).map(|i| if i % 7 == 3 { specials[i % specials.len()] } else { rng.normal() * 10.0 }).collect();
         let mut out = vec![0f32; n];
         let _ = dequantize_row(ty, &w, &mut out);
         let mut q = vec![0u8; len];
@@ -1408,10 +1201,7 @@ fn k4_elem(ty: GgmlType, b: &[u8], e: usize) -> (i32, i32, i32) {
     let (sc, m) = if j < 4 {
         (s[j] & 63, s[j + 4] & 63)
     } else {
-        (
-            (s[j + 4] & 0xf) | ((s[j - 4] >> 6) << 4),
-            (s[j + 4] >> 4) | ((s[j] >> 6) << 4),
-        )
+        ((s[j + 4] & 0xf) | ((s[j - 4] >> 6) << 4), (s[j + 4] >> 4) | ((s[j] >> 6) << 4))
     };
     (q as i32, sc as i32, m as i32)
 }
@@ -1435,9 +1225,7 @@ fn ggml_order_dot(ty: GgmlType, w: &[u8], x: &[u8], n: usize) -> f32 {
             for (a, b) in w.chunks_exact(ts).zip(x.chunks_exact(xs)) {
                 let d = h(a, 0) * h(b, 0);
                 for (l, al) in acc.iter_mut().enumerate() {
-                    let s: i32 = (4 * l..4 * l + 4)
-                        .map(|e| i8at(a, 2 + e) * i8at(b, 2 + e))
-                        .sum();
+                    let s: i32 = (4 * l..4 * l + 4).map(|e| i8at(a, 2 + e) * i8at(b, 2 + e)).sum();
                     *al = d.mul_add(s as f32, *al);
                 }
             }
@@ -1508,8 +1296,7 @@ fn ggml_order_dot(ty: GgmlType, w: &[u8], x: &[u8], n: usize) -> f32 {
                             s += sc(e / 16) * qu(e) * i8at(y, 4 + e);
                         }
                     }
-                    s -= 32
-                        * (q8k_bsum(y, 2 * l) * sc(2 * l) + q8k_bsum(y, 2 * l + 1) * sc(2 * l + 1));
+                    s -= 32 * (q8k_bsum(y, 2 * l) * sc(2 * l) + q8k_bsum(y, 2 * l + 1) * sc(2 * l + 1));
                     *al = d.mul_add(s as f32, *al);
                 }
             }
@@ -1536,9 +1323,7 @@ fn ggml_order_dot(ty: GgmlType, w: &[u8], x: &[u8], n: usize) -> f32 {
                     }
                 }
             }
-            let s: Vec<f32> = (0..16)
-                .map(|l| (acc[0][l] + acc[2][l]) + (acc[1][l] + acc[3][l]))
-                .collect();
+            let s: Vec<f32> = (0..16).map(|l| (acc[0][l] + acc[2][l]) + (acc[1][l] + acc[3][l])).collect();
             let red = if wide {
                 let t: [f32; 8] = std::array::from_fn(|l| s[l + 8] + s[l]);
                 ggml_hsum8(&t)
@@ -1549,9 +1334,7 @@ fn ggml_order_dot(ty: GgmlType, w: &[u8], x: &[u8], n: usize) -> f32 {
             if ty == F32 {
                 (np..n).fold(red, |acc, k| val(w, k).mul_add(val(x, k), acc))
             } else {
-                (np..n).fold(f64::from(red), |acc, k| {
-                    acc + f64::from(val(w, k) * val(x, k))
-                }) as f32
+                (np..n).fold(f64::from(red), |acc, k| acc + f64::from(val(w, k) * val(x, k))) as f32
             }
         }
         _ => unreachable!("no ggml-order model for {ty}"),
@@ -1566,26 +1349,13 @@ fn avx2_kernels_follow_ggml_float_order_bit_for_bit() {
         return;
     }
     let mut rng = Rng::new(11);
-    for ty in [
-        GgmlType::Q8_0,
-        GgmlType::Q4_K,
-        GgmlType::Q5_K,
-        GgmlType::Q6_K,
-        GgmlType::F32,
-        GgmlType::F16,
-    ] {
+    for ty in [GgmlType::Q8_0, GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K, GgmlType::F32, GgmlType::F16] {
         // Block counts: odd, even, above the row loops' precomputation limits.
         for cols in [256, 768, 1024, 2048, 4352, 17408] {
-            let cols = if ty.block_size() == 1 {
-                cols + 37
-            } else {
-                cols
-            };
+            let cols = if ty.block_size() == 1 { cols + 37 } else { cols };
             let rows = 19;
             let rb = ty.row_bytes(cols).unwrap();
-            let w: Vec<u8> = (0..rows)
-                .flat_map(|_| random_row(ty, cols, &mut rng))
-                .collect();
+            let w: Vec<u8> = (0..rows).flat_map(|_| random_row(ty, cols, &mut rng)).collect();
             let x = random_row(ty.vec_dot_type(), cols, &mut rng);
             let mut out = vec![f32::NAN; rows];
             matvec_on(Backend::Avx2, ty, &w, 0..rows, cols, &x, &mut out).unwrap();
@@ -1593,11 +1363,7 @@ fn avx2_kernels_follow_ggml_float_order_bit_for_bit() {
                 let row = &w[r * rb..(r + 1) * rb];
                 let want = ggml_order_dot(ty, row, &x, cols);
                 let one = vec_dot_on(Backend::Avx2, ty, cols, row, &x).unwrap();
-                assert_eq!(
-                    o.to_bits(),
-                    want.to_bits(),
-                    "{ty} {cols} cols row {r}: matvec {o} vs ggml order {want}"
-                );
+                assert_eq!(o.to_bits(), want.to_bits(), "{ty} {cols} cols row {r}: matvec {o} vs ggml order {want}");
                 assert_eq!(
                     one.to_bits(),
                     want.to_bits(),
@@ -1617,13 +1383,9 @@ fn matvec_multi_is_bit_identical_to_matvec() {
         }
         for cols in [256, 512, 1024, 17408] {
             let rows = 13;
-            let w: Vec<u8> = (0..rows)
-                .flat_map(|_| random_row(ty, cols, &mut rng))
-                .collect();
+            let w: Vec<u8> = (0..rows).flat_map(|_| random_row(ty, cols, &mut rng)).collect();
             for n_act in [1, 3, 4, 6] {
-                let xs: Vec<Vec<u8>> = (0..n_act)
-                    .map(|_| random_row(ty.vec_dot_type(), cols, &mut rng))
-                    .collect();
+                let xs: Vec<Vec<u8>> = (0..n_act).map(|_| random_row(ty.vec_dot_type(), cols, &mut rng)).collect();
                 let xr: Vec<&[u8]> = xs.iter().map(Vec::as_slice).collect();
                 let mut outs = vec![vec![f32::NAN; 11]; n_act];
                 let mut or: Vec<&mut [f32]> = outs.iter_mut().map(Vec::as_mut_slice).collect();

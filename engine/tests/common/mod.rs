@@ -66,12 +66,7 @@ pub fn pressure_model() -> PathBuf {
 /// Runs `engine ARGS`, panics with its stderr on failure.
 pub fn engine(args: &[&str]) -> Output {
     let out = Command::new(ENGINE).args(args).output().expect("run engine");
-    assert!(
-        out.status.success(),
-        "engine {args:?} failed: {}\n{}",
-        out.status,
-        String::from_utf8_lossy(&out.stderr)
-    );
+    assert!(out.status.success(), "engine {args:?} failed: {}\n{}", out.status, String::from_utf8_lossy(&out.stderr));
     out
 }
 
@@ -136,7 +131,8 @@ pub fn read_bmoe(path: &Path) -> Bmoe {
     let columns: Vec<String> = header.split(',').map(str::to_owned).collect();
     let rows = lines
         .map(|l| {
-            let v: Vec<f64> = l.split(',').map(|x| x.parse().unwrap_or_else(|_| panic!("bad value {x:?} in {l}"))).collect();
+            let v: Vec<f64> =
+                l.split(',').map(|x| x.parse().unwrap_or_else(|_| panic!("bad value {x:?} in {l}"))).collect();
             assert_eq!(v.len(), columns.len(), "row {l}");
             v
         })

@@ -431,7 +431,14 @@ fn busy(ms: u64) -> Result<Measured> {
     })
 }
 
-fn tokens(n: u64, ms: u64, anon: u64, path: Option<&std::path::Path>, file_pages: u64, delay_ms: u64) -> Result<Vec<Measured>> {
+fn tokens(
+    n: u64,
+    ms: u64,
+    anon: u64,
+    path: Option<&std::path::Path>,
+    file_pages: u64,
+    delay_ms: u64,
+) -> Result<Vec<Measured>> {
     let ps = page_size();
     let file = match path {
         Some(p) => {
@@ -521,9 +528,7 @@ fn vm_swap_kib() -> u64 {
     std::fs::read_to_string("/proc/self/status")
         .ok()
         .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with("VmSwap:"))
-                .and_then(|l| l.split_whitespace().nth(1)?.parse().ok())
+            s.lines().find(|l| l.starts_with("VmSwap:")).and_then(|l| l.split_whitespace().nth(1)?.parse().ok())
         })
         .unwrap_or(0)
 }
@@ -554,7 +559,9 @@ fn swap(size: u64, balloon: u64, pageout: bool) -> Result<Measured> {
     }
     if pageout {
         // SAFETY: the range is our mapping.
-        let rc = unsafe { libc::madvise(buf.ptr.cast(), len, 21 /* MADV_PAGEOUT */) };
+        let rc = unsafe {
+            libc::madvise(buf.ptr.cast(), len, 21 /* MADV_PAGEOUT */)
+        };
         if rc != 0 {
             bail!("madvise(MADV_PAGEOUT): {}", std::io::Error::last_os_error());
         }
@@ -585,9 +592,9 @@ fn main() {
         Cmd::Tokens { n, ms, anon, path, file_pages, delay_ms } => {
             tokens(n, ms, anon, path.as_deref(), file_pages, delay_ms)
         }
-        Cmd::Demo { path, size } => (|| {
-            Ok(vec![file_refault(&path, size, false)?, anon(size, 2, 1, 0)?, busy(200)?, sleep(200)?])
-        })(),
+        Cmd::Demo { path, size } => {
+            (|| Ok(vec![file_refault(&path, size, false)?, anon(size, 2, 1, 0)?, busy(200)?, sleep(200)?]))()
+        }
     };
     match r {
         Ok(ms) => {

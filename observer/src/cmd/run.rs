@@ -13,8 +13,8 @@ use observer::{
     attribution,
     bpf::{self, AttachOptions, MarkerKind, Markers, ProbeError, Probes},
     header, preflight, procfs, procsample,
-    residency::Sampler,
     report::{Summary, TargetInfo},
+    residency::Sampler,
     seed,
     sink::{Sink, emit},
     target::{CHILD_GRACE, Ending, Target},
@@ -246,15 +246,18 @@ pub async fn run_with(args: RunArgs, mut extra: ExtraSinks) -> Result<i32> {
     eprintln!(
         "observer: pid {pid}: {} probes attached; tokens: {marker_desc}{}",
         probes.attached.len(),
-        if probes.missing.is_empty() { String::new() } else { format!("; not attached: {}", probes.missing.join(", ")) }
+        if probes.missing.is_empty() {
+            String::new()
+        } else {
+            format!("; not attached: {}", probes.missing.join(", "))
+        }
     );
     let ring = probes.take_events()?;
     // Token records are polled; only an `exec` of the target wakes us (to
     // attach the new program's markers before its first token).
     // SAFETY: the ring buffer owns its fd and outlives the registration.
-    let mut ring = unsafe { AsyncFd::register(ring) }
-        .map_err(|e| e.into_parts().1)
-        .context("registering the ring buffer")?;
+    let mut ring =
+        unsafe { AsyncFd::register(ring) }.map_err(|e| e.into_parts().1).context("registering the ring buffer")?;
     let default_kind = match probes.markers {
         Some(MarkerKind::Symbol { .. }) => StepKind::Call,
         Some(MarkerKind::Engine { .. }) => StepKind::Generate,
@@ -333,7 +336,8 @@ pub async fn run_with(args: RunArgs, mut extra: ExtraSinks) -> Result<i32> {
     emit(&mut sinks, &Event::Health(health(&probes, asm.malformed, now)?))?;
     let end_ns = seed::mono_ns();
     if use_windows {
-        let snap = Snapshot { ts: end_ns, index: 0, threads: probes.snapshot(end_ns)?, engine: None, lost: 0, churn: None };
+        let snap =
+            Snapshot { ts: end_ns, index: 0, threads: probes.snapshot(end_ns)?, engine: None, lost: 0, churn: None };
         if let Some(t) = asm.window(snap) {
             tokens(vec![t], &mut late_resid, &mut records, &mut sinks)?;
         }

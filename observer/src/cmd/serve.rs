@@ -104,18 +104,12 @@ pub async fn serve(args: ServeArgs) -> Result<i32> {
         bail!("--name {n:?}: give a process name as `ps -o comm` shows it (no path)");
     }
     // Not for `run_with`: this endpoint outlives each target.
-    let addr = run
-        .metrics_addr
-        .take()
-        .unwrap_or_else(|| DEFAULT_ADDR.to_string());
+    let addr = run.metrics_addr.take().unwrap_or_else(|| DEFAULT_ADDR.to_string());
     // A standing exporter keeps only recent tokens for each target's summary.
     run.keep_tokens = run.keep_tokens.min(SERVE_KEEP_TOKENS);
     let ex = Exporter::new();
     let endpoint = Endpoint::start(&addr, Arc::clone(&ex))?;
-    eprintln!(
-        "observer serve: metrics at http://{}/metrics",
-        endpoint.local_addr()
-    );
+    eprintln!("observer serve: metrics at http://{}/metrics", endpoint.local_addr());
     let stop = Stop::install()?;
     match name {
         Some(name) => follow(&name, run, &ex, &stop).await,
@@ -124,9 +118,7 @@ pub async fn serve(args: ServeArgs) -> Result<i32> {
             // A SIGINT that ended the run also woke our listener: let it run.
             tokio::task::yield_now().await;
             if !stop.is_set() {
-                eprintln!(
-                    "observer serve: the target ended; serving its final values until SIGINT/SIGTERM"
-                );
+                eprintln!("observer serve: the target ended; serving its final values until SIGINT/SIGTERM");
                 stop.wait().await;
             }
         }
@@ -194,23 +186,18 @@ pub fn find_by_name(name: &str, skip: &HashSet<u32>) -> Option<u32> {
         };
         let comm = &stat.as_bytes()[open + 1..close];
         let rest: Vec<&str> = stat[close + 1..].split_whitespace().collect();
-        let (Some(state), Some(start)) = (
-            rest.first(),
-            rest.get(19).and_then(|s| s.parse::<u64>().ok()),
-        ) else {
+        let (Some(state), Some(start)) = (rest.first(), rest.get(19).and_then(|s| s.parse::<u64>().ok())) else {
             continue;
         };
         if *state == "Z" || *state == "X" {
             continue;
         }
         let exe_matches = || {
-            std::fs::read_link(format!("/proc/{pid}/exe"))
-                .ok()
-                .is_some_and(|p| {
-                    p.file_name()
-                        .and_then(|f| f.to_str())
-                        .is_some_and(|f| f.strip_suffix(" (deleted)").unwrap_or(f) == name)
-                })
+            std::fs::read_link(format!("/proc/{pid}/exe")).ok().is_some_and(|p| {
+                p.file_name()
+                    .and_then(|f| f.to_str())
+                    .is_some_and(|f| f.strip_suffix(" (deleted)").unwrap_or(f) == name)
+            })
         };
         if (comm == comm_name || exe_matches()) && best.is_none_or(|(s, _)| start < s) {
             best = Some((start, pid));
@@ -239,10 +226,7 @@ mod tests {
         assert_eq!(every, 0);
         assert_eq!(a.run.metrics_addr.as_deref(), Some(DEFAULT_ADDR));
         let (a, _) = parse(&["serve", "--metrics-addr", ":9100", "--pid", "1"]).unwrap();
-        assert_eq!(
-            (a.run.pid, a.run.metrics_addr.as_deref()),
-            (Some(1), Some(":9100"))
-        );
+        assert_eq!((a.run.pid, a.run.metrics_addr.as_deref()), (Some(1), Some(":9100")));
         assert!(parse(&["serve", "--name", "x", "--pid", "1"]).is_err());
         assert!(parse(&["serve", "--name", "x", "--", "true"]).is_err());
         assert!(parse(&["serve"]).is_err(), "a target is required");
@@ -252,10 +236,7 @@ mod tests {
 
     #[test]
     fn finds_a_process_by_comm_and_exe_name() {
-        let mut child = std::process::Command::new("sleep")
-            .arg("30")
-            .spawn()
-            .unwrap();
+        let mut child = std::process::Command::new("sleep").arg("30").spawn().unwrap();
         let pid = child.id();
         let none = HashSet::new();
         let found = (0..50).find_map(|_| {
@@ -280,18 +261,10 @@ mod tests {
         }
         assert_eq!(got, Some(pid));
         skip.insert(pid);
-        assert_ne!(
-            find_by_name("sleep", &skip),
-            Some(pid),
-            "skipped pids are not picked"
-        );
+        assert_ne!(find_by_name("sleep", &skip), Some(pid), "skipped pids are not picked");
         child.kill().unwrap();
         child.wait().unwrap();
-        assert_ne!(
-            find_by_name("sleep", &none),
-            Some(pid),
-            "a reaped process is gone"
-        );
+        assert_ne!(find_by_name("sleep", &none), Some(pid), "a reaped process is gone");
         assert_eq!(find_by_name("no-such-program-xyz", &none), None);
     }
 }

@@ -46,23 +46,14 @@ pub enum MetricsError {
     #[error(
         "cannot listen on {addr} for metrics: {source} (is something else using that port? choose another with --metrics-addr)"
     )]
-    Bind {
-        addr: String,
-        source: std::io::Error,
-    },
+    Bind { addr: String, source: std::io::Error },
     #[error("metrics endpoint: {what}: {source}")]
-    Io {
-        what: &'static str,
-        source: std::io::Error,
-    },
+    Io { what: &'static str, source: std::io::Error },
 }
 
 /// Resolve `--metrics-addr`: a bare port or `:PORT` binds 127.0.0.1.
 pub fn parse_addr(s: &str) -> Result<Vec<SocketAddr>, MetricsError> {
-    let err = |why: &str| MetricsError::Addr {
-        addr: s.to_string(),
-        why: why.to_string(),
-    };
+    let err = |why: &str| MetricsError::Addr { addr: s.to_string(), why: why.to_string() };
     let t = s.trim();
     let port_only = t.strip_prefix(':').unwrap_or(t);
     if !port_only.is_empty() && port_only.bytes().all(|b| b.is_ascii_digit()) {
@@ -72,10 +63,7 @@ pub fn parse_addr(s: &str) -> Result<Vec<SocketAddr>, MetricsError> {
     if !t.contains(':') {
         return Err(err("no port"));
     }
-    let v: Vec<SocketAddr> = t
-        .to_socket_addrs()
-        .map_err(|e| err(&e.to_string()))?
-        .collect();
+    let v: Vec<SocketAddr> = t.to_socket_addrs().map_err(|e| err(&e.to_string()))?.collect();
     if v.is_empty() {
         return Err(err("the host resolves to no address"));
     }
@@ -101,11 +89,7 @@ pub fn negotiate(accept: Option<&str>) -> Format {
             _ => {}
         }
     }
-    if om > 0.0 && om >= text {
-        Format::OpenMetrics
-    } else {
-        Format::Text
-    }
+    if om > 0.0 && om >= text { Format::OpenMetrics } else { Format::Text }
 }
 
 /// A running endpoint; dropping it stops the server thread.
@@ -121,29 +105,18 @@ impl Endpoint {
     /// port fails before anything is observed, and serve `ex` from a thread.
     pub fn start(addr: &str, ex: Arc<Exporter>) -> Result<Endpoint, MetricsError> {
         let addrs = parse_addr(addr)?;
-        let listener = StdListener::bind(&addrs[..]).map_err(|source| MetricsError::Bind {
-            addr: addr.to_string(),
-            source,
-        })?;
+        let listener =
+            StdListener::bind(&addrs[..]).map_err(|source| MetricsError::Bind { addr: addr.to_string(), source })?;
         let io = |what| move |source| MetricsError::Io { what, source };
         let local = listener.local_addr().map_err(io("local address"))?;
-        listener
-            .set_nonblocking(true)
-            .map_err(io("non-blocking listener"))?;
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .map_err(io("runtime"))?;
+        listener.set_nonblocking(true).map_err(io("non-blocking listener"))?;
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().map_err(io("runtime"))?;
         let (tx, rx) = oneshot::channel();
         let thread = std::thread::Builder::new()
             .name("metrics-http".into())
             .spawn(move || rt.block_on(serve(listener, ex, rx)))
             .map_err(io("thread"))?;
-        Ok(Endpoint {
-            addr: local,
-            stop: Some(tx),
-            thread: Some(thread),
-        })
+        Ok(Endpoint { addr: local, stop: Some(tx), thread: Some(thread) })
     }
 
     pub fn local_addr(&self) -> SocketAddr {
@@ -223,24 +196,13 @@ pub fn parse_head(head: &str) -> Option<Request> {
             });
         }
     }
-    Some(Request {
-        method: method.to_string(),
-        path,
-        accept,
-    })
+    Some(Request { method: method.to_string(), path, accept })
 }
 
 /// The full response to a request (head and, unless `HEAD`, body).
 pub fn respond(req: Option<&Request>, ex: &Exporter) -> Vec<u8> {
     let Some(req) = req else {
-        return response(
-            400,
-            "Bad Request",
-            "text/plain; charset=utf-8",
-            "bad request\n",
-            "",
-            false,
-        );
+        return response(400, "Bad Request", "text/plain; charset=utf-8", "bad request\n", "", false);
     };
     let head_only = req.method == "HEAD";
     if req.method != "GET" && !head_only {
@@ -268,33 +230,12 @@ pub fn respond(req: Option<&Request>, ex: &Exporter) -> Vec<u8> {
                 ),
             }
         }
-        "/" => response(
-            200,
-            "OK",
-            "text/plain; charset=utf-8",
-            "moe-observer: metrics at /metrics\n",
-            "",
-            head_only,
-        ),
-        _ => response(
-            404,
-            "Not Found",
-            "text/plain; charset=utf-8",
-            "not found: try /metrics\n",
-            "",
-            head_only,
-        ),
+        "/" => response(200, "OK", "text/plain; charset=utf-8", "moe-observer: metrics at /metrics\n", "", head_only),
+        _ => response(404, "Not Found", "text/plain; charset=utf-8", "not found: try /metrics\n", "", head_only),
     }
 }
 
-fn response(
-    code: u16,
-    reason: &str,
-    ctype: &str,
-    body: &str,
-    extra: &str,
-    head_only: bool,
-) -> Vec<u8> {
+fn response(code: u16, reason: &str, ctype: &str, body: &str, extra: &str, head_only: bool) -> Vec<u8> {
     let mut out = format!(
         "HTTP/1.1 {code} {reason}\r\nContent-Type: {ctype}\r\nContent-Length: {}\r\nConnection: close\r\n{extra}\r\n",
         body.len()

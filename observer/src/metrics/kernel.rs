@@ -57,11 +57,7 @@ pub fn canonical(v: f64) -> String {
     let (mant, exp) = e.split_once('e').unwrap_or((&e, "0"));
     let exp: i32 = exp.parse().unwrap_or(0);
     if v != 0.0 && !(-4..6).contains(&exp) {
-        format!(
-            "{mant}e{}{:02}",
-            if exp < 0 { '-' } else { '+' },
-            exp.unsigned_abs()
-        )
+        format!("{mant}e{}{:02}", if exp < 0 { '-' } else { '+' }, exp.unsigned_abs())
     } else {
         let d = format!("{v}");
         if d.contains('.') { d } else { format!("{d}.0") }
@@ -73,9 +69,7 @@ fn help(kind: &str) -> String {
     let what = match kind {
         "fault_minor" => "the target's minor page faults (entry to completion)",
         "fault_major_file" => "the target's major page faults served from a file (refault I/O)",
-        "fault_major_swap" => {
-            "the target's major page faults served from swap (zram decompression or disk swap)"
-        }
+        "fault_major_swap" => "the target's major page faults served from swap (zram decompression or disk swap)",
         "zram_read" => "the target's zram reads (bio queued to completed: decompression)",
         "disk_read" => "the target's block-device reads other than zram (bio queued to completed)",
         other => {
@@ -91,15 +85,7 @@ fn help(kind: &str) -> String {
 
 /// A kind as a metric-name part: `[a-z0-9_]`, anything else becomes `_`.
 fn name_part(kind: &str) -> String {
-    kind.chars()
-        .map(|c| {
-            if c.is_ascii_lowercase() || c.is_ascii_digit() {
-                c
-            } else {
-                '_'
-            }
-        })
-        .collect()
+    kind.chars().map(|c| if c.is_ascii_lowercase() || c.is_ascii_digit() { c } else { '_' }).collect()
 }
 
 /// Totals per kind, per kernel bucket (not cumulative), over all runs.
@@ -112,17 +98,10 @@ impl KernelHists {
     /// Add per-bucket increments of `kind` (a slice of any length: its last
     /// element is its +Inf bucket; finite buckets past ours fold into +Inf).
     pub fn add(&mut self, kind: &str, delta: &[u64]) {
-        let t = self
-            .totals
-            .entry(kind.to_string())
-            .or_insert([0; HIST_BUCKETS]);
+        let t = self.totals.entry(kind.to_string()).or_insert([0; HIST_BUCKETS]);
         let n = delta.len();
         for (i, d) in delta.iter().enumerate() {
-            let slot = if i + 1 == n {
-                HIST_BUCKETS - 1
-            } else {
-                i.min(HIST_BUCKETS - 1)
-            };
+            let slot = if i + 1 == n { HIST_BUCKETS - 1 } else { i.min(HIST_BUCKETS - 1) };
             t[slot] = t[slot].saturating_add(*d);
         }
     }
@@ -179,11 +158,7 @@ mod tests {
         assert_eq!(b.first(), Some(&(FIRST_BUCKET, 10)));
         assert_eq!(b.iter().find(|(i, _)| *i == 9), Some(&(9, 10)));
         assert_eq!(b.iter().find(|(i, _)| *i == 10), Some(&(10, 14)));
-        assert_eq!(
-            b.last(),
-            Some(&(LAST_BUCKET, 14)),
-            "+Inf values are only in +Inf"
-        );
+        assert_eq!(b.last(), Some(&(LAST_BUCKET, 14)), "+Inf values are only in +Inf");
         let mut s = String::new();
         h.encode(&mut s, "p", Format::Text).unwrap();
         for line in [
@@ -193,18 +168,11 @@ mod tests {
         ] {
             assert!(s.contains(line), "{line} not in {s}");
         }
-        assert!(
-            !s.lines()
-                .any(|l| !l.starts_with('#') && (l.contains("_sum") || l.contains("_count"))),
-            "{s}"
-        );
+        assert!(!s.lines().any(|l| !l.starts_with('#') && (l.contains("_sum") || l.contains("_count"))), "{s}");
         assert!(!s.contains("# UNIT"), "{s}");
         let mut om = String::new();
         h.encode(&mut om, "p", Format::OpenMetrics).unwrap();
-        assert!(
-            om.contains("# UNIT p_fault_minor_latency_seconds seconds\n"),
-            "{om}"
-        );
+        assert!(om.contains("# UNIT p_fault_minor_latency_seconds seconds\n"), "{om}");
     }
 
     #[test]
@@ -216,10 +184,7 @@ mod tests {
         assert!(b.iter().all(|(_, c)| *c == 1));
         let mut s = String::new();
         h.encode(&mut s, "p", Format::Text).unwrap();
-        assert!(
-            s.contains("p_x_y_latency_seconds_bucket{le=\"+Inf\"} 8"),
-            "{s}"
-        );
+        assert!(s.contains("p_x_y_latency_seconds_bucket{le=\"+Inf\"} 8"), "{s}");
     }
 
     #[test]

@@ -59,8 +59,7 @@ pub mod value;
 use std::sync::{Arc, Mutex};
 
 use observer_common::model::{
-    Component, Counter as ModelCounter, Event, LatencyHistograms, ObserverHealth, ProcessSample,
-    StepKind, TokenRecord,
+    Component, Counter as ModelCounter, Event, LatencyHistograms, ObserverHealth, ProcessSample, StepKind, TokenRecord,
 };
 use prometheus_client::{
     encoding::{EncodeLabelSet, prometheus_text, text},
@@ -174,27 +173,17 @@ fn component_help(c: Component) -> &'static str {
         Component::Compute => {
             "User-mode CPU time of the steps (measured, not a residual), mean over the threads that ran"
         }
-        Component::FaultMinor => {
-            "On-CPU time in minor page faults during the steps, mean over the threads that ran"
-        }
+        Component::FaultMinor => "On-CPU time in minor page faults during the steps, mean over the threads that ran",
         Component::SwapinZram => {
             "On-CPU time in faults that swapped in from zram (decompression) during the steps, mean over the threads that ran"
         }
         Component::FaultIo => {
             "Time blocked inside page faults (file refault I/O, disk swap) during the steps, mean over the threads that ran"
         }
-        Component::IoWait => {
-            "Time in explicit I/O syscalls during the steps, mean over the threads that ran"
-        }
-        Component::Reclaim => {
-            "Time in direct or memcg reclaim during the steps, mean over the threads that ran"
-        }
-        Component::Syscall => {
-            "On-CPU time in other syscalls during the steps, mean over the threads that ran"
-        }
-        Component::Runqueue => {
-            "Time runnable but waiting for a CPU during the steps, mean over the threads that ran"
-        }
+        Component::IoWait => "Time in explicit I/O syscalls during the steps, mean over the threads that ran",
+        Component::Reclaim => "Time in direct or memcg reclaim during the steps, mean over the threads that ran",
+        Component::Syscall => "On-CPU time in other syscalls during the steps, mean over the threads that ran",
+        Component::Runqueue => "Time runnable but waiting for a CPU during the steps, mean over the threads that ran",
         Component::Sleep => {
             "Time blocked for anything else (futex, condvar, sleep) during the steps, mean over the threads that ran"
         }
@@ -203,38 +192,14 @@ fn component_help(c: Component) -> &'static str {
 
 fn counter_meta(c: ModelCounter) -> (&'static str, Option<Unit>, &'static str) {
     match c {
-        ModelCounter::MajfltFile => (
-            "majflt_file",
-            None,
-            "Major page faults served from a file, summed over threads",
-        ),
-        ModelCounter::MajfltSwap => (
-            "majflt_swap",
-            None,
-            "Major page faults served from swap, summed over threads",
-        ),
+        ModelCounter::MajfltFile => ("majflt_file", None, "Major page faults served from a file, summed over threads"),
+        ModelCounter::MajfltSwap => ("majflt_swap", None, "Major page faults served from swap, summed over threads"),
         ModelCounter::Minflt => ("minflt", None, "Minor page faults, summed over threads"),
         ModelCounter::Swapins => ("swapins", None, "Pages swapped in, summed over threads"),
-        ModelCounter::ReadBytes => (
-            "read",
-            Some(Unit::Bytes),
-            "Bytes read from block devices, summed over threads",
-        ),
-        ModelCounter::PagecacheAdded => (
-            "pagecache_added",
-            None,
-            "Model-file pages added to the page cache",
-        ),
-        ModelCounter::PagecacheEvicted => (
-            "pagecache_evicted",
-            None,
-            "Model-file pages evicted from the page cache",
-        ),
-        ModelCounter::CtxSwitches => (
-            "ctx_switches",
-            None,
-            "Context switches, summed over threads",
-        ),
+        ModelCounter::ReadBytes => ("read", Some(Unit::Bytes), "Bytes read from block devices, summed over threads"),
+        ModelCounter::PagecacheAdded => ("pagecache_added", None, "Model-file pages added to the page cache"),
+        ModelCounter::PagecacheEvicted => ("pagecache_evicted", None, "Model-file pages evicted from the page cache"),
+        ModelCounter::CtxSwitches => ("ctx_switches", None, "Context switches, summed over threads"),
     }
 }
 
@@ -248,18 +213,9 @@ impl Exporter {
             steps.clone(),
         );
         let tokens = Steps::default();
-        r.register(
-            "tokens",
-            "Tokens processed (n_tokens of each step; windows are not tokens)",
-            tokens.clone(),
-        );
+        r.register("tokens", "Tokens processed (n_tokens of each step; windows are not tokens)", tokens.clone());
         let wall = Times::default();
-        r.register_with_unit(
-            "wall",
-            "Wall time of the steps",
-            Unit::Seconds,
-            wall.clone(),
-        );
+        r.register_with_unit("wall", "Wall time of the steps", Unit::Seconds, wall.clone());
         let components: [Times; 9] = std::array::from_fn(|_| Times::default());
         for (c, f) in Component::ALL.iter().zip(&components) {
             r.register_with_unit(c.name(), component_help(*c), Unit::Seconds, f.clone());
@@ -272,11 +228,7 @@ impl Exporter {
             engine_compute.clone(),
         );
         let engine_steps = Steps::default();
-        r.register(
-            "engine_steps",
-            "Steps counted in engine_compute_seconds_total",
-            engine_steps.clone(),
-        );
+        r.register("engine_steps", "Steps counted in engine_compute_seconds_total", engine_steps.clone());
         let engine_steps_compute = Times::default();
         r.register_with_unit(
             "engine_steps_compute",
@@ -319,20 +271,14 @@ impl Exporter {
             "Share of the routed experts' bytes in the page cache (latest token)",
             experts_resident.clone(),
         );
-        let layer_resident =
-            Family::<LayerLabel, Gauge<f64, std::sync::atomic::AtomicU64>>::default();
+        let layer_resident = Family::<LayerLabel, Gauge<f64, std::sync::atomic::AtomicU64>>::default();
         r.register(
             "layer_experts_resident_ratio",
             "Mean resident share of the routed experts of each layer (latest token)",
             layer_resident.clone(),
         );
         let rss = Level::default();
-        r.register_with_unit(
-            "target_rss",
-            "Resident memory of the target",
-            Unit::Bytes,
-            rss.clone(),
-        );
+        r.register_with_unit("target_rss", "Resident memory of the target", Unit::Bytes, rss.clone());
         let rss_anon = Level::default();
         r.register_with_unit(
             "target_rss_anon",
@@ -348,37 +294,15 @@ impl Exporter {
             rss_file.clone(),
         );
         let swap = Level::default();
-        r.register_with_unit(
-            "target_swap",
-            "Swapped-out memory of the target",
-            Unit::Bytes,
-            swap.clone(),
-        );
+        r.register_with_unit("target_swap", "Swapped-out memory of the target", Unit::Bytes, swap.clone());
         let mem_available = Level::default();
-        r.register_with_unit(
-            "mem_available",
-            "The machine's MemAvailable",
-            Unit::Bytes,
-            mem_available.clone(),
-        );
+        r.register_with_unit("mem_available", "The machine's MemAvailable", Unit::Bytes, mem_available.clone());
         let lost_events = Count::default();
-        r.register(
-            "lost_events",
-            "Events the kernel side could not deliver",
-            lost_events.clone(),
-        );
+        r.register("lost_events", "Events the kernel side could not deliver", lost_events.clone());
         let probes_attached = Level::default();
-        r.register(
-            "probes_attached",
-            "The observer's probes attached to the current target",
-            probes_attached.clone(),
-        );
+        r.register("probes_attached", "The observer's probes attached to the current target", probes_attached.clone());
         let probes_missing = Level::default();
-        r.register(
-            "probes_missing",
-            "Optional probes this kernel lacks",
-            probes_missing.clone(),
-        );
+        r.register("probes_missing", "Optional probes this kernel lacks", probes_missing.clone());
         let bpf_run = Seconds::default();
         r.register_with_unit(
             "bpf_run",
@@ -387,23 +311,11 @@ impl Exporter {
             bpf_run.clone(),
         );
         let bpf_runs = Count::default();
-        r.register(
-            "bpf_runs",
-            "Runs of the observer's eBPF programs (kernel BPF statistics)",
-            bpf_runs.clone(),
-        );
+        r.register("bpf_runs", "Runs of the observer's eBPF programs (kernel BPF statistics)", bpf_runs.clone());
         let target_up = Gauge::default();
-        r.register(
-            "target_up",
-            "1 while a target is being observed",
-            target_up.clone(),
-        );
+        r.register("target_up", "1 while a target is being observed", target_up.clone());
         let runs = Counter::default();
-        r.register(
-            "runs",
-            "Targets observed (observer serve re-attaches after restarts)",
-            runs.clone(),
-        );
+        r.register("runs", "Targets observed (observer serve re-attaches after restarts)", runs.clone());
         Arc::new(Exporter {
             registry: r,
             steps,
@@ -444,10 +356,7 @@ impl Exporter {
         }
         // The sink takes this lock for each Histograms event: hold it only
         // for these few families.
-        self.kernel
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .encode(&mut s, PREFIX, format)?;
+        self.kernel.lock().unwrap_or_else(|p| p.into_inner()).encode(&mut s, PREFIX, format)?;
         if format == Format::OpenMetrics {
             text::encode_eof(&mut s)?;
         }
@@ -456,12 +365,7 @@ impl Exporter {
 
     /// A sink feeding this exporter (one per target lifetime).
     pub fn sink(self: &Arc<Self>) -> MetricsSink {
-        MetricsSink {
-            ex: Arc::clone(self),
-            run: RunState::default(),
-            kinds: Default::default(),
-            _endpoint: None,
-        }
+        MetricsSink { ex: Arc::clone(self), run: RunState::default(), kinds: Default::default(), _endpoint: None }
     }
 
     fn kind_handles(&self, k: StepKind) -> KindHandles {
@@ -567,9 +471,7 @@ impl MetricsSink {
                     .inc_by(v);
             }
         }
-        if let (Some(engine), Some(measured)) =
-            (t.engine_compute_ns, t.components.get(Component::Compute))
-        {
+        if let (Some(engine), Some(measured)) = (t.engine_compute_ns, t.components.get(Component::Compute)) {
             let (e, n, m) = h.engine.get_or_insert_with(|| {
                 (
                     ex.engine_compute.get_or_create_owned(&h.label),
@@ -587,19 +489,9 @@ impl MetricsSink {
             ex.experts_resident.set(r.experts_resident_frac);
             match &r.grid {
                 Some(g) if g.n_experts > 0 => {
-                    for (layer, row) in g
-                        .resident
-                        .chunks(g.n_experts as usize)
-                        .enumerate()
-                        .take(g.n_layers as usize)
-                    {
-                        let mean =
-                            row.iter().map(|v| f64::from(*v)).sum::<f64>() / row.len() as f64;
-                        ex.layer_resident
-                            .get_or_create(&LayerLabel {
-                                layer: layer as u32,
-                            })
-                            .set(mean);
+                    for (layer, row) in g.resident.chunks(g.n_experts as usize).enumerate().take(g.n_layers as usize) {
+                        let mean = row.iter().map(|v| f64::from(*v)).sum::<f64>() / row.len() as f64;
+                        ex.layer_resident.get_or_create(&LayerLabel { layer: layer as u32 }).set(mean);
                     }
                 }
                 _ => ex.layer_resident.clear(),
@@ -623,26 +515,16 @@ impl MetricsSink {
             if last.len() != counts.len() {
                 last.resize(counts.len(), 0);
             }
-            let d: Vec<u64> = counts
-                .iter()
-                .zip(last.iter_mut())
-                .map(|(now, last)| delta(last, *now))
-                .collect();
+            let d: Vec<u64> = counts.iter().zip(last.iter_mut()).map(|(now, last)| delta(last, *now)).collect();
             k.add(kind, &d);
         }
     }
 
     fn health(&mut self, h: &ObserverHealth) {
         self.run.health_seen = true;
-        self.ex
-            .lost_events
-            .add(delta(&mut self.run.lost, h.lost_events));
-        self.ex
-            .probes_attached
-            .set(Some(f64::from(h.probes_attached)));
-        self.ex
-            .probes_missing
-            .set(Some(f64::from(h.probes_missing)));
+        self.ex.lost_events.add(delta(&mut self.run.lost, h.lost_events));
+        self.ex.probes_attached.set(Some(f64::from(h.probes_attached)));
+        self.ex.probes_missing.set(Some(f64::from(h.probes_missing)));
         if let Some(ns) = h.bpf_run_ns {
             self.ex.bpf_run.add_ns(delta(&mut self.run.bpf_ns, ns));
         }
@@ -668,9 +550,7 @@ impl Sink for MetricsSink {
                 // The run's final count; the procfs fallback measures no lost
                 // events (it sends no Health samples and reports 0 here).
                 if self.run.health_seen {
-                    self.ex
-                        .lost_events
-                        .add(delta(&mut self.run.lost, e.lost_events));
+                    self.ex.lost_events.add(delta(&mut self.run.lost, e.lost_events));
                 }
                 self.ex.target_up.set(0);
                 self.ex.clear_target_gauges();

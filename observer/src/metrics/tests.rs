@@ -7,8 +7,8 @@ use std::{
 use observer_common::{
     HIST_BUCKETS,
     model::{
-        Component, Components, Counter as C, Counters, Event, ExpertGrid, LatencyHistograms,
-        ObserverHealth, ProcessSample, Residency, RunEnd, RunHeader, StepKind, TokenRecord,
+        Component, Components, Counter as C, Counters, Event, ExpertGrid, LatencyHistograms, ObserverHealth,
+        ProcessSample, Residency, RunEnd, RunHeader, StepKind, TokenRecord,
     },
 };
 
@@ -19,20 +19,14 @@ fn samples(text: &str) -> BTreeMap<String, f64> {
     text.lines()
         .filter(|l| !l.starts_with('#') && !l.is_empty())
         .map(|l| {
-            let (k, v) = l
-                .rsplit_once(' ')
-                .unwrap_or_else(|| panic!("bad line {l:?}"));
-            (
-                k.to_string(),
-                v.parse().unwrap_or_else(|_| panic!("bad value in {l:?}")),
-            )
+            let (k, v) = l.rsplit_once(' ').unwrap_or_else(|| panic!("bad line {l:?}"));
+            (k.to_string(), v.parse().unwrap_or_else(|_| panic!("bad value in {l:?}")))
         })
         .collect()
 }
 
 fn get(s: &BTreeMap<String, f64>, k: &str) -> f64 {
-    *s.get(k)
-        .unwrap_or_else(|| panic!("no series {k} in {s:#?}"))
+    *s.get(k).unwrap_or_else(|| panic!("no series {k} in {s:#?}"))
 }
 
 fn token(seq: u64, kind: StepKind, wall: u64) -> TokenRecord {
@@ -63,10 +57,7 @@ fn hists(n: u64) -> LatencyHistograms {
     let mut b = vec![0u64; HIST_BUCKETS];
     b[10] = n;
     b[HIST_BUCKETS - 1] = 1;
-    LatencyHistograms {
-        mono_ns: 0,
-        kinds: [("fault_major_file".to_string(), b)].into_iter().collect(),
-    }
+    LatencyHistograms { mono_ns: 0, kinds: [("fault_major_file".to_string(), b)].into_iter().collect() }
 }
 
 fn health(lost: u64, bpf_ns: u64) -> ObserverHealth {
@@ -106,89 +97,28 @@ fn tokens_become_counters_with_kind_labels_and_unmeasured_values_are_absent() {
     let m = samples(&text);
     assert_eq!(get(&m, r#"moe_observer_steps_total{kind="generate"}"#), 2.0);
     assert_eq!(get(&m, r#"moe_observer_tokens_total{kind="prompt"}"#), 5.0);
-    assert!(
-        !m.contains_key(r#"moe_observer_tokens_total{kind="window"}"#),
-        "windows are not tokens"
-    );
+    assert!(!m.contains_key(r#"moe_observer_tokens_total{kind="window"}"#), "windows are not tokens");
     assert_eq!(get(&m, r#"moe_observer_steps_total{kind="window"}"#), 1.0);
-    assert_eq!(
-        get(&m, r#"moe_observer_wall_seconds_total{kind="generate"}"#),
-        2024e-9
-    );
-    assert_eq!(
-        get(&m, r#"moe_observer_compute_seconds_total{kind="generate"}"#),
-        1200e-9
-    );
-    assert_eq!(
-        get(
-            &m,
-            r#"moe_observer_fault_io_seconds_total{kind="generate"}"#
-        ),
-        400e-9
-    );
-    assert_eq!(
-        get(&m, r#"moe_observer_minflt_total{kind="generate"}"#),
-        14.0
-    );
-    assert_eq!(
-        get(&m, r#"moe_observer_read_bytes_total{kind="generate"}"#),
-        8192.0
-    );
+    assert_eq!(get(&m, r#"moe_observer_wall_seconds_total{kind="generate"}"#), 2024e-9);
+    assert_eq!(get(&m, r#"moe_observer_compute_seconds_total{kind="generate"}"#), 1200e-9);
+    assert_eq!(get(&m, r#"moe_observer_fault_io_seconds_total{kind="generate"}"#), 400e-9);
+    assert_eq!(get(&m, r#"moe_observer_minflt_total{kind="generate"}"#), 14.0);
+    assert_eq!(get(&m, r#"moe_observer_read_bytes_total{kind="generate"}"#), 8192.0);
     // Never measured: no series and no descriptor.
     assert!(!text.contains("swapin_zram"), "{text}");
     assert!(!text.contains("majflt_file_total"), "{text}");
     assert!(!text.contains("dense_resident"), "{text}");
     assert!(!text.contains("lost_events"), "{text}");
     // Hidden cost: over steps where both are known.
-    assert_eq!(
-        get(
-            &m,
-            r#"moe_observer_engine_compute_seconds_total{kind="generate"}"#
-        ),
-        1800e-9
-    );
-    assert_eq!(
-        get(
-            &m,
-            r#"moe_observer_engine_steps_compute_seconds_total{kind="generate"}"#
-        ),
-        1200e-9
-    );
-    assert_eq!(
-        get(&m, r#"moe_observer_engine_steps_total{kind="generate"}"#),
-        2.0
-    );
+    assert_eq!(get(&m, r#"moe_observer_engine_compute_seconds_total{kind="generate"}"#), 1800e-9);
+    assert_eq!(get(&m, r#"moe_observer_engine_steps_compute_seconds_total{kind="generate"}"#), 1200e-9);
+    assert_eq!(get(&m, r#"moe_observer_engine_steps_total{kind="generate"}"#), 2.0);
     assert!(!m.contains_key(r#"moe_observer_engine_steps_total{kind="window"}"#));
     // Token durations: exact log2 bounds and an exact sum.
-    assert_eq!(
-        get(
-            &m,
-            r#"moe_observer_token_duration_seconds_bucket{kind="generate",le="1.024e-06"}"#
-        ),
-        2.0
-    );
-    assert_eq!(
-        get(
-            &m,
-            r#"moe_observer_token_duration_seconds_bucket{kind="generate",le="5.12e-07"}"#
-        ),
-        0.0
-    );
-    assert_eq!(
-        get(
-            &m,
-            r#"moe_observer_token_duration_seconds_count{kind="generate"}"#
-        ),
-        2.0
-    );
-    assert!(
-        (get(
-            &m,
-            r#"moe_observer_token_duration_seconds_sum{kind="generate"}"#
-        ) - 2024e-9)
-            .abs()
-            < 1e-15
-    );
+    assert_eq!(get(&m, r#"moe_observer_token_duration_seconds_bucket{kind="generate",le="1.024e-06"}"#), 2.0);
+    assert_eq!(get(&m, r#"moe_observer_token_duration_seconds_bucket{kind="generate",le="5.12e-07"}"#), 0.0);
+    assert_eq!(get(&m, r#"moe_observer_token_duration_seconds_count{kind="generate"}"#), 2.0);
+    assert!((get(&m, r#"moe_observer_token_duration_seconds_sum{kind="generate"}"#) - 2024e-9).abs() < 1e-15);
     assert_eq!(get(&m, "moe_observer_target_up"), 1.0);
     assert_eq!(get(&m, "moe_observer_runs_total"), 1.0);
 }
@@ -228,49 +158,20 @@ fn residency_process_and_health_gauges_live_while_the_target_runs() {
     assert_eq!(get(&m, "moe_observer_dense_resident_ratio"), 0.75);
     assert!(!m.contains_key("moe_observer_dense_swapped_ratio"));
     assert_eq!(get(&m, "moe_observer_experts_resident_ratio"), 0.5);
-    assert_eq!(
-        get(
-            &m,
-            r#"moe_observer_layer_experts_resident_ratio{layer="0"}"#
-        ),
-        0.5
-    );
-    assert_eq!(
-        get(
-            &m,
-            r#"moe_observer_layer_experts_resident_ratio{layer="1"}"#
-        ),
-        0.25
-    );
+    assert_eq!(get(&m, r#"moe_observer_layer_experts_resident_ratio{layer="0"}"#), 0.5);
+    assert_eq!(get(&m, r#"moe_observer_layer_experts_resident_ratio{layer="1"}"#), 0.25);
     assert_eq!(get(&m, "moe_observer_target_rss_bytes"), 1048576.0);
     assert!(!m.contains_key("moe_observer_target_swap_bytes"));
     assert_eq!(get(&m, "moe_observer_probes_attached"), 17.0);
     assert_eq!(get(&m, "moe_observer_lost_events_total"), 3.0);
     assert_eq!(get(&m, "moe_observer_bpf_run_seconds_total"), 1e-6);
     assert_eq!(get(&m, "moe_observer_bpf_runs_total"), 10.0);
-    s.event(&Event::End(RunEnd {
-        mono_ns: 0,
-        exit_code: Some(0),
-        lost_events: 5,
-    }))
-    .unwrap();
+    s.event(&Event::End(RunEnd { mono_ns: 0, exit_code: Some(0), lost_events: 5 })).unwrap();
     let m = samples(&ex.render(Format::Text).unwrap());
     assert_eq!(get(&m, "moe_observer_target_up"), 0.0);
-    assert_eq!(
-        get(&m, "moe_observer_lost_events_total"),
-        5.0,
-        "the run's final count"
-    );
-    for gone in [
-        "target_rss_bytes",
-        "probes_attached",
-        "dense_resident_ratio",
-        "layer_experts_resident_ratio",
-    ] {
-        assert!(
-            !m.keys().any(|k| k.contains(gone)),
-            "{gone} outlived the target: {m:#?}"
-        );
+    assert_eq!(get(&m, "moe_observer_lost_events_total"), 5.0, "the run's final count");
+    for gone in ["target_rss_bytes", "probes_attached", "dense_resident_ratio", "layer_experts_resident_ratio"] {
+        assert!(!m.keys().any(|k| k.contains(gone)), "{gone} outlived the target: {m:#?}");
     }
 }
 
@@ -290,11 +191,7 @@ fn counters_never_go_down_across_target_restarts() {
                 Event::Token(token(0, StepKind::Generate, 1000)),
                 Event::Histograms(hists(10)),
                 Event::Health(health(2, 800)),
-                Event::End(RunEnd {
-                    mono_ns: 0,
-                    exit_code: Some(0),
-                    lost_events: 2,
-                }),
+                Event::End(RunEnd { mono_ns: 0, exit_code: Some(0), lost_events: 2 }),
             ],
         );
     }
@@ -302,27 +199,9 @@ fn counters_never_go_down_across_target_restarts() {
     assert_eq!(get(&m, "moe_observer_runs_total"), 2.0);
     assert_eq!(get(&m, "moe_observer_lost_events_total"), 4.0);
     assert_eq!(get(&m, "moe_observer_bpf_run_seconds_total"), 1600e-9);
-    assert_eq!(
-        get(
-            &m,
-            r#"moe_observer_fault_major_file_latency_seconds_bucket{le="+Inf"}"#
-        ),
-        22.0
-    );
-    assert_eq!(
-        get(
-            &m,
-            r#"moe_observer_fault_major_file_latency_seconds_bucket{le="1.024e-06"}"#
-        ),
-        20.0
-    );
-    assert_eq!(
-        get(
-            &m,
-            r#"moe_observer_fault_major_file_latency_seconds_bucket{le="+Inf"}"#
-        ),
-        22.0
-    );
+    assert_eq!(get(&m, r#"moe_observer_fault_major_file_latency_seconds_bucket{le="+Inf"}"#), 22.0);
+    assert_eq!(get(&m, r#"moe_observer_fault_major_file_latency_seconds_bucket{le="1.024e-06"}"#), 20.0);
+    assert_eq!(get(&m, r#"moe_observer_fault_major_file_latency_seconds_bucket{le="+Inf"}"#), 22.0);
     assert_eq!(get(&m, r#"moe_observer_steps_total{kind="generate"}"#), 2.0);
 }
 
@@ -332,14 +211,7 @@ fn a_run_without_health_samples_measures_no_lost_events() {
     let mut s = ex.sink();
     feed(
         &mut s,
-        &[
-            Event::Header(RunHeader::default()),
-            Event::End(RunEnd {
-                mono_ns: 0,
-                exit_code: Some(0),
-                lost_events: 0,
-            }),
-        ],
+        &[Event::Header(RunHeader::default()), Event::End(RunEnd { mono_ns: 0, exit_code: Some(0), lost_events: 0 })],
     );
     let text = ex.render(Format::Text).unwrap();
     assert!(!text.contains("lost_events"), "{text}");
@@ -350,60 +222,27 @@ fn a_run_without_health_samples_measures_no_lost_events() {
 fn openmetrics_has_units_and_eof_and_text_has_total_names() {
     let ex = Exporter::new();
     let mut s = ex.sink();
-    feed(
-        &mut s,
-        &[
-            Event::Header(RunHeader::default()),
-            Event::Token(token(0, StepKind::Generate, 1000)),
-        ],
-    );
+    feed(&mut s, &[Event::Header(RunHeader::default()), Event::Token(token(0, StepKind::Generate, 1000))]);
     s.event(&Event::Histograms(hists(1))).unwrap();
     let om = ex.render(Format::OpenMetrics).unwrap();
     assert!(om.ends_with("# EOF\n"), "{om}");
     assert_eq!(om.matches("# EOF").count(), 1);
-    assert!(
-        om.contains("# TYPE moe_observer_compute_seconds counter\n"),
-        "{om}"
-    );
-    assert!(
-        om.contains("# UNIT moe_observer_compute_seconds seconds\n"),
-        "{om}"
-    );
-    assert!(
-        om.contains("# UNIT moe_observer_fault_major_file_latency_seconds seconds\n"),
-        "{om}"
-    );
+    assert!(om.contains("# TYPE moe_observer_compute_seconds counter\n"), "{om}");
+    assert!(om.contains("# UNIT moe_observer_compute_seconds seconds\n"), "{om}");
+    assert!(om.contains("# UNIT moe_observer_fault_major_file_latency_seconds seconds\n"), "{om}");
     let kernel_at = om.find("fault_major_file_latency").unwrap();
     assert!(kernel_at < om.find("# EOF").unwrap());
     let text = ex.render(Format::Text).unwrap();
-    assert!(
-        text.contains("# TYPE moe_observer_compute_seconds_total counter\n"),
-        "{text}"
-    );
-    assert!(
-        !text.contains("# EOF") && !text.contains("# UNIT"),
-        "{text}"
-    );
+    assert!(text.contains("# TYPE moe_observer_compute_seconds_total counter\n"), "{text}");
+    assert!(!text.contains("# EOF") && !text.contains("# UNIT"), "{text}");
 }
 
 #[test]
 fn addresses_default_to_loopback() {
-    assert_eq!(
-        parse_addr("9464").unwrap(),
-        vec!["127.0.0.1:9464".parse().unwrap()]
-    );
-    assert_eq!(
-        parse_addr(":9464").unwrap(),
-        vec!["127.0.0.1:9464".parse().unwrap()]
-    );
-    assert_eq!(
-        parse_addr("0.0.0.0:1").unwrap(),
-        vec!["0.0.0.0:1".parse().unwrap()]
-    );
-    assert_eq!(
-        parse_addr("[::1]:80").unwrap(),
-        vec!["[::1]:80".parse().unwrap()]
-    );
+    assert_eq!(parse_addr("9464").unwrap(), vec!["127.0.0.1:9464".parse().unwrap()]);
+    assert_eq!(parse_addr(":9464").unwrap(), vec!["127.0.0.1:9464".parse().unwrap()]);
+    assert_eq!(parse_addr("0.0.0.0:1").unwrap(), vec!["0.0.0.0:1".parse().unwrap()]);
+    assert_eq!(parse_addr("[::1]:80").unwrap(), vec!["[::1]:80".parse().unwrap()]);
     for bad in ["", "host", "70000", ":x", "no.such.host.invalid:1"] {
         let e = parse_addr(bad).unwrap_err().to_string();
         assert!(e.contains("--metrics-addr"), "{bad}: {e}");
@@ -417,28 +256,14 @@ fn accept_headers_pick_the_format() {
     assert_eq!(negotiate(None), Format::Text);
     assert_eq!(negotiate(Some("*/*")), Format::Text);
     assert_eq!(negotiate(Some("text/plain;version=0.0.4")), Format::Text);
-    assert_eq!(
-        negotiate(Some("text/plain;q=0.9, application/openmetrics-text;q=0.5")),
-        Format::Text
-    );
-    assert_eq!(
-        negotiate(Some("application/openmetrics-text; version=1.0.0; q=0")),
-        Format::Text
-    );
+    assert_eq!(negotiate(Some("text/plain;q=0.9, application/openmetrics-text;q=0.5")), Format::Text);
+    assert_eq!(negotiate(Some("application/openmetrics-text; version=1.0.0; q=0")), Format::Text);
 }
 
 #[test]
 fn request_heads_parse() {
-    let r = parse_head("GET /metrics?x=1 HTTP/1.1\r\nHost: a\r\nACCEPT: text/plain\r\naccept: */*")
-        .unwrap();
-    assert_eq!(
-        r,
-        Request {
-            method: "GET".into(),
-            path: "/metrics".into(),
-            accept: Some("text/plain,*/*".into())
-        }
-    );
+    let r = parse_head("GET /metrics?x=1 HTTP/1.1\r\nHost: a\r\nACCEPT: text/plain\r\naccept: */*").unwrap();
+    assert_eq!(r, Request { method: "GET".into(), path: "/metrics".into(), accept: Some("text/plain,*/*".into()) });
     assert!(parse_head("GET /metrics").is_none());
     assert!(parse_head("GET /metrics SPDY/3").is_none());
     assert!(parse_head("GET /metrics HTTP/1.1\r\nno colon").is_none());
@@ -449,9 +274,7 @@ fn http(addr: std::net::SocketAddr, req: &str) -> (String, String) {
     s.write_all(req.as_bytes()).unwrap();
     let mut out = String::new();
     s.read_to_string(&mut out).unwrap();
-    let (head, body) = out
-        .split_once("\r\n\r\n")
-        .unwrap_or_else(|| panic!("no head end in {out:?}"));
+    let (head, body) = out.split_once("\r\n\r\n").unwrap_or_else(|| panic!("no head end in {out:?}"));
     (head.to_string(), body.to_string())
 }
 
@@ -459,13 +282,7 @@ fn http(addr: std::net::SocketAddr, req: &str) -> (String, String) {
 fn the_endpoint_answers_with_the_right_content_types_and_codes() {
     let ex = Exporter::new();
     let mut s = ex.sink();
-    feed(
-        &mut s,
-        &[
-            Event::Header(RunHeader::default()),
-            Event::Token(token(0, StepKind::Generate, 1000)),
-        ],
-    );
+    feed(&mut s, &[Event::Header(RunHeader::default()), Event::Token(token(0, StepKind::Generate, 1000))]);
     let ep = Endpoint::start("127.0.0.1:0", Arc::clone(&ex)).unwrap();
     let a = ep.local_addr();
     assert!(a.ip().is_loopback() && a.port() != 0);
@@ -475,32 +292,20 @@ fn the_endpoint_answers_with_the_right_content_types_and_codes() {
         "GET /metrics HTTP/1.1\r\nHost: x\r\nAccept: application/openmetrics-text;version=1.0.0,*/*;q=0.1\r\n\r\n",
     );
     assert!(h.starts_with("HTTP/1.1 200 OK\r\n"), "{h}");
-    assert!(
-        h.contains("Content-Type: application/openmetrics-text; version=1.0.0; charset=utf-8"),
-        "{h}"
-    );
+    assert!(h.contains("Content-Type: application/openmetrics-text; version=1.0.0; charset=utf-8"), "{h}");
     assert!(h.contains(&format!("Content-Length: {}", b.len())), "{h}");
     assert!(b.ends_with("# EOF\n"));
 
     let (h, b) = http(a, "GET /metrics HTTP/1.0\r\n\r\n");
-    assert!(
-        h.contains("Content-Type: text/plain; version=0.0.4; charset=utf-8"),
-        "{h}"
-    );
-    assert!(
-        b.contains("moe_observer_steps_total{kind=\"generate\"} 1"),
-        "{b}"
-    );
+    assert!(h.contains("Content-Type: text/plain; version=0.0.4; charset=utf-8"), "{h}");
+    assert!(b.contains("moe_observer_steps_total{kind=\"generate\"} 1"), "{b}");
 
     let (h, b) = http(a, "HEAD /metrics HTTP/1.1\r\n\r\n");
     assert!(h.starts_with("HTTP/1.1 200") && b.is_empty(), "{h}");
     let (h, _) = http(a, "GET /nope HTTP/1.1\r\n\r\n");
     assert!(h.starts_with("HTTP/1.1 404"), "{h}");
     let (h, _) = http(a, "POST /metrics HTTP/1.1\r\nContent-Length: 0\r\n\r\n");
-    assert!(
-        h.starts_with("HTTP/1.1 405") && h.contains("Allow: GET, HEAD"),
-        "{h}"
-    );
+    assert!(h.starts_with("HTTP/1.1 405") && h.contains("Allow: GET, HEAD"), "{h}");
     let (h, _) = http(a, "BLAH\r\n\r\n");
     assert!(h.starts_with("HTTP/1.1 400"), "{h}");
     let big = format!("GET /metrics HTTP/1.1\r\nX: {}\r\n\r\n", "a".repeat(10_000));
@@ -508,16 +313,8 @@ fn the_endpoint_answers_with_the_right_content_types_and_codes() {
     assert!(h.starts_with("HTTP/1.1 431"), "{h}");
 
     // A busy port is a clear error naming the address.
-    let e = Endpoint::start(&a.to_string(), Arc::clone(&ex))
-        .unwrap_err()
-        .to_string();
-    assert!(
-        e.contains(&a.to_string()) && e.contains("--metrics-addr"),
-        "{e}"
-    );
+    let e = Endpoint::start(&a.to_string(), Arc::clone(&ex)).unwrap_err().to_string();
+    assert!(e.contains(&a.to_string()) && e.contains("--metrics-addr"), "{e}");
     drop(ep);
-    assert!(
-        TcpStream::connect(a).is_err(),
-        "the endpoint stops with its handle"
-    );
+    assert!(TcpStream::connect(a).is_err(), "the endpoint stops with its handle");
 }

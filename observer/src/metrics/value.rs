@@ -99,10 +99,7 @@ impl Level {
         }
     }
     pub fn get(&self) -> Option<f64> {
-        self.0
-            .measured
-            .load(Ordering::Relaxed)
-            .then(|| f64::from_bits(self.0.v.load(Ordering::Relaxed)))
+        self.0.measured.load(Ordering::Relaxed).then(|| f64::from_bits(self.0.v.load(Ordering::Relaxed)))
     }
 }
 

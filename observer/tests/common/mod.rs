@@ -48,13 +48,7 @@ pub struct ObserverRun {
 pub fn observe(json_name: &str, args: &[&str]) -> ObserverRun {
     let json = scratch_dir("json").join(json_name);
     let _ = std::fs::remove_file(&json);
-    let output = Command::new(OBSERVER)
-        .arg("run")
-        .arg("--json")
-        .arg(&json)
-        .args(args)
-        .output()
-        .expect("run observer");
+    let output = Command::new(OBSERVER).arg("run").arg("--json").arg(&json).args(args).output().expect("run observer");
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(output.status.success(), "observer failed: {}\n{stderr}", output.status);
     let text = std::fs::read_to_string(&json).unwrap_or_else(|e| panic!("no JSON summary ({e}); stderr:\n{stderr}"));
