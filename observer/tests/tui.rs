@@ -41,6 +41,12 @@ impl Tmux {
         String::from_utf8_lossy(&self.run(&["capture-pane", "-p", "-t", "t"]).stdout).into_owned()
     }
 
+    /// The normal screen with all its scrollback (a long end-of-run report
+    /// scrolls its first lines off a small pane).
+    fn history(&self) -> String {
+        String::from_utf8_lossy(&self.run(&["capture-pane", "-p", "-S", "-", "-t", "t"]).stdout).into_owned()
+    }
+
     fn keys(&self, keys: &str) {
         let out = self.run(&["send-keys", "-t", "t", keys]);
         assert!(out.status.success(), "tmux send-keys {keys}");
@@ -192,8 +198,9 @@ fn quitting_while_the_command_runs_stops_it_and_restores_the_terminal() {
     tmux.wait("a few tokens", Duration::from_secs(60), |s| bar_rows(s).len() >= 3);
     let t0 = Instant::now();
     tmux.keys("q");
-    let after = tmux.wait("observer to exit", Duration::from_secs(30), |s| s.contains("OBSERVER_EXIT="));
+    tmux.wait("observer to exit", Duration::from_secs(30), |s| s.contains("OBSERVER_EXIT="));
     assert!(t0.elapsed() < Duration::from_secs(10), "stopping took {:?}", t0.elapsed());
+    let after = tmux.history();
     assert!(after.contains("observer tui: stopping the observation"), "{after}");
     assert!(!after.contains("1 Tokens │ 2 Summary"), "the alternate screen is gone:\n{after}");
     // The run's own end-of-run report (stderr captured during the TUI) follows.
@@ -339,7 +346,8 @@ fn the_engine_under_the_tui_shows_its_hidden_cost_and_its_own_rate() {
     assert!(engine_gen_rate(&fin).is_some(), "the engine's rate line is on screen:\n{fin}");
     assert!(!fin.contains("where the time went"), "{fin}");
     tmux.keys("q");
-    let after = tmux.wait("observer to exit", Duration::from_secs(30), |s| s.contains("OBSERVER_EXIT="));
+    tmux.wait("observer to exit", Duration::from_secs(30), |s| s.contains("OBSERVER_EXIT="));
+    let after = tmux.history();
     assert!(after.contains("OBSERVER_EXIT=0"), "{after}");
     let own = engine_gen_rate(&after).unwrap_or_else(|| panic!("no engine rate printed after the TUI:\n{after}"));
     assert_within_5_percent(tui_rate, own, &fin);
