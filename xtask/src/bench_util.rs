@@ -28,7 +28,7 @@ pub fn median(v: &mut [f64]) -> f64 {
     }
 }
 
-/// The built binaries directory, after building observer and engine.
+/// Set the machine up, build the observer and engine binaries, and return their directory.
 pub fn build() -> Result<std::path::PathBuf> {
     crate::setup::run(crate::setup::Scope::All)?;
     let root = cache::workspace_root();

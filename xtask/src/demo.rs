@@ -13,7 +13,7 @@ use std::{io::IsTerminal, process::Command, time::Duration};
 
 use anyhow::{Context, Result, bail};
 
-use crate::{cache, cmd, llama, setup};
+use crate::{cmd, llama};
 
 const PROMPT: &str = "Where does the time of a token go, when the model is larger than the memory";
 
@@ -32,18 +32,7 @@ pub fn run(args: &[String]) -> Result<()> {
     }
     // Under pressure a token takes hundreds of ms: fewer of them.
     let n = n.unwrap_or(if pressure { 64 } else { 256 });
-    setup::run(setup::Scope::All)?;
-    let root = cache::workspace_root();
-    cmd::run(Command::new("cargo").current_dir(&root).args([
-        "build",
-        "--release",
-        "-p",
-        "observer",
-        "-p",
-        "engine",
-        "--bins",
-    ]))?;
-    let bin = cache::target_dir().join("release");
+    let bin = crate::bench_util::build()?;
     let engine = bin.join("engine");
     eprintln!("demo: the `small` synthetic model (generated once, then cached)");
     let model = llama::synth_model(&engine, "demo-small", &["--preset", "small"])?;
