@@ -454,12 +454,17 @@ pub const MAX_SLOTS: u32 = 256;
 
 #[cfg(feature = "user")]
 mod pod {
-    // SAFETY (all): repr(C), integer fields and arrays only, sizes asserted.
+    // SAFETY: repr(C), integer fields and arrays only, size asserted in the tests.
     unsafe impl aya::Pod for super::ThreadState {}
+    // SAFETY: repr(C), integer fields and arrays only, size asserted in the tests.
     unsafe impl aya::Pod for super::Hist {}
+    // SAFETY: repr(C), integer fields and arrays only, size asserted in the tests.
     unsafe impl aya::Pod for super::TpOffsets {}
+    // SAFETY: repr(C), integer fields and arrays only, size asserted in the tests.
     unsafe impl aya::Pod for super::BioKey {}
+    // SAFETY: repr(C), integer fields and arrays only, size asserted in the tests.
     unsafe impl aya::Pod for super::BioInflight {}
+    // SAFETY: repr(C), integer fields and arrays only, size asserted in the tests.
     unsafe impl aya::Pod for super::DevIo {}
 }
 

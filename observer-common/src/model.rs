@@ -407,6 +407,7 @@ pub struct RunEnd {
 }
 
 /// One item of the model stream.
+#[allow(clippy::large_enum_variant, reason = "most items are tokens: boxing would allocate for nearly every item")]
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "type", rename_all = "snake_case")]
 pub enum Event {

@@ -11,7 +11,7 @@ use aya::{
     Ebpf, EbpfError, Pod,
     maps::{Array, HashMap, Map, MapData, MapError, PerCpuArray, RingBuf},
     programs::{
-        PerfEvent, ProgramError, TracePoint, UProbe,
+        PerfEvent, Program, ProgramError, TracePoint, UProbe,
         perf_event::{PerfEventConfig, PerfEventScope, SamplePolicy, SoftwareEvent},
         uprobe::UProbeScope,
     },
@@ -43,13 +43,13 @@ pub enum ProbeError {
     #[error("cannot list online CPUs ({path}): {source}")]
     Cpus { path: &'static str, source: io::Error },
     #[error("eBPF program `{program}`: {source}")]
-    Program { program: &'static str, source: ProgramError },
+    Program { program: &'static str, source: Box<ProgramError> },
     #[error("uprobe on `{symbol}` in {path}: {source}")]
-    Uprobe { symbol: String, path: String, source: ProgramError },
+    Uprobe { symbol: String, path: String, source: Box<ProgramError> },
     #[error("eBPF map `{map}`: {source}")]
-    Map { map: &'static str, source: MapError },
+    Map { map: &'static str, source: Box<MapError> },
     #[error("loading the eBPF object failed: {0}")]
-    Load(#[from] EbpfError),
+    Load(Box<EbpfError>),
 }
 
 fn is_permission(e: &io::Error) -> bool {
@@ -61,7 +61,7 @@ fn classify_load(e: EbpfError) -> ProbeError {
         EbpfError::MapError(MapError::CreateError { io_error, .. }) => is_permission(io_error),
         _ => false,
     };
-    if perm { ProbeError::Permission(e.to_string()) } else { ProbeError::Load(e) }
+    if perm { ProbeError::Permission(e.to_string()) } else { ProbeError::Load(Box::new(e)) }
 }
 
 fn program_error(program: &'static str, source: ProgramError) -> ProbeError {
@@ -70,15 +70,19 @@ fn program_error(program: &'static str, source: ProgramError) -> ProbeError {
         ProgramError::LoadError { io_error, .. } => is_permission(io_error),
         _ => false,
     };
-    if perm { ProbeError::Permission(format!("{program}: {source}")) } else { ProbeError::Program { program, source } }
+    if perm {
+        ProbeError::Permission(format!("{program}: {source}"))
+    } else {
+        ProbeError::Program { program, source: Box::new(source) }
+    }
 }
 
 fn map_err(map: &'static str) -> impl Fn(MapError) -> ProbeError {
-    move |source| ProbeError::Map { map, source }
+    move |source| ProbeError::Map { map, source: Box::new(source) }
 }
 
 fn no_map(map: &'static str) -> ProbeError {
-    ProbeError::Map { map, source: MapError::InvalidName { name: map.into() } }
+    ProbeError::Map { map, source: Box::new(MapError::InvalidName { name: map.into() }) }
 }
 
 /// How token boundaries are found.
@@ -115,6 +119,31 @@ pub struct Probes {
     /// Optional probes that could not be attached, with the reason.
     pub missing: Vec<String>,
     pub markers: Option<MarkerKind>,
+}
+
+impl Drop for Probes {
+    fn drop(&mut self) {
+        detach_tracepoints(&mut self.ebpf);
+    }
+}
+
+/// Detach every tracepoint program of `ebpf`, all at once.
+///
+/// Unregistering a perf tracepoint waits for RCU grace periods in the kernel
+/// (`tracepoint_synchronize_unregister`: about 75 ms each on 6.18), so the
+/// sequential detach of `Ebpf`'s own drop keeps the observer alive a second
+/// after its target. Programs detach on their own threads here, and the
+/// waits overlap. What is left (perf events, uprobes, maps) goes with the
+/// `Ebpf` as before.
+pub fn detach_tracepoints(ebpf: &mut Ebpf) {
+    std::thread::scope(|s| {
+        for (_, prog) in ebpf.programs_mut() {
+            if let Program::TracePoint(tp) = prog {
+                // A failed detach leaves the link to `Ebpf`'s drop, which retries.
+                s.spawn(move || tp.unload());
+            }
+        }
+    });
 }
 
 impl std::fmt::Debug for Probes {
@@ -489,7 +518,7 @@ fn uprobe(
     prog.attach(symbol, path, scope).map_err(|source| ProbeError::Uprobe {
         symbol: symbol.into(),
         path: path.display().to_string(),
-        source,
+        source: Box::new(source),
     })?;
     Ok(())
 }
@@ -541,7 +570,7 @@ pub fn unprobeable_entry(path: &std::path::Path, addr: u64) -> Option<String> {
     if !cfg!(target_arch = "x86_64") {
         return None;
     }
-    let data = std::fs::read(path).ok()?;
+    let data = map_elf(path).ok()?;
     let file = object::File::parse(&*data).ok()?;
     use object::{Object, ObjectSegment};
     let off = file.segments().find_map(|s| {
@@ -561,6 +590,15 @@ pub fn elf_has_symbol(path: &std::path::Path, symbol: &str) -> bool {
 }
 
 /// The address of a symbol an ELF file defines (symtab or dynsym).
+/// An executable, mapped rather than read: an engine built with debug info is
+/// tens of MiB, and only its headers and symbol tables are looked at.
+pub fn map_elf(path: &std::path::Path) -> io::Result<memmap2::Mmap> {
+    let f = std::fs::File::open(path)?;
+    // SAFETY: a read-only mapping of an executable; truncating a file that a
+    // running program executes is refused by the kernel (ETXTBSY).
+    unsafe { memmap2::Mmap::map(&f) }
+}
+
 pub fn elf_symbol_addr(path: &std::path::Path, symbol: &str) -> Option<u64> {
     let data = std::fs::read(path).ok()?;
     let file = object::File::parse(&*data).ok()?;

@@ -409,7 +409,7 @@ impl Summary {
                 d.dev,
                 d.read_bytes as f64 / 1e6,
                 d.read_ios,
-                if d.completed > 0 { fmt_ns(d.read_ns / d.completed) } else { "-".into() }
+                d.read_ns.checked_div(d.completed).map_or_else(|| "-".into(), fmt_ns)
             )?;
         }
         if let Some(a) = &self.attribution {

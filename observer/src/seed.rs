@@ -40,10 +40,9 @@ pub fn seed(pid: u32, tid: u32, now: u64) -> Option<ThreadState> {
     let c = comm.trim_end().as_bytes();
     let n = c.len().min(15);
     t.comm[..n].copy_from_slice(&c[..n]);
-    match state {
-        'R' => t.flags |= F_ON_CPU,
-        // Sleeping or in uninterruptible wait: blocked.
-        _ => {}
+    // Anything but running (sleeping, uninterruptible wait) is blocked.
+    if state == 'R' {
+        t.flags |= F_ON_CPU;
     }
     let first = syscall.split_whitespace().next().unwrap_or("");
     if let Ok(nr) = first.parse::<i64>()

@@ -134,12 +134,12 @@ impl Target {
         if pid == 0 {
             // SAFETY: see above; we never return from this block.
             unsafe {
-                if let Some(procs) = &procs {
-                    if !join_cgroup(procs) {
-                        let errno = *libc::__errno_location();
-                        libc::write(err_wr.as_raw_fd(), (&errno as *const i32).cast(), 4);
-                        libc::_exit(126);
-                    }
+                if let Some(procs) = &procs
+                    && !join_cgroup(procs)
+                {
+                    let errno = *libc::__errno_location();
+                    libc::write(err_wr.as_raw_fd(), (&errno as *const i32).cast(), 4);
+                    libc::_exit(126);
                 }
                 let mut b = 0u8;
                 loop {

@@ -23,7 +23,7 @@ fn file_refaults_match_getrusage() {
     let maj_ns = u(totals, "majflt_ns");
     assert!(maj_ns > 0, "no time in major faults");
     assert!(
-        maj_ns < u(w, "wall_ns") as u64,
+        maj_ns < u(w, "wall_ns"),
         "time in major faults {maj_ns} ns exceeds the workload's wall time {} ns",
         w["wall_ns"]
     );

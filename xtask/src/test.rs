@@ -1,7 +1,8 @@
 //! `cargo xtask test`: setup, build every binary in release mode, run every
 //! test of the workspace in release mode, say how many ran, then run
 //! `cargo xtask parity` (the engine against llama.cpp; under a minute once llama.cpp
-//! is built in the cache, about 12 minutes on 2 cores the first time).
+//! is built in the cache, about 12 minutes on 2 cores the first time), then
+//! the lints (rustfmt check, clippy with warnings as errors).
 //!
 //! Tests run in release so the binaries they drive (observer, engine, workload)
 //! are the ones a user runs, and so nothing is compiled twice.
@@ -68,23 +69,55 @@ pub fn run(args: &[String]) -> Result<()> {
     );
     // Parity with llama.cpp is part of the suite (it needs no privileges and measures
     // nothing about the machine); it runs even when a test failed, so both are reported.
-    let parity = if args.is_empty() {
+    let (parity, lint) = if args.is_empty() {
         eprintln!("+ cargo xtask parity");
-        parity::main(&[])
+        (parity::main(&[]), lint(&root))
     } else {
-        eprintln!("xtask test: arguments select tests, so parity with llama.cpp is not run (run `cargo xtask parity`)");
-        Ok(())
+        eprintln!(
+            "xtask test: arguments select tests, so parity with llama.cpp and the lints are not run (run `cargo xtask parity`)"
+        );
+        (Ok(()), Ok(()))
     };
     if !status.success() || counts.failed > 0 {
         bail!("test suite failed{}", if parity.is_err() { "; parity with llama.cpp failed too" } else { "" });
     }
     parity.context("parity with llama.cpp (cargo xtask parity)")?;
+    lint?;
     if counts.ignored > 0 {
         bail!("{} tests are #[ignore]d: this project does not skip tests silently", counts.ignored);
     }
     if ran == 0 && args.is_empty() {
         bail!("no tests ran");
     }
+    Ok(())
+}
+
+/// Formatting (`rustfmt.toml`) and clippy with the root manifest's lints, warnings as errors,
+/// for the workspace and for the eBPF crate (its own workspace).
+fn lint(root: &std::path::Path) -> Result<()> {
+    for tool in ["clippy", "rustfmt"] {
+        let has = Command::new("cargo").arg(if tool == "clippy" { "clippy" } else { "fmt" }).arg("--version").output();
+        if !has.is_ok_and(|o| o.status.success()) {
+            eprintln!("xtask test: `cargo {tool}` missing: rustup component add {tool}");
+            cmd::run(Command::new("rustup").args(["component", "add", tool])).with_context(|| {
+                format!("the lints need {tool}: install it (`rustup component add {tool}`) and run again")
+            })?;
+        }
+    }
+    for dir in [root.to_path_buf(), root.join("observer-ebpf")] {
+        cmd::run(Command::new("cargo").current_dir(&dir).args(["fmt", "--all", "--check"]))
+            .with_context(|| format!("formatting in {}: run `cargo fmt --all` there", dir.display()))?;
+    }
+    cmd::run(Command::new("cargo").current_dir(root).args([
+        "clippy",
+        "--release",
+        "--workspace",
+        "--all-targets",
+        "--",
+        "-D",
+        "warnings",
+    ]))
+    .context("clippy found warnings")?;
     Ok(())
 }
 

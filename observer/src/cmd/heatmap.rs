@@ -156,6 +156,9 @@ pub fn run(args: HeatmapArgs) -> Result<i32> {
             );
         }
     }
+    if let Some((ebpf, _, _)) = &mut churn_state {
+        observer::bpf::detach_tracepoints(ebpf);
+    }
     Ok(0)
 }
 

@@ -353,7 +353,6 @@ pub async fn run_with(args: RunArgs, mut extra: ExtraSinks) -> Result<i32> {
     let lost = probes.counter(GlobalCounter::LostEvents)? + asm.malformed;
     let attached = probes.attached.clone();
     drop(ring);
-    drop(probes);
 
     let exit_code = match ending {
         Some(Ending::Exited(c)) => Some(c),
@@ -368,6 +367,9 @@ pub async fn run_with(args: RunArgs, mut extra: ExtraSinks) -> Result<i32> {
     summary.bpf_run_ns = bpf_stats.map(|s| s.0);
     summary.bpf_run_count = bpf_stats.map(|s| s.1);
     finish(&args, &summary)?;
+    // Detaching waits for the kernel (see `bpf::detach_tracepoints`): after
+    // the summary is out.
+    drop(probes);
     Ok(exit_code.unwrap_or(0))
 }
 
