@@ -1,6 +1,6 @@
 //! `cargo xtask bench tui`: what the live TUI costs the engine at its default
 //! refresh. The same `engine run` (small synthetic model) under `observer run`
-//! and under `observer tui` (in a tmux terminal), A-B-B-A over several rounds
+//! and under `observer tui`, each in a tmux terminal, A-B-B-A over several rounds
 //! in the same run; prints every round, the medians and the ratio
 //! (tui / run, target >= 0.99). Both carry the same probes, so the ratio is
 //! the screen's own cost; `bench observer` measures the probes'.
@@ -14,34 +14,64 @@ use crate::{
     cache, cmd,
 };
 
-/// `observer tui -- engine …` in a detached tmux terminal; the engine's
-/// output (printed by the TUI after it restores the terminal) goes to `out`.
-fn under_tui(observer: &Path, engine_cmd: &[String], out: &Path) -> Result<f64> {
+/// `observer tui -- engine …` (or `observer run --every 0 -- engine …` when
+/// `!tui`) in a detached tmux terminal of the same size, so that both sides
+/// run in the same kind of terminal session; the engine's output (printed by
+/// the TUI after it restores the terminal) goes to `out`.
+fn in_tmux(tui: bool, observer: &Path, engine_cmd: &[String], out: &Path) -> Result<f64> {
     let _ = std::fs::remove_file(out);
     let session = format!("bench-tui-{}", std::process::id());
-    let mut line = format!("{} tui --", observer.display());
+    let mut line = format!("{} {} --", observer.display(), if tui { "tui" } else { "run --every 0" });
     for a in engine_cmd {
         line.push_str(&format!(" '{}'", a.replace('\'', "'\\''")));
     }
     line.push_str(&format!(" > {} 2>&1; tmux wait-for -S {session}-done", out.display()));
     cmd::run(Command::new("tmux").args(["new-session", "-d", "-s", &session, "-x", "160", "-y", "45", &line]))?;
+    if !tui {
+        cmd::run(Command::new("tmux").args(["wait-for", &format!("{session}-done")]))?;
+        let _ = Command::new("tmux").args(["kill-session", "-t", &session]).status();
+        return gen_tok_s(&std::fs::read_to_string(out).with_context(|| format!("reading {}", out.display()))?);
+    }
     // The TUI keeps the final summary up until `q`: wait for the engine's end, then quit.
+    // Watched through /proc, not `tmux capture-pane`: a tmux client every half second
+    // would load the TUI side only, and be counted as the screen's cost.
     let t0 = std::time::Instant::now();
-    loop {
-        std::thread::sleep(Duration::from_millis(500));
-        let pane = cmd::output(Command::new("tmux").args(["capture-pane", "-p", "-t", &session]))?;
-        if pane.contains("target exited") || pane.contains("target ended") {
-            break;
-        }
+    let timeout = |what: &str| -> Result<()> {
         if t0.elapsed() > Duration::from_secs(600) {
             let _ = Command::new("tmux").args(["kill-session", "-t", &session]).status();
-            bail!("the TUI run did not end in 10 minutes");
+            bail!("the TUI run: {what} within 10 minutes");
         }
+        Ok(())
+    };
+    let pid = loop {
+        if let Some(pid) = find_process(engine_cmd) {
+            break pid;
+        }
+        timeout("the engine did not start")?;
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    // The observer reaps its child: /proc/PID goes away (or turns zombie) at the engine's exit.
+    while std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .is_ok_and(|st| st.rsplit_once(')').is_some_and(|(_, rest)| !rest.trim_start().starts_with('Z')))
+    {
+        timeout("the engine did not end")?;
+        std::thread::sleep(Duration::from_millis(500));
     }
+    // Let the TUI take in the end before quitting.
+    std::thread::sleep(Duration::from_millis(500));
     cmd::run(Command::new("tmux").args(["send-keys", "-t", &session, "q"]))?;
     cmd::run(Command::new("tmux").args(["wait-for", &format!("{session}-done")]))?;
     let _ = Command::new("tmux").args(["kill-session", "-t", &session]).status();
     gen_tok_s(&std::fs::read_to_string(out).with_context(|| format!("reading {}", out.display()))?)
+}
+
+/// The PID of a process whose command line is exactly `cmd`.
+fn find_process(cmd: &[String]) -> Option<u32> {
+    let want: Vec<u8> = cmd.iter().flat_map(|a| a.bytes().chain([0])).collect();
+    std::fs::read_dir("/proc").ok()?.flatten().find_map(|e| {
+        let pid: u32 = e.file_name().to_str()?.parse().ok()?;
+        (std::fs::read(format!("/proc/{pid}/cmdline")).ok()? == want).then_some(pid)
+    })
 }
 
 pub fn main(args: &[String]) -> Result<()> {
@@ -62,17 +92,16 @@ pub fn main(args: &[String]) -> Result<()> {
     engine_cmd.extend(bench_util::engine_args(&engine, "small", n_gen, threads)?);
     let model = engine_cmd[3].clone();
     let out = cache::dir()?.join("bench-tui.out");
-    let under_run = || -> Result<f64> {
-        gen_tok_s(&cmd::output(Command::new(&observer).args(["run", "--every", "0", "--"]).args(&engine_cmd))?)
-    };
+    let under_run = || in_tmux(false, &observer, &engine_cmd, &out);
+    let under_tui = || in_tmux(true, &observer, &engine_cmd, &out);
     println!("model {model} ({n_gen} tokens), {rounds} rounds in A-B-B-A order, TUI at its default refresh");
     let (mut runs, mut tuis) = (Vec::new(), Vec::new());
     for r in 0..rounds {
         let (a, b) = if r % 2 == 0 {
             let a = under_run()?;
-            (a, under_tui(&observer, &engine_cmd, &out)?)
+            (a, under_tui()?)
         } else {
-            let b = under_tui(&observer, &engine_cmd, &out)?;
+            let b = under_tui()?;
             (under_run()?, b)
         };
         println!("round {r}: observer run {a:.2} tok/s, observer tui {b:.2} tok/s, ratio {:.4}", b / a);
