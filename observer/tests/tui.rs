@@ -47,6 +47,19 @@ impl Tmux {
         String::from_utf8_lossy(&self.run(&["capture-pane", "-p", "-S", "-", "-t", "t"]).stdout).into_owned()
     }
 
+    /// The observer process started by the pane's shell.
+    fn observer_pid(&self) -> i32 {
+        let shell =
+            String::from_utf8_lossy(&self.run(&["display", "-p", "-t", "t", "#{pane_pid}"]).stdout).trim().to_string();
+        let children =
+            std::fs::read_to_string(format!("/proc/{shell}/task/{shell}/children")).expect("children of the shell");
+        children
+            .split_whitespace()
+            .filter_map(|p| p.parse().ok())
+            .find(|p: &i32| std::fs::read_to_string(format!("/proc/{p}/comm")).is_ok_and(|c| c.trim() == "observer"))
+            .unwrap_or_else(|| panic!("no observer among {children:?}"))
+    }
+
     fn keys(&self, keys: &str) {
         let out = self.run(&["send-keys", "-t", "t", keys]);
         assert!(out.status.success(), "tmux send-keys {keys}");
@@ -196,6 +209,24 @@ fn quitting_while_the_command_runs_stops_it_and_restores_the_terminal() {
     let cmd = format!("{OBSERVER} tui -- {WORKLOAD} tokens --n 1000 --ms 100; echo OBSERVER_EXIT=$?; sleep 600");
     let tmux = Tmux::start("tui-quit", 120, 30, &cmd);
     tmux.wait("a few tokens", Duration::from_secs(60), |s| bar_rows(s).len() >= 3);
+    // The screen and output threads yield to the target (nice 10); the target keeps nice 0.
+    let observer = tmux.observer_pid();
+    let nice = |stat_path: String| -> i64 {
+        let stat = std::fs::read_to_string(&stat_path).unwrap_or_else(|e| panic!("{stat_path}: {e}"));
+        // Field 19 (nice) counted after the `)` that ends comm: state is field 3.
+        stat.rsplit_once(')').unwrap().1.split_whitespace().nth(16).unwrap().parse().unwrap()
+    };
+    let mut thread_nice = std::collections::BTreeMap::new();
+    for t in std::fs::read_dir(format!("/proc/{observer}/task")).unwrap().flatten() {
+        let comm = std::fs::read_to_string(t.path().join("comm")).unwrap_or_default().trim().to_string();
+        thread_nice.insert(comm, nice(t.path().join("stat").display().to_string()));
+    }
+    assert_eq!(thread_nice.get("observer-tui"), Some(&10), "{thread_nice:?}");
+    assert_eq!(thread_nice.get("observer-tui-ou"), Some(&10), "{thread_nice:?}");
+    assert_eq!(thread_nice.get("observer"), Some(&0), "{thread_nice:?}");
+    let target = std::fs::read_to_string(format!("/proc/{observer}/task/{observer}/children")).unwrap();
+    let target = target.split_whitespace().next().expect("the spawned workload");
+    assert_eq!(nice(format!("/proc/{target}/stat")), 0, "the spawned target keeps its priority");
     let t0 = Instant::now();
     tmux.keys("q");
     tmux.wait("observer to exit", Duration::from_secs(30), |s| s.contains("OBSERVER_EXIT="));
@@ -249,15 +280,7 @@ fn sigterm_closes_the_final_summary_and_restores_the_terminal() {
     let cmd = format!("{OBSERVER} tui -- {WORKLOAD} tokens --n 5 --ms 50; echo OBSERVER_EXIT=$?; sleep 600");
     let tmux = Tmux::start("tui-term", 120, 30, &cmd);
     tmux.wait("the final summary", Duration::from_secs(60), |s| s.contains("EXITED 0"));
-    let shell =
-        String::from_utf8_lossy(&tmux.run(&["display", "-p", "-t", "t", "#{pane_pid}"]).stdout).trim().to_string();
-    let children =
-        std::fs::read_to_string(format!("/proc/{shell}/task/{shell}/children")).expect("children of the shell");
-    let observer: i32 = children
-        .split_whitespace()
-        .filter_map(|p| p.parse().ok())
-        .find(|p: &i32| std::fs::read_to_string(format!("/proc/{p}/comm")).is_ok_and(|c| c.trim() == "observer"))
-        .unwrap_or_else(|| panic!("no observer among {children:?}"));
+    let observer = tmux.observer_pid();
     // SAFETY: plain kill(2) of the observer we started.
     assert_eq!(unsafe { libc::kill(observer, libc::SIGTERM) }, 0);
     let after = tmux.wait("observer to exit", Duration::from_secs(15), |s| s.contains("OBSERVER_EXIT="));

@@ -116,6 +116,7 @@ pub async fn tui(mut args: TuiArgs) -> Result<i32> {
         std::thread::Builder::new()
             .name("observer-tui".into())
             .spawn(move || {
+                yield_to_the_target();
                 // Leaving the screen, even by a panic, ends the observation
                 // (a no-op once it has ended).
                 let _stop = stop;
@@ -272,6 +273,19 @@ fn replay(path: &Path, opts: &Options) -> Result<i32> {
     Ok(0)
 }
 
+/// Lower this thread's priority (nice 10): the screen and the output reader
+/// must not preempt an engine that keeps every core busy (its threads meet at
+/// a barrier per layer, so one preempted thread stalls them all). Per thread,
+/// so the spawned target, forked from the main thread, keeps its own nice.
+fn yield_to_the_target() {
+    // SAFETY: gettid and setpriority on our own thread; failure leaves the priority as it was.
+    unsafe {
+        let tid = libc::syscall(libc::SYS_gettid) as libc::id_t;
+        let now = libc::getpriority(libc::PRIO_PROCESS, tid);
+        libc::setpriority(libc::PRIO_PROCESS, tid, (now + 10).min(19));
+    }
+}
+
 // ---- stdio capture ----------------------------------------------------------
 
 /// Output kept for printing after the TUI (the tail, when it is larger).
@@ -349,7 +363,10 @@ impl Capture {
             let (lines, kept) = (lines.clone(), kept.clone());
             std::thread::Builder::new()
                 .name("observer-tui-output".into())
-                .spawn(move || read_output(std::fs::File::from(rd), &lines, &kept))
+                .spawn(move || {
+                    yield_to_the_target();
+                    read_output(std::fs::File::from(rd), &lines, &kept)
+                })
                 .context("starting the output reader")?
         };
         Ok(Capture { saved: Some(saved), lines, kept, reader: Some(reader) })

@@ -159,12 +159,16 @@ fn bar(r: &TokenRow, scale: f64, w: usize) -> Vec<(char, Style)> {
     if r.residual_ns > 0 {
         fill(&mut cells, &mut cum, r.residual_ns as f64, '░', fmt::UNATTRIBUTED);
     }
-    if cum > scale && w > 0 {
+    let cut = cum > scale;
+    if cut && w > 0 {
         cells[w - 1] = ('»', Style::new().fg(Color::White).add_modifier(Modifier::BOLD));
     }
-    // The marker sits on the first cell past the engine's compute; beyond the
-    // scale (a cut prompt bar) it is left out rather than misplaced.
-    if let Some(ec) = r.engine_compute_ns.filter(|&ec| (ec as f64) < scale) {
+    // The marker sits on the first cell past the engine's compute. On a cut
+    // bar (the prompt) a marker beyond the scale is left out rather than
+    // misplaced; on the longest whole bar, an engine compute a little longer
+    // than the step's wall (the engine's clock starts before the begin
+    // marker) is drawn on the last cell.
+    if let Some(ec) = r.engine_compute_ns.filter(|&ec| !cut || (ec as f64) < scale) {
         let x = px(ec as f64).min(w.saturating_sub(1));
         if w > 0 {
             let under = cells[x].1.fg;
