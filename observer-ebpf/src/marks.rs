@@ -2,8 +2,10 @@
 //! (`moe_engine_token_begin(index, record)` / `moe_engine_token_end(index,
 //! record)`), or a uprobe/uretprobe pair on any function (`--token-symbol`).
 //!
-//! At a mark, every tracked thread's state is copied first, then the mark's
-//! instant is read (so that no copy is newer than the mark). Each copy (checking its update
+//! At a mark, every tracked thread's state is copied first, the marking
+//! thread's last, then the mark's instant is read (so that no copy is newer
+//! than the mark; the marking thread's copy and the instant are retaken if a
+//! switch of that thread fell between them, see `emit_current`). Each copy (checking its update
 //! sequence, so torn copies are retried once and then counted as lost) and
 //! sent as a `ThreadRecord`; then one `MarkRecord` (with a copy of the
 //! engine's per-token record at `end`). User space closes each copy at the
@@ -30,7 +32,7 @@ const BPF_RB_NO_WAKEUP: u64 = 1;
 use observer_common::filemap::{T_ADD_PAGES, T_DEL_PAGES};
 
 use crate::filemap::FILEMAP_TOTALS;
-use crate::maps::{COUNTERS, EVENTS, MARK_LOST, SEQS, THREADS, bump, config};
+use crate::maps::{COUNTERS, EVENTS, MARK_LOST, SEQS, SLOTS, THREADS, bump, config};
 
 /// Copy slot `i` into the ring buffer; false when it could not be sent.
 #[inline(always)]
@@ -69,6 +71,38 @@ fn emit_thread(i: u32, phase: u32, mark_seq: u64) -> bool {
     true
 }
 
+/// The marking thread's own copy, and the mark's instant read right after it
+/// with no scheduling event of that thread in between. A uprobe program is
+/// preemptible: had the thread been switched out and back in between its
+/// copy and the instant, the copy would say "on CPU" for the time it waited
+/// on the run queue, and the next token would get that wait as runqueue and
+/// lose it from compute. Its update sequence (bumped by every switch) proves
+/// there was none; else copy and instant are taken again. Returns the instant.
+#[inline(always)]
+fn emit_current(i: u32, phase: u32, mark_seq: u64) -> Option<u64> {
+    let t = THREADS.get_ptr(i)?;
+    let mut e = EVENTS.reserve::<ThreadRecord>(0)?;
+    let r = e.as_mut_ptr();
+    for _ in 0..4 {
+        // SAFETY: `t` is a map value and `r` a reserved record of its type.
+        unsafe {
+            let s1 = read_volatile(addr_of!((*t).seq));
+            core::ptr::copy_nonoverlapping(t, addr_of_mut!((*r).state), 1);
+            let now = bpf_ktime_get_ns();
+            let s2 = read_volatile(addr_of!((*t).seq));
+            if s1 == s2 && s1 & 1 == 0 {
+                (*r).kind = REC_THREAD;
+                (*r).phase = phase;
+                (*r).mark_seq = mark_seq;
+                e.submit(BPF_RB_NO_WAKEUP);
+                return Some(now);
+            }
+        }
+    }
+    e.discard(0);
+    None
+}
+
 #[inline(always)]
 fn mark(phase: u32, index: u64, engine_rec: u64) -> u32 {
     let Some(cfg) = config() else { return 0 };
@@ -91,10 +125,19 @@ fn mark(phase: u32, index: u64, engine_rec: u64) -> u32 {
         // SAFETY: per-CPU scratch.
         unsafe { *l = 0 };
     }
-    for i in 0..MAX_SLOTS {
-        if i >= n {
+    // The marking thread itself goes last (see `emit_current`): the others
+    // are taken in slot order starting after it, wrapping around. No branch
+    // on the slot inside the loop, which would double the verifier's states
+    // per slot. (A marking thread without a slot yet: slot 0 goes last.)
+    // SAFETY: plain map lookup.
+    let cur = unsafe { SLOTS.get(&(id as u32)).map(|v| *v) }.unwrap_or(0);
+    let cur = if cur < n { cur } else { 0 };
+    let others = if n > 0 { n - 1 } else { 0 };
+    for j in 0..MAX_SLOTS {
+        if j >= others {
             break;
         }
+        let i = (cur + 1 + j) % n;
         if !emit_thread(i, phase, mark_seq)
             && let Some(l) = MARK_LOST.get_ptr_mut(0)
         {
@@ -102,13 +145,24 @@ fn mark(phase: u32, index: u64, engine_rec: u64) -> u32 {
             unsafe { *l += 1 };
         }
     }
-    // SAFETY: per-CPU scratch.
-    let lost = MARK_LOST.get(0).map(|v| *v).unwrap_or(0) as u32;
     // The mark's instant is taken after every thread was copied: no copy can
     // then hold a `last_ts` later than it, so closing each copy at this instant
     // (in user space) never has to undo time a thread accounted after it.
-    // SAFETY: helper without preconditions.
-    let now = unsafe { bpf_ktime_get_ns() };
+    let mut now = 0u64;
+    if n > 0 {
+        if let Some(t) = emit_current(cur, phase, mark_seq) {
+            now = t;
+        } else if let Some(l) = MARK_LOST.get_ptr_mut(0) {
+            // SAFETY: per-CPU scratch.
+            unsafe { *l += 1 };
+        }
+    }
+    if now == 0 {
+        // SAFETY: helper without preconditions.
+        now = unsafe { bpf_ktime_get_ns() };
+    }
+    // SAFETY: per-CPU scratch.
+    let lost = MARK_LOST.get(0).map(|v| *v).unwrap_or(0) as u32;
     let Some(mut e) = EVENTS.reserve::<MarkRecord>(0) else {
         bump(GlobalCounter::LostEvents);
         return 0;
