@@ -247,13 +247,7 @@ pub fn main(args: &[String]) -> Result<()> {
             let o = observed(&observer, &engine, &engine_args, Some(burst))?;
             Ok((o, (self_cpu_ns() - c0) as f64))
         };
-        let (a, (b, client_ns)) = if r % 2 == 0 {
-            let a = run_a()?;
-            (a, run_b()?)
-        } else {
-            let b = run_b()?;
-            (run_a()?, b)
-        };
+        let (a, (b, client_ns)) = bench_util::abba_round(r, run_a, run_b)?;
         let st = &b.scrapes;
         let sb = b.endpoint_cpu_ns as f64 / (b.wall_s * 1e9 * ncpu);
         let sa = a.endpoint_cpu_ns as f64 / (a.wall_s * 1e9 * ncpu);

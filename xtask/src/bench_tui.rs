@@ -97,13 +97,7 @@ pub fn main(args: &[String]) -> Result<()> {
     println!("model {model} ({n_gen} tokens), {rounds} rounds in A-B-B-A order, TUI at its default refresh");
     let (mut runs, mut tuis) = (Vec::new(), Vec::new());
     for r in 0..rounds {
-        let (a, b) = if r % 2 == 0 {
-            let a = under_run()?;
-            (a, under_tui()?)
-        } else {
-            let b = under_tui()?;
-            (under_run()?, b)
-        };
+        let (a, b) = bench_util::abba_round(r, &under_run, &under_tui)?;
         println!("round {r}: observer run {a:.2} tok/s, observer tui {b:.2} tok/s, ratio {:.4}", b / a);
         runs.push(a);
         tuis.push(b);

@@ -1,6 +1,7 @@
 //! Pieces shared by the engine-driving benchmarks (`bench observer|tui|metrics`):
-//! the engine's own decode speed from its `--json` summary, medians, and the
-//! standard benchmark command line on the cached `small` model.
+//! the engine's own decode speed from its `--json` summary, medians, the
+//! A-B-B-A order of rounds, and the standard benchmark command line on the
+//! cached `small` model.
 
 use std::{path::Path, process::Command};
 
@@ -18,6 +19,18 @@ pub fn gen_tok_s(text: &str) -> Result<f64> {
 }
 
 /// Median (NaN for an empty slice).
+/// Round `r` of an A-B-B-A sequence: A then B in even rounds, B then A in
+/// odd ones, so that drift over time falls on both sides alike. Returns (A, B).
+pub fn abba_round<A, B>(r: usize, a: impl FnOnce() -> Result<A>, b: impl FnOnce() -> Result<B>) -> Result<(A, B)> {
+    if r % 2 == 0 {
+        let x = a()?;
+        Ok((x, b()?))
+    } else {
+        let y = b()?;
+        Ok((a()?, y))
+    }
+}
+
 pub fn median(v: &mut [f64]) -> f64 {
     v.sort_by(|a, b| a.total_cmp(b));
     let n = v.len();
@@ -66,6 +79,27 @@ pub fn engine_args(engine: &Path, preset: &str, n: usize, threads: usize) -> Res
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn rounds_alternate_a_b_b_a() {
+        let order = std::cell::RefCell::new(String::new());
+        for r in 0..4 {
+            let got = abba_round(
+                r,
+                || {
+                    order.borrow_mut().push('A');
+                    Ok(1)
+                },
+                || {
+                    order.borrow_mut().push('B');
+                    Ok(2)
+                },
+            )
+            .unwrap();
+            assert_eq!(got, (1, 2), "results come back as (A, B) whatever the order");
+        }
+        assert_eq!(order.into_inner(), "ABBAABBA");
+    }
 
     #[test]
     fn medians_and_summaries() {
