@@ -78,7 +78,7 @@ pub fn main(args: &[String]) -> Result<()> {
     };
     let (mut plain, mut observed, mut cpu_ratio) = (Vec::new(), Vec::new(), Vec::new());
     for r in 0..rounds {
-        let (a, b) = bench_util::abba_round(r, &run_plain, &run_observed)?;
+        let (a, b) = bench_util::abba_round(r, run_plain, run_observed)?;
         let cr = a.1 as f64 / b.1 as f64;
         println!(
             "round {r}: engine alone {:.2} tok/s ({:.0} ms CPU), with observer {:.2} tok/s ({:.0} ms CPU, engine + observer), tok/s ratio {:.4}, CPU ratio {cr:.4}",

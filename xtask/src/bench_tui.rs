@@ -97,7 +97,7 @@ pub fn main(args: &[String]) -> Result<()> {
     println!("model {model} ({n_gen} tokens), {rounds} rounds in A-B-B-A order, TUI at its default refresh");
     let (mut runs, mut tuis) = (Vec::new(), Vec::new());
     for r in 0..rounds {
-        let (a, b) = bench_util::abba_round(r, &under_run, &under_tui)?;
+        let (a, b) = bench_util::abba_round(r, under_run, under_tui)?;
         println!("round {r}: observer run {a:.2} tok/s, observer tui {b:.2} tok/s, ratio {:.4}", b / a);
         runs.push(a);
         tuis.push(b);

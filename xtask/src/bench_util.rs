@@ -22,7 +22,7 @@ pub fn gen_tok_s(text: &str) -> Result<f64> {
 /// Round `r` of an A-B-B-A sequence: A then B in even rounds, B then A in
 /// odd ones, so that drift over time falls on both sides alike. Returns (A, B).
 pub fn abba_round<A, B>(r: usize, a: impl FnOnce() -> Result<A>, b: impl FnOnce() -> Result<B>) -> Result<(A, B)> {
-    if r % 2 == 0 {
+    if r.is_multiple_of(2) {
         let x = a()?;
         Ok((x, b()?))
     } else {
