@@ -209,24 +209,28 @@ fn quitting_while_the_command_runs_stops_it_and_restores_the_terminal() {
     let cmd = format!("{OBSERVER} tui -- {WORKLOAD} tokens --n 1000 --ms 100; echo OBSERVER_EXIT=$?; sleep 600");
     let tmux = Tmux::start("tui-quit", 120, 30, &cmd);
     tmux.wait("a few tokens", Duration::from_secs(60), |s| bar_rows(s).len() >= 3);
-    // The screen and output threads yield to the target (nice 10); the target keeps nice 0.
+    // The screen and output threads yield to the target (SCHED_IDLE, nice 10);
+    // the observer's main thread and the target keep the normal class and nice 0.
     let observer = tmux.observer_pid();
-    let nice = |stat_path: String| -> i64 {
+    // (policy, nice) of a task: fields 41 and 19 of stat, counted after the `)` that ends comm (state is field 3).
+    let sched = |stat_path: String| -> (i64, i64) {
         let stat = std::fs::read_to_string(&stat_path).unwrap_or_else(|e| panic!("{stat_path}: {e}"));
-        // Field 19 (nice) counted after the `)` that ends comm: state is field 3.
-        stat.rsplit_once(')').unwrap().1.split_whitespace().nth(16).unwrap().parse().unwrap()
+        let f: Vec<i64> =
+            stat.rsplit_once(')').unwrap().1.split_whitespace().skip(1).map(|v| v.parse().unwrap_or(-1)).collect();
+        (f[41 - 4], f[19 - 4])
     };
-    let mut thread_nice = std::collections::BTreeMap::new();
+    let mut threads = std::collections::BTreeMap::new();
     for t in std::fs::read_dir(format!("/proc/{observer}/task")).unwrap().flatten() {
         let comm = std::fs::read_to_string(t.path().join("comm")).unwrap_or_default().trim().to_string();
-        thread_nice.insert(comm, nice(t.path().join("stat").display().to_string()));
+        threads.insert(comm, sched(t.path().join("stat").display().to_string()));
     }
-    assert_eq!(thread_nice.get("observer-tui"), Some(&10), "{thread_nice:?}");
-    assert_eq!(thread_nice.get("observer-tui-ou"), Some(&10), "{thread_nice:?}");
-    assert_eq!(thread_nice.get("observer"), Some(&0), "{thread_nice:?}");
+    let (normal, idle) = (libc::SCHED_OTHER as i64, libc::SCHED_IDLE as i64);
+    assert_eq!(threads.get("observer-tui"), Some(&(idle, 10)), "{threads:?}");
+    assert_eq!(threads.get("observer-tui-ou"), Some(&(idle, 10)), "{threads:?}");
+    assert_eq!(threads.get("observer"), Some(&(normal, 0)), "{threads:?}");
     let target = std::fs::read_to_string(format!("/proc/{observer}/task/{observer}/children")).unwrap();
     let target = target.split_whitespace().next().expect("the spawned workload");
-    assert_eq!(nice(format!("/proc/{target}/stat")), 0, "the spawned target keeps its priority");
+    assert_eq!(sched(format!("/proc/{target}/stat")), (normal, 0), "the spawned target keeps its class and priority");
     let t0 = Instant::now();
     tmux.keys("q");
     tmux.wait("observer to exit", Duration::from_secs(30), |s| s.contains("OBSERVER_EXIT="));

@@ -34,8 +34,10 @@ use crate::{
     view,
 };
 
-/// Default redraw rate: 4 Hz.
-pub const DEFAULT_REFRESH: Duration = Duration::from_millis(250);
+/// Default redraw rate: 2 Hz, like top-style monitors (htop 1.5 s, btop 2 s)
+/// and enough to follow a decode live; each frame also costs the terminal
+/// work, on a core the engine may need.
+pub const DEFAULT_REFRESH: Duration = Duration::from_millis(500);
 /// How often the rate interval is recomputed at most while tokens stream in.
 pub const STATS_EVERY: Duration = Duration::from_secs(2);
 /// Events moved from a source into the state per pump, so keys stay responsive.
@@ -195,8 +197,8 @@ pub fn run(source: &mut dyn Source, app: &mut App, opts: &Options) -> io::Result
         if now >= next_draw {
             if now >= next_stats || done {
                 app.refresh_stats();
-                // At most every STATS_EVERY, and never more than 0.5 % of the time.
-                next_stats = now + STATS_EVERY.max(now.elapsed() * 200);
+                // At most every STATS_EVERY, and never more than 0.1 % of the time.
+                next_stats = now + STATS_EVERY.max(now.elapsed() * 1000);
             }
             if app.take_dirty() {
                 term.draw(|f| view::draw(app, f))?;

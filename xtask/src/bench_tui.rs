@@ -1,88 +1,289 @@
 //! `cargo xtask bench tui`: what the live TUI costs the engine at its default
-//! refresh. The same `engine run` (small synthetic model) under `observer run`
-//! and under `observer tui`, each in a tmux terminal, A-B-B-A over several rounds
-//! in the same run; prints every round, the medians and the ratio
-//! (tui / run, target >= 0.99). Both carry the same probes, so the ratio is
-//! the screen's own cost; `bench observer` measures the probes'.
+//! refresh. The same `engine run` (small synthetic model, every core) under
+//! `observer run` and under `observer tui`, each in its own tmux server of the
+//! same size, A-B-B-A over several rounds in the same run. Both sides carry
+//! the same probes, so the difference is the screen's own cost; `bench
+//! observer` measures the probes'.
+//!
+//! Printed:
+//! - every round's decode tok/s on both sides (the engine's own `gen_tok_s`)
+//!   and their ratio; the medians and their ratio; the geometric mean of the
+//!   paired ratios with a 95 % bootstrap interval (target: >= 0.99). On a
+//!   virtual machine identical runs differ by several %, so the interval, not
+//!   one round, says what was shown.
+//! - the screen's CPU: the `observer-tui*` threads plus the terminal (the tmux
+//!   server) while the engine ran, from `/proc/*/schedstat`, as a share of one
+//!   core; the same terminal figure under `observer run` for comparison. This
+//!   is the time the screen can take from the engine and is not subject to
+//!   the run-to-run noise.
+//! - windows within runs: one long `observer tui` run whose screen is paused
+//!   and resumed (the `p` key, through tmux) every second; the engine's own
+//!   progress (rows of its `--metrics-csv`, flushed per token) is read at each
+//!   switch, and each live window's rate is compared with the mean of the two
+//!   paused windows around it, which cancels the drift that makes separate
+//!   runs differ. Paused, the TUI still takes in events but draws nothing, so
+//!   this isolates drawing and the terminal; the same windows under `observer
+//!   run` (where `p` does nothing) are the method's A/A control.
 
-use std::{path::Path, process::Command, time::Duration};
+use std::{
+    path::Path,
+    process::Command,
+    time::{Duration, Instant},
+};
 
 use anyhow::{Context, Result, bail};
 
 use crate::{
-    bench_util::{self, gen_tok_s, median},
+    bench_util::{self, gen_tok_s, median, paired_ratio_ci},
     cache, cmd,
 };
 
+/// One run's numbers.
+#[derive(Clone, Copy, Debug)]
+struct Sample {
+    tok_s: f64,
+    /// Wall time from the engine's start to its end.
+    wall: Duration,
+    /// CPU of the observer's TUI threads (screen, output reader).
+    screen_ns: u64,
+    /// CPU of the tmux server (the terminal) over the same span.
+    terminal_ns: u64,
+}
+
+impl Sample {
+    fn share(&self, ns: u64) -> f64 {
+        ns as f64 / self.wall.as_nanos() as f64
+    }
+}
+
 /// `observer tui -- engine …` (or `observer run --every 0 -- engine …` when
-/// `!tui`) in a detached tmux terminal of the same size, so that both sides
-/// run in the same kind of terminal session; the engine's output (printed by
-/// the TUI after it restores the terminal) goes to `out`.
-fn in_tmux(tui: bool, observer: &Path, engine_cmd: &[String], out: &Path) -> Result<f64> {
+/// `!tui`) in a detached tmux server of its own, so that both sides run in the
+/// same kind of terminal and the terminal's work can be told apart; the
+/// engine's output (printed by the TUI after it restores the terminal) goes
+/// to `out`. The engine's end is watched through /proc, not `tmux
+/// capture-pane`: a tmux client every half second would load the TUI side only.
+fn in_tmux(tui: bool, observer: &Path, engine_cmd: &[String], out: &Path) -> Result<Sample> {
     let _ = std::fs::remove_file(out);
-    let session = format!("bench-tui-{}", std::process::id());
+    let socket = format!("bench-tui-{}", std::process::id());
+    let tmux = |args: &[&str]| {
+        let mut c = Command::new("tmux");
+        c.args(["-L", &socket]).args(args);
+        c
+    };
     let mut line = format!("{} {} --", observer.display(), if tui { "tui" } else { "run --every 0" });
     for a in engine_cmd {
         line.push_str(&format!(" '{}'", a.replace('\'', "'\\''")));
     }
-    line.push_str(&format!(" > {} 2>&1; tmux wait-for -S {session}-done", out.display()));
-    cmd::run(Command::new("tmux").args(["new-session", "-d", "-s", &session, "-x", "160", "-y", "45", &line]))?;
-    if !tui {
-        cmd::run(Command::new("tmux").args(["wait-for", &format!("{session}-done")]))?;
-        let _ = Command::new("tmux").args(["kill-session", "-t", &session]).status();
-        return gen_tok_s(&std::fs::read_to_string(out).with_context(|| format!("reading {}", out.display()))?);
-    }
-    // The TUI keeps the final summary up until `q`: wait for the engine's end, then quit.
-    // Watched through /proc, not `tmux capture-pane`: a tmux client every half second
-    // would load the TUI side only, and be counted as the screen's cost.
-    let t0 = std::time::Instant::now();
+    line.push_str(&format!(" > {} 2>&1; tmux -L {socket} wait-for -S done", out.display()));
+    cmd::run(&mut tmux(&["new-session", "-d", "-s", "bench", "-x", "160", "-y", "45", &line]))?;
+    let result = watch(tui, engine_cmd, &socket, &tmux);
+    let _ = tmux(&["kill-server"]).status();
+    let (wall, screen_ns, terminal_ns) = result?;
+    let tok_s = gen_tok_s(&std::fs::read_to_string(out).with_context(|| format!("reading {}", out.display()))?)?;
+    Ok(Sample { tok_s, wall, screen_ns, terminal_ns })
+}
+
+/// Wait for the engine's start and end, taking the screen's and terminal's
+/// CPU as it runs; quit the TUI (which keeps its final summary up) at the end.
+fn watch(
+    tui: bool,
+    engine_cmd: &[String],
+    socket: &str,
+    tmux: &dyn Fn(&[&str]) -> Command,
+) -> Result<(Duration, u64, u64)> {
+    let t0 = Instant::now();
     let timeout = |what: &str| -> Result<()> {
         if t0.elapsed() > Duration::from_secs(600) {
-            let _ = Command::new("tmux").args(["kill-session", "-t", &session]).status();
-            bail!("the TUI run: {what} within 10 minutes");
+            bail!("the {} run: {what} within 10 minutes", if tui { "TUI" } else { "observer run" });
         }
         Ok(())
     };
     let pid = loop {
-        if let Some(pid) = find_process(engine_cmd) {
+        if let Some(pid) = find_process(|_, cmdline| cmdline == join0(engine_cmd)) {
             break pid;
         }
         timeout("the engine did not start")?;
-        std::thread::sleep(Duration::from_millis(50));
+        std::thread::sleep(Duration::from_millis(20));
     };
+    let start = Instant::now();
+    let observer = parent(pid).context("the engine's parent (the observer)")?;
+    let server = find_process(|comm, cmdline| {
+        comm == "tmux: server" && cmdline.split(|&b| b == 0).any(|a| a == socket.as_bytes())
+    })
+    .context("the tmux server of the benchmark")?;
+    let terminal0 = cpu_ns(server, server).unwrap_or(0);
+    let screen0 = screen_cpu_ns(observer);
+    let (mut screen, mut terminal) = (screen0, terminal0);
     // The observer reaps its child: /proc/PID goes away (or turns zombie) at the engine's exit.
     while std::fs::read_to_string(format!("/proc/{pid}/stat"))
         .is_ok_and(|st| st.rsplit_once(')').is_some_and(|(_, rest)| !rest.trim_start().starts_with('Z')))
     {
+        screen = screen_cpu_ns(observer).max(screen);
+        terminal = cpu_ns(server, server).unwrap_or(0).max(terminal);
         timeout("the engine did not end")?;
-        std::thread::sleep(Duration::from_millis(500));
+        std::thread::sleep(Duration::from_millis(200));
     }
-    // Let the TUI take in the end before quitting.
-    std::thread::sleep(Duration::from_millis(500));
-    cmd::run(Command::new("tmux").args(["send-keys", "-t", &session, "q"]))?;
-    cmd::run(Command::new("tmux").args(["wait-for", &format!("{session}-done")]))?;
-    let _ = Command::new("tmux").args(["kill-session", "-t", &session]).status();
-    gen_tok_s(&std::fs::read_to_string(out).with_context(|| format!("reading {}", out.display()))?)
+    let wall = start.elapsed();
+    if tui {
+        // Let the TUI take in the end, then quit it.
+        std::thread::sleep(Duration::from_millis(500));
+        cmd::run(&mut tmux(&["send-keys", "-t", "bench", "q"]))?;
+    }
+    cmd::run(&mut tmux(&["wait-for", "done"]))?;
+    Ok((wall, screen - screen0, terminal - terminal0))
 }
 
-/// The PID of a process whose command line is exactly `cmd`.
-fn find_process(cmd: &[String]) -> Option<u32> {
-    let want: Vec<u8> = cmd.iter().flat_map(|a| a.bytes().chain([0])).collect();
+/// Rows of the engine's metrics CSV (one per token, flushed per row) read so
+/// far from a file that grows.
+struct RowCounter {
+    file: Option<std::fs::File>,
+    path: std::path::PathBuf,
+    rows: u64,
+}
+
+impl RowCounter {
+    fn count(&mut self) -> u64 {
+        use std::io::Read;
+        if self.file.is_none() {
+            self.file = std::fs::File::open(&self.path).ok();
+        }
+        if let Some(f) = &mut self.file {
+            let mut buf = [0u8; 64 << 10];
+            while let Ok(n @ 1..) = f.read(&mut buf) {
+                self.rows += buf[..n].iter().filter(|&&b| b == b'\n').count() as u64;
+            }
+        }
+        self.rows
+    }
+}
+
+/// One window: whether the screen was live, and the engine's tokens per second.
+type Window = (bool, f64);
+
+/// One long run (`observer tui` when `tui`, else `observer run`) with the
+/// screen paused and resumed every `window` (module doc); the windows'
+/// rates, in order, the first one live. Windows start once the decode has
+/// made 64 tokens and stop a few windows before its end.
+fn windows(
+    tui: bool,
+    observer: &Path,
+    engine_cmd: &[String],
+    csv: &Path,
+    n_gen: usize,
+    window: Duration,
+) -> Result<Vec<Window>> {
+    let _ = std::fs::remove_file(csv);
+    let socket = format!("bench-tui-w-{}", std::process::id());
+    let tmux = |args: &[&str]| {
+        let mut c = Command::new("tmux");
+        c.args(["-L", &socket]).args(args);
+        c
+    };
+    let mut line = format!("{} {} --", observer.display(), if tui { "tui" } else { "run --every 0" });
+    for a in engine_cmd.iter().chain([&"--metrics-csv".to_string(), &csv.display().to_string()]) {
+        line.push_str(&format!(" '{}'", a.replace('\'', "'\\''")));
+    }
+    line.push_str(&format!(" > /dev/null 2>&1; tmux -L {socket} wait-for -S done"));
+    cmd::run(&mut tmux(&["new-session", "-d", "-s", "bench", "-x", "160", "-y", "45", &line]))?;
+    let result = (|| -> Result<Vec<Window>> {
+        let mut rows = RowCounter { file: None, path: csv.to_path_buf(), rows: 0 };
+        let t0 = Instant::now();
+        while rows.count() < 64 {
+            if t0.elapsed() > Duration::from_secs(300) {
+                bail!("the engine made no 64 tokens within 5 minutes");
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let mut out = Vec::new();
+        let (mut live, mut at, mut n) = (true, Instant::now(), rows.count());
+        loop {
+            std::thread::sleep(window.saturating_sub(at.elapsed()));
+            let (now, m) = (Instant::now(), rows.count());
+            let rate = (m - n) as f64 / (now - at).as_secs_f64();
+            // Stop while the engine surely still runs: its last tokens are not a full window.
+            if m as f64 + 3.0 * rate * window.as_secs_f64() > n_gen as f64 {
+                break;
+            }
+            out.push((live, rate));
+            live = !live;
+            (at, n) = (now, m);
+            cmd::run(&mut tmux(&["send-keys", "-t", "bench", "p"]))?;
+        }
+        if tui && !live {
+            // Resume, so the end shows.
+            cmd::run(&mut tmux(&["send-keys", "-t", "bench", "p"]))?;
+        }
+        // Wait for the end; then quit the TUI, which keeps its final summary up.
+        let pid = find_process(|_, cmdline| cmdline.starts_with(&join0(engine_cmd)));
+        while let Some(pid) = pid
+            && std::fs::read_to_string(format!("/proc/{pid}/stat"))
+                .is_ok_and(|st| st.rsplit_once(')').is_some_and(|(_, rest)| !rest.trim_start().starts_with('Z')))
+        {
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        if tui {
+            std::thread::sleep(Duration::from_millis(500));
+            cmd::run(&mut tmux(&["send-keys", "-t", "bench", "q"]))?;
+        }
+        cmd::run(&mut tmux(&["wait-for", "done"]))?;
+        Ok(out)
+    })();
+    let _ = tmux(&["kill-server"]).status();
+    result
+}
+
+/// Each live window between two paused ones, as a pair (mean of the paused
+/// neighbours' rates, live rate), for [`paired_ratio_ci`].
+fn live_vs_paused(w: &[Window]) -> Vec<(f64, f64)> {
+    w.windows(3).filter(|t| t[1].0 && !t[0].0 && !t[2].0).map(|t| ((t[0].1 + t[2].1) / 2.0, t[1].1)).collect()
+}
+
+fn join0(args: &[String]) -> Vec<u8> {
+    args.iter().flat_map(|a| a.bytes().chain([0])).collect()
+}
+
+/// The first process whose comm and command line (NUL-separated) satisfy `f`.
+fn find_process(f: impl Fn(&str, &[u8]) -> bool) -> Option<u32> {
     std::fs::read_dir("/proc").ok()?.flatten().find_map(|e| {
         let pid: u32 = e.file_name().to_str()?.parse().ok()?;
-        (std::fs::read(format!("/proc/{pid}/cmdline")).ok()? == want).then_some(pid)
+        let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).ok()?;
+        f(comm.trim_end(), &std::fs::read(format!("/proc/{pid}/cmdline")).ok()?).then_some(pid)
     })
 }
 
+fn parent(pid: u32) -> Option<u32> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    status.lines().find_map(|l| l.strip_prefix("PPid:")).and_then(|v| v.trim().parse().ok())
+}
+
+/// CPU time of thread `tid` of `pid` (ns, first field of schedstat).
+fn cpu_ns(pid: u32, tid: u32) -> Option<u64> {
+    std::fs::read_to_string(format!("/proc/{pid}/task/{tid}/schedstat")).ok()?.split_whitespace().next()?.parse().ok()
+}
+
+/// CPU time of the observer's TUI threads (`observer-tui`, `observer-tui-output`).
+fn screen_cpu_ns(observer: u32) -> u64 {
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{observer}/task")) else { return 0 };
+    tasks
+        .flatten()
+        .filter_map(|t| {
+            let tid: u32 = t.file_name().to_str()?.parse().ok()?;
+            let comm = std::fs::read_to_string(t.path().join("comm")).ok()?;
+            comm.starts_with("observer-tui").then(|| cpu_ns(observer, tid)).flatten()
+        })
+        .sum()
+}
+
 pub fn main(args: &[String]) -> Result<()> {
-    let (mut rounds, mut n_gen) = (4usize, 256usize);
+    let (mut rounds, mut n_gen, mut window_runs) = (10usize, 1024usize, 2usize);
     let mut it = args.iter();
     while let Some(a) = it.next() {
         let mut val = |name: &str| it.next().with_context(|| format!("{name} needs a value")).cloned();
         match a.as_str() {
             "--rounds" => rounds = val("--rounds")?.parse()?,
             "-n" => n_gen = val("-n")?.parse()?,
-            _ => bail!("usage: cargo xtask bench tui [--rounds N] [-n TOKENS]"),
+            "--window-runs" => window_runs = val("--window-runs")?.parse()?,
+            _ => bail!("usage: cargo xtask bench tui [--rounds N] [-n TOKENS] [--window-runs N]"),
         }
     }
     let bin = bench_util::build()?;
@@ -94,16 +295,71 @@ pub fn main(args: &[String]) -> Result<()> {
     let out = cache::dir()?.join("bench-tui.out");
     let under_run = || in_tmux(false, &observer, &engine_cmd, &out);
     let under_tui = || in_tmux(true, &observer, &engine_cmd, &out);
-    println!("model {model} ({n_gen} tokens), {rounds} rounds in A-B-B-A order, TUI at its default refresh");
-    let (mut runs, mut tuis) = (Vec::new(), Vec::new());
+    println!(
+        "model {model} ({threads} threads, {n_gen} tokens), {rounds} rounds in A-B-B-A order, TUI at its default refresh"
+    );
+    let mut pairs = Vec::new();
+    let (mut screen_share, mut run_terminal_share) = (Vec::new(), Vec::new());
     for r in 0..rounds {
         let (a, b) = bench_util::abba_round(r, under_run, under_tui)?;
-        println!("round {r}: observer run {a:.2} tok/s, observer tui {b:.2} tok/s, ratio {:.4}", b / a);
-        runs.push(a);
-        tuis.push(b);
+        let share = b.share(b.screen_ns + b.terminal_ns);
+        println!(
+            "round {r}: observer run {:.2} tok/s, observer tui {:.2} tok/s, ratio {:.4}; \
+             screen CPU {:.0} ms + terminal {:.0} ms in {:.1} s = {:.2} % of a core (terminal under run: {:.2} %)",
+            a.tok_s,
+            b.tok_s,
+            b.tok_s / a.tok_s,
+            b.screen_ns as f64 / 1e6,
+            b.terminal_ns as f64 / 1e6,
+            b.wall.as_secs_f64(),
+            100.0 * share,
+            100.0 * a.share(a.terminal_ns),
+        );
+        pairs.push((a.tok_s, b.tok_s));
+        screen_share.push(share);
+        run_terminal_share.push(a.share(a.terminal_ns));
     }
+    let (mut runs, mut tuis): (Vec<f64>, Vec<f64>) = pairs.iter().copied().unzip();
     let (mr, mt) = (median(&mut runs), median(&mut tuis));
-    println!("median: under observer run {mr:.2} tok/s, under observer tui {mt:.2} tok/s");
-    println!("TUI cost ratio (tui / run): {:.4} (target >= 0.99)", mt / mr);
+    println!("median: under observer run {mr:.2} tok/s, under observer tui {mt:.2} tok/s, ratio {:.4}", mt / mr);
+    match paired_ratio_ci(&pairs) {
+        Some((g, lo, hi)) => println!(
+            "TUI cost ratio (tui / run), geometric mean of the rounds: {g:.4}, 95 % interval [{lo:.4}, {hi:.4}] (target >= 0.99)"
+        ),
+        None => println!("TUI cost ratio (tui / run): {:.4} (one round: no interval; target >= 0.99)", mt / mr),
+    }
+    println!(
+        "screen + terminal CPU while the engine ran: median {:.2} % of a core (the terminal alone under observer run: {:.2} %)",
+        100.0 * median(&mut screen_share),
+        100.0 * median(&mut run_terminal_share)
+    );
+    if window_runs == 0 {
+        return Ok(());
+    }
+    // Windows: long runs, so that there are many windows per run.
+    let n_long = 3000;
+    let mut long_cmd = vec![engine.display().to_string()];
+    long_cmd.extend(bench_util::engine_args(&engine, "small", n_long, threads)?);
+    let csv = cache::dir()?.join("bench-tui-windows.csv");
+    let window = Duration::from_secs(1);
+    println!(
+        "windows: {window_runs} run(s) of {n_long} tokens under observer tui, the screen paused and resumed every {window:?}; one under observer run as the control"
+    );
+    let report = |what: &str, pairs: &[(f64, f64)]| match paired_ratio_ci(pairs) {
+        Some((g, lo, hi)) => {
+            println!("{what}: live / paused {g:.4}, 95 % interval [{lo:.4}, {hi:.4}] over {} live windows", pairs.len())
+        }
+        None => println!("{what}: too few windows"),
+    };
+    let mut all = Vec::new();
+    for i in 0..window_runs {
+        let w = windows(true, &observer, &long_cmd, &csv, n_long, window)?;
+        let pairs = live_vs_paused(&w);
+        report(&format!("windows, tui run {i}"), &pairs);
+        all.extend(pairs);
+    }
+    let control = live_vs_paused(&windows(false, &observer, &long_cmd, &csv, n_long, window)?);
+    report("windows, control (observer run, `p` does nothing)", &control);
+    report("TUI drawing cost ratio, windows within runs (target >= 0.99)", &all);
     Ok(())
 }

@@ -18,7 +18,6 @@ pub fn gen_tok_s(text: &str) -> Result<f64> {
     v["gen_tok_s"].as_f64().context("no gen_tok_s in the engine's summary")
 }
 
-/// Median (NaN for an empty slice).
 /// Round `r` of an A-B-B-A sequence: A then B in even rounds, B then A in
 /// odd ones, so that drift over time falls on both sides alike. Returns (A, B).
 pub fn abba_round<A, B>(r: usize, a: impl FnOnce() -> Result<A>, b: impl FnOnce() -> Result<B>) -> Result<(A, B)> {
@@ -31,6 +30,7 @@ pub fn abba_round<A, B>(r: usize, a: impl FnOnce() -> Result<A>, b: impl FnOnce(
     }
 }
 
+/// Median (NaN for an empty slice).
 pub fn median(v: &mut [f64]) -> f64 {
     v.sort_by(|a, b| a.total_cmp(b));
     let n = v.len();
@@ -39,6 +39,30 @@ pub fn median(v: &mut [f64]) -> f64 {
         _ if n % 2 == 1 => v[n / 2],
         _ => (v[n / 2 - 1] + v[n / 2]) / 2.0,
     }
+}
+
+/// The geometric mean of paired ratios `b / a` and its 95 % percentile
+/// bootstrap interval (2000 resamples of the pairs, fixed seed, so the same
+/// rounds always give the same interval). `None` for fewer than two pairs.
+pub fn paired_ratio_ci(pairs: &[(f64, f64)]) -> Option<(f64, f64, f64)> {
+    let logs: Vec<f64> = pairs.iter().map(|(a, b)| (b / a).ln()).collect();
+    let n = logs.len();
+    if n < 2 || logs.iter().any(|l| !l.is_finite()) {
+        return None;
+    }
+    let mean = |it: &mut dyn Iterator<Item = f64>| it.sum::<f64>() / n as f64;
+    let point = mean(&mut logs.iter().copied()).exp();
+    let mut state = 0x6265_6e63_6875_7469u64; // SplitMix64
+    let mut next = || {
+        state = state.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = state;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        ((z ^ (z >> 31)) >> 32).wrapping_mul(n as u64) >> 32
+    };
+    let mut means: Vec<f64> = (0..2000).map(|_| mean(&mut (0..n).map(|_| logs[next() as usize])).exp()).collect();
+    means.sort_by(f64::total_cmp);
+    Some((point, means[50], means[1949]))
 }
 
 /// Set the machine up, build the observer and engine binaries, and return their directory.
@@ -109,5 +133,19 @@ mod tests {
         let out = "observer: x\n{\"id\":1}\n{\"gen_tok_s\":12.5,\"prompt_tok_s\":3}\n";
         assert_eq!(gen_tok_s(out).unwrap(), 12.5);
         assert!(gen_tok_s("nothing").is_err());
+    }
+
+    #[test]
+    fn paired_ratio_interval() {
+        assert!(paired_ratio_ci(&[(1.0, 1.0)]).is_none());
+        // Identical ratios: a point interval.
+        let (g, lo, hi) = paired_ratio_ci(&[(100.0, 99.0), (120.0, 118.8), (90.0, 89.1)]).unwrap();
+        assert!((g - 0.99).abs() < 1e-12 && (lo - 0.99).abs() < 1e-12 && (hi - 0.99).abs() < 1e-12);
+        // Spread ratios: the interval holds the geometric mean and lies within the extremes.
+        let pairs: Vec<(f64, f64)> = (0..10).map(|i| (100.0, 95.0 + i as f64)).collect();
+        let (g, lo, hi) = paired_ratio_ci(&pairs).unwrap();
+        assert!(lo < g && g < hi && lo > 0.95 && hi < 1.04, "{g} [{lo}, {hi}]");
+        let geo = (pairs.iter().map(|(a, b)| (b / a).ln()).sum::<f64>() / 10.0).exp();
+        assert!((g - geo).abs() < 1e-12);
     }
 }

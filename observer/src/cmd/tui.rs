@@ -24,7 +24,7 @@
 //! events through the same `tui::App`.
 
 use std::{
-    io::{Read, Write},
+    io::Write,
     os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd},
     path::{Path, PathBuf},
     sync::{
@@ -50,7 +50,7 @@ pub struct TuiArgs {
     #[arg(long, value_name = "FILE", conflicts_with_all = ["pid", "command"])]
     replay: Option<PathBuf>,
     /// Screen redraws per second (at most; nothing is redrawn while nothing changes).
-    #[arg(long, default_value_t = 4.0, value_name = "HZ", value_parser = parse_hz)]
+    #[arg(long, default_value_t = 1.0 / ::tui::term::DEFAULT_REFRESH.as_secs_f64(), value_name = "HZ", value_parser = parse_hz)]
     refresh: f64,
     /// Events that may wait for the screen before new ones are dropped (and counted).
     #[arg(long, default_value_t = 4096, value_name = "N", value_parser = clap::value_parser!(u32).range(16..))]
@@ -188,10 +188,11 @@ impl Sink for ToScreen {
                 if matches!(ev, Event::End(_))
                     && let Ok(mut l) = self.lines.lock()
                 {
-                    // The target has exited and its output is complete: what
-                    // follows is `run`'s end-of-run report, printed after the
-                    // screen closes rather than pushing the target's last lines away.
-                    l.open = false;
+                    // The target has exited and its output is complete (read,
+                    // or still in the pipe): what follows is `run`'s end-of-run
+                    // report, printed after the screen closes rather than
+                    // pushing the target's last lines away.
+                    l.close_at_pipe_end();
                 }
                 let _ = self.tx.send(ev.clone());
             }
@@ -273,16 +274,25 @@ fn replay(path: &Path, opts: &Options) -> Result<i32> {
     Ok(0)
 }
 
-/// Lower this thread's priority (nice 10): the screen and the output reader
-/// must not preempt an engine that keeps every core busy (its threads meet at
-/// a barrier per layer, so one preempted thread stalls them all). Per thread,
-/// so the spawned target, forked from the main thread, keeps its own nice.
+/// Make this thread yield to the target: the idle scheduling class
+/// (`SCHED_IDLE`). The screen and the output reader must not take CPU from an
+/// engine that keeps every core busy (its threads meet at a barrier per layer,
+/// so one preempted thread stalls them all). A `SCHED_IDLE` thread never
+/// preempts a normal one, is preempted as soon as one wakes, and otherwise
+/// runs on time the target leaves free (on a saturated machine it still gets
+/// a sliver, enough for a frame every few hundred ms: keys answered within
+/// ~50 ms here with the engine on both cores). Per thread, so the spawned
+/// target, forked from the main thread, keeps its own policy. Nice 10 too, for
+/// kernels where the policy is refused.
 fn yield_to_the_target() {
-    // SAFETY: gettid and setpriority on our own thread; failure leaves the priority as it was.
+    // SAFETY: gettid, sched_setscheduler and setpriority on our own thread;
+    // a failure leaves the policy or priority as it was.
     unsafe {
-        let tid = libc::syscall(libc::SYS_gettid) as libc::id_t;
-        let now = libc::getpriority(libc::PRIO_PROCESS, tid);
-        libc::setpriority(libc::PRIO_PROCESS, tid, (now + 10).min(19));
+        let tid = libc::syscall(libc::SYS_gettid) as libc::pid_t;
+        let param = libc::sched_param { sched_priority: 0 };
+        libc::sched_setscheduler(tid, libc::SCHED_IDLE, &param);
+        let now = libc::getpriority(libc::PRIO_PROCESS, tid as libc::id_t);
+        libc::setpriority(libc::PRIO_PROCESS, tid as libc::id_t, (now + 10).min(19));
     }
 }
 
@@ -357,7 +367,8 @@ impl Capture {
             }
         }
         drop(wr);
-        let lines = Arc::new(Mutex::new(LiveLines { lines: Vec::new(), open: true }));
+        prepare_read_end(&rd);
+        let lines = Arc::new(Mutex::new(LiveLines::new(rd.as_raw_fd())));
         let kept: Arc<Mutex<Kept>> = Arc::default();
         let reader = {
             let (lines, kept) = (lines.clone(), kept.clone());
@@ -419,23 +430,88 @@ impl Drop for Capture {
     }
 }
 
-/// Captured lines on their way to the screen; none are added once `open` is
-/// false (after the run's end).
-#[derive(Default)]
+/// Captured lines on their way to the screen. Once `limit` is set, only the
+/// first `limit` bytes of output are shown live (the rest is printed after).
 struct LiveLines {
     lines: Vec<String>,
-    open: bool,
+    /// Bytes read from the pipe so far (updated under the lock with each read).
+    read: u64,
+    limit: Option<u64>,
+    /// The pipe's read end while the reader holds it open, else -1.
+    fd: RawFd,
 }
 
-fn read_output(mut rd: std::fs::File, lines: &Mutex<LiveLines>, kept: &Mutex<Kept>) {
-    let mut buf = vec![0u8; 64 << 10];
+impl Default for LiveLines {
+    fn default() -> Self {
+        LiveLines { lines: Vec::new(), read: 0, limit: None, fd: -1 }
+    }
+}
+
+impl LiveLines {
+    fn new(fd: RawFd) -> Self {
+        LiveLines { fd, ..Default::default() }
+    }
+
+    /// Show live what has been written so far, nothing after: the bytes read
+    /// plus those still waiting in the pipe.
+    fn close_at_pipe_end(&mut self) {
+        let mut waiting: libc::c_int = 0;
+        // SAFETY: `fd` is open while it is not -1 (the reader resets it, under
+        // this lock, before closing); FIONREAD writes one int.
+        if self.fd >= 0 && unsafe { libc::ioctl(self.fd, libc::FIONREAD, &mut waiting) } < 0 {
+            waiting = 0;
+        }
+        self.limit = Some(self.read + waiting.max(0) as u64);
+    }
+}
+
+/// The reader wakes at most this often (unless a read fills its buffer): a
+/// target printing a line per token would otherwise wake it per token.
+const READ_PACE: Duration = Duration::from_millis(100);
+/// The capture pipe's size (best effort), so that a paced reader does not
+/// make the target wait at a full pipe.
+const PIPE_SIZE: libc::c_int = 1 << 20;
+
+/// Paced reading (`read_output`): a larger pipe, read without blocking (the
+/// flag is on the read end's open file only; the target's writes still block).
+fn prepare_read_end(rd: &OwnedFd) {
+    // SAFETY: fcntl on our own pipe descriptor; failures leave the defaults.
+    unsafe {
+        libc::fcntl(rd.as_raw_fd(), libc::F_SETPIPE_SZ, PIPE_SIZE);
+        libc::fcntl(rd.as_raw_fd(), libc::F_SETFL, libc::O_NONBLOCK);
+    }
+}
+
+/// Read the capture pipe (non-blocking descriptor) until every writer has
+/// closed it: everything into `kept`, whole lines into `lines` (module doc).
+fn read_output(rd: std::fs::File, lines: &Mutex<LiveLines>, kept: &Mutex<Kept>) {
+    let mut buf = vec![0u8; 256 << 10];
     let mut partial: Vec<u8> = Vec::new();
+    // Offset in the output of `partial`'s first byte.
+    let mut partial_at = 0u64;
     loop {
-        let n = match rd.read(&mut buf) {
-            Ok(0) => break,
-            Ok(n) => n,
-            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
-            Err(_) => break,
+        let r = {
+            let Ok(mut l) = lines.lock() else { break };
+            // SAFETY: reading into our buffer from our descriptor.
+            let n = unsafe { libc::read(rd.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len()) };
+            if n > 0 {
+                l.read += n as u64;
+            }
+            n
+        };
+        let n = match r {
+            0 => break,
+            n if n > 0 => n as usize,
+            _ => match std::io::Error::last_os_error().kind() {
+                std::io::ErrorKind::Interrupted => continue,
+                std::io::ErrorKind::WouldBlock => {
+                    let mut pfd = libc::pollfd { fd: rd.as_raw_fd(), events: libc::POLLIN, revents: 0 };
+                    // SAFETY: one valid pollfd; waits for data or the writers' close.
+                    unsafe { libc::poll(&mut pfd, 1, -1) };
+                    continue;
+                }
+                _ => break,
+            },
         };
         let chunk = &buf[..n];
         if let Ok(mut k) = kept.lock() {
@@ -447,24 +523,35 @@ fn read_output(mut rd: std::fs::File, lines: &Mutex<LiveLines>, kept: &Mutex<Kep
             }
         }
         partial.extend_from_slice(chunk);
+        // Whole lines, each with the output offset just past it.
         let mut new_lines = Vec::new();
         while let Some(i) = partial.iter().position(|&b| b == b'\n') {
             let line: Vec<u8> = partial.drain(..=i).collect();
-            new_lines.push(String::from_utf8_lossy(&line[..line.len() - 1]).trim_end_matches('\r').to_string());
+            partial_at += line.len() as u64;
+            new_lines.push((
+                String::from_utf8_lossy(&line[..line.len() - 1]).trim_end_matches('\r').to_string(),
+                partial_at,
+            ));
         }
         if partial.len() > 4096 {
-            new_lines.push(String::from_utf8_lossy(&partial).into_owned());
+            partial_at += partial.len() as u64;
+            new_lines.push((String::from_utf8_lossy(&partial).into_owned(), partial_at));
             partial.clear();
         }
-        if let Ok(mut l) = lines.lock()
-            && l.open
-        {
-            for line in new_lines {
-                if l.lines.len() < LINES_MAX {
+        if let Ok(mut l) = lines.lock() {
+            let limit = l.limit.unwrap_or(u64::MAX);
+            for (line, end) in new_lines {
+                if end <= limit && l.lines.len() < LINES_MAX {
                     l.lines.push(line);
                 }
             }
         }
+        if n < buf.len() {
+            std::thread::sleep(READ_PACE);
+        }
+    }
+    if let Ok(mut l) = lines.lock() {
+        l.fd = -1;
     }
 }
 
@@ -506,6 +593,41 @@ mod tests {
         drop(sink);
         assert_eq!(src.pump(&mut app), Status::Done);
         assert!(app.ended());
+    }
+
+    #[test]
+    fn output_shown_live_ends_with_what_the_target_wrote_before_the_end() {
+        let mut fds = [0; 2];
+        // SAFETY: a fresh pipe, owned below.
+        assert_eq!(unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) }, 0);
+        // SAFETY: fresh descriptors from pipe2.
+        let (rd, wr) = unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) };
+        prepare_read_end(&rd);
+        let mut wr = std::fs::File::from(wr);
+        let lines = Arc::new(Mutex::new(LiveLines::new(rd.as_raw_fd())));
+        let kept: Arc<Mutex<Kept>> = Arc::default();
+        let reader = {
+            let (lines, kept) = (lines.clone(), kept.clone());
+            std::thread::spawn(move || read_output(std::fs::File::from(rd), &lines, &kept))
+        };
+        wr.write_all(b"first\n").unwrap();
+        // The paced reader takes this line in within a pace or two.
+        let t0 = Instant::now();
+        while lines.lock().unwrap().lines.is_empty() {
+            assert!(t0.elapsed() < Duration::from_secs(5), "the reader did not take in the first line");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        // The target's last lines are still in the pipe (the reader sleeps)
+        // when the run's end arrives; then the observer's report follows.
+        wr.write_all(b"last words\nno newline").unwrap();
+        lines.lock().unwrap().close_at_pipe_end();
+        wr.write_all(b"\nend-of-run report\n").unwrap();
+        drop(wr);
+        reader.join().unwrap();
+        let l = lines.lock().unwrap();
+        assert_eq!(l.lines, ["first", "last words"], "shown live");
+        assert_eq!(l.fd, -1, "the reader let go of the descriptor");
+        assert_eq!(kept.lock().unwrap().bytes, b"first\nlast words\nno newline\nend-of-run report\n", "printed after");
     }
 
     #[test]
