@@ -16,6 +16,11 @@
 //!   core; the same terminal figure under `observer run` for comparison. This
 //!   is the time the screen can take from the engine and is not subject to
 //!   the run-to-run noise.
+//! - who kept the engine's threads off a CPU while they were runnable, from
+//!   system-wide `sched_switch` events recorded by `perf` over each run
+//!   (`displace`): the screen and terminal's share of the run is their direct
+//!   cost to the engine, measured on the scheduler's own record rather than
+//!   inferred from noisy rates.
 //! - windows within runs: one long `observer tui` run whose screen is paused
 //!   and resumed (the `p` key, through tmux) every second; the engine's own
 //!   progress (rows of its `--metrics-csv`, flushed per token) is read at each
@@ -35,11 +40,11 @@ use anyhow::{Context, Result, bail};
 
 use crate::{
     bench_util::{self, gen_tok_s, median, paired_ratio_ci},
-    cache, cmd,
+    cache, cmd, displace,
 };
 
 /// One run's numbers.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Debug)]
 struct Sample {
     tok_s: f64,
     /// Wall time from the engine's start to its end.
@@ -48,6 +53,8 @@ struct Sample {
     screen_ns: u64,
     /// CPU of the tmux server (the terminal) over the same span.
     terminal_ns: u64,
+    /// Who kept the engine's threads off a CPU (`displace`).
+    displaced: displace::Displaced,
 }
 
 impl Sample {
@@ -74,13 +81,68 @@ fn in_tmux(tui: bool, observer: &Path, engine_cmd: &[String], out: &Path) -> Res
     for a in engine_cmd {
         line.push_str(&format!(" '{}'", a.replace('\'', "'\\''")));
     }
-    line.push_str(&format!(" > {} 2>&1; tmux -L {socket} wait-for -S done", out.display()));
+    line.push_str(&format!(" > {} 2>&1", out.display()));
+    let sched = SchedRecord::start()?;
     cmd::run(&mut tmux(&["new-session", "-d", "-s", "bench", "-x", "160", "-y", "45", &line]))?;
     let result = watch(tui, engine_cmd, &socket, &tmux);
     let _ = tmux(&["kill-server"]).status();
     let (wall, screen_ns, terminal_ns) = result?;
+    let displaced = sched.finish()?;
     let tok_s = gen_tok_s(&std::fs::read_to_string(out).with_context(|| format!("reading {}", out.display()))?)?;
-    Ok(Sample { tok_s, wall, screen_ns, terminal_ns })
+    Ok(Sample { tok_s, wall, screen_ns, terminal_ns, displaced })
+}
+
+/// `sched_switch` events of every CPU over one run, in an ftrace instance
+/// of our own (removed again), read by [`displace`].
+struct SchedRecord {
+    dir: std::path::PathBuf,
+}
+
+impl SchedRecord {
+    fn start() -> Result<SchedRecord> {
+        let dir = std::path::PathBuf::from(format!("/sys/kernel/tracing/instances/bench-tui-{}", std::process::id()));
+        std::fs::create_dir(&dir).with_context(|| {
+            format!("creating the ftrace instance {} (tracefs; `cargo xtask setup` mounts it)", dir.display())
+        })?;
+        let rec = SchedRecord { dir };
+        // 2 x 32 MiB: about 10 minutes of a busy 2-core machine's switches.
+        rec.write("buffer_size_kb", "32768")?;
+        rec.write("trace_clock", "mono")?;
+        rec.write("events/sched/sched_switch/enable", "1")?;
+        rec.write("events/sched/sched_migrate_task/enable", "1")?;
+        Ok(rec)
+    }
+
+    fn write(&self, file: &str, v: &str) -> Result<()> {
+        let p = self.dir.join(file);
+        std::fs::write(&p, v).with_context(|| format!("writing {v} to {}", p.display()))
+    }
+
+    fn finish(self) -> Result<displace::Displaced> {
+        self.write("tracing_on", "0")?;
+        let p = self.dir.join("trace");
+        let text = std::fs::read_to_string(&p).with_context(|| format!("reading {}", p.display()))?;
+        // `# entries-in-buffer/entries-written: 1234/1234`: fewer in the buffer means lost events.
+        if let Some(counts) = text.lines().find_map(|l| l.strip_prefix("# entries-in-buffer/entries-written: "))
+            && let Some((kept, written)) = counts.split_whitespace().next().and_then(|c| c.split_once('/'))
+            && kept != written
+        {
+            bail!("the ftrace buffer overflowed ({kept} of {written} scheduler events kept)");
+        }
+        let d = displace::read(text.as_bytes())?;
+        if d.span_s <= 0.0 {
+            bail!("ftrace recorded no scheduler switch of the engine's threads ({})", p.display());
+        }
+        Ok(d)
+    }
+}
+
+impl Drop for SchedRecord {
+    fn drop(&mut self) {
+        let _ = std::fs::write(self.dir.join("events/sched/sched_switch/enable"), "0");
+        let _ = std::fs::write(self.dir.join("events/sched/sched_migrate_task/enable"), "0");
+        let _ = std::fs::remove_dir(&self.dir);
+    }
 }
 
 /// Wait for the engine's start and end, taking the screen's and terminal's
@@ -115,9 +177,7 @@ fn watch(
     let screen0 = screen_cpu_ns(observer);
     let (mut screen, mut terminal) = (screen0, terminal0);
     // The observer reaps its child: /proc/PID goes away (or turns zombie) at the engine's exit.
-    while std::fs::read_to_string(format!("/proc/{pid}/stat"))
-        .is_ok_and(|st| st.rsplit_once(')').is_some_and(|(_, rest)| !rest.trim_start().starts_with('Z')))
-    {
+    while alive(pid) {
         screen = screen_cpu_ns(observer).max(screen);
         terminal = cpu_ns(server, server).unwrap_or(0).max(terminal);
         timeout("the engine did not end")?;
@@ -129,7 +189,7 @@ fn watch(
         std::thread::sleep(Duration::from_millis(500));
         cmd::run(&mut tmux(&["send-keys", "-t", "bench", "q"]))?;
     }
-    cmd::run(&mut tmux(&["wait-for", "done"]))?;
+    wait_gone(observer, "the observer")?;
     Ok((wall, screen - screen0, terminal - terminal0))
 }
 
@@ -183,7 +243,7 @@ fn windows(
     for a in engine_cmd.iter().chain([&"--metrics-csv".to_string(), &csv.display().to_string()]) {
         line.push_str(&format!(" '{}'", a.replace('\'', "'\\''")));
     }
-    line.push_str(&format!(" > /dev/null 2>&1; tmux -L {socket} wait-for -S done"));
+    line.push_str(" > /dev/null 2>&1");
     cmd::run(&mut tmux(&["new-session", "-d", "-s", "bench", "-x", "160", "-y", "45", &line]))?;
     let result = (|| -> Result<Vec<Window>> {
         let mut rows = RowCounter { file: None, path: csv.to_path_buf(), rows: 0 };
@@ -214,18 +274,14 @@ fn windows(
             cmd::run(&mut tmux(&["send-keys", "-t", "bench", "p"]))?;
         }
         // Wait for the end; then quit the TUI, which keeps its final summary up.
-        let pid = find_process(|_, cmdline| cmdline.starts_with(&join0(engine_cmd)));
-        while let Some(pid) = pid
-            && std::fs::read_to_string(format!("/proc/{pid}/stat"))
-                .is_ok_and(|st| st.rsplit_once(')').is_some_and(|(_, rest)| !rest.trim_start().starts_with('Z')))
-        {
-            std::thread::sleep(Duration::from_millis(100));
-        }
+        let pid = find_process(|_, cmdline| cmdline.starts_with(&join0(engine_cmd))).context("the engine")?;
+        let observer = parent(pid).context("the engine's parent (the observer)")?;
+        wait_gone(pid, "the engine")?;
         if tui {
             std::thread::sleep(Duration::from_millis(500));
             cmd::run(&mut tmux(&["send-keys", "-t", "bench", "q"]))?;
         }
-        cmd::run(&mut tmux(&["wait-for", "done"]))?;
+        wait_gone(observer, "the observer")?;
         Ok(out)
     })();
     let _ = tmux(&["kill-server"]).status();
@@ -236,6 +292,24 @@ fn windows(
 /// neighbours' rates, live rate), for [`paired_ratio_ci`].
 fn live_vs_paused(w: &[Window]) -> Vec<(f64, f64)> {
     w.windows(3).filter(|t| t[1].0 && !t[0].0 && !t[2].0).map(|t| ((t[0].1 + t[2].1) / 2.0, t[1].1)).collect()
+}
+
+/// Whether `pid` runs (exists and is not a zombie).
+fn alive(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .is_ok_and(|st| st.rsplit_once(')').is_some_and(|(_, rest)| !rest.trim_start().starts_with('Z')))
+}
+
+/// Wait (at most a minute) for `pid` to end.
+fn wait_gone(pid: u32, what: &str) -> Result<()> {
+    let t0 = Instant::now();
+    while alive(pid) {
+        if t0.elapsed() > Duration::from_secs(60) {
+            bail!("{what} (pid {pid}) did not exit within a minute");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    Ok(())
 }
 
 fn join0(args: &[String]) -> Vec<u8> {
@@ -299,13 +373,20 @@ pub fn main(args: &[String]) -> Result<()> {
         "model {model} ({threads} threads, {n_gen} tokens), {rounds} rounds in A-B-B-A order, TUI at its default refresh"
     );
     let mut pairs = Vec::new();
-    let (mut screen_share, mut run_terminal_share) = (Vec::new(), Vec::new());
+    let top = |d: &displace::Displaced| {
+        d.top_others(3).iter().map(|(c, v)| format!("{c} {:.2}", 100.0 * v)).collect::<Vec<_>>().join(", ")
+    };
+    let (mut screen_share, mut run_terminal_share, mut displaced) = (Vec::new(), Vec::new(), Vec::new());
     for r in 0..rounds {
         let (a, b) = bench_util::abba_round(r, under_run, under_tui)?;
         let share = b.share(b.screen_ns + b.terminal_ns);
+        let (da, db) = (&a.displaced, &b.displaced);
+        let pct = |d: &displace::Displaced, v: f64| 100.0 * v / d.span_s;
         println!(
-            "round {r}: observer run {:.2} tok/s, observer tui {:.2} tok/s, ratio {:.4}; \
-             screen CPU {:.0} ms + terminal {:.0} ms in {:.1} s = {:.2} % of a core (terminal under run: {:.2} %)",
+            "round {r}: observer run {:.2} tok/s, observer tui {:.2} tok/s, ratio {:.4}\n  \
+             CPU: screen {:.0} ms + terminal {:.0} ms in {:.1} s = {:.2} % of a core (terminal under run: {:.2} %)\n  \
+             engine kept off a CPU, % of the run, tui (run): screen {:.3} ({:.3}), terminal {:.3} ({:.3}), \
+             observer's other threads {:.3} ({:.3}), other tasks {:.2} ({:.2}; most: {} ({}))",
             a.tok_s,
             b.tok_s,
             b.tok_s / a.tok_s,
@@ -314,7 +395,18 @@ pub fn main(args: &[String]) -> Result<()> {
             b.wall.as_secs_f64(),
             100.0 * share,
             100.0 * a.share(a.terminal_ns),
+            pct(db, db.screen_s),
+            pct(da, da.screen_s),
+            pct(db, db.terminal_s),
+            pct(da, da.terminal_s),
+            pct(db, db.observer_s),
+            pct(da, da.observer_s),
+            pct(db, db.other_s),
+            pct(da, da.other_s),
+            top(db),
+            top(da),
         );
+        displaced.push((db.screen_s + db.terminal_s) / db.span_s);
         pairs.push((a.tok_s, b.tok_s));
         screen_share.push(share);
         run_terminal_share.push(a.share(a.terminal_ns));
@@ -332,6 +424,10 @@ pub fn main(args: &[String]) -> Result<()> {
         "screen + terminal CPU while the engine ran: median {:.2} % of a core (the terminal alone under observer run: {:.2} %)",
         100.0 * median(&mut screen_share),
         100.0 * median(&mut run_terminal_share)
+    );
+    println!(
+        "engine kept off a CPU by the screen and terminal: median {:.3} % of the run (their direct cost: CPU time the engine wanted and they took; target < 1 %)",
+        100.0 * median(&mut displaced)
     );
     if window_runs == 0 {
         return Ok(());

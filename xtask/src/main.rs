@@ -17,6 +17,7 @@ mod bench_util;
 mod cache;
 mod cmd;
 mod demo;
+mod displace;
 mod llama;
 mod parity;
 mod pressure;

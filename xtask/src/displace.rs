@@ -1,0 +1,252 @@
+//! Who kept the engine off a CPU: a reading of system-wide `sched_switch`
+//! events from an ftrace instance's `trace` file (lines like
+//! `  tmux: server-7  [001] d..2. 24914.537582: sched_switch: prev_comm=…`).
+//! Not `perf record`: while a BPF program on the same tracepoint returns 0
+//! (the observer's do), the kernel hands the event to no perf listener; the
+//! ftrace ring buffer gets it regardless.
+//!
+//! Spec:
+//! - Each `sched_switch` on CPU c at time t says `next` runs on c from t
+//!   until c's next switch.
+//! - An engine thread (comm starting with `engine`) is *waiting on CPU c* from
+//!   a switch that takes it off c while runnable (`prev_state=R` or `R+`:
+//!   preempted) until a switch puts it back on a CPU; a `sched_migrate_task`
+//!   of it meanwhile moves it to the destination CPU's queue. Threads that
+//!   block (sleep, I/O) are not waiting: nothing kept them off a CPU.
+//! - A task *displaces* the engine while it runs on a CPU where an engine
+//!   thread is waiting. The sum of that time per group of tasks is the CPU
+//!   time they took that the engine wanted; with engine threads that meet at a
+//!   barrier it is also about the wall time the engine lost to them. A task
+//!   running on another CPU (e.g. in the idle time of a thread waiting at the
+//!   barrier) displaces nothing.
+//! - Groups: `screen` (comm starting with `observer-tui`), `terminal` (`tmux:
+//!   server`), `observer` (the observer's other threads), `other` (anything
+//!   else but the idle task, also kept per comm). Times are taken from the first to the
+//!   last event that names an engine thread.
+
+use std::io::BufRead;
+
+use anyhow::{Context, Result};
+
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Displaced {
+    /// Seconds between the first and the last event naming an engine thread.
+    pub span_s: f64,
+    pub screen_s: f64,
+    pub terminal_s: f64,
+    pub observer_s: f64,
+    pub other_s: f64,
+    /// `other_s` per comm.
+    pub others: std::collections::BTreeMap<String, f64>,
+}
+
+impl Displaced {
+    /// The `n` comms of `others` that took the most, with their share of the span.
+    pub fn top_others(&self, n: usize) -> Vec<(String, f64)> {
+        let mut v: Vec<(String, f64)> = self.others.iter().map(|(k, s)| (k.clone(), s / self.span_s)).collect();
+        v.sort_by(|a, b| b.1.total_cmp(&a.1));
+        v.truncate(n);
+        v
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Group {
+    Engine,
+    Screen,
+    Terminal,
+    Observer,
+    Other,
+    Idle,
+}
+
+fn group(comm: &str, pid: u32) -> Group {
+    if pid == 0 {
+        Group::Idle
+    } else if comm.starts_with("engine") {
+        Group::Engine
+    } else if comm.starts_with("observer-tui") {
+        Group::Screen
+    } else if comm == "tmux: server" {
+        Group::Terminal
+    } else if comm.starts_with("observer") {
+        Group::Observer
+    } else {
+        Group::Other
+    }
+}
+
+/// One parsed `sched_switch` line.
+struct Switch<'a> {
+    cpu: usize,
+    t: f64,
+    prev_comm: &'a str,
+    prev_pid: u32,
+    preempted: bool,
+    next_comm: &'a str,
+    next_pid: u32,
+}
+
+fn field<'a>(line: &'a str, key: &str, until: &str) -> Option<&'a str> {
+    let start = line.find(key)? + key.len();
+    let rest = &line[start..];
+    Some(match rest.find(until) {
+        Some(e) if !until.is_empty() => &rest[..e],
+        _ => rest,
+    })
+}
+
+/// A `sched_migrate_task` line: (pid, destination CPU).
+fn parse_migrate(line: &str) -> Option<(u32, usize)> {
+    let at = line.find(": sched_migrate_task: ")?;
+    let trace = &line[at..];
+    Some((field(trace, " pid=", " ")?.parse().ok()?, field(trace, " dest_cpu=", " ")?.trim().parse().ok()?))
+}
+
+/// The timestamp of any event line: the last word before `: <event>: `.
+fn event_time(line: &str) -> Option<f64> {
+    let at = line.find(": sched_")?;
+    line[..at].rsplit(' ').next()?.parse().ok()
+}
+
+fn parse(line: &str) -> Option<Switch<'_>> {
+    let at = line.find(": sched_switch: ")?;
+    let (head, trace) = (&line[..at], &line[at + ": sched_switch: ".len()..]);
+    // head: `<comm>-<pid> [CPU] <flags> <seconds>`; comm may hold spaces.
+    let t = head.rsplit(' ').next()?.parse().ok()?;
+    let cpu = head.rsplit_once('[')?.1.split(']').next()?.trim().parse().ok()?;
+    // Each field ends where the next key starts.
+    Some(Switch {
+        cpu,
+        t,
+        prev_comm: field(trace, "prev_comm=", " prev_pid=")?,
+        prev_pid: field(trace, " prev_pid=", " ")?.parse().ok()?,
+        preempted: field(trace, " prev_state=", " ")?.starts_with('R'),
+        next_comm: field(trace, "==> next_comm=", " next_pid=")?,
+        next_pid: field(trace, " next_pid=", " ")?.parse().ok()?,
+    })
+}
+
+/// Read an ftrace `trace` file's text (module spec).
+pub fn read(input: impl BufRead) -> Result<Displaced> {
+    // What runs on each CPU (unknown until its first switch), and where each
+    // waiting engine thread is queued; both constant between two events.
+    let mut running: Vec<Option<(Group, String)>> = Vec::new();
+    let mut waiting: std::collections::HashMap<u32, usize> = std::collections::HashMap::new();
+    let mut now = None::<f64>;
+    let (mut first, mut last) = (None::<f64>, 0f64);
+    let mut d = Displaced::default();
+    for line in input.lines() {
+        let line = line.context("reading the ftrace buffer")?;
+        let migrate = parse_migrate(&line);
+        let switch = if migrate.is_none() { parse(&line) } else { None };
+        let Some(t) = migrate.as_ref().and_then(|_| event_time(&line)).or(switch.as_ref().map(|s| s.t)) else {
+            continue;
+        };
+        // Account the time since the previous event to the state it left.
+        if let Some(t0) = now
+            && !waiting.is_empty()
+        {
+            let dt = (t - t0).max(0.0);
+            for (cpu, run) in running.iter().enumerate() {
+                let Some((g, comm)) = run else { continue };
+                if !waiting.values().any(|&c| c == cpu) {
+                    continue;
+                }
+                match g {
+                    Group::Screen => d.screen_s += dt,
+                    Group::Terminal => d.terminal_s += dt,
+                    Group::Observer => d.observer_s += dt,
+                    Group::Other => {
+                        d.other_s += dt;
+                        *d.others.entry(comm.clone()).or_default() += dt;
+                    }
+                    Group::Engine | Group::Idle => {}
+                }
+            }
+        }
+        now = Some(t);
+        if let Some((pid, cpu)) = migrate {
+            if let Some(c) = waiting.get_mut(&pid) {
+                *c = cpu;
+            }
+            continue;
+        }
+        let Some(s) = switch else { continue };
+        if running.len() <= s.cpu {
+            running.resize(s.cpu + 1, None);
+        }
+        let (pg, ng) = (group(s.prev_comm, s.prev_pid), group(s.next_comm, s.next_pid));
+        if pg == Group::Engine && s.preempted {
+            waiting.insert(s.prev_pid, s.cpu);
+        }
+        if ng == Group::Engine {
+            waiting.remove(&s.next_pid);
+        }
+        if pg == Group::Engine || ng == Group::Engine {
+            first.get_or_insert(s.t);
+            last = s.t;
+        }
+        running[s.cpu] = Some((ng, s.next_comm.to_string()));
+    }
+    d.span_s = first.map_or(0.0, |f| last - f);
+    Ok(d)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sw(cpu: u32, t: f64, prev: (&str, u32, &str), next: (&str, u32)) -> String {
+        format!(
+            "  {}-{}  [{cpu:03}] d..2. {t:.6}: sched_switch: prev_comm={} prev_pid={} prev_prio=120 prev_state={} ==> next_comm={} next_pid={} next_prio=120\n",
+            prev.0, prev.1, prev.0, prev.1, prev.2, next.0, next.1
+        )
+    }
+
+    #[test]
+    fn time_taken_from_a_waiting_engine_thread_is_counted_per_group() {
+        let mut s = String::new();
+        // CPU 0: the engine runs, is preempted by the terminal for 2 ms, then by the observer for 1 ms.
+        s += &sw(0, 10.000, ("swapper/0", 0, "R"), ("engine", 100));
+        // CPU 1: the worker runs, blocks (not waiting), the screen thread runs in the idle time.
+        s += &sw(1, 10.000, ("swapper/1", 0, "R"), ("engine-worker-1", 101));
+        s += &sw(0, 10.010, ("engine", 100, "R"), ("tmux: server", 7));
+        s += &sw(1, 10.011, ("engine-worker-1", 101, "S"), ("observer-tui", 8));
+        s += &sw(0, 10.012, ("tmux: server", 7, "S"), ("observer", 9));
+        s += &sw(0, 10.013, ("observer", 9, "S"), ("engine", 100));
+        s += &sw(1, 10.014, ("observer-tui", 8, "S"), ("engine-worker-1", 101));
+        s += "# entries-in-buffer/entries-written: 7/7   #P:2\n";
+        s += &sw(0, 10.020, ("engine", 100, "R+"), ("kworker/0:1", 20));
+        s += &sw(0, 10.023, ("kworker/0:1", 20, "I"), ("engine", 100));
+        let d = read(s.as_bytes()).unwrap();
+        assert!((d.span_s - 0.023).abs() < 1e-9, "{d:?}");
+        assert!((d.others["kworker/0:1"] - 0.003).abs() < 1e-9, "{d:?}");
+        assert_eq!(d.top_others(1)[0].0, "kworker/0:1");
+        // tmux 10.010–10.012 on the engine's CPU while it waits; observer-tui runs
+        // on CPU 1 in the worker's idle time and displaces nothing...
+        assert!((d.terminal_s - 0.002).abs() < 1e-9, "{d:?}");
+        assert_eq!(d.screen_s, 0.0, "{d:?}");
+        assert!((d.observer_s - 0.001).abs() < 1e-9, "{d:?}");
+        assert!((d.other_s - 0.003).abs() < 1e-9, "{d:?}");
+        // ...unless the waiting thread is moved to its queue.
+        let mut m = String::new();
+        m += &sw(0, 20.000, ("swapper/0", 0, "R"), ("engine", 100));
+        m += &sw(1, 20.000, ("swapper/1", 0, "R"), ("observer-tui", 8));
+        m += &sw(0, 20.001, ("engine", 100, "R"), ("kworker/0:1", 20));
+        m += "  kworker/0:1-20  [000] d..2. 20.002000: sched_migrate_task: comm=engine pid=100 prio=120 orig_cpu=0 dest_cpu=1\n";
+        m += &sw(1, 20.005, ("observer-tui", 8, "R"), ("engine", 100));
+        let d = read(m.as_bytes()).unwrap();
+        assert!((d.other_s - 0.001).abs() < 1e-9 && (d.screen_s - 0.003).abs() < 1e-9, "{d:?}");
+    }
+
+    #[test]
+    fn a_blocked_engine_is_not_displaced() {
+        let mut s = String::new();
+        s += &sw(0, 1.0, ("swapper/0", 0, "R"), ("engine", 100));
+        s += &sw(0, 1.5, ("engine", 100, "S"), ("tmux: server", 7));
+        s += &sw(0, 2.0, ("tmux: server", 7, "S"), ("engine", 100));
+        let d = read(s.as_bytes()).unwrap();
+        assert_eq!((d.terminal_s, d.span_s), (0.0, 1.0));
+    }
+}
