@@ -18,9 +18,11 @@
 //!   the run-to-run noise.
 //! - who kept the engine's threads off a CPU while they were runnable, from
 //!   system-wide `sched_switch` events recorded by `perf` over each run
-//!   (`displace`): the screen and terminal's share of the run is their direct
-//!   cost to the engine, measured on the scheduler's own record rather than
-//!   inferred from noisy rates.
+//!   (`displace`). The TUI's direct cost is what its threads, the terminal
+//!   and the observer's other threads took under `tui`, minus what the same
+//!   took under `run`: measured on the scheduler's own record rather than
+//!   inferred from noisy rates. It leaves out indirect costs (caches, the
+//!   wake-up latency of a barrier partner).
 //! - windows within runs: one long `observer tui` run whose screen is paused
 //!   and resumed (the `p` key, through tmux) every second; the engine's own
 //!   progress (rows of its `--metrics-csv`, flushed per token) is read at each
@@ -53,6 +55,8 @@ struct Sample {
     screen_ns: u64,
     /// CPU of the tmux server (the terminal) over the same span.
     terminal_ns: u64,
+    /// Steal time while the engine ran, in CPUs (0.05 = 5 % of one CPU).
+    steal: f64,
     /// Who kept the engine's threads off a CPU (`displace`).
     displaced: displace::Displaced,
 }
@@ -86,10 +90,10 @@ fn in_tmux(tui: bool, observer: &Path, engine_cmd: &[String], out: &Path) -> Res
     cmd::run(&mut tmux(&["new-session", "-d", "-s", "bench", "-x", "160", "-y", "45", &line]))?;
     let result = watch(tui, engine_cmd, &socket, &tmux);
     let _ = tmux(&["kill-server"]).status();
-    let (wall, screen_ns, terminal_ns) = result?;
+    let (wall, screen_ns, terminal_ns, steal) = result?;
     let displaced = sched.finish()?;
     let tok_s = gen_tok_s(&std::fs::read_to_string(out).with_context(|| format!("reading {}", out.display()))?)?;
-    Ok(Sample { tok_s, wall, screen_ns, terminal_ns, displaced })
+    Ok(Sample { tok_s, wall, screen_ns, terminal_ns, steal, displaced })
 }
 
 /// `sched_switch` events of every CPU over one run, in an ftrace instance
@@ -110,6 +114,7 @@ impl SchedRecord {
         rec.write("trace_clock", "mono")?;
         rec.write("events/sched/sched_switch/enable", "1")?;
         rec.write("events/sched/sched_migrate_task/enable", "1")?;
+        rec.write("events/sched/sched_wakeup/enable", "1")?;
         Ok(rec)
     }
 
@@ -141,6 +146,7 @@ impl Drop for SchedRecord {
     fn drop(&mut self) {
         let _ = std::fs::write(self.dir.join("events/sched/sched_switch/enable"), "0");
         let _ = std::fs::write(self.dir.join("events/sched/sched_migrate_task/enable"), "0");
+        let _ = std::fs::write(self.dir.join("events/sched/sched_wakeup/enable"), "0");
         let _ = std::fs::remove_dir(&self.dir);
     }
 }
@@ -152,7 +158,7 @@ fn watch(
     engine_cmd: &[String],
     socket: &str,
     tmux: &dyn Fn(&[&str]) -> Command,
-) -> Result<(Duration, u64, u64)> {
+) -> Result<(Duration, u64, u64, f64)> {
     let t0 = Instant::now();
     let timeout = |what: &str| -> Result<()> {
         if t0.elapsed() > Duration::from_secs(600) {
@@ -168,6 +174,7 @@ fn watch(
         std::thread::sleep(Duration::from_millis(20));
     };
     let start = Instant::now();
+    let steal0 = steal_ticks();
     let observer = parent(pid).context("the engine's parent (the observer)")?;
     let server = find_process(|comm, cmdline| {
         comm == "tmux: server" && cmdline.split(|&b| b == 0).any(|a| a == socket.as_bytes())
@@ -184,13 +191,18 @@ fn watch(
         std::thread::sleep(Duration::from_millis(200));
     }
     let wall = start.elapsed();
+    let steal = steal_ticks().zip(steal0).map_or(f64::NAN, |(b, a)| {
+        // SAFETY: sysconf has no preconditions.
+        let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
+        (b - a) as f64 / hz / wall.as_secs_f64()
+    });
     if tui {
         // Let the TUI take in the end, then quit it.
         std::thread::sleep(Duration::from_millis(500));
         cmd::run(&mut tmux(&["send-keys", "-t", "bench", "q"]))?;
     }
     wait_gone(observer, "the observer")?;
-    Ok((wall, screen - screen0, terminal - terminal0))
+    Ok((wall, screen - screen0, terminal - terminal0, steal))
 }
 
 /// Rows of the engine's metrics CSV (one per token, flushed per row) read so
@@ -292,6 +304,14 @@ fn windows(
 /// neighbours' rates, live rate), for [`paired_ratio_ci`].
 fn live_vs_paused(w: &[Window]) -> Vec<(f64, f64)> {
     w.windows(3).filter(|t| t[1].0 && !t[0].0 && !t[2].0).map(|t| ((t[0].1 + t[2].1) / 2.0, t[1].1)).collect()
+}
+
+/// Time the hypervisor ran something else on this machine's virtual CPUs
+/// (`steal` of /proc/stat, all CPUs, clock ticks): invisible to the guest's
+/// scheduler, it slows the engine all the same.
+fn steal_ticks() -> Option<u64> {
+    let stat = std::fs::read_to_string("/proc/stat").ok()?;
+    stat.lines().next()?.split_whitespace().nth(8)?.parse().ok()
 }
 
 /// Whether `pid` runs (exists and is not a zombie).
@@ -406,7 +426,18 @@ pub fn main(args: &[String]) -> Result<()> {
             top(db),
             top(da),
         );
-        displaced.push((db.screen_s + db.terminal_s) / db.span_s);
+        // The TUI's direct cost: its threads and the terminal, plus what more
+        // the observer's other threads took under tui than under run (the
+        // sink that forwards events to the screen runs on them).
+        let ours = |d: &displace::Displaced| (d.screen_s + d.terminal_s + d.observer_s) / d.span_s;
+        let cost = ours(db) - ours(da);
+        println!(
+            "  the TUI's direct cost this round: {:.3} % of the run; hypervisor steal {:.2} % of a CPU under tui ({:.2} % under run)",
+            100.0 * cost,
+            100.0 * b.steal,
+            100.0 * a.steal
+        );
+        displaced.push(cost);
         pairs.push((a.tok_s, b.tok_s));
         screen_share.push(share);
         run_terminal_share.push(a.share(a.terminal_ns));
@@ -426,7 +457,8 @@ pub fn main(args: &[String]) -> Result<()> {
         100.0 * median(&mut run_terminal_share)
     );
     println!(
-        "engine kept off a CPU by the screen and terminal: median {:.3} % of the run (their direct cost: CPU time the engine wanted and they took; target < 1 %)",
+        "the TUI's direct cost (time the screen, the terminal and the observer's extra work kept the engine off a CPU it wanted, \
+         tui minus run): median {:.3} % of the run (target < 1 %)",
         100.0 * median(&mut displaced)
     );
     if window_runs == 0 {

@@ -10,9 +10,10 @@
 //!   until c's next switch.
 //! - An engine thread (comm starting with `engine`) is *waiting on CPU c* from
 //!   a switch that takes it off c while runnable (`prev_state=R` or `R+`:
-//!   preempted) until a switch puts it back on a CPU; a `sched_migrate_task`
-//!   of it meanwhile moves it to the destination CPU's queue. Threads that
-//!   block (sleep, I/O) are not waiting: nothing kept them off a CPU.
+//!   preempted), or from a `sched_wakeup` of it on CPU c, until a switch puts
+//!   it back on a CPU; a `sched_migrate_task` of it meanwhile moves it to the
+//!   destination CPU's queue. Threads that block (sleep, I/O) are not waiting
+//!   until they are woken: nothing kept them off a CPU.
 //! - A task *displaces* the engine while it runs on a CPU where an engine
 //!   thread is waiting. The sum of that time per group of tasks is the CPU
 //!   time they took that the engine wanted; with engine threads that meet at a
@@ -103,6 +104,17 @@ fn parse_migrate(line: &str) -> Option<(u32, usize)> {
     Some((field(trace, " pid=", " ")?.parse().ok()?, field(trace, " dest_cpu=", " ")?.trim().parse().ok()?))
 }
 
+/// A `sched_wakeup` line of an engine thread: (pid, target CPU).
+fn parse_wakeup(line: &str) -> Option<(u32, usize)> {
+    let at = line.find(": sched_wakeup: ")?;
+    let trace = &line[at..];
+    let comm = field(trace, "comm=", " pid=")?;
+    let pid = field(trace, " pid=", " ")?.parse().ok()?;
+    (group(comm, pid) == Group::Engine)
+        .then(|| Some((pid, field(trace, " target_cpu=", " ")?.trim().parse().ok()?)))
+        .flatten()
+}
+
 /// The timestamp of any event line: the last word before `: <event>: `.
 fn event_time(line: &str) -> Option<f64> {
     let at = line.find(": sched_")?;
@@ -139,8 +151,9 @@ pub fn read(input: impl BufRead) -> Result<Displaced> {
     for line in input.lines() {
         let line = line.context("reading the ftrace buffer")?;
         let migrate = parse_migrate(&line);
-        let switch = if migrate.is_none() { parse(&line) } else { None };
-        let Some(t) = migrate.as_ref().and_then(|_| event_time(&line)).or(switch.as_ref().map(|s| s.t)) else {
+        let wakeup = if migrate.is_none() { parse_wakeup(&line) } else { None };
+        let switch = if migrate.is_none() && wakeup.is_none() { parse(&line) } else { None };
+        let Some(t) = migrate.or(wakeup).and_then(|_| event_time(&line)).or(switch.as_ref().map(|s| s.t)) else {
             continue;
         };
         // Account the time since the previous event to the state it left.
@@ -170,6 +183,10 @@ pub fn read(input: impl BufRead) -> Result<Displaced> {
             if let Some(c) = waiting.get_mut(&pid) {
                 *c = cpu;
             }
+            continue;
+        }
+        if let Some((pid, cpu)) = wakeup {
+            waiting.insert(pid, cpu);
             continue;
         }
         let Some(s) = switch else { continue };
@@ -236,8 +253,12 @@ mod tests {
         m += &sw(0, 20.001, ("engine", 100, "R"), ("kworker/0:1", 20));
         m += "  kworker/0:1-20  [000] d..2. 20.002000: sched_migrate_task: comm=engine pid=100 prio=120 orig_cpu=0 dest_cpu=1\n";
         m += &sw(1, 20.005, ("observer-tui", 8, "R"), ("engine", 100));
+        // A woken engine thread waits on its target CPU until it runs.
+        m += &sw(1, 20.006, ("engine", 100, "S"), ("observer-tui", 8));
+        m += "  tmux: server-7  [000] d..2. 20.007000: sched_wakeup: comm=engine pid=100 prio=120 target_cpu=001\n";
+        m += &sw(1, 20.0075, ("observer-tui", 8, "R"), ("engine", 100));
         let d = read(m.as_bytes()).unwrap();
-        assert!((d.other_s - 0.001).abs() < 1e-9 && (d.screen_s - 0.003).abs() < 1e-9, "{d:?}");
+        assert!((d.other_s - 0.001).abs() < 1e-9 && (d.screen_s - 0.0035).abs() < 1e-9, "{d:?}");
     }
 
     #[test]
