@@ -126,7 +126,8 @@ impl Target {
         let (go_rd, go_wr) = pipe()?;
         let (err_rd, err_wr) = pipe()?;
         // SAFETY: after fork the child only calls async-signal-safe functions
-        // (read, write, execv, _exit) on memory prepared before the fork.
+        // (sigaction, signal, pthread_sigmask, close, read, write, execv, _exit) on
+        // memory prepared before the fork.
         let pid = unsafe { libc::fork() };
         if pid < 0 {
             return Err(io::Error::last_os_error()).context("fork");
@@ -134,6 +135,23 @@ impl Target {
         if pid == 0 {
             // SAFETY: see above; we never return from this block.
             unsafe {
+                // The observer's signal handlers (SIGINT/SIGTERM, installed
+                // before the fork) would swallow a signal forwarded while the
+                // child is held; `exec` resets them to the default anyway.
+                for sig in [libc::SIGINT, libc::SIGTERM, libc::SIGHUP, libc::SIGQUIT] {
+                    let mut old: libc::sigaction = std::mem::zeroed();
+                    if libc::sigaction(sig, std::ptr::null(), &mut old) == 0 && old.sa_sigaction != libc::SIG_IGN {
+                        libc::signal(sig, libc::SIG_DFL);
+                    }
+                }
+                let mut none: libc::sigset_t = std::mem::zeroed();
+                libc::sigemptyset(&mut none);
+                libc::pthread_sigmask(libc::SIG_SETMASK, &none, std::ptr::null_mut());
+                // Our copies of the parent's ends: if the observer dies before
+                // releasing us, the read below sees end-of-file and we exit
+                // instead of waiting forever.
+                libc::close(go_wr.as_raw_fd());
+                libc::close(err_rd.as_raw_fd());
                 if let Some(procs) = &procs
                     && !join_cgroup(procs)
                 {

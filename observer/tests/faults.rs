@@ -106,6 +106,67 @@ fn nothing_stays_loaded_after_exit() {
     assert!(left.is_empty(), "programs left loaded after exit: {left:?}");
 }
 
+/// A SIGINT that arrives while the spawned target is still held before
+/// `exec` (probes loading) ends the target at once: the child does not keep
+/// the observer's signal handlers, which would swallow it.
+#[test]
+fn sigint_while_the_target_is_held_ends_it() {
+    let _l = machine_lock();
+    let mut child = Command::new(OBSERVER)
+        .args(["run", "--", "sleep", "30"])
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn observer");
+    let t0 = Instant::now();
+    // The held child is the observer's fork, not yet `sleep`.
+    let (pid, held) = loop {
+        let kids = std::fs::read_to_string(format!("/proc/{0}/task/{0}/children", child.id())).unwrap_or_default();
+        if let Some(pid) = kids.split_whitespace().next() {
+            let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default();
+            break (pid.parse::<i32>().unwrap(), comm.trim().to_string());
+        }
+        assert!(t0.elapsed() < Duration::from_secs(10), "the observer spawned no child");
+        std::thread::sleep(Duration::from_millis(1));
+    };
+    // SAFETY: signalling our own child.
+    unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
+    let t1 = Instant::now();
+    let status = loop {
+        if let Some(st) = child.try_wait().expect("wait") {
+            break st;
+        }
+        if t1.elapsed() > Duration::from_secs(10) {
+            // SAFETY: cleaning up our child and its child.
+            unsafe {
+                libc::kill(child.id() as i32, libc::SIGKILL);
+                libc::kill(pid, libc::SIGKILL);
+            }
+            panic!("the observer did not end within 10 s of a SIGINT sent while its target was held");
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    // The held child must not outlive the observer (it would also keep the stderr pipe open).
+    let t2 = Instant::now();
+    while std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|st| !st.contains(") Z")) {
+        if t2.elapsed() > Duration::from_secs(5) {
+            // SAFETY: cleaning up the observer's leftover child.
+            unsafe { libc::kill(pid, libc::SIGKILL) };
+            panic!("the held target outlived the observer ({status:?})");
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let mut err = String::new();
+    std::io::Read::read_to_string(&mut child.stderr.take().unwrap(), &mut err).unwrap();
+    assert_eq!(held, "observer", "the child was signalled while held (before exec): {err}");
+    assert!(
+        t1.elapsed() < Duration::from_secs(4),
+        "the target was not ended by the SIGINT ({:?}): {err}",
+        t1.elapsed()
+    );
+    assert!(!err.contains("killing it"), "{err}");
+    assert_eq!(status.code(), Some(128 + libc::SIGINT), "exit code is the child's: {err}");
+}
+
 #[test]
 fn sigint_ends_cleanly_with_summary() {
     let _l = machine_lock();

@@ -112,16 +112,39 @@ fn parse_duration(s: &str) -> Result<Duration, String> {
     Ok(Duration::from_secs_f64(secs))
 }
 
-/// Resolves on Ctrl-C (SIGINT), SIGTERM, or a notification on `stop`.
-async fn stop_requested(stop: &tokio::sync::Notify) -> Result<()> {
-    use tokio::signal::unix::{SignalKind, signal};
-    let mut int = signal(SignalKind::interrupt()).context("installing the SIGINT handler")?;
-    let mut term = signal(SignalKind::terminate()).context("installing the SIGTERM handler")?;
-    tokio::select! {
-        _ = int.recv() => {}
-        _ = term.recv() => {}
-        _ = stop.notified() => {}
+/// Turns SIGINT and SIGTERM into notifications on `stop`, from its creation
+/// (before the target is spawned) until it is dropped. A signal that arrives
+/// while the probes load, or while the loop is busy between two polls, is
+/// kept as the `Notify` permit, never lost.
+struct SignalsToStop(tokio::task::JoinHandle<()>);
+
+impl SignalsToStop {
+    fn install(stop: std::sync::Arc<tokio::sync::Notify>) -> Result<Self> {
+        use tokio::signal::unix::{SignalKind, signal};
+        let mut int = signal(SignalKind::interrupt()).context("installing the SIGINT handler")?;
+        let mut term = signal(SignalKind::terminate()).context("installing the SIGTERM handler")?;
+        Ok(SignalsToStop(tokio::spawn(async move {
+            loop {
+                tokio::select! {
+                    _ = int.recv() => {}
+                    _ = term.recv() => {}
+                }
+                stop.notify_one();
+            }
+        })))
     }
+}
+
+impl Drop for SignalsToStop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+/// Resolves on Ctrl-C (SIGINT), SIGTERM (through [`SignalsToStop`]), or a
+/// notification on `stop`.
+async fn stop_requested(stop: &tokio::sync::Notify) -> Result<()> {
+    stop.notified().await;
     Ok(())
 }
 
@@ -183,6 +206,7 @@ pub async fn run_with(args: RunArgs, mut extra: ExtraSinks) -> Result<i32> {
     if args.pid.is_none() && args.command.is_empty() {
         bail!("nothing to observe: give `--pid PID` or `-- CMD [ARGS…]`");
     }
+    let _signals = SignalsToStop::install(args.stop.clone())?;
     if let Some(addr) = &args.metrics_addr {
         extra.push(Box::new(observer::metrics::run_sink(addr)?));
     }
