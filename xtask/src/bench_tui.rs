@@ -10,7 +10,10 @@
 //!   and their ratio; the medians and their ratio; the geometric mean of the
 //!   paired ratios with a 95 % bootstrap interval (target: >= 0.99). On a
 //!   virtual machine identical runs differ by several %, so the interval, not
-//!   one round, says what was shown.
+//!   one round, says what was shown; `--control` runs `observer run` on both
+//!   sides (A/A) to show what the rounds say when there is no difference.
+//!   Each run starts after a seeded random pause of up to 3 s, so that
+//!   periodic work of other tasks does not fall on one side.
 //! - the screen's CPU: the `observer-tui*` threads plus the terminal (the tmux
 //!   server) while the engine ran, from `/proc/*/schedstat`, as a share of one
 //!   core; the same terminal figure under `observer run` for comparison. This
@@ -370,6 +373,7 @@ fn screen_cpu_ns(observer: u32) -> u64 {
 
 pub fn main(args: &[String]) -> Result<()> {
     let (mut rounds, mut n_gen, mut window_runs) = (10usize, 1024usize, 2usize);
+    let mut control = false;
     let mut it = args.iter();
     while let Some(a) = it.next() {
         let mut val = |name: &str| it.next().with_context(|| format!("{name} needs a value")).cloned();
@@ -377,7 +381,9 @@ pub fn main(args: &[String]) -> Result<()> {
             "--rounds" => rounds = val("--rounds")?.parse()?,
             "-n" => n_gen = val("-n")?.parse()?,
             "--window-runs" => window_runs = val("--window-runs")?.parse()?,
-            _ => bail!("usage: cargo xtask bench tui [--rounds N] [-n TOKENS] [--window-runs N]"),
+            // A/A: `observer run` on both sides, to see what the rounds show without a screen.
+            "--control" => control = true,
+            _ => bail!("usage: cargo xtask bench tui [--rounds N] [-n TOKENS] [--window-runs N] [--control]"),
         }
     }
     let bin = bench_util::build()?;
@@ -387,8 +393,29 @@ pub fn main(args: &[String]) -> Result<()> {
     engine_cmd.extend(bench_util::engine_args(&engine, "small", n_gen, threads)?);
     let model = engine_cmd[3].clone();
     let out = cache::dir()?.join("bench-tui.out");
-    let under_run = || in_tmux(false, &observer, &engine_cmd, &out);
-    let under_tui = || in_tmux(true, &observer, &engine_cmd, &out);
+    // A seeded random pause (0–3 s) before every run: periodic work of other
+    // tasks (on the development VM, its agent's) would otherwise keep the
+    // same phase against the rounds and fall on one side more often (the
+    // `--control` A/A run showed a 6 % "cost" between two identical sides).
+    let jitter = std::cell::Cell::new(0x6a69_7474_6572u64);
+    let pause = || {
+        let mut z = jitter.get().wrapping_add(0x9E37_79B9_7F4A_7C15);
+        jitter.set(z);
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        std::thread::sleep(Duration::from_millis((z ^ (z >> 31)) % 3000));
+    };
+    let under_run = || {
+        pause();
+        in_tmux(false, &observer, &engine_cmd, &out)
+    };
+    let under_tui = || {
+        pause();
+        in_tmux(!control, &observer, &engine_cmd, &out)
+    };
+    if control {
+        println!("control (A/A): `observer run` on both sides; the \"tui\" columns below are a second `observer run`");
+    }
     println!(
         "model {model} ({threads} threads, {n_gen} tokens), {rounds} rounds in A-B-B-A order, TUI at its default refresh"
     );
