@@ -70,6 +70,37 @@ impl Sample {
     }
 }
 
+/// A detached tmux server of our own (`-L socket`) running `observer tui|run
+/// -- ARGS… REDIRECT` in a 160×45 session `bench`; killed when dropped.
+struct Session {
+    socket: String,
+}
+
+impl Session {
+    fn start(socket: String, tui: bool, observer: &Path, args: &[String], redirect: &str) -> Result<Session> {
+        let mut line = format!("{} {} --", observer.display(), if tui { "tui" } else { "run --every 0" });
+        for a in args {
+            line.push_str(&format!(" '{}'", a.replace('\'', "'\\''")));
+        }
+        line.push_str(redirect);
+        let s = Session { socket };
+        cmd::run(&mut s.tmux(&["new-session", "-d", "-s", "bench", "-x", "160", "-y", "45", &line]))?;
+        Ok(s)
+    }
+
+    fn tmux(&self, args: &[&str]) -> Command {
+        let mut c = Command::new("tmux");
+        c.args(["-L", &self.socket]).args(args);
+        c
+    }
+}
+
+impl Drop for Session {
+    fn drop(&mut self) {
+        let _ = self.tmux(&["kill-server"]).status();
+    }
+}
+
 /// `observer tui -- engine …` (or `observer run --every 0 -- engine …` when
 /// `!tui`) in a detached tmux server of its own, so that both sides run in the
 /// same kind of terminal and the terminal's work can be told apart; the
@@ -78,21 +109,16 @@ impl Sample {
 /// capture-pane`: a tmux client every half second would load the TUI side only.
 fn in_tmux(tui: bool, observer: &Path, engine_cmd: &[String], out: &Path) -> Result<Sample> {
     let _ = std::fs::remove_file(out);
-    let socket = format!("bench-tui-{}", std::process::id());
-    let tmux = |args: &[&str]| {
-        let mut c = Command::new("tmux");
-        c.args(["-L", &socket]).args(args);
-        c
-    };
-    let mut line = format!("{} {} --", observer.display(), if tui { "tui" } else { "run --every 0" });
-    for a in engine_cmd {
-        line.push_str(&format!(" '{}'", a.replace('\'', "'\\''")));
-    }
-    line.push_str(&format!(" > {} 2>&1", out.display()));
     let sched = SchedRecord::start()?;
-    cmd::run(&mut tmux(&["new-session", "-d", "-s", "bench", "-x", "160", "-y", "45", &line]))?;
-    let result = watch(tui, engine_cmd, &socket, &tmux);
-    let _ = tmux(&["kill-server"]).status();
+    let session = Session::start(
+        format!("bench-tui-{}", std::process::id()),
+        tui,
+        observer,
+        engine_cmd,
+        &format!(" > {} 2>&1", out.display()),
+    )?;
+    let result = watch(tui, engine_cmd, &session.socket, &|a| session.tmux(a));
+    drop(session);
     let (wall, screen_ns, terminal_ns, steal) = result?;
     let displaced = sched.finish()?;
     let tok_s = gen_tok_s(&std::fs::read_to_string(out).with_context(|| format!("reading {}", out.display()))?)?;
@@ -248,18 +274,11 @@ fn windows(
     window: Duration,
 ) -> Result<Vec<Window>> {
     let _ = std::fs::remove_file(csv);
-    let socket = format!("bench-tui-w-{}", std::process::id());
-    let tmux = |args: &[&str]| {
-        let mut c = Command::new("tmux");
-        c.args(["-L", &socket]).args(args);
-        c
-    };
-    let mut line = format!("{} {} --", observer.display(), if tui { "tui" } else { "run --every 0" });
-    for a in engine_cmd.iter().chain([&"--metrics-csv".to_string(), &csv.display().to_string()]) {
-        line.push_str(&format!(" '{}'", a.replace('\'', "'\\''")));
-    }
-    line.push_str(" > /dev/null 2>&1");
-    cmd::run(&mut tmux(&["new-session", "-d", "-s", "bench", "-x", "160", "-y", "45", &line]))?;
+    let mut args = engine_cmd.to_vec();
+    args.extend(["--metrics-csv".to_string(), csv.display().to_string()]);
+    let session =
+        Session::start(format!("bench-tui-w-{}", std::process::id()), tui, observer, &args, " > /dev/null 2>&1")?;
+    let tmux = |a: &[&str]| session.tmux(a);
     let result = (|| -> Result<Vec<Window>> {
         let mut rows = RowCounter { file: None, path: csv.to_path_buf(), rows: 0 };
         let t0 = Instant::now();
@@ -299,7 +318,7 @@ fn windows(
         wait_gone(observer, "the observer")?;
         Ok(out)
     })();
-    let _ = tmux(&["kill-server"]).status();
+    drop(session);
     result
 }
 
