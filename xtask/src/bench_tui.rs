@@ -418,11 +418,10 @@ pub fn main(args: &[String]) -> Result<()> {
     // `--control` A/A run showed a 6 % "cost" between two identical sides).
     let jitter = std::cell::Cell::new(0x6a69_7474_6572u64);
     let pause = || {
-        let mut z = jitter.get().wrapping_add(0x9E37_79B9_7F4A_7C15);
-        jitter.set(z);
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        std::thread::sleep(Duration::from_millis((z ^ (z >> 31)) % 3000));
+        let mut state = jitter.get();
+        let ms = bench_util::splitmix64(&mut state) % 3000;
+        jitter.set(state);
+        std::thread::sleep(Duration::from_millis(ms));
     };
     let under_run = || {
         pause();

@@ -41,6 +41,16 @@ pub fn median(v: &mut [f64]) -> f64 {
     }
 }
 
+/// The next value of a SplitMix64 generator (Steele, Lea, Flood 2014) whose
+/// state is `state`: seeded draws for the benchmarks' intervals and pauses.
+pub fn splitmix64(state: &mut u64) -> u64 {
+    *state = state.wrapping_add(0x9E37_79B9_7F4A_7C15);
+    let mut z = *state;
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
+}
+
 /// The geometric mean of paired ratios `b / a` and its 95 % percentile
 /// bootstrap interval (2000 resamples of the pairs, fixed seed, so the same
 /// rounds always give the same interval). `None` for fewer than two pairs.
@@ -52,14 +62,8 @@ pub fn paired_ratio_ci(pairs: &[(f64, f64)]) -> Option<(f64, f64, f64)> {
     }
     let mean = |it: &mut dyn Iterator<Item = f64>| it.sum::<f64>() / n as f64;
     let point = mean(&mut logs.iter().copied()).exp();
-    let mut state = 0x6265_6e63_6875_7469u64; // SplitMix64
-    let mut next = || {
-        state = state.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = state;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        ((z ^ (z >> 31)) >> 32).wrapping_mul(n as u64) >> 32
-    };
+    let mut state = 0x6265_6e63_6875_7469u64;
+    let mut next = || (splitmix64(&mut state) >> 32).wrapping_mul(n as u64) >> 32;
     let mut means: Vec<f64> = (0..2000).map(|_| mean(&mut (0..n).map(|_| logs[next() as usize])).exp()).collect();
     means.sort_by(f64::total_cmp);
     Some((point, means[50], means[1949]))
