@@ -80,7 +80,6 @@ fn group(comm: &str, pid: u32) -> Group {
 /// One parsed `sched_switch` line.
 struct Switch<'a> {
     cpu: usize,
-    t: f64,
     prev_comm: &'a str,
     prev_pid: u32,
     preempted: bool,
@@ -97,46 +96,49 @@ fn field<'a>(line: &'a str, key: &str, until: &str) -> Option<&'a str> {
     })
 }
 
-/// A `sched_migrate_task` line: (pid, destination CPU).
-fn parse_migrate(line: &str) -> Option<(u32, usize)> {
-    let at = line.find(": sched_migrate_task: ")?;
-    let trace = &line[at..];
-    Some((field(trace, " pid=", " ")?.parse().ok()?, field(trace, " dest_cpu=", " ")?.trim().parse().ok()?))
+/// One line of the trace that matters here.
+enum Event<'a> {
+    /// `sched_migrate_task`: (pid, destination CPU).
+    Migrate(u32, usize),
+    /// `sched_wakeup` of an engine thread: (pid, target CPU).
+    Wakeup(u32, usize),
+    Switch(Switch<'a>),
 }
 
-/// A `sched_wakeup` line of an engine thread: (pid, target CPU).
-fn parse_wakeup(line: &str) -> Option<(u32, usize)> {
-    let at = line.find(": sched_wakeup: ")?;
-    let trace = &line[at..];
-    let comm = field(trace, "comm=", " pid=")?;
-    let pid = field(trace, " pid=", " ")?.parse().ok()?;
-    (group(comm, pid) == Group::Engine)
-        .then(|| Some((pid, field(trace, " target_cpu=", " ")?.trim().parse().ok()?)))
-        .flatten()
-}
-
-/// The timestamp of any event line: the last word before `: <event>: `.
-fn event_time(line: &str) -> Option<f64> {
+/// A line's time and event; `None` for other lines (headers, other events,
+/// wake-ups of threads that are not the engine's).
+fn parse(line: &str) -> Option<(f64, Event<'_>)> {
+    // `<comm>-<pid> [CPU] <flags> <seconds>: sched_<event>: <fields>`; comm may hold spaces.
     let at = line.find(": sched_")?;
-    line[..at].rsplit(' ').next()?.parse().ok()
-}
-
-fn parse(line: &str) -> Option<Switch<'_>> {
-    let at = line.find(": sched_switch: ")?;
-    let (head, trace) = (&line[..at], &line[at + ": sched_switch: ".len()..]);
-    // head: `<comm>-<pid> [CPU] <flags> <seconds>`; comm may hold spaces.
+    let head = &line[..at];
     let t = head.rsplit(' ').next()?.parse().ok()?;
-    let cpu = head.rsplit_once('[')?.1.split(']').next()?.trim().parse().ok()?;
-    // Each field ends where the next key starts.
-    Some(Switch {
-        cpu,
-        t,
-        prev_comm: field(trace, "prev_comm=", " prev_pid=")?,
-        prev_pid: field(trace, " prev_pid=", " ")?.parse().ok()?,
-        preempted: field(trace, " prev_state=", " ")?.starts_with('R'),
-        next_comm: field(trace, "==> next_comm=", " next_pid=")?,
-        next_pid: field(trace, " next_pid=", " ")?.parse().ok()?,
-    })
+    let name = line[at + 2..].split(": ").next()?;
+    // The fields, with the space before the first key (every key is matched with its space).
+    let trace = &line[at + 2 + name.len() + 1..];
+    let ev = match name {
+        "sched_migrate_task" => Event::Migrate(
+            field(trace, " pid=", " ")?.parse().ok()?,
+            field(trace, " dest_cpu=", " ")?.trim().parse().ok()?,
+        ),
+        "sched_wakeup" => {
+            let pid = field(trace, " pid=", " ")?.parse().ok()?;
+            if group(field(trace, " comm=", " pid=")?, pid) != Group::Engine {
+                return None;
+            }
+            Event::Wakeup(pid, field(trace, " target_cpu=", " ")?.trim().parse().ok()?)
+        }
+        // Each field ends where the next key starts.
+        "sched_switch" => Event::Switch(Switch {
+            cpu: head.rsplit_once('[')?.1.split(']').next()?.trim().parse().ok()?,
+            prev_comm: field(trace, " prev_comm=", " prev_pid=")?,
+            prev_pid: field(trace, " prev_pid=", " ")?.parse().ok()?,
+            preempted: field(trace, " prev_state=", " ")?.starts_with('R'),
+            next_comm: field(trace, "==> next_comm=", " next_pid=")?,
+            next_pid: field(trace, " next_pid=", " ")?.parse().ok()?,
+        }),
+        _ => return None,
+    };
+    Some((t, ev))
 }
 
 /// Read an ftrace `trace` file's text (module spec).
@@ -150,12 +152,7 @@ pub fn read(input: impl BufRead) -> Result<Displaced> {
     let mut d = Displaced::default();
     for line in input.lines() {
         let line = line.context("reading the ftrace buffer")?;
-        let migrate = parse_migrate(&line);
-        let wakeup = if migrate.is_none() { parse_wakeup(&line) } else { None };
-        let switch = if migrate.is_none() && wakeup.is_none() { parse(&line) } else { None };
-        let Some(t) = migrate.or(wakeup).and_then(|_| event_time(&line)).or(switch.as_ref().map(|s| s.t)) else {
-            continue;
-        };
+        let Some((t, ev)) = parse(&line) else { continue };
         // Account the time since the previous event to the state it left.
         if let Some(t0) = now
             && !waiting.is_empty()
@@ -179,17 +176,19 @@ pub fn read(input: impl BufRead) -> Result<Displaced> {
             }
         }
         now = Some(t);
-        if let Some((pid, cpu)) = migrate {
-            if let Some(c) = waiting.get_mut(&pid) {
-                *c = cpu;
+        let s = match ev {
+            Event::Migrate(pid, cpu) => {
+                if let Some(c) = waiting.get_mut(&pid) {
+                    *c = cpu;
+                }
+                continue;
             }
-            continue;
-        }
-        if let Some((pid, cpu)) = wakeup {
-            waiting.insert(pid, cpu);
-            continue;
-        }
-        let Some(s) = switch else { continue };
+            Event::Wakeup(pid, cpu) => {
+                waiting.insert(pid, cpu);
+                continue;
+            }
+            Event::Switch(s) => s,
+        };
         if running.len() <= s.cpu {
             running.resize(s.cpu + 1, None);
         }
@@ -201,8 +200,8 @@ pub fn read(input: impl BufRead) -> Result<Displaced> {
             waiting.remove(&s.next_pid);
         }
         if pg == Group::Engine || ng == Group::Engine {
-            first.get_or_insert(s.t);
-            last = s.t;
+            first.get_or_insert(t);
+            last = t;
         }
         running[s.cpu] = Some((ng, s.next_comm.to_string()));
     }
