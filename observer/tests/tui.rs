@@ -65,13 +65,18 @@ impl Tmux {
         assert!(out.status.success(), "tmux send-keys {keys}");
     }
 
-    /// Poll the screen until `pred` holds; panic with the last screen after `timeout`.
+    /// Poll the screen until `pred` holds on a settled screen (the same in two
+    /// captures 50 ms apart: a capture can land in the middle of a redraw);
+    /// panic with the last screen after `timeout`.
     fn wait(&self, what: &str, timeout: Duration, pred: impl Fn(&str) -> bool) -> String {
         let t0 = Instant::now();
         loop {
             let s = self.screen();
             if pred(&s) {
-                return s;
+                std::thread::sleep(Duration::from_millis(50));
+                if self.screen() == s {
+                    return s;
+                }
             }
             assert!(t0.elapsed() < timeout, "timed out after {timeout:?} waiting for {what}; screen:\n{s}");
             std::thread::sleep(Duration::from_millis(100));
