@@ -75,8 +75,18 @@ fn resolve_program(prog: &OsStr) -> Result<CString> {
         |p: &std::path::Path| p.metadata().map(|m| m.is_file() && m.permissions().mode() & 0o111 != 0).unwrap_or(false);
     let found = if bytes.contains(&b'/') {
         let p = std::path::PathBuf::from(prog);
-        if !p.exists() {
-            bail!("cannot start `{}`: no such file", prog.to_string_lossy());
+        match p.metadata() {
+            Ok(_) => {}
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {
+                bail!("cannot start `{}`: no such file", prog.to_string_lossy())
+            }
+            Err(e) if e.kind() == io::ErrorKind::PermissionDenied => bail!(
+                "cannot start `{}`: permission denied (a directory on its path is not searchable by this user; \
+                 check with `namei -l {}`)",
+                prog.to_string_lossy(),
+                prog.to_string_lossy()
+            ),
+            Err(e) => bail!("cannot start `{}`: {e}", prog.to_string_lossy()),
         }
         if !executable(&p) {
             bail!("cannot start `{}`: not an executable file", prog.to_string_lossy());

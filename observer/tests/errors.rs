@@ -56,6 +56,28 @@ fn unprivileged_user_is_told_what_to_do() {
 }
 
 #[test]
+fn a_program_behind_a_private_directory_is_told_as_such() {
+    assert_root();
+    // A 0700 directory (what `mktemp -d` makes) holding an executable: `nobody`
+    // cannot reach it, which is not the same as it being missing.
+    let dir = std::path::PathBuf::from(format!("/tmp/moe-observer-private-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::set_permissions(&dir, std::os::unix::fs::PermissionsExt::from_mode(0o700)).unwrap();
+    let prog = dir.join("true");
+    std::fs::copy("/bin/true", &prog).unwrap();
+    let (code, err) = stderr_of(
+        Command::new("setpriv")
+            .args(["--reuid=65534", "--regid=65534", "--clear-groups", "--inh-caps=-all", OBSERVER, "run"])
+            .args(["--fallback", "--"])
+            .arg(&prog),
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+    assert_ne!(code, 0);
+    assert!(err.contains("permission denied") && err.contains("not searchable"), "{err}");
+    assert!(!err.contains("no such file"), "{err}");
+}
+
+#[test]
 fn procfs_fallback_without_privileges() {
     assert_root();
     let _l = testkit::machine_lock();

@@ -20,10 +20,19 @@
 //!   barrier it is also about the wall time the engine lost to them. A task
 //!   running on another CPU (e.g. in the idle time of a thread waiting at the
 //!   barrier) displaces nothing.
-//! - Groups: `screen` (comm starting with `observer-tui`), `terminal` (`tmux:
+//! - Groups: `screen` (the TUI's screen thread, comm `observer-tui`),
+//!   `reader` (its output reader, `observer-tui-ou…`), `terminal` (`tmux:
 //!   server`), `observer` (the observer's other threads), `other` (anything
 //!   else but the idle task, also kept per comm). Times are taken from the first to the
 //!   last event that names an engine thread.
+//! - Tokens: a `token_begin` event (an ftrace uprobe on the engine's
+//!   `moe_engine_token_begin(index, …)` marker, printed as `token_begin: (0x…)
+//!   index=N`) starts step N; step N ≥ 1 (a generated token; 0 is the prompt)
+//!   spans from its begin to the next step's, so the spans cover the decode
+//!   loop back to back. Each span keeps what each group displaced within it;
+//!   the last step (no next begin) is left out.
+//! - Ticks: each `sched_wakeup` of the screen thread (it sleeps between the
+//!   ticks at which it takes in events and draws).
 
 use std::io::BufRead;
 
@@ -34,11 +43,28 @@ pub struct Displaced {
     /// Seconds between the first and the last event naming an engine thread.
     pub span_s: f64,
     pub screen_s: f64,
+    pub reader_s: f64,
     pub terminal_s: f64,
     pub observer_s: f64,
     pub other_s: f64,
     /// `other_s` per comm.
     pub others: std::collections::BTreeMap<String, f64>,
+    /// The generated tokens' spans, in order (empty without `token_begin` events).
+    pub tokens: Vec<TokenSpan>,
+    /// Wake-ups of the TUI's screen thread (its ticks), in order.
+    pub ticks: Vec<f64>,
+}
+
+/// One generated token's span (module spec).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct TokenSpan {
+    pub index: u64,
+    pub begin_s: f64,
+    pub dur_s: f64,
+    /// What tasks outside the experiment (group `other`) displaced in it.
+    pub other_s: f64,
+    /// What the screen, the terminal and the observer displaced in it.
+    pub ours_s: f64,
 }
 
 impl Displaced {
@@ -51,10 +77,15 @@ impl Displaced {
     }
 }
 
+/// The comm of the TUI's screen thread (`observer/src/cmd/tui.rs`); its
+/// output reader is `observer-tui-ou(tput)`.
+pub const SCREEN_THREAD: &str = "observer-tui";
+
 #[derive(Clone, Copy, Debug, PartialEq)]
 enum Group {
     Engine,
     Screen,
+    Reader,
     Terminal,
     Observer,
     Other,
@@ -66,8 +97,10 @@ fn group(comm: &str, pid: u32) -> Group {
         Group::Idle
     } else if comm.starts_with("engine") {
         Group::Engine
-    } else if comm.starts_with("observer-tui") {
+    } else if comm == SCREEN_THREAD {
         Group::Screen
+    } else if comm.starts_with(SCREEN_THREAD) {
+        Group::Reader
     } else if comm == "tmux: server" {
         Group::Terminal
     } else if comm.starts_with("observer") {
@@ -103,12 +136,20 @@ enum Event<'a> {
     /// `sched_wakeup` of an engine thread: (pid, target CPU).
     Wakeup(u32, usize),
     Switch(Switch<'a>),
+    /// `token_begin` of step `index`.
+    Token(u64),
+    /// `sched_wakeup` of the screen thread.
+    Tick,
 }
 
 /// A line's time and event; `None` for other lines (headers, other events,
 /// wake-ups of threads that are not the engine's).
 fn parse(line: &str) -> Option<(f64, Event<'_>)> {
     // `<comm>-<pid> [CPU] <flags> <seconds>: sched_<event>: <fields>`; comm may hold spaces.
+    if let Some(at) = line.find(": token_begin: ") {
+        let t = line[..at].rsplit(' ').next()?.parse().ok()?;
+        return Some((t, Event::Token(field(&line[at..], " index=", " ")?.trim().parse().ok()?)));
+    }
     let at = line.find(": sched_")?;
     let head = &line[..at];
     let t = head.rsplit(' ').next()?.parse().ok()?;
@@ -122,7 +163,11 @@ fn parse(line: &str) -> Option<(f64, Event<'_>)> {
         ),
         "sched_wakeup" => {
             let pid = field(trace, " pid=", " ")?.parse().ok()?;
-            if group(field(trace, " comm=", " pid=")?, pid) != Group::Engine {
+            let comm = field(trace, " comm=", " pid=")?;
+            if comm == SCREEN_THREAD {
+                return Some((t, Event::Tick));
+            }
+            if group(comm, pid) != Group::Engine {
                 return None;
             }
             Event::Wakeup(pid, field(trace, " target_cpu=", " ")?.trim().parse().ok()?)
@@ -150,6 +195,8 @@ pub fn read(input: impl BufRead) -> Result<Displaced> {
     let mut now = None::<f64>;
     let (mut first, mut last) = (None::<f64>, 0f64);
     let mut d = Displaced::default();
+    // The step under way: (index, begin time, displaced by others, by ours).
+    let mut step = None::<(u64, f64, f64, f64)>;
     for line in input.lines() {
         let line = line.context("reading the ftrace buffer")?;
         let Some((t, ev)) = parse(&line) else { continue };
@@ -165,6 +212,7 @@ pub fn read(input: impl BufRead) -> Result<Displaced> {
                 }
                 match g {
                     Group::Screen => d.screen_s += dt,
+                    Group::Reader => d.reader_s += dt,
                     Group::Terminal => d.terminal_s += dt,
                     Group::Observer => d.observer_s += dt,
                     Group::Other => {
@@ -172,6 +220,13 @@ pub fn read(input: impl BufRead) -> Result<Displaced> {
                         *d.others.entry(comm.clone()).or_default() += dt;
                     }
                     Group::Engine | Group::Idle => {}
+                }
+                if let Some((_, _, other, ours)) = &mut step {
+                    match g {
+                        Group::Screen | Group::Reader | Group::Terminal | Group::Observer => *ours += dt,
+                        Group::Other => *other += dt,
+                        Group::Engine | Group::Idle => {}
+                    }
                 }
             }
         }
@@ -188,6 +243,18 @@ pub fn read(input: impl BufRead) -> Result<Displaced> {
                 continue;
             }
             Event::Switch(s) => s,
+            Event::Tick => {
+                d.ticks.push(t);
+                continue;
+            }
+            Event::Token(index) => {
+                if let Some((i, begin, other_s, ours_s)) = step.replace((index, t, 0.0, 0.0))
+                    && i >= 1
+                {
+                    d.tokens.push(TokenSpan { index: i, begin_s: begin, dur_s: t - begin, other_s, ours_s });
+                }
+                continue;
+            }
         };
         if running.len() <= s.cpu {
             running.resize(s.cpu + 1, None);
@@ -268,5 +335,35 @@ mod tests {
         s += &sw(0, 2.0, ("tmux: server", 7, "S"), ("engine", 100));
         let d = read(s.as_bytes()).unwrap();
         assert_eq!((d.terminal_s, d.span_s), (0.0, 1.0));
+    }
+
+    #[test]
+    fn tokens_span_from_one_begin_to_the_next_with_what_was_displaced_in_them() {
+        let tb = |t: f64, i: u64| {
+            format!("          engine-100     [000] ..... {t:.6}: token_begin: (0x55d0c3a1b2c0) index={i}\n")
+        };
+        let mut s = String::new();
+        s += &sw(0, 1.000, ("swapper/0", 0, "R"), ("engine", 100));
+        s += &tb(1.000, 0);
+        s += &tb(1.100, 1);
+        // Token 1: a kworker takes 1 ms from the waiting engine, the terminal 2 ms.
+        s += &sw(0, 1.102, ("engine", 100, "R"), ("kworker/0:1", 20));
+        s += &sw(0, 1.103, ("kworker/0:1", 20, "I"), ("tmux: server", 7));
+        s += &sw(0, 1.105, ("tmux: server", 7, "S"), ("engine", 100));
+        s += &tb(1.110, 2);
+        s += "          <idle>-0       [001] dNh2. 1.111000: sched_wakeup: comm=observer-tui pid=8 prio=130 target_cpu=001\n";
+        s += "          <idle>-0       [001] dNh2. 1.112000: sched_wakeup: comm=observer-tui-ou pid=9 prio=130 target_cpu=001\n";
+        // Token 2 is clean; token 3 has no next begin and is left out.
+        s += &tb(1.118, 3);
+        s += &sw(0, 1.125, ("engine", 100, "S"), ("swapper/0", 0));
+        let d = read(s.as_bytes()).unwrap();
+        let near = |a: f64, b: f64| (a - b).abs() < 1e-9;
+        assert_eq!(d.tokens.len(), 2, "{d:?}");
+        let (a, b) = (&d.tokens[0], &d.tokens[1]);
+        assert!(a.index == 1 && near(a.dur_s, 0.010) && near(a.other_s, 0.001) && near(a.ours_s, 0.002), "{a:?}");
+        assert!(b.index == 2 && near(b.dur_s, 0.008) && b.other_s == 0.0 && b.ours_s == 0.0, "{b:?}");
+        assert!(near(a.begin_s, 1.100) && near(b.begin_s, 1.110), "{d:?}");
+        // The screen thread's wake-up is a tick; the output reader's is not.
+        assert_eq!(d.ticks, vec![1.111]);
     }
 }

@@ -23,6 +23,7 @@ mod parity;
 mod pressure;
 mod setup;
 mod test;
+mod ticklock;
 
 use anyhow::Result;
 
