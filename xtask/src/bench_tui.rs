@@ -100,7 +100,8 @@ impl Session {
 
 impl Drop for Session {
     fn drop(&mut self) {
-        let _ = self.tmux(&["kill-server"]).status();
+        // The server may have ended with its session already.
+        let _ = self.tmux(&["kill-server"]).stderr(std::process::Stdio::null()).status();
     }
 }
 

@@ -36,7 +36,7 @@ commands:
   parity [OPTIONS]   engine vs llama.cpp: tokens, greedy continuations, logits
   bench engine [..]  engine vs llama.cpp decode and prompt tok/s, printed as ratios
   bench observer     engine decode tok/s with and without the observer, as a ratio
-  bench tui          engine decode tok/s under `observer tui` vs `observer run`, as a ratio
+  bench tui          what `observer tui` costs the engine: decode speed around its ticks, as a ratio
   pressure [..] -- CMD  run CMD under a memory limit (+ zram, balloon); restores the machine
   bench heatmap [..] residency refresh of a 20 GB sparse model vs fincore, same run
   bench metrics      observed engine tok/s with and without bursts of /metrics scrapes
