@@ -244,7 +244,7 @@ mod tests {
         // About 40 ms / 9 ms = 4–5 slower tokens per tick, ~1 ms each, per ~0.5 s.
         let per_tick = e.lost_s / e.ticks as f64;
         assert!((0.0035..0.0065).contains(&per_tick), "{per_tick} {e:?}");
-        let (r, ..) = ratio(&[e.clone()]).unwrap();
+        let (r, ..) = ratio(std::slice::from_ref(&e)).unwrap();
         assert!((r - (1.0 - e.lost_s / e.interval_s)).abs() < 1e-12);
         assert!((0.985..0.995).contains(&r), "{r}");
         let prof = pooled_profile(&[e]);
@@ -301,7 +301,7 @@ mod tests {
         let c = Excess { ticks: 10, lost_s: 0.005, interval_s: 5.0, ..a.clone() };
         let (n, lo, hi) = net_ratio(&[a.clone(), b.clone()], &[c.clone(), c.clone()]).unwrap();
         assert!((n - 0.997).abs() < 1e-12 && lo <= n && n <= hi, "{n} [{lo}, {hi}]");
-        assert!(net_ratio(&[a.clone()], &[]).is_none());
+        assert!(net_ratio(std::slice::from_ref(&a), &[]).is_none());
         let mut sum = a.clone();
         sum.add(&b);
         assert_eq!((sum.ticks, sum.lost_s, sum.interval_s), (20, 0.04, 10.0));
