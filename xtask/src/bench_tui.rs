@@ -455,7 +455,7 @@ pub fn main(args: &[String]) -> Result<()> {
         }
         let ticks = if control { ticklock::pseudo_ticks(&db.tokens, period, &mut phase) } else { db.ticks.clone() };
         let lb = ticklock::excess(&db.tokens, &ticks);
-        let mut la = ticklock::Excess { profile: vec![(0.0, 0); ticklock::PROFILE_BINS], ..Default::default() };
+        let mut la = ticklock::Excess::default();
         for _ in 0..CONTROL_PHASES {
             la.add(&ticklock::excess(&da.tokens, &ticklock::pseudo_ticks(&da.tokens, period, &mut phase)));
         }

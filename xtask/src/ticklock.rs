@@ -58,7 +58,7 @@ pub const PROFILE_FROM_S: f64 = -0.1;
 pub const PROFILE_BINS: usize = 22;
 
 /// One run's ticks, summed.
-#[derive(Clone, Debug, Default, PartialEq)]
+#[derive(Clone, Debug, PartialEq)]
 pub struct Excess {
     pub ticks: usize,
     /// Σ lost over the used ticks.
@@ -71,7 +71,7 @@ pub struct Excess {
 
 /// One run (module spec).
 pub fn excess(tokens: &[TokenSpan], ticks: &[f64]) -> Excess {
-    let mut out = Excess { profile: vec![(0.0, 0); PROFILE_BINS], ..Excess::default() };
+    let mut out = Excess::default();
     let (Some(first), Some(last)) = (tokens.first(), tokens.last()) else { return out };
     let (start, end) = (first.begin_s, last.begin_s + last.dur_s);
     let slope = slope(tokens);
@@ -128,6 +128,13 @@ pub fn pseudo_ticks(tokens: &[TokenSpan], period: f64, seed: &mut u64) -> Vec<f6
     let phase = (splitmix64(seed) >> 11) as f64 / (1u64 << 53) as f64 * period;
     let end = last.begin_s + last.dur_s;
     (0..).map(|k| first.begin_s + phase + k as f64 * period).take_while(|&t| t < end).collect()
+}
+
+impl Default for Excess {
+    /// No tick, and every profile bin empty.
+    fn default() -> Excess {
+        Excess { ticks: 0, lost_s: 0.0, interval_s: 0.0, profile: vec![(0.0, 0); PROFILE_BINS] }
+    }
 }
 
 impl Excess {
@@ -291,7 +298,7 @@ mod tests {
 
     #[test]
     fn the_interval_spans_runs() {
-        let a = Excess { ticks: 10, lost_s: 0.01, interval_s: 5.0, profile: vec![(0.0, 0); PROFILE_BINS] };
+        let a = Excess { ticks: 10, lost_s: 0.01, interval_s: 5.0, ..Excess::default() };
         let b = Excess { ticks: 10, lost_s: 0.03, interval_s: 5.0, ..a.clone() };
         let (r, lo, hi) = ratio(&[a.clone(), b.clone()]).unwrap();
         assert!((r - 0.996).abs() < 1e-12, "{r}");
