@@ -40,12 +40,13 @@ fn nothing_to_observe() {
 fn unprivileged_user_is_told_what_to_do() {
     assert_root();
     // Drop to `nobody` with no capabilities (setpriv is in util-linux).
+    let observer = shared_copy(OBSERVER);
     let (code, err) = stderr_of(Command::new("setpriv").args([
         "--reuid=65534",
         "--regid=65534",
         "--clear-groups",
         "--inh-caps=-all",
-        OBSERVER,
+        &observer,
         "run",
         "--",
         "true",
@@ -65,9 +66,10 @@ fn a_program_behind_a_private_directory_is_told_as_such() {
     std::fs::set_permissions(&dir, std::os::unix::fs::PermissionsExt::from_mode(0o700)).unwrap();
     let prog = dir.join("true");
     std::fs::copy("/bin/true", &prog).unwrap();
+    let observer = shared_copy(OBSERVER);
     let (code, err) = stderr_of(
         Command::new("setpriv")
-            .args(["--reuid=65534", "--regid=65534", "--clear-groups", "--inh-caps=-all", OBSERVER, "run"])
+            .args(["--reuid=65534", "--regid=65534", "--clear-groups", "--inh-caps=-all", &observer, "run"])
             .args(["--fallback", "--"])
             .arg(&prog),
     );
@@ -83,9 +85,10 @@ fn procfs_fallback_without_privileges() {
     let _l = testkit::machine_lock();
     let json = format!("/tmp/moe-observer-fallback-{}.json", std::process::id());
     let _ = std::fs::remove_file(&json);
+    let (observer, workload) = (shared_copy(OBSERVER), shared_copy(WORKLOAD));
     let out = Command::new("setpriv")
-        .args(["--reuid=65534", "--regid=65534", "--clear-groups", "--inh-caps=-all", OBSERVER, "run", "--fallback"])
-        .args(["--window", "200ms", "--json", &json, "--", WORKLOAD, "busy", "--ms", "1000"])
+        .args(["--reuid=65534", "--regid=65534", "--clear-groups", "--inh-caps=-all", &observer, "run", "--fallback"])
+        .args(["--window", "200ms", "--json", &json, "--", &workload, "busy", "--ms", "1000"])
         .output()
         .expect("run observer as nobody");
     let err = String::from_utf8_lossy(&out.stderr);

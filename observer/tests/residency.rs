@@ -15,7 +15,7 @@ use std::{
     time::Duration,
 };
 
-use common::{OBSERVER, machine_lock, scratch_dir};
+use common::{OBSERVER, machine_lock, scratch_dir, shared_copy, shared_dir};
 use engine::{
     gguf::{GgufWriter, TensorSpec, Value},
     quant::GgmlType,
@@ -484,7 +484,7 @@ fn as_nobody(args: &[&str]) -> std::process::Output {
 fn without_permission_for_mincore_the_heatmap_refuses_instead_of_reporting_zero() {
     let _l = machine_lock();
     common::assert_root();
-    let dir = scratch_dir("resid-perm");
+    let dir = shared_dir("resid-perm");
     let mut p = dir.clone();
     while p.pop() {
         // Directories up to the root must be searchable by nobody.
@@ -497,6 +497,7 @@ fn without_permission_for_mincore_the_heatmap_refuses_instead_of_reporting_zero(
     std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644)).unwrap();
     std::os::unix::fs::chown(&path, Some(0), Some(0)).unwrap();
     let p = path.to_str().unwrap();
+    let observer = shared_copy(OBSERVER);
     evict_all(&path);
     assert_eq!(fincore_bytes(&path), 0, "file should be evicted");
 
@@ -511,20 +512,20 @@ fn without_permission_for_mincore_the_heatmap_refuses_instead_of_reporting_zero(
         String::from_utf8_lossy(&out.stderr)
     );
 
-    let out = as_nobody(&[OBSERVER, "heatmap", p, "--json"]);
+    let out = as_nobody(&[&observer, "heatmap", p, "--json"]);
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success(), "heatmap as nobody must fail, printed {}", String::from_utf8_lossy(&out.stdout));
     assert!(err.contains("owner") && err.contains(p) && err.contains("EPERM"), "{err}");
 
     // The owner may look: the same answer as root's.
     std::os::unix::fs::chown(&path, Some(65534), Some(65534)).unwrap();
-    let out = as_nobody(&[OBSERVER, "heatmap", p, "--json"]);
+    let out = as_nobody(&[&observer, "heatmap", p, "--json"]);
     assert!(out.status.success(), "heatmap as owner: {}", String::from_utf8_lossy(&out.stderr));
     let j: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(j["file_resident_frac"].as_f64(), Some(0.0), "{j}");
     assert_eq!(j["source"], "mincore");
     read_all(&path);
-    let out = as_nobody(&[OBSERVER, "heatmap", p, "--json"]);
+    let out = as_nobody(&[&observer, "heatmap", p, "--json"]);
     let j: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(j["file_resident_frac"].as_f64(), Some(1.0), "{j}");
     std::os::unix::fs::chown(&path, Some(0), Some(0)).unwrap();

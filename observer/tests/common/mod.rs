@@ -37,6 +37,36 @@ pub fn scratch_dir(name: &str) -> PathBuf {
     d
 }
 
+/// A directory on the disk that every user can reach, for tests that run
+/// the observer as `nobody`: a clone under a private home directory (0700,
+/// or `mktemp -d`) is not reachable by `nobody`, and neither is anything in
+/// it. `/var/tmp` is on the disk where `/tmp` may be tmpfs.
+pub fn shared_dir(name: &str) -> PathBuf {
+    use std::os::unix::fs::PermissionsExt;
+    let top = PathBuf::from("/var/tmp/moe-observer-tests");
+    let d = top.join(name);
+    std::fs::create_dir_all(&d).expect("create a directory under /var/tmp");
+    for p in [&top, &d] {
+        std::fs::set_permissions(p, std::fs::Permissions::from_mode(0o755)).expect("make it searchable by all");
+    }
+    d
+}
+
+/// `bin` (a built binary) copied where `nobody` can run it ([`shared_dir`]);
+/// the copy replaces an older one atomically, so concurrent tests may ask.
+pub fn shared_copy(bin: &str) -> String {
+    let src = std::path::Path::new(bin);
+    let dir = shared_dir("bin");
+    let name = src.file_name().expect("a binary's path has a file name");
+    static COPIES: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    let n = COPIES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let tmp = dir.join(format!("{}.{}.{n}", name.to_string_lossy(), std::process::id()));
+    std::fs::copy(src, &tmp).unwrap_or_else(|e| panic!("copying {bin} to {}: {e}", tmp.display()));
+    let dst = dir.join(name);
+    std::fs::rename(&tmp, &dst).expect("rename the copy into place");
+    dst.to_str().expect("a UTF-8 path").to_string()
+}
+
 pub struct ObserverRun {
     pub output: Output,
     pub summary: Value,
