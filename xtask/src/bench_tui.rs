@@ -111,9 +111,9 @@ impl Drop for Session {
 /// engine's output (printed by the TUI after it restores the terminal) goes
 /// to `out`. The engine's end is watched through /proc, not `tmux
 /// capture-pane`: a tmux client every half second would load the TUI side only.
-fn in_tmux(tui: bool, observer: &Path, engine_cmd: &[String], out: &Path) -> Result<Sample> {
+fn in_tmux(tui: bool, observer: &Path, engine_cmd: &[String], marker: &Marker, out: &Path) -> Result<Sample> {
     let _ = std::fs::remove_file(out);
-    let sched = SchedRecord::start(Path::new(&engine_cmd[0]))?;
+    let sched = SchedRecord::start(marker)?;
     let session = Session::start(
         format!("bench-tui-{}", std::process::id()),
         tui,
@@ -139,9 +139,17 @@ struct SchedRecord {
 }
 
 const TRACEFS: &str = "/sys/kernel/tracing";
+/// The scheduler's events recorded (under `events/` of the instance).
+const SCHED_EVENTS: [&str; 3] = ["sched/sched_switch", "sched/sched_migrate_task", "sched/sched_wakeup"];
+
+/// The engine binary and its token-begin marker's file offset ([`marker_file_offset`]).
+struct Marker {
+    engine: std::path::PathBuf,
+    offset: u64,
+}
 
 impl SchedRecord {
-    fn start(engine: &Path) -> Result<SchedRecord> {
+    fn start(marker: &Marker) -> Result<SchedRecord> {
         let dir = Path::new(TRACEFS).join(format!("instances/bench-tui-{}", std::process::id()));
         std::fs::create_dir(&dir).with_context(|| {
             format!("creating the ftrace instance {} (tracefs; `cargo xtask setup` mounts it)", dir.display())
@@ -150,13 +158,12 @@ impl SchedRecord {
         // 2 x 32 MiB: about 10 minutes of a busy 2-core machine's switches.
         rec.write("buffer_size_kb", "32768")?;
         rec.write("trace_clock", "mono")?;
-        rec.write("events/sched/sched_switch/enable", "1")?;
-        rec.write("events/sched/sched_migrate_task/enable", "1")?;
-        rec.write("events/sched/sched_wakeup/enable", "1")?;
+        for e in SCHED_EVENTS {
+            rec.write(&format!("events/{e}/enable"), "1")?;
+        }
         let event = format!("bench_tui_{}/token_begin", std::process::id());
-        let offset = marker_file_offset(engine, "moe_engine_token_begin")?;
         // Appended: a plain write would delete every other uprobe event defined through tracefs.
-        append_uprobe_event(&format!("p:{event} {}:{offset:#x} index=%di:u64", engine.display()))?;
+        append_uprobe_event(&format!("p:{event} {}:{:#x} index=%di:u64", marker.engine.display(), marker.offset))?;
         rec.uprobe = Some(event.clone());
         rec.write(&format!("events/{event}/enable"), "1")?;
         Ok(rec)
@@ -194,11 +201,8 @@ impl SchedRecord {
 
 impl Drop for SchedRecord {
     fn drop(&mut self) {
-        let _ = std::fs::write(self.dir.join("events/sched/sched_switch/enable"), "0");
-        let _ = std::fs::write(self.dir.join("events/sched/sched_migrate_task/enable"), "0");
-        let _ = std::fs::write(self.dir.join("events/sched/sched_wakeup/enable"), "0");
-        if let Some(event) = &self.uprobe {
-            let _ = std::fs::write(self.dir.join(format!("events/{event}/enable")), "0");
+        for e in SCHED_EVENTS.iter().copied().chain(self.uprobe.as_deref()) {
+            let _ = std::fs::write(self.dir.join(format!("events/{e}/enable")), "0");
         }
         let _ = std::fs::remove_dir(&self.dir);
         if let Some(event) = &self.uprobe {
@@ -374,6 +378,7 @@ pub fn main(args: &[String]) -> Result<()> {
     engine_cmd.extend(bench_util::engine_args(&engine, "small", n_gen, threads)?);
     let model = engine_cmd[3].clone();
     let out = cache::dir()?.join("bench-tui.out");
+    let marker = Marker { engine: engine.clone(), offset: marker_file_offset(&engine, "moe_engine_token_begin")? };
     // A seeded random pause (0–3 s) before every run: periodic work of other
     // tasks (on the development VM, its agent's) would otherwise keep the
     // same phase against the rounds and fall on one side more often (the
@@ -387,11 +392,11 @@ pub fn main(args: &[String]) -> Result<()> {
     };
     let under_run = || {
         pause();
-        in_tmux(false, &observer, &engine_cmd, &out)
+        in_tmux(false, &observer, &engine_cmd, &marker, &out)
     };
     let under_tui = || {
         pause();
-        in_tmux(!control, &observer, &engine_cmd, &out)
+        in_tmux(!control, &observer, &engine_cmd, &marker, &out)
     };
     if control {
         println!("control (A/A): `observer run` on both sides; the \"tui\" columns below are a second `observer run`");
@@ -447,9 +452,8 @@ pub fn main(args: &[String]) -> Result<()> {
         let off_tick = (db.reader_s / db.span_s) + (db.observer_s / db.span_s - da.observer_s / da.span_s);
         // Ticks: the screen thread's wake-ups under tui; where they would have
         // been under run (the same period, a random phase), as the control.
-        let default_period = tui::term::DEFAULT_REFRESH.as_secs_f64();
         let mut gaps: Vec<f64> = db.ticks.windows(2).map(|w| w[1] - w[0]).collect();
-        let period = if control { default_period } else { median(&mut gaps) };
+        let period = if control { tui::term::DEFAULT_REFRESH.as_secs_f64() } else { median(&mut gaps) };
         if period.is_nan() || period <= 0.0 {
             bail!("round {r}: ftrace recorded fewer than two wake-ups of the TUI's screen thread");
         }

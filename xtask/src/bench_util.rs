@@ -51,22 +51,41 @@ pub fn splitmix64(state: &mut u64) -> u64 {
     z ^ (z >> 31)
 }
 
-/// The geometric mean of paired ratios `b / a` and its 95 % percentile
-/// bootstrap interval (2000 resamples of the pairs, fixed seed, so the same
-/// rounds always give the same interval). `None` for fewer than two pairs.
+/// `stat` over every unit (`stat(&[0, 1, …, n − 1])`) and its 95 %
+/// percentile bootstrap interval: 2000 resamples of the `n` units with
+/// replacement, each passed to `stat` as the indices drawn, from a SplitMix64
+/// generator seeded with `seed` (so the same data always give the same
+/// interval). Resamples where `stat` is not finite are left out; `None` when
+/// it is not finite over every unit.
+pub fn bootstrap(n: usize, seed: u64, stat: impl Fn(&[usize]) -> f64) -> Option<(f64, f64, f64)> {
+    let all: Vec<usize> = (0..n).collect();
+    let point = stat(&all);
+    if !point.is_finite() {
+        return None;
+    }
+    let mut state = seed;
+    let mut next = || ((splitmix64(&mut state) >> 32).wrapping_mul(n as u64) >> 32) as usize;
+    let mut draws: Vec<f64> = (0..2000)
+        .map(|_| {
+            let pick: Vec<usize> = (0..n).map(|_| next()).collect();
+            stat(&pick)
+        })
+        .filter(|r| r.is_finite())
+        .collect();
+    draws.sort_by(f64::total_cmp);
+    let q = |p: f64| draws[((draws.len() - 1) as f64 * p).round() as usize];
+    Some((point, q(0.025), q(0.975)))
+}
+
+/// The geometric mean of paired ratios `b / a` and its 95 % [`bootstrap`]
+/// interval over the pairs. `None` for fewer than two pairs.
 pub fn paired_ratio_ci(pairs: &[(f64, f64)]) -> Option<(f64, f64, f64)> {
     let logs: Vec<f64> = pairs.iter().map(|(a, b)| (b / a).ln()).collect();
     let n = logs.len();
     if n < 2 || logs.iter().any(|l| !l.is_finite()) {
         return None;
     }
-    let mean = |it: &mut dyn Iterator<Item = f64>| it.sum::<f64>() / n as f64;
-    let point = mean(&mut logs.iter().copied()).exp();
-    let mut state = 0x6265_6e63_6875_7469u64;
-    let mut next = || (splitmix64(&mut state) >> 32).wrapping_mul(n as u64) >> 32;
-    let mut means: Vec<f64> = (0..2000).map(|_| mean(&mut (0..n).map(|_| logs[next() as usize])).exp()).collect();
-    means.sort_by(f64::total_cmp);
-    Some((point, means[50], means[1949]))
+    bootstrap(n, 0x6265_6e63_6875_7469, |pick| (pick.iter().map(|&i| logs[i]).sum::<f64>() / n as f64).exp())
 }
 
 /// Set the machine up, build the observer and engine binaries, and return their directory.

@@ -29,8 +29,7 @@
 //!   `moe_engine_token_begin(index, …)` marker, printed as `token_begin: (0x…)
 //!   index=N`) starts step N; step N ≥ 1 (a generated token; 0 is the prompt)
 //!   spans from its begin to the next step's, so the spans cover the decode
-//!   loop back to back. Each span keeps what each group displaced within it;
-//!   the last step (no next begin) is left out.
+//!   loop back to back; the last step (no next begin) is left out.
 //! - Ticks: each `sched_wakeup` of the screen thread (it sleeps between the
 //!   ticks at which it takes in events and draws).
 
@@ -61,10 +60,6 @@ pub struct TokenSpan {
     pub index: u64,
     pub begin_s: f64,
     pub dur_s: f64,
-    /// What tasks outside the experiment (group `other`) displaced in it.
-    pub other_s: f64,
-    /// What the screen, the terminal and the observer displaced in it.
-    pub ours_s: f64,
 }
 
 impl Displaced {
@@ -195,8 +190,8 @@ pub fn read(input: impl BufRead) -> Result<Displaced> {
     let mut now = None::<f64>;
     let (mut first, mut last) = (None::<f64>, 0f64);
     let mut d = Displaced::default();
-    // The step under way: (index, begin time, displaced by others, by ours).
-    let mut step = None::<(u64, f64, f64, f64)>;
+    // The step under way: (index, begin time).
+    let mut step = None::<(u64, f64)>;
     for line in input.lines() {
         let line = line.context("reading the ftrace buffer")?;
         let Some((t, ev)) = parse(&line) else { continue };
@@ -221,13 +216,6 @@ pub fn read(input: impl BufRead) -> Result<Displaced> {
                     }
                     Group::Engine | Group::Idle => {}
                 }
-                if let Some((_, _, other, ours)) = &mut step {
-                    match g {
-                        Group::Screen | Group::Reader | Group::Terminal | Group::Observer => *ours += dt,
-                        Group::Other => *other += dt,
-                        Group::Engine | Group::Idle => {}
-                    }
-                }
             }
         }
         now = Some(t);
@@ -248,10 +236,10 @@ pub fn read(input: impl BufRead) -> Result<Displaced> {
                 continue;
             }
             Event::Token(index) => {
-                if let Some((i, begin, other_s, ours_s)) = step.replace((index, t, 0.0, 0.0))
+                if let Some((i, begin)) = step.replace((index, t))
                     && i >= 1
                 {
-                    d.tokens.push(TokenSpan { index: i, begin_s: begin, dur_s: t - begin, other_s, ours_s });
+                    d.tokens.push(TokenSpan { index: i, begin_s: begin, dur_s: t - begin });
                 }
                 continue;
             }
@@ -338,7 +326,7 @@ mod tests {
     }
 
     #[test]
-    fn tokens_span_from_one_begin_to_the_next_with_what_was_displaced_in_them() {
+    fn tokens_span_from_one_begin_to_the_next_and_ticks_are_the_screen_threads_wakeups() {
         let tb = |t: f64, i: u64| {
             format!("          engine-100     [000] ..... {t:.6}: token_begin: (0x55d0c3a1b2c0) index={i}\n")
         };
@@ -353,15 +341,16 @@ mod tests {
         s += &tb(1.110, 2);
         s += "          <idle>-0       [001] dNh2. 1.111000: sched_wakeup: comm=observer-tui pid=8 prio=130 target_cpu=001\n";
         s += "          <idle>-0       [001] dNh2. 1.112000: sched_wakeup: comm=observer-tui-ou pid=9 prio=130 target_cpu=001\n";
-        // Token 2 is clean; token 3 has no next begin and is left out.
+        // Token 3 has no next begin and is left out.
         s += &tb(1.118, 3);
         s += &sw(0, 1.125, ("engine", 100, "S"), ("swapper/0", 0));
         let d = read(s.as_bytes()).unwrap();
         let near = |a: f64, b: f64| (a - b).abs() < 1e-9;
         assert_eq!(d.tokens.len(), 2, "{d:?}");
         let (a, b) = (&d.tokens[0], &d.tokens[1]);
-        assert!(a.index == 1 && near(a.dur_s, 0.010) && near(a.other_s, 0.001) && near(a.ours_s, 0.002), "{a:?}");
-        assert!(b.index == 2 && near(b.dur_s, 0.008) && b.other_s == 0.0 && b.ours_s == 0.0, "{b:?}");
+        assert!(a.index == 1 && near(a.dur_s, 0.010) && b.index == 2 && near(b.dur_s, 0.008), "{d:?}");
+        // Token lines do not disturb the run's accounting.
+        assert!(near(d.other_s, 0.001) && near(d.terminal_s, 0.002), "{d:?}");
         assert!(near(a.begin_s, 1.100) && near(b.begin_s, 1.110), "{d:?}");
         // The screen thread's wake-up is a tick; the output reader's is not.
         assert_eq!(d.ticks, vec![1.111]);

@@ -45,7 +45,10 @@
 //!   25 ms bin from 100 ms before to 450 ms after a tick; it shows where the
 //!   cost falls and that `near` covers it.
 
-use crate::{bench_util::splitmix64, displace::TokenSpan};
+use crate::{
+    bench_util::{bootstrap, splitmix64},
+    displace::TokenSpan,
+};
 
 /// Far tokens needed on each side of a tick.
 pub const MIN_FAR: usize = 4;
@@ -150,40 +153,20 @@ impl Excess {
     }
 }
 
+/// The bootstrap's seed (module spec: fixed).
+const SEED: u64 = 0x7469_636b_6c6f_636b;
+
 /// Σ lost / Σ interval over the runs picked by `pick` (NaN without a used tick).
 fn lost_share(runs: &[Excess], pick: &mut dyn Iterator<Item = usize>) -> f64 {
     let (lost, interval) = pick.fold((0.0, 0.0), |(l, s), i| (l + runs[i].lost_s, s + runs[i].interval_s));
     lost / interval
 }
 
-/// `stat` over every run, and its 95 % percentile bootstrap interval over
-/// `n` runs resampled whole (2000 resamples, fixed seed); `None` when `stat`
-/// is not finite.
-fn bootstrap(n: usize, stat: impl Fn(&[usize]) -> f64) -> Option<(f64, f64, f64)> {
-    let all: Vec<usize> = (0..n).collect();
-    let point = stat(&all);
-    if !point.is_finite() {
-        return None;
-    }
-    let mut state = 0x7469_636b_6c6f_636bu64;
-    let mut next = || ((splitmix64(&mut state) >> 32).wrapping_mul(n as u64) >> 32) as usize;
-    let mut draws: Vec<f64> = (0..2000)
-        .map(|_| {
-            let pick: Vec<usize> = (0..n).map(|_| next()).collect();
-            stat(&pick)
-        })
-        .filter(|r| r.is_finite())
-        .collect();
-    draws.sort_by(f64::total_cmp);
-    let q = |p: f64| draws[((draws.len() - 1) as f64 * p).round() as usize];
-    Some((point, q(0.025), q(0.975)))
-}
-
 /// The decode-speed ratio with ticks / without over a set of runs, `1 − Σ
 /// lost / Σ interval`, and its 95 % bootstrap interval over runs (module
 /// spec); `None` without a used tick.
 pub fn ratio(runs: &[Excess]) -> Option<(f64, f64, f64)> {
-    bootstrap(runs.len(), |pick| 1.0 - lost_share(runs, &mut pick.iter().copied()))
+    bootstrap(runs.len(), SEED, |pick| 1.0 - lost_share(runs, &mut pick.iter().copied()))
 }
 
 /// The cost of the ticks net of the method's control: `Σ lost / Σ interval`
@@ -194,7 +177,7 @@ pub fn net_ratio(screen: &[Excess], control: &[Excess]) -> Option<(f64, f64, f64
     if screen.len() != control.len() {
         return None;
     }
-    bootstrap(screen.len(), |pick| {
+    bootstrap(screen.len(), SEED, |pick| {
         1.0 - (lost_share(screen, &mut pick.iter().copied()) - lost_share(control, &mut pick.iter().copied()))
     })
 }
@@ -221,7 +204,7 @@ mod tests {
         (0..n)
             .map(|i| {
                 let dur = base + slope * i as f64 + extra(t);
-                let span = TokenSpan { index: i as u64 + 1, begin_s: t, dur_s: dur, ..TokenSpan::default() };
+                let span = TokenSpan { index: i as u64 + 1, begin_s: t, dur_s: dur };
                 t += dur;
                 span
             })
