@@ -65,6 +65,8 @@ struct Sample {
     steal: f64,
     /// Who kept the engine's threads off a CPU (`displace`).
     displaced: displace::Displaced,
+    /// Σ token spans / Σ the engine's own step times − 1.
+    spans_vs_clock: f64,
 }
 
 impl Sample {
@@ -125,8 +127,41 @@ fn in_tmux(tui: bool, observer: &Path, engine_cmd: &[String], marker: &Marker, o
     drop(session);
     let (wall, screen_ns, terminal_ns, steal) = result?;
     let displaced = sched.finish()?;
+    let csv = out.with_extension("csv");
+    let clock = std::fs::read_to_string(&csv).with_context(|| format!("reading {}", csv.display()))?;
+    let spans_vs_clock = spans_against_the_engines_clock(&displaced.tokens, &clock)?;
     let tok_s = gen_tok_s(&std::fs::read_to_string(out).with_context(|| format!("reading {}", out.display()))?)?;
-    Ok(Sample { tok_s, wall, screen_ns, terminal_ns, steal, displaced })
+    Ok(Sample { tok_s, wall, screen_ns, terminal_ns, steal, displaced, spans_vs_clock })
+}
+
+/// The token spans that the tick-locked estimate reads (ftrace: uprobe hits
+/// on the begin marker) against the engine's own clock for the same steps
+/// (`wall_ms` of its `--metrics-csv`): their sums' relative difference. More
+/// than 2 % is an error: the spans would not be the engine's tokens.
+fn spans_against_the_engines_clock(tokens: &[displace::TokenSpan], csv: &str) -> Result<f64> {
+    let wall: std::collections::HashMap<u64, f64> = csv
+        .lines()
+        .filter(|l| l.starts_with(|c: char| c.is_ascii_digit()))
+        .filter_map(|l| {
+            let mut f = l.split(',');
+            Some((f.next()?.parse().ok()?, f.nth(1)?.parse::<f64>().ok()? / 1e3))
+        })
+        .collect();
+    let (mut spans, mut clock) = (0.0, 0.0);
+    for t in tokens {
+        let w = wall.get(&t.index).with_context(|| format!("the engine's metrics have no row for step {}", t.index))?;
+        spans += t.dur_s;
+        clock += w;
+    }
+    let diff = spans / clock - 1.0;
+    if diff.abs() > 0.02 {
+        bail!(
+            "the token spans from ftrace ({spans:.3} s) and the engine's own clock for the same {} steps ({clock:.3} s) differ by {:.2} %",
+            tokens.len(),
+            100.0 * diff
+        );
+    }
+    Ok(diff)
 }
 
 /// The scheduler's events of every CPU over one run, and the engine's token
@@ -377,7 +412,9 @@ pub fn main(args: &[String]) -> Result<()> {
     let mut engine_cmd = vec![engine.display().to_string()];
     engine_cmd.extend(bench_util::engine_args(&engine, "small", n_gen, threads)?);
     let model = engine_cmd[3].clone();
+    // The engine's output; its per-token metrics go beside it (`.csv`).
     let out = cache::dir()?.join("bench-tui.out");
+    engine_cmd.extend(["--metrics-csv".to_string(), out.with_extension("csv").display().to_string()]);
     let marker = Marker { engine: engine.clone(), offset: marker_file_offset(&engine, "moe_engine_token_begin")? };
     // A seeded random pause (0–3 s) before every run: periodic work of other
     // tasks (on the development VM, its agent's) would otherwise keep the
@@ -466,7 +503,8 @@ pub fn main(args: &[String]) -> Result<()> {
         let lost = |e: &ticklock::Excess| 100.0 * e.lost_s / e.interval_s;
         println!(
             "  the TUI's direct cost this round: {:.3} % of the run ({:.3} % not at its ticks); hypervisor steal {:.2} % of a CPU under tui ({:.2} % under run)\n  \
-             tick-locked: {} ticks (every {:.0} ms) under tui, {:.3} % of the time lost near them; control under run ({CONTROL_PHASES} random phases): {} ticks, {:.3} %",
+             tick-locked: {} ticks (every {:.0} ms) under tui, {:.3} % of the time lost near them; control under run ({CONTROL_PHASES} random phases): {} ticks, {:.3} %\n  \
+             token spans (ftrace) against the engine's own clock for the same steps: {:+.3} % under tui, {:+.3} % under run",
             100.0 * cost,
             100.0 * off_tick,
             100.0 * b.steal,
@@ -476,6 +514,8 @@ pub fn main(args: &[String]) -> Result<()> {
             lost(&lb),
             la.ticks,
             lost(&la),
+            100.0 * b.spans_vs_clock,
+            100.0 * a.spans_vs_clock,
         );
         displaced.push(cost);
         untimed.push(off_tick);
