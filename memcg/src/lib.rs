@@ -26,7 +26,7 @@
 //! | usage | `memory.usage_in_bytes` | `memory.current` |
 //! | peak usage | `memory.max_usage_in_bytes` | `memory.peak` (Linux 5.19+) |
 //! | stat | `memory.stat`, hierarchical `total_*` names mapped ([`StatKey`]) | `memory.stat` (hierarchical already); swap from `memory.swap.current` |
-//! | events | `oom_kill` of `memory.oom_control` (4.13+), `max` = `memory.failcnt`; no `low`, `high`, `oom` counters | `memory.events` |
+//! | events | `oom_kill` of `memory.oom_control` (4.13+), `max` = `memory.failcnt` + `memory.memsw.failcnt`; no `low`, `high`, `oom` counters | `memory.events` |
 //! | proactive reclaim | unsupported (`memory.force_empty` empties a group without processes: not the same) | `memory.reclaim` (5.19+) |
 //! | swappiness | `memory.swappiness` | unsupported (v2 uses the global `vm.swappiness`) |
 //! | members, place a PID | `cgroup.procs` | `cgroup.procs` |
@@ -499,7 +499,8 @@ pub struct Events {
     pub low: Option<u64>,
     /// Throttled at `memory.high` (v2 only).
     pub high: Option<u64>,
-    /// Usage about to exceed the limit (v2 `max`; v1 `memory.failcnt`, failed charges at the limit).
+    /// Usage about to exceed the limit (v2 `max`; v1 failed charges at a limit: `memory.failcnt`
+    /// plus `memory.memsw.failcnt`, where a charge that fails at the memory+swap limit counts).
     pub max: Option<u64>,
     /// Out of memory at the limit (v2 only; v1 shows a state, `under_oom`, not a count).
     pub oom: Option<u64>,
@@ -701,7 +702,11 @@ impl Group {
                 let p = self.dir.join("memory.oom_control");
                 let kv = keyed(&p, &read(&p)?)?;
                 let oom_kill = kv.iter().find(|(n, _)| n == "oom_kill").map(|(_, v)| *v);
-                Ok(Events { max: Some(read_u64(&self.dir.join("memory.failcnt"))?), oom_kill, ..Events::default() })
+                // A charge that fails at the memory+swap limit is counted in memsw.failcnt only.
+                let memsw = self.dir.join("memory.memsw.failcnt");
+                let memsw = if memsw.exists() { read_u64(&memsw)? } else { 0 };
+                let max = read_u64(&self.dir.join("memory.failcnt"))? + memsw;
+                Ok(Events { max: Some(max), oom_kill, ..Events::default() })
             }
         }
     }

@@ -295,6 +295,8 @@ fn events_and_the_oom_watch() {
     put(g.dir(), "memory.failcnt", "3\n");
     let e = g.events().unwrap();
     assert_eq!((e.low, e.high, e.max, e.oom, e.oom_kill), (None, None, Some(3), None, Some(5)));
+    put(g.dir(), "memory.memsw.failcnt", "4\n"); // charges that failed at the memory+swap limit
+    assert_eq!(g.events().unwrap().max, Some(7));
     let w = OomWatch::start(&g).unwrap();
     put(g.dir(), "memory.oom_control", "oom_kill_disable 0\nunder_oom 1\noom_kill 6\n");
     assert_eq!(w.kills().unwrap(), 1);
