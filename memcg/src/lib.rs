@@ -106,6 +106,7 @@ fn hint(op: &str, path: &Path, err: &io::Error) -> &'static str {
     let file = path.file_name().and_then(|f| f.to_str()).unwrap_or("");
     match err.raw_os_error() {
         Some(libc::EACCES | libc::EPERM) => "needs root, or write access delegated to this cgroup tree",
+        Some(libc::ENOENT) if op == "statfs" => "no such directory: give a cgroup directory under /sys/fs/cgroup",
         Some(libc::ENOENT) if op == "mkdir" => "the parent directory does not exist: is the cgroup filesystem mounted?",
         Some(libc::ENOENT) if file.starts_with("memory.") => {
             "the memory controller is not enabled in this group (v2: `+memory` in the parent's \
@@ -176,10 +177,8 @@ fn has_word(list: &str, word: &str) -> bool {
 /// The cgroup version of the filesystem `dir` is on (statfs: `CGROUP2_SUPER_MAGIC` is v2,
 /// `CGROUP_SUPER_MAGIC` is v1); an error for any other filesystem.
 pub fn version_of(dir: &Path) -> Result<Version> {
-    let c = CString::new(dir.as_os_str().as_bytes()).map_err(|_| Error::Refused {
-        path: dir.to_path_buf(),
-        why: "the path contains a NUL byte".into(),
-    })?;
+    let c = CString::new(dir.as_os_str().as_bytes())
+        .map_err(|_| Error::Refused { path: dir.to_path_buf(), why: "the path contains a NUL byte".into() })?;
     // SAFETY: zeroed statfs is a valid out-parameter.
     let mut st: libc::statfs = unsafe { std::mem::zeroed() };
     // SAFETY: valid C string and out-pointer.
@@ -267,7 +266,9 @@ impl Hierarchy {
         }
         let mountinfo = read(Path::new("/proc/self/mountinfo"))?;
         let cgroups = std::fs::read_to_string("/proc/cgroups").ok();
-        Self::from_mounts(&mountinfo, cgroups.as_deref(), |d| std::fs::read_to_string(d.join("cgroup.controllers")).ok())
+        Self::from_mounts(&mountinfo, cgroups.as_deref(), |d| {
+            std::fs::read_to_string(d.join("cgroup.controllers")).ok()
+        })
     }
 
     /// [`Hierarchy::detect`] from the texts of /proc/self/mountinfo and /proc/cgroups (absent: not
@@ -937,7 +938,11 @@ mod tests {
         let m = mounts("36 25 0:31 / /mnt/a\\040b rw shared:5 master:1 - cgroup cgroup rw,memory,cpu\nbroken line\n");
         assert_eq!(
             m,
-            vec![Mount { point: PathBuf::from("/mnt/a b"), fstype: "cgroup".into(), superopts: "rw,memory,cpu".into() }]
+            vec![Mount {
+                point: PathBuf::from("/mnt/a b"),
+                fstype: "cgroup".into(),
+                superopts: "rw,memory,cpu".into()
+            }]
         );
     }
 
@@ -952,7 +957,10 @@ mod tests {
         assert_eq!(s.get(StatKey::Shmem), None, "absent, not 0");
         let v2 = "anon 10\nfile 20\nfile_mapped 5\npgmajfault 7\nswap 99\n";
         let s = Stat::parse(Version::V2, Path::new("memory.stat"), v2, Some(4096)).unwrap();
-        assert_eq!((s.get(StatKey::Anon), s.get(StatKey::File), s.get(StatKey::FileMapped)), (Some(10), Some(20), Some(5)));
+        assert_eq!(
+            (s.get(StatKey::Anon), s.get(StatKey::File), s.get(StatKey::FileMapped)),
+            (Some(10), Some(20), Some(5))
+        );
         assert_eq!(s.get(StatKey::Swap), Some(4096), "v2 swap is memory.swap.current, not a memory.stat line");
         assert!(Stat::parse(Version::V2, Path::new("x"), "anon ten\n", None).is_err());
     }
