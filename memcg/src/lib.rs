@@ -45,12 +45,18 @@
 //! - Both backends, every operation: against a fake tree (`tests/fake_tree.rs`), with the kernel's
 //!   part emulated as far as regular files allow (the test writes the interface files the kernel
 //!   would create, and reads back what the crate wrote).
-//! - v1, for real, on the development VM (`tests/real.rs`): create, limits, stat, events with a
-//!   real OOM kill, peak, place, members, kill, remove.
+//! - v1, for real, on the development VM (`tests/real.rs`, as root): detection, create, limits,
+//!   stat, a limit hit, a real OOM kill (against /proc/vmstat `oom_kill`), peak, place, members,
+//!   kill, remove on drop; and through its users (testkit, `observer run --cgroup` with its OOM
+//!   report in `observer/tests/cgroup.rs`, the pressure tests of the engine and the observer).
 //! - v2, for real, on the development VM: everything that does not need the memory controller
-//!   (filesystem detection, `cgroup.procs`, joining from a child, `cgroup.kill`, `rmdir`) in
-//!   `/sys/fs/cgroup/unified`, and the clear refusal to create a memory group there.
-//! - v2 with the memory controller, for real: in the kernel-matrix VM of a later issue, not here.
+//!   (filesystem detection, `cgroup.procs`, joining from a child, `cgroup.kill`, `rmdir`, and
+//!   `observer run --cgroup` placing its child) in the cgroup2 mount `/sys/fs/cgroup/unified`,
+//!   and the clear refusal to make a memory group there.
+//! - v2 with the memory controller (`memory.max`, `memory.swap.max`, `memory.stat`,
+//!   `memory.events`, `memory.reclaim`, `memory.peak`, `+memory` in `cgroup.subtree_control`),
+//!   for real: in the kernel-matrix VM of a later issue, not here. The same tests run there
+//!   unchanged: they use whichever backend [`Hierarchy::detect`] finds.
 
 use std::{
     ffi::{CStr, CString},
