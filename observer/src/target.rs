@@ -30,6 +30,29 @@ struct Spawned {
     exec_error: OwnedFd,
     program: String,
     path: std::path::PathBuf,
+    cgroup: Option<InCgroup>,
+}
+
+/// The cgroup a spawned child joins (`--cgroup`), with its OOM-kill counter as
+/// it was before the run.
+#[derive(Debug)]
+struct InCgroup {
+    group: memcg::Group,
+    oom: Option<memcg::OomWatch>,
+}
+
+impl InCgroup {
+    fn open(dir: &std::path::Path) -> Result<Self> {
+        let group = memcg::Group::open(dir).with_context(|| format!("--cgroup {}", dir.display()))?;
+        let oom = match memcg::OomWatch::start(&group) {
+            Ok(w) => Some(w),
+            Err(e) => {
+                eprintln!("observer: --cgroup: {e}; an OOM kill of the target there cannot be reported");
+                None
+            }
+        };
+        Ok(InCgroup { group, oom })
+    }
 }
 
 /// How the target ended.
@@ -110,22 +133,14 @@ impl Target {
         Self::spawn_in(cmd, None)
     }
 
-    /// Like [`Target::spawn`], with the child joining a cgroup before `exec`
-    /// (`DIR/cgroup.procs`, or `DIR/tasks` for cgroup v1). Only the child
-    /// moves, never the observer.
+    /// Like [`Target::spawn`], with the child joining the cgroup `DIR` (v1 or v2,
+    /// from its filesystem) before `exec`, through its `cgroup.procs`. Only the
+    /// child moves, never the observer.
     pub fn spawn_in(cmd: &[OsString], cgroup: Option<&std::path::Path>) -> Result<Self> {
         let (prog, _) = cmd.split_first().context("no command given after `--`")?;
         let path = resolve_program(prog)?;
-        let procs = match cgroup {
-            None => None,
-            Some(dir) => {
-                let f = ["cgroup.procs", "tasks"].iter().map(|n| dir.join(n)).find(|p| p.exists());
-                let Some(f) = f else {
-                    bail!("--cgroup {}: no cgroup.procs or tasks file there (not a cgroup directory?)", dir.display());
-                };
-                Some(CString::new(f.into_os_string().into_vec()).context("cgroup path contains a NUL byte")?)
-            }
-        };
+        let cgroup = cgroup.map(InCgroup::open).transpose()?;
+        let join = cgroup.as_ref().map(|c| c.group.child_join()).transpose()?;
         let argv_c: Vec<CString> = cmd
             .iter()
             .map(|a| CString::new(a.as_bytes().to_vec()))
@@ -136,7 +151,7 @@ impl Target {
         let (go_rd, go_wr) = pipe()?;
         let (err_rd, err_wr) = pipe()?;
         // SAFETY: after fork the child only calls async-signal-safe functions
-        // (sigaction, signal, pthread_sigmask, close, read, write, execv, _exit) on
+        // (sigaction, signal, pthread_sigmask, open, getpid, close, read, write, execv, _exit) on
         // memory prepared before the fork.
         let pid = unsafe { libc::fork() };
         if pid < 0 {
@@ -162,10 +177,9 @@ impl Target {
                 // instead of waiting forever.
                 libc::close(go_wr.as_raw_fd());
                 libc::close(err_rd.as_raw_fd());
-                if let Some(procs) = &procs
-                    && !join_cgroup(procs)
+                if let Some(join) = &join
+                    && let Err(errno) = join.join()
                 {
-                    let errno = *libc::__errno_location();
                     libc::write(err_wr.as_raw_fd(), (&errno as *const i32).cast(), 4);
                     libc::_exit(126);
                 }
@@ -196,6 +210,7 @@ impl Target {
                 exec_error: err_rd,
                 program: prog.to_string_lossy().into_owned(),
                 path: std::path::PathBuf::from(std::ffi::OsStr::from_bytes(path.as_bytes())),
+                cgroup,
             }),
         })
     }
@@ -294,39 +309,41 @@ impl Target {
     pub fn is_spawned(&self) -> bool {
         self.spawned.is_some()
     }
+
+    /// After the run of a child spawned in a cgroup: a line when the cgroup's
+    /// OOM killer killed processes during it (its counter, read before and
+    /// after: v2 `memory.events`, v1 `memory.oom_control`), saying whether the
+    /// target was one of them (it ended by SIGKILL, `exit_code` 137).
+    pub fn oom_report(&self, exit_code: Option<i32>) -> Option<String> {
+        let c = self.spawned.as_ref()?.cgroup.as_ref()?;
+        let dir = c.group.dir().display();
+        let kills = match c.oom.as_ref()?.kills() {
+            Ok(0) => return None,
+            Ok(n) => n,
+            Err(e) => return Some(format!("cannot read the OOM-kill counter of the cgroup after the run: {e}")),
+        };
+        let limit = match c.group.limit() {
+            Ok(Some(b)) => format!("its memory limit is {:.1} MiB", b as f64 / (1u64 << 20) as f64),
+            Ok(None) => "it has no limit of its own, a parent's limit applies".to_string(),
+            Err(e) => format!("its limit is unknown: {e}"),
+        };
+        Some(if exit_code == Some(128 + libc::SIGKILL) {
+            format!(
+                "the target was killed by the OOM killer of its cgroup {dir} ({}: {kills} OOM kill(s) there during \
+                 the run; {limit}): it needed more memory than the cgroup allows",
+                c.group.version()
+            )
+        } else {
+            format!(
+                "the OOM killer of the cgroup {dir} killed {kills} process(es) there during the run, not the target \
+                 ({}; {limit})",
+                c.group.version()
+            )
+        })
+    }
 }
 
 const GO: u8 = 1;
-
-/// Write our own PID into a cgroup's procs file, without allocating
-/// (called between fork and exec).
-///
-/// # Safety
-/// Only async-signal-safe calls; `procs` is a valid C string.
-unsafe fn join_cgroup(procs: &CString) -> bool {
-    // SAFETY: see the function's contract.
-    unsafe {
-        let fd = libc::open(procs.as_ptr(), libc::O_WRONLY | libc::O_CLOEXEC);
-        if fd < 0 {
-            return false;
-        }
-        let mut buf = [0u8; 16];
-        let mut pid = libc::getpid() as u32;
-        let mut i = buf.len();
-        loop {
-            i -= 1;
-            buf[i] = b'0' + (pid % 10) as u8;
-            pid /= 10;
-            if pid == 0 {
-                break;
-            }
-        }
-        let n = buf.len() - i;
-        let ok = libc::write(fd, buf.as_ptr().add(i).cast(), n) == n as isize;
-        libc::close(fd);
-        ok
-    }
-}
 
 #[inline(always)]
 fn n_is_go(b: u8) -> bool {

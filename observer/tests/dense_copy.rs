@@ -3,7 +3,7 @@
 //! `/proc/PID/pagemap`, and the token records' `residency` says how much of it is in RAM and
 //! how much in zram.
 //!
-//! Pressure runs use testkit's guards (zram swap, a cgroup-v1 memory limit below the model plus
+//! Pressure runs use testkit's guards (zram swap, a memory cgroup limit below the model plus
 //! a balloon in the same cgroup; only the engine joins it, through `observer run --cgroup`) and
 //! restore the machine on drop.
 //!
@@ -76,7 +76,7 @@ fn pressure(name: &str, model: &Path) -> testkit::Pressure {
         balloon_mib: BALLOON_MIB,
         balloon_touch: Duration::from_millis(100),
     })
-    .expect("pressure setup (root, zram, cgroup v1 memory)")
+    .expect("pressure setup (root, zram, a memory cgroup controller, v1 or v2)")
 }
 
 /// The one child process of `ppid` (the engine the observer spawned).

@@ -635,7 +635,7 @@ fn dense_swapped_panel_shows_an_engine_copy_in_zram() {
         balloon_mib: 64,
         balloon_touch: Duration::from_millis(100),
     })
-    .expect("pressure setup (root, zram, cgroup v1 memory)");
+    .expect("pressure setup (root, zram, a memory cgroup controller, v1 or v2)");
     let json = dir.join("run.json");
     let _ = std::fs::remove_file(&json);
     let start = now_unix();

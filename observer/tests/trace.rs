@@ -288,7 +288,7 @@ fn sigkill_leaves_a_trace_whose_complete_records_read_back() {
 /// (`engine run --dense mmap|anon|locked`, the token markers, and a pressure
 /// guard in testkit): two engine configurations that differ only in
 /// `--dense`, recorded A-B-B-A (`anon`, `locked`, `locked`, `anon`) inside
-/// the memory cgroup `cgroup` (a cgroup-v1 directory with a limit below the
+/// the memory cgroup `cgroup` (a cgroup v1 or v2 directory with a limit below the
 /// model plus its balloon, zram swap on, as the engine's pressure test sets
 /// up), then `observer diff --json` of the four traces.
 ///
@@ -355,7 +355,7 @@ fn dense_anon_vs_locked_under_pressure_diffs_into_the_right_verdict() {
         balloon_mib: 64,
         balloon_touch: std::time::Duration::from_millis(100),
     })
-    .expect("pressure setup (root, zram, cgroup v1 memory)");
+    .expect("pressure setup (root, zram, a memory cgroup controller, v1 or v2)");
     let d = record_dense_ab_under_pressure(&engine, &model, p.cgroup.dir(), &dir);
     drop(p);
     let text = d.to_string();

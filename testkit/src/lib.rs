@@ -1,13 +1,15 @@
 //! Machine-state harness for the project's tests and benchmarks.
 //!
 //! Every guard here changes machine state on creation and restores it on
-//! drop (also when a test panics): zram swap ([`ZramSwap`]), a cgroup-v1
-//! memory limit ([`MemCgroup`]), an anonymous-memory [`Balloon`] in a cgroup,
-//! all three together as a memory-pressure setup ([`Pressure`], also behind
-//! `cargo xtask pressure`), and a cross-process lock ([`machine_lock`])
-//! that serialises tests which measure the whole machine. Nothing here ever
-//! moves the calling process into a cgroup: commands are placed there from
-//! inside the child (`sh -c 'echo $$ > …/tasks; exec CMD'`).
+//! drop (also when a test panics): zram swap ([`ZramSwap`]), a memory cgroup
+//! with a limit ([`MemCgroup`], cgroup v1 or v2 through the `memcg` crate,
+//! whichever holds this machine's memory controller), an anonymous-memory
+//! [`Balloon`] in a cgroup, all three together as a memory-pressure setup
+//! ([`Pressure`], also behind `cargo xtask pressure`), and a cross-process lock
+//! ([`machine_lock`]) that serialises tests which measure the whole machine.
+//! Nothing here ever moves the calling process into a cgroup: commands are
+//! placed there from inside the child (`sh -c 'echo $$ > …/cgroup.procs; exec
+//! CMD'`, or [`memcg::ChildJoin`] in a forked child).
 
 use std::{
     fs::File,
@@ -120,74 +122,59 @@ impl Drop for ZramSwap {
     }
 }
 
-/// A cgroup-v1 memory cgroup with a limit, removed on drop (its tasks are
+/// A memory cgroup with a limit, made under this machine's memory controller
+/// ([`memcg::Hierarchy::detect`]: v2 or v1), removed on drop (its processes are
 /// killed first so that `rmdir` succeeds).
+///
+/// Swap beyond the limit is allowed (v1 `memory.memsw.limit_in_bytes` and v2
+/// `memory.swap.max` are unlimited in a new group); v1 gets `memory.swappiness`
+/// 100, v2 has no per-group swappiness (the global `vm.swappiness` applies).
 #[derive(Debug)]
 pub struct MemCgroup {
-    dir: PathBuf,
+    hierarchy: memcg::Hierarchy,
+    group: memcg::Group,
 }
 
-pub const MEMCG_ROOT: &str = "/sys/fs/cgroup/memory";
-
 impl MemCgroup {
+    /// The group `NAME-PID` with a limit of `limit_bytes`.
     pub fn new(name: &str, limit_bytes: u64) -> Result<Self> {
-        if !Path::new(MEMCG_ROOT).join("tasks").exists() {
-            bail!("no cgroup-v1 memory controller at {MEMCG_ROOT}");
+        let hierarchy = memcg::Hierarchy::detect().context("finding the memory cgroup controller")?;
+        let group = hierarchy
+            .create(&format!("{name}-{}", std::process::id()))
+            .with_context(|| format!("making a memory cgroup ({})", hierarchy.describe()))?;
+        group.set_limit(limit_bytes)?;
+        if group.version() == memcg::Version::V1 {
+            group.set_swappiness(100)?;
         }
-        let dir = Path::new(MEMCG_ROOT).join(format!("{name}-{}", std::process::id()));
-        if dir.exists() {
-            let _ = std::fs::remove_dir(&dir);
-        }
-        std::fs::create_dir(&dir).with_context(|| format!("creating {}", dir.display()))?;
-        let cg = MemCgroup { dir };
-        write(cg.dir.join("memory.limit_in_bytes"), &limit_bytes.to_string())?;
-        // Swap beyond the limit is allowed (memsw is unlimited by default).
-        let _ = write(cg.dir.join("memory.swappiness"), "100");
-        Ok(cg)
+        Ok(MemCgroup { hierarchy, group })
     }
 
     pub fn dir(&self) -> &Path {
-        &self.dir
+        self.group.dir()
     }
 
-    /// `sh -c 'echo $$ > tasks; exec "$@"' sh ARGS…`: runs `args` inside the
+    pub fn group(&self) -> &memcg::Group {
+        &self.group
+    }
+
+    /// Which cgroup version and where, e.g. `cgroup v1 (groups under /sys/fs/cgroup/memory)`.
+    pub fn describe(&self) -> String {
+        self.hierarchy.describe()
+    }
+
+    /// `sh -c 'echo $$ > DIR/cgroup.procs && exec "$@"' sh ARGS…`: runs `args` inside the
     /// cgroup (as the same PID the caller spawns), never moving the caller.
     pub fn wrap(&self, args: &[&str]) -> Vec<String> {
-        let tasks = self.dir.join("tasks");
+        let procs = self.dir().join("cgroup.procs");
+        let quoted = format!("'{}'", procs.display().to_string().replace('\'', "'\\''"));
         let mut v = vec![
             "/bin/sh".to_string(),
             "-c".to_string(),
-            format!("echo $$ > {} && exec \"$@\"", tasks.display()),
+            format!("echo $$ > {quoted} && exec \"$@\""),
             "sh".to_string(),
         ];
         v.extend(args.iter().map(|s| s.to_string()));
         v
-    }
-
-    pub fn stat(&self, key: &str) -> Option<u64> {
-        let s = std::fs::read_to_string(self.dir.join("memory.stat")).ok()?;
-        s.lines().find_map(|l| {
-            let (k, v) = l.split_once(' ')?;
-            (k == key).then(|| v.trim().parse().ok())?
-        })
-    }
-}
-
-impl Drop for MemCgroup {
-    fn drop(&mut self) {
-        for _ in 0..50 {
-            let tasks = std::fs::read_to_string(self.dir.join("tasks")).unwrap_or_default();
-            let pids: Vec<i32> = tasks.split_whitespace().filter_map(|p| p.parse().ok()).collect();
-            if pids.is_empty() {
-                break;
-            }
-            for p in pids {
-                // SAFETY: plain kill of processes we placed in our own cgroup.
-                unsafe { libc::kill(p, libc::SIGKILL) };
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        let _ = std::fs::remove_dir(&self.dir);
     }
 }
 
@@ -204,9 +191,7 @@ pub struct Balloon {
 impl Balloon {
     /// Forks the balloon into `cg` and returns once all of its memory has been written.
     pub fn spawn(cg: &MemCgroup, mib: u64, touch: Duration) -> Result<Balloon> {
-        use std::ffi::CString;
-        let tasks = CString::new(cg.dir().join("tasks").into_os_string().into_encoded_bytes())
-            .context("cgroup path contains NUL")?;
+        let join = cg.group().child_join()?;
         let len = usize::try_from(mib << 20).context("balloon size")?;
         let parent = std::process::id() as libc::pid_t;
         let mut fds = [0i32; 2];
@@ -229,7 +214,7 @@ impl Balloon {
         }
         if pid == 0 {
             // SAFETY: in the freshly forked child; see above.
-            unsafe { balloon_child(&tasks, len, touch, wr, parent) }
+            unsafe { balloon_child(&join, len, touch, wr, parent) }
         }
         // SAFETY: our own fd.
         unsafe { libc::close(wr) };
@@ -277,7 +262,7 @@ impl Drop for Balloon {
 ///
 /// # Safety
 /// Must run in a freshly forked child, with `wr` the write end of the readiness pipe.
-unsafe fn balloon_child(tasks: &std::ffi::CStr, len: usize, touch: Duration, wr: i32, parent: libc::pid_t) -> ! {
+unsafe fn balloon_child(join: &memcg::ChildJoin, len: usize, touch: Duration, wr: i32, parent: libc::pid_t) -> ! {
     // SAFETY: raw system calls on valid arguments; the child owns its copy of the address space.
     unsafe {
         let fail = |code: u8| -> ! {
@@ -288,23 +273,9 @@ unsafe fn balloon_child(tasks: &std::ffi::CStr, len: usize, touch: Duration, wr:
         if libc::getppid() != parent {
             libc::_exit(1);
         }
-        // Join the cgroup: write our pid in decimal, without allocating.
-        let mut digits = [0u8; 16];
-        let mut n = libc::getpid() as u64;
-        let mut i = digits.len();
-        loop {
-            i -= 1;
-            digits[i] = b'0' + (n % 10) as u8;
-            n /= 10;
-            if n == 0 {
-                break;
-            }
-        }
-        let fd = libc::open(tasks.as_ptr(), libc::O_WRONLY | libc::O_CLOEXEC);
-        if fd < 0 || libc::write(fd, digits[i..].as_ptr().cast(), digits.len() - i) < 0 {
+        if join.join().is_err() {
             fail(b'C');
         }
-        libc::close(fd);
         let p = libc::mmap(
             std::ptr::null_mut(),
             len,
@@ -344,7 +315,7 @@ unsafe fn balloon_child(tasks: &std::ffi::CStr, len: usize, touch: Duration, wr:
     }
 }
 
-/// A memory-pressure setup: optional zram swap, a cgroup-v1 memory limit and an optional
+/// A memory-pressure setup: optional zram swap, a memory cgroup limit ([`MemCgroup`]) and an optional
 /// [`Balloon`] inside it. Commands run in the cgroup through [`Pressure::command`]; the caller is
 /// never moved. Dropping it kills what runs in the cgroup, removes the cgroup and tears down the
 /// zram swap (fields drop in this order).
@@ -370,9 +341,13 @@ pub struct PressureConfig {
 /// Counters of a pressure run: the cgroup's and the machine's.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct PressureStats {
+    /// The cgroup's peak usage since it was made ([`memcg::Group::peak`]).
     pub max_usage_bytes: Option<u64>,
-    pub failcnt: Option<u64>,
-    /// `swap` of the cgroup's memory.stat (bytes of its memory in swap now).
+    /// Times its usage hit the limit ([`memcg::Events::max`]).
+    pub limit_hits: Option<u64>,
+    /// Processes its OOM killer killed ([`memcg::Events::oom_kill`]).
+    pub oom_kills: Option<u64>,
+    /// Bytes of its memory in swap now ([`memcg::StatKey::Swap`]).
     pub swap_bytes: Option<u64>,
     /// /proc/vmstat deltas since [`Pressure::new`].
     pub pswpin: Option<u64>,
@@ -388,15 +363,10 @@ impl Pressure {
         let zram = cfg.zram_mib.map(ZramSwap::new).transpose()?;
         let cgroup = MemCgroup::new(&cfg.name, cfg.limit_bytes)?;
         let mut p = Pressure { balloon: None, cgroup, zram };
-        p.reset_counters();
         if cfg.balloon_mib > 0 {
             p.balloon = Some(Balloon::spawn(&p.cgroup, cfg.balloon_mib, cfg.balloon_touch)?);
         }
         Ok(p)
-    }
-
-    fn reset_counters(&mut self) {
-        let _ = write(self.cgroup.dir().join("memory.max_usage_in_bytes"), "0");
     }
 
     /// `args` as a command that runs inside the cgroup (see [`MemCgroup::wrap`]).
@@ -407,18 +377,18 @@ impl Pressure {
         c
     }
 
-    fn read_u64(&self, file: &str) -> Option<u64> {
-        std::fs::read_to_string(self.cgroup.dir().join(file)).ok()?.trim().parse().ok()
-    }
-
     /// Counters now; `since` is the /proc/vmstat state at the start, from [`vmstat_snapshot`].
+    /// A counter this kernel or cgroup version lacks is `None`.
     pub fn stats(&self, since: &VmstatSnapshot) -> PressureStats {
         let now = vmstat_snapshot();
         let d = |a: Option<u64>, b: Option<u64>| Some(a?.saturating_sub(b?));
+        let g = self.cgroup.group();
+        let events = g.events().ok();
         PressureStats {
-            max_usage_bytes: self.read_u64("memory.max_usage_in_bytes"),
-            failcnt: self.read_u64("memory.failcnt"),
-            swap_bytes: self.cgroup.stat("swap"),
+            max_usage_bytes: g.peak().ok(),
+            limit_hits: events.and_then(|e| e.max),
+            oom_kills: events.and_then(|e| e.oom_kill),
+            swap_bytes: g.stat().ok().and_then(|s| s.get(memcg::StatKey::Swap)),
             pswpin: d(now.pswpin, since.pswpin),
             pswpout: d(now.pswpout, since.pswpout),
             pgmajfault: d(now.pgmajfault, since.pgmajfault),
@@ -460,12 +430,21 @@ mod tests {
 
     #[test]
     fn wrap_runs_in_the_child_not_the_caller() {
-        let cg = MemCgroup { dir: PathBuf::from("/nonexistent/cg") };
+        let dir = std::env::temp_dir().join(format!("testkit-wrap-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join("cgroup.procs"), "").unwrap();
+        let group = memcg::Group::open_as(memcg::Version::V2, &dir).unwrap(); // opened: left in place
+        let cg = MemCgroup { hierarchy: memcg::Hierarchy::new(memcg::Version::V2, &dir), group };
         let v = cg.wrap(&["echo", "hi"]);
         assert_eq!(v[0], "/bin/sh");
-        assert!(v[2].starts_with("echo $$ > /nonexistent/cg/tasks"));
+        assert_eq!(v[2], format!("echo $$ > '{}/cgroup.procs' && exec \"$@\"", dir.display()));
         assert_eq!(&v[4..], &["echo".to_string(), "hi".to_string()]);
-        std::mem::forget(cg); // nothing to clean up
+        let out = Command::new(&v[0]).args(&v[1..]).output().unwrap();
+        assert_eq!(String::from_utf8_lossy(&out.stdout), "hi\n");
+        let joined: i32 = std::fs::read_to_string(dir.join("cgroup.procs")).unwrap().trim().parse().unwrap();
+        assert_ne!(joined, std::process::id() as i32, "the child wrote its own PID, not the caller's");
+        drop(cg);
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]
@@ -482,10 +461,9 @@ mod tests {
         let b = Balloon::spawn(&cg, 32, Duration::from_millis(10)).expect("balloon");
         let pid = b.pid();
         assert!(b.alive());
-        let tasks = std::fs::read_to_string(cg.dir().join("tasks")).unwrap();
-        assert!(tasks.split_whitespace().any(|p| p == pid.to_string()), "balloon {pid} not in {tasks}");
-        let usage: u64 =
-            std::fs::read_to_string(cg.dir().join("memory.usage_in_bytes")).unwrap().trim().parse().unwrap();
+        let procs = cg.group().procs().unwrap();
+        assert!(procs.contains(&pid), "balloon {pid} not in {procs:?}");
+        let usage = cg.group().usage().unwrap();
         assert!(usage >= 32 << 20, "cgroup usage {usage} < the balloon's 32 MiB");
         let mine = std::fs::read_to_string("/proc/self/cgroup").unwrap();
         assert!(
@@ -515,7 +493,11 @@ mod tests {
                 .unwrap();
             let text = String::from_utf8_lossy(&out.stdout);
             let name = dir.file_name().unwrap().to_str().unwrap();
-            assert!(text.lines().any(|l| l.contains("memory") && l.contains(name)), "{text}");
+            // v1: `N:memory:/NAME`; v2: `0::/NAME`.
+            assert!(
+                text.lines().any(|l| (l.contains(":memory:") || l.starts_with("0::")) && l.contains(name)),
+                "{text}"
+            );
             let mine = std::fs::read_to_string("/proc/self/cgroup").unwrap();
             assert!(!mine.contains(name), "the test process must never join the cgroup");
             drop(cg);

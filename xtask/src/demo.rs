@@ -58,11 +58,14 @@ pub fn run(args: &[String]) -> Result<()> {
                 balloon_mib: 64,
                 balloon_touch: Duration::from_millis(100),
             })
-            .context("setting up memory pressure (needs root, zram and the cgroup-v1 memory controller)")?,
+            .context("setting up memory pressure (needs root, zram and a memory cgroup controller, v1 or v2)")?,
         )
     } else {
         None
     };
+    if let Some(p) = &guard {
+        eprintln!("demo: memory cgroup {}, {}", p.cgroup.dir().display(), p.cgroup.describe());
+    }
     let mut c = Command::new(bin.join("observer"));
     c.arg(if tui { "tui" } else { "run" });
     if !tui {

@@ -1,6 +1,7 @@
 //! `cargo xtask pressure [OPTIONS] -- CMD [ARGS…]`: run a command under memory pressure.
 //!
-//! Sets up (as root) optional zram swap, a cgroup-v1 memory limit and an optional anonymous
+//! Sets up (as root) optional zram swap, a memory cgroup limit (cgroup v2 or v1, whichever holds
+//! the memory controller, through the `memcg` crate; it says which) and an optional anonymous
 //! balloon inside it (`testkit::Pressure`), runs CMD inside the cgroup (placed there from the
 //! child, never moving this process), prints the cgroup's and the machine's swap and fault
 //! counters, and always restores the machine: also on Ctrl-C, which reaches CMD (same process
@@ -16,7 +17,8 @@ use anyhow::{Context, Result, bail};
 const USAGE: &str =
     "usage: cargo xtask pressure --limit-mib N [--zram-mib M] [--balloon-mib B] [--touch-ms T] -- CMD [ARGS…]
 
-  --limit-mib N    cgroup-v1 memory limit for CMD (and the balloon)
+  --limit-mib N    memory cgroup limit for CMD (and the balloon); cgroup v2 or v1, whichever
+                   holds the memory controller (MOE_CGROUP_PARENT=DIR: make the group under DIR)
   --zram-mib M     enable zram swap of M MiB for the run (default: none)
   --balloon-mib B  an anonymous balloon of B MiB in the same cgroup (default: none)
   --touch-ms T     the balloon re-reads all its pages every T ms (default 100)
@@ -80,7 +82,8 @@ pub fn main(args: &[String]) -> Result<()> {
     let before = testkit::vmstat_snapshot();
     let p = testkit::Pressure::new(&cfg).context("setting up memory pressure")?;
     eprintln!(
-        "pressure: cgroup {} limit {limit} MiB, zram {}, balloon {}",
+        "pressure: {}: cgroup {} limit {limit} MiB, zram {}, balloon {}",
+        p.cgroup.describe(),
         p.cgroup.dir().display(),
         p.zram.as_ref().map_or("off".to_string(), |z| format!("{} {} MiB", z.device(), zram.unwrap_or(0))),
         p.balloon.as_ref().map_or("none".to_string(), |b| format!(
@@ -102,9 +105,10 @@ pub fn main(args: &[String]) -> Result<()> {
     let mib = |v: Option<u64>| v.map_or("n/a".to_string(), |v| format!("{:.1} MiB", v as f64 / (1u64 << 20) as f64));
     let n = |v: Option<u64>| v.map_or("n/a".to_string(), |v| v.to_string());
     eprintln!(
-        "pressure: {status}; cgroup max usage {}, limit hits {}, in swap at the end {}; machine: pswpin {} pswpout {} pgmajfault {}{}",
+        "pressure: {status}; cgroup max usage {}, limit hits {}, OOM kills {}, in swap at the end {}; machine: pswpin {} pswpout {} pgmajfault {}{}",
         mib(stats.max_usage_bytes),
-        n(stats.failcnt),
+        n(stats.limit_hits),
+        n(stats.oom_kills),
         mib(stats.swap_bytes),
         n(stats.pswpin),
         n(stats.pswpout),

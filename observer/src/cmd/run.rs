@@ -57,8 +57,9 @@ pub struct RunArgs {
     /// How often to sample the target's memory and swap.
     #[arg(long, default_value = "1s", value_name = "DURATION", value_parser = parse_duration)]
     pub sample_interval: Duration,
-    /// Run the spawned command inside this cgroup (a directory under
-    /// /sys/fs/cgroup, e.g. one with a memory limit); only the child joins it.
+    /// Run the spawned command inside this cgroup (a cgroup v2 or v1 directory
+    /// under /sys/fs/cgroup, e.g. one with a memory limit); only the child joins
+    /// it. An OOM kill of the target there is reported after the run.
     #[arg(long, value_name = "DIR", conflicts_with = "pid")]
     pub cgroup: Option<PathBuf>,
     /// With --pid: hold the process at its next exec (SIGSTOP from the kernel
@@ -391,6 +392,9 @@ pub async fn run_with(args: RunArgs, mut extra: ExtraSinks) -> Result<i32> {
     summary.bpf_run_ns = bpf_stats.map(|s| s.0);
     summary.bpf_run_count = bpf_stats.map(|s| s.1);
     finish(&args, &summary)?;
+    if let Some(line) = target.oom_report(exit_code) {
+        eprintln!("observer: {line}");
+    }
     // Detaching waits for the kernel (see `bpf::detach_tracepoints`): after
     // the summary is out.
     drop(probes);
@@ -546,6 +550,9 @@ async fn run_procfs(
     summary.tokens_not_kept = records.dropped;
     summary.add_attribution(&[], &[], records.records);
     finish(&args, &summary)?;
+    if let Some(line) = target.oom_report(exit_code) {
+        eprintln!("observer: {line}");
+    }
     Ok(exit_code.unwrap_or(0))
 }
 
