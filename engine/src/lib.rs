@@ -32,7 +32,9 @@
 //! published once the copy is complete and cleared before it is unmapped; each entry is one run
 //! of dense tensors: `addr..addr+len` holds the file's bytes `file_offset..file_offset+len`.
 
+pub mod arch;
 pub mod attention;
+pub mod blocks;
 pub mod dense_regions;
 pub mod gguf;
 pub mod inspect;
