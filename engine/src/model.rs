@@ -140,6 +140,8 @@ struct Scratch {
 /// Decoding state of one sequence: KV cache, position, scratch.
 pub struct Session<'m> {
     pub model: &'m Model,
+    /// Where the MoE blocks read expert weights ([`Session::with_experts`]; the model's mapping by default).
+    experts: &'m dyn moe::ExpertWeights,
     pool: Pool,
     kv: Vec<LayerKv>,
     pos: usize,
@@ -167,6 +169,7 @@ impl<'m> Session<'m> {
         let c = &model.cfg;
         Session {
             model,
+            experts: model,
             pool: Pool::new(threads),
             kv: (0..c.n_layer).map(|_| LayerKv::default()).collect(),
             pos: 0,
@@ -177,6 +180,12 @@ impl<'m> Session<'m> {
             ubatch: MAX_BATCH,
             expert_counts: vec![vec![0; c.n_expert]; c.n_layer],
         }
+    }
+
+    /// Reads expert weights from `experts` instead of the model's mapping (e.g. an expert cache).
+    pub fn with_experts(mut self, experts: &'m dyn moe::ExpertWeights) -> Self {
+        self.experts = experts;
+        self
     }
 
     pub fn pos(&self) -> usize {
@@ -223,7 +232,7 @@ impl<'m> Session<'m> {
         let Scratch { x, xn, y, rope, attn, moe, ffn, output } = &mut self.scratch;
         let (x, xn, y) = (blocks::sized(x, n * d), blocks::sized(xn, n * d), blocks::sized(y, n * d));
         rope.set(c, self.pos, n);
-        let ctx = Ctx { model: m, pool: &self.pool, experts: m, n, pos0: self.pos, rope };
+        let ctx = Ctx { model: m, pool: &self.pool, experts: self.experts, n, pos0: self.pos, rope };
 
         embed::forward(&ctx, &m.tok_embd, tokens, x)?;
         blocks::dump("embd", None, x);

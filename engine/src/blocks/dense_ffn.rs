@@ -238,3 +238,23 @@ pub fn forward(
     out.copy_from_slice(&s.ffn.y[..out.len()]);
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn groups_hold_each_slot_once_in_key_then_slot_order() {
+        let mut g = Groups::default();
+        let keys = [5, 1, 5, 0, 1, 5, 7];
+        g.by_key(8, keys.iter().copied());
+        let got: Vec<(usize, Vec<usize>)> = (0..g.len()).map(|i| (g.key(i), g.slots(i).to_vec())).collect();
+        assert_eq!(got, [(0, vec![3]), (1, vec![1, 4]), (5, vec![0, 2, 5]), (7, vec![6])]);
+        assert_eq!(g.largest(), 3);
+        // Reused with fewer slots and keys: nothing stale remains.
+        g.by_key(2, [1, 1].into_iter());
+        assert_eq!((g.len(), g.key(0), g.slots(0)), (1, 1, &[0, 1][..]));
+        g.single(3);
+        assert_eq!((g.len(), g.key(0), g.slots(0)), (1, 0, &[0, 1, 2][..]));
+    }
+}
