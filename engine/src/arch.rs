@@ -22,11 +22,18 @@
 //! Adding an architecture: a variant of [`Arch`] with its GGUF name, its keys in
 //! [`Config::read`], its layers in [`Arch::load_layer`], and a new block (a new [`Attention`] or
 //! [`Ffn`] variant) only for what the existing ones do not compute. What the planned ones need
-//! beyond today's blocks: `qwen35moe` a gated DeltaNet linear-attention block for 3 of every 4
-//! layers, a gated full attention with partial RoPE, and a sigmoid-gated shared expert beside
-//! the routed ones ([`crate::blocks::dense_ffn`] is its FFN); `gpt-oss` attention sinks,
-//! sliding-window layers, biases and MXFP4 experts; `olmoe` a Q/K norm over all heads at once and
-//! top-k weights without renormalisation.
+//! beyond today's blocks (from llama.cpp's `src/models/{qwen35moe,openai-moe,olmoe}.cpp`):
+//! - `qwen35moe`: a gated DeltaNet linear-attention block (with a recurrent state per layer
+//!   instead of a KV cache) in the layers the metadata marks recurrent (all but every
+//!   `full_attention_interval`-th, by default 4th; its FFN norm is named `attn_post_norm`), a
+//!   full attention whose Q projection also yields a sigmoid output gate and whose RoPE is
+//!   partial and multi-section (`ggml_rope_multi`), merged `ffn_gate_up_exps`, and a shared
+//!   expert beside the routed ones (a [`crate::blocks::dense_ffn`] scaled by
+//!   `sigmoid(ffn_gate_inp_shexp·x)`, added to the MoE output);
+//! - `gpt-oss`: attention sinks, sliding-window layers, biases on the projections, router and
+//!   experts, softmax over the top-k logits (`SOFTMAX_WEIGHT` gating), the clamped `swiglu_oai`
+//!   activation and MXFP4 experts;
+//! - `olmoe`: a Q/K RMS norm over all heads at once, top-k weights without renormalisation.
 
 use crate::blocks::dense_ffn::DenseFfn;
 use crate::blocks::moe::Moe;

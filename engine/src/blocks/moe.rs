@@ -95,6 +95,14 @@ pub struct Scratch {
     ffn: dense_ffn::Scratch,
 }
 
+impl Scratch {
+    /// `(expert, weight)` per slot of the last [`route`]: slot `b * k + j` is token `b`'s `j`-th
+    /// choice.
+    pub fn selected(&self) -> &[(usize, f32)] {
+        &self.selected
+    }
+}
+
 /// Router, top-k and weights of every token ([`Scratch::selected`]); counts each selection in
 /// `counts` (per expert).
 pub fn route(
