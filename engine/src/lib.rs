@@ -1,5 +1,6 @@
 //! The embedded MoE engine: GGUF v3 on memmap2 ([`gguf`]), quantized CPU kernels ([`quant`]),
-//! `qwen3moe` decode ([`model`]), a byte-level BPE tokenizer from the GGUF vocabulary
+//! `qwen3moe` decode ([`model`]: a forward pass built from the [`blocks`] an architecture
+//! description ([`arch`]) names per layer), a byte-level BPE tokenizer from the GGUF vocabulary
 //! ([`tokenizer`]), sampling ([`sampling`]) and a synthetic-model generator ([`synth`]).
 //!
 //! For the observer: dense-weight placement policies `mmap | anon | locked` ([`placement`]),
@@ -32,7 +33,9 @@
 //! published once the copy is complete and cleared before it is unmapped; each entry is one run
 //! of dense tensors: `addr..addr+len` holds the file's bytes `file_offset..file_offset+len`.
 
+pub mod arch;
 pub mod attention;
+pub mod blocks;
 pub mod dense_regions;
 pub mod gguf;
 pub mod inspect;
