@@ -3,7 +3,7 @@
 //! ## Spec
 //! The engine's executable exports two functions with C linkage, never inlined, each with a body
 //! of its own (so that the linker cannot fold them to one address) and without an atomic
-//! read-modify-write as first instruction (x86 uprobes refuse a `lock` prefix); [`token_markers!`]
+//! read-modify-write as first instruction (x86 uprobes refuse a `lock` prefix); [`crate::token_markers!`]
 //! defines them so:
 //!
 //! ```c
