@@ -412,8 +412,10 @@ pub struct ExecRecord {
 }
 pub const PHASE_BEGIN: u32 = 0;
 pub const PHASE_END: u32 = 1;
-/// Bytes of the engine's per-token record copied at an `end` mark.
-pub const ENGINE_REC_BYTES: usize = 160;
+/// Bytes of the engine's per-token record copied at an `end` mark: exactly the record of the
+/// ABI (`moe_abi::markers`); a copy past its end could fault on the engine's next page.
+pub const ENGINE_REC_BYTES: usize = core::mem::size_of::<moe_abi::markers::TokenRecord>();
+const _: () = assert!(ENGINE_REC_BYTES == moe_abi::markers::RECORD_SIZE);
 
 /// One thread's state at a mark, closed (`account`ed) at the mark's instant.
 #[repr(C)]

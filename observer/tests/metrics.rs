@@ -188,7 +188,7 @@ fn named_workload(name: &str) -> PathBuf {
     let dir = scratch_dir("named-workloads");
     let p = dir.join(name);
     let tmp = dir.join(format!("{name}.tmp"));
-    std::fs::copy(WORKLOAD, &tmp).expect("copy the workload binary");
+    std::fs::copy(workload(), &tmp).expect("copy the workload binary");
     std::fs::rename(&tmp, &p).unwrap();
     p
 }
@@ -835,7 +835,7 @@ fn run_serves_metrics_while_it_runs_and_rejects_bad_addresses() {
     let _l = machine_lock();
     let mut obs = Observer::start(
         "run",
-        &["--every", "0", "--", WORKLOAD, "tokens", "--n", "150", "--ms", "20", "--delay-ms", "300"],
+        &["--every", "0", "--", workload(), "tokens", "--n", "150", "--ms", "20", "--delay-ms", "300"],
     );
     let m = obs.scrape_until("tokens during the run", Duration::from_secs(30), |m| {
         m.get("moe_observer_steps_total{kind=\"generate\"}").is_some_and(|v| *v >= 5.0)
@@ -897,7 +897,7 @@ fn dashboards_are_consistent_and_documented() {
 #[test]
 fn serve_keeps_serving_a_commands_final_values_until_stopped() {
     let _l = machine_lock();
-    let obs = Observer::start("serve", &["--", WORKLOAD, "tokens", "--n", "12", "--ms", "5", "--delay-ms", "200"]);
+    let obs = Observer::start("serve", &["--", workload(), "tokens", "--n", "12", "--ms", "5", "--delay-ms", "200"]);
     let m = obs.scrape_until("the command's end", Duration::from_secs(30), |m| {
         m.get("moe_observer_runs_total") == Some(&1.0) && m.get("moe_observer_target_up") == Some(&0.0)
     });

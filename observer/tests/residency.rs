@@ -15,7 +15,7 @@ use std::{
     time::Duration,
 };
 
-use common::{OBSERVER, machine_lock, scratch_dir, shared_copy, shared_dir};
+use common::{OBSERVER, machine_lock, resid_standin, scratch_dir, shared_copy, shared_dir};
 use engine::{
     gguf::{GgufWriter, TensorSpec, Value},
     quant::GgmlType,
@@ -26,8 +26,6 @@ use observer::residency::{
     churn::{self, Churn},
     scan,
 };
-
-const STANDIN: &str = env!("CARGO_BIN_EXE_resid_standin");
 
 /// A qwen3moe-shaped GGUF of Q8_0 tensors with patterned bytes: `hidden` = expert ffn size.
 fn write_model(path: &Path, layers: usize, experts: u64, hidden: u64, alignment: u32) -> PathBuf {
@@ -351,7 +349,7 @@ fn thrashing_under_a_cgroup_limit_shows_evictions_of_the_cycled_experts() {
     let cached0 = cachestat_pages(&path);
     let c0 = sampler.churn_counts().unwrap();
     let argv = cg.wrap(&[
-        STANDIN,
+        resid_standin(),
         "cycle",
         "--model",
         path.to_str().unwrap(),
@@ -436,7 +434,7 @@ fn anonymous_dense_copy_resident_and_swapped_from_pagemap_match_smaps() {
     common::assert_root();
     let _zram = testkit::ZramSwap::new(256).expect("zram swap");
     let path = write_model(&scratch_dir("resid").join("anon.gguf"), 4, 8, 512, 32);
-    let mut child = Command::new(STANDIN)
+    let mut child = Command::new(resid_standin())
         .args(["dense-anon", "--model", path.to_str().unwrap(), "--pageout-every", "2"])
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())

@@ -85,14 +85,14 @@ fn a_recorded_run_reads_back_identically_and_survives_any_damage() {
     let _l = machine_lock();
     let dir = out_dir("demo");
     let data = dir.join("demo.bin");
-    let r = record(&dir, &["--", WORKLOAD, "demo", "--path", data.to_str().unwrap(), "--size", "32M"]);
+    let r = record(&dir, &["--", workload(), "demo", "--path", data.to_str().unwrap(), "--size", "32M"]);
     let bytes = std::fs::read(&r.trace).unwrap();
     let (ev, issues) = read(&bytes);
     assert!(issues.is_empty(), "{issues:?}");
 
     // Header: the facts of this run.
     let Event::Header(h) = &ev[0] else { panic!("the first record is the header: {:?}", ev[0]) };
-    assert_eq!(h.target_command[0], WORKLOAD);
+    assert_eq!(h.target_command[0], workload());
     assert_eq!(h.target_command[1], "demo");
     assert_eq!(h.boot_id, std::fs::read_to_string("/proc/sys/kernel/random/boot_id").unwrap().trim());
     assert_eq!(h.target_pid as u64, u(&r.summary["target"], "pid"));

@@ -93,6 +93,8 @@ pub fn main(args: &[String]) -> Result<()> {
         "--release",
         "--package",
         "observer",
+        "--package",
+        "fixtures",
         "--bins",
     ]))?;
     let target = std::env::var_os("CARGO_TARGET_DIR").map_or_else(|| root.join("target"), PathBuf::from);

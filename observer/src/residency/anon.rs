@@ -1,27 +1,13 @@
 //! Dense weights an engine copied into anonymous memory: resident vs swapped, from
 //! `/proc/PID/pagemap`.
 //!
-//! ## Spec: the dense-regions ABI (version 1)
+//! ## Where the copy is
 //! This kernel has no `CONFIG_ANON_VMA_NAME`, so an anonymous copy cannot be told apart from
 //! other anonymous memory by its mapping. An engine that copies its dense weights out of the
-//! file publishes where they are in one exported data symbol, found like the token markers
-//! (`.symtab` or `.dynsym` of the executable):
-//!
-//! ```c
-//! struct moe_dense_range   { uint64_t addr, len, file_offset; };   /* 24 bytes */
-//! struct moe_dense_regions {                                        /* 32 bytes */
-//!     uint32_t magic;     /* 0x4E45444D, "MDEN" */
-//!     uint32_t version;   /* 1 */
-//!     uint64_t seq;       /* even while stable: odd during an update of count/table */
-//!     uint64_t count;     /* entries in table; 0 = no anonymous copy (yet) */
-//!     const struct moe_dense_range *table;
-//! } moe_engine_dense_regions;
-//! ```
-//!
-//! `addr..addr+len` is anonymous memory of the engine holding a copy of the model file's bytes
-//! `file_offset..file_offset+len` (`u64::MAX` when not a copy of the file). The observer reads
-//! the symbol and the table through `/proc/PID/mem` (root, or ptrace rights over the engine)
-//! with the seqlock above (retried while odd or changed), at most once per sample.
+//! file publishes where they are in the exported `moe_engine_dense_regions`, specified in
+//! [`moe_abi::dense_regions`]. The observer finds the symbol like the token markers (`.symtab` or
+//! `.dynsym` of the executable) and reads it and its table through `/proc/PID/mem` (root, or
+//! ptrace rights over the engine) with the ABI's seqlock, at most once per sample.
 //!
 //! ## Measurement rule
 //! For every page of the published ranges, `/proc/PID/pagemap` says *present* (bit 63: in RAM)
@@ -37,64 +23,17 @@ use std::{
 
 use super::ResidencyError;
 
-pub const SYMBOL: &str = "moe_engine_dense_regions";
-pub const MAGIC: u32 = 0x4E45_444D;
-pub const VERSION: u32 = 1;
-pub const HEADER_SIZE: usize = 32;
-pub const ENTRY_SIZE: usize = 24;
-/// More entries than any engine needs (one per tensor); bounds what is read from the target.
-pub const MAX_ENTRIES: u64 = 1 << 20;
+pub use moe_abi::dense_regions::DenseRange;
+use moe_abi::{
+    TableHeader,
+    dense_regions::{DenseRegions, ENTRY_SIZE, HEADER_SIZE, SYMBOL},
+};
 
 const PM_PRESENT: u64 = 1 << 63;
 const PM_SWAPPED: u64 = 1 << 62;
 
-/// The header as an engine lays it out (for engines written in Rust, and the tests' stand-in).
-#[repr(C)]
-#[derive(Debug)]
-pub struct DenseRegionsV1 {
-    pub magic: u32,
-    pub version: u32,
-    pub seq: std::sync::atomic::AtomicU64,
-    pub count: std::sync::atomic::AtomicU64,
-    pub table: std::sync::atomic::AtomicPtr<DenseRange>,
-}
-const _: () = assert!(std::mem::size_of::<DenseRegionsV1>() == HEADER_SIZE);
-
-impl DenseRegionsV1 {
-    pub const fn new() -> Self {
-        DenseRegionsV1 {
-            magic: MAGIC,
-            version: VERSION,
-            seq: std::sync::atomic::AtomicU64::new(0),
-            count: std::sync::atomic::AtomicU64::new(0),
-            table: std::sync::atomic::AtomicPtr::new(std::ptr::null_mut()),
-        }
-    }
-
-    /// Publish a table (which must stay alive and unchanged until the next `publish`).
-    pub fn publish(&self, table: &'static [DenseRange]) {
-        use std::sync::atomic::Ordering::SeqCst;
-        self.seq.fetch_add(1, SeqCst);
-        self.table.store(table.as_ptr().cast_mut(), SeqCst);
-        self.count.store(table.len() as u64, SeqCst);
-        self.seq.fetch_add(1, SeqCst);
-    }
-}
-
-impl Default for DenseRegionsV1 {
-    fn default() -> Self {
-        Self::new()
-    }
-}
-
-#[repr(C)]
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct DenseRange {
-    pub addr: u64,
-    pub len: u64,
-    pub file_offset: u64,
-}
-const _: () = assert!(std::mem::size_of::<DenseRange>() == ENTRY_SIZE);
+/// Reads of a published table that found it changing before the reader gives up.
+const SEQLOCK_TRIES: usize = 8;
 
 /// Present / swapped pages of the published ranges.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -156,49 +95,9 @@ impl DenseCopy {
         let Some(addr) = self.symbol_addr()? else { return Ok(None) };
         let pid = self.pid;
         let mem = File::open(format!("/proc/{pid}/mem")).map_err(proc_err(pid, "opening /proc/PID/mem"))?;
-        for _ in 0..8 {
-            let mut h = [0u8; HEADER_SIZE];
-            mem.read_exact_at(&mut h, addr).map_err(proc_err(pid, "reading moe_engine_dense_regions"))?;
-            let u32_at = |o: usize| u32::from_le_bytes(h[o..o + 4].try_into().unwrap_or_default());
-            let u64_at = |o: usize| u64::from_le_bytes(h[o..o + 8].try_into().unwrap_or_default());
-            if u32_at(0) != MAGIC || u32_at(4) != VERSION {
-                return Err(ResidencyError::Abi {
-                    pid,
-                    what: format!(
-                        "{SYMBOL} has magic {:#x} version {} (expected {MAGIC:#x} version {VERSION})",
-                        u32_at(0),
-                        u32_at(4)
-                    ),
-                });
-            }
-            let (seq, count, table) = (u64_at(8), u64_at(16), u64_at(24));
-            if seq % 2 == 1 {
-                std::thread::yield_now();
-                continue;
-            }
-            if count == 0 || table == 0 {
-                return Ok(Some(Vec::new()));
-            }
-            if count > MAX_ENTRIES {
-                return Err(ResidencyError::Abi { pid, what: format!("{SYMBOL}.count = {count} is absurd") });
-            }
-            let mut buf = vec![0u8; count as usize * ENTRY_SIZE];
-            mem.read_exact_at(&mut buf, table).map_err(proc_err(pid, "reading the dense-regions table"))?;
-            let mut again = [0u8; 8];
-            mem.read_exact_at(&mut again, addr + 8).map_err(proc_err(pid, "reading moe_engine_dense_regions"))?;
-            if u64::from_le_bytes(again) != seq {
-                continue;
-            }
-            let v = buf
-                .chunks_exact(ENTRY_SIZE)
-                .map(|e| {
-                    let f = |o: usize| u64::from_le_bytes(e[o..o + 8].try_into().unwrap_or_default());
-                    DenseRange { addr: f(0), len: f(8), file_offset: f(16) }
-                })
-                .collect();
-            return Ok(Some(v));
-        }
-        Err(ResidencyError::Abi { pid, what: format!("{SYMBOL} kept changing while being read") })
+        let table = read_published(&mem, pid, addr, SYMBOL, HEADER_SIZE, DenseRegions::parse_header)?;
+        let ranges = table.chunks_exact(ENTRY_SIZE).map(DenseRange::from_bytes).collect::<Result<_, _>>();
+        ranges.map(Some).map_err(|e| ResidencyError::Abi { pid, what: e.to_string() })
     }
 
     /// Present/swapped pages of `ranges` from `/proc/PID/pagemap`.
@@ -236,6 +135,41 @@ impl DenseCopy {
             _ => Ok(None),
         }
     }
+}
+
+/// The table of the published-table header `symbol` at `addr` of process `pid`, read through
+/// its `/proc/PID/mem` with the seqlock of the ABI (`moe_abi`, "Published tables"): the bytes of
+/// `count` entries, `stride` apart (empty when nothing is published).
+fn read_published(
+    mem: &File,
+    pid: u32,
+    addr: u64,
+    symbol: &'static str,
+    header_size: usize,
+    parse: fn(&[u8]) -> Result<TableHeader, moe_abi::AbiError>,
+) -> Result<Vec<u8>, ResidencyError> {
+    let abi_err = |e: moe_abi::AbiError| ResidencyError::Abi { pid, what: e.to_string() };
+    let mut h = vec![0u8; header_size];
+    for _ in 0..SEQLOCK_TRIES {
+        mem.read_exact_at(&mut h, addr).map_err(proc_err(pid, "reading a published table's header"))?;
+        let header = parse(&h).map_err(abi_err)?;
+        if !header.stable() {
+            std::thread::yield_now();
+            continue;
+        }
+        if header.is_empty() {
+            return Ok(Vec::new());
+        }
+        let mut table = vec![0u8; header.table_bytes() as usize];
+        mem.read_exact_at(&mut table, header.table).map_err(proc_err(pid, "reading a published table"))?;
+        let mut again = [0u8; 8];
+        mem.read_exact_at(&mut again, addr + moe_abi::SEQ_OFFSET)
+            .map_err(proc_err(pid, "reading a published table's header"))?;
+        if u64::from_le_bytes(again) == header.seq {
+            return Ok(table);
+        }
+    }
+    Err(ResidencyError::Abi { pid, what: format!("{symbol} kept changing while being read") })
 }
 
 /// Runtime address minus link-time address of the executable, from its program headers and
