@@ -366,7 +366,7 @@ fn substitute(expr: &str, d: &Value, range_s: u64) -> String {
 }
 
 /// Metrics that `observer run` cannot produce yet on this branch: residency
-/// and page-cache churn need the residency sampler (`observer::residency` on
+/// and page-cache churn need the residency sampler (`observer::capture::residency` on
 /// the `resid` branch) wired into the run loop (`TokenRecord::residency`,
 /// `Counter::PagecacheAdded/Evicted`). Their panels are checked to return
 /// *nothing* here, so that this test fails — and this list must go — as soon
@@ -721,9 +721,9 @@ fn dense_swapped_panel_shows_an_engine_copy_in_zram() {
 fn residency_metric_names_exist() {
     // The names the residency panels use are the exporter's (fed a token
     // record that carries residency, as the residency sampler will produce).
-    use observer::{
-        metrics::{Exporter, Format},
-        sink::Sink,
+    use observer::sinks::{
+        Sink,
+        prometheus::{Exporter, Format},
     };
     use observer_common::model::*;
     let ex = Exporter::new();

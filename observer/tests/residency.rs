@@ -21,7 +21,7 @@ use engine::{
     quant::GgmlType,
     regions::RegionKind,
 };
-use observer::residency::{
+use observer::capture::residency::{
     ModelFile, Sampler,
     churn::{self, Churn},
     scan,
@@ -580,7 +580,7 @@ fn heatmap_formats_watch_and_errors() {
 fn churn_rides_on_the_probes_of_a_run() {
     let _l = machine_lock();
     common::assert_root();
-    use observer::bpf::{AttachOptions, Markers, Probes};
+    use observer::capture::bpf::{AttachOptions, Markers, Probes};
     let path = write_model(&scratch_dir("resid").join("probes.gguf"), 2, 8, 256, 32);
     let mut target = Command::new("sleep").arg("30").spawn().unwrap();
     let mut probes = Probes::attach(&AttachOptions { target: target.id(), markers: Markers::None }).expect("probes");

@@ -13,7 +13,7 @@ use std::{
 };
 
 use common::*;
-use observer::trace::{Issue, Reader};
+use observer::store::trace::{Issue, Reader};
 use observer_common::model::{Event, TokenRecord};
 use serde_json::Value;
 
@@ -163,7 +163,7 @@ fn a_recorded_run_reads_back_identically_and_survives_any_damage() {
     let v: Value = serde_json::from_str(&std::fs::read_to_string(&chrome_out).unwrap()).unwrap();
     let c = chrome::check(&v);
     let pid = h.target_pid as u64;
-    let tokens_track = &c.tracks[&(pid, observer::export::TOKENS_TID)];
+    let tokens_track = &c.tracks[&(pid, observer::analysis::export::TOKENS_TID)];
     assert_eq!(tokens_track.iter().filter(|s| s.0.starts_with("token ")).count(), got.len());
     for t in got.iter() {
         for th in &t.threads {

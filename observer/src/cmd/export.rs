@@ -1,10 +1,10 @@
 //! `observer export --chrome-trace OUT FILE`: a trace or an imported CSV as
-//! Chrome/Perfetto trace JSON (`observer::export`).
+//! Chrome/Perfetto trace JSON (`observer::analysis::export`).
 
 use std::{io::Write, path::PathBuf};
 
 use anyhow::{Context, Result};
-use observer::{export, import};
+use observer::{analysis::export, store::import};
 
 #[derive(Debug, clap::Args)]
 pub struct ExportArgs {

@@ -1,5 +1,5 @@
 //! `observer heatmap MODEL.gguf`: which weights of a model are in the page cache, as a
-//! layer × expert grid (no target process needed). Rules: `observer::residency`.
+//! layer × expert grid (no target process needed). Rules: `observer::capture::residency`.
 //!
 //! ## Output formats
 //! - terminal (default): a summary (file, dense, shared experts, routed experts: bytes, share of
@@ -29,7 +29,7 @@ use std::{
 };
 
 use anyhow::{Context, Result, bail};
-use observer::residency::{Counts, ModelFile, Part, Snapshot, Source, churn::Churn};
+use observer::capture::residency::{Counts, ModelFile, Part, Snapshot, Source, churn::Churn};
 use serde_json::{Value, json};
 
 #[derive(Debug, clap::Args)]
@@ -108,8 +108,8 @@ pub fn run(args: HeatmapArgs) -> Result<i32> {
         ModelFile::open(&args.model).with_context(|| format!("observer heatmap {}", args.model.display()))?;
     let mut churn_state: Option<(aya::Ebpf, Churn, Counts)> = None;
     if args.churn {
-        observer::preflight::check_privileges()?;
-        let mut ebpf = observer::residency::churn::load_standalone()?;
+        observer::capture::preflight::check_privileges()?;
+        let mut ebpf = observer::capture::residency::churn::load_standalone()?;
         let c = Churn::attach(&mut ebpf, &args.model, &model.map, model.file.page)
             .with_context(|| format!("page-cache churn of {}", args.model.display()))?;
         let base = c.read();
@@ -157,7 +157,7 @@ pub fn run(args: HeatmapArgs) -> Result<i32> {
         }
     }
     if let Some((ebpf, _, _)) = &mut churn_state {
-        observer::bpf::detach_tracepoints(ebpf);
+        observer::capture::bpf::detach_tracepoints(ebpf);
     }
     Ok(0)
 }

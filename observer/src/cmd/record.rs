@@ -1,5 +1,5 @@
 //! `observer record -o FILE [run options] -- CMD`: `observer run` with the
-//! recorder (`observer::trace::TraceWriter`) as an extra sink.
+//! recorder (`observer::store::trace::TraceWriter`) as an extra sink.
 
 use std::path::PathBuf;
 
@@ -9,7 +9,7 @@ use super::run::{RunArgs, run_with};
 
 #[derive(Debug, clap::Args)]
 pub struct RecordArgs {
-    /// The trace file to write (see `observer::trace` for the format).
+    /// The trace file to write (see `observer::store::trace` for the format).
     #[arg(short = 'o', long = "output", value_name = "FILE")]
     pub output: PathBuf,
     #[command(flatten)]

@@ -5,9 +5,11 @@ use std::path::PathBuf;
 
 use anyhow::Result;
 use observer::{
-    diff::{self, Options, est, utc},
-    import::{self, LoadedRun},
-    stats::Estimate,
+    analysis::{
+        diff::{self, Options, est, utc},
+        stats::Estimate,
+    },
+    store::import::{self, LoadedRun},
 };
 use serde::Serialize;
 
@@ -45,7 +47,7 @@ struct Report<'a> {
     /// Events the kernel side lost (from the end record, else summed over tokens).
     lost_events: u64,
     /// The recorder's counts; null when the trace has no end record.
-    recorder: Option<observer::trace::RecorderStats>,
+    recorder: Option<observer::store::trace::RecorderStats>,
     notes: &'a [String],
     resampling: String,
     metrics: Vec<MetricRow>,

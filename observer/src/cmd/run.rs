@@ -10,15 +10,19 @@ use std::{
 
 use anyhow::{Context, Result, bail};
 use observer::{
-    attribution,
-    bpf::{self, AttachOptions, MarkerKind, Markers, ProbeError, Probes},
-    header, preflight, procfs, procsample,
-    report::{Summary, TargetInfo},
-    residency::Sampler,
-    seed,
-    sink::{Sink, emit},
-    target::{CHILD_GRACE, Ending, Target},
-    tokens::{Assembler, Snapshot},
+    analysis::{
+        attribution,
+        report::{Summary, TargetInfo},
+    },
+    capture::{
+        bpf::{self, AttachOptions, MarkerKind, Markers, ProbeError, Probes},
+        header, preflight, procfs, procsample,
+        residency::Sampler,
+        seed,
+        target::{CHILD_GRACE, Ending, Target},
+        tokens::{Assembler, Snapshot},
+    },
+    sinks::{Sink, emit},
 };
 use observer_common::{
     GlobalCounter,
@@ -209,7 +213,7 @@ pub async fn run_with(args: RunArgs, mut extra: ExtraSinks) -> Result<i32> {
     }
     let _signals = SignalsToStop::install(args.stop.clone())?;
     if let Some(addr) = &args.metrics_addr {
-        extra.push(Box::new(observer::metrics::run_sink(addr)?));
+        extra.push(Box::new(observer::sinks::prometheus::run_sink(addr)?));
     }
     // Without eBPF: fall back to procfs when asked to, else say what to do.
     let no_ebpf = if args.procfs {
@@ -222,7 +226,7 @@ pub async fn run_with(args: RunArgs, mut extra: ExtraSinks) -> Result<i32> {
         }
     };
     if let Some(p) = &args.record {
-        extra.push(Box::new(observer::trace::TraceWriter::create(p).context("cannot create the trace file")?));
+        extra.push(Box::new(observer::store::trace::TraceWriter::create(p).context("cannot create the trace file")?));
     }
     let (mut target, command): (Target, Vec<String>) = match args.pid {
         Some(pid) => {
@@ -388,7 +392,7 @@ pub async fn run_with(args: RunArgs, mut extra: ExtraSinks) -> Result<i32> {
     let mut summary = Summary::build(TargetInfo { pid, command, exit_code }, duration_ns, attached, &rows, lost);
     summary.tokens_not_kept = records.dropped;
     summary.add_attribution(&states, &hists, records.records);
-    summary.devices = devices.iter().map(|(d, io)| observer::report::DeviceRow::new(*d, io)).collect();
+    summary.devices = devices.iter().map(|(d, io)| observer::analysis::report::DeviceRow::new(*d, io)).collect();
     summary.bpf_run_ns = bpf_stats.map(|s| s.0);
     summary.bpf_run_count = bpf_stats.map(|s| s.1);
     finish(&args, &summary)?;
@@ -481,7 +485,7 @@ impl Stopper {
     }
 }
 
-/// The procfs fallback (`observer::procfs`): fixed windows, what procfs can
+/// The procfs fallback (`observer::capture::procfs`): fixed windows, what procfs can
 /// measure, everything else `None`.
 async fn run_procfs(
     args: RunArgs,
@@ -642,7 +646,7 @@ fn residency_sampler(args: &RunArgs, command: &[String], target: &Target, probes
         Some(d) => s.set_scan_interval(d),
         None => {
             s.set_scan_interval(Duration::from_secs(1));
-            s.set_scan_budget(Some(observer::residency::SCAN_BUDGET));
+            s.set_scan_budget(Some(observer::capture::residency::SCAN_BUDGET));
         }
     }
     if let Err(e) = s.enable_churn(probes.ebpf_mut()) {

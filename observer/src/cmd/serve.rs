@@ -28,7 +28,7 @@ use std::{
 };
 
 use anyhow::{Context, Result, bail};
-use observer::metrics::{Endpoint, Exporter};
+use observer::sinks::prometheus::{Endpoint, Exporter};
 use tokio::sync::Notify;
 
 use super::run::{RunArgs, run_with};

@@ -37,7 +37,7 @@ use std::{
 
 use ::tui::{App, IterSource, Options, Source, Status, term, term::Exit};
 use anyhow::{Context, Result, bail};
-use observer::sink::Sink;
+use observer::sinks::Sink;
 use observer_common::model::Event;
 
 use super::run::{RunArgs, run_with};
@@ -248,13 +248,13 @@ impl Source for LiveSource {
 // ---- replay -----------------------------------------------------------------
 
 /// Show a recorded run: a trace (`observer record`) or a bmoe_metrics CSV,
-/// read whole (`observer::import::load_events`), through the same `App` as a
+/// read whole (`observer::store::import::load_events`), through the same `App` as a
 /// live run. What the reader had to skip (truncation, damage) is listed under
 /// "Output"; a trace without an end record says so in the header.
 fn replay(path: &Path, opts: &Options) -> Result<i32> {
     // The import error names the file and the cause (its Display already
     // includes its source, so the chain is not printed again).
-    let loaded = observer::import::load_events(path).map_err(|e| anyhow::anyhow!("--replay: {e}"))?;
+    let loaded = observer::store::import::load_events(path).map_err(|e| anyhow::anyhow!("--replay: {e}"))?;
     std::fs::OpenOptions::new()
         .read(true)
         .write(true)

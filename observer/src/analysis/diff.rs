@@ -1,14 +1,14 @@
 //! `observer diff`: compare runs metric by metric, with bootstrap intervals.
 //!
 //! ## Rules
-//! - Inputs are traces or imported CSVs (`crate::import`), one model stream
+//! - Inputs are traces or imported CSVs (`crate::store::import`), one model stream
 //!   each. The tokens compared are those `LoadedRun::summarised` picks
 //!   (generated tokens; prompt steps are left out).
 //! - Runs are grouped into *sides* by their engine configuration
 //!   (`RunHeader::engine_config` without the output-only keys in
 //!   [`IGNORED_KEYS`] and the user's `--ignore KEY`s), in the order the configurations first appear: side A
 //!   is the baseline, B, C, … are each compared with A. Several runs of one
-//!   configuration (e.g. A-B-B-A) are pooled (stratified, see `crate::stats`).
+//!   configuration (e.g. A-B-B-A) are pooled (stratified, see `crate::analysis::stats`).
 //!   When every run has the same configuration each file is its own side.
 //! - Per metric ([`metrics`]): the point value over all tokens of a side, its
 //!   95 % bootstrap interval, delta = B − A and delta % = (B − A) / A, and the
@@ -31,8 +31,8 @@ use observer_common::model::{Component, Counter, RunHeader, StepKind, TokenRecor
 use serde::Serialize;
 
 use crate::{
-    import::{Format, LoadedRun},
-    stats::{self, Estimate, Interval, Stratum},
+    analysis::stats::{self, Estimate, Interval, Stratum},
+    store::import::{Format, LoadedRun},
 };
 
 /// Fewer generated tokens than this per run is a short run.
@@ -96,7 +96,7 @@ pub struct Metric {
 }
 
 impl Metric {
-    /// `(num, den)` of this metric for one token (see `crate::stats`).
+    /// `(num, den)` of this metric for one token (see `crate::analysis::stats`).
     pub fn term(&self, t: &TokenRecord) -> (f64, f64) {
         if self.source == Source::TokS {
             // Windows are not tokens: no token rate for them (as `attribution`).
@@ -875,7 +875,7 @@ mod tests {
         assert_eq!(utc(1_784_624_646_000_000_000), "2026-07-21 09:04:06");
         for d in [-1000i64, 0, 11_017, 20_000, 60_000] {
             let (y, m, dd) = civil_from_days(d);
-            assert_eq!(crate::import::bmoe::days_from_civil(y, m, dd), d);
+            assert_eq!(crate::store::import::bmoe::days_from_civil(y, m, dd), d);
         }
     }
 

@@ -25,7 +25,7 @@ use observer_common::filemap::{
 };
 
 use super::ResidencyError;
-use crate::{preflight, tracefs::Format};
+use crate::capture::{preflight, tracefs::Format};
 
 /// Who owns an interval of pages.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

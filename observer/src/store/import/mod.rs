@@ -1,5 +1,5 @@
 //! Loading a run from a file, whatever its format, as the model stream:
-//! observer traces (`crate::trace`) and `bmoe_metrics v1` CSV files
+//! observer traces (`crate::store::trace`) and `bmoe_metrics v1` CSV files
 //! ([`bmoe`]). `report`, `diff` and `export` all start here, so an imported
 //! run goes through the same code as a recorded one.
 
@@ -12,7 +12,7 @@ use std::{
 
 use observer_common::model::{Event, ProcessSample, RunEnd, RunHeader, StepKind, TokenRecord};
 
-use crate::trace::{self, RecorderStats};
+use crate::store::trace::{self, RecorderStats};
 
 #[derive(Debug, thiserror::Error)]
 pub enum ImportError {

@@ -26,7 +26,7 @@ use std::collections::BTreeMap;
 use observer_common::model::{Component, Components, StepKind, TokenRecord};
 use serde_json::{Map, Value, json};
 
-use crate::import::LoadedRun;
+use crate::store::import::LoadedRun;
 
 /// TID of the `tokens` track: above `PID_MAX_LIMIT` (2^22), never a real thread.
 pub const TOKENS_TID: u64 = 1 << 23;
@@ -165,11 +165,11 @@ mod tests {
     use observer_common::model::Event;
 
     use super::*;
-    use crate::import::Format;
+    use crate::store::import::Format;
 
     #[test]
     fn components_nest_inside_their_token() {
-        let mut events = crate::trace::tests::stream(3);
+        let mut events = crate::store::trace::tests::stream(3);
         // One token whose components overshoot its wall time.
         if let Event::Token(t) = &mut events[2] {
             t.components.set(Component::Sleep, Some(10 * t.wall_ns));

@@ -25,8 +25,8 @@ use anyhow::Context;
 use observer_common::model::Event;
 use serde::{Deserialize, Serialize};
 
-use super::{TraceError, encode_record, file_header, kind_of_payload};
-use crate::sink::Sink;
+use crate::sinks::Sink;
+use crate::store::trace::{TraceError, encode_record, file_header, kind_of_payload};
 
 /// Default channel capacity, in events.
 pub const DEFAULT_CAPACITY: usize = 4096;

@@ -82,7 +82,7 @@ impl DenseCopy {
         {
             return Ok(addr);
         }
-        let addr = match crate::bpf::elf_symbol_addr(&exe, SYMBOL) {
+        let addr = match crate::capture::bpf::elf_symbol_addr(&exe, SYMBOL) {
             Some(vaddr) => load_bias(self.pid, &exe, id)?.map(|bias| bias.wrapping_add(vaddr)),
             None => None,
         };
@@ -176,7 +176,7 @@ fn read_published(
 /// the process's mappings of the same file.
 fn load_bias(pid: u32, exe: &std::path::Path, id: (u64, u64)) -> Result<Option<u64>, ResidencyError> {
     use object::{Object, ObjectSegment};
-    let data = crate::bpf::map_elf(exe).map_err(proc_err(pid, "reading the executable"))?;
+    let data = crate::capture::bpf::map_elf(exe).map_err(proc_err(pid, "reading the executable"))?;
     let Ok(file) = object::File::parse(&*data) else { return Ok(None) };
     let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).map_err(proc_err(pid, "reading /proc/PID/maps"))?;
     let page = super::scan::page_size();

@@ -9,7 +9,7 @@ use std::{collections::HashMap, path::Path};
 
 use anyhow::{Context, Result, bail};
 
-use crate::preflight::TRACEFS;
+use crate::capture::preflight::TRACEFS;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Field {

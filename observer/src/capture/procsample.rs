@@ -18,7 +18,7 @@ pub fn sample(pid: u32, mono_ns: u64) -> ProcessSample {
         rss_anon_bytes: status_kib(&status, "RssAnon"),
         rss_file_bytes: status_kib(&status, "RssFile"),
         swap_bytes: status_kib(&status, "VmSwap"),
-        mem_available_bytes: crate::header::meminfo("MemAvailable"),
+        mem_available_bytes: crate::capture::header::meminfo("MemAvailable"),
     }
 }
 

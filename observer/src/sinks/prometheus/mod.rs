@@ -67,7 +67,7 @@ use prometheus_client::{
     registry::{Registry, Unit},
 };
 
-use crate::sink::Sink;
+use crate::sinks::Sink;
 pub use http::{Endpoint, MetricsError, parse_addr};
 use kernel::KernelHists;
 use value::{Count, Level, Seconds};

@@ -101,7 +101,7 @@ pub fn build(mode: &str, pid: u32, command: &[String], probes: Vec<String>, mode
         mem_total_bytes: mem_total(),
         boot_id: read_trim("/proc/sys/kernel/random/boot_id"),
         started_unix_ns: now_unix,
-        started_mono_ns: crate::seed::mono_ns(),
+        started_mono_ns: crate::capture::seed::mono_ns(),
         target_pid: pid,
         target_command: command.to_vec(),
         model: model_path.as_deref().map(Path::new).and_then(model_info),

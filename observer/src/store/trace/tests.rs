@@ -14,7 +14,7 @@ use observer_common::model::{
 };
 
 use super::*;
-use crate::sink::Sink;
+use crate::sinks::Sink;
 
 /// A `Write` into a shared buffer.
 #[derive(Clone, Default)]

@@ -1,7 +1,7 @@
 //! Trace files: the model stream (`observer_common::model::Event`) on disk.
 //!
 //! `observer record` (or `observer run --record FILE`) writes one with
-//! [`TraceWriter`], a [`Sink`](crate::sink::Sink); `report`, `diff`, `export`
+//! [`TraceWriter`], a [`Sink`](crate::sinks::Sink); `report`, `diff`, `export`
 //! and the TUI's replay read it back with [`Reader`], which yields the same
 //! `Event`s the live run produced.
 //!
@@ -52,10 +52,10 @@
 //! but whose payload CRC fails is skipped by its (CRC-protected) length.
 
 mod reader;
-mod writer;
 
 pub use reader::{Issue, Reader, TraceError};
-pub use writer::{RecorderStats, TraceWriter};
+
+pub use crate::sinks::trace_writer::{RecorderStats, TraceWriter};
 
 pub const FILE_MAGIC: [u8; 8] = *b"MOETRACE";
 pub const VERSION: u16 = 1;

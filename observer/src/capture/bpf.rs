@@ -23,7 +23,7 @@ use observer_common::{
     faults::GLOBAL_COUNTERS,
 };
 
-use crate::{engine_abi, preflight, seed, syscalls, tracefs::Format};
+use crate::capture::{engine_abi, preflight, seed, syscalls, tracefs::Format};
 
 static OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/observer-ebpf.o"));
 

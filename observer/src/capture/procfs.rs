@@ -18,7 +18,7 @@ use observer_common::{
     model::{Component, Counter, TokenRecord},
 };
 
-use crate::seed;
+use crate::capture::seed;
 
 /// The one line printed at start in fallback mode.
 pub const MEASURED: &str = "compute (user time, clock-tick resolution), runqueue, minflt, read_bytes, ctx_switches; everything else is not measured";
@@ -117,7 +117,7 @@ mod tests {
 
     #[test]
     fn unmeasured_fields_become_none() {
-        use crate::tokens::{Snapshot, build};
+        use crate::capture::tokens::{Snapshot, build};
         use observer_common::model::StepKind;
         let mut a = ThreadState::zeroed();
         a.tid = 1;

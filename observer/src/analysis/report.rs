@@ -16,7 +16,7 @@ use observer_common::{
 };
 use serde::Serialize;
 
-use crate::attribution;
+use crate::analysis::attribution;
 
 #[derive(Debug, Clone, Default, Serialize)]
 pub struct FaultCounts {

@@ -5,7 +5,7 @@
 
 use observer_common::attrib::{F_IN_SYSCALL, F_IO_SYSCALL, F_ON_CPU, F_RUNNABLE, F_SEEDED, ThreadState};
 
-use crate::syscalls;
+use crate::capture::syscalls;
 
 /// CLOCK_MONOTONIC in nanoseconds: the clock of `bpf_ktime_get_ns`.
 pub fn mono_ns() -> u64 {

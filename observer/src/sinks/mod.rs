@@ -7,6 +7,9 @@
 
 use observer_common::model::Event;
 
+pub mod prometheus;
+pub mod trace_writer;
+
 pub trait Sink {
     /// Consume one event. An error stops the run with that error (for fatal
     /// problems like an unwritable output file), so sinks that can degrade
