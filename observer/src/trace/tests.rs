@@ -53,7 +53,7 @@ pub(crate) fn token(seq: u64) -> TokenRecord {
     let mut counters = Counters::default();
     counters.set(Counter::Minflt, Some(seq * 3));
     counters.set(Counter::ReadBytes, Some(4096 * seq));
-    let mut components = Components::all_measured([60, 10, 5, 5, 0, 0, 10, 5, 5].map(|v| v * 1000 + seq));
+    let mut components = Components::from_kernel(&[60, 10, 5, 5, 0, 0, 10, 5, 5].map(|v| v * 1000 + seq));
     if seq.is_multiple_of(3) {
         components.set(Component::Reclaim, None);
     }
@@ -101,7 +101,8 @@ pub(crate) fn stream(n: u64) -> Vec<Event> {
         if i % 3 == 2 {
             v.push(Event::Histograms(LatencyHistograms {
                 mono_ns: i,
-                kinds: [("fault_minor".to_string(), vec![0, 3, 5, 1])].into_iter().collect(),
+                kinds: [("minflt".to_string(), vec![0, 3, 5, 1])].into_iter().collect(),
+                sum_ns: [("minflt".to_string(), 12_345)].into_iter().collect(),
             }));
             v.push(Event::Health(ObserverHealth {
                 mono_ns: i,
