@@ -833,6 +833,12 @@ impl Component {
     pub fn from_name(name: &str) -> Option<Component> {
         Component::ALL.into_iter().find(|c| c.name() == name)
     }
+    /// The components this observer measures (the others are named ahead of
+    /// the work that measures them): the columns of tables printed before the
+    /// data is known.
+    pub fn measured() -> impl Iterator<Item = Component> {
+        Component::ALL.into_iter().filter(|c| c.row().measured())
+    }
 }
 
 /// Counters of the measurement model (rows of [`COUNTERS`]).

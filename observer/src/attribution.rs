@@ -22,10 +22,11 @@ fn ms(ns: u64) -> f64 {
 const LINE_COUNTERS: [Counter; 5] =
     [Counter::MajfltFile, Counter::MajfltSwap, Counter::Minflt, Counter::Swapins, Counter::ReadBytes];
 
-/// Header for [`line`]: the vocabulary's short labels.
+/// Header for [`line`]: the vocabulary's short labels, for the components this
+/// observer measures (`Component::measured`).
 pub fn header() -> String {
     let mut s = format!("{:>6} {:<6} {:>8}", "tok", "kind", Time::Wall.short());
-    for c in Component::ALL {
+    for c in Component::measured() {
         s.push_str(&format!(" {:>8}", c.short()));
     }
     s.push_str(&format!(" {:>7} {:>8} {:>8} |", Time::Residual.short(), Time::EngineCompute.short(), Time::Hidden.short()));
@@ -44,7 +45,7 @@ fn opt_ms(v: Option<u64>) -> String {
 pub fn line(t: &TokenRecord) -> String {
     let idx = t.index.unwrap_or(t.seq);
     let mut s = format!("{:>6} {:<6} {:>8.2}", idx, t.kind.row().short, ms(t.wall_ns));
-    for c in Component::ALL {
+    for c in Component::measured() {
         s.push_str(&format!(" {:>8}", opt_ms(t.components.get(c))));
     }
     let hidden = t.hidden_ns().map(|h| format!("{:.2}", h as f64 / 1e6)).unwrap_or_else(|| "-".into());
@@ -142,7 +143,7 @@ impl Summary {
         )?;
         let g = |k: &str| self.mean_ns.get(k).map(|v| format!("{:.3}", v / 1e6)).unwrap_or_else(|| "-".into());
         write!(out, "mean ms/token: {} {}", Time::Wall.name(), g(Time::Wall.json_key()))?;
-        for c in Component::ALL {
+        for c in Component::ALL.into_iter().filter(|c| c.row().measured() || self.mean_ns.contains_key(c.json_key())) {
             write!(out, ", {} {}", c.name(), g(c.json_key()))?;
         }
         writeln!(out, ", {} {}", Time::Residual.name(), g(Time::Residual.json_key()))?;

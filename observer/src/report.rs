@@ -373,13 +373,13 @@ impl Summary {
         if !with_attr.is_empty() {
             writeln!(out, "where the time went (ms, whole run, per thread; - not measured):")?;
             let mut h = format!("{:>8}  {:<16} {:>9}", "tid", "comm", "wall");
-            for c in Component::ALL {
+            for c in Component::measured() {
                 h.push_str(&format!(" {:>9}", c.short()));
             }
             writeln!(out, "{h}")?;
             let row = |out: &mut dyn Write, tid: &str, comm: &str, a: &ThreadAttribution| {
                 let mut l = format!("{:>8}  {:<16} {:>9.1}", tid, comm, a.wall_ns as f64 / 1e6);
-                for c in Component::ALL {
+                for c in Component::measured() {
                     match a.components.get(c) {
                         Some(v) => l.push_str(&format!(" {:>9.1}", v as f64 / 1e6)),
                         None => l.push_str(&format!(" {:>9}", "-")),

@@ -103,7 +103,8 @@ fn per_token_time(app: &App) -> Vec<Line<'static>> {
         return out;
     }
     out.push(row("wall", fmt::opt_ms(g.wall_ns.mean())));
-    for c in Component::ALL {
+    // The components this observer measures, and any other a source measured.
+    for c in Component::ALL.into_iter().filter(|&c| c.row().measured() || g.component(c).n > 0) {
         let v = g.component(c).mean();
         let style = Style::new().fg(fmt::color(c));
         out.push(Line::from(vec![

@@ -185,8 +185,8 @@ fn bar(r: &TokenRow, scale: f64, w: usize) -> Vec<(char, Style)> {
     cells
 }
 
-/// The marker, the components measured in the steps shown (vocabulary names,
-/// short labels when narrow), and the residual.
+/// The marker, the components (those this observer measures and any other a
+/// source measured; vocabulary names, short labels when narrow), and the residual.
 fn legend(app: &App, w: usize) -> Line<'static> {
     let mut spans = Vec::new();
     let mut used = 0;
@@ -204,7 +204,7 @@ fn legend(app: &App, w: usize) -> Line<'static> {
     let name = |t: Time| if narrow { t.short() } else { t.name() };
     let _ = push(&mut spans, MARKER, Style::new().fg(Color::White).add_modifier(Modifier::BOLD), name(Time::EngineCompute));
     let g = app.agg(app.main_kind());
-    for c in Component::ALL.into_iter().filter(|&c| g.component(c).n > 0) {
+    for c in Component::ALL.into_iter().filter(|&c| c.row().measured() || g.component(c).n > 0) {
         if !push(&mut spans, '█', Style::new().fg(fmt::color(c)), if narrow { c.short() } else { c.name() }) {
             return Line::from(spans);
         }
@@ -222,7 +222,9 @@ fn detail(r: &TokenRow, w: usize) -> Line<'static> {
         match r.components.get(c) {
             Some(v) if v >= 5_000 => parts.push(format!(" {} {}", c.name(), fmt::ms(v as f64))),
             Some(_) => {}
-            None => missing.push(c.name()),
+            // Components named ahead of their measurement are not "missing" here.
+            None if c.row().measured() => missing.push(c.name()),
+            None => {}
         }
     }
     if r.residual_ns.unsigned_abs() >= 5_000 {
