@@ -466,9 +466,12 @@ fn a_wave1_trace_reads_back_with_todays_names() {
         for th in &t.threads {
             assert_eq!(th.components.sum() as i64 + th.residual_ns, t.wall_ns as i64, "token {} tid {}", t.seq, th.tid);
         }
-        let g = t.residency.as_ref().and_then(|r| r.grid.as_ref()).expect("wave 1 recorded the grid");
-        assert_eq!(g.resident.len(), (g.n_layers * g.n_experts) as usize);
+        if let Some(g) = t.residency.as_ref().and_then(|r| r.grid.as_ref()) {
+            assert_eq!(g.resident.len(), (g.n_layers * g.n_experts) as usize);
+        }
     }
+    let grids = toks.iter().filter(|t| t.residency.as_ref().is_some_and(|r| r.grid.is_some())).count();
+    assert!(grids >= 10, "wave 1 recorded the expert grid with (nearly) every token: {grids}");
     // Histogram kinds: wave 1 wrote `fault_minor`, `fault_major_file`, …; read as today's.
     let hists: Vec<_> = ev.iter().filter_map(|e| if let Event::Histograms(h) = e { Some(h) } else { None }).collect();
     assert!(!hists.is_empty());
@@ -499,10 +502,10 @@ fn a_wave1_trace_reads_back_with_todays_names() {
     assert!(String::from_utf8_lossy(&bytes2).contains("\"grid_packed\""));
 }
 
-/// The engine on a model with 6 MoE layers × 128 experts while another reader evicts and
-/// re-reads the model file: the trace's token records, expert grids included (packed, as
-/// deltas against the previous token), read back identical to the ones `--json` wrote
-/// from the same stream as plain arrays, and take less room.
+/// The engine on a model with 6 MoE layers × 128 experts while the model file's pages are
+/// evicted over and over: the trace's token records, expert grids included (packed, as
+/// deltas against the previous grid), read back identical to the ones `--json` wrote from
+/// the same stream as plain arrays, and take less room.
 #[test]
 fn an_engine_runs_expert_grids_read_back_exactly_from_fewer_bytes() {
     let _l = machine_lock();
@@ -536,8 +539,11 @@ fn an_engine_runs_expert_grids_read_back_exactly_from_fewer_bytes() {
     let r = record(
         &dir,
         &[
+            // A residency sample with every poll of the ring, and a poll for about every token.
             "--residency-interval",
             "20ms",
+            "--poll",
+            "2ms",
             "--",
             engine.to_str().unwrap(),
             "run",
@@ -559,25 +565,33 @@ fn an_engine_runs_expert_grids_read_back_exactly_from_fewer_bytes() {
     assert!(issues.is_empty(), "{issues:?}");
     let got = tokens(&ev);
     let from_json: Vec<TokenRecord> = serde_json::from_value(r.summary["tokens"].clone()).unwrap();
-    assert_eq!(got.len(), 61, "the prompt step and 60 tokens");
+    assert_eq!(got.len(), 60, "a record per step of `-n 60` (the prompt step gives the first token)");
     assert_eq!(got, from_json, "grids and all, bit for bit");
     let grids: Vec<_> = got.iter().filter_map(|t| t.residency.as_ref()?.grid.as_ref()).collect();
-    assert_eq!(grids.len(), got.len(), "every token carries the grid");
+    // The last record of each batch read from the kernel carries a residency sample.
+    assert!(grids.len() >= 8, "tokens with a grid: {} of {}", grids.len(), got.len());
     assert!(grids.iter().all(|g| (g.n_layers, g.n_experts) == (6, 128)));
     assert!(grids.windows(2).any(|w| w[0].resident != w[1].resident), "the grid changed during the run");
-    // Bytes: the token records as written, against the same records as plain JSON.
+    // Bytes of the records with a grid: as written, against the same records as plain JSON.
     let starts = record_starts(&bytes);
-    let written: usize = starts
+    let sizes: Vec<usize> = starts
         .iter()
         .filter(|&&s| bytes[s + 4] == observer::trace::KIND_TOKEN)
         .map(|&s| u32::from_le_bytes(bytes[s + 8..s + 12].try_into().unwrap()) as usize)
-        .sum();
-    let plain: usize = got.iter().map(|t| serde_json::to_vec(&Event::Token(t.clone())).unwrap().len()).sum();
+        .collect();
+    assert_eq!(sizes.len(), got.len());
+    let (mut written, mut plain, mut n) = (0, 0, 0);
+    for (t, size) in got.iter().zip(&sizes) {
+        if t.residency.as_ref().is_some_and(|r| r.grid.is_some()) {
+            written += size;
+            plain += serde_json::to_vec(&Event::Token(t.clone())).unwrap().len();
+            n += 1;
+        }
+    }
     eprintln!(
-        "token records: {} bytes/token packed, {} bytes/token as plain JSON ({} tokens, 6 × 128 grid)",
-        written / got.len(),
-        plain / got.len(),
-        got.len()
+        "token records with a 6 × 128 grid: {} bytes each packed, {} as plain JSON ({n} records)",
+        written / n,
+        plain / n
     );
     assert!(written * 2 < plain, "packed {written} vs plain {plain} bytes");
 }
