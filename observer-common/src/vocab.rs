@@ -75,7 +75,9 @@ pub enum Cpu {
     Yes,
     No,
     /// On or off CPU; `mostly_on`: a thread with time here ran (`Component::on_cpu`).
-    Both { mostly_on: bool },
+    Both {
+        mostly_on: bool,
+    },
     /// Not known (the state was not seen).
     Unknown,
 }
@@ -568,7 +570,13 @@ pub static TIMES: [Row; 4] = [
         "the engine's own `compute_ms` (wall minus what it timed): a residual",
     )
     .prom(&F_ENGINE_COMPUTE, None),
-    row(Class::Time, "hidden", "hidden_ns", "hidden", "`engine_compute − compute`: the cost the engine's residual hides"),
+    row(
+        Class::Time,
+        "hidden",
+        "hidden_ns",
+        "hidden",
+        "`engine_compute − compute`: the cost the engine's residual hides",
+    ),
 ];
 
 const fn counter(name: &'static str, short: &'static str, help: &'static str) -> Row {
@@ -592,12 +600,22 @@ pub static COUNTERS: [Row; 8] = [
         .slot(4),
     counter("pagecache_added", "pc_in", "model-file pages added to the page cache (by anyone; per expert in the grid)")
         .prom(&F_PAGECACHE_ADDED, None),
-    counter("pagecache_evicted", "pc_out", "model-file pages evicted from the page cache (by anyone; per expert in the grid)")
-        .prom(&F_PAGECACHE_EVICTED, None),
+    counter(
+        "pagecache_evicted",
+        "pc_out",
+        "model-file pages evicted from the page cache (by anyone; per expert in the grid)",
+    )
+    .prom(&F_PAGECACHE_EVICTED, None),
     counter("ctx_switches", "ctxsw", "switches away from the CPU").prom(&F_CONTEXT_SWITCHES, None).slot(7),
 ];
 
-const fn latency(name: &'static str, short: &'static str, help: &'static str, f: &'static Family, kind: &'static str) -> Row {
+const fn latency(
+    name: &'static str,
+    short: &'static str,
+    help: &'static str,
+    f: &'static Family,
+    kind: &'static str,
+) -> Row {
     row(Class::Histogram, name, name, short, help).prom(f, Some(("kind", kind)))
 }
 
@@ -970,8 +988,13 @@ pub enum LatencyKind {
 
 impl LatencyKind {
     pub const N: usize = HISTOGRAMS.len();
-    pub const ALL: [LatencyKind; LatencyKind::N] =
-        [LatencyKind::Minflt, LatencyKind::MajfltFile, LatencyKind::MajfltSwap, LatencyKind::ZramRead, LatencyKind::DiskRead];
+    pub const ALL: [LatencyKind; LatencyKind::N] = [
+        LatencyKind::Minflt,
+        LatencyKind::MajfltFile,
+        LatencyKind::MajfltSwap,
+        LatencyKind::ZramRead,
+        LatencyKind::DiskRead,
+    ];
     pub const fn row(self) -> &'static Row {
         &HISTOGRAMS[self as usize]
     }

@@ -13,10 +13,7 @@ fn the_readme_tables_are_the_vocabulary() {
     for name in README_SECTIONS {
         let (open, close) = (format!("<!-- vocab:{name} -->\n"), format!("<!-- /vocab:{name} -->"));
         let want = readme_section(name).unwrap();
-        let got = readme
-            .split_once(&open)
-            .and_then(|(_, rest)| rest.split_once(&close))
-            .map(|(inside, _)| inside);
+        let got = readme.split_once(&open).and_then(|(_, rest)| rest.split_once(&close)).map(|(inside, _)| inside);
         match got {
             Some(g) if g == want => {}
             Some(_) => wrong.push(format!("section {name} differs; it should read:\n{open}{want}{close}\n")),

@@ -29,7 +29,12 @@ pub fn header() -> String {
     for c in Component::measured() {
         s.push_str(&format!(" {:>8}", c.short()));
     }
-    s.push_str(&format!(" {:>7} {:>8} {:>8} |", Time::Residual.short(), Time::EngineCompute.short(), Time::Hidden.short()));
+    s.push_str(&format!(
+        " {:>7} {:>8} {:>8} |",
+        Time::Residual.short(),
+        Time::EngineCompute.short(),
+        Time::Hidden.short()
+    ));
     for c in LINE_COUNTERS {
         s.push_str(&format!(" {:>7}", c.short()));
     }
@@ -52,7 +57,11 @@ pub fn line(t: &TokenRecord) -> String {
     s.push_str(&format!(" {:>7.2} {:>8} {:>8} |", t.residual_ns as f64 / 1e6, opt_ms(t.engine_compute_ns), hidden));
     for c in LINE_COUNTERS {
         let v = t.counters.get(c);
-        let v = if c == Counter::ReadBytes { v.map(|b| format!("{:.2}", b as f64 / 1e6)) } else { v.map(|n| n.to_string()) };
+        let v = if c == Counter::ReadBytes {
+            v.map(|b| format!("{:.2}", b as f64 / 1e6))
+        } else {
+            v.map(|n| n.to_string())
+        };
         s.push_str(&format!(" {:>7}", v.unwrap_or_else(|| "-".into())));
     }
     if t.lost_events > 0 {

@@ -161,7 +161,10 @@ pub fn metrics() -> Vec<Metric> {
         source,
     };
     let time = |name: &'static str, label, source| m(&format!("{name}_ms"), label, "ms/token", MS, Some(false), source);
-    let mut v = vec![m("tok_s", "tok/s", "tok/s", 1.0, Some(true), Source::TokS), time(Time::Wall.name(), Time::Wall.name(), Source::Wall)];
+    let mut v = vec![
+        m("tok_s", "tok/s", "tok/s", 1.0, Some(true), Source::TokS),
+        time(Time::Wall.name(), Time::Wall.name(), Source::Wall),
+    ];
     for c in Component::ALL {
         v.push(time(c.name(), c.name(), Source::Comp(c)));
     }

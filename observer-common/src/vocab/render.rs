@@ -149,10 +149,7 @@ fn labels_cell(f: &Family) -> String {
 /// The markdown of one README section (see [`README_SECTIONS`]).
 pub fn readme_section(name: &str) -> Option<String> {
     let plain = |rs: &[Row], head: [&str; 5]| {
-        table(
-            &head,
-            rs.iter().map(|r| Vec::from([code(r.name), code(r.json), code(r.short), prom_cell(r), what(r)])),
-        )
+        table(&head, rs.iter().map(|r| Vec::from([code(r.name), code(r.json), code(r.short), prom_cell(r), what(r)])))
     };
     Some(match name {
         "components" => table(
@@ -193,14 +190,13 @@ pub fn readme_section(name: &str) -> Option<String> {
         ),
         "prometheus" => table(
             &["metric", "type", "labels", "what"],
-            FAMILIES.iter().map(|f| {
-                Vec::from([code(&metric_name(f)), type_name(f.metric).into(), labels_cell(f), f.help.into()])
-            }),
+            FAMILIES
+                .iter()
+                .map(|f| Vec::from([code(&metric_name(f)), type_name(f.metric).into(), labels_cell(f), f.help.into()])),
         ),
-        "changes" => table(
-            &["before", "now"],
-            METRIC_RENAMES.iter().map(|(old, new)| Vec::from([code(old), code(new)])),
-        ),
+        "changes" => {
+            table(&["before", "now"], METRIC_RENAMES.iter().map(|(old, new)| Vec::from([code(old), code(new)])))
+        }
         _ => return None,
     })
 }

@@ -123,7 +123,11 @@ pub type OwnedLabels = Vec<(&'static str, String)>;
 type Ratios = Family<OwnedLabels, Gauge<f64, std::sync::atomic::AtomicU64>>;
 
 /// Register `metric` as the vocabulary's family `f` (name, unit, help).
-fn register(r: &mut Registry, f: &VocabFamily, metric: impl EncodeMetric + Clone + Send + Sync + std::fmt::Debug + 'static) {
+fn register(
+    r: &mut Registry,
+    f: &VocabFamily,
+    metric: impl EncodeMetric + Clone + Send + Sync + std::fmt::Debug + 'static,
+) {
     match f.unit {
         Some(u) => r.register_with_unit(
             f.stem,
@@ -184,7 +188,8 @@ impl Exporter {
         // The families the vocabulary's components and counters point to.
         let mut times = BTreeMap::new();
         let mut counts = BTreeMap::new();
-        let rows = Component::ALL.iter().map(|c| c.row()).chain(observer_common::model::Counter::ALL.iter().map(|c| c.row()));
+        let rows =
+            Component::ALL.iter().map(|c| c.row()).chain(observer_common::model::Counter::ALL.iter().map(|c| c.row()));
         for row in rows {
             let Some(s) = row.prom else { continue };
             let f = s.family;
@@ -266,7 +271,7 @@ impl Exporter {
         })
     }
 
-/// The whole exposition in `format`.
+    /// The whole exposition in `format`.
     pub fn render(&self, format: Format) -> Result<String, std::fmt::Error> {
         let mut s = String::with_capacity(32 << 10);
         match format {
@@ -400,7 +405,9 @@ impl MetricsSink {
         for (c, v) in t.counters.iter() {
             let (Some(v), Some(p)) = (v, c.row().prom) else { continue };
             h.counters[c as usize]
-                .get_or_insert_with(|| ex.counts[p.family.stem].get_or_create_owned(&Exporter::labels(&h.step, c.row())))
+                .get_or_insert_with(|| {
+                    ex.counts[p.family.stem].get_or_create_owned(&Exporter::labels(&h.step, c.row()))
+                })
                 .inc_by(v);
         }
         if let (Some(engine), Some(measured)) = (t.engine_compute_ns, t.components.get(Component::Compute)) {

@@ -124,7 +124,10 @@ fn tokens_become_counters_with_kind_labels_and_unmeasured_values_are_absent() {
     assert!((get(&m, r#"moe_observer_step_duration_seconds_sum{step="generate"}"#) - 2024e-9).abs() < 1e-15);
     assert_eq!(get(&m, "moe_observer_target_up"), 1.0);
     assert_eq!(get(&m, "moe_observer_runs_total"), 1.0);
-    assert_eq!(get(&m, &format!("moe_observer_build_info{{version=\"{}\",trace_format=\"1\"}}", env!("CARGO_PKG_VERSION"))), 1.0);
+    assert_eq!(
+        get(&m, &format!("moe_observer_build_info{{version=\"{}\",trace_format=\"1\"}}", env!("CARGO_PKG_VERSION"))),
+        1.0
+    );
 }
 
 #[test]
@@ -282,7 +285,8 @@ fn every_family_of_the_vocabulary_is_exported_under_its_name() {
     let text = ex.render(Format::Text).unwrap();
     let types: Vec<&str> =
         text.lines().filter_map(|l| l.strip_prefix("# TYPE ")).filter_map(|l| l.split(' ').next()).collect();
-    let want: Vec<String> = observer_common::vocab::FAMILIES.iter().map(|f| observer_common::vocab::metric_name(f)).collect();
+    let want: Vec<String> =
+        observer_common::vocab::FAMILIES.iter().map(|f| observer_common::vocab::metric_name(f)).collect();
     let mut a: Vec<String> = types.iter().map(|t| t.to_string()).collect();
     let mut b = want.clone();
     a.sort();

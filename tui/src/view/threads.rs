@@ -54,9 +54,7 @@ pub fn draw(app: &App, f: &mut Frame<'_>, area: Rect) {
     let mut head = vec![Span::styled(format!("{:>7} {:<15} {:>6}", "tid", "comm", "steps"), fmt::title())];
     for c in &cols {
         match c {
-            Col::Comp(c) => {
-                head.push(Span::styled(format!("{:>COMP_W$}", c.short()), fmt::title().fg(fmt::color(*c))))
-            }
+            Col::Comp(c) => head.push(Span::styled(format!("{:>COMP_W$}", c.short()), fmt::title().fg(fmt::color(*c)))),
             Col::Count(c) => head.push(Span::styled(format!("{:>COUNT_W$}", c.short()), fmt::title())),
         }
     }

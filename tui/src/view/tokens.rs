@@ -202,7 +202,8 @@ fn legend(app: &App, w: usize) -> Line<'static> {
     };
     let narrow = w < 130;
     let name = |t: Time| if narrow { t.short() } else { t.name() };
-    let _ = push(&mut spans, MARKER, Style::new().fg(Color::White).add_modifier(Modifier::BOLD), name(Time::EngineCompute));
+    let _ =
+        push(&mut spans, MARKER, Style::new().fg(Color::White).add_modifier(Modifier::BOLD), name(Time::EngineCompute));
     let g = app.agg(app.main_kind());
     for c in Component::ALL.into_iter().filter(|&c| c.row().measured() || g.component(c).n > 0) {
         if !push(&mut spans, '█', Style::new().fg(fmt::color(c)), if narrow { c.short() } else { c.name() }) {
@@ -232,15 +233,13 @@ fn detail(r: &TokenRow, w: usize) -> Line<'static> {
     }
     s.push_str(&parts.join(" +"));
     match (r.engine_compute_ns, r.hidden_ns()) {
-        (Some(ec), Some(h)) => {
-            s.push_str(&format!(
-                " │ {} {} ({} {})",
-                Time::EngineCompute.name(),
-                fmt::ms(ec as f64),
-                Time::Hidden.name(),
-                fmt::signed_ms(h as f64)
-            ))
-        }
+        (Some(ec), Some(h)) => s.push_str(&format!(
+            " │ {} {} ({} {})",
+            Time::EngineCompute.name(),
+            fmt::ms(ec as f64),
+            Time::Hidden.name(),
+            fmt::signed_ms(h as f64)
+        )),
         (Some(ec), None) => s.push_str(&format!(" │ {} {}", Time::EngineCompute.name(), fmt::ms(ec as f64))),
         _ => s.push_str(&format!(" │ {}: not reported", Time::EngineCompute.name())),
     }
