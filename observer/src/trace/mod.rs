@@ -34,6 +34,9 @@
 //!   not change since the previous token takes a few bytes instead of ~300 KB
 //!   of JSON arrays. Readers that do not know the key read the record without
 //!   its grid; traces written before it (plain `grid` arrays) read as before.
+//!   (The packing lives inside the JSON rather than in a new `encoding`: older
+//!   readers skip a record whose encoding they do not know, and would lose
+//!   every token instead of only the grids.)
 //! - Names in payloads are the vocabulary's (`observer_common::vocab`); older
 //!   names it lists as aliases (latency-histogram kinds before the renames)
 //!   read as the current ones.
