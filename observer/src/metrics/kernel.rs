@@ -67,6 +67,9 @@ pub fn canonical(v: f64) -> String {
     }
 }
 
+/// One kind as exported: cumulative buckets (`le` index, count), the count, the sum (ns).
+pub type Exported = (Vec<(usize, u64)>, u64, Option<u64>);
+
 /// Totals per kind, per kernel bucket (not cumulative), over all runs, and
 /// the sums (`None` once any part of a total had no measured sum).
 #[derive(Debug, Default)]
@@ -92,7 +95,7 @@ impl KernelHists {
     }
 
     /// Exported cumulative buckets (`le` index, count), the count and the sum (ns), for tests.
-    pub fn cumulative(&self, kind: &str) -> Option<(Vec<(usize, u64)>, u64, Option<u64>)> {
+    pub fn cumulative(&self, kind: &str) -> Option<Exported> {
         let (t, sum) = self.totals.get(kind)?;
         let mut acc = 0u64;
         let mut out = Vec::new();

@@ -269,7 +269,7 @@ mod tests {
         for seq in 0..200u64 {
             // Every 10th token changes some cells; token 100 changes shape.
             let (l, e) = if seq < 100 { (12, 128) } else { (40, 256) };
-            let g = grid(l, e, |i| if (i as u64 + seq / 10) % 5 == 0 { odd[i % odd.len()] } else { 1.0 });
+            let g = grid(l, e, |i| if (i as u64 + seq / 10).is_multiple_of(5) { odd[i % odd.len()] } else { 1.0 });
             let packed = p.pack(seq, &g);
             assert_eq!(packed.base.is_none(), [0, KEY_EVERY, 100, 100 + KEY_EVERY].contains(&seq), "{seq}");
             let back = u.unpack(seq, &packed).unwrap();
