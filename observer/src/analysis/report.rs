@@ -7,12 +7,9 @@ use std::io::Write;
 
 use observer_common::{
     HIST_BUCKETS, ThreadFaults,
-    attrib::{
-        C_CTX_SWITCHES, C_DISK_READ_NS, C_MAJFLT_FILE, C_MAJFLT_SWAP, C_MINFLT, C_READ_BYTES, C_READ_IOS, C_SWAPINS,
-        C_ZRAM_READ_NS, Hist, ThreadState,
-    },
+    attrib::{C_DISK_READ_NS, C_READ_IOS, C_ZRAM_READ_NS, Hist, ThreadState},
     hist::bucket_upper_ns,
-    model::{Component, Components, TokenRecord},
+    model::{Component, Components, Counter, Counters, LatencyKind, TokenRecord},
 };
 use serde::Serialize;
 
@@ -63,16 +60,13 @@ pub struct ThreadAttribution {
     pub wall_ns: u64,
     #[serde(flatten)]
     pub components: Components,
-    pub majflt_file: u64,
-    pub majflt_swap: u64,
-    pub minflt: u64,
-    pub swapins: u64,
-    pub read_bytes: u64,
+    /// The vocabulary's counters the kernel keeps per thread (the others `null`).
+    #[serde(flatten)]
+    pub counters: Counters,
     pub read_ios: u64,
     /// Σ queue→complete latency of the thread's read bios on disks / on zram.
     pub disk_read_ns: u64,
     pub zram_read_ns: u64,
-    pub ctx_switches: u64,
     pub exited: bool,
 }
 
@@ -80,18 +74,36 @@ impl ThreadAttribution {
     fn from_state(s: &ThreadState) -> Self {
         ThreadAttribution {
             wall_ns: s.accounted(),
-            components: Components::all_measured(s.time),
-            majflt_file: s.cnt[C_MAJFLT_FILE],
-            majflt_swap: s.cnt[C_MAJFLT_SWAP],
-            minflt: s.cnt[C_MINFLT],
-            swapins: s.cnt[C_SWAPINS],
-            read_bytes: s.cnt[C_READ_BYTES],
+            components: Components::from_kernel(&s.time),
+            counters: Counters::from_kernel(&s.cnt),
             read_ios: s.cnt[C_READ_IOS],
             disk_read_ns: s.cnt[C_DISK_READ_NS],
             zram_read_ns: s.cnt[C_ZRAM_READ_NS],
-            ctx_switches: s.cnt[C_CTX_SWITCHES],
             exited: s.flags & observer_common::attrib::F_EXITED != 0,
         }
+    }
+
+    /// Add another thread's totals (measured values add; unmeasured stay unmeasured).
+    fn add(&mut self, a: &ThreadAttribution) {
+        self.wall_ns += a.wall_ns;
+        for (c, v) in a.components.iter() {
+            if let Some(v) = v {
+                self.components.add(c, v);
+            }
+        }
+        for (c, v) in a.counters.iter() {
+            if let Some(v) = v {
+                self.counters.add(c, v);
+            }
+        }
+        self.read_ios += a.read_ios;
+        self.disk_read_ns += a.disk_read_ns;
+        self.zram_read_ns += a.zram_read_ns;
+        self.exited &= a.exited;
+    }
+
+    fn counter(&self, c: Counter) -> u64 {
+        self.counters.get(c).unwrap_or(0)
     }
 }
 
@@ -101,6 +113,8 @@ impl ThreadAttribution {
 pub struct Histogram {
     pub buckets: Vec<Bucket>,
     pub count: u64,
+    /// Exact sum of the values, when it was kept (the kernel's latency histograms).
+    pub sum_ns: Option<u64>,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -182,8 +196,8 @@ pub struct Summary {
     pub threads: Vec<ThreadRow>,
     /// Events the kernel side could not record (full maps, full ring buffers).
     pub lost_events: u64,
-    /// Latency histograms by kind: `fault_minor`, `fault_major_file`,
-    /// `fault_major_swap`, `zram_read`, `disk_read`.
+    /// Latency histograms by kind (`vocab::HISTOGRAMS`: `minflt`,
+    /// `majflt_file`, `majflt_swap`, `zram_read`, `disk_read`).
     pub latency: std::collections::BTreeMap<String, Histogram>,
     /// The target's block reads per device.
     pub devices: Vec<DeviceRow>,
@@ -267,26 +281,10 @@ impl Summary {
         let mut total: Option<ThreadAttribution> = None;
         for st in states {
             let a = ThreadAttribution::from_state(st);
-            total = Some(match total {
-                None => a.clone(),
-                Some(mut t) => {
-                    t.wall_ns += a.wall_ns;
-                    for c in Component::ALL {
-                        t.components.add(c, a.components.get(c).unwrap_or(0));
-                    }
-                    t.majflt_file += a.majflt_file;
-                    t.majflt_swap += a.majflt_swap;
-                    t.minflt += a.minflt;
-                    t.swapins += a.swapins;
-                    t.read_bytes += a.read_bytes;
-                    t.read_ios += a.read_ios;
-                    t.disk_read_ns += a.disk_read_ns;
-                    t.zram_read_ns += a.zram_read_ns;
-                    t.ctx_switches += a.ctx_switches;
-                    t.exited &= a.exited;
-                    t
-                }
-            });
+            match &mut total {
+                None => total = Some(a.clone()),
+                Some(t) => t.add(&a),
+            }
             match self.threads.iter_mut().find(|r| r.tid == st.tid) {
                 Some(row) => row.attribution = Some(a),
                 None => self.threads.push(ThreadRow {
@@ -301,9 +299,12 @@ impl Summary {
         }
         self.threads.sort_by_key(|r| r.tid);
         self.attribution_totals = total;
-        const NAMES: [&str; 5] = ["fault_minor", "fault_major_file", "fault_major_swap", "zram_read", "disk_read"];
-        for (name, h) in NAMES.iter().zip(hists) {
-            self.latency.insert((*name).into(), Histogram::from_counts(&h.b));
+        for k in LatencyKind::ALL {
+            if let Some(h) = hists.get(k.slot()) {
+                let mut hist = Histogram::from_counts(&h.b);
+                hist.sum_ns = Some(h.sum);
+                self.latency.insert(k.name().into(), hist);
+            }
         }
         if !tokens.is_empty() {
             self.attribution = Some(attribution::summarise(&tokens));
@@ -370,16 +371,19 @@ impl Summary {
         }
         let with_attr: Vec<&ThreadRow> = self.threads.iter().filter(|t| t.attribution.is_some()).collect();
         if !with_attr.is_empty() {
-            writeln!(out, "where the time went (ms, whole run, per thread):")?;
+            writeln!(out, "where the time went (ms, whole run, per thread; - not measured):")?;
             let mut h = format!("{:>8}  {:<16} {:>9}", "tid", "comm", "wall");
-            for c in Component::ALL {
-                h.push_str(&format!(" {:>11}", c.name()));
+            for c in Component::measured() {
+                h.push_str(&format!(" {:>9}", c.short()));
             }
             writeln!(out, "{h}")?;
             let row = |out: &mut dyn Write, tid: &str, comm: &str, a: &ThreadAttribution| {
                 let mut l = format!("{:>8}  {:<16} {:>9.1}", tid, comm, a.wall_ns as f64 / 1e6);
-                for c in Component::ALL {
-                    l.push_str(&format!(" {:>11.1}", a.components.get(c).unwrap_or(0) as f64 / 1e6));
+                for c in Component::measured() {
+                    match a.components.get(c) {
+                        Some(v) => l.push_str(&format!(" {:>9.1}", v as f64 / 1e6)),
+                        None => l.push_str(&format!(" {:>9}", "-")),
+                    }
                 }
                 writeln!(out, "{l}")
             };
@@ -393,10 +397,10 @@ impl Summary {
                 writeln!(
                     out,
                     "major faults: {} file, {} swap; swap-ins: {} pages; read: {:.1} MB in {} bios",
-                    a.majflt_file,
-                    a.majflt_swap,
-                    a.swapins,
-                    a.read_bytes as f64 / 1e6,
+                    a.counter(Counter::MajfltFile),
+                    a.counter(Counter::MajfltSwap),
+                    a.counter(Counter::Swapins),
+                    a.counter(Counter::ReadBytes) as f64 / 1e6,
                     a.read_ios
                 )?;
             }
