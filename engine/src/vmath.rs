@@ -4,14 +4,15 @@
 //! A quantized model amplifies tiny differences: activations are rounded to 8-bit codes before
 //! every matrix product, and a 1e-7 change can move one code, which shifts a whole output row
 //! of the next product. To decode the same tokens as llama.cpp, the engine therefore computes
-//! `exp` the way ggml's vectorised `ggml_v_expf` does on the running CPU (the AVX-512 and the
-//! AVX2+FMA variants are different polynomials/reconstructions), with libm `expf` for the
+//! `exp` the way ggml's vectorised `ggml_v_expf` does in the llama.cpp build of the engine's ISA
+//! level (`ENGINE_ISA`; the AVX-512 and the AVX2+FMA variants are different
+//! polynomials/reconstructions), with libm `expf` for the
 //! elements ggml leaves to its scalar tail, and `silu(x) = x / (1 + exp(-x))` on top. The
 //! lanes are computed one by one here (same operations, same roundings: every fused
 //! multiply-add of ggml is an `f32::mul_add`), inside functions compiled with the CPU's FMA
 //! enabled.
 
-use std::sync::OnceLock;
+use crate::quant::Backend;
 
 /// Which of ggml's vector `exp` variants a native llama.cpp build runs on this CPU.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -35,22 +36,15 @@ impl ExpKind {
     }
 }
 
+/// The `exp` of the llama.cpp build the ISA level reproduces ([`crate::quant::isa`]): AVX-512
+/// (which needs `__AVX512F__` and `__AVX512DQ__`, both part of that level), AVX2+FMA, or libm
+/// at the scalar level.
 pub fn exp_kind() -> ExpKind {
-    static KIND: OnceLock<ExpKind> = OnceLock::new();
-    *KIND.get_or_init(|| {
-        #[cfg(target_arch = "x86_64")]
-        {
-            // ggml's AVX-512 `exp` needs __AVX512F__ and __AVX512DQ__; `ggml_avx512` also
-            // honours ENGINE_GGML_AVX512=0 (numerics of a build without AVX-512).
-            if crate::quant::ggml_avx512() && is_x86_feature_detected!("avx512dq") {
-                return ExpKind::Avx512;
-            }
-            if is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") {
-                return ExpKind::Avx2;
-            }
-        }
-        ExpKind::Libm
-    })
+    match crate::quant::backend() {
+        Backend::Avx512 => ExpKind::Avx512,
+        Backend::Avx2 => ExpKind::Avx2,
+        Backend::Scalar => ExpKind::Libm,
+    }
 }
 
 const R: f32 = f32::from_bits(0x4b40_0000); // 0x1.8p23
@@ -205,11 +199,11 @@ pub fn softmax(x: &mut [f32], all_vector: bool) {
     let max = x.iter().copied().fold(f32::NEG_INFINITY, f32::max);
     let sum = match exp_kind() {
         #[cfg(target_arch = "x86_64")]
-        // SAFETY: exp_kind() returned Avx512 only after detecting avx512f/dq (and avx2/fma,
-        // which every AVX-512 CPU has) at run time.
+        // SAFETY: exp_kind() is Avx512 only at the avx512 ISA level, which `quant::isa` grants
+        // only after detecting avx512f/bw/dq/vl, avx2 and fma at run time.
         ExpKind::Avx512 => unsafe { softmax_exp_avx512(x, max, all_vector) },
         #[cfg(target_arch = "x86_64")]
-        // SAFETY: avx2 and fma were detected at run time.
+        // SAFETY: the avx2 level is granted only after detecting avx2 and fma at run time.
         ExpKind::Avx2 => unsafe { softmax_exp_avx2(x, max, all_vector) },
         kind => softmax_exp_impl(kind, x, max, all_vector),
     };

@@ -46,7 +46,7 @@ pub(super) fn available() -> bool {
 
 #[inline]
 #[target_feature(enable = "avx2")]
-fn ld256<const N: usize>(b: &[u8; N], off: usize) -> __m256i {
+pub(super) fn ld256<const N: usize>(b: &[u8; N], off: usize) -> __m256i {
     assert!(off + 32 <= N);
     // SAFETY: `off + 32 <= N` was just checked; `loadu` has no alignment requirement.
     unsafe { _mm256_loadu_si256(b.as_ptr().add(off).cast()) }
@@ -54,7 +54,7 @@ fn ld256<const N: usize>(b: &[u8; N], off: usize) -> __m256i {
 
 #[inline]
 #[target_feature(enable = "avx2")]
-fn ld128<const N: usize>(b: &[u8; N], off: usize) -> __m128i {
+pub(super) fn ld128<const N: usize>(b: &[u8; N], off: usize) -> __m128i {
     assert!(off + 16 <= N);
     // SAFETY: `off + 16 <= N` was just checked; `loadu` has no alignment requirement.
     unsafe { _mm_loadu_si128(b.as_ptr().add(off).cast()) }
@@ -62,14 +62,14 @@ fn ld128<const N: usize>(b: &[u8; N], off: usize) -> __m128i {
 
 #[inline]
 #[target_feature(enable = "avx2")]
-fn ld_u32<const N: usize>(b: &[u8; N], off: usize) -> u32 {
+pub(super) fn ld_u32<const N: usize>(b: &[u8; N], off: usize) -> u32 {
     u32::from_le_bytes([b[off], b[off + 1], b[off + 2], b[off + 3]])
 }
 
 /// One f16 at `off`, converted with F16C.
 #[inline]
 #[target_feature(enable = "avx2,f16c")]
-fn f16_at<const N: usize>(b: &[u8; N], off: usize) -> f32 {
+pub(super) fn f16_at<const N: usize>(b: &[u8; N], off: usize) -> f32 {
     let h = u16::from_le_bytes([b[off], b[off + 1]]);
     _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(h as i32)))
 }
@@ -77,20 +77,20 @@ fn f16_at<const N: usize>(b: &[u8; N], off: usize) -> f32 {
 /// Two consecutive f16 at `off` (e.g. `d`, `dmin`).
 #[inline]
 #[target_feature(enable = "avx2,f16c")]
-fn f16x2_at<const N: usize>(b: &[u8; N], off: usize) -> (f32, f32) {
+pub(super) fn f16x2_at<const N: usize>(b: &[u8; N], off: usize) -> (f32, f32) {
     let v = _mm_cvtph_ps(_mm_cvtsi32_si128(ld_u32(b, off) as i32));
     (_mm_cvtss_f32(v), _mm_cvtss_f32(_mm_movehdup_ps(v)))
 }
 
 #[inline]
 #[target_feature(enable = "avx2")]
-fn f32_at<const N: usize>(b: &[u8; N], off: usize) -> f32 {
+pub(super) fn f32_at<const N: usize>(b: &[u8; N], off: usize) -> f32 {
     f32::from_bits(ld_u32(b, off))
 }
 
 #[inline]
 #[target_feature(enable = "avx2")]
-fn hsum_ps(v: __m256) -> f32 {
+pub(super) fn hsum_ps(v: __m256) -> f32 {
     let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v));
     let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
     let s = _mm_add_ss(s, _mm_movehdup_ps(s));
@@ -151,7 +151,7 @@ fn hsum4_i32(v: [__m256i; 4]) -> __m256i {
 /// The f16 at offset 0 of four consecutive `N`-byte blocks, as f32.
 #[inline]
 #[target_feature(enable = "avx2,f16c")]
-fn f16_of_4<const N: usize>(b: &[[u8; N]]) -> __m128 {
+pub(super) fn f16_of_4<const N: usize>(b: &[[u8; N]]) -> __m128 {
     let h = |i: usize| u16::from_le_bytes([b[i][0], b[i][1]]) as i16;
     _mm_cvtph_ps(_mm_setr_epi16(h(0), h(1), h(2), h(3), 0, 0, 0, 0))
 }
@@ -238,7 +238,7 @@ fn dot_q8_0_dx(w: &[u8], x: &[u8], dx: impl Fn(usize) -> __m128) -> f32 {
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
-fn dot_q8_0(w: &[u8], x: &[u8]) -> f32 {
+pub(super) fn dot_q8_0(w: &[u8], x: &[u8]) -> f32 {
     let (xb, _) = x.as_chunks::<Q8_0_BYTES>();
     dot_q8_0_dx(w, x, |i| f16_of_4(&xb[4 * i..4 * i + 4]))
 }
@@ -248,7 +248,7 @@ fn dot_q8_0(w: &[u8], x: &[u8]) -> f32 {
 const MAX_PRE_BLOCKS_Q8: usize = 512;
 
 #[target_feature(enable = "avx2,fma,f16c")]
-fn rows_q8_0(w: &[u8], row_bytes: usize, x: &[u8], out: &mut [f32]) {
+pub(super) fn rows_q8_0(w: &[u8], row_bytes: usize, x: &[u8], out: &mut [f32]) {
     let (xb, _) = x.as_chunks::<Q8_0_BYTES>();
     if xb.len() <= MAX_PRE_BLOCKS_Q8 {
         let mut dx = [_mm_setzero_ps(); MAX_PRE_BLOCKS_Q8 / 4];
@@ -350,7 +350,7 @@ fn dot_q8_k(w: &[u8], x: &[u8]) -> f32 {
 /// `(q0..q3 >> 6) << 4` into scales 4..8 and `(q4..q7 >> 6) << 4` into mins 4..8.
 #[inline]
 #[target_feature(enable = "avx2")]
-fn k4_scales_mins<const N: usize>(b: &[u8; N], off: usize) -> __m128i {
+pub(super) fn k4_scales_mins<const N: usize>(b: &[u8; N], off: usize) -> __m128i {
     // Bytes off..off+16: the 12 scale bytes and 4 bytes of quants (ignored).
     _mm256_castsi256_si128(k4_decode(_mm256_castsi128_si256(ld128(b, off))))
 }
@@ -358,7 +358,7 @@ fn k4_scales_mins<const N: usize>(b: &[u8; N], off: usize) -> __m128i {
 /// [`k4_scales_mins`] of two blocks at once (lane 0: `a`, lane 1: `b`).
 #[inline]
 #[target_feature(enable = "avx2")]
-fn k4_scales_mins2<const N: usize>(a: &[u8; N], b: &[u8; N], off: usize) -> __m256i {
+pub(super) fn k4_scales_mins2<const N: usize>(a: &[u8; N], b: &[u8; N], off: usize) -> __m256i {
     k4_decode(_mm256_set_m128i(ld128(b, off), ld128(a, off)))
 }
 
@@ -383,7 +383,7 @@ fn k4_decode(v: __m256i) -> __m256i {
 /// 32-element sub-blocks, as i16.
 #[inline]
 #[target_feature(enable = "avx2")]
-fn q8k_pair_sums(y: &[u8; Q8_K_BYTES]) -> __m128i {
+pub(super) fn q8k_pair_sums(y: &[u8; Q8_K_BYTES]) -> __m128i {
     let bsums = ld256(y, 260);
     _mm_hadd_epi16(_mm256_castsi256_si128(bsums), _mm256_extracti128_si256::<1>(bsums))
 }
@@ -430,7 +430,7 @@ fn q4k_core(a: &[u8; Q4_K_BYTES], y: &[u8; Q8_K_BYTES], sc: __m256i) -> __m256i 
 /// Horizontal sum of 4 x i32.
 #[inline]
 #[target_feature(enable = "avx2")]
-fn hsum_epi32_128(v: __m128i) -> i32 {
+pub(super) fn hsum_epi32_128(v: __m128i) -> i32 {
     let s = _mm_add_epi32(v, _mm_unpackhi_epi64(v, v));
     _mm_cvtsi128_si32(_mm_add_epi32(s, _mm_shuffle_epi32::<0b01>(s)))
 }
@@ -493,7 +493,7 @@ fn q8k_pair_sums2(xb: &[[u8; Q8_K_BYTES]], i: usize) -> __m256i {
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
-fn dot_q4_k(w: &[u8], x: &[u8]) -> f32 {
+pub(super) fn dot_q4_k(w: &[u8], x: &[u8]) -> f32 {
     let (xb, _) = x.as_chunks::<Q8_K_BYTES>();
     dot_q4_k_pairs(w, xb, |i| q8k_pair_sums2(xb, i))
 }
@@ -503,7 +503,7 @@ fn dot_q4_k(w: &[u8], x: &[u8]) -> f32 {
 const MAX_PRE_BLOCKS: usize = 64;
 
 #[target_feature(enable = "avx2,fma,f16c")]
-fn rows_q4_k(w: &[u8], row_bytes: usize, x: &[u8], out: &mut [f32]) {
+pub(super) fn rows_q4_k(w: &[u8], row_bytes: usize, x: &[u8], out: &mut [f32]) {
     let (xb, _) = x.as_chunks::<Q8_K_BYTES>();
     if xb.len() <= MAX_PRE_BLOCKS {
         let mut pairs = [_mm256_setzero_si256(); MAX_PRE_BLOCKS / 2];
@@ -537,7 +537,7 @@ fn bcast_i16(v: __m256i, i: usize) -> __m256i {
 /// `acc = fma(dy*d, sumi, acc)`; the minimums as a scalar
 /// `summs = fma(-dy*dmin, imin, summs)`; result `hsum(acc) + summs`.
 #[target_feature(enable = "avx2,fma,f16c")]
-fn dot_q5_k(w: &[u8], x: &[u8]) -> f32 {
+pub(super) fn dot_q5_k(w: &[u8], x: &[u8]) -> f32 {
     let (wb, _) = w.as_chunks::<Q5_K_BYTES>();
     let (xb, _) = x.as_chunks::<Q8_K_BYTES>();
     let m4 = _mm256_set1_epi8(0xf);
@@ -579,7 +579,7 @@ fn dot_q5_k(w: &[u8], x: &[u8]) -> f32 {
 /// `32 * (bsums[2l]*sc[2l] + bsums[2l+1]*sc[2l+1])`.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-fn q6k_block(a: &[u8; Q6_K_BYTES], y: &[u8; Q8_K_BYTES]) -> __m256i {
+pub(super) fn q6k_block(a: &[u8; Q6_K_BYTES], y: &[u8; Q8_K_BYTES]) -> __m256i {
     let m4 = _mm256_set1_epi8(0xf);
     let m30 = _mm256_set1_epi8(0x30);
     let scales = ld128(a, 192);
@@ -656,7 +656,7 @@ fn q6k_block(a: &[u8; Q6_K_BYTES], y: &[u8; Q8_K_BYTES]) -> __m256i {
 /// `Q6_K x Q8_K` in ggml's x86 order: per block `acc = fma(dy*d, sumi, acc)`
 /// on the 8 lanes of [`q6k_block`], one horizontal sum at the end.
 #[target_feature(enable = "avx2,fma,f16c")]
-fn dot_q6_k(w: &[u8], x: &[u8]) -> f32 {
+pub(super) fn dot_q6_k(w: &[u8], x: &[u8]) -> f32 {
     let (wb, _) = w.as_chunks::<Q6_K_BYTES>();
     let (xb, _) = x.as_chunks::<Q8_K_BYTES>();
     let mut acc = _mm256_setzero_ps();
@@ -781,13 +781,6 @@ fn dot_q2_k(w: &[u8], x: &[u8]) -> f32 {
 // Floats
 // ---------------------------------------------------------------------------
 
-/// Whether to sum like ggml's AVX-512 float vector code (16-lane vectors,
-/// 64-element steps) rather than its AVX code (8 lanes, 32-element steps); see
-/// [`super::ggml_avx512`]. The two sum in different orders.
-fn ggml_avx512() -> bool {
-    super::ggml_avx512()
-}
-
 /// ggml's `GGML_F32x8_REDUCE` tail (AVX): `(lo + hi)` then two `hadd`s.
 #[inline]
 #[target_feature(enable = "avx2")]
@@ -798,42 +791,27 @@ fn hsum_hadd_ps(v: __m256) -> f32 {
 }
 
 /// The 4-register float dot product skeleton of ggml's `ggml_vec_dot_f32` and
-/// `ggml_vec_dot_f16` (`GGML_F32_ARR = 4` accumulators, FMA per vector, reduced
-/// as `(s0 + s2) + (s1 + s3)` then horizontally). `LANES` is ggml's vector width
-/// (16 on AVX-512, emulated with two 8-lane halves, whose lane-wise arithmetic is
-/// the same; 8 on AVX2). `load(chunk, k)` gives the 8 floats `8k..8k+8` of a
-/// `4 * LANES`-element chunk. Returns the reduced sum and the number of
-/// elements consumed (the caller adds the tail as ggml does).
+/// `ggml_vec_dot_f16` in an AVX build (`GGML_F32_ARR = 4` accumulators of 8 lanes, FMA per
+/// vector, 32-element steps, reduced as `(s0 + s2) + (s1 + s3)` then `GGML_F32x8_REDUCE`'s
+/// horizontal tail). `load(bytes, off)` gives the 8 floats at byte offset `off`. Returns
+/// the reduced sum and the number of elements consumed (the caller adds the tail as ggml
+/// does). The AVX-512 shape is in `avx512`.
 macro_rules! ggml_float_dot {
     ($a:expr, $b:expr, $elem_bytes:expr, $load:expr) => {{
         let (a, b): (&[u8], &[u8]) = ($a, $b);
-        let wide = ggml_avx512();
-        let lanes = if wide { 16 } else { 8 };
-        let step = 4 * lanes;
         let n = a.len() / $elem_bytes;
-        let np = n - n % step;
-        // acc[j][h]: accumulator j, half h (h = 1 only on AVX-512).
-        let mut acc = [[_mm256_setzero_ps(); 2]; 4];
+        let np = n - n % 32;
+        let mut acc = [_mm256_setzero_ps(); 4];
         let mut i = 0;
         while i < np {
             for (j, aj) in acc.iter_mut().enumerate() {
-                for (h, ajh) in aj.iter_mut().enumerate().take(lanes / 8) {
-                    let off = (i + j * lanes + 8 * h) * $elem_bytes;
-                    *ajh = _mm256_fmadd_ps($load(a, off), $load(b, off), *ajh);
-                }
+                let off = (i + 8 * j) * $elem_bytes;
+                *aj = _mm256_fmadd_ps($load(a, off), $load(b, off), *aj);
             }
-            i += step;
+            i += 32;
         }
-        let r = |x: usize, y: usize| [_mm256_add_ps(acc[x][0], acc[y][0]), _mm256_add_ps(acc[x][1], acc[y][1])];
-        let (s02, s13) = (r(0, 2), r(1, 3));
-        let s = [_mm256_add_ps(s02[0], s13[0]), _mm256_add_ps(s02[1], s13[1])];
-        let sum = if wide {
-            // `_mm512_reduce_add_ps` (GCC): upper + lower 256 bits, then as `hsum_float_8`.
-            hsum_ps(_mm256_add_ps(s[1], s[0]))
-        } else {
-            hsum_hadd_ps(s[0])
-        };
-        (sum, np)
+        let s = _mm256_add_ps(_mm256_add_ps(acc[0], acc[2]), _mm256_add_ps(acc[1], acc[3]));
+        (hsum_hadd_ps(s), np)
     }};
 }
 
@@ -853,7 +831,7 @@ fn ld_f16x8(b: &[u8], off: usize) -> __m256 {
     _mm256_cvtph_ps(unsafe { _mm_loadu_si128(b.as_ptr().add(off).cast()) })
 }
 
-/// `ggml_vec_dot_f32` of a native x86 build: vector sum in `f32`, the tail added
+/// `ggml_vec_dot_f32` of an AVX2 build: vector sum in `f32`, the tail added
 /// with `sumf += x*y` in `f32` (which GCC contracts to an FMA).
 #[target_feature(enable = "avx2,fma,f16c")]
 fn dot_f32(w: &[u8], x: &[u8]) -> f32 {
@@ -866,7 +844,7 @@ fn dot_f32(w: &[u8], x: &[u8]) -> f32 {
     sum
 }
 
-/// `ggml_vec_dot_f16` of a native x86 build (no AVX512-FP16): vector sum in
+/// `ggml_vec_dot_f16` of an AVX2 build: vector sum in
 /// `f32`, widened to `f64`, the tail's `f32` products added in `f64`.
 #[target_feature(enable = "avx2,fma,f16c")]
 fn dot_f16(w: &[u8], x: &[u8]) -> f32 {
@@ -880,6 +858,9 @@ fn dot_f16(w: &[u8], x: &[u8]) -> f32 {
     sum as f32
 }
 
+/// `ggml_vec_dot_bf16` of an AVX2 build: four 8-lane accumulators over 32-element steps
+/// (`c += x*y`, which GCC contracts to an FMA), reduced as `(c1 + c3) + (c2 + c4)` and
+/// `hsum_float_8`, widened to `f64`; the tail's `f32` products added in `f64`.
 #[target_feature(enable = "avx2,fma,f16c")]
 fn dot_bf16(w: &[u8], x: &[u8]) -> f32 {
     let (wb, wr) = w.as_chunks::<64>();
@@ -891,7 +872,7 @@ fn dot_bf16(w: &[u8], x: &[u8]) -> f32 {
             *s = _mm256_fmadd_ps(widen(ld128(a, 16 * i)), widen(ld128(b, 16 * i)), *s);
         }
     }
-    let mut sum = hsum_ps(_mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3]))) as f64;
+    let mut sum = hsum_ps(_mm256_add_ps(_mm256_add_ps(acc[0], acc[2]), _mm256_add_ps(acc[1], acc[3]))) as f64;
     for (a, b) in wr.chunks_exact(2).zip(xr.chunks_exact(2)) {
         let a = super::float::bf16_bits_to_f32(u16::from_le_bytes([a[0], a[1]]));
         let b = super::float::bf16_bits_to_f32(u16::from_le_bytes([b[0], b[1]]));
@@ -988,7 +969,7 @@ fn quantize_q8_k(src: &[f32], dst: &mut [u8]) {
 
 #[inline]
 #[target_feature(enable = "avx2")]
-fn hsum_epi32(v: __m256i) -> i32 {
+pub(super) fn hsum_epi32(v: __m256i) -> i32 {
     let s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256::<1>(v));
     let s = _mm_add_epi32(s, _mm_unpackhi_epi64(s, s));
     _mm_cvtsi128_si32(_mm_add_epi32(s, _mm_shuffle_epi32::<0b01>(s)))
@@ -1097,7 +1078,7 @@ pub(super) fn kernel(ty: GgmlType) -> Option<Kernel> {
 // results are bit-identical to one `matvec` per activation.
 
 /// Activations per pass of the multi-activation kernels.
-pub(super) const MAX_MULTI: usize = 4;
+const MAX_MULTI: usize = 4;
 
 /// `Q8_0`: per 4-block group, the weight quants' absolute values and scales are
 /// shared; per activation as in [`dot_q8_0_dx`].
@@ -1345,14 +1326,15 @@ macro_rules! multi_entry {
 
 /// The multi-activation kernel for `ty` (1 to [`MAX_MULTI`] activations per call),
 /// if there is one. Callers must have checked [`available`].
-pub(super) fn multi_kernel(ty: GgmlType) -> Option<super::MultiFn> {
+pub(super) fn multi_kernel(ty: GgmlType) -> Option<super::Multi> {
     if !available() {
         return None;
     }
-    match ty {
-        GgmlType::Q8_0 => Some(multi_entry!(multi_q8_0_t)),
-        GgmlType::Q4_K => Some(multi_entry!(multi_q4_k_t)),
-        GgmlType::Q6_K => Some(multi_entry!(multi_q6_k_t)),
-        _ => None,
-    }
+    let f = match ty {
+        GgmlType::Q8_0 => multi_entry!(multi_q8_0_t),
+        GgmlType::Q4_K => multi_entry!(multi_q4_k_t),
+        GgmlType::Q6_K => multi_entry!(multi_q6_k_t),
+        _ => return None,
+    };
+    Some(super::Multi { f, group: MAX_MULTI })
 }

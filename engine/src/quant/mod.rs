@@ -74,6 +74,8 @@ pub mod q8;
 
 #[cfg(target_arch = "x86_64")]
 mod avx2;
+#[cfg(target_arch = "x86_64")]
+mod avx512;
 
 #[cfg(test)]
 mod tests;
@@ -313,7 +315,7 @@ impl std::fmt::Display for GgmlType {
 
 /// Errors of the checked entry points. Nothing in this module panics on bad
 /// lengths or types except the documented unchecked hot-path functions.
-#[derive(Debug, thiserror::Error)]
+#[derive(Clone, Debug, thiserror::Error)]
 pub enum QuantError {
     #[error("type {0} is not supported by engine::quant")]
     Unsupported(GgmlType),
@@ -323,8 +325,14 @@ pub enum QuantError {
     Overflow { ty: GgmlType, n: usize },
     #[error("{ty}: {what} has length {got}, expected {expected}")]
     Length { ty: GgmlType, what: &'static str, expected: usize, got: usize },
-    #[error("kernel backend {0:?} is not available on this CPU")]
+    #[error("kernel backend {0} is not available on this CPU")]
     BackendUnavailable(Backend),
+    #[error("ENGINE_ISA={0:?} is not an ISA level: use scalar, avx2 or avx512 (or unset it for the best one)")]
+    IsaUnknown(String),
+    #[error(
+        "ENGINE_ISA={level}: this CPU lacks {missing}; the best level it runs is {best} (set ENGINE_ISA to that or unset it)"
+    )]
+    IsaUnavailable { level: Backend, missing: String, best: Backend },
 }
 
 /// Bytes of a row of `n` elements of `ty`, as a `Result`.
@@ -394,16 +402,13 @@ pub fn quantize_row_on(backend: Backend, ty: GgmlType, src: &[f32], dst: &mut [u
 fn simd_quantizer(backend: Backend, ty: GgmlType) -> Option<QuantizeFn> {
     match backend {
         Backend::Scalar => None,
-        Backend::Avx2 => {
-            #[cfg(target_arch = "x86_64")]
-            {
-                avx2::quantizer(ty)
-            }
-            #[cfg(not(target_arch = "x86_64"))]
-            {
-                let _ = ty;
-                None
-            }
+        // The AVX2 quantizers give the reference bytes; AVX-512 has nothing to add there.
+        #[cfg(target_arch = "x86_64")]
+        Backend::Avx2 | Backend::Avx512 => avx2::quantizer(ty),
+        #[cfg(not(target_arch = "x86_64"))]
+        _ => {
+            let _ = ty;
+            None
         }
     }
 }
@@ -499,53 +504,162 @@ pub fn quantize_activation(weight_ty: GgmlType, x: &[f32], buf: &mut Vec<u8>) ->
 // Kernel dispatch
 // ---------------------------------------------------------------------------
 
-/// Whether the llama.cpp build whose numerics the engine reproduces compiles ggml's
-/// AVX-512 float code (`__AVX512F__`, as a native build does on a CPU with AVX-512F):
-/// 16-lane vector sums in `ggml_vec_dot_f32`/`_f16` and the AVX-512 vector `exp`. On
-/// x86_64 that is the CPU's AVX-512F, unless the environment sets `ENGINE_GGML_AVX512=0`,
-/// which selects the numerics of a build without AVX-512 (to compare with one). Read once.
-pub fn ggml_avx512() -> bool {
-    static V: OnceLock<bool> = OnceLock::new();
-    *V.get_or_init(|| {
-        #[cfg(target_arch = "x86_64")]
-        {
-            std::env::var_os("ENGINE_GGML_AVX512").is_none_or(|v| v != "0") && is_x86_feature_detected!("avx512f")
-        }
-        #[cfg(not(target_arch = "x86_64"))]
-        {
-            false
-        }
-    })
-}
-
-/// A kernel set.
+/// A kernel set, which is also an ISA level: the instructions the kernels may use and the
+/// llama.cpp build whose numerics they reproduce (module docs, "ISA levels").
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Backend {
-    /// Portable scalar Rust; every target.
+    /// Portable scalar Rust; every target. Reproduces no particular llama.cpp build.
     Scalar,
-    /// x86_64 AVX2 + FMA + F16C.
+    /// x86_64 AVX2 + FMA + F16C: a llama.cpp build for AVX2+FMA+F16C without AVX-512.
     Avx2,
+    /// x86_64 AVX-512 F/BW/DQ/VL (+ AVX2, FMA, F16C), with VNNI and BF16 where the CPU has
+    /// them: a llama.cpp build for AVX-512 with VNNI and BF16 as this CPU has them.
+    Avx512,
 }
 
+/// The environment variable that chooses the ISA level (`scalar`, `avx2`, `avx512`).
+pub const ISA_ENV: &str = "ENGINE_ISA";
+
 impl Backend {
+    /// Every level, lowest first.
+    pub const ALL: [Backend; 3] = [Backend::Scalar, Backend::Avx2, Backend::Avx512];
+
+    /// The level's name, as `ENGINE_ISA` spells it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Backend::Scalar => "scalar",
+            Backend::Avx2 => "avx2",
+            Backend::Avx512 => "avx512",
+        }
+    }
+
+    /// The level named `s` (as `ENGINE_ISA` spells it).
+    pub fn from_name(s: &str) -> Option<Backend> {
+        Backend::ALL.into_iter().find(|b| b.name() == s)
+    }
+
+    /// The CPU features (`/proc/cpuinfo` spelling) the level needs.
+    pub fn required_features(self) -> &'static [&'static str] {
+        match self {
+            Backend::Scalar => &[],
+            Backend::Avx2 => &["avx2", "fma", "f16c"],
+            Backend::Avx512 => &["avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512dq", "avx512vl"],
+        }
+    }
+
+    /// The required features this CPU lacks.
+    pub fn missing_features(self) -> Vec<&'static str> {
+        self.required_features().iter().copied().filter(|f| !cpu_has(f)).collect()
+    }
+
     /// Whether this CPU can run the backend.
     pub fn is_available(self) -> bool {
-        match self {
-            Backend::Scalar => true,
-            Backend::Avx2 => avx2_available(),
-        }
+        self.missing_features().is_empty()
+    }
+
+    /// The highest level this CPU can run.
+    pub fn best() -> Backend {
+        Backend::ALL.into_iter().rev().find(|b| b.is_available()).unwrap_or(Backend::Scalar)
     }
 }
 
-fn avx2_available() -> bool {
+impl std::fmt::Display for Backend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// The x86 features that decide a level or a kernel choice, in `/proc/cpuinfo` spelling
+/// (`amx_tile` is listed to say it is never used).
+pub const CPU_FEATURES: [&str; 13] = [
+    "avx2",
+    "fma",
+    "f16c",
+    "avx512f",
+    "avx512bw",
+    "avx512dq",
+    "avx512vl",
+    "avx512_vnni",
+    "avx512_bf16",
+    "avx512_fp16",
+    "avx_vnni",
+    "avx512vbmi",
+    "amx_tile",
+];
+
+/// Whether the CPU has `feature` (one of [`CPU_FEATURES`] or a required feature).
+pub fn cpu_has(feature: &str) -> bool {
     #[cfg(target_arch = "x86_64")]
     {
-        avx2::available()
+        match feature {
+            "avx2" => is_x86_feature_detected!("avx2"),
+            "fma" => is_x86_feature_detected!("fma"),
+            "f16c" => is_x86_feature_detected!("f16c"),
+            "avx512f" => is_x86_feature_detected!("avx512f"),
+            "avx512bw" => is_x86_feature_detected!("avx512bw"),
+            "avx512dq" => is_x86_feature_detected!("avx512dq"),
+            "avx512vl" => is_x86_feature_detected!("avx512vl"),
+            "avx512_vnni" => is_x86_feature_detected!("avx512vnni"),
+            "avx512_bf16" => is_x86_feature_detected!("avx512bf16"),
+            "avx512_fp16" => is_x86_feature_detected!("avx512fp16"),
+            "avx_vnni" => is_x86_feature_detected!("avxvnni"),
+            "avx512vbmi" => is_x86_feature_detected!("avx512vbmi"),
+            // Not detectable with `is_x86_feature_detected!` on stable Rust: CPUID leaf 7
+            // EDX bit 24, which the kernel also shows only when it enabled the tile state.
+            "amx_tile" => {
+                let leaf7 = std::arch::x86_64::__cpuid_count(7, 0);
+                leaf7.edx & (1 << 24) != 0
+                    && std::fs::read_to_string("/proc/cpuinfo").is_ok_and(|c| c.contains(" amx_tile"))
+            }
+            _ => false,
+        }
     }
     #[cfg(not(target_arch = "x86_64"))]
     {
+        let _ = feature;
         false
     }
+}
+
+/// The level this process runs: `ENGINE_ISA` when set (an error if the name is unknown or the
+/// CPU lacks a feature it needs), else the best the CPU has. Read once; every kernel,
+/// [`vec_dot`], [`matvec`], [`matvec_multi`], [`quantize_row`] and `vmath` follow it.
+pub fn isa() -> Result<Backend, QuantError> {
+    static ISA: OnceLock<Result<Backend, QuantError>> = OnceLock::new();
+    ISA.get_or_init(|| isa_from(std::env::var(ISA_ENV).ok().as_deref())).clone()
+}
+
+/// The level `env` (the value of `ENGINE_ISA`, `None` when unset) asks for on this CPU.
+pub fn isa_from(env: Option<&str>) -> Result<Backend, QuantError> {
+    let Some(name) = env.map(str::trim).filter(|s| !s.is_empty()) else {
+        return Ok(Backend::best());
+    };
+    let level = Backend::from_name(name).ok_or_else(|| QuantError::IsaUnknown(name.to_owned()))?;
+    let missing = level.missing_features();
+    if !missing.is_empty() {
+        return Err(QuantError::IsaUnavailable { level, missing: missing.join(" "), best: Backend::best() });
+    }
+    Ok(level)
+}
+
+/// One line for a log: the CPU's features from [`CPU_FEATURES`] and the level in use, e.g.
+/// `cpu: avx2 fma f16c avx512f … (no amx_tile); isa: avx512 (best available; ENGINE_ISA unset)`.
+pub fn isa_report() -> Result<String, QuantError> {
+    let level = isa()?;
+    let (have, lack): (Vec<&str>, Vec<&str>) = CPU_FEATURES.iter().partition(|f| cpu_has(f));
+    let how = match std::env::var(ISA_ENV) {
+        Ok(v) if !v.trim().is_empty() => format!("{ISA_ENV}={v}"),
+        _ => format!("best available; {ISA_ENV} unset"),
+    };
+    let lack = if lack.is_empty() { String::new() } else { format!(" (no {})", lack.join(" ")) };
+    let mut extras = Vec::new();
+    #[cfg(target_arch = "x86_64")]
+    if level == Backend::Avx512 {
+        extras.push(if avx512::vnni() { "vnni kernels" } else { "no vnni: avx2 integer kernels" });
+        extras.push(if avx512::bf16() { "bf16 dot: avx512_bf16" } else { "bf16 dot: avx512f" });
+    }
+    let extras = if extras.is_empty() { String::new() } else { format!(", {}", extras.join(", ")) };
+    Ok(format!("cpu: {}{lack}; isa: {level} ({how}{extras})", have.join(" ")))
 }
 
 /// `n` elements of weight row `w` dotted with `n` elements of `x` (already in the
@@ -610,18 +724,41 @@ fn scalar_kernel(ty: GgmlType) -> Option<Kernel> {
 }
 
 fn backend_kernel(backend: Backend, ty: GgmlType) -> Option<Kernel> {
+    if !backend.is_available() {
+        return None;
+    }
     match backend {
         Backend::Scalar => scalar_kernel(ty),
-        Backend::Avx2 => {
-            #[cfg(target_arch = "x86_64")]
-            {
-                if avx2::available() { avx2::kernel(ty).or_else(|| scalar_kernel(ty)) } else { None }
-            }
-            #[cfg(not(target_arch = "x86_64"))]
-            {
-                None
-            }
-        }
+        #[cfg(target_arch = "x86_64")]
+        Backend::Avx2 => avx2::kernel(ty).or_else(|| scalar_kernel(ty)),
+        // The AVX-512 set has its own float kernels (ggml's 16-lane shapes); for the other
+        // types it falls back to the AVX2 kernels, which have the same numerics there.
+        #[cfg(target_arch = "x86_64")]
+        Backend::Avx512 => avx512::kernel(ty).or_else(|| avx2::kernel(ty)).or_else(|| scalar_kernel(ty)),
+        #[cfg(not(target_arch = "x86_64"))]
+        _ => None,
+    }
+}
+
+/// A multi-activation kernel and how many activations it takes per call.
+#[derive(Clone, Copy)]
+pub(crate) struct Multi {
+    pub(crate) f: MultiFn,
+    pub(crate) group: usize,
+}
+
+fn backend_multi(backend: Backend, ty: GgmlType) -> Option<Multi> {
+    if !backend.is_available() {
+        return None;
+    }
+    match backend {
+        Backend::Scalar => None,
+        #[cfg(target_arch = "x86_64")]
+        Backend::Avx2 => avx2::multi_kernel(ty),
+        #[cfg(target_arch = "x86_64")]
+        Backend::Avx512 => avx512::multi_kernel(ty).or_else(|| avx2::multi_kernel(ty)),
+        #[cfg(not(target_arch = "x86_64"))]
+        _ => None,
     }
 }
 
@@ -630,17 +767,21 @@ const TABLE_LEN: usize = 43;
 struct Table {
     backend: Backend,
     kernels: [Option<Kernel>; TABLE_LEN],
+    multi: [Option<Multi>; TABLE_LEN],
 }
 
 fn table() -> &'static Table {
     static TABLE: OnceLock<Table> = OnceLock::new();
     TABLE.get_or_init(|| {
-        let backend = if avx2_available() { Backend::Avx2 } else { Backend::Scalar };
+        // A bad ENGINE_ISA is reported by `isa()`; binaries call it first (engine's main does).
+        let backend = isa().unwrap_or_else(|e| panic!("engine::quant: {e}"));
         let mut kernels = [None; TABLE_LEN];
+        let mut multi = [None; TABLE_LEN];
         for ty in GgmlType::ALL {
             kernels[ty as usize] = backend_kernel(backend, ty);
+            multi[ty as usize] = backend_multi(backend, ty);
         }
-        Table { backend, kernels }
+        Table { backend, kernels, multi }
     })
 }
 
@@ -649,7 +790,10 @@ fn kernel(ty: GgmlType) -> Option<Kernel> {
     table().kernels[ty as usize]
 }
 
-/// The backend [`vec_dot`] and [`matvec`] use on this CPU (chosen once).
+/// The backend [`vec_dot`] and [`matvec`] use: the ISA level [`isa`] (chosen once).
+///
+/// # Panics
+/// When `ENGINE_ISA` is invalid for this CPU; call [`isa`] first to get that as an error.
 pub fn backend() -> Backend {
     table().backend
 }
@@ -783,24 +927,59 @@ pub fn matvec_multi(ty: GgmlType, w: &[u8], rows: Range<usize>, cols: usize, xs:
             Err(e) => panic!("matvec_multi: {e}"),
         }
     }
-    let multi = match table().backend {
-        #[cfg(target_arch = "x86_64")]
-        Backend::Avx2 => avx2::multi_kernel(ty),
-        _ => None,
-    };
+    let multi = table().multi[ty as usize];
+    multi_with(multi, w, rows.clone(), cols, rb, xs, outs, |x, o| matvec(ty, w, rows.clone(), cols, x, o));
+}
+
+/// [`matvec_multi`] on a specific backend (for tests and benchmarks).
+pub fn matvec_multi_on(
+    backend: Backend,
+    ty: GgmlType,
+    w: &[u8],
+    rows: Range<usize>,
+    cols: usize,
+    xs: &[&[u8]],
+    outs: &mut [&mut [f32]],
+) -> Result<(), QuantError> {
+    if !backend.is_available() {
+        return Err(QuantError::BackendUnavailable(backend));
+    }
+    check_len(ty, "outputs", xs.len(), outs.len())?;
+    let mut rb = checked_row_bytes(ty, cols)?;
+    for (x, o) in xs.iter().zip(outs.iter()) {
+        rb = check_matvec(ty, w, &rows, cols, x, o)?.0;
+    }
+    let mut err = None;
+    multi_with(backend_multi(backend, ty), w, rows.clone(), cols, rb, xs, outs, |x, o| {
+        if let Err(e) = matvec_on(backend, ty, w, rows.clone(), cols, x, o) {
+            err = Some(e);
+        }
+    });
+    err.map_or(Ok(()), Err)
+}
+
+/// Runs `multi` over groups of activations, or `one` per activation when there is no
+/// multi-activation kernel (or nothing to compute). Lengths are checked by the caller.
+#[expect(clippy::too_many_arguments, reason = "the checked pieces of a matvec_multi call")]
+fn multi_with(
+    multi: Option<Multi>,
+    w: &[u8],
+    rows: Range<usize>,
+    cols: usize,
+    rb: usize,
+    xs: &[&[u8]],
+    outs: &mut [&mut [f32]],
+    mut one: impl FnMut(&[u8], &mut [f32]),
+) {
     let (Some(multi), true) = (multi, rows.end > rows.start && cols > 0) else {
         for (x, o) in xs.iter().zip(outs.iter_mut()) {
-            matvec(ty, w, rows.clone(), cols, x, o);
+            one(x, o);
         }
         return;
     };
     let w = &w[rows.start * rb..rows.end * rb];
-    #[cfg(target_arch = "x86_64")]
-    let group = avx2::MAX_MULTI;
-    #[cfg(not(target_arch = "x86_64"))]
-    let group = 1;
-    for (xg, og) in xs.chunks(group).zip(outs.chunks_mut(group)) {
-        multi(w, rb, xg, og);
+    for (xg, og) in xs.chunks(multi.group).zip(outs.chunks_mut(multi.group)) {
+        (multi.f)(w, rb, xg, og);
     }
 }
 

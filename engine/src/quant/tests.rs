@@ -249,12 +249,14 @@ const WEIGHT_TYPES: [GgmlType; 15] = [
     GgmlType::Q6_K,
 ];
 
+/// Every backend this CPU can run.
 fn backends() -> Vec<Backend> {
-    let mut v = vec![Backend::Scalar];
-    if Backend::Avx2.is_available() {
-        v.push(Backend::Avx2);
-    }
-    v
+    Backend::ALL.into_iter().filter(|b| b.is_available()).collect()
+}
+
+/// The SIMD backends this CPU can run (those whose float order is ggml's).
+fn simd_backends() -> Vec<Backend> {
+    backends().into_iter().filter(|b| *b != Backend::Scalar).collect()
 }
 
 // ---------------------------------------------------------------------------
@@ -545,29 +547,67 @@ fn vec_dot_detects_a_single_changed_quant() {
 
 #[test]
 fn simd_and_scalar_agree() {
-    if !Backend::Avx2.is_available() {
-        eprintln!("AVX2 not available: SIMD/scalar agreement is covered on x86_64 CI machines only");
-        return;
-    }
+    // On x86_64 every CPU this runs on has AVX2 (checked here, so the test cannot pass empty).
+    assert!(!cfg!(target_arch = "x86_64") || Backend::Avx2.is_available(), "x86_64 without AVX2");
     let mut rng = Rng::new(4);
-    for ty in WEIGHT_TYPES {
-        for _ in 0..20 {
-            let n = (1 + rng.range(0, 11) as usize) * ty.block_size().max(32);
-            let w = random_row(ty, n, &mut rng);
-            let x = random_row(ty.vec_dot_type(), n, &mut rng);
-            let a = vec_dot_on(Backend::Scalar, ty, n, &w, &x).unwrap() as f64;
-            let b = vec_dot_on(Backend::Avx2, ty, n, &w, &x).unwrap() as f64;
-            let (_, tol) = expected_dot(ty, &w, &x, n);
-            assert!((a - b).abs() <= 2.0 * tol, "{ty} n={n}: scalar {a}, avx2 {b}");
+    for backend in simd_backends() {
+        for ty in WEIGHT_TYPES {
+            for _ in 0..20 {
+                let n = (1 + rng.range(0, 11) as usize) * ty.block_size().max(32);
+                let w = random_row(ty, n, &mut rng);
+                let x = random_row(ty.vec_dot_type(), n, &mut rng);
+                let a = vec_dot_on(Backend::Scalar, ty, n, &w, &x).unwrap() as f64;
+                let b = vec_dot_on(backend, ty, n, &w, &x).unwrap() as f64;
+                let (_, tol) = expected_dot(ty, &w, &x, n);
+                assert!((a - b).abs() <= 2.0 * tol, "{ty} n={n}: scalar {a}, {backend} {b}");
+            }
         }
     }
 }
 
 #[test]
-fn dispatch_uses_avx2_when_available() {
-    let expected = if Backend::Avx2.is_available() { Backend::Avx2 } else { Backend::Scalar };
-    assert_eq!(backend(), expected);
+fn dispatch_follows_the_isa_level() {
+    // The level is ENGINE_ISA when set (the test runs at whatever level it asks for), else the
+    // best the CPU has.
+    let want = isa_from(std::env::var(ISA_ENV).ok().as_deref()).unwrap();
+    assert_eq!(isa().unwrap(), want);
+    assert_eq!(backend(), want);
+    if std::env::var(ISA_ENV).is_err() {
+        assert_eq!(backend(), Backend::best());
+    }
     assert!(Backend::Scalar.is_available());
+    let report = isa_report().unwrap();
+    assert!(report.contains(&format!("isa: {want}")), "{report}");
+}
+
+#[test]
+fn isa_levels_parse_and_check_the_cpu() {
+    assert_eq!(isa_from(None).unwrap(), Backend::best());
+    assert_eq!(isa_from(Some("")).unwrap(), Backend::best());
+    assert_eq!(isa_from(Some("scalar")).unwrap(), Backend::Scalar);
+    for b in Backend::ALL {
+        assert_eq!(Backend::from_name(b.name()), Some(b));
+        match isa_from(Some(b.name())) {
+            Ok(got) => {
+                assert_eq!(got, b);
+                assert!(b.is_available());
+            }
+            Err(QuantError::IsaUnavailable { level, missing, best }) => {
+                assert_eq!(level, b);
+                assert!(!b.is_available() && !missing.is_empty() && best == Backend::best());
+                let msg = isa_from(Some(b.name())).unwrap_err().to_string();
+                assert!(msg.contains("lacks") && msg.contains(&missing), "{msg}");
+            }
+            Err(e) => panic!("{b}: {e}"),
+        }
+    }
+    let e = isa_from(Some("avx1024")).unwrap_err();
+    assert!(matches!(&e, QuantError::IsaUnknown(n) if n == "avx1024"));
+    assert!(e.to_string().contains("scalar, avx2 or avx512"), "{e}");
+    // A level's features include the lower level's.
+    for w in Backend::ALL.windows(2) {
+        assert!(w[0].required_features().iter().all(|f| w[1].required_features().contains(f)));
+    }
 }
 
 #[test]
@@ -1075,7 +1115,7 @@ fn bad_input_gives_errors() {
     assert!(matches!(try_vec_dot(Q4_K, 256, &w, &x[..291]), Err(QuantError::Length { .. })));
     assert!(matches!(try_vec_dot(Q4_K, 255, &w, &x), Err(QuantError::NotBlockMultiple { .. })));
     assert!(matches!(try_vec_dot(IQ4_XS, 256, &w, &x), Err(QuantError::Unsupported(IQ4_XS))));
-    for b in [Backend::Scalar, Backend::Avx2] {
+    for b in Backend::ALL {
         if b.is_available() {
             assert!(matches!(vec_dot_on(b, Q6_K, 256, &w, &x), Err(QuantError::Length { .. })));
         } else {
@@ -1214,7 +1254,9 @@ fn q8k_bsum(y: &[u8], g: usize) -> i32 {
     i16::from_le_bytes([y[260 + 2 * g], y[261 + 2 * g]]) as i32
 }
 
-fn ggml_order_dot(ty: GgmlType, w: &[u8], x: &[u8], n: usize) -> f32 {
+/// The dot product in the float order of the kernel a llama.cpp build of ISA level `level`
+/// runs for one token (`Avx2` or `Avx512`).
+fn ggml_order_dot(level: Backend, ty: GgmlType, w: &[u8], x: &[u8], n: usize) -> f32 {
     use GgmlType::*;
     let ts = ty.type_size();
     let xs = ty.vec_dot_type().type_size();
@@ -1311,7 +1353,7 @@ fn ggml_order_dot(ty: GgmlType, w: &[u8], x: &[u8], n: usize) -> f32 {
                     h(b, 2 * i)
                 }
             };
-            let wide = ggml_avx512();
+            let wide = level == Backend::Avx512;
             let lanes = if wide { 16 } else { 8 };
             let np = n - n % (4 * lanes);
             let mut acc = vec![[0f32; 16]; 4];
@@ -1337,38 +1379,99 @@ fn ggml_order_dot(ty: GgmlType, w: &[u8], x: &[u8], n: usize) -> f32 {
                 (np..n).fold(f64::from(red), |acc, k| acc + f64::from(val(w, k) * val(x, k))) as f32
             }
         }
+        // ggml_vec_dot_bf16: AVX2 (4 x 8 lanes), AVX512F (2 x 16 lanes) or AVX512-BF16
+        // (`vdpbf16ps`: per lane, the odd product then the even one, each exact in f32 and
+        // added with one rounding); each vector sum is added in f64, then the f64 tail.
+        BF16 => {
+            let val =
+                |b: &[u8], i: usize| f32::from_bits(u32::from(u16::from_le_bytes([b[2 * i], b[2 * i + 1]])) << 16);
+            let reduce16 = |s: &[f32; 16]| ggml_hsum8(&std::array::from_fn(|l| s[l + 8] + s[l]));
+            let (sum, np) = if level == Backend::Avx512 && cpu_has("avx512_bf16") {
+                let np = n - n % 64;
+                let mut c = [[0f32; 16]; 2];
+                for i in (0..np).step_by(64) {
+                    for (h, ch) in c.iter_mut().enumerate() {
+                        for (j, a) in ch.iter_mut().enumerate() {
+                            let k = i + 32 * h + 2 * j;
+                            *a = val(w, k + 1).mul_add(val(x, k + 1), *a);
+                            *a = val(w, k).mul_add(val(x, k), *a);
+                        }
+                    }
+                }
+                (f64::from(reduce16(&c[0])) + f64::from(reduce16(&c[1])), np)
+            } else if level == Backend::Avx512 {
+                let np = n - n % 32;
+                let mut c = [[0f32; 16]; 2];
+                for i in (0..np).step_by(32) {
+                    for (h, ch) in c.iter_mut().enumerate() {
+                        for (l, a) in ch.iter_mut().enumerate() {
+                            *a = val(w, i + 16 * h + l).mul_add(val(x, i + 16 * h + l), *a);
+                        }
+                    }
+                }
+                (f64::from(reduce16(&c[0])) + f64::from(reduce16(&c[1])), np)
+            } else {
+                let np = n - n % 32;
+                let mut c = [[0f32; 8]; 4];
+                for i in (0..np).step_by(32) {
+                    for (j, cj) in c.iter_mut().enumerate() {
+                        for (l, a) in cj.iter_mut().enumerate() {
+                            *a = val(w, i + 8 * j + l).mul_add(val(x, i + 8 * j + l), *a);
+                        }
+                    }
+                }
+                let s: [f32; 8] = std::array::from_fn(|l| (c[0][l] + c[2][l]) + (c[1][l] + c[3][l]));
+                (f64::from(ggml_hsum8(&s)), np)
+            };
+            (np..n).fold(sum, |acc, k| acc + f64::from(val(w, k) * val(x, k))) as f32
+        }
         _ => unreachable!("no ggml-order model for {ty}"),
     }
 }
 
 #[test]
-fn avx2_kernels_follow_ggml_float_order_bit_for_bit() {
-    if !Backend::Avx2.is_available() {
-        // The property is about the AVX2 kernels; the scalar ones promise no order.
-        assert!(!cfg!(target_arch = "x86_64") || !is_x86_feature_detected!("avx2"));
-        return;
-    }
+fn simd_kernels_follow_ggml_float_order_bit_for_bit() {
+    // The property is about the SIMD kernels; the scalar ones promise no order.
+    assert!(!cfg!(target_arch = "x86_64") || Backend::Avx2.is_available(), "x86_64 without AVX2");
     let mut rng = Rng::new(11);
-    for ty in [GgmlType::Q8_0, GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K, GgmlType::F32, GgmlType::F16] {
-        // Block counts: odd, even, above the row loops' precomputation limits.
-        for cols in [256, 768, 1024, 2048, 4352, 17408] {
-            let cols = if ty.block_size() == 1 { cols + 37 } else { cols };
-            let rows = 19;
-            let rb = ty.row_bytes(cols).unwrap();
-            let w: Vec<u8> = (0..rows).flat_map(|_| random_row(ty, cols, &mut rng)).collect();
-            let x = random_row(ty.vec_dot_type(), cols, &mut rng);
-            let mut out = vec![f32::NAN; rows];
-            matvec_on(Backend::Avx2, ty, &w, 0..rows, cols, &x, &mut out).unwrap();
-            for (r, o) in out.iter().enumerate() {
-                let row = &w[r * rb..(r + 1) * rb];
-                let want = ggml_order_dot(ty, row, &x, cols);
-                let one = vec_dot_on(Backend::Avx2, ty, cols, row, &x).unwrap();
-                assert_eq!(o.to_bits(), want.to_bits(), "{ty} {cols} cols row {r}: matvec {o} vs ggml order {want}");
-                assert_eq!(
-                    one.to_bits(),
-                    want.to_bits(),
-                    "{ty} {cols} cols row {r}: vec_dot {one} vs ggml order {want}"
-                );
+    for backend in simd_backends() {
+        for ty in [
+            GgmlType::Q8_0,
+            GgmlType::Q4_K,
+            GgmlType::Q5_K,
+            GgmlType::Q6_K,
+            GgmlType::F32,
+            GgmlType::F16,
+            GgmlType::BF16,
+        ] {
+            // Block counts: odd, even, above the row loops' precomputation limits; 19 rows (not a
+            // multiple of the 2- or 8-row steps).
+            for cols in [256usize, 768, 1024, 1056, 2048, 4352, 17408] {
+                let cols = if ty.block_size() == 1 { cols + 37 } else { cols };
+                if !cols.is_multiple_of(ty.block_size()) {
+                    continue;
+                }
+                let rows = 19;
+                let rb = ty.row_bytes(cols).unwrap();
+                let w: Vec<u8> = (0..rows).flat_map(|_| random_row(ty, cols, &mut rng)).collect();
+                let x = random_row(ty.vec_dot_type(), cols, &mut rng);
+                let mut out = vec![f32::NAN; rows];
+                matvec_on(backend, ty, &w, 0..rows, cols, &x, &mut out).unwrap();
+                for (r, o) in out.iter().enumerate() {
+                    let row = &w[r * rb..(r + 1) * rb];
+                    let want = ggml_order_dot(backend, ty, row, &x, cols);
+                    let one = vec_dot_on(backend, ty, cols, row, &x).unwrap();
+                    assert_eq!(
+                        o.to_bits(),
+                        want.to_bits(),
+                        "{backend} {ty} {cols} cols row {r}: matvec {o} vs ggml order {want}"
+                    );
+                    assert_eq!(
+                        one.to_bits(),
+                        want.to_bits(),
+                        "{backend} {ty} {cols} cols row {r}: vec_dot {one} vs ggml order {want}"
+                    );
+                }
             }
         }
     }
@@ -1377,31 +1480,54 @@ fn avx2_kernels_follow_ggml_float_order_bit_for_bit() {
 #[test]
 fn matvec_multi_is_bit_identical_to_matvec() {
     let mut rng = Rng::new(12);
-    for ty in WEIGHT_TYPES {
-        if ty == GgmlType::Q8_1 {
-            continue; // activation-only type
-        }
-        for cols in [256, 512, 1024, 17408] {
-            let rows = 13;
-            let w: Vec<u8> = (0..rows).flat_map(|_| random_row(ty, cols, &mut rng)).collect();
-            for n_act in [1, 3, 4, 6] {
-                let xs: Vec<Vec<u8>> = (0..n_act).map(|_| random_row(ty.vec_dot_type(), cols, &mut rng)).collect();
-                let xr: Vec<&[u8]> = xs.iter().map(Vec::as_slice).collect();
-                let mut outs = vec![vec![f32::NAN; 11]; n_act];
-                let mut or: Vec<&mut [f32]> = outs.iter_mut().map(Vec::as_mut_slice).collect();
-                matvec_multi(ty, &w, 2..13, cols, &xr, &mut or);
-                for (t, x) in xs.iter().enumerate() {
-                    let mut one = vec![f32::NAN; 11];
-                    matvec(ty, &w, 2..13, cols, x, &mut one);
-                    for (i, (a, b)) in outs[t].iter().zip(&one).enumerate() {
-                        assert_eq!(
-                            a.to_bits(),
-                            b.to_bits(),
-                            "{ty} {cols} cols, {n_act} activations, t {t} row {i}: {a} vs {b}"
-                        );
+    for backend in backends() {
+        for ty in WEIGHT_TYPES {
+            if ty == GgmlType::Q8_1 {
+                continue; // activation-only type
+            }
+            // Block counts below, at and above the multi kernels' stack limits.
+            for cols in [256usize, 512, 1024, 4096, 4352, 17408] {
+                if !cols.is_multiple_of(ty.block_size()) {
+                    continue;
+                }
+                let rows = 13;
+                let w: Vec<u8> = (0..rows).flat_map(|_| random_row(ty, cols, &mut rng)).collect();
+                for n_act in [1, 3, 4, 6, 8, 9, 17] {
+                    let xs: Vec<Vec<u8>> = (0..n_act).map(|_| random_row(ty.vec_dot_type(), cols, &mut rng)).collect();
+                    let xr: Vec<&[u8]> = xs.iter().map(Vec::as_slice).collect();
+                    let mut outs = vec![vec![f32::NAN; 11]; n_act];
+                    let mut or: Vec<&mut [f32]> = outs.iter_mut().map(Vec::as_mut_slice).collect();
+                    matvec_multi_on(backend, ty, &w, 2..13, cols, &xr, &mut or).unwrap();
+                    for (t, x) in xs.iter().enumerate() {
+                        let mut one = vec![f32::NAN; 11];
+                        matvec_on(backend, ty, &w, 2..13, cols, x, &mut one).unwrap();
+                        for (i, (a, b)) in outs[t].iter().zip(&one).enumerate() {
+                            assert_eq!(
+                                a.to_bits(),
+                                b.to_bits(),
+                                "{backend} {ty} {cols} cols, {n_act} activations, t {t} row {i}: {a} vs {b}"
+                            );
+                        }
                     }
                 }
             }
         }
+    }
+}
+
+#[test]
+fn matvec_multi_at_the_process_level_matches_matvec() {
+    let mut rng = Rng::new(13);
+    let (ty, cols, rows) = (GgmlType::Q4_K, 1024, 16);
+    let w: Vec<u8> = (0..rows).flat_map(|_| random_row(ty, cols, &mut rng)).collect();
+    let xs: Vec<Vec<u8>> = (0..5).map(|_| random_row(ty.vec_dot_type(), cols, &mut rng)).collect();
+    let xr: Vec<&[u8]> = xs.iter().map(Vec::as_slice).collect();
+    let mut outs = vec![vec![f32::NAN; rows]; 5];
+    let mut or: Vec<&mut [f32]> = outs.iter_mut().map(Vec::as_mut_slice).collect();
+    matvec_multi(ty, &w, 0..rows, cols, &xr, &mut or);
+    for (t, x) in xs.iter().enumerate() {
+        let mut one = vec![f32::NAN; rows];
+        matvec_on(backend(), ty, &w, 0..rows, cols, x, &mut one).unwrap();
+        assert_eq!(outs[t], one, "activation {t}");
     }
 }
