@@ -975,6 +975,40 @@ pub(super) fn hsum_epi32(v: __m256i) -> i32 {
     _mm_cvtsi128_si32(_mm_add_epi32(s, _mm_shuffle_epi32::<0b01>(s)))
 }
 
+/// ggml-cpu's x86 `quantize_row_q8_0` (its AVX2 path, [`super::Q8Flavor::X86`]), instruction
+/// for instruction: `amax` by vector max in ggml's order, `d = amax / 127`,
+/// `id = amax != 0 ? 127 / amax : 0`, `round(x * id)` to nearest even, saturating packs.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) fn quantize_q8_0_x86(src: &[f32], dst: &mut [u8]) {
+    let (xs, _) = src.as_chunks::<32>();
+    let (ys, _) = dst.as_chunks_mut::<Q8_0_BYTES>();
+    let sign = _mm256_set1_ps(-0.0);
+    for (x, y) in xs.iter().zip(ys.iter_mut()) {
+        // SAFETY: `x` is 32 in-bounds f32; `loadu` has no alignment requirement.
+        let v: [__m256; 4] = std::array::from_fn(|k| unsafe { _mm256_loadu_ps(x.as_ptr().add(8 * k)) });
+        let mut max = _mm256_andnot_ps(sign, v[0]);
+        for vk in &v[1..] {
+            max = _mm256_max_ps(max, _mm256_andnot_ps(sign, *vk));
+        }
+        let m4 = _mm_max_ps(_mm256_extractf128_ps::<1>(max), _mm256_castps256_ps128(max));
+        let m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+        let amax = _mm_cvtss_f32(_mm_max_ss(m4, _mm_movehdup_ps(m4)));
+        y[0..2].copy_from_slice(&super::float::f32_to_f16_bits(amax / 127.0).to_le_bytes());
+        let id = _mm256_set1_ps(if amax != 0.0 { 127.0 / amax } else { 0.0 });
+        let q = |k: usize| {
+            _mm256_cvtps_epi32(_mm256_round_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(_mm256_mul_ps(
+                v[k], id,
+            )))
+        };
+        let i01 = _mm256_packs_epi32(q(0), q(1));
+        let i23 = _mm256_packs_epi32(q(2), q(3));
+        let b = _mm256_permutevar8x32_epi32(_mm256_packs_epi16(i01, i23), _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+        let out: &mut [u8; 32] = (&mut y[2..34]).try_into().expect("32 bytes");
+        // SAFETY: `out` is 32 in-bounds bytes; `storeu` has no alignment requirement.
+        unsafe { _mm256_storeu_si256(out.as_mut_ptr().cast(), b) };
+    }
+}
+
 /// `f32 -> f16` with F16C (round to nearest even, like ggml); eight lanes that
 /// hold a NaN go to the scalar conversion, which writes ggml's `0x7e00` NaN.
 #[target_feature(enable = "avx2,fma,f16c")]

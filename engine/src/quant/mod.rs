@@ -477,6 +477,11 @@ pub fn quantize_row_q8_0_with(ty: GgmlType, flavor: Q8Flavor, src: &[f32], dst: 
     let nbytes = checked_row_bytes(ty, src.len())?;
     check_len(ty, "quantized row", nbytes, dst.len())?;
     match ty {
+        #[cfg(target_arch = "x86_64")]
+        GgmlType::Q8_0 if flavor == Q8Flavor::X86 && backend() != Backend::Scalar => {
+            // SAFETY: the avx2 and avx512 levels are granted only on CPUs with AVX2, FMA, F16C.
+            unsafe { avx2::quantize_q8_0_x86(src, dst) }
+        }
         GgmlType::Q8_0 => q8::quantize_q8_0(flavor, src, dst),
         GgmlType::Q8_1 => q8::quantize_q8_1(flavor, src, dst),
         _ => return Err(QuantError::Unsupported(ty)),

@@ -858,6 +858,28 @@ fn quantize_q8_0_and_q8_1_bit_exact_with_ggml_algorithms() {
     }
 }
 
+#[cfg(target_arch = "x86_64")]
+#[test]
+fn simd_x86_q8_0_quantizer_matches_the_scalar_one() {
+    assert!(Backend::Avx2.is_available(), "x86_64 without AVX2");
+    let mut rng = Rng::new(17);
+    let mut vectors = activation_vectors(&mut rng);
+    // Infinities and NaN in some blocks (ggml's garbage, the same bytes in both).
+    let mut odd = vectors[1].clone();
+    odd[5] = f32::INFINITY;
+    odd[70] = f32::NEG_INFINITY;
+    odd[200] = 3.4e38;
+    vectors.push(odd);
+    for x in vectors {
+        let mut simd = vec![0u8; GgmlType::Q8_0.row_bytes(x.len()).unwrap()];
+        let mut scalar = simd.clone();
+        // SAFETY: AVX2, FMA and F16C were checked above (the avx2 level needs all three).
+        unsafe { super::avx2::quantize_q8_0_x86(&x, &mut simd) };
+        q8::quantize_q8_0(Q8Flavor::X86, &x, &mut scalar);
+        assert_eq!(simd, scalar);
+    }
+}
+
 #[test]
 fn quantize_q8_0_known_vector() {
     // amax = 127 -> d = 1 (f16 0x3c00), id = 1 in every flavour, so q = round(x).
