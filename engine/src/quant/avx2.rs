@@ -669,24 +669,25 @@ pub(super) fn dot_q6_k(w: &[u8], x: &[u8]) -> f32 {
     hsum_ps(acc)
 }
 
-/// Scale vectors for two 32-byte quant vectors `k`, `k+1` of a 128-element half
-/// whose i16 products are interleaved (`interleave_sum`): each vector covers two
-/// 16-element sub-blocks (low lane `s`, high lane `s+1`, `s = 8h + 2k`), so the
-/// low lane needs the i16 pair `(sc[s], sc[s+2])` and the high lane
-/// `(sc[s+1], sc[s+3])`. Used by the `Q3_K` and `Q2_K` kernels.
+/// The i16 scales of the 32-element group `k` (0..4) of a half whose 8 sub-block scales (as
+/// i16) `half` holds in both 128-bit lanes: `scale 2k` for the first 16 elements (lane 0),
+/// `scale 2k + 1` for the other 16 (ggml's `get_scale_shuffle_q3k`).
 #[inline]
 #[target_feature(enable = "avx2")]
-fn scales_16_pair(scales: __m128i, s: usize) -> __m256i {
-    let s = s as i8;
-    let idx =
-        _mm_setr_epi8(s, s + 2, s, s + 2, s, s + 2, s, s + 2, s + 1, s + 3, s + 1, s + 3, s + 1, s + 3, s + 1, s + 3);
-    _mm256_cvtepi8_epi16(_mm_shuffle_epi8(scales, idx))
+fn group_scales_16(half: __m256i, k: usize) -> __m256i {
+    let (a, b) = ((4 * k) as i8, (4 * k + 2) as i8);
+    let lo = _mm_setr_epi8(a, a + 1, a, a + 1, a, a + 1, a, a + 1, a, a + 1, a, a + 1, a, a + 1, a, a + 1);
+    let hi = _mm_setr_epi8(b, b + 1, b, b + 1, b, b + 1, b, b + 1, b, b + 1, b, b + 1, b, b + 1, b, b + 1);
+    _mm256_shuffle_epi8(half, _mm256_set_m128i(hi, lo))
 }
 
+/// The 16 sub-block scales (i8) of a 16-element-sub-block K-quant as i16, one vector per
+/// 128-element half, each half's 8 scales in both 128-bit lanes (ggml's `scales[2]`).
 #[inline]
 #[target_feature(enable = "avx2")]
-fn interleave_sum(a: __m256i, b: __m256i) -> __m256i {
-    _mm256_add_epi16(_mm256_unpacklo_epi16(a, b), _mm256_unpackhi_epi16(a, b))
+fn halves_scales_16(scales8: __m128i) -> [__m256i; 2] {
+    let all = _mm256_cvtepi8_epi16(scales8);
+    [_mm256_permute2x128_si256::<0x00>(all, all), _mm256_permute2x128_si256::<0x11>(all, all)]
 }
 
 /// The 16 `Q3_K` 6-bit scales minus 32, as i8.
@@ -707,6 +708,10 @@ fn q3k_scales(b: &[u8; 12]) -> __m128i {
     _mm_sub_epi8(v, _mm_set1_epi8(32))
 }
 
+/// `Q3_K x Q8_K` in ggml's x86 order (`ggml_vec_dot_q3_K_q8_K`, AVX2 path; the same at both
+/// levels): per block, 8 i32 lanes `sum_g scale(2g + m/4) * (products 4m..4m+3 of 32-element
+/// group g)` with the signed quants `low2 - 4 * !hbit` (two `vpmaddubsw`, subtracted), then
+/// `acc = fma(dy*d, lanes, acc)`; one `hsum_float_8` at the end.
 #[target_feature(enable = "avx2,fma,f16c")]
 fn dot_q3_k(w: &[u8], x: &[u8]) -> f32 {
     let (wb, _) = w.as_chunks::<Q3_K_BYTES>();
@@ -716,65 +721,98 @@ fn dot_q3_k(w: &[u8], x: &[u8]) -> f32 {
     let mut acc = _mm256_setzero_ps();
     for (a, y) in wb.iter().zip(xb) {
         prefetch_block(a);
-        let dw = f16_at(a, 108);
-        let dy = f32_at(y, 0);
-        let scales = q3k_scales(a[96..108].try_into().expect("12 bytes"));
-        // q = (low2 + 4*hbit) - 4: bias removed through bsums.
-        let bias = _mm256_slli_epi32::<2>(_mm256_madd_epi16(_mm256_cvtepi8_epi16(scales), ld256(y, 260)));
-        let mut hb = ld256(a, 0);
+        let d = f32_at(y, 0) * f16_at(a, 108);
+        let scales = halves_scales_16(q3k_scales(a[96..108].try_into().expect("12 bytes")));
+        // The inverted high bits: `4 * !hbit` is subtracted from the low two bits.
+        let nh = _mm256_andnot_si256(ld256(a, 0), _mm256_set1_epi8(-1));
         let mut sumi = _mm256_setzero_si256();
-        for h in 0..2 {
-            let mut lowbits = ld256(a, 32 + 32 * h);
+        for (j, sc) in scales.iter().enumerate() {
+            let bits = ld256(a, 32 + 32 * j);
             let mut p = [_mm256_setzero_si256(); 4];
             for (k, pk) in p.iter_mut().enumerate() {
-                let hi = _mm256_slli_epi16::<2>(_mm256_and_si256(hb, one));
-                hb = _mm256_srli_epi16::<1>(hb);
-                let q = _mm256_or_si256(_mm256_and_si256(lowbits, m3), hi);
-                lowbits = _mm256_srli_epi16::<2>(lowbits);
-                *pk = _mm256_maddubs_epi16(q, ld256(y, 4 + 128 * h + 32 * k));
+                let low = _mm256_and_si256(_mm256_srl_epi16(bits, _mm_cvtsi32_si128(2 * k as i32)), m3);
+                let hb = _mm256_and_si256(_mm256_srl_epi16(nh, _mm_cvtsi32_si128((4 * j + k) as i32)), one);
+                let y8 = ld256(y, 4 + 128 * j + 32 * k);
+                let q = _mm256_sub_epi16(
+                    _mm256_maddubs_epi16(low, y8),
+                    _mm256_maddubs_epi16(_mm256_slli_epi16::<2>(hb), y8),
+                );
+                *pk = _mm256_madd_epi16(group_scales_16(*sc, k), q);
             }
-            let s01 = _mm256_madd_epi16(interleave_sum(p[0], p[1]), scales_16_pair(scales, 8 * h));
-            let s23 = _mm256_madd_epi16(interleave_sum(p[2], p[3]), scales_16_pair(scales, 8 * h + 4));
-            sumi = _mm256_add_epi32(sumi, _mm256_add_epi32(s01, s23));
+            sumi = _mm256_add_epi32(sumi, _mm256_add_epi32(_mm256_add_epi32(p[0], p[1]), _mm256_add_epi32(p[2], p[3])));
         }
-        let sumi = _mm256_sub_epi32(sumi, bias);
-        acc = _mm256_fmadd_ps(_mm256_set1_ps(dw * dy), _mm256_cvtepi32_ps(sumi), acc);
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
     }
     hsum_ps(acc)
 }
 
+/// The `Q2_K` quants of group `k` (0..4) of half `j`: 2-bit plane `k` of `qs[32j..32j+32]`.
+#[inline]
+#[target_feature(enable = "avx2")]
+fn q2k_group(a: &[u8; Q2_K_BYTES], j: usize, k: usize) -> __m256i {
+    _mm256_and_si256(_mm256_srl_epi16(ld256(a, 16 + 32 * j), _mm_cvtsi32_si128(2 * k as i32)), _mm256_set1_epi8(3))
+}
+
+/// One `Q2_K` block in ggml's `ggml_vec_dot_q2_K_q8_K` lane layout: the 8 i32 lanes
+/// `sum_g scale(2g + m/4) * (products 4m..4m+3 of group g)`, and the 8 lanes
+/// `min(2l) * bsum(2l) + min(2l+1) * bsum(2l+1)`.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn q2k_block(a: &[u8; Q2_K_BYTES], y: &[u8; Q8_K_BYTES]) -> (__m256i, __m256i) {
+    let m4 = _mm_set1_epi8(0xf);
+    let sm = ld128(a, 0);
+    let mins = _mm256_madd_epi16(_mm256_cvtepi8_epi16(_mm_and_si128(_mm_srli_epi16::<4>(sm), m4)), ld256(y, 260));
+    let scales = halves_scales_16(_mm_and_si128(sm, m4));
+    let mut sumi = _mm256_setzero_si256();
+    for (j, sc) in scales.iter().enumerate() {
+        let mut p = [_mm256_setzero_si256(); 4];
+        for (k, pk) in p.iter_mut().enumerate() {
+            let q = _mm256_maddubs_epi16(q2k_group(a, j, k), ld256(y, 4 + 128 * j + 32 * k));
+            *pk = _mm256_madd_epi16(group_scales_16(*sc, k), q);
+        }
+        sumi = _mm256_add_epi32(sumi, _mm256_add_epi32(_mm256_add_epi32(p[0], p[1]), _mm256_add_epi32(p[2], p[3])));
+    }
+    (sumi, mins)
+}
+
+/// `Q2_K x Q8_K` in ggml's x86 order (`ggml_vec_dot_q2_K_q8_K`, AVX2 path), which an AVX2 build
+/// runs: per block `acc = fma(-dy*dmin, min lanes, acc)`, then `acc = fma(dy*d, lanes, acc)`
+/// ([`q2k_block`]); one `hsum_float_8` at the end.
 #[target_feature(enable = "avx2,fma,f16c")]
 fn dot_q2_k(w: &[u8], x: &[u8]) -> f32 {
     let (wb, _) = w.as_chunks::<Q2_K_BYTES>();
     let (xb, _) = x.as_chunks::<Q8_K_BYTES>();
-    let m3 = _mm256_set1_epi8(3);
-    let m4 = _mm_set1_epi8(0xf);
     let mut acc = _mm256_setzero_ps();
     for (a, y) in wb.iter().zip(xb) {
         prefetch_block(a);
         let (dw, dminw) = f16x2_at(a, 80);
         let dy = f32_at(y, 0);
-        let sm = ld128(a, 0);
-        let scales = _mm_and_si128(sm, m4);
-        let mins = _mm_and_si128(_mm_srli_epi16::<4>(sm), m4);
-        let summs = _mm256_madd_epi16(_mm256_cvtepu8_epi16(mins), ld256(y, 260));
-        acc = _mm256_fmadd_ps(_mm256_set1_ps(-dminw * dy), _mm256_cvtepi32_ps(summs), acc);
-        let mut sumi = _mm256_setzero_si256();
-        for h in 0..2 {
-            let mut bits = ld256(a, 16 + 32 * h);
-            let mut p = [_mm256_setzero_si256(); 4];
-            for (k, pk) in p.iter_mut().enumerate() {
-                let q = _mm256_and_si256(bits, m3);
-                bits = _mm256_srli_epi16::<2>(bits);
-                *pk = _mm256_maddubs_epi16(q, ld256(y, 4 + 128 * h + 32 * k));
-            }
-            let s01 = _mm256_madd_epi16(interleave_sum(p[0], p[1]), scales_16_pair(scales, 8 * h));
-            let s23 = _mm256_madd_epi16(interleave_sum(p[2], p[3]), scales_16_pair(scales, 8 * h + 4));
-            sumi = _mm256_add_epi32(sumi, _mm256_add_epi32(s01, s23));
-        }
-        acc = _mm256_fmadd_ps(_mm256_set1_ps(dw * dy), _mm256_cvtepi32_ps(sumi), acc);
+        let (sumi, mins) = q2k_block(a, y);
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(-dy * dminw), _mm256_cvtepi32_ps(mins), acc);
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(dy * dw), _mm256_cvtepi32_ps(sumi), acc);
     }
     hsum_ps(acc)
+}
+
+/// `Q2_K x Q8_K` in the order of llama.cpp's repacked `ggml_gemv_q2_K_8x8_q8_K` (AVX2 code),
+/// which a build with AVX-512 runs for every `Q2_K` matrix with a multiple of 8 rows (ggml
+/// repacks `Q2_K` only when `ggml_cpu_has_avx512()`): per block the whole integers
+/// `isum = sum_s scale_s * dot_s` and `imin = sum_s min_s * bsum_s`, then
+/// `acc = fma(isum, d*dy, acc)`, `accm = fma(imin, dmin*dy, accm)`; the result is `acc - accm`.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) fn dot_q2_k_repacked(w: &[u8], x: &[u8]) -> f32 {
+    let (wb, _) = w.as_chunks::<Q2_K_BYTES>();
+    let (xb, _) = x.as_chunks::<Q8_K_BYTES>();
+    let (mut acc, mut accm) = (0f32, 0f32);
+    for (a, y) in wb.iter().zip(xb) {
+        prefetch_block(a);
+        let (dw, dminw) = f16x2_at(a, 80);
+        let dy = f32_at(y, 0);
+        let (sumi, mins) = q2k_block(a, y);
+        acc = (hsum_epi32(sumi) as f32).mul_add(dw * dy, acc);
+        accm = (hsum_epi32(mins) as f32).mul_add(dminw * dy, accm);
+    }
+    acc - accm
 }
 
 // ---------------------------------------------------------------------------
@@ -1077,6 +1115,11 @@ macro_rules! entry {
         }
         Kernel { vec_dot, matvec }
     }};
+}
+
+/// The `Q2_K` kernel of the `avx512` level ([`dot_q2_k_repacked`]; AVX2 code).
+pub(super) fn kernel_q2_k_repacked() -> Option<Kernel> {
+    available().then(|| entry!(dot_q2_k_repacked))
 }
 
 /// The AVX2 kernel for `ty`, if there is one. Callers must have checked

@@ -845,8 +845,9 @@ macro_rules! entry {
     }};
 }
 
-/// The AVX-512 kernel for `ty`, if there is one: always for the float types (ggml's AVX-512
-/// shapes), for `Q8_0`, `Q4_K`, `Q5_K`, `Q6_K` when the CPU has VNNI.
+/// The AVX-512 level's own kernel for `ty`, if there is one: always for the float types
+/// (ggml's AVX-512 shapes) and `Q2_K` (the repacked order of an AVX-512 build), for `Q8_0`,
+/// `Q4_K`, `Q5_K`, `Q6_K` when the CPU has VNNI.
 pub(super) fn kernel(ty: GgmlType) -> Option<Kernel> {
     if !available() {
         return None;
@@ -857,6 +858,8 @@ pub(super) fn kernel(ty: GgmlType) -> Option<Kernel> {
         F16 => entry!("avx512f,avx512dq,avx2,fma", dot_f16),
         BF16 if bf16() => entry!("avx512f,avx512dq,avx512bf16,avx2,fma", dot_bf16_dp),
         BF16 => entry!("avx512f,avx512dq,avx2,fma", dot_bf16_f),
+        // A build with AVX-512 repacks Q2_K (`ggml_gemv_q2_K_8x8_q8_K` order).
+        Q2_K => return avx2::kernel_q2_k_repacked(),
         Q8_0 if vnni() => entry!(@wrap dot_q8_0, rows_q8_0),
         Q4_K if vnni() => entry!(@wrap dot_q4_k, rows_q4_k),
         Q5_K if vnni() => entry!("avx512f,avx512bw,avx512dq,avx512vl,avx512vnni,avx2,fma,f16c", dot_q5_k),

@@ -1401,6 +1401,63 @@ fn ggml_order_dot(level: Backend, ty: GgmlType, w: &[u8], x: &[u8], n: usize) ->
                 (np..n).fold(f64::from(red), |acc, k| acc + f64::from(val(w, k) * val(x, k))) as f32
             }
         }
+        // Q2_K: ggml_vec_dot_q2_K_q8_K (AVX2) at the avx2 level; the repacked
+        // ggml_gemv_q2_K_8x8_q8_K at the avx512 level. Q3_K: ggml_vec_dot_q3_K_q8_K (AVX2).
+        Q2_K | Q3_K => {
+            let mut acc = [0f32; 8];
+            let (mut acc1, mut accm1) = (0f32, 0f32);
+            for (a, y) in w.chunks_exact(ts).zip(x.chunks_exact(xs)) {
+                // (quant, scale) of element e.
+                let elem = |e: usize| -> (i32, i32) {
+                    let (hf, k, l) = (e / 128, (e % 128) / 32, e % 32);
+                    let s = e / 16;
+                    if ty == Q2_K {
+                        (((a[16 + 32 * hf + l] >> (2 * k)) & 3) as i32, (a[s] & 15) as i32)
+                    } else {
+                        let low = ((a[32 + 32 * hf + l] >> (2 * k)) & 3) as i32;
+                        let hbit = (a[l] >> (4 * hf + k)) & 1;
+                        let sc = &a[96..108];
+                        let lo4 = if s < 8 { sc[s] & 15 } else { sc[s - 8] >> 4 };
+                        let hi2 = (sc[8 + s % 4] >> (2 * (s / 4))) & 3;
+                        (low - if hbit == 1 { 0 } else { 4 }, (lo4 | (hi2 << 4)) as i32 - 32)
+                    }
+                };
+                let dy = q8k_d(y);
+                let lane = |m: usize| -> i32 {
+                    (0..8)
+                        .flat_map(|g| 32 * g + 4 * m..32 * g + 4 * m + 4)
+                        .map(|e| {
+                            let (q, sc) = elem(e);
+                            sc * q * i8at(y, 4 + e)
+                        })
+                        .sum()
+                };
+                if ty == Q3_K {
+                    let d = dy * h(a, 108);
+                    for (m, am) in acc.iter_mut().enumerate() {
+                        *am = d.mul_add(lane(m) as f32, *am);
+                    }
+                    continue;
+                }
+                let min = |s: usize| (a[s] >> 4) as i32;
+                let (dw, dminw) = (h(a, 80), h(a, 82));
+                if level == Backend::Avx512 {
+                    let isum: i32 = (0..8).map(lane).sum();
+                    let imin: i32 = (0..16).map(|s| min(s) * q8k_bsum(y, s)).sum();
+                    acc1 = (isum as f32).mul_add(dw * dy, acc1);
+                    accm1 = (imin as f32).mul_add(dminw * dy, accm1);
+                } else {
+                    for (l, al) in acc.iter_mut().enumerate() {
+                        let ml = min(2 * l) * q8k_bsum(y, 2 * l) + min(2 * l + 1) * q8k_bsum(y, 2 * l + 1);
+                        *al = (-dy * dminw).mul_add(ml as f32, *al);
+                    }
+                    for (m, am) in acc.iter_mut().enumerate() {
+                        *am = (dy * dw).mul_add(lane(m) as f32, *am);
+                    }
+                }
+            }
+            if ty == Q2_K && level == Backend::Avx512 { acc1 - accm1 } else { ggml_hsum8(&acc) }
+        }
         // ggml_vec_dot_bf16: AVX2 (4 x 8 lanes), AVX512F (2 x 16 lanes) or AVX512-BF16
         // (`vdpbf16ps`: per lane, the odd product then the even one, each exact in f32 and
         // added with one rounding); each vector sum is added in f64, then the f64 tail.
