@@ -349,8 +349,8 @@ fn q8_0_two_rows(
         let s = _mm512_dpbusd_epi32(_mm512_broadcast_i64x4(off[b]), w, bcast256(&xb[b], 2));
         _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(s), acc)
     };
-    for i in 0..nb / 4 {
-        let d8 = _mm512_castps256_ps512(_mm256_mul_ps(f16_scales_2x4(ra, rb, i), dx[i]));
+    for (i, dxi) in dx.iter().enumerate() {
+        let d8 = _mm512_castps256_ps512(_mm256_mul_ps(f16_scales_2x4(ra, rb, i), *dxi));
         for k in 0..4 {
             acc = block(4 * i + k, _mm512_permutexvar_ps(lanes_k_4k(k as i32), d8), acc);
         }
