@@ -964,7 +964,8 @@ pub fn matvec_multi_on(
 }
 
 /// Runs `multi` over groups of activations, or `one` per activation when there is no
-/// multi-activation kernel (or nothing to compute). Lengths are checked by the caller.
+/// multi-activation kernel, nothing to compute, or a group of one. Lengths are checked by the
+/// caller.
 #[expect(clippy::too_many_arguments, reason = "the checked pieces of a matvec_multi call")]
 fn multi_with(
     multi: Option<Multi>,
@@ -982,9 +983,14 @@ fn multi_with(
         }
         return;
     };
-    let w = &w[rows.start * rb..rows.end * rb];
+    let wr = &w[rows.start * rb..rows.end * rb];
     for (xg, og) in xs.chunks(multi.group).zip(outs.chunks_mut(multi.group)) {
-        (multi.f)(w, rb, xg, og);
+        if let ([x], [o]) = (xg, &mut *og) {
+            // One activation (decode): the matvec kernel, which is made for it.
+            one(x, o);
+        } else {
+            (multi.f)(wr, rb, xg, og);
+        }
     }
 }
 
