@@ -494,17 +494,24 @@ fn nibbles64<const N: usize>(a: &[u8; N], qs: usize, c: usize) -> __m512i {
     _mm512_and_si512(_mm512_srlv_epi16(bcast256(a, qs + 32 * c), shift), _mm512_set1_epi8(0x0f))
 }
 
-/// `sum_j scale_j * dot_j` over the four 64-element chunks of a nibble-quant block, as 16
-/// i32 lanes (lanes `l` and `l + 8` of chunk `c` belong to sub-blocks `2c` and `2c + 1`);
-/// `q(c)` gives chunk `c`'s quants, `sc` holds the 8 scales as words `8L..8L+8` of the
-/// 128-bit lane `L`.
+/// The scale vectors of the four 64-element chunks of a nibble-quant block: chunk `c`'s words
+/// 0..16 hold scale `2c`, words 16..32 scale `2c + 1`; `sc` holds the 8 scales as words
+/// `8L..8L+8` of the 128-bit lane `L`.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw")]
+fn k4_scale_vectors(sc: __m512i, lane: usize) -> [__m512i; 4] {
+    std::array::from_fn(|c| _mm512_permutexvar_epi16(two_words(8 * lane + 2 * c, 8 * lane + 2 * c + 1), sc))
+}
+
+/// `sum_j scale_j * dot_j` over the four 64-element chunks of a nibble-quant block, as 16 i32
+/// lanes (lanes `l` and `l + 8` of chunk `c` belong to sub-blocks `2c` and `2c + 1`); `q(c)`
+/// gives chunk `c`'s quants, `s` the scale vectors of [`k4_scale_vectors`].
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
-fn k4_int(q: impl Fn(usize) -> __m512i, y: &[u8; Q8_K_BYTES], sc: __m512i, lane: usize) -> __m512i {
+fn k4_int(q: impl Fn(usize) -> __m512i, y: &[u8; Q8_K_BYTES], s: &[__m512i; 4]) -> __m512i {
     let mut acc = _mm512_setzero_si512();
-    for c in 0..4 {
-        let s = _mm512_permutexvar_epi16(two_words(8 * lane + 2 * c, 8 * lane + 2 * c + 1), sc);
-        acc = _mm512_dpwssd_epi32(acc, _mm512_maddubs_epi16(q(c), ld512(y, 4 + 64 * c)), s);
+    for (c, sc) in s.iter().enumerate() {
+        acc = _mm512_dpwssd_epi32(acc, _mm512_maddubs_epi16(q(c), ld512(y, 4 + 64 * c)), *sc);
     }
     acc
 }
@@ -547,7 +554,7 @@ fn q4_k_eight_rows(rows: [&[[u8; Q4_K_BYTES]]; 8], xb: &[[u8; Q8_K_BYTES]]) -> _
             let sc = _mm512_unpacklo_epi8(sm, zero);
             for l in 0..4 {
                 let a = blk[4 * h + l];
-                isum[4 * h + l] = k4_int(|c| nibbles64(a, 16, c), y, sc, l);
+                isum[4 * h + l] = k4_int(|c| nibbles64(a, 16, c), y, &k4_scale_vectors(sc, l));
             }
         }
         let isum = _mm256_cvtepi32_ps(hsum16x8(&isum));
@@ -574,6 +581,10 @@ fn rows_q4_k(w: &[u8], row_bytes: usize, x: &[u8], out: &mut [f32]) {
     avx2::rows_q4_k(&w[full * row_bytes..], row_bytes, x, &mut out[full..]);
 }
 
+/// Blocks up to which the multi-activation K-quant kernels prepare per-block activation data on
+/// the stack (16384 columns); longer rows go one activation at a time.
+const MAX_MULTI_BLOCKS_K: usize = 64;
+
 /// `Q4_K` for `T <= 8` activations: per block, the scales of the row are decoded once and its
 /// nibbles once per chunk; the `T` activations' integers are summed together (as the eight rows
 /// of [`q4_k_eight_rows`]) and their float chains kept in the lanes of one vector.
@@ -581,42 +592,43 @@ fn rows_q4_k(w: &[u8], row_bytes: usize, x: &[u8], out: &mut [f32]) {
 fn multi_q4_k_t<const T: usize>(w: &[u8], row_bytes: usize, xs: &[&[u8]], outs: &mut [&mut [f32]]) {
     let xb: [&[[u8; Q8_K_BYTES]]; T] = std::array::from_fn(|t| xs[t].as_chunks::<Q8_K_BYTES>().0);
     let nb = xb[0].len();
+    if nb > MAX_MULTI_BLOCKS_K {
+        for (x, o) in xs.iter().zip(outs.iter_mut()) {
+            rows_q4_k(w, row_bytes, x, o);
+        }
+        return;
+    }
     let zero = _mm512_setzero_si512();
     let tok = |t: usize| t.min(T - 1);
+    // Per block: the pair sums of activations 0..4 (128-bit lanes of the first vector) and
+    // 4..8 (second), and the 8 activations' scales.
+    let mut pre_buf = stack_buf![(__m512i, __m512i, __m256); MAX_MULTI_BLOCKS_K];
+    let pre = prefix(&mut pre_buf, nb, |b| {
+        let ps = |t0: usize| {
+            let v = _mm512_castsi128_si512(avx2::q8k_pair_sums(&xb[tok(t0)][b]));
+            let v = _mm512_inserti32x4::<1>(v, avx2::q8k_pair_sums(&xb[tok(t0 + 1)][b]));
+            let v = _mm512_inserti32x4::<2>(v, avx2::q8k_pair_sums(&xb[tok(t0 + 2)][b]));
+            _mm512_inserti32x4::<3>(v, avx2::q8k_pair_sums(&xb[tok(t0 + 3)][b]))
+        };
+        let dy = |t: usize| avx2::f32_at(&xb[tok(t)][b], 0);
+        (ps(0), ps(4), _mm256_setr_ps(dy(0), dy(1), dy(2), dy(3), dy(4), dy(5), dy(6), dy(7)))
+    });
     for (r, row) in w.chunks_exact(row_bytes).enumerate() {
         let (wb, _) = row.as_chunks::<Q4_K_BYTES>();
         let (mut acc, mut accm) = (_mm256_setzero_ps(), _mm256_setzero_ps());
-        for b in 0..nb {
-            let a = &wb[b];
+        for (b, (a, &(ps0, ps1, dy))) in wb.iter().zip(pre).enumerate() {
             let sm = avx2::k4_scales_mins(a, 4);
-            let sc = _mm512_castsi128_si512(_mm_cvtepu8_epi16(sm));
+            let scv = k4_scale_vectors(_mm512_castsi128_si512(_mm_cvtepu8_epi16(sm)), 0);
             let mins = _mm512_broadcast_i32x4(_mm_cvtepu8_epi16(_mm_unpackhi_epi64(sm, sm)));
             let q: [__m512i; 4] = std::array::from_fn(|c| nibbles64(a, 16, c));
             let mut isum = [zero; 8];
             for (t, s) in isum.iter_mut().enumerate().take(T) {
-                *s = k4_int(|c| q[c], &xb[t][b], sc, 0);
+                *s = k4_int(|c| q[c], &xb[t][b], &scv);
             }
-            // Activations 0..4 in the 128-bit lanes of ps0, 4..8 in ps1.
-            let ps = |t0: usize| {
-                let v = _mm512_castsi128_si512(avx2::q8k_pair_sums(&xb[tok(t0)][b]));
-                let v = _mm512_inserti32x4::<1>(v, avx2::q8k_pair_sums(&xb[tok(t0 + 1)][b]));
-                let v = _mm512_inserti32x4::<2>(v, avx2::q8k_pair_sums(&xb[tok(t0 + 2)][b]));
-                _mm512_inserti32x4::<3>(v, avx2::q8k_pair_sums(&xb[tok(t0 + 3)][b]))
-            };
-            let imin0 = _mm512_madd_epi16(mins, ps(0));
-            let imin1 = if T > 4 { _mm512_madd_epi16(mins, ps(4)) } else { zero };
+            let imin0 = _mm512_madd_epi16(mins, ps0);
+            let imin1 = if T > 4 { _mm512_madd_epi16(mins, ps1) } else { zero };
             let isum = _mm256_cvtepi32_ps(hsum16x8(&isum));
             let imin = _mm256_cvtepi32_ps(hsum4x8(imin0, imin1));
-            let dy = _mm256_setr_ps(
-                avx2::f32_at(&xb[tok(0)][b], 0),
-                avx2::f32_at(&xb[tok(1)][b], 0),
-                avx2::f32_at(&xb[tok(2)][b], 0),
-                avx2::f32_at(&xb[tok(3)][b], 0),
-                avx2::f32_at(&xb[tok(4)][b], 0),
-                avx2::f32_at(&xb[tok(5)][b], 0),
-                avx2::f32_at(&xb[tok(6)][b], 0),
-                avx2::f32_at(&xb[tok(7)][b], 0),
-            );
             let (d, dmin) = avx2::f16x2_at(a, 0);
             acc = _mm256_fmadd_ps(isum, _mm256_mul_ps(_mm256_set1_ps(d), dy), acc);
             accm = _mm256_fmadd_ps(imin, _mm256_mul_ps(_mm256_set1_ps(dmin), dy), accm);
@@ -648,8 +660,8 @@ fn q5_k_quants(a: &[u8; Q5_K_BYTES], qh: __m512i, c: usize) -> __m512i {
 /// `sum_j scale_j * (products 4l..4l+3 of sub-block j)` (see `avx2::dot_q5_k`).
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vnni,avx2")]
-fn q5_k_lanes(q: &[__m512i; 4], y: &[u8; Q8_K_BYTES], sc: __m512i) -> __m256i {
-    fold_i32(k4_int(|c| q[c], y, sc, 0))
+fn q5_k_lanes(q: &[__m512i; 4], y: &[u8; Q8_K_BYTES], scv: &[__m512i; 4]) -> __m256i {
+    fold_i32(k4_int(|c| q[c], y, scv))
 }
 
 /// `Q5_K x Q8_K` in ggml's x86 order (`ggml_vec_dot_q5_K_q8_K`): per block
@@ -664,7 +676,7 @@ fn dot_q5_k(w: &[u8], x: &[u8]) -> f32 {
     let mut summs = 0f32;
     for (a, y) in wb.iter().zip(xb) {
         let sm = _mm512_castsi128_si512(avx2::k4_scales_mins(a, 4));
-        let sc = _mm512_unpacklo_epi8(sm, zero);
+        let scv = k4_scale_vectors(_mm512_unpacklo_epi8(sm, zero), 0);
         let imin = avx2::hsum_epi32_128(_mm_madd_epi16(
             _mm512_castsi512_si128(_mm512_unpackhi_epi8(sm, zero)),
             avx2::q8k_pair_sums(y),
@@ -674,7 +686,7 @@ fn dot_q5_k(w: &[u8], x: &[u8]) -> f32 {
         summs = (-dy * dmin).mul_add(imin as f32, summs);
         let qh = bcast256(a, 16);
         let q: [__m512i; 4] = std::array::from_fn(|c| q5_k_quants(a, qh, c));
-        let lanes = q5_k_lanes(&q, y, sc);
+        let lanes = q5_k_lanes(&q, y, &scv);
         acc = _mm256_fmadd_ps(_mm256_set1_ps(dy * d), _mm256_cvtepi32_ps(lanes), acc);
     }
     avx2::hsum_ps(acc) + summs
@@ -692,7 +704,7 @@ fn multi_q5_k_t<const T: usize>(w: &[u8], row_bytes: usize, xs: &[&[u8]], outs: 
         let mut summs = [0f32; T];
         for (b, a) in wb.iter().enumerate() {
             let sm = _mm512_castsi128_si512(avx2::k4_scales_mins(a, 4));
-            let sc = _mm512_unpacklo_epi8(sm, zero);
+            let scv = k4_scale_vectors(_mm512_unpacklo_epi8(sm, zero), 0);
             let mins = _mm512_castsi512_si128(_mm512_unpackhi_epi8(sm, zero));
             let (d, dmin) = avx2::f16x2_at(a, 0);
             let qh = bcast256(a, 16);
@@ -702,7 +714,7 @@ fn multi_q5_k_t<const T: usize>(w: &[u8], row_bytes: usize, xs: &[&[u8]], outs: 
                 let imin = avx2::hsum_epi32_128(_mm_madd_epi16(mins, avx2::q8k_pair_sums(y)));
                 let dy = avx2::f32_at(y, 0);
                 summs[t] = (-dy * dmin).mul_add(imin as f32, summs[t]);
-                let lanes = q5_k_lanes(&q, y, sc);
+                let lanes = q5_k_lanes(&q, y, &scv);
                 acc[t] = _mm256_fmadd_ps(_mm256_set1_ps(dy * d), _mm256_cvtepi32_ps(lanes), acc[t]);
             }
         }
