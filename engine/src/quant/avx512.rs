@@ -494,6 +494,27 @@ fn nibbles64<const N: usize>(a: &[u8; N], qs: usize, c: usize) -> __m512i {
     _mm512_and_si512(_mm512_srlv_epi16(bcast256(a, qs + 32 * c), shift), _mm512_set1_epi8(0x0f))
 }
 
+/// `vpdpwssd`: `acc + (a[2i]*b[2i] + a[2i+1]*b[2i+1])` per i32 lane. Through `asm!` because
+/// LLVM, tuning for no particular CPU, splits `_mm512_dpwssd_epi32` into `vpmaddwd` + `vpaddd`
+/// (one more instruction on the two 512-bit ports).
+#[inline]
+#[target_feature(enable = "avx512f,avx512vnni")]
+fn dpwssd(acc: __m512i, a: __m512i, b: __m512i) -> __m512i {
+    let mut acc = acc;
+    // SAFETY: `vpdpwssd` only reads and writes the three registers; the function's target
+    // features (checked by every caller's entry point) include AVX512-VNNI.
+    unsafe {
+        std::arch::asm!(
+            "vpdpwssd {acc}, {a}, {b}",
+            acc = inout(zmm_reg) acc,
+            a = in(zmm_reg) a,
+            b = in(zmm_reg) b,
+            options(pure, nomem, nostack, preserves_flags),
+        );
+    }
+    acc
+}
+
 /// The scale vectors of the four 64-element chunks of a nibble-quant block: chunk `c`'s words
 /// 0..16 hold scale `2c`, words 16..32 scale `2c + 1`; `sc` holds the 8 scales as words
 /// `8L..8L+8` of the 128-bit lane `L`.
@@ -511,7 +532,7 @@ fn k4_scale_vectors(sc: __m512i, lane: usize) -> [__m512i; 4] {
 fn k4_int(q: impl Fn(usize) -> __m512i, y: &[u8; Q8_K_BYTES], s: &[__m512i; 4]) -> __m512i {
     let mut acc = _mm512_setzero_si512();
     for (c, sc) in s.iter().enumerate() {
-        acc = _mm512_dpwssd_epi32(acc, _mm512_maddubs_epi16(q(c), ld512(y, 4 + 64 * c)), *sc);
+        acc = dpwssd(acc, _mm512_maddubs_epi16(q(c), ld512(y, 4 + 64 * c)), *sc);
     }
     acc
 }
@@ -537,30 +558,40 @@ fn dmins8<const N: usize>(blocks: [&[u8; N]; 8]) -> (__m256, __m256) {
 /// row's whole integer `isum = sum_j scale_j * dot_j` and `imin = sum_j min_j * bsum_j`, then
 /// per row (one f32 lane each) `acc = fma(isum, d*dy, acc)`, `accm = fma(imin, dmin*dy, accm)`;
 /// the result is `acc - accm`.
+/// `w` holds the eight rows (stride `row_bytes`) from their first block.
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx512vnni,avx2,fma,f16c")]
-fn q4_k_eight_rows(rows: [&[[u8; Q4_K_BYTES]]; 8], xb: &[[u8; Q8_K_BYTES]]) -> __m256 {
+fn q4_k_eight_rows(w: &[u8], row_bytes: usize, xb: &[[u8; Q8_K_BYTES]]) -> __m256 {
+    assert!(w.len() >= 7 * row_bytes + xb.len() * Q4_K_BYTES);
     let zero = _mm512_setzero_si512();
     let (mut acc, mut accm) = (_mm256_setzero_ps(), _mm256_setzero_ps());
     for (b, y) in xb.iter().enumerate() {
-        let blk: [&[u8; Q4_K_BYTES]; 8] = std::array::from_fn(|r| &rows[r][b]);
+        let blk = |r: usize| -> &[u8; Q4_K_BYTES] {
+            let off = r * row_bytes + b * Q4_K_BYTES;
+            w[off..off + Q4_K_BYTES].try_into().expect("a Q4_K block")
+        };
+        let x = [ld512(y, 4), ld512(y, 68), ld512(y, 132), ld512(y, 196)];
         // Pair sums of the activation's bsums (8 words), in every 128-bit lane.
         let ps = _mm512_broadcast_i32x4(avx2::q8k_pair_sums(y));
-        let mut isum = [zero; 8];
-        let mut imin = [zero; 2];
-        for h in 0..2 {
-            let sm = k4_scales_mins4([blk[4 * h], blk[4 * h + 1], blk[4 * h + 2], blk[4 * h + 3]], 4);
-            imin[h] = _mm512_madd_epi16(_mm512_unpackhi_epi8(sm, zero), ps);
-            let sc = _mm512_unpacklo_epi8(sm, zero);
-            for l in 0..4 {
-                let a = blk[4 * h + l];
-                isum[4 * h + l] = k4_int(|c| nibbles64(a, 16, c), y, &k4_scale_vectors(sc, l));
+        let sm0 = k4_scales_mins4([blk(0), blk(1), blk(2), blk(3)], 4);
+        let sm1 = k4_scales_mins4([blk(4), blk(5), blk(6), blk(7)], 4);
+        let imin0 = _mm512_madd_epi16(_mm512_unpackhi_epi8(sm0, zero), ps);
+        let imin1 = _mm512_madd_epi16(_mm512_unpackhi_epi8(sm1, zero), ps);
+        let (sc0, sc1) = (_mm512_unpacklo_epi8(sm0, zero), _mm512_unpacklo_epi8(sm1, zero));
+        let row = |r: usize| {
+            let (a, sc, lane) = (blk(r), if r < 4 { sc0 } else { sc1 }, r % 4);
+            let mut acc = zero;
+            for (c, xc) in x.iter().enumerate() {
+                let s = _mm512_permutexvar_epi16(two_words(8 * lane + 2 * c, 8 * lane + 2 * c + 1), sc);
+                acc = dpwssd(acc, _mm512_maddubs_epi16(nibbles64(a, 16, c), *xc), s);
             }
-        }
+            acc
+        };
+        let isum = [row(0), row(1), row(2), row(3), row(4), row(5), row(6), row(7)];
         let isum = _mm256_cvtepi32_ps(hsum16x8(&isum));
-        let imin = _mm256_cvtepi32_ps(hsum4x8(imin[0], imin[1]));
+        let imin = _mm256_cvtepi32_ps(hsum4x8(imin0, imin1));
         let dy = _mm256_set1_ps(avx2::f32_at(y, 0));
-        let (d, dmin) = dmins8(blk);
+        let (d, dmin) = dmins8([blk(0), blk(1), blk(2), blk(3), blk(4), blk(5), blk(6), blk(7)]);
         acc = _mm256_fmadd_ps(isum, _mm256_mul_ps(d, dy), acc);
         accm = _mm256_fmadd_ps(imin, _mm256_mul_ps(dmin, dy), accm);
     }
@@ -570,10 +601,9 @@ fn q4_k_eight_rows(rows: [&[[u8; Q4_K_BYTES]]; 8], xb: &[[u8; Q8_K_BYTES]]) -> _
 #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx512vnni,avx2,fma,f16c")]
 fn rows_q4_k(w: &[u8], row_bytes: usize, x: &[u8], out: &mut [f32]) {
     let (xb, _) = x.as_chunks::<Q8_K_BYTES>();
-    let row = |r: usize| w[r * row_bytes..(r + 1) * row_bytes].as_chunks::<Q4_K_BYTES>().0;
     let full = out.len() / 8 * 8;
     for g in (0..full).step_by(8) {
-        let v = q4_k_eight_rows(std::array::from_fn(|r| row(g + r)), xb);
+        let v = q4_k_eight_rows(&w[g * row_bytes..(g + 8) * row_bytes], row_bytes, xb);
         // SAFETY: `out[g..g + 8]` is in bounds (`g + 8 <= full <= out.len()`).
         unsafe { _mm256_storeu_ps(out[g..g + 8].as_mut_ptr(), v) };
     }
@@ -780,7 +810,7 @@ fn join128(lo: __m128i, hi: __m128i) -> __m256i {
 fn q6_k_lanes(q: &[__m512i; 4], sc: &[__m512i; 4], s16: __m256i, y: &[u8; Q8_K_BYTES]) -> __m256i {
     let mut acc = _mm512_setzero_si512();
     for k in 0..4 {
-        acc = _mm512_dpwssd_epi32(acc, _mm512_maddubs_epi16(q[k], ld512(y, 4 + 64 * k)), sc[k]);
+        acc = dpwssd(acc, _mm512_maddubs_epi16(q[k], ld512(y, 4 + 64 * k)), sc[k]);
     }
     let bias = _mm256_slli_epi32::<5>(_mm256_madd_epi16(s16, avx2::ld256(y, 260)));
     _mm256_sub_epi32(fold_i32(acc), bias)
