@@ -7,20 +7,43 @@
 //! `Q5_0`, `Q5_1`. "Implemented" means: [`dequantize_row`], [`quantize_row`] and
 //! [`vec_dot`] against the type's [`GgmlType::vec_dot_type`].
 //!
+//! # ISA levels
+//! A [`Backend`] is an ISA level: the instructions its kernels use *and* the llama.cpp build
+//! whose numerics they reproduce. The process runs one level, [`isa`]: `ENGINE_ISA=scalar|avx2|
+//! avx512` from the environment, or by default the best the CPU has; a level the CPU lacks (or
+//! an unknown name) is an error ([`QuantError::IsaUnavailable`], [`QuantError::IsaUnknown`]).
+//! Every dispatching entry point ([`vec_dot`], [`matvec`], [`matvec_multi`], [`quantize_row`],
+//! and `vmath`'s `exp`) follows it; the `*_on` functions run a given level (tests, benchmarks).
+//!
+//! | level | CPU features | reproduces the llama.cpp build |
+//! |---|---|---|
+//! | `scalar` | any | none (portable kernels, own summation order) |
+//! | `avx2` | AVX2, FMA, F16C | AVX2+FMA+F16C, no AVX-512, no VNNI |
+//! | `avx512` | + AVX-512 F, BW, DQ, VL (VNNI, BF16 used where present) | AVX-512 with VNNI and BF16 as the CPU has them; never AMX, never AVX512-FP16 |
+//!
 //! # Numerics (why results match llama.cpp)
 //! * `vec_dot` follows ggml's integer arithmetic exactly: per block the integer dot
 //!   product of the quants (times the integer sub-block scales) is formed in `i32`,
 //!   then scaled once by `d_w * d_x` in `f32`; the K-quant minimums are applied
-//!   through the activation's `bsums`.
-//! * The `f32` arithmetic after that (products of scales, FMAs, horizontal sums)
-//!   follows, in the AVX2 kernels, the order of the kernel a native x86 llama.cpp
-//!   build runs for one token (`cargo xtask parity` checks the logits bit for bit):
-//!   `Q8_0`, `Q5_K`, `Q6_K` as ggml's x86 `ggml_vec_dot_*` (8 FMA lanes, one
-//!   `hsum_float_8`), `Q4_K` as the repacked `ggml_gemv_q4_K_8x8_q8_K` that
-//!   llama.cpp uses for every `Q4_K` matrix with a multiple of 8 rows, `F32`/`F16`
-//!   as `ggml_vec_dot_f32`/`_f16` in the AVX-512 or the AVX shape that the CPU
-//!   selects. The scalar kernels, and the AVX2 `Q2_K`, `Q3_K`, `Q4_0`, `Q8_K`,
-//!   `BF16` kernels, sum in their own order (last-bit differences from ggml).
+//!   through the activation's `bsums`. Any instructions that give the same integers may
+//!   be used (VNNI's `vpdpbusd`/`vpdpwssd` do: ggml's own VNNI variants of its
+//!   `mul_sum_*` helpers change no integer).
+//! * The `f32` arithmetic after that (products of scales, FMAs, horizontal sums) follows,
+//!   in the SIMD kernels, the order of the kernel the level's llama.cpp build runs for one
+//!   token (`cargo xtask parity` checks the logits bit for bit at each level):
+//!   - `Q8_0`, `Q3_K`, `Q5_K`, `Q6_K`: ggml's x86 `ggml_vec_dot_*` (8 FMA lanes, one
+//!     `hsum_float_8`); an AVX-512 build compiles the same `__AVX2__` code;
+//!   - `Q4_K`: the repacked `ggml_gemv_q4_K_8x8_q8_K` (whole-block integers, two FMA chains)
+//!     that llama.cpp uses for every `Q4_K` matrix with a multiple of 8 rows;
+//!   - `Q2_K`: `ggml_vec_dot_q2_K_q8_K` at `avx2`; at `avx512` the repacked
+//!     `ggml_gemv_q2_K_8x8_q8_K`, because ggml repacks `Q2_K` only when built with AVX-512;
+//!   - `F32`/`F16`: `ggml_vec_dot_f32`/`_f16` in the AVX shape (4 x 8 lanes) at `avx2`, the
+//!     AVX-512 shape (4 x 16 lanes, GCC's `_mm512_reduce_add_ps`) at `avx512`;
+//!   - `BF16`: `ggml_vec_dot_bf16` in its AVX2 shape, its AVX512F shape, or with
+//!     `vdpbf16ps` when the CPU has AVX512-BF16 (not checked by `parity`: no BF16 model).
+//!
+//!   The scalar kernels, and the `Q4_0` and `Q8_K` kernels, sum in their own order (last-bit
+//!   differences from ggml).
 //! * [`quantize_row`] for the activation types (`Q8_0`, `Q8_1`, `Q8_K`, `F16`, `BF16`)
 //!   is bit-identical to ggml's reference quantizers (`quantize_row_q8_0_ref`,
 //!   `quantize_row_q8_1_ref`, `quantize_row_q8_K_ref`, `ggml_compute_fp32_to_fp16`,
@@ -39,14 +62,23 @@
 //! Q5_0, Q5_1) and [`kquants`] (Q2_K, Q3_K, Q4_K, Q5_K, Q6_K).
 //!
 //! # Kernels
-//! Scalar kernels exist for every supported type and every target. On x86_64 the
-//! AVX2+FMA+F16C kernels (module `avx2`) are chosen at run time, once, and used by
-//! [`vec_dot`] and [`matvec`]; [`vec_dot_on`]/[`matvec_on`] run a specific
-//! [`Backend`] (for tests and benchmarks). AVX2 kernels exist for `F32`, `F16`,
-//! `BF16`, `Q8_0`, `Q8_K`, `Q4_0` and `Q2_K`..`Q6_K`; the other supported types use
-//! the scalar kernels on every backend. The `Q8_K` and `F16` activation
-//! quantizers also have AVX2 versions (same bytes; [`quantize_row_on`] picks a
-//! backend).
+//! Scalar kernels exist for every supported type and every target. On x86_64:
+//! * `avx2` (AVX2+FMA+F16C): `F32`, `F16`, `BF16`, `Q8_0`, `Q8_K`, `Q4_0`, `Q2_K`..`Q6_K`, and
+//!   multi-activation kernels (prompt processing, 4 activations per pass) for `Q8_0`, `Q4_K`,
+//!   `Q6_K`;
+//! * `avx512`: its own `F32`, `F16`, `BF16` (ggml's AVX-512 shapes) and `Q2_K` (repacked
+//!   order) kernels; with AVX512-VNNI, 512-bit `Q8_0` (two rows per vector), `Q4_K` (eight rows
+//!   per step), `Q5_K`, `Q6_K` kernels and multi-activation kernels for those four (8
+//!   activations per pass); everything else (and the integer kernels on a CPU without VNNI)
+//!   from `avx2`, whose numerics are the same there.
+//!
+//! The other supported types use the scalar kernels at every level. The `Q8_K`, `F16` and
+//! x86 `Q8_0` activation quantizers have AVX2 versions (same bytes; [`quantize_row_on`] picks
+//! a backend). Per CPU-second on the development machine (Intel Sapphire Rapids, 2 vCPUs,
+//! `examples/quant_speed.rs` with `QS_LOOP`, cache-resident matrix of 2048 columns), the
+//! `avx512` kernels do about 1.2x (`Q4_K`), 1.25x (`Q6_K`), 1.3x (`Q8_0`) the `avx2` ones for
+//! one activation and 1.6-2x for eight; 512-bit shifts (port 0) and permutes (port 5) are
+//! single-port there while the integer multiplies use both ports, which bounds the `Q4_K` gain.
 //!
 //! # Using it in a decode loop
 //! * Quantize each activation vector once with [`quantize_activation`] (into a
@@ -65,7 +97,8 @@
 //!   llama.cpp's CPU backend repacks `Q4_K`/`Q4_0` weights into 8-row
 //!   interleaved blocks at load time (its float summation order then differs from
 //!   ggml's plain `vec_dot`, the integer parts do not); this module keeps the GGUF
-//!   layout and reproduces the repacked `Q4_K` order row by row.
+//!   layout and reproduces the repacked `Q4_K` order (row by row at `avx2`, eight rows at a
+//!   time at `avx512`).
 
 pub mod float;
 pub mod kquants;
@@ -917,9 +950,10 @@ pub fn try_matvec(
 /// Several activations against the same rows: for every `t`,
 /// `outs[t][i] = dot(row rows.start + i of w, xs[t])`, each `xs[t]` quantized with
 /// [`quantize_activation`]. Every output is bit-identical to [`matvec`] with `xs[t]` (the
-/// same operations per element); where a multi-activation kernel exists (AVX2 `Q8_0`,
-/// `Q4_K`, `Q6_K`) each weight block is decoded once for up to four activations, which
-/// is what prompt processing gains. Allocation-free and single-threaded.
+/// same operations per element); where a multi-activation kernel exists (module docs,
+/// "Kernels") each weight block is decoded once for up to four (`avx2`) or eight (`avx512`)
+/// activations, which is what prompt processing gains; a single activation goes to the
+/// `matvec` kernel. Allocation-free and single-threaded.
 ///
 /// # Panics
 /// On an unsupported type or inconsistent lengths, like [`matvec`].
