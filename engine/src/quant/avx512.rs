@@ -808,12 +808,20 @@ fn join128(lo: __m128i, hi: __m128i) -> __m256i {
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vnni,avx2")]
 fn q6_k_lanes(q: &[__m512i; 4], sc: &[__m512i; 4], s16: __m256i, y: &[u8; Q8_K_BYTES]) -> __m256i {
+    let bias = _mm256_slli_epi32::<5>(_mm256_madd_epi16(s16, avx2::ld256(y, 260)));
+    _mm256_sub_epi32(fold_i32(q6_k_int(q, sc, y)), bias)
+}
+
+/// The scaled products of a `Q6_K` block as 16 i32 lanes: lanes `l` and `l + 8` are lane `l`
+/// of two 32-element groups.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
+fn q6_k_int(q: &[__m512i; 4], sc: &[__m512i; 4], y: &[u8; Q8_K_BYTES]) -> __m512i {
     let mut acc = _mm512_setzero_si512();
     for k in 0..4 {
         acc = dpwssd(acc, _mm512_maddubs_epi16(q[k], ld512(y, 4 + 64 * k)), sc[k]);
     }
-    let bias = _mm256_slli_epi32::<5>(_mm256_madd_epi16(s16, avx2::ld256(y, 260)));
-    _mm256_sub_epi32(fold_i32(acc), bias)
+    acc
 }
 
 /// `Q6_K x Q8_K` in ggml's x86 order: per block `acc = fma(dy*d, lanes, acc)`, one
@@ -832,27 +840,62 @@ fn dot_q6_k(w: &[u8], x: &[u8]) -> f32 {
     avx2::hsum_ps(acc)
 }
 
-/// `Q6_K` for `T` activations: the block's quants and scales decoded once, then per activation
-/// the lanes and float operations of [`dot_q6_k`].
+/// `Q6_K` for `T` activations, two per vector for the float part: the block's quants and
+/// scales decoded once; per activation the integer lanes of [`q6_k_lanes`]; per pair of
+/// activations the fold onto ggml's 8 lanes, the `-32` bias, the conversion and the FMA of
+/// [`dot_q6_k`] done in one vector (lower half: the first activation, upper: the second).
 #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx512vnni,avx2,fma,f16c")]
 fn multi_q6_k_t<const T: usize>(w: &[u8], row_bytes: usize, xs: &[&[u8]], outs: &mut [&mut [f32]]) {
     let xb: [&[[u8; Q8_K_BYTES]]; T] = std::array::from_fn(|t| xs[t].as_chunks::<Q8_K_BYTES>().0);
-    for (r, row) in w.chunks_exact(row_bytes).enumerate() {
-        let (wb, _) = row.as_chunks::<Q6_K_BYTES>();
-        let mut acc = [_mm256_setzero_ps(); T];
-        for (b, a) in wb.iter().enumerate() {
-            let s16 = _mm256_cvtepi8_epi16(avx2::ld128(a, 192));
-            let (q, sc) = (q6_k_quants(a), q6_k_scales(s16));
-            let dw = avx2::f16_at(a, 208);
-            for t in 0..T {
-                let y = &xb[t][b];
-                let lanes = q6_k_lanes(&q, &sc, s16, y);
-                let d = avx2::f32_at(y, 0) * dw;
-                acc[t] = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(lanes), acc[t]);
+    let nb = xb[0].len();
+    if nb > MAX_MULTI_BLOCKS_K {
+        for (x, o) in xs.iter().zip(outs.iter_mut()) {
+            for (row, v) in w.chunks_exact(row_bytes).zip(o.iter_mut()) {
+                *v = dot_q6_k(row, x);
             }
         }
-        for t in 0..T {
-            outs[t][r] = avx2::hsum_ps(acc[t]);
+        return;
+    }
+    const P: usize = MAX_MULTI / 2;
+    let pairs = T.div_ceil(2);
+    // Pair p holds activations 2p (lower half) and 2p + 1 (upper; 2p again when T is odd).
+    let tok = |p: usize, h: usize| (2 * p + h).min(T - 1);
+    // Per (pair, block) at p * nb + b: both activations' bsums and scales, half by half.
+    let mut pre_buf = stack_buf![(__m512i, __m512); P * MAX_MULTI_BLOCKS_K];
+    let pre = prefix(&mut pre_buf, pairs * nb, |i| {
+        let (p, b) = (i / nb, i % nb);
+        let (ya, yb) = (&xb[tok(p, 0)][b], &xb[tok(p, 1)][b]);
+        let dy = _mm512_insertf32x8::<1>(_mm512_set1_ps(avx2::f32_at(ya, 0)), _mm256_set1_ps(avx2::f32_at(yb, 0)));
+        (join256(avx2::ld256(ya, 260), avx2::ld256(yb, 260)), dy)
+    });
+    for (r, row) in w.chunks_exact(row_bytes).enumerate() {
+        let (wb, _) = row.as_chunks::<Q6_K_BYTES>();
+        let mut acc = [_mm512_setzero_ps(); P];
+        for (b, a) in wb.iter().enumerate() {
+            let s16 = _mm256_cvtepi8_epi16(avx2::ld128(a, 192));
+            let s16x2 = _mm512_broadcast_i64x4(s16);
+            let (q, sc) = (q6_k_quants(a), q6_k_scales(s16));
+            let dw = _mm512_set1_ps(avx2::f16_at(a, 208));
+            for (p, accp) in acc.iter_mut().enumerate().take(pairs) {
+                let ia = q6_k_int(&q, &sc, &xb[tok(p, 0)][b]);
+                let ib = q6_k_int(&q, &sc, &xb[tok(p, 1)][b]);
+                // [lanes l + l+8 of ia | of ib].
+                let folded = _mm512_add_epi32(
+                    _mm512_shuffle_i64x2::<0b01_00_01_00>(ia, ib),
+                    _mm512_shuffle_i64x2::<0b11_10_11_10>(ia, ib),
+                );
+                let (bsums, dy) = pre[p * nb + b];
+                let bias = _mm512_slli_epi32::<5>(_mm512_madd_epi16(s16x2, bsums));
+                let lanes = _mm512_sub_epi32(folded, bias);
+                *accp = _mm512_fmadd_ps(_mm512_mul_ps(dy, dw), _mm512_cvtepi32_ps(lanes), *accp);
+            }
+        }
+        for (p, accp) in acc.iter().enumerate().take(pairs) {
+            let (a, b) = hsum8_halves(*accp);
+            outs[tok(p, 0)][r] = a;
+            if tok(p, 1) != tok(p, 0) {
+                outs[tok(p, 1)][r] = b;
+            }
         }
     }
 }
