@@ -398,14 +398,17 @@ pub(super) const MAX_MULTI: usize = 8;
 /// stack (4096 columns); longer rows go one activation at a time.
 const MAX_MULTI_BLOCKS_Q8: usize = 128;
 
-/// `Q8_0` for `T` activations, two per vector: per row and block, the weight's offset
-/// correction and scale are shared, and each pair gets one `vpdpbusd`, one conversion and one
-/// FMA, in the lanes and order of [`q8_0_two_rows`] (whose halves are rows instead).
+/// `Q8_0` for `T` activations, two per vector (lower half: activation `2p`, upper: `2p + 1`),
+/// in the lanes and order of [`q8_0_two_rows`] (whose halves are rows instead). Here the
+/// weight is the unsigned operand (`w ^ 0x80`, once per block for all pairs) and each
+/// activation pair brings its own correction `-128 * sum4(y)` and scales, prepared once per
+/// call; per pair and block that leaves one `vpdpbusd`, one scale product, one conversion and
+/// one FMA.
 #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx512vnni,avx2,fma,f16c")]
 fn multi_q8_0_t<const T: usize>(w: &[u8], row_bytes: usize, xs: &[&[u8]], outs: &mut [&mut [f32]]) {
     let xb: [&[[u8; Q8_0_BYTES]]; T] = std::array::from_fn(|t| xs[t].as_chunks::<Q8_0_BYTES>().0);
     let nb = xb[0].len();
-    if nb > MAX_MULTI_BLOCKS_Q8 || !nb.is_multiple_of(4) {
+    if nb > MAX_MULTI_BLOCKS_Q8 {
         for (x, o) in xs.iter().zip(outs.iter_mut()) {
             rows_q8_0(w, row_bytes, x, o);
         }
@@ -416,46 +419,42 @@ fn multi_q8_0_t<const T: usize>(w: &[u8], row_bytes: usize, xs: &[&[u8]], outs: 
     // Pair p holds activations 2p (lower half) and 2p + 1 (upper; 2p again when T is odd).
     let tok = |p: usize, h: usize| (2 * p + h).min(T - 1);
     let flip = _mm512_set1_epi8(-128);
-    // Pair p's data at p * nb + block (xq) and p * nb / 4 + i (dx).
-    let mut xq_buf = stack_buf![__m512i; P * MAX_MULTI_BLOCKS_Q8];
-    let xq = prefix(&mut xq_buf, pairs * nb, |i| {
+    // Per (pair, block) at p * nb + block: the quants, the offset correction and the scales.
+    let mut pre_buf = stack_buf![(__m512i, __m512i, __m512); P * MAX_MULTI_BLOCKS_Q8];
+    let pre = prefix(&mut pre_buf, pairs * nb, |i| {
         let (p, blk) = (i / nb, i % nb);
         let (a, b) = (&xb[tok(p, 0)][blk], &xb[tok(p, 1)][blk]);
-        _mm512_xor_si512(join256(avx2::ld256(a, 2), avx2::ld256(b, 2)), flip)
+        let dx = _mm512_insertf32x8::<1>(_mm512_set1_ps(avx2::f16_at(a, 0)), _mm256_set1_ps(avx2::f16_at(b, 0)));
+        (join256(avx2::ld256(a, 2), avx2::ld256(b, 2)), join256(q8_0_offset(a), q8_0_offset(b)), dx)
     });
-    let mut dx_buf = stack_buf![__m256; P * MAX_MULTI_BLOCKS_Q8 / 4];
-    let dx = prefix(&mut dx_buf, pairs * nb / 4, |i| {
-        let (p, g) = (i / (nb / 4), i % (nb / 4));
-        let (a, b) = (xb[tok(p, 0)], xb[tok(p, 1)]);
-        _mm256_set_m128(avx2::f16_of_4(&b[4 * g..4 * g + 4]), avx2::f16_of_4(&a[4 * g..4 * g + 4]))
-    });
+    let mut dw_buf = [0f32; MAX_MULTI_BLOCKS_Q8];
     for (r, row) in w.chunks_exact(row_bytes).enumerate() {
         let (wb, _) = row.as_chunks::<Q8_0_BYTES>();
+        let dw = &mut dw_buf[..nb];
+        let mut g4 = wb.chunks_exact(4);
+        for (d4, b4) in dw.chunks_exact_mut(4).zip(&mut g4) {
+            // SAFETY: `d4` is 4 in-bounds f32; `storeu` has no alignment requirement.
+            unsafe { _mm_storeu_ps(d4.as_mut_ptr(), avx2::f16_of_4(b4)) };
+        }
+        for (d, b) in dw[nb / 4 * 4..].iter_mut().zip(g4.remainder()) {
+            *d = avx2::f16_at(b, 0);
+        }
         let mut acc = [_mm512_setzero_ps(); P];
-        for i in 0..nb / 4 {
-            let dw = avx2::f16_of_4(&wb[4 * i..4 * i + 4]);
-            let dw = _mm256_set_m128(dw, dw);
-            let mut d8 = [_mm512_setzero_ps(); P];
-            for p in 0..pairs {
-                d8[p] = _mm512_castps256_ps512(_mm256_mul_ps(dw, dx[p * (nb / 4) + i]));
-            }
-            for k in 0..4 {
-                let blk = 4 * i + k;
-                let wv = bcast256(&wb[blk], 2);
-                // -128 * sum4(w): the correction for the activation's `^ 0x80`.
-                let corr =
-                    _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_dpbusd_epi32(_mm512_setzero_si512(), flip, wv));
-                let idx = lanes_k_4k(k as i32);
-                for p in 0..pairs {
-                    let s = _mm512_dpbusd_epi32(corr, xq[p * nb + blk], wv);
-                    acc[p] = _mm512_fmadd_ps(_mm512_permutexvar_ps(idx, d8[p]), _mm512_cvtepi32_ps(s), acc[p]);
-                }
+        for (blk, (a, &d)) in wb.iter().zip(dw.iter()).enumerate() {
+            let wu = _mm512_xor_si512(bcast256(a, 2), flip);
+            let d = _mm512_set1_ps(d);
+            for (p, accp) in acc.iter_mut().enumerate().take(pairs) {
+                let (y, off, dx) = pre[p * nb + blk];
+                let s = _mm512_dpbusd_epi32(off, wu, y);
+                *accp = _mm512_fmadd_ps(_mm512_mul_ps(d, dx), _mm512_cvtepi32_ps(s), *accp);
             }
         }
-        for p in 0..pairs {
-            let (a, b) = hsum8_halves(acc[p]);
+        for (p, accp) in acc.iter().enumerate().take(pairs) {
+            let (a, b) = hsum8_halves(*accp);
             outs[tok(p, 0)][r] = a;
-            outs[tok(p, 1)][r] = if tok(p, 1) == tok(p, 0) { a } else { b };
+            if tok(p, 1) != tok(p, 0) {
+                outs[tok(p, 1)][r] = b;
+            }
         }
     }
 }
