@@ -611,8 +611,19 @@ fn rows_q4_k(w: &[u8], row_bytes: usize, x: &[u8], out: &mut [f32]) {
 }
 
 /// Blocks up to which the multi-activation K-quant kernels prepare per-block activation data on
-/// the stack (16384 columns); longer rows go one activation at a time.
-const MAX_MULTI_BLOCKS_K: usize = 64;
+/// the stack (8192 columns); longer rows go one activation at a time.
+const MAX_MULTI_BLOCKS_K: usize = 32;
+
+/// The `T` activations' `Q8_K` blocks block-major (entry `b * T + t` is block `b` of activation
+/// `t`), copied into `buf`: the hot loops then address one slice instead of `T`.
+#[inline]
+fn block_major<'a, const T: usize>(
+    xb: &[&[[u8; Q8_K_BYTES]]; T],
+    buf: &'a mut [std::mem::MaybeUninit<[u8; Q8_K_BYTES]>; MAX_MULTI_BLOCKS_K * MAX_MULTI],
+) -> &'a [[u8; Q8_K_BYTES]] {
+    let nb = xb[0].len();
+    prefix(buf, nb * T, |i| xb[i % T][i / T])
+}
 
 /// `Q4_K` for `T <= 8` activations: per block, the scales of the row are decoded once and its
 /// nibbles once per chunk; the `T` activations' integers are summed together (as the eight rows
@@ -642,17 +653,19 @@ fn multi_q4_k_t<const T: usize>(w: &[u8], row_bytes: usize, xs: &[&[u8]], outs: 
         let dy = |t: usize| avx2::f32_at(&xb[tok(t)][b], 0);
         (ps(0), ps(4), _mm256_setr_ps(dy(0), dy(1), dy(2), dy(3), dy(4), dy(5), dy(6), dy(7)))
     });
+    let mut ys_buf = stack_buf![[u8; Q8_K_BYTES]; MAX_MULTI_BLOCKS_K * MAX_MULTI];
+    let ys = block_major(&xb, &mut ys_buf);
     for (r, row) in w.chunks_exact(row_bytes).enumerate() {
         let (wb, _) = row.as_chunks::<Q4_K_BYTES>();
         let (mut acc, mut accm) = (_mm256_setzero_ps(), _mm256_setzero_ps());
-        for (b, (a, &(ps0, ps1, dy))) in wb.iter().zip(pre).enumerate() {
+        for ((a, &(ps0, ps1, dy)), yb) in wb.iter().zip(pre).zip(ys.chunks_exact(T)) {
             let sm = avx2::k4_scales_mins(a, 4);
             let scv = k4_scale_vectors(_mm512_castsi128_si512(_mm_cvtepu8_epi16(sm)), 0);
             let mins = _mm512_broadcast_i32x4(_mm_cvtepu8_epi16(_mm_unpackhi_epi64(sm, sm)));
             let q: [__m512i; 4] = std::array::from_fn(|c| nibbles64(a, 16, c));
             let mut isum = [zero; 8];
-            for (t, s) in isum.iter_mut().enumerate().take(T) {
-                *s = k4_int(|c| q[c], &xb[t][b], &scv);
+            for (s, y) in isum.iter_mut().zip(yb) {
+                *s = k4_int(|c| q[c], y, &scv);
             }
             let imin0 = _mm512_madd_epi16(mins, ps0);
             let imin1 = if T > 4 { _mm512_madd_epi16(mins, ps1) } else { zero };
@@ -867,17 +880,19 @@ fn multi_q6_k_t<const T: usize>(w: &[u8], row_bytes: usize, xs: &[&[u8]], outs: 
         let dy = _mm512_insertf32x8::<1>(_mm512_set1_ps(avx2::f32_at(ya, 0)), _mm256_set1_ps(avx2::f32_at(yb, 0)));
         (join256(avx2::ld256(ya, 260), avx2::ld256(yb, 260)), dy)
     });
+    let mut ys_buf = stack_buf![[u8; Q8_K_BYTES]; MAX_MULTI_BLOCKS_K * MAX_MULTI];
+    let ys = block_major(&xb, &mut ys_buf);
     for (r, row) in w.chunks_exact(row_bytes).enumerate() {
         let (wb, _) = row.as_chunks::<Q6_K_BYTES>();
         let mut acc = [_mm512_setzero_ps(); P];
-        for (b, a) in wb.iter().enumerate() {
+        for ((b, a), yb) in wb.iter().enumerate().zip(ys.chunks_exact(T)) {
             let s16 = _mm256_cvtepi8_epi16(avx2::ld128(a, 192));
             let s16x2 = _mm512_broadcast_i64x4(s16);
             let (q, sc) = (q6_k_quants(a), q6_k_scales(s16));
             let dw = _mm512_set1_ps(avx2::f16_at(a, 208));
             for (p, accp) in acc.iter_mut().enumerate().take(pairs) {
-                let ia = q6_k_int(&q, &sc, &xb[tok(p, 0)][b]);
-                let ib = q6_k_int(&q, &sc, &xb[tok(p, 1)][b]);
+                let ia = q6_k_int(&q, &sc, &yb[tok(p, 0)]);
+                let ib = q6_k_int(&q, &sc, &yb[tok(p, 1)]);
                 // [lanes l + l+8 of ia | of ib].
                 let folded = _mm512_add_epi32(
                     _mm512_shuffle_i64x2::<0b01_00_01_00>(ia, ib),
