@@ -15,7 +15,7 @@
 //!
 //! For `perf stat`/`perf record`: `QS_LOOP=level[,multi]` runs only the cache-resident matrix of
 //! the first type named, on that level (`matvec`, or `matvec_multi_on` x8 with `,multi`), for
-//! about 3 s, and prints the blocks per second.
+//! about 3 s, and prints the blocks per second (times the activations, `QS_MULTI`, default 8).
 
 use std::hint::black_box;
 use std::time::Instant;
@@ -112,8 +112,9 @@ fn perf_loop(spec: &str, ty_name: &str) {
     let mut bytes = 0usize;
     while t.elapsed().as_secs_f64() < 3.0 {
         if multi {
-            multi_gbps(ty, level, &w, &xq, 8);
-            bytes += w.len() * 5 * 11 * 8 + w.len() * 5 * 8;
+            let n = std::env::var("QS_MULTI").ok().and_then(|v| v.parse().ok()).unwrap_or(8);
+            multi_gbps(ty, level, &w, &xq, n);
+            bytes += w.len() * 5 * 11 * n;
         } else {
             gbps(ty, level, &w, &xq, 20, 20, 1);
             bytes += w.len() * 20 * 21;

@@ -391,12 +391,46 @@ fn rows_q8_0(w: &[u8], row_bytes: usize, x: &[u8], out: &mut [f32]) {
     }
 }
 
-/// Activations per pass of the multi-activation kernels.
-pub(super) const MAX_MULTI: usize = 8;
+/// Activations per pass of the multi-activation kernels, at most (`Q4_K`; the others take 8).
+pub(super) const MAX_MULTI: usize = 16;
 
-/// Blocks up to which the multi-activation `Q8_0` kernel prepares its activations on the
-/// stack (4096 columns); longer rows go one activation at a time.
-const MAX_MULTI_BLOCKS_Q8: usize = 128;
+/// Per-thread buffers of the multi-activation kernels' prepared activations: taken at the start
+/// of a call and put back at its end, so they grow to the largest call once and are then reused
+/// (no allocation per call).
+#[derive(Default)]
+struct Scratch {
+    /// `Q8_0`: per (pair, block), the quants, the offset correction and the scales.
+    q8: Vec<(__m512i, __m512i, __m512)>,
+    /// `Q8_0`: the row's block scales.
+    dw: Vec<f32>,
+    /// `Q4_K`: per (block, group of 8), the pair sums of activations 0..4 and 4..8 of the group
+    /// (128-bit lanes) and the 8 activations' scales.
+    q4k: Vec<(__m512i, __m512i, __m256)>,
+    /// `Q6_K`: per (pair, block), both activations' bsums and scales, half by half.
+    q6k: Vec<(__m512i, __m512)>,
+    /// K-quants: the activations' `Q8_K` blocks block-major (entry `b * T + t`).
+    ys: Vec<[u8; Q8_K_BYTES]>,
+}
+
+thread_local! {
+    static SCRATCH: std::cell::RefCell<Scratch> = std::cell::RefCell::new(Scratch::default());
+}
+
+/// Takes this thread's scratch (an empty one if a call on this thread holds it).
+fn take_scratch() -> Scratch {
+    SCRATCH.with(|c| std::mem::take(&mut *c.borrow_mut()))
+}
+
+fn put_scratch(s: Scratch) {
+    SCRATCH.with(|c| *c.borrow_mut() = s);
+}
+
+/// `v` refilled with `f(0..n)`; no allocation once `v` has the capacity.
+fn refill<T>(v: &mut Vec<T>, n: usize, f: impl FnMut(usize) -> T) -> &[T] {
+    v.clear();
+    v.extend((0..n).map(f));
+    v
+}
 
 /// `Q8_0` for `T` activations, two per vector (lower half: activation `2p`, upper: `2p + 1`),
 /// in the lanes and order of [`q8_0_two_rows`] (whose halves are rows instead). Here the
@@ -408,29 +442,22 @@ const MAX_MULTI_BLOCKS_Q8: usize = 128;
 fn multi_q8_0_t<const T: usize>(w: &[u8], row_bytes: usize, xs: &[&[u8]], outs: &mut [&mut [f32]]) {
     let xb: [&[[u8; Q8_0_BYTES]]; T] = std::array::from_fn(|t| xs[t].as_chunks::<Q8_0_BYTES>().0);
     let nb = xb[0].len();
-    if nb > MAX_MULTI_BLOCKS_Q8 {
-        for (x, o) in xs.iter().zip(outs.iter_mut()) {
-            rows_q8_0(w, row_bytes, x, o);
-        }
-        return;
-    }
     const P: usize = MAX_MULTI / 2;
     let pairs = T.div_ceil(2);
     // Pair p holds activations 2p (lower half) and 2p + 1 (upper; 2p again when T is odd).
     let tok = |p: usize, h: usize| (2 * p + h).min(T - 1);
     let flip = _mm512_set1_epi8(-128);
-    // Per (pair, block) at p * nb + block: the quants, the offset correction and the scales.
-    let mut pre_buf = stack_buf![(__m512i, __m512i, __m512); P * MAX_MULTI_BLOCKS_Q8];
-    let pre = prefix(&mut pre_buf, pairs * nb, |i| {
+    let mut scratch = take_scratch();
+    let pre = refill(&mut scratch.q8, pairs * nb, |i| {
         let (p, blk) = (i / nb, i % nb);
         let (a, b) = (&xb[tok(p, 0)][blk], &xb[tok(p, 1)][blk]);
         let dx = _mm512_insertf32x8::<1>(_mm512_set1_ps(avx2::f16_at(a, 0)), _mm256_set1_ps(avx2::f16_at(b, 0)));
         (join256(avx2::ld256(a, 2), avx2::ld256(b, 2)), join256(q8_0_offset(a), q8_0_offset(b)), dx)
     });
-    let mut dw_buf = [0f32; MAX_MULTI_BLOCKS_Q8];
+    scratch.dw.resize(nb, 0.0);
+    let dw = &mut scratch.dw[..nb];
     for (r, row) in w.chunks_exact(row_bytes).enumerate() {
         let (wb, _) = row.as_chunks::<Q8_0_BYTES>();
-        let dw = &mut dw_buf[..nb];
         let mut g4 = wb.chunks_exact(4);
         for (d4, b4) in dw.chunks_exact_mut(4).zip(&mut g4) {
             // SAFETY: `d4` is 4 in-bounds f32; `storeu` has no alignment requirement.
@@ -457,6 +484,7 @@ fn multi_q8_0_t<const T: usize>(w: &[u8], row_bytes: usize, xs: &[&[u8]], outs: 
             }
         }
     }
+    put_scratch(scratch);
 }
 
 // ---------------------------------------------------------------------------
@@ -610,78 +638,71 @@ fn rows_q4_k(w: &[u8], row_bytes: usize, x: &[u8], out: &mut [f32]) {
     avx2::rows_q4_k(&w[full * row_bytes..], row_bytes, x, &mut out[full..]);
 }
 
-/// Blocks up to which the multi-activation K-quant kernels prepare per-block activation data on
-/// the stack (8192 columns); longer rows go one activation at a time.
-const MAX_MULTI_BLOCKS_K: usize = 32;
-
 /// The `T` activations' `Q8_K` blocks block-major (entry `b * T + t` is block `b` of activation
 /// `t`), copied into `buf`: the hot loops then address one slice instead of `T`.
-#[inline]
 fn block_major<'a, const T: usize>(
     xb: &[&[[u8; Q8_K_BYTES]]; T],
-    buf: &'a mut [std::mem::MaybeUninit<[u8; Q8_K_BYTES]>; MAX_MULTI_BLOCKS_K * MAX_MULTI],
+    buf: &'a mut Vec<[u8; Q8_K_BYTES]>,
 ) -> &'a [[u8; Q8_K_BYTES]] {
-    let nb = xb[0].len();
-    prefix(buf, nb * T, |i| xb[i % T][i / T])
+    refill(buf, xb[0].len() * T, |i| xb[i % T][i / T])
 }
 
-/// `Q4_K` for `T <= 8` activations: per block, the scales of the row are decoded once and its
-/// nibbles once per chunk; the `T` activations' integers are summed together (as the eight rows
-/// of [`q4_k_eight_rows`]) and their float chains kept in the lanes of one vector.
+/// `Q4_K` for `T <= 16` activations: per block, the scales of the row are decoded once and its
+/// nibbles once per chunk; the integers of each group of 8 activations are summed together (as
+/// the eight rows of [`q4_k_eight_rows`]) and their float chains kept in the lanes of one
+/// vector per group.
 #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx512vnni,avx2,fma,f16c")]
 fn multi_q4_k_t<const T: usize>(w: &[u8], row_bytes: usize, xs: &[&[u8]], outs: &mut [&mut [f32]]) {
     let xb: [&[[u8; Q8_K_BYTES]]; T] = std::array::from_fn(|t| xs[t].as_chunks::<Q8_K_BYTES>().0);
     let nb = xb[0].len();
-    if nb > MAX_MULTI_BLOCKS_K {
-        for (x, o) in xs.iter().zip(outs.iter_mut()) {
-            rows_q4_k(w, row_bytes, x, o);
-        }
-        return;
-    }
     let zero = _mm512_setzero_si512();
     let tok = |t: usize| t.min(T - 1);
-    // Per block: the pair sums of activations 0..4 (128-bit lanes of the first vector) and
-    // 4..8 (second), and the 8 activations' scales.
-    let mut pre_buf = stack_buf![(__m512i, __m512i, __m256); MAX_MULTI_BLOCKS_K];
-    let pre = prefix(&mut pre_buf, nb, |b| {
+    let groups = T.div_ceil(8);
+    let mut scratch = take_scratch();
+    let pre = refill(&mut scratch.q4k, nb * groups, |i| {
+        let (b, g) = (i / groups, 8 * (i % groups));
         let ps = |t0: usize| {
             let v = _mm512_castsi128_si512(avx2::q8k_pair_sums(&xb[tok(t0)][b]));
             let v = _mm512_inserti32x4::<1>(v, avx2::q8k_pair_sums(&xb[tok(t0 + 1)][b]));
             let v = _mm512_inserti32x4::<2>(v, avx2::q8k_pair_sums(&xb[tok(t0 + 2)][b]));
             _mm512_inserti32x4::<3>(v, avx2::q8k_pair_sums(&xb[tok(t0 + 3)][b]))
         };
-        let dy = |t: usize| avx2::f32_at(&xb[tok(t)][b], 0);
-        (ps(0), ps(4), _mm256_setr_ps(dy(0), dy(1), dy(2), dy(3), dy(4), dy(5), dy(6), dy(7)))
+        let dy = |t: usize| avx2::f32_at(&xb[tok(g + t)][b], 0);
+        (ps(g), ps(g + 4), _mm256_setr_ps(dy(0), dy(1), dy(2), dy(3), dy(4), dy(5), dy(6), dy(7)))
     });
-    let mut ys_buf = stack_buf![[u8; Q8_K_BYTES]; MAX_MULTI_BLOCKS_K * MAX_MULTI];
-    let ys = block_major(&xb, &mut ys_buf);
+    let ys = block_major(&xb, &mut scratch.ys);
     for (r, row) in w.chunks_exact(row_bytes).enumerate() {
         let (wb, _) = row.as_chunks::<Q4_K_BYTES>();
-        let (mut acc, mut accm) = (_mm256_setzero_ps(), _mm256_setzero_ps());
-        for ((a, &(ps0, ps1, dy)), yb) in wb.iter().zip(pre).zip(ys.chunks_exact(T)) {
+        let (mut acc, mut accm) = ([_mm256_setzero_ps(); 2], [_mm256_setzero_ps(); 2]);
+        for ((a, pb), yb) in wb.iter().zip(pre.chunks_exact(groups)).zip(ys.chunks_exact(T)) {
             let sm = avx2::k4_scales_mins(a, 4);
             let scv = k4_scale_vectors(_mm512_castsi128_si512(_mm_cvtepu8_epi16(sm)), 0);
             let mins = _mm512_broadcast_i32x4(_mm_cvtepu8_epi16(_mm_unpackhi_epi64(sm, sm)));
             let q: [__m512i; 4] = std::array::from_fn(|c| nibbles64(a, 16, c));
-            let mut isum = [zero; 8];
-            for (s, y) in isum.iter_mut().zip(yb) {
-                *s = k4_int(|c| q[c], y, &scv);
-            }
-            let imin0 = _mm512_madd_epi16(mins, ps0);
-            let imin1 = if T > 4 { _mm512_madd_epi16(mins, ps1) } else { zero };
-            let isum = _mm256_cvtepi32_ps(hsum16x8(&isum));
-            let imin = _mm256_cvtepi32_ps(hsum4x8(imin0, imin1));
             let (d, dmin) = avx2::f16x2_at(a, 0);
-            acc = _mm256_fmadd_ps(isum, _mm256_mul_ps(_mm256_set1_ps(d), dy), acc);
-            accm = _mm256_fmadd_ps(imin, _mm256_mul_ps(_mm256_set1_ps(dmin), dy), accm);
+            for (g, &(ps0, ps1, dy)) in pb.iter().enumerate() {
+                let mut isum = [zero; 8];
+                for (s, y) in isum.iter_mut().zip(&yb[8 * g..]) {
+                    *s = k4_int(|c| q[c], y, &scv);
+                }
+                let imin0 = _mm512_madd_epi16(mins, ps0);
+                let imin1 = if T > 8 * g + 4 { _mm512_madd_epi16(mins, ps1) } else { zero };
+                let isum = _mm256_cvtepi32_ps(hsum16x8(&isum));
+                let imin = _mm256_cvtepi32_ps(hsum4x8(imin0, imin1));
+                acc[g] = _mm256_fmadd_ps(isum, _mm256_mul_ps(_mm256_set1_ps(d), dy), acc[g]);
+                accm[g] = _mm256_fmadd_ps(imin, _mm256_mul_ps(_mm256_set1_ps(dmin), dy), accm[g]);
+            }
         }
-        let mut v = [0f32; 8];
-        // SAFETY: `v` holds 8 floats; `storeu` has no alignment requirement.
-        unsafe { _mm256_storeu_ps(v.as_mut_ptr(), _mm256_sub_ps(acc, accm)) };
+        let mut v = [0f32; 16];
+        for g in 0..groups {
+            // SAFETY: `v[8g..8g + 8]` is 8 in-bounds floats (`g < 2`); no alignment needed.
+            unsafe { _mm256_storeu_ps(v[8 * g..8 * g + 8].as_mut_ptr(), _mm256_sub_ps(acc[g], accm[g])) };
+        }
         for (t, o) in outs.iter_mut().enumerate().take(T) {
             o[r] = v[t];
         }
     }
+    put_scratch(scratch);
 }
 
 // ---------------------------------------------------------------------------
@@ -860,28 +881,18 @@ fn dot_q6_k(w: &[u8], x: &[u8]) -> f32 {
 fn multi_q6_k_t<const T: usize>(w: &[u8], row_bytes: usize, xs: &[&[u8]], outs: &mut [&mut [f32]]) {
     let xb: [&[[u8; Q8_K_BYTES]]; T] = std::array::from_fn(|t| xs[t].as_chunks::<Q8_K_BYTES>().0);
     let nb = xb[0].len();
-    if nb > MAX_MULTI_BLOCKS_K {
-        for (x, o) in xs.iter().zip(outs.iter_mut()) {
-            for (row, v) in w.chunks_exact(row_bytes).zip(o.iter_mut()) {
-                *v = dot_q6_k(row, x);
-            }
-        }
-        return;
-    }
     const P: usize = MAX_MULTI / 2;
     let pairs = T.div_ceil(2);
     // Pair p holds activations 2p (lower half) and 2p + 1 (upper; 2p again when T is odd).
     let tok = |p: usize, h: usize| (2 * p + h).min(T - 1);
-    // Per (pair, block) at p * nb + b: both activations' bsums and scales, half by half.
-    let mut pre_buf = stack_buf![(__m512i, __m512); P * MAX_MULTI_BLOCKS_K];
-    let pre = prefix(&mut pre_buf, pairs * nb, |i| {
+    let mut scratch = take_scratch();
+    let pre = refill(&mut scratch.q6k, pairs * nb, |i| {
         let (p, b) = (i / nb, i % nb);
         let (ya, yb) = (&xb[tok(p, 0)][b], &xb[tok(p, 1)][b]);
         let dy = _mm512_insertf32x8::<1>(_mm512_set1_ps(avx2::f32_at(ya, 0)), _mm256_set1_ps(avx2::f32_at(yb, 0)));
         (join256(avx2::ld256(ya, 260), avx2::ld256(yb, 260)), dy)
     });
-    let mut ys_buf = stack_buf![[u8; Q8_K_BYTES]; MAX_MULTI_BLOCKS_K * MAX_MULTI];
-    let ys = block_major(&xb, &mut ys_buf);
+    let ys = block_major(&xb, &mut scratch.ys);
     for (r, row) in w.chunks_exact(row_bytes).enumerate() {
         let (wb, _) = row.as_chunks::<Q6_K_BYTES>();
         let mut acc = [_mm512_setzero_ps(); P];
@@ -912,6 +923,7 @@ fn multi_q6_k_t<const T: usize>(w: &[u8], row_bytes: usize, xs: &[&[u8]], outs: 
             }
         }
     }
+    put_scratch(scratch);
 }
 
 // ---------------------------------------------------------------------------
@@ -981,25 +993,21 @@ fn dot_q4_k(w: &[u8], x: &[u8]) -> f32 {
     avx2::dot_q4_k(w, x)
 }
 
+/// The safe entry point of a multi-activation kernel `$f::<T>` for the listed `T` (calls get
+/// at most the last one: the kernel's `Multi::group`).
 macro_rules! multi_entry {
-    ($f:ident) => {{
+    ($f:ident, [$($t:literal),+]) => {{
         fn multi(w: &[u8], row_bytes: usize, xs: &[&[u8]], outs: &mut [&mut [f32]]) {
             // SAFETY: handed out by `multi_kernel` only after `vnni()` confirmed AVX-512
             // F/BW/DQ/VL, VNNI, AVX2, FMA and F16C on this CPU.
             unsafe {
                 match xs.len() {
-                    1 => $f::<1>(w, row_bytes, xs, outs),
-                    2 => $f::<2>(w, row_bytes, xs, outs),
-                    3 => $f::<3>(w, row_bytes, xs, outs),
-                    4 => $f::<4>(w, row_bytes, xs, outs),
-                    5 => $f::<5>(w, row_bytes, xs, outs),
-                    6 => $f::<6>(w, row_bytes, xs, outs),
-                    7 => $f::<7>(w, row_bytes, xs, outs),
-                    _ => $f::<8>(w, row_bytes, xs, outs),
+                    $($t => $f::<$t>(w, row_bytes, xs, outs),)+
+                    n => unreachable!("{n} activations in a multi-activation call"),
                 }
             }
         }
-        multi as super::MultiFn
+        (multi as super::MultiFn, [$($t),+].len())
     }};
 }
 
@@ -1009,12 +1017,15 @@ pub(super) fn multi_kernel(ty: GgmlType) -> Option<Multi> {
     if !vnni() {
         return None;
     }
-    let f = match ty {
-        GgmlType::Q8_0 => multi_entry!(multi_q8_0_t),
-        GgmlType::Q4_K => multi_entry!(multi_q4_k_t),
-        GgmlType::Q5_K => multi_entry!(multi_q5_k_t),
-        GgmlType::Q6_K => multi_entry!(multi_q6_k_t),
+    // Group sizes measured per CPU-second (`quant_speed` with `QS_MULTI`): 16 activations gain
+    // ~8% over 8 for `Q4_K` (its per-block decoding is the most expensive to share); `Q6_K` gains
+    // nothing and `Q8_0` loses a third (its prepared activations then outgrow the L1 cache).
+    let (f, group) = match ty {
+        GgmlType::Q8_0 => multi_entry!(multi_q8_0_t, [1, 2, 3, 4, 5, 6, 7, 8]),
+        GgmlType::Q4_K => multi_entry!(multi_q4_k_t, [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16]),
+        GgmlType::Q5_K => multi_entry!(multi_q5_k_t, [1, 2, 3, 4, 5, 6, 7, 8]),
+        GgmlType::Q6_K => multi_entry!(multi_q6_k_t, [1, 2, 3, 4, 5, 6, 7, 8]),
         _ => return None,
     };
-    Some(Multi { f, group: MAX_MULTI })
+    Some(Multi { f, group })
 }

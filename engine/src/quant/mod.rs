@@ -68,8 +68,8 @@
 //!   `Q6_K`;
 //! * `avx512`: its own `F32`, `F16`, `BF16` (ggml's AVX-512 shapes) and `Q2_K` (repacked
 //!   order) kernels; with AVX512-VNNI, 512-bit `Q8_0` (two rows per vector), `Q4_K` (eight rows
-//!   per step), `Q5_K`, `Q6_K` kernels and multi-activation kernels for those four (8
-//!   activations per pass); everything else (and the integer kernels on a CPU without VNNI)
+//!   per step), `Q5_K`, `Q6_K` kernels and multi-activation kernels for those four (16
+//!   activations per pass for `Q4_K`, 8 for the others); everything else (and the integer kernels on a CPU without VNNI)
 //!   from `avx2`, whose numerics are the same there.
 //!
 //! The other supported types use the scalar kernels at every level. The `Q8_K`, `F16` and
@@ -951,7 +951,7 @@ pub fn try_matvec(
 /// `outs[t][i] = dot(row rows.start + i of w, xs[t])`, each `xs[t]` quantized with
 /// [`quantize_activation`]. Every output is bit-identical to [`matvec`] with `xs[t]` (the
 /// same operations per element); where a multi-activation kernel exists (module docs,
-/// "Kernels") each weight block is decoded once for up to four (`avx2`) or eight (`avx512`)
+/// "Kernels") each weight block is decoded once for up to 4 (`avx2`) or 8 to 16 (`avx512`)
 /// activations, which is what prompt processing gains; a single activation goes to the
 /// `matvec` kernel. Allocation-free and single-threaded.
 ///
