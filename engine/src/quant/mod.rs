@@ -69,16 +69,17 @@
 //! * `avx512`: its own `F32`, `F16`, `BF16` (ggml's AVX-512 shapes) and `Q2_K` (repacked
 //!   order) kernels; with AVX512-VNNI, 512-bit `Q8_0` (two rows per vector), `Q4_K` (eight rows
 //!   per step), `Q5_K`, `Q6_K` kernels and multi-activation kernels for those four (16
-//!   activations per pass for `Q4_K`, 8 for the others); everything else (and the integer kernels on a CPU without VNNI)
-//!   from `avx2`, whose numerics are the same there.
+//!   activations per pass for `Q4_K`, 8 for the others); everything else (and the integer
+//!   kernels on a CPU without VNNI) from `avx2`, whose numerics are the same there.
 //!
 //! The other supported types use the scalar kernels at every level. The `Q8_K`, `F16` and
 //! x86 `Q8_0` activation quantizers have AVX2 versions (same bytes; [`quantize_row_on`] picks
-//! a backend). Per CPU-second on the development machine (Intel Sapphire Rapids, 2 vCPUs,
-//! `examples/quant_speed.rs` with `QS_LOOP`, cache-resident matrix of 2048 columns), the
-//! `avx512` kernels do about 1.2x (`Q4_K`), 1.25x (`Q6_K`), 1.3x (`Q8_0`) the `avx2` ones for
-//! one activation and 1.6-2x for eight; 512-bit shifts (port 0) and permutes (port 5) are
-//! single-port there while the integer multiplies use both ports, which bounds the `Q4_K` gain.
+//! a backend). Per CPU-second on the development machine (Intel Xeon, Sapphire/Emerald Rapids
+//! class, 2 vCPUs; `examples/quant_speed.rs` with `QS_LOOP`, cache-resident matrix of 2048
+//! columns, a shared and noisy machine), the `avx512` kernels do about 1.2x (`Q4_K`), 1.25x
+//! (`Q6_K`), 1.3x (`Q8_0`) the `avx2` ones for one activation, and 1.7-2x for 8 (`Q4_K`: 16) at a
+//! time. There 512-bit shifts (port 0) and permutes (port 5) are single-port while the integer
+//! multiplies use both ports (measured), which bounds the one-activation `Q4_K` gain.
 //!
 //! # Using it in a decode loop
 //! * Quantize each activation vector once with [`quantize_activation`] (into a
