@@ -954,7 +954,9 @@ pub fn try_matvec(
 /// same operations per element); where a multi-activation kernel exists (module docs,
 /// "Kernels") each weight block is decoded once for up to 4 (`avx2`) or 8 to 16 (`avx512`)
 /// activations, which is what prompt processing gains; a single activation goes to the
-/// `matvec` kernel. Allocation-free and single-threaded.
+/// `matvec` kernel. Single-threaded; the `avx512` kernels keep their prepared activations in a
+/// per-thread buffer that grows to the largest call and is then reused (no allocation per call
+/// after that).
 ///
 /// # Panics
 /// On an unsupported type or inconsistent lengths, like [`matvec`].
