@@ -258,7 +258,7 @@ fn bf16_tail(w: &[u8], x: &[u8], i: usize, mut sum: f64) -> f32 {
 /// 32-element steps (`c += x*y`, contracted to an FMA), each reduced with
 /// `_mm512_reduce_add_ps` and added to an `f64` sum; the tail in `f64`.
 #[target_feature(enable = "avx512f,avx512dq,avx2,fma")]
-fn dot_bf16_f(w: &[u8], x: &[u8]) -> f32 {
+pub(super) fn dot_bf16_f(w: &[u8], x: &[u8]) -> f32 {
     let n = w.len() / 2;
     let np = n - n % 32;
     let (mut c1, mut c2) = (_mm512_setzero_ps(), _mm512_setzero_ps());
@@ -284,7 +284,7 @@ fn ld_bh(b: &[u8], i: usize) -> __m512bh {
 /// 64-element steps, each reduced with `_mm512_reduce_add_ps` into an `f64` sum; the tail in
 /// `f64`.
 #[target_feature(enable = "avx512f,avx512dq,avx512bf16,avx2,fma")]
-fn dot_bf16_dp(w: &[u8], x: &[u8]) -> f32 {
+pub(super) fn dot_bf16_dp(w: &[u8], x: &[u8]) -> f32 {
     let n = w.len() / 2;
     let np = n - n % 64;
     let (mut c1, mut c2) = (_mm512_setzero_ps(), _mm512_setzero_ps());

@@ -1458,53 +1458,102 @@ fn ggml_order_dot(level: Backend, ty: GgmlType, w: &[u8], x: &[u8], n: usize) ->
             }
             if ty == Q2_K && level == Backend::Avx512 { acc1 - accm1 } else { ggml_hsum8(&acc) }
         }
-        // ggml_vec_dot_bf16: AVX2 (4 x 8 lanes), AVX512F (2 x 16 lanes) or AVX512-BF16
-        // (`vdpbf16ps`: per lane, the odd product then the even one, each exact in f32 and
-        // added with one rounding); each vector sum is added in f64, then the f64 tail.
-        BF16 => {
-            let val =
-                |b: &[u8], i: usize| f32::from_bits(u32::from(u16::from_le_bytes([b[2 * i], b[2 * i + 1]])) << 16);
-            let reduce16 = |s: &[f32; 16]| ggml_hsum8(&std::array::from_fn(|l| s[l + 8] + s[l]));
-            let (sum, np) = if level == Backend::Avx512 && cpu_has("avx512_bf16") {
-                let np = n - n % 64;
-                let mut c = [[0f32; 16]; 2];
-                for i in (0..np).step_by(64) {
-                    for (h, ch) in c.iter_mut().enumerate() {
-                        for (j, a) in ch.iter_mut().enumerate() {
-                            let k = i + 32 * h + 2 * j;
-                            *a = val(w, k + 1).mul_add(val(x, k + 1), *a);
-                            *a = val(w, k).mul_add(val(x, k), *a);
-                        }
-                    }
-                }
-                (f64::from(reduce16(&c[0])) + f64::from(reduce16(&c[1])), np)
-            } else if level == Backend::Avx512 {
-                let np = n - n % 32;
-                let mut c = [[0f32; 16]; 2];
-                for i in (0..np).step_by(32) {
-                    for (h, ch) in c.iter_mut().enumerate() {
-                        for (l, a) in ch.iter_mut().enumerate() {
-                            *a = val(w, i + 16 * h + l).mul_add(val(x, i + 16 * h + l), *a);
-                        }
-                    }
-                }
-                (f64::from(reduce16(&c[0])) + f64::from(reduce16(&c[1])), np)
-            } else {
-                let np = n - n % 32;
-                let mut c = [[0f32; 8]; 4];
-                for i in (0..np).step_by(32) {
-                    for (j, cj) in c.iter_mut().enumerate() {
-                        for (l, a) in cj.iter_mut().enumerate() {
-                            *a = val(w, i + 8 * j + l).mul_add(val(x, i + 8 * j + l), *a);
-                        }
-                    }
-                }
-                let s: [f32; 8] = std::array::from_fn(|l| (c[0][l] + c[2][l]) + (c[1][l] + c[3][l]));
-                (f64::from(ggml_hsum8(&s)), np)
-            };
-            (np..n).fold(sum, |acc, k| acc + f64::from(val(w, k) * val(x, k))) as f32
-        }
+        BF16 => ggml_bf16_dot(
+            match level {
+                Backend::Avx512 if cpu_has("avx512_bf16") => Bf16Shape::Avx512Bf16,
+                Backend::Avx512 => Bf16Shape::Avx512F,
+                _ => Bf16Shape::Avx2,
+            },
+            w,
+            x,
+            n,
+        ),
         _ => unreachable!("no ggml-order model for {ty}"),
+    }
+}
+
+/// The shapes of `ggml_vec_dot_bf16` on x86.
+#[derive(Clone, Copy, Debug)]
+enum Bf16Shape {
+    /// AVX2: 4 accumulators of 8 lanes over 32-element steps.
+    Avx2,
+    /// AVX512F without BF16: 2 accumulators of 16 lanes over 32-element steps.
+    Avx512F,
+    /// AVX512-BF16: 2 `vdpbf16ps` accumulators over 64-element steps (per lane, the odd
+    /// product then the even one, each exact in f32 and added with one rounding).
+    Avx512Bf16,
+}
+
+/// `ggml_vec_dot_bf16` in shape `shape`: each vector sum (FMAs, as GCC contracts `c += x*y`)
+/// reduced and added in f64, then the f64 tail.
+fn ggml_bf16_dot(shape: Bf16Shape, w: &[u8], x: &[u8], n: usize) -> f32 {
+    let val = |b: &[u8], i: usize| f32::from_bits(u32::from(u16::from_le_bytes([b[2 * i], b[2 * i + 1]])) << 16);
+    let reduce16 = |s: &[f32; 16]| ggml_hsum8(&std::array::from_fn(|l| s[l + 8] + s[l]));
+    let (sum, np) = match shape {
+        Bf16Shape::Avx512Bf16 => {
+            let np = n - n % 64;
+            let mut c = [[0f32; 16]; 2];
+            for i in (0..np).step_by(64) {
+                for (h, ch) in c.iter_mut().enumerate() {
+                    for (j, a) in ch.iter_mut().enumerate() {
+                        let k = i + 32 * h + 2 * j;
+                        *a = val(w, k + 1).mul_add(val(x, k + 1), *a);
+                        *a = val(w, k).mul_add(val(x, k), *a);
+                    }
+                }
+            }
+            (f64::from(reduce16(&c[0])) + f64::from(reduce16(&c[1])), np)
+        }
+        Bf16Shape::Avx512F => {
+            let np = n - n % 32;
+            let mut c = [[0f32; 16]; 2];
+            for i in (0..np).step_by(32) {
+                for (h, ch) in c.iter_mut().enumerate() {
+                    for (l, a) in ch.iter_mut().enumerate() {
+                        *a = val(w, i + 16 * h + l).mul_add(val(x, i + 16 * h + l), *a);
+                    }
+                }
+            }
+            (f64::from(reduce16(&c[0])) + f64::from(reduce16(&c[1])), np)
+        }
+        Bf16Shape::Avx2 => {
+            let np = n - n % 32;
+            let mut c = [[0f32; 8]; 4];
+            for i in (0..np).step_by(32) {
+                for (j, cj) in c.iter_mut().enumerate() {
+                    for (l, a) in cj.iter_mut().enumerate() {
+                        *a = val(w, i + 8 * j + l).mul_add(val(x, i + 8 * j + l), *a);
+                    }
+                }
+            }
+            let s: [f32; 8] = std::array::from_fn(|l| (c[0][l] + c[2][l]) + (c[1][l] + c[3][l]));
+            (f64::from(ggml_hsum8(&s)), np)
+        }
+    };
+    (np..n).fold(sum, |acc, k| acc + f64::from(val(w, k) * val(x, k))) as f32
+}
+
+/// Both AVX-512 `BF16` kernels (the dispatch picks one by the CPU's AVX512-BF16) in their ggml
+/// shapes, so the one this CPU does not select is checked too.
+#[cfg(target_arch = "x86_64")]
+#[test]
+fn avx512_bf16_kernels_follow_both_ggml_shapes() {
+    if !Backend::Avx512.is_available() {
+        assert!(!cpu_has("avx512f") || !cpu_has("avx512bw"), "AVX-512 CPU without the avx512 level");
+        return;
+    }
+    let mut rng = Rng::new(18);
+    for n in [7usize, 32, 64, 100, 1000, 4099] {
+        let w = random_row(GgmlType::BF16, n, &mut rng);
+        let x = random_row(GgmlType::BF16, n, &mut rng);
+        // SAFETY: the avx512 level (AVX-512 F/BW/DQ/VL, AVX2, FMA) was checked above.
+        let f = unsafe { super::avx512::dot_bf16_f(&w, &x) };
+        assert_eq!(f.to_bits(), ggml_bf16_dot(Bf16Shape::Avx512F, &w, &x, n).to_bits(), "avx512f n={n}");
+        if cpu_has("avx512_bf16") {
+            // SAFETY: AVX512-BF16 was checked too.
+            let d = unsafe { super::avx512::dot_bf16_dp(&w, &x) };
+            assert_eq!(d.to_bits(), ggml_bf16_dot(Bf16Shape::Avx512Bf16, &w, &x, n).to_bits(), "dpbf16 n={n}");
+        }
     }
 }
 
