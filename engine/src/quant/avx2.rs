@@ -1,24 +1,24 @@
-//! x86_64 AVX2 + FMA + F16C kernels.
+//! x86_64 AVX2 + FMA + F16C kernels: the kernel set of the `avx2` ISA level, and the
+//! `avx512` level's kernels for the types it has none of its own for.
 //!
 //! Same integer arithmetic as the scalar kernels (and ggml): quants are multiplied
 //! with `vpmaddubsw` (unsigned weight quants x signed activation quants, no
 //! saturation possible for the value ranges involved), widened with `vpmaddwd`
 //! against the sub-block scales, accumulated in `i32` per super-block, then scaled
-//! by `d_w * d_x` with one FMA. Signed weight quants (`Q3_K`, `Q6_K`) are made
-//! unsigned by adding their bias (4, 32) and the bias is removed through the
-//! activation's `bsums`, which gives the same integer per super-block.
+//! by `d_w * d_x` with one FMA. `Q6_K`'s signed quants are made unsigned by adding their
+//! bias (32), which is removed through the activation's `bsums`; `Q3_K` subtracts the
+//! products of its `4 * !hbit` part as ggml does. Either gives ggml's integers.
 //!
-//! The float arithmetic of the `Q8_0`, `Q4_K`, `Q5_K`, `Q6_K`, `F32` and `F16`
-//! kernels is that of the kernel a native x86 llama.cpp build runs (see the
-//! module docs of `quant` and each kernel): where that needs an i32 lane layout
-//! (the 8 FMA lanes of `Q8_0`, `Q5_K`, `Q6_K`), each sub-block scale gets its own
-//! `vpmaddwd` as in ggml; `Q4_K` only needs whole-block integers, so its kernel
+//! The float arithmetic of the `Q8_0`, `Q2_K`..`Q6_K`, `F32`, `F16` and `BF16` kernels is that
+//! of the kernel an AVX2 llama.cpp build runs (see the module docs of `quant` and each kernel;
+//! `dot_q2_k_repacked` is the `avx512` level's `Q2_K`): where that needs an i32 lane layout
+//! (the 8 FMA lanes of `Q8_0`, `Q2_K`, `Q3_K`, `Q5_K`, `Q6_K`), each sub-block scale gets its
+//! own `vpmaddwd` as in ggml; `Q4_K` only needs whole-block integers, so its kernel
 //! interleaves the i16 products of two sub-blocks (`vpunpck{l,h}wd` + `vpaddw`,
 //! the ranges leave room), applies both scales with one `vpmaddwd`, decodes the
 //! scales of two blocks per step and precomputes the activation's per-sub-block
-//! sums once per `matvec`. `Q2_K`/`Q3_K` use the interleaving too (their order is
-//! not ggml's); the `Q4_0` loop scales four blocks with one FMA. The kernels whose
-//! compute is closest to the memory bandwidth prefetch 4 KiB ahead.
+//! sums once per `matvec`. The `Q4_0` loop scales four blocks with one FMA (not ggml's
+//! order). The kernels whose compute is closest to the memory bandwidth prefetch 4 KiB ahead.
 //!
 //! `Q8_0`/`Q8_K` x `Q8_0`/`Q8_K` (and `Q4_0`) use ggml's sign trick
 //! (`|w| * sign(w) x`); like ggml's, it assumes activation quants are never
