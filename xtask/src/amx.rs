@@ -168,6 +168,50 @@ Disassembly of section .text:
         assert_eq!(mnemonic("0000000000012380 <tdp_helper>:"), None);
     }
 
+    /// The scanner on real `objdump` output: a library with AMX instructions (inline assembly,
+    /// assembled by binutils' `as`) fails the check with their count; one without passes.
+    #[test]
+    fn a_real_library_with_amx_fails_the_check() {
+        let dir = std::env::temp_dir().join(format!("amx-check-test-{}", std::process::id()));
+        let bin = dir.join("bin");
+        std::fs::create_dir_all(&bin).unwrap();
+        let c = dir.join("amx.c");
+        std::fs::write(
+            &c,
+            r#"void amx(void *cfg, void *p, long stride) {
+    __asm__ volatile("ldtilecfg (%0)" :: "r"(cfg) : "memory");
+    __asm__ volatile("tilezero %%tmm0" ::: "memory");
+    __asm__ volatile("tileloadd (%0,%1,1), %%tmm1" :: "r"(p), "r"(stride) : "memory");
+    __asm__ volatile("tdpbssd %%tmm1, %%tmm2, %%tmm0" ::: "memory");
+    __asm__ volatile("tilestored %%tmm0, (%0,%1,1)" :: "r"(p), "r"(stride) : "memory");
+    __asm__ volatile("tilerelease" ::: "memory");
+}
+int tilezero_is_only_a_name(int x) { return x + 1; }
+"#,
+        )
+        .unwrap();
+        let lib = |name: &str, src: &Path| {
+            let out = Command::new("cc").args(["-shared", "-fPIC", "-O2", "-o"]).arg(bin.join(name)).arg(src).output();
+            assert!(out.as_ref().is_ok_and(|o| o.status.success()), "cc failed: {out:?}");
+        };
+        lib("libggml-amx.so", &c);
+        let (counts, lines) = scan(&bin.join("libggml-amx.so")).unwrap();
+        assert!(lines > 10);
+        let want: BTreeMap<String, usize> =
+            ["ldtilecfg", "tdpbssd", "tileloadd", "tilerelease", "tilestored", "tilezero"]
+                .map(|m| (m.to_owned(), 1))
+                .into();
+        assert_eq!(counts, want);
+        let err = check(&[("amx".to_owned(), bin.clone())]).unwrap_err().to_string();
+        assert!(err.contains("libggml-amx.so: 6 (ldtilecfg 1, tdpbssd 1"), "{err}");
+        std::fs::remove_file(bin.join("libggml-amx.so")).unwrap();
+        let clean = dir.join("clean.c");
+        std::fs::write(&clean, "int tilezero(int x) { return x * 3; }\n").unwrap();
+        lib("libggml-clean.so", &clean);
+        check(&[("clean".to_owned(), bin.clone())]).unwrap();
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
     #[test]
     fn a_clean_listing_counts_nothing() {
         let clean = LISTING.lines().filter(|l| !l.contains("tile") && !l.contains("tdpb")).map(str::to_owned);

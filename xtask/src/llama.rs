@@ -252,9 +252,11 @@ fn ensure_source(dir: &Path) -> Result<PathBuf> {
     let tarball = dl.join(format!("llama_cpp_python-{LLAMA_CPP_PYTHON}.tar.gz"));
     if !tarball.is_file() {
         eprintln!("xtask: downloading llama-cpp-python {LLAMA_CPP_PYTHON} (source) from PyPI");
+        // Source for llama-cpp-python only: pip prepares the sdist's metadata, and with
+        // `--no-binary :all:` it would first compile its build tools (ninja, …) from source.
         crate::cmd::run(
             Command::new("python3")
-                .args(["-m", "pip", "download", "--no-deps", "--no-binary", ":all:"])
+                .args(["-m", "pip", "download", "--no-deps", "--no-binary", "llama-cpp-python"])
                 .arg(format!("llama-cpp-python=={LLAMA_CPP_PYTHON}"))
                 .arg("-d")
                 .arg(&dl),
@@ -274,11 +276,14 @@ fn ensure_source(dir: &Path) -> Result<PathBuf> {
     Ok(src)
 }
 
-/// A process working in `dir` (its current directory or executable inside it), if any.
+/// A process using `dir` (its current directory or executable inside it, or a file of it mapped:
+/// a program linked against its libraries), if any.
 fn user_of(dir: &Path) -> Option<u32> {
     let procs = std::fs::read_dir("/proc").ok()?;
+    let prefix = format!("{}/", dir.display());
     procs.filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok()).find(|pid| {
         ["cwd", "exe"].iter().any(|l| std::fs::read_link(format!("/proc/{pid}/{l}")).is_ok_and(|p| p.starts_with(dir)))
+            || std::fs::read_to_string(format!("/proc/{pid}/maps")).is_ok_and(|m| m.contains(&prefix))
     })
 }
 
@@ -290,7 +295,7 @@ fn remove_old_layout(dir: &Path) {
         if let Some(pid) = user_of(&old) {
             eprintln!(
                 "xtask: {} is the old unkeyed GGML_NATIVE llama.cpp build and is never used; not removed now, \
-                 process {pid} works in it",
+                 process {pid} uses it",
                 old.display()
             );
         } else {
@@ -494,6 +499,24 @@ mod tests {
             ["LLAMA_BUILD_EXAMPLES", "GGML_SSE42", "GGML_AVX", "GGML_AVX2", "GGML_BMI2", "GGML_FMA", "GGML_F16C"]
         );
         assert_eq!(args.iter().filter(|a| a.starts_with("-DGGML_") && a.ends_with("=OFF")).count(), 3 + 8);
+    }
+
+    #[test]
+    fn the_old_unkeyed_build_is_removed_unless_a_process_uses_it() {
+        let dir = std::env::temp_dir().join(format!("llama-old-layout-{}", std::process::id()));
+        let old = dir.join("build/bin");
+        std::fs::create_dir_all(&old).unwrap();
+        std::fs::create_dir_all(dir.join("avx2/build")).unwrap();
+        std::fs::write(dir.join("parity-llama-0123456789abcdef"), "").unwrap();
+        let mut user = Command::new("sleep").arg("30").current_dir(&old).spawn().unwrap();
+        remove_old_layout(&dir);
+        assert!(old.is_dir() && dir.join("parity-llama-0123456789abcdef").is_file(), "removed while in use");
+        user.kill().unwrap();
+        user.wait().unwrap();
+        remove_old_layout(&dir);
+        assert!(!dir.join("build").exists() && !dir.join("parity-llama-0123456789abcdef").exists());
+        assert!(dir.join("avx2/build").is_dir(), "a keyed build was touched");
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]
