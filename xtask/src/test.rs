@@ -2,7 +2,8 @@
 //!
 //! 1. `setup` (`cargo xtask setup`, which first prints what this machine is: `detect.rs`);
 //! 2. `build`: every binary of the workspace in release mode;
-//! 3. the tests: `cargo test --release --workspace --no-fail-fast`, timed as `tests: compile`
+//! 3. the tests: `cargo test --release --workspace --no-fail-fast` (arguments are passed on;
+//!    `-p NAME` replaces `--workspace`), timed as `tests: compile`
 //!    (until cargo runs the first test binary) and then one phase per test binary, from cargo's
 //!    `Running …` / `Doc-tests …` line to the binary's `test result:` line; it says how many
 //!    tests ran;
@@ -176,12 +177,16 @@ impl Phases {
 fn cargo_test(root: &std::path::Path, args: &[String]) -> Result<(TestClock, bool)> {
     let (reader, writer) = std::io::pipe().context("creating a pipe for cargo test")?;
     let mut c = Command::new("cargo");
+    // `--workspace` would override a package selection (`-p NAME`) given in the arguments.
+    let packages = args.iter().take_while(|a| *a != "--").any(|a| a.starts_with("-p") || a.starts_with("--package"));
+    let scope: &[&str] = if packages { &[] } else { &["--workspace"] };
     c.current_dir(root)
-        .args(["test", "--release", "--workspace", "--no-fail-fast"])
+        .args(["test", "--release", "--no-fail-fast"])
+        .args(scope)
         .args(args)
         .stdout(writer.try_clone().context("duplicating a pipe")?)
         .stderr(writer);
-    eprintln!("+ cargo test --release --workspace --no-fail-fast {}", args.join(" "));
+    eprintln!("+ cargo test --release --no-fail-fast {} {}", scope.join(" "), args.join(" "));
     let start = Instant::now();
     let mut child = c.spawn().context("cannot run cargo test")?;
     drop(c); // closes our copies of the pipe's write end, so that the read end sees the end
