@@ -345,7 +345,7 @@ fn ensure_build(dir: &Path, src: &Path, isa: &Isa, targets: &[Target]) -> Result
         ensure_tool("cmake", "cmake")?;
         ensure_tool("ccache", "ccache")?;
         let ccache_dir = dir.join("ccache");
-        let t0 = Instant::now();
+        let (t0, cpu0) = (Instant::now(), crate::cmd::children_cpu());
         if !configured {
             std::fs::create_dir_all(&own).with_context(|| format!("creating {}", own.display()))?;
             crate::cmd::run(Command::new("cmake").arg("-S").arg(src).arg("-B").arg(&build).args(&args))?;
@@ -374,7 +374,12 @@ fn ensure_build(dir: &Path, src: &Path, isa: &Isa, targets: &[Target]) -> Result
             (Some((h0, m0)), Some((h1, m1))) => format!("; ccache: {} hits, {} compiled", h1 - h0, m1 - m0),
             _ => String::new(),
         };
-        eprintln!("xtask: llama.cpp {} built in {:.0} s{cache}", isa.key, t0.elapsed().as_secs_f64());
+        eprintln!(
+            "xtask: llama.cpp {} built in {:.0} s wall, {:.0} s CPU{cache}",
+            isa.key,
+            t0.elapsed().as_secs_f64(),
+            crate::cmd::children_cpu() - cpu0
+        );
     }
     for t in targets {
         if !bin.join(t.file()).is_file() {
