@@ -152,6 +152,7 @@ pub fn main(args: &[String]) -> Result<()> {
 
 /// Parity of the engine at `level` against `build`: tokenization, greedy continuations, logits.
 pub fn run_level(level: Level, build: &llama::Build, engine: &Path, threads: usize) -> Result<()> {
+    let (t0, cpu0) = (std::time::Instant::now(), crate::cmd::children_cpu());
     println!("== parity at the {} level: engine with {} vs {}", level.name(), level.describe_env(), build.describe());
     let engine_cmd = || {
         let mut c = Command::new(engine);
@@ -338,10 +339,12 @@ pub fn run_level(level: Level, build: &llama::Build, engine: &Path, threads: usi
         bail!("{failures} mismatches against the {}", build.describe());
     }
     println!(
-        "parity at the {} level: engine matches the {} (llama-cpp-python {} sources)",
+        "parity at the {} level: engine matches the {} (llama-cpp-python {} sources); {:.0} s wall, {:.0} s CPU",
         level.name(),
         build.describe(),
-        llama::LLAMA_CPP_PYTHON
+        llama::LLAMA_CPP_PYTHON,
+        t0.elapsed().as_secs_f64(),
+        crate::cmd::children_cpu() - cpu0
     );
     Ok(())
 }
