@@ -25,8 +25,9 @@
 //! attention whose roundings differ in the last bit). The engine's batched prompt must also
 //! give the same bits as its token-by-token one (prompts up to 256 tokens). As a yardstick for
 //! how chaotic these random models are, the run also compares llama.cpp with itself (prompt in
-//! one batch vs token by token): on quantized MoE models a last-bit difference can move an 8-bit activation code,
-//! an f16 rounding or a top-k expert choice, and from there the two runs drift apart.
+//! one batch vs token by token): on quantized MoE models a last-bit difference can move an 8-bit
+//! activation code, an f16 rounding or a top-k expert choice, and from there the two runs drift
+//! apart.
 
 use std::path::Path;
 use std::process::Command;
