@@ -1,14 +1,15 @@
 //! `cargo xtask …`: the project's own scripts, in Rust.
 //!
 //! - `setup`: install and check everything the eBPF build and the tests need (idempotent).
-//! - `test`: setup, build, run every test, say how many ran.
+//! - `test`: setup, build, run every test, say how many ran and how long each phase took.
 //! - `demo`: setup, build, observe a workload and print the observer's table.
-//! - `parity`: the engine against llama.cpp on synthetic models.
+//! - `parity`: the engine against llama.cpp on synthetic models, at each ISA level.
 //! - `bench engine`: engine vs llama.cpp decode/prompt speed, same file, same run.
 //! - `pressure`: run a command under a cgroup memory limit, optional zram and balloon.
 //! - `bench heatmap`: one residency refresh of a 20 GB (sparse) model vs `fincore`, same file.
 //! - `bench trace`: bytes per token record with the expert grid packed vs plain JSON, same run.
 
+mod amx;
 mod bench_engine;
 mod bench_heatmap;
 mod bench_metrics;
@@ -19,6 +20,7 @@ mod bench_util;
 mod cache;
 mod cmd;
 mod demo;
+mod detect;
 mod displace;
 mod llama;
 mod parity;
