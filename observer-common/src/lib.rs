@@ -18,6 +18,8 @@ pub mod filemap;
 pub mod hist;
 #[cfg(feature = "user")]
 pub mod model;
+#[cfg(feature = "user")]
+pub mod totals;
 
 pub use faults::{Config, GlobalCounter, ThreadFaults};
 pub use hist::HIST_BUCKETS;

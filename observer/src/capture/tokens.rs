@@ -17,7 +17,7 @@ use observer_common::{
     model::{Component, Components, Counter, Counters, StepKind, ThreadToken, TokenRecord},
 };
 
-use crate::{analysis::report::comm_str, capture::engine_abi};
+use crate::capture::{comm_str, engine_abi};
 
 /// All threads' states at one instant.
 #[derive(Debug, Clone)]
@@ -222,7 +222,7 @@ pub fn build(begin: &Snapshot, end: &Snapshot, seq: u64, default_kind: StepKind)
 }
 
 /// The model's counters from the kernel's; page-cache churn is not measured here.
-fn model_counters(c: &[u64; N_CNT]) -> Counters {
+pub fn model_counters(c: &[u64; N_CNT]) -> Counters {
     let mut m = Counters::default();
     m.set(Counter::MajfltFile, Some(c[C_MAJFLT_FILE]));
     m.set(Counter::MajfltSwap, Some(c[C_MAJFLT_SWAP]));
