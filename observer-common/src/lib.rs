@@ -21,6 +21,8 @@ pub mod filemap;
 pub mod hist;
 #[cfg(feature = "user")]
 pub mod model;
+#[cfg(feature = "user")]
+pub mod totals;
 pub mod vocab;
 
 pub use faults::{Config, GlobalCounter, ThreadFaults};

@@ -22,6 +22,7 @@ extern crate alloc;
 use alloc::{collections::BTreeMap, string::String, vec::Vec};
 use core::fmt;
 
+pub use crate::totals::{DeviceReads, FaultTotals, RunTotals, ThreadTime, ThreadTotals};
 use serde::{
     Deserialize, Deserializer, Serialize, Serializer,
     de::{MapAccess, Visitor},
@@ -364,6 +365,8 @@ pub enum Event {
     Process(ProcessSample),
     Histograms(LatencyHistograms),
     Health(ObserverHealth),
+    /// Per-thread and per-device totals, once, before `End` (`crate::totals`).
+    Totals(RunTotals),
     End(RunEnd),
 }
 

@@ -175,6 +175,39 @@ fn a_recorded_run_reads_back_identically_and_survives_any_damage() {
     let _ = r.stderr;
 }
 
+/// `observer run`'s end-of-run table and JSON are a function of the model
+/// stream alone: `observer report` on the trace of the same run prints the
+/// same table and returns the same summary.
+#[test]
+fn the_run_table_is_what_report_prints_for_its_trace() {
+    let _l = machine_lock();
+    let dir = out_dir("table");
+    let (trace, json, data) = (dir.join("run.trace"), dir.join("run.json"), dir.join("demo.bin"));
+    let o = Command::new(OBSERVER)
+        .args(["run", "--every", "0", "--record", trace.to_str().unwrap(), "--json", json.to_str().unwrap()])
+        .args(["--", workload(), "demo", "--path", data.to_str().unwrap(), "--size", "16M"])
+        .output()
+        .expect("run observer");
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success(), "observer run failed:\n{err}");
+    let run_json: Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    let pid = u(&run_json["target"], "pid");
+    // The table: from its first line to the lost-events line.
+    let lines: Vec<&str> = err.lines().collect();
+    let first = lines
+        .iter()
+        .position(|l| l.starts_with(&format!("observer: pid {pid} (")) && l.contains(" observed for "))
+        .unwrap_or_else(|| panic!("no table:\n{err}"));
+    let last = first + lines[first..].iter().position(|l| l.contains("lost events: ")).expect("the table's end");
+    let table = lines[first..=last].join("\n") + "\n";
+    assert!(table.contains("where the time went") && table.contains("tokens: "), "a full table:\n{table}");
+
+    let report = observer_ok(&["report", trace.to_str().unwrap()]);
+    assert!(report.starts_with(&table), "run's table:\n{table}\nreport:\n{report}");
+    let rep: Value = serde_json::from_str(&observer_ok(&["report", "--json", trace.to_str().unwrap()])).unwrap();
+    assert_eq!(rep["summary"], run_json, "the JSON summary from the trace is the run's");
+}
+
 #[test]
 fn windows_and_process_samples_round_trip() {
     let _l = machine_lock();

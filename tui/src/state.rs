@@ -403,6 +403,7 @@ impl App {
             Event::Process(p) => self.process = Some(p),
             Event::Histograms(h) => self.latency = Some(h),
             Event::Health(h) => self.health = Some(h),
+            Event::Totals(_) => {}
             Event::End(e) => {
                 self.end = Some(e);
                 if !self.switched_on_end {

@@ -1,15 +1,27 @@
-//! The fault summary: what `observer run` prints at the end and writes with
-//! `--json`. Names follow the design's vocabulary (`majflt`, `minflt`,
-//! `fault_ns`, …); times are nanoseconds in data, milliseconds/microseconds on
-//! screen.
+//! The end-of-run summary: what `observer run` prints at the end and writes
+//! with `--json`, and what `observer report` prints for a trace. Names follow
+//! the design's vocabulary (`majflt`, `minflt`, `fault_ns`, …); times are
+//! nanoseconds in data, milliseconds/microseconds on screen.
+//!
+//! Rule: the summary is a function of the model stream alone ([`Collector`]),
+//! so a live run and its trace give the same table:
+//! - target, mode, kernel and probes from the `header`; exit code and lost
+//!   events from the `end`; the duration is `end.mono_ns − header.started_mono_ns`;
+//! - the fault table, per-thread attribution and block reads from the
+//!   `totals` event (none in the procfs fallback: faults not probed);
+//! - latency histograms from the last `histograms` event, the observer's
+//!   cost from the last `health` event;
+//! - the per-token summary from the token records (the newest `keep` of them).
 
 use std::io::Write;
 
 use observer_common::{
-    HIST_BUCKETS, ThreadFaults,
-    attrib::{C_DISK_READ_NS, C_READ_IOS, C_ZRAM_READ_NS, Hist, ThreadState},
+    HIST_BUCKETS,
     hist::bucket_upper_ns,
-    model::{Component, Components, Counter, Counters, LatencyKind, TokenRecord},
+    model::{
+        Component, Components, Counter, Counters, DeviceReads, Event, FaultTotals, LatencyHistograms, ObserverHealth,
+        RunEnd, RunHeader, RunTotals, ThreadTime, TokenRecord,
+    },
 };
 use serde::Serialize;
 
@@ -30,7 +42,7 @@ pub struct FaultCounts {
 }
 
 impl FaultCounts {
-    fn add(&mut self, t: &ThreadFaults) {
+    fn add(&mut self, t: &FaultTotals) {
         self.majflt += t.majflt;
         self.minflt += t.minflt;
         self.majflt_ns += t.majflt_ns;
@@ -71,15 +83,15 @@ pub struct ThreadAttribution {
 }
 
 impl ThreadAttribution {
-    fn from_state(s: &ThreadState) -> Self {
+    fn from_time(t: &ThreadTime) -> Self {
         ThreadAttribution {
-            wall_ns: s.accounted(),
-            components: Components::from_kernel(&s.time),
-            counters: Counters::from_kernel(&s.cnt),
-            read_ios: s.cnt[C_READ_IOS],
-            disk_read_ns: s.cnt[C_DISK_READ_NS],
-            zram_read_ns: s.cnt[C_ZRAM_READ_NS],
-            exited: s.flags & observer_common::attrib::F_EXITED != 0,
+            wall_ns: t.wall_ns,
+            components: t.components,
+            counters: t.counters,
+            read_ios: t.read_ios,
+            disk_read_ns: t.disk_read_ns,
+            zram_read_ns: t.zram_read_ns,
+            exited: t.exited,
         }
     }
 
@@ -124,12 +136,13 @@ pub struct Bucket {
 }
 
 impl Histogram {
-    pub fn from_counts(c: &[u64; HIST_BUCKETS]) -> Self {
+    /// From per-bucket counts (`observer_common::hist` buckets; missing ones are 0).
+    pub fn from_counts(c: &[u64]) -> Self {
         let mut h = Histogram::default();
         h.add(c);
         h
     }
-    fn add(&mut self, c: &[u64; HIST_BUCKETS]) {
+    fn add(&mut self, c: &[u64]) {
         if self.buckets.is_empty() {
             self.buckets = (0..HIST_BUCKETS).map(|b| Bucket { le_ns: bucket_upper_ns(b), count: 0 }).collect();
         }
@@ -155,15 +168,10 @@ pub struct DeviceRow {
 }
 
 impl DeviceRow {
-    /// From the kernel's dev_t encoding `(major << 20) | minor`.
-    pub fn new(kdev: u32, d: &observer_common::attrib::DevIo) -> Self {
-        let (major, minor) = (kdev >> 20, kdev & 0xfffff);
-        let name = std::fs::read_to_string(format!("/sys/dev/block/{major}:{minor}/uevent"))
-            .ok()
-            .and_then(|u| u.lines().find_map(|l| l.strip_prefix("DEVNAME=").map(str::to_string)));
+    pub fn new(d: &DeviceReads) -> Self {
         DeviceRow {
-            dev: format!("{major}:{minor}"),
-            name,
+            dev: d.dev.clone(),
+            name: d.name.clone(),
             read_bytes: d.read_bytes,
             read_ios: d.read_ios,
             read_ns: d.read_ns,
@@ -216,100 +224,89 @@ pub struct Summary {
     pub tokens_not_kept: u64,
 }
 
-pub fn comm_str(c: &[u8; 16]) -> String {
-    let end = c.iter().position(|&b| b == 0).unwrap_or(c.len());
-    String::from_utf8_lossy(&c[..end]).into_owned()
-}
-
 impl Summary {
-    pub fn build(
-        target: TargetInfo,
-        duration_ns: u64,
-        probes: Vec<String>,
-        rows: &[(u32, ThreadFaults)],
-        lost_events: u64,
-    ) -> Self {
+    /// The summary of a run from what [`Collector`] kept of its stream (module rule).
+    fn from_stream(c: &Collector) -> Self {
+        let header = c.header.clone().unwrap_or_default();
+        let end = c.end.clone().unwrap_or_default();
+        let mut s = Summary {
+            observer_version: env!("CARGO_PKG_VERSION"),
+            mode: header.mode,
+            kernel: header.kernel,
+            target: TargetInfo { pid: header.target_pid, command: header.target_command, exit_code: end.exit_code },
+            duration_ns: end.mono_ns.saturating_sub(header.started_mono_ns),
+            probes: header.probes,
+            totals: None,
+            majflt_hist: None,
+            minflt_hist: None,
+            threads: Vec::new(),
+            lost_events: end.lost_events,
+            latency: Default::default(),
+            devices: Vec::new(),
+            bpf_run_ns: c.health.as_ref().and_then(|h| h.bpf_run_ns),
+            bpf_run_count: c.health.as_ref().and_then(|h| h.bpf_run_count),
+            attribution_totals: None,
+            attribution: None,
+            tokens: c.tokens.clone(),
+            tokens_not_kept: c.tokens_not_kept,
+        };
+        if let Some(t) = &c.totals {
+            s.add_totals(t);
+        }
+        if let Some(h) = &c.latency {
+            for (name, counts) in &h.kinds {
+                let mut hist = Histogram::from_counts(counts);
+                hist.sum_ns = h.sum_ns.get(name).copied();
+                s.latency.insert(name.clone(), hist);
+            }
+        }
+        if !s.tokens.is_empty() {
+            s.attribution = Some(attribution::summarise(&s.tokens));
+        }
+        s
+    }
+
+    /// The fault table, the per-thread attribution and the block reads.
+    fn add_totals(&mut self, run: &RunTotals) {
         let mut totals = FaultCounts::default();
         let mut maj = Histogram::default();
         let mut min = Histogram::default();
-        let mut threads = Vec::with_capacity(rows.len());
-        for (tid, t) in rows {
-            totals.add(t);
-            maj.add(&t.majflt_hist);
-            min.add(&t.minflt_hist);
+        let mut all: Option<ThreadAttribution> = None;
+        for t in &run.threads {
             let mut counts = FaultCounts::default();
-            counts.add(t);
-            threads.push(ThreadRow {
-                tid: *tid,
-                comm: comm_str(&t.comm),
+            if let Some(f) = &t.faults {
+                totals.add(f);
+                maj.add(&f.majflt_hist);
+                min.add(&f.minflt_hist);
+                counts.add(f);
+            }
+            let attribution = t.time.as_ref().map(ThreadAttribution::from_time);
+            if let Some(a) = &attribution {
+                match &mut all {
+                    None => all = Some(a.clone()),
+                    Some(sum) => sum.add(a),
+                }
+            }
+            let hist = |h: Option<&Vec<u64>>| Histogram::from_counts(h.map_or(&[][..], |v| v));
+            self.threads.push(ThreadRow {
+                tid: t.tid,
+                comm: t.comm.clone(),
                 counts,
-                majflt_hist: Histogram::from_counts(&t.majflt_hist),
-                minflt_hist: Histogram::from_counts(&t.minflt_hist),
-                attribution: None,
+                majflt_hist: hist(t.faults.as_ref().map(|f| &f.majflt_hist)),
+                minflt_hist: hist(t.faults.as_ref().map(|f| &f.minflt_hist)),
+                attribution,
             });
         }
-        if maj.buckets.is_empty() {
-            maj.add(&[0; HIST_BUCKETS]);
-            min.add(&[0; HIST_BUCKETS]);
-        }
-        Summary {
-            observer_version: env!("CARGO_PKG_VERSION"),
-            mode: "ebpf".into(),
-            kernel: kernel_release(),
-            target,
-            duration_ns,
-            probes,
-            totals: Some(totals),
-            majflt_hist: Some(maj),
-            minflt_hist: Some(min),
-            threads,
-            lost_events,
-            latency: Default::default(),
-            devices: Vec::new(),
-            bpf_run_ns: None,
-            bpf_run_count: None,
-            attribution_totals: None,
-            attribution: None,
-            tokens: Vec::new(),
-            tokens_not_kept: 0,
-        }
-    }
-
-    /// Add the attribution results: final thread states, kernel histograms and
-    /// the token records.
-    pub fn add_attribution(&mut self, states: &[ThreadState], hists: &[Hist], tokens: Vec<TokenRecord>) {
-        let mut total: Option<ThreadAttribution> = None;
-        for st in states {
-            let a = ThreadAttribution::from_state(st);
-            match &mut total {
-                None => total = Some(a.clone()),
-                Some(t) => t.add(&a),
-            }
-            match self.threads.iter_mut().find(|r| r.tid == st.tid) {
-                Some(row) => row.attribution = Some(a),
-                None => self.threads.push(ThreadRow {
-                    tid: st.tid,
-                    comm: comm_str(&st.comm),
-                    counts: FaultCounts::default(),
-                    majflt_hist: Histogram::from_counts(&[0; HIST_BUCKETS]),
-                    minflt_hist: Histogram::from_counts(&[0; HIST_BUCKETS]),
-                    attribution: Some(a),
-                }),
-            }
-        }
         self.threads.sort_by_key(|r| r.tid);
-        self.attribution_totals = total;
-        for k in LatencyKind::ALL {
-            if let Some(h) = hists.get(k.slot()) {
-                let mut hist = Histogram::from_counts(&h.b);
-                hist.sum_ns = Some(h.sum);
-                self.latency.insert(k.name().into(), hist);
-            }
+        if maj.buckets.is_empty() {
+            maj.add(&[]);
+            min.add(&[]);
         }
-        if !tokens.is_empty() {
-            self.attribution = Some(attribution::summarise(&tokens));
-        }
-        self.tokens = tokens;
+        self.totals = Some(totals);
+        self.majflt_hist = Some(maj);
+        self.minflt_hist = Some(min);
+        self.attribution_totals = all;
+        self.devices = run.devices.iter().map(DeviceRow::new).collect();
     }
 
     /// The human table.
@@ -444,6 +441,71 @@ impl Summary {
     }
 }
 
+/// What the summary needs from a model stream, kept as the events pass
+/// (the last `histograms`, `health` and `totals`, the header and the end, and
+/// the newest `keep` token records; older ones are counted).
+#[derive(Debug, Clone)]
+pub struct Collector {
+    header: Option<RunHeader>,
+    latency: Option<LatencyHistograms>,
+    health: Option<ObserverHealth>,
+    totals: Option<RunTotals>,
+    end: Option<RunEnd>,
+    tokens: Vec<TokenRecord>,
+    keep: usize,
+    tokens_not_kept: u64,
+}
+
+impl Collector {
+    /// Keep at most `keep` token records (a standing `observer serve` must not
+    /// grow without bound): when full, the older half is dropped and counted.
+    pub fn new(keep: usize) -> Self {
+        Collector {
+            header: None,
+            latency: None,
+            health: None,
+            totals: None,
+            end: None,
+            tokens: Vec::new(),
+            keep: keep.max(1),
+            tokens_not_kept: 0,
+        }
+    }
+
+    pub fn push(&mut self, ev: &Event) {
+        match ev {
+            Event::Header(h) => self.header = Some(h.clone()),
+            Event::Token(t) => {
+                if self.tokens.len() >= self.keep {
+                    let n = self.tokens.len().div_ceil(2);
+                    self.tokens.drain(..n);
+                    self.tokens_not_kept += n as u64;
+                }
+                self.tokens.push(t.clone());
+            }
+            Event::Process(_) => {}
+            Event::Histograms(h) => self.latency = Some(h.clone()),
+            Event::Health(h) => self.health = Some(h.clone()),
+            Event::Totals(t) => self.totals = Some(t.clone()),
+            Event::End(e) => self.end = Some(e.clone()),
+        }
+    }
+
+    /// The summary of what was pushed (module rule).
+    pub fn summary(&self) -> Summary {
+        Summary::from_stream(self)
+    }
+}
+
+/// The summary of a whole stream (e.g. a trace's events), every token kept.
+pub fn summarise<'a>(events: impl IntoIterator<Item = &'a Event>) -> Summary {
+    let mut c = Collector::new(usize::MAX);
+    for ev in events {
+        c.push(ev);
+    }
+    c.summary()
+}
+
 fn avg_us(ns: u64, n: u64) -> String {
     if n == 0 { "-".into() } else { format!("{:.2}", ns as f64 / n as f64 / 1e3) }
 }
@@ -483,8 +545,79 @@ fn print_hist(out: &mut impl Write, h: &Histogram) -> std::io::Result<()> {
     Ok(())
 }
 
-pub fn kernel_release() -> String {
-    std::fs::read_to_string("/proc/sys/kernel/osrelease")
-        .map(|s| s.trim().to_string())
-        .unwrap_or_else(|_| "unknown".into())
+#[cfg(test)]
+mod tests {
+    use observer_common::model::{Counters, StepKind, ThreadTotals};
+
+    use super::*;
+
+    fn tok(seq: u64) -> Event {
+        Event::Token(TokenRecord {
+            seq,
+            index: Some(seq),
+            kind: StepKind::Generate,
+            n_tokens: 1,
+            start_ns: seq * 10,
+            wall_ns: 10,
+            components: Components::default(),
+            residual_ns: 0,
+            counters: Counters::default(),
+            engine_compute_ns: None,
+            threads: Vec::new(),
+            engine: None,
+            residency: None,
+            lost_events: 0,
+        })
+    }
+
+    #[test]
+    fn kept_tokens_are_bounded_and_the_rest_counted() {
+        let mut c = Collector::new(10);
+        for i in 0..25 {
+            c.push(&tok(i));
+        }
+        let s = c.summary();
+        assert!(s.tokens.len() <= 10);
+        assert_eq!(s.tokens.len() as u64 + s.tokens_not_kept, 25);
+        assert_eq!(s.tokens.last().unwrap().seq, 24, "the newest are kept");
+        let all = summarise(&(0..25).map(tok).collect::<Vec<_>>());
+        assert_eq!((all.tokens.len(), all.tokens_not_kept), (25, 0));
+    }
+
+    #[test]
+    fn the_summary_is_a_function_of_the_stream() {
+        let header = RunHeader {
+            mode: "ebpf".into(),
+            target_pid: 7,
+            target_command: vec!["engine".into()],
+            started_mono_ns: 1_000,
+            ..Default::default()
+        };
+        let mut f =
+            FaultTotals { majflt: 2, majflt_ns: 4_000, majflt_hist: vec![0; HIST_BUCKETS], ..Default::default() };
+        f.majflt_hist[12] = 2;
+        let totals = RunTotals {
+            mono_ns: 5_000,
+            threads: vec![
+                ThreadTotals { tid: 9, comm: "worker".into(), faults: None, time: Some(ThreadTime::default()) },
+                ThreadTotals { tid: 7, comm: "engine".into(), faults: Some(f), time: None },
+            ],
+            devices: Vec::new(),
+        };
+        let end = RunEnd { mono_ns: 3_001_000, exit_code: Some(0), lost_events: 3 };
+        let s = summarise(&[Event::Header(header.clone()), Event::Totals(totals), Event::End(end.clone())]);
+        assert_eq!((s.target.pid, s.target.exit_code, s.lost_events), (7, Some(0), 3));
+        assert_eq!(s.duration_ns, 3_000_000, "end − header start");
+        assert_eq!(s.threads.iter().map(|t| t.tid).collect::<Vec<_>>(), [7, 9], "by tid");
+        assert_eq!(s.totals.as_ref().map(|t| (t.majflt, t.fault_ns)), Some((2, 4_000)));
+        assert_eq!(s.majflt_hist.as_ref().map(|h| h.count), Some(2));
+        assert!(s.threads[1].attribution.is_some() && s.threads[0].attribution.is_none());
+        // Without totals (the procfs fallback): faults not probed.
+        let header = RunHeader { mode: "procfs".into(), ..header };
+        let s = summarise(&[Event::Header(header), Event::End(end)]);
+        assert!(s.totals.is_none() && s.majflt_hist.is_none() && s.threads.is_empty());
+        let mut out = Vec::new();
+        s.print(&mut out).unwrap();
+        assert!(String::from_utf8(out).unwrap().contains("in procfs mode (faults not probed)"));
+    }
 }

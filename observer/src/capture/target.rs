@@ -47,7 +47,7 @@ impl InCgroup {
         let oom = match memcg::OomWatch::start(&group) {
             Ok(w) => Some(w),
             Err(e) => {
-                eprintln!("observer: --cgroup: {e}; an OOM kill of the target there cannot be reported");
+                log::warn!("--cgroup: {e}; an OOM kill of the target there cannot be reported");
                 None
             }
         };

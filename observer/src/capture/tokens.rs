@@ -17,7 +17,7 @@ use observer_common::{
     model::{Component, Components, Counter, Counters, StepKind, ThreadToken, TokenRecord},
 };
 
-use crate::{analysis::report::comm_str, capture::engine_abi};
+use crate::capture::{comm_str, engine_abi};
 
 /// All threads' states at one instant.
 #[derive(Debug, Clone)]

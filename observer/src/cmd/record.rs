@@ -1,11 +1,13 @@
 //! `observer record -o FILE [run options] -- CMD`: `observer run` with the
-//! recorder (`observer::store::trace::TraceWriter`) as an extra sink.
+//! recorder (`observer::sinks::trace_writer::TraceWriter`) as an extra sink.
 
 use std::path::PathBuf;
 
 use anyhow::{Result, bail};
 
-use super::run::{RunArgs, run_with};
+use observer::capture::session::Stop;
+
+use super::run::{RunArgs, observe};
 
 #[derive(Debug, clap::Args)]
 pub struct RecordArgs {
@@ -21,5 +23,6 @@ pub async fn record(mut a: RecordArgs) -> Result<i32> {
         bail!("give the trace file once: `observer record -o FILE`, or `observer run --record FILE`");
     }
     a.run.record = Some(a.output);
-    run_with(a.run, Vec::new()).await
+    let stop = Stop::install()?;
+    observe(a.run, Vec::new(), &stop).await
 }

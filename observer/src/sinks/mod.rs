@@ -1,13 +1,16 @@
 //! Sinks: consumers of the model stream (`observer_common::model::Event`).
 //!
-//! `observer run` feeds every sink the same events in order: one `Header`,
-//! then `Token`s and `Process` samples as they happen, and one `End`. A sink
+//! A session (`crate::capture::session`) feeds every sink the same events in
+//! order: one `Header`, then `Token`s and samples as they happen, one `Totals`
+//! (eBPF only) and one `End`. A sink
 //! must never block the run loop (the recorder drops and counts instead), so
 //! that a slow consumer never slows the observation or the engine.
 
 use observer_common::model::Event;
 
+pub mod lines;
 pub mod prometheus;
+pub mod summary;
 pub mod trace_writer;
 
 pub trait Sink {
@@ -28,6 +31,13 @@ impl Sink for Collect {
         self.events.push(ev.clone());
         Ok(())
     }
+}
+
+/// The events a sink that drops under load must still deliver: the
+/// once-per-run ones (`Header`, `Totals`, `End`), which come while the run
+/// starts or after the target has finished, so waiting for them slows nothing.
+pub fn once_per_run(ev: &Event) -> bool {
+    matches!(ev, Event::Header(_) | Event::Totals(_) | Event::End(_))
 }
 
 /// Fan an event out to several sinks.

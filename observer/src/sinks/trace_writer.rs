@@ -4,9 +4,9 @@
 //! Rule: the run loop never waits for the disk. Events go through a bounded
 //! channel; a token or process event that finds it full is dropped and
 //! counted ([`RecorderStats`]), and the count is written into the `end`
-//! record. Only the first (`header`) and the last (`end`) event wait: the
-//! header goes into an empty channel, and the end comes after the target has
-//! finished. The thread writes each burst of events and flushes when the
+//! record. Only the once-per-run events wait (`header`, `totals`, `end`:
+//! [`once_per_run`]): the header goes into an empty channel, and the others
+//! come after the target has finished. The thread writes each burst of events and flushes when the
 //! channel is empty, so a killed observer loses at most the burst in flight.
 
 use std::{
@@ -25,7 +25,7 @@ use anyhow::Context;
 use observer_common::model::Event;
 use serde::{Deserialize, Serialize};
 
-use crate::sinks::Sink;
+use crate::sinks::{Sink, once_per_run};
 use crate::store::trace::{TraceError, encode_record, file_header, grid, kind_of_payload};
 
 /// Default channel capacity, in events.
@@ -150,8 +150,8 @@ impl TraceWriter {
     fn writer_failed(&mut self) {
         if !self.failed {
             self.failed = true;
-            eprintln!(
-                "observer: writing trace {} failed; further events are dropped (the error follows at the end)",
+            log::error!(
+                "writing trace {} failed; further events are dropped (the error follows at the end)",
                 self.name
             );
         }
@@ -162,16 +162,18 @@ impl Sink for TraceWriter {
     fn event(&mut self, ev: &Event) -> anyhow::Result<()> {
         let Some(tx) = &self.tx else { return Ok(()) };
         match ev {
-            Event::Header(_) | Event::End(_) => {
+            ev if once_per_run(ev) => {
                 // Waits: see the module doc. A closed channel means the
                 // writer failed; `finish` returns its error.
                 let _ = tx.send(ev.clone());
                 if matches!(ev, Event::End(_)) {
                     let s = self.finish()?;
                     if s.dropped() > 0 {
-                        eprintln!(
-                            "\x1b[31mobserver: trace {}: dropped {} token and {} other events (the disk did not keep up)\x1b[0m",
-                            self.name, s.dropped_tokens, s.dropped_other
+                        log::warn!(
+                            "trace {}: dropped {} token and {} other events (the disk did not keep up)",
+                            self.name,
+                            s.dropped_tokens,
+                            s.dropped_other
                         );
                     }
                 }
@@ -201,7 +203,7 @@ impl Drop for TraceWriter {
         if self.thread.is_some()
             && let Err(e) = self.finish()
         {
-            eprintln!("observer: {e:#}");
+            log::error!("{e:#}");
         }
     }
 }

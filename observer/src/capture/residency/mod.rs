@@ -26,7 +26,7 @@
 //! ```text
 //! let mut s = residency::Sampler::new(&model_path, Some(pid))?;   // parses the GGUF, maps it
 //! s.set_scan_interval(Duration::from_millis(500));                  // mincore at most this often
-//! if let Err(e) = s.enable_churn(probes.ebpf_mut()) { eprintln!("churn not measured: {e}") }
+//! if let Err(e) = s.enable_churn(probes.ebpf_mut()) { log::warn!("churn not measured: {e}") }
 //! // at each token record:
 //! let x = s.sample()?;
 //! record.residency = Some(x.residency);

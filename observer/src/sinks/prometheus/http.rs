@@ -139,7 +139,7 @@ async fn serve(listener: StdListener, ex: Arc<Exporter>, mut stop: oneshot::Rece
     let listener = match TcpListener::from_std(listener) {
         Ok(l) => l,
         Err(e) => {
-            eprintln!("observer: metrics endpoint: {e}");
+            log::error!("metrics endpoint: {e}");
             return;
         }
     };

@@ -486,6 +486,7 @@ impl Sink for MetricsSink {
             Event::Process(p) => self.process(p),
             Event::Histograms(h) => self.histograms(h),
             Event::Health(h) => self.health(h),
+            Event::Totals(_) => {}
             Event::End(e) => {
                 // The run's final count; the procfs fallback measures no lost
                 // events (it sends no Health samples and reports 0 here).
@@ -510,7 +511,7 @@ fn layer_labels(layer: usize) -> OwnedLabels {
 pub fn run_sink(addr: &str) -> Result<MetricsSink, MetricsError> {
     let ex = Exporter::new();
     let ep = Endpoint::start(addr, Arc::clone(&ex))?;
-    eprintln!("observer: metrics at http://{}/metrics", ep.local_addr());
+    log::info!("metrics at http://{}/metrics", ep.local_addr());
     let mut s = ex.sink();
     s._endpoint = Some(ep);
     Ok(s)
