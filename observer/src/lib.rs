@@ -5,6 +5,7 @@
 //! - `cmd/` (the binary, `src/cmd/`): argument parsing only;
 //! - [`sinks`]: consumers of the model stream (per-token lines, the end-of-run
 //!   summary, Prometheus, the trace writer);
+//! - [`plot`]: pictures (SVG, PNG) of what `analysis` computes;
 //! - [`analysis`]: what is computed from a run (statistics, `diff`, the
 //!   report, exports);
 //! - [`store`]: runs on disk (the trace format, imports of other formats);
@@ -13,5 +14,6 @@
 
 pub mod analysis;
 pub mod capture;
+pub mod plot;
 pub mod sinks;
 pub mod store;

@@ -30,6 +30,8 @@ enum Cmd {
     Report(cmd::report::ReportArgs),
     /// Convert a run to another format (Chrome / Perfetto trace JSON).
     Export(cmd::export::ExportArgs),
+    /// Pictures (SVG or PNG): per-token components, A/B comparison, residency over time, the cliff curve.
+    Plot(cmd::plot::PlotArgs),
     /// Which weights of a GGUF model are in the page cache: a layer × expert heatmap.
     Heatmap(cmd::heatmap::HeatmapArgs),
     /// A standing Prometheus exporter: observe a PID, a command, or every
@@ -52,6 +54,7 @@ fn main() {
                 Cmd::Report(args) => cmd::report::report(args),
                 Cmd::Export(args) => cmd::export::export(args),
                 Cmd::Heatmap(args) => cmd::heatmap::run(args),
+                Cmd::Plot(args) => cmd::plot::plot(args),
                 Cmd::Serve(args) => cmd::serve::serve(args).await,
                 Cmd::Tui(args) => cmd::tui::tui(args).await,
             }

@@ -4,6 +4,7 @@
 pub mod diff;
 pub mod export;
 pub mod heatmap;
+pub mod plot;
 pub mod record;
 pub mod report;
 pub mod run;
