@@ -8,6 +8,7 @@
 //! - `pressure`: run a command under a cgroup memory limit, optional zram and balloon.
 //! - `bench heatmap`: one residency refresh of a 20 GB (sparse) model vs `fincore`, same file.
 //! - `bench trace`: bytes per token record with the expert grid packed vs plain JSON, same run.
+//! - `experiment dense-weights`: the seeds' dense-weight A/B, written to `docs/findings/`.
 
 mod amx;
 mod bench_engine;
@@ -22,6 +23,7 @@ mod cmd;
 mod demo;
 mod detect;
 mod displace;
+mod experiment;
 mod llama;
 mod parity;
 mod pressure;
@@ -45,6 +47,8 @@ commands:
   bench heatmap [..] residency refresh of a 20 GB sparse model vs fincore, same run
   bench metrics      observed engine tok/s with and without bursts of /metrics scrapes
   bench trace [..]   trace bytes per token record, expert grid packed vs plain JSON, same run
+  experiment dense-weights [-n N] [-t T]  A-B-B-A of --dense anon vs locked under pressure:
+                     docs/findings/dense-weights.md and its plots
 ";
 
 fn main() {
@@ -61,6 +65,7 @@ fn main() {
         ["bench", "heatmap", ..] => bench_heatmap::main(&args[2..]),
         ["bench", "metrics", ..] => bench_metrics::main(&args[2..]),
         ["bench", "trace", ..] => bench_trace::main(&args[2..]),
+        ["experiment", ..] => experiment::main(&args[1..]),
         ["-h" | "--help" | "help"] | [] => {
             print!("{USAGE}");
             Ok(())
