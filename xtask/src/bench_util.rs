@@ -41,40 +41,14 @@ pub fn median(v: &mut [f64]) -> f64 {
     }
 }
 
-/// The next value of a SplitMix64 generator (Steele, Lea, Flood 2014) whose
-/// state is `state`: seeded draws for the benchmarks' intervals and pauses.
-pub fn splitmix64(state: &mut u64) -> u64 {
-    *state = state.wrapping_add(0x9E37_79B9_7F4A_7C15);
-    let mut z = *state;
-    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    z ^ (z >> 31)
-}
-
 /// `stat` over every unit (`stat(&[0, 1, …, n − 1])`) and its 95 %
-/// percentile bootstrap interval: 2000 resamples of the `n` units with
-/// replacement, each passed to `stat` as the indices drawn, from a SplitMix64
-/// generator seeded with `seed` (so the same data always give the same
-/// interval). Resamples where `stat` is not finite are left out; `None` when
-/// it is not finite over every unit.
+/// percentile bootstrap interval from 2000 resamples of the `n` units
+/// (`moe_stats::bootstrap`, seeded with `seed`, so the same data always give
+/// the same interval): `(value, low, high)`, `None` when `stat` is not finite
+/// over every unit or in any resample.
 pub fn bootstrap(n: usize, seed: u64, stat: impl Fn(&[usize]) -> f64) -> Option<(f64, f64, f64)> {
-    let all: Vec<usize> = (0..n).collect();
-    let point = stat(&all);
-    if !point.is_finite() {
-        return None;
-    }
-    let mut state = seed;
-    let mut next = || ((splitmix64(&mut state) >> 32).wrapping_mul(n as u64) >> 32) as usize;
-    let mut draws: Vec<f64> = (0..2000)
-        .map(|_| {
-            let pick: Vec<usize> = (0..n).map(|_| next()).collect();
-            stat(&pick)
-        })
-        .filter(|r| r.is_finite())
-        .collect();
-    draws.sort_by(f64::total_cmp);
-    let q = |p: f64| draws[((draws.len() - 1) as f64 * p).round() as usize];
-    Some((point, q(0.025), q(0.975)))
+    let (point, ci) = moe_stats::bootstrap(n, 2000, seed, stat)?;
+    ci.map(|(lo, hi)| (point, lo, hi))
 }
 
 /// The geometric mean of paired ratios `b / a` and its 95 % [`bootstrap`]

@@ -7,7 +7,7 @@ use std::{ffi::OsString, path::PathBuf, time::Duration};
 
 use anyhow::{Context, Result, bail};
 use observer::{
-    capture::session::{Mode, Session, SessionOptions, Stop, TargetSpec, TokenSymbol},
+    capture::session::{Mode, Outcome, Session, SessionOptions, Stop, TargetSpec, TokenSymbol},
     sinks::{Sink, lines::Lines, prometheus, summary::SummarySink, trace_writer::TraceWriter},
 };
 
@@ -132,8 +132,14 @@ pub async fn run(args: RunArgs) -> Result<i32> {
 
 /// One session as `observer run` makes it, with `extra` sinks (recorder, TUI,
 /// exporter) fed the same stream. Returns the target's exit code (0 when
-/// there is none).
+/// there is none) once the probes are detached.
 pub async fn observe(args: RunArgs, extra: Vec<Box<dyn Sink>>, stop: &Stop) -> Result<i32> {
+    Ok(observe_session(args, extra, stop).await?.detached().await.unwrap_or(0))
+}
+
+/// [`observe`], returning as soon as the sinks have had the end, while the
+/// probes may still be detaching.
+pub async fn observe_session(args: RunArgs, extra: Vec<Box<dyn Sink>>, stop: &Stop) -> Result<Outcome> {
     let opts = args.session_options()?;
     let mut sinks: Vec<Box<dyn Sink>> = vec![Box::new(Lines::new(args.every))];
     if let Some(addr) = &args.metrics_addr {
@@ -145,8 +151,7 @@ pub async fn observe(args: RunArgs, extra: Vec<Box<dyn Sink>>, stop: &Stop) -> R
     sinks.extend(extra);
     // Last: the table comes after every other sink has had the end.
     sinks.push(Box::new(SummarySink::new(args.keep_tokens, args.json.clone())));
-    let outcome = Session::start(opts, stop)?.run(&mut sinks).await?;
-    Ok(outcome.exit_code.unwrap_or(0))
+    Session::start(opts, stop)?.run(&mut sinks).await
 }
 
 #[cfg(test)]
