@@ -8,77 +8,62 @@
 
 use std::io::Write;
 
-use observer_common::model::{Component, Counter, StepKind, TokenRecord};
+use observer_common::{
+    model::{Component, Counter, StepKind, TokenRecord},
+    vocab::Time,
+};
 use serde::Serialize;
 
 fn ms(ns: u64) -> f64 {
     ns as f64 / 1e6
 }
 
-/// Header for [`line`].
+/// Counters on the per-token lines.
+const LINE_COUNTERS: [Counter; 5] =
+    [Counter::MajfltFile, Counter::MajfltSwap, Counter::Minflt, Counter::Swapins, Counter::ReadBytes];
+
+/// Header for [`line`]: the vocabulary's short labels, for the components this
+/// observer measures (`Component::measured`).
 pub fn header() -> String {
-    let mut s = format!("{:>6} {:<6} {:>8}", "tok", "kind", "wall");
-    for c in Component::ALL {
-        s.push_str(&format!(" {:>8}", short(c)));
+    let mut s = format!("{:>6} {:<6} {:>8}", "tok", "kind", Time::Wall.short());
+    for c in Component::measured() {
+        s.push_str(&format!(" {:>8}", c.short()));
     }
     s.push_str(&format!(
-        " {:>7} {:>8} {:>8} | {:>5} {:>5} {:>6} {:>6} {:>7}",
-        "resid", "eng_cmp", "hidden", "majF", "majS", "minflt", "swapin", "read_MB"
+        " {:>7} {:>8} {:>8} |",
+        Time::Residual.short(),
+        Time::EngineCompute.short(),
+        Time::Hidden.short()
     ));
-    s.push_str("\n(ms per token; components are the mean over the threads that ran)");
-    s
-}
-
-fn short(c: Component) -> &'static str {
-    match c {
-        Component::Compute => "compute",
-        Component::FaultMinor => "flt_min",
-        Component::SwapinZram => "zram",
-        Component::FaultIo => "flt_io",
-        Component::IoWait => "io_wait",
-        Component::Reclaim => "reclaim",
-        Component::Syscall => "syscall",
-        Component::Runqueue => "runq",
-        Component::Sleep => "sleep",
+    for c in LINE_COUNTERS {
+        s.push_str(&format!(" {:>7}", c.short()));
     }
+    s.push_str("\n(ms per token, read in MB; components are the mean over the threads that ran; - not measured)");
+    s
 }
 
 fn opt_ms(v: Option<u64>) -> String {
     v.map(|v| format!("{:.2}", ms(v))).unwrap_or_else(|| "-".into())
 }
 
-fn opt_cnt(v: Option<u64>) -> String {
-    v.map(|v| v.to_string()).unwrap_or_else(|| "-".into())
-}
-
-fn kind_name(k: StepKind) -> &'static str {
-    match k {
-        StepKind::Prompt => "prompt",
-        StepKind::Generate => "gen",
-        StepKind::Call => "call",
-        StepKind::Window => "window",
-    }
-}
-
 /// One line per token.
 pub fn line(t: &TokenRecord) -> String {
     let idx = t.index.unwrap_or(t.seq);
-    let mut s = format!("{:>6} {:<6} {:>8.2}", idx, kind_name(t.kind), ms(t.wall_ns));
-    for c in Component::ALL {
+    let mut s = format!("{:>6} {:<6} {:>8.2}", idx, t.kind.row().short, ms(t.wall_ns));
+    for c in Component::measured() {
         s.push_str(&format!(" {:>8}", opt_ms(t.components.get(c))));
     }
     let hidden = t.hidden_ns().map(|h| format!("{:.2}", h as f64 / 1e6)).unwrap_or_else(|| "-".into());
-    s.push_str(&format!(
-        " {:>7.2} {:>8} {:>8} | {:>5} {:>5} {:>6} {:>6} {:>7}",
-        t.residual_ns as f64 / 1e6,
-        opt_ms(t.engine_compute_ns),
-        hidden,
-        opt_cnt(t.counters.get(Counter::MajfltFile)),
-        opt_cnt(t.counters.get(Counter::MajfltSwap)),
-        opt_cnt(t.counters.get(Counter::Minflt)),
-        opt_cnt(t.counters.get(Counter::Swapins)),
-        t.counters.get(Counter::ReadBytes).map(|b| format!("{:.2}", b as f64 / 1e6)).unwrap_or_else(|| "-".into()),
-    ));
+    s.push_str(&format!(" {:>7.2} {:>8} {:>8} |", t.residual_ns as f64 / 1e6, opt_ms(t.engine_compute_ns), hidden));
+    for c in LINE_COUNTERS {
+        let v = t.counters.get(c);
+        let v = if c == Counter::ReadBytes {
+            v.map(|b| format!("{:.2}", b as f64 / 1e6))
+        } else {
+            v.map(|n| n.to_string())
+        };
+        s.push_str(&format!(" {:>7}", v.unwrap_or_else(|| "-".into())));
+    }
     if t.lost_events > 0 {
         s.push_str(&format!(" \x1b[31mlost {}\x1b[0m", t.lost_events));
     }
@@ -130,22 +115,22 @@ pub fn summarise(records: &[TokenRecord]) -> Summary {
         let v: Vec<f64> = set.iter().filter_map(|t| f(t)).collect();
         (!v.is_empty()).then(|| v.iter().sum::<f64>() / v.len() as f64)
     };
-    s.mean_ns.insert("wall_ns".into(), wall as f64 / n);
+    s.mean_ns.insert(Time::Wall.json_key().into(), wall as f64 / n);
     for c in Component::ALL {
         if let Some(m) = mean(&|t| t.components.get(c).map(|v| v as f64)) {
             s.mean_ns.insert(c.json_key().into(), m);
         }
     }
-    s.mean_ns.insert("residual_ns".into(), set.iter().map(|t| t.residual_ns as f64).sum::<f64>() / n);
+    s.mean_ns.insert(Time::Residual.json_key().into(), set.iter().map(|t| t.residual_ns as f64).sum::<f64>() / n);
     if let Some(m) = mean(&|t| t.engine_compute_ns.map(|v| v as f64)) {
-        s.mean_ns.insert("engine_compute_ns".into(), m);
+        s.mean_ns.insert(Time::EngineCompute.json_key().into(), m);
     }
     if let Some(m) = mean(&|t| t.hidden_ns().map(|v| v as f64)) {
-        s.mean_ns.insert("hidden_ns".into(), m);
+        s.mean_ns.insert(Time::Hidden.json_key().into(), m);
     }
     for c in Counter::ALL {
         if let Some(m) = mean(&|t| t.counters.get(c).map(|v| v as f64)) {
-            s.per_token.insert(c.name().into(), m);
+            s.per_token.insert(c.json_key().into(), m);
         }
     }
     s
@@ -166,30 +151,31 @@ impl Summary {
             self.tok_s.map(|v| format!("{v:.3}")).unwrap_or_else(|| "-".into())
         )?;
         let g = |k: &str| self.mean_ns.get(k).map(|v| format!("{:.3}", v / 1e6)).unwrap_or_else(|| "-".into());
-        write!(out, "mean ms/token: wall {}", g("wall_ns"))?;
-        for c in Component::ALL {
+        write!(out, "mean ms/token: {} {}", Time::Wall.name(), g(Time::Wall.json_key()))?;
+        for c in Component::ALL.into_iter().filter(|c| c.row().measured() || self.mean_ns.contains_key(c.json_key())) {
             write!(out, ", {} {}", c.name(), g(c.json_key()))?;
         }
-        writeln!(out, ", residual {}", g("residual_ns"))?;
-        if self.mean_ns.contains_key("engine_compute_ns") {
+        writeln!(out, ", {} {}", Time::Residual.name(), g(Time::Residual.json_key()))?;
+        if self.mean_ns.contains_key(Time::EngineCompute.json_key()) {
             writeln!(
                 out,
                 "engine's own compute (a residual): {} ms/token; measured compute: {} ms/token; hidden cost: {} ms/token",
-                g("engine_compute_ns"),
-                g("compute_ns"),
-                g("hidden_ns")
+                g(Time::EngineCompute.json_key()),
+                g(Component::Compute.json_key()),
+                g(Time::Hidden.json_key())
             )?;
         }
-        let p = |k: &str| self.per_token.get(k).map(|v| format!("{v:.1}")).unwrap_or_else(|| "-".into());
-        writeln!(
-            out,
-            "per token: majflt_file {}, majflt_swap {}, minflt {}, swapins {}, read {} MB",
-            p("majflt_file"),
-            p("majflt_swap"),
-            p("minflt"),
-            p("swapins"),
-            self.per_token.get("read_bytes").map(|v| format!("{:.3}", v / 1e6)).unwrap_or_else(|| "-".into())
-        )?;
+        write!(out, "per token:")?;
+        for (i, c) in LINE_COUNTERS.into_iter().enumerate() {
+            let v = self.per_token.get(c.json_key());
+            let v = if c == Counter::ReadBytes {
+                v.map(|v| format!("{:.3} MB", v / 1e6))
+            } else {
+                v.map(|v| format!("{v:.1}"))
+            };
+            write!(out, "{} {} {}", if i == 0 { "" } else { "," }, c.name(), v.unwrap_or_else(|| "-".into()))?;
+        }
+        writeln!(out)?;
         Ok(())
     }
 }

@@ -27,7 +27,10 @@
 
 use std::collections::BTreeMap;
 
-use observer_common::model::{Component, Counter, RunHeader, StepKind, TokenRecord};
+use observer_common::{
+    model::{Component, Counter, RunHeader, StepKind, TokenRecord},
+    vocab::{ResidencyField, Time, Unit},
+};
 use serde::Serialize;
 
 use crate::{
@@ -83,9 +86,10 @@ pub enum Source {
 }
 
 /// One row of the comparison.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub struct Metric {
-    pub key: &'static str,
+    /// `<name>_ms` for a time, `<name>_mb` for bytes (the unit shown), else the name.
+    pub key: String,
     pub label: &'static str,
     pub unit: &'static str,
     /// Data unit → display unit.
@@ -144,36 +148,50 @@ impl Metric {
 const MS: f64 = 1e-6;
 const MB: f64 = 1e-6;
 
-/// All metrics, in display order. Rows measured in none of the compared runs
-/// are not shown.
+/// All metrics, in display order; the observer's rows are the vocabulary's
+/// (label: the name; key: the name with the unit shown). Rows measured in none
+/// of the compared runs are not shown.
 pub fn metrics() -> Vec<Metric> {
-    let m = |key, label, unit, scale, hib, source| Metric { key, label, unit, scale, higher_is_better: hib, source };
+    let m = |key: &str, label, unit, scale, hib, source| Metric {
+        key: key.to_string(),
+        label,
+        unit,
+        scale,
+        higher_is_better: hib,
+        source,
+    };
+    let time = |name: &'static str, label, source| m(&format!("{name}_ms"), label, "ms/token", MS, Some(false), source);
     let mut v = vec![
         m("tok_s", "tok/s", "tok/s", 1.0, Some(true), Source::TokS),
-        m("wall_ms", "wall", "ms/token", MS, Some(false), Source::Wall),
+        time(Time::Wall.name(), Time::Wall.name(), Source::Wall),
     ];
     for c in Component::ALL {
-        v.push(m(comp_key(c), c.name(), "ms/token", MS, Some(false), Source::Comp(c)));
+        v.push(time(c.name(), c.name(), Source::Comp(c)));
     }
     v.extend([
-        m("engine_compute_ms", "engine_compute", "ms/token", MS, Some(false), Source::EngineCompute),
-        m("hidden_ms", "hidden (engine_compute − compute)", "ms/token", MS, Some(false), Source::Hidden),
+        time(Time::EngineCompute.name(), Time::EngineCompute.name(), Source::EngineCompute),
+        time(Time::Hidden.name(), "hidden (engine_compute − compute)", Source::Hidden),
         m("engine_io_ms", "engine io", "ms/token", MS, Some(false), Source::Engine(EngField::Io)),
         m("engine_stall_ms", "engine stall", "ms/token", MS, Some(false), Source::Engine(EngField::Stall)),
         m("engine_mgmt_ms", "engine mgmt", "ms/token", MS, Some(false), Source::Engine(EngField::Mgmt)),
         m("engine_cpu_ms", "engine cpu", "ms/token", MS, None, Source::Engine(EngField::Cpu)),
     ]);
     for c in Counter::ALL {
-        let (unit, scale) = if c == Counter::ReadBytes { ("MB/token", MB) } else { ("/token", 1.0) };
-        v.push(m(counter_key(c), c.name(), unit, scale, None, Source::Counter(c)));
+        let bytes = c.row().prom.is_some_and(|p| p.family.unit == Some(Unit::Bytes));
+        v.push(if bytes {
+            m(&c.name().replace("_bytes", "_mb"), c.name(), "MB/token", MB, None, Source::Counter(c))
+        } else {
+            m(c.name(), c.name(), "/token", 1.0, None, Source::Counter(c))
+        });
     }
+    let frac = |r: ResidencyField, hib, source| m(r.name(), r.name(), "", 1.0, Some(hib), source);
     v.extend([
         m("engine_majflt", "engine majflt", "/token", 1.0, None, Source::Engine(EngField::Majflt)),
         m("engine_read_mb", "engine read", "MB/token", MB, None, Source::Engine(EngField::ReadBytes)),
         m("engine_cache_hit_pct", "engine cache hit", "%", 1.0, Some(true), Source::Engine(EngField::CacheHit)),
-        m("dense_resident_frac", "dense_resident_frac", "", 1.0, Some(true), Source::DenseResident),
-        m("dense_swapped_frac", "dense_swapped_frac", "", 1.0, Some(false), Source::DenseSwapped),
-        m("experts_resident_frac", "experts_resident_frac", "", 1.0, Some(true), Source::ExpertsResident),
+        frac(ResidencyField::DenseResident, true, Source::DenseResident),
+        frac(ResidencyField::DenseSwapped, false, Source::DenseSwapped),
+        frac(ResidencyField::ExpertsResident, true, Source::ExpertsResident),
         m(
             "engine_dense_resident_frac",
             "engine dense_resident_frac",
@@ -186,27 +204,6 @@ pub fn metrics() -> Vec<Metric> {
         m("engine_swap_mb", "engine swap", "MB", MB, None, Source::Engine(EngField::Swap)),
     ]);
     v
-}
-
-fn comp_key(c: Component) -> &'static str {
-    match c {
-        Component::Compute => "compute_ms",
-        Component::FaultMinor => "fault_minor_ms",
-        Component::SwapinZram => "swapin_zram_ms",
-        Component::FaultIo => "fault_io_ms",
-        Component::IoWait => "io_wait_ms",
-        Component::Reclaim => "reclaim_ms",
-        Component::Syscall => "syscall_ms",
-        Component::Runqueue => "runqueue_ms",
-        Component::Sleep => "sleep_ms",
-    }
-}
-
-fn counter_key(c: Counter) -> &'static str {
-    match c {
-        Counter::ReadBytes => "read_mb",
-        other => other.name(),
-    }
 }
 
 /// How intervals are computed.
@@ -286,7 +283,7 @@ pub struct SideInfo {
 
 #[derive(Debug, Clone, Serialize)]
 pub struct Row {
-    pub metric: &'static str,
+    pub metric: String,
     pub label: &'static str,
     pub unit: &'static str,
     pub a: Estimate,
@@ -701,7 +698,7 @@ fn row(m: &Metric, a: Estimate, b: Estimate, bname: &str) -> Row {
         }
         (Some(true), None) => "disjoint".into(),
     };
-    Row { metric: m.key, label: m.label, unit: m.unit, a, b, delta, delta_pct, disjoint, verdict }
+    Row { metric: m.key.clone(), label: m.label, unit: m.unit, a, b, delta, delta_pct, disjoint, verdict }
 }
 
 // ---- rendering -------------------------------------------------------------

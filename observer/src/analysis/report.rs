@@ -19,8 +19,8 @@ use observer_common::{
     HIST_BUCKETS,
     hist::bucket_upper_ns,
     model::{
-        Component, Components, Counter, DeviceReads, Event, FaultTotals, LatencyHistograms, ObserverHealth, RunEnd,
-        RunHeader, RunTotals, ThreadTime, TokenRecord,
+        Component, Components, Counter, Counters, DeviceReads, Event, FaultTotals, LatencyHistograms, ObserverHealth,
+        RunEnd, RunHeader, RunTotals, ThreadTime, TokenRecord,
     },
 };
 use serde::Serialize;
@@ -72,36 +72,50 @@ pub struct ThreadAttribution {
     pub wall_ns: u64,
     #[serde(flatten)]
     pub components: Components,
-    pub majflt_file: u64,
-    pub majflt_swap: u64,
-    pub minflt: u64,
-    pub swapins: u64,
-    pub read_bytes: u64,
+    /// The vocabulary's counters the kernel keeps per thread (the others `null`).
+    #[serde(flatten)]
+    pub counters: Counters,
     pub read_ios: u64,
     /// Σ queue→complete latency of the thread's read bios on disks / on zram.
     pub disk_read_ns: u64,
     pub zram_read_ns: u64,
-    pub ctx_switches: u64,
     pub exited: bool,
 }
 
 impl ThreadAttribution {
     fn from_time(t: &ThreadTime) -> Self {
-        let n = |c: Counter| t.counters.get(c).unwrap_or(0);
         ThreadAttribution {
             wall_ns: t.wall_ns,
             components: t.components,
-            majflt_file: n(Counter::MajfltFile),
-            majflt_swap: n(Counter::MajfltSwap),
-            minflt: n(Counter::Minflt),
-            swapins: n(Counter::Swapins),
-            read_bytes: n(Counter::ReadBytes),
+            counters: t.counters,
             read_ios: t.read_ios,
             disk_read_ns: t.disk_read_ns,
             zram_read_ns: t.zram_read_ns,
-            ctx_switches: n(Counter::CtxSwitches),
             exited: t.exited,
         }
+    }
+
+    /// Add another thread's totals (measured values add; unmeasured stay unmeasured).
+    fn add(&mut self, a: &ThreadAttribution) {
+        self.wall_ns += a.wall_ns;
+        for (c, v) in a.components.iter() {
+            if let Some(v) = v {
+                self.components.add(c, v);
+            }
+        }
+        for (c, v) in a.counters.iter() {
+            if let Some(v) = v {
+                self.counters.add(c, v);
+            }
+        }
+        self.read_ios += a.read_ios;
+        self.disk_read_ns += a.disk_read_ns;
+        self.zram_read_ns += a.zram_read_ns;
+        self.exited &= a.exited;
+    }
+
+    fn counter(&self, c: Counter) -> u64 {
+        self.counters.get(c).unwrap_or(0)
     }
 }
 
@@ -111,6 +125,8 @@ impl ThreadAttribution {
 pub struct Histogram {
     pub buckets: Vec<Bucket>,
     pub count: u64,
+    /// Exact sum of the values, when it was kept (the kernel's latency histograms).
+    pub sum_ns: Option<u64>,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -188,8 +204,8 @@ pub struct Summary {
     pub threads: Vec<ThreadRow>,
     /// Events the kernel side could not record (full maps, full ring buffers).
     pub lost_events: u64,
-    /// Latency histograms by kind: `fault_minor`, `fault_major_file`,
-    /// `fault_major_swap`, `zram_read`, `disk_read`.
+    /// Latency histograms by kind (`vocab::HISTOGRAMS`: `minflt`,
+    /// `majflt_file`, `majflt_swap`, `zram_read`, `disk_read`).
     pub latency: std::collections::BTreeMap<String, Histogram>,
     /// The target's block reads per device.
     pub devices: Vec<DeviceRow>,
@@ -239,7 +255,9 @@ impl Summary {
         }
         if let Some(h) = &c.latency {
             for (name, counts) in &h.kinds {
-                s.latency.insert(name.clone(), Histogram::from_counts(counts));
+                let mut hist = Histogram::from_counts(counts);
+                hist.sum_ns = h.sum_ns.get(name).copied();
+                s.latency.insert(name.clone(), hist);
             }
         }
         if !s.tokens.is_empty() {
@@ -264,26 +282,10 @@ impl Summary {
             }
             let attribution = t.time.as_ref().map(ThreadAttribution::from_time);
             if let Some(a) = &attribution {
-                all = Some(match all {
-                    None => a.clone(),
-                    Some(mut sum) => {
-                        sum.wall_ns += a.wall_ns;
-                        for c in Component::ALL {
-                            sum.components.add(c, a.components.get(c).unwrap_or(0));
-                        }
-                        sum.majflt_file += a.majflt_file;
-                        sum.majflt_swap += a.majflt_swap;
-                        sum.minflt += a.minflt;
-                        sum.swapins += a.swapins;
-                        sum.read_bytes += a.read_bytes;
-                        sum.read_ios += a.read_ios;
-                        sum.disk_read_ns += a.disk_read_ns;
-                        sum.zram_read_ns += a.zram_read_ns;
-                        sum.ctx_switches += a.ctx_switches;
-                        sum.exited &= a.exited;
-                        sum
-                    }
-                });
+                match &mut all {
+                    None => all = Some(a.clone()),
+                    Some(sum) => sum.add(a),
+                }
             }
             let hist = |h: Option<&Vec<u64>>| Histogram::from_counts(h.map_or(&[][..], |v| v));
             self.threads.push(ThreadRow {
@@ -366,16 +368,19 @@ impl Summary {
         }
         let with_attr: Vec<&ThreadRow> = self.threads.iter().filter(|t| t.attribution.is_some()).collect();
         if !with_attr.is_empty() {
-            writeln!(out, "where the time went (ms, whole run, per thread):")?;
+            writeln!(out, "where the time went (ms, whole run, per thread; - not measured):")?;
             let mut h = format!("{:>8}  {:<16} {:>9}", "tid", "comm", "wall");
-            for c in Component::ALL {
-                h.push_str(&format!(" {:>11}", c.name()));
+            for c in Component::measured() {
+                h.push_str(&format!(" {:>9}", c.short()));
             }
             writeln!(out, "{h}")?;
             let row = |out: &mut dyn Write, tid: &str, comm: &str, a: &ThreadAttribution| {
                 let mut l = format!("{:>8}  {:<16} {:>9.1}", tid, comm, a.wall_ns as f64 / 1e6);
-                for c in Component::ALL {
-                    l.push_str(&format!(" {:>11.1}", a.components.get(c).unwrap_or(0) as f64 / 1e6));
+                for c in Component::measured() {
+                    match a.components.get(c) {
+                        Some(v) => l.push_str(&format!(" {:>9.1}", v as f64 / 1e6)),
+                        None => l.push_str(&format!(" {:>9}", "-")),
+                    }
                 }
                 writeln!(out, "{l}")
             };
@@ -389,10 +394,10 @@ impl Summary {
                 writeln!(
                     out,
                     "major faults: {} file, {} swap; swap-ins: {} pages; read: {:.1} MB in {} bios",
-                    a.majflt_file,
-                    a.majflt_swap,
-                    a.swapins,
-                    a.read_bytes as f64 / 1e6,
+                    a.counter(Counter::MajfltFile),
+                    a.counter(Counter::MajfltSwap),
+                    a.counter(Counter::Swapins),
+                    a.counter(Counter::ReadBytes) as f64 / 1e6,
                     a.read_ios
                 )?;
             }

@@ -386,11 +386,12 @@ impl Probes {
         let mut out = Vec::new();
         for i in 0..N_HIST {
             let per_cpu = a.get(&i, 0).map_err(map_err("HISTS"))?;
-            let mut h = Hist { b: [0; observer_common::HIST_BUCKETS] };
+            let mut h = Hist::zeroed();
             for v in per_cpu.iter() {
                 for (d, s) in h.b.iter_mut().zip(v.b.iter()) {
                     *d += s;
                 }
+                h.sum = h.sum.wrapping_add(v.sum);
             }
             out.push(h);
         }
@@ -436,12 +437,7 @@ impl Probes {
 
     /// The latency histograms as a model event.
     pub fn histograms_event(&self, mono_ns: u64) -> Result<observer_common::model::LatencyHistograms, ProbeError> {
-        const NAMES: [&str; 5] = ["fault_minor", "fault_major_file", "fault_major_swap", "zram_read", "disk_read"];
-        let hists = self.hists()?;
-        Ok(observer_common::model::LatencyHistograms {
-            mono_ns,
-            kinds: NAMES.iter().zip(hists).map(|(n, h)| ((*n).to_string(), h.b.to_vec())).collect(),
-        })
+        Ok(observer_common::model::LatencyHistograms::from_kernel(mono_ns, &self.hists()?))
     }
 
     /// Per-device totals of the target's block reads: (kernel dev_t, totals).

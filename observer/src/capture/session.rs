@@ -62,7 +62,7 @@ use crate::{
         residency::{self, Sampler},
         seed,
         target::{CHILD_GRACE, Ending, Target},
-        tokens::{self, Assembler, Snapshot},
+        tokens::{Assembler, Snapshot},
     },
     sinks::{Sink, emit},
 };
@@ -690,8 +690,8 @@ fn run_totals(probes: &Probes, now: u64) -> Result<RunTotals> {
     for s in probes.snapshot(now)? {
         let time = ThreadTime {
             wall_ns: s.accounted(),
-            components: Components::all_measured(s.time),
-            counters: tokens::model_counters(&s.cnt),
+            components: Components::from_kernel(&s.time),
+            counters: observer_common::model::Counters::from_kernel(&s.cnt),
             read_ios: s.cnt[C_READ_IOS],
             disk_read_ns: s.cnt[C_DISK_READ_NS],
             zram_read_ns: s.cnt[C_ZRAM_READ_NS],

@@ -11,8 +11,8 @@
 
 use observer_common::{
     attrib::{
-        C_CTX_SWITCHES, C_MAJFLT_FILE, C_MAJFLT_SWAP, C_MINFLT, C_READ_BYTES, C_SWAPINS, F_EXITED, MarkRecord, N_CNT,
-        N_TIME, PHASE_BEGIN, PHASE_END, REC_EXEC, REC_MARK, REC_THREAD, ThreadRecord, ThreadState,
+        F_EXITED, MarkRecord, N_CNT, N_TIME, PHASE_BEGIN, PHASE_END, REC_EXEC, REC_MARK, REC_THREAD, ThreadRecord,
+        ThreadState,
     },
     model::{Component, Components, Counter, Counters, StepKind, ThreadToken, TokenRecord},
 };
@@ -147,7 +147,7 @@ impl Assembler {
 }
 
 fn on_cpu(t: &[u64; N_TIME]) -> u64 {
-    Component::ALL.iter().filter(|c| c.on_cpu()).map(|&c| t[c as usize]).sum()
+    Component::ALL.iter().filter(|c| c.on_cpu()).filter_map(|c| c.slot()).map(|s| t[s]).sum()
 }
 
 /// Pair two snapshots into a token record.
@@ -186,19 +186,19 @@ pub fn build(begin: &Snapshot, end: &Snapshot, seq: u64, default_kind: StepKind)
         threads.push(ThreadToken {
             tid: e.tid,
             comm: comm_str(&e.comm),
-            components: Components::all_measured(dt),
-            counters: model_counters(&dc),
+            components: Components::from_kernel(&dt),
+            counters: Counters::from_kernel(&dc),
             residual_ns: wall as i64 - sum as i64,
         });
     }
     let mean = if n_active == 0 { [0; N_TIME] } else { sum_active.map(|v| v / n_active) };
-    let components = Components::all_measured(mean);
+    let components = Components::from_kernel(&mean);
     let decoded = end.engine.as_deref().and_then(engine_abi::decode);
     let (kind, index, n_tokens, engine) = match decoded {
         Some(d) => (d.kind, Some(d.index), d.n_tokens, Some(d.telemetry)),
         None => (default_kind, (default_kind != StepKind::Window).then_some(end.index), 1, None),
     };
-    let mut counters = model_counters(&counters);
+    let mut counters = Counters::from_kernel(&counters);
     if let (Some(b), Some(e)) = (begin.churn, end.churn) {
         counters.set(Counter::PagecacheAdded, Some(e.0.saturating_sub(b.0)));
         counters.set(Counter::PagecacheEvicted, Some(e.1.saturating_sub(b.1)));
@@ -219,18 +219,6 @@ pub fn build(begin: &Snapshot, end: &Snapshot, seq: u64, default_kind: StepKind)
         residency: None,
         lost_events: end.lost,
     }
-}
-
-/// The model's counters from the kernel's; page-cache churn is not measured here.
-pub fn model_counters(c: &[u64; N_CNT]) -> Counters {
-    let mut m = Counters::default();
-    m.set(Counter::MajfltFile, Some(c[C_MAJFLT_FILE]));
-    m.set(Counter::MajfltSwap, Some(c[C_MAJFLT_SWAP]));
-    m.set(Counter::Minflt, Some(c[C_MINFLT]));
-    m.set(Counter::Swapins, Some(c[C_SWAPINS]));
-    m.set(Counter::ReadBytes, Some(c[C_READ_BYTES]));
-    m.set(Counter::CtxSwitches, Some(c[C_CTX_SWITCHES]));
-    m
 }
 
 #[cfg(test)]

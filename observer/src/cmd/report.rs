@@ -31,7 +31,7 @@ pub struct ReportArgs {
 
 #[derive(Serialize)]
 struct MetricRow {
-    metric: &'static str,
+    metric: String,
     label: &'static str,
     unit: &'static str,
     #[serde(flatten)]
@@ -66,7 +66,7 @@ fn build<'a>(run: &'a LoadedRun, opts: &Options) -> Report<'a> {
         .iter()
         .zip(e)
         .filter(|(_, e)| e.n > 0)
-        .map(|(m, estimate)| MetricRow { metric: m.key, label: m.label, unit: m.unit, estimate })
+        .map(|(m, estimate)| MetricRow { metric: m.key.clone(), label: m.label, unit: m.unit, estimate })
         .collect();
     Report {
         source: run.path.display().to_string(),

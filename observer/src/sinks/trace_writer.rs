@@ -26,7 +26,7 @@ use observer_common::model::Event;
 use serde::{Deserialize, Serialize};
 
 use crate::sinks::{Sink, once_per_run};
-use crate::store::trace::{TraceError, encode_record, file_header, kind_of_payload};
+use crate::store::trace::{TraceError, encode_record, file_header, grid, kind_of_payload};
 
 /// Default channel capacity, in events.
 pub const DEFAULT_CAPACITY: usize = 4096;
@@ -54,6 +54,25 @@ struct EndPayload<'a> {
     #[serde(flatten)]
     event: &'a Event,
     recorder: RecorderStats,
+}
+
+/// A token record whose expert grid is packed (`grid`'s format).
+#[derive(Serialize)]
+struct TokenPayload<'a> {
+    #[serde(flatten)]
+    event: &'a Event,
+    grid_packed: grid::Packed,
+}
+
+/// The JSON of an event: a token record's grid packed against the previous one.
+fn payload(packer: &mut grid::Packer, mut ev: Event) -> serde_json::Result<Vec<u8>> {
+    if let Event::Token(t) = &mut ev
+        && let Some(g) = t.residency.as_mut().and_then(|r| r.grid.take())
+    {
+        let grid_packed = packer.pack(t.seq, &g);
+        return serde_json::to_vec(&TokenPayload { event: &ev, grid_packed });
+    }
+    serde_json::to_vec(&ev)
 }
 
 #[derive(Debug, Default)]
@@ -191,6 +210,7 @@ impl Drop for TraceWriter {
 
 fn write_loop<W: Write>(mut out: W, rx: Receiver<Event>, shared: &Shared) -> std::io::Result<RecorderStats> {
     let mut stats = RecorderStats::default();
+    let mut packer = grid::Packer::default();
     while let Ok(first) = rx.recv() {
         let mut next = Some(first);
         while let Some(ev) = next {
@@ -202,7 +222,7 @@ fn write_loop<W: Write>(mut out: W, rx: Receiver<Event>, shared: &Shared) -> std
                 serde_json::to_vec(&EndPayload { event: &ev, recorder: stats })
             } else {
                 stats.records_written += 1;
-                serde_json::to_vec(&ev)
+                payload(&mut packer, ev)
             }
             .map_err(std::io::Error::other)?;
             out.write_all(&encode_record(kind_of_payload(&payload), &payload))?;

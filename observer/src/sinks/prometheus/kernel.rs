@@ -1,31 +1,34 @@
 //! The kernel's log2 latency histograms as Prometheus histograms.
 //!
 //! ## Spec
-//! The kernel keeps per-bucket counts (`observer_common::hist`): bucket `i`
-//! counts latencies in `(2^(i-1), 2^i]` ns, the last bucket everything larger
-//! (+Inf). Rounding up in the kernel makes `2^i` ns a true `le` bound, so the
-//! export is exact for every bound it names:
-//! - `<prefix>_<kind>_latency_seconds_bucket{le="2^b/1e9"}` for
-//!   `b = FIRST_BUCKET..=LAST_BUCKET` is the sum of kernel buckets `0..=b`
-//!   (cumulative; lower buckets fold into the first exported one, which is
-//!   still exact as `le` means "at most"), then `le="+Inf"`: all of them;
-//! - **no `_sum`**: the kernel keeps counts only, and a sum estimated from the
-//!   buckets would be a guess presented as a measurement; hence **no `_count`**
-//!   either (OpenMetrics: a `_count` iff a `_sum`): the count is the `+Inf`
-//!   bucket. `histogram_quantile` and the dashboards' heatmaps use buckets
-//!   only.
-//! - `le` values in the canonical rendering (Go's `%g`: `2.56e-07`,
+//! The kernel keeps per-bucket counts and the exact sum of the values
+//! (`observer_common::hist`, `attrib::Hist`): bucket `i` counts latencies in
+//! `(2^(i-1), 2^i]` ns, the last bucket everything larger (+Inf). Rounding up
+//! in the kernel makes `2^i` ns a true `le` bound, so the export is exact for
+//! every bound it names. Each kind is a row of `vocab::HISTOGRAMS`, exported in
+//! its family with its label (`fault_latency_seconds{kind="file"}`):
+//! - `_bucket{kind,le="2^b/1e9"}` for `b = FIRST_BUCKET..=LAST_BUCKET` is the
+//!   sum of kernel buckets `0..=b` (cumulative; lower buckets fold into the
+//!   first exported one, which is still exact as `le` means "at most"), then
+//!   `le="+Inf"`: all of them;
+//! - `_sum{kind}`: the kernel's sum in seconds, and `_count{kind}` (= the
+//!   `+Inf` bucket). A histogram without a measured sum (replayed from a trace
+//!   recorded before the kernel kept one) has neither (OpenMetrics: a `_count`
+//!   iff a `_sum`), never an estimate from the bucket bounds.
+//! - `le` and `_sum` values in the canonical rendering (Go's `%g`: `2.56e-07`,
 //!   `0.000131072`, `274.877906944`), buckets in increasing order.
+//! - Kinds this observer has no row for are not exported.
 //!
 //! Counts only grow: every run's counts (cumulative within the run) are added
 //! as deltas to totals that survive target restarts (`observer serve`).
 //!
-//! `prometheus-client` always writes a `_sum` for histograms, so these few
-//! families are written here, in both formats, after the registry's.
+//! These families are written here, in both formats, after the registry's,
+//! because `prometheus-client` histograms bucket values themselves, and the
+//! kernel has already done it.
 
 use std::{collections::BTreeMap, fmt::Write};
 
-use observer_common::HIST_BUCKETS;
+use observer_common::{HIST_BUCKETS, vocab, vocab::HISTOGRAMS};
 
 use super::Format;
 
@@ -64,51 +67,36 @@ pub fn canonical(v: f64) -> String {
     }
 }
 
-/// What each kind measures (kinds from `Probes::histograms_event`).
-fn help(kind: &str) -> String {
-    let what = match kind {
-        "fault_minor" => "the target's minor page faults (entry to completion)",
-        "fault_major_file" => "the target's major page faults served from a file (refault I/O)",
-        "fault_major_swap" => "the target's major page faults served from swap (zram decompression or disk swap)",
-        "zram_read" => "the target's zram reads (bio queued to completed: decompression)",
-        "disk_read" => "the target's block-device reads other than zram (bio queued to completed)",
-        other => {
-            return format!(
-                "Latency of kernel events `{other}`, log2 buckets from the kernel; no _sum or _count: the kernel keeps counts only (the count is the +Inf bucket)."
-            );
-        }
-    };
-    format!(
-        "Latency of {what}, log2 buckets from the kernel; no _sum or _count: the kernel keeps counts only (the count is the +Inf bucket)."
-    )
-}
+/// One kind as exported: cumulative buckets (`le` index, count), the count, the sum (ns).
+pub type Exported = (Vec<(usize, u64)>, u64, Option<u64>);
 
-/// A kind as a metric-name part: `[a-z0-9_]`, anything else becomes `_`.
-fn name_part(kind: &str) -> String {
-    kind.chars().map(|c| if c.is_ascii_lowercase() || c.is_ascii_digit() { c } else { '_' }).collect()
-}
-
-/// Totals per kind, per kernel bucket (not cumulative), over all runs.
+/// Totals per kind, per kernel bucket (not cumulative), over all runs, and
+/// the sums (`None` once any part of a total had no measured sum).
 #[derive(Debug, Default)]
 pub struct KernelHists {
-    totals: BTreeMap<String, [u64; HIST_BUCKETS]>,
+    totals: BTreeMap<String, ([u64; HIST_BUCKETS], Option<u64>)>,
 }
 
 impl KernelHists {
     /// Add per-bucket increments of `kind` (a slice of any length: its last
-    /// element is its +Inf bucket; finite buckets past ours fold into +Inf).
-    pub fn add(&mut self, kind: &str, delta: &[u64]) {
-        let t = self.totals.entry(kind.to_string()).or_insert([0; HIST_BUCKETS]);
+    /// element is its +Inf bucket; finite buckets past ours fold into +Inf)
+    /// and the increment of its sum (ns), when measured.
+    pub fn add(&mut self, kind: &str, delta: &[u64], sum_ns: Option<u64>) {
+        let (t, sum) = self.totals.entry(kind.to_string()).or_insert(([0; HIST_BUCKETS], Some(0)));
         let n = delta.len();
         for (i, d) in delta.iter().enumerate() {
             let slot = if i + 1 == n { HIST_BUCKETS - 1 } else { i.min(HIST_BUCKETS - 1) };
             t[slot] = t[slot].saturating_add(*d);
         }
+        *sum = match (*sum, sum_ns) {
+            (Some(a), Some(b)) => Some(a.saturating_add(b)),
+            _ => None,
+        };
     }
 
-    /// Exported cumulative buckets (`le` index, count) and the count, for tests.
-    pub fn cumulative(&self, kind: &str) -> Option<(Vec<(usize, u64)>, u64)> {
-        let t = self.totals.get(kind)?;
+    /// Exported cumulative buckets (`le` index, count), the count and the sum (ns), for tests.
+    pub fn cumulative(&self, kind: &str) -> Option<Exported> {
+        let (t, sum) = self.totals.get(kind)?;
         let mut acc = 0u64;
         let mut out = Vec::new();
         for (b, v) in t.iter().enumerate().take(LAST_BUCKET + 1) {
@@ -117,24 +105,46 @@ impl KernelHists {
                 out.push((b, acc));
             }
         }
-        Some((out, t.iter().sum()))
+        Some((out, t.iter().sum(), *sum))
     }
 
-    pub fn encode(&self, out: &mut String, prefix: &str, format: Format) -> std::fmt::Result {
-        for kind in self.totals.keys() {
-            let Some((buckets, count)) = self.cumulative(kind) else {
+    pub fn encode(&self, out: &mut String, format: Format) -> std::fmt::Result {
+        let mut families: Vec<&'static vocab::Family> = Vec::new();
+        for r in HISTOGRAMS.iter() {
+            if let Some(p) = r.prom
+                && !families.iter().any(|f| f.stem == p.family.stem)
+            {
+                families.push(p.family);
+            }
+        }
+        for f in families {
+            let rows: Vec<(&vocab::Row, (&'static str, &'static str))> = HISTOGRAMS
+                .iter()
+                .filter_map(|r| {
+                    let p = r.prom?;
+                    (p.family.stem == f.stem && self.totals.contains_key(r.name)).then_some((r, p.label?))
+                })
+                .collect();
+            if rows.is_empty() {
                 continue;
-            };
-            let name = format!("{prefix}_{}_latency_seconds", name_part(kind));
+            }
+            let name = vocab::metric_name(f);
             writeln!(out, "# TYPE {name} histogram")?;
             if format == Format::OpenMetrics {
                 writeln!(out, "# UNIT {name} seconds")?;
             }
-            writeln!(out, "# HELP {name} {}", help(kind))?;
-            for (b, c) in buckets {
-                writeln!(out, "{name}_bucket{{le=\"{}\"}} {c}", le_seconds(b))?;
+            writeln!(out, "# HELP {name} {}.", f.help)?;
+            for (r, (k, v)) in rows {
+                let Some((buckets, count, sum)) = self.cumulative(r.name) else { continue };
+                for (b, c) in buckets {
+                    writeln!(out, "{name}_bucket{{{k}=\"{v}\",le=\"{}\"}} {c}", le_seconds(b))?;
+                }
+                writeln!(out, "{name}_bucket{{{k}=\"{v}\",le=\"+Inf\"}} {count}")?;
+                if let Some(sum) = sum {
+                    writeln!(out, "{name}_sum{{{k}=\"{v}\"}} {}", canonical(sum as f64 / 1e9))?;
+                    writeln!(out, "{name}_count{{{k}=\"{v}\"}} {count}")?;
+                }
             }
-            writeln!(out, "{name}_bucket{{le=\"+Inf\"}} {count}")?;
         }
         Ok(())
     }
@@ -151,40 +161,48 @@ mod tests {
         d[3] = 5; // <= 8 ns: folds into the first exported bound
         d[10] = 2; // (512, 1024] ns
         d[HIST_BUCKETS - 1] = 1; // +Inf
-        h.add("fault_minor", &d);
-        h.add("fault_minor", &d);
-        let (b, count) = h.cumulative("fault_minor").unwrap();
-        assert_eq!(count, 16);
+        h.add("minflt", &d, Some(1_500_000_000));
+        h.add("minflt", &d, Some(1_000));
+        let (b, count, sum) = h.cumulative("minflt").unwrap();
+        assert_eq!((count, sum), (16, Some(1_500_001_000)));
         assert_eq!(b.first(), Some(&(FIRST_BUCKET, 10)));
         assert_eq!(b.iter().find(|(i, _)| *i == 9), Some(&(9, 10)));
         assert_eq!(b.iter().find(|(i, _)| *i == 10), Some(&(10, 14)));
         assert_eq!(b.last(), Some(&(LAST_BUCKET, 14)), "+Inf values are only in +Inf");
         let mut s = String::new();
-        h.encode(&mut s, "p", Format::Text).unwrap();
+        h.encode(&mut s, Format::Text).unwrap();
         for line in [
-            "p_fault_minor_latency_seconds_bucket{le=\"2.56e-07\"} 10\n",
-            "p_fault_minor_latency_seconds_bucket{le=\"1.024e-06\"} 14\n",
-            "p_fault_minor_latency_seconds_bucket{le=\"+Inf\"} 16\n",
+            "moe_observer_fault_latency_seconds_bucket{kind=\"minor\",le=\"2.56e-07\"} 10\n",
+            "moe_observer_fault_latency_seconds_bucket{kind=\"minor\",le=\"1.024e-06\"} 14\n",
+            "moe_observer_fault_latency_seconds_bucket{kind=\"minor\",le=\"+Inf\"} 16\n",
+            "moe_observer_fault_latency_seconds_sum{kind=\"minor\"} 1.500001\n",
+            "moe_observer_fault_latency_seconds_count{kind=\"minor\"} 16\n",
         ] {
             assert!(s.contains(line), "{line} not in {s}");
         }
-        assert!(!s.lines().any(|l| !l.starts_with('#') && (l.contains("_sum") || l.contains("_count"))), "{s}");
-        assert!(!s.contains("# UNIT"), "{s}");
+        assert!(!s.contains("# UNIT") && !s.contains("block_read"), "{s}");
         let mut om = String::new();
-        h.encode(&mut om, "p", Format::OpenMetrics).unwrap();
-        assert!(om.contains("# UNIT p_fault_minor_latency_seconds seconds\n"), "{om}");
+        h.encode(&mut om, Format::OpenMetrics).unwrap();
+        assert!(om.contains("# UNIT moe_observer_fault_latency_seconds seconds\n"), "{om}");
     }
 
     #[test]
-    fn other_lengths_keep_le_semantics() {
+    fn a_total_without_a_measured_sum_has_no_sum_and_no_count() {
         let mut h = KernelHists::default();
-        h.add("x y", &[1, 0, 0, 7]); // last is +Inf
-        let (b, count) = h.cumulative("x y").unwrap();
-        assert_eq!(count, 8);
-        assert!(b.iter().all(|(_, c)| *c == 1));
+        h.add("disk_read", &[1, 0, 0, 7], Some(10)); // last is +Inf
+        h.add("disk_read", &[0, 1, 0, 0], None); // replayed from an older trace
+        let (b, count, sum) = h.cumulative("disk_read").unwrap();
+        assert_eq!((count, sum), (9, None));
+        assert!(b.iter().all(|(_, c)| *c == 2));
         let mut s = String::new();
-        h.encode(&mut s, "p", Format::Text).unwrap();
-        assert!(s.contains("p_x_y_latency_seconds_bucket{le=\"+Inf\"} 8"), "{s}");
+        h.encode(&mut s, Format::Text).unwrap();
+        assert!(s.contains("moe_observer_block_read_latency_seconds_bucket{kind=\"disk\",le=\"+Inf\"} 9"), "{s}");
+        assert!(!s.lines().any(|l| l.contains("_sum") || l.contains("_count")), "{s}");
+        // Kinds the vocabulary has no row for are not exported.
+        h.add("x y", &[1], Some(1));
+        let mut t = String::new();
+        h.encode(&mut t, Format::Text).unwrap();
+        assert_eq!(s, t);
     }
 
     #[test]

@@ -3,31 +3,37 @@
 //! HTTP endpoint ([`http`]) that serves it.
 //!
 //! ## Spec of the exported metrics
-//! Names follow Prometheus conventions (base units: seconds, bytes, ratios
-//! 0..1; `_total` for counters) and the design's vocabulary, under the prefix
-//! [`PREFIX`]. There are no PID or TID labels. A value that was never measured
-//! has no series at all (never a 0).
+//! Every family, its name, type, labels and help text is a row of
+//! `observer_common::vocab::FAMILIES` (rendered in the README's Prometheus
+//! table); each vocabulary name that is exported points to its family and the
+//! label value that tells it apart. Names follow Prometheus conventions: a
+//! family per kind of quantity with the name as a label
+//! (`moe_observer_time_seconds_total{component="compute"}`,
+//! `moe_observer_faults_total{kind="file"}`, node_exporter's
+//! `node_cpu_seconds_total{mode}` pattern), base units in the name (seconds,
+//! bytes, pages), `_total` for counters. There are no PID or TID labels. A
+//! value that was never measured has no series at all (never a 0).
 //!
 //! From each token record (one *step*: a generated token, the prompt, a
-//! `--token-symbol` call or a `--window`), label `kind` =
+//! `--token-symbol` call or a `--window`), label `step` =
 //! `prompt|generate|call|window`:
-//! - `steps_total`: step records; `tokens_total`: tokens processed (the step's
+//! - `step_duration_seconds`: histogram of the steps' wall time, log2 buckets
+//!   `le = 2^b ns` (b = 8..=38, the kernel's grid), exact `_sum` (the wall time)
+//!   and `_count` (the steps); `tokens_total`: tokens processed (the step's
 //!   `n_tokens`; windows are not tokens and are not counted);
-//! - `wall_seconds_total`: the steps' wall time;
-//! - `<component>_seconds_total` for `compute`, `fault_minor`, `swapin_zram`,
-//!   `fault_io`, `io_wait`, `reclaim`, `syscall`, `runqueue`, `sleep`: the
-//!   token record's components (the mean over the threads that ran, so they add
-//!   up to `wall_seconds_total` less the unattributed residual);
-//!   `rate(X_seconds_total) / rate(steps_total)` is the time per step;
+//! - `time_seconds_total{component}`: the token record's components (the mean
+//!   over the threads that ran), so that they add up to
+//!   `step_duration_seconds_sum` less the residual;
+//!   `rate(time_seconds_total) / rate(step_duration_seconds_count)` is the time
+//!   per step;
 //! - `engine_compute_seconds_total`: the engine's own `compute` (its residual),
 //!   `engine_steps_total` and `engine_steps_compute_seconds_total` (the
 //!   measured `compute` of the same steps): over the steps where both are known,
 //!   so `engine_compute − engine_steps_compute` is exactly the hidden cost;
-//! - counters summed over threads: `majflt_file_total`, `majflt_swap_total`,
-//!   `minflt_total`, `swapins_total`, `read_bytes_total`, `pagecache_added_total`,
-//!   `pagecache_evicted_total` (pages), `ctx_switches_total`;
-//! - `token_duration_seconds` histogram of the steps' wall time, log2 buckets
-//!   `le = 2^b ns` (b = 8..=38, the kernel's grid), with an exact `_sum`.
+//! - counters summed over threads, each where the vocabulary puts it:
+//!   `faults_total{kind="minor|file|swap"}`, `swapin_pages_total`,
+//!   `read_bytes_total`, `pagecache_added_pages_total`,
+//!   `pagecache_evicted_pages_total`, `context_switches_total`.
 //!
 //! Residency, from the latest token record that carries it (gauges):
 //! `dense_resident_ratio`, `dense_swapped_ratio`, `experts_resident_ratio`,
@@ -38,16 +44,17 @@
 //! `target_rss_anon_bytes`, `target_rss_file_bytes`, `target_swap_bytes`,
 //! `mem_available_bytes` (the machine's).
 //!
-//! Kernel latency histograms: `<kind>_latency_seconds` for `fault_minor`,
-//! `fault_major_file`, `fault_major_swap`, `zram_read`, `disk_read`: buckets only:
-//! no `_sum` (the kernel keeps counts only), so no `_count` either; the
-//! count is the `+Inf` bucket ([`kernel`]).
+//! Kernel latency histograms ([`kernel`]): `fault_latency_seconds{kind}` and
+//! `block_read_latency_seconds{kind}`, with the kernel's exact `_sum` and
+//! `_count` (absent for a histogram replayed from a trace recorded before the
+//! kernel kept sums).
 //!
 //! The observer's health: `lost_events_total`, `probes_attached`,
 //! `probes_missing` (gauges while a target runs), `bpf_run_seconds_total` and
 //! `bpf_runs_total` (the observer's eBPF programs, when the kernel's BPF
-//! statistics are available), `target_up` (1 while a target is observed) and
-//! `runs_total` (targets observed; `observer serve` follows restarts).
+//! statistics are available), `target_up` (1 while a target is observed),
+//! `runs_total` (targets observed; `observer serve` follows restarts) and
+//! `build_info{version,trace_format}` (always 1).
 //!
 //! Counters never go down, also across target restarts: per-run cumulative
 //! inputs (kernel histograms, lost events, BPF run time) are added as deltas.
@@ -56,13 +63,17 @@ pub mod http;
 pub mod kernel;
 pub mod value;
 
-use std::sync::{Arc, Mutex};
+use std::{
+    collections::BTreeMap,
+    sync::{Arc, Mutex},
+};
 
-use observer_common::model::{
-    Component, Counter as ModelCounter, Event, LatencyHistograms, ObserverHealth, ProcessSample, StepKind, TokenRecord,
+use observer_common::{
+    model::{Component, Event, LatencyHistograms, ObserverHealth, ProcessSample, StepKind, TokenRecord},
+    vocab::{self, Family as VocabFamily, Row, Unit as VocabUnit},
 };
 use prometheus_client::{
-    encoding::{EncodeLabelSet, prometheus_text, text},
+    encoding::{EncodeMetric, prometheus_text, text},
     metrics::{counter::Counter, family::Family, gauge::Gauge, histogram::Histogram},
     registry::{Registry, Unit},
 };
@@ -73,7 +84,7 @@ use kernel::KernelHists;
 use value::{Count, Level, Seconds};
 
 /// Prefix of every metric name.
-pub const PREFIX: &str = "moe_observer";
+pub const PREFIX: &str = vocab::PROM_PREFIX;
 
 /// Exposition formats.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -93,36 +104,10 @@ impl Format {
     }
 }
 
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct KindLabel {
-    pub kind: &'static str,
-}
+/// A series' labels: (name, value) pairs, names from the vocabulary.
+pub type Labels = Vec<(&'static str, &'static str)>;
 
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct LayerLabel {
-    pub layer: u32,
-}
-
-/// Name of a step kind as a label value.
-pub const fn kind_name(k: StepKind) -> &'static str {
-    match k {
-        StepKind::Prompt => "prompt",
-        StepKind::Generate => "generate",
-        StepKind::Call => "call",
-        StepKind::Window => "window",
-    }
-}
-
-const fn kind_index(k: StepKind) -> usize {
-    match k {
-        StepKind::Prompt => 0,
-        StepKind::Generate => 1,
-        StepKind::Call => 2,
-        StepKind::Window => 3,
-    }
-}
-
-/// Exported log2 bounds of `token_duration_seconds` (same grid as the kernel's).
+/// Exported log2 bounds of `step_duration_seconds` (same grid as the kernel's).
 fn duration_buckets() -> impl Iterator<Item = f64> {
     (kernel::FIRST_BUCKET..=kernel::LAST_BUCKET).map(|b| (1u64 << b) as f64 / 1e9)
 }
@@ -131,8 +116,32 @@ fn new_duration_histogram() -> Histogram {
     Histogram::new(duration_buckets())
 }
 
-type Steps = Family<KindLabel, Counter>;
-type Times = Family<KindLabel, Seconds>;
+type Steps = Family<Labels, Counter>;
+type Times = Family<Labels, Seconds>;
+/// Labels with computed values (a layer number, a version).
+pub type OwnedLabels = Vec<(&'static str, String)>;
+type Ratios = Family<OwnedLabels, Gauge<f64, std::sync::atomic::AtomicU64>>;
+
+/// Register `metric` as the vocabulary's family `f` (name, unit, help).
+fn register(
+    r: &mut Registry,
+    f: &VocabFamily,
+    metric: impl EncodeMetric + Clone + Send + Sync + std::fmt::Debug + 'static,
+) {
+    match f.unit {
+        Some(u) => r.register_with_unit(
+            f.stem,
+            f.help,
+            match u {
+                VocabUnit::Seconds => Unit::Seconds,
+                VocabUnit::Bytes => Unit::Bytes,
+                VocabUnit::Pages => Unit::Other(u.name().into()),
+            },
+            metric,
+        ),
+        None => r.register(f.stem, f.help, metric),
+    }
+}
 
 /// The registry and the handles the sink updates. Shared (`Arc`) between the
 /// run loop (sinks) and the HTTP endpoint; all updates are atomics or short
@@ -140,19 +149,18 @@ type Times = Family<KindLabel, Seconds>;
 #[derive(Debug)]
 pub struct Exporter {
     registry: Registry,
-    steps: Steps,
     tokens: Steps,
-    wall: Times,
-    components: [Times; 9],
+    duration: Family<Labels, Histogram, fn() -> Histogram>,
+    /// Families of the vocabulary's components and counters, by stem.
+    times: BTreeMap<&'static str, Times>,
+    counts: BTreeMap<&'static str, Steps>,
     engine_compute: Times,
     engine_steps: Steps,
     engine_steps_compute: Times,
-    counters: [Steps; 8],
-    duration: Family<KindLabel, Histogram, fn() -> Histogram>,
     dense_resident: Level,
     dense_swapped: Level,
     experts_resident: Level,
-    layer_resident: Family<LayerLabel, Gauge<f64, std::sync::atomic::AtomicU64>>,
+    layer_resident: Ratios,
     rss: Level,
     rss_anon: Level,
     rss_file: Level,
@@ -168,165 +176,81 @@ pub struct Exporter {
     kernel: Mutex<KernelHists>,
 }
 
-fn component_help(c: Component) -> &'static str {
-    match c {
-        Component::Compute => {
-            "User-mode CPU time of the steps (measured, not a residual), mean over the threads that ran"
-        }
-        Component::FaultMinor => "On-CPU time in minor page faults during the steps, mean over the threads that ran",
-        Component::SwapinZram => {
-            "On-CPU time in faults that swapped in from zram (decompression) during the steps, mean over the threads that ran"
-        }
-        Component::FaultIo => {
-            "Time blocked inside page faults (file refault I/O, disk swap) during the steps, mean over the threads that ran"
-        }
-        Component::IoWait => "Time in explicit I/O syscalls during the steps, mean over the threads that ran",
-        Component::Reclaim => "Time in direct or memcg reclaim during the steps, mean over the threads that ran",
-        Component::Syscall => "On-CPU time in other syscalls during the steps, mean over the threads that ran",
-        Component::Runqueue => "Time runnable but waiting for a CPU during the steps, mean over the threads that ran",
-        Component::Sleep => {
-            "Time blocked for anything else (futex, condvar, sleep) during the steps, mean over the threads that ran"
-        }
-    }
-}
-
-fn counter_meta(c: ModelCounter) -> (&'static str, Option<Unit>, &'static str) {
-    match c {
-        ModelCounter::MajfltFile => ("majflt_file", None, "Major page faults served from a file, summed over threads"),
-        ModelCounter::MajfltSwap => ("majflt_swap", None, "Major page faults served from swap, summed over threads"),
-        ModelCounter::Minflt => ("minflt", None, "Minor page faults, summed over threads"),
-        ModelCounter::Swapins => ("swapins", None, "Pages swapped in, summed over threads"),
-        ModelCounter::ReadBytes => ("read", Some(Unit::Bytes), "Bytes read from block devices, summed over threads"),
-        ModelCounter::PagecacheAdded => ("pagecache_added", None, "Model-file pages added to the page cache"),
-        ModelCounter::PagecacheEvicted => ("pagecache_evicted", None, "Model-file pages evicted from the page cache"),
-        ModelCounter::CtxSwitches => ("ctx_switches", None, "Context switches, summed over threads"),
-    }
-}
-
 impl Exporter {
     pub fn new() -> Arc<Exporter> {
         let mut r = Registry::with_prefix(PREFIX);
-        let steps = Steps::default();
-        r.register(
-            "steps",
-            "Step records (a generated token, the prompt, a --token-symbol call, or a --window)",
-            steps.clone(),
-        );
-        let tokens = Steps::default();
-        r.register("tokens", "Tokens processed (n_tokens of each step; windows are not tokens)", tokens.clone());
-        let wall = Times::default();
-        r.register_with_unit("wall", "Wall time of the steps", Unit::Seconds, wall.clone());
-        let components: [Times; 9] = std::array::from_fn(|_| Times::default());
-        for (c, f) in Component::ALL.iter().zip(&components) {
-            r.register_with_unit(c.name(), component_help(*c), Unit::Seconds, f.clone());
-        }
-        let engine_compute = Times::default();
-        r.register_with_unit(
-            "engine_compute",
-            "The engine's own compute (wall minus what it timed: a residual), over steps where the observer also measured compute",
-            Unit::Seconds,
-            engine_compute.clone(),
-        );
-        let engine_steps = Steps::default();
-        r.register("engine_steps", "Steps counted in engine_compute_seconds_total", engine_steps.clone());
-        let engine_steps_compute = Times::default();
-        r.register_with_unit(
-            "engine_steps_compute",
-            "Measured compute of the steps counted in engine_compute_seconds_total; the difference is the hidden cost",
-            Unit::Seconds,
-            engine_steps_compute.clone(),
-        );
-        let counters: [Steps; 8] = std::array::from_fn(|_| Steps::default());
-        for (c, f) in ModelCounter::ALL.iter().zip(&counters) {
-            let (name, unit, help) = counter_meta(*c);
-            match unit {
-                Some(u) => r.register_with_unit(name, help, u, f.clone()),
-                None => r.register(name, help, f.clone()),
-            }
-        }
-        let duration = Family::<KindLabel, Histogram, fn() -> Histogram>::new_with_constructor(
+        let duration = Family::<Labels, Histogram, fn() -> Histogram>::new_with_constructor(
             new_duration_histogram as fn() -> Histogram,
         );
-        r.register_with_unit(
-            "token_duration",
-            "Wall time of each step, log2 buckets (le = 2^b ns)",
-            Unit::Seconds,
-            duration.clone(),
-        );
-        let dense_resident = Level::default();
-        r.register(
-            "dense_resident_ratio",
-            "Share of the dense weights resident in RAM (latest token)",
-            dense_resident.clone(),
-        );
-        let dense_swapped = Level::default();
-        r.register(
-            "dense_swapped_ratio",
-            "Share of an anonymous copy of the dense weights in swap (latest token)",
-            dense_swapped.clone(),
-        );
-        let experts_resident = Level::default();
-        r.register(
-            "experts_resident_ratio",
-            "Share of the routed experts' bytes in the page cache (latest token)",
-            experts_resident.clone(),
-        );
-        let layer_resident = Family::<LayerLabel, Gauge<f64, std::sync::atomic::AtomicU64>>::default();
-        r.register(
-            "layer_experts_resident_ratio",
-            "Mean resident share of the routed experts of each layer (latest token)",
-            layer_resident.clone(),
-        );
-        let rss = Level::default();
-        r.register_with_unit("target_rss", "Resident memory of the target", Unit::Bytes, rss.clone());
-        let rss_anon = Level::default();
-        r.register_with_unit(
-            "target_rss_anon",
-            "Anonymous resident memory of the target",
-            Unit::Bytes,
-            rss_anon.clone(),
-        );
-        let rss_file = Level::default();
-        r.register_with_unit(
-            "target_rss_file",
-            "File-backed resident memory of the target",
-            Unit::Bytes,
-            rss_file.clone(),
-        );
-        let swap = Level::default();
-        r.register_with_unit("target_swap", "Swapped-out memory of the target", Unit::Bytes, swap.clone());
-        let mem_available = Level::default();
-        r.register_with_unit("mem_available", "The machine's MemAvailable", Unit::Bytes, mem_available.clone());
+        register(&mut r, &vocab::F_STEP_DURATION, duration.clone());
+        let tokens = Steps::default();
+        register(&mut r, &vocab::F_TOKENS, tokens.clone());
+        // The families the vocabulary's components and counters point to.
+        let mut times = BTreeMap::new();
+        let mut counts = BTreeMap::new();
+        let rows =
+            Component::ALL.iter().map(|c| c.row()).chain(observer_common::model::Counter::ALL.iter().map(|c| c.row()));
+        for row in rows {
+            let Some(s) = row.prom else { continue };
+            let f = s.family;
+            if times.contains_key(f.stem) || counts.contains_key(f.stem) {
+                continue;
+            }
+            if f.unit == Some(VocabUnit::Seconds) {
+                let fam = Times::default();
+                register(&mut r, f, fam.clone());
+                times.insert(f.stem, fam);
+            } else {
+                let fam = Steps::default();
+                register(&mut r, f, fam.clone());
+                counts.insert(f.stem, fam);
+            }
+        }
+        let engine_compute = Times::default();
+        register(&mut r, &vocab::F_ENGINE_COMPUTE, engine_compute.clone());
+        let engine_steps = Steps::default();
+        register(&mut r, &vocab::F_ENGINE_STEPS, engine_steps.clone());
+        let engine_steps_compute = Times::default();
+        register(&mut r, &vocab::F_ENGINE_STEPS_COMPUTE, engine_steps_compute.clone());
+        let level = |r: &mut Registry, f: &VocabFamily| {
+            let l = Level::default();
+            register(r, f, l.clone());
+            l
+        };
+        let dense_resident = level(&mut r, &vocab::F_DENSE_RESIDENT);
+        let dense_swapped = level(&mut r, &vocab::F_DENSE_SWAPPED);
+        let experts_resident = level(&mut r, &vocab::F_EXPERTS_RESIDENT);
+        let layer_resident = Ratios::default();
+        register(&mut r, &vocab::F_LAYER_EXPERTS_RESIDENT, layer_resident.clone());
+        let rss = level(&mut r, &vocab::F_TARGET_RSS);
+        let rss_anon = level(&mut r, &vocab::F_TARGET_RSS_ANON);
+        let rss_file = level(&mut r, &vocab::F_TARGET_RSS_FILE);
+        let swap = level(&mut r, &vocab::F_TARGET_SWAP);
+        let mem_available = level(&mut r, &vocab::F_MEM_AVAILABLE);
         let lost_events = Count::default();
-        r.register("lost_events", "Events the kernel side could not deliver", lost_events.clone());
-        let probes_attached = Level::default();
-        r.register("probes_attached", "The observer's probes attached to the current target", probes_attached.clone());
-        let probes_missing = Level::default();
-        r.register("probes_missing", "Optional probes this kernel lacks", probes_missing.clone());
+        register(&mut r, &vocab::F_LOST_EVENTS, lost_events.clone());
+        let probes_attached = level(&mut r, &vocab::F_PROBES_ATTACHED);
+        let probes_missing = level(&mut r, &vocab::F_PROBES_MISSING);
         let bpf_run = Seconds::default();
-        r.register_with_unit(
-            "bpf_run",
-            "Run time of the observer's eBPF programs (kernel BPF statistics)",
-            Unit::Seconds,
-            bpf_run.clone(),
-        );
+        register(&mut r, &vocab::F_BPF_RUN, bpf_run.clone());
         let bpf_runs = Count::default();
-        r.register("bpf_runs", "Runs of the observer's eBPF programs (kernel BPF statistics)", bpf_runs.clone());
+        register(&mut r, &vocab::F_BPF_RUNS, bpf_runs.clone());
         let target_up = Gauge::default();
-        r.register("target_up", "1 while a target is being observed", target_up.clone());
+        register(&mut r, &vocab::F_TARGET_UP, target_up.clone());
         let runs = Counter::default();
-        r.register("runs", "Targets observed (observer serve re-attaches after restarts)", runs.clone());
+        register(&mut r, &vocab::F_RUNS, runs.clone());
+        let build_info = Family::<OwnedLabels, Gauge>::default();
+        build_info.get_or_create(&build_info_labels()).set(1);
+        register(&mut r, &vocab::F_BUILD_INFO, build_info);
         Arc::new(Exporter {
             registry: r,
-            steps,
             tokens,
-            wall,
-            components,
+            duration,
+            times,
+            counts,
             engine_compute,
             engine_steps,
             engine_steps_compute,
-            counters,
-            duration,
             dense_resident,
             dense_swapped,
             experts_resident,
@@ -356,7 +280,7 @@ impl Exporter {
         }
         // The sink takes this lock for each Histograms event: hold it only
         // for these few families.
-        self.kernel.lock().unwrap_or_else(|p| p.into_inner()).encode(&mut s, PREFIX, format)?;
+        self.kernel.lock().unwrap_or_else(|p| p.into_inner()).encode(&mut s, format)?;
         if format == Format::OpenMetrics {
             text::encode_eof(&mut s)?;
         }
@@ -365,21 +289,28 @@ impl Exporter {
 
     /// A sink feeding this exporter (one per target lifetime).
     pub fn sink(self: &Arc<Self>) -> MetricsSink {
-        MetricsSink { ex: Arc::clone(self), run: RunState::default(), kinds: Default::default(), _endpoint: None }
+        MetricsSink { ex: Arc::clone(self), run: RunState::default(), steps: Default::default(), _endpoint: None }
     }
 
-    fn kind_handles(&self, k: StepKind) -> KindHandles {
-        let l = KindLabel { kind: kind_name(k) };
-        KindHandles {
-            label: l.clone(),
-            steps: self.steps.get_or_create_owned(&l),
-            tokens: (k != StepKind::Window).then(|| self.tokens.get_or_create_owned(&l)),
-            wall: self.wall.get_or_create_owned(&l),
-            duration: self.duration.get_or_create_owned(&l),
+    fn step_handles(&self, k: StepKind) -> StepHandles {
+        let step: Labels = vec![(STEP_LABEL, k.name())];
+        StepHandles {
+            tokens: (k != StepKind::Window).then(|| self.tokens.get_or_create_owned(&step)),
+            duration: self.duration.get_or_create_owned(&step),
             components: Default::default(),
             counters: Default::default(),
             engine: None,
+            step,
         }
+    }
+
+    /// The series of `row` for a step: its family's, with the step label and the row's own label.
+    fn labels(step: &Labels, row: &Row) -> Labels {
+        let mut l = step.clone();
+        if let Some(kv) = row.prom.and_then(|p| p.label) {
+            l.push(kv);
+        }
+        l
     }
 
     fn clear_target_gauges(&self) {
@@ -400,23 +331,33 @@ impl Exporter {
     }
 }
 
+/// The label every series of a token-derived family carries.
+const STEP_LABEL: &str = vocab::F_TIME.labels[0];
+
+/// `build_info`'s labels.
+fn build_info_labels() -> OwnedLabels {
+    vec![
+        (vocab::F_BUILD_INFO.labels[0], env!("CARGO_PKG_VERSION").to_string()),
+        (vocab::F_BUILD_INFO.labels[1], crate::store::trace::VERSION.to_string()),
+    ]
+}
+
 /// Handles of one step kind, created on first use (a family member exists
 /// only once measured).
-struct KindHandles {
-    label: KindLabel,
-    steps: Counter,
+struct StepHandles {
+    step: Labels,
     tokens: Option<Counter>,
-    wall: Seconds,
     duration: Histogram,
-    components: [Option<Seconds>; 9],
-    counters: [Option<Counter>; 8],
+    components: [Option<Seconds>; Component::N],
+    counters: [Option<Counter>; observer_common::model::Counter::N],
     engine: Option<(Seconds, Counter, Seconds)>,
 }
 
 /// Per-run baselines of the per-run cumulative inputs.
 #[derive(Debug, Default)]
 struct RunState {
-    hists: std::collections::BTreeMap<String, Vec<u64>>,
+    hists: BTreeMap<String, Vec<u64>>,
+    hist_sums: BTreeMap<String, u64>,
     lost: u64,
     bpf_ns: u64,
     bpf_n: u64,
@@ -436,7 +377,7 @@ fn delta(last: &mut u64, now: u64) -> u64 {
 pub struct MetricsSink {
     ex: Arc<Exporter>,
     run: RunState,
-    kinds: [Option<KindHandles>; 4],
+    steps: [Option<StepHandles>; StepKind::ALL.len()],
     /// Keeps the endpoint of `observer run --metrics-addr` up for the run.
     _endpoint: Option<Endpoint>,
 }
@@ -450,33 +391,31 @@ impl std::fmt::Debug for MetricsSink {
 impl MetricsSink {
     fn token(&mut self, t: &TokenRecord) {
         let ex = &self.ex;
-        let h = self.kinds[kind_index(t.kind)].get_or_insert_with(|| ex.kind_handles(t.kind));
-        h.steps.inc();
+        let h = self.steps[t.kind as usize].get_or_insert_with(|| ex.step_handles(t.kind));
         if let Some(tok) = &h.tokens {
             tok.inc_by(t.n_tokens);
         }
-        h.wall.add_ns(t.wall_ns);
         h.duration.observe(t.wall_ns as f64 / 1e9);
         for (c, v) in t.components.iter() {
-            if let Some(v) = v {
-                h.components[c as usize]
-                    .get_or_insert_with(|| ex.components[c as usize].get_or_create_owned(&h.label))
-                    .add_ns(v);
-            }
+            let (Some(v), Some(p)) = (v, c.row().prom) else { continue };
+            h.components[c as usize]
+                .get_or_insert_with(|| ex.times[p.family.stem].get_or_create_owned(&Exporter::labels(&h.step, c.row())))
+                .add_ns(v);
         }
         for (c, v) in t.counters.iter() {
-            if let Some(v) = v {
-                h.counters[c as usize]
-                    .get_or_insert_with(|| ex.counters[c as usize].get_or_create_owned(&h.label))
-                    .inc_by(v);
-            }
+            let (Some(v), Some(p)) = (v, c.row().prom) else { continue };
+            h.counters[c as usize]
+                .get_or_insert_with(|| {
+                    ex.counts[p.family.stem].get_or_create_owned(&Exporter::labels(&h.step, c.row()))
+                })
+                .inc_by(v);
         }
         if let (Some(engine), Some(measured)) = (t.engine_compute_ns, t.components.get(Component::Compute)) {
             let (e, n, m) = h.engine.get_or_insert_with(|| {
                 (
-                    ex.engine_compute.get_or_create_owned(&h.label),
-                    ex.engine_steps.get_or_create_owned(&h.label),
-                    ex.engine_steps_compute.get_or_create_owned(&h.label),
+                    ex.engine_compute.get_or_create_owned(&h.step),
+                    ex.engine_steps.get_or_create_owned(&h.step),
+                    ex.engine_steps_compute.get_or_create_owned(&h.step),
                 )
             });
             e.add_ns(engine);
@@ -491,7 +430,7 @@ impl MetricsSink {
                 Some(g) if g.n_experts > 0 => {
                     for (layer, row) in g.resident.chunks(g.n_experts as usize).enumerate().take(g.n_layers as usize) {
                         let mean = row.iter().map(|v| f64::from(*v)).sum::<f64>() / row.len() as f64;
-                        ex.layer_resident.get_or_create(&LayerLabel { layer: layer as u32 }).set(mean);
+                        ex.layer_resident.get_or_create(&layer_labels(layer)).set(mean);
                     }
                 }
                 _ => ex.layer_resident.clear(),
@@ -516,7 +455,8 @@ impl MetricsSink {
                 last.resize(counts.len(), 0);
             }
             let d: Vec<u64> = counts.iter().zip(last.iter_mut()).map(|(now, last)| delta(last, *now)).collect();
-            k.add(kind, &d);
+            let sum = h.sum_ns.get(kind).map(|s| delta(self.run.hist_sums.entry(kind.clone()).or_default(), *s));
+            k.add(kind, &d, sum);
         }
     }
 
@@ -559,6 +499,11 @@ impl Sink for MetricsSink {
         }
         Ok(())
     }
+}
+
+/// `layer_experts_resident_ratio`'s labels (layers are bounded by the model).
+fn layer_labels(layer: usize) -> OwnedLabels {
+    vec![(vocab::F_LAYER_EXPERTS_RESIDENT.labels[0], layer.to_string())]
 }
 
 /// Start an endpoint on `addr` with a fresh exporter and return its sink (for

@@ -30,7 +30,7 @@ fn get(s: &BTreeMap<String, f64>, k: &str) -> f64 {
 }
 
 fn token(seq: u64, kind: StepKind, wall: u64) -> TokenRecord {
-    let mut c = Components::all_measured([600, 100, 0, 200, 0, 0, 50, 30, 20]);
+    let mut c = Components::from_kernel(&[600, 100, 0, 200, 0, 0, 50, 30, 20]);
     c.set(Component::SwapinZram, None);
     let mut counters = Counters::default();
     counters.set(C::Minflt, Some(7));
@@ -57,7 +57,11 @@ fn hists(n: u64) -> LatencyHistograms {
     let mut b = vec![0u64; HIST_BUCKETS];
     b[10] = n;
     b[HIST_BUCKETS - 1] = 1;
-    LatencyHistograms { mono_ns: 0, kinds: [("fault_major_file".to_string(), b)].into_iter().collect() }
+    LatencyHistograms {
+        mono_ns: 0,
+        kinds: [("majflt_file".to_string(), b)].into_iter().collect(),
+        sum_ns: [("majflt_file".to_string(), 1000 * n)].into_iter().collect(),
+    }
 }
 
 fn health(lost: u64, bpf_ns: u64) -> ObserverHealth {
@@ -95,32 +99,35 @@ fn tokens_become_counters_with_kind_labels_and_unmeasured_values_are_absent() {
     );
     let text = ex.render(Format::Text).unwrap();
     let m = samples(&text);
-    assert_eq!(get(&m, r#"moe_observer_steps_total{kind="generate"}"#), 2.0);
-    assert_eq!(get(&m, r#"moe_observer_tokens_total{kind="prompt"}"#), 5.0);
-    assert!(!m.contains_key(r#"moe_observer_tokens_total{kind="window"}"#), "windows are not tokens");
-    assert_eq!(get(&m, r#"moe_observer_steps_total{kind="window"}"#), 1.0);
-    assert_eq!(get(&m, r#"moe_observer_wall_seconds_total{kind="generate"}"#), 2024e-9);
-    assert_eq!(get(&m, r#"moe_observer_compute_seconds_total{kind="generate"}"#), 1200e-9);
-    assert_eq!(get(&m, r#"moe_observer_fault_io_seconds_total{kind="generate"}"#), 400e-9);
-    assert_eq!(get(&m, r#"moe_observer_minflt_total{kind="generate"}"#), 14.0);
-    assert_eq!(get(&m, r#"moe_observer_read_bytes_total{kind="generate"}"#), 8192.0);
+    assert_eq!(get(&m, r#"moe_observer_step_duration_seconds_count{step="generate"}"#), 2.0);
+    assert_eq!(get(&m, r#"moe_observer_tokens_total{step="prompt"}"#), 5.0);
+    assert!(!m.contains_key(r#"moe_observer_tokens_total{step="window"}"#), "windows are not tokens");
+    assert_eq!(get(&m, r#"moe_observer_step_duration_seconds_count{step="window"}"#), 1.0);
+    assert_eq!(get(&m, r#"moe_observer_time_seconds_total{step="generate",component="compute"}"#), 1200e-9);
+    assert_eq!(get(&m, r#"moe_observer_time_seconds_total{step="generate",component="fault_io"}"#), 400e-9);
+    assert_eq!(get(&m, r#"moe_observer_faults_total{step="generate",kind="minor"}"#), 14.0);
+    assert_eq!(get(&m, r#"moe_observer_read_bytes_total{step="generate"}"#), 8192.0);
     // Never measured: no series and no descriptor.
     assert!(!text.contains("swapin_zram"), "{text}");
-    assert!(!text.contains("majflt_file_total"), "{text}");
+    assert!(!text.contains("unattributed") && !text.contains("io_wait_peer"), "{text}");
+    assert!(!text.contains("kind=\"file\""), "{text}");
     assert!(!text.contains("dense_resident"), "{text}");
     assert!(!text.contains("lost_events"), "{text}");
     // Hidden cost: over steps where both are known.
-    assert_eq!(get(&m, r#"moe_observer_engine_compute_seconds_total{kind="generate"}"#), 1800e-9);
-    assert_eq!(get(&m, r#"moe_observer_engine_steps_compute_seconds_total{kind="generate"}"#), 1200e-9);
-    assert_eq!(get(&m, r#"moe_observer_engine_steps_total{kind="generate"}"#), 2.0);
-    assert!(!m.contains_key(r#"moe_observer_engine_steps_total{kind="window"}"#));
-    // Token durations: exact log2 bounds and an exact sum.
-    assert_eq!(get(&m, r#"moe_observer_token_duration_seconds_bucket{kind="generate",le="1.024e-06"}"#), 2.0);
-    assert_eq!(get(&m, r#"moe_observer_token_duration_seconds_bucket{kind="generate",le="5.12e-07"}"#), 0.0);
-    assert_eq!(get(&m, r#"moe_observer_token_duration_seconds_count{kind="generate"}"#), 2.0);
-    assert!((get(&m, r#"moe_observer_token_duration_seconds_sum{kind="generate"}"#) - 2024e-9).abs() < 1e-15);
+    assert_eq!(get(&m, r#"moe_observer_engine_compute_seconds_total{step="generate"}"#), 1800e-9);
+    assert_eq!(get(&m, r#"moe_observer_engine_steps_compute_seconds_total{step="generate"}"#), 1200e-9);
+    assert_eq!(get(&m, r#"moe_observer_engine_steps_total{step="generate"}"#), 2.0);
+    assert!(!m.contains_key(r#"moe_observer_engine_steps_total{step="window"}"#));
+    // Step durations: exact log2 bounds, an exact sum (the wall time) and the step count.
+    assert_eq!(get(&m, r#"moe_observer_step_duration_seconds_bucket{step="generate",le="1.024e-06"}"#), 2.0);
+    assert_eq!(get(&m, r#"moe_observer_step_duration_seconds_bucket{step="generate",le="5.12e-07"}"#), 0.0);
+    assert!((get(&m, r#"moe_observer_step_duration_seconds_sum{step="generate"}"#) - 2024e-9).abs() < 1e-15);
     assert_eq!(get(&m, "moe_observer_target_up"), 1.0);
     assert_eq!(get(&m, "moe_observer_runs_total"), 1.0);
+    assert_eq!(
+        get(&m, &format!("moe_observer_build_info{{version=\"{}\",trace_format=\"1\"}}", env!("CARGO_PKG_VERSION"))),
+        1.0
+    );
 }
 
 #[test]
@@ -199,10 +206,11 @@ fn counters_never_go_down_across_target_restarts() {
     assert_eq!(get(&m, "moe_observer_runs_total"), 2.0);
     assert_eq!(get(&m, "moe_observer_lost_events_total"), 4.0);
     assert_eq!(get(&m, "moe_observer_bpf_run_seconds_total"), 1600e-9);
-    assert_eq!(get(&m, r#"moe_observer_fault_major_file_latency_seconds_bucket{le="+Inf"}"#), 22.0);
-    assert_eq!(get(&m, r#"moe_observer_fault_major_file_latency_seconds_bucket{le="1.024e-06"}"#), 20.0);
-    assert_eq!(get(&m, r#"moe_observer_fault_major_file_latency_seconds_bucket{le="+Inf"}"#), 22.0);
-    assert_eq!(get(&m, r#"moe_observer_steps_total{kind="generate"}"#), 2.0);
+    assert_eq!(get(&m, r#"moe_observer_fault_latency_seconds_bucket{kind="file",le="+Inf"}"#), 22.0);
+    assert_eq!(get(&m, r#"moe_observer_fault_latency_seconds_bucket{kind="file",le="1.024e-06"}"#), 20.0);
+    assert_eq!(get(&m, r#"moe_observer_fault_latency_seconds_count{kind="file"}"#), 22.0);
+    assert_eq!(get(&m, r#"moe_observer_fault_latency_seconds_sum{kind="file"}"#), 20e-6, "deltas of the kernel's sums");
+    assert_eq!(get(&m, r#"moe_observer_step_duration_seconds_count{step="generate"}"#), 2.0);
 }
 
 #[test]
@@ -227,14 +235,63 @@ fn openmetrics_has_units_and_eof_and_text_has_total_names() {
     let om = ex.render(Format::OpenMetrics).unwrap();
     assert!(om.ends_with("# EOF\n"), "{om}");
     assert_eq!(om.matches("# EOF").count(), 1);
-    assert!(om.contains("# TYPE moe_observer_compute_seconds counter\n"), "{om}");
-    assert!(om.contains("# UNIT moe_observer_compute_seconds seconds\n"), "{om}");
-    assert!(om.contains("# UNIT moe_observer_fault_major_file_latency_seconds seconds\n"), "{om}");
-    let kernel_at = om.find("fault_major_file_latency").unwrap();
+    assert!(om.contains("# TYPE moe_observer_time_seconds counter\n"), "{om}");
+    assert!(om.contains("# UNIT moe_observer_time_seconds seconds\n"), "{om}");
+    assert!(om.contains("# UNIT moe_observer_read_bytes bytes\n"), "{om}");
+    assert!(om.contains("# UNIT moe_observer_fault_latency_seconds seconds\n"), "{om}");
+    let kernel_at = om.find("fault_latency").unwrap();
     assert!(kernel_at < om.find("# EOF").unwrap());
     let text = ex.render(Format::Text).unwrap();
-    assert!(text.contains("# TYPE moe_observer_compute_seconds_total counter\n"), "{text}");
+    assert!(text.contains("# TYPE moe_observer_time_seconds_total counter\n"), "{text}");
     assert!(!text.contains("# EOF") && !text.contains("# UNIT"), "{text}");
+}
+
+/// Every family of the vocabulary is exported under the name it renders, and
+/// nothing else is: fed a stream that measures everything.
+#[test]
+fn every_family_of_the_vocabulary_is_exported_under_its_name() {
+    let ex = Exporter::new();
+    let mut s = ex.sink();
+    let mut t = token(0, StepKind::Generate, 1000);
+    for c in C::ALL {
+        t.counters.set(c, Some(1));
+    }
+    t.residency = Some(Residency {
+        dense_resident_frac: Some(1.0),
+        dense_swapped_frac: Some(0.0),
+        experts_resident_frac: Some(1.0),
+        grid: Some(ExpertGrid { n_layers: 1, n_experts: 1, resident: vec![1.0], added: None, evicted: None }),
+    });
+    let mut h = hists(1);
+    h.kinds.insert("zram_read".into(), vec![1]);
+    h.sum_ns.insert("zram_read".into(), 5);
+    feed(
+        &mut s,
+        &[
+            Event::Header(RunHeader::default()),
+            Event::Token(t),
+            Event::Process(ProcessSample {
+                mono_ns: 0,
+                rss_bytes: Some(1),
+                rss_anon_bytes: Some(1),
+                rss_file_bytes: Some(1),
+                swap_bytes: Some(1),
+                mem_available_bytes: Some(1),
+            }),
+            Event::Histograms(h),
+            Event::Health(health(1, 100)),
+        ],
+    );
+    let text = ex.render(Format::Text).unwrap();
+    let types: Vec<&str> =
+        text.lines().filter_map(|l| l.strip_prefix("# TYPE ")).filter_map(|l| l.split(' ').next()).collect();
+    let want: Vec<String> =
+        observer_common::vocab::FAMILIES.iter().map(|f| observer_common::vocab::metric_name(f)).collect();
+    let mut a: Vec<String> = types.iter().map(|t| t.to_string()).collect();
+    let mut b = want.clone();
+    a.sort();
+    b.sort();
+    assert_eq!(a, b, "{text}");
 }
 
 #[test]
@@ -298,7 +355,7 @@ fn the_endpoint_answers_with_the_right_content_types_and_codes() {
 
     let (h, b) = http(a, "GET /metrics HTTP/1.0\r\n\r\n");
     assert!(h.contains("Content-Type: text/plain; version=0.0.4; charset=utf-8"), "{h}");
-    assert!(b.contains("moe_observer_steps_total{kind=\"generate\"} 1"), "{b}");
+    assert!(b.contains("moe_observer_step_duration_seconds_count{step=\"generate\"} 1"), "{b}");
 
     let (h, b) = http(a, "HEAD /metrics HTTP/1.1\r\n\r\n");
     assert!(h.starts_with("HTTP/1.1 200") && b.is_empty(), "{h}");

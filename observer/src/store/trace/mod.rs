@@ -28,6 +28,19 @@
 //! payload = `len` bytes: the JSON of one `Event` (`{"type":"token",…}`)
 //! ```
 //!
+//! - A token record's expert grid is packed ([`grid`]): its `residency.grid`
+//!   is `null` and a `grid_packed` key holds the grid as runs (base64), a delta
+//!   against the previous grid written or a key frame. A 64 × 512 grid that did
+//!   not change since the previous token takes a few bytes instead of ~300 KB
+//!   of JSON arrays. Readers that do not know the key read the record without
+//!   its grid; traces written before it (plain `grid` arrays) read as before.
+//!   (The packing lives inside the JSON rather than in a new `encoding`: older
+//!   readers skip a record whose encoding they do not know, and would lose
+//!   every token instead of only the grids.)
+//! - Names in payloads are the vocabulary's (`observer_common::vocab`); older
+//!   names it lists as aliases (latency-histogram kinds before the renames)
+//!   read as the current ones.
+//!
 //! - The first record is the `header` (the self-describing `RunHeader`: observer
 //!   version, kernel, host, CPU, memory, boot, target command line, model path,
 //!   size and hash, engine configuration); then `token`, `process`,
@@ -52,6 +65,7 @@
 //! record header with a valid `head_crc` starts; a record whose header is valid
 //! but whose payload CRC fails is skipped by its (CRC-protected) length.
 
+pub mod grid;
 mod reader;
 
 pub use reader::{Issue, Reader, TraceError};
@@ -63,8 +77,8 @@ pub const VERSION: u16 = 1;
 pub const FILE_HEADER_LEN: usize = 16;
 pub const RECORD_MAGIC: [u8; 4] = *b"MREC";
 pub const RECORD_HEADER_LEN: usize = 20;
-/// Largest payload a reader accepts (a token record with a 64 × 512 expert
-/// grid is ~300 KB of JSON).
+/// Largest payload a reader accepts (a token record whose 64 × 512 expert
+/// grid is a key frame of all-distinct fractions is ~190 KB).
 pub const MAX_PAYLOAD: u32 = 64 << 20;
 pub const ENCODING_JSON: u8 = 1;
 

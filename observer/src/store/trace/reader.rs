@@ -2,7 +2,7 @@
 //! and reports it (see the module above for the rules).
 //!
 //! ```no_run
-//! use observer::trace::Reader;
+//! use observer::store::trace::Reader;
 //! let mut r = Reader::open("run.trace".as_ref())?;
 //! for ev in r.by_ref() {
 //!     // Header, Token…, Process…, End — the same events as the live run.
@@ -11,7 +11,7 @@
 //! for issue in r.issues() {
 //!     eprintln!("{issue}"); // truncation, corruption: where and what was skipped
 //! }
-//! # Ok::<(), observer::trace::TraceError>(())
+//! # Ok::<(), observer::store::trace::TraceError>(())
 //! ```
 
 use std::{
@@ -25,8 +25,8 @@ use observer_common::model::Event;
 use serde::Deserialize;
 
 use super::{
-    ENCODING_JSON, FILE_HEADER_LEN, FILE_MAGIC, KIND_END, KIND_OTHER, KINDS, RECORD_HEADER_LEN, RECORD_MAGIC,
-    RecorderStats, VERSION, kind_of_payload, parse_record_header,
+    ENCODING_JSON, FILE_HEADER_LEN, FILE_MAGIC, KIND_END, KIND_OTHER, KIND_TOKEN, KINDS, RECORD_HEADER_LEN,
+    RECORD_MAGIC, RecorderStats, VERSION, grid, kind_of_payload, parse_record_header,
 };
 
 /// Errors that stop reading before the first record.
@@ -59,6 +59,8 @@ pub enum Issue {
     Undecodable { offset: u64, reason: String },
     /// The record at `offset` has a kind or encoding this reader does not know.
     Unknown { offset: u64, kind: u8, encoding: u8 },
+    /// The record at `offset` was read without a part of it (`reason` says which and why).
+    Partial { offset: u64, reason: String },
 }
 
 impl Issue {
@@ -67,7 +69,8 @@ impl Issue {
             Issue::Truncated { offset, .. }
             | Issue::Corrupt { offset, .. }
             | Issue::Undecodable { offset, .. }
-            | Issue::Unknown { offset, .. } => *offset,
+            | Issue::Unknown { offset, .. }
+            | Issue::Partial { offset, .. } => *offset,
         }
     }
 }
@@ -91,6 +94,7 @@ impl fmt::Display for Issue {
                     "record at byte {offset} has unknown kind {kind} / encoding {encoding} (newer observer?): skipped"
                 )
             }
+            Issue::Partial { offset, reason } => write!(f, "record at byte {offset} read without a part: {reason}"),
         }
     }
 }
@@ -108,6 +112,7 @@ pub struct Reader<R = BufReader<File>> {
     records: u64,
     recorder: Option<RecorderStats>,
     saw_end: bool,
+    grids: grid::Unpacker,
 }
 
 impl<R> fmt::Debug for Reader<R> {
@@ -129,6 +134,17 @@ struct EndExtras {
     recorder: Option<RecorderStats>,
 }
 
+#[derive(Deserialize)]
+struct TokenExtras {
+    grid_packed: Option<grid::Packed>,
+}
+
+/// Whether a payload may hold a packed grid (a cheap check before a second parse).
+fn has_packed_grid(payload: &[u8]) -> bool {
+    const KEY: &[u8] = b"\"grid_packed\"";
+    payload.windows(KEY.len()).any(|w| w == KEY)
+}
+
 impl<R: Read> Reader<R> {
     /// Read from any source; `name` is used in errors.
     pub fn new(src: R, name: &Path) -> Result<Self, TraceError> {
@@ -143,6 +159,7 @@ impl<R: Read> Reader<R> {
             records: 0,
             recorder: None,
             saw_end: false,
+            grids: grid::Unpacker::default(),
         };
         let io = |source| TraceError::Io { path: name.to_path_buf(), source };
         let have = r.fill(FILE_HEADER_LEN).map_err(io)?;
@@ -327,10 +344,28 @@ impl<R: Read> Reader<R> {
             }
             let decoded = serde_json::from_slice::<Event>(payload);
             let extras = if h.kind == KIND_END { serde_json::from_slice::<EndExtras>(payload).ok() } else { None };
+            let packed = if h.kind == KIND_TOKEN && has_packed_grid(payload) {
+                serde_json::from_slice::<TokenExtras>(payload).map(|e| e.grid_packed)
+            } else {
+                Ok(None)
+            };
             let payload_kind = kind_of_payload(payload);
             self.advance(total);
             match decoded {
-                Ok(ev) if payload_kind == h.kind => {
+                Ok(mut ev) if payload_kind == h.kind => {
+                    if let Event::Token(t) = &mut ev {
+                        match packed {
+                            Ok(Some(p)) => match self.grids.unpack(t.seq, &p) {
+                                Ok(g) => t.residency.get_or_insert_with(Default::default).grid = Some(g),
+                                Err(reason) => self.issues.push(Issue::Partial { offset: at, reason }),
+                            },
+                            Ok(None) => {}
+                            Err(e) => self.issues.push(Issue::Partial {
+                                offset: at,
+                                reason: format!("its expert grid does not decode: {e}"),
+                            }),
+                        }
+                    }
                     self.records += 1;
                     if h.kind == KIND_END {
                         self.saw_end = true;

@@ -53,7 +53,7 @@ pub(crate) fn token(seq: u64) -> TokenRecord {
     let mut counters = Counters::default();
     counters.set(Counter::Minflt, Some(seq * 3));
     counters.set(Counter::ReadBytes, Some(4096 * seq));
-    let mut components = Components::all_measured([60, 10, 5, 5, 0, 0, 10, 5, 5].map(|v| v * 1000 + seq));
+    let mut components = Components::from_kernel(&[60, 10, 5, 5, 0, 0, 10, 5, 5].map(|v| v * 1000 + seq));
     if seq.is_multiple_of(3) {
         components.set(Component::Reclaim, None);
     }
@@ -101,7 +101,8 @@ pub(crate) fn stream(n: u64) -> Vec<Event> {
         if i % 3 == 2 {
             v.push(Event::Histograms(LatencyHistograms {
                 mono_ns: i,
-                kinds: [("fault_minor".to_string(), vec![0, 3, 5, 1])].into_iter().collect(),
+                kinds: [("minflt".to_string(), vec![0, 3, 5, 1])].into_iter().collect(),
+                sum_ns: [("minflt".to_string(), 12_345)].into_iter().collect(),
             }));
             v.push(Event::Health(ObserverHealth {
                 mono_ns: i,
@@ -375,4 +376,68 @@ fn a_stalled_disk_drops_and_counts_instead_of_blocking() {
 fn an_unwritable_trace_is_a_clear_error() {
     let e = TraceWriter::create(Path::new("/no/such/dir/run.trace")).unwrap_err();
     assert!(e.to_string().contains("/no/such/dir/run.trace"), "{e}");
+}
+
+/// Token records whose grids are deltas: losing one record to damage loses the grids of
+/// the records after it until the next key frame, each reported; nothing is read wrong.
+#[test]
+fn a_lost_grid_costs_the_deltas_until_the_next_key_frame() {
+    let n = super::grid::KEY_EVERY + 6;
+    let mut events = vec![Event::Header(header())];
+    for seq in 0..n {
+        let mut t = token(seq);
+        let r = t.residency.get_or_insert_with(Default::default);
+        let mut g = ExpertGrid {
+            n_layers: 3,
+            n_experts: 5,
+            resident: (0..15).map(|i| if (i + seq / 4) % 3 == 0 { 0.5 } else { 1.0 }).collect(),
+            added: Some(vec![seq as u32; 15]),
+            evicted: None,
+        };
+        g.resident[0] = seq as f32 / 100.0;
+        r.grid = Some(g);
+        events.push(Event::Token(t));
+    }
+    events.push(Event::End(RunEnd { mono_ns: 99, exit_code: Some(0), lost_events: 0 }));
+    let bytes = record(&events);
+    let (back, issues, _) = read(&bytes);
+    assert!(issues.is_empty(), "{issues:?}");
+    assert_eq!(back, events);
+    // Damage the record of token 3 (record 4: after the header).
+    let starts = record_starts(&bytes);
+    let mut b = bytes.clone();
+    b[starts[4] + RECORD_HEADER_LEN + 30] ^= 0x5A;
+    let (back, issues, _) = read(&b);
+    let mut expect = events.clone();
+    expect.remove(4);
+    for e in &mut expect {
+        if let Event::Token(t) = e
+            && (4..super::grid::KEY_EVERY).contains(&t.seq)
+            && let Some(r) = &mut t.residency
+        {
+            r.grid = None;
+        }
+    }
+    assert_eq!(back, expect);
+    assert!(matches!(issues[0], Issue::Corrupt { .. }), "{}", issues[0]);
+    let partial: Vec<&Issue> = issues[1..].iter().filter(|i| matches!(i, Issue::Partial { .. })).collect();
+    assert_eq!(partial.len(), issues.len() - 1);
+    assert_eq!(partial.len() as u64, super::grid::KEY_EVERY - 4, "{issues:?}");
+    assert!(partial[0].to_string().contains("delta against token record 3"), "{}", partial[0]);
+}
+
+/// An older reader's rules: a token record with a packed grid, read as a plain `Event`
+/// (unknown keys skipped), is the record without its grid.
+#[test]
+fn a_reader_without_grid_packing_reads_the_record_without_its_grid() {
+    let t = token(1);
+    assert!(t.residency.as_ref().unwrap().grid.is_some());
+    let bytes = record(&[Event::Header(header()), Event::Token(t.clone())]);
+    let starts = record_starts(&bytes);
+    let len = u32::from_le_bytes(bytes[starts[1] + 8..starts[1] + 12].try_into().unwrap()) as usize;
+    let payload = &bytes[starts[1] + RECORD_HEADER_LEN..starts[1] + RECORD_HEADER_LEN + len];
+    let plain: Event = serde_json::from_slice(payload).unwrap();
+    let mut want = t;
+    want.residency.as_mut().unwrap().grid = None;
+    assert_eq!(plain, Event::Token(want));
 }
