@@ -13,7 +13,7 @@
 //!   replays are reproducible).
 //! - Fewer than two steps give a rate and no interval.
 
-pub use moe_stats::SplitMix64;
+use moe_stats::SplitMix64;
 
 /// The seed of every interval the TUI shows.
 pub const SEED: u64 = 0x6F62_7365_7276_6572; // "observer"
