@@ -1,6 +1,7 @@
-//! Seeded random numbers and percentile bootstrap intervals, written once:
-//! the observer's `diff`/`report` intervals, the TUI's tok/s interval, the
-//! benchmarks' ratios and the test helpers' fill patterns all use these.
+//! Seeded random numbers, quantiles and percentile bootstrap intervals,
+//! written once: the observer's `diff`/`report` intervals, the TUI's tok/s
+//! interval, the benchmarks' medians and ratios and the test helpers' fill
+//! patterns all use these.
 //! No dependencies, so that every crate of the workspace can use it. (The
 //! engine's synthetic-model generator keeps its own frozen copy of SplitMix64,
 //! `engine::synth::SplitMix`: the files it writes must stay byte-identical
@@ -22,7 +23,8 @@
 //! is evaluated on the drawn indices. The 95 % interval is the 2.5th and
 //! 97.5th percentile of the replicates' values ([`interval95`]), with linear
 //! interpolation between order statistics ([`quantile`], Hyndman–Fan type 7);
-//! replicates whose value is not finite are left out.
+//! replicates whose value is not finite are left out. The benchmarks' medians
+//! and latency percentiles are the same quantiles ([`median`]).
 
 /// SplitMix64 (module spec).
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -85,6 +87,13 @@ pub fn quantile(sorted: &[f64], q: f64) -> f64 {
             sorted[lo] + (sorted[hi] - sorted[lo]) * (h - lo as f64)
         }
     }
+}
+
+/// The median: sorts `v` and takes its type-7 quantile 0.5 (the mean of the
+/// two middle values for an even count); NaN for no data.
+pub fn median(v: &mut [f64]) -> f64 {
+    v.sort_by(f64::total_cmp);
+    quantile(v, 0.5)
 }
 
 /// The 95 % percentile interval of replicate values (the non-finite ones
@@ -150,6 +159,9 @@ mod tests {
         assert_eq!(quantile(&v, 0.5), 2.5);
         assert_eq!(quantile(&v, 1.0), 4.0);
         assert!(quantile(&[], 0.5).is_nan());
+        assert_eq!(median(&mut [3.0, 1.0, 2.0]), 2.0);
+        assert_eq!(median(&mut [4.0, 1.0, 2.0, 3.0]), 2.5);
+        assert!(median(&mut []).is_nan());
         assert_eq!(interval95(vec![f64::NAN, 2.0]), Some((2.0, 2.0)));
         assert_eq!(interval95(vec![f64::INFINITY]), None);
     }

@@ -41,10 +41,10 @@ use std::{
 };
 
 use anyhow::{Context, Result, bail};
-use moe_stats::SplitMix64;
+use moe_stats::{SplitMix64, median};
 
 use crate::{
-    bench_util::{self, gen_tok_s, median, paired_ratio_ci},
+    bench_util::{self, gen_tok_s, paired_ratio_ci},
     cache, cmd, displace, ticklock,
 };
 

@@ -1,5 +1,5 @@
 //! Pieces shared by the engine-driving benchmarks (`bench observer|tui|metrics`):
-//! the engine's own decode speed from its `--json` summary, medians, the
+//! the engine's own decode speed from its `--json` summary, the
 //! A-B-B-A order of rounds, and the standard benchmark command line on the
 //! cached `small` model.
 
@@ -27,17 +27,6 @@ pub fn abba_round<A, B>(r: usize, a: impl FnOnce() -> Result<A>, b: impl FnOnce(
     } else {
         let y = b()?;
         Ok((a()?, y))
-    }
-}
-
-/// Median (NaN for an empty slice).
-pub fn median(v: &mut [f64]) -> f64 {
-    v.sort_by(|a, b| a.total_cmp(b));
-    let n = v.len();
-    match n {
-        0 => f64::NAN,
-        _ if n % 2 == 1 => v[n / 2],
-        _ => (v[n / 2 - 1] + v[n / 2]) / 2.0,
     }
 }
 
@@ -123,10 +112,7 @@ mod tests {
     }
 
     #[test]
-    fn medians_and_summaries() {
-        assert_eq!(median(&mut [3.0, 1.0, 2.0]), 2.0);
-        assert_eq!(median(&mut [4.0, 1.0, 2.0, 3.0]), 2.5);
-        assert!(median(&mut []).is_nan());
+    fn summaries_parse() {
         let out = "observer: x\n{\"id\":1}\n{\"gen_tok_s\":12.5,\"prompt_tok_s\":3}\n";
         assert_eq!(gen_tok_s(out).unwrap(), 12.5);
         assert!(gen_tok_s("nothing").is_err());
