@@ -256,6 +256,9 @@ pub fn tensor_specs(c: &SynthConfig) -> Vec<TensorSpec> {
 }
 
 /// splitmix64: a tiny, fixed, seedable generator (the file must not change with a crate update).
+/// A frozen copy, on purpose: the workspace's shared one is `moe_stats::SplitMix64`, but the
+/// models written from these draws must stay byte-identical whatever happens to that crate, and
+/// the engine depends on nothing of the observer's.
 #[derive(Debug, Clone)]
 pub struct SplitMix(u64);
 

@@ -287,14 +287,12 @@ unsafe fn balloon_child(join: &memcg::ChildJoin, len: usize, touch: Duration, wr
         if p == libc::MAP_FAILED {
             fail(b'M');
         }
-        // Incompressible contents (xorshift64), like the weights it competes with.
+        // Incompressible contents (SplitMix64: plain arithmetic, safe after
+        // fork), like the weights it competes with.
         let words = p.cast::<u64>();
-        let mut x = 0x9E37_79B9_7F4A_7C15u64 ^ libc::getpid() as u64;
+        let mut rng = moe_stats::SplitMix64::new(libc::getpid() as u64);
         for w in 0..len / 8 {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            words.add(w).write(x);
+            words.add(w).write(rng.next_u64());
         }
         let ready = b'R';
         libc::write(wr, (&ready as *const u8).cast(), 1);

@@ -8,37 +8,12 @@
 //!   many steps as there are, with replacement, and compute the same rate; the
 //!   interval is the 2.5th and 97.5th percentiles of those rates (linear
 //!   interpolation between order statistics).
-//! - Draws come from SplitMix64 seeded with a fixed seed, so the same steps
-//!   always give the same interval (snapshots and replays are reproducible).
+//! - Draws and percentiles are `moe_stats`'s (SplitMix64 seeded with a fixed
+//!   seed, so the same steps always give the same interval: snapshots and
+//!   replays are reproducible).
 //! - Fewer than two steps give a rate and no interval.
 
-/// SplitMix64: a tiny, well-mixed 64-bit generator (Steele, Lea, Flood 2014).
-#[derive(Clone, Debug)]
-pub struct SplitMix64(u64);
-
-impl SplitMix64 {
-    pub fn new(seed: u64) -> Self {
-        SplitMix64(seed)
-    }
-
-    pub fn next_u64(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-
-    /// Uniform in `0..n` (multiply-shift; the bias is below 2^-32 for the n used here).
-    pub fn below(&mut self, n: usize) -> usize {
-        ((self.next_u64() >> 32).wrapping_mul(n as u64) >> 32) as usize
-    }
-
-    /// Uniform in `[0, 1)`.
-    pub fn unit(&mut self) -> f64 {
-        (self.next_u64() >> 11) as f64 / (1u64 << 53) as f64
-    }
-}
+use moe_stats::SplitMix64;
 
 /// The seed of every interval the TUI shows.
 pub const SEED: u64 = 0x6F62_7365_7276_6572; // "observer"
@@ -88,43 +63,21 @@ pub fn rate_interval(steps: &[(u64, u64)], resamples: usize, seed: u64) -> Optio
     if n < 2 || resamples == 0 {
         return Some(RateInterval { rate: r, ci95: None, resamples: 0, steps: n });
     }
-    let mut rng = SplitMix64::new(seed);
     let mut rates = Vec::with_capacity(resamples);
-    for _ in 0..resamples {
+    moe_stats::resample(&[n], resamples, &mut SplitMix64::new(seed), |d| {
         let (mut t, mut w) = (0u128, 0u128);
-        for _ in 0..n {
-            let (st, sw) = steps[rng.below(n)];
+        for &i in &d[0] {
+            let (st, sw) = steps[i];
             t += st as u128;
             w += sw as u128;
         }
         if w > 0 {
             rates.push(t as f64 * 1e9 / w as f64);
         }
-    }
-    if rates.is_empty() {
-        return Some(RateInterval { rate: r, ci95: None, resamples: 0, steps: n });
-    }
-    rates.sort_by(f64::total_cmp);
-    Some(RateInterval {
-        rate: r,
-        ci95: Some((percentile(&rates, 0.025), percentile(&rates, 0.975))),
-        resamples: rates.len(),
-        steps: n,
-    })
-}
-
-/// `q`-quantile of sorted values, linear between order statistics.
-pub fn percentile(sorted: &[f64], q: f64) -> f64 {
-    match sorted.len() {
-        0 => f64::NAN,
-        1 => sorted[0],
-        len => {
-            let pos = q.clamp(0.0, 1.0) * (len - 1) as f64;
-            let lo = pos.floor() as usize;
-            let hi = (lo + 1).min(len - 1);
-            sorted[lo] + (sorted[hi] - sorted[lo]) * (pos - lo as f64)
-        }
-    }
+    });
+    let resamples = rates.len();
+    let ci95 = moe_stats::interval95(rates);
+    Some(RateInterval { rate: r, ci95, resamples: if ci95.is_some() { resamples } else { 0 }, steps: n })
 }
 
 #[cfg(test)]
@@ -195,16 +148,6 @@ mod tests {
         }
         let share = covered as f64 / runs as f64;
         assert!((0.89..=0.99).contains(&share), "coverage {share}");
-    }
-
-    #[test]
-    fn percentile_interpolates() {
-        let v = [1.0, 2.0, 3.0, 4.0, 5.0];
-        assert_eq!(percentile(&v, 0.0), 1.0);
-        assert_eq!(percentile(&v, 1.0), 5.0);
-        assert_eq!(percentile(&v, 0.5), 3.0);
-        assert!((percentile(&v, 0.125) - 1.5).abs() < 1e-12);
-        assert!(percentile(&[], 0.5).is_nan());
     }
 
     #[test]

@@ -79,12 +79,10 @@ pub fn main(args: &[String]) -> Result<()> {
             .collect();
         println!("round {round}: pp / tg tok/s: engine {:.1} / {:.1}, {}", en[round].0, en[round].1, theirs.join(", "));
     }
-    let median = |v: Vec<f64>| {
-        let mut v = v;
-        v.sort_by(f64::total_cmp);
-        v[v.len() / 2]
+    let med = |v: &[(f64, f64)]| {
+        let (mut a, mut b): (Vec<f64>, Vec<f64>) = v.iter().copied().unzip();
+        (moe_stats::median(&mut a), moe_stats::median(&mut b))
     };
-    let med = |v: &[(f64, f64)]| (median(v.iter().map(|x| x.0).collect()), median(v.iter().map(|x| x.1).collect()));
     let (en_pp, en_tg) = med(&en);
     println!("medians over {rounds} rounds (engine at its default ISA level):");
     print!("{:<8} {:>14}", "test", "engine tok/s");

@@ -29,10 +29,10 @@ use std::{
 };
 
 use anyhow::{Context, Result, bail};
+use moe_stats::median;
 use serde_json::Value;
 
 use crate::{
-    bench_util::median,
     cache::dir as cache_root,
     cmd::{output, run},
 };

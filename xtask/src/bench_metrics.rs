@@ -31,7 +31,9 @@ use std::{
 
 use anyhow::{Context, Result, bail};
 
-use crate::bench_util::{self, gen_tok_s, median};
+use moe_stats::{median, quantile};
+
+use crate::bench_util::{self, gen_tok_s};
 
 #[derive(Debug, Clone, Copy)]
 struct Burst {
@@ -275,8 +277,8 @@ pub fn main(args: &[String]) -> Result<()> {
         lat.extend(st.latencies_us.iter().copied());
     }
     let (mq, ms) = (median(&mut quiet), median(&mut scraped));
-    lat.sort_by(|a, b| a.total_cmp(b));
-    let p = |q: f64| lat.get(((lat.len() as f64 - 1.0) * q).round() as usize).copied().unwrap_or(f64::NAN);
+    lat.sort_by(f64::total_cmp);
+    let p = |q: f64| quantile(&lat, q);
     println!(
         "scrapes: {ok} ok, {failed} failed, {bytes} bytes each; latency under the burst p50 {:.0} us, p99 {:.0} us, max {:.0} us",
         p(0.5),

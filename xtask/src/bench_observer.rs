@@ -18,7 +18,9 @@ use std::process::Command;
 
 use anyhow::{Context, Result, bail};
 
-use crate::bench_util::{self, gen_tok_s, median};
+use moe_stats::median;
+
+use crate::bench_util::{self, gen_tok_s};
 
 /// Run `c`, return its stdout and the CPU time (user + system, ns) of it and
 /// every descendant it waited for.

@@ -41,9 +41,10 @@ use std::{
 };
 
 use anyhow::{Context, Result, bail};
+use moe_stats::{SplitMix64, median};
 
 use crate::{
-    bench_util::{self, gen_tok_s, median, paired_ratio_ci},
+    bench_util::{self, gen_tok_s, paired_ratio_ci},
     cache, cmd, displace, ticklock,
 };
 
@@ -420,11 +421,9 @@ pub fn main(args: &[String]) -> Result<()> {
     // tasks (on the development VM, its agent's) would otherwise keep the
     // same phase against the rounds and fall on one side more often (the
     // `--control` A/A run showed a 6 % "cost" between two identical sides).
-    let jitter = std::cell::Cell::new(0x6a69_7474_6572u64);
+    let jitter = std::cell::RefCell::new(SplitMix64::new(0x6a69_7474_6572));
     let pause = || {
-        let mut state = jitter.get();
-        let ms = bench_util::splitmix64(&mut state) % 3000;
-        jitter.set(state);
+        let ms = jitter.borrow_mut().next_u64() % 3000;
         std::thread::sleep(Duration::from_millis(ms));
     };
     let under_run = || {
@@ -448,7 +447,7 @@ pub fn main(args: &[String]) -> Result<()> {
     let (mut screen_share, mut run_terminal_share, mut displaced, mut untimed) =
         (Vec::new(), Vec::new(), Vec::new(), Vec::new());
     let (mut locked, mut locked_control) = (Vec::new(), Vec::new());
-    let mut phase = 0x7068_6173_6573_u64;
+    let mut phase = SplitMix64::new(0x7068_6173_6573);
     for r in 0..rounds {
         let (a, b) = bench_util::abba_round(r, under_run, under_tui)?;
         let share = b.share(b.screen_ns + b.terminal_ns);

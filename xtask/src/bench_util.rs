@@ -1,5 +1,5 @@
 //! Pieces shared by the engine-driving benchmarks (`bench observer|tui|metrics`):
-//! the engine's own decode speed from its `--json` summary, medians, the
+//! the engine's own decode speed from its `--json` summary, the
 //! A-B-B-A order of rounds, and the standard benchmark command line on the
 //! cached `small` model.
 
@@ -30,51 +30,14 @@ pub fn abba_round<A, B>(r: usize, a: impl FnOnce() -> Result<A>, b: impl FnOnce(
     }
 }
 
-/// Median (NaN for an empty slice).
-pub fn median(v: &mut [f64]) -> f64 {
-    v.sort_by(|a, b| a.total_cmp(b));
-    let n = v.len();
-    match n {
-        0 => f64::NAN,
-        _ if n % 2 == 1 => v[n / 2],
-        _ => (v[n / 2 - 1] + v[n / 2]) / 2.0,
-    }
-}
-
-/// The next value of a SplitMix64 generator (Steele, Lea, Flood 2014) whose
-/// state is `state`: seeded draws for the benchmarks' intervals and pauses.
-pub fn splitmix64(state: &mut u64) -> u64 {
-    *state = state.wrapping_add(0x9E37_79B9_7F4A_7C15);
-    let mut z = *state;
-    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    z ^ (z >> 31)
-}
-
 /// `stat` over every unit (`stat(&[0, 1, …, n − 1])`) and its 95 %
-/// percentile bootstrap interval: 2000 resamples of the `n` units with
-/// replacement, each passed to `stat` as the indices drawn, from a SplitMix64
-/// generator seeded with `seed` (so the same data always give the same
-/// interval). Resamples where `stat` is not finite are left out; `None` when
-/// it is not finite over every unit.
+/// percentile bootstrap interval from 2000 resamples of the `n` units
+/// (`moe_stats::bootstrap`, seeded with `seed`, so the same data always give
+/// the same interval): `(value, low, high)`, `None` when `stat` is not finite
+/// over every unit or in any resample.
 pub fn bootstrap(n: usize, seed: u64, stat: impl Fn(&[usize]) -> f64) -> Option<(f64, f64, f64)> {
-    let all: Vec<usize> = (0..n).collect();
-    let point = stat(&all);
-    if !point.is_finite() {
-        return None;
-    }
-    let mut state = seed;
-    let mut next = || ((splitmix64(&mut state) >> 32).wrapping_mul(n as u64) >> 32) as usize;
-    let mut draws: Vec<f64> = (0..2000)
-        .map(|_| {
-            let pick: Vec<usize> = (0..n).map(|_| next()).collect();
-            stat(&pick)
-        })
-        .filter(|r| r.is_finite())
-        .collect();
-    draws.sort_by(f64::total_cmp);
-    let q = |p: f64| draws[((draws.len() - 1) as f64 * p).round() as usize];
-    Some((point, q(0.025), q(0.975)))
+    let (point, ci) = moe_stats::bootstrap(n, 2000, seed, stat)?;
+    ci.map(|(lo, hi)| (point, lo, hi))
 }
 
 /// The geometric mean of paired ratios `b / a` and its 95 % [`bootstrap`]
@@ -149,10 +112,7 @@ mod tests {
     }
 
     #[test]
-    fn medians_and_summaries() {
-        assert_eq!(median(&mut [3.0, 1.0, 2.0]), 2.0);
-        assert_eq!(median(&mut [4.0, 1.0, 2.0, 3.0]), 2.5);
-        assert!(median(&mut []).is_nan());
+    fn summaries_parse() {
         let out = "observer: x\n{\"id\":1}\n{\"gen_tok_s\":12.5,\"prompt_tok_s\":3}\n";
         assert_eq!(gen_tok_s(out).unwrap(), 12.5);
         assert!(gen_tok_s("nothing").is_err());

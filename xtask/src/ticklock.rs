@@ -45,10 +45,9 @@
 //!   25 ms bin from 100 ms before to 450 ms after a tick; it shows where the
 //!   cost falls and that `near` covers it.
 
-use crate::{
-    bench_util::{bootstrap, splitmix64},
-    displace::TokenSpan,
-};
+use moe_stats::SplitMix64;
+
+use crate::{bench_util::bootstrap, displace::TokenSpan};
 
 /// Far tokens needed on each side of a tick.
 pub const MIN_FAR: usize = 4;
@@ -126,9 +125,9 @@ fn slope(tokens: &[TokenSpan]) -> f64 {
 
 /// Ticks every `period` over the tokens' span from a phase drawn from `seed`:
 /// where a screen would have ticked in a run without one.
-pub fn pseudo_ticks(tokens: &[TokenSpan], period: f64, seed: &mut u64) -> Vec<f64> {
+pub fn pseudo_ticks(tokens: &[TokenSpan], period: f64, seed: &mut SplitMix64) -> Vec<f64> {
     let (Some(first), Some(last)) = (tokens.first(), tokens.last()) else { return Vec::new() };
-    let phase = (splitmix64(seed) >> 11) as f64 / (1u64 << 53) as f64 * period;
+    let phase = seed.unit() * period;
     let end = last.begin_s + last.dur_s;
     (0..).map(|k| first.begin_s + phase + k as f64 * period).take_while(|&t| t < end).collect()
 }
@@ -247,8 +246,8 @@ mod tests {
     fn long_tokens_are_not_favoured() {
         // Noisy tokens with a heavy tail (one in 20 takes 30 ms more), no cost at
         // the ticks: choosing the token under way at a tick would find ~0.9 % here (E[d²]/E[d] − E[d] per tick).
-        let mut state = 11u64;
-        let mut u = || (splitmix64(&mut state) >> 11) as f64 / (1u64 << 53) as f64;
+        let mut rng = SplitMix64::new(11);
+        let mut u = || rng.unit();
         let durs: Vec<f64> = (0..60_000).map(|_| 0.006 + 0.004 * u() + if u() < 0.05 { 0.03 } else { 0.0 }).collect();
         let toks = tokens(durs.len(), 0.0, 0.0, |_| 0.0);
         let mut t = 0.0;
@@ -261,7 +260,7 @@ mod tests {
                 y
             })
             .collect();
-        let mut seed = 3;
+        let mut seed = SplitMix64::new(3);
         let e = excess(&toks, &pseudo_ticks(&toks, 0.5, &mut seed));
         assert!(e.ticks > 1000, "{e:?}");
         let (r, lo, hi) = ratio(&[e]).unwrap();
@@ -271,11 +270,11 @@ mod tests {
     #[test]
     fn pseudo_ticks_cover_the_span_at_the_period() {
         let toks = tokens(1000, 0.008, 0.0, |_| 0.0);
-        let mut seed = 7;
+        let mut seed = SplitMix64::new(7);
         let t = pseudo_ticks(&toks, 0.5, &mut seed);
         assert!(t[0] >= 0.0 && t[0] < 0.5 && t.len() == 16, "{t:?}");
         assert!(t.windows(2).all(|w| (w[1] - w[0] - 0.5).abs() < 1e-12));
-        let mut seed2 = 8;
+        let mut seed2 = SplitMix64::new(8);
         assert_ne!(pseudo_ticks(&toks, 0.5, &mut seed2)[0], t[0]);
     }
 

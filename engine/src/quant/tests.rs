@@ -11,19 +11,16 @@ use super::*;
 // Deterministic random numbers
 // ---------------------------------------------------------------------------
 
-struct Rng(u64);
+/// Test data from the engine's own SplitMix64 (`crate::synth::SplitMix`, the
+/// one copy in the engine), on a seed offset so streams differ from the synth's.
+struct Rng(crate::synth::SplitMix);
 
 impl Rng {
     fn new(seed: u64) -> Rng {
-        Rng(seed ^ 0x9e37_79b9_7f4a_7c15)
+        Rng(crate::synth::SplitMix::new(seed ^ 0x9e37_79b9_7f4a_7c15))
     }
     fn next_u64(&mut self) -> u64 {
-        // SplitMix64
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
+        self.0.next_u64()
     }
     fn byte(&mut self) -> u8 {
         self.next_u64() as u8

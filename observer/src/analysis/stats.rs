@@ -17,12 +17,13 @@
 //! between order statistics). Replicates in which a metric has no measured
 //! token are left out for that metric.
 //!
-//! Randomness: ChaCha8 seeded with `seed` on stream `stream` (the position
-//! of the run, or of a side's first run), so the same inputs, seed and resample count give the same
-//! intervals on every machine.
+//! Resampling and percentiles are `moe_stats`'s (its spec: SplitMix64,
+//! stratified draws, type-7 quantiles); the generator is seeded with `seed` on
+//! stream `stream` (the position of the run, or of a side's first run), so
+//! the same inputs, seed and resample count give the same intervals on every
+//! machine.
 
-use rand::{Rng, SeedableRng};
-use rand_chacha::ChaCha8Rng;
+use moe_stats::{SplitMix64, interval95, resample};
 use serde::Serialize;
 
 pub const DEFAULT_RESAMPLES: usize = 2000;
@@ -89,14 +90,6 @@ pub fn mean_term(v: Option<f64>) -> (f64, f64) {
     }
 }
 
-/// Quantile `q` of sorted data (type 7: linear interpolation).
-pub fn quantile(sorted: &[f64], q: f64) -> f64 {
-    let h = (sorted.len() - 1) as f64 * q;
-    let lo = h.floor() as usize;
-    let hi = h.ceil() as usize;
-    sorted[lo] + (h - lo as f64) * (sorted[hi] - sorted[lo])
-}
-
 /// Point estimates and bootstrap intervals of `k_count` statistics over the
 /// pooled strata.
 pub fn bootstrap(strata: &[Stratum], k_count: usize, resamples: usize, seed: u64, stream: u64) -> Vec<Estimate> {
@@ -114,20 +107,15 @@ pub fn bootstrap(strata: &[Stratum], k_count: usize, resamples: usize, seed: u64
     }
     let point: Vec<Option<f64>> = (0..k_count).map(|k| (den[k] != 0.0).then(|| num[k] / den[k])).collect();
 
-    let mut rng = ChaCha8Rng::seed_from_u64(seed);
-    rng.set_stream(stream);
     let mut reps: Vec<Vec<f64>> = vec![Vec::with_capacity(resamples); k_count];
     let mut bn = vec![0.0; k_count];
     let mut bd = vec![0.0; k_count];
-    for _ in 0..resamples {
+    let sizes: Vec<usize> = strata.iter().map(|s| s.n).collect();
+    resample(&sizes, resamples, &mut SplitMix64::stream(seed, stream), |draws| {
         bn.fill(0.0);
         bd.fill(0.0);
-        for s in strata {
-            if s.n == 0 {
-                continue;
-            }
-            for _ in 0..s.n {
-                let i = rng.random_range(0..s.n);
+        for (s, d) in strata.iter().zip(draws) {
+            for &i in d {
                 let row = i * k_count;
                 for k in 0..k_count {
                     bn[k] += s.num[row + k];
@@ -140,13 +128,10 @@ pub fn bootstrap(strata: &[Stratum], k_count: usize, resamples: usize, seed: u64
                 reps[k].push(bn[k] / bd[k]);
             }
         }
-    }
+    });
     (0..k_count)
         .map(|k| {
-            let r = &mut reps[k];
-            r.sort_by(f64::total_cmp);
-            let ci95 = (point[k].is_some() && !r.is_empty())
-                .then(|| Interval { lo: quantile(r, 0.025), hi: quantile(r, 0.975) });
+            let ci95 = point[k].and(interval95(std::mem::take(&mut reps[k]))).map(|(lo, hi)| Interval { lo, hi });
             Estimate { value: point[k], ci95, n: n[k] }
         })
         .collect()

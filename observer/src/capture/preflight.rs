@@ -5,22 +5,25 @@ use std::path::Path;
 
 use anyhow::{Result, bail};
 
+/// Capability numbers (linux/capability.h).
+pub const CAP_FOWNER: u32 = 3;
 const CAP_SYS_ADMIN: u32 = 21;
 const CAP_PERFMON: u32 = 38;
 const CAP_BPF: u32 = 39;
 
-/// Effective capability set of this process, from `/proc/self/status`.
-fn effective_caps() -> Option<u64> {
-    let status = std::fs::read_to_string("/proc/self/status").ok()?;
-    let line = status.lines().find(|l| l.starts_with("CapEff:"))?;
-    u64::from_str_radix(line.trim_start_matches("CapEff:").trim(), 16).ok()
+/// Whether this process has capability `cap` in its effective set (`CapEff:`
+/// of `/proc/self/status`, a hex mask); no when that cannot be read.
+pub fn has_capability(cap: u32) -> bool {
+    let caps = std::fs::read_to_string("/proc/self/status").ok().and_then(|status| {
+        let mask = status.lines().find_map(|l| l.strip_prefix("CapEff:"))?;
+        u64::from_str_radix(mask.trim(), 16).ok()
+    });
+    caps.unwrap_or(0) & (1u64 << cap) != 0
 }
 
 /// eBPF tracing needs CAP_BPF + CAP_PERFMON (or CAP_SYS_ADMIN, as root has).
 pub fn check_privileges() -> Result<()> {
-    let caps = effective_caps().unwrap_or(0);
-    let has = |c: u32| caps & (1u64 << c) != 0;
-    if has(CAP_SYS_ADMIN) || (has(CAP_BPF) && has(CAP_PERFMON)) {
+    if has_capability(CAP_SYS_ADMIN) || (has_capability(CAP_BPF) && has_capability(CAP_PERFMON)) {
         return Ok(());
     }
     bail!(

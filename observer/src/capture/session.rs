@@ -268,11 +268,26 @@ impl SessionOptions {
 }
 
 /// How a session ended.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug)]
 pub struct Outcome {
     /// The exit code of a spawned target (128 + signal when killed); `None`
     /// for an attached one, or when the session stopped before it ended.
     pub exit_code: Option<i32>,
+    /// The probes being detached, on a blocking thread (the kernel waits for
+    /// RCU grace periods: most of a second).
+    detach: Option<tokio::task::JoinHandle<()>>,
+}
+
+impl Outcome {
+    /// Wait until the probes are detached: `observer run` does, so that none
+    /// of its programs is left once it has exited. `serve` goes on to its next
+    /// target meanwhile (dropping the outcome lets the detach finish on its own).
+    pub async fn detached(mut self) -> Option<i32> {
+        if let Some(h) = self.detach.take() {
+            let _ = h.await;
+        }
+        self.exit_code
+    }
 }
 
 // ---- the session ----------------------------------------------------------------
@@ -382,9 +397,13 @@ impl Session {
     /// event to `sinks` in order (module doc).
     pub async fn run(mut self, sinks: &mut [Box<dyn Sink>]) -> Result<Outcome> {
         let capture = std::mem::replace(&mut self.capture, Capture::Procfs(String::new()));
-        let ending = match capture {
-            Capture::Ebpf(probes) => self.run_ebpf(*probes, sinks).await?,
-            Capture::Procfs(why) => self.run_procfs(&why, sinks).await?,
+        let (ending, detach) = match capture {
+            Capture::Ebpf(probes) => {
+                let (ending, probes) = self.run_ebpf(*probes, sinks).await?;
+                // After the sinks have had the end (the summary is out).
+                (ending, Some(tokio::task::spawn_blocking(move || drop(probes))))
+            }
+            Capture::Procfs(why) => (self.run_procfs(&why, sinks).await?, None),
         };
         let exit_code = match ending {
             Some(Ending::Exited(c)) => Some(c),
@@ -393,7 +412,7 @@ impl Session {
         if let Some(line) = self.target.oom_report(exit_code) {
             log::warn!("{line}");
         }
-        Ok(Outcome { exit_code })
+        Ok(Outcome { exit_code, detach })
     }
 
     /// The token boundaries asked for, checked against the target.
@@ -421,7 +440,9 @@ impl Session {
         })
     }
 
-    async fn run_ebpf(&mut self, mut probes: Probes, sinks: &mut [Box<dyn Sink>]) -> Result<Option<Ending>> {
+    /// The eBPF session; returns the probes, still attached, for the caller
+    /// to detach.
+    async fn run_ebpf(&mut self, mut probes: Probes, sinks: &mut [Box<dyn Sink>]) -> Result<(Option<Ending>, Probes)> {
         let pid = self.target.pid();
         let ring = probes.take_events()?;
         // Token records are polled; only an `exec` of the target wakes us (to
@@ -514,10 +535,7 @@ impl Session {
             _ => None,
         };
         emit(sinks, &Event::End(RunEnd { mono_ns: end_ns, exit_code, lost_events: lost }))?;
-        // Detaching waits for the kernel (see `bpf::detach_tracepoints`): after
-        // the sinks have had the end (the summary is out).
-        drop(probes);
-        Ok(ending)
+        Ok((ending, probes))
     }
 
     /// The procfs fallback (`crate::capture::procfs`): fixed windows, what

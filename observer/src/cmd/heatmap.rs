@@ -49,7 +49,7 @@ pub struct HeatmapArgs {
     #[arg(long)]
     watch: bool,
     /// Time between refreshes with `--watch`.
-    #[arg(long, default_value = "1s", value_parser = parse_interval)]
+    #[arg(long, default_value = "1s", value_parser = super::parse_duration)]
     interval: Duration,
     /// Stop after this many refreshes (with `--watch`).
     #[arg(long)]
@@ -63,22 +63,6 @@ pub struct HeatmapArgs {
     /// No colours (also when NO_COLOR is set or stdout is not a terminal).
     #[arg(long)]
     no_color: bool,
-}
-
-fn parse_interval(s: &str) -> Result<Duration, String> {
-    let s = s.trim();
-    let (num, unit) = s.split_at(s.find(|c: char| c.is_ascii_alphabetic()).unwrap_or(s.len()));
-    let v: f64 = num.parse().map_err(|_| format!("not a duration: {s:?} (use e.g. 250ms, 1s)"))?;
-    let secs = match unit {
-        "ms" => v / 1e3,
-        "s" | "" => v,
-        "m" | "min" => v * 60.0,
-        _ => return Err(format!("unknown unit in {s:?} (ms, s, min)")),
-    };
-    if !(secs > 0.0 && secs.is_finite()) {
-        return Err(format!("duration must be positive: {s:?}"));
-    }
-    Ok(Duration::from_secs_f64(secs))
 }
 
 /// Churn deltas of one refresh.

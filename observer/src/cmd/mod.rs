@@ -1,5 +1,11 @@
 //! One module per subcommand: its arguments, turned into calls of the
-//! library. Plus what every subcommand shares: the diagnostics logger.
+//! library. Plus what every subcommand shares: the diagnostics logger and
+//! the duration parser.
+//!
+//! ## Durations on the command line
+//! A duration is a decimal number and a unit: `us` (or `µs`), `ms`, `s`,
+//! `m` (or `min`); no unit means seconds. Spaces around it are ignored. It must
+//! be positive and finite (`250ms`, `1.5`, `2min`).
 
 pub mod diff;
 pub mod export;
@@ -10,6 +16,28 @@ pub mod report;
 pub mod run;
 pub mod serve;
 pub mod tui;
+
+use std::time::Duration;
+
+/// A command-line duration (module spec), for clap's `value_parser`.
+pub fn parse_duration(s: &str) -> Result<Duration, String> {
+    const UNITS: &str = "us, ms, s, m or min";
+    let s = s.trim();
+    let (num, unit) = s.split_at(s.find(|c: char| c.is_alphabetic()).unwrap_or(s.len()));
+    let v: f64 =
+        num.trim().parse().map_err(|_| format!("not a duration: {s:?} (a number and a unit: {UNITS}; e.g. 250ms)"))?;
+    let secs = match unit {
+        "us" | "µs" => v / 1e6,
+        "ms" => v / 1e3,
+        "s" | "" => v,
+        "m" | "min" => v * 60.0,
+        _ => return Err(format!("unknown unit in {s:?} (use {UNITS})")),
+    };
+    if !(secs > 0.0 && secs.is_finite()) {
+        return Err(format!("duration must be positive: {s:?}"));
+    }
+    Ok(Duration::from_secs_f64(secs))
+}
 
 /// Diagnostics go through `log` to stderr, one line each, `observer: ` first
 /// (then `error: `, `warning: `, `debug: ` or `trace: ` for those levels).
@@ -39,4 +67,27 @@ pub fn init_logging(verbose: u8, quiet: u8) {
             writeln!(f, "observer: {level}{}", r.args())
         })
         .init();
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::parse_duration;
+
+    #[test]
+    fn durations_parse() {
+        assert_eq!(parse_duration("250ms").unwrap(), Duration::from_millis(250));
+        assert_eq!(parse_duration(" 2s ").unwrap(), Duration::from_secs(2));
+        assert_eq!(parse_duration("1.5").unwrap(), Duration::from_millis(1500));
+        assert_eq!(parse_duration("20us").unwrap(), Duration::from_micros(20));
+        assert_eq!(parse_duration("20µs").unwrap(), Duration::from_micros(20));
+        assert_eq!(parse_duration("2min").unwrap(), Duration::from_secs(120));
+        assert_eq!(parse_duration("2m").unwrap(), Duration::from_secs(120));
+        assert!(parse_duration("0s").is_err());
+        assert!(parse_duration("-1s").is_err());
+        assert!(parse_duration("inf").is_err());
+        let e = parse_duration("5 parsecs").unwrap_err();
+        assert!(e.contains("parsecs") && e.contains("ms"), "{e}");
+    }
 }

@@ -5,9 +5,10 @@
 
 use std::{ffi::OsString, path::PathBuf, time::Duration};
 
+use super::parse_duration;
 use anyhow::{Context, Result, bail};
 use observer::{
-    capture::session::{Mode, Session, SessionOptions, Stop, TargetSpec, TokenSymbol},
+    capture::session::{Mode, Outcome, Session, SessionOptions, Stop, TargetSpec, TokenSymbol},
     sinks::{Sink, lines::Lines, prometheus, summary::SummarySink, trace_writer::TraceWriter},
 };
 
@@ -78,23 +79,6 @@ pub struct RunArgs {
     pub command: Vec<OsString>,
 }
 
-fn parse_duration(s: &str) -> Result<Duration, String> {
-    let s = s.trim();
-    let (num, unit) = s.split_at(s.find(|c: char| c.is_ascii_alphabetic()).unwrap_or(s.len()));
-    let v: f64 = num.parse().map_err(|_| format!("not a duration: {s:?} (use e.g. 250ms, 1s)"))?;
-    let secs = match unit {
-        "ms" => v / 1e3,
-        "s" | "" => v,
-        "us" | "µs" => v / 1e6,
-        "m" | "min" => v * 60.0,
-        _ => return Err(format!("unknown unit in {s:?} (ms, s, min)")),
-    };
-    if !(secs > 0.0 && secs.is_finite()) {
-        return Err(format!("duration must be positive: {s:?}"));
-    }
-    Ok(Duration::from_secs_f64(secs))
-}
-
 impl RunArgs {
     /// The session these arguments ask for.
     pub fn session_options(&self) -> Result<SessionOptions> {
@@ -132,8 +116,14 @@ pub async fn run(args: RunArgs) -> Result<i32> {
 
 /// One session as `observer run` makes it, with `extra` sinks (recorder, TUI,
 /// exporter) fed the same stream. Returns the target's exit code (0 when
-/// there is none).
+/// there is none) once the probes are detached.
 pub async fn observe(args: RunArgs, extra: Vec<Box<dyn Sink>>, stop: &Stop) -> Result<i32> {
+    Ok(observe_session(args, extra, stop).await?.detached().await.unwrap_or(0))
+}
+
+/// [`observe`], returning as soon as the sinks have had the end, while the
+/// probes may still be detaching.
+pub async fn observe_session(args: RunArgs, extra: Vec<Box<dyn Sink>>, stop: &Stop) -> Result<Outcome> {
     let opts = args.session_options()?;
     let mut sinks: Vec<Box<dyn Sink>> = vec![Box::new(Lines::new(args.every))];
     if let Some(addr) = &args.metrics_addr {
@@ -145,20 +135,5 @@ pub async fn observe(args: RunArgs, extra: Vec<Box<dyn Sink>>, stop: &Stop) -> R
     sinks.extend(extra);
     // Last: the table comes after every other sink has had the end.
     sinks.push(Box::new(SummarySink::new(args.keep_tokens, args.json.clone())));
-    let outcome = Session::start(opts, stop)?.run(&mut sinks).await?;
-    Ok(outcome.exit_code.unwrap_or(0))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn durations_parse() {
-        assert_eq!(parse_duration("250ms").unwrap(), Duration::from_millis(250));
-        assert_eq!(parse_duration("2s").unwrap(), Duration::from_secs(2));
-        assert_eq!(parse_duration("1.5").unwrap(), Duration::from_millis(1500));
-        assert!(parse_duration("0s").is_err());
-        assert!(parse_duration("5 parsecs").is_err());
-    }
+    Session::start(opts, stop)?.run(&mut sinks).await
 }

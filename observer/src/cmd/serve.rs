@@ -28,7 +28,7 @@ use observer::{
     sinks::prometheus::{Endpoint, Exporter},
 };
 
-use super::run::{RunArgs, observe};
+use super::run::{RunArgs, observe, observe_session};
 
 /// Where `serve` listens without `--metrics-addr`.
 pub const DEFAULT_ADDR: &str = "127.0.0.1:9977";
@@ -103,7 +103,8 @@ async fn follow(name: &str, run: RunArgs, ex: &Arc<Exporter>, stop: &Stop) {
         let mut args = run.clone();
         args.pid = Some(pid);
         log::info!("serve: {name:?} is pid {pid}: observing it");
-        match observe(args, vec![Box::new(ex.sink())], stop).await {
+        // The next target may start while this one's probes detach.
+        match observe_session(args, vec![Box::new(ex.sink())], stop).await {
             Ok(_) => log::info!("serve: pid {pid} ended; waiting for the next {name:?}"),
             Err(e) => {
                 log::warn!("serve: pid {pid}: {e:#}; skipping it");

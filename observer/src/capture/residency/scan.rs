@@ -30,14 +30,13 @@ use std::{
 };
 
 use super::ResidencyError;
+use crate::capture::preflight::{CAP_FOWNER, has_capability};
 
 /// Pages per chunk (16 MiB of file with 4 KiB pages; a multiple of 64).
 pub const FILTER_PAGES: u64 = 4096;
 
 /// `cachestat` system call number (the unified syscall table of Linux 6.5+, all 64-bit arches Rust targets).
 const SYS_CACHESTAT: libc::c_long = 451;
-
-const CAP_FOWNER: u32 = 3;
 
 pub fn page_size() -> u64 {
     // SAFETY: no preconditions.
@@ -53,22 +52,13 @@ pub enum Trust {
     Untrusted,
 }
 
-fn effective_caps() -> u64 {
-    let Ok(status) = std::fs::read_to_string("/proc/self/status") else { return 0 };
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("CapEff:"))
-        .and_then(|v| u64::from_str_radix(v.trim(), 16).ok())
-        .unwrap_or(0)
-}
-
 /// The kernel's rule for `mincore` on a file mapping (see the module doc).
 pub fn trust(path: &Path, meta: &std::fs::Metadata) -> Trust {
     // SAFETY: no preconditions.
     if meta.uid() == unsafe { libc::geteuid() } {
         return Trust::Trusted("owner");
     }
-    if effective_caps() & (1 << CAP_FOWNER) != 0 {
+    if has_capability(CAP_FOWNER) {
         return Trust::Trusted("CAP_FOWNER");
     }
     use std::os::unix::ffi::OsStrExt;
