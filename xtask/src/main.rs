@@ -7,6 +7,7 @@
 //! - `bench engine`: engine vs llama.cpp decode/prompt speed, same file, same run.
 //! - `pressure`: run a command under a cgroup memory limit, optional zram and balloon.
 //! - `bench heatmap`: one residency refresh of a 20 GB (sparse) model vs `fincore`, same file.
+//! - `vmtest`: the eBPF and cgroup tests on Debian's kernels (6.1 LTS, 6.12, arm64) under QEMU.
 
 mod bench_engine;
 mod bench_heatmap;
@@ -24,6 +25,7 @@ mod pressure;
 mod setup;
 mod test;
 mod ticklock;
+mod vmtest;
 
 use anyhow::Result;
 
@@ -40,6 +42,7 @@ commands:
   pressure [..] -- CMD  run CMD under a memory limit (+ zram, balloon); restores the machine
   bench heatmap [..] residency refresh of a 20 GB sparse model vs fincore, same run
   bench metrics      observed engine tok/s with and without bursts of /metrics scrapes
+  vmtest [..]        the eBPF and cgroup tests in QEMU guests: Debian 6.1 LTS, 6.12, arm64 (--smoke, --list)
 ";
 
 fn main() {
@@ -55,6 +58,7 @@ fn main() {
         ["pressure", ..] => pressure::main(&args[1..]),
         ["bench", "heatmap", ..] => bench_heatmap::main(&args[2..]),
         ["bench", "metrics", ..] => bench_metrics::main(&args[2..]),
+        ["vmtest", ..] => vmtest::main(&args[1..]),
         ["-h" | "--help" | "help"] | [] => {
             print!("{USAGE}");
             Ok(())
