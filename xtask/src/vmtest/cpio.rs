@@ -93,7 +93,8 @@ mod tests {
         let total = b.len();
         loop {
             assert_eq!(&b[..6], b"070701");
-            let field = |i: usize| u32::from_str_radix(std::str::from_utf8(&b[6 + 8 * i..14 + 8 * i]).unwrap(), 16).unwrap();
+            let field =
+                |i: usize| u32::from_str_radix(std::str::from_utf8(&b[6 + 8 * i..14 + 8 * i]).unwrap(), 16).unwrap();
             let (mode, size, namesize) = (field(1), field(6) as usize, field(11) as usize);
             let name = std::str::from_utf8(&b[110..110 + namesize - 1]).unwrap().to_string();
             assert_eq!(b[110 + namesize - 1], 0);

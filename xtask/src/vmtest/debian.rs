@@ -135,7 +135,8 @@ impl Apt {
             .find(|d| d.contains("(= "))
             .with_context(|| format!("{meta} {} pins no exact package: Depends: {}", m.version, m.depends))?;
         let name = dep.split_whitespace().next().unwrap_or_default();
-        let qualified = if m.arch == "amd64" || m.arch == "all" { name.to_string() } else { format!("{name}:{}", m.arch) };
+        let qualified =
+            if m.arch == "amd64" || m.arch == "all" { name.to_string() } else { format!("{name}:{}", m.arch) };
         self.candidate(&qualified, release)
     }
 
@@ -149,8 +150,11 @@ impl Apt {
             } else {
                 format!("{}:{}={}", p.name, p.arch, p.version)
             };
-            quiet(self.tool("apt-get").current_dir(&dir).args(["download", &spec]), &format!("apt-get download {spec}"))
-                .with_context(|| format!("downloading {spec} from Debian"))?;
+            quiet(
+                self.tool("apt-get").current_dir(&dir).args(["download", &spec]),
+                &format!("apt-get download {spec}"),
+            )
+            .with_context(|| format!("downloading {spec} from Debian"))?;
             if !file.exists() {
                 bail!("apt-get download {spec} left no {}", file.display());
             }
@@ -248,7 +252,12 @@ mod tests {
 
     #[test]
     fn package_keys_spell_the_epoch_as_apt_does() {
-        let p = Pkg { name: "busybox-static".into(), arch: "arm64".into(), version: "1:1.35.0-4".into(), depends: "".into() };
+        let p = Pkg {
+            name: "busybox-static".into(),
+            arch: "arm64".into(),
+            version: "1:1.35.0-4".into(),
+            depends: "".into(),
+        };
         assert_eq!(p.key(), "busybox-static_1%3a1.35.0-4_arm64");
     }
 }

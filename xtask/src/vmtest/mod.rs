@@ -310,18 +310,25 @@ fn run_kernel(
     b.file("bin/busybox", std::fs::read(busybox.join("bin/busybox"))?, 0o755);
     b.archive.add("bin/sh", cpio::Entry::Symlink("busybox".into()));
     // bpftool from backports (7.5): `prog loadall … autoattach` attaches the feature probes.
-    let bpftool =
-        apt.unpacked(&apt.candidate(&format!("bpftool:{}", arch.debian()), Some("bookworm-backports"))?)?;
+    let bpftool = apt.unpacked(&apt.candidate(&format!("bpftool:{}", arch.debian()), Some("bookworm-backports"))?)?;
     b.program(&bpftool.join("usr/sbin/bpftool"), "usr/sbin/bpftool")?;
     for kind in ["kprobe", "fentry"] {
         b.file(&format!("vmtest/bpf/{kind}.o"), elf::probe_object(kind)?, 0o644);
     }
     b.file("init", include_bytes!("init.sh").to_vec(), 0o755);
     b.file(&format!("boot/config-{}", kernel.release), std::fs::read(&kernel.config)?, 0o644);
-    b.file("etc/passwd", b"root:x:0:0:root:/root:/bin/sh\nnobody:x:65534:65534:nobody:/nonexistent:/bin/false\n".to_vec(), 0o644);
+    b.file(
+        "etc/passwd",
+        b"root:x:0:0:root:/root:/bin/sh\nnobody:x:65534:65534:nobody:/nonexistent:/bin/false\n".to_vec(),
+        0o644,
+    );
     b.file("etc/group", b"root:x:0:\nnogroup:x:65534:\n".to_vec(), 0o644);
     let (loaded, absent) = b.modules(&kernel, wanted_modules(arch))?;
-    eprintln!("vmtest: modules {} (absent: {})", loaded.join(" "), if absent.is_empty() { "none".into() } else { absent.join(" ") });
+    eprintln!(
+        "vmtest: modules {} (absent: {})",
+        loaded.join(" "),
+        if absent.is_empty() { "none".into() } else { absent.join(" ") }
+    );
 
     let lib_path = format!("/lib/{t}:/usr/lib/{t}", t = arch.triplet());
     let (env, host_features, plan, disk) = match build {
@@ -330,14 +337,20 @@ fn run_kernel(
             let mut files = Vec::new();
             for f in build.bins.iter().chain(build.exes.values()) {
                 b.libraries_of(f)?;
-                let rel = f.strip_prefix(&build.target_dir).with_context(|| format!("{} outside the target dir", f.display()))?;
+                let rel = f
+                    .strip_prefix(&build.target_dir)
+                    .with_context(|| format!("{} outside the target dir", f.display()))?;
                 files.push((f.clone(), rel.to_path_buf()));
             }
             let disk = run_dir.join("disk.img");
             let bytes = image::disk(&disk, &run_dir.join("staging"), &files, 6)?;
             eprintln!("vmtest: disk {} with {} files, {} MiB", disk.display(), files.len(), bytes >> 20);
             let env = format!("VMTEST_DISK_AT={}\nLD_LIBRARY_PATH={lib_path}\n", build.target_dir.display());
-            let feat = format!("build yes the workspace's release binaries and {} test binaries for {}\n", build.exes.len(), arch.name());
+            let feat = format!(
+                "build yes the workspace's release binaries and {} test binaries for {}\n",
+                build.exes.len(),
+                arch.name()
+            );
             (env, feat, plan::plan_text(tests, |t| build.command(t)), Some(disk))
         }
         None => {
@@ -370,7 +383,13 @@ fn run_kernel(
         timeout,
         log: log.clone(),
     };
-    eprintln!("vmtest: booting {} (QEMU {}, TCG, timeout {} s; console in {})", spec.name, qemu.version, timeout.as_secs(), log.display());
+    eprintln!(
+        "vmtest: booting {} (QEMU {}, TCG, timeout {} s; console in {})",
+        spec.name,
+        qemu.version,
+        timeout.as_secs(),
+        log.display()
+    );
     let name = spec.name;
     let boot = qemu.boot(&boot_spec, |l| {
         if ["VMTEST", "VMFEATURE", "VMINFO", "Kernel panic"].iter().any(|k| l.contains(k)) {
@@ -381,7 +400,11 @@ fn run_kernel(
     let why = if boot.timed_out {
         format!("QEMU was killed at the {} s timeout", timeout.as_secs())
     } else if !report.ended {
-        format!("the guest stopped after {:.0} s without finishing the plan ({})", boot.elapsed.as_secs_f64(), boot.status)
+        format!(
+            "the guest stopped after {:.0} s without finishing the plan ({})",
+            boot.elapsed.as_secs_f64(),
+            boot.status
+        )
     } else {
         "the guest skipped it".to_string()
     };
@@ -403,7 +426,14 @@ fn run_kernel(
 
 fn print_results(runs: &[Run]) {
     for r in runs {
-        println!("\n== {} ({}): {}, {} — {:.0} s in QEMU", r.spec.name, r.spec.arch.name(), r.package, r.release, r.elapsed.as_secs_f64());
+        println!(
+            "\n== {} ({}): {}, {} — {:.0} s in QEMU",
+            r.spec.name,
+            r.spec.arch.name(),
+            r.package,
+            r.release,
+            r.elapsed.as_secs_f64()
+        );
         let feats: Vec<String> =
             r.features.iter().map(|(n, (ok, _))| format!("{n} {}", if *ok { "yes" } else { "NO" })).collect();
         println!("features: {}", feats.join(", "));

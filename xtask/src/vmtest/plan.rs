@@ -166,7 +166,13 @@ pub const TESTS: &[GuestTest] = &[
     // observer run --cgroup on v2: placement and the OOM report against /proc/vmstat oom_kill.
     t(CGROUP, "the_child_joins_a_v1_or_v2_group_and_the_observer_does_not", &[Build, Cgroup2Memory], 300, false),
     t(CGROUP, "an_oom_kill_of_the_target_is_reported", &[Build, Cgroup2Memory], 600, false),
-    t(CGROUP, "an_oom_kill_of_another_process_in_the_group_is_not_blamed_on_the_target", &[Build, Cgroup2Memory], 600, false),
+    t(
+        CGROUP,
+        "an_oom_kill_of_another_process_in_the_group_is_not_blamed_on_the_target",
+        &[Build, Cgroup2Memory],
+        600,
+        false,
+    ),
     // Residency against fincore (and cachestat, which the test also checks).
     t(RESID, "whole_file_residency_equals_fincore", &[Build, Cachestat], 600, false),
     t(RESID, "churn_per_region_matches_mincore_deltas_exactly", &[Build], 600, false),
@@ -319,7 +325,16 @@ mod tests {
     fn plan_lines_have_five_fields() {
         let text = plan_text(&TESTS[..2], |t| format!("run {}", t.test));
         let lines: Vec<Vec<&str>> = text.lines().map(|l| l.split('\t').collect()).collect();
-        assert_eq!(lines[0], ["observer/faults::nothing_stays_loaded_after_exit", "300", "build", "rust", "run nothing_stays_loaded_after_exit"]);
+        assert_eq!(
+            lines[0],
+            [
+                "observer/faults::nothing_stays_loaded_after_exit",
+                "300",
+                "build",
+                "rust",
+                "run nothing_stays_loaded_after_exit"
+            ]
+        );
         assert_eq!(lines.len(), 2);
     }
 

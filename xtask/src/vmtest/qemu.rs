@@ -51,10 +51,16 @@ impl Qemu {
             pkgs.push(apt.candidate("seabios", None)?);
         }
         // Architecture-independent packages carry no binNMU suffix (`+b3`).
-        let source_version = |v: &str| v.rsplit_once("+b").filter(|(_, n)| n.parse::<u32>().is_ok()).map_or(v, |(s, _)| s).to_string();
+        let source_version =
+            |v: &str| v.rsplit_once("+b").filter(|(_, n)| n.parse::<u32>().is_ok()).map_or(v, |(s, _)| s).to_string();
         for p in &pkgs {
             if p.name.starts_with("qemu-") && source_version(&p.version) != source_version(&common.version) {
-                bail!("{} {} does not match qemu-system-common {}: run with --refresh", p.name, p.version, common.version);
+                bail!(
+                    "{} {} does not match qemu-system-common {}: run with --refresh",
+                    p.name,
+                    p.version,
+                    common.version
+                );
             }
             apt.unpack_into(p, &root)?;
         }
