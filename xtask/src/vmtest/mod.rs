@@ -283,6 +283,16 @@ impl Run {
     }
 }
 
+/// Programs the tests run that busybox lacks or has with fewer options (`swapon -p`), copied
+/// from this machine into a guest of its architecture: util-linux's, and perf (the tests'
+/// independent fault counter).
+const HOST_TOOLS: [&str; 5] = ["fincore", "mkswap", "swapon", "swapoff", "perf"];
+
+fn which(prog: &str) -> Option<PathBuf> {
+    let path = std::env::var_os("PATH")?;
+    std::env::split_paths(&path).chain(["/usr/sbin".into(), "/sbin".into()]).map(|d| d.join(prog)).find(|p| p.is_file())
+}
+
 /// Modules the guest loads: the payload disk's driver, and zram (with lz4, testkit's choice).
 fn wanted_modules(arch: Arch) -> &'static [&'static str] {
     match arch {
@@ -333,7 +343,11 @@ fn run_kernel(
     let lib_path = format!("/lib/{t}:/usr/lib/{t}", t = arch.triplet());
     let (env, host_features, plan, disk) = match build {
         Some(build) => {
-            b.program(Path::new("/usr/bin/fincore"), "usr/bin/fincore").context("fincore (util-linux)")?;
+            for tool in HOST_TOOLS {
+                let path = which(tool)
+                    .with_context(|| format!("`{tool}` is not on this machine's PATH: run `cargo xtask setup`"))?;
+                b.program(&path, &format!("usr/sbin/{tool}")).with_context(|| format!("{tool} for the guest"))?;
+            }
             let mut files = Vec::new();
             for f in build.bins.iter().chain(build.exes.values()) {
                 b.libraries_of(f)?;
