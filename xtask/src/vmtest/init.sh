@@ -80,6 +80,16 @@ probe_zram() {
     [ -e /sys/class/zram-control ] || [ -e /sys/block/zram0 ] || { echo "no zram device (CONFIG_ZRAM)"; return 1; }
     echo "zram: $(cat /sys/block/zram0/comp_algorithm 2>/dev/null)"
 }
+# Linux < 6.3 reads and writes zram pages through the driver's rw_page, bypassing the block
+# layer: no block_bio_queue/complete for a zram swap-in.
+probe_zram_bio() {
+    has zram || { echo "no zram"; return 1; }
+    if grep -qw zram_rw_page /proc/kallsyms; then
+        echo "zram has rw_page (Linux < 6.3): its swap-ins bypass the block layer, no block_bio_* events"
+        return 1
+    fi
+    echo "zram swap-ins are bios (block_bio_queue/complete)"
+}
 probe_cachestat() {
     grep -q 'sys_cachestat$' /proc/kallsyms || { echo "no cachestat syscall (Linux 6.5+)"; return 1; }
     echo "cachestat syscall present"
@@ -117,6 +127,7 @@ feature btf probe_btf
 feature cgroup2-memory probe_cgroup2_memory
 feature psi probe_psi
 feature zram probe_zram
+feature zram-bio probe_zram_bio
 feature cachestat probe_cachestat
 feature mm_filemap_fault probe_filemap_fault
 feature kprobe probe_bpf kprobe

@@ -33,6 +33,9 @@ pub enum Feature {
     Cgroup2Memory,
     Psi,
     Zram,
+    /// zram's swap-ins go through the block layer (`block_bio_*` tracepoints; Linux 6.3+, when
+    /// zram lost `rw_page`).
+    ZramBio,
     Cachestat,
     /// The tracepoint `filemap:mm_filemap_fault` (Linux 6.10+).
     MmFilemapFault,
@@ -43,12 +46,13 @@ pub enum Feature {
 }
 
 impl Feature {
-    pub const ALL: [Feature; 9] = [
+    pub const ALL: [Feature; 10] = [
         Feature::Build,
         Feature::Btf,
         Feature::Cgroup2Memory,
         Feature::Psi,
         Feature::Zram,
+        Feature::ZramBio,
         Feature::Cachestat,
         Feature::MmFilemapFault,
         Feature::Kprobe,
@@ -63,6 +67,7 @@ impl Feature {
             Feature::Cgroup2Memory => "cgroup2-memory",
             Feature::Psi => "psi",
             Feature::Zram => "zram",
+            Feature::ZramBio => "zram-bio",
             Feature::Cachestat => "cachestat",
             Feature::MmFilemapFault => "mm_filemap_fault",
             Feature::Kprobe => "kprobe",
