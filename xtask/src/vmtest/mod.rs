@@ -422,6 +422,13 @@ fn run_kernel(
     } else {
         "the guest skipped it".to_string()
     };
+    if !report.ended {
+        let lines: Vec<&str> = boot.console.lines().collect();
+        eprintln!("vmtest: {why}; the console's last lines:");
+        for l in &lines[lines.len().saturating_sub(40)..] {
+            eprintln!("  | {l}");
+        }
+    }
     let planned: Vec<String> = tests.iter().map(GuestTest::name).collect();
     let results = report.reconcile(&planned, &why);
     for (name, text) in &report.logs {
