@@ -330,7 +330,7 @@ impl MetricsHeader {
         MetricsHeader {
             model: vec![
                 kv("model", file),
-                kv("arch", c.arch.clone()),
+                kv("arch", c.arch.name().to_owned()),
                 kv("n_layer", c.n_layer.to_string()),
                 kv("n_expert", c.n_expert.to_string()),
                 kv("n_expert_used", c.n_expert_used.to_string()),

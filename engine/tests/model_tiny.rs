@@ -22,7 +22,8 @@ fn synth_is_deterministic_and_loads() {
     let m = Model::load(&a).unwrap();
     assert_eq!(m.cfg.n_layer, 2);
     assert_eq!(m.cfg.n_vocab, 512);
-    assert_eq!(m.layers[0].down_exps.w.ty, engine::quant::GgmlType::Q8_0);
+    assert_eq!(m.cfg.arch, engine::arch::Arch::Qwen3Moe);
+    assert_eq!(m.layers[0].moe().unwrap().down_exps.w.ty, engine::quant::GgmlType::Q8_0);
 }
 
 #[test]
@@ -91,7 +92,10 @@ fn bad_inputs_are_errors() {
     let meta = vec![("general.architecture".to_owned(), engine::gguf::Value::String("llama".into()))];
     engine::gguf::GgufWriter::create(&p, &meta, vec![]).unwrap().finish().unwrap();
     let msg = Model::load(&p).unwrap_err().to_string();
-    assert!(msg.contains("not supported") && msg.contains("other.gguf"), "{msg}");
+    assert!(
+        msg.contains("other.gguf") && msg.contains("\"llama\" is not supported") && msg.contains("qwen3moe"),
+        "the error names the file, the architecture and the supported list: {msg}"
+    );
 }
 
 #[test]

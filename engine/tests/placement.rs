@@ -42,8 +42,8 @@ fn dense_ranges_come_from_the_copy_and_experts_from_the_mapping() {
     let m = Model::load_with(&p, DensePolicy::Anon).unwrap();
     let file = m.gguf.bytes().as_ptr_range();
     let inside = |b: &[u8]| file.contains(&b.as_ptr());
-    let l = &m.layers[0];
-    for w in [&l.wq, &l.wk, &l.wv, &l.wo, &l.router, &m.tok_embd, &m.output] {
+    let (a, e) = (m.layers[0].self_attn().unwrap(), m.layers[0].moe().unwrap());
+    for w in [&a.wq, &a.wk, &a.wv, &a.wo, &e.router, &m.tok_embd, &m.output] {
         let b = m.bytes(w.range.clone());
         assert!(!inside(b), "{} is read from the file mapping under anon", w.name);
         assert_eq!(b, &m.gguf.bytes()[w.range.clone()], "{}: copy differs from the file", w.name);
@@ -52,8 +52,7 @@ fn dense_ranges_come_from_the_copy_and_experts_from_the_mapping() {
         assert!(!inside(m.bytes(sub.clone())));
         assert_eq!(m.bytes(sub.clone()), &m.gguf.bytes()[sub]);
     }
-    let e = l.gate_exps.expert_range(1);
-    assert!(inside(m.bytes(e)), "experts stay on the mapping");
+    assert!(inside(m.bytes(e.gate_exps.expert_range(1))), "experts stay on the mapping");
     assert!(m.placement.copy_bytes() >= m.placement.dense_bytes as usize);
 
     let mm = Model::load_with(&p, DensePolicy::Mmap).unwrap();

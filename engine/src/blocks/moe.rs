@@ -1,0 +1,179 @@
+//! Mixture of experts: router, top-k, the selected experts' SwiGLU FFNs, weighted sum. llama.cpp's
+//! `build_moe_ffn` with `LLM_FFN_SILU`, softmax gating and `norm_w = true` (`qwen3moe`).
+//!
+//! # Spec
+//! For each normed input row `x` (token `b`):
+//! ```text
+//! p    = softmax(router·x)              ggml_mul_mat, ggml_soft_max ([`vmath::softmax`])
+//! top  = the k largest p, ties to the lower expert id, in that order   ggml_argsort_top_k
+//! w_j  = p[top_j] / max(Σ_j p[top_j], 2^-14)   sum in f64 (ggml_sum_rows), ggml_clamp, ggml_div
+//!        (times `expert_weights_scale` when it is neither 0 nor 1)
+//! y_j  = expert top_j's SwiGLU FFN of x  ([`dense_ffn::swiglu_groups`], ggml_mul_mat_id)
+//! out  = Σ_j w_j · y_j                  in top-k order: (y_0·w_0 + y_1·w_1) + …  (ggml_mul, ggml_add)
+//! ```
+//! Phases: [`route`] (the routing is then known for every token of the batch), the expert FFNs
+//! (tokens grouped by expert, one group per selected expert), and the weighted sum. Expert
+//! outputs are kept per (token, slot) and summed in top-k order, so the order in which experts
+//! are computed does not enter the numerics.
+//!
+//! # Where expert weights come from
+//! The block asks an [`ExpertWeights`] source for each selected expert's bytes; today that is the
+//! model ([`Model`], slices of the file mapping: `--experts mmap`). An expert cache plugs in
+//! here: after [`route`] it knows which experts the batch needs, can start reads of the missing
+//! ones and order the groups so that resident experts are computed first.
+
+use crate::arch::Config;
+use crate::blocks::dense_ffn::{self, FfnShape, FfnView, Groups};
+use crate::blocks::weights::Tensors;
+use crate::blocks::{Ctx, ExpertWeight, QRows, Weight, dump, sized};
+use crate::model::{Model, ModelError};
+use crate::vmath;
+
+/// The tensors of a MoE block.
+#[derive(Debug)]
+pub struct Moe {
+    /// `n_expert x n_embd` router (`ffn_gate_inp`).
+    pub router: Weight,
+    pub gate_exps: ExpertWeight,
+    pub up_exps: ExpertWeight,
+    pub down_exps: ExpertWeight,
+}
+
+impl Moe {
+    /// `blk.{il}.ffn_gate_inp.weight` and `blk.{il}.ffn_{gate,up,down}_exps.weight`.
+    pub fn load(t: &Tensors<'_>, c: &Config, il: usize) -> Result<Moe, ModelError> {
+        let n = |s: &str| format!("blk.{il}.{s}.weight");
+        let (d, ne, n_ff) = (c.n_embd, c.n_expert, c.n_ff_exp);
+        Ok(Moe {
+            router: t.matrix(&n("ffn_gate_inp"), d, ne)?,
+            gate_exps: t.experts(&n("ffn_gate_exps"), d, n_ff, ne)?,
+            up_exps: t.experts(&n("ffn_up_exps"), d, n_ff, ne)?,
+            down_exps: t.experts(&n("ffn_down_exps"), n_ff, d, ne)?,
+        })
+    }
+
+    fn shape(&self) -> FfnShape {
+        FfnShape {
+            gate: self.gate_exps.w.ty,
+            up: self.up_exps.w.ty,
+            down: self.down_exps.w.ty,
+            n_embd: self.gate_exps.w.cols,
+            n_ff: self.gate_exps.rows,
+        }
+    }
+}
+
+/// One expert's gate, up and down matrices as bytes.
+pub type ExpertView<'a> = FfnView<'a>;
+
+/// A source of expert weights: where the MoE block reads expert `e` of layer `layer` from.
+pub trait ExpertWeights: Sync {
+    /// Expert `e` of MoE layer `layer`, whose tensors are `w`.
+    fn expert_weights(&self, layer: usize, w: &Moe, e: usize) -> ExpertView<'_>;
+}
+
+/// Experts are slices of the file mapping (`--experts mmap`).
+impl ExpertWeights for Model {
+    fn expert_weights(&self, _layer: usize, w: &Moe, e: usize) -> ExpertView<'_> {
+        ExpertView {
+            gate: self.bytes(w.gate_exps.expert_range(e)),
+            up: self.bytes(w.up_exps.expert_range(e)),
+            down: self.bytes(w.down_exps.expert_range(e)),
+        }
+    }
+}
+
+/// The block's buffers, reused across steps.
+#[derive(Debug, Default)]
+pub struct Scratch {
+    xr: QRows,
+    logits: Vec<f32>,
+    order: Vec<usize>,
+    /// `(expert, weight)` per slot; slot `b * k + j` is token `b`'s `j`-th choice.
+    selected: Vec<(usize, f32)>,
+    groups: Groups,
+    ffn: dense_ffn::Scratch,
+}
+
+impl Scratch {
+    /// `(expert, weight)` per slot of the last [`route`]: slot `b * k + j` is token `b`'s `j`-th
+    /// choice.
+    pub fn selected(&self) -> &[(usize, f32)] {
+        &self.selected
+    }
+}
+
+/// Router, top-k and weights of every token ([`Scratch::selected`]); counts each selection in
+/// `counts` (per expert).
+pub fn route(
+    ctx: &Ctx<'_>,
+    il: usize,
+    w: &Moe,
+    xn: &[f32],
+    counts: &mut [u64],
+    s: &mut Scratch,
+) -> Result<(), ModelError> {
+    let c = ctx.cfg();
+    let (ne, k) = (c.n_expert, c.n_expert_used);
+    let logits = sized(&mut s.logits, ctx.n * ne);
+    ctx.matmul(&w.router, s.xr.quantize(w.router.ty, xn, c.n_embd)?, logits);
+    dump("ffn_moe_logits", Some(il), logits);
+    s.selected.clear();
+    for p in logits.chunks_mut(ne) {
+        vmath::softmax(p, false);
+        // A total order (ties to the lower id), so an unstable selection gives ggml's order.
+        let desc = |&a: &usize, &b: &usize| p[b].total_cmp(&p[a]).then(a.cmp(&b));
+        s.order.clear();
+        s.order.extend(0..ne);
+        if k < ne {
+            s.order.select_nth_unstable_by(k, desc);
+        }
+        let top = &mut s.order[..k];
+        top.sort_unstable_by(desc);
+        let sum = top.iter().map(|&e| f64::from(p[e])).sum::<f64>() as f32;
+        let sum = sum.max(6.103_515_6e-5);
+        for &e in top.iter() {
+            let mut wt = p[e] / sum;
+            if c.expert_weights_scale != 0.0 && c.expert_weights_scale != 1.0 {
+                wt *= c.expert_weights_scale;
+            }
+            s.selected.push((e, wt));
+            counts[e] += 1;
+        }
+    }
+    Ok(())
+}
+
+/// `out` (`n x n_embd`) = the MoE block of the module docs on the normed rows `xn`.
+pub fn forward(
+    ctx: &Ctx<'_>,
+    il: usize,
+    w: &Moe,
+    counts: &mut [u64],
+    xn: &[f32],
+    s: &mut Scratch,
+    out: &mut [f32],
+) -> Result<(), ModelError> {
+    let (d, k) = (ctx.cfg().n_embd, ctx.cfg().n_expert_used);
+    route(ctx, il, w, xn, counts, s)?;
+    s.groups.by_key(ctx.cfg().n_expert, s.selected.iter().map(|&(e, _)| e));
+    let experts = |e: usize| ctx.experts.expert_weights(il, w, e);
+    dense_ffn::swiglu_groups(ctx, w.shape(), &s.groups, &experts, xn, k, &mut s.ffn)?;
+    let (h, y) = (s.ffn.h(), &s.ffn.y);
+    let n_ff = w.gate_exps.rows;
+    dump("ffn_moe_swiglu", Some(il), &h[(ctx.n - 1) * k * n_ff..]);
+    for (b, acc) in out.chunks_mut(d).enumerate() {
+        for j in 0..k {
+            let slot = b * k + j;
+            let wt = s.selected[slot].1;
+            let ys = &y[slot * d..(slot + 1) * d];
+            if j == 0 {
+                acc.iter_mut().zip(ys).for_each(|(a, &v)| *a = v * wt);
+            } else {
+                acc.iter_mut().zip(ys).for_each(|(a, &v)| *a += v * wt);
+            }
+        }
+    }
+    dump("ffn_moe_down", Some(il), &y[(ctx.n - 1) * k * d..ctx.n * k * d]);
+    Ok(())
+}
