@@ -53,3 +53,10 @@ pub fn ensure_tracefs() -> Result<()> {
 pub fn tracepoint_exists(category: &str, name: &str) -> bool {
     Path::new(TRACEFS).join("events").join(category).join(name).is_dir()
 }
+
+/// Whether the running kernel (or a loaded module) has a function of this name, from
+/// `/proc/kallsyms` (names are listed even where addresses are hidden).
+pub fn kernel_function_exists(name: &str) -> bool {
+    std::fs::read_to_string("/proc/kallsyms")
+        .is_ok_and(|s| s.lines().any(|l| l.split_whitespace().nth(2) == Some(name)))
+}
