@@ -14,7 +14,7 @@
 /bin/busybox mkdir -p /proc /sys /dev /tmp /var/tmp /root /sbin /usr/bin /usr/sbin /run
 /bin/busybox --install -s
 . /vmtest/env
-export PATH=/usr/sbin:/usr/bin:/sbin:/bin HOME=/root LD_LIBRARY_PATH
+export PATH=/usr/sbin:/usr/bin:/sbin:/bin HOME=/root LD_LIBRARY_PATH MOE_FIXTURES_DIR
 mount -t proc proc /proc
 mount -t sysfs sysfs /sys
 mount -t devtmpfs devtmpfs /dev

@@ -27,6 +27,8 @@ pub struct KernelSpec {
     /// security updates when the lists are refreshed).
     pub meta: &'static str,
     pub about: &'static str,
+    /// In the matrix `cargo xtask vmtest` runs without `--kernel` or `--all`.
+    pub default: bool,
 }
 
 pub const KERNELS: &[KernelSpec] = &[
@@ -35,18 +37,21 @@ pub const KERNELS: &[KernelSpec] = &[
         arch: Arch::X86_64,
         meta: "linux-image-cloud-amd64",
         about: "Debian 12's LTS kernel (bookworm, security updates)",
+        default: true,
     },
     KernelSpec {
         name: "debian-6.12",
         arch: Arch::X86_64,
         meta: "linux-image-6.12-cloud-amd64",
         about: "the newer kernel Debian 12 offers (6.12)",
+        default: false,
     },
     KernelSpec {
         name: "debian-6.1-arm64",
         arch: Arch::Aarch64,
         meta: "linux-image-cloud-arm64:arm64",
         about: "Debian 12's LTS kernel for arm64, under qemu-system-aarch64 -M virt",
+        default: true,
     },
 ];
 

@@ -77,18 +77,23 @@ Boots the kernels users run (Debian's packages, under QEMU with TCG) and runs th
 eBPF and cgroup tests inside: one result per test and kernel (pass, fail, not-runnable).
 
   --kernel NAME   only this kernel (repeatable); `--list` shows them
-  --arch ARCH     only the kernels of x86_64 or aarch64
+  --all           every kernel of the matrix (default: those `--list` marks `default`)
+  --arch ARCH     only the kernels of x86_64 or aarch64 (an aarch64 guest boots and probes the
+                  kernel's features; its tests are not runnable until the workspace cross-builds)
   --smoke         the smoke subset on debian-6.1: boot, attach/detach, a fault count, a cgroup v2 limit
   --test TEXT     only the tests whose name contains TEXT (repeatable)
   --refresh       update the cached Debian package lists first (newer kernels, QEMU)
   --list          list the kernels and the tests with what each needs, and exit
 
 Everything it downloads and builds is cached under ${XDG_CACHE_HOME:-~/.cache}/moe-observer/vmtest/;
-each kernel's console is kept in runs/<kernel>/console.log there.
+each kernel's console is kept in runs/<kernel>/console.log there. At the end: one line per test
+and kernel (outcome, its time in the guest), and the time of each phase. Every guest has a hard
+timeout (boot plus each test's own limit, which the guest enforces per test).
 ";
 
 struct Options {
     kernels: Vec<String>,
+    all: bool,
     arch: Option<Arch>,
     smoke: bool,
     tests: Vec<String>,
@@ -97,7 +102,8 @@ struct Options {
 }
 
 fn parse(args: &[String]) -> Result<Options> {
-    let mut o = Options { kernels: vec![], arch: None, smoke: false, tests: vec![], refresh: false, list: false };
+    let mut o =
+        Options { kernels: vec![], all: false, arch: None, smoke: false, tests: vec![], refresh: false, list: false };
     let mut it = args.iter();
     while let Some(a) = it.next() {
         let mut value = || it.next().with_context(|| format!("{a} needs a value\n\n{USAGE}"));
@@ -120,6 +126,7 @@ fn parse(args: &[String]) -> Result<Options> {
             }
             "--test" => o.tests.push(value()?.clone()),
             "--smoke" => o.smoke = true,
+            "--all" => o.all = true,
             "--refresh" => o.refresh = true,
             "--list" => o.list = true,
             "-h" | "--help" => {
@@ -143,7 +150,7 @@ pub fn main(args: &[String]) -> Result<()> {
     }
     let kernels: Vec<KernelSpec> = KERNELS
         .iter()
-        .filter(|k| o.kernels.is_empty() || o.kernels.iter().any(|n| n == k.name))
+        .filter(|k| if o.kernels.is_empty() { o.all || k.default } else { o.kernels.iter().any(|n| n == k.name) })
         .filter(|k| o.arch.is_none_or(|a| a == k.arch))
         .filter(|k| !o.smoke || !o.kernels.is_empty() || k.name == SMOKE_KERNEL)
         .copied()
@@ -161,19 +168,31 @@ pub fn main(args: &[String]) -> Result<()> {
         bail!("no test matches --test {}", o.tests.join(" --test "));
     }
     let start = Instant::now();
+    let mut phases = Phases::default();
     let vmtest_dir = cache::dir()?.join("vmtest");
-    let apt = debian::Apt::open(&vmtest_dir, o.refresh)?;
+    let apt = phases.time("Debian package lists", || debian::Apt::open(&vmtest_dir, o.refresh))?;
     let host = Arch::host();
-    let build = if kernels.iter().any(|k| Some(k.arch) == host) { Some(Build::make(&tests)?) } else { None };
+    let build = if kernels.iter().any(|k| Some(k.arch) == host) {
+        Some(phases.time("workspace build (release binaries, test binaries)", || Build::make(&tests))?)
+    } else {
+        None
+    };
     let mut runs = Vec::new();
     for spec in kernels {
-        let run = run_kernel(&apt, &vmtest_dir, spec, &tests, build.as_ref().filter(|_| Some(spec.arch) == host))
-            .with_context(|| format!("kernel {}", spec.name))?;
+        let run = run_kernel(
+            &apt,
+            &vmtest_dir,
+            spec,
+            &tests,
+            build.as_ref().filter(|_| Some(spec.arch) == host),
+            &mut phases,
+        )
+        .with_context(|| format!("kernel {}", spec.name))?;
         runs.push(run);
     }
     print_results(&runs);
+    phases.print(start.elapsed());
     let failed: usize = runs.iter().map(|r| r.count(Outcome::Fail)).sum();
-    eprintln!("vmtest: {} kernel(s) in {:.0} s", runs.len(), start.elapsed().as_secs_f64());
     if failed > 0 {
         bail!("{failed} guest test(s) failed (consoles: {})", vmtest_dir.join("runs").display());
     }
@@ -183,8 +202,10 @@ pub fn main(args: &[String]) -> Result<()> {
 fn list() {
     println!("kernels:");
     for k in KERNELS {
-        println!("  {:<18} {:<8} {} ({})", k.name, k.arch.name(), k.about, k.meta);
+        let default = if k.default { "default" } else { "" };
+        println!("  {:<18} {:<8} {default:<8} {} ({})", k.name, k.arch.name(), k.about, k.meta);
     }
+    println!("\n(default: the kernels `cargo xtask vmtest` runs without --kernel or --all)");
     println!("\nfeatures the guest probes: {}", Feature::ALL.map(Feature::name).join(", "));
     println!("\ntests (timeout, needs; * = smoke):");
     for t in TESTS {
@@ -205,6 +226,7 @@ impl Build {
     fn make(tests: &[GuestTest]) -> Result<Build> {
         let root = cache::workspace_root();
         let target_dir = cache::target_dir();
+        // The fixtures too: the guest has no cargo to build them (`fixtures::binary`).
         cmd::run(Command::new("cargo").current_dir(&root).args([
             "build",
             "--release",
@@ -212,6 +234,8 @@ impl Build {
             "observer",
             "-p",
             "engine",
+            "-p",
+            "fixtures",
             "--bins",
         ]))?;
         let release = target_dir.join("release");
@@ -266,6 +290,28 @@ impl Build {
     }
 }
 
+/// How long each phase took, in order, for the end of the run.
+#[derive(Default)]
+struct Phases(Vec<(String, Duration)>);
+
+impl Phases {
+    fn time<T>(&mut self, name: &str, f: impl FnOnce() -> Result<T>) -> Result<T> {
+        let t = Instant::now();
+        let r = f();
+        self.0.push((name.to_string(), t.elapsed()));
+        eprintln!("vmtest: {name}: {:.1} s", t.elapsed().as_secs_f64());
+        r
+    }
+
+    fn print(&self, total: Duration) {
+        println!("\nphases:");
+        for (name, d) in &self.0 {
+            println!("  {:>7.1} s  {name}", d.as_secs_f64());
+        }
+        println!("  {:>7.1} s  total", total.as_secs_f64());
+    }
+}
+
 /// What one kernel gave.
 struct Run {
     spec: KernelSpec,
@@ -307,10 +353,14 @@ fn run_kernel(
     spec: KernelSpec,
     tests: &[GuestTest],
     build: Option<&Build>,
+    phases: &mut Phases,
 ) -> Result<Run> {
-    let kernel = Kernel::get(apt, spec)?;
-    eprintln!("vmtest: {} = {} {} ({})", spec.name, kernel.pkg.name, kernel.pkg.version, kernel.release);
-    let qemu = qemu::Qemu::get(apt, vmtest_dir, spec.arch)?;
+    let (kernel, qemu) = phases.time(&format!("{}: kernel and QEMU packages (fetch, unpack)", spec.name), || {
+        let kernel = Kernel::get(apt, spec)?;
+        eprintln!("vmtest: {} = {} {} ({})", spec.name, kernel.pkg.name, kernel.pkg.version, kernel.release);
+        Ok((kernel, qemu::Qemu::get(apt, vmtest_dir, spec.arch)?))
+    })?;
+    let image_start = Instant::now();
     let run_dir = vmtest_dir.join("runs").join(spec.name);
     std::fs::create_dir_all(&run_dir)?;
     let arch = spec.arch;
@@ -359,7 +409,10 @@ fn run_kernel(
             let disk = run_dir.join("disk.img");
             let bytes = image::disk(&disk, &run_dir.join("staging"), &files, 6)?;
             eprintln!("vmtest: disk {} with {} files, {} MiB", disk.display(), files.len(), bytes >> 20);
-            let env = format!("VMTEST_DISK_AT={}\nLD_LIBRARY_PATH={lib_path}\n", build.target_dir.display());
+            let env = format!(
+                "VMTEST_DISK_AT={t}\nLD_LIBRARY_PATH={lib_path}\nMOE_FIXTURES_DIR={t}/release\n",
+                t = build.target_dir.display()
+            );
             let feat = format!(
                 "build yes the workspace's release binaries and {} test binaries for {}\n",
                 build.exes.len(),
@@ -382,6 +435,7 @@ fn run_kernel(
     let initrd = run_dir.join("initramfs.cpio");
     let size = b.write(&initrd)?;
     eprintln!("vmtest: initramfs {} MiB", size >> 20);
+    phases.0.push((format!("{}: initramfs and disk image", spec.name), image_start.elapsed()));
 
     // Boot (about 10 s under TCG) plus every test's own limit.
     let timeout = Duration::from_secs(240 + tests.iter().map(|t| u64::from(t.timeout_s)).sum::<u64>());
@@ -410,6 +464,7 @@ fn run_kernel(
             eprintln!("[{name}] {l}");
         }
     })?;
+    phases.0.push((format!("{}: QEMU (boot, feature probes, tests)", spec.name), boot.elapsed));
     let report = plan::Report::parse(&boot.console);
     let why = if boot.timed_out {
         format!("QEMU was killed at the {} s timeout", timeout.as_secs())
@@ -475,8 +530,8 @@ fn print_results(runs: &[Run]) {
             r.log.display()
         );
     }
-    if runs.len() > 1 {
-        println!("\nmatrix (P pass, F fail, - not runnable):");
+    if !runs.is_empty() {
+        println!("\nresults (P pass, F fail, - not runnable):");
         let names: Vec<&str> = runs[0].results.iter().map(|r| r.0.as_str()).collect();
         println!("  {}  {}", runs.iter().map(|r| format!("{:<18}", r.spec.name)).collect::<String>(), "test");
         for n in names {
