@@ -23,7 +23,7 @@ pub fn needs(data: &[u8]) -> Result<(Vec<String>, Option<String>)> {
     let table = sections.dynamic_table(endian, data)?;
     let mut libs = Vec::new();
     for d in table.iter() {
-        if d.tag == i64::from(object::elf::DT_NEEDED) {
+        if d.tag == object::elf::DT_NEEDED {
             libs.push(String::from_utf8_lossy(table.string(d)?).into_owned());
         }
     }

@@ -55,6 +55,9 @@ pub const KERNELS: &[KernelSpec] = &[
     },
 ];
 
+/// A module for the guest: its name and its (decompressed) file.
+pub type Module = (String, Vec<u8>);
+
 /// An unpacked kernel package.
 pub struct Kernel {
     pub pkg: debian::Pkg,
@@ -92,7 +95,7 @@ impl Kernel {
     /// The module files that load `wanted` (names with `_` or `-`), dependencies first, as
     /// (name, decompressed contents). A wanted module that is built in needs nothing; one this
     /// kernel has neither built in nor as a file is returned in the second list.
-    pub fn modules(&self, wanted: &[&str]) -> Result<(Vec<(String, Vec<u8>)>, Vec<String>)> {
+    pub fn modules(&self, wanted: &[&str]) -> Result<(Vec<Module>, Vec<String>)> {
         let norm = |s: &str| s.replace('-', "_");
         let mut files = BTreeMap::new();
         index_modules(&self.modules.join("kernel"), &mut files)?;

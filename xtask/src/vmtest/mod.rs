@@ -535,7 +535,7 @@ fn print_results(runs: &[Run]) {
     if !runs.is_empty() {
         println!("\nresults (P pass, F fail, - not runnable):");
         let names: Vec<&str> = runs[0].results.iter().map(|r| r.0.as_str()).collect();
-        println!("  {}  {}", runs.iter().map(|r| format!("{:<18}", r.spec.name)).collect::<String>(), "test");
+        println!("  {}  test", runs.iter().map(|r| format!("{:<18}", r.spec.name)).collect::<String>());
         for n in names {
             let cells: String = runs
                 .iter()
