@@ -8,15 +8,27 @@
 //! completion); both share the dev/sector layout. Bios merged into a larger
 //! request complete under the request's first sector only: the others age
 //! out of the LRU map without a latency.
+//!
+//! zram before Linux 6.3 also has `rw_page`: `bdev_read_page` (swap-ins from
+//! a `SWP_SYNCHRONOUS_IO` device) hands a page to `zram_rw_page` directly, no
+//! bio is made and neither block tracepoint fires. A kprobe on `zram_rw_page`
+//! counts those reads as `bio_queue` counts a zram bio (one 4 KiB page, a
+//! swap-in, the fault's time from there on is zram's); its kretprobe times
+//! it (the read is synchronous, in the same task). The observer attaches the
+//! pair only where the symbol exists, so no read is counted twice.
 
-use aya_ebpf::{helpers::bpf_ktime_get_ns, macros::tracepoint, programs::TracePointContext};
+use aya_ebpf::{
+    helpers::bpf_ktime_get_ns,
+    macros::{kprobe, kretprobe, tracepoint},
+    programs::{ProbeContext, RetProbeContext, TracePointContext},
+};
 use observer_common::attrib::{
     BioInflight, BioKey, C_DISK_READ_NS, C_READ_BYTES, C_READ_IOS, C_SWAPINS, C_ZRAM_READ_NS, DEV_SWAP, DEV_ZRAM,
     DevIo, H_DISK_READ, H_ZRAM_READ,
 };
 
 use crate::maps::{
-    DEV_IO, DEVICES, INFLIGHT, SLOTS, THREADS, atomic_add, config, current_state, hist_add, offsets, target_tid, update,
+    DEV_IO, DEVICES, INFLIGHT, SLOTS, THREADS, ZRAM_PAGE_START, atomic_add, config, current_state, hist_add, offsets, target_tid, update,
 };
 
 /// `rwbs` starts with the op: optional 'F' (preflush), then 'R' for reads.
@@ -124,4 +136,50 @@ pub fn bio_complete(ctx: TracePointContext) -> u32 {
 #[tracepoint]
 pub fn rq_complete(ctx: TracePointContext) -> u32 {
     complete(&ctx, true)
+}
+
+/// `REQ_OP_READ` in `enum req_op`, the fourth argument of `zram_rw_page`.
+const REQ_OP_READ: u64 = 0;
+
+#[kprobe]
+pub fn zram_rw_page(ctx: ProbeContext) -> u32 {
+    let op: u64 = ctx.arg(3).unwrap_or(u64::MAX);
+    // `enum req_op` is an int: only its low 8 bits are the op.
+    if op & 0xff != REQ_OP_READ {
+        return 0;
+    }
+    let Some(tid) = target_tid() else { return 0 };
+    // SAFETY: helper without preconditions.
+    let now = unsafe { bpf_ktime_get_ns() };
+    let Some(s) = current_state(tid, now) else { return 0 };
+    update(s, |s| {
+        s.cnt[C_READ_BYTES] += 4096;
+        s.cnt[C_READ_IOS] += 1;
+        s.cnt[C_SWAPINS] += 1;
+        s.fault_read(now, true, false);
+    });
+    let _ = ZRAM_PAGE_START.insert(&tid, &now, 0);
+    0
+}
+
+#[kretprobe]
+pub fn zram_rw_page_ret(_ctx: RetProbeContext) -> u32 {
+    let Some(tid) = target_tid() else { return 0 };
+    // SAFETY: plain map lookup; copied out before removal.
+    let Some(start) = (unsafe { ZRAM_PAGE_START.get(&tid).copied() }) else { return 0 };
+    let _ = ZRAM_PAGE_START.remove(&tid);
+    // SAFETY: helper without preconditions.
+    let now = unsafe { bpf_ktime_get_ns() };
+    if now <= start {
+        return 0;
+    }
+    let lat = now - start;
+    hist_add(H_ZRAM_READ, lat);
+    // SAFETY: plain map lookup.
+    let slot = unsafe { SLOTS.get(&tid).copied().unwrap_or(u32::MAX) };
+    if let Some(t) = THREADS.get_ptr_mut(slot) {
+        // SAFETY: map value; the owner runs this, other CPUs may read it.
+        unsafe { atomic_add(&raw mut (*t).cnt[C_ZRAM_READ_NS], lat) };
+    }
+    0
 }

@@ -62,6 +62,10 @@ pub static DEV_IO: HashMap<u32, DevIo> = HashMap::with_max_entries(64, 0);
 #[map]
 pub static INFLIGHT: LruHashMap<BioKey, BioInflight> = LruHashMap::with_max_entries(16384, 0);
 
+/// TID → start of its `zram_rw_page` read (Linux < 6.3; see `block::zram_rw_page`).
+#[map]
+pub static ZRAM_PAGE_START: HashMap<u32, u64> = HashMap::with_max_entries(MAX_SLOTS, 0);
+
 /// Per-CPU scratch: thread records a mark could not send.
 #[map]
 pub static MARK_LOST: PerCpuArray<u64> = PerCpuArray::with_max_entries(1, 0);

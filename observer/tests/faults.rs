@@ -99,10 +99,15 @@ fn nothing_stays_loaded_after_exit() {
     let _l = machine_lock();
     let mut child =
         Command::new(OBSERVER).args(["run", "--", "sleep", "3"]).stderr(Stdio::null()).spawn().expect("spawn observer");
-    // While it runs, the programs it holds (so the check below means something).
+    // While it runs, the programs it holds (so the check below means something). The target
+    // starts only once every probe is attached and runs 3 s, so the observer holds them all
+    // before it exits, however long loading takes (seconds under QEMU's TCG).
     let t0 = Instant::now();
     let mut held = Vec::new();
-    while t0.elapsed() < Duration::from_secs(3) && held.len() < 10 {
+    while held.len() < 10
+        && child.try_wait().expect("observer status").is_none()
+        && t0.elapsed() < Duration::from_secs(120)
+    {
         held = prog_ids_of(child.id());
         std::thread::sleep(Duration::from_millis(100));
     }

@@ -9,6 +9,7 @@
 //! - `bench heatmap`: one residency refresh of a 20 GB (sparse) model vs `fincore`, same file.
 //! - `bench trace`: bytes per token record with the expert grid packed vs plain JSON, same run.
 //! - `experiment dense-weights`: the seeds' dense-weight A/B, written to `docs/findings/`.
+//! - `vmtest`: the eBPF and cgroup tests on Debian's kernels (6.1 LTS, 6.12, arm64) under QEMU.
 
 mod amx;
 mod bench_engine;
@@ -30,6 +31,7 @@ mod pressure;
 mod setup;
 mod test;
 mod ticklock;
+mod vmtest;
 
 use anyhow::Result;
 
@@ -49,6 +51,7 @@ commands:
   bench trace [..]   trace bytes per token record, expert grid packed vs plain JSON, same run
   experiment dense-weights [-n N] [-t T]  A-B-B-A of --dense anon vs locked under pressure:
                      docs/findings/dense-weights.md and its plots
+  vmtest [..]        the eBPF and cgroup tests in QEMU guests: Debian 6.1 LTS, 6.12, arm64 (--smoke, --list)
 ";
 
 fn main() {
@@ -66,6 +69,7 @@ fn main() {
         ["bench", "metrics", ..] => bench_metrics::main(&args[2..]),
         ["bench", "trace", ..] => bench_trace::main(&args[2..]),
         ["experiment", ..] => experiment::main(&args[1..]),
+        ["vmtest", ..] => vmtest::main(&args[1..]),
         ["-h" | "--help" | "help"] | [] => {
             print!("{USAGE}");
             Ok(())

@@ -11,7 +11,7 @@ use aya::{
     Ebpf, EbpfError, Pod,
     maps::{Array, HashMap, Map, MapData, MapError, PerCpuArray, RingBuf},
     programs::{
-        PerfEvent, Program, ProgramError, TracePoint, UProbe,
+        KProbe, PerfEvent, Program, ProgramError, TracePoint, UProbe,
         perf_event::{PerfEventConfig, PerfEventScope, SamplePolicy, SoftwareEvent},
         uprobe::UProbeScope,
     },
@@ -124,6 +124,43 @@ pub struct Probes {
 impl Drop for Probes {
     fn drop(&mut self) {
         detach_tracepoints(&mut self.ebpf);
+    }
+}
+
+/// zram's `rw_page` (Linux < 6.3), through which swap-ins from zram bypass the block layer.
+pub const ZRAM_RW_PAGE: &str = "zram_rw_page";
+
+/// The named warning for a kernel whose zram swap-ins bypass the block layer and could not
+/// be probed: swap-ins and zram time then miss every zram read (never a silent 0).
+pub const ZRAM_NOT_MEASURED: &str = "zram-swapins-not-measured";
+
+/// Attach the kprobe pair on `zram_rw_page` where zram has it (see `observer-ebpf`'s
+/// `block.rs`): without it the block tracepoints never see a zram swap-in on such kernels.
+/// Where zram has no `rw_page` (Linux 6.3+, or zram not loaded) there is nothing to attach.
+fn attach_zram_rw_page(ebpf: &mut Ebpf, attached: &mut Vec<String>, missing: &mut Vec<String>) {
+    if !preflight::kernel_function_exists(ZRAM_RW_PAGE) {
+        return;
+    }
+    let mut attach = |program: &'static str| -> Result<(), ProbeError> {
+        let prog: &mut KProbe = ebpf
+            .program_mut(program)
+            .ok_or_else(|| program_error(program, ProgramError::UnexpectedProgramType))?
+            .try_into()
+            .map_err(|e| program_error(program, e))?;
+        prog.load().map_err(|e| program_error(program, e))?;
+        prog.attach(ZRAM_RW_PAGE, 0).map_err(|e| program_error(program, e))?;
+        Ok(())
+    };
+    match attach("zram_rw_page").and_then(|()| attach("zram_rw_page_ret")) {
+        Ok(()) => attached.push(format!("kprobe:{ZRAM_RW_PAGE}")),
+        Err(e) => {
+            log::warn!(
+                "{ZRAM_NOT_MEASURED}: zram on this kernel reads swapped pages through {ZRAM_RW_PAGE}, bypassing the \
+                 block layer, and the kprobe on it failed ({e}): swap-ins from zram and their time are not measured \
+                 (needs CONFIG_KPROBES)"
+            );
+            missing.push(format!("kprobe:{ZRAM_RW_PAGE} ({ZRAM_NOT_MEASURED}: {e})"));
+        }
     }
 }
 
@@ -339,6 +376,7 @@ impl Probes {
                 Err(e) => missing.push(format!("{category}:{name} ({e})")),
             }
         }
+        attach_zram_rw_page(&mut ebpf, &mut attached, &mut missing);
         let markers = attach_markers(&mut ebpf, opts, &mut attached)?;
         // Program run time for the observer's own cost (Linux >= 5.8); absent
         // stats are reported as not measured.

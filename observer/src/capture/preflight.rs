@@ -56,3 +56,23 @@ pub fn ensure_tracefs() -> Result<()> {
 pub fn tracepoint_exists(category: &str, name: &str) -> bool {
     Path::new(TRACEFS).join("events").join(category).join(name).is_dir()
 }
+
+/// Whether the running kernel (or a loaded module) has a function of this name, from
+/// `/proc/kallsyms` (names are listed even where addresses are hidden).
+pub fn kernel_function_exists(name: &str) -> bool {
+    std::fs::read_to_string("/proc/kallsyms")
+        .is_ok_and(|s| s.lines().any(|l| l.split_whitespace().nth(2) == Some(name)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn kernel_functions_are_found_by_exact_name() {
+        // Every kernel this runs on has vfs_read; no kernel has a function of this name.
+        assert!(kernel_function_exists("vfs_read"));
+        assert!(!kernel_function_exists("vfs_rea"));
+        assert!(!kernel_function_exists("moe_observer_no_such_function"));
+    }
+}
