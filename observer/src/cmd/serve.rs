@@ -39,7 +39,8 @@ const SCAN_INTERVAL: Duration = Duration::from_millis(100);
 #[command(mut_arg("every", |a| a.default_value("0")))]
 #[command(mut_arg("metrics_addr", |a| a
     .default_value(DEFAULT_ADDR)
-    .help("Serve Prometheus/OpenMetrics metrics at http://ADDR/metrics (`PORT` or `:PORT` listen on 127.0.0.1; `HOST:PORT`)")))]
+    .visible_alias("web.listen-address")
+    .help("Serve Prometheus/OpenMetrics metrics at http://ADDR/metrics, and /healthz (`PORT` or `:PORT` listen on 127.0.0.1; `HOST:PORT`; `0.0.0.0:9977` for a fleet's Prometheus). `--web.listen-address` as in node_exporter")))]
 #[command(group(clap::ArgGroup::new("target").required(true).args(["name", "pid", "command"])))]
 pub struct ServeArgs {
     /// Follow every process called NAME (its comm, or its executable's file
