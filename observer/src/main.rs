@@ -40,7 +40,14 @@ enum Cmd {
 }
 
 fn main() {
-    let cli = Cli::parse();
+    let argv = match cmd::config::expand(std::env::args_os().collect()) {
+        Ok(a) => a,
+        Err(e) => {
+            eprintln!("observer: error: {e:#}");
+            std::process::exit(2);
+        }
+    };
+    let cli = Cli::parse_from(argv);
     cmd::init_logging(cli.verbose, cli.quiet);
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build();
     let result = match rt {

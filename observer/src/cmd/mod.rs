@@ -7,6 +7,7 @@ pub mod heatmap;
 pub mod record;
 pub mod report;
 pub mod run;
+pub mod config;
 pub mod serve;
 pub mod tui;
 

@@ -47,6 +47,10 @@ pub struct ServeArgs {
     /// name) as it starts and exits, re-attaching after each restart.
     #[arg(long, value_name = "NAME", conflicts_with_all = ["pid", "command"])]
     pub name: Option<String>,
+    /// Take flags from a TOML file whose keys are these flags' names
+    /// (`metrics-addr = "0.0.0.0:9977"`); the command line wins.
+    #[arg(long, value_name = "FILE")]
+    pub config: Option<std::path::PathBuf>,
     #[command(flatten)]
     pub run: RunArgs,
 }
@@ -56,7 +60,7 @@ const SERVE_KEEP_TOKENS: usize = 100_000;
 
 pub async fn serve(args: ServeArgs) -> Result<i32> {
     // clap made sure exactly one of --name, --pid and CMD is given.
-    let ServeArgs { name, mut run } = args;
+    let ServeArgs { name, mut run, config: _ } = args;
     if let Some(n) = &name
         && (n.is_empty() || n.contains('/'))
     {
