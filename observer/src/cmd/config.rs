@@ -50,7 +50,10 @@ pub fn flags(path: &Path, text: &str, given: &[String]) -> Result<Vec<String>> {
             a.get_long() == Some(key.as_str()) || a.get_all_aliases().is_some_and(|al| al.contains(&key.as_str()))
         }) else {
             let keys: Vec<&str> = cmd.get_arguments().filter_map(|a| a.get_long()).filter(|l| *l != "config").collect();
-            bail!("--config {p}: unknown key {key:?} (the keys are the flags of `observer serve`: {})", keys.join(", "));
+            bail!(
+                "--config {p}: unknown key {key:?} (the keys are the flags of `observer serve`: {})",
+                keys.join(", ")
+            );
         };
         let mut names: Vec<&str> = arg.get_all_aliases().unwrap_or_default();
         names.extend(arg.get_long());

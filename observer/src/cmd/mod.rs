@@ -1,13 +1,13 @@
 //! One module per subcommand: its arguments, turned into calls of the
 //! library. Plus what every subcommand shares: the diagnostics logger.
 
+pub mod config;
 pub mod diff;
 pub mod export;
 pub mod heatmap;
 pub mod record;
 pub mod report;
 pub mod run;
-pub mod config;
 pub mod serve;
 pub mod tui;
 
