@@ -35,6 +35,8 @@ enum Cmd {
     /// A standing Prometheus exporter: observe a PID, a command, or every
     /// process called NAME as it comes and goes, serving /metrics throughout.
     Serve(cmd::serve::ServeArgs),
+    /// Check what the observer needs on this host and say what to fix.
+    Doctor(cmd::doctor::DoctorArgs),
     /// The live TUI beside a command (`observer tui -- CMD…`), a PID (`--pid`), or a trace (`--replay`).
     Tui(cmd::tui::TuiArgs),
 }
@@ -61,6 +63,7 @@ fn main() {
                 Cmd::Heatmap(args) => cmd::heatmap::run(args),
                 Cmd::Serve(args) => cmd::serve::serve(args).await,
                 Cmd::Tui(args) => cmd::tui::tui(args).await,
+                Cmd::Doctor(args) => cmd::doctor::doctor(args),
             }
         }),
         Err(e) => Err(anyhow::Error::from(e).context("starting the runtime")),

@@ -3,6 +3,7 @@
 
 pub mod config;
 pub mod diff;
+pub mod doctor;
 pub mod export;
 pub mod heatmap;
 pub mod record;
