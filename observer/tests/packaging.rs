@@ -49,3 +49,30 @@ fn the_license_file_matches_the_manifests() {
     let license = std::fs::read_to_string(repo().join("LICENSE")).expect("a LICENSE file at the top");
     assert!(license.contains("Apache License") && license.contains("Version 2.0, January 2004"));
 }
+
+/// The DaemonSet grants exactly the unit's capabilities, drops the rest, runs
+/// unprivileged, and serves where its PodMonitor scrapes.
+#[test]
+fn the_daemonset_grants_the_units_capabilities() {
+    let unit = std::fs::read_to_string(repo().join("packaging/moe-observer.service")).unwrap();
+    let mut want: Vec<&str> = unit
+        .lines()
+        .find_map(|l| l.strip_prefix("CapabilityBoundingSet="))
+        .unwrap()
+        .split_whitespace()
+        .map(|c| c.trim_start_matches("CAP_"))
+        .collect();
+    let ds = std::fs::read_to_string(repo().join("packaging/k8s/daemonset.yaml")).unwrap();
+    let add = ds.lines().find_map(|l| l.trim().strip_prefix("add: [")).expect("capabilities.add");
+    let mut have: Vec<&str> = add.trim_end_matches(']').split(',').map(str::trim).collect();
+    want.sort_unstable();
+    have.sort_unstable();
+    assert_eq!(have, want, "the DaemonSet and the unit disagree");
+    for must in
+        ["drop: [ALL]", "privileged: false", "allowPrivilegeEscalation: false", "hostPID: true", "path: /healthz"]
+    {
+        assert!(ds.contains(must), "the DaemonSet lacks {must}");
+    }
+    let pm = std::fs::read_to_string(repo().join("packaging/k8s/podmonitor.yaml")).unwrap();
+    assert!(pm.contains("port: metrics") && ds.contains("name: metrics"), "the PodMonitor scrapes the named port");
+}
