@@ -37,12 +37,21 @@ enum Cmd {
     /// A standing Prometheus exporter: observe a PID, a command, or every
     /// process called NAME as it comes and goes, serving /metrics throughout.
     Serve(cmd::serve::ServeArgs),
+    /// Check what the observer needs on this host and say what to fix.
+    Doctor(cmd::doctor::DoctorArgs),
     /// The live TUI beside a command (`observer tui -- CMD…`), a PID (`--pid`), or a trace (`--replay`).
     Tui(cmd::tui::TuiArgs),
 }
 
 fn main() {
-    let cli = Cli::parse();
+    let argv = match cmd::config::expand(std::env::args_os().collect()) {
+        Ok(a) => a,
+        Err(e) => {
+            eprintln!("observer: error: {e:#}");
+            std::process::exit(2);
+        }
+    };
+    let cli = Cli::parse_from(argv);
     cmd::init_logging(cli.verbose, cli.quiet);
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build();
     let result = match rt {
@@ -57,6 +66,7 @@ fn main() {
                 Cmd::Plot(args) => cmd::plot::plot(args),
                 Cmd::Serve(args) => cmd::serve::serve(args).await,
                 Cmd::Tui(args) => cmd::tui::tui(args).await,
+                Cmd::Doctor(args) => cmd::doctor::doctor(args),
             }
         }),
         Err(e) => Err(anyhow::Error::from(e).context("starting the runtime")),

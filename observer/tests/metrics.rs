@@ -773,6 +773,38 @@ fn residency_metric_names_exist() {
     }
 }
 
+/// `serve --discover` finds an engine by its token markers (no PID), labels
+/// it, observes it whole, and waits for the next. `--name` narrows discovery
+/// to this test's program: other engines may run on this machine.
+#[test]
+fn serve_discovers_an_engine_by_its_markers() {
+    let _l = machine_lock();
+    let wl = named_workload("wl-discovered");
+    let obs = Observer::start("serve", &["--discover", "--name", "wl-discovered"]);
+    let m = scrape(obs.addr);
+    assert_eq!(val(&m, "moe_observer_target_up"), 0.0, "no target yet; stderr:\n{}", obs.stderr());
+    let child = Command::new(&wl)
+        .args(["tokens", "--n", "20", "--ms", "5", "--anon", "128K", "--delay-ms", "1500"])
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("run the workload");
+    let pid = child.id();
+    let out = child.wait_with_output().unwrap();
+    assert_eq!(workload_lines(&out).len(), 20);
+    let m = obs.scrape_until("the discovered run's end", Duration::from_secs(30), |m| {
+        m.get("moe_observer_runs_total") == Some(&1.0) && m.get("moe_observer_target_up") == Some(&0.0)
+    });
+    let err = obs.stderr();
+    assert!(
+        err.contains(&format!("discovered pid {pid} (engine moe-engine, model \"\", container \"\")")),
+        "the workload (pid {pid}) was not the target discovered:\n{err}"
+    );
+    assert_eq!(val(&m, "moe_observer_step_duration_seconds_count{step=\"generate\"}"), 20.0, "{err}");
+    let (h, b) = get(obs.addr, "/healthz", TEXT);
+    assert!(h.starts_with("HTTP/1.1 200") && b.starts_with("ok\n"), "{h}\n{b}");
+    assert!(obs.stop().success());
+}
+
 #[test]
 fn serve_follows_a_program_across_restarts_and_promtool_accepts_the_output() {
     let _l = machine_lock();

@@ -5,6 +5,7 @@
 //! - `demo`: setup, build, observe a workload and print the observer's table.
 //! - `parity`: the engine against llama.cpp on synthetic models, at each ISA level.
 //! - `bench engine`: engine vs llama.cpp decode/prompt speed, same file, same run.
+//! - `package`: the Debian package of the observer (cargo-deb), a separate heavy command.
 //! - `pressure`: run a command under a cgroup memory limit, optional zram and balloon.
 //! - `bench heatmap`: one residency refresh of a 20 GB (sparse) model vs `fincore`, same file.
 //! - `bench trace`: bytes per token record with the expert grid packed vs plain JSON, same run.
@@ -26,6 +27,7 @@ mod detect;
 mod displace;
 mod experiment;
 mod llama;
+mod package;
 mod parity;
 mod pressure;
 mod setup;
@@ -45,6 +47,7 @@ commands:
   bench engine [..]  engine vs llama.cpp decode and prompt tok/s, printed as ratios
   bench observer     engine decode tok/s with and without the observer, as a ratio
   bench tui          what `observer tui` costs the engine: decode speed around its ticks, as a ratio
+  package            the Debian package (cargo-deb): observer, its systemd unit, serve.toml, LICENSE
   pressure [..] -- CMD  run CMD under a memory limit (+ zram, balloon); restores the machine
   bench heatmap [..] residency refresh of a 20 GB sparse model vs fincore, same run
   bench metrics      observed engine tok/s with and without bursts of /metrics scrapes
@@ -65,6 +68,7 @@ fn main() {
         ["bench", "observer", ..] => bench_observer::main(&args[2..]),
         ["bench", "tui", ..] => bench_tui::main(&args[2..]),
         ["pressure", ..] => pressure::main(&args[1..]),
+        ["package", ..] => package::main(&args[1..]),
         ["bench", "heatmap", ..] => bench_heatmap::main(&args[2..]),
         ["bench", "metrics", ..] => bench_metrics::main(&args[2..]),
         ["bench", "trace", ..] => bench_trace::main(&args[2..]),

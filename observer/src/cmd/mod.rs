@@ -7,7 +7,9 @@
 //! `m` (or `min`); no unit means seconds. Spaces around it are ignored. It must
 //! be positive and finite (`250ms`, `1.5`, `2min`).
 
+pub mod config;
 pub mod diff;
+pub mod doctor;
 pub mod export;
 pub mod heatmap;
 pub mod plot;

@@ -9,6 +9,13 @@
 //!   One process at a time: with several, the oldest; the others are picked up
 //!   as it ends. A process that cannot be observed (it vanished, or attaching
 //!   failed) is reported and skipped while it lives.
+//! - `--discover`: follow the engines on this host by themselves
+//!   ([`observer::capture::discover`]: processes mapping a `.gguf` file or
+//!   carrying the token markers), the oldest first, one at a time (the
+//!   exporter's families carry no per-target labels yet); `--name` narrows it
+//!   to processes called NAME; `--max-targets` bounds the label sets, and the
+//!   targets left alone are reported in the log and in `/healthz`.
+//! - `--config FILE`: the same flags from a TOML file ([`super::config`]).
 //!
 //! Every `observer run` option applies to each target lifetime (`--json FILE`
 //! is rewritten at the end of each; token lines are off unless `--every N`).
@@ -24,7 +31,7 @@ use std::{collections::HashSet, sync::Arc, time::Duration};
 
 use anyhow::{Result, bail};
 use observer::{
-    capture::session::Stop,
+    capture::{discover::Discovery, session::Stop},
     sinks::prometheus::{Endpoint, Exporter},
 };
 
@@ -39,13 +46,28 @@ const SCAN_INTERVAL: Duration = Duration::from_millis(100);
 #[command(mut_arg("every", |a| a.default_value("0")))]
 #[command(mut_arg("metrics_addr", |a| a
     .default_value(DEFAULT_ADDR)
-    .help("Serve Prometheus/OpenMetrics metrics at http://ADDR/metrics (`PORT` or `:PORT` listen on 127.0.0.1; `HOST:PORT`)")))]
-#[command(group(clap::ArgGroup::new("target").required(true).args(["name", "pid", "command"])))]
+    .visible_alias("web.listen-address")
+    .help("Serve Prometheus/OpenMetrics metrics at http://ADDR/metrics, and /healthz (`PORT` or `:PORT` listen on 127.0.0.1; `HOST:PORT`; `0.0.0.0:9977` for a fleet's Prometheus). `--web.listen-address` as in node_exporter")))]
+#[command(group(clap::ArgGroup::new("target").required(true).multiple(true).args(["name", "discover", "pid", "command"])))]
 pub struct ServeArgs {
     /// Follow every process called NAME (its comm, or its executable's file
     /// name) as it starts and exits, re-attaching after each restart.
+    /// With --discover: only the discovered processes called NAME.
     #[arg(long, value_name = "NAME", conflicts_with_all = ["pid", "command"])]
     pub name: Option<String>,
+    /// Follow the engines on this host by themselves: processes that map a
+    /// `.gguf` file or whose executable defines the engine's token markers
+    /// (labels: engine, model file name, container id).
+    #[arg(long, conflicts_with_all = ["pid", "command"])]
+    pub discover: bool,
+    /// With --discover: the most distinct (engine, model, container) label
+    /// sets followed; targets beyond are reported and left alone.
+    #[arg(long, value_name = "N", default_value_t = 64, requires = "discover")]
+    pub max_targets: usize,
+    /// Take flags from a TOML file whose keys are these flags' names
+    /// (`metrics-addr = "0.0.0.0:9977"`); the command line wins.
+    #[arg(long, value_name = "FILE")]
+    pub config: Option<std::path::PathBuf>,
     #[command(flatten)]
     pub run: RunArgs,
 }
@@ -55,7 +77,7 @@ const SERVE_KEEP_TOKENS: usize = 100_000;
 
 pub async fn serve(args: ServeArgs) -> Result<i32> {
     // clap made sure exactly one of --name, --pid and CMD is given.
-    let ServeArgs { name, mut run } = args;
+    let ServeArgs { name, discover, max_targets, mut run, config: _ } = args;
     if let Some(n) = &name
         && (n.is_empty() || n.contains('/'))
     {
@@ -70,6 +92,7 @@ pub async fn serve(args: ServeArgs) -> Result<i32> {
     let stop = Stop::install()?;
     log::info!("serve: metrics at http://{}/metrics", endpoint.local_addr());
     match name {
+        _ if discover => follow_discovered(max_targets, name.as_deref(), run, &ex, &stop).await,
         Some(name) => follow(&name, run, &ex, &stop).await,
         None => {
             observe(run, vec![Box::new(ex.sink())], &stop).await?;
@@ -117,6 +140,74 @@ async fn follow(name: &str, run: RunArgs, ex: &Arc<Exporter>, stop: &Stop) {
     }
 }
 
+/// `--discover`: observe the oldest discovered target until it ends, then the
+/// next. One target at a time for now: the exporter's families carry no
+/// per-target labels yet, so concurrent targets would add into one series.
+async fn follow_discovered(limit: usize, name: Option<&str>, run: RunArgs, ex: &Arc<Exporter>, stop: &Stop) {
+    let mut discovery = Discovery::new(limit);
+    let mut skip: HashSet<(u32, u64)> = HashSet::new();
+    let mut reported_drops = 0;
+    log::info!("serve: discovering engines (processes mapping a .gguf file or carrying the token markers)");
+    loop {
+        let target = loop {
+            if stop.signalled() {
+                return;
+            }
+            let live = discovery.scan();
+            if discovery.dropped() > reported_drops {
+                reported_drops = discovery.dropped();
+                ex.degrade(format!("discovery: {reported_drops} target(s) beyond --max-targets {limit} not followed"));
+            }
+            skip.retain(|k| live.iter().any(|t| (t.pid, t.start) == *k));
+            let wanted = |t: &observer::capture::discover::Target| {
+                !skip.contains(&(t.pid, t.start)) && name.is_none_or(|n| is_called(t.pid, n))
+            };
+            if let Some(t) = live.into_iter().find(wanted) {
+                break t;
+            }
+            tokio::select! {
+                _ = tokio::time::sleep(SCAN_INTERVAL) => {}
+                _ = stop.signal_received() => return,
+            }
+        };
+        let l = &target.labels;
+        let mut args = run.clone();
+        args.pid = Some(target.pid);
+        log::info!(
+            "serve: discovered pid {} (engine {}, model {:?}, container {:?}): observing it",
+            target.pid,
+            l.engine,
+            l.model,
+            l.container
+        );
+        match observe(args, vec![Box::new(ex.sink())], stop).await {
+            Ok(_) => log::info!("serve: pid {} ended; discovering the next engine", target.pid),
+            Err(e) => {
+                log::warn!("serve: pid {}: {e:#}; skipping it", target.pid);
+                ex.degrade(format!("a {} target could not be observed (see the log)", l.engine));
+                skip.insert((target.pid, target.start));
+            }
+        }
+        if stop.signalled() {
+            return;
+        }
+    }
+}
+
+/// Whether the executable of `pid` has the file name `name`.
+fn exe_is_called(pid: u32, name: &str) -> bool {
+    std::fs::read_link(format!("/proc/{pid}/exe")).ok().is_some_and(|p| {
+        p.file_name().and_then(|f| f.to_str()).is_some_and(|f| f.strip_suffix(" (deleted)").unwrap_or(f) == name)
+    })
+}
+
+/// Whether `pid` is called `name`: its comm (at most 15 bytes) or its
+/// executable's file name.
+fn is_called(pid: u32, name: &str) -> bool {
+    let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default();
+    comm.trim_end_matches('\n').as_bytes() == &name.as_bytes()[..name.len().min(15)] || exe_is_called(pid, name)
+}
+
 /// The oldest live process (not ourselves, not a zombie) whose comm or
 /// executable file name is `name`.
 pub fn find_by_name(name: &str, skip: &HashSet<u32>) -> Option<u32> {
@@ -146,14 +237,7 @@ pub fn find_by_name(name: &str, skip: &HashSet<u32>) -> Option<u32> {
         if *state == "Z" || *state == "X" {
             continue;
         }
-        let exe_matches = || {
-            std::fs::read_link(format!("/proc/{pid}/exe")).ok().is_some_and(|p| {
-                p.file_name()
-                    .and_then(|f| f.to_str())
-                    .is_some_and(|f| f.strip_suffix(" (deleted)").unwrap_or(f) == name)
-            })
-        };
-        if (comm == comm_name || exe_matches()) && best.is_none_or(|(s, _)| start < s) {
+        if (comm == comm_name || exe_is_called(pid, name)) && best.is_none_or(|(s, _)| start < s) {
             best = Some((start, pid));
         }
     }
@@ -184,6 +268,11 @@ mod tests {
         assert!(parse(&["serve", "--name", "x", "--pid", "1"]).is_err());
         assert!(parse(&["serve", "--name", "x", "--", "true"]).is_err());
         assert!(parse(&["serve"]).is_err(), "a target is required");
+        assert!(parse(&["serve", "--pid", "1", "--", "true"]).is_err());
+        assert!(parse(&["serve", "--discover", "--pid", "1"]).is_err());
+        let (a, _) = parse(&["serve", "--discover", "--name", "engine", "--max-targets", "3"]).unwrap();
+        assert!(a.discover && a.name.is_some() && a.max_targets == 3);
+        assert!(parse(&["serve", "--name", "engine", "--max-targets", "3"]).is_err(), "--max-targets needs --discover");
         let (a, _) = parse(&["serve", "--", "true"]).unwrap();
         assert!(a.name.is_none() && a.run.pid.is_none());
     }

@@ -6,20 +6,33 @@
 //!   charset=utf-8`) when the client prefers `application/openmetrics-text`
 //!   (as Prometheus does), else the Prometheus text format 0.0.4
 //!   (`text/plain; version=0.0.4; charset=utf-8`; curl, promtool).
+//! - `GET /healthz`: `200 ok`, then one `degraded: …` line for each feature
+//!   that cannot work with the privileges or kernel given (the rest is served).
 //! - `GET /`: a one-line pointer to `/metrics`; other paths: 404; other
 //!   methods: 405.
 //! - One request per connection (`Connection: close`, a `Content-Length`),
 //!   request heads up to 8 KiB (431 beyond), 10 s to send the head and 10 s to
-//!   take the answer; at most [`MAX_CONNECTIONS`] connections are served at
-//!   once, further ones wait in the listen queue.
+//!   take the answer.
+//! - Connections never wait for each other: every connection is accepted at
+//!   once and served by its own task, so idle or slow clients cost a scrape
+//!   nothing. At most [`MAX_CONNECTIONS`] are kept (fewer if `RLIMIT_NOFILE`
+//!   leaves less room); beyond that the oldest connection still sending its
+//!   head is closed to make room. Each kept connection costs at most its head
+//!   buffer ([`MAX_HEAD`]) and a task, so memory is bounded. The listen queue
+//!   is [`BACKLOG`] long, so that a burst of connections is not refused.
 //! - Its own thread and current-thread runtime: a burst of scrapes competes
 //!   with the run loop only for CPU, never for its event loop.
 //! - Addresses: `PORT`, `:PORT` (both on 127.0.0.1) or `HOST:PORT`
 //!   (`[::1]:PORT`, `0.0.0.0:PORT` to listen beyond this machine).
 
 use std::{
+    collections::VecDeque,
     net::{SocketAddr, TcpListener as StdListener, ToSocketAddrs},
-    sync::Arc,
+    os::fd::AsRawFd,
+    sync::{
+        Arc,
+        atomic::{AtomicBool, Ordering},
+    },
     thread::JoinHandle,
     time::Duration,
 };
@@ -27,14 +40,20 @@ use std::{
 use tokio::{
     io::{AsyncReadExt, AsyncWriteExt},
     net::{TcpListener, TcpStream},
-    sync::{Semaphore, oneshot},
+    sync::oneshot,
+    task::{AbortHandle, JoinSet},
     time::timeout,
 };
 
 use super::{Exporter, Format};
 
-pub const MAX_CONNECTIONS: usize = 32;
-const MAX_HEAD: usize = 8 << 10;
+/// Connections kept at once (see the spec).
+pub const MAX_CONNECTIONS: usize = 2048;
+/// Length of the listen queue (the kernel caps it at `net.core.somaxconn`).
+pub const BACKLOG: i32 = 4096;
+/// Files the process keeps for other uses than the endpoint's connections.
+const OTHER_FILES: usize = 256;
+pub const MAX_HEAD: usize = 8 << 10;
 const READ_TIMEOUT: Duration = Duration::from_secs(10);
 const WRITE_TIMEOUT: Duration = Duration::from_secs(10);
 const DRAIN_TIMEOUT: Duration = Duration::from_millis(500);
@@ -110,11 +129,17 @@ impl Endpoint {
         let io = |what| move |source| MetricsError::Io { what, source };
         let local = listener.local_addr().map_err(io("local address"))?;
         listener.set_nonblocking(true).map_err(io("non-blocking listener"))?;
+        // std listens with a queue of 128; listening again resizes it.
+        // SAFETY: a valid, bound socket of ours.
+        if unsafe { libc::listen(listener.as_raw_fd(), BACKLOG) } != 0 {
+            return Err(io("listen queue")(std::io::Error::last_os_error()));
+        }
+        let limit = connection_limit();
         let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().map_err(io("runtime"))?;
         let (tx, rx) = oneshot::channel();
         let thread = std::thread::Builder::new()
             .name("metrics-http".into())
-            .spawn(move || rt.block_on(serve(listener, ex, rx)))
+            .spawn(move || rt.block_on(serve(listener, ex, rx, limit)))
             .map_err(io("thread"))?;
         Ok(Endpoint { addr: local, stop: Some(tx), thread: Some(thread) })
     }
@@ -135,7 +160,41 @@ impl Drop for Endpoint {
     }
 }
 
-async fn serve(listener: StdListener, ex: Arc<Exporter>, mut stop: oneshot::Receiver<()>) {
+/// How many connections to keep: [`MAX_CONNECTIONS`], after raising the soft
+/// `RLIMIT_NOFILE` to the hard one (as Go programs such as node_exporter do),
+/// less what the rest of the process needs.
+fn connection_limit() -> usize {
+    let mut r = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+    // SAFETY: plain syscalls on a valid struct.
+    let files = unsafe {
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut r) != 0 {
+            return MAX_CONNECTIONS;
+        }
+        if r.rlim_cur < r.rlim_max {
+            let raised = libc::rlimit { rlim_cur: r.rlim_max, rlim_max: r.rlim_max };
+            if libc::setrlimit(libc::RLIMIT_NOFILE, &raised) == 0 {
+                r = raised;
+            }
+        }
+        r.rlim_cur
+    };
+    let room = usize::try_from(files).unwrap_or(usize::MAX).saturating_sub(OTHER_FILES).max(16);
+    if room < MAX_CONNECTIONS {
+        log::warn!(
+            "metrics endpoint: RLIMIT_NOFILE is {files}: keeping at most {room} connections (raise it to {} for {MAX_CONNECTIONS})",
+            MAX_CONNECTIONS + OTHER_FILES
+        );
+    }
+    room.min(MAX_CONNECTIONS)
+}
+
+/// A kept connection: its task, and whether it is past its head (answering).
+struct Kept {
+    task: AbortHandle,
+    answering: Arc<AtomicBool>,
+}
+
+async fn serve(listener: StdListener, ex: Arc<Exporter>, mut stop: oneshot::Receiver<()>, limit: usize) {
     let listener = match TcpListener::from_std(listener) {
         Ok(l) => l,
         Err(e) => {
@@ -143,28 +202,51 @@ async fn serve(listener: StdListener, ex: Arc<Exporter>, mut stop: oneshot::Rece
             return;
         }
     };
-    let slots = Arc::new(Semaphore::new(MAX_CONNECTIONS));
+    let mut tasks = JoinSet::new();
+    // Oldest first; finished ones are pruned as they reach the front.
+    let mut kept: VecDeque<Kept> = VecDeque::new();
     loop {
-        let permit = tokio::select! {
-            _ = &mut stop => return,
-            p = Arc::clone(&slots).acquire_owned() => match p { Ok(p) => p, Err(_) => return },
-        };
         let conn = tokio::select! {
             _ = &mut stop => return,
+            Some(_) = tasks.join_next(), if !tasks.is_empty() => continue,
             c = listener.accept() => c,
         };
-        match conn {
-            Ok((stream, _)) => {
-                let ex = Arc::clone(&ex);
-                tokio::spawn(async move {
-                    connection(stream, &ex).await;
-                    drop(permit);
-                });
-            }
+        let stream = match conn {
+            Ok((stream, _)) => stream,
             // Per-connection failures (ECONNABORTED, EMFILE): back off briefly.
-            Err(_) => tokio::time::sleep(Duration::from_millis(10)).await,
+            Err(_) => {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+                continue;
+            }
+        };
+        while kept.front().is_some_and(|k| k.task.is_finished()) {
+            kept.pop_front();
         }
+        if kept.len() > 2 * limit {
+            kept.retain(|k| !k.task.is_finished());
+        }
+        if tasks.len() >= limit && !make_room(&mut kept) {
+            // Every kept connection is being answered: this one waits for
+            // nothing, it is closed.
+            drop(stream);
+            continue;
+        }
+        let answering = Arc::new(AtomicBool::new(false));
+        let (ex, flag) = (Arc::clone(&ex), Arc::clone(&answering));
+        let task = tasks.spawn(async move { connection(stream, &ex, &flag).await });
+        kept.push_back(Kept { task, answering });
     }
+}
+
+/// Close the oldest connection still sending its head; false if none is.
+fn make_room(kept: &mut VecDeque<Kept>) -> bool {
+    let Some(i) = kept.iter().position(|k| !k.task.is_finished() && !k.answering.load(Ordering::Relaxed)) else {
+        return false;
+    };
+    if let Some(k) = kept.remove(i) {
+        k.task.abort();
+    }
+    true
 }
 
 /// What a request asked for.
@@ -230,6 +312,7 @@ pub fn respond(req: Option<&Request>, ex: &Exporter) -> Vec<u8> {
                 ),
             }
         }
+        "/healthz" => response(200, "OK", "text/plain; charset=utf-8", &ex.health(), "", head_only),
         "/" => response(200, "OK", "text/plain; charset=utf-8", "moe-observer: metrics at /metrics\n", "", head_only),
         _ => response(404, "Not Found", "text/plain; charset=utf-8", "not found: try /metrics\n", "", head_only),
     }
@@ -273,8 +356,10 @@ async fn read_head(s: &mut TcpStream) -> std::io::Result<Head> {
     }
 }
 
-async fn connection(mut s: TcpStream, ex: &Exporter) {
-    let resp = match timeout(READ_TIMEOUT, read_head(&mut s)).await {
+async fn connection(mut s: TcpStream, ex: &Exporter, answering: &AtomicBool) {
+    let head = timeout(READ_TIMEOUT, read_head(&mut s)).await;
+    answering.store(true, Ordering::Relaxed);
+    let resp = match head {
         Ok(Ok(Head::Complete(h))) => respond(parse_head(&h).as_ref(), ex),
         Ok(Ok(Head::TooLarge)) => response(
             431,

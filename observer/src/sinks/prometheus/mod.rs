@@ -174,6 +174,8 @@ pub struct Exporter {
     target_up: Gauge,
     runs: Counter,
     kernel: Mutex<KernelHists>,
+    /// What does not work with the privileges or kernel given (`/healthz`).
+    degraded: Mutex<Vec<String>>,
 }
 
 impl Exporter {
@@ -268,6 +270,7 @@ impl Exporter {
             target_up,
             runs,
             kernel: Mutex::new(KernelHists::default()),
+            degraded: Mutex::new(Vec::new()),
         })
     }
 
@@ -285,6 +288,26 @@ impl Exporter {
             text::encode_eof(&mut s)?;
         }
         Ok(s)
+    }
+
+    /// Record, once, a feature that cannot work here (shown by `/healthz`).
+    pub fn degrade(&self, what: impl Into<String>) {
+        let what = what.into();
+        let mut d = self.degraded.lock().unwrap_or_else(|p| p.into_inner());
+        if !d.contains(&what) {
+            d.push(what);
+        }
+    }
+
+    /// The `/healthz` body: `ok`, then one `degraded: …` line per feature
+    /// that cannot work here.
+    pub fn health(&self) -> String {
+        let d = self.degraded.lock().unwrap_or_else(|p| p.into_inner());
+        let mut s = String::from("ok\n");
+        for what in d.iter() {
+            s.push_str(&format!("degraded: {what}\n"));
+        }
+        s
     }
 
     /// A sink feeding this exporter (one per target lifetime).

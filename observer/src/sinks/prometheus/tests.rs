@@ -359,6 +359,12 @@ fn the_endpoint_answers_with_the_right_content_types_and_codes() {
 
     let (h, b) = http(a, "HEAD /metrics HTTP/1.1\r\n\r\n");
     assert!(h.starts_with("HTTP/1.1 200") && b.is_empty(), "{h}");
+    let (h, b) = http(a, "GET /healthz HTTP/1.1\r\n\r\n");
+    assert!(h.starts_with("HTTP/1.1 200") && b == "ok\n", "{h}\n{b}");
+    ex.degrade("page residency: no ptrace rights");
+    ex.degrade("page residency: no ptrace rights");
+    let (_, b) = http(a, "GET /healthz HTTP/1.1\r\n\r\n");
+    assert_eq!(b, "ok\ndegraded: page residency: no ptrace rights\n", "said once");
     let (h, _) = http(a, "GET /nope HTTP/1.1\r\n\r\n");
     assert!(h.starts_with("HTTP/1.1 404"), "{h}");
     let (h, _) = http(a, "POST /metrics HTTP/1.1\r\nContent-Length: 0\r\n\r\n");

@@ -1,0 +1,249 @@
+//! Discovery for `observer serve --discover`: which processes on this host are
+//! engines to follow, and the labels their series would carry.
+//!
+//! ## Spec
+//! - A process is a target when it maps a `.gguf` file (any mapping in
+//!   `/proc/PID/maps` whose path ends in `.gguf`, deleted or not), or when its
+//!   executable defines our token markers ([`moe_abi::markers::SYM_BEGIN`]).
+//!   Known engine profiles (the llama.cpp issue) plug in at [`engine_of`].
+//! - Labels are bounded and stable, never a PID or a TID:
+//!   - `engine`: `moe-engine` (our markers), `llama.cpp` (an executable whose
+//!     name starts with `llama`), else `gguf` (an unknown program mapping a
+//!     GGUF file);
+//!   - `model`: the file name of the first `.gguf` it maps (empty if none).
+//!     Paths in `/proc/PID/maps` are in the process's own root, so a model in a
+//!     container is named as the container sees it, never by a host path;
+//!   - `container`: the container id (first 12 hex digits) found in the last
+//!     component of its cgroup v2 path (`docker-ID.scope`,
+//!     `cri-containerd-ID.scope`, `libpod-ID.scope`, `crio-ID.scope`, a bare
+//!     64-digit id), else empty (the host).
+//! - [`Discovery`] keeps at most `limit` distinct label sets; a target with a
+//!   new label set beyond that is not followed and is counted in
+//!   [`Discovery::dropped`].
+//! - Each process is classified once per lifetime (keyed by PID and start
+//!   time), so a scan costs a `/proc` listing plus the new processes.
+
+use std::{
+    collections::{BTreeSet, HashMap},
+    path::Path,
+};
+
+/// The labels of a discovered target.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Labels {
+    pub engine: &'static str,
+    pub model: String,
+    pub container: String,
+}
+
+/// A discovered process.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Target {
+    pub pid: u32,
+    /// Start time in clock ticks since boot (`/proc/PID/stat` field 22).
+    pub start: u64,
+    pub labels: Labels,
+}
+
+/// The state kept between scans.
+#[derive(Debug)]
+pub struct Discovery {
+    limit: usize,
+    /// (pid, start) → its labels, or None if it is not a target.
+    seen: HashMap<(u32, u64), Option<Labels>>,
+    label_sets: BTreeSet<Labels>,
+    dropped: BTreeSet<(u32, u64)>,
+}
+
+impl Discovery {
+    pub fn new(limit: usize) -> Discovery {
+        Discovery { limit, seen: HashMap::new(), label_sets: BTreeSet::new(), dropped: BTreeSet::new() }
+    }
+
+    /// The live targets, oldest first (within the cardinality limit).
+    pub fn scan(&mut self) -> Vec<Target> {
+        let me = std::process::id();
+        let mut live: Vec<(u32, u64)> = Vec::new();
+        let Ok(dir) = std::fs::read_dir("/proc") else { return Vec::new() };
+        for e in dir.flatten() {
+            let Some(pid) = e.file_name().to_str().and_then(|s| s.parse::<u32>().ok()) else { continue };
+            if pid == me {
+                continue;
+            }
+            let Some(start) = start_time(pid) else { continue };
+            live.push((pid, start));
+        }
+        let alive: BTreeSet<(u32, u64)> = live.iter().copied().collect();
+        self.seen.retain(|k, _| alive.contains(k));
+        self.dropped.retain(|k| alive.contains(k));
+        let mut out = Vec::new();
+        for (pid, start) in live {
+            let labels = self.seen.entry((pid, start)).or_insert_with(|| classify(pid)).clone();
+            let Some(labels) = labels else { continue };
+            if !self.label_sets.contains(&labels) {
+                if self.label_sets.len() >= self.limit {
+                    if self.dropped.insert((pid, start)) {
+                        log::warn!(
+                            "serve: pid {pid} ({} {:?}) is not followed: the limit of {} label sets is reached (--max-targets)",
+                            labels.engine,
+                            labels.model,
+                            self.limit
+                        );
+                    }
+                    continue;
+                }
+                self.label_sets.insert(labels.clone());
+            }
+            out.push(Target { pid, start, labels });
+        }
+        out.sort_by_key(|t| (t.start, t.pid));
+        out
+    }
+
+    /// Targets not followed because of the limit, among the live ones.
+    pub fn dropped(&self) -> usize {
+        self.dropped.len()
+    }
+}
+
+/// `/proc/PID/stat` field 22, for a live process (not a zombie).
+fn start_time(pid: u32) -> Option<u64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // `pid (comm) state … starttime(22)`; comm may contain spaces and ')'.
+    let rest: Vec<&str> = stat[stat.rfind(')')? + 1..].split_whitespace().collect();
+    if matches!(rest.first(), Some(&"Z" | &"X")) {
+        return None;
+    }
+    rest.get(19)?.parse().ok()
+}
+
+/// This process's labels if it is a target.
+pub fn classify(pid: u32) -> Option<Labels> {
+    let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).ok()?;
+    let model = gguf_of_maps(&maps);
+    let exe = std::fs::read_link(format!("/proc/{pid}/exe")).ok();
+    // The executable as this process sees it, reached through its root.
+    let exe_file = exe.as_ref().map(|e| Path::new(&format!("/proc/{pid}/root")).join(e.strip_prefix("/").unwrap_or(e)));
+    let engine = engine_of(exe.as_deref(), exe_file.as_deref(), model.is_some())?;
+    let cgroup = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).unwrap_or_default();
+    Some(Labels { engine, model: model.unwrap_or_default(), container: container_of_cgroup(&cgroup) })
+}
+
+/// Which engine an executable is; None if the process is not a target.
+/// Engine profiles (issue 18, `capture::profile`) are to be matched here.
+pub fn engine_of(exe: Option<&Path>, exe_file: Option<&Path>, maps_gguf: bool) -> Option<&'static str> {
+    if exe_file.is_some_and(has_markers) {
+        return Some("moe-engine");
+    }
+    if !maps_gguf {
+        return None;
+    }
+    let name = exe.and_then(|e| e.file_name()).and_then(|n| n.to_str()).unwrap_or("");
+    Some(if name.starts_with("llama") { "llama.cpp" } else { "gguf" })
+}
+
+/// Whether an executable defines our token markers.
+fn has_markers(path: &Path) -> bool {
+    use object::{Object, ObjectSymbol};
+    let Ok(map) = super::bpf::map_elf(path) else { return false };
+    let Ok(file) = object::File::parse(&*map) else { return false };
+    let sym = moe_abi::markers::SYM_BEGIN;
+    file.symbols().chain(file.dynamic_symbols()).any(|s| s.name() == Ok(sym) && s.is_definition())
+}
+
+/// The file name of the first `.gguf` mapping in a `/proc/PID/maps` text.
+pub fn gguf_of_maps(maps: &str) -> Option<String> {
+    maps.lines().find_map(|l| {
+        // address perms offset dev inode path (the path may contain spaces).
+        let path = l.splitn(6, char::is_whitespace).nth(5)?.trim_start();
+        let path = path.strip_suffix(" (deleted)").unwrap_or(path);
+        let name = Path::new(path).file_name()?.to_str()?;
+        name.to_ascii_lowercase().ends_with(".gguf").then(|| name.to_string())
+    })
+}
+
+/// The container id in a `/proc/PID/cgroup` text (its cgroup v2 line), or "".
+pub fn container_of_cgroup(cgroup: &str) -> String {
+    let Some(path) = cgroup.lines().find_map(|l| l.strip_prefix("0::")) else { return String::new() };
+    for comp in path.rsplit('/') {
+        let stem = comp.strip_suffix(".scope").unwrap_or(comp);
+        let id = stem.rsplit(['-', ':']).next().unwrap_or(stem);
+        if id.len() == 64 && id.bytes().all(|b| b.is_ascii_hexdigit()) {
+            return id[..12].to_string();
+        }
+    }
+    String::new()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn gguf_mappings_are_named_by_file_name() {
+        let maps = "\
+5581a000-5581b000 r--p 00000000 fd:01 123 /usr/bin/llama-server
+7f00-7f10 r--s 00000000 fd:01 456 /models/My Model-Q4_K_M.GGUF (deleted)
+7f10-7f20 r--p 00000000 00:00 0 [heap]
+";
+        assert_eq!(gguf_of_maps(maps).as_deref(), Some("My Model-Q4_K_M.GGUF"));
+        assert_eq!(gguf_of_maps("7f10-7f20 r--p 00000000 00:00 0 [heap]\n"), None);
+        assert_eq!(gguf_of_maps("7f10-7f20 r--p 00000000 fd:01 9 /a/gguf.txt\n"), None);
+    }
+
+    #[test]
+    fn containers_are_named_by_their_id() {
+        let id = "0123456789abcdef".repeat(4);
+        for path in [
+            format!("/system.slice/docker-{id}.scope"),
+            format!("/kubepods.slice/kubepods-burstable.slice/kubepods-pod1.slice/cri-containerd-{id}.scope"),
+            format!("/machine.slice/libpod-{id}.scope/container"),
+            format!("/kubepods/besteffort/pod1/{id}"),
+        ] {
+            assert_eq!(container_of_cgroup(&format!("0::{path}\n")), "0123456789ab", "{path}");
+        }
+        assert_eq!(container_of_cgroup("0::/user.slice/user-0.slice/session-1.scope\n"), "");
+        assert_eq!(container_of_cgroup("1:memory:/docker/x\n"), "", "cgroup v1 only: no id");
+    }
+
+    #[test]
+    fn a_process_mapping_a_gguf_file_is_discovered_and_labelled_and_the_limit_holds() {
+        let dir = std::env::temp_dir().join(format!("observer-discover-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let mut children = Vec::new();
+        for name in ["a.gguf", "b.gguf"] {
+            let f = dir.join(name);
+            std::fs::write(&f, [0u8; 4096]).unwrap();
+            // python maps the file and waits: an unknown program mapping a GGUF.
+            let child = std::process::Command::new("python3")
+                .args(["-c", "import mmap,sys,time; f=open(sys.argv[1],'rb'); m=mmap.mmap(f.fileno(),0,prot=mmap.PROT_READ); print(flush=True); time.sleep(60)"])
+                .arg(&f)
+                .stdout(std::process::Stdio::piped())
+                .spawn()
+                .expect("python3");
+            children.push(child);
+        }
+        for c in &mut children {
+            use std::io::Read;
+            let mut b = [0u8; 1];
+            c.stdout.as_mut().unwrap().read_exact(&mut b).unwrap();
+        }
+        let pids: Vec<u32> = children.iter().map(|c| c.id()).collect();
+        let mine = |ts: &[Target]| ts.iter().filter(|t| pids.contains(&t.pid)).cloned().collect::<Vec<_>>();
+        let found = mine(&Discovery::new(100).scan());
+        assert_eq!(found.len(), 2, "{found:?}");
+        assert_eq!(found[0].labels, Labels { engine: "gguf", model: "a.gguf".into(), container: String::new() });
+        assert_eq!(found[1].labels.model, "b.gguf");
+        // A limit of one label set: the second model is not followed, and counted.
+        let mut d = Discovery::new(1);
+        let found = mine(&d.scan());
+        let others = d.scan().len();
+        assert!(found.len() <= 1 && others <= 1 && d.dropped() >= 1, "{found:?} dropped {}", d.dropped());
+        for mut c in children {
+            c.kill().unwrap();
+            c.wait().unwrap();
+        }
+        assert!(mine(&Discovery::new(100).scan()).is_empty(), "ended processes are gone");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}
