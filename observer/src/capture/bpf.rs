@@ -23,7 +23,12 @@ use observer_common::{
     faults::GLOBAL_COUNTERS,
 };
 
-use crate::capture::{engine_abi, preflight, seed, syscalls, tracefs::Format};
+use crate::capture::{
+    engine_abi, preflight,
+    profile::{self, Found, Profile},
+    seed, syscalls,
+    tracefs::Format,
+};
 
 static OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/observer-ebpf.o"));
 
@@ -85,11 +90,48 @@ fn no_map(map: &'static str) -> ProbeError {
     ProbeError::Map { map, source: Box::new(MapError::InvalidName { name: map.into() }) }
 }
 
+/// Which engines' token boundaries to look for when no `--token-symbol` is given.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum EngineChoice {
+    /// Our engine's markers when the program has them, else the first engine
+    /// profile it matches (`profile::PROFILES`).
+    #[default]
+    Auto,
+    /// Only this profile.
+    Profile(&'static Profile),
+    /// Neither markers nor profiles.
+    Off,
+}
+
+impl EngineChoice {
+    /// `auto`, `none`, or a profile's name (`--engine`).
+    pub fn parse(s: &str) -> Result<Self, String> {
+        match s {
+            "auto" => Ok(EngineChoice::Auto),
+            "none" => Ok(EngineChoice::Off),
+            _ => profile::by_name(s).map(EngineChoice::Profile).ok_or_else(|| {
+                let names: Vec<&str> = profile::PROFILES.iter().map(|p| p.name).collect();
+                format!("unknown engine `{s}`: use auto, none, or one of the profiles: {}", names.join(", "))
+            }),
+        }
+    }
+
+    fn profiles(self) -> Vec<&'static Profile> {
+        match self {
+            EngineChoice::Auto => profile::PROFILES.iter().collect(),
+            EngineChoice::Profile(p) => vec![p],
+            EngineChoice::Off => Vec::new(),
+        }
+    }
+}
+
 /// How token boundaries are found.
 #[derive(Debug, Clone)]
 pub enum Markers {
-    /// The engine's marker symbols in the target executable, when present.
-    Auto { exe: PathBuf },
+    /// The engine's marker symbols in the target executable, when present,
+    /// else an engine profile's entry points (`engine`); `running`: the
+    /// target runs `exe` now, so its mapped files are looked at too.
+    Auto { exe: PathBuf, engine: EngineChoice, running: bool },
     /// uprobe/uretprobe on a function (`--token-symbol SYM[:LIB]`).
     Symbol { symbol: String, path: PathBuf },
     /// No markers.
@@ -106,6 +148,8 @@ pub struct AttachOptions {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum MarkerKind {
     Engine { exe: String },
+    /// An engine profile's entry points.
+    Profile(Found),
     Symbol { symbol: String, path: String },
 }
 
@@ -453,11 +497,17 @@ impl Probes {
 
     /// The target `exec`'d `exe`: attach the engine markers there when it has
     /// them and no markers are attached yet. Returns what is attached now.
-    pub fn attach_after_exec(&mut self, exe: &std::path::Path, pid: u32) -> Result<Option<MarkerKind>, ProbeError> {
+    pub fn attach_after_exec(
+        &mut self,
+        exe: &std::path::Path,
+        pid: u32,
+        engine: EngineChoice,
+    ) -> Result<Option<MarkerKind>, ProbeError> {
         if self.markers.is_some() {
             return Ok(None);
         }
-        let opts = AttachOptions { target: pid, markers: Markers::Auto { exe: exe.to_path_buf() } };
+        let opts =
+            AttachOptions { target: pid, markers: Markers::Auto { exe: exe.to_path_buf(), engine, running: true } };
         let m = attach_markers(&mut self.ebpf, &opts, &mut self.attached)?;
         self.markers = m.clone();
         Ok(m)
@@ -498,6 +548,7 @@ fn uprobe(
     symbol: &str,
     path: &std::path::Path,
     pid: u32,
+    cookie: Option<u64>,
 ) -> Result<(), ProbeError> {
     let prog: &mut UProbe = ebpf
         .program_mut(program)
@@ -511,7 +562,8 @@ fn uprobe(
         Some(p) => UProbeScope::OneProcess(p),
         None => UProbeScope::AllProcesses,
     };
-    prog.attach(symbol, path, scope).map_err(|source| ProbeError::Uprobe {
+    let point = aya::programs::uprobe::UProbeAttachPoint { location: symbol.into(), cookie };
+    prog.attach(point, path, scope).map_err(|source| ProbeError::Uprobe {
         symbol: symbol.into(),
         path: path.display().to_string(),
         source: Box::new(source),
@@ -526,11 +578,23 @@ fn attach_markers(
 ) -> Result<Option<MarkerKind>, ProbeError> {
     match &opts.markers {
         Markers::None => Ok(None),
-        Markers::Auto { exe } => {
-            let (Some(b), Some(e)) =
-                (elf_symbol_addr(exe, engine_abi::SYM_BEGIN), elf_symbol_addr(exe, engine_abi::SYM_END))
-            else {
-                return Ok(None);
+        Markers::Auto { exe, engine, running } => {
+            let ours = match engine {
+                EngineChoice::Auto => {
+                    (elf_symbol_addr(exe, engine_abi::SYM_BEGIN)).zip(elf_symbol_addr(exe, engine_abi::SYM_END))
+                }
+                _ => None,
+            };
+            let Some((b, e)) = ours else {
+                let pid = running.then_some(opts.target);
+                let Some(found) = profile::detect(&engine.profiles(), exe, pid) else { return Ok(None) };
+                for entry in &found.entries {
+                    let cookie = Some(entry.n_tokens.cookie());
+                    uprobe(ebpf, "call_begin", entry.symbol, &found.path, opts.target, cookie)?;
+                    uprobe(ebpf, "call_end", entry.symbol, &found.path, opts.target, None)?;
+                    attached.push(format!("uprobe+uretprobe:{}:{}", found.path.display(), entry.symbol));
+                }
+                return Ok(Some(MarkerKind::Profile(found)));
             };
             for (sym, addr) in [(engine_abi::SYM_BEGIN, b), (engine_abi::SYM_END, e)] {
                 if let Some(why) = unprobeable_entry(exe, addr) {
@@ -545,14 +609,14 @@ fn attach_markers(
                     engine_abi::SYM_END
                 )));
             }
-            uprobe(ebpf, "mark_begin", engine_abi::SYM_BEGIN, exe, opts.target)?;
-            uprobe(ebpf, "mark_end", engine_abi::SYM_END, exe, opts.target)?;
+            uprobe(ebpf, "mark_begin", engine_abi::SYM_BEGIN, exe, opts.target, None)?;
+            uprobe(ebpf, "mark_end", engine_abi::SYM_END, exe, opts.target, None)?;
             attached.push(format!("uprobe:{}:{{{},{}}}", exe.display(), engine_abi::SYM_BEGIN, engine_abi::SYM_END));
             Ok(Some(MarkerKind::Engine { exe: exe.display().to_string() }))
         }
         Markers::Symbol { symbol, path } => {
-            uprobe(ebpf, "call_begin", symbol, path, opts.target)?;
-            uprobe(ebpf, "call_end", symbol, path, opts.target)?;
+            uprobe(ebpf, "call_begin", symbol, path, opts.target, None)?;
+            uprobe(ebpf, "call_end", symbol, path, opts.target, None)?;
             attached.push(format!("uprobe+uretprobe:{}:{symbol}", path.display()));
             Ok(Some(MarkerKind::Symbol { symbol: symbol.clone(), path: path.display().to_string() }))
         }

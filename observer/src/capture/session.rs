@@ -57,7 +57,7 @@ use tokio::{io::unix::AsyncFd, sync::watch};
 
 use crate::{
     capture::{
-        bpf::{self, AttachOptions, MarkerKind, Markers, ProbeError, Probes},
+        bpf::{self, AttachOptions, EngineChoice, MarkerKind, Markers, ProbeError, Probes},
         comm_str, header, preflight, procfs, procsample,
         residency::{self, Sampler},
         seed,
@@ -234,8 +234,11 @@ pub struct TokenSymbol {
 pub struct SessionOptions {
     pub target: TargetSpec,
     pub mode: Mode,
-    /// Default: the engine's marker symbols when the target has them.
+    /// Default: the engine's marker symbols when the target has them, else
+    /// an engine profile's entry points (`engine`).
     pub token_symbol: Option<TokenSymbol>,
+    /// Which engines to look for without `token_symbol` (`--engine`).
+    pub engine: EngineChoice,
     /// Fixed windows instead of tokens when there are no markers (and the
     /// procfs fallback's window; default 1 s there).
     pub window: Option<Duration>,
@@ -258,6 +261,7 @@ impl SessionOptions {
             target,
             mode: Mode::Ebpf,
             token_symbol: None,
+            engine: EngineChoice::Auto,
             window: None,
             model: None,
             residency_interval: None,
@@ -350,6 +354,7 @@ impl Session {
         let marker_desc = match &probes.markers {
             Some(MarkerKind::Engine { exe }) => format!("engine markers in {exe}"),
             Some(MarkerKind::Symbol { symbol, path }) => format!("calls of {symbol} in {path}"),
+            Some(MarkerKind::Profile(found)) => format!("engine profile {}", found.describe()),
             None if s.opts.window.is_some() => "fixed windows".to_string(),
             None => "none (whole-run totals only; use --window or --token-symbol)".to_string(),
         };
@@ -415,8 +420,11 @@ impl Session {
             }
             return Ok(Markers::Symbol { symbol: symbol.clone(), path });
         }
+        if self.opts.engine == EngineChoice::Off {
+            return Ok(Markers::None);
+        }
         Ok(match self.target.exe() {
-            Some(exe) => Markers::Auto { exe },
+            Some(exe) => Markers::Auto { exe, engine: self.opts.engine, running: !self.target.is_spawned() },
             None => Markers::None,
         })
     }
@@ -430,7 +438,7 @@ impl Session {
         let mut ring =
             unsafe { AsyncFd::register(ring) }.map_err(|e| e.into_parts().1).context("registering the ring buffer")?;
         let default_kind = match probes.markers {
-            Some(MarkerKind::Symbol { .. }) => StepKind::Call,
+            Some(MarkerKind::Symbol { .. } | MarkerKind::Profile(_)) => StepKind::Call,
             Some(MarkerKind::Engine { .. }) => StepKind::Generate,
             None => StepKind::Window,
         };
@@ -470,7 +478,7 @@ impl Session {
                     drain(guard.get_inner_mut(), &mut asm, &mut resid, sinks)?;
                     guard.clear_ready();
                     if std::mem::take(&mut asm.exec_seen) {
-                        after_exec(&mut probes, pid)?;
+                        after_exec(&mut probes, pid, self.opts.engine)?;
                         if stop_on_exec {
                             // The kernel side stopped it at exec; markers are in place now.
                             // SAFETY: plain kill(2) of the process we are observing.
@@ -486,6 +494,10 @@ impl Session {
                     }
                 }
                 _ = sampler.tick() => {
+                    // A library loaded later (dlopen) may bring an engine's entry points.
+                    if probes.markers.is_none() && self.opts.token_symbol.is_none() && !stop_on_exec {
+                        after_exec(&mut probes, pid, self.opts.engine)?;
+                    }
                     let now = seed::mono_ns();
                     emit(sinks, &Event::Process(procsample::sample(pid, now)))?;
                     emit(sinks, &Event::Histograms(probes.histograms_event(now)?))?;
@@ -548,6 +560,7 @@ impl Session {
                 engine: None,
                 lost: 0,
                 churn: None,
+                n_tokens: None,
             })
         };
         snap(&mut asm);
@@ -633,7 +646,7 @@ fn window_snapshot(probes: &Probes) -> Result<Snapshot> {
 }
 
 fn window_snapshot_at(probes: &Probes, now: u64) -> Result<Snapshot> {
-    Ok(Snapshot { ts: now, index: 0, threads: probes.snapshot(now)?, engine: None, lost: 0, churn: None })
+    Ok(Snapshot { ts: now, index: 0, threads: probes.snapshot(now)?, engine: None, lost: 0, churn: None, n_tokens: None })
 }
 
 fn health(probes: &Probes, malformed: u64, mono_ns: u64) -> Result<ObserverHealth> {
@@ -712,11 +725,17 @@ fn block_device_name(major: u32, minor: u32) -> Option<String> {
         .find_map(|l| l.strip_prefix("DEVNAME=").map(str::to_string))
 }
 
-/// The target exec'd: attach the markers of its new program, when it has them.
-fn after_exec(probes: &mut Probes, pid: u32) -> Result<()> {
+/// The target exec'd (or may have loaded a library): attach the markers of
+/// its program, or an engine profile's entry points, when it has them.
+fn after_exec(probes: &mut Probes, pid: u32, engine: EngineChoice) -> Result<()> {
+    if engine == EngineChoice::Off {
+        return Ok(());
+    }
     let Ok(exe) = std::fs::read_link(format!("/proc/{pid}/exe")) else { return Ok(()) };
-    if probes.attach_after_exec(&exe, pid)?.is_some() {
-        log::info!("pid {pid} exec'd {}: engine markers attached", exe.display());
+    match probes.attach_after_exec(&exe, pid, engine)? {
+        Some(MarkerKind::Profile(found)) => log::info!("pid {pid}: engine profile {}", found.describe()),
+        Some(_) => log::info!("pid {pid} exec'd {}: engine markers attached", exe.display()),
+        None => {}
     }
     Ok(())
 }

@@ -30,6 +30,9 @@ pub struct Snapshot {
     /// The model file's cumulative page-cache (adds, evictions) at this
     /// instant, when churn is measured.
     pub churn: Option<(u64, u64)>,
+    /// The step's token count read from the probed call's arguments (a
+    /// `begin` mark of a profile's entry point that knows the layout).
+    pub n_tokens: Option<u64>,
 }
 
 /// Reassembles ring-buffer records into snapshots and pairs them into tokens.
@@ -107,6 +110,7 @@ impl Assembler {
                     engine: (m.has_engine != 0).then(|| m.engine.to_vec()),
                     lost: m.n_lost as u64,
                     churn: self.churn.then_some((m.churn_added, m.churn_evicted)),
+                    n_tokens: (m.n_tokens_known != 0).then_some(m.n_tokens as u64),
                 };
                 match m.phase {
                     PHASE_BEGIN => {
@@ -198,6 +202,11 @@ pub fn build(begin: &Snapshot, end: &Snapshot, seq: u64, default_kind: StepKind)
         Some(d) => (d.kind, Some(d.index), d.n_tokens, Some(d.telemetry)),
         None => (default_kind, (default_kind != StepKind::Window).then_some(end.index), 1, None),
     };
+    // A call's own count, read at its entry: more than one token is a prompt.
+    let (kind, n_tokens) = match begin.n_tokens {
+        Some(n) if end.engine.is_none() => (if n > 1 { StepKind::Prompt } else { StepKind::Generate }, n),
+        _ => (kind, n_tokens),
+    };
     let mut counters = Counters::from_kernel(&counters);
     if let (Some(b), Some(e)) = (begin.churn, end.churn) {
         counters.set(Counter::PagecacheAdded, Some(e.0.saturating_sub(b.0)));
@@ -236,7 +245,7 @@ mod tests {
     }
 
     fn snap(ts: u64, threads: Vec<ThreadState>) -> Snapshot {
-        Snapshot { ts, index: 0, threads, engine: None, lost: 0, churn: None }
+        Snapshot { ts, index: 0, threads, engine: None, lost: 0, churn: None, n_tokens: None }
     }
 
     #[test]

@@ -7,7 +7,10 @@ use std::{ffi::OsString, path::PathBuf, time::Duration};
 
 use anyhow::{Context, Result, bail};
 use observer::{
-    capture::session::{Mode, Session, SessionOptions, Stop, TargetSpec, TokenSymbol},
+    capture::{
+        bpf::EngineChoice,
+        session::{Mode, Session, SessionOptions, Stop, TargetSpec, TokenSymbol},
+    },
     sinks::{Sink, lines::Lines, prometheus, summary::SummarySink, trace_writer::TraceWriter},
 };
 
@@ -27,6 +30,12 @@ pub struct RunArgs {
     /// engine's marker symbols when the target has them.
     #[arg(long, value_name = "SYM[:LIB]")]
     pub token_symbol: Option<String>,
+    /// Without --token-symbol, which engine's token boundaries to look for:
+    /// `auto` (our engine's markers, else the first engine profile the target
+    /// matches: llama.cpp's decode calls in libllama), a profile's name
+    /// (`llama.cpp`), or `none`.
+    #[arg(long, default_value = "auto", value_name = "ENGINE", value_parser = EngineChoice::parse)]
+    pub engine: EngineChoice,
     /// Fixed time windows instead of tokens (e.g. `250ms`, `1s`).
     #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
     pub window: Option<Duration>,
@@ -116,6 +125,7 @@ impl RunArgs {
             target,
             mode,
             token_symbol,
+            engine: self.engine,
             window: self.window,
             model: self.model.clone(),
             residency_interval: self.residency_interval,
