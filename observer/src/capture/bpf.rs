@@ -147,10 +147,15 @@ pub struct AttachOptions {
 /// What marked the tokens, once attached.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum MarkerKind {
-    Engine { exe: String },
+    Engine {
+        exe: String,
+    },
     /// An engine profile's entry points.
     Profile(Found),
-    Symbol { symbol: String, path: String },
+    Symbol {
+        symbol: String,
+        path: String,
+    },
 }
 
 /// The loaded and attached programs with their maps.

@@ -190,7 +190,9 @@ pub fn needed_libraries(exe: &Path) -> Vec<PathBuf> {
     );
     needed
         .iter()
-        .filter_map(|n| if n.contains('/') { Some(PathBuf::from(n)) } else { dirs.iter().map(|d| d.join(n)).find(|p| p.is_file()) })
+        .filter_map(|n| {
+            if n.contains('/') { Some(PathBuf::from(n)) } else { dirs.iter().map(|d| d.join(n)).find(|p| p.is_file()) }
+        })
         .collect()
 }
 

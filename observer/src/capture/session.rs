@@ -646,7 +646,15 @@ fn window_snapshot(probes: &Probes) -> Result<Snapshot> {
 }
 
 fn window_snapshot_at(probes: &Probes, now: u64) -> Result<Snapshot> {
-    Ok(Snapshot { ts: now, index: 0, threads: probes.snapshot(now)?, engine: None, lost: 0, churn: None, n_tokens: None })
+    Ok(Snapshot {
+        ts: now,
+        index: 0,
+        threads: probes.snapshot(now)?,
+        engine: None,
+        lost: 0,
+        churn: None,
+        n_tokens: None,
+    })
 }
 
 fn health(probes: &Probes, malformed: u64, mono_ns: u64) -> Result<ObserverHealth> {
