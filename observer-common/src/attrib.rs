@@ -425,8 +425,11 @@ pub struct TpOffsets {
     pub switch_prev_state_size: u32,
     pub rqd_dev: u32,
     pub rqd_sector: u32,
+    /// `task:task_newtask`: the new task's `pid` and its `clone_flags` (u64).
+    pub newtask_pid: u32,
+    pub newtask_clone_flags: u32,
 }
-const _: () = assert!(core::mem::size_of::<TpOffsets>() == 16 * 4);
+const _: () = assert!(core::mem::size_of::<TpOffsets>() == 18 * 4);
 
 /// `DEVICES` map values: what a block device is to us.
 pub const DEV_ZRAM: u32 = 1;

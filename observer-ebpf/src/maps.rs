@@ -87,13 +87,30 @@ pub fn config() -> Option<&'static Config> {
     CONFIG.get(0)
 }
 
-/// (tgid, tid) of the current task when it belongs to the target process.
+/// Upper bound on the descendants followed besides the target.
+pub const MAX_FOLLOWED: u32 = 256;
+
+/// Followed descendants of the target: tgid → 1 (`Config::follow_children`;
+/// added at fork by `sched::new_task`, removed when their leader exits).
+#[map]
+pub static TARGETS: HashMap<u32, u32> = HashMap::with_max_entries(MAX_FOLLOWED, 0);
+
+/// Whether `tgid` is observed: the target or a followed descendant.
+#[inline(always)]
+pub fn is_target(tgid: u32) -> bool {
+    let Some(cfg) = config() else { return false };
+    if cfg.target_tgid == 0 {
+        return false;
+    }
+    // SAFETY: plain map lookup.
+    tgid == cfg.target_tgid || (cfg.follow_children != 0 && unsafe { TARGETS.get(&tgid) }.is_some())
+}
+
+/// The current task's TID when it belongs to an observed process.
 #[inline(always)]
 pub fn target_tid() -> Option<u32> {
     let id = bpf_get_current_pid_tgid();
-    let tgid = (id >> 32) as u32;
-    let cfg = config()?;
-    if cfg.target_tgid == 0 || cfg.target_tgid != tgid {
+    if !is_target((id >> 32) as u32) {
         return None;
     }
     Some(id as u32)

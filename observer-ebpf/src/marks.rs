@@ -40,7 +40,9 @@ const BPF_RB_NO_WAKEUP: u64 = 1;
 use observer_common::filemap::{T_ADD_PAGES, T_DEL_PAGES};
 
 use crate::filemap::FILEMAP_TOTALS;
-use crate::maps::{CALL_DEPTH, COUNTERS, EVENTS, MARK_LOST, MARK_N_TOKENS, SEQS, SLOTS, THREADS, bump, config};
+use crate::maps::{
+    CALL_DEPTH, COUNTERS, EVENTS, MARK_LOST, MARK_N_TOKENS, SEQS, SLOTS, THREADS, bump, is_target, target_tid,
+};
 
 /// Copy slot `i` into the ring buffer; false when it could not be sent.
 #[inline(always)]
@@ -122,9 +124,8 @@ fn mark(phase: u32, index: u64, engine_rec: u64, n_tokens: Option<u32>) -> u32 {
 
 #[inline(always)]
 fn mark_inner(phase: u32, index: u64, engine_rec: u64) -> u32 {
-    let Some(cfg) = config() else { return 0 };
     let id = bpf_get_current_pid_tgid();
-    if cfg.target_tgid == 0 || (id >> 32) as u32 != cfg.target_tgid {
+    if !is_target((id >> 32) as u32) {
         return 0;
     }
     let Some(seqs) = SEQS.get_ptr_mut(1) else { return 0 };
@@ -257,11 +258,7 @@ fn call_n_tokens(ctx: &ProbeContext) -> Option<u32> {
 /// marks so far / 2. Only the thread's outermost call marks.
 #[uprobe]
 pub fn call_begin(ctx: ProbeContext) -> u32 {
-    let tid = bpf_get_current_pid_tgid() as u32;
-    let Some(cfg) = config() else { return 0 };
-    if cfg.target_tgid == 0 || (bpf_get_current_pid_tgid() >> 32) as u32 != cfg.target_tgid {
-        return 0;
-    }
+    let Some(tid) = target_tid() else { return 0 };
     // SAFETY: plain map lookup.
     let depth = unsafe { CALL_DEPTH.get(&tid).map(|v| *v) }.unwrap_or(0);
     if CALL_DEPTH.insert(&tid, &(depth + 1), 0).is_err() || depth > 0 {

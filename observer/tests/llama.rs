@@ -216,3 +216,52 @@ fn engine_none_turns_the_profile_off() {
     assert!(records(&run.summary).is_empty(), "no markers, no profile: no records");
     assert!(!run.summary["probes"].to_string().contains("llama_"), "{}", run.summary["probes"]);
 }
+
+fn thread_comms(summary: &Value) -> Vec<String> {
+    summary["threads"].as_array().expect("threads").iter().map(|t| t["comm"].as_str().unwrap().to_string()).collect()
+}
+
+#[test]
+fn a_shell_wrapper_is_followed_to_llama_simple_unless_told_not_to() {
+    let _l = machine_lock();
+    let llama = llama();
+    let model = tiny_model();
+    let lib = llama.bin.join("libllama.so").canonicalize().unwrap();
+    // sh forks llama-simple (no exec in place: `; echo done` keeps sh alive).
+    let script = format!(
+        "{} -m {} -n 24 hello >/dev/null 2>&1; echo done",
+        llama.bin.join("llama-simple").display(),
+        model.display()
+    );
+    let count = CallCount::start(&lib, &["llama_process", "llama_decode"], "llama-simple");
+    let run = observe("llama-wrapped.json", &["--", "sh", "-c", &script]);
+    let calls = count.finish();
+    let total: u64 = calls.iter().map(|(_, n)| n).sum();
+    assert!(total > 0, "bpftrace counted no call: {calls:?}");
+    assert_eq!(records(&run.summary).len() as u64, total, "records behind sh vs bpftrace {calls:?}");
+    let comms = thread_comms(&run.summary);
+    assert!(comms.iter().any(|c| c == "sh") && comms.iter().any(|c| c == "llama-simple"), "{comms:?}");
+
+    let run = observe("llama-no-children.json", &["--no-children", "--", "sh", "-c", &script]);
+    assert!(records(&run.summary).is_empty(), "--no-children: the child's calls are not observed");
+    let comms = thread_comms(&run.summary);
+    assert!(!comms.iter().any(|c| c == "llama-simple"), "--no-children: {comms:?}");
+}
+
+#[test]
+fn a_shell_wrapper_is_followed_to_our_engine() {
+    let _l = machine_lock();
+    let model = tiny_model();
+    let engine = Path::new(OBSERVER).with_file_name("engine");
+    let n = 10;
+    let script = format!(
+        "{} run -m {} -p 'the quick brown fox' -n {n} --ignore-eos --json -t 2; echo done",
+        engine.display(),
+        model.display()
+    );
+    let run = observe("engine-wrapped.json", &["--", "sh", "-c", &script]);
+    let end = run.workload.iter().find(|v| v.get("marked_steps").is_some()).expect("the engine's final JSON line");
+    let recs = records(&run.summary);
+    assert_eq!(recs.len() as u64, u(end, "marked_steps"), "records behind sh vs the engine's own marked steps");
+    assert_eq!(recs.iter().filter(|t| t["kind"] == "generate").count() as u64, u(end, "gen_steps"));
+}

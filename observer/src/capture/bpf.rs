@@ -125,6 +125,10 @@ impl EngineChoice {
     }
 }
 
+/// At most this many descendants are followed at once (`TARGETS` in the
+/// kernel side, `observer-ebpf/src/maps.rs`).
+pub const MAX_FOLLOWED: u32 = 256;
+
 /// How token boundaries are found.
 #[derive(Debug, Clone)]
 pub enum Markers {
@@ -142,6 +146,8 @@ pub enum Markers {
 pub struct AttachOptions {
     pub target: u32,
     pub markers: Markers,
+    /// Observe the processes the target forks, and theirs (`Config::follow_children`).
+    pub follow_children: bool,
 }
 
 /// What marked the tokens, once attached.
@@ -168,6 +174,7 @@ pub struct Probes {
     /// Optional probes that could not be attached, with the reason.
     pub missing: Vec<String>,
     pub markers: Option<MarkerKind>,
+    config: Config,
 }
 
 impl Drop for Probes {
@@ -230,6 +237,7 @@ const TRACEPOINTS: &[(&str, &str, &str, bool)] = &[
     ("rq_complete", "block", "block_rq_complete", false),
     ("filemap_fault", "filemap", "mm_filemap_fault", false),
     ("sched_exec", "sched", "sched_process_exec", false),
+    ("new_task", "task", "task_newtask", false),
 ];
 
 /// Field offsets the programs need, from tracefs.
@@ -260,6 +268,10 @@ fn tp_offsets() -> Result<TpOffsets, ProbeError> {
         o.biod_dev = c.offset("dev").unwrap_or(0);
         o.biod_sector = c.offset("sector").unwrap_or(0);
         o.biod_nr_sector = c.offset("nr_sector").unwrap_or(0);
+    }
+    if let Ok(t) = Format::load("task", "task_newtask") {
+        o.newtask_pid = t.offset("pid").unwrap_or(0);
+        o.newtask_clone_flags = t.offset("clone_flags").unwrap_or(0);
     }
     if let Ok(c) = Format::load("block", "block_rq_complete") {
         o.rqd_dev = c.offset("dev").unwrap_or(0);
@@ -315,12 +327,13 @@ impl Probes {
         let offsets = tp_offsets()?;
         let mut ebpf = Ebpf::load(OBJECT).map_err(classify_load)?;
         let target = opts.target;
-        set(
-            &mut ebpf,
-            "CONFIG",
-            0,
-            Config { target_tgid: target, zram_major: zram_major(), stop_on_exec: 0, _pad: 0 },
-        )?;
+        let config = Config {
+            target_tgid: target,
+            zram_major: zram_major(),
+            stop_on_exec: 0,
+            follow_children: opts.follow_children as u32,
+        };
+        set(&mut ebpf, "CONFIG", 0, config)?;
         set(&mut ebpf, "OFFSETS", 0, offsets)?;
         for (i, w) in syscalls::io_bitmap().into_iter().enumerate() {
             set(&mut ebpf, "IO_SYSCALLS", i as u32, w)?;
@@ -392,7 +405,7 @@ impl Probes {
         // Program run time for the observer's own cost (Linux >= 5.8); absent
         // stats are reported as not measured.
         let stats = aya::sys::enable_stats(aya::sys::Stats::RunTime).ok();
-        Ok(Self { ebpf, stats, attached, missing, markers })
+        Ok(Self { ebpf, stats, attached, missing, markers, config })
     }
 
     /// The loaded object, for modules that attach their own programs or
@@ -494,10 +507,10 @@ impl Probes {
         self.entries("DEV_IO")
     }
 
-    /// Stop a spawned target at its next `exec` (see `Config::stop_on_exec`).
-    pub fn set_stop_on_exec(&mut self, target: u32, on: bool) -> Result<(), ProbeError> {
-        let cfg = Config { target_tgid: target, zram_major: zram_major(), stop_on_exec: on as u32, _pad: 0 };
-        set(&mut self.ebpf, "CONFIG", 0, cfg)
+    /// Stop an observed process at its next `exec` (see `Config::stop_on_exec`).
+    pub fn set_stop_on_exec(&mut self, on: bool) -> Result<(), ProbeError> {
+        self.config.stop_on_exec = on as u32;
+        set(&mut self.ebpf, "CONFIG", 0, self.config)
     }
 
     /// The target `exec`'d `exe`: attach the engine markers there when it has
@@ -511,8 +524,11 @@ impl Probes {
         if self.markers.is_some() {
             return Ok(None);
         }
-        let opts =
-            AttachOptions { target: pid, markers: Markers::Auto { exe: exe.to_path_buf(), engine, running: true } };
+        let opts = AttachOptions {
+            target: pid,
+            markers: Markers::Auto { exe: exe.to_path_buf(), engine, running: true },
+            follow_children: self.config.follow_children != 0,
+        };
         let m = attach_markers(&mut self.ebpf, &opts, &mut self.attached)?;
         self.markers = m.clone();
         Ok(m)

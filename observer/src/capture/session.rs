@@ -239,6 +239,10 @@ pub struct SessionOptions {
     pub token_symbol: Option<TokenSymbol>,
     /// Which engines to look for without `token_symbol` (`--engine`).
     pub engine: EngineChoice,
+    /// Observe the processes the target forks, and theirs, too (the kernel's
+    /// set of observed processes grows at each fork, bounded; each `exec` in
+    /// it is checked for markers or an engine profile).
+    pub follow_children: bool,
     /// Fixed windows instead of tokens when there are no markers (and the
     /// procfs fallback's window; default 1 s there).
     pub window: Option<Duration>,
@@ -257,11 +261,13 @@ pub struct SessionOptions {
 impl SessionOptions {
     /// The defaults of `observer run` for `target`.
     pub fn new(target: TargetSpec) -> Self {
+        let follow_children = matches!(target, TargetSpec::Spawn { .. });
         SessionOptions {
             target,
             mode: Mode::Ebpf,
             token_symbol: None,
             engine: EngineChoice::Auto,
+            follow_children,
             window: None,
             model: None,
             residency_interval: None,
@@ -339,7 +345,8 @@ impl Session {
                 return Err(e);
             }
         };
-        let probes = match Probes::attach(&AttachOptions { target: pid, markers }) {
+        let follow_children = s.opts.follow_children;
+        let probes = match Probes::attach(&AttachOptions { target: pid, markers, follow_children }) {
             Ok(p) => p,
             Err(e @ (ProbeError::Permission(_) | ProbeError::Load(_))) if s.opts.mode == Mode::EbpfOrProcfs => {
                 s.capture = Capture::Procfs(e.to_string());
@@ -437,12 +444,7 @@ impl Session {
         // SAFETY: the ring buffer owns its fd and outlives the registration.
         let mut ring =
             unsafe { AsyncFd::register(ring) }.map_err(|e| e.into_parts().1).context("registering the ring buffer")?;
-        let default_kind = match probes.markers {
-            Some(MarkerKind::Symbol { .. } | MarkerKind::Profile(_)) => StepKind::Call,
-            Some(MarkerKind::Engine { .. }) => StepKind::Generate,
-            None => StepKind::Window,
-        };
-        let mut asm = Assembler::new(default_kind);
+        let mut asm = Assembler::new(step_kind(probes.markers.as_ref()));
         let mut resid = self.residency_sampler(&mut probes);
         asm.churn = resid.as_ref().is_some_and(|r| r.churn().is_some());
         let header = header::build("ebpf", pid, &self.command, probes.attached.clone(), self.opts.model.as_deref());
@@ -459,7 +461,7 @@ impl Session {
         let follow_exec = matches!(self.opts.target, TargetSpec::Attach { follow_exec: true, .. });
         let mut stop_on_exec =
             (self.target.is_spawned() || follow_exec) && probes.markers.is_none() && self.opts.token_symbol.is_none();
-        probes.set_stop_on_exec(pid, stop_on_exec)?;
+        probes.set_stop_on_exec(stop_on_exec)?;
         self.target.release()?;
         if use_windows {
             ticker.tick().await; // the first tick is immediate
@@ -468,6 +470,19 @@ impl Session {
 
         let mut stopper = Stopper::default();
         let ending = loop {
+            // Execs read by the last drain (either branch below): attach what
+            // the new programs carry, then let a held one go on.
+            for exec_pid in std::mem::take(&mut asm.execs) {
+                after_exec(&mut probes, exec_pid, self.opts.engine)?;
+                asm.default_kind = step_kind(probes.markers.as_ref());
+                if stop_on_exec {
+                    // The kernel side stopped it at exec; markers are in place now.
+                    // SAFETY: plain kill(2) of a process we are observing.
+                    unsafe { libc::kill(exec_pid as libc::pid_t, libc::SIGCONT) };
+                    stop_on_exec = probes.markers.is_none();
+                    probes.set_stop_on_exec(stop_on_exec)?;
+                }
+            }
             tokio::select! {
                 e = self.target.wait() => break Some(e?),
                 n = self.requests.next() => if stopper.requested(n, &self.target) { break None; },
@@ -477,16 +492,6 @@ impl Session {
                     let mut guard = guard.context("waiting on the ring buffer")?;
                     drain(guard.get_inner_mut(), &mut asm, &mut resid, sinks)?;
                     guard.clear_ready();
-                    if std::mem::take(&mut asm.exec_seen) {
-                        after_exec(&mut probes, pid, self.opts.engine)?;
-                        if stop_on_exec {
-                            // The kernel side stopped it at exec; markers are in place now.
-                            // SAFETY: plain kill(2) of the process we are observing.
-                            unsafe { libc::kill(pid as libc::pid_t, libc::SIGCONT) };
-                            stop_on_exec = probes.markers.is_none();
-                            probes.set_stop_on_exec(pid, stop_on_exec)?;
-                        }
-                    }
                 }
                 _ = ticker.tick(), if use_windows => {
                     if let Some(t) = asm.window(window_snapshot(&probes)?) {
@@ -520,6 +525,14 @@ impl Session {
         drop(resid);
         emit(sinks, &Event::Totals(run_totals(&probes, end_ns)?))?;
         let lost = probes.counter(GlobalCounter::LostEvents)? + asm.malformed;
+        let unfollowed = probes.counter(GlobalCounter::FollowOverflow)?;
+        if unfollowed > 0 {
+            log::warn!(
+                "{unfollowed} process(es) started by the target were not observed: more than {} at once \
+                 (their time is missing from the whole-run table)",
+                bpf::MAX_FOLLOWED
+            );
+        }
         drop(ring);
         let exit_code = match ending {
             Some(Ending::Exited(c)) => Some(c),
@@ -625,6 +638,15 @@ impl Session {
             log::warn!("page-cache churn not measured: {e}");
         }
         Some(s)
+    }
+}
+
+/// The kind of a step that carries no engine record, by what marks the steps.
+fn step_kind(markers: Option<&MarkerKind>) -> StepKind {
+    match markers {
+        Some(MarkerKind::Symbol { .. } | MarkerKind::Profile(_)) => StepKind::Call,
+        Some(MarkerKind::Engine { .. }) => StepKind::Generate,
+        None => StepKind::Window,
     }
 }
 

@@ -11,8 +11,8 @@
 
 use observer_common::{
     attrib::{
-        F_EXITED, MarkRecord, N_CNT, N_TIME, PHASE_BEGIN, PHASE_END, REC_EXEC, REC_MARK, REC_THREAD, ThreadRecord,
-        ThreadState,
+        ExecRecord, F_EXITED, MarkRecord, N_CNT, N_TIME, PHASE_BEGIN, PHASE_END, REC_EXEC, REC_MARK, REC_THREAD,
+        ThreadRecord, ThreadState,
     },
     model::{Component, Components, Counter, Counters, StepKind, ThreadToken, TokenRecord},
 };
@@ -42,11 +42,13 @@ pub struct Assembler {
     pending_seq: u64,
     begin: Option<Snapshot>,
     next_seq: u64,
-    default_kind: StepKind,
+    /// The kind of a step without an engine record (what marks the steps).
+    pub default_kind: StepKind,
     /// Records that could not be parsed (never expected; counted, not hidden).
     pub malformed: u64,
-    /// The target called `exec` since this was last cleared.
-    pub exec_seen: bool,
+    /// The observed processes (by PID) that called `exec` since this was
+    /// last cleared, in order.
+    pub execs: Vec<u32>,
     /// Page-cache churn of the model file is counted (marks carry it).
     pub churn: bool,
 }
@@ -68,7 +70,7 @@ impl Assembler {
             next_seq: 0,
             default_kind,
             malformed: 0,
-            exec_seen: false,
+            execs: Vec::new(),
             churn: false,
         }
     }
@@ -130,7 +132,11 @@ impl Assembler {
                 }
             }
             REC_EXEC => {
-                self.exec_seen = true;
+                // After exec the caller is its process's only thread: its TID is the PID.
+                match read::<ExecRecord>(bytes) {
+                    Some(e) => self.execs.push(e.tid),
+                    None => self.malformed += 1,
+                }
                 None
             }
             _ => {

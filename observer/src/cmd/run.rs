@@ -61,6 +61,13 @@ pub struct RunArgs {
     /// always done for a spawned command. Its parent will see it stop briefly.
     #[arg(long, requires = "pid")]
     pub follow_exec: bool,
+    /// Do not observe the processes a spawned command starts (by default its
+    /// descendants are observed too, as `perf` does).
+    #[arg(long, conflicts_with = "pid")]
+    pub no_children: bool,
+    /// With --pid: observe the processes it starts from now on, too.
+    #[arg(long, requires = "pid")]
+    pub children: bool,
     /// Without eBPF (no root/CAP_BPF, or no BPF in the kernel), fall back to a
     /// procfs-only measurement instead of failing.
     #[arg(long)]
@@ -126,6 +133,7 @@ impl RunArgs {
             mode,
             token_symbol,
             engine: self.engine,
+            follow_children: if self.pid.is_some() { self.children } else { !self.no_children },
             window: self.window,
             model: self.model.clone(),
             residency_interval: self.residency_interval,
