@@ -265,3 +265,31 @@ fn a_shell_wrapper_is_followed_to_our_engine() {
     assert_eq!(recs.len() as u64, u(end, "marked_steps"), "records behind sh vs the engine's own marked steps");
     assert_eq!(recs.iter().filter(|t| t["kind"] == "generate").count() as u64, u(end, "gen_steps"));
 }
+
+#[test]
+fn a_token_symbol_that_never_fires_is_reported_with_the_candidates() {
+    let _l = machine_lock();
+    let llama = llama();
+    let model = tiny_model();
+    let lib = llama.bin.join("libllama.so");
+    let spec = format!("llama_decode:{}", lib.display());
+    // llama-simple decodes through llama_process only: llama_decode never fires.
+    let run = observe(
+        "llama-silent.json",
+        &[
+            "--token-symbol",
+            &spec,
+            "--",
+            llama.bin.join("llama-simple").to_str().unwrap(),
+            "-m",
+            model.to_str().unwrap(),
+            "-n",
+            "8",
+            "hi",
+        ],
+    );
+    assert!(records(&run.summary).is_empty());
+    let err = String::from_utf8_lossy(&run.output.stderr);
+    let line = err.lines().find(|l| l.contains("no call of `llama_decode`")).unwrap_or_else(|| panic!("{err}"));
+    assert!(line.contains("llama_process"), "the warning names the entry point that runs: {line}");
+}

@@ -468,8 +468,10 @@ impl Session {
             asm.window(window_snapshot(&probes)?);
         }
 
+        let mut silent = SilentMarkers::default();
         let mut stopper = Stopper::default();
         let ending = loop {
+            silent.check(probes.markers.as_ref(), asm.records(), false);
             // Execs read by the last drain (either branch below): attach what
             // the new programs carry, then let a held one go on.
             for exec_pid in std::mem::take(&mut asm.execs) {
@@ -525,6 +527,7 @@ impl Session {
         drop(resid);
         emit(sinks, &Event::Totals(run_totals(&probes, end_ns)?))?;
         let lost = probes.counter(GlobalCounter::LostEvents)? + asm.malformed;
+        silent.check(probes.markers.as_ref(), asm.records(), true);
         let unfollowed = probes.counter(GlobalCounter::FollowOverflow)?;
         if unfollowed > 0 {
             log::warn!(
@@ -638,6 +641,51 @@ impl Session {
             log::warn!("page-cache churn not measured: {e}");
         }
         Some(s)
+    }
+}
+
+/// The warning for token markers that never fire: when a probed token
+/// function has not been called [`SILENT_AFTER`] after it was attached (or by
+/// the end of the run), say so on stderr once, naming the engine entry points
+/// the probed file defines (e.g. `llama_process` beside `llama_decode`).
+#[derive(Debug, Default)]
+struct SilentMarkers {
+    since: Option<Instant>,
+    warned: bool,
+}
+
+/// How long probed token markers may stay silent before the warning.
+const SILENT_AFTER: Duration = Duration::from_secs(5);
+
+impl SilentMarkers {
+    fn check(&mut self, markers: Option<&MarkerKind>, records: u64, at_end: bool) {
+        let Some(m) = markers else { return };
+        let since = *self.since.get_or_insert_with(Instant::now);
+        if self.warned || records > 0 || !(at_end || since.elapsed() >= SILENT_AFTER) {
+            return;
+        }
+        self.warned = true;
+        let (what, path) = match m {
+            MarkerKind::Symbol { symbol, path } => (format!("`{symbol}`"), path.clone()),
+            MarkerKind::Profile(f) => (format!("the {} entry points", f.profile.name), f.path.display().to_string()),
+            MarkerKind::Engine { exe } => ("the engine markers".to_string(), exe.clone()),
+        };
+        let when = if at_end { "during the run".to_string() } else { format!("in {} s", SILENT_AFTER.as_secs()) };
+        let candidates = crate::capture::profile::detect(
+            &crate::capture::profile::PROFILES.iter().collect::<Vec<_>>(),
+            std::path::Path::new(&path),
+            None,
+        )
+        .map(|f| {
+            let names: Vec<&str> = f.entries.iter().map(|e| e.symbol).collect();
+            format!(
+                "; {path} defines these {} entry points: {} (without --token-symbol, every one of them is probed)",
+                f.profile.name,
+                names.join(", ")
+            )
+        })
+        .unwrap_or_default();
+        log::warn!("no call of {what} {when}: no token records{candidates}");
     }
 }
 

@@ -146,6 +146,11 @@ impl Assembler {
         }
     }
 
+    /// Records completed so far.
+    pub fn records(&self) -> u64 {
+        self.next_seq
+    }
+
     /// Window mode: `snap` ends the current window (if any) and begins the next.
     pub fn window(&mut self, snap: Snapshot) -> Option<TokenRecord> {
         let prev = self.begin.replace(snap.clone());
