@@ -425,8 +425,11 @@ pub struct TpOffsets {
     pub switch_prev_state_size: u32,
     pub rqd_dev: u32,
     pub rqd_sector: u32,
+    /// `task:task_newtask`: the new task's `pid` and its `clone_flags` (u64).
+    pub newtask_pid: u32,
+    pub newtask_clone_flags: u32,
 }
-const _: () = assert!(core::mem::size_of::<TpOffsets>() == 16 * 4);
+const _: () = assert!(core::mem::size_of::<TpOffsets>() == 18 * 4);
 
 /// `DEVICES` map values: what a block device is to us.
 pub const DEV_ZRAM: u32 = 1;
@@ -509,11 +512,39 @@ pub struct MarkRecord {
     /// `1` when `engine` holds a copy of the engine's per-token record.
     pub has_engine: u32,
     pub tid: u32,
+    /// The step's token count read from the probed call's arguments
+    /// ([`call_arg`]); meaningful only when `n_tokens_known` is 1.
+    pub n_tokens: u32,
+    pub n_tokens_known: u32,
     /// The model file's cumulative page-cache adds / evictions (pages) at the
     /// mark, from the churn counters (`filemap`); 0 while churn is not attached.
     pub churn_added: u64,
     pub churn_evicted: u64,
     pub engine: [u8; ENGINE_REC_BYTES],
+}
+
+/// How a call probe reads its step's token count from the probed function's
+/// arguments, passed to the program as the uprobe's attach cookie.
+///
+/// Spec: cookie 0 reads nothing (the count is unknown). Otherwise the low 32
+/// bits hold a rule and the high 32 bits its operand:
+/// - [`call_arg::STACK_I32`]: a signed 32-bit count at `sp + operand` at the
+///   function's entry (x86-64: a struct over 16 bytes passed by value lies on
+///   the stack after the return address, so its first field is at `sp + 8`).
+///   A negative count is unknown, never clamped.
+pub mod call_arg {
+    pub const NONE: u32 = 0;
+    pub const STACK_I32: u32 = 1;
+
+    /// The attach cookie of `rule` with `operand`.
+    pub const fn cookie(rule: u32, operand: u32) -> u64 {
+        ((operand as u64) << 32) | rule as u64
+    }
+
+    /// `(rule, operand)` of a cookie.
+    pub const fn split(cookie: u64) -> (u32, u32) {
+        (cookie as u32, (cookie >> 32) as u32)
+    }
 }
 
 /// Upper bound on threads tracked per target.

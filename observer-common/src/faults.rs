@@ -26,7 +26,10 @@ pub struct Config {
     /// user space continues it. Only ever set for a target the observer
     /// spawned (an attached process's parent would see it stop).
     pub stop_on_exec: u32,
-    pub _pad: u32,
+    /// Non-zero: a process the target (or a followed descendant) forks is
+    /// observed too (`TARGETS`, bounded; `GlobalCounter::FollowOverflow`
+    /// counts the processes not followed for want of room).
+    pub follow_children: u32,
 }
 const _: () = assert!(core::mem::size_of::<Config>() == 16);
 
@@ -62,6 +65,8 @@ pub enum GlobalCounter {
     LostEvents = 0,
     /// Probe invocations that matched the target (for cost accounting).
     TargetEvents = 1,
+    /// Descendants not followed because the set of followed processes was full.
+    FollowOverflow = 2,
 }
 /// Number of slots in `COUNTERS`.
 pub const GLOBAL_COUNTERS: u32 = 4;

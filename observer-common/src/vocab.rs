@@ -724,7 +724,7 @@ const fn step(name: &'static str, short: &'static str, help: &'static str) -> Ro
 pub static STEPS: [Row; 4] = [
     step("prompt", "prompt", "prompt processing: one step for the whole prompt"),
     step("generate", "gen", "one generated token"),
-    step("call", "call", "one call of a `--token-symbol` function"),
+    step("call", "call", "one call of a `--token-symbol` function or an engine profile's entry point"),
     step("window", "window", "a fixed `--window` (no markers); windows are not tokens"),
 ];
 

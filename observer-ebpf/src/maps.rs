@@ -65,6 +65,14 @@ pub static INFLIGHT: LruHashMap<BioKey, BioInflight> = LruHashMap::with_max_entr
 /// TID → start of its `zram_rw_page` read (Linux < 6.3; see `block::zram_rw_page`).
 #[map]
 pub static ZRAM_PAGE_START: HashMap<u32, u64> = HashMap::with_max_entries(MAX_SLOTS, 0);
+/// TID → calls of probed decode entry points in progress on that thread
+/// (`marks::call_begin`): a call nested in another one, or a return whose
+/// entry was never seen (attached mid-call), marks nothing.
+pub static CALL_DEPTH: HashMap<u32, u32> = HashMap::with_max_entries(MAX_SLOTS, 0);
+/// Per-CPU scratch: the token count the running mark carries, `1 << 32 | n`
+/// when known, 0 when not (set by each marking program before `marks::mark`;
+/// kept out of registers for the verifier, as `MARK_LOST`).
+pub static MARK_N_TOKENS: PerCpuArray<u64> = PerCpuArray::with_max_entries(1, 0);
 
 /// Per-CPU scratch: thread records a mark could not send.
 #[map]
@@ -79,13 +87,30 @@ pub fn config() -> Option<&'static Config> {
     CONFIG.get(0)
 }
 
-/// (tgid, tid) of the current task when it belongs to the target process.
+/// Upper bound on the descendants followed besides the target.
+pub const MAX_FOLLOWED: u32 = 256;
+
+/// Followed descendants of the target: tgid → 1 (`Config::follow_children`;
+/// added at fork by `sched::new_task`, removed when their leader exits).
+#[map]
+pub static TARGETS: HashMap<u32, u32> = HashMap::with_max_entries(MAX_FOLLOWED, 0);
+
+/// Whether `tgid` is observed: the target or a followed descendant.
+#[inline(always)]
+pub fn is_target(tgid: u32) -> bool {
+    let Some(cfg) = config() else { return false };
+    if cfg.target_tgid == 0 {
+        return false;
+    }
+    // SAFETY: plain map lookup.
+    tgid == cfg.target_tgid || (cfg.follow_children != 0 && unsafe { TARGETS.get(&tgid) }.is_some())
+}
+
+/// The current task's TID when it belongs to an observed process.
 #[inline(always)]
 pub fn target_tid() -> Option<u32> {
     let id = bpf_get_current_pid_tgid();
-    let tgid = (id >> 32) as u32;
-    let cfg = config()?;
-    if cfg.target_tgid == 0 || cfg.target_tgid != tgid {
+    if !is_target((id >> 32) as u32) {
         return None;
     }
     Some(id as u32)

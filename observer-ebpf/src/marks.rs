@@ -1,6 +1,10 @@
 //! Token boundaries: uprobes on the engine's marker functions
 //! (`moe_engine_token_begin(index, record)` / `moe_engine_token_end(index,
-//! record)`), or a uprobe/uretprobe pair on any function (`--token-symbol`).
+//! record)`), or a uprobe/uretprobe pair on any function (`--token-symbol`, or
+//! every decode entry point of an engine profile). Calls nest: only the
+//! outermost call of a thread marks (`CALL_DEPTH`), so entry points that call
+//! one another are not counted twice; its entry reads the step's token count
+//! by the rule in its attach cookie (`observer_common::attrib::call_arg`).
 //!
 //! At a mark, every tracked thread's state is copied first, the marking
 //! thread's last, then the mark's instant is read (so that no copy is newer
@@ -15,13 +19,17 @@
 use core::ptr::{addr_of, addr_of_mut, read_volatile};
 
 use aya_ebpf::{
-    helpers::{bpf_get_current_pid_tgid, bpf_ktime_get_ns, bpf_probe_read_user_buf},
+    EbpfContext,
+    helpers::{
+        bpf_get_current_pid_tgid, bpf_ktime_get_ns, bpf_probe_read_user, bpf_probe_read_user_buf,
+        generated::bpf_get_attach_cookie,
+    },
     macros::{uprobe, uretprobe},
     programs::{ProbeContext, RetProbeContext},
 };
 use observer_common::{
     GlobalCounter,
-    attrib::{MAX_SLOTS, MarkRecord, PHASE_BEGIN, PHASE_END, REC_MARK, REC_THREAD, ThreadRecord},
+    attrib::{MAX_SLOTS, MarkRecord, PHASE_BEGIN, PHASE_END, REC_MARK, REC_THREAD, ThreadRecord, call_arg},
 };
 
 /// No reader wakeup per record: waking the observer at every token would
@@ -32,7 +40,9 @@ const BPF_RB_NO_WAKEUP: u64 = 1;
 use observer_common::filemap::{T_ADD_PAGES, T_DEL_PAGES};
 
 use crate::filemap::FILEMAP_TOTALS;
-use crate::maps::{COUNTERS, EVENTS, MARK_LOST, SEQS, SLOTS, THREADS, bump, config};
+use crate::maps::{
+    CALL_DEPTH, COUNTERS, EVENTS, MARK_LOST, MARK_N_TOKENS, SEQS, SLOTS, THREADS, bump, is_target, target_tid,
+};
 
 /// Copy slot `i` into the ring buffer; false when it could not be sent.
 #[inline(always)]
@@ -104,10 +114,18 @@ fn emit_current(i: u32, phase: u32, mark_seq: u64) -> Option<u64> {
 }
 
 #[inline(always)]
-fn mark(phase: u32, index: u64, engine_rec: u64) -> u32 {
-    let Some(cfg) = config() else { return 0 };
+fn mark(phase: u32, index: u64, engine_rec: u64, n_tokens: Option<u32>) -> u32 {
+    if let Some(v) = MARK_N_TOKENS.get_ptr_mut(0) {
+        // SAFETY: per-CPU scratch.
+        unsafe { *v = n_tokens.map(|n| (1u64 << 32) | n as u64).unwrap_or(0) };
+    }
+    mark_inner(phase, index, engine_rec)
+}
+
+#[inline(always)]
+fn mark_inner(phase: u32, index: u64, engine_rec: u64) -> u32 {
     let id = bpf_get_current_pid_tgid();
-    if cfg.target_tgid == 0 || (id >> 32) as u32 != cfg.target_tgid {
+    if !is_target((id >> 32) as u32) {
         return 0;
     }
     let Some(seqs) = SEQS.get_ptr_mut(1) else { return 0 };
@@ -179,6 +197,9 @@ fn mark(phase: u32, index: u64, engine_rec: u64) -> u32 {
         (*r).n_lost = lost;
         (*r).tid = id as u32;
         (*r).has_engine = 0;
+        let n = MARK_N_TOKENS.get(0).map(|v| read_volatile(v)).unwrap_or(0);
+        (*r).n_tokens = n as u32;
+        (*r).n_tokens_known = (n >> 32) as u32;
         (*r).churn_added = FILEMAP_TOTALS.get(T_ADD_PAGES).map(|v| read_volatile(v)).unwrap_or(0);
         (*r).churn_evicted = FILEMAP_TOTALS.get(T_DEL_PAGES).map(|v| read_volatile(v)).unwrap_or(0);
         // Exactly the engine's record (`ENGINE_REC_BYTES` is its size in `moe_abi`): a byte more
@@ -202,7 +223,7 @@ fn mark(phase: u32, index: u64, engine_rec: u64) -> u32 {
 #[uprobe]
 pub fn mark_begin(ctx: ProbeContext) -> u32 {
     let index: u64 = ctx.arg(0).unwrap_or(0);
-    mark(PHASE_BEGIN, index, 0)
+    mark(PHASE_BEGIN, index, 0, None)
 }
 
 /// `moe_engine_token_end(u64 index, const record *rec)`: the record is complete.
@@ -210,18 +231,56 @@ pub fn mark_begin(ctx: ProbeContext) -> u32 {
 pub fn mark_end(ctx: ProbeContext) -> u32 {
     let index: u64 = ctx.arg(0).unwrap_or(0);
     let rec: u64 = ctx.arg(1).unwrap_or(0);
-    mark(PHASE_END, index, rec)
+    mark(PHASE_END, index, rec, None)
 }
 
-/// Entry of a `--token-symbol` function: index = marks so far / 2.
+/// The step's token count by the rule of this attachment's cookie.
+#[inline(always)]
+fn call_n_tokens(ctx: &ProbeContext) -> Option<u32> {
+    // SAFETY: the helper only reads the attach cookie of the running program.
+    let cookie = unsafe { bpf_get_attach_cookie(ctx.as_ptr()) };
+    let (rule, operand) = call_arg::split(cookie);
+    match rule {
+        call_arg::STACK_I32 => {
+            // The stack pointer of x86-64's register frame (the only layout the
+            // user side asks for; see `observer::capture::profile`).
+            // SAFETY: `regs` is the probe's register frame.
+            let sp = unsafe { (*ctx.regs).rsp };
+            // SAFETY: a checked read of the target's stack.
+            let n = unsafe { bpf_probe_read_user((sp + operand as u64) as *const i32) }.ok()?;
+            if n >= 0 { Some(n as u32) } else { None }
+        }
+        _ => None,
+    }
+}
+
+/// Entry of a probed call (`--token-symbol`, a profile's entry point): index =
+/// marks so far / 2. Only the thread's outermost call marks.
 #[uprobe]
-pub fn call_begin(_ctx: ProbeContext) -> u32 {
+pub fn call_begin(ctx: ProbeContext) -> u32 {
+    let Some(tid) = target_tid() else { return 0 };
+    // SAFETY: plain map lookup.
+    let depth = unsafe { CALL_DEPTH.get(&tid).map(|v| *v) }.unwrap_or(0);
+    if CALL_DEPTH.insert(&tid, &(depth + 1), 0).is_err() || depth > 0 {
+        return 0;
+    }
     let n = SEQS.get(1).map(|v| *v).unwrap_or(0);
-    mark(PHASE_BEGIN, n / 2, 0)
+    mark(PHASE_BEGIN, n / 2, 0, call_n_tokens(&ctx))
 }
 
 #[uretprobe]
 pub fn call_end(_ctx: RetProbeContext) -> u32 {
+    let tid = bpf_get_current_pid_tgid() as u32;
+    // SAFETY: plain map lookup.
+    let depth = unsafe { CALL_DEPTH.get(&tid).map(|v| *v) }.unwrap_or(0);
+    if depth == 0 {
+        return 0; // its entry was not seen
+    }
+    if depth > 1 {
+        let _ = CALL_DEPTH.insert(&tid, &(depth - 1), 0);
+        return 0;
+    }
+    let _ = CALL_DEPTH.remove(&tid);
     let n = SEQS.get(1).map(|v| *v).unwrap_or(0);
-    mark(PHASE_END, n / 2, 0)
+    mark(PHASE_END, n / 2, 0, None)
 }

@@ -1,6 +1,7 @@
 //! Scheduling: `sched:sched_switch` (on/off CPU, runnable or blocked),
 //! `sched:sched_waking` (blocked → runnable, at the moment the waker decides;
 //! `sched_wakeup` fires later, after any cross-CPU IPI), `sched:sched_process_exit`.
+//! `task:task_newtask` grows the set of observed processes (`maps::TARGETS`).
 //! Field offsets come from tracefs (`OFFSETS`). Minimum kernel: 4.7.
 //!
 //! `sched_switch` runs as the *previous* task; the next task is known only by
@@ -8,7 +9,7 @@
 //! runs in the waker's context (any process): the wakee is looked up by TID.
 
 use aya_ebpf::{
-    helpers::{bpf_get_current_comm, bpf_ktime_get_ns, bpf_send_signal},
+    helpers::{bpf_get_current_comm, bpf_get_current_pid_tgid, bpf_ktime_get_ns, bpf_send_signal},
     macros::tracepoint,
     programs::TracePointContext,
 };
@@ -18,7 +19,7 @@ use observer_common::{
     attrib::{ExecRecord, REC_EXEC},
 };
 
-use crate::maps::{EVENTS, bump, config, current_state, offsets, state_of, target_tid, update};
+use crate::maps::{TARGETS, EVENTS, bump, config, current_state, offsets, state_of, target_tid, update};
 
 #[tracepoint]
 pub fn sched_switch(ctx: TracePointContext) -> u32 {
@@ -68,6 +69,10 @@ pub fn sched_wakeup(ctx: TracePointContext) -> u32 {
 pub fn sched_exit(_ctx: TracePointContext) -> u32 {
     // Runs in the exiting task.
     let Some(tid) = target_tid() else { return 0 };
+    // A followed descendant's leader leaves the set (its id may be reused).
+    if (bpf_get_current_pid_tgid() >> 32) as u32 == tid {
+        let _ = TARGETS.remove(&tid);
+    }
     // SAFETY: helper without preconditions.
     let now = unsafe { bpf_ktime_get_ns() };
     if let Some(s) = state_of(tid) {
@@ -105,3 +110,32 @@ pub fn sched_exec(_ctx: TracePointContext) -> u32 {
 
 const BPF_RB_FORCE_WAKEUP: u64 = 2;
 const SIGSTOP: u32 = 19;
+
+/// `CLONE_THREAD` (include/uapi/linux/sched.h): the new task is a thread of
+/// the same process.
+const CLONE_THREAD: u64 = 0x0001_0000;
+
+/// `task:task_newtask`, in the forking task: a new process of an observed one
+/// is observed too when `follow_children` is set (threads are tracked by
+/// their process already).
+#[tracepoint]
+pub fn new_task(ctx: TracePointContext) -> u32 {
+    if target_tid().is_none() || config().map(|c| c.follow_children == 0).unwrap_or(true) {
+        return 0;
+    }
+    let Some(o) = offsets() else { return 0 };
+    // SAFETY: offsets from the tracepoint's format file.
+    let (pid, flags) = unsafe {
+        (
+            ctx.read_at::<i32>(o.newtask_pid as usize).unwrap_or(0),
+            ctx.read_at::<u64>(o.newtask_clone_flags as usize).unwrap_or(CLONE_THREAD),
+        )
+    };
+    if pid <= 0 || flags & CLONE_THREAD != 0 {
+        return 0;
+    }
+    if TARGETS.insert(&(pid as u32), &1, 0).is_err() {
+        bump(GlobalCounter::FollowOverflow);
+    }
+    0
+}

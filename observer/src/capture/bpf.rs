@@ -23,7 +23,12 @@ use observer_common::{
     faults::GLOBAL_COUNTERS,
 };
 
-use crate::capture::{engine_abi, preflight, seed, syscalls, tracefs::Format};
+use crate::capture::{
+    engine_abi, preflight,
+    profile::{self, Found, Profile},
+    seed, syscalls,
+    tracefs::Format,
+};
 
 static OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/observer-ebpf.o"));
 
@@ -85,11 +90,52 @@ fn no_map(map: &'static str) -> ProbeError {
     ProbeError::Map { map, source: Box::new(MapError::InvalidName { name: map.into() }) }
 }
 
+/// Which engines' token boundaries to look for when no `--token-symbol` is given.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum EngineChoice {
+    /// Our engine's markers when the program has them, else the first engine
+    /// profile it matches (`profile::PROFILES`).
+    #[default]
+    Auto,
+    /// Only this profile.
+    Profile(&'static Profile),
+    /// Neither markers nor profiles.
+    Off,
+}
+
+impl EngineChoice {
+    /// `auto`, `none`, or a profile's name (`--engine`).
+    pub fn parse(s: &str) -> Result<Self, String> {
+        match s {
+            "auto" => Ok(EngineChoice::Auto),
+            "none" => Ok(EngineChoice::Off),
+            _ => profile::by_name(s).map(EngineChoice::Profile).ok_or_else(|| {
+                let names: Vec<&str> = profile::PROFILES.iter().map(|p| p.name).collect();
+                format!("unknown engine `{s}`: use auto, none, or one of the profiles: {}", names.join(", "))
+            }),
+        }
+    }
+
+    fn profiles(self) -> Vec<&'static Profile> {
+        match self {
+            EngineChoice::Auto => profile::PROFILES.iter().collect(),
+            EngineChoice::Profile(p) => vec![p],
+            EngineChoice::Off => Vec::new(),
+        }
+    }
+}
+
+/// At most this many descendants are followed at once (`TARGETS` in the
+/// kernel side, `observer-ebpf/src/maps.rs`).
+pub const MAX_FOLLOWED: u32 = 256;
+
 /// How token boundaries are found.
 #[derive(Debug, Clone)]
 pub enum Markers {
-    /// The engine's marker symbols in the target executable, when present.
-    Auto { exe: PathBuf },
+    /// The engine's marker symbols in the target executable, when present,
+    /// else an engine profile's entry points (`engine`); `running`: the
+    /// target runs `exe` now, so its mapped files are looked at too.
+    Auto { exe: PathBuf, engine: EngineChoice, running: bool },
     /// uprobe/uretprobe on a function (`--token-symbol SYM[:LIB]`).
     Symbol { symbol: String, path: PathBuf },
     /// No markers.
@@ -100,13 +146,22 @@ pub enum Markers {
 pub struct AttachOptions {
     pub target: u32,
     pub markers: Markers,
+    /// Observe the processes the target forks, and theirs (`Config::follow_children`).
+    pub follow_children: bool,
 }
 
 /// What marked the tokens, once attached.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum MarkerKind {
-    Engine { exe: String },
-    Symbol { symbol: String, path: String },
+    Engine {
+        exe: String,
+    },
+    /// An engine profile's entry points.
+    Profile(Found),
+    Symbol {
+        symbol: String,
+        path: String,
+    },
 }
 
 /// The loaded and attached programs with their maps.
@@ -119,6 +174,7 @@ pub struct Probes {
     /// Optional probes that could not be attached, with the reason.
     pub missing: Vec<String>,
     pub markers: Option<MarkerKind>,
+    config: Config,
 }
 
 impl Drop for Probes {
@@ -218,6 +274,7 @@ const TRACEPOINTS: &[(&str, &str, &str, bool)] = &[
     ("rq_complete", "block", "block_rq_complete", false),
     ("filemap_fault", "filemap", "mm_filemap_fault", false),
     ("sched_exec", "sched", "sched_process_exec", false),
+    ("new_task", "task", "task_newtask", false),
 ];
 
 /// Field offsets the programs need, from tracefs.
@@ -248,6 +305,10 @@ fn tp_offsets() -> Result<TpOffsets, ProbeError> {
         o.biod_dev = c.offset("dev").unwrap_or(0);
         o.biod_sector = c.offset("sector").unwrap_or(0);
         o.biod_nr_sector = c.offset("nr_sector").unwrap_or(0);
+    }
+    if let Ok(t) = Format::load("task", "task_newtask") {
+        o.newtask_pid = t.offset("pid").unwrap_or(0);
+        o.newtask_clone_flags = t.offset("clone_flags").unwrap_or(0);
     }
     if let Ok(c) = Format::load("block", "block_rq_complete") {
         o.rqd_dev = c.offset("dev").unwrap_or(0);
@@ -303,12 +364,13 @@ impl Probes {
         let offsets = tp_offsets()?;
         let mut ebpf = Ebpf::load(OBJECT).map_err(classify_load)?;
         let target = opts.target;
-        set(
-            &mut ebpf,
-            "CONFIG",
-            0,
-            Config { target_tgid: target, zram_major: zram_major(), stop_on_exec: 0, _pad: 0 },
-        )?;
+        let config = Config {
+            target_tgid: target,
+            zram_major: zram_major(),
+            stop_on_exec: 0,
+            follow_children: opts.follow_children as u32,
+        };
+        set(&mut ebpf, "CONFIG", 0, config)?;
         set(&mut ebpf, "OFFSETS", 0, offsets)?;
         for (i, w) in syscalls::io_bitmap().into_iter().enumerate() {
             set(&mut ebpf, "IO_SYSCALLS", i as u32, w)?;
@@ -381,7 +443,7 @@ impl Probes {
         // Program run time for the observer's own cost (Linux >= 5.8); absent
         // stats are reported as not measured.
         let stats = aya::sys::enable_stats(aya::sys::Stats::RunTime).ok();
-        Ok(Self { ebpf, stats, attached, missing, markers })
+        Ok(Self { ebpf, stats, attached, missing, markers, config })
     }
 
     /// The loaded object, for modules that attach their own programs or
@@ -483,19 +545,28 @@ impl Probes {
         self.entries("DEV_IO")
     }
 
-    /// Stop a spawned target at its next `exec` (see `Config::stop_on_exec`).
-    pub fn set_stop_on_exec(&mut self, target: u32, on: bool) -> Result<(), ProbeError> {
-        let cfg = Config { target_tgid: target, zram_major: zram_major(), stop_on_exec: on as u32, _pad: 0 };
-        set(&mut self.ebpf, "CONFIG", 0, cfg)
+    /// Stop an observed process at its next `exec` (see `Config::stop_on_exec`).
+    pub fn set_stop_on_exec(&mut self, on: bool) -> Result<(), ProbeError> {
+        self.config.stop_on_exec = on as u32;
+        set(&mut self.ebpf, "CONFIG", 0, self.config)
     }
 
     /// The target `exec`'d `exe`: attach the engine markers there when it has
     /// them and no markers are attached yet. Returns what is attached now.
-    pub fn attach_after_exec(&mut self, exe: &std::path::Path, pid: u32) -> Result<Option<MarkerKind>, ProbeError> {
+    pub fn attach_after_exec(
+        &mut self,
+        exe: &std::path::Path,
+        pid: u32,
+        engine: EngineChoice,
+    ) -> Result<Option<MarkerKind>, ProbeError> {
         if self.markers.is_some() {
             return Ok(None);
         }
-        let opts = AttachOptions { target: pid, markers: Markers::Auto { exe: exe.to_path_buf() } };
+        let opts = AttachOptions {
+            target: pid,
+            markers: Markers::Auto { exe: exe.to_path_buf(), engine, running: true },
+            follow_children: self.config.follow_children != 0,
+        };
         let m = attach_markers(&mut self.ebpf, &opts, &mut self.attached)?;
         self.markers = m.clone();
         Ok(m)
@@ -536,6 +607,7 @@ fn uprobe(
     symbol: &str,
     path: &std::path::Path,
     pid: u32,
+    cookie: Option<u64>,
 ) -> Result<(), ProbeError> {
     let prog: &mut UProbe = ebpf
         .program_mut(program)
@@ -549,7 +621,8 @@ fn uprobe(
         Some(p) => UProbeScope::OneProcess(p),
         None => UProbeScope::AllProcesses,
     };
-    prog.attach(symbol, path, scope).map_err(|source| ProbeError::Uprobe {
+    let point = aya::programs::uprobe::UProbeAttachPoint { location: symbol.into(), cookie };
+    prog.attach(point, path, scope).map_err(|source| ProbeError::Uprobe {
         symbol: symbol.into(),
         path: path.display().to_string(),
         source: Box::new(source),
@@ -564,11 +637,23 @@ fn attach_markers(
 ) -> Result<Option<MarkerKind>, ProbeError> {
     match &opts.markers {
         Markers::None => Ok(None),
-        Markers::Auto { exe } => {
-            let (Some(b), Some(e)) =
-                (elf_symbol_addr(exe, engine_abi::SYM_BEGIN), elf_symbol_addr(exe, engine_abi::SYM_END))
-            else {
-                return Ok(None);
+        Markers::Auto { exe, engine, running } => {
+            let ours = match engine {
+                EngineChoice::Auto => {
+                    (elf_symbol_addr(exe, engine_abi::SYM_BEGIN)).zip(elf_symbol_addr(exe, engine_abi::SYM_END))
+                }
+                _ => None,
+            };
+            let Some((b, e)) = ours else {
+                let pid = running.then_some(opts.target);
+                let Some(found) = profile::detect(&engine.profiles(), exe, pid) else { return Ok(None) };
+                for entry in &found.entries {
+                    let cookie = Some(entry.n_tokens.cookie());
+                    uprobe(ebpf, "call_begin", entry.symbol, &found.path, opts.target, cookie)?;
+                    uprobe(ebpf, "call_end", entry.symbol, &found.path, opts.target, None)?;
+                    attached.push(format!("uprobe+uretprobe:{}:{}", found.path.display(), entry.symbol));
+                }
+                return Ok(Some(MarkerKind::Profile(found)));
             };
             for (sym, addr) in [(engine_abi::SYM_BEGIN, b), (engine_abi::SYM_END, e)] {
                 if let Some(why) = unprobeable_entry(exe, addr) {
@@ -583,14 +668,14 @@ fn attach_markers(
                     engine_abi::SYM_END
                 )));
             }
-            uprobe(ebpf, "mark_begin", engine_abi::SYM_BEGIN, exe, opts.target)?;
-            uprobe(ebpf, "mark_end", engine_abi::SYM_END, exe, opts.target)?;
+            uprobe(ebpf, "mark_begin", engine_abi::SYM_BEGIN, exe, opts.target, None)?;
+            uprobe(ebpf, "mark_end", engine_abi::SYM_END, exe, opts.target, None)?;
             attached.push(format!("uprobe:{}:{{{},{}}}", exe.display(), engine_abi::SYM_BEGIN, engine_abi::SYM_END));
             Ok(Some(MarkerKind::Engine { exe: exe.display().to_string() }))
         }
         Markers::Symbol { symbol, path } => {
-            uprobe(ebpf, "call_begin", symbol, path, opts.target)?;
-            uprobe(ebpf, "call_end", symbol, path, opts.target)?;
+            uprobe(ebpf, "call_begin", symbol, path, opts.target, None)?;
+            uprobe(ebpf, "call_end", symbol, path, opts.target, None)?;
             attached.push(format!("uprobe+uretprobe:{}:{symbol}", path.display()));
             Ok(Some(MarkerKind::Symbol { symbol: symbol.clone(), path: path.display().to_string() }))
         }

@@ -9,6 +9,7 @@ pub mod header;
 pub mod preflight;
 pub mod procfs;
 pub mod procsample;
+pub mod profile;
 pub mod residency;
 pub mod seed;
 pub mod session;

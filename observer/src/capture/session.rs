@@ -57,7 +57,7 @@ use tokio::{io::unix::AsyncFd, sync::watch};
 
 use crate::{
     capture::{
-        bpf::{self, AttachOptions, MarkerKind, Markers, ProbeError, Probes},
+        bpf::{self, AttachOptions, EngineChoice, MarkerKind, Markers, ProbeError, Probes},
         comm_str, header, preflight, procfs, procsample,
         residency::{self, Sampler},
         seed,
@@ -234,8 +234,15 @@ pub struct TokenSymbol {
 pub struct SessionOptions {
     pub target: TargetSpec,
     pub mode: Mode,
-    /// Default: the engine's marker symbols when the target has them.
+    /// Default: the engine's marker symbols when the target has them, else
+    /// an engine profile's entry points (`engine`).
     pub token_symbol: Option<TokenSymbol>,
+    /// Which engines to look for without `token_symbol` (`--engine`).
+    pub engine: EngineChoice,
+    /// Observe the processes the target forks, and theirs, too (the kernel's
+    /// set of observed processes grows at each fork, bounded; each `exec` in
+    /// it is checked for markers or an engine profile).
+    pub follow_children: bool,
     /// Fixed windows instead of tokens when there are no markers (and the
     /// procfs fallback's window; default 1 s there).
     pub window: Option<Duration>,
@@ -254,10 +261,13 @@ pub struct SessionOptions {
 impl SessionOptions {
     /// The defaults of `observer run` for `target`.
     pub fn new(target: TargetSpec) -> Self {
+        let follow_children = matches!(target, TargetSpec::Spawn { .. });
         SessionOptions {
             target,
             mode: Mode::Ebpf,
             token_symbol: None,
+            engine: EngineChoice::Auto,
+            follow_children,
             window: None,
             model: None,
             residency_interval: None,
@@ -350,7 +360,8 @@ impl Session {
                 return Err(e);
             }
         };
-        let probes = match Probes::attach(&AttachOptions { target: pid, markers }) {
+        let follow_children = s.opts.follow_children;
+        let probes = match Probes::attach(&AttachOptions { target: pid, markers, follow_children }) {
             Ok(p) => p,
             Err(e @ (ProbeError::Permission(_) | ProbeError::Load(_))) if s.opts.mode == Mode::EbpfOrProcfs => {
                 s.capture = Capture::Procfs(e.to_string());
@@ -365,6 +376,7 @@ impl Session {
         let marker_desc = match &probes.markers {
             Some(MarkerKind::Engine { exe }) => format!("engine markers in {exe}"),
             Some(MarkerKind::Symbol { symbol, path }) => format!("calls of {symbol} in {path}"),
+            Some(MarkerKind::Profile(found)) => format!("engine profile {}", found.describe()),
             None if s.opts.window.is_some() => "fixed windows".to_string(),
             None => "none (whole-run totals only; use --window or --token-symbol)".to_string(),
         };
@@ -434,8 +446,11 @@ impl Session {
             }
             return Ok(Markers::Symbol { symbol: symbol.clone(), path });
         }
+        if self.opts.engine == EngineChoice::Off {
+            return Ok(Markers::None);
+        }
         Ok(match self.target.exe() {
-            Some(exe) => Markers::Auto { exe },
+            Some(exe) => Markers::Auto { exe, engine: self.opts.engine, running: !self.target.is_spawned() },
             None => Markers::None,
         })
     }
@@ -450,12 +465,7 @@ impl Session {
         // SAFETY: the ring buffer owns its fd and outlives the registration.
         let mut ring =
             unsafe { AsyncFd::register(ring) }.map_err(|e| e.into_parts().1).context("registering the ring buffer")?;
-        let default_kind = match probes.markers {
-            Some(MarkerKind::Symbol { .. }) => StepKind::Call,
-            Some(MarkerKind::Engine { .. }) => StepKind::Generate,
-            None => StepKind::Window,
-        };
-        let mut asm = Assembler::new(default_kind);
+        let mut asm = Assembler::new(step_kind(probes.markers.as_ref()));
         let mut resid = self.residency_sampler(&mut probes);
         asm.churn = resid.as_ref().is_some_and(|r| r.churn().is_some());
         let header = header::build("ebpf", pid, &self.command, probes.attached.clone(), self.opts.model.as_deref());
@@ -472,15 +482,30 @@ impl Session {
         let follow_exec = matches!(self.opts.target, TargetSpec::Attach { follow_exec: true, .. });
         let mut stop_on_exec =
             (self.target.is_spawned() || follow_exec) && probes.markers.is_none() && self.opts.token_symbol.is_none();
-        probes.set_stop_on_exec(pid, stop_on_exec)?;
+        probes.set_stop_on_exec(stop_on_exec)?;
         self.target.release()?;
         if use_windows {
             ticker.tick().await; // the first tick is immediate
             asm.window(window_snapshot(&probes)?);
         }
 
+        let mut silent = SilentMarkers::default();
         let mut stopper = Stopper::default();
         let ending = loop {
+            silent.check(probes.markers.as_ref(), asm.records(), false);
+            // Execs read by the last drain (either branch below): attach what
+            // the new programs carry, then let a held one go on.
+            for exec_pid in std::mem::take(&mut asm.execs) {
+                after_exec(&mut probes, exec_pid, self.opts.engine)?;
+                asm.default_kind = step_kind(probes.markers.as_ref());
+                if stop_on_exec {
+                    // The kernel side stopped it at exec; markers are in place now.
+                    // SAFETY: plain kill(2) of a process we are observing.
+                    unsafe { libc::kill(exec_pid as libc::pid_t, libc::SIGCONT) };
+                    stop_on_exec = probes.markers.is_none();
+                    probes.set_stop_on_exec(stop_on_exec)?;
+                }
+            }
             tokio::select! {
                 e = self.target.wait() => break Some(e?),
                 n = self.requests.next() => if stopper.requested(n, &self.target) { break None; },
@@ -490,16 +515,6 @@ impl Session {
                     let mut guard = guard.context("waiting on the ring buffer")?;
                     drain(guard.get_inner_mut(), &mut asm, &mut resid, sinks)?;
                     guard.clear_ready();
-                    if std::mem::take(&mut asm.exec_seen) {
-                        after_exec(&mut probes, pid)?;
-                        if stop_on_exec {
-                            // The kernel side stopped it at exec; markers are in place now.
-                            // SAFETY: plain kill(2) of the process we are observing.
-                            unsafe { libc::kill(pid as libc::pid_t, libc::SIGCONT) };
-                            stop_on_exec = probes.markers.is_none();
-                            probes.set_stop_on_exec(pid, stop_on_exec)?;
-                        }
-                    }
                 }
                 _ = ticker.tick(), if use_windows => {
                     if let Some(t) = asm.window(window_snapshot(&probes)?) {
@@ -507,6 +522,10 @@ impl Session {
                     }
                 }
                 _ = sampler.tick() => {
+                    // A library loaded later (dlopen) may bring an engine's entry points.
+                    if probes.markers.is_none() && self.opts.token_symbol.is_none() && !stop_on_exec {
+                        after_exec(&mut probes, pid, self.opts.engine)?;
+                    }
                     let now = seed::mono_ns();
                     emit(sinks, &Event::Process(procsample::sample(pid, now)))?;
                     emit(sinks, &Event::Histograms(probes.histograms_event(now)?))?;
@@ -529,6 +548,15 @@ impl Session {
         drop(resid);
         emit(sinks, &Event::Totals(run_totals(&probes, end_ns)?))?;
         let lost = probes.counter(GlobalCounter::LostEvents)? + asm.malformed;
+        silent.check(probes.markers.as_ref(), asm.records(), true);
+        let unfollowed = probes.counter(GlobalCounter::FollowOverflow)?;
+        if unfollowed > 0 {
+            log::warn!(
+                "{unfollowed} process(es) started by the target were not observed: more than {} at once \
+                 (their time is missing from the whole-run table)",
+                bpf::MAX_FOLLOWED
+            );
+        }
         drop(ring);
         let exit_code = match ending {
             Some(Ending::Exited(c)) => Some(c),
@@ -566,6 +594,7 @@ impl Session {
                 engine: None,
                 lost: 0,
                 churn: None,
+                n_tokens: None,
             })
         };
         snap(&mut asm);
@@ -633,6 +662,60 @@ impl Session {
     }
 }
 
+/// The warning for token markers that never fire: when a probed token
+/// function has not been called [`SILENT_AFTER`] after it was attached (or by
+/// the end of the run), say so on stderr once, naming the engine entry points
+/// the probed file defines (e.g. `llama_process` beside `llama_decode`).
+#[derive(Debug, Default)]
+struct SilentMarkers {
+    since: Option<Instant>,
+    warned: bool,
+}
+
+/// How long probed token markers may stay silent before the warning.
+const SILENT_AFTER: Duration = Duration::from_secs(5);
+
+impl SilentMarkers {
+    fn check(&mut self, markers: Option<&MarkerKind>, records: u64, at_end: bool) {
+        let Some(m) = markers else { return };
+        let since = *self.since.get_or_insert_with(Instant::now);
+        if self.warned || records > 0 || !(at_end || since.elapsed() >= SILENT_AFTER) {
+            return;
+        }
+        self.warned = true;
+        let (what, path) = match m {
+            MarkerKind::Symbol { symbol, path } => (format!("`{symbol}`"), path.clone()),
+            MarkerKind::Profile(f) => (format!("the {} entry points", f.profile.name), f.path.display().to_string()),
+            MarkerKind::Engine { exe } => ("the engine markers".to_string(), exe.clone()),
+        };
+        let when = if at_end { "during the run".to_string() } else { format!("in {} s", SILENT_AFTER.as_secs()) };
+        let candidates = crate::capture::profile::detect(
+            &crate::capture::profile::PROFILES.iter().collect::<Vec<_>>(),
+            std::path::Path::new(&path),
+            None,
+        )
+        .map(|f| {
+            let names: Vec<&str> = f.entries.iter().map(|e| e.symbol).collect();
+            format!(
+                "; {path} defines these {} entry points: {} (without --token-symbol, every one of them is probed)",
+                f.profile.name,
+                names.join(", ")
+            )
+        })
+        .unwrap_or_default();
+        log::warn!("no call of {what} {when}: no token records{candidates}");
+    }
+}
+
+/// The kind of a step that carries no engine record, by what marks the steps.
+fn step_kind(markers: Option<&MarkerKind>) -> StepKind {
+    match markers {
+        Some(MarkerKind::Symbol { .. } | MarkerKind::Profile(_)) => StepKind::Call,
+        Some(MarkerKind::Engine { .. }) => StepKind::Generate,
+        None => StepKind::Window,
+    }
+}
+
 /// The command line of a running process.
 fn cmdline(pid: u32) -> Vec<String> {
     let raw = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
@@ -651,7 +734,15 @@ fn window_snapshot(probes: &Probes) -> Result<Snapshot> {
 }
 
 fn window_snapshot_at(probes: &Probes, now: u64) -> Result<Snapshot> {
-    Ok(Snapshot { ts: now, index: 0, threads: probes.snapshot(now)?, engine: None, lost: 0, churn: None })
+    Ok(Snapshot {
+        ts: now,
+        index: 0,
+        threads: probes.snapshot(now)?,
+        engine: None,
+        lost: 0,
+        churn: None,
+        n_tokens: None,
+    })
 }
 
 fn health(probes: &Probes, malformed: u64, mono_ns: u64) -> Result<ObserverHealth> {
@@ -730,11 +821,17 @@ fn block_device_name(major: u32, minor: u32) -> Option<String> {
         .find_map(|l| l.strip_prefix("DEVNAME=").map(str::to_string))
 }
 
-/// The target exec'd: attach the markers of its new program, when it has them.
-fn after_exec(probes: &mut Probes, pid: u32) -> Result<()> {
+/// The target exec'd (or may have loaded a library): attach the markers of
+/// its program, or an engine profile's entry points, when it has them.
+fn after_exec(probes: &mut Probes, pid: u32, engine: EngineChoice) -> Result<()> {
+    if engine == EngineChoice::Off {
+        return Ok(());
+    }
     let Ok(exe) = std::fs::read_link(format!("/proc/{pid}/exe")) else { return Ok(()) };
-    if probes.attach_after_exec(&exe, pid)?.is_some() {
-        log::info!("pid {pid} exec'd {}: engine markers attached", exe.display());
+    match probes.attach_after_exec(&exe, pid, engine)? {
+        Some(MarkerKind::Profile(found)) => log::info!("pid {pid}: engine profile {}", found.describe()),
+        Some(_) => log::info!("pid {pid} exec'd {}: engine markers attached", exe.display()),
+        None => {}
     }
     Ok(())
 }

@@ -220,6 +220,12 @@ impl Target {
         if pid == 0 || !std::path::Path::new(&format!("/proc/{pid}")).exists() {
             bail!("no process with PID {pid} (check `ps -p {pid}`)");
         }
+        if is_kernel_thread(pid) {
+            bail!(
+                "PID {pid} is a kernel thread: it runs no program and has no user-space threads to observe \
+                 (attach to a user process; `ps -o pid,comm --ppid 2 -N` lists them)"
+            );
+        }
         let fd = pidfd_open(pid).with_context(|| format!("no process with PID {pid} (pidfd_open)"))?;
         Ok(Target { pid, pidfd: register(fd)?, spawned: None })
     }
@@ -341,6 +347,17 @@ impl Target {
             )
         })
     }
+}
+
+/// `PF_KTHREAD` in the flags of `/proc/PID/stat` (include/linux/sched.h).
+const PF_KTHREAD: u64 = 0x0020_0000;
+
+/// Whether `pid` is a kernel thread (its `/proc/PID/stat` flags, field 9).
+fn is_kernel_thread(pid: u32) -> bool {
+    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else { return false };
+    // Fields after the parenthesised comm: state(3) ppid pgrp session tty_nr tpgid flags(9).
+    let flags = stat.rsplit_once(')').and_then(|(_, rest)| rest.split_whitespace().nth(6)?.parse::<u64>().ok());
+    flags.is_some_and(|f| f & PF_KTHREAD != 0)
 }
 
 const GO: u8 = 1;

@@ -11,8 +11,8 @@
 
 use observer_common::{
     attrib::{
-        F_EXITED, MarkRecord, N_CNT, N_TIME, PHASE_BEGIN, PHASE_END, REC_EXEC, REC_MARK, REC_THREAD, ThreadRecord,
-        ThreadState,
+        ExecRecord, F_EXITED, MarkRecord, N_CNT, N_TIME, PHASE_BEGIN, PHASE_END, REC_EXEC, REC_MARK, REC_THREAD,
+        ThreadRecord, ThreadState,
     },
     model::{Component, Components, Counter, Counters, StepKind, ThreadToken, TokenRecord},
 };
@@ -30,6 +30,9 @@ pub struct Snapshot {
     /// The model file's cumulative page-cache (adds, evictions) at this
     /// instant, when churn is measured.
     pub churn: Option<(u64, u64)>,
+    /// The step's token count read from the probed call's arguments (a
+    /// `begin` mark of a profile's entry point that knows the layout).
+    pub n_tokens: Option<u64>,
 }
 
 /// Reassembles ring-buffer records into snapshots and pairs them into tokens.
@@ -39,11 +42,13 @@ pub struct Assembler {
     pending_seq: u64,
     begin: Option<Snapshot>,
     next_seq: u64,
-    default_kind: StepKind,
+    /// The kind of a step without an engine record (what marks the steps).
+    pub default_kind: StepKind,
     /// Records that could not be parsed (never expected; counted, not hidden).
     pub malformed: u64,
-    /// The target called `exec` since this was last cleared.
-    pub exec_seen: bool,
+    /// The observed processes (by PID) that called `exec` since this was
+    /// last cleared, in order.
+    pub execs: Vec<u32>,
     /// Page-cache churn of the model file is counted (marks carry it).
     pub churn: bool,
 }
@@ -65,7 +70,7 @@ impl Assembler {
             next_seq: 0,
             default_kind,
             malformed: 0,
-            exec_seen: false,
+            execs: Vec::new(),
             churn: false,
         }
     }
@@ -107,6 +112,7 @@ impl Assembler {
                     engine: (m.has_engine != 0).then(|| m.engine.to_vec()),
                     lost: m.n_lost as u64,
                     churn: self.churn.then_some((m.churn_added, m.churn_evicted)),
+                    n_tokens: (m.n_tokens_known != 0).then_some(m.n_tokens as u64),
                 };
                 match m.phase {
                     PHASE_BEGIN => {
@@ -126,7 +132,11 @@ impl Assembler {
                 }
             }
             REC_EXEC => {
-                self.exec_seen = true;
+                // After exec the caller is its process's only thread: its TID is the PID.
+                match read::<ExecRecord>(bytes) {
+                    Some(e) => self.execs.push(e.tid),
+                    None => self.malformed += 1,
+                }
                 None
             }
             _ => {
@@ -134,6 +144,11 @@ impl Assembler {
                 None
             }
         }
+    }
+
+    /// Records completed so far.
+    pub fn records(&self) -> u64 {
+        self.next_seq
     }
 
     /// Window mode: `snap` ends the current window (if any) and begins the next.
@@ -198,6 +213,11 @@ pub fn build(begin: &Snapshot, end: &Snapshot, seq: u64, default_kind: StepKind)
         Some(d) => (d.kind, Some(d.index), d.n_tokens, Some(d.telemetry)),
         None => (default_kind, (default_kind != StepKind::Window).then_some(end.index), 1, None),
     };
+    // A call's own count, read at its entry: more than one token is a prompt.
+    let (kind, n_tokens) = match begin.n_tokens {
+        Some(n) if end.engine.is_none() => (if n > 1 { StepKind::Prompt } else { StepKind::Generate }, n),
+        _ => (kind, n_tokens),
+    };
     let mut counters = Counters::from_kernel(&counters);
     if let (Some(b), Some(e)) = (begin.churn, end.churn) {
         counters.set(Counter::PagecacheAdded, Some(e.0.saturating_sub(b.0)));
@@ -236,7 +256,7 @@ mod tests {
     }
 
     fn snap(ts: u64, threads: Vec<ThreadState>) -> Snapshot {
-        Snapshot { ts, index: 0, threads, engine: None, lost: 0, churn: None }
+        Snapshot { ts, index: 0, threads, engine: None, lost: 0, churn: None, n_tokens: None }
     }
 
     #[test]

@@ -8,7 +8,10 @@ use std::{ffi::OsString, path::PathBuf, time::Duration};
 use super::parse_duration;
 use anyhow::{Context, Result, bail};
 use observer::{
-    capture::session::{Mode, Outcome, Session, SessionOptions, Stop, TargetSpec, TokenSymbol},
+    capture::{
+        bpf::EngineChoice,
+        session::{Mode, Outcome, Session, SessionOptions, Stop, TargetSpec, TokenSymbol},
+    },
     sinks::{Sink, lines::Lines, prometheus, summary::SummarySink, trace_writer::TraceWriter},
 };
 
@@ -28,6 +31,12 @@ pub struct RunArgs {
     /// engine's marker symbols when the target has them.
     #[arg(long, value_name = "SYM[:LIB]")]
     pub token_symbol: Option<String>,
+    /// Without --token-symbol, which engine's token boundaries to look for:
+    /// `auto` (our engine's markers, else the first engine profile the target
+    /// matches: llama.cpp's decode calls in libllama), a profile's name
+    /// (`llama.cpp`), or `none`.
+    #[arg(long, default_value = "auto", value_name = "ENGINE", value_parser = EngineChoice::parse)]
+    pub engine: EngineChoice,
     /// Fixed time windows instead of tokens (e.g. `250ms`, `1s`).
     #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
     pub window: Option<Duration>,
@@ -53,6 +62,13 @@ pub struct RunArgs {
     /// always done for a spawned command. Its parent will see it stop briefly.
     #[arg(long, requires = "pid")]
     pub follow_exec: bool,
+    /// Do not observe the processes a spawned command starts (by default its
+    /// descendants are observed too, as `perf` does).
+    #[arg(long, conflicts_with = "pid")]
+    pub no_children: bool,
+    /// With --pid: observe the processes it starts from now on, too.
+    #[arg(long, requires = "pid")]
+    pub children: bool,
     /// Without eBPF (no root/CAP_BPF, or no BPF in the kernel), fall back to a
     /// procfs-only measurement instead of failing.
     #[arg(long)]
@@ -100,6 +116,8 @@ impl RunArgs {
             target,
             mode,
             token_symbol,
+            engine: self.engine,
+            follow_children: if self.pid.is_some() { self.children } else { !self.no_children },
             window: self.window,
             model: self.model.clone(),
             residency_interval: self.residency_interval,

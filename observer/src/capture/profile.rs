@@ -1,0 +1,250 @@
+//! Engine profiles: token boundaries in an engine that carries none of our
+//! markers (`moe_abi::markers`), from calls of its own decode functions.
+//!
+//! ## Spec
+//! - A profile is data: a name and its entry points. An entry point is a
+//!   symbol whose every call is one step (a uprobe at entry, a uretprobe at
+//!   return), and the rule that reads the step's token count from the call's
+//!   arguments ([`NTokens`]). Where the argument's layout is not known the
+//!   count is unknown (`NTokens::Unknown`), never a guess.
+//! - A target matches a profile when an ELF file it runs defines at least one
+//!   of the profile's symbols. The files looked at, in order: its executable,
+//!   the libraries the executable needs (`DT_NEEDED`, searched as the dynamic
+//!   loader does: `DT_RPATH`/`DT_RUNPATH` with `$ORIGIN`, `LD_LIBRARY_PATH`, the
+//!   system directories), and every file it has mapped (`/proc/PID/maps`, which
+//!   also holds a library loaded later with `dlopen`). The first file that
+//!   defines any of a profile's symbols is the profile's file; every entry
+//!   point defined there is probed.
+//! - Calls nest: a thread's call inside another probed call is part of the
+//!   outer step (the kernel side keeps a per-thread depth), so entry points
+//!   that call one another never count a step twice.
+//!
+//! ## Adding a profile
+//! Add a [`Profile`] to [`PROFILES`]: its name (what `--engine` takes and the
+//! header shows) and its entry points. The token-count rule of an entry point
+//! is [`NTokens::Unknown`] unless its argument's layout is public and stable
+//! (`observer_common::attrib::call_arg` lists the rules the kernel side can
+//! apply). Nothing else changes.
+
+use std::{
+    collections::BTreeSet,
+    path::{Path, PathBuf},
+};
+
+use observer_common::attrib::call_arg;
+
+/// How a step's token count is read from an entry point's arguments.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NTokens {
+    /// Not read: the layout is private or not known.
+    Unknown,
+    /// A signed 32-bit count at `sp + offset` at entry (x86-64 only: a
+    /// struct over 16 bytes passed by value, on the stack after the return
+    /// address; elsewhere the count is unknown).
+    StackI32 { offset: u32 },
+}
+
+impl NTokens {
+    /// The uprobe's attach cookie for this rule (`call_arg`'s encoding).
+    pub fn cookie(self) -> u64 {
+        match self {
+            NTokens::StackI32 { offset } if cfg!(target_arch = "x86_64") => {
+                call_arg::cookie(call_arg::STACK_I32, offset)
+            }
+            _ => call_arg::cookie(call_arg::NONE, 0),
+        }
+    }
+}
+
+/// One function whose calls are steps.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Entry {
+    pub symbol: &'static str,
+    pub n_tokens: NTokens,
+}
+
+/// An engine's entry points (module spec).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Profile {
+    pub name: &'static str,
+    pub entries: &'static [Entry],
+}
+
+/// llama.cpp (`libllama`): its tools decode through `llama_decode(ctx,
+/// llama_batch)` or `llama_process(ctx, type, llama_batch_ext *)` (the server
+/// through both), encoder models through `llama_encode`. `llama_batch` is
+/// public (`include/llama.h`: `int32_t n_tokens` first) and passed by value;
+/// `llama_batch_ext` is private.
+pub const LLAMA_CPP: Profile = Profile {
+    name: "llama.cpp",
+    entries: &[
+        Entry { symbol: "llama_decode", n_tokens: NTokens::StackI32 { offset: 8 } },
+        Entry { symbol: "llama_encode", n_tokens: NTokens::StackI32 { offset: 8 } },
+        Entry { symbol: "llama_process", n_tokens: NTokens::Unknown },
+    ],
+};
+
+/// Every profile, tried in this order.
+pub const PROFILES: &[Profile] = &[LLAMA_CPP];
+
+/// The profile named `name` (as `--engine` takes it).
+pub fn by_name(name: &str) -> Option<&'static Profile> {
+    PROFILES.iter().find(|p| p.name.eq_ignore_ascii_case(name))
+}
+
+/// A profile found in a target: the file that defines its entry points and
+/// the entry points defined there.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Found {
+    pub profile: &'static Profile,
+    pub path: PathBuf,
+    pub entries: Vec<Entry>,
+}
+
+impl Found {
+    /// `llama.cpp: llama_decode, llama_process in /path/libllama.so`.
+    pub fn describe(&self) -> String {
+        let syms: Vec<&str> = self.entries.iter().map(|e| e.symbol).collect();
+        format!("{}: {} in {}", self.profile.name, syms.join(", "), self.path.display())
+    }
+}
+
+/// The first of `profiles` that a file of the target defines (module spec):
+/// `exe` (the program it runs or will run) and, when `pid` is running, the
+/// files it has mapped.
+pub fn detect(profiles: &[&'static Profile], exe: &Path, pid: Option<u32>) -> Option<Found> {
+    let mut files = vec![exe.to_path_buf()];
+    files.extend(needed_libraries(exe));
+    if let Some(pid) = pid {
+        files.extend(mapped_files(pid));
+    }
+    let mut seen = BTreeSet::new();
+    for f in files {
+        let Ok(canon) = f.canonicalize() else { continue };
+        if !seen.insert(canon.clone()) {
+            continue;
+        }
+        let defined = defined_symbols(&canon, profiles);
+        if defined.is_empty() {
+            continue;
+        }
+        for &p in profiles {
+            let entries: Vec<Entry> = p.entries.iter().filter(|e| defined.contains(e.symbol)).copied().collect();
+            if !entries.is_empty() {
+                return Some(Found { profile: p, path: canon, entries });
+            }
+        }
+    }
+    None
+}
+
+/// Which of the profiles' symbols `path` defines (its symbol and dynamic
+/// symbol tables).
+fn defined_symbols(path: &Path, profiles: &[&'static Profile]) -> BTreeSet<&'static str> {
+    use object::{Object, ObjectSymbol};
+    let mut out = BTreeSet::new();
+    let Ok(data) = crate::capture::bpf::map_elf(path) else { return out };
+    let Ok(file) = object::File::parse(&*data) else { return out };
+    let wanted: Vec<&'static str> = profiles.iter().flat_map(|p| p.entries.iter().map(|e| e.symbol)).collect();
+    for s in file.dynamic_symbols().chain(file.symbols()) {
+        if !s.is_definition() {
+            continue;
+        }
+        if let Ok(name) = s.name()
+            && let Some(w) = wanted.iter().find(|w| **w == name)
+        {
+            out.insert(*w);
+        }
+    }
+    out
+}
+
+/// The regular files a running process has mapped, in map order.
+pub fn mapped_files(pid: u32) -> Vec<PathBuf> {
+    let Ok(maps) = std::fs::read_to_string(format!("/proc/{pid}/maps")) else { return Vec::new() };
+    let mut out: Vec<PathBuf> = Vec::new();
+    for line in maps.lines() {
+        // address perms offset dev inode path
+        let Some(path) = line.split_whitespace().nth(5) else { continue };
+        if path.starts_with('/') && out.last().is_none_or(|l| l.as_os_str() != path) {
+            out.push(PathBuf::from(path));
+        }
+    }
+    out
+}
+
+/// The shared libraries `exe` needs (`DT_NEEDED`), found as the dynamic
+/// loader finds them; those not found are left out (one level: what the
+/// libraries themselves need is not followed).
+pub fn needed_libraries(exe: &Path) -> Vec<PathBuf> {
+    let Some((needed, search)) = dynamic_info(exe) else { return Vec::new() };
+    let origin = exe.parent().map(Path::to_path_buf).unwrap_or_default();
+    let expand = |d: &str| PathBuf::from(d.replace("$ORIGIN", &origin.to_string_lossy()));
+    let mut dirs: Vec<PathBuf> = search.iter().filter(|d| !d.is_empty()).map(|d| expand(d)).collect();
+    if let Ok(v) = std::env::var("LD_LIBRARY_PATH") {
+        dirs.extend(v.split(':').filter(|d| !d.is_empty()).map(PathBuf::from));
+    }
+    dirs.extend(
+        ["/lib/x86_64-linux-gnu", "/usr/lib/x86_64-linux-gnu", "/lib64", "/usr/lib64", "/lib", "/usr/lib"]
+            .map(PathBuf::from),
+    );
+    needed
+        .iter()
+        .filter_map(|n| {
+            if n.contains('/') { Some(PathBuf::from(n)) } else { dirs.iter().map(|d| d.join(n)).find(|p| p.is_file()) }
+        })
+        .collect()
+}
+
+/// `DT_NEEDED` names and the `DT_RPATH`/`DT_RUNPATH` directories of an ELF64 file.
+fn dynamic_info(path: &Path) -> Option<(Vec<String>, Vec<String>)> {
+    use object::{
+        elf,
+        read::elf::{Dyn, FileHeader},
+    };
+    let data = crate::capture::bpf::map_elf(path).ok()?;
+    let header = elf::FileHeader64::<object::Endianness>::parse(&*data).ok()?;
+    let endian = header.endian().ok()?;
+    let sections = header.sections(endian, &*data).ok()?;
+    let (dyns, link) = sections.dynamic(endian, &*data).ok()??;
+    let strings = sections.strings(endian, &*data, link).ok()?;
+    let (mut needed, mut search) = (Vec::new(), Vec::new());
+    for d in dyns {
+        let tag = d.tag(endian);
+        let Some(s) = d.string(endian, strings).ok().map(|s| String::from_utf8_lossy(s).into_owned()) else {
+            continue;
+        };
+        match tag {
+            elf::DT_NEEDED => needed.push(s),
+            elf::DT_RPATH | elf::DT_RUNPATH => search.extend(s.split(':').map(str::to_string)),
+            _ => {}
+        }
+    }
+    Some((needed, search))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn profiles_are_found_by_name_and_read_only_known_layouts() {
+        assert_eq!(by_name("LLAMA.CPP"), Some(&LLAMA_CPP));
+        assert_eq!(by_name("ollama"), None);
+        let process = LLAMA_CPP.entries.iter().find(|e| e.symbol == "llama_process").unwrap();
+        assert_eq!(process.n_tokens.cookie(), 0, "llama_batch_ext is private: its count is unknown");
+        let decode = LLAMA_CPP.entries.iter().find(|e| e.symbol == "llama_decode").unwrap();
+        if cfg!(target_arch = "x86_64") {
+            assert_eq!(call_arg::split(decode.n_tokens.cookie()), (call_arg::STACK_I32, 8));
+        }
+    }
+
+    #[test]
+    fn a_program_without_engine_symbols_matches_no_profile() {
+        let me = std::env::current_exe().unwrap();
+        assert_eq!(detect(&[&LLAMA_CPP], &me, Some(std::process::id())), None);
+        // Its libraries are found (libc at least) and mapped files are listed.
+        assert!(needed_libraries(&me).iter().any(|p| p.to_string_lossy().contains("libc.so")));
+        assert!(mapped_files(std::process::id()).iter().any(|p| p == &me.canonicalize().unwrap()));
+    }
+}
