@@ -17,6 +17,7 @@ extern crate std;
 
 pub mod attrib;
 pub mod faults;
+pub mod evict;
 pub mod filemap;
 pub mod hist;
 #[cfg(feature = "user")]

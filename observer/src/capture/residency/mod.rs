@@ -36,6 +36,7 @@
 
 pub mod anon;
 pub mod churn;
+pub mod evict;
 pub mod scan;
 
 use std::{
