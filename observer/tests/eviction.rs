@@ -48,7 +48,7 @@ fn cat(path: &Path) {
 
 /// The probes on one model file.
 struct Blame {
-    ebpf: aya::Ebpf,
+    _ebpf: aya::Ebpf,
     churn: Churn,
     path: std::path::PathBuf,
 }
@@ -67,11 +67,11 @@ impl Blame {
         if let Err(e) = &churn.blame {
             panic!("eviction blame not attached: {e}");
         }
-        Blame { ebpf, churn, path: path.to_owned() }
+        Blame { _ebpf: ebpf, churn, path: path.to_owned() }
     }
 
     fn mark(&self) -> Mark {
-        Mark { counts: self.churn.read(), table: evict::read(&self.ebpf).unwrap(), resident: fincore_pages(&self.path) }
+        Mark { counts: self.churn.read(), table: self.churn.blame().unwrap().unwrap(), resident: fincore_pages(&self.path) }
     }
 
     /// The rows of `actor` between two marks, checked: every evicted page has exactly one actor

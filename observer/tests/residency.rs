@@ -10,7 +10,7 @@ use std::{
     io::{BufRead, BufReader, Write},
     ops::Range,
     os::{fd::AsRawFd, unix::fs::FileExt},
-    path::{Path, PathBuf},
+    path::Path,
     process::{Command, Stdio},
     time::Duration,
 };

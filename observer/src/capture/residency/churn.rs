@@ -309,6 +309,11 @@ impl Churn {
         Ok(Churn { intervals, n_cells: map.n_cells(), churn, totals, dev, ino, attached, blame })
     }
 
+    /// Who evicted the file's pages so far (cumulative), when blame is attached.
+    pub fn blame(&self) -> Option<Result<super::evict::Table, ResidencyError>> {
+        self.blame.as_ref().ok().map(super::evict::Attached::read)
+    }
+
     /// The cumulative counters now.
     pub fn read(&self) -> Counts {
         let n = self.intervals.starts.len();

@@ -10,7 +10,7 @@
 
 use aya::{
     Ebpf,
-    maps::{Array, HashMap},
+    maps::{Array, HashMap, MapData},
     programs::TracePoint,
 };
 use observer_common::{
@@ -49,11 +49,30 @@ fn err(what: &str) -> impl Fn(aya::maps::MapError) -> ResidencyError + '_ {
     move |e| ResidencyError::Churn(format!("eviction blame: {what}: {e}"))
 }
 
-/// What [`attach`] attached and what it could not.
-#[derive(Debug, Default, Clone)]
+/// What [`attach`] attached and what it could not, and the maps [`Attached::read`] reads
+/// (taken out of the object: they live as long as this).
 pub struct Attached {
     pub attached: Vec<String>,
     pub missing: Vec<String>,
+    actors: HashMap<MapData, ActorKey, ActorPages>,
+    overflow: Array<MapData, ActorPages>,
+    stats: Array<MapData, u64>,
+}
+
+impl std::fmt::Debug for Attached {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Attached").field("attached", &self.attached).field("missing", &self.missing).finish()
+    }
+}
+
+fn take<T: TryFrom<aya::maps::Map, Error = aya::maps::MapError>>(
+    ebpf: &mut Ebpf,
+    name: &'static str,
+) -> Result<T, ResidencyError> {
+    let m = ebpf
+        .take_map(name)
+        .ok_or_else(|| ResidencyError::Churn(format!("the eBPF object has no map {name} (stale build?)")))?;
+    T::try_from(m).map_err(err(name))
 }
 
 /// Configure eviction blame in `ebpf` for the churn `intervals` and attach its programs. The
@@ -82,10 +101,10 @@ pub fn attach(ebpf: &mut Ebpf, intervals: &Intervals) -> Result<Attached, Reside
             }
         }
     }
-    let mut out = Attached::default();
+    let (mut attached, mut missing) = (Vec::new(), Vec::new());
     for (program, category, name) in WINDOWS {
         if !preflight::tracepoint_exists(category, name) {
-            out.missing.push(format!("{category}:{name} (not on this kernel: its evictions count by comm/system call)"));
+            missing.push(format!("{category}:{name} (not on this kernel: its evictions count by comm/system call)"));
             continue;
         }
         let prog: &mut TracePoint = ebpf
@@ -97,14 +116,20 @@ pub fn attach(ebpf: &mut Ebpf, intervals: &Intervals) -> Result<Attached, Reside
             prog.load().map_err(|e| ResidencyError::Churn(format!("loading {program}: {e}")))?;
         }
         match prog.attach(category, name) {
-            Ok(_) => out.attached.push(format!("tp:{category}:{name}")),
-            Err(e) => out.missing.push(format!("{category}:{name} ({e})")),
+            Ok(_) => attached.push(format!("tp:{category}:{name}")),
+            Err(e) => missing.push(format!("{category}:{name} ({e})")),
         }
     }
     let m = ebpf.map_mut("EVICT_CONFIG").ok_or_else(|| ResidencyError::Churn("no map EVICT_CONFIG".into()))?;
     let mut a: Array<_, EvictConfig> = Array::try_from(m).map_err(err("EVICT_CONFIG"))?;
     a.set(0, EvictConfig { enabled: 1, syscall_off: syscall_offset() }, 0).map_err(err("EVICT_CONFIG"))?;
-    Ok(out)
+    Ok(Attached {
+        attached,
+        missing,
+        actors: take(ebpf, "EVICT_ACTORS")?,
+        overflow: take(ebpf, "EVICT_OVERFLOW")?,
+        stats: take(ebpf, "EVICT_STATS")?,
+    })
 }
 
 /// One actor's evictions (cumulative since [`attach`]).
@@ -226,12 +251,16 @@ fn row(kind: u32, pid: u32, comm: String, syscall: Option<String>, cgroup_v2: u6
     }
 }
 
-/// The blame table now.
-pub fn read(ebpf: &Ebpf) -> Result<Table, ResidencyError> {
-    let m = ebpf.map("EVICT_ACTORS").ok_or_else(|| ResidencyError::Churn("no map EVICT_ACTORS".into()))?;
-    let h: HashMap<_, ActorKey, ActorPages> = HashMap::try_from(m).map_err(err("EVICT_ACTORS"))?;
+impl Attached {
+    /// The blame table now.
+    pub fn read(&self) -> Result<Table, ResidencyError> {
+        read(self)
+    }
+}
+
+fn read(m: &Attached) -> Result<Table, ResidencyError> {
     let mut rows = Vec::new();
-    for kv in h.iter() {
+    for kv in m.actors.iter() {
         let (k, v) = kv.map_err(err("EVICT_ACTORS"))?;
         let sc = sys::name(k.syscall).map(str::to_string).or_else(|| {
             (k.syscall != observer_common::evict::NO_SYSCALL).then(|| format!("syscall {}", k.syscall))
@@ -240,19 +269,15 @@ pub fn read(ebpf: &Ebpf) -> Result<Table, ResidencyError> {
         r.memcg = memcg_of(k.tgid);
         rows.push(r);
     }
-    let m = ebpf.map("EVICT_OVERFLOW").ok_or_else(|| ResidencyError::Churn("no map EVICT_OVERFLOW".into()))?;
-    let a: Array<_, ActorPages> = Array::try_from(m).map_err(err("EVICT_OVERFLOW"))?;
     for kind in 0..N_KINDS {
-        let v = a.get(&kind, 0).map_err(err("EVICT_OVERFLOW"))?;
+        let v = m.overflow.get(&kind, 0).map_err(err("EVICT_OVERFLOW"))?;
         if v.events > 0 {
             let mut r = row(kind, 0, observer_common::vocab::OTHER.into(), None, 0, &v);
             r.overflow = true;
             rows.push(r);
         }
     }
-    let m = ebpf.map("EVICT_STATS").ok_or_else(|| ResidencyError::Churn("no map EVICT_STATS".into()))?;
-    let a: Array<_, u64> = Array::try_from(m).map_err(err("EVICT_STATS"))?;
-    let windows_lost = a.get(&S_WINDOW_LOST, 0).map_err(err("EVICT_STATS"))?;
+    let windows_lost = m.stats.get(&S_WINDOW_LOST, 0).map_err(err("EVICT_STATS"))?;
     rows.sort_by(|a, b| b.pages.cmp(&a.pages).then(a.pid.cmp(&b.pid)));
     Ok(Table { rows, windows_lost })
 }
