@@ -16,8 +16,8 @@
 extern crate std;
 
 pub mod attrib;
-pub mod faults;
 pub mod evict;
+pub mod faults;
 pub mod filemap;
 pub mod hist;
 #[cfg(feature = "user")]

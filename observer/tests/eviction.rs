@@ -71,7 +71,11 @@ impl Blame {
     }
 
     fn mark(&self) -> Mark {
-        Mark { counts: self.churn.read(), table: self.churn.blame().unwrap().unwrap(), resident: fincore_pages(&self.path) }
+        Mark {
+            counts: self.churn.read(),
+            table: self.churn.blame().unwrap().unwrap(),
+            resident: fincore_pages(&self.path),
+        }
     }
 
     /// The rows of `actor` between two marks, checked: every evicted page has exactly one actor
@@ -86,7 +90,10 @@ impl Blame {
         let named = d.pages_where(&actor);
         let others = evicted - named;
         let fincore = a.resident as i64 - b.resident as i64;
-        eprintln!("fincore {} -> {} pages; added {added}; named actor {named}; others {others}", a.resident, b.resident);
+        eprintln!(
+            "fincore {} -> {} pages; added {added}; named actor {named}; others {others}",
+            a.resident, b.resident
+        );
         assert_eq!(named as i64, fincore + added as i64 - others as i64, "named actor's pages vs fincore delta");
         assert!(named > 0, "the named actor evicted nothing");
         let rows = d.rows.iter().filter(|r| actor(r)).count();

@@ -122,11 +122,13 @@ fn delta(now: &Counts, last: &Counts) -> ChurnDelta {
     }
 }
 
+/// The object, the counters, the last counts, and who evicted at the start and at the last refresh.
+type ChurnState = (aya::Ebpf, Churn, Counts, Option<(Table, Table)>);
+
 pub fn run(args: HeatmapArgs) -> Result<i32> {
     let mut model =
         ModelFile::open(&args.model).with_context(|| format!("observer heatmap {}", args.model.display()))?;
-    // (object, counters, last counts, blame at the start and at the last refresh)
-    let mut churn_state: Option<(aya::Ebpf, Churn, Counts, Option<(Table, Table)>)> = None;
+    let mut churn_state: Option<ChurnState> = None;
     if args.churn {
         observer::capture::preflight::check_privileges()?;
         let mut ebpf = observer::capture::residency::churn::load_standalone()?;

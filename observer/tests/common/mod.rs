@@ -184,4 +184,3 @@ pub fn write_model(path: &std::path::Path, layers: usize, experts: u64, hidden: 
     w.finish().expect("finish model");
     path.to_owned()
 }
-

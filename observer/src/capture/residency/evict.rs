@@ -205,13 +205,14 @@ impl Table {
                 (d.pages > 0).then_some(d)
             })
             .collect();
-        rows.sort_by(|a, b| b.pages.cmp(&a.pages));
+        rows.sort_by_key(|r| std::cmp::Reverse(r.pages));
         Table { rows, windows_lost: self.windows_lost - base.windows_lost.min(self.windows_lost) }
     }
 }
 
 fn same_actor(a: &ActorRow, b: &ActorRow) -> bool {
-    (a.kind, a.pid, &a.comm, &a.syscall, a.cgroup_v2, a.overflow) == (b.kind, b.pid, &b.comm, &b.syscall, b.cgroup_v2, b.overflow)
+    (a.kind, a.pid, &a.comm, &a.syscall, a.cgroup_v2, a.overflow)
+        == (b.kind, b.pid, &b.comm, &b.syscall, b.cgroup_v2, b.overflow)
 }
 
 fn comm(c: &[u8; 16]) -> String {
@@ -262,9 +263,9 @@ fn read(m: &Attached) -> Result<Table, ResidencyError> {
     let mut rows = Vec::new();
     for kv in m.actors.iter() {
         let (k, v) = kv.map_err(err("EVICT_ACTORS"))?;
-        let sc = sys::name(k.syscall).map(str::to_string).or_else(|| {
-            (k.syscall != observer_common::evict::NO_SYSCALL).then(|| format!("syscall {}", k.syscall))
-        });
+        let sc = sys::name(k.syscall)
+            .map(str::to_string)
+            .or_else(|| (k.syscall != observer_common::evict::NO_SYSCALL).then(|| format!("syscall {}", k.syscall)));
         let mut r = row(k.kind, k.tgid, comm(&k.comm), sc, k.cgroup, &v);
         r.memcg = memcg_of(k.tgid);
         rows.push(r);
