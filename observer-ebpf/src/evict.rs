@@ -1,6 +1,10 @@
 //! Eviction blame (rule and layout: `observer_common::evict`): the actor of each eviction the
 //! churn program counts, found from per-task reclaim windows, the task's comm and the system call
 //! it is in, and its pages counted per actor × region class.
+//!
+//! The system-call rule reads the task's saved registers with `bpf_get_current_task_btf` and
+//! `bpf_task_pt_regs` (Linux >= 5.15 with BTF, `CONFIG_DEBUG_INFO_BTF`); the churn delete program
+//! calls it, so it needs the same kernel.
 
 use aya_ebpf::{
     bindings::BPF_NOEXIST,

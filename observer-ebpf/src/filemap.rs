@@ -6,8 +6,10 @@
 //! the model file the folio's pages are added to the cumulative per-interval counters that user
 //! space maps, so heavy thrashing costs no ring-buffer traffic. These programs have their own
 //! maps and do not depend on the target filter (`CONFIG`): the page cache is shared by every
-//! process. Minimum kernel: 5.5 (mmapable arrays). On kernels whose format has no `order` field
-//! (before large folios in the page cache) every event counts one page.
+//! process. Each eviction is also counted for its actor (`evict`). Minimum kernel: 5.5 (mmapable
+//! arrays), 5.15 with BTF for the delete program (`evict`'s system-call rule). On kernels whose
+//! format has no `order` field (before large folios in the page cache) every event counts one
+//! page.
 
 use core::ptr::{read_volatile, write_volatile};
 
