@@ -312,6 +312,24 @@ mod tests {
 
     use super::*;
 
+    fn r(kind: &'static str, pid: u32, pages: u64) -> ActorRow {
+        let p = ActorPages { events: 1, pages: [0, 0, pages, 0], spill: 0 };
+        row(EVICTION_ACTORS.iter().position(|a| a.name == kind).unwrap() as u32, pid, "x".into(), None, 0, &p)
+    }
+
+    #[test]
+    fn since_keeps_the_actors_that_grew_with_their_growth() {
+        let a = Table { rows: vec![r("kswapd", 45, 10), r("fadvise", 7, 5)], windows_lost: 1 };
+        let b = Table { rows: vec![r("kswapd", 45, 10), r("fadvise", 7, 8), r("truncate", 9, 100)], windows_lost: 3 };
+        let d = b.since(&a);
+        let got: Vec<(&str, u32, u64, u64)> = d.rows.iter().map(|x| (x.kind, x.pid, x.pages, x.routed_pages)).collect();
+        assert_eq!(got, vec![("truncate", 9, 100, 100), ("fadvise", 7, 3, 3)]);
+        assert_eq!(d.windows_lost, 2);
+        assert_eq!(d.pages(), 103);
+        assert_eq!(b.by_kind()[K_KSWAPD as usize], 10);
+        assert_eq!(b.by_kind()[K_TRUNCATE as usize], 100);
+    }
+
     #[test]
     fn kernel_kinds_follow_the_vocabulary() {
         let names: Vec<&str> = EVICTION_ACTORS.iter().map(|r| r.name).collect();
