@@ -222,3 +222,50 @@ fn damon_pageout_is_blamed_on_kdamond() {
         assert!(t.elapsed() < bound, "kdamond evicted none of the cold file within {bound:?}: DAMON did not fire");
     }
 }
+
+/// `observer heatmap --churn --watch --json` lists the actors of each refresh: a `dd` that drops
+/// the cached model between two refreshes is its one row, with the pages `fincore` saw leave.
+#[test]
+fn the_heatmap_lists_who_evicted_between_refreshes() {
+    use std::io::{BufRead, BufReader};
+    let _l = machine_lock();
+    let path = write_model(&scratch_dir("evict").join("heatmap.gguf"), 4, 16, 256, 32);
+    drop_from_cache(&path);
+    cat(&path);
+    let before = fincore_pages(&path);
+    let mut child = Command::new(common::OBSERVER)
+        .args([
+            "heatmap",
+            path.to_str().unwrap(),
+            "--churn",
+            "--watch",
+            "--interval",
+            "1500ms",
+            "--count",
+            "3",
+            "--json",
+        ])
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("run observer heatmap");
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    let first: serde_json::Value = serde_json::from_str(&lines.next().unwrap().unwrap()).unwrap();
+    assert_eq!(first["evicted_by"], serde_json::json!([]), "nothing evicted before the first refresh");
+    let pid = run(&["dd", &format!("if={}", path.display()), "iflag=nocache", "count=0", "status=none"]);
+    let after = fincore_pages(&path);
+    let rest: Vec<serde_json::Value> = lines.map(|l| serde_json::from_str(&l.unwrap()).unwrap()).collect();
+    assert!(child.wait().unwrap().success());
+    assert_eq!(rest.len(), 2);
+    let evicted: u64 = rest.iter().map(|j| j["churn"]["evicted_pages"].as_u64().unwrap()).sum();
+    let rows: Vec<&serde_json::Value> = rest.iter().flat_map(|j| j["evicted_by"].as_array().unwrap()).collect();
+    let dd: u64 = rows
+        .iter()
+        .filter(|r| r["kind"] == "fadvise" && r["pid"] == pid && r["comm"] == "dd")
+        .map(|r| r["pages"].as_u64().unwrap())
+        .sum();
+    let all: u64 = rows.iter().map(|r| r["pages"].as_u64().unwrap()).sum();
+    eprintln!("heatmap: dd evicted {dd} of {all} pages; fincore {before} -> {after}");
+    assert_eq!(all, evicted, "Σ evicted_by vs the refreshes' evicted_pages");
+    assert_eq!(dd, before - after - (all - dd), "dd's pages vs fincore delta less the other actors'");
+    assert!(dd > 1000, "dd evicted {dd} pages");
+}
