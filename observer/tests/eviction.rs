@@ -80,8 +80,15 @@ impl Blame {
 
     /// The rows of `actor` between two marks, checked: every evicted page has exactly one actor
     /// (the table's sum is the churn total), and `actor`'s pages are what `fincore` saw leave,
-    /// plus what was added meanwhile, minus what the other actors evicted.
+    /// plus what was added meanwhile, minus what the other actors evicted. `actor` matches one
+    /// row (use [`Blame::check_rows`] for several).
     fn check(&self, a: &Mark, b: &Mark, actor: impl Fn(&ActorRow) -> bool) -> u64 {
+        let rows = b.table.since(&a.table).rows.iter().filter(|r| actor(r)).count();
+        assert_eq!(rows, 1, "one row for the named actor");
+        self.check_rows(a, b, actor)
+    }
+
+    fn check_rows(&self, a: &Mark, b: &Mark, actor: impl Fn(&ActorRow) -> bool) -> u64 {
         let d = b.table.since(&a.table);
         let evicted = b.counts.del_pages - a.counts.del_pages;
         let added = b.counts.add_pages - a.counts.add_pages;
@@ -96,10 +103,9 @@ impl Blame {
         );
         assert_eq!(named as i64, fincore + added as i64 - others as i64, "named actor's pages vs fincore delta");
         assert!(named > 0, "the named actor evicted nothing");
-        let rows = d.rows.iter().filter(|r| actor(r)).count();
-        assert_eq!(rows, 1, "one row for the named actor");
-        let r = d.rows.iter().find(|r| actor(r)).unwrap();
-        assert_eq!(r.dense_pages + r.shared_pages + r.routed_pages + r.other_pages + r.spill_pages, r.pages);
+        for r in &d.rows {
+            assert_eq!(r.dense_pages + r.shared_pages + r.routed_pages + r.other_pages + r.spill_pages, r.pages);
+        }
         named
     }
 }
@@ -268,4 +274,48 @@ fn the_heatmap_lists_who_evicted_between_refreshes() {
     assert_eq!(all, evicted, "Σ evicted_by vs the refreshes' evicted_pages");
     assert_eq!(dd, before - after - (all - dd), "dd's pages vs fincore delta less the other actors'");
     assert!(dd > 1000, "dd evicted {dd} pages");
+}
+
+/// Cache pages `0..n` of `path` one by one (order-0 folios: `fadvise(DONTNEED)` of one page
+/// skips a large folio around it).
+fn cache_pages(path: &Path, n: u64) {
+    use std::os::{fd::AsRawFd, unix::fs::FileExt};
+    let f = std::fs::File::open(path).unwrap();
+    // SAFETY: plain advice on our own descriptor.
+    unsafe { libc::posix_fadvise(f.as_raw_fd(), 0, 0, libc::POSIX_FADV_RANDOM) };
+    let mut buf = [0u8; 4096];
+    for p in 0..n {
+        f.read_exact_at(&mut buf, p * 4096).unwrap();
+    }
+}
+
+/// More actors than the table holds: the ones that do not fit are counted in their kind's
+/// overflow row, and the rows still add up to the churn total and to `fincore`'s delta.
+#[test]
+fn actors_beyond_the_table_are_counted_in_their_kinds_overflow_row() {
+    let _l = machine_lock();
+    let max = observer_common::evict::MAX_ACTORS as u64;
+    let n = max + 100;
+    let path = write_model(&scratch_dir("evict").join("overflow.gguf"), 4, 16, 256, 32);
+    drop_from_cache(&path);
+    cache_pages(&path, n);
+    let b = Blame::attach(&path);
+    let m0 = b.mark();
+    // One `dd` per page, each a new process: n actors of kind fadvise.
+    let script = format!(
+        "for i in $(seq 0 {}); do dd if='{}' of=/dev/null iflag=nocache bs=4096 skip=$i count=1 status=none; done",
+        n - 1,
+        path.display()
+    );
+    run(&["sh", "-c", &script]);
+    let m1 = b.mark();
+    let named = b.check_rows(&m0, &m1, |r| r.kind == "fadvise" && (r.comm == "dd" || r.overflow));
+    let d = m1.table.since(&m0.table);
+    let overflow: Vec<&ActorRow> = d.rows.iter().filter(|r| r.overflow).collect();
+    assert_eq!(overflow.len(), 1, "one overflow row (kind fadvise): {overflow:?}");
+    assert_eq!(overflow[0].kind, "fadvise");
+    let listed = d.rows.iter().filter(|r| !r.overflow).count() as u64;
+    assert!(listed <= max, "{listed} actors listed, more than the table's {max}");
+    assert!(overflow[0].events >= n - max, "{} overflow events for {n} processes", overflow[0].events);
+    eprintln!("{listed} actors listed, overflow row {} pages of {named}", overflow[0].pages);
 }
