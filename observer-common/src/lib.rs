@@ -16,6 +16,7 @@
 extern crate std;
 
 pub mod attrib;
+pub mod evict;
 pub mod faults;
 pub mod filemap;
 pub mod hist;

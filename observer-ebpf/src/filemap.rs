@@ -6,8 +6,10 @@
 //! the model file the folio's pages are added to the cumulative per-interval counters that user
 //! space maps, so heavy thrashing costs no ring-buffer traffic. These programs have their own
 //! maps and do not depend on the target filter (`CONFIG`): the page cache is shared by every
-//! process. Minimum kernel: 5.5 (mmapable arrays). On kernels whose format has no `order` field
-//! (before large folios in the page cache) every event counts one page.
+//! process. Each eviction is also counted for its actor (`evict`). Minimum kernel: 5.5 (mmapable
+//! arrays), 5.15 with BTF for the delete program (`evict`'s system-call rule). On kernels whose
+//! format has no `order` field (before large folios in the page cache) every event counts one
+//! page.
 
 use core::ptr::{read_volatile, write_volatile};
 
@@ -22,7 +24,9 @@ use observer_common::filemap::{
     T_ADD_EVENTS, T_ADD_PAGES, T_ADD_SPILL, T_DEL_EVENTS, T_DEL_PAGES, T_DEL_SPILL, T_OTHER_DEV, T_OTHER_DEV_LAST,
 };
 
-use crate::maps::atomic_add;
+use observer_common::evict::ActorPages;
+
+use crate::{evict, maps::atomic_add};
 
 #[map]
 pub static FILEMAP_CONFIG: Array<FilemapConfig> = Array::with_max_entries(1, 0);
@@ -69,15 +73,22 @@ fn find(s: *mut FilemapScratch, page: u64) {
     }
 }
 
-/// Count the `1 << order` pages at `index` into the intervals they fall in.
+/// Count the `1 << order` pages at `index` into the intervals they fall in, and for the
+/// eviction's actor `a` (`evict`) when there is one.
 #[inline(always)]
-fn count(index: u64, order: u32, evicted: bool) {
+fn count(index: u64, order: u32, evicted: bool, a: Option<*mut ActorPages>) {
     let pages = 1u64 << (order & 15);
     let end = index.saturating_add(pages);
     total_add(if evicted { T_DEL_EVENTS } else { T_ADD_EVENTS }, 1);
     total_add(if evicted { T_DEL_PAGES } else { T_ADD_PAGES }, pages);
+    if let Some(a) = a {
+        evict::event(a);
+    }
     let Some(s) = FILEMAP_SCRATCH.get_ptr_mut(0) else {
         total_add(if evicted { T_DEL_SPILL } else { T_ADD_SPILL }, pages);
+        if let Some(a) = a {
+            evict::spill(a, pages);
+        }
         return;
     };
     find(s, index);
@@ -96,6 +107,9 @@ fn count(index: u64, order: u32, evicted: bool) {
             // SAFETY: aligned u64 fields of a map value, updated from any CPU.
             let field = unsafe { if evicted { &raw mut (*c).evicted } else { &raw mut (*c).added } };
             atomic_add(field, stop - cur);
+            if let Some(a) = a {
+                evict::pages(a, i, stop - cur);
+            }
         }
         if stop >= end {
             return;
@@ -110,6 +124,9 @@ fn count(index: u64, order: u32, evicted: bool) {
     let cur = unsafe { read_volatile(&raw const (*s).cur) };
     if end > cur {
         total_add(if evicted { T_DEL_SPILL } else { T_ADD_SPILL }, end - cur);
+        if let Some(a) = a {
+            evict::spill(a, end - cur);
+        }
     }
 }
 
@@ -143,7 +160,7 @@ fn on_event(ctx: &TracePointContext, evicted: bool) -> u32 {
         // SAFETY: as above.
         unsafe { ctx.read_at::<u8>(f.order as usize) }.unwrap_or(0) as u32
     };
-    count(index, order, evicted);
+    count(index, order, evicted, if evicted { evict::actor() } else { None });
     0
 }
 

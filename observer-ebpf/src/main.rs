@@ -9,6 +9,7 @@
 #![feature(asm_experimental_arch)]
 
 mod block;
+mod evict;
 mod faults;
 mod filemap;
 mod maps;

@@ -19,7 +19,9 @@
 //!   `vocab::REGIONS`), "n_layers", "n_experts", "layers" (block index of each row), "resident" (rows of
 //!   per-expert fractions), "added" / "evicted" (rows of pages since the previous refresh, or
 //!   null without `--churn`), "churn" ({"added_pages", "evicted_pages", "spill_pages",
-//!   "dense_added", "dense_evicted"} or null), "header_pages_dropped"}`.
+//!   "dense_added", "dense_evicted"} or null), "evicted_by" (who evicted since the previous
+//!   refresh: rows of `residency::evict::ActorRow`, most pages first; null without `--churn`),
+//!   "header_pages_dropped"}`. The terminal view adds the same table and the one since the start.
 //! - `--csv`: `sample,kind,layer,expert,bytes,resident_bytes,resident_frac,added_pages,evicted_pages`
 //!   with one row per kind `file`, `dense_tensors`, `shared_experts`, `routed_experts` (layer,
 //!   expert empty) and one per expert (`expert`); unmeasured values are empty.
@@ -31,7 +33,11 @@ use std::{
 };
 
 use anyhow::{Context, Result, bail};
-use observer::capture::residency::{Counts, ModelFile, Part, Snapshot, Source, churn::Churn};
+use observer::capture::residency::{
+    Counts, ModelFile, Part, Snapshot, Source,
+    churn::Churn,
+    evict::{self, Table},
+};
 use observer_common::vocab::{Region, ResidencyField};
 use serde_json::{Value, json};
 
@@ -67,6 +73,8 @@ pub struct HeatmapArgs {
 
 /// Churn deltas of one refresh.
 struct ChurnDelta {
+    /// Who evicted since the previous refresh, and since the start (`None`: blame not measured).
+    evicted_by: Option<(Table, Table)>,
     added: Vec<u64>,
     evicted: Vec<u64>,
     added_pages: u64,
@@ -87,6 +95,7 @@ impl ChurnDelta {
 fn delta(now: &Counts, last: &Counts) -> ChurnDelta {
     let d = |a: &[u64], b: &[u64]| a.iter().zip(b).map(|(x, y)| x.saturating_sub(*y)).collect::<Vec<_>>();
     ChurnDelta {
+        evicted_by: None,
         added: d(&now.cell_added, &last.cell_added),
         evicted: d(&now.cell_evicted, &last.cell_evicted),
         added_pages: now.add_pages.saturating_sub(last.add_pages),
@@ -97,17 +106,30 @@ fn delta(now: &Counts, last: &Counts) -> ChurnDelta {
     }
 }
 
+/// The object, the counters, the last counts, and who evicted at the start and at the last refresh.
+type ChurnState = (aya::Ebpf, Churn, Counts, Option<(Table, Table)>);
+
 pub fn run(args: HeatmapArgs) -> Result<i32> {
     let mut model =
         ModelFile::open(&args.model).with_context(|| format!("observer heatmap {}", args.model.display()))?;
-    let mut churn_state: Option<(aya::Ebpf, Churn, Counts)> = None;
+    let mut churn_state: Option<ChurnState> = None;
     if args.churn {
         observer::capture::preflight::check_privileges()?;
         let mut ebpf = observer::capture::residency::churn::load_standalone()?;
         let c = Churn::attach(&mut ebpf, &args.model, &model.map, model.file.page)
             .with_context(|| format!("page-cache churn of {}", args.model.display()))?;
         let base = c.read();
-        churn_state = Some((ebpf, c, base));
+        let blame = match c.blame() {
+            Some(Ok(t)) => Some((t.clone(), t)),
+            Some(Err(e)) => bail!("eviction blame of {}: {e}", args.model.display()),
+            None => {
+                if let Err(e) = &c.blame {
+                    eprintln!("observer heatmap: who evicted is not measured: {e}");
+                }
+                None
+            }
+        };
+        churn_state = Some((ebpf, c, base, blame));
     }
     let color = !args.no_color && std::env::var_os("NO_COLOR").is_none() && std::io::stdout().is_terminal();
     let width = args.width.unwrap_or_else(terminal_width);
@@ -115,12 +137,20 @@ pub fn run(args: HeatmapArgs) -> Result<i32> {
     let mut k = 0u64;
     loop {
         let snap = model.scan().with_context(|| format!("scanning {}", args.model.display()))?;
-        let churn = churn_state.as_mut().map(|(_, c, last)| {
-            let now = c.read();
-            let d = delta(&now, last);
-            *last = now;
-            d
-        });
+        let churn = match churn_state.as_mut() {
+            None => None,
+            Some((_, c, last, blame)) => {
+                let now = c.read();
+                let mut d = delta(&now, last);
+                *last = now;
+                if let (Some((base, prev)), Some(t)) = (blame.as_mut(), c.blame()) {
+                    let t = t.with_context(|| format!("eviction blame of {}", args.model.display()))?;
+                    d.evicted_by = Some((t.since(prev), t.since(base)));
+                    *prev = t;
+                }
+                Some(d)
+            }
+        };
         if args.json {
             writeln!(out, "{}", json_line(k, &model, &snap, churn.as_ref()))?;
         } else if args.csv {
@@ -138,7 +168,7 @@ pub fn run(args: HeatmapArgs) -> Result<i32> {
         }
         std::thread::sleep(args.interval);
     }
-    if let Some((_, c, _)) = &churn_state {
+    if let Some((_, c, _, _)) = &churn_state {
         let n = c.read();
         if n.other_dev_events > 0 && n.add_pages + n.del_pages == 0 {
             bail!(
@@ -150,7 +180,7 @@ pub fn run(args: HeatmapArgs) -> Result<i32> {
             );
         }
     }
-    if let Some((ebpf, _, _)) = &mut churn_state {
+    if let Some((ebpf, _, _, _)) = &mut churn_state {
         observer::capture::bpf::detach_tracepoints(ebpf);
     }
     Ok(0)
@@ -214,6 +244,7 @@ fn json_line(k: u64, m: &ModelFile, s: &Snapshot, churn: Option<&ChurnDelta>) ->
             "dense_added": c.dense().0,
             "dense_evicted": c.dense().1,
         })),
+        "evicted_by": churn.and_then(|c| c.evicted_by.as_ref()).map(|(d, _)| json!(d.rows)),
         "header_pages_dropped": m.header_pages_dropped,
     });
     for (f, frac) in [
@@ -378,6 +409,16 @@ fn render(
                 String::new()
             }
         )?;
+    }
+    if let Some((d, run)) = churn.and_then(|c| c.evicted_by.as_ref()) {
+        writeln!(out, "\n  who evicted (since the last refresh):")?;
+        for l in evict::render(d, s.page_size).lines() {
+            writeln!(out, "    {l}")?;
+        }
+        writeln!(out, "  who evicted (since the start):")?;
+        for l in evict::render(run, s.page_size).lines() {
+            writeln!(out, "    {l}")?;
+        }
     }
     if n_e == 0 {
         writeln!(out, "  (no routed experts in this model)")?;

@@ -149,3 +149,38 @@ pub fn perf_count(text: &str, event: &str) -> u64 {
         })
         .unwrap_or_else(|| panic!("no `{event}` line in perf output:\n{text}"))
 }
+
+/// A qwen3moe-shaped GGUF of Q8_0 tensors with patterned bytes: `hidden` = expert ffn size.
+pub fn write_model(path: &std::path::Path, layers: usize, experts: u64, hidden: u64, alignment: u32) -> PathBuf {
+    use engine::{
+        gguf::{GgufWriter, TensorSpec, Value},
+        quant::GgmlType,
+    };
+    let q = GgmlType::Q8_0;
+    let t = |name: String, dims: &[u64], ty| TensorSpec { name, dims: dims.to_vec(), ty };
+    let mut specs = vec![t("token_embd.weight".into(), &[hidden, 512], q)];
+    for l in 0..layers {
+        specs.push(t(format!("blk.{l}.attn_norm.weight"), &[hidden], GgmlType::F32));
+        specs.push(t(format!("blk.{l}.attn_q.weight"), &[hidden, hidden], q));
+        specs.push(t(format!("blk.{l}.ffn_gate_inp.weight"), &[hidden, experts], GgmlType::F32));
+        for name in ["ffn_gate_exps", "ffn_up_exps", "ffn_down_exps"] {
+            specs.push(t(format!("blk.{l}.{name}.weight"), &[hidden, hidden, experts], q));
+        }
+    }
+    specs.push(t("output.weight".into(), &[hidden, 512], q));
+    let meta = vec![
+        ("general.architecture".to_owned(), Value::String("qwen3moe".into())),
+        ("general.alignment".to_owned(), Value::U32(alignment)),
+        ("qwen3moe.block_count".to_owned(), Value::U32(layers as u32)),
+        ("qwen3moe.expert_count".to_owned(), Value::U32(experts as u32)),
+    ];
+    let _ = std::fs::remove_file(path);
+    let mut w = GgufWriter::create(path, &meta, specs.clone()).expect("create model");
+    for (k, s) in specs.iter().enumerate() {
+        let n = s.size().expect("size") as usize;
+        let bytes: Vec<u8> = (0..n).map(|i| (i as u8).wrapping_mul(31) ^ k as u8 | 1).collect();
+        w.write_tensor(&bytes).expect("write tensor");
+    }
+    w.finish().expect("finish model");
+    path.to_owned()
+}

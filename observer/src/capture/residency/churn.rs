@@ -133,13 +133,13 @@ impl Counts {
 }
 
 /// A read-only or read-write mapping of an mmapable array map.
-struct MapMem {
+pub(super) struct MapMem {
     ptr: *mut libc::c_void,
     len: usize,
 }
 
 impl MapMem {
-    fn new(data: &MapData, len: usize, write: bool, name: &'static str) -> Result<MapMem, ResidencyError> {
+    pub(super) fn new(data: &MapData, len: usize, write: bool, name: &'static str) -> Result<MapMem, ResidencyError> {
         let prot = if write { libc::PROT_READ | libc::PROT_WRITE } else { libc::PROT_READ };
         let fd = data.fd().as_fd().as_raw_fd();
         // SAFETY: mapping a BPF array map created with BPF_F_MMAPABLE; `len` is its value area
@@ -161,7 +161,7 @@ impl MapMem {
         unsafe { std::ptr::read_volatile((self.ptr as *const u64).add(i)) }
     }
 
-    fn set_u64(&mut self, i: usize, v: u64) {
+    pub(super) fn set_u64(&mut self, i: usize, v: u64) {
         assert!((i + 1) * 8 <= self.len, "index {i} beyond the mapped map");
         // SAFETY: in bounds, aligned, writable mapping.
         unsafe { std::ptr::write_volatile((self.ptr as *mut u64).add(i), v) }
@@ -175,12 +175,12 @@ impl Drop for MapMem {
     }
 }
 
-fn round_page(n: usize) -> usize {
+pub(super) fn round_page(n: usize) -> usize {
     let p = super::scan::page_size() as usize;
     n.div_ceil(p) * p
 }
 
-fn array_data<'a>(ebpf: &'a Ebpf, name: &'static str) -> Result<&'a MapData, ResidencyError> {
+pub(super) fn array_data<'a>(ebpf: &'a Ebpf, name: &'static str) -> Result<&'a MapData, ResidencyError> {
     match ebpf.map(name) {
         Some(Map::Array(d)) => Ok(d),
         Some(_) => Err(ResidencyError::Churn(format!("eBPF map {name} is not an array"))),
@@ -219,6 +219,8 @@ pub struct Churn {
     pub ino: u64,
     /// Attached tracepoints, for headers.
     pub attached: Vec<String>,
+    /// Eviction blame ([`super::evict`]): `Err` says why it is not measured.
+    pub blame: Result<super::evict::Attached, String>,
 }
 
 impl std::fmt::Debug for Churn {
@@ -286,6 +288,8 @@ impl Churn {
             a.set(0, FilemapConfig { ino, dev, enabled: 1, add, del }, 0)
                 .map_err(|e| ResidencyError::Churn(format!("FILEMAP_CONFIG: {e}")))?;
         }
+        // Blame first: the delete program counts actors from its first event on.
+        let blame = super::evict::attach(ebpf, &intervals).map_err(|e| e.to_string());
         let mut attached = Vec::new();
         for (program, tp) in TRACEPOINTS {
             let prog: &mut TracePoint = ebpf
@@ -299,7 +303,15 @@ impl Churn {
             prog.attach("filemap", tp).map_err(|e| ResidencyError::Churn(format!("attaching filemap:{tp}: {e}")))?;
             attached.push(format!("tp:filemap:{tp}"));
         }
-        Ok(Churn { intervals, n_cells: map.n_cells(), churn, totals, dev, ino, attached })
+        if let Ok(b) = &blame {
+            attached.extend(b.attached.iter().cloned());
+        }
+        Ok(Churn { intervals, n_cells: map.n_cells(), churn, totals, dev, ino, attached, blame })
+    }
+
+    /// Who evicted the file's pages so far (cumulative), when blame is attached.
+    pub fn blame(&self) -> Option<Result<super::evict::Table, ResidencyError>> {
+        self.blame.as_ref().ok().map(super::evict::Attached::read)
     }
 
     /// The cumulative counters now.

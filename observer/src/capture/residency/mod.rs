@@ -21,6 +21,10 @@
 //!   and evicted since the previous sample (per token when sampled at each token end; the
 //!   boundary is the moment the observer processes the token's end mark, typically within a
 //!   millisecond of it).
+//! - **Who evicted** ([`evict`]): each evicted page of the churn counters is also counted for the
+//!   task in whose context it left the page cache, with a kind (kswapd, direct or memcg reclaim,
+//!   DAMON, fadvise/madvise, truncation/`drop_caches`, other), per region class
+//!   (`Churn::blame`).
 //!
 //! ## Live API (for `observer run`'s loop)
 //! ```text
@@ -36,6 +40,7 @@
 
 pub mod anon;
 pub mod churn;
+pub mod evict;
 pub mod scan;
 
 use std::{

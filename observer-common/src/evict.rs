@@ -1,0 +1,157 @@
+//! Eviction blame: who evicted the model file's pages, counted per actor × region in the kernel.
+//!
+//! ## Measurement rule
+//! Every page the churn counters count as evicted (`filemap`, `mm_filemap_delete_from_page_cache`)
+//! is also counted, in the same program and the same event, for one *actor*: the task in whose
+//! context the page left the page cache (`bpf_get_current_pid_tgid`, `bpf_get_current_comm`,
+//! `bpf_get_current_cgroup_id`), with a *kind* decided in this order:
+//! 1. the task is inside `vmscan:mm_vmscan_direct_reclaim_begin/end` → [`K_DIRECT`]; inside
+//!    `vmscan:mm_vmscan_memcg_reclaim_begin/end` → [`K_MEMCG`] (a memcg at its limit, a process
+//!    lowering `memory.limit_in_bytes`/`memory.max`, and `memory.reclaim` on cgroup v2 alike: this
+//!    tracepoint does not tell them apart; the actor's system call, below, does);
+//! 2. its comm starts with `kswapd` → [`K_KSWAPD`]; with `kdamond` (DAMON's worker, e.g. a
+//!    `pageout` scheme) → [`K_PROACTIVE`];
+//! 3. the system call the task is in (`orig_ax` of its saved user registers, x86-64):
+//!    `fadvise64`, `madvise`, `process_madvise` → [`K_FADVISE`]; `truncate`, `ftruncate`,
+//!    `fallocate`, `write`-family (`drop_caches` is a write), `open*` (`O_TRUNC`), `unlink*`,
+//!    `rename*`, `close` (the last close of an unlinked file) → [`K_TRUNCATE`];
+//! 4. anything else → [`K_OTHER`].
+//!
+//! The system call number is kept in the actor (`syscall`, [`NO_SYSCALL`] for kernel threads and
+//! other architectures), so `write` by `sh` in `memcg_reclaim` reads "a shell wrote a cgroup file".
+//!
+//! Counts are exact in the churn counters' sense: per actor, `Σ pages[class] + spill` equals the
+//! pages of its events, and `Σ` over actors plus [`ActorPages`] rows of the overflow array equals
+//! the churn total `T_DEL_PAGES`. The actor table is a hash map of [`MAX_ACTORS`] entries; an
+//! event whose actor does not fit is counted in `EVICT_OVERFLOW[kind]` (the "other" row of its
+//! kind, never dropped). The per-task reclaim windows live in a hash map of [`MAX_WINDOWS`]; a
+//! window that does not fit is counted in `EVICT_STATS[S_WINDOW_LOST]` (its evictions then fall
+//! to the next rule).
+//!
+//! Memcg: `bpf_get_current_cgroup_id` is the actor's cgroup on the v2 hierarchy. On a host whose
+//! memory controller is on cgroup v1 (this VM) that is the v2 root for every task, and the memcg
+//! of the reclaim is not in the tracepoints: user space reads the actor's memory cgroup from
+//! `/proc/PID/cgroup` while the actor lives, and says "not known" otherwise.
+
+/// Actor kinds, in the order of `vocab::EVICTION_ACTORS` (a compile-time check in `vocab`).
+pub const K_KSWAPD: u32 = 0;
+pub const K_DIRECT: u32 = 1;
+pub const K_MEMCG: u32 = 2;
+pub const K_PROACTIVE: u32 = 3;
+pub const K_FADVISE: u32 = 4;
+pub const K_TRUNCATE: u32 = 5;
+pub const K_OTHER: u32 = 6;
+pub const N_KINDS: u32 = 7;
+
+/// Region classes of the per-actor split (`EVICT_CLASS[interval]`).
+pub const C_DENSE: u32 = 0;
+pub const C_SHARED: u32 = 1;
+pub const C_ROUTED: u32 = 2;
+pub const C_OTHER: u32 = 3;
+pub const N_CLASSES: usize = 4;
+
+/// Capacity of the actor table.
+pub const MAX_ACTORS: u32 = 1024;
+/// Capacity of the per-task reclaim windows.
+pub const MAX_WINDOWS: u32 = 16384;
+/// `ActorKey::syscall` of an actor not in a system call (or where it is not known).
+pub const NO_SYSCALL: u32 = u32::MAX;
+
+/// Indices of `EVICT_STATS`.
+pub const S_WINDOW_LOST: u32 = 0;
+pub const N_STATS: u32 = 1;
+
+/// Who evicted: key of the `EVICT_ACTORS` hash map.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct ActorKey {
+    pub kind: u32,
+    pub tgid: u32,
+    pub syscall: u32,
+    pub _pad: u32,
+    /// `bpf_get_current_cgroup_id` (cgroup v2).
+    pub cgroup: u64,
+    pub comm: [u8; 16],
+}
+const _: () = assert!(core::mem::size_of::<ActorKey>() == 40);
+
+/// What one actor evicted (pages, cumulative).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ActorPages {
+    pub events: u64,
+    /// Per region class (`C_*`).
+    pub pages: [u64; N_CLASSES],
+    /// Pages of folios spread over more intervals than the walk covers.
+    pub spill: u64,
+}
+const _: () = assert!(core::mem::size_of::<ActorPages>() == 48);
+
+impl ActorPages {
+    pub fn total(&self) -> u64 {
+        self.pages.iter().sum::<u64>() + self.spill
+    }
+}
+
+/// x86-64 system call numbers of the rules above.
+pub mod sys {
+    pub const FADVISE: &[u32] = &[221, 28, 440]; // fadvise64, madvise, process_madvise
+    pub const TRUNCATE: &[u32] = &[
+        1, 18, 20, 296, 328, // write, pwrite64, writev, pwritev, pwritev2
+        76, 77, 285, // truncate, ftruncate, fallocate
+        2, 257, 437, 85, // open, openat, openat2, creat
+        87, 263, 82, 264, 316, // unlink, unlinkat, rename, renameat, renameat2
+        3,   // close
+    ];
+    /// Name of a system call of these lists, for tables.
+    pub fn name(nr: u32) -> Option<&'static str> {
+        Some(match nr {
+            221 => "fadvise64",
+            28 => "madvise",
+            440 => "process_madvise",
+            1 => "write",
+            18 => "pwrite64",
+            20 => "writev",
+            296 => "pwritev",
+            328 => "pwritev2",
+            76 => "truncate",
+            77 => "ftruncate",
+            285 => "fallocate",
+            2 => "open",
+            257 => "openat",
+            437 => "openat2",
+            85 => "creat",
+            87 => "unlink",
+            263 => "unlinkat",
+            82 => "rename",
+            264 => "renameat",
+            316 => "renameat2",
+            3 => "close",
+            _ => return None,
+        })
+    }
+}
+
+#[cfg(feature = "user")]
+mod pod {
+    // SAFETY: repr(C), only integer fields, explicit padding (size assertions above).
+    unsafe impl aya::Pod for super::ActorKey {}
+    // SAFETY: as above.
+    unsafe impl aya::Pod for super::ActorPages {}
+    // SAFETY: as above.
+    unsafe impl aya::Pod for super::EvictConfig {}
+}
+
+/// Index 0 of `EVICT_CONFIG`; `enabled == 0` leaves eviction blame off (churn still counts).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct EvictConfig {
+    pub enabled: u32,
+    /// Offset of the system call number in the task's saved `pt_regs` (`orig_ax` on x86-64),
+    /// [`NO_FIELD`](crate::filemap::NO_FIELD) where user space does not know it.
+    pub syscall_off: u32,
+}
+const _: () = assert!(core::mem::size_of::<EvictConfig>() == 8);
+
+/// Entries of `EVICT_SYSCALLS` (system call number → `kind + 1`, 0 = no rule).
+pub const MAX_SYSCALL: u32 = 512;

@@ -1,0 +1,189 @@
+//! Eviction blame (rule and layout: `observer_common::evict`): the actor of each eviction the
+//! churn program counts, found from per-task reclaim windows, the task's comm and the system call
+//! it is in, and its pages counted per actor × region class.
+//!
+//! The system-call rule reads the task's saved registers with `bpf_get_current_task_btf` and
+//! `bpf_task_pt_regs` (Linux >= 5.15 with BTF, `CONFIG_DEBUG_INFO_BTF`); the churn delete program
+//! calls it, so it needs the same kernel.
+
+use aya_ebpf::{
+    bindings::BPF_NOEXIST,
+    helpers::{
+        bpf_get_current_cgroup_id, bpf_get_current_comm, bpf_get_current_pid_tgid, bpf_get_current_task_btf,
+        bpf_probe_read_kernel, bpf_task_pt_regs,
+    },
+    macros::{map, tracepoint},
+    maps::{Array, HashMap},
+    programs::TracePointContext,
+};
+use observer_common::{
+    evict::{
+        ActorKey, ActorPages, EvictConfig, K_DIRECT, K_KSWAPD, K_MEMCG, K_OTHER, K_PROACTIVE, MAX_ACTORS,
+        MAX_SYSCALL, MAX_WINDOWS, N_CLASSES, N_KINDS, N_STATS, NO_SYSCALL, S_WINDOW_LOST,
+    },
+    filemap::{MAX_INTERVALS, NO_FIELD},
+};
+
+use crate::maps::atomic_add;
+
+#[map]
+pub static EVICT_CONFIG: Array<EvictConfig> = Array::with_max_entries(1, 0);
+
+/// System call number → actor kind + 1 (0: no rule).
+#[map]
+pub static EVICT_SYSCALLS: Array<u32> = Array::with_max_entries(MAX_SYSCALL, 0);
+
+/// Region class (`C_*`) of each churn interval.
+#[map]
+pub static EVICT_CLASS: Array<u32> = Array::with_max_entries(MAX_INTERVALS, 0);
+
+/// TID → kind of the reclaim it is in.
+#[map]
+pub static EVICT_WINDOWS: HashMap<u32, u32> = HashMap::with_max_entries(MAX_WINDOWS, 0);
+
+#[map]
+pub static EVICT_ACTORS: HashMap<ActorKey, ActorPages> = HashMap::with_max_entries(MAX_ACTORS, 0);
+
+/// Per kind: evictions whose actor did not fit in `EVICT_ACTORS`.
+#[map]
+pub static EVICT_OVERFLOW: Array<ActorPages> = Array::with_max_entries(N_KINDS, 0);
+
+#[map]
+pub static EVICT_STATS: Array<u64> = Array::with_max_entries(N_STATS, 0);
+
+#[inline(always)]
+fn enabled() -> Option<&'static EvictConfig> {
+    EVICT_CONFIG.get(0).filter(|c| c.enabled != 0)
+}
+
+#[inline(always)]
+fn starts_with(comm: &[u8; 16], prefix: &[u8]) -> bool {
+    let mut i = 0;
+    while i < prefix.len() && i < 16 {
+        if comm[i] != prefix[i] {
+            return false;
+        }
+        i += 1;
+    }
+    true
+}
+
+/// The system call the current task is in, from its saved user registers.
+#[inline(always)]
+fn current_syscall(cfg: &EvictConfig) -> u32 {
+    if cfg.syscall_off == NO_FIELD {
+        return NO_SYSCALL;
+    }
+    // SAFETY: helpers without preconditions; the register block is read with
+    // `bpf_probe_read_kernel`, which tolerates any address.
+    unsafe {
+        let task = bpf_get_current_task_btf();
+        let regs = bpf_task_pt_regs(task) as u64;
+        if regs == 0 {
+            return NO_SYSCALL;
+        }
+        match bpf_probe_read_kernel((regs + cfg.syscall_off as u64) as *const i64) {
+            Ok(nr) if (0..MAX_SYSCALL as i64).contains(&nr) => nr as u32,
+            _ => NO_SYSCALL,
+        }
+    }
+}
+
+/// The counters of the current task as an evictor, created on first sight; the kind's overflow
+/// row when the table is full. `None` when blame is off.
+#[inline(always)]
+pub fn actor() -> Option<*mut ActorPages> {
+    let cfg = enabled()?;
+    let id = bpf_get_current_pid_tgid();
+    let tid = id as u32;
+    let comm = bpf_get_current_comm().unwrap_or([0; 16]);
+    let mut syscall = NO_SYSCALL;
+    // SAFETY: plain map lookup.
+    let kind = if let Some(k) = unsafe { EVICT_WINDOWS.get(&tid) } {
+        syscall = current_syscall(cfg);
+        *k
+    } else if starts_with(&comm, b"kswapd") {
+        K_KSWAPD
+    } else if starts_with(&comm, b"kdamond") {
+        K_PROACTIVE
+    } else {
+        syscall = current_syscall(cfg);
+        match EVICT_SYSCALLS.get(syscall) {
+            Some(&k) if k != 0 => k - 1,
+            _ => K_OTHER,
+        }
+    };
+    let key = ActorKey {
+        kind,
+        tgid: (id >> 32) as u32,
+        syscall,
+        _pad: 0,
+        // SAFETY: helper without preconditions.
+        cgroup: unsafe { bpf_get_current_cgroup_id() },
+        comm,
+    };
+    if let Some(p) = EVICT_ACTORS.get_ptr_mut(&key) {
+        return Some(p);
+    }
+    // A concurrent insert of the same key fails with EEXIST; the lookup then finds it.
+    let _ = EVICT_ACTORS.insert(&key, &ActorPages::default(), BPF_NOEXIST as u64);
+    EVICT_ACTORS.get_ptr_mut(&key).or_else(|| EVICT_OVERFLOW.get_ptr_mut(kind))
+}
+
+/// Count one eviction event of `a`.
+#[inline(always)]
+pub fn event(a: *mut ActorPages) {
+    // SAFETY: a map value of `EVICT_ACTORS` or `EVICT_OVERFLOW`.
+    atomic_add(unsafe { &raw mut (*a).events }, 1);
+}
+
+/// Count `pages` of interval `i` for `a`.
+#[inline(always)]
+pub fn pages(a: *mut ActorPages, i: u32, pages: u64) {
+    let class = EVICT_CLASS.get(i).copied().unwrap_or(0) as usize & (N_CLASSES - 1);
+    // SAFETY: as above; `class < N_CLASSES`.
+    atomic_add(unsafe { (&raw mut (*a).pages).cast::<u64>().add(class) }, pages);
+}
+
+/// Count `pages` that the walk did not place in an interval.
+#[inline(always)]
+pub fn spill(a: *mut ActorPages, pages: u64) {
+    // SAFETY: as above.
+    atomic_add(unsafe { &raw mut (*a).spill }, pages);
+}
+
+#[inline(always)]
+fn window(kind: Option<u32>) -> u32 {
+    if enabled().is_none() {
+        return 0;
+    }
+    let tid = bpf_get_current_pid_tgid() as u32;
+    match kind {
+        Some(k) => {
+            if EVICT_WINDOWS.insert(&tid, &k, 0).is_err()
+                && let Some(p) = EVICT_STATS.get_ptr_mut(S_WINDOW_LOST)
+            {
+                atomic_add(p, 1);
+            }
+        }
+        None => {
+            let _ = EVICT_WINDOWS.remove(&tid);
+        }
+    }
+    0
+}
+
+#[tracepoint]
+pub fn evict_direct_begin(_ctx: TracePointContext) -> u32 {
+    window(Some(K_DIRECT))
+}
+
+#[tracepoint]
+pub fn evict_memcg_begin(_ctx: TracePointContext) -> u32 {
+    window(Some(K_MEMCG))
+}
+
+#[tracepoint]
+pub fn evict_reclaim_end(_ctx: TracePointContext) -> u32 {
+    window(None)
+}

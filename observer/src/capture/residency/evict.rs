@@ -1,0 +1,349 @@
+//! Eviction blame: who evicted the model file's pages (kernel side
+//! `observer-ebpf/src/evict.rs`; rule and layout in `observer_common::evict`).
+//!
+//! [`attach`] gives the churn intervals their region class, the kernel the system-call rules of
+//! this architecture, and attaches the reclaim-window programs; the per-actor counters then grow
+//! in the same event as the churn counters. [`read`] returns the table: one [`ActorRow`] per actor
+//! (kind, pid, comm, system call, cgroup) and one overflow row per kind for actors the bounded
+//! table could not hold, so `Σ rows == Counts::del_pages` at any read that sees no eviction in
+//! flight.
+
+use aya::{
+    Ebpf,
+    maps::{Array, HashMap, MapData},
+    programs::TracePoint,
+};
+use observer_common::{
+    evict::{
+        ActorKey, ActorPages, C_DENSE, C_OTHER, C_ROUTED, C_SHARED, EvictConfig, K_FADVISE, K_TRUNCATE, MAX_SYSCALL,
+        N_KINDS, S_WINDOW_LOST, sys,
+    },
+    filemap::NO_FIELD,
+    vocab::EVICTION_ACTORS,
+};
+
+use super::{
+    ResidencyError,
+    churn::{Intervals, Owner},
+};
+use crate::capture::preflight;
+
+/// (program, category, tracepoint) of the reclaim windows.
+const WINDOWS: [(&str, &str, &str); 4] = [
+    ("evict_direct_begin", "vmscan", "mm_vmscan_direct_reclaim_begin"),
+    ("evict_reclaim_end", "vmscan", "mm_vmscan_direct_reclaim_end"),
+    ("evict_memcg_begin", "vmscan", "mm_vmscan_memcg_reclaim_begin"),
+    ("evict_reclaim_end", "vmscan", "mm_vmscan_memcg_reclaim_end"),
+];
+
+/// Offset of the system-call number in the kernel's saved user registers (`struct pt_regs`).
+const fn syscall_offset() -> u32 {
+    if cfg!(target_arch = "x86_64") {
+        15 * 8 // orig_ax, after r15 … rdi
+    } else {
+        NO_FIELD // the rule tables below are x86-64 numbers
+    }
+}
+
+fn err(what: &str) -> impl Fn(aya::maps::MapError) -> ResidencyError + '_ {
+    move |e| ResidencyError::Churn(format!("eviction blame: {what}: {e}"))
+}
+
+/// What [`attach`] attached and what it could not, and the maps [`Attached::read`] reads
+/// (taken out of the object: they live as long as this).
+pub struct Attached {
+    pub attached: Vec<String>,
+    pub missing: Vec<String>,
+    actors: HashMap<MapData, ActorKey, ActorPages>,
+    overflow: Array<MapData, ActorPages>,
+    stats: Array<MapData, u64>,
+}
+
+impl std::fmt::Debug for Attached {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Attached").field("attached", &self.attached).field("missing", &self.missing).finish()
+    }
+}
+
+fn take<T: TryFrom<aya::maps::Map, Error = aya::maps::MapError>>(
+    ebpf: &mut Ebpf,
+    name: &'static str,
+) -> Result<T, ResidencyError> {
+    let m = ebpf
+        .take_map(name)
+        .ok_or_else(|| ResidencyError::Churn(format!("the eBPF object has no map {name} (stale build?)")))?;
+    T::try_from(m).map_err(err(name))
+}
+
+/// Configure eviction blame in `ebpf` for the churn `intervals` and attach its programs. The
+/// churn programs (attached by the caller) do the counting.
+pub fn attach(ebpf: &mut Ebpf, intervals: &Intervals) -> Result<Attached, ResidencyError> {
+    {
+        let m = ebpf.map_mut("EVICT_CLASS").ok_or_else(|| ResidencyError::Churn("no map EVICT_CLASS".into()))?;
+        let mut a: Array<_, u32> = Array::try_from(m).map_err(err("EVICT_CLASS"))?;
+        for (i, o) in intervals.owners.iter().enumerate() {
+            let c = match o {
+                Owner::Dense => C_DENSE,
+                Owner::Shared => C_SHARED,
+                Owner::Cell(_) => C_ROUTED,
+                Owner::Other => C_OTHER,
+            };
+            a.set(i as u32, c, 0).map_err(err("EVICT_CLASS"))?;
+        }
+    }
+    if syscall_offset() != NO_FIELD {
+        let m = ebpf.map_mut("EVICT_SYSCALLS").ok_or_else(|| ResidencyError::Churn("no map EVICT_SYSCALLS".into()))?;
+        let mut a: Array<_, u32> = Array::try_from(m).map_err(err("EVICT_SYSCALLS"))?;
+        for (list, kind) in [(sys::FADVISE, K_FADVISE), (sys::TRUNCATE, K_TRUNCATE)] {
+            for &nr in list {
+                debug_assert!(nr < MAX_SYSCALL);
+                a.set(nr, kind + 1, 0).map_err(err("EVICT_SYSCALLS"))?;
+            }
+        }
+    }
+    let (mut attached, mut missing) = (Vec::new(), Vec::new());
+    for (program, category, name) in WINDOWS {
+        if !preflight::tracepoint_exists(category, name) {
+            missing.push(format!("{category}:{name} (not on this kernel: its evictions count by comm/system call)"));
+            continue;
+        }
+        let prog: &mut TracePoint = ebpf
+            .program_mut(program)
+            .ok_or_else(|| ResidencyError::Churn(format!("the eBPF object has no program {program}")))?
+            .try_into()
+            .map_err(|e| ResidencyError::Churn(format!("{program}: {e}")))?;
+        if prog.fd().is_err() {
+            prog.load().map_err(|e| ResidencyError::Churn(format!("loading {program}: {e}")))?;
+        }
+        match prog.attach(category, name) {
+            Ok(_) => attached.push(format!("tp:{category}:{name}")),
+            Err(e) => missing.push(format!("{category}:{name} ({e})")),
+        }
+    }
+    let m = ebpf.map_mut("EVICT_CONFIG").ok_or_else(|| ResidencyError::Churn("no map EVICT_CONFIG".into()))?;
+    let mut a: Array<_, EvictConfig> = Array::try_from(m).map_err(err("EVICT_CONFIG"))?;
+    a.set(0, EvictConfig { enabled: 1, syscall_off: syscall_offset() }, 0).map_err(err("EVICT_CONFIG"))?;
+    Ok(Attached {
+        attached,
+        missing,
+        actors: take(ebpf, "EVICT_ACTORS")?,
+        overflow: take(ebpf, "EVICT_OVERFLOW")?,
+        stats: take(ebpf, "EVICT_STATS")?,
+    })
+}
+
+/// One actor's evictions (cumulative since [`attach`]).
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct ActorRow {
+    /// Vocabulary name of the kind (`vocab::EVICTION_ACTORS`).
+    pub kind: &'static str,
+    /// Process ID (the kernel's tgid; 0 for the overflow rows).
+    pub pid: u32,
+    /// Task name at the eviction (`other` for the overflow rows).
+    pub comm: String,
+    /// The system call it was in, when one of the rules' calls.
+    pub syscall: Option<String>,
+    /// cgroup v2 ID (`bpf_get_current_cgroup_id`).
+    pub cgroup_v2: u64,
+    /// Memory cgroup path from `/proc/PID/cgroup` at read time; `None` when the process is gone.
+    pub memcg: Option<String>,
+    pub events: u64,
+    pub pages: u64,
+    pub dense_pages: u64,
+    pub shared_pages: u64,
+    pub routed_pages: u64,
+    pub other_pages: u64,
+    pub spill_pages: u64,
+    /// This is a kind's row of actors the bounded table could not hold.
+    pub overflow: bool,
+}
+
+/// The blame table.
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
+pub struct Table {
+    /// Sorted by pages, most first.
+    pub rows: Vec<ActorRow>,
+    /// Reclaim windows the kernel could not record (their evictions fell to the next rule).
+    pub windows_lost: u64,
+}
+
+impl Table {
+    pub fn pages(&self) -> u64 {
+        self.rows.iter().map(|r| r.pages).sum()
+    }
+    /// Pages per kind, in vocabulary order.
+    pub fn by_kind(&self) -> [u64; N_KINDS as usize] {
+        let mut k = [0; N_KINDS as usize];
+        for r in &self.rows {
+            if let Some(i) = EVICTION_ACTORS.iter().position(|a| a.name == r.kind) {
+                k[i] += r.pages;
+            }
+        }
+        k
+    }
+    /// Pages of the rows matching `f`.
+    pub fn pages_where(&self, f: impl Fn(&ActorRow) -> bool) -> u64 {
+        self.rows.iter().filter(|r| f(r)).map(|r| r.pages).sum()
+    }
+    /// Rows whose pages grew since `base` (same actor), with the growth; for per-interval views.
+    pub fn since(&self, base: &Table) -> Table {
+        let mut rows: Vec<ActorRow> = self
+            .rows
+            .iter()
+            .filter_map(|r| {
+                let b = base.rows.iter().find(|b| same_actor(b, r));
+                let mut d = r.clone();
+                if let Some(b) = b {
+                    d.events -= b.events.min(d.events);
+                    d.pages -= b.pages.min(d.pages);
+                    d.dense_pages -= b.dense_pages.min(d.dense_pages);
+                    d.shared_pages -= b.shared_pages.min(d.shared_pages);
+                    d.routed_pages -= b.routed_pages.min(d.routed_pages);
+                    d.other_pages -= b.other_pages.min(d.other_pages);
+                    d.spill_pages -= b.spill_pages.min(d.spill_pages);
+                }
+                (d.pages > 0).then_some(d)
+            })
+            .collect();
+        rows.sort_by_key(|r| std::cmp::Reverse(r.pages));
+        Table { rows, windows_lost: self.windows_lost - base.windows_lost.min(self.windows_lost) }
+    }
+}
+
+fn same_actor(a: &ActorRow, b: &ActorRow) -> bool {
+    (a.kind, a.pid, &a.comm, &a.syscall, a.cgroup_v2, a.overflow)
+        == (b.kind, b.pid, &b.comm, &b.syscall, b.cgroup_v2, b.overflow)
+}
+
+fn comm(c: &[u8; 16]) -> String {
+    let n = c.iter().position(|&b| b == 0).unwrap_or(16);
+    String::from_utf8_lossy(&c[..n]).into_owned()
+}
+
+/// The memory cgroup of a live process (v1 `memory` controller line, else the v2 line).
+pub fn memcg_of(pid: u32) -> Option<String> {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).ok()?;
+    let line = |pred: &dyn Fn(&str) -> bool| {
+        s.lines().find_map(|l| {
+            let mut it = l.splitn(3, ':');
+            let (_, ctrl, path) = (it.next()?, it.next()?, it.next()?);
+            pred(ctrl).then(|| path.to_string())
+        })
+    };
+    line(&|c| c.split(',').any(|x| x == "memory")).or_else(|| line(&|c| c.is_empty()))
+}
+
+fn row(kind: u32, pid: u32, comm: String, syscall: Option<String>, cgroup_v2: u64, p: &ActorPages) -> ActorRow {
+    ActorRow {
+        kind: EVICTION_ACTORS.get(kind as usize).map_or("other", |r| r.name),
+        pid,
+        comm,
+        syscall,
+        cgroup_v2,
+        memcg: None,
+        events: p.events,
+        pages: p.total(),
+        dense_pages: p.pages[C_DENSE as usize],
+        shared_pages: p.pages[C_SHARED as usize],
+        routed_pages: p.pages[C_ROUTED as usize],
+        other_pages: p.pages[C_OTHER as usize],
+        spill_pages: p.spill,
+        overflow: false,
+    }
+}
+
+impl Attached {
+    /// The blame table now.
+    pub fn read(&self) -> Result<Table, ResidencyError> {
+        read(self)
+    }
+}
+
+fn read(m: &Attached) -> Result<Table, ResidencyError> {
+    let mut rows = Vec::new();
+    for kv in m.actors.iter() {
+        let (k, v) = kv.map_err(err("EVICT_ACTORS"))?;
+        let sc = sys::name(k.syscall)
+            .map(str::to_string)
+            .or_else(|| (k.syscall != observer_common::evict::NO_SYSCALL).then(|| format!("syscall {}", k.syscall)));
+        let mut r = row(k.kind, k.tgid, comm(&k.comm), sc, k.cgroup, &v);
+        r.memcg = memcg_of(k.tgid);
+        rows.push(r);
+    }
+    for kind in 0..N_KINDS {
+        let v = m.overflow.get(&kind, 0).map_err(err("EVICT_OVERFLOW"))?;
+        if v.events > 0 {
+            let mut r = row(kind, 0, observer_common::vocab::OTHER.into(), None, 0, &v);
+            r.overflow = true;
+            rows.push(r);
+        }
+    }
+    let windows_lost = m.stats.get(&S_WINDOW_LOST, 0).map_err(err("EVICT_STATS"))?;
+    rows.sort_by(|a, b| b.pages.cmp(&a.pages).then(a.pid.cmp(&b.pid)));
+    Ok(Table { rows, windows_lost })
+}
+
+/// A plain-text table (most pages first), `page` bytes per page.
+pub fn render(t: &Table, page: u64) -> String {
+    let mut s = format!(
+        "{:<18} {:>7} {:<16} {:<16} {:>10} {:>9} {:>9} {:>9} {:>9}\n",
+        "actor", "pid", "comm", "syscall", "pages", "MB", "dense", "routed", "shared"
+    );
+    for r in &t.rows {
+        s += &format!(
+            "{:<18} {:>7} {:<16} {:<16} {:>10} {:>9.1} {:>9} {:>9} {:>9}\n",
+            r.kind,
+            r.pid,
+            r.comm,
+            r.syscall.as_deref().unwrap_or("-"),
+            r.pages,
+            (r.pages * page) as f64 / 1e6,
+            r.dense_pages,
+            r.routed_pages,
+            r.shared_pages
+        );
+    }
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    use observer_common::evict::{K_DIRECT, K_KSWAPD, K_MEMCG, K_OTHER, K_PROACTIVE};
+
+    use super::*;
+
+    fn r(kind: &'static str, pid: u32, pages: u64) -> ActorRow {
+        let p = ActorPages { events: 1, pages: [0, 0, pages, 0], spill: 0 };
+        row(EVICTION_ACTORS.iter().position(|a| a.name == kind).unwrap() as u32, pid, "x".into(), None, 0, &p)
+    }
+
+    #[test]
+    fn since_keeps_the_actors_that_grew_with_their_growth() {
+        let a = Table { rows: vec![r("kswapd", 45, 10), r("fadvise", 7, 5)], windows_lost: 1 };
+        let b = Table { rows: vec![r("kswapd", 45, 10), r("fadvise", 7, 8), r("truncate", 9, 100)], windows_lost: 3 };
+        let d = b.since(&a);
+        let got: Vec<(&str, u32, u64, u64)> = d.rows.iter().map(|x| (x.kind, x.pid, x.pages, x.routed_pages)).collect();
+        assert_eq!(got, vec![("truncate", 9, 100, 100), ("fadvise", 7, 3, 3)]);
+        assert_eq!(d.windows_lost, 2);
+        assert_eq!(d.pages(), 103);
+        assert_eq!(b.by_kind()[K_KSWAPD as usize], 10);
+        assert_eq!(b.by_kind()[K_TRUNCATE as usize], 100);
+    }
+
+    #[test]
+    fn kernel_kinds_follow_the_vocabulary() {
+        let names: Vec<&str> = EVICTION_ACTORS.iter().map(|r| r.name).collect();
+        assert_eq!(names.len(), N_KINDS as usize);
+        for (k, n) in [
+            (K_KSWAPD, "kswapd"),
+            (K_DIRECT, "direct_reclaim"),
+            (K_MEMCG, "memcg_reclaim"),
+            (K_PROACTIVE, "proactive_reclaim"),
+            (K_FADVISE, "fadvise"),
+            (K_TRUNCATE, "truncate"),
+            (K_OTHER, "other"),
+        ] {
+            assert_eq!(names[k as usize], n);
+        }
+    }
+}
