@@ -1,0 +1,112 @@
+//! What a hostile but fair tester tried (issue 19): outputs checked before the
+//! run and never overwritten silently, no target left behind by a killed
+//! observer, non-regular inputs, bounds, duplicates, messages.
+
+mod common;
+
+use std::{
+    path::{Path, PathBuf},
+    process::{Command, Output},
+};
+
+use common::*;
+
+fn dir(name: &str) -> PathBuf {
+    let d = scratch_dir("hardening").join(name);
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+fn observer(args: &[&str]) -> Output {
+    Command::new(OBSERVER).args(args).output().expect("run observer")
+}
+
+fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+fn s(p: &Path) -> &str {
+    p.to_str().unwrap()
+}
+
+/// The files left in `d`, sorted.
+fn entries(d: &Path) -> Vec<String> {
+    let mut v: Vec<String> =
+        std::fs::read_dir(d).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect();
+    v.sort();
+    v
+}
+
+/// The recorded test trace, copied into `d`.
+fn a_trace(d: &Path) -> PathBuf {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/wave1-engine-tiny.trace");
+    let p = d.join("run.trace");
+    std::fs::copy(src, &p).unwrap();
+    p
+}
+
+#[test]
+fn an_unwritable_json_fails_before_the_target_runs() {
+    let d = dir("json-before");
+    let marker = d.join("ran");
+    let o = observer(&["run", "--procfs", "--json", "/proc/observer.json", "--", "touch", s(&marker)]);
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(stderr(&o).contains("/proc/observer.json"), "{}", stderr(&o));
+    assert!(!marker.exists(), "the target ran before the output was checked");
+}
+
+#[test]
+fn an_existing_output_is_kept_without_force_and_replaced_with_it() {
+    let d = dir("exists");
+    let marker = d.join("ran");
+    for flag in [["--json"], ["--record"]] {
+        let out = d.join("old");
+        std::fs::write(&out, "precious").unwrap();
+        let o = observer(&["run", "--procfs", flag[0], s(&out), "--", "touch", s(&marker)]);
+        assert_eq!(o.status.code(), Some(2), "{flag:?}: {}", stderr(&o));
+        assert!(stderr(&o).contains("--force") && stderr(&o).contains(s(&out)), "{}", stderr(&o));
+        assert_eq!(std::fs::read_to_string(&out).unwrap(), "precious", "{flag:?}");
+        assert!(!marker.exists());
+    }
+    let o = observer(&["record", "--procfs", "-o", s(&d.join("old")), "--", "true"]);
+    assert_eq!(o.status.code(), Some(2), "record -o: {}", stderr(&o));
+    let o = observer(&["run", "--procfs", "--force", "--json", s(&d.join("old")), "--", "touch", s(&marker)]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(d.join("old")).unwrap()).unwrap();
+    assert!(v.is_object());
+    assert!(marker.exists());
+    assert_eq!(entries(&d), ["old", "ran"], "no temporary file is left");
+}
+
+#[test]
+fn export_never_writes_over_its_input() {
+    let d = dir("export-input");
+    let t = a_trace(&d);
+    let before = std::fs::read(&t).unwrap();
+    let link = d.join("link.json");
+    std::os::unix::fs::symlink(&t, &link).unwrap();
+    for out in [&t, &link] {
+        let o = observer(&["export", "--force", "--chrome-trace", s(out), s(&t)]);
+        assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+        assert!(stderr(&o).contains("input"), "{}", stderr(&o));
+    }
+    assert_eq!(std::fs::read(&t).unwrap(), before);
+}
+
+#[test]
+fn a_symlinked_output_is_replaced_not_followed() {
+    let d = dir("symlink");
+    let t = a_trace(&d);
+    let precious = d.join("precious");
+    std::fs::write(&precious, "keep").unwrap();
+    let link = d.join("out.json");
+    std::os::unix::fs::symlink(&precious, &link).unwrap();
+    let o = observer(&["export", "--chrome-trace", s(&link), s(&t)]);
+    assert_eq!(o.status.code(), Some(2), "refused without --force: {}", stderr(&o));
+    let o = observer(&["export", "--force", "--chrome-trace", s(&link), s(&t)]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert_eq!(std::fs::read_to_string(&precious).unwrap(), "keep");
+    let v: serde_json::Value = serde_json::from_slice(&std::fs::read(&link).unwrap()).unwrap();
+    assert!(v["traceEvents"].is_array());
+}
