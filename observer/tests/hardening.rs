@@ -110,3 +110,83 @@ fn a_symlinked_output_is_replaced_not_followed() {
     let v: serde_json::Value = serde_json::from_slice(&std::fs::read(&link).unwrap()).unwrap();
     assert!(v["traceEvents"].is_array());
 }
+
+/// Whether `pid` is gone (or a zombie waiting for PID 1).
+fn gone(pid: i32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Err(_) => true,
+        Ok(s) => s.rsplit_once(") ").is_some_and(|(_, rest)| rest.starts_with('Z')),
+    }
+}
+
+fn read_pid(p: &Path) -> Option<i32> {
+    std::fs::read_to_string(p).ok()?.trim().parse().ok()
+}
+
+/// A SIGKILLed observer takes its target with it, and the target's
+/// descendants: a child, a child in its own session (`setsid`, out of the
+/// process group) and an orphan whose parent exited (a double fork).
+#[test]
+fn a_killed_observer_leaves_no_target_or_descendant_behind() {
+    let d = dir("sigkill");
+    let script = format!(
+        "echo $$ > {d}/sh; sleep 1000 & echo $! > {d}/child; setsid sleep 1000 & echo $! > {d}/session; \
+         (sleep 1000 & echo $! > {d}/orphan.tmp; mv {d}/orphan.tmp {d}/orphan) & wait",
+        d = d.display()
+    );
+    let mut obs = Command::new(OBSERVER)
+        .args(["run", "--procfs", "--every", "0", "--", "sh", "-c", &script])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let names = ["sh", "child", "session", "orphan"];
+    let t0 = std::time::Instant::now();
+    let pids = loop {
+        let p: Vec<Option<i32>> = names.iter().map(|n| read_pid(&d.join(n))).collect();
+        if p.iter().all(Option::is_some) {
+            break p.into_iter().map(Option::unwrap).collect::<Vec<_>>();
+        }
+        assert!(t0.elapsed().as_secs() < 30, "the script did not start its processes");
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    };
+    // The orphan's parent (the subshell) has exited by now or soon; let it.
+    std::thread::sleep(std::time::Duration::from_millis(200));
+    assert!(pids.iter().all(|&p| !gone(p)), "all four run before the kill");
+    obs.kill().unwrap();
+    obs.wait().unwrap();
+    let t0 = std::time::Instant::now();
+    while !pids.iter().all(|&p| gone(p)) && t0.elapsed().as_secs() < 5 {
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    let left: Vec<(&str, i32)> = names.iter().copied().zip(pids.iter().copied()).filter(|&(_, p)| !gone(p)).collect();
+    for &(_, p) in &left {
+        // SAFETY: plain kill(2); clean up what the observer left behind.
+        unsafe { libc::kill(p, libc::SIGKILL) };
+    }
+    assert!(left.is_empty(), "still running 5 s after the observer was killed: {left:?}");
+}
+
+/// A run that ends normally leaves the guard reaped and the target's
+/// leftover children alone (only a dying observer kills).
+#[test]
+fn a_normal_run_disarms_the_guard() {
+    let d = dir("disarm");
+    let o = observer(&[
+        "run",
+        "--procfs",
+        "--every",
+        "0",
+        "--",
+        "sh",
+        "-c",
+        &format!("setsid sleep 30 > /dev/null 2>&1 & echo $! > {}/kid", d.display()),
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let kid = read_pid(&d.join("kid")).unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    let alive = !gone(kid);
+    // SAFETY: plain kill(2) of the sleep this test started.
+    unsafe { libc::kill(kid, libc::SIGKILL) };
+    assert!(alive, "a normal end must not kill what the target left running");
+}

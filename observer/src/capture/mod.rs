@@ -4,6 +4,7 @@
 
 pub mod bpf;
 pub mod engine_abi;
+pub mod guard;
 pub mod header;
 pub mod preflight;
 pub mod procfs;
