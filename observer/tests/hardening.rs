@@ -190,3 +190,50 @@ fn a_normal_run_disarms_the_guard() {
     unsafe { libc::kill(kid, libc::SIGKILL) };
     assert!(alive, "a normal end must not kill what the target left running");
 }
+
+/// A FIFO (or a directory) as the model or the run is refused at once, by
+/// every command that reads one, with what it is; nothing waits for a writer.
+#[test]
+fn a_fifo_or_a_directory_as_input_is_refused_not_waited_on() {
+    let d = dir("fifo");
+    let fifo = d.join("model.gguf");
+    let c = std::ffi::CString::new(s(&fifo)).unwrap();
+    // SAFETY: a valid NUL-terminated path.
+    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o644) }, 0);
+    // The engine is a sibling binary of the workspace (built by `cargo xtask test`).
+    let engine = Path::new(OBSERVER).with_file_name("engine").to_str().unwrap().to_string();
+    assert!(Path::new(&engine).exists(), "{engine} missing: run `cargo build --release -p engine`");
+    for input in [&fifo, &d] {
+        let cases: Vec<Vec<String>> = vec![
+            vec![OBSERVER.into(), "report".into(), s(input).into()],
+            vec![OBSERVER.into(), "diff".into(), s(input).into(), s(input).into()],
+            vec![OBSERVER.into(), "heatmap".into(), s(input).into()],
+            vec![OBSERVER.into(), "export".into(), "--chrome-trace".into(), "-".into(), s(input).into()],
+            vec![engine.clone(), "inspect".into(), s(input).into()],
+            vec![engine.clone(), "run".into(), "-m".into(), s(input).into(), "-p".into(), "hi".into()],
+        ];
+        for argv in cases {
+            let mut child = Command::new(&argv[0])
+                .args(&argv[1..])
+                .stdout(std::process::Stdio::null())
+                .stderr(std::process::Stdio::piped())
+                .spawn()
+                .unwrap();
+            let t0 = std::time::Instant::now();
+            while child.try_wait().unwrap().is_none() && t0.elapsed().as_secs() < 10 {
+                std::thread::sleep(std::time::Duration::from_millis(20));
+            }
+            let hung = child.try_wait().unwrap().is_none();
+            if hung {
+                child.kill().unwrap();
+            }
+            let o = child.wait_with_output().unwrap();
+            assert!(!hung, "{argv:?} still waiting after 10 s");
+            let err = stderr(&o);
+            assert_ne!(o.status.code(), Some(0), "{argv:?}");
+            let kind = if input == &fifo { "FIFO" } else { "a directory" };
+            assert!(err.contains(kind) && err.contains(s(input)), "{argv:?}: {err}");
+            assert!(!err.contains("panicked") && !err.contains("No such device"), "{argv:?}: {err}");
+        }
+    }
+}

@@ -39,8 +39,8 @@ pub fn meminfo(key: &str) -> Option<u64> {
 /// CRC-32 of the first 4 MiB (header and tensor table) and the size: cheap,
 /// and enough to tell two model files apart.
 pub fn model_info(path: &Path) -> Option<ModelInfo> {
-    let size = std::fs::metadata(path).ok()?.len();
-    let mut f = std::fs::File::open(path).ok()?;
+    let mut f = engine::files::open_regular(path).ok()?;
+    let size = f.metadata().ok()?.len();
     let mut buf = vec![0u8; (4 << 20).min(size as usize)];
     f.read_exact(&mut buf).ok()?;
     let mut h = crc32fast::Hasher::new();

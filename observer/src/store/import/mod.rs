@@ -136,7 +136,7 @@ pub fn load_events(path: &Path) -> Result<Events, ImportError> {
     let io = |source| ImportError::Io { path: path.to_path_buf(), source };
     let mut head = [0u8; 16];
     let n = {
-        let mut f = std::fs::File::open(path).map_err(io)?;
+        let mut f = engine::files::open_regular(path).map_err(io)?;
         let mut n = 0;
         while n < head.len() {
             let k = f.read(&mut head[n..]).map_err(io)?;
