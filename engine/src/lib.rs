@@ -14,6 +14,7 @@ pub mod arch;
 pub mod attention;
 pub mod blocks;
 pub mod dense_regions;
+pub mod errors;
 pub mod files;
 pub mod gguf;
 pub mod inspect;

@@ -179,7 +179,15 @@ fn default_threads() -> usize {
 #[used]
 pub static moe_engine_dense_regions: DenseRegions = DenseRegions::new();
 
-fn main() -> Result<()> {
+/// A user error is one line on stderr and exit status 1 (`engine::errors`).
+fn main() {
+    if let Err(e) = engine_main() {
+        eprintln!("engine: error: {}", engine::errors::one_line(&e));
+        std::process::exit(1);
+    }
+}
+
+fn engine_main() -> Result<()> {
     engine::dense_regions::export(&moe_engine_dense_regions);
     // Die quietly on a closed stdout (`engine run … | head`) instead of panicking.
     // SAFETY: restoring the default SIGPIPE disposition before any thread is started.

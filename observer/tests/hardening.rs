@@ -237,3 +237,39 @@ fn a_fifo_or_a_directory_as_input_is_refused_not_waited_on() {
         }
     }
 }
+
+/// An absurd resample count is refused with the bound, not allocated.
+#[test]
+fn resamples_are_bounded() {
+    let d = dir("resamples");
+    let t = a_trace(&d);
+    for cmd in
+        [vec!["report", "--resamples", "1000000000", s(&t)], vec!["diff", "--resamples", "1000000000", s(&t), s(&t)]]
+    {
+        let o = observer(&cmd);
+        let err = stderr(&o);
+        assert_eq!(o.status.code(), Some(2), "{cmd:?}: {err}");
+        assert!(err.contains("--resamples 1000000000") && err.contains("1000000"), "{err}");
+        assert!(!err.contains("panicked") && !err.contains("memory allocation"), "{err}");
+    }
+}
+
+/// A user error of either binary is one line, without a backtrace even under
+/// `RUST_BACKTRACE=1`, and the OS error is said once.
+#[test]
+fn a_user_error_is_one_line_with_the_os_error_once() {
+    let engine = Path::new(OBSERVER).with_file_name("engine");
+    for (bin, args) in [
+        (engine.as_path(), vec!["inspect", "/no/such/model.gguf"]),
+        (engine.as_path(), vec!["run", "-m", "/no/such/model.gguf", "-p", "hi"]),
+        (Path::new(OBSERVER), vec!["report", "/no/such/run.trace"]),
+    ] {
+        let o = Command::new(bin).args(&args).env("RUST_BACKTRACE", "1").output().unwrap();
+        let err = stderr(&o);
+        let lines: Vec<&str> = err.lines().filter(|l| !l.starts_with("engine: cpu:")).collect();
+        assert_ne!(o.status.code(), Some(0), "{args:?}");
+        assert_eq!(lines.len(), 1, "{args:?}: {err}");
+        assert!(!err.contains("backtrace"), "{args:?}: {err}");
+        assert_eq!(err.matches("No such file or directory").count(), 1, "{args:?}: {err}");
+    }
+}
