@@ -273,3 +273,34 @@ fn a_user_error_is_one_line_with_the_os_error_once() {
         assert_eq!(err.matches("No such file or directory").count(), 1, "{args:?}: {err}");
     }
 }
+
+/// `cat a.trace a.trace` and a CSV with its rows repeated are one run, said so.
+#[test]
+fn duplicated_runs_and_rows_are_not_merged_quietly() {
+    let d = dir("dup");
+    let t = a_trace(&d);
+    let data = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data");
+    let csv = std::fs::read_to_string(data.join("bmoe-20260721-090406.csv")).unwrap();
+    let rows: Vec<&str> = csv.lines().filter(|l| !l.starts_with('#')).skip(1).collect();
+    let dup_csv = d.join("dup.csv");
+    std::fs::write(&dup_csv, format!("{csv}{}\n", rows.join("\n"))).unwrap();
+    let dup_trace = d.join("dup.trace");
+    std::fs::write(&dup_trace, [std::fs::read(&t).unwrap(), std::fs::read(&t).unwrap()].concat()).unwrap();
+    let tokens = |p: &Path| {
+        let o = observer(&["report", "--json", s(p)]);
+        assert!(o.status.success(), "{}", stderr(&o));
+        let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+        let notes = v["notes"].to_string();
+        (v, notes)
+    };
+    let (one, _) = tokens(&t);
+    let (two, err) = tokens(&dup_trace);
+    assert_eq!(one["summary"], two["summary"], "the joined file reads as its first run");
+    assert_eq!(one["tokens"], two["tokens"]);
+    assert!(err.contains("holds 2 runs"), "{err}");
+    let (orig, _) = tokens(&data.join("bmoe-20260721-090406.csv"));
+    let (dup, err) = tokens(&dup_csv);
+    assert_eq!(orig["summary"], dup["summary"]);
+    assert_eq!(orig["tokens"], dup["tokens"]);
+    assert!(err.contains(&format!("{} token records repeat", rows.len())), "{err}");
+}
