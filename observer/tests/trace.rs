@@ -343,6 +343,7 @@ fn record_dense_ab_under_pressure(engine: &Path, model: &Path, cgroup: &Path, di
     for (i, dense) in ["anon", "locked", "locked", "anon"].iter().enumerate() {
         testkit::drop_caches().expect("drop caches before each run");
         let trace = dir.join(format!("{}-{dense}.trace", i + 1));
+        let _ = std::fs::remove_file(&trace);
         let o = Command::new(OBSERVER)
             .args(["record", "-o", trace.to_str().unwrap(), "--every", "0", "--cgroup", cgroup.to_str().unwrap()])
             .args(["--", engine.to_str().unwrap(), "run", "-m", model.to_str().unwrap(), "-p", "Once upon a time"])
