@@ -373,7 +373,7 @@ impl Gguf {
     pub fn open(path: impl AsRef<Path>) -> Result<Gguf, GgufError> {
         let path = path.as_ref();
         let io = |source| GgufError::Io { path: path.to_owned(), source };
-        let file = File::open(path).map_err(io)?;
+        let file = crate::files::open_regular(path).map_err(io)?;
         let len = file.metadata().map_err(io)?.len();
         if len == 0 {
             return Err(GgufError::Truncated {

@@ -13,7 +13,10 @@
 pub mod arch;
 pub mod attention;
 pub mod blocks;
+pub mod cli;
 pub mod dense_regions;
+pub mod errors;
+pub mod files;
 pub mod gguf;
 pub mod inspect;
 pub mod markers;

@@ -1,11 +1,13 @@
 //! The `engine` binary: `inspect`, `synth`, `run`.
 
 use std::io::Write as _;
-use std::path::PathBuf;
+
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
-use clap::{Parser, Subcommand};
+use clap::Parser;
+
+use engine::cli::{Cli, Cmd, RunArgs, SynthArgs};
 
 use engine::dense_regions::DenseRegions;
 use engine::gguf::Gguf;
@@ -16,157 +18,6 @@ use engine::sampling::{Sampler, SamplerConfig};
 use engine::synth::{QuantMix, SynthConfig};
 use engine::telemetry::{Meter, MetricsHeader, MetricsWriter};
 use engine::tokenizer::{Tokenizer, Utf8Stream};
-
-#[derive(Parser)]
-#[command(name = "engine", about = "Embedded MoE engine (qwen3moe GGUF)")]
-struct Cli {
-    #[command(subcommand)]
-    cmd: Cmd,
-}
-
-#[derive(Subcommand)]
-enum Cmd {
-    /// Print architecture, metadata, tensor shapes, types and byte ranges.
-    Inspect {
-        file: PathBuf,
-        /// List every routed expert's byte range.
-        #[arg(long)]
-        experts: bool,
-    },
-    /// Write a synthetic qwen3moe GGUF with random weights.
-    Synth(SynthArgs),
-    /// Run a prompt and generate.
-    Run(RunArgs),
-    /// Measure prompt (pp) and generation (tg) speed like llama-bench: random token ids,
-    /// an empty context per repetition, averages over repetitions.
-    Bench {
-        #[arg(long, short)]
-        model: PathBuf,
-        /// Prompt tokens per pp test.
-        #[arg(short = 'p', default_value_t = 128)]
-        n_prompt: usize,
-        /// Generated tokens per tg test.
-        #[arg(short = 'n', default_value_t = 64)]
-        n_gen: usize,
-        #[arg(long, short)]
-        threads: Option<usize>,
-        #[arg(long, short, default_value_t = 3)]
-        repetitions: usize,
-        /// Print one JSON object instead of text.
-        #[arg(long)]
-        json: bool,
-        /// Dense weights: mmap | anon | locked (see `run --help`).
-        #[arg(long, default_value = "mmap")]
-        dense: DensePolicy,
-    },
-    /// Tokenize text with the model's vocabulary and print the ids as JSON.
-    Tokenize {
-        #[arg(long)]
-        model: PathBuf,
-        #[arg(long)]
-        text: String,
-    },
-}
-
-#[derive(clap::Args)]
-struct SynthArgs {
-    #[arg(short, long)]
-    output: PathBuf,
-    /// tiny | small | qwen3-30b-a3b
-    #[arg(long, default_value = "tiny")]
-    preset: String,
-    /// q8_0 | q4_k | q6_k | q4_k_m (default: the preset's)
-    #[arg(long)]
-    quant: Option<String>,
-    #[arg(long)]
-    layers: Option<usize>,
-    #[arg(long)]
-    hidden: Option<usize>,
-    #[arg(long)]
-    heads: Option<usize>,
-    #[arg(long)]
-    kv_heads: Option<usize>,
-    #[arg(long)]
-    head_dim: Option<usize>,
-    #[arg(long)]
-    experts: Option<usize>,
-    #[arg(long)]
-    experts_used: Option<usize>,
-    #[arg(long)]
-    expert_ffn: Option<usize>,
-    #[arg(long)]
-    vocab: Option<usize>,
-    /// Router skew exponent: expert of popularity rank r gets router rows scaled by (r+1)^-skew.
-    #[arg(long)]
-    router_skew: Option<f32>,
-    /// σ of the log-normal per-token scale of output.weight rows (larger = more peaked logits).
-    #[arg(long)]
-    output_skew: Option<f32>,
-    /// Use token_embd as the output matrix (no output.weight).
-    #[arg(long)]
-    tied: bool,
-    #[arg(long, default_value_t = 42)]
-    seed: u64,
-    #[arg(long)]
-    threads: Option<usize>,
-    /// Print the resolved configuration and exit without writing.
-    #[arg(long)]
-    dry_run: bool,
-}
-
-#[derive(clap::Args)]
-struct RunArgs {
-    #[arg(long, short)]
-    model: PathBuf,
-    #[arg(long, short)]
-    prompt: String,
-    /// Tokens to generate.
-    #[arg(short, default_value_t = 64)]
-    n: usize,
-    #[arg(long, short)]
-    threads: Option<usize>,
-    #[arg(long, default_value_t = 0)]
-    seed: u64,
-    /// 0 = greedy.
-    #[arg(long, default_value_t = 0.0)]
-    temp: f32,
-    #[arg(long, default_value_t = 40)]
-    top_k: usize,
-    #[arg(long, default_value_t = 0.95)]
-    top_p: f32,
-    /// Context length (default: prompt + n).
-    #[arg(long)]
-    ctx: Option<usize>,
-    /// Prompt tokens per forward pass (1 = token by token, like decode).
-    #[arg(long, default_value_t = engine::model::MAX_BATCH)]
-    ubatch: usize,
-    /// Keep generating past end-of-generation tokens.
-    #[arg(long)]
-    ignore_eos: bool,
-    /// One JSON object per token, then a summary object.
-    #[arg(long)]
-    json: bool,
-    /// Write the logits that chose the last generated token (f32 little-endian) to this file.
-    #[arg(long)]
-    logits_out: Option<PathBuf>,
-    /// Dense weights (all but routed experts): `mmap` = the file mapping (page cache), `anon` =
-    /// a copy in anonymous memory (swappable, e.g. to zram), `locked` = that copy mlock'ed.
-    #[arg(long, default_value = "mmap")]
-    dense: DensePolicy,
-    /// Routed experts: `mmap` = the file mapping.
-    #[arg(long, default_value = "mmap")]
-    experts: ExpertPolicy,
-    /// Write per-token telemetry in the `bmoe_metrics v1` CSV format to this file.
-    #[arg(long)]
-    metrics_csv: Option<PathBuf>,
-    /// Write the same rows as JSON lines to this file.
-    #[arg(long)]
-    metrics_json: Option<PathBuf>,
-    /// Sample `dense_resident_frac` (mincore) at most this often, in ms, and at most 1 % of the
-    /// time (0 = every step, whatever it costs).
-    #[arg(long, default_value_t = 100)]
-    resident_every_ms: u64,
-}
 
 fn default_threads() -> usize {
     std::thread::available_parallelism().map_or(1, |n| n.get())
@@ -179,7 +30,15 @@ fn default_threads() -> usize {
 #[used]
 pub static moe_engine_dense_regions: DenseRegions = DenseRegions::new();
 
-fn main() -> Result<()> {
+/// A user error is one line on stderr and exit status 1 (`engine::errors`).
+fn main() {
+    if let Err(e) = engine_main() {
+        eprintln!("engine: error: {}", engine::errors::one_line(&e));
+        std::process::exit(1);
+    }
+}
+
+fn engine_main() -> Result<()> {
     engine::dense_regions::export(&moe_engine_dense_regions);
     // Die quietly on a closed stdout (`engine run … | head`) instead of panicking.
     // SAFETY: restoring the default SIGPIPE disposition before any thread is started.

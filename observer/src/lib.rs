@@ -9,11 +9,16 @@
 //! - [`analysis`]: what is computed from a run (statistics, `diff`, the
 //!   report, exports);
 //! - [`store`]: runs on disk (the trace format, imports of other formats);
+//! - [`output`]: how every output file is written (checked first, never
+//!   overwritten silently, renamed into place whole);
+//! - [`style`]: when colour is written (a terminal, no `NO_COLOR`);
 //! - [`capture`]: what produces the model stream (eBPF probes, tracefs, the
 //!   target process, token assembly, residency, the procfs fallback).
 
 pub mod analysis;
 pub mod capture;
 pub mod plot;
+pub mod output;
 pub mod sinks;
 pub mod store;
+pub mod style;

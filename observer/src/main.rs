@@ -74,7 +74,7 @@ fn main() {
     match result {
         Ok(code) => std::process::exit(code),
         Err(e) => {
-            eprintln!("observer: error: {e:#}");
+            eprintln!("observer: error: {}", engine::errors::one_line(&e));
             std::process::exit(2);
         }
     }

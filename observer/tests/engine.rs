@@ -41,6 +41,7 @@ fn engine_tokens_components_and_perf_stat() {
     let model = tiny_model();
     let dir = scratch_dir("engine");
     let (perf_out, json) = (dir.join("perf.csv"), dir.join("obs.json"));
+    let _ = std::fs::remove_file(&json);
     let n_gen = 24;
     // A shell that stops itself, then becomes the engine (same PID): perf and
     // the observer attach while it is stopped, so both count the same span.

@@ -229,6 +229,7 @@ fn attach_sees_target_exit() {
         .spawn()
         .expect("spawn workload");
     let json = scratch_dir("json").join("attach.json");
+    let _ = std::fs::remove_file(&json);
     let out = Command::new(OBSERVER)
         .args(["run", "--json", json.to_str().unwrap(), "--pid", &target.id().to_string()])
         .output()

@@ -19,6 +19,7 @@ fn fault_counts_match_perf_stat() {
     let file = dir.join("refault.bin");
     let perf_out = dir.join("perf.csv");
     let json = dir.join("obs.json");
+    let _ = std::fs::remove_file(&json);
     // A shell that waits for a line on stdin, then becomes the workload (same PID).
     let workload = workload();
     let script = format!("read go; exec {workload} demo --size 64M --path {}", file.display());

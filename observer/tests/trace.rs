@@ -280,6 +280,9 @@ fn sigkill_leaves_a_trace_whose_complete_records_read_back() {
         .stderr(Stdio::null())
         .spawn()
         .expect("spawn observer record");
+    // Until the run ends the trace is written aside (`observer::output`), and a
+    // killed observer leaves it there.
+    let trace = dir.join(format!("killed.trace.partial-{}", obs.id()));
     let t0 = Instant::now();
     while std::fs::metadata(&trace).map(|m| m.len()).unwrap_or(0) < 16 << 10 {
         assert!(t0.elapsed() < Duration::from_secs(60), "the trace did not grow to 16 KiB in 60 s");
@@ -340,6 +343,7 @@ fn record_dense_ab_under_pressure(engine: &Path, model: &Path, cgroup: &Path, di
     for (i, dense) in ["anon", "locked", "locked", "anon"].iter().enumerate() {
         testkit::drop_caches().expect("drop caches before each run");
         let trace = dir.join(format!("{}-{dense}.trace", i + 1));
+        let _ = std::fs::remove_file(&trace);
         let o = Command::new(OBSERVER)
             .args(["record", "-o", trace.to_str().unwrap(), "--every", "0", "--cgroup", cgroup.to_str().unwrap()])
             .args(["--", engine.to_str().unwrap(), "run", "-m", model.to_str().unwrap(), "-p", "Once upon a time"])

@@ -134,7 +134,8 @@ pub fn main(args: &[String]) -> Result<()> {
         };
         let r = crate::cmd::output(
             Command::new(&observer)
-                .args(["record", "-o"])
+                // Each round rewrites its outputs (the observer refuses that without --force).
+                .args(["record", "--force", "-o"])
                 .arg(&trace)
                 .arg("--json")
                 .arg(&json)

@@ -65,7 +65,8 @@ pub fn line(t: &TokenRecord) -> String {
         s.push_str(&format!(" {:>7}", v.unwrap_or_else(|| "-".into())));
     }
     if t.lost_events > 0 {
-        s.push_str(&format!(" \x1b[31mlost {}\x1b[0m", t.lost_events));
+        s.push(' ');
+        s.push_str(&crate::style::alarm(&format!("lost {}", t.lost_events), crate::style::Stream::Stderr));
     }
     s
 }

@@ -433,7 +433,11 @@ impl Summary {
             )?;
         }
         if self.lost_events > 0 {
-            writeln!(out, "\x1b[31mlost events: {}\x1b[0m", self.lost_events)?;
+            writeln!(
+                out,
+                "{}",
+                crate::style::alarm(&format!("lost events: {}", self.lost_events), crate::style::Stream::Stderr)
+            )?;
         } else {
             writeln!(out, "lost events: 0")?;
         }

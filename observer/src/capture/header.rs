@@ -39,8 +39,8 @@ pub fn meminfo(key: &str) -> Option<u64> {
 /// CRC-32 of the first 4 MiB (header and tensor table) and the size: cheap,
 /// and enough to tell two model files apart.
 pub fn model_info(path: &Path) -> Option<ModelInfo> {
-    let size = std::fs::metadata(path).ok()?.len();
-    let mut f = std::fs::File::open(path).ok()?;
+    let mut f = engine::files::open_regular(path).ok()?;
+    let size = f.metadata().ok()?.len();
     let mut buf = vec![0u8; (4 << 20).min(size as usize)];
     f.read_exact(&mut buf).ok()?;
     let mut h = crc32fast::Hasher::new();
@@ -65,9 +65,16 @@ pub fn model_from_command(cmd: &[String]) -> Option<String> {
     cmd.iter().find(|a| a.ends_with(".gguf")).cloned()
 }
 
-/// `--key value` and `--key=value` pairs of a command line (the engine's
-/// configuration as the user gave it). Flags without a value map to "true".
+/// The engine's configuration as the user gave it on the command line. The
+/// embedded engine's command line is read by its own flag table
+/// (`engine::cli::config_of`); any other is read as `--key value` and
+/// `--key=value` pairs, a flag followed by another flag (or by nothing)
+/// mapping to "true".
 pub fn config_from_command(cmd: &[String]) -> BTreeMap<String, String> {
+    let is_engine = cmd.first().and_then(|p| Path::new(p).file_name()).is_some_and(|n| n == "engine");
+    if is_engine && let Some(c) = engine::cli::config_of(cmd) {
+        return c;
+    }
     let mut m = BTreeMap::new();
     let mut i = 1;
     while i < cmd.len() {
@@ -75,7 +82,7 @@ pub fn config_from_command(cmd: &[String]) -> BTreeMap<String, String> {
         if let Some(k) = a.strip_prefix("--") {
             if let Some((k, v)) = k.split_once('=') {
                 m.insert(k.to_string(), v.to_string());
-            } else if let Some(v) = cmd.get(i + 1).filter(|v| !v.starts_with("--")) {
+            } else if let Some(v) = cmd.get(i + 1).filter(|v| !v.starts_with('-') || v.parse::<f64>().is_ok()) {
                 m.insert(k.to_string(), v.clone());
                 i += 1;
             } else {
@@ -128,5 +135,21 @@ mod tests {
         assert_eq!(cfg["json"], "true");
         assert_eq!(model_from_command(&v(&["llama-cli", "x.gguf"])).as_deref(), Some("x.gguf"));
         assert_eq!(model_from_command(&v(&["sleep", "1"])), None);
+    }
+
+    /// Issue 19: `--ignore-eos -t 2` was read as `ignore-eos=-t`.
+    #[test]
+    fn the_engine_command_line_is_read_by_the_engine_flag_table() {
+        let c = v(&["/x/engine", "run", "-m", "/m/a.gguf", "-p", "hi", "-n", "17", "--ignore-eos", "-t", "2"]);
+        let cfg = config_from_command(&c);
+        assert_eq!(cfg["ignore-eos"], "true");
+        assert_eq!(cfg["threads"], "2");
+        assert_eq!(cfg["n"], "17");
+        assert_eq!(cfg["model"], "/m/a.gguf");
+        // Another program: no table, but a flag is never taken as a value; a number is.
+        let cfg = config_from_command(&v(&["llama-cli", "--ignore-eos", "-t", "2", "--temp", "-1", "--flash"]));
+        assert_eq!(cfg["ignore-eos"], "true");
+        assert_eq!(cfg["temp"], "-1");
+        assert_eq!(cfg["flash"], "true");
     }
 }

@@ -5,6 +5,7 @@
 pub mod bpf;
 pub mod discover;
 pub mod engine_abi;
+pub mod guard;
 pub mod header;
 pub mod preflight;
 pub mod procfs;

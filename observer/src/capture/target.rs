@@ -31,6 +31,8 @@ struct Spawned {
     program: String,
     path: std::path::PathBuf,
     cgroup: Option<InCgroup>,
+    /// Kills the target and its descendants if the observer dies (`guard`).
+    _guard: super::guard::Guard,
 }
 
 /// The cgroup a spawned child joins (`--cgroup`), with its OOM-kill counter as
@@ -151,7 +153,7 @@ impl Target {
         let (go_rd, go_wr) = pipe()?;
         let (err_rd, err_wr) = pipe()?;
         // SAFETY: after fork the child only calls async-signal-safe functions
-        // (sigaction, signal, pthread_sigmask, open, getpid, close, read, write, execv, _exit) on
+        // (sigaction, signal, pthread_sigmask, open, getpid, close, read, write, prctl, execv, _exit) on
         // memory prepared before the fork.
         let pid = unsafe { libc::fork() };
         if pid < 0 {
@@ -191,6 +193,8 @@ impl Target {
                     }
                 }
                 if n_is_go(b) {
+                    // Orphaned descendants stay in the target's tree (see `guard`).
+                    libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0);
                     libc::execv(path.as_ptr(), argv.as_ptr());
                     let errno = *libc::__errno_location();
                     libc::write(err_wr.as_raw_fd(), (&errno as *const i32).cast(), 4);
@@ -202,6 +206,7 @@ impl Target {
         drop(err_wr);
         let pid = pid as u32;
         let pidfd = register(pidfd_open(pid).with_context(|| format!("pidfd_open({pid})"))?)?;
+        let guard = super::guard::Guard::start(pid, pipe()?).context("starting the guard process")?;
         Ok(Target {
             pid,
             pidfd,
@@ -211,6 +216,7 @@ impl Target {
                 program: prog.to_string_lossy().into_owned(),
                 path: std::path::PathBuf::from(std::ffi::OsStr::from_bytes(path.as_bytes())),
                 cgroup,
+                _guard: guard,
             }),
         })
     }

@@ -42,6 +42,15 @@ impl BootstrapArgs {
         if self.resamples < 100 {
             bail!("--resamples {} is too few for a 95 % interval (use 1000 or more)", self.resamples);
         }
+        if self.resamples > observer::analysis::stats::MAX_RESAMPLES {
+            bail!(
+                "--resamples {} is more than {} (the most this accepts: more does not narrow the interval, and \
+                 each resample is kept in memory); the default is {}",
+                self.resamples,
+                observer::analysis::stats::MAX_RESAMPLES,
+                observer::analysis::stats::DEFAULT_RESAMPLES
+            );
+        }
         Ok(diff::Options { resamples: self.resamples, seed: self.seed, ignore })
     }
 }

@@ -26,11 +26,7 @@
 //!   with one row per kind `file`, `dense_tensors`, `shared_experts`, `routed_experts` (layer,
 //!   expert empty) and one per expert (`expert`); unmeasured values are empty.
 
-use std::{
-    io::{IsTerminal, Write},
-    path::PathBuf,
-    time::Duration,
-};
+use std::{io::Write, path::PathBuf, time::Duration};
 
 use anyhow::{Context, Result, bail};
 use observer::capture::residency::{
@@ -131,7 +127,7 @@ pub fn run(args: HeatmapArgs) -> Result<i32> {
         };
         churn_state = Some((ebpf, c, base, blame));
     }
-    let color = !args.no_color && std::env::var_os("NO_COLOR").is_none() && std::io::stdout().is_terminal();
+    let color = !args.no_color && observer::style::colour(observer::style::Stream::Stdout);
     let width = args.width.unwrap_or_else(terminal_width);
     let mut out = std::io::stdout().lock();
     let mut k = 0u64;

@@ -140,16 +140,16 @@ fn text(r: &Report<'_>) -> Result<String> {
     fact("probes", if h.probes.is_empty() { String::new() } else { format!("{} attached", h.probes.len()) });
     fact("exit code", r.exit_code.map(|c| c.to_string()).unwrap_or_default());
     let dropped = match r.recorder {
-        Some(s) if s.dropped() > 0 => format!(
-            "\x1b[31m{} token and {} other events dropped by the recorder\x1b[0m",
-            s.dropped_tokens, s.dropped_other
+        Some(s) if s.dropped() > 0 => observer::style::alarm(
+            &format!("{} token and {} other events dropped by the recorder", s.dropped_tokens, s.dropped_other),
+            observer::style::Stream::Stdout,
         ),
         Some(_) => "none dropped by the recorder".into(),
         None if r.format == import::Format::Trace => "recorder drops unknown (no end record)".into(),
         None => String::new(),
     };
     let lost = if r.lost_events > 0 {
-        format!("\x1b[31mlost events: {}\x1b[0m", r.lost_events)
+        observer::style::alarm(&format!("lost events: {}", r.lost_events), observer::style::Stream::Stdout)
     } else {
         "lost events: 0".into()
     };

@@ -12,6 +12,7 @@ use observer::{
         bpf::EngineChoice,
         session::{Mode, Outcome, Session, SessionOptions, Stop, TargetSpec, TokenSymbol},
     },
+    output::{Output, Policy},
     sinks::{Sink, lines::Lines, prometheus, summary::SummarySink, trace_writer::TraceWriter},
 };
 
@@ -26,6 +27,9 @@ pub struct RunArgs {
     /// Also record the model stream to this trace file (see `observer record`).
     #[arg(long, value_name = "FILE")]
     pub record: Option<PathBuf>,
+    /// Replace output files (`--json`, the trace) that exist already.
+    #[arg(long)]
+    pub force: bool,
     /// Token boundaries from calls of this function (uprobe at entry, uretprobe
     /// at return), e.g. `llama_decode:/usr/lib/libllama.so`. Default: the
     /// engine's marker symbols when the target has them.
@@ -143,15 +147,25 @@ pub async fn observe(args: RunArgs, extra: Vec<Box<dyn Sink>>, stop: &Stop) -> R
 /// probes may still be detaching.
 pub async fn observe_session(args: RunArgs, extra: Vec<Box<dyn Sink>>, stop: &Stop) -> Result<Outcome> {
     let opts = args.session_options()?;
+    // Every output is checked (and its file created) before the run.
+    let inputs: Vec<PathBuf> = args.model.iter().cloned().collect();
+    let policy = Policy { force: args.force, inputs: &inputs };
+    if let (Some(a), Some(b)) = (&args.json, &args.record)
+        && a == b
+    {
+        bail!("--json and the trace are both {}; give two files", a.display());
+    }
+    let json = args.json.as_deref().map(|p| Output::create(p, policy)).transpose().context("--json")?;
+    let trace = args.record.as_deref().map(|p| Output::create(p, policy)).transpose().context("the trace file")?;
     let mut sinks: Vec<Box<dyn Sink>> = vec![Box::new(Lines::new(args.every))];
     if let Some(addr) = &args.metrics_addr {
         sinks.push(Box::new(prometheus::run_sink(addr)?));
     }
-    if let Some(p) = &args.record {
-        sinks.push(Box::new(TraceWriter::create(p).context("cannot create the trace file")?));
+    if let Some(out) = trace {
+        sinks.push(Box::new(TraceWriter::to_output(out)?));
     }
     sinks.extend(extra);
     // Last: the table comes after every other sink has had the end.
-    sinks.push(Box::new(SummarySink::new(args.keep_tokens, args.json.clone())));
+    sinks.push(Box::new(SummarySink::new(args.keep_tokens, json)));
     Session::start(opts, stop)?.run(&mut sinks).await
 }

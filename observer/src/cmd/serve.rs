@@ -106,7 +106,7 @@ pub async fn serve(args: ServeArgs) -> Result<i32> {
     Ok(0)
 }
 
-async fn follow(name: &str, run: RunArgs, ex: &Arc<Exporter>, stop: &Stop) {
+async fn follow(name: &str, mut run: RunArgs, ex: &Arc<Exporter>, stop: &Stop) {
     let mut skip: HashSet<u32> = HashSet::new();
     log::info!("serve: waiting for a process called {name:?}");
     loop {
@@ -128,7 +128,11 @@ async fn follow(name: &str, run: RunArgs, ex: &Arc<Exporter>, stop: &Stop) {
         log::info!("serve: {name:?} is pid {pid}: observing it");
         // The next target may start while this one's probes detach.
         match observe_session(args, vec![Box::new(ex.sink())], stop).await {
-            Ok(_) => log::info!("serve: pid {pid} ended; waiting for the next {name:?}"),
+            Ok(_) => {
+                log::info!("serve: pid {pid} ended; waiting for the next {name:?}");
+                // The outputs (`--json`, a trace) are now ours: the next target rewrites them.
+                run.force = true;
+            }
             Err(e) => {
                 log::warn!("serve: pid {pid}: {e:#}; skipping it");
                 skip.insert(pid);

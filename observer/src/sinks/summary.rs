@@ -4,23 +4,21 @@
 //! table comes from `observer report` on the run's trace, since both are
 //! built from the model stream alone.
 
-use std::path::PathBuf;
-
-use anyhow::Context;
 use observer_common::model::Event;
 
-use crate::{analysis::report::Collector, sinks::Sink};
+use crate::{analysis::report::Collector, output::Output, sinks::Sink};
 
 #[derive(Debug)]
 pub struct SummarySink {
     collector: Collector,
-    json: Option<PathBuf>,
+    json: Option<Output>,
 }
 
 impl SummarySink {
     /// Keep at most `keep_tokens` token records for the per-token summary and
-    /// the JSON; write the JSON to `json` when given.
-    pub fn new(keep_tokens: usize, json: Option<PathBuf>) -> Self {
+    /// the JSON; write the JSON to `json` when given (created, and so
+    /// checked, before the run: see [`crate::output`]).
+    pub fn new(keep_tokens: usize, json: Option<Output>) -> Self {
         SummarySink { collector: Collector::new(keep_tokens), json }
     }
 }
@@ -33,11 +31,10 @@ impl Sink for SummarySink {
         }
         let summary = self.collector.summary();
         summary.print(&mut std::io::stderr().lock())?;
-        if let Some(path) = &self.json {
-            let f =
-                std::fs::File::create(path).with_context(|| format!("cannot create JSON file {}", path.display()))?;
-            serde_json::to_writer_pretty(std::io::BufWriter::new(f), &summary)
-                .with_context(|| format!("writing {}", path.display()))?;
+        if let Some(out) = self.json.take() {
+            let mut bytes = serde_json::to_vec_pretty(&summary)?;
+            bytes.push(b'\n');
+            out.write_all_and_commit(&bytes)?;
         }
         Ok(())
     }

@@ -25,6 +25,7 @@ use anyhow::Context;
 use observer_common::model::Event;
 use serde::{Deserialize, Serialize};
 
+use crate::output::{Output, Policy};
 use crate::sinks::{Sink, once_per_run};
 use crate::store::trace::{TraceError, encode_record, file_header, grid, kind_of_payload};
 
@@ -94,17 +95,35 @@ pub struct TraceWriter {
 }
 
 impl TraceWriter {
-    /// Create (or truncate) `path` and start the writer thread.
-    pub fn create(path: &Path) -> Result<Self, TraceError> {
-        let f = File::create(path).map_err(|source| TraceError::Io { path: path.to_path_buf(), source })?;
-        Self::from_writer(BufWriter::with_capacity(1 << 16, f), path, DEFAULT_CAPACITY)
+    /// Create `path` (refused when it exists: see [`crate::output`]) and start
+    /// the writer thread.
+    pub fn create(path: &Path) -> anyhow::Result<Self> {
+        Self::to_output(Output::create(path, Policy::default())?)
+    }
+
+    /// Write the trace to `out` (see [`crate::output`]): renamed into place at
+    /// the end of a run that wrote it all, removed on a write error.
+    pub fn to_output(out: Output) -> anyhow::Result<Self> {
+        let (f, pending) = out.split();
+        let name = pending.path().to_path_buf();
+        let done = move |w: BufWriter<File>| {
+            let f = w.into_inner().map_err(|e| e.into_error())?;
+            pending.commit(f).map_err(std::io::Error::other)
+        };
+        Ok(Self::start(BufWriter::with_capacity(1 << 16, f), &name, DEFAULT_CAPACITY, done)?)
     }
 
     /// Write to any `Write` (tests use a slow one); `name` is used in messages.
-    pub fn from_writer<W: Write + Send + 'static>(
+    pub fn from_writer<W: Write + Send + 'static>(out: W, name: &Path, capacity: usize) -> Result<Self, TraceError> {
+        Self::start(out, name, capacity, |_| Ok(()))
+    }
+
+    /// The writer thread over `out`; `done` gets `out` after a run written whole.
+    fn start<W: Write + Send + 'static>(
         mut out: W,
         name: &Path,
         capacity: usize,
+        done: impl FnOnce(W) -> std::io::Result<()> + Send + 'static,
     ) -> Result<Self, TraceError> {
         let io = |source| TraceError::Io { path: PathBuf::from(name), source };
         out.write_all(&file_header()).map_err(io)?;
@@ -114,7 +133,11 @@ impl TraceWriter {
         let sh = Arc::clone(&shared);
         let thread = std::thread::Builder::new()
             .name("trace-writer".into())
-            .spawn(move || write_loop(out, rx, &sh))
+            .spawn(move || {
+                let (stats, out) = write_loop(out, rx, &sh)?;
+                done(out)?;
+                Ok(stats)
+            })
             .map_err(io)?;
         Ok(TraceWriter {
             name: name.display().to_string(),
@@ -208,7 +231,7 @@ impl Drop for TraceWriter {
     }
 }
 
-fn write_loop<W: Write>(mut out: W, rx: Receiver<Event>, shared: &Shared) -> std::io::Result<RecorderStats> {
+fn write_loop<W: Write>(mut out: W, rx: Receiver<Event>, shared: &Shared) -> std::io::Result<(RecorderStats, W)> {
     let mut stats = RecorderStats::default();
     let mut packer = grid::Packer::default();
     while let Ok(first) = rx.recv() {
@@ -228,7 +251,7 @@ fn write_loop<W: Write>(mut out: W, rx: Receiver<Event>, shared: &Shared) -> std
             out.write_all(&encode_record(kind_of_payload(&payload), &payload))?;
             if end {
                 out.flush()?;
-                return Ok(stats);
+                return Ok((stats, out));
             }
             next = rx.try_recv().ok();
         }
@@ -238,5 +261,5 @@ fn write_loop<W: Write>(mut out: W, rx: Receiver<Event>, shared: &Shared) -> std
     stats.dropped_tokens = shared.dropped_tokens.load(Ordering::Relaxed);
     stats.dropped_other = shared.dropped_other.load(Ordering::Relaxed);
     out.flush()?;
-    Ok(stats)
+    Ok((stats, out))
 }

@@ -221,7 +221,7 @@ impl MappedFile {
             let path = path.to_owned();
             move |source| ResidencyError::Io { path, what, source }
         };
-        let file = File::open(path).map_err(io("opening"))?;
+        let file = engine::files::open_regular(path).map_err(io("opening"))?;
         let meta = file.metadata().map_err(io("stat"))?;
         let len = meta.len();
         let trust = trust(path, &meta);

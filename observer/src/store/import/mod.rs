@@ -2,6 +2,11 @@
 //! observer traces (`crate::store::trace`) and `bmoe_metrics v1` CSV files
 //! ([`bmoe`]). `report`, `diff` and `export` all start here, so an imported
 //! run goes through the same code as a recorded one.
+//!
+//! A file is one run. Duplicated data is not merged quietly ([`one_run`]):
+//! a second run header (files joined with `cat`) ends the run, and a token
+//! record that repeats an earlier one (the same `seq` in a trace, the same
+//! `step` in a CSV: rows repeated) is left out; each is said in a note.
 
 pub mod bmoe;
 
@@ -136,7 +141,7 @@ pub fn load_events(path: &Path) -> Result<Events, ImportError> {
     let io = |source| ImportError::Io { path: path.to_path_buf(), source };
     let mut head = [0u8; 16];
     let n = {
-        let mut f = std::fs::File::open(path).map_err(io)?;
+        let mut f = engine::files::open_regular(path).map_err(io)?;
         let mut n = 0;
         while n < head.len() {
             let k = f.read(&mut head[n..]).map_err(io)?;
@@ -158,14 +163,48 @@ pub fn load_events(path: &Path) -> Result<Events, ImportError> {
                 path.display()
             ));
         }
+        let events = one_run(path, events, &mut notes, |t| Some(t.seq));
         return Ok(Events { format: Format::Trace, events, notes, recorder: r.recorder() });
     }
     if bmoe::sniff(head) {
         let text = std::fs::read_to_string(path).map_err(io)?;
-        let (events, notes) = bmoe::parse(path, &text)?;
+        let (events, mut notes) = bmoe::parse(path, &text)?;
+        let events = one_run(path, events, &mut notes, |t| t.index);
         return Ok(Events { format: Format::BmoeMetrics, events, notes, recorder: None });
     }
     Err(ImportError::Unknown { path: path.to_path_buf() })
+}
+
+/// The first run of `events`, without token records whose `key` repeats
+/// (module doc); what was left out is added to `notes`.
+pub fn one_run(
+    path: &Path,
+    mut events: Vec<Event>,
+    notes: &mut Vec<String>,
+    key: impl Fn(&TokenRecord) -> Option<u64>,
+) -> Vec<Event> {
+    let headers: Vec<usize> =
+        events.iter().enumerate().filter(|(_, e)| matches!(e, Event::Header(_))).map(|(i, _)| i).collect();
+    if let Some(&second) = headers.get(1) {
+        notes.push(format!(
+            "{}: holds {} runs one after another (files joined?); only the first is read: split the file to read \
+             the others",
+            path.display(),
+            headers.len()
+        ));
+        events.truncate(second);
+    }
+    let mut seen = std::collections::HashSet::new();
+    let before = events.len();
+    events.retain(|e| !matches!(e, Event::Token(t) if key(t).is_some_and(|k| !seen.insert(k))));
+    let repeated = before - events.len();
+    if repeated > 0 {
+        notes.push(format!(
+            "{}: {repeated} token records repeat an earlier record (duplicated rows?); they are left out",
+            path.display()
+        ));
+    }
+    events
 }
 
 /// Read a trace or a bmoe_metrics CSV as one run; an error when it has no

@@ -124,7 +124,8 @@ impl<R> fmt::Debug for Reader<R> {
 impl Reader<BufReader<File>> {
     /// Open a trace file and check its file header.
     pub fn open(path: &Path) -> Result<Self, TraceError> {
-        let f = File::open(path).map_err(|source| TraceError::Io { path: path.to_path_buf(), source })?;
+        let f =
+            engine::files::open_regular(path).map_err(|source| TraceError::Io { path: path.to_path_buf(), source })?;
         Self::new(BufReader::with_capacity(1 << 16, f), path)
     }
 }
