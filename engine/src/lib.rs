@@ -13,6 +13,7 @@
 pub mod arch;
 pub mod attention;
 pub mod blocks;
+pub mod cache;
 pub mod dense_regions;
 pub mod gguf;
 pub mod inspect;

@@ -7,11 +7,13 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, bail};
 use clap::{Parser, Subcommand};
 
+use engine::cache::slots::ExpertSlots;
+use engine::cache::{CacheConfig, ExpertCache};
 use engine::dense_regions::DenseRegions;
 use engine::gguf::Gguf;
 use engine::markers::{KIND_GENERATE, KIND_PROMPT};
 use engine::model::{Model, Session};
-use engine::placement::{DensePolicy, ExpertPolicy};
+use engine::placement::{DensePolicy, ExpertAdvice, ExpertPolicy, Placement};
 use engine::sampling::{Sampler, SamplerConfig};
 use engine::synth::{QuantMix, SynthConfig};
 use engine::telemetry::{Meter, MetricsHeader, MetricsWriter};
@@ -58,6 +60,8 @@ enum Cmd {
         /// Dense weights: mmap | anon | locked (see `run --help`).
         #[arg(long, default_value = "mmap")]
         dense: DensePolicy,
+        #[command(flatten)]
+        experts: ExpertArgs,
     },
     /// Tokenize text with the model's vocabulary and print the ids as JSON.
     Tokenize {
@@ -153,9 +157,8 @@ struct RunArgs {
     /// a copy in anonymous memory (swappable, e.g. to zram), `locked` = that copy mlock'ed.
     #[arg(long, default_value = "mmap")]
     dense: DensePolicy,
-    /// Routed experts: `mmap` = the file mapping.
-    #[arg(long, default_value = "mmap")]
-    experts: ExpertPolicy,
+    #[command(flatten)]
+    experts: ExpertArgs,
     /// Write per-token telemetry in the `bmoe_metrics v1` CSV format to this file.
     #[arg(long)]
     metrics_csv: Option<PathBuf>,
@@ -166,6 +169,78 @@ struct RunArgs {
     /// time (0 = every step, whatever it costs).
     #[arg(long, default_value_t = 100)]
     resident_every_ms: u64,
+}
+
+/// Where the routed experts come from (`run` and `bench`).
+#[derive(clap::Args, Debug, Clone)]
+struct ExpertArgs {
+    /// Routed experts: `mmap` = the file mapping (page cache); `cache` = the expert cache, slots in
+    /// anonymous memory filled by O_DIRECT reads on I/O threads.
+    #[arg(long, default_value = "mmap")]
+    experts: ExpertPolicy,
+    /// Expert cache size in MiB, or `auto`: the memory cgroup's limit (or MemAvailable) minus
+    /// what the process holds, the KV cache and headroom.
+    #[arg(long, default_value = "auto")]
+    cache_mib: String,
+    /// I/O threads reading experts into the cache.
+    #[arg(long, default_value_t = 4)]
+    io_threads: usize,
+    /// mlock the expert cache.
+    #[arg(long)]
+    cache_lock: bool,
+    /// Read the next layer's likely experts (its router on the current hidden state) ahead.
+    #[arg(long)]
+    prefetch: bool,
+    /// With `--experts mmap`: `random` = MADV_RANDOM on the expert pages (no read-ahead of
+    /// neighbouring experts), `normal` = the kernel's default.
+    #[arg(long, default_value = "normal")]
+    expert_advice: ExpertAdvice,
+}
+
+/// Sets up where `model`'s experts come from; the cache for `--experts cache`.
+fn setup_experts(model: &mut Model, a: &ExpertArgs, n_ctx: usize) -> Result<Option<ExpertCache>> {
+    let path = model.gguf.path().display().to_string();
+    model.placement.set_experts(a.experts);
+    if a.expert_advice != ExpertAdvice::Normal {
+        if a.experts != ExpertPolicy::Mmap {
+            bail!("--expert-advice applies to --experts mmap only");
+        }
+        let n = Placement::advise_experts(&model.gguf, a.expert_advice)
+            .with_context(|| format!("madvise on the experts of {path}"))?;
+        eprintln!("engine: {:?} advised on {:.1} MiB of expert pages", a.expert_advice, mib(n as u64));
+    }
+    if a.experts != ExpertPolicy::Cache {
+        return Ok(None);
+    }
+    let c = &model.cfg;
+    // The KV cache at n_ctx (f16 K and V rows per layer), twice: its buffers grow by doubling.
+    let kv = 2 * (c.n_layer * n_ctx * 2 * c.n_head_kv * c.head_dim * 2) as u64;
+    let bytes = match a.cache_mib.as_str() {
+        "auto" => {
+            let on_mapping = if model.placement.dense == DensePolicy::Mmap { model.placement.dense_bytes } else { 0 };
+            let b = engine::cache::budget::auto(on_mapping, kv).map_err(anyhow::Error::msg)?;
+            eprintln!("engine: expert cache budget {:.1} MiB = {}", mib(b.bytes), b.source);
+            b.bytes
+        }
+        n => n
+            .parse::<u64>()
+            .map(|m| m << 20)
+            .map_err(|_| anyhow::anyhow!("--cache-mib {n:?}: a number of MiB or `auto`"))?,
+    };
+    let cfg = CacheConfig { bytes, io_threads: a.io_threads.max(1), lock: a.cache_lock, prefetch: a.prefetch };
+    let cache = ExpertCache::new(model, cfg)?;
+    eprintln!(
+        "engine: expert cache: {} slots of {:.2} MiB ({:.1} MiB{}), {} I/O threads, prefetch {}, table {} in {}",
+        cache.n_slots(),
+        mib(cache.slot_bytes() as u64),
+        mib(cache.bytes() as u64),
+        if a.cache_lock { ", locked" } else { "" },
+        a.io_threads.max(1),
+        if a.prefetch { "on" } else { "off" },
+        if cache.is_published() { "published" } else { "not published" },
+        engine::cache::slots::SYMBOL
+    );
+    Ok(Some(cache))
 }
 
 fn default_threads() -> usize {
@@ -179,8 +254,15 @@ fn default_threads() -> usize {
 #[used]
 pub static moe_engine_dense_regions: DenseRegions = DenseRegions::new();
 
+/// Which expert the expert cache holds in which slot, for observers (`--experts cache`; the ABI
+/// is specified in `moe_abi::expert_slots`, the engine's side in [`engine::cache::slots`]).
+#[unsafe(no_mangle)]
+#[used]
+pub static moe_engine_expert_slots: ExpertSlots = ExpertSlots::new();
+
 fn main() -> Result<()> {
     engine::dense_regions::export(&moe_engine_dense_regions);
+    engine::cache::slots::export(&moe_engine_expert_slots);
     // Die quietly on a closed stdout (`engine run … | head`) instead of panicking.
     // SAFETY: restoring the default SIGPIPE disposition before any thread is started.
     unsafe {
@@ -195,7 +277,7 @@ fn main() -> Result<()> {
         }
         Cmd::Synth(a) => synth(a),
         Cmd::Run(a) => run(a),
-        Cmd::Bench { model, n_prompt, n_gen, threads, repetitions, json, dense } => bench(
+        Cmd::Bench { model, n_prompt, n_gen, threads, repetitions, json, dense, experts } => bench(
             &model,
             n_prompt,
             n_gen,
@@ -203,6 +285,7 @@ fn main() -> Result<()> {
             repetitions.max(1),
             json,
             dense,
+            &experts,
         ),
         Cmd::Tokenize { model, text } => {
             let g = Gguf::open(&model).with_context(|| format!("reading {}", model.display()))?;
@@ -222,16 +305,23 @@ fn bench(
     reps: usize,
     json: bool,
     dense: DensePolicy,
+    experts: &ExpertArgs,
 ) -> Result<()> {
-    let model = Model::load_with(path, dense).with_context(|| format!("loading {}", path.display()))?;
+    let mut model = Model::load_with(path, dense).with_context(|| format!("loading {}", path.display()))?;
+    let n_ctx = n_prompt.max(n_gen) + 1;
+    let cache = setup_experts(&mut model, experts, n_ctx)?;
     let n_vocab = model.cfg.n_vocab as u64;
     let mut rng = engine::synth::SplitMix::new(1);
-    let mut sess = Session::new(&model, threads, n_prompt.max(n_gen) + 1);
+    let mut sess = Session::new(&model, threads, n_ctx);
+    if let Some(c) = &cache {
+        sess = sess.with_experts(c);
+    }
     // Warm-up (page in the weights, like llama-bench's warm-up run).
     sess.step(&[0]).context("warm-up")?;
     let mut pp = Vec::new();
     let mut tg = Vec::new();
     let mut times = engine::model::StepTimes::default();
+    let mut tg_cache = engine::cache::CacheStats::default();
     for _ in 0..reps {
         if n_prompt > 0 {
             sess.reset();
@@ -244,6 +334,7 @@ fn bench(
             sess.reset();
             sess.times = Default::default();
             let mut tok = (rng.next_u64() % n_vocab) as u32;
+            let c0 = cache.as_ref().map(ExpertCache::stats).unwrap_or_default();
             let t = Instant::now();
             for _ in 0..n_gen {
                 let logits = sess.step(&[tok]).context("generation")?;
@@ -251,6 +342,7 @@ fn bench(
             }
             tg.push(n_gen as f64 / t.elapsed().as_secs_f64());
             times = sess.times;
+            tg_cache = cache.as_ref().map(|c| c.stats().since(&c0)).unwrap_or_default();
         }
     }
     let avg = |v: &[f64]| if v.is_empty() { 0.0 } else { v.iter().sum::<f64>() / v.len() as f64 };
@@ -264,6 +356,10 @@ fn bench(
                 "tg_attention_ms_per_tok": per_tok(times.attention_ns),
                 "tg_experts_ms_per_tok": per_tok(times.experts_ns),
                 "tg_output_ms_per_tok": per_tok(times.output_ns),
+                "experts": model.placement.experts.name(),
+                "tg_cache_hit_pct": tg_cache.hit_pct(),
+                "tg_read_bytes_per_tok": tg_cache.read_bytes as f64 / n_gen.max(1) as f64,
+                "tg_stall_ms_per_tok": per_tok(tg_cache.stall_ns),
             })
         );
     } else {
@@ -355,7 +451,7 @@ fn mib(b: u64) -> f64 {
 fn run(a: RunArgs) -> Result<()> {
     let path = &a.model;
     let t_load = Instant::now();
-    let model = Model::load_with(path, a.dense).with_context(|| format!("loading {}", path.display()))?;
+    let mut model = Model::load_with(path, a.dense).with_context(|| format!("loading {}", path.display()))?;
     let load_s = t_load.elapsed().as_secs_f64();
     let p = &model.placement;
     eprintln!(
@@ -384,7 +480,12 @@ fn run(a: RunArgs) -> Result<()> {
     }
     let threads = a.threads.unwrap_or_else(default_threads).max(1);
     let n_ctx = a.ctx.unwrap_or(prompt.len() + a.n);
+    let kv_ctx = n_ctx.min(model.cfg.n_ctx_train).max(1);
+    let cache = setup_experts(&mut model, &a.experts, kv_ctx)?;
     let mut sess = Session::new(&model, threads, n_ctx);
+    if let Some(c) = &cache {
+        sess = sess.with_experts(c);
+    }
     sess.ubatch = a.ubatch;
     if prompt.len() + a.n > sess.n_ctx {
         bail!(
@@ -401,6 +502,7 @@ fn run(a: RunArgs) -> Result<()> {
     let metrics = if a.metrics_csv.is_some() || a.metrics_json.is_some() {
         let header = MetricsHeader::for_run(
             &model,
+            cache.as_ref(),
             threads,
             sess.n_ctx,
             &[
@@ -418,8 +520,7 @@ fn run(a: RunArgs) -> Result<()> {
     } else {
         None
     };
-    let ExpertPolicy::Mmap = a.experts;
-    let mut meter = Meter::new(&model, Duration::from_millis(a.resident_every_ms), metrics);
+    let mut meter = Meter::new(&model, Duration::from_millis(a.resident_every_ms), metrics).with_cache(cache.as_ref());
     let stdout = std::io::stdout();
     let mut em = Emitter { json: a.json, stream: Utf8Stream::default(), out: stdout.lock() };
     if !a.json {
@@ -444,6 +545,7 @@ fn run(a: RunArgs) -> Result<()> {
         Ok(t)
     })?;
     let prompt_s = prompt_rec.rec.wall_ns as f64 / 1e9;
+    let gen_cache0 = cache.as_ref().map(ExpertCache::stats);
     let mut generated = if a.n > 0 { vec![first] } else { Vec::new() };
     let mut next = first;
     let mut gen_steps = 0u64;
@@ -467,6 +569,18 @@ fn run(a: RunArgs) -> Result<()> {
     // Generation speed: generation steps over the wall-clock time of the generation loop.
     let gen_s = t_gen.elapsed().as_secs_f64();
     meter.finish().context("writing the metrics")?;
+    // The cache's counters over the whole run and over the generation steps.
+    let cache_json = |c: &ExpertCache| {
+        let (all, g) = (c.stats(), c.stats().since(&gen_cache0.unwrap_or_default()));
+        serde_json::json!({
+            "slots": c.n_slots(), "slot_bytes": c.slot_bytes(), "bytes": c.bytes(),
+            "io_threads": c.config.io_threads, "prefetch": c.config.prefetch,
+            "read_bytes": all.read_bytes, "reads": all.reads, "hits": all.hits, "misses": all.misses,
+            "gen_read_bytes": g.read_bytes, "gen_hits": g.hits, "gen_misses": g.misses,
+            "gen_stall_ms": g.stall_ns as f64 / 1e6, "gen_io_ms": g.io_ns as f64 / 1e6,
+            "prefetched": all.prefetched, "prefetch_used": all.prefetch_used,
+        })
+    };
     let prompt_tok_s = prompt.len() as f64 / prompt_s;
     let gen_tok_s = if gen_steps > 0 { gen_steps as f64 / gen_s } else { 0.0 };
     if let Some(p) = &a.logits_out {
@@ -494,6 +608,7 @@ fn run(a: RunArgs) -> Result<()> {
             "attention_ms": times.attention_ns as f64 / 1e6,
             "experts_ms": times.experts_ns as f64 / 1e6,
             "output_ms": times.output_ns as f64 / 1e6,
+            "cache": cache.as_ref().map(cache_json),
         });
         writeln!(em.out, "{summary}")?;
     } else {
@@ -510,6 +625,17 @@ fn run(a: RunArgs) -> Result<()> {
             threads,
             marked_steps
         );
+        if let Some(c) = &cache {
+            let j = cache_json(c);
+            eprintln!(
+                "expert cache: {} hits, {} misses, {:.1} MiB read in {} reads, generation stall {:.1} ms",
+                j["hits"],
+                j["misses"],
+                mib(j["read_bytes"].as_u64().unwrap_or(0)),
+                j["reads"],
+                j["gen_stall_ms"].as_f64().unwrap_or(0.0)
+            );
+        }
     }
     Ok(())
 }
