@@ -243,6 +243,29 @@ fn setup_experts(model: &mut Model, a: &ExpertArgs, n_ctx: usize) -> Result<Opti
     Ok(Some(cache))
 }
 
+/// The share of a layer's experts that the run's most-used ones need to make up 90 % of its
+/// selections, averaged over the layers that routed (the routing skew a cache lives on).
+fn experts_for_90pct(counts: &[Vec<u64>]) -> Option<f64> {
+    let fracs: Vec<f64> = counts
+        .iter()
+        .filter_map(|c| {
+            let total: u64 = c.iter().sum();
+            if total == 0 {
+                return None;
+            }
+            let mut v = c.clone();
+            v.sort_unstable_by(|a, b| b.cmp(a));
+            let (mut acc, mut n) = (0u64, 0usize);
+            while acc * 10 < total * 9 {
+                acc += v[n];
+                n += 1;
+            }
+            Some(n as f64 / c.len() as f64)
+        })
+        .collect();
+    (!fracs.is_empty()).then(|| fracs.iter().sum::<f64>() / fracs.len() as f64)
+}
+
 fn default_threads() -> usize {
     std::thread::available_parallelism().map_or(1, |n| n.get())
 }
@@ -573,7 +596,7 @@ fn run(a: RunArgs) -> Result<()> {
     let cache_json = |c: &ExpertCache| {
         let (all, g) = (c.stats(), c.stats().since(&gen_cache0.unwrap_or_default()));
         serde_json::json!({
-            "slots": c.n_slots(), "slot_bytes": c.slot_bytes(), "bytes": c.bytes(),
+            "slots": c.n_slots(), "slot_bytes": c.slot_bytes(), "bytes": c.bytes(), "expert_bytes": c.expert_bytes(),
             "io_threads": c.config.io_threads, "prefetch": c.config.prefetch,
             "read_bytes": all.read_bytes, "reads": all.reads, "hits": all.hits, "misses": all.misses,
             "gen_read_bytes": g.read_bytes, "gen_hits": g.hits, "gen_misses": g.misses,
@@ -609,6 +632,7 @@ fn run(a: RunArgs) -> Result<()> {
             "experts_ms": times.experts_ns as f64 / 1e6,
             "output_ms": times.output_ns as f64 / 1e6,
             "cache": cache.as_ref().map(cache_json),
+            "experts_for_90pct": experts_for_90pct(&sess.expert_counts),
         });
         writeln!(em.out, "{summary}")?;
     } else {

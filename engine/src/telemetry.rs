@@ -366,7 +366,7 @@ impl MetricsHeader {
             kv("overlap", on(cache.is_some())),
             kv("prefetch", on(cache.is_some_and(|c| c.config.prefetch))),
             kv("dense_weights", p.dense.name().into()),
-            kv("experts", p.experts.name().into()),
+            kv("experts", if cache.is_some() { "cache" } else { p.experts.name() }.into()),
             kv("dense_bytes", p.dense_bytes.to_string()),
             kv("expert_bytes", p.expert_bytes.to_string()),
         ];

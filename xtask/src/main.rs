@@ -6,8 +6,10 @@
 //! - `parity`: the engine against llama.cpp on synthetic models.
 //! - `bench engine`: engine vs llama.cpp decode/prompt speed, same file, same run.
 //! - `pressure`: run a command under a cgroup memory limit, optional zram and balloon.
+//! - `bench cliff`: the expert cache vs the mapping vs llama.cpp under memory limits.
 //! - `bench heatmap`: one residency refresh of a 20 GB (sparse) model vs `fincore`, same file.
 
+mod bench_cliff;
 mod bench_engine;
 mod bench_heatmap;
 mod bench_metrics;
@@ -40,6 +42,7 @@ commands:
   pressure [..] -- CMD  run CMD under a memory limit (+ zram, balloon); restores the machine
   bench heatmap [..] residency refresh of a 20 GB sparse model vs fincore, same run
   bench metrics      observed engine tok/s with and without bursts of /metrics scrapes
+  bench cliff [..]   expert cache vs mmap vs llama.cpp under memory limits (none, 80/60/40 % of a 5.6 GB model)
 ";
 
 fn main() {
@@ -55,6 +58,7 @@ fn main() {
         ["pressure", ..] => pressure::main(&args[1..]),
         ["bench", "heatmap", ..] => bench_heatmap::main(&args[2..]),
         ["bench", "metrics", ..] => bench_metrics::main(&args[2..]),
+        ["bench", "cliff", ..] => bench_cliff::main(&args[2..]),
         ["-h" | "--help" | "help"] | [] => {
             print!("{USAGE}");
             Ok(())

@@ -272,5 +272,10 @@ mod tests {
         assert_eq!((g.len(), g.key(0), g.slots(0)), (1, 1, &[0, 1][..]));
         g.single(3);
         assert_eq!((g.len(), g.key(0), g.slots(0)), (1, 0, &[0, 1, 2][..]));
+        // A subset of the groups keeps their slots.
+        g.by_key(8, keys.iter().copied());
+        g.retain(|k| k == 1 || k == 7);
+        let got: Vec<(usize, Vec<usize>)> = (0..g.len()).map(|i| (g.key(i), g.slots(i).to_vec())).collect();
+        assert_eq!(got, [(1, vec![1, 4]), (7, vec![6])]);
     }
 }

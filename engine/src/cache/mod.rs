@@ -398,6 +398,11 @@ impl ExpertCache {
         self.mem.len
     }
 
+    /// Bytes of one expert (its three parts) in the first MoE layer.
+    pub fn expert_bytes(&self) -> u64 {
+        self.layers.iter().flatten().next().map_or(0, |p| p.iter().map(|x| x.per).sum())
+    }
+
     /// Where the gate, up and down windows start inside a slot.
     pub fn part_offsets(&self) -> [usize; 3] {
         self.part_off
