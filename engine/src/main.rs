@@ -41,28 +41,7 @@ enum Cmd {
     Run(RunArgs),
     /// Measure prompt (pp) and generation (tg) speed like llama-bench: random token ids,
     /// an empty context per repetition, averages over repetitions.
-    Bench {
-        #[arg(long, short)]
-        model: PathBuf,
-        /// Prompt tokens per pp test.
-        #[arg(short = 'p', default_value_t = 128)]
-        n_prompt: usize,
-        /// Generated tokens per tg test.
-        #[arg(short = 'n', default_value_t = 64)]
-        n_gen: usize,
-        #[arg(long, short)]
-        threads: Option<usize>,
-        #[arg(long, short, default_value_t = 3)]
-        repetitions: usize,
-        /// Print one JSON object instead of text.
-        #[arg(long)]
-        json: bool,
-        /// Dense weights: mmap | anon | locked (see `run --help`).
-        #[arg(long, default_value = "mmap")]
-        dense: DensePolicy,
-        #[command(flatten)]
-        experts: ExpertArgs,
-    },
+    Bench(BenchArgs),
     /// Tokenize text with the model's vocabulary and print the ids as JSON.
     Tokenize {
         #[arg(long)]
@@ -70,6 +49,30 @@ enum Cmd {
         #[arg(long)]
         text: String,
     },
+}
+
+#[derive(clap::Args)]
+struct BenchArgs {
+    #[arg(long, short)]
+    model: PathBuf,
+    /// Prompt tokens per pp test.
+    #[arg(short = 'p', default_value_t = 128)]
+    n_prompt: usize,
+    /// Generated tokens per tg test.
+    #[arg(short = 'n', default_value_t = 64)]
+    n_gen: usize,
+    #[arg(long, short)]
+    threads: Option<usize>,
+    #[arg(long, short, default_value_t = 3)]
+    repetitions: usize,
+    /// Print one JSON object instead of text.
+    #[arg(long)]
+    json: bool,
+    /// Dense weights: mmap | anon | locked (see `run --help`).
+    #[arg(long, default_value = "mmap")]
+    dense: DensePolicy,
+    #[command(flatten)]
+    experts: ExpertArgs,
 }
 
 #[derive(clap::Args)]
@@ -300,16 +303,7 @@ fn main() -> Result<()> {
         }
         Cmd::Synth(a) => synth(a),
         Cmd::Run(a) => run(a),
-        Cmd::Bench { model, n_prompt, n_gen, threads, repetitions, json, dense, experts } => bench(
-            &model,
-            n_prompt,
-            n_gen,
-            threads.unwrap_or_else(default_threads).max(1),
-            repetitions.max(1),
-            json,
-            dense,
-            &experts,
-        ),
+        Cmd::Bench(a) => bench(&a),
         Cmd::Tokenize { model, text } => {
             let g = Gguf::open(&model).with_context(|| format!("reading {}", model.display()))?;
             let tok = Tokenizer::from_gguf(&g).with_context(|| format!("tokenizer of {}", model.display()))?;
@@ -320,16 +314,10 @@ fn main() -> Result<()> {
     }
 }
 
-fn bench(
-    path: &std::path::Path,
-    n_prompt: usize,
-    n_gen: usize,
-    threads: usize,
-    reps: usize,
-    json: bool,
-    dense: DensePolicy,
-    experts: &ExpertArgs,
-) -> Result<()> {
+fn bench(a: &BenchArgs) -> Result<()> {
+    let (path, n_prompt, n_gen, json) = (&a.model, a.n_prompt, a.n_gen, a.json);
+    let (threads, reps) = (a.threads.unwrap_or_else(default_threads).max(1), a.repetitions.max(1));
+    let (dense, experts) = (a.dense, &a.experts);
     let mut model = Model::load_with(path, dense).with_context(|| format!("loading {}", path.display()))?;
     let n_ctx = n_prompt.max(n_gen) + 1;
     let cache = setup_experts(&mut model, experts, n_ctx)?;

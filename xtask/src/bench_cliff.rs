@@ -68,6 +68,9 @@ struct Cell {
     experts_for_90pct: Option<f64>,
 }
 
+/// A cell: the limit's index (`None`: the warm cell) and the system.
+type Key = (Option<usize>, System);
+
 struct Setup {
     observer: PathBuf,
     engine: PathBuf,
@@ -272,8 +275,8 @@ pub fn main(args: &[String]) -> Result<()> {
         systems.push(System::Llama);
     }
     // (limit index or warm, system) → cells over rounds.
-    let mut cells: Vec<((Option<usize>, System), Vec<Cell>)> = Vec::new();
-    let mut push = |k: (Option<usize>, System), c: Cell| match cells.iter_mut().find(|(kk, _)| *kk == k) {
+    let mut cells: Vec<(Key, Vec<Cell>)> = Vec::new();
+    let mut push = |k: Key, c: Cell| match cells.iter_mut().find(|(kk, _)| *kk == k) {
         Some((_, v)) => v.push(c),
         None => cells.push((k, vec![c])),
     };
@@ -287,7 +290,8 @@ pub fn main(args: &[String]) -> Result<()> {
         }
         for li in order {
             let mut sys = systems.clone();
-            sys.rotate_left(round % sys.len());
+            let turn = round % sys.len();
+            sys.rotate_left(turn);
             for sy in sys {
                 let c = run_cell(&s, sy, limits[li], round)?;
                 println!(
@@ -311,8 +315,8 @@ fn limit_name(l: Option<f64>) -> String {
     l.map_or("none".into(), |l| format!("{:.0}%", l * 100.0))
 }
 
-fn report(s: &Setup, limits: &[Option<f64>], cells: &[((Option<usize>, System), Vec<Cell>)]) {
-    let get = |k: (Option<usize>, System)| cells.iter().find(|(kk, _)| *kk == k).map(|(_, v)| v.as_slice());
+fn report(s: &Setup, limits: &[Option<f64>], cells: &[(Key, Vec<Cell>)]) {
+    let get = |k: Key| cells.iter().find(|(kk, _)| *kk == k).map(|(_, v)| v.as_slice());
     let med = |v: &[Cell], f: &dyn Fn(&Cell) -> f64| bench_util::median(&mut v.iter().map(f).collect::<Vec<_>>());
     let range = |v: &[Cell]| {
         let t: Vec<f64> = v.iter().map(|c| c.tok_s).collect();
@@ -332,7 +336,7 @@ fn report(s: &Setup, limits: &[Option<f64>], cells: &[((Option<usize>, System), 
         "stall",
         COMPONENTS.join(" ")
     );
-    let mut rows: Vec<(Option<usize>, System)> = vec![(None, System::Warm)];
+    let mut rows: Vec<Key> = vec![(None, System::Warm)];
     for li in 0..limits.len() {
         for sy in [System::Cache, System::Mmap, System::Llama] {
             rows.push((Some(li), sy));
