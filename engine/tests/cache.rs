@@ -209,3 +209,30 @@ fn auto_budget_follows_the_memory_cgroup_limit() {
     let dense: f64 = err.split("dense weights ").nth(1).unwrap().split(' ').next().unwrap().parse().unwrap();
     assert!(anon >= dense, "the dense copy ({dense} MiB) is anonymous memory of the cgroup: {line}");
 }
+
+#[test]
+fn a_cache_smaller_than_a_tokens_working_set_keeps_its_hot_experts() {
+    let _one = one_cache_at_a_time();
+    let m = Model::load_with(q4km_model(), DensePolicy::Anon).unwrap();
+    // Two layers' worth of slots for three layers of experts per token: LRU would evict every
+    // expert before its layer comes round again (0 % hits); the counts keep the hot ones.
+    let working_set = m.cfg.n_layer * m.cfg.n_expert_used;
+    let c = cache(&m, 2 * m.cfg.n_expert_used, false);
+    assert!(c.n_slots() < working_set);
+    let mut sess = Session::new(&m, 2, 128).with_experts(&c);
+    decode(&mut sess, 16);
+    let s0 = c.stats();
+    decode_more(&mut sess, 48);
+    let s = c.stats().since(&s0);
+    let pct = s.hit_pct().unwrap();
+    eprintln!("{} slots for a working set of {working_set}: {pct:.1} % hits ({s:?})", c.n_slots());
+    assert!(pct >= 10.0, "{pct:.1} % hits with {} slots", c.n_slots());
+}
+
+/// `n` more greedy tokens.
+fn decode_more(sess: &mut Session<'_>, n: usize) {
+    let mut t = engine::sampling::argmax(sess.logits());
+    for _ in 0..n {
+        t = engine::sampling::argmax(sess.step(&[t]).unwrap());
+    }
+}

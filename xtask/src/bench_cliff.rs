@@ -20,7 +20,8 @@
 //! - Ratios against the targets of issue 17 (warm = median of the warm cells), each marked met or
 //!   not.
 //!
-//! `--quick`: one round, 32 measured tokens (development only).
+//! The table so far is printed after every round. `--quick`: one round, 32 measured tokens
+//! (development only).
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -212,6 +213,7 @@ fn run_cell(s: &Setup, sys: System, limit: Option<f64>, round: usize) -> Result<
 pub fn main(args: &[String]) -> Result<()> {
     let (mut rounds, mut tokens, mut threads, mut prefetch, mut with_llama) = (3usize, 64usize, 2usize, false, true);
     let mut limits: Vec<Option<f64>> = vec![None, Some(0.8), Some(0.6), Some(0.4)];
+    let mut model: Option<PathBuf> = None;
     let mut it = args.iter();
     while let Some(a) = it.next() {
         let mut val = |name: &str| it.next().with_context(|| format!("{name} needs a value")).cloned();
@@ -222,6 +224,7 @@ pub fn main(args: &[String]) -> Result<()> {
             "--threads" => threads = val("--threads")?.parse()?,
             "--prefetch" => prefetch = true,
             "--no-llama" => with_llama = false,
+            "--model" => model = Some(PathBuf::from(val("--model")?)),
             "--limits" => {
                 limits = val("--limits")?
                     .split(',')
@@ -231,7 +234,7 @@ pub fn main(args: &[String]) -> Result<()> {
             }
             _ => bail!(
                 "usage: cargo xtask bench cliff [--quick] [--rounds N] [--tokens N] [--threads T] [--limits none,80,60,40] \
-                 [--prefetch] [--no-llama]"
+                 [--prefetch] [--no-llama] [--model FILE (instead of the generated one; for development)]"
             ),
         }
     }
@@ -241,11 +244,14 @@ pub fn main(args: &[String]) -> Result<()> {
     let ll = llama::ensure()?;
     let bin = bench_util::build()?;
     let engine = bin.join("engine");
-    let model = llama::synth_model(
-        &engine,
-        "cliff-qwen3-30b-a3b-12l",
-        &["--preset", "qwen3-30b-a3b", "--layers", "12", "--router-skew", "0.25"],
-    )?;
+    let model = match model {
+        Some(m) => m,
+        None => llama::synth_model(
+            &engine,
+            "cliff-qwen3-30b-a3b-12l",
+            &["--preset", "qwen3-30b-a3b", "--layers", "12", "--router-skew", "0.25"],
+        )?,
+    };
     let file_bytes = std::fs::metadata(&model)?.len();
     let scratch = crate::cache::target_dir().join("bench-cliff");
     std::fs::create_dir_all(&scratch)?;
@@ -276,14 +282,14 @@ pub fn main(args: &[String]) -> Result<()> {
     }
     // (limit index or warm, system) → cells over rounds.
     let mut cells: Vec<(Key, Vec<Cell>)> = Vec::new();
-    let mut push = |k: Key, c: Cell| match cells.iter_mut().find(|(kk, _)| *kk == k) {
+    let push = |cells: &mut Vec<(Key, Vec<Cell>)>, k: Key, c: Cell| match cells.iter_mut().find(|(kk, _)| *kk == k) {
         Some((_, v)) => v.push(c),
         None => cells.push((k, vec![c])),
     };
     for round in 0..rounds {
         let c = run_cell(&s, System::Warm, None, round)?;
         println!("round {round}: warm {:.2} tok/s (first 16: {:.2})", c.tok_s, c.first_tok_s);
-        push((None, System::Warm), c);
+        push(&mut cells, (None, System::Warm), c);
         let mut order: Vec<usize> = (0..limits.len()).collect();
         if round % 2 == 1 {
             order.reverse();
@@ -303,8 +309,12 @@ pub fn main(args: &[String]) -> Result<()> {
                     c.read_mb_per_tok,
                     c.hit_pct.map(|h| format!(", hits {h:.1} %")).unwrap_or_default()
                 );
-                push((Some(li), sy), c);
+                push(&mut cells, (Some(li), sy), c);
             }
+        }
+        if round + 1 < rounds {
+            println!("\nafter round {round}:");
+            report(&s, &limits, &cells);
         }
     }
     report(&s, &limits, &cells);

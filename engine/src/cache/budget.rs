@@ -133,17 +133,3 @@ pub fn auto(dense_on_mapping: u64, kv: u64) -> Result<Budget, String> {
         ),
     })
 }
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn auto_budget_without_a_limit_comes_from_memavailable() {
-        // The test runner's own cgroup normally has no limit on this machine; whichever rule
-        // applies, the budget is below MemAvailable and says where it came from.
-        let b = auto(0, 0).unwrap();
-        assert!(b.bytes < meminfo("MemAvailable").unwrap() + (1 << 30), "{b:?}");
-        assert!(b.source.contains("MemAvailable") || b.source.contains("limit"), "{b:?}");
-    }
-}
