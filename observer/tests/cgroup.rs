@@ -36,7 +36,7 @@ fn an_oom_kill_of_the_target_is_reported() {
     assert!(machine >= 1, "/proc/vmstat oom_kill did not move: was the workload OOM-killed?\n{err}");
     let line = err.lines().find(|l| l.contains("OOM killer")).unwrap_or_else(|| panic!("no OOM line:\n{err}"));
     assert!(
-        line.starts_with(&format!("observer: the target was killed by the OOM killer of its cgroup {dir} (")),
+        line.starts_with(&format!("observer: warning: the target was killed by the OOM killer of its cgroup {dir} (")),
         "{line}"
     );
     assert!(line.contains(&format!("{}: 1 OOM kill(s) there", cg.group().version())), "{line}");
@@ -72,7 +72,7 @@ fn an_oom_kill_of_another_process_in_the_group_is_not_blamed_on_the_target() {
     let line = err.lines().find(|l| l.contains("OOM killer")).unwrap_or_else(|| panic!("no OOM line:\n{err}"));
     assert!(
         line.starts_with(&format!(
-            "observer: the OOM killer of the cgroup {dir} killed 1 process(es) there during the run, not the target"
+            "observer: warning: the OOM killer of the cgroup {dir} killed 1 process(es) there during the run, not the target"
         )),
         "{line}"
     );

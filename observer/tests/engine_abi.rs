@@ -11,7 +11,7 @@ use std::{
 use engine::dense_regions as dr;
 use moe_abi::{dense_regions::DenseRegions, expert_slots, markers};
 use object::{Object, ObjectSection, ObjectSymbol, SymbolKind};
-use observer::{bpf::elf_symbol_addr, residency::anon::DenseCopy};
+use observer::capture::{bpf::elf_symbol_addr, residency::anon::DenseCopy};
 
 /// The release `engine` binary beside the observer's (`cargo xtask test` builds both).
 fn engine_bin() -> PathBuf {

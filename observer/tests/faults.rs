@@ -32,6 +32,14 @@ fn file_refaults_match_getrusage() {
     assert!(u(totals, "fault_ns") >= maj_ns);
     // Histogram counts agree with the counter.
     assert_eq!(u(&r.summary["majflt_hist"], "count"), u(totals, "majflt"));
+    // The kernel's latency histogram of major file faults keeps the exact sum of their
+    // latencies: the same faults as the per-thread accumulators bracket, and most of the
+    // workload's own wall time (it does little else than fault the pages in).
+    let h = &r.summary["latency"]["majflt_file"];
+    assert_within("file-fault latency count", u(h, "count"), u(w, "majflt"), 0.02);
+    let sum = u(h, "sum_ns");
+    assert_within("file-fault latency sum vs the per-thread accumulators", sum, maj_ns, 0.02);
+    assert!(sum < u(w, "wall_ns") && 2 * sum > u(w, "wall_ns"), "sum {sum} ns vs the workload's wall {w}");
 }
 
 #[test]

@@ -21,7 +21,7 @@ use engine::{
     quant::GgmlType,
     regions::RegionKind,
 };
-use observer::residency::{
+use observer::capture::residency::{
     ModelFile, Sampler,
     churn::{self, Churn},
     scan,
@@ -184,7 +184,10 @@ fn evicting_experts_makes_exactly_those_cells_cold_and_touching_one_makes_only_i
             assert_eq!(v.as_f64(), Some(want), "CLI cell ({l}, {e})");
         }
     }
-    assert_eq!(j["dense"]["resident_frac"].as_f64(), Some(0.0), "{j}");
+    assert_eq!(j["regions"]["dense_tensors"]["resident_frac"].as_f64(), Some(0.0), "{j}");
+    // The routed experts' share, at the top level as in token records: one of them, fully.
+    let experts = j["experts_resident_frac"].as_f64().unwrap_or_else(|| panic!("{j}"));
+    assert!((experts - s.experts.frac().unwrap()).abs() < 1e-12 && experts > 0.0, "{j}");
 }
 
 #[test]
@@ -556,7 +559,7 @@ fn heatmap_formats_watch_and_errors() {
     assert_eq!(rows.iter().filter(|r| r[1] == "expert").count(), 24);
     assert!(rows.iter().all(|r| r.len() == 9));
     let experts: u64 = rows.iter().filter(|r| r[1] == "expert").map(|r| r[4].parse::<u64>().unwrap()).sum();
-    let total = rows.iter().find(|r| r[1] == "experts").unwrap()[4].parse::<u64>().unwrap();
+    let total = rows.iter().find(|r| r[1] == "routed_experts").unwrap()[4].parse::<u64>().unwrap();
     assert_eq!(experts, total);
 
     let out = Command::new(OBSERVER).args(["heatmap", p, "--no-color", "--width", "80"]).output().unwrap();
@@ -580,7 +583,7 @@ fn heatmap_formats_watch_and_errors() {
 fn churn_rides_on_the_probes_of_a_run() {
     let _l = machine_lock();
     common::assert_root();
-    use observer::bpf::{AttachOptions, Markers, Probes};
+    use observer::capture::bpf::{AttachOptions, Markers, Probes};
     let path = write_model(&scratch_dir("resid").join("probes.gguf"), 2, 8, 256, 32);
     let mut target = Command::new("sleep").arg("30").spawn().unwrap();
     let mut probes = Probes::attach(&AttachOptions { target: target.id(), markers: Markers::None }).expect("probes");

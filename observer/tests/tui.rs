@@ -372,7 +372,7 @@ fn the_engine_under_the_tui_shows_its_hidden_cost_and_its_own_rate() {
     // final screen.
     let fin = tmux.wait("the final summary", Duration::from_secs(120), |s| s.contains("EXITED 0"));
     let tui_rate = rate_after(&fin, "run ").unwrap_or_else(|| panic!("no run tok/s:\n{fin}"));
-    assert!(fin.contains("engine compute") && fin.contains("hidden in it"), "{fin}");
+    assert!(fin.contains("engine_compute") && fin.contains("hidden in it"), "{fin}");
     // The target's own last lines stay in the output pane; the observer's end report does not push them away.
     assert!(engine_gen_rate(&fin).is_some(), "the engine's rate line is on screen:\n{fin}");
     assert!(!fin.contains("where the time went"), "{fin}");

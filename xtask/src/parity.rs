@@ -1,14 +1,21 @@
-//! `cargo xtask parity`: the engine against llama.cpp on the same synthetic GGUF files.
+//! `cargo xtask parity`: the engine against llama.cpp on the same synthetic GGUF files, at each
+//! ISA level the engine implements and this CPU has, each against the llama.cpp build of the
+//! same level (`llama.rs`):
+//! - `avx2`: the engine with `ENGINE_ISA=avx2` (its AVX2 kernels and the
+//!   sums of a build without AVX-512) against the `avx2` build;
+//! - `avx512` (CPUs with AVX-512 F, CD, BW, DQ, VL): the engine with `ENGINE_ISA=avx512` against
+//!   the speed build (AVX-512 and the VNNI/BF16/VBMI the CPU has, never AMX).
 //!
-//! For each quantization (`q8_0`, `q4_k`, the `q4_k_m`-like mix): the greedy continuation of
-//! three prompts over 64 tokens must be identical token for token, and the logits that chose the
-//! last token must agree: the error reported is `max_i |engine_i - llama_i| / max_i |llama_i|`
-//! (relative to the logit scale). The aim is at most 1e-3; 1e-2 or more counts as a mismatch.
-//! (The engine reproduces llama.cpp's arithmetic, so on an x86 machine the logits are expected
-//! to be bit-identical, error 0.) A fourth, long prompt on the `q4_k_m` model (over 256 tokens,
-//! so that llama.cpp's KV view grows to 512 cells and its flash attention splits the cells
-//! across threads) checks that path. Tokenization of a set of strings must be identical too.
-//! Exit status 1 on any mismatch.
+//! Each level prints its environment and build. Before any level, the AMX check (`amx.rs`)
+//! runs on every build. At each level, for each quantization (`q8_0`, `q4_k`, the
+//! `q4_k_m`-like mix): the greedy continuation of three prompts over 64 tokens must be identical
+//! token for token, and the logits that chose the last token must agree: the error reported is
+//! `max_i |engine_i - llama_i| / max_i |llama_i|` (relative to the logit scale). The aim is at
+//! most 1e-3; 1e-2 or more counts as a mismatch. (The engine reproduces llama.cpp's arithmetic,
+//! so on an x86 machine the logits are expected to be bit-identical, error 0.) A fourth, long
+//! prompt on the `q4_k_m` model (over 256 tokens, so that llama.cpp's KV view grows to 512 cells
+//! and its flash attention splits the cells across threads) checks that path. Tokenization of a
+//! set of strings must be identical too. Exit status 1 on any mismatch at any level.
 //!
 //! llama.cpp runs with its default context parameters except where stated in
 //! `parity_llama.cpp`: F16 KV cache and flash attention explicitly on (what `AUTO` resolves to
@@ -16,10 +23,11 @@
 //! Both sides process the prompt one token at a time (`UBATCH = 1`), so that both run their
 //! matrix-vector kernels (llama.cpp's batched prompt path uses GEMM kernels and a tiled flash
 //! attention whose roundings differ in the last bit). The engine's batched prompt must also
-//! give the same bits as its token-by-token one (prompts up to 256 tokens). As a yardstick for how chaotic these
-//! random models are, the run also compares llama.cpp with itself (prompt in one batch vs token
-//! by token): on quantized MoE models a last-bit difference can move an 8-bit activation code,
-//! an f16 rounding or a top-k expert choice, and from there the two runs drift apart.
+//! give the same bits as its token-by-token one (prompts up to 256 tokens). As a yardstick for
+//! how chaotic these random models are, the run also compares llama.cpp with itself (prompt in
+//! one batch vs token by token): on quantized MoE models a last-bit difference can move an 8-bit
+//! activation code, an f16 rounding or a top-k expert choice, and from there the two runs drift
+//! apart.
 
 use std::path::Path;
 use std::process::Command;
@@ -75,14 +83,79 @@ fn ids(v: &Value) -> Vec<u64> {
     v.as_array().map(|a| a.iter().filter_map(Value::as_u64).collect()).unwrap_or_default()
 }
 
+/// An ISA level of the engine (`ENGINE_ISA`), checked against the llama.cpp build of the same
+/// level.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Level {
+    /// The engine's AVX2 kernels and the numerics of a build without AVX-512, against the
+    /// `avx2` build.
+    Avx2,
+    /// The engine's AVX-512 level, against the speed build (which has AVX-512 on).
+    Avx512,
+}
+
+impl Level {
+    pub fn name(self) -> &'static str {
+        match self {
+            Level::Avx2 => "avx2",
+            Level::Avx512 => "avx512",
+        }
+    }
+
+    /// The engine's environment at this level: `ENGINE_ISA` selects its kernels and the
+    /// numerics of the llama.cpp build it reproduces (`engine/src/quant/mod.rs`).
+    fn env(self) -> (&'static str, &'static str) {
+        ("ENGINE_ISA", self.name())
+    }
+
+    fn describe_env(self) -> String {
+        let (k, v) = self.env();
+        format!("{k}={v}")
+    }
+}
+
+/// The levels this CPU and these builds allow, each with its build: `avx2` always, `avx512`
+/// when the speed build has AVX-512 (the CPU has AVX-512 F, CD, BW, DQ and VL).
+pub fn levels(builds: &llama::Builds) -> Vec<(Level, &llama::Build)> {
+    let mut v = vec![(Level::Avx2, &builds.avx2)];
+    if builds.best().isa.avx512() {
+        v.push((Level::Avx512, builds.best()));
+    }
+    v
+}
+
 pub fn main(args: &[String]) -> Result<()> {
     let threads = match args {
         [] => 2,
         [flag, n] if flag == "--threads" => n.parse().context("--threads N")?,
         _ => bail!("usage: cargo xtask parity [--threads N]"),
     };
-    let ll = llama::ensure()?;
+    let builds = llama::ensure(llama::TEST_TARGETS)?;
+    llama::check_no_amx(&builds)?;
     let engine = llama::build_engine()?;
+    let mut failed = Vec::new();
+    for (level, build) in levels(&builds) {
+        if let Err(e) = run_level(level, build, &engine, threads) {
+            println!("parity at the {} level: {e:#}", level.name());
+            failed.push(level.name());
+        }
+    }
+    if !failed.is_empty() {
+        bail!("parity failed at the {} level(s)", failed.join(", "));
+    }
+    Ok(())
+}
+
+/// Parity of the engine at `level` against `build`: tokenization, greedy continuations, logits.
+pub fn run_level(level: Level, build: &llama::Build, engine: &Path, threads: usize) -> Result<()> {
+    let (t0, cpu0) = (std::time::Instant::now(), crate::cmd::children_cpu());
+    println!("== parity at the {} level: engine with {} vs {}", level.name(), level.describe_env(), build.describe());
+    let engine_cmd = || {
+        let mut c = Command::new(engine);
+        let (k, v) = level.env();
+        c.env(k, v);
+        c
+    };
     let shape = [
         "--preset",
         "tiny",
@@ -107,7 +180,8 @@ pub fn main(args: &[String]) -> Result<()> {
         "--output-skew",
         "2.5",
     ];
-    let tmp = crate::cache::dir()?.join("parity-tmp");
+    // Per process: parity runs of other clones may share the cache.
+    let tmp = crate::cache::dir()?.join("parity-tmp").join(std::process::id().to_string());
     std::fs::create_dir_all(&tmp).with_context(|| format!("creating {}", tmp.display()))?;
     let mut failures = 0;
     let mut worst = 0f64;
@@ -115,11 +189,11 @@ pub fn main(args: &[String]) -> Result<()> {
     for quant in ["q8_0", "q4_k", "q4_k_m"] {
         let mut args: Vec<&str> = shape.to_vec();
         args.extend(["--quant", quant]);
-        let model = llama::synth_model(&engine, &format!("parity-{quant}"), &args)?;
+        let model = llama::synth_model(engine, &format!("parity-{quant}"), &args)?;
         println!("== {quant}: {}", model.display());
 
         // Tokenization.
-        let mut cmd = Command::new(&ll.harness);
+        let mut cmd = Command::new(&build.harness);
         cmd.arg("tokenize").arg(&model).args(TOKENIZE);
         let reference: Value =
             serde_json::from_str(&crate::cmd::output(&mut cmd)?).context("parsing parity-llama tokenize output")?;
@@ -127,7 +201,7 @@ pub fn main(args: &[String]) -> Result<()> {
         let mut tok_ok = 0;
         for (i, text) in TOKENIZE.iter().enumerate() {
             let ours: Value = serde_json::from_str(&crate::cmd::output(
-                Command::new(&engine).arg("tokenize").arg("--model").arg(&model).arg("--text").arg(text),
+                engine_cmd().arg("tokenize").arg("--model").arg(&model).arg("--text").arg(text),
             )?)?;
             let theirs = ref_tokens.get(i).map(ids).unwrap_or_default();
             if ids(&ours) == theirs {
@@ -148,7 +222,7 @@ pub fn main(args: &[String]) -> Result<()> {
             let ll_logits = tmp.join(format!("{quant}-{pi}.llama.f32"));
             let en_logits = tmp.join(format!("{quant}-{pi}.engine.f32"));
             let r: Value = serde_json::from_str(&crate::cmd::output(
-                Command::new(&ll.harness)
+                Command::new(&build.harness)
                     .arg("generate")
                     .arg(&model)
                     .arg(threads.to_string())
@@ -159,7 +233,7 @@ pub fn main(args: &[String]) -> Result<()> {
             )?)
             .context("parsing parity-llama generate output")?;
             let out = crate::cmd::output(
-                Command::new(&engine)
+                engine_cmd()
                     .arg("run")
                     .arg("--model")
                     .arg(&model)
@@ -174,7 +248,7 @@ pub fn main(args: &[String]) -> Result<()> {
             // the engine, which batches do not, as in llama.cpp.
             let en_batched = tmp.join(format!("{quant}-{pi}.engine-batched.f32"));
             let out_b = crate::cmd::output(
-                Command::new(&engine)
+                engine_cmd()
                     .arg("run")
                     .arg("--model")
                     .arg(&model)
@@ -184,7 +258,7 @@ pub fn main(args: &[String]) -> Result<()> {
                     .arg(&en_batched),
             )?;
             let batched: Value = serde_json::from_str(&crate::cmd::output(
-                Command::new(&ll.harness)
+                Command::new(&build.harness)
                     .arg("generate")
                     .arg(&model)
                     .arg(threads.to_string())
@@ -248,10 +322,21 @@ pub fn main(args: &[String]) -> Result<()> {
             }
         }
     }
-    println!("worst final-logit relative error: {worst:.2e} (aim {AIM_REL_ERR:.0e}, limit {MAX_REL_ERR:.0e})");
+    let _ = std::fs::remove_dir_all(&tmp);
+    println!(
+        "{} level: worst final-logit relative error: {worst:.2e} (aim {AIM_REL_ERR:.0e}, limit {MAX_REL_ERR:.0e})",
+        level.name()
+    );
     if failures > 0 {
-        bail!("parity: {failures} mismatches against llama.cpp {}", llama::LLAMA_CPP_PYTHON);
+        bail!("{failures} mismatches against the {}", build.describe());
     }
-    println!("parity: engine matches llama.cpp (llama-cpp-python {} sources)", llama::LLAMA_CPP_PYTHON);
+    println!(
+        "parity at the {} level: engine matches the {} (llama-cpp-python {} sources); {:.0} s wall, {:.0} s CPU",
+        level.name(),
+        build.describe(),
+        llama::LLAMA_CPP_PYTHON,
+        t0.elapsed().as_secs_f64(),
+        crate::cmd::children_cpu() - cpu0
+    );
     Ok(())
 }
