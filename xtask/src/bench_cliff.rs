@@ -20,7 +20,10 @@
 //! - Ratios against the targets of issue 17 (warm = median of the warm cells), each marked met or
 //!   not.
 //!
-//! The table so far is printed after every round. `--quick`: one round, 32 measured tokens
+//! Holds the machine lock (`testkit::machine_lock`) from the first run to the last, and runs
+//! copies of the binaries (in `target/bench-cliff/bin`) so that a rebuild meanwhile changes
+//! nothing. The table so
+//! far is printed after every round. `--quick`: one round, 32 measured tokens
 //! (development only).
 
 use std::path::{Path, PathBuf};
@@ -242,7 +245,17 @@ pub fn main(args: &[String]) -> Result<()> {
         bail!("bench cliff makes memory cgroups and runs the observer: run it as root");
     }
     let ll = llama::ensure()?;
-    let bin = bench_util::build()?;
+    let built = bench_util::build()?;
+    // Memory cgroups and page-cache eviction are machine state: one such user at a time.
+    let _lock = testkit::machine_lock();
+    let scratch = crate::cache::target_dir().join("bench-cliff");
+    // The binaries as built now: a rebuild in the same target directory during the (long) run
+    // does not change what is measured.
+    let bin = scratch.join("bin");
+    std::fs::create_dir_all(&bin)?;
+    for b in ["engine", "observer"] {
+        std::fs::copy(built.join(b), bin.join(b)).with_context(|| format!("copying {b} to {}", bin.display()))?;
+    }
     let engine = bin.join("engine");
     let model = match model {
         Some(m) => m,
@@ -253,8 +266,6 @@ pub fn main(args: &[String]) -> Result<()> {
         )?,
     };
     let file_bytes = std::fs::metadata(&model)?.len();
-    let scratch = crate::cache::target_dir().join("bench-cliff");
-    std::fs::create_dir_all(&scratch)?;
     let libllama = ll.bench.parent().context("llama-bench has no directory")?.join("libllama.so");
     let s = Setup {
         observer: bin.join("observer"),
