@@ -244,7 +244,9 @@ pub fn main(args: &[String]) -> Result<()> {
     if !testkit::is_root() {
         bail!("bench cliff makes memory cgroups and runs the observer: run it as root");
     }
-    let ll = llama::ensure()?;
+    let builds = llama::ensure(&[llama::Target::Llama, llama::Target::Bench])?;
+    // The fastest llama.cpp build for this CPU, as the engine uses its best ISA level.
+    let ll = builds.best();
     let built = bench_util::build()?;
     // Memory cgroups and page-cache eviction are machine state: one such user at a time.
     let _lock = testkit::machine_lock();
@@ -266,11 +268,11 @@ pub fn main(args: &[String]) -> Result<()> {
         )?,
     };
     let file_bytes = std::fs::metadata(&model)?.len();
-    let libllama = ll.bench.parent().context("llama-bench has no directory")?.join("libllama.so");
+    let libllama = ll.program(llama::Target::Llama);
     let s = Setup {
         observer: bin.join("observer"),
         engine,
-        llama_bench: ll.bench.clone(),
+        llama_bench: ll.program(llama::Target::Bench),
         libllama,
         model,
         file_bytes,
@@ -279,6 +281,7 @@ pub fn main(args: &[String]) -> Result<()> {
         scratch,
         prefetch,
     };
+    println!("llama.cpp: {}", ll.describe());
     let load = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
     println!(
         "model: {} ({:.2} GB), {threads} threads, {WARMUP} + {tokens} tokens per run, {rounds} rounds, prefetch {}, load {}",
