@@ -78,8 +78,8 @@ type Key = (Option<usize>, System);
 struct Setup {
     observer: PathBuf,
     engine: PathBuf,
-    llama_bench: PathBuf,
-    libllama: PathBuf,
+    /// llama-bench and its libllama (`None` with `--no-llama`).
+    llama: Option<(PathBuf, PathBuf)>,
     model: PathBuf,
     file_bytes: u64,
     threads: usize,
@@ -152,8 +152,9 @@ fn run_cell(s: &Setup, sys: System, limit: Option<f64>, round: usize) -> Result<
     let (t, m) = (s.threads.to_string(), s.model.display().to_string());
     match sys {
         System::Llama => {
-            c.arg("--token-symbol").arg(format!("llama_process:{}", s.libllama.display())).arg("--");
-            c.arg(&s.llama_bench).args(["-m", &m, "-p", "0", "-n", &n.to_string(), "-r", "1", "-t", &t]);
+            let (llama_bench, libllama) = s.llama.as_ref().context("llama.cpp was not built (--no-llama)")?;
+            c.arg("--token-symbol").arg(format!("llama_process:{}", libllama.display())).arg("--");
+            c.arg(llama_bench).args(["-m", &m, "-p", "0", "-n", &n.to_string(), "-r", "1", "-t", &t]);
             c.args(["--repack", "0", "-lm", "mmap", "-o", "json"]);
         }
         _ => {
@@ -244,9 +245,15 @@ pub fn main(args: &[String]) -> Result<()> {
     if !testkit::is_root() {
         bail!("bench cliff makes memory cgroups and runs the observer: run it as root");
     }
-    let builds = llama::ensure(&[llama::Target::Llama, llama::Target::Bench])?;
     // The fastest llama.cpp build for this CPU, as the engine uses its best ISA level.
-    let ll = builds.best();
+    let llama = if with_llama {
+        let builds = llama::ensure(&[llama::Target::Llama, llama::Target::Bench])?;
+        let ll = builds.best();
+        println!("llama.cpp: {}", ll.describe());
+        Some((ll.program(llama::Target::Bench), ll.program(llama::Target::Llama)))
+    } else {
+        None
+    };
     let built = bench_util::build()?;
     // Memory cgroups and page-cache eviction are machine state: one such user at a time.
     let _lock = testkit::machine_lock();
@@ -268,12 +275,10 @@ pub fn main(args: &[String]) -> Result<()> {
         )?,
     };
     let file_bytes = std::fs::metadata(&model)?.len();
-    let libllama = ll.program(llama::Target::Llama);
     let s = Setup {
         observer: bin.join("observer"),
         engine,
-        llama_bench: ll.program(llama::Target::Bench),
-        libllama,
+        llama,
         model,
         file_bytes,
         threads,
@@ -281,7 +286,6 @@ pub fn main(args: &[String]) -> Result<()> {
         scratch,
         prefetch,
     };
-    println!("llama.cpp: {}", ll.describe());
     let load = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
     println!(
         "model: {} ({:.2} GB), {threads} threads, {WARMUP} + {tokens} tokens per run, {rounds} rounds, prefetch {}, load {}",
