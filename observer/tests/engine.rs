@@ -131,11 +131,12 @@ fn engine_tokens_components_and_perf_stat() {
     );
 }
 
-/// The engine's expert cache under `observer run`: every generated token's record shows which
-/// experts are in the engine's cache (from its slot table) and the observer's hit rate, and the
-/// reads the observer derives from the table's version counter add up to the misses the engine
-/// counts itself (its `--json` summary), up to the reads of the first generated token that the
-/// engine may start before the observer samples the prompt's record.
+/// The engine's expert cache under `observer run`: the token records show which experts are in
+/// the engine's cache (from its slot table) and the observer's hit rate. The version counter of
+/// the last snapshot (taken after the last token: no read in flight) says how many expert reads
+/// the cache made in the whole run: 2 for the table's publication + 4 per read must equal the
+/// misses the engine counts itself (its `--json` summary); the reads of the intervals add up to
+/// the version counter's advance.
 #[test]
 fn engine_cache_slots_and_hit_rate_beside_the_engines() {
     let _l = machine_lock();
@@ -154,40 +155,32 @@ fn engine_cache_slots_and_hit_rate_beside_the_engines() {
     let summary: serde_json::Value =
         serde_json::from_str(text.lines().rev().find(|l| l.contains("gen_tokens")).expect("engine summary")).unwrap();
     let cache = &summary["cache"];
-    let (gen_misses, n_slots) = (u(cache, "gen_misses"), u(cache, "slots"));
+    let (misses, n_slots) = (u(cache, "misses"), u(cache, "slots"));
     let v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
     let toks = v["tokens"].as_array().unwrap();
-    let with_cache: Vec<&serde_json::Value> =
-        toks.iter().filter(|t| t["residency"]["engine_cache"].is_object()).collect();
-    assert!(with_cache.len() >= toks.len() / 2, "{} of {} records show the cache", with_cache.len(), toks.len());
+    let snaps: Vec<&serde_json::Value> =
+        toks.iter().map(|t| &t["residency"]["engine_cache"]).filter(|c| c.is_object()).collect();
+    assert!(snaps.len() >= 2, "{} of {} records show the cache", snaps.len(), toks.len());
     let (layers, experts) = (2u64, 8u64); // the tiny preset
-    let mut reads = 0;
-    for t in &with_cache {
-        let c = &t["residency"]["engine_cache"];
+    for c in &snaps {
         assert_eq!(u(c, "slots"), n_slots, "{c}");
         let ready: Vec<u64> = c["ready"].as_array().unwrap().iter().map(|x| x.as_u64().unwrap()).collect();
         assert!(ready.len() as u64 <= n_slots && ready.windows(2).all(|w| w[0] < w[1]), "{c}");
         assert!(ready.iter().all(|&cell| cell < layers * experts), "{c}");
-        if t["kind"] == "generate" {
-            reads += c["reads"].as_u64().unwrap_or(0);
+        if let Some(h) = c["hit_pct"].as_f64() {
+            assert!((0.0..=100.0).contains(&h), "{c}");
         }
     }
-    let per_token = layers * 2; // tiny: 2 experts per token and layer
-    eprintln!("observer: {reads} reads from the version counter; engine: {gen_misses} misses, {n_slots} slots");
-    assert!(gen_misses > 0, "a 1 MiB cache of the tiny model misses");
+    let (first, last) = (snaps[0], snaps[snaps.len() - 1]);
+    assert_eq!(u(last, "loading"), 0, "no read in flight after the last token: {last}");
+    eprintln!("last version {}; engine: {misses} misses, {n_slots} slots", u(last, "version"));
+    assert!(misses > 0, "a 1 MiB cache of the tiny model misses");
+    assert_eq!(u(last, "version"), 2 + 4 * misses, "version counter vs the engine's misses");
+    let reads: u64 = snaps[1..].iter().map(|c| c["reads"].as_u64().expect("reads after the first snapshot")).sum();
+    let advance = u(last, "version") - u(first, "version");
     assert!(
-        reads <= gen_misses && gen_misses - reads <= per_token,
-        "reads from the slot table's version counter {reads} vs the engine's misses {gen_misses}"
+        reads * 4 <= advance && advance - reads * 4 <= 4 * u(first, "loading") + 2,
+        "reads of the intervals {reads} vs the version counter's advance {advance}"
     );
-    // Per token: the observer's hit rate beside the engine's own (its token record). One read
-    // counted a token early or late moves a tiny-model token's rate by 25 points (4 experts per
-    // token); over the run those shifts cancel.
-    let pairs: Vec<(f64, f64)> = with_cache
-        .iter()
-        .filter_map(|t| Some((t["residency"]["engine_cache"]["hit_pct"].as_f64()?, t["engine"]["cache_hit_pct"].as_f64()?)))
-        .collect();
-    assert!(pairs.len() >= toks.len() / 2, "{} tokens with both hit rates", pairs.len());
-    let mean = |f: fn(&(f64, f64)) -> f64| pairs.iter().map(f).sum::<f64>() / pairs.len() as f64;
-    let (ours, engine) = (mean(|p| p.0), mean(|p| p.1));
-    assert!((ours - engine).abs() <= 10.0, "mean hit rate: observer {ours:.1} % vs engine {engine:.1} %");
+    assert!(snaps.iter().any(|c| c["hit_pct"].is_number()), "a hit rate for generated tokens");
 }

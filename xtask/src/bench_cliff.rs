@@ -275,17 +275,8 @@ pub fn main(args: &[String]) -> Result<()> {
         )?,
     };
     let file_bytes = std::fs::metadata(&model)?.len();
-    let s = Setup {
-        observer: bin.join("observer"),
-        engine,
-        llama,
-        model,
-        file_bytes,
-        threads,
-        tokens,
-        scratch,
-        prefetch,
-    };
+    let s =
+        Setup { observer: bin.join("observer"), engine, llama, model, file_bytes, threads, tokens, scratch, prefetch };
     let load = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
     println!(
         "model: {} ({:.2} GB), {threads} threads, {WARMUP} + {tokens} tokens per run, {rounds} rounds, prefetch {}, load {}",
