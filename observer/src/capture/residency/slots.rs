@@ -13,15 +13,16 @@
 //!   `finished = started − Δloading`, hence `started = (Δseq / 2 + Δloading) / 2`. A new table
 //!   (another address or slot count) starts a new baseline (`reads` `None`).
 //! - **The observer's hit rate** over the generated tokens between two snapshots:
-//!   `1 − started / (tokens × MoE layers × expert_used_count)`: a generated token asks every MoE
+//!   `1 − min(started, uses) / uses`, `uses = tokens × MoE layers × expert_used_count`: a generated token asks every MoE
 //!   layer for `expert_used_count` experts, and the cache reads each one it does not hold. Not
 //!   for intervals with a prompt step (a batch of tokens shares experts the observer cannot
 //!   count). With `--prefetch` the reads include prefetched experts, so this is the share of
 //!   experts not read, not the engine's `cache_hit_pct`.
 //! - **Timing.** Snapshots are taken with the token records' residency sample, when the observer
 //!   handles a batch of end marks: the engine may already be in its next token, whose first reads
-//!   then count in this interval and not the next. Per token approximate; summed over a run exact
-//!   up to the reads of the last interval.
+//!   then count in this interval and not the next (more reads than uses: 0 %). Per token
+//!   approximate; the version counter itself is exact: after the last token it says every read
+//!   of the run.
 //! - **io_uring.** An engine that reads with io_uring hides its offsets from the syscall
 //!   tracepoints; this table is then the only source. This engine reads with `pread64`.
 
@@ -101,7 +102,7 @@ impl SlotTable {
 /// `moe_layers` MoE layers of `expert_used` experts per token (see the module's rules).
 pub fn hit_pct(reads: u64, generated: u64, moe_layers: u64, expert_used: u64) -> Option<f64> {
     let used = generated * moe_layers * expert_used;
-    (used > 0).then(|| 100.0 * (1.0 - reads as f64 / used as f64))
+    (used > 0).then(|| 100.0 * (1.0 - reads.min(used) as f64 / used as f64))
 }
 
 #[cfg(test)]
@@ -113,5 +114,7 @@ mod tests {
         // 2 tokens × 12 layers × 8 experts = 192 uses, 48 reads.
         assert_eq!(hit_pct(48, 2, 12, 8), Some(75.0));
         assert_eq!(hit_pct(0, 0, 12, 8), None);
+        // Reads of the next token's first layers in this interval (see Timing): 0 %, not less.
+        assert_eq!(hit_pct(5, 1, 2, 2), Some(0.0));
     }
 }
