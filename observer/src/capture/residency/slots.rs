@@ -13,8 +13,9 @@
 //!   `finished = started − Δloading`, hence `started = (Δseq / 2 + Δloading) / 2`. A new table
 //!   (another address or slot count) starts a new baseline (`reads` `None`).
 //! - **The observer's hit rate** over the generated tokens between two snapshots:
-//!   `1 − min(started, uses) / uses`, `uses = tokens × MoE layers × expert_used_count`: a generated token asks every MoE
-//!   layer for `expert_used_count` experts, and the cache reads each one it does not hold. Not
+//!   `1 − min(started, uses) / uses`, `uses = tokens × MoE layers × expert_used_count`: a
+//!   generated token asks every MoE layer for `expert_used_count` experts, and the cache reads
+//!   each one it does not hold. Not
 //!   for intervals with a prompt step (a batch of tokens shares experts the observer cannot
 //!   count). With `--prefetch` the reads include prefetched experts, so this is the share of
 //!   experts not read, not the engine's `cache_hit_pct`.
