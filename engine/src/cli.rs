@@ -6,7 +6,7 @@ use std::path::PathBuf;
 
 use clap::{CommandFactory, Parser, Subcommand};
 
-use crate::placement::{DensePolicy, ExpertPolicy};
+use crate::placement::{DensePolicy, ExpertAdvice, ExpertPolicy};
 
 #[derive(Parser)]
 #[command(name = "engine", about = "Embedded MoE engine (qwen3moe GGUF)")]
@@ -30,26 +30,7 @@ pub enum Cmd {
     Run(RunArgs),
     /// Measure prompt (pp) and generation (tg) speed like llama-bench: random token ids,
     /// an empty context per repetition, averages over repetitions.
-    Bench {
-        #[arg(long, short)]
-        model: PathBuf,
-        /// Prompt tokens per pp test.
-        #[arg(short = 'p', default_value_t = 128)]
-        n_prompt: usize,
-        /// Generated tokens per tg test.
-        #[arg(short = 'n', default_value_t = 64)]
-        n_gen: usize,
-        #[arg(long, short)]
-        threads: Option<usize>,
-        #[arg(long, short, default_value_t = 3)]
-        repetitions: usize,
-        /// Print one JSON object instead of text.
-        #[arg(long)]
-        json: bool,
-        /// Dense weights: mmap | anon | locked (see `run --help`).
-        #[arg(long, default_value = "mmap")]
-        dense: DensePolicy,
-    },
+    Bench(BenchArgs),
     /// Tokenize text with the model's vocabulary and print the ids as JSON.
     Tokenize {
         #[arg(long)]
@@ -144,9 +125,8 @@ pub struct RunArgs {
     /// a copy in anonymous memory (swappable, e.g. to zram), `locked` = that copy mlock'ed.
     #[arg(long, default_value = "mmap")]
     pub dense: DensePolicy,
-    /// Routed experts: `mmap` = the file mapping.
-    #[arg(long, default_value = "mmap")]
-    pub experts: ExpertPolicy,
+    #[command(flatten)]
+    pub experts: ExpertArgs,
     /// Write per-token telemetry in the `bmoe_metrics v1` CSV format to this file.
     #[arg(long)]
     pub metrics_csv: Option<PathBuf>,
@@ -157,6 +137,56 @@ pub struct RunArgs {
     /// time (0 = every step, whatever it costs).
     #[arg(long, default_value_t = 100)]
     pub resident_every_ms: u64,
+}
+
+#[derive(clap::Args)]
+pub struct BenchArgs {
+    #[arg(long, short)]
+    pub model: PathBuf,
+    /// Prompt tokens per pp test.
+    #[arg(short = 'p', default_value_t = 128)]
+    pub n_prompt: usize,
+    /// Generated tokens per tg test.
+    #[arg(short = 'n', default_value_t = 64)]
+    pub n_gen: usize,
+    #[arg(long, short)]
+    pub threads: Option<usize>,
+    #[arg(long, short, default_value_t = 3)]
+    pub repetitions: usize,
+    /// Print one JSON object instead of text.
+    #[arg(long)]
+    pub json: bool,
+    /// Dense weights: mmap | anon | locked (see `run --help`).
+    #[arg(long, default_value = "mmap")]
+    pub dense: DensePolicy,
+    #[command(flatten)]
+    pub experts: ExpertArgs,
+}
+
+/// Where the routed experts come from (`run` and `bench`).
+#[derive(clap::Args, Debug, Clone)]
+pub struct ExpertArgs {
+    /// Routed experts: `mmap` = the file mapping (page cache); `cache` = the expert cache, slots in
+    /// anonymous memory filled by O_DIRECT reads on I/O threads.
+    #[arg(long, default_value = "mmap")]
+    pub experts: ExpertPolicy,
+    /// Expert cache size in MiB, or `auto`: the memory cgroup's limit (or MemAvailable) minus
+    /// what the process holds, the KV cache and headroom.
+    #[arg(long, default_value = "auto")]
+    pub cache_mib: String,
+    /// I/O threads reading experts into the cache.
+    #[arg(long, default_value_t = 4)]
+    pub io_threads: usize,
+    /// mlock the expert cache.
+    #[arg(long)]
+    pub cache_lock: bool,
+    /// Read the next layer's likely experts (its router on the current hidden state) ahead.
+    #[arg(long)]
+    pub prefetch: bool,
+    /// With `--experts mmap`: `random` = MADV_RANDOM on the expert pages (no read-ahead of
+    /// neighbouring experts), `normal` = the kernel's default.
+    #[arg(long, default_value = "normal")]
+    pub expert_advice: ExpertAdvice,
 }
 
 /// The settings an `engine` command line `argv` (program name first) gives,

@@ -7,17 +7,88 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, bail};
 use clap::Parser;
 
-use engine::cli::{Cli, Cmd, RunArgs, SynthArgs};
+use engine::cli::{BenchArgs, Cli, Cmd, ExpertArgs, RunArgs, SynthArgs};
 
+use engine::cache::slots::ExpertSlots;
+use engine::cache::{CacheConfig, ExpertCache};
 use engine::dense_regions::DenseRegions;
 use engine::gguf::Gguf;
 use engine::markers::{KIND_GENERATE, KIND_PROMPT};
 use engine::model::{Model, Session};
-use engine::placement::{DensePolicy, ExpertPolicy};
+use engine::placement::{DensePolicy, ExpertAdvice, ExpertPolicy, Placement};
 use engine::sampling::{Sampler, SamplerConfig};
 use engine::synth::{QuantMix, SynthConfig};
 use engine::telemetry::{Meter, MetricsHeader, MetricsWriter};
 use engine::tokenizer::{Tokenizer, Utf8Stream};
+
+/// Sets up where `model`'s experts come from; the cache for `--experts cache`.
+fn setup_experts(model: &mut Model, a: &ExpertArgs, n_ctx: usize) -> Result<Option<ExpertCache>> {
+    let path = model.gguf.path().display().to_string();
+    model.placement.set_experts(a.experts);
+    if a.expert_advice != ExpertAdvice::Normal {
+        if a.experts != ExpertPolicy::Mmap {
+            bail!("--expert-advice applies to --experts mmap only");
+        }
+        let n = Placement::advise_experts(&model.gguf, a.expert_advice)
+            .with_context(|| format!("madvise on the experts of {path}"))?;
+        eprintln!("engine: {:?} advised on {:.1} MiB of expert pages", a.expert_advice, mib(n as u64));
+    }
+    if a.experts != ExpertPolicy::Cache {
+        return Ok(None);
+    }
+    let c = &model.cfg;
+    // The KV cache at n_ctx (f16 K and V rows per layer), twice: its buffers grow by doubling.
+    let kv = 2 * (c.n_layer * n_ctx * 2 * c.n_head_kv * c.head_dim * 2) as u64;
+    let bytes = match a.cache_mib.as_str() {
+        "auto" => {
+            let on_mapping = if model.placement.dense == DensePolicy::Mmap { model.placement.dense_bytes } else { 0 };
+            let b = engine::cache::budget::auto(on_mapping, kv).map_err(anyhow::Error::msg)?;
+            eprintln!("engine: expert cache budget {:.1} MiB = {}", mib(b.bytes), b.source);
+            b.bytes
+        }
+        n => n
+            .parse::<u64>()
+            .map(|m| m << 20)
+            .map_err(|_| anyhow::anyhow!("--cache-mib {n:?}: a number of MiB or `auto`"))?,
+    };
+    let cfg = CacheConfig { bytes, io_threads: a.io_threads.max(1), lock: a.cache_lock, prefetch: a.prefetch };
+    let cache = ExpertCache::new(model, cfg)?;
+    eprintln!(
+        "engine: expert cache: {} slots of {:.2} MiB ({:.1} MiB{}), {} I/O threads, prefetch {}, table {} in {}",
+        cache.n_slots(),
+        mib(cache.slot_bytes() as u64),
+        mib(cache.bytes() as u64),
+        if a.cache_lock { ", locked" } else { "" },
+        a.io_threads.max(1),
+        if a.prefetch { "on" } else { "off" },
+        if cache.is_published() { "published" } else { "not published" },
+        engine::cache::slots::SYMBOL
+    );
+    Ok(Some(cache))
+}
+
+/// The share of a layer's experts that the run's most-used ones need to make up 90 % of its
+/// selections, averaged over the layers that routed (the routing skew a cache lives on).
+fn experts_for_90pct(counts: &[Vec<u64>]) -> Option<f64> {
+    let fracs: Vec<f64> = counts
+        .iter()
+        .filter_map(|c| {
+            let total: u64 = c.iter().sum();
+            if total == 0 {
+                return None;
+            }
+            let mut v = c.clone();
+            v.sort_unstable_by(|a, b| b.cmp(a));
+            let (mut acc, mut n) = (0u64, 0usize);
+            while acc * 10 < total * 9 {
+                acc += v[n];
+                n += 1;
+            }
+            Some(n as f64 / c.len() as f64)
+        })
+        .collect();
+    (!fracs.is_empty()).then(|| fracs.iter().sum::<f64>() / fracs.len() as f64)
+}
 
 fn default_threads() -> usize {
     std::thread::available_parallelism().map_or(1, |n| n.get())
@@ -30,6 +101,12 @@ fn default_threads() -> usize {
 #[used]
 pub static moe_engine_dense_regions: DenseRegions = DenseRegions::new();
 
+/// Which expert the expert cache holds in which slot, for observers (`--experts cache`; the ABI
+/// is specified in `moe_abi::expert_slots`, the engine's side in [`engine::cache::slots`]).
+#[unsafe(no_mangle)]
+#[used]
+pub static moe_engine_expert_slots: ExpertSlots = ExpertSlots::new();
+
 /// A user error is one line on stderr and exit status 1 (`engine::errors`).
 fn main() {
     if let Err(e) = engine_main() {
@@ -40,6 +117,7 @@ fn main() {
 
 fn engine_main() -> Result<()> {
     engine::dense_regions::export(&moe_engine_dense_regions);
+    engine::cache::slots::export(&moe_engine_expert_slots);
     // Die quietly on a closed stdout (`engine run … | head`) instead of panicking.
     // SAFETY: restoring the default SIGPIPE disposition before any thread is started.
     unsafe {
@@ -60,17 +138,9 @@ fn engine_main() -> Result<()> {
             eprintln!("engine: {isa_line}");
             run(a)
         }
-        Cmd::Bench { model, n_prompt, n_gen, threads, repetitions, json, dense } => {
+        Cmd::Bench(a) => {
             eprintln!("engine: {isa_line}");
-            bench(
-                &model,
-                n_prompt,
-                n_gen,
-                threads.unwrap_or_else(default_threads).max(1),
-                repetitions.max(1),
-                json,
-                dense,
-            )
+            bench(&a)
         }
         Cmd::Tokenize { model, text } => {
             let g = Gguf::open(&model).with_context(|| format!("reading {}", model.display()))?;
@@ -82,24 +152,25 @@ fn engine_main() -> Result<()> {
     }
 }
 
-fn bench(
-    path: &std::path::Path,
-    n_prompt: usize,
-    n_gen: usize,
-    threads: usize,
-    reps: usize,
-    json: bool,
-    dense: DensePolicy,
-) -> Result<()> {
-    let model = Model::load_with(path, dense).with_context(|| format!("loading {}", path.display()))?;
+fn bench(a: &BenchArgs) -> Result<()> {
+    let (path, n_prompt, n_gen, json) = (&a.model, a.n_prompt, a.n_gen, a.json);
+    let (threads, reps) = (a.threads.unwrap_or_else(default_threads).max(1), a.repetitions.max(1));
+    let (dense, experts) = (a.dense, &a.experts);
+    let mut model = Model::load_with(path, dense).with_context(|| format!("loading {}", path.display()))?;
+    let n_ctx = n_prompt.max(n_gen) + 1;
+    let cache = setup_experts(&mut model, experts, n_ctx)?;
     let n_vocab = model.cfg.n_vocab as u64;
     let mut rng = engine::synth::SplitMix::new(1);
-    let mut sess = Session::new(&model, threads, n_prompt.max(n_gen) + 1);
+    let mut sess = Session::new(&model, threads, n_ctx);
+    if let Some(c) = &cache {
+        sess = sess.with_experts(c);
+    }
     // Warm-up (page in the weights, like llama-bench's warm-up run).
     sess.step(&[0]).context("warm-up")?;
     let mut pp = Vec::new();
     let mut tg = Vec::new();
     let mut times = engine::model::StepTimes::default();
+    let mut tg_cache = engine::cache::CacheStats::default();
     for _ in 0..reps {
         if n_prompt > 0 {
             sess.reset();
@@ -112,6 +183,7 @@ fn bench(
             sess.reset();
             sess.times = Default::default();
             let mut tok = (rng.next_u64() % n_vocab) as u32;
+            let c0 = cache.as_ref().map(ExpertCache::stats).unwrap_or_default();
             let t = Instant::now();
             for _ in 0..n_gen {
                 let logits = sess.step(&[tok]).context("generation")?;
@@ -119,6 +191,7 @@ fn bench(
             }
             tg.push(n_gen as f64 / t.elapsed().as_secs_f64());
             times = sess.times;
+            tg_cache = cache.as_ref().map(|c| c.stats().since(&c0)).unwrap_or_default();
         }
     }
     let avg = |v: &[f64]| if v.is_empty() { 0.0 } else { v.iter().sum::<f64>() / v.len() as f64 };
@@ -132,6 +205,10 @@ fn bench(
                 "tg_attention_ms_per_tok": per_tok(times.attention_ns),
                 "tg_experts_ms_per_tok": per_tok(times.experts_ns),
                 "tg_output_ms_per_tok": per_tok(times.output_ns),
+                "experts": model.placement.experts.name(),
+                "tg_cache_hit_pct": tg_cache.hit_pct(),
+                "tg_read_bytes_per_tok": tg_cache.read_bytes as f64 / n_gen.max(1) as f64,
+                "tg_stall_ms_per_tok": per_tok(tg_cache.stall_ns),
             })
         );
     } else {
@@ -223,7 +300,7 @@ fn mib(b: u64) -> f64 {
 fn run(a: RunArgs) -> Result<()> {
     let path = &a.model;
     let t_load = Instant::now();
-    let model = Model::load_with(path, a.dense).with_context(|| format!("loading {}", path.display()))?;
+    let mut model = Model::load_with(path, a.dense).with_context(|| format!("loading {}", path.display()))?;
     let load_s = t_load.elapsed().as_secs_f64();
     let p = &model.placement;
     eprintln!(
@@ -252,7 +329,12 @@ fn run(a: RunArgs) -> Result<()> {
     }
     let threads = a.threads.unwrap_or_else(default_threads).max(1);
     let n_ctx = a.ctx.unwrap_or(prompt.len() + a.n);
+    let kv_ctx = n_ctx.min(model.cfg.n_ctx_train).max(1);
+    let cache = setup_experts(&mut model, &a.experts, kv_ctx)?;
     let mut sess = Session::new(&model, threads, n_ctx);
+    if let Some(c) = &cache {
+        sess = sess.with_experts(c);
+    }
     sess.ubatch = a.ubatch;
     if prompt.len() + a.n > sess.n_ctx {
         bail!(
@@ -269,6 +351,7 @@ fn run(a: RunArgs) -> Result<()> {
     let metrics = if a.metrics_csv.is_some() || a.metrics_json.is_some() {
         let header = MetricsHeader::for_run(
             &model,
+            cache.as_ref(),
             threads,
             sess.n_ctx,
             &[
@@ -286,8 +369,7 @@ fn run(a: RunArgs) -> Result<()> {
     } else {
         None
     };
-    let ExpertPolicy::Mmap = a.experts;
-    let mut meter = Meter::new(&model, Duration::from_millis(a.resident_every_ms), metrics);
+    let mut meter = Meter::new(&model, Duration::from_millis(a.resident_every_ms), metrics).with_cache(cache.as_ref());
     let stdout = std::io::stdout();
     let mut em = Emitter { json: a.json, stream: Utf8Stream::default(), out: stdout.lock() };
     if !a.json {
@@ -312,6 +394,7 @@ fn run(a: RunArgs) -> Result<()> {
         Ok(t)
     })?;
     let prompt_s = prompt_rec.rec.wall_ns as f64 / 1e9;
+    let gen_cache0 = cache.as_ref().map(ExpertCache::stats);
     let mut generated = if a.n > 0 { vec![first] } else { Vec::new() };
     let mut next = first;
     let mut gen_steps = 0u64;
@@ -335,6 +418,18 @@ fn run(a: RunArgs) -> Result<()> {
     // Generation speed: generation steps over the wall-clock time of the generation loop.
     let gen_s = t_gen.elapsed().as_secs_f64();
     meter.finish().context("writing the metrics")?;
+    // The cache's counters over the whole run and over the generation steps.
+    let cache_json = |c: &ExpertCache| {
+        let (all, g) = (c.stats(), c.stats().since(&gen_cache0.unwrap_or_default()));
+        serde_json::json!({
+            "slots": c.n_slots(), "slot_bytes": c.slot_bytes(), "bytes": c.bytes(), "expert_bytes": c.expert_bytes(),
+            "io_threads": c.config.io_threads, "prefetch": c.config.prefetch,
+            "read_bytes": all.read_bytes, "reads": all.reads, "hits": all.hits, "misses": all.misses,
+            "gen_read_bytes": g.read_bytes, "gen_hits": g.hits, "gen_misses": g.misses,
+            "gen_stall_ms": g.stall_ns as f64 / 1e6, "gen_io_ms": g.io_ns as f64 / 1e6,
+            "prefetched": all.prefetched, "prefetch_used": all.prefetch_used,
+        })
+    };
     let prompt_tok_s = prompt.len() as f64 / prompt_s;
     let gen_tok_s = if gen_steps > 0 { gen_steps as f64 / gen_s } else { 0.0 };
     if let Some(p) = &a.logits_out {
@@ -362,6 +457,8 @@ fn run(a: RunArgs) -> Result<()> {
             "attention_ms": times.attention_ns as f64 / 1e6,
             "experts_ms": times.experts_ns as f64 / 1e6,
             "output_ms": times.output_ns as f64 / 1e6,
+            "cache": cache.as_ref().map(cache_json),
+            "experts_for_90pct": experts_for_90pct(&sess.expert_counts),
         });
         writeln!(em.out, "{summary}")?;
     } else {
@@ -378,6 +475,17 @@ fn run(a: RunArgs) -> Result<()> {
             threads,
             marked_steps
         );
+        if let Some(c) = &cache {
+            let j = cache_json(c);
+            eprintln!(
+                "expert cache: {} hits, {} misses, {:.1} MiB read in {} reads, generation stall {:.1} ms",
+                j["hits"],
+                j["misses"],
+                mib(j["read_bytes"].as_u64().unwrap_or(0)),
+                j["reads"],
+                j["gen_stall_ms"].as_f64().unwrap_or(0.0)
+            );
+        }
     }
     Ok(())
 }

@@ -15,7 +15,13 @@
 //! mapping (`MADV_DONTNEED`) and from the page cache (`POSIX_FADV_DONTNEED`), so that the dense
 //! weights are held once, in anonymous memory.
 //!
-//! Routed experts always stay on the file mapping (`--experts mmap`).
+//! *Routed experts* (`--experts`):
+//! - `mmap`: served from the file mapping (page cache). With `--expert-advice random`
+//!   ([`Placement::advise_experts`]) the expert tensors' pages get `MADV_RANDOM`, so a fault on
+//!   an expert reads only around the faulting page instead of an 8 MiB read-ahead window that
+//!   drags in neighbouring experts.
+//! - `cache`: streamed into the expert cache's slots by `O_DIRECT` reads ([`crate::cache`]); the
+//!   mapping's expert pages are never touched.
 //!
 //! ## Layout of the copy
 //! The dense tensors' file ranges are merged into runs (adjacent dense tensors). Each run is
@@ -68,15 +74,20 @@ impl std::str::FromStr for DensePolicy {
     }
 }
 
-/// Where the routed experts live (only `mmap` so far).
+/// Where the routed experts live.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ExpertPolicy {
     Mmap,
+    /// The expert cache ([`crate::cache`]).
+    Cache,
 }
 
 impl ExpertPolicy {
     pub fn name(self) -> &'static str {
-        "mmap"
+        match self {
+            ExpertPolicy::Mmap => "mmap",
+            ExpertPolicy::Cache => "cache",
+        }
     }
 }
 
@@ -86,7 +97,29 @@ impl std::str::FromStr for ExpertPolicy {
     fn from_str(s: &str) -> Result<Self, String> {
         match s {
             "mmap" => Ok(ExpertPolicy::Mmap),
-            _ => Err(format!("unknown expert policy {s:?} (mmap)")),
+            "cache" => Ok(ExpertPolicy::Cache),
+            _ => Err(format!("unknown expert policy {s:?} (mmap, cache)")),
+        }
+    }
+}
+
+/// `madvise` advice for the routed experts' pages of the mapping (`--expert-advice`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ExpertAdvice {
+    /// The kernel's default read-ahead.
+    Normal,
+    /// `MADV_RANDOM`: no read-ahead around faults.
+    Random,
+}
+
+impl std::str::FromStr for ExpertAdvice {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "normal" => Ok(ExpertAdvice::Normal),
+            "random" => Ok(ExpertAdvice::Random),
+            _ => Err(format!("unknown expert advice {s:?} (normal, random)")),
         }
     }
 }
@@ -319,6 +352,38 @@ impl Placement {
                 };
             }
         }
+    }
+
+    /// Serves the routed experts by `experts` from now on (the model loads with `mmap`).
+    pub fn set_experts(&mut self, experts: ExpertPolicy) {
+        self.experts = experts;
+    }
+
+    /// Applies `advice` to the pages of `g`'s mapping that hold only routed-expert bytes
+    /// (`madvise`; pages shared with a dense tensor keep the default). Returns the bytes advised.
+    pub fn advise_experts(g: &Gguf, advice: ExpertAdvice) -> std::io::Result<usize> {
+        if !g.is_mapped() {
+            return Ok(0);
+        }
+        let adv = match advice {
+            ExpertAdvice::Normal => libc::MADV_NORMAL,
+            ExpertAdvice::Random => libc::MADV_RANDOM,
+        };
+        let page = page_size();
+        let base = g.bytes().as_ptr();
+        let mut done = 0;
+        for t in g.tensors.iter().filter(|t| t.is_routed_expert()) {
+            let start = (t.offset as usize).next_multiple_of(page);
+            let end = (t.offset + t.size) as usize / page * page;
+            if end > start {
+                // SAFETY: advice on whole pages inside our read-only file mapping.
+                if unsafe { libc::madvise(base.add(start) as *mut libc::c_void, end - start, adv) } != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                done += end - start;
+            }
+        }
+        Ok(done)
     }
 
     /// The copy of `r` when `r` lies inside one run of dense tensors that was copied.

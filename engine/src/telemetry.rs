@@ -19,11 +19,17 @@
 //!   clock, still shows it). The observer's window begins at the begin marker, a few
 //!   microseconds after `t0`.
 //! - `mgmt` = the timed telemetry work: `getrusage` (twice), writing the previous step's row,
-//!   `/proc/self/status`, `/proc/meminfo`, `mincore`.
-//! - `io`, `stall`, `read_bytes` = 0: with experts and dense weights served from memory the engine
-//!   makes no explicit reads (page faults are not explicit reads).
-//! - `compute` = `wall − io − stall − mgmt`: the engine's residual, which silently contains every
-//!   page fault, swap-in and reclaim the kernel did on the engine's threads.
+//!   `/proc/self/status`, `/proc/meminfo`, `mincore`; plus, with the expert cache, the decode
+//!   thread's time in the cache's bookkeeping during the step ([`crate::cache::CacheStats`]).
+//! - `io`, `stall`, `read_bytes`, `cache_hit_pct`: with `--experts mmap` 0, 0, 0 and −1 (the
+//!   engine makes no explicit reads; page faults are not explicit reads). With the expert cache,
+//!   the deltas of the cache's counters over the step (same points as `wall`): `io` = time the
+//!   I/O workers spent inside `pread64` (summed over workers: it overlaps compute and may exceed
+//!   `wall`), `read_bytes` = the bytes those calls returned, `stall` = the decode thread's waits
+//!   for reads, `cache_hit_pct` = hits / (hits + misses) of the experts the step used.
+//! - `compute` = `wall − stall − mgmt`: the engine's residual, which silently contains every
+//!   page fault, swap-in and reclaim the kernel did on the engine's threads (`io` runs on other
+//!   threads, beside compute, and is not subtracted).
 //! - `majflt`, `cpu` = `getrusage(RUSAGE_SELF)` deltas between the same points as `wall` (all
 //!   threads of the process).
 //! - `rss*`, `swap` = `VmRSS`, `RssAnon`, `RssFile`, `VmSwap` of `/proc/self/status` at the end of
@@ -34,7 +40,6 @@
 //!   previous sample, and at least 100× what that sample cost (so sampling takes ≤ 1 % of the
 //!   time: `mincore` over a file mapping costs ~50 ns per page, 1.2 ms for 90 MiB of dense
 //!   weights here); other steps repeat the latest sample. `resident_every` = 0: every step.
-//! - `cache_hit_pct` = −1: there is no expert cache yet.
 //!
 //! ## `bmoe_metrics v1` (the CSV written by `--metrics-csv`)
 //! ```text
@@ -46,7 +51,9 @@
 //! ```
 //! One row per generated-token step (the prompt step is not a row): `step` counts from 1, `steps`
 //! is the number of generation steps the run was asked for, `turn` is 0, `majflt_mib` =
-//! `majflt × page size`, `cache_budget_mib` = −1 (no cache). Times in ms with 3 decimals, MiB with
+//! `majflt × page size`, `cache_budget_mib` = the expert cache's slot memory (−1: no cache). The
+//! config line says `moe_stream=1 cache_mb=N io_threads=T o_direct=1 overlap=1 prefetch=0|1
+//! experts=cache` for a cache run. Times in ms with 3 decimals, MiB with
 //! 1 (`majflt_mib` 2), `cache_hit_pct` 2, `dense_resident_frac` 3. `-1` means not measured.
 //! Decode speed as its users quote it is `rows / sum(wall_ms) × 1000` tok/s.
 //!
@@ -57,6 +64,7 @@
 use std::io::Write;
 use std::time::{Duration, Instant};
 
+use crate::cache::{CacheStats, ExpertCache};
 use crate::markers::{self, NOT_MEASURED, TokenRecord};
 use crate::model::Model;
 use crate::placement::page_size;
@@ -160,6 +168,10 @@ pub struct StepSample {
     pub rec: TokenRecord,
     pub mem_free: Option<u64>,
     pub swap_free: Option<u64>,
+    /// The expert cache's slot memory, bytes (`None`: no cache).
+    pub cache_bytes: Option<u64>,
+    /// The expert cache's counters over the step (`None`: no cache).
+    pub cache: Option<CacheStats>,
 }
 
 /// Measures steps and calls the token markers around them (rules in the module docs). With a
@@ -176,8 +188,9 @@ pub struct Meter<'m> {
     writer: Option<MetricsWriter>,
     pending: Option<(u64, StepSample)>,
     write_error: Option<MetricsError>,
-    /// End of the previous step (clock and rusage), where the next one starts.
-    chain: Option<(Instant, Usage, Duration)>,
+    /// End of the previous step (clock, rusage, cache counters), where the next one starts.
+    chain: Option<(Instant, Usage, Duration, CacheStats)>,
+    cache: Option<&'m ExpertCache>,
 }
 
 impl std::fmt::Debug for Meter<'_> {
@@ -203,7 +216,18 @@ impl<'m> Meter<'m> {
             pending: None,
             write_error: None,
             chain: None,
+            cache: None,
         }
+    }
+
+    /// Measures the expert cache's counters per step too (and tells it each step's index).
+    pub fn with_cache(mut self, cache: Option<&'m ExpertCache>) -> Self {
+        self.cache = cache;
+        self
+    }
+
+    fn cache_stats(&self) -> CacheStats {
+        self.cache.map(ExpertCache::stats).unwrap_or_default()
     }
 
     /// The next step starts its clock afresh instead of where the previous step ended (call it
@@ -234,17 +258,21 @@ impl<'m> Meter<'m> {
         let mut rec = TokenRecord::new(kind, index, n_tokens);
         // Consecutive steps are timed back to back: this step starts where the previous one's
         // end marker returned, so the walls cover the loop between the steps.
-        let (t0, u0, mgmt0) = match self.chain.take() {
+        let (t0, u0, mgmt0, c0) = match self.chain.take() {
             Some(c) => c,
             None => {
                 let t = Instant::now();
-                let u = usage();
-                (t, u, t.elapsed())
+                let (u, c) = (usage(), self.cache_stats());
+                (t, u, t.elapsed(), c)
             }
         };
+        if let Some(c) = self.cache {
+            c.begin_step(index);
+        }
         markers::moe_engine_token_begin(index, &rec);
         let out = work();
         let tm = Instant::now();
+        let cache = self.cache.map(|c| c.stats().since(&c0));
         self.write_pending();
         let mem = self.mem.read();
         let due = match self.last_resident {
@@ -260,14 +288,16 @@ impl<'m> Meter<'m> {
         }
         let u1 = usage();
         let t_end = Instant::now();
-        let mgmt_ns = (mgmt0 + t_end.duration_since(tm)).as_nanos() as u64;
+        let c = cache.unwrap_or_default();
+        let mgmt_ns = (mgmt0 + t_end.duration_since(tm)).as_nanos() as u64 + c.mgmt_ns;
         let wall_ns = t_end.duration_since(t0).as_nanos() as u64;
         rec.wall_ns = wall_ns;
-        rec.io_ns = 0;
-        rec.stall_ns = 0;
-        rec.read_bytes = 0;
+        rec.io_ns = c.io_ns;
+        rec.stall_ns = c.stall_ns;
+        rec.read_bytes = c.read_bytes;
+        rec.cache_hit_pct = c.hit_pct().filter(|_| cache.is_some()).unwrap_or(-1.0);
         rec.mgmt_ns = mgmt_ns;
-        rec.compute_ns = wall_ns.saturating_sub(mgmt_ns);
+        rec.compute_ns = wall_ns.saturating_sub(mgmt_ns + c.stall_ns);
         rec.majflt = u1.majflt.saturating_sub(u0.majflt);
         rec.cpu_ns = u1.cpu_ns.saturating_sub(u0.cpu_ns);
         rec.dense_resident_frac = self.last_resident.and_then(|(_, f)| f).unwrap_or(-1.0);
@@ -281,9 +311,16 @@ impl<'m> Meter<'m> {
         // trap, a preemption on the way back to user space) belongs to no step, as for the
         // observer, whose window closes at the end marker's entry.
         let t_next = Instant::now();
-        self.chain = Some((t_next, usage(), t_next.elapsed()));
+        let (u, cs) = (usage(), self.cache_stats());
+        self.chain = Some((t_next, u, t_next.elapsed(), cs));
         let out = out?;
-        let sample = StepSample { rec, mem_free: mem.mem_free, swap_free: mem.swap_free };
+        let sample = StepSample {
+            rec,
+            mem_free: mem.mem_free,
+            swap_free: mem.swap_free,
+            cache_bytes: self.cache.map(|c| c.bytes() as u64),
+            cache,
+        };
         if kind == markers::KIND_GENERATE {
             self.pending = Some((index, sample));
         }
@@ -308,21 +345,28 @@ pub struct MetricsHeader {
 }
 
 impl MetricsHeader {
-    /// Model and run configuration of an engine run.
-    pub fn for_run(model: &Model, threads: usize, n_ctx: usize, extra: &[(&str, String)]) -> Self {
+    /// Model and run configuration of an engine run (with its expert cache, if any).
+    pub fn for_run(
+        model: &Model,
+        cache: Option<&ExpertCache>,
+        threads: usize,
+        n_ctx: usize,
+        extra: &[(&str, String)],
+    ) -> Self {
         let c = &model.cfg;
         let p = &model.placement;
         let file = model.gguf.path().file_name().map_or_else(String::new, |f| f.to_string_lossy().into_owned());
         let kv = |k: &str, v: String| (k.to_owned(), v.split_whitespace().collect::<Vec<_>>().join("_"));
+        let on = |b: bool| if b { "1" } else { "0" }.to_owned();
         let mut config = vec![
-            kv("moe_stream", "0".into()),
-            kv("cache_mb", "0".into()),
-            kv("io_threads", "0".into()),
-            kv("o_direct", "0".into()),
-            kv("overlap", "0".into()),
-            kv("prefetch", "0".into()),
+            kv("moe_stream", on(cache.is_some())),
+            kv("cache_mb", cache.map_or(0, |c| c.bytes() >> 20).to_string()),
+            kv("io_threads", cache.map_or(0, |c| c.config.io_threads).to_string()),
+            kv("o_direct", on(cache.is_some())),
+            kv("overlap", on(cache.is_some())),
+            kv("prefetch", on(cache.is_some_and(|c| c.config.prefetch))),
             kv("dense_weights", p.dense.name().into()),
-            kv("experts", p.experts.name().into()),
+            kv("experts", if cache.is_some() { "cache" } else { p.experts.name() }.into()),
             kv("dense_bytes", p.dense_bytes.to_string()),
             kv("expert_bytes", p.expert_bytes.to_string()),
         ];
@@ -391,7 +435,7 @@ fn row_values(step: u64, steps: u64, s: &StepSample) -> [(Option<f64>, usize); 2
         (frac(r.dense_resident_frac), 3),
         (Some(0.0), 0),
         (u(r.majflt).map(|v| v as f64 * page / (1u64 << 20) as f64), 2),
-        (None, 1),
+        mib(s.cache_bytes),
         mib(u(r.rss_bytes)),
         mib(u(r.rss_anon_bytes)),
         mib(u(r.rss_file_bytes)),
@@ -558,7 +602,7 @@ mod tests {
         let mut rec = TokenRecord::new(markers::KIND_GENERATE, 3, 1);
         rec.wall_ns = 12_345_678;
         rec.majflt = 256;
-        let s = StepSample { rec, mem_free: Some(3 << 20), swap_free: None };
+        let s = StepSample { rec, mem_free: Some(3 << 20), swap_free: None, cache_bytes: None, cache: None };
         let vals = row_values(3, 10, &s);
         assert_eq!(vals[0].0, Some(3.0));
         assert_eq!(vals[2].0, Some(12.345678));

@@ -1,5 +1,6 @@
-//! Which expert the engine's expert cache holds where (version 1). **Reserved**: specified here
-//! so that it is designed once, beside the other parts; no engine writes it yet.
+//! Which expert the engine's expert cache holds where (version 1). The engine's `--experts cache`
+//! writes it (`engine/src/cache/slots.rs`); the observer reads it
+//! (`observer/src/capture/residency/slots.rs`).
 //!
 //! ## Why
 //! An engine with an expert cache (a fixed budget of slots in anonymous memory, filled by

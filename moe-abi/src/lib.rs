@@ -7,7 +7,7 @@
 //! |---|---|---|---|
 //! | [`markers`] | where each step (the prompt, a generated token) begins and ends, and the engine's own 152-byte record of it | `moe_engine_token_begin`, `moe_engine_token_end` | 1 |
 //! | [`dense_regions`] | where the engine's anonymous copy of the dense weights is | `moe_engine_dense_regions` | 1 |
-//! | [`expert_slots`] | which expert the expert cache holds in which slot | `moe_engine_expert_slots` | 1, reserved: no engine writes it yet |
+//! | [`expert_slots`] | which expert the expert cache holds in which slot | `moe_engine_expert_slots` | 1 |
 //!
 //! ## Rules every part follows
 //! - `repr(C)`, little-endian, fixed-width fields, explicit padding; every struct starts with

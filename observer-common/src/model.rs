@@ -200,6 +200,29 @@ pub struct Residency {
     pub experts_resident_frac: Option<f64>,
     /// Layer × expert resident fractions, row-major (`layer * n_experts + expert`).
     pub grid: Option<ExpertGrid>,
+    /// The engine's own expert cache, when the engine publishes its slot table.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub engine_cache: Option<EngineCache>,
+}
+
+/// The engine's expert cache as its published slot table (`moe_engine_expert_slots`) showed it
+/// at a residency sample. Measurement rules: `observer::capture::residency::slots`.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct EngineCache {
+    /// The slot table's version counter (its seqlock `seq`) in the snapshot.
+    pub version: u64,
+    pub slots: u32,
+    /// Slots with a read in flight.
+    pub loading: u32,
+    /// The grid cells (`row * n_experts + expert`, rows as in [`ExpertGrid`]) whose expert is
+    /// ready in a slot, ascending.
+    pub ready: Vec<u32>,
+    /// Expert reads the cache started since the previous sample (from the version counter);
+    /// `None` for the first snapshot of a table.
+    pub reads: Option<u64>,
+    /// The observer's hit rate (percent) over the generated tokens since the previous sample:
+    /// 1 − reads / experts those tokens used; `None` when a prompt step is among them.
+    pub hit_pct: Option<f64>,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
@@ -440,6 +463,7 @@ mod tests {
             dense_swapped_frac: Some(0.0),
             experts_resident_frac: Some(0.5),
             grid: None,
+            engine_cache: Some(EngineCache::default()),
         };
         let j = serde_json::to_value(&r).unwrap();
         let keys: Vec<&str> = j.as_object().unwrap().keys().map(String::as_str).collect();

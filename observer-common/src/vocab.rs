@@ -661,7 +661,7 @@ pub static HISTOGRAMS: [Row; 5] = [
 ];
 
 /// Residency fields.
-pub static RESIDENCY: [Row; 5] = [
+pub static RESIDENCY: [Row; 6] = [
     row(
         Class::Residency,
         "dense_resident_frac",
@@ -700,6 +700,13 @@ pub static RESIDENCY: [Row; 5] = [
         "file_resident_frac",
         "file",
         "the whole model file: resident pages / pages, as `fincore` counts (heatmap)",
+    ),
+    row(
+        Class::Residency,
+        "engine_cache",
+        "engine_cache",
+        "ecache",
+        "the engine's own expert cache, from the slot table it publishes: the grid cells of the experts ready in its slots, the reads it started since the previous sample (the table's version counter) and the observer's hit rate over the generated tokens in between",
     ),
 ];
 
@@ -937,15 +944,17 @@ pub enum ResidencyField {
     ExpertsResident,
     Grid,
     File,
+    EngineCache,
 }
 
 impl ResidencyField {
-    pub const ALL: [ResidencyField; 5] = [
+    pub const ALL: [ResidencyField; 6] = [
         ResidencyField::DenseResident,
         ResidencyField::DenseSwapped,
         ResidencyField::ExpertsResident,
         ResidencyField::Grid,
         ResidencyField::File,
+        ResidencyField::EngineCache,
     ];
     pub const fn row(self) -> &'static Row {
         &RESIDENCY[self as usize]

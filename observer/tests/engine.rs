@@ -131,3 +131,60 @@ fn engine_tokens_components_and_perf_stat() {
         v["totals"]["majflt"]
     );
 }
+
+/// The engine's expert cache under `observer run`: the token records show which experts are in
+/// the engine's cache (from its slot table) and the observer's hit rate. The version counter of
+/// the last snapshot (taken after the last token: no read in flight) says how many expert reads
+/// the cache made in the whole run: 2 for the table's publication + 4 per read must equal the
+/// misses the engine counts itself (its `--json` summary); the reads of the intervals add up to
+/// the version counter's advance.
+#[test]
+fn engine_cache_slots_and_hit_rate_beside_the_engines() {
+    let _l = machine_lock();
+    let model = tiny_model();
+    let json = scratch_dir("engine").join("cache.json");
+    let n_gen = 32;
+    let out = Command::new(OBSERVER)
+        .args(["run", "--every", "0", "--json", json.to_str().unwrap(), "--"])
+        .arg(engine_bin())
+        .args(["run", "-m", model.to_str().unwrap(), "-p", "The quick brown fox", "-n", &n_gen.to_string()])
+        .args(["--ignore-eos", "--json", "-t", "2", "--dense", "anon", "--experts", "cache", "--cache-mib", "1"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "observer run failed: {}", String::from_utf8_lossy(&out.stderr));
+    let text = String::from_utf8_lossy(&out.stdout);
+    let summary: serde_json::Value =
+        serde_json::from_str(text.lines().rev().find(|l| l.contains("gen_tokens")).expect("engine summary")).unwrap();
+    let cache = &summary["cache"];
+    let (misses, n_slots) = (u(cache, "misses"), u(cache, "slots"));
+    let v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    let toks = v["tokens"].as_array().unwrap();
+    let snaps: Vec<&serde_json::Value> =
+        toks.iter().map(|t| &t["residency"]["engine_cache"]).filter(|c| c.is_object()).collect();
+    assert!(snaps.len() >= 2, "{} of {} records show the cache", snaps.len(), toks.len());
+    let (layers, experts) = (2u64, 8u64); // the tiny preset
+    for c in &snaps {
+        assert_eq!(u(c, "slots"), n_slots, "{c}");
+        let ready: Vec<u64> = c["ready"].as_array().unwrap().iter().map(|x| x.as_u64().unwrap()).collect();
+        assert!(ready.len() as u64 <= n_slots && ready.windows(2).all(|w| w[0] < w[1]), "{c}");
+        assert!(ready.iter().all(|&cell| cell < layers * experts), "{c}");
+        if let Some(h) = c["hit_pct"].as_f64() {
+            assert!((0.0..=100.0).contains(&h), "{c}");
+        }
+    }
+    let (first, last) = (snaps[0], snaps[snaps.len() - 1]);
+    assert_eq!(u(last, "loading"), 0, "no read in flight after the last token: {last}");
+    eprintln!("last version {}; engine: {misses} misses, {n_slots} slots", u(last, "version"));
+    assert!(misses > 0, "a 1 MiB cache of the tiny model misses");
+    // The last snapshot may precede the last tokens (the engine can exit before the observer's
+    // last sample), so the version counter bounds the engine's reads from below.
+    let version = u(last, "version");
+    assert!(version > 2 && version <= 2 + 4 * misses, "version counter {version} vs the engine's {misses} misses");
+    let reads: u64 = snaps[1..].iter().map(|c| c["reads"].as_u64().expect("reads after the first snapshot")).sum();
+    let advance = u(last, "version") - u(first, "version");
+    assert!(
+        reads * 4 <= advance && advance - reads * 4 <= 4 * u(first, "loading") + 2,
+        "reads of the intervals {reads} vs the version counter's advance {advance}"
+    );
+    assert!(snaps.iter().any(|c| c["hit_pct"].is_number()), "a hit rate for generated tokens");
+}

@@ -9,9 +9,19 @@ use std::{
 };
 
 use engine::dense_regions as dr;
-use moe_abi::{dense_regions::DenseRegions, expert_slots, markers};
+use moe_abi::{
+    dense_regions::DenseRegions,
+    expert_slots::{self, ExpertSlots},
+    markers,
+};
 use object::{Object, ObjectSection, ObjectSymbol, SymbolKind};
-use observer::capture::{bpf::elf_symbol_addr, residency::anon::DenseCopy};
+use observer::capture::{
+    bpf::elf_symbol_addr,
+    residency::{
+        anon::DenseCopy,
+        slots::{SlotTable, hit_pct},
+    },
+};
 
 /// The release `engine` binary beside the observer's (`cargo xtask test` builds both).
 fn engine_bin() -> PathBuf {
@@ -50,12 +60,28 @@ fn the_engine_binary_exports_the_abi_in_the_crates_layout() {
     let header = DenseRegions::parse_header(&image[at..at + h.size() as usize]).expect("the header in the file");
     assert!(header.stable() && header.is_empty() && header.seq == 0, "nothing published in the image: {header:?}");
 
-    // The expert-cache slot table is reserved: no engine writes it yet.
-    assert!(
-        symbol(expert_slots::SYMBOL).is_none(),
-        "the engine now exports {}: check its size and image here like the dense-regions header's",
-        expert_slots::SYMBOL
-    );
+    // The expert-cache slot table: the same checks.
+    let h = symbol(expert_slots::SYMBOL)
+        .unwrap_or_else(|| panic!("{} does not export {}", exe.display(), expert_slots::SYMBOL));
+    assert_eq!(h.kind(), SymbolKind::Data, "{} is a data object", expert_slots::SYMBOL);
+    assert_eq!(h.size(), size_of::<ExpertSlots>() as u64, "{} has the crate's size", expert_slots::SYMBOL);
+    let sec = file.section_by_index(h.section_index().expect("a defined symbol has a section")).unwrap();
+    let image = sec.data().unwrap();
+    let at = (h.address() - sec.address()) as usize;
+    let header = ExpertSlots::parse_header(&image[at..at + h.size() as usize]).expect("the header in the file");
+    assert!(header.stable() && header.is_empty() && header.seq == 0, "nothing published in the image: {header:?}");
+}
+
+/// The `tiny` synthetic model (generated once per target directory).
+fn tiny_model() -> PathBuf {
+    let path = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("engine-abi-dense.gguf");
+    if !path.exists() {
+        let tmp = path.with_extension(format!("tmp{}", std::process::id()));
+        let c = engine::synth::SynthConfig::preset("tiny").unwrap();
+        engine::synth::write_model(&c, &tmp, 2, |_| {}).unwrap();
+        std::fs::rename(&tmp, &path).unwrap();
+    }
+    path
 }
 
 /// This test binary exports the header as the `engine` binary does (`engine/src/main.rs`), so
@@ -71,13 +97,7 @@ pub static moe_engine_dense_regions: DenseRegions = DenseRegions::new();
 fn observer_reads_what_the_engine_placement_publishes() {
     use engine::{model::Model, placement::DensePolicy};
     dr::export(&moe_engine_dense_regions);
-    let path = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("engine-abi-dense.gguf");
-    if !path.exists() {
-        let tmp = path.with_extension(format!("tmp{}", std::process::id()));
-        let c = engine::synth::SynthConfig::preset("tiny").unwrap();
-        engine::synth::write_model(&c, &tmp, 2, |_| {}).unwrap();
-        std::fs::rename(&tmp, &path).unwrap();
-    }
+    let path = tiny_model();
     let mut reader = DenseCopy::new(std::process::id());
     assert_eq!(reader.ranges().unwrap(), Some(Vec::new()), "the symbol is found, nothing published yet");
 
@@ -104,4 +124,78 @@ fn observer_reads_what_the_engine_placement_publishes() {
 
     drop(m);
     assert_eq!(reader.ranges().unwrap(), Some(Vec::new()), "unpublished when the model is dropped");
+}
+
+/// The slot table, exported like `moe_engine_dense_regions` above.
+#[unsafe(no_mangle)]
+#[used]
+pub static moe_engine_expert_slots: ExpertSlots = ExpertSlots::new();
+
+/// The engine's expert cache publishes its slots; the observer's reader finds them in this
+/// process (symbol, load bias, `/proc/self/mem`, seqlock). The reads it derives from the table's
+/// version counter alone equal the cache's own miss count (counted where the layers ask for
+/// their experts, not in the table), so its hit rate equals the engine's; its ready cells are
+/// the slots' experts in the grid's rows; dropping the cache clears the table.
+#[test]
+fn observer_reads_the_engine_caches_slot_table() {
+    use engine::{
+        cache::{CacheConfig, ExpertCache},
+        model::{Model, Session},
+        placement::DensePolicy,
+        regions::RegionMap,
+    };
+    engine::cache::slots::export(&moe_engine_expert_slots);
+    // Dense weights on the mapping: an anonymous copy would be published to the dense-regions
+    // table that the test above reads meanwhile.
+    let m = Model::load_with(&tiny_model(), DensePolicy::Mmap).unwrap();
+    let map = RegionMap::from_gguf(&m.gguf).unwrap();
+    let mut reader = SlotTable::new(std::process::id(), &map.moe_layers, map.n_experts);
+    assert_eq!(reader.sample().unwrap(), None, "the symbol is found, no cache yet");
+
+    // A third of the experts: misses on every token.
+    let probe = ExpertCache::new(&m, CacheConfig { bytes: 1 << 40, io_threads: 1, lock: false, prefetch: false });
+    let slot_bytes = probe.unwrap().slot_bytes();
+    let n_slots = map.moe_layers.len() * map.n_experts as usize / 3;
+    let cfg = CacheConfig { bytes: (n_slots * slot_bytes) as u64, io_threads: 2, lock: false, prefetch: false };
+    let c = ExpertCache::new(&m, cfg).unwrap();
+    let first = reader.sample().unwrap().expect("the cache publishes its table");
+    assert_eq!((first.slots as usize, first.loading, first.reads), (c.n_slots(), 0, None));
+    assert!(first.ready.is_empty());
+
+    let mut sess = Session::new(&m, 2, 64).with_experts(&c);
+    let prompt: Vec<u32> = (0..8).map(|i| (i * 37 + 5) % 256).collect();
+    let mut tok = engine::sampling::argmax(sess.step(&prompt).unwrap());
+    let after_prompt = c.stats();
+    let p = reader.sample().unwrap().unwrap();
+    assert_eq!(p.reads, Some(after_prompt.misses), "reads for the prompt (version counter) vs the cache's misses");
+    let (layers, k) = (map.moe_layers.len() as u64, m.cfg.n_expert_used as u64);
+    for _ in 0..16 {
+        tok = engine::sampling::argmax(sess.step(&[tok]).unwrap());
+    }
+    let s = c.stats().since(&after_prompt);
+    let g = reader.sample().unwrap().unwrap();
+    assert_eq!(s.hits + s.misses, 16 * layers * k, "every generated token used k experts per MoE layer");
+    assert!(s.misses > 0 && s.hits > 0, "{s:?}");
+    assert_eq!(g.reads, Some(s.misses), "reads for 16 tokens (version counter) vs the cache's misses");
+    let (ours, engine) = (hit_pct(g.reads.unwrap(), 16, layers, k).unwrap(), s.hit_pct().unwrap());
+    assert!((ours - engine).abs() < 1e-9, "observer {ours} % vs engine {engine} %");
+    assert!(g.version > p.version && g.loading == 0);
+
+    let row = |layer: u32| map.moe_layers.iter().position(|&b| b == layer).unwrap() as u32;
+    let mut want: Vec<u32> = c
+        .table()
+        .iter()
+        .filter(|s| s.state.load(std::sync::atomic::Ordering::SeqCst) == expert_slots::STATE_READY)
+        .map(|s| {
+            let ld = |a: &std::sync::atomic::AtomicU32| a.load(std::sync::atomic::Ordering::SeqCst);
+            row(ld(&s.layer)) * map.n_experts + ld(&s.expert)
+        })
+        .collect();
+    want.sort_unstable();
+    assert_eq!(g.ready, want, "the ready cells are the cache's slots");
+    assert_eq!(g.ready.len(), n_slots, "a full cache after 17 steps");
+
+    drop(sess);
+    drop(c);
+    assert_eq!(reader.sample().unwrap(), None, "unpublished when the cache is dropped");
 }

@@ -763,6 +763,7 @@ fn residency_metric_names_exist() {
             dense_swapped_frac: Some(0.0),
             experts_resident_frac: Some(1.0),
             grid: Some(ExpertGrid { n_layers: 1, n_experts: 1, resident: vec![1.0], added: None, evicted: None }),
+            engine_cache: None,
         }),
         lost_events: 0,
     };

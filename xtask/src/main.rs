@@ -7,12 +7,14 @@
 //! - `bench engine`: engine vs llama.cpp decode/prompt speed, same file, same run.
 //! - `package`: the Debian package of the observer (cargo-deb), a separate heavy command.
 //! - `pressure`: run a command under a cgroup memory limit, optional zram and balloon.
+//! - `bench cliff`: the expert cache vs the mapping vs llama.cpp under memory limits.
 //! - `bench heatmap`: one residency refresh of a 20 GB (sparse) model vs `fincore`, same file.
 //! - `bench trace`: bytes per token record with the expert grid packed vs plain JSON, same run.
 //! - `experiment dense-weights`: the seeds' dense-weight A/B, written to `docs/findings/`.
 //! - `vmtest`: the eBPF and cgroup tests on Debian's kernels (6.1 LTS, 6.12, arm64) under QEMU.
 
 mod amx;
+mod bench_cliff;
 mod bench_engine;
 mod bench_heatmap;
 mod bench_metrics;
@@ -51,6 +53,7 @@ commands:
   pressure [..] -- CMD  run CMD under a memory limit (+ zram, balloon); restores the machine
   bench heatmap [..] residency refresh of a 20 GB sparse model vs fincore, same run
   bench metrics      observed engine tok/s with and without bursts of /metrics scrapes
+  bench cliff [..]   expert cache vs mmap vs llama.cpp under memory limits (none, 80/60/40 % of a 5.6 GB model)
   bench trace [..]   trace bytes per token record, expert grid packed vs plain JSON, same run
   experiment dense-weights [-n N] [-t T]  A-B-B-A of --dense anon vs locked under pressure:
                      docs/findings/dense-weights.md and its plots
@@ -71,6 +74,7 @@ fn main() {
         ["package", ..] => package::main(&args[1..]),
         ["bench", "heatmap", ..] => bench_heatmap::main(&args[2..]),
         ["bench", "metrics", ..] => bench_metrics::main(&args[2..]),
+        ["bench", "cliff", ..] => bench_cliff::main(&args[2..]),
         ["bench", "trace", ..] => bench_trace::main(&args[2..]),
         ["experiment", ..] => experiment::main(&args[1..]),
         ["vmtest", ..] => vmtest::main(&args[1..]),

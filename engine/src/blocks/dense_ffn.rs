@@ -66,7 +66,7 @@ pub struct FfnShape {
 
 /// Slots grouped by a key (an expert): group `i` has key `keys[i]` and the slots
 /// `slots[bounds[i]..bounds[i+1]]`, ascending. Groups are ordered by key.
-#[derive(Debug, Default)]
+#[derive(Debug, Default, Clone)]
 pub struct Groups {
     keys: Vec<usize>,
     bounds: Vec<usize>,
@@ -104,6 +104,22 @@ impl Groups {
     /// One group with key 0 holding slots `0..n`.
     pub fn single(&mut self, n: usize) {
         self.by_key(1, std::iter::repeat_n(0, n));
+    }
+
+    /// Keeps the groups whose key passes `keep` (with their slots).
+    pub fn retain(&mut self, keep: impl Fn(usize) -> bool) {
+        let (mut n, mut slots) = (0, Vec::with_capacity(self.slots.len()));
+        let mut bounds = vec![0];
+        for i in 0..self.keys.len() {
+            if keep(self.keys[i]) {
+                self.keys[n] = self.keys[i];
+                n += 1;
+                slots.extend_from_slice(&self.slots[self.bounds[i]..self.bounds[i + 1]]);
+                bounds.push(slots.len());
+            }
+        }
+        self.keys.truncate(n);
+        (self.slots, self.bounds) = (slots, bounds);
     }
 
     pub fn len(&self) -> usize {
@@ -256,5 +272,10 @@ mod tests {
         assert_eq!((g.len(), g.key(0), g.slots(0)), (1, 1, &[0, 1][..]));
         g.single(3);
         assert_eq!((g.len(), g.key(0), g.slots(0)), (1, 0, &[0, 1, 2][..]));
+        // A subset of the groups keeps their slots.
+        g.by_key(8, keys.iter().copied());
+        g.retain(|k| k == 1 || k == 7);
+        let got: Vec<(usize, Vec<usize>)> = (0..g.len()).map(|i| (g.key(i), g.slots(i).to_vec())).collect();
+        assert_eq!(got, [(1, vec![1, 4]), (7, vec![6])]);
     }
 }

@@ -67,9 +67,35 @@ impl Moe {
 pub type ExpertView<'a> = FfnView<'a>;
 
 /// A source of expert weights: where the MoE block reads expert `e` of layer `layer` from.
+///
+/// The block calls [`Self::request`] once routing is known, computes the experts it returned,
+/// then calls [`Self::wait_ready`] and computes what that returned, until it returns none. A
+/// source that has every expert at hand (the mapping) returns them all at once; one that loads
+/// them (the expert cache) returns the resident ones first and the others as they arrive. The
+/// views [`Self::expert_weights`] gives stay valid until the next `request`/`wait_ready` call.
 pub trait ExpertWeights: Sync {
     /// Expert `e` of MoE layer `layer`, whose tensors are `w`.
     fn expert_weights(&self, layer: usize, w: &Moe, e: usize) -> ExpertView<'_>;
+
+    /// Routing of `layer` is known: `experts` (ascending) will be computed on the normed rows
+    /// `xn`. Appends to `ready` the experts that can be computed now.
+    fn request(
+        &self,
+        _ctx: &Ctx<'_>,
+        _layer: usize,
+        experts: &[usize],
+        _xn: &[f32],
+        ready: &mut Vec<usize>,
+    ) -> Result<(), ModelError> {
+        ready.extend_from_slice(experts);
+        Ok(())
+    }
+
+    /// Appends the requested experts of `layer` not returned yet that can be computed now,
+    /// blocking until there is at least one; appends none when all were returned.
+    fn wait_ready(&self, _layer: usize, _ready: &mut Vec<usize>) -> Result<(), ModelError> {
+        Ok(())
+    }
 }
 
 /// Experts are slices of the file mapping (`--experts mmap`).
@@ -93,6 +119,10 @@ pub struct Scratch {
     selected: Vec<(usize, f32)>,
     groups: Groups,
     ffn: dense_ffn::Scratch,
+    /// Experts of the layer, those the source has ready, and their groups (see [`ExpertWeights`]).
+    keys: Vec<usize>,
+    ready: Vec<usize>,
+    batch: Groups,
 }
 
 impl Scratch {
@@ -158,7 +188,29 @@ pub fn forward(
     route(ctx, il, w, xn, counts, s)?;
     s.groups.by_key(ctx.cfg().n_expert, s.selected.iter().map(|&(e, _)| e));
     let experts = |e: usize| ctx.experts.expert_weights(il, w, e);
-    dense_ffn::swiglu_groups(ctx, w.shape(), &s.groups, &experts, xn, k, &mut s.ffn)?;
+    // Experts in batches as the source has them (all at once from the mapping); every slot's
+    // output lands at its place, so batching does not enter the numerics.
+    s.keys.clear();
+    s.keys.extend((0..s.groups.len()).map(|i| s.groups.key(i)));
+    s.ready.clear();
+    ctx.experts.request(ctx, il, &s.keys, xn, &mut s.ready)?;
+    loop {
+        if s.ready.is_empty() {
+            ctx.experts.wait_ready(il, &mut s.ready)?;
+            if s.ready.is_empty() {
+                break;
+            }
+        }
+        let groups = if s.ready.len() == s.keys.len() {
+            &s.groups
+        } else {
+            s.batch.clone_from(&s.groups);
+            s.batch.retain(|e| s.ready.contains(&e));
+            &s.batch
+        };
+        dense_ffn::swiglu_groups(ctx, w.shape(), groups, &experts, xn, k, &mut s.ffn)?;
+        s.ready.clear();
+    }
     let (h, y) = (s.ffn.h(), &s.ffn.y);
     let n_ff = w.gate_exps.rows;
     dump("ffn_moe_swiglu", Some(il), &h[(ctx.n - 1) * k * n_ff..]);

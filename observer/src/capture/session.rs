@@ -840,8 +840,10 @@ fn after_exec(probes: &mut Probes, pid: u32, engine: EngineChoice) -> Result<()>
 /// of the batch carries a residency sample (taken now; the file scan is rate
 /// limited by the sampler), the others none: tokens are read in batches.
 fn tokens(mut batch: Vec<TokenRecord>, resid: &mut Option<Sampler>, sinks: &mut [Box<dyn Sink>]) -> Result<()> {
+    // Generated tokens since the previous sample (the batch), for the engine cache's hit rate.
+    let generated = batch.iter().all(|t| t.kind == StepKind::Generate).then_some(batch.len() as u64);
     if let (Some(s), Some(last)) = (resid.as_mut(), batch.last_mut()) {
-        match s.sample() {
+        match s.sample_after(generated) {
             Ok(x) => last.residency = Some(x.residency),
             Err(e) => {
                 log::warn!("residency sampling stopped: {e}");

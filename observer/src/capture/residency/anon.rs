@@ -56,24 +56,32 @@ impl AnonResidency {
 /// Finds and reads the table of one process.
 #[derive(Debug)]
 pub struct DenseCopy {
-    pid: u32,
-    /// (dev, ino) of the executable the symbol was looked up in, and its runtime address.
-    resolved: Option<((u64, u64), Option<u64>)>,
+    symbol: ExportedSymbol,
     page: u64,
 }
 
-fn proc_err(pid: u32, what: &'static str) -> impl Fn(std::io::Error) -> ResidencyError {
+pub(super) fn proc_err(pid: u32, what: &'static str) -> impl Fn(std::io::Error) -> ResidencyError {
     move |source| ResidencyError::Process { pid, what, source }
 }
 
-impl DenseCopy {
-    pub fn new(pid: u32) -> DenseCopy {
-        DenseCopy { pid, resolved: None, page: super::scan::page_size() }
+/// A data symbol of a process's executable, found by name (`.symtab` or `.dynsym`) and moved by
+/// the executable's load bias.
+#[derive(Debug)]
+pub(super) struct ExportedSymbol {
+    pub pid: u32,
+    name: &'static str,
+    /// (dev, ino) of the executable the symbol was looked up in, and its runtime address.
+    resolved: Option<((u64, u64), Option<u64>)>,
+}
+
+impl ExportedSymbol {
+    pub fn new(pid: u32, name: &'static str) -> ExportedSymbol {
+        ExportedSymbol { pid, name, resolved: None }
     }
 
     /// The runtime address of the symbol, looked up again whenever the executable changed
     /// (e.g. the spawned target was still the observer's fork before `exec`).
-    fn symbol_addr(&mut self) -> Result<Option<u64>, ResidencyError> {
+    pub fn addr(&mut self) -> Result<Option<u64>, ResidencyError> {
         let exe = PathBuf::from(format!("/proc/{}/exe", self.pid));
         let meta = std::fs::metadata(&exe).map_err(proc_err(self.pid, "reading /proc/PID/exe"))?;
         let id = (meta.dev(), meta.ino());
@@ -82,7 +90,7 @@ impl DenseCopy {
         {
             return Ok(addr);
         }
-        let addr = match crate::capture::bpf::elf_symbol_addr(&exe, SYMBOL) {
+        let addr = match crate::capture::bpf::elf_symbol_addr(&exe, self.name) {
             Some(vaddr) => load_bias(self.pid, &exe, id)?.map(|bias| bias.wrapping_add(vaddr)),
             None => None,
         };
@@ -90,19 +98,30 @@ impl DenseCopy {
         Ok(addr)
     }
 
+    /// The process's `/proc/PID/mem`.
+    pub fn mem(&self) -> Result<File, ResidencyError> {
+        File::open(format!("/proc/{}/mem", self.pid)).map_err(proc_err(self.pid, "opening /proc/PID/mem"))
+    }
+}
+
+impl DenseCopy {
+    pub fn new(pid: u32) -> DenseCopy {
+        DenseCopy { symbol: ExportedSymbol::new(pid, SYMBOL), page: super::scan::page_size() }
+    }
+
     /// The published ranges now; `None` when the process does not export the symbol.
     pub fn ranges(&mut self) -> Result<Option<Vec<DenseRange>>, ResidencyError> {
-        let Some(addr) = self.symbol_addr()? else { return Ok(None) };
-        let pid = self.pid;
-        let mem = File::open(format!("/proc/{pid}/mem")).map_err(proc_err(pid, "opening /proc/PID/mem"))?;
-        let table = read_published(&mem, pid, addr, SYMBOL, HEADER_SIZE, DenseRegions::parse_header)?;
+        let Some(addr) = self.symbol.addr()? else { return Ok(None) };
+        let pid = self.symbol.pid;
+        let mem = self.symbol.mem()?;
+        let (_, table) = read_published(&mem, pid, addr, SYMBOL, HEADER_SIZE, DenseRegions::parse_header)?;
         let ranges = table.chunks_exact(ENTRY_SIZE).map(DenseRange::from_bytes).collect::<Result<_, _>>();
         ranges.map(Some).map_err(|e| ResidencyError::Abi { pid, what: e.to_string() })
     }
 
     /// Present/swapped pages of `ranges` from `/proc/PID/pagemap`.
     pub fn pagemap(&self, ranges: &[DenseRange]) -> Result<AnonResidency, ResidencyError> {
-        let pid = self.pid;
+        let pid = self.symbol.pid;
         let pm = File::open(format!("/proc/{pid}/pagemap")).map_err(proc_err(pid, "opening /proc/PID/pagemap"))?;
         let mut r = AnonResidency { ranges: ranges.len() as u64, ..AnonResidency::default() };
         let mut buf = vec![0u8; 8 * 65536];
@@ -138,16 +157,17 @@ impl DenseCopy {
 }
 
 /// The table of the published-table header `symbol` at `addr` of process `pid`, read through
-/// its `/proc/PID/mem` with the seqlock of the ABI (`moe_abi`, "Published tables"): the bytes of
-/// `count` entries, `stride` apart (empty when nothing is published).
-fn read_published(
+/// its `/proc/PID/mem` with the seqlock of the ABI (`moe_abi`, "Published tables"): the header
+/// as read (its even `seq` the version of the snapshot) and the bytes of `count` entries,
+/// `stride` apart (empty when nothing is published).
+pub(super) fn read_published(
     mem: &File,
     pid: u32,
     addr: u64,
     symbol: &'static str,
     header_size: usize,
     parse: fn(&[u8]) -> Result<TableHeader, moe_abi::AbiError>,
-) -> Result<Vec<u8>, ResidencyError> {
+) -> Result<(TableHeader, Vec<u8>), ResidencyError> {
     let abi_err = |e: moe_abi::AbiError| ResidencyError::Abi { pid, what: e.to_string() };
     let mut h = vec![0u8; header_size];
     for _ in 0..SEQLOCK_TRIES {
@@ -158,7 +178,7 @@ fn read_published(
             continue;
         }
         if header.is_empty() {
-            return Ok(Vec::new());
+            return Ok((header, Vec::new()));
         }
         let mut table = vec![0u8; header.table_bytes() as usize];
         mem.read_exact_at(&mut table, header.table).map_err(proc_err(pid, "reading a published table"))?;
@@ -166,7 +186,7 @@ fn read_published(
         mem.read_exact_at(&mut again, addr + moe_abi::SEQ_OFFSET)
             .map_err(proc_err(pid, "reading a published table's header"))?;
         if u64::from_le_bytes(again) == header.seq {
-            return Ok(table);
+            return Ok((header, table));
         }
     }
     Err(ResidencyError::Abi { pid, what: format!("{symbol} kept changing while being read") })

@@ -16,6 +16,8 @@
 //!   when the target publishes an anonymous copy of its dense weights ([`anon`]), from
 //!   `/proc/PID/pagemap` of that copy, and then `dense_swapped_frac` too (else `None`: file
 //!   pages are evicted, never swapped).
+//! - **The engine's expert cache** ([`slots`]): when the target publishes its slot table, which
+//!   experts are in it, the reads it started (its version counter) and the observer's hit rate.
 //! - **Churn** ([`churn`]): page-cache pages of the model file added and evicted, per expert,
 //!   counted in the kernel from the `filemap` tracepoints. A [`Sample`] carries the pages added
 //!   and evicted since the previous sample (per token when sampled at each token end; the
@@ -42,6 +44,7 @@ pub mod anon;
 pub mod churn;
 pub mod evict;
 pub mod scan;
+pub mod slots;
 
 use std::{
     path::{Path, PathBuf},
@@ -159,6 +162,8 @@ pub struct ModelFile {
     /// beyond the tensor table) and that were dropped again, so that opening the model does not
     /// warm what it measures.
     pub header_pages_dropped: u64,
+    /// `expert_used_count` of the model's metadata (experts per token and MoE layer).
+    pub expert_used: Option<u64>,
 }
 
 impl ModelFile {
@@ -180,6 +185,7 @@ impl ModelFile {
         }
         let g = Gguf::open(path)?;
         let map = RegionMap::from_gguf(&g)?;
+        let expert_used = g.get_u64(&format!("{}.expert_used_count", map.architecture)).ok();
         drop(g);
         let mut bitmap = Bitmap::new(file.page, file.n_pages());
         let mut header_pages_dropped = 0;
@@ -187,7 +193,7 @@ impl ModelFile {
             file.scan_pages(window, &mut bitmap)?;
             header_pages_dropped = drop_new_pages(&file, &before, &bitmap);
         }
-        Ok(ModelFile { map, file, bitmap, header_pages_dropped })
+        Ok(ModelFile { map, file, bitmap, header_pages_dropped, expert_used })
     }
 
     /// The last bitmap `scan` produced (mincore source only).
@@ -332,6 +338,7 @@ pub struct Sampler {
     model: ModelFile,
     path: PathBuf,
     dense: Option<anon::DenseCopy>,
+    slots: Option<slots::SlotTable>,
     churn: Option<churn::Churn>,
     last_counts: Option<Counts>,
     scan_interval: Duration,
@@ -347,10 +354,12 @@ impl Sampler {
     /// Parse `model`'s tensor table and map it (nothing is read). `pid`: the engine process,
     /// for its anonymous dense copy (see [`anon`]); it may still be before `exec`.
     pub fn new(model: &Path, pid: Option<u32>) -> Result<Sampler, ResidencyError> {
+        let path = model.to_owned();
+        let model = ModelFile::open(model)?;
         Ok(Sampler {
-            model: ModelFile::open(model)?,
-            path: model.to_owned(),
+            path,
             dense: pid.map(anon::DenseCopy::new),
+            slots: pid.map(|p| slots::SlotTable::new(p, &model.map.moe_layers, model.map.n_experts)),
             churn: None,
             last_counts: None,
             scan_interval: Duration::ZERO,
@@ -358,6 +367,7 @@ impl Sampler {
             scan_budget: None,
             last_scan: None,
             last_anon: None,
+            model,
         })
     }
 
@@ -399,6 +409,12 @@ impl Sampler {
     }
 
     pub fn sample(&mut self) -> Result<Sample, ResidencyError> {
+        self.sample_after(None)
+    }
+
+    /// [`Self::sample`], told how many tokens were generated since the previous sample (`None`:
+    /// unknown, or a prompt step among them), for the observer's hit rate of the engine's cache.
+    pub fn sample_after(&mut self, generated: Option<u64>) -> Result<Sample, ResidencyError> {
         let now = Instant::now();
         let spacing = match self.scan_budget {
             Some(b) => self.scan_interval.max(self.last_scan_cost * b),
@@ -426,6 +442,17 @@ impl Sampler {
             self.last_anon = Some((now, a));
         }
         let anon = self.last_anon.as_ref().and_then(|x| x.1);
+        let engine_cache = match self.slots.as_mut().map(slots::SlotTable::sample) {
+            Some(Ok(mut c)) => {
+                if let (Some(c), Some(n), Some(k)) = (&mut c, generated, self.model.expert_used) {
+                    let layers = self.model.map.moe_layers.len() as u64;
+                    c.hit_pct = c.reads.and_then(|r| slots::hit_pct(r, n, layers, k));
+                }
+                c
+            }
+            Some(Err(ResidencyError::Process { .. })) | None => None,
+            Some(Err(e)) => return Err(e),
+        };
 
         let (mut added, mut evicted, mut total_added, mut total_evicted) = (None, None, None, None);
         if let Some(c) = &self.churn {
@@ -462,6 +489,7 @@ impl Sampler {
                 dense_swapped_frac,
                 experts_resident_frac: snapshot.experts.frac(),
                 grid,
+                engine_cache,
             },
             pagecache_added: total_added,
             pagecache_evicted: total_evicted,

@@ -146,6 +146,7 @@ fn residency_process_and_health_gauges_live_while_the_target_runs() {
             added: None,
             evicted: None,
         }),
+        engine_cache: None,
     });
     feed(
         &mut s,
@@ -261,6 +262,7 @@ fn every_family_of_the_vocabulary_is_exported_under_its_name() {
         dense_swapped_frac: Some(0.0),
         experts_resident_frac: Some(1.0),
         grid: Some(ExpertGrid { n_layers: 1, n_experts: 1, resident: vec![1.0], added: None, evicted: None }),
+        engine_cache: None,
     });
     let mut h = hists(1);
     h.kinds.insert("zram_read".into(), vec![1]);

@@ -86,6 +86,7 @@ pub(crate) fn token(seq: u64) -> TokenRecord {
                 added: Some(vec![1, 2, 3, 4, 5, 6]),
                 evicted: None,
             }),
+            engine_cache: None,
         }),
         lost_events: seq % 2,
     }

@@ -1,0 +1,426 @@
+//! `cargo xtask bench cliff`: decode speed when the model does not fit in memory — the engine's
+//! expert cache, the engine on the mapping and llama.cpp on the mapping, same file, same run.
+//!
+//! # What it does
+//! - Model: a generated 30B-A3B-shaped Q4_K_M file (12 layers, ~5.6 GB, router skew 0.25: about
+//!   half of a layer's experts make up 90 % of its routing, as measured on Qwen3-30B-A3B; the
+//!   engine's `run --json` prints the share it saw as `experts_for_90pct`), cached.
+//! - Cells: memory limit (none, 80, 60, 40 % of the file, a memory cgroup made per run) ×
+//!   system: `engine --dense anon --experts cache --cache-mib auto`, `engine --dense anon
+//!   --experts mmap`, `llama-bench -p 0 -n N --repack 0 -lm mmap`; plus "warm": the engine on
+//!   the mapping, unlimited, the file read into the page cache right before (this VM's DAMON
+//!   pageout evicts cold page cache, so warm means just warmed). Every other run starts with the
+//!   file evicted (`POSIX_FADV_DONTNEED`). Each run is `observer run --json` on the system
+//!   (llama.cpp's tokens are its `llama_process` calls).
+//! - Rounds (`--rounds`, default 3) alternate the order of the limits and of the systems.
+//!   Per cell: tok/s over the tokens after the first 16 (`--tokens`, default 64 of them; the
+//!   first 16 are reported beside it), median over rounds with the range, read MB per token and
+//!   the observer's split (ms per token, its mean thread), and for the cache its hit rate and
+//!   read bytes against the misses' own expert bytes.
+//! - Ratios against the targets of issue 17 (warm = median of the warm cells), each marked met or
+//!   not.
+//!
+//! Holds the machine lock (`testkit::machine_lock`) from the first run to the last, and runs
+//! copies of the binaries (in `target/bench-cliff/bin`) so that a rebuild meanwhile changes
+//! nothing. The table so
+//! far is printed after every round. `--quick`: one round, 32 measured tokens
+//! (development only).
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use anyhow::{Context, Result, bail};
+use serde_json::Value;
+
+use crate::{bench_util, cmd, llama};
+
+const WARMUP: usize = 16;
+const PROMPT: &str = "Once upon a time there was a little language model that wanted to run on a phone";
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum System {
+    Warm,
+    Cache,
+    Mmap,
+    Llama,
+}
+
+impl System {
+    fn name(self) -> &'static str {
+        match self {
+            System::Warm => "warm (engine mmap)",
+            System::Cache => "engine cache",
+            System::Mmap => "engine mmap",
+            System::Llama => "llama.cpp mmap",
+        }
+    }
+}
+
+/// One run's numbers.
+#[derive(Debug, Clone, Default)]
+struct Cell {
+    /// tok/s over the first 16 tokens and over the measured ones.
+    first_tok_s: f64,
+    tok_s: f64,
+    read_mb_per_tok: f64,
+    hit_pct: Option<f64>,
+    /// The cache's generation read bytes / (its misses × one expert's bytes).
+    read_vs_misses: Option<f64>,
+    stall_ms: Option<f64>,
+    /// The observer's split, ms per measured token: (component, ms).
+    split: Vec<(String, f64)>,
+    experts_for_90pct: Option<f64>,
+}
+
+/// A cell: the limit's index (`None`: the warm cell) and the system.
+type Key = (Option<usize>, System);
+
+struct Setup {
+    observer: PathBuf,
+    engine: PathBuf,
+    /// llama-bench and its libllama (`None` with `--no-llama`).
+    llama: Option<(PathBuf, PathBuf)>,
+    model: PathBuf,
+    file_bytes: u64,
+    threads: usize,
+    tokens: usize,
+    scratch: PathBuf,
+    prefetch: bool,
+}
+
+fn evict(path: &Path) -> Result<()> {
+    use std::os::fd::AsRawFd;
+    let f = std::fs::File::open(path).with_context(|| format!("opening {}", path.display()))?;
+    // SAFETY: advice on a valid fd.
+    let rc = unsafe { libc::posix_fadvise(f.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED) };
+    if rc != 0 {
+        bail!("posix_fadvise(DONTNEED) on {}: error {rc}", path.display());
+    }
+    Ok(())
+}
+
+fn warm(path: &Path) -> Result<()> {
+    use std::io::Read;
+    let mut f = std::fs::File::open(path).with_context(|| format!("opening {}", path.display()))?;
+    let mut buf = vec![0u8; 8 << 20];
+    while f.read(&mut buf)? > 0 {}
+    Ok(())
+}
+
+fn f(v: &Value, k: &str) -> f64 {
+    v[k].as_f64().unwrap_or(0.0)
+}
+
+/// Token records of the measured steps: generated tokens (engine) or `llama_process` calls after
+/// llama-bench's one-token warm-up.
+fn tokens(summary: &Value, sys: System) -> Result<Vec<Value>> {
+    let all = summary["tokens"].as_array().context("no tokens in the observer's JSON")?;
+    let v: Vec<Value> = match sys {
+        System::Llama => all.iter().filter(|t| t["kind"] == "call").skip(1).cloned().collect(),
+        _ => all.iter().filter(|t| t["kind"] == "generate").cloned().collect(),
+    };
+    Ok(v)
+}
+
+fn tok_s(t: &[Value]) -> f64 {
+    t.len() as f64 / (t.iter().map(|t| f(t, "wall_ns")).sum::<f64>() / 1e9)
+}
+
+const COMPONENTS: [&str; 9] =
+    ["compute", "fault_minor", "swapin_zram", "fault_io", "io_wait", "reclaim", "syscall", "runqueue", "sleep"];
+
+fn run_cell(s: &Setup, sys: System, limit: Option<f64>, round: usize) -> Result<Cell> {
+    let tag = format!("r{round}-{}-{:?}", limit.map_or(100, |l| (l * 100.0) as u32), sys).to_lowercase();
+    let json = s.scratch.join(format!("{tag}.observer.json"));
+    let csv = s.scratch.join(format!("{tag}.csv"));
+    let out_path = s.scratch.join(format!("{tag}.out"));
+    if sys == System::Warm {
+        warm(&s.model)?;
+    } else {
+        evict(&s.model)?;
+    }
+    let cg = match limit {
+        Some(l) => Some(testkit::MemCgroup::new("bench-cliff", (s.file_bytes as f64 * l) as u64)?),
+        None => None,
+    };
+    let n = WARMUP + s.tokens;
+    let mut c = Command::new(&s.observer);
+    c.arg("run").arg("--json").arg(&json).args(["--every", "0"]);
+    if let Some(cg) = &cg {
+        c.arg("--cgroup").arg(cg.dir());
+    }
+    let (t, m) = (s.threads.to_string(), s.model.display().to_string());
+    match sys {
+        System::Llama => {
+            let (llama_bench, libllama) = s.llama.as_ref().context("llama.cpp was not built (--no-llama)")?;
+            c.arg("--token-symbol").arg(format!("llama_process:{}", libllama.display())).arg("--");
+            c.arg(llama_bench).args(["-m", &m, "-p", "0", "-n", &n.to_string(), "-r", "1", "-t", &t]);
+            c.args(["--repack", "0", "-lm", "mmap", "-o", "json"]);
+        }
+        _ => {
+            c.arg("--").arg(&s.engine).args(["run", "-m", &m, "-p", PROMPT, "-n", &(n + 1).to_string(), "-t", &t]);
+            c.args(["--ignore-eos", "--temp", "0.8", "--seed", "1", "--json", "--dense", "anon", "--metrics-csv"]);
+            c.arg(&csv);
+            c.args(["--experts", if sys == System::Cache { "cache" } else { "mmap" }]);
+            if sys == System::Cache && s.prefetch {
+                c.arg("--prefetch");
+            }
+        }
+    }
+    let out = cmd::capture(&mut c)?;
+    std::fs::write(&out_path, [&out.stdout[..], b"\n--- stderr ---\n", &out.stderr[..]].concat())?;
+    if !out.status.success() {
+        bail!("{tag}: {} failed ({}); output in {}", sys.name(), out.status, out_path.display());
+    }
+    drop(cg);
+    let summary: Value = serde_json::from_str(&std::fs::read_to_string(&json)?)
+        .with_context(|| format!("parsing {}", json.display()))?;
+    let toks = tokens(&summary, sys)?;
+    if toks.len() < n {
+        bail!("{tag}: {} token records, expected {n} (see {})", toks.len(), out_path.display());
+    }
+    let (first, rest) = (&toks[..WARMUP], &toks[WARMUP..n]);
+    let per_tok = |k: &str| rest.iter().map(|t| f(t, k)).sum::<f64>() / rest.len() as f64;
+    let mut cell = Cell {
+        first_tok_s: tok_s(first),
+        tok_s: tok_s(rest),
+        read_mb_per_tok: per_tok("read_bytes") / 1e6,
+        split: COMPONENTS.iter().map(|c| (c.to_string(), per_tok(&format!("{c}_ns")) / 1e6)).collect(),
+        ..Cell::default()
+    };
+    if sys != System::Llama {
+        let text = String::from_utf8_lossy(&out.stdout);
+        let eng = text.lines().rev().find(|l| l.contains("\"gen_tok_s\"")).context("no engine summary")?;
+        let eng: Value = serde_json::from_str(eng)?;
+        cell.experts_for_90pct = eng["experts_for_90pct"].as_f64();
+        let rows = std::fs::read_to_string(&csv)?;
+        let rows: Vec<Vec<f64>> = rows
+            .lines()
+            .filter(|l| !l.starts_with('#') && !l.starts_with("step"))
+            .map(|l| l.split(',').map(|x| x.parse().unwrap_or(f64::NAN)).collect())
+            .collect();
+        // Columns of bmoe_metrics v1: read_bytes 5, cache_hit_pct 6, stall_ms 7. Rows 1.. are the
+        // generated tokens after the first (whose step is the prompt's).
+        let measured = &rows[WARMUP.min(rows.len())..(n).min(rows.len())];
+        let mean = |i: usize| measured.iter().map(|r| r[i]).sum::<f64>() / measured.len() as f64;
+        if sys == System::Cache {
+            cell.hit_pct = Some(mean(6));
+            cell.stall_ms = Some(mean(7));
+            let c = &eng["cache"];
+            let misses = f(c, "gen_misses");
+            cell.read_vs_misses = (misses > 0.0).then(|| f(c, "gen_read_bytes") / (misses * f(c, "expert_bytes")));
+        }
+    }
+    Ok(cell)
+}
+
+pub fn main(args: &[String]) -> Result<()> {
+    let (mut rounds, mut tokens, mut threads, mut prefetch, mut with_llama) = (3usize, 64usize, 2usize, false, true);
+    let mut limits: Vec<Option<f64>> = vec![None, Some(0.8), Some(0.6), Some(0.4)];
+    let mut model: Option<PathBuf> = None;
+    let mut it = args.iter();
+    while let Some(a) = it.next() {
+        let mut val = |name: &str| it.next().with_context(|| format!("{name} needs a value")).cloned();
+        match a.as_str() {
+            "--quick" => (rounds, tokens) = (1, 32),
+            "--rounds" => rounds = val("--rounds")?.parse()?,
+            "--tokens" => tokens = val("--tokens")?.parse()?,
+            "--threads" => threads = val("--threads")?.parse()?,
+            "--prefetch" => prefetch = true,
+            "--no-llama" => with_llama = false,
+            "--model" => model = Some(PathBuf::from(val("--model")?)),
+            "--limits" => {
+                limits = val("--limits")?
+                    .split(',')
+                    .map(|l| if l == "none" { Ok(None) } else { l.parse::<f64>().map(|p| Some(p / 100.0)) })
+                    .collect::<Result<_, _>>()
+                    .context("--limits: e.g. none,80,60,40")?
+            }
+            _ => bail!(
+                "usage: cargo xtask bench cliff [--quick] [--rounds N] [--tokens N] [--threads T] [--limits none,80,60,40] \
+                 [--prefetch] [--no-llama] [--model FILE (instead of the generated one; for development)]"
+            ),
+        }
+    }
+    if !testkit::is_root() {
+        bail!("bench cliff makes memory cgroups and runs the observer: run it as root");
+    }
+    // The fastest llama.cpp build for this CPU, as the engine uses its best ISA level.
+    let llama = if with_llama {
+        let builds = llama::ensure(&[llama::Target::Llama, llama::Target::Bench])?;
+        let ll = builds.best();
+        println!("llama.cpp: {}", ll.describe());
+        Some((ll.program(llama::Target::Bench), ll.program(llama::Target::Llama)))
+    } else {
+        None
+    };
+    let built = bench_util::build()?;
+    // Memory cgroups and page-cache eviction are machine state: one such user at a time.
+    let _lock = testkit::machine_lock();
+    let scratch = crate::cache::target_dir().join("bench-cliff");
+    // The binaries as built now: a rebuild in the same target directory during the (long) run
+    // does not change what is measured.
+    let bin = scratch.join("bin");
+    std::fs::create_dir_all(&bin)?;
+    for b in ["engine", "observer"] {
+        std::fs::copy(built.join(b), bin.join(b)).with_context(|| format!("copying {b} to {}", bin.display()))?;
+    }
+    let engine = bin.join("engine");
+    let model = match model {
+        Some(m) => m,
+        None => llama::synth_model(
+            &engine,
+            "cliff-qwen3-30b-a3b-12l",
+            &["--preset", "qwen3-30b-a3b", "--layers", "12", "--router-skew", "0.25"],
+        )?,
+    };
+    let file_bytes = std::fs::metadata(&model)?.len();
+    let s =
+        Setup { observer: bin.join("observer"), engine, llama, model, file_bytes, threads, tokens, scratch, prefetch };
+    let load = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
+    println!(
+        "model: {} ({:.2} GB), {threads} threads, {WARMUP} + {tokens} tokens per run, {rounds} rounds, prefetch {}, load {}",
+        s.model.display(),
+        file_bytes as f64 / 1e9,
+        if prefetch { "on" } else { "off" },
+        load.split_whitespace().take(3).collect::<Vec<_>>().join(" ")
+    );
+    let mut systems = vec![System::Cache, System::Mmap];
+    if with_llama {
+        systems.push(System::Llama);
+    }
+    // (limit index or warm, system) → cells over rounds.
+    let mut cells: Vec<(Key, Vec<Cell>)> = Vec::new();
+    let push = |cells: &mut Vec<(Key, Vec<Cell>)>, k: Key, c: Cell| match cells.iter_mut().find(|(kk, _)| *kk == k) {
+        Some((_, v)) => v.push(c),
+        None => cells.push((k, vec![c])),
+    };
+    for round in 0..rounds {
+        let c = run_cell(&s, System::Warm, None, round)?;
+        println!("round {round}: warm {:.2} tok/s (first 16: {:.2})", c.tok_s, c.first_tok_s);
+        push(&mut cells, (None, System::Warm), c);
+        let mut order: Vec<usize> = (0..limits.len()).collect();
+        if round % 2 == 1 {
+            order.reverse();
+        }
+        for li in order {
+            let mut sys = systems.clone();
+            let turn = round % sys.len();
+            sys.rotate_left(turn);
+            for sy in sys {
+                let c = run_cell(&s, sy, limits[li], round)?;
+                println!(
+                    "round {round}: {:>4} {:<15} {:7.2} tok/s (first 16: {:6.2}), {:7.1} MB read/token{}",
+                    limit_name(limits[li]),
+                    sy.name(),
+                    c.tok_s,
+                    c.first_tok_s,
+                    c.read_mb_per_tok,
+                    c.hit_pct.map(|h| format!(", hits {h:.1} %")).unwrap_or_default()
+                );
+                push(&mut cells, (Some(li), sy), c);
+            }
+        }
+        if round + 1 < rounds {
+            println!("\nafter round {round}:");
+            report(&s, &limits, &cells);
+        }
+    }
+    report(&s, &limits, &cells);
+    Ok(())
+}
+
+fn limit_name(l: Option<f64>) -> String {
+    l.map_or("none".into(), |l| format!("{:.0}%", l * 100.0))
+}
+
+fn report(s: &Setup, limits: &[Option<f64>], cells: &[(Key, Vec<Cell>)]) {
+    let get = |k: Key| cells.iter().find(|(kk, _)| *kk == k).map(|(_, v)| v.as_slice());
+    let med = |v: &[Cell], f: &dyn Fn(&Cell) -> f64| moe_stats::median(&mut v.iter().map(f).collect::<Vec<_>>());
+    let range = |v: &[Cell]| {
+        let t: Vec<f64> = v.iter().map(|c| c.tok_s).collect();
+        (t.iter().copied().fold(f64::INFINITY, f64::min), t.iter().copied().fold(0.0, f64::max))
+    };
+    let warm = get((None, System::Warm)).map_or(f64::NAN, |v| med(v, &|c| c.tok_s));
+    println!("\nmedians over rounds ({} measured tokens after {WARMUP}; ms per token from the observer):", s.tokens);
+    println!(
+        "{:<5} {:<18} {:>8} {:>15} {:>8} {:>9} {:>6} {:>7} | {}",
+        "limit",
+        "system",
+        "tok/s",
+        "range",
+        "first16",
+        "MB/token",
+        "hits%",
+        "stall",
+        COMPONENTS.join(" ")
+    );
+    let mut rows: Vec<Key> = vec![(None, System::Warm)];
+    for li in 0..limits.len() {
+        for sy in [System::Cache, System::Mmap, System::Llama] {
+            rows.push((Some(li), sy));
+        }
+    }
+    for k in rows {
+        let Some(v) = get(k) else { continue };
+        let (lo, hi) = range(v);
+        let split: Vec<String> = (0..COMPONENTS.len()).map(|i| format!("{:.1}", med(v, &|c| c.split[i].1))).collect();
+        println!(
+            "{:<5} {:<18} {:>8.2} {:>15} {:>8.2} {:>9.1} {:>6} {:>7} | {}",
+            k.0.map_or("none".into(), |li| limit_name(limits[li])),
+            k.1.name(),
+            med(v, &|c| c.tok_s),
+            format!("{lo:.2}–{hi:.2}"),
+            med(v, &|c| c.first_tok_s),
+            med(v, &|c| c.read_mb_per_tok),
+            v[0].hit_pct.map_or("-".into(), |_| format!("{:.1}", med(v, &|c| c.hit_pct.unwrap_or(f64::NAN)))),
+            v[0].stall_ms.map_or("-".into(), |_| format!("{:.1}", med(v, &|c| c.stall_ms.unwrap_or(f64::NAN)))),
+            split.join(" ")
+        );
+    }
+    if let Some(x) = get((None, System::Warm)).and_then(|v| v[0].experts_for_90pct) {
+        println!("routing: {:.0} % of a layer's experts made up 90 % of its selections (warm run)", x * 100.0);
+    }
+    println!("\ntargets (warm = {warm:.2} tok/s):");
+    let target = |what: String, got: f64, want: f64| {
+        println!("  {what:<58} {got:>7.2} (target >= {want}) {}", if got >= want { "met" } else { "NOT met" });
+    };
+    for (li, l) in limits.iter().enumerate() {
+        let Some(l) = l else { continue };
+        let pct = (l * 100.0).round() as u32;
+        let t = |sy| get((Some(li), sy)).map(|v| med(v, &|c| c.tok_s));
+        let first = |sy| get((Some(li), sy)).map(|v| med(v, &|c| c.first_tok_s));
+        let Some(cache) = t(System::Cache) else { continue };
+        let (w, m, lc) = match pct {
+            80 => (0.9, None, None),
+            60 => (0.8, Some(1.5), Some(5.0)),
+            40 => (0.5, Some(2.0), Some(10.0)),
+            _ => (f64::NAN, None, None),
+        };
+        if w.is_finite() {
+            target(format!("{pct}%: cache / warm"), cache / warm, w);
+        }
+        if let (Some(want), Some(mm)) = (m, t(System::Mmap)) {
+            target(format!("{pct}%: cache / engine mmap"), cache / mm, want);
+        }
+        if let (Some(want), Some(ll)) = (lc, t(System::Llama)) {
+            target(format!("{pct}%: cache / llama.cpp mmap"), cache / ll, want);
+        }
+        if pct == 60
+            && let (Some(c), Some(mm)) = (first(System::Cache), first(System::Mmap))
+        {
+            target("60%: first 16 tokens, cache / engine mmap".into(), c / mm, 1.0);
+        }
+        if let Some(v) = get((Some(li), System::Cache))
+            && v[0].read_vs_misses.is_some()
+        {
+            let r = med(v, &|c| c.read_vs_misses.unwrap_or(f64::NAN));
+            println!(
+                "  {:<58} {r:>7.3} (target <= 1.5) {}",
+                format!("{pct}%: cache read bytes / misses' expert bytes"),
+                if r <= 1.5 { "met" } else { "NOT met" }
+            );
+        }
+    }
+    println!("(per-run outputs, the observer's JSON and the engine's metrics: {})", s.scratch.display());
+}
