@@ -18,7 +18,7 @@ use engine::telemetry::{Meter, MetricsHeader, MetricsWriter};
 use engine::tokenizer::{Tokenizer, Utf8Stream};
 
 #[derive(Parser)]
-#[command(name = "engine", about = "Embedded MoE engine (qwen3moe GGUF)")]
+#[command(name = "engine", about = "Embedded MoE engine (qwen3moe, olmoe, qwen35moe, gpt-oss GGUF)")]
 struct Cli {
     #[command(subcommand)]
     cmd: Cmd,
@@ -33,7 +33,7 @@ enum Cmd {
         #[arg(long)]
         experts: bool,
     },
-    /// Write a synthetic qwen3moe GGUF with random weights.
+    /// Write a synthetic GGUF (any supported architecture, by preset) with random weights.
     Synth(SynthArgs),
     /// Run a prompt and generate.
     Run(RunArgs),
@@ -72,10 +72,11 @@ enum Cmd {
 struct SynthArgs {
     #[arg(short, long)]
     output: PathBuf,
-    /// tiny | small | qwen3-30b-a3b
+    /// tiny | small | qwen3-30b-a3b | olmoe-tiny | olmoe-bench | olmoe-1b-7b | qwen35moe-tiny |
+    /// qwen35moe-bench | qwen3.6-35b-a3b | gpt-oss-tiny | gpt-oss-bench | gpt-oss-20b
     #[arg(long, default_value = "tiny")]
     preset: String,
-    /// q8_0 | q4_k | q6_k | q4_k_m (default: the preset's)
+    /// q8_0 | q4_k | q6_k | q4_k_m | mxfp4 (default: the preset's)
     #[arg(long)]
     quant: Option<String>,
     #[arg(long)]
@@ -102,6 +103,30 @@ struct SynthArgs {
     /// σ of the log-normal per-token scale of output.weight rows (larger = more peaked logits).
     #[arg(long)]
     output_skew: Option<f32>,
+    /// Dimensions of each head RoPE rotates (qwen35moe: partial RoPE).
+    #[arg(long)]
+    rope_dims: Option<usize>,
+    /// RoPE sections `t,h,w,e` (qwen35moe's multi-section RoPE).
+    #[arg(long, value_delimiter = ',')]
+    rope_sections: Option<Vec<usize>>,
+    /// Rows of the shared expert (qwen35moe).
+    #[arg(long)]
+    shared_ffn: Option<usize>,
+    /// Every n-th layer has full attention, the others DeltaNet (qwen35moe).
+    #[arg(long)]
+    full_attn_interval: Option<usize>,
+    /// DeltaNet head dimension (qwen35moe).
+    #[arg(long)]
+    ssm_state: Option<usize>,
+    /// DeltaNet Q/K heads (qwen35moe).
+    #[arg(long)]
+    ssm_k_heads: Option<usize>,
+    /// DeltaNet V heads (qwen35moe).
+    #[arg(long)]
+    ssm_v_heads: Option<usize>,
+    /// Sliding window of every other layer (gpt-oss).
+    #[arg(long)]
+    sliding_window: Option<usize>,
     /// Use token_embd as the output matrix (no output.weight).
     #[arg(long)]
     tied: bool,
@@ -284,14 +309,19 @@ fn bench(
 
 fn synth(a: SynthArgs) -> Result<()> {
     let mut c = SynthConfig::preset(&a.preset)
-        .with_context(|| format!("unknown preset {:?} (tiny, small, qwen3-30b-a3b)", a.preset))?;
+        .with_context(|| format!("unknown preset {:?} ({})", a.preset, engine::synth::PRESETS))?;
     if let Some(q) = &a.quant {
-        c.quant = QuantMix::parse(q).with_context(|| format!("unknown quant {q:?} (q8_0, q4_k, q6_k, q4_k_m)"))?;
+        c.quant =
+            QuantMix::parse(q).with_context(|| format!("unknown quant {q:?} (q8_0, q4_k, q6_k, q4_k_m, mxfp4)"))?;
     }
     macro_rules! set {
         ($($f:ident),*) => { $( if let Some(v) = a.$f { c.$f = v; } )* };
     }
     set!(layers, hidden, heads, kv_heads, head_dim, experts, experts_used, expert_ffn, vocab, router_skew, output_skew);
+    set!(rope_dims, shared_ffn, full_attn_interval, ssm_state, ssm_k_heads, ssm_v_heads, sliding_window);
+    if let Some(v) = &a.rope_sections {
+        c.rope_sections = v.as_slice().try_into().context("--rope-sections takes four values: t,h,w,e")?;
+    }
     c.tied_output |= a.tied;
     c.seed = a.seed;
     c.validate()?;
@@ -301,7 +331,8 @@ fn synth(a: SynthArgs) -> Result<()> {
     }
     let total = c.total_bytes();
     eprintln!(
-        "synth: {} layers, hidden {}, {}/{} heads × {}, {} experts ({} used) × ffn {}, vocab {}, {}: {:.1} MiB of tensors → {}",
+        "synth: {} {} layers, hidden {}, {}/{} heads × {}, {} experts ({} used) × ffn {}, vocab {}, {}: {:.1} MiB of tensors → {}",
+        c.arch,
         c.layers,
         c.hidden,
         c.heads,
@@ -386,6 +417,22 @@ fn run(a: RunArgs) -> Result<()> {
     let n_ctx = a.ctx.unwrap_or(prompt.len() + a.n);
     let mut sess = Session::new(&model, threads, n_ctx);
     sess.ubatch = a.ubatch;
+    let st = sess.state_bytes();
+    let c = &model.cfg;
+    let count = |m: engine::arch::Mixer| c.mixers.iter().filter(|&&x| x == m).count();
+    eprintln!(
+        "engine: {} ({} layers: {} full attention, {} sliding window, {} DeltaNet): KV + state for {} positions \
+         {:.2} MiB (KV cache {:.2} MiB, recurrent state {:.2} MiB)",
+        c.arch,
+        c.n_layer,
+        count(engine::arch::Mixer::Full),
+        count(engine::arch::Mixer::Window),
+        count(engine::arch::Mixer::DeltaNet),
+        sess.n_ctx,
+        mib(st.total()),
+        mib(st.kv),
+        mib(st.recurrent)
+    );
     if prompt.len() + a.n > sess.n_ctx {
         bail!(
             "{}: prompt ({}) + n ({}) exceeds the context ({}, model trained for {})",

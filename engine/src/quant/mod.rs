@@ -70,6 +70,7 @@
 pub mod float;
 pub mod kquants;
 pub mod legacy;
+pub mod mxfp4;
 pub mod q8;
 
 #[cfg(target_arch = "x86_64")]
@@ -300,7 +301,21 @@ impl GgmlType {
         use GgmlType::*;
         matches!(
             self,
-            F32 | F16 | BF16 | Q4_0 | Q4_1 | Q5_0 | Q5_1 | Q8_0 | Q8_1 | Q8_K | Q2_K | Q3_K | Q4_K | Q5_K | Q6_K
+            F32 | F16
+                | BF16
+                | Q4_0
+                | Q4_1
+                | Q5_0
+                | Q5_1
+                | Q8_0
+                | Q8_1
+                | Q8_K
+                | Q2_K
+                | Q3_K
+                | Q4_K
+                | Q5_K
+                | Q6_K
+                | MXFP4
         )
     }
 }
@@ -365,6 +380,7 @@ pub fn dequantize_row(ty: GgmlType, src: &[u8], dst: &mut [f32]) -> Result<(), Q
         Q4_K => kquants::dequantize_q4_k(src, dst),
         Q5_K => kquants::dequantize_q5_k(src, dst),
         Q6_K => kquants::dequantize_q6_k(src, dst),
+        MXFP4 => mxfp4::dequantize(src, dst),
         _ => return Err(QuantError::Unsupported(ty)),
     }
     Ok(())
@@ -435,6 +451,7 @@ fn quantize_row_with(backend: Backend, ty: GgmlType, src: &[f32], dst: &mut [u8]
         Q4_K => kquants::quantize_q4_k(src, dst),
         Q5_K => kquants::quantize_q5_k(src, dst),
         Q6_K => kquants::quantize_q6_k(src, dst),
+        MXFP4 => mxfp4::quantize(src, dst),
         _ => return Err(QuantError::Unsupported(ty)),
     }
     Ok(())
@@ -605,6 +622,7 @@ fn scalar_kernel(ty: GgmlType) -> Option<Kernel> {
         Q4_K => scalar_kernel!(kquants::vec_dot_q4_k_q8_k),
         Q5_K => scalar_kernel!(kquants::vec_dot_q5_k_q8_k),
         Q6_K => scalar_kernel!(kquants::vec_dot_q6_k_q8_k),
+        MXFP4 => mxfp4::scalar_kernel(),
         _ => return None,
     })
 }
@@ -615,7 +633,13 @@ fn backend_kernel(backend: Backend, ty: GgmlType) -> Option<Kernel> {
         Backend::Avx2 => {
             #[cfg(target_arch = "x86_64")]
             {
-                if avx2::available() { avx2::kernel(ty).or_else(|| scalar_kernel(ty)) } else { None }
+                if avx2::available() {
+                    avx2::kernel(ty)
+                        .or_else(|| if ty == GgmlType::MXFP4 { mxfp4::avx2_kernel() } else { None })
+                        .or_else(|| scalar_kernel(ty))
+                } else {
+                    None
+                }
             }
             #[cfg(not(target_arch = "x86_64"))]
             {
