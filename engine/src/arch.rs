@@ -109,7 +109,7 @@ impl Arch {
             attn_norm: t.vector(&n("attn_norm"), c.n_embd)?,
             attn,
             ffn_norm: t.vector(&n(self.ffn_norm()), c.n_embd)?,
-            ffn: Ffn::Moe(Moe::load(t, c, il, moe_opts)?),
+            ffn: Ffn::Moe(Box::new(Moe::load(t, c, il, moe_opts)?)),
         })
     }
 }
@@ -341,7 +341,7 @@ impl Config {
                 n_v_heads: key("ssm.time_step_rank")?,
             };
             let inner = key("ssm.inner_size")?;
-            if inner != ssm.value_dim() || ssm.n_v_heads % ssm.n_k_heads != 0 || ssm.d_conv < 2 {
+            if inner != ssm.value_dim() || !ssm.n_v_heads.is_multiple_of(ssm.n_k_heads) || ssm.d_conv < 2 {
                 return Err(bad(format!(
                     "{a}.ssm: inner_size {inner} must be state_size x time_step_rank ({} x {}), time_step_rank a \
                      multiple of group_count ({}), conv_kernel at least 2 ({})",
@@ -472,7 +472,7 @@ pub enum Attention {
 #[derive(Debug)]
 pub enum Ffn {
     /// Routed experts ([`crate::blocks::moe`]).
-    Moe(Moe),
+    Moe(Box<Moe>),
     /// One SwiGLU FFN for every token ([`crate::blocks::dense_ffn`]).
     Dense(DenseFfn),
 }
@@ -487,7 +487,7 @@ impl Layer {
 
     pub fn moe(&self) -> Option<&Moe> {
         match &self.ffn {
-            Ffn::Moe(m) => Some(m),
+            Ffn::Moe(m) => Some(&**m),
             Ffn::Dense(_) => None,
         }
     }

@@ -417,21 +417,9 @@ mod tests {
             [("qwen3.6-35b-a3b", 40, 256), ("gpt-oss-20b", 24, 32), ("olmoe-1b-7b", 16, 64)]
         {
             let c = crate::synth::SynthConfig::preset(preset).unwrap();
-            let specs = crate::synth::tensor_specs(&c);
             let dir = tempfile::tempdir().unwrap();
-            // Header only: the map needs the tensor table, not the weights.
             let path = dir.path().join("m.gguf");
-            let meta = vec![
-                ("general.architecture".to_owned(), Value::String(c.arch.name().into())),
-                (format!("{}.block_count", c.arch.name()), Value::U32(layers)),
-                (format!("{}.expert_count", c.arch.name()), Value::U32(experts)),
-            ];
-            let header = crate::gguf::encode_header(&meta, &specs, 32);
-            let total: u64 = specs.iter().map(|s| s.size().unwrap().next_multiple_of(32)).sum();
-            std::fs::write(&path, &header).unwrap();
-            // A sparse file: the released sizes (up to ~20 GB) without writing them.
-            let f = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
-            f.set_len((header.len() as u64).next_multiple_of(32) + total).unwrap();
+            crate::synth::write_sparse(&c, &path).unwrap();
             let g = Gguf::open(&path).unwrap();
             let m = RegionMap::from_gguf(&g).unwrap();
             assert_eq!((m.n_blocks, m.n_experts, m.moe_layers.len()), (layers, experts, layers as usize), "{preset}");

@@ -432,7 +432,7 @@ impl SynthConfig {
 
     /// Whether layer `il` is a DeltaNet layer (qwen35moe: all but every interval-th).
     fn is_recurrent(&self, il: usize) -> bool {
-        self.arch == Arch::Qwen35Moe && (il + 1) % self.full_attn_interval != 0
+        self.arch == Arch::Qwen35Moe && !(il + 1).is_multiple_of(self.full_attn_interval)
     }
 }
 
@@ -768,6 +768,20 @@ fn row_values(c: &SynthConfig, spec: &TensorSpec, tensor_seed: u64, row: u64, ou
         }
         out.iter_mut().for_each(|x| *x = scale * rng.uniform());
     }
+}
+
+/// Writes a configuration's header (metadata and tensor table) and a sparse data section of the
+/// right size, without weights: files of the released models' sizes (tens of GB) for tests that
+/// need only the structure (region map, hyperparameters), in no time and no disk space.
+pub fn write_sparse(c: &SynthConfig, path: &Path) -> Result<(), SynthError> {
+    c.validate()?;
+    let io = |source| SynthError::Io { path: path.display().to_string(), source };
+    let specs = tensor_specs(c);
+    let header = crate::gguf::encode_header(&metadata(c), &specs, 32);
+    let data: u64 = specs.iter().filter_map(TensorSpec::size).map(|b| b.next_multiple_of(32)).sum();
+    std::fs::write(path, &header).map_err(io)?;
+    let f = std::fs::OpenOptions::new().write(true).open(path).map_err(io)?;
+    f.set_len((header.len() as u64).next_multiple_of(32) + data).map_err(io)
 }
 
 /// Writes a synthetic model to `path`; `progress` is called after each tensor.

@@ -270,13 +270,7 @@ pub fn swiglu_oai(gate: &[f32], up: &[f32], out: &mut [f32]) {
     for ((o, &g), &u) in out.iter_mut().zip(gate).zip(up) {
         // std::min(g, limit) and std::clamp(u, -limit, limit).
         let x = if LIMIT < g { LIMIT } else { g };
-        let y = if u < -LIMIT {
-            -LIMIT
-        } else if LIMIT < u {
-            LIMIT
-        } else {
-            u
-        };
+        let y = u.clamp(-LIMIT, LIMIT);
         let glu = x / (1.0 + (ALPHA * -x).exp());
         *o = glu * (y + 1.0);
     }

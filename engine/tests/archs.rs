@@ -330,3 +330,53 @@ fn moe_variants_match_row_by_row() {
         assert!(want.iter().any(|&v| v != 0.0));
     }
 }
+
+/// The dense/expert split (`--dense`, `Placement`) agrees with the region map on every
+/// architecture: routed experts (merged gate_up and expert biases included) are the experts;
+/// shared experts, DeltaNet, sinks and routers are dense.
+#[test]
+fn dense_expert_split_matches_the_region_map() {
+    for (preset, arch) in TINY {
+        let (_d, m) = model(preset, |_| {});
+        let map = engine::regions::RegionMap::from_gguf(&m.gguf).unwrap();
+        let (dense, shared, routed) = map.bytes_by_kind();
+        let p = &m.placement;
+        assert_eq!((p.dense_bytes, p.expert_bytes), (dense + shared, routed), "{preset}");
+        assert_eq!(shared > 0, arch == Arch::Qwen35Moe, "{preset}");
+        assert_eq!(map.layers.len(), m.cfg.n_layer);
+        for (r, row) in map.layers.iter().enumerate() {
+            assert_eq!(row.layer as usize, r);
+            assert_eq!(row.merged_gate_up, arch == Arch::Qwen35Moe);
+            let moe = m.layers[r].moe().unwrap();
+            let mut per_expert = moe.gate_exps.slice_bytes() as u64 + moe.down_exps.slice_bytes() as u64;
+            if !moe.merged_gate_up {
+                per_expert += moe.up_exps.slice_bytes() as u64;
+            }
+            if let Some(b) = &moe.biases {
+                per_expert += (b.gate.slice_bytes() + b.up.slice_bytes() + b.down.slice_bytes()) as u64;
+            }
+            assert_eq!(row.expert_bytes, per_expert, "{preset} row {r}");
+        }
+    }
+}
+
+/// The released models' per-sequence memory, from their hyperparameters (sparse files of the
+/// released shapes: header and tensor table only): Qwen3.6-35B-A3B keeps 10 KV caches of 2 heads
+/// x 256 and 30 DeltaNet states of 32 x 128 x 128 f32 plus a 3 x 8192 convolution window;
+/// gpt-oss-20b 12 full KV caches and 12 windows of 128 (+ a batch: 512 cells); OLMoE 16 caches.
+#[test]
+fn released_shapes_state_memory() {
+    let dir = tempfile::tempdir().unwrap();
+    let n_ctx = 4096;
+    for (preset, kv, recurrent) in [
+        ("qwen3.6-35b-a3b", 10 * n_ctx * 2 * 2 * 256 * 2, 30 * 4 * (3 * 8192 + 32 * 128 * 128)),
+        ("gpt-oss-20b", (12 * n_ctx + 12 * 512) * 2 * 8 * 64 * 2, 0),
+        ("olmoe-1b-7b", 16 * n_ctx * 2 * 16 * 128 * 2, 0),
+    ] {
+        let path = dir.path().join(format!("{preset}.gguf"));
+        engine::synth::write_sparse(&SynthConfig::preset(preset).unwrap(), &path).unwrap();
+        let c = engine::arch::Config::read(&engine::gguf::Gguf::open(&path).unwrap()).unwrap();
+        let b = c.state_bytes(n_ctx);
+        assert_eq!((b.kv, b.recurrent), (kv as u64, recurrent as u64), "{preset}");
+    }
+}

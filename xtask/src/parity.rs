@@ -9,8 +9,8 @@
 //! mismatch. (The engine reproduces llama.cpp's arithmetic, so on an x86 machine the logits are
 //! expected to be bit-identical, error 0; the run says how many are.) A fourth, long prompt on
 //! one model per architecture (over 256 tokens, so that llama.cpp's KV view grows to 512 cells
-//! and its flash attention splits the cells across threads; for gpt-oss also past the sliding
-//! window) checks that path. Tokenization of a set of strings must be identical too.
+//! and its flash attention splits the cells across threads; for gpt-oss over 512 tokens, so that
+//! the sliding-window layers' 512-cell ring is reused from cell 0) checks those paths. Tokenization of a set of strings must be identical too.
 //! Exit status 1 on any mismatch.
 //!
 //! llama.cpp runs with its default context parameters except where stated in
@@ -38,10 +38,11 @@ const PROMPTS: [&str; 3] = [
     "<|im_start|>user\nWhere does the time of a token go?<|im_end|>\n<|im_start|>assistant\n",
 ];
 
-/// The long prompt: a sentence repeated until the prompt passes 256 tokens (312 with the
-/// synthetic vocabulary), checked on the `q4_k_m` model only.
-fn long_prompt() -> String {
-    ["The quick brown fox jumps over the lazy dog near the river bank."; 8].join(" ")
+/// The long prompt: a sentence repeated `repeats` times; 8 repeats pass 256 tokens (312 with
+/// the synthetic vocabulary), 16 pass 512 (624), past the 512 cells of the parity runner's
+/// sliding-window cache, whose cells are then reused.
+fn long_prompt(repeats: usize) -> String {
+    vec!["The quick brown fox jumps over the lazy dog near the river bank."; repeats].join(" ")
 }
 
 const TOKENIZE: [&str; 8] = [
@@ -67,6 +68,8 @@ struct Case {
     shape: &'static [&'static str],
     quants: &'static [&'static str],
     long_prompt_quant: &'static str,
+    /// Sentences in the long prompt ([`long_prompt`]).
+    long_prompt_repeats: usize,
     max_rel_err: f64,
 }
 
@@ -99,6 +102,7 @@ const CASES: [Case; 4] = [
         ],
         quants: &["q8_0", "q4_k", "q4_k_m"],
         long_prompt_quant: "q4_k_m",
+        long_prompt_repeats: 8,
         max_rel_err: 1e-2,
     },
     Case {
@@ -129,6 +133,7 @@ const CASES: [Case; 4] = [
         ],
         quants: &["q8_0", "q4_k_m"],
         long_prompt_quant: "q4_k_m",
+        long_prompt_repeats: 8,
         max_rel_err: 1e-2,
     },
     // Layers 0-2 DeltaNet, 3 full attention (interval 4); real head and RoPE shapes, 4 Q/K and
@@ -173,6 +178,7 @@ const CASES: [Case; 4] = [
         ],
         quants: &["q8_0", "q4_k_m"],
         long_prompt_quant: "q4_k_m",
+        long_prompt_repeats: 8,
         max_rel_err: 1e-2,
     },
     // Layers 0 and 2 slide over 32 positions, 1 and 3 attend to everything.
@@ -206,6 +212,7 @@ const CASES: [Case; 4] = [
         ],
         quants: &["mxfp4", "q8_0"],
         long_prompt_quant: "mxfp4",
+        long_prompt_repeats: 16,
         max_rel_err: 1e-2,
     },
 ];
@@ -290,7 +297,7 @@ pub fn main(args: &[String]) -> Result<()> {
             // Greedy continuation and final logits.
             let mut prompts: Vec<String> = PROMPTS.iter().map(|p| (*p).to_owned()).collect();
             if quant == case.long_prompt_quant {
-                prompts.push(long_prompt());
+                prompts.push(long_prompt(case.long_prompt_repeats));
             }
             for (pi, prompt) in prompts.iter().enumerate() {
                 let ll_logits = tmp.join(format!("{}-{quant}-{pi}.llama.f32", case.arch));

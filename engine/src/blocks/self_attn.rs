@@ -126,7 +126,7 @@ fn rope_yarn(y: &Yarn, corr: [f32; 2], i0: usize, theta_extrap: f32) -> (f32, f3
     if y.ext_factor != 0.0 {
         let ramp = {
             let v = ((i0 / 2) as f32 - corr[0]) / (corr[1] - corr[0]).max(0.001);
-            1.0 - v.max(0.0).min(1.0)
+            1.0 - v.clamp(0.0, 1.0)
         };
         let ramp_mix = ramp * y.ext_factor;
         // `theta_interp * (1 - ramp_mix) + theta_extrap * ramp_mix` and
@@ -163,7 +163,7 @@ impl Rope {
             let sector = i % sect_dims;
             !((sector % 3 == 1 && sector < 3 * s[1])
                 || (sector % 3 == 2 && sector < 3 * s[2])
-                || (sector % 3 == 0 && sector < 3 * s[0]))
+                || (sector.is_multiple_of(3) && sector < 3 * s[0]))
         };
         let corr = c.yarn.map(|y| yarn_corr_dims(&y, nr, c.rope_base));
         self.n_rot = nr;
