@@ -25,8 +25,7 @@
 //! for each block b:  isum = Σ_j K[q_j] · y_j    (i32, exact)
 //!                    acc  = fma(f32(isum), E(e_b) · d_y(b), acc)
 //! ```
-//! Both kernels here (scalar and AVX2) compute exactly that; the AVX2 one forms the integer sums
-//! of eight blocks at once and then runs the FMA chain in block order. Not reproduced:
+//! Both kernels here (scalar and AVX2) compute exactly that (see the `avx2` module for how). Not reproduced:
 //! `ggml_vec_dot_mxfp4_q8_0` (the unrepacked path, for matrices whose row count is not a
 //! multiple of 8), which sums two interleaved f32 vector accumulators.
 
@@ -106,103 +105,190 @@ pub(crate) fn scalar_kernel() -> Kernel {
 #[cfg(target_arch = "x86_64")]
 pub(crate) fn avx2_kernel() -> Option<Kernel> {
     fn dot(n: usize, w: &[u8], x: &[u8]) -> f32 {
-        // SAFETY: handed out only after `avx2::available()` (checked in `avx2_kernel`).
+        // SAFETY: handed out only after the features were detected (in `avx2_kernel`).
         unsafe { avx2::dot(n, w, x) }
     }
     fn mv(w: &[u8], row_bytes: usize, cols: usize, x: &[u8], out: &mut [f32]) {
-        for (row, o) in w.chunks_exact(row_bytes).zip(out.iter_mut()) {
-            *o = dot(cols, row, x);
-        }
+        // SAFETY: as above.
+        unsafe { avx2::matvec(w, row_bytes, cols, x, out) }
     }
     (is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") && is_x86_feature_detected!("f16c"))
         .then_some(Kernel { vec_dot: dot, matvec: mv })
 }
 
+/// The AVX2 kernels. Per block, the 32 weights are looked up from the nibbles (`vpshufb`) as
+/// `K[q] + 12` (unsigned, 0..24), multiplied with the activation quants (`vpmaddubsw`,
+/// `vpmaddwd`: 8 i32 lanes), and `12 · Σ y` (the activation block's sum, once per call) is
+/// subtracted after the lanes are reduced: the same integer `Σ K[q]·y`. The lanes of eight blocks
+/// (or of one block of eight rows) are reduced together. `matvec` runs eight rows at a time with
+/// one f32 lane per row, so each lane is exactly the per-row FMA chain of the module docs
+/// (llama.cpp's repacked GEMV has the same lane-per-row layout); `dot` reduces eight blocks of one
+/// row and runs the chain in scalar code.
 #[cfg(target_arch = "x86_64")]
 mod avx2 {
     use std::arch::x86_64::*;
 
-    use super::{KVALUES, MXFP4_BYTES, Q8_0_BYTES, e8m0_half};
+    use super::{KVALUES, MXFP4_BYTES, Q8_0_BYTES};
 
-    /// The 32 signed weight values of a block: low nibbles then high nibbles, via the table.
+    /// The offset that makes the looked-up weights unsigned.
+    const BIAS: i32 = 12;
+
+    /// [`KVALUES`] + 12 in both 128-bit halves.
     #[inline]
     #[target_feature(enable = "avx2")]
-    fn weights(b: &[u8; MXFP4_BYTES], table: __m128i) -> __m256i {
-        let mut qs = [0u8; 16];
-        qs.copy_from_slice(&b[1..17]);
-        // SAFETY: 16 in-bounds bytes; `loadu` has no alignment requirement.
-        let q = unsafe { _mm_loadu_si128(qs.as_ptr().cast()) };
-        let m4 = _mm_set1_epi8(0x0f);
-        let lo = _mm_shuffle_epi8(table, _mm_and_si128(q, m4));
-        let hi = _mm_shuffle_epi8(table, _mm_and_si128(_mm_srli_epi16(q, 4), m4));
-        _mm256_set_m128i(hi, lo)
-    }
-
-    /// 8 lanes of i32 partial sums of `w · y` (32 signed bytes each): `|w| * sign(y, w)`.
-    #[inline]
-    #[target_feature(enable = "avx2")]
-    fn dot_lanes(w: __m256i, y: &[u8; Q8_0_BYTES]) -> __m256i {
-        let mut ys = [0u8; 32];
-        ys.copy_from_slice(&y[2..34]);
+    fn table() -> __m256i {
+        let mut tbl = [0u8; 32];
+        for (i, t) in tbl.iter_mut().enumerate() {
+            *t = (i32::from(KVALUES[i % 16]) + BIAS) as u8;
+        }
         // SAFETY: 32 in-bounds bytes; `loadu` has no alignment requirement.
-        let yv = unsafe { _mm256_loadu_si256(ys.as_ptr().cast()) };
-        let p16 = _mm256_maddubs_epi16(_mm256_sign_epi8(w, w), _mm256_sign_epi8(yv, w));
-        _mm256_madd_epi16(p16, _mm256_set1_epi16(1))
+        unsafe { _mm256_loadu_si256(tbl.as_ptr().cast()) }
     }
 
-    /// The sums of the 8 lanes of each of 8 vectors, in lane order `[Σa, Σb, …, Σh]`.
+    /// Shifts of the 64-bit lanes that move the high nibbles down in the upper half.
     #[inline]
     #[target_feature(enable = "avx2")]
-    fn hsum8(v: [__m256i; 8]) -> __m256i {
+    fn nibble_shifts() -> __m256i {
+        _mm256_setr_epi64x(0, 0, 4, 4)
+    }
+
+    /// 8 lanes of i32 partial sums of `(K[q] + 12) · y` for block `w` and the activation quants `yv`.
+    #[inline]
+    #[target_feature(enable = "avx2")]
+    fn block_lanes(w: &[u8; MXFP4_BYTES], yv: __m256i, table: __m256i, shifts: __m256i) -> __m256i {
+        // SAFETY: bytes 1..17 of `w` are in bounds; unaligned load.
+        let q = unsafe { _mm256_broadcastsi128_si256(_mm_loadu_si128(w.as_ptr().add(1).cast())) };
+        let nib = _mm256_and_si256(_mm256_srlv_epi64(q, shifts), _mm256_set1_epi8(0x0f));
+        let wv = _mm256_shuffle_epi8(table, nib);
+        _mm256_madd_epi16(_mm256_maddubs_epi16(wv, yv), _mm256_set1_epi16(1))
+    }
+
+    /// The activation block's 32 quants and `12 · Σ y`.
+    #[inline]
+    #[target_feature(enable = "avx2")]
+    fn act(y: &[u8; Q8_0_BYTES]) -> (__m256i, i32) {
+        // SAFETY: bytes 2..34 of `y` are in bounds; unaligned load.
+        let yv = unsafe { _mm256_loadu_si256(y.as_ptr().add(2).cast()) };
+        let sum: i32 = y[2..].iter().map(|&b| i32::from(b as i8)).sum();
+        (yv, BIAS * sum)
+    }
+
+    /// The sums of the 8 lanes of each of 8 vectors, in order: `[Σv0, Σv1, …, Σv7]`.
+    #[inline]
+    #[target_feature(enable = "avx2")]
+    fn hsum8(v: &[__m256i; 8]) -> __m256i {
         let ab = _mm256_hadd_epi32(v[0], v[1]);
         let cd = _mm256_hadd_epi32(v[2], v[3]);
         let ef = _mm256_hadd_epi32(v[4], v[5]);
         let gh = _mm256_hadd_epi32(v[6], v[7]);
-        let abcd = _mm256_hadd_epi32(ab, cd); // [a0 b0 c0 d0 | a1 b1 c1 d1] (128-bit halves)
+        // 128-bit halves: [Σlo(v0..3) | Σhi(v0..3)] and the same for v4..7.
+        let abcd = _mm256_hadd_epi32(ab, cd);
         let efgh = _mm256_hadd_epi32(ef, gh);
-        let lo = _mm256_permute2x128_si256(abcd, efgh, 0x20);
-        let hi = _mm256_permute2x128_si256(abcd, efgh, 0x31);
+        let lo = _mm256_permute2x128_si256::<0x20>(abcd, efgh);
+        let hi = _mm256_permute2x128_si256::<0x31>(abcd, efgh);
         _mm256_add_epi32(lo, hi)
+    }
+
+    /// `GGML_E8M0_TO_FP32_HALF` of 8 exponents (i32 lanes).
+    #[inline]
+    #[target_feature(enable = "avx2")]
+    fn e8m0_half(e: __m256i) -> __m256 {
+        let normal = _mm256_slli_epi32::<23>(_mm256_sub_epi32(e, _mm256_set1_epi32(1)));
+        let sub = _mm256_sllv_epi32(_mm256_set1_epi32(0x0020_0000), e);
+        let is_normal = _mm256_cmpgt_epi32(e, _mm256_set1_epi32(1));
+        _mm256_castsi256_ps(_mm256_blendv_epi8(sub, normal, is_normal))
+    }
+
+    /// The f16 scale of an activation block, as f32.
+    #[inline]
+    #[target_feature(enable = "avx2,f16c")]
+    fn dy(y: &[u8; Q8_0_BYTES]) -> f32 {
+        let h = u16::from_le_bytes([y[0], y[1]]);
+        _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(i32::from(h))))
     }
 
     /// # Safety
     /// The CPU must have AVX2, FMA and F16C.
     #[target_feature(enable = "avx2,fma,f16c")]
     pub(super) unsafe fn dot(_n: usize, w: &[u8], x: &[u8]) -> f32 {
-        let mut tbl = [0u8; 16];
-        for (t, &k) in tbl.iter_mut().zip(&KVALUES) {
-            *t = k as u8;
-        }
-        // SAFETY: 16 in-bounds bytes.
-        let table = unsafe { _mm_loadu_si128(tbl.as_ptr().cast()) };
+        let (table, shifts) = (table(), nibble_shifts());
         let (wb, _) = w.as_chunks::<MXFP4_BYTES>();
         let (xb, _) = x.as_chunks::<Q8_0_BYTES>();
         let nb = wb.len().min(xb.len());
         let mut acc = 0f32;
-        let mut i = 0;
         let mut sums = [0i32; 8];
-        while i + 8 <= nb {
-            let mut v = [_mm256_setzero_si256(); 8];
-            for (k, vk) in v.iter_mut().enumerate() {
-                *vk = dot_lanes(weights(&wb[i + k], table), &xb[i + k]);
-            }
-            // SAFETY: `sums` holds 8 i32; `storeu` has no alignment requirement.
-            unsafe { _mm256_storeu_si256(sums.as_mut_ptr().cast(), hsum8(v)) };
-            for (k, &s) in sums.iter().enumerate() {
-                let dy = super::super::rd_f16(&xb[i + k], 0);
-                acc = (s as f32).mul_add(e8m0_half(wb[i + k][0]) * dy, acc);
-            }
-            i += 8;
-        }
+        let mut i = 0;
         while i < nb {
-            let lanes = dot_lanes(weights(&wb[i], table), &xb[i]);
-            // SAFETY: as above.
-            unsafe { _mm256_storeu_si256(sums.as_mut_ptr().cast(), lanes) };
-            let s: i32 = sums.iter().sum();
-            acc = (s as f32).mul_add(e8m0_half(wb[i][0]) * super::super::rd_f16(&xb[i], 0), acc);
-            i += 1;
+            let m = (nb - i).min(8);
+            let mut v = [_mm256_setzero_si256(); 8];
+            let mut bias = [0i32; 8];
+            for k in 0..m {
+                let (yv, b) = act(&xb[i + k]);
+                v[k] = block_lanes(&wb[i + k], yv, table, shifts);
+                bias[k] = b;
+            }
+            // SAFETY: `sums` and `bias` hold 8 i32; unaligned loads and stores.
+            unsafe {
+                let isum = _mm256_sub_epi32(hsum8(&v), _mm256_loadu_si256(bias.as_ptr().cast()));
+                _mm256_storeu_si256(sums.as_mut_ptr().cast(), isum);
+            }
+            for (k, &s) in sums.iter().enumerate().take(m) {
+                acc = (s as f32).mul_add(super::e8m0_half(wb[i + k][0]) * dy(&xb[i + k]), acc);
+            }
+            i += m;
         }
         acc
+    }
+
+    /// Rows of `w` (stride `row_bytes`, `cols` elements) dotted with `x`: eight rows at a time,
+    /// one f32 lane per row.
+    ///
+    /// # Safety
+    /// The CPU must have AVX2, FMA and F16C.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(super) unsafe fn matvec(w: &[u8], row_bytes: usize, cols: usize, x: &[u8], out: &mut [f32]) {
+        let (table, shifts) = (table(), nibble_shifts());
+        let nb = cols / super::QK;
+        let (xb, _) = x.as_chunks::<Q8_0_BYTES>();
+        let xb = &xb[..nb];
+        // Per activation block: the quants, the bias correction and the f16 scale.
+        let acts: Vec<(__m256i, __m256i, __m256)> = xb
+            .iter()
+            .map(|y| {
+                let (yv, b) = act(y);
+                (yv, _mm256_set1_epi32(b), _mm256_set1_ps(dy(y)))
+            })
+            .collect();
+        let mut r = 0;
+        while r + 8 <= out.len() {
+            let rows: [&[[u8; MXFP4_BYTES]]; 8] =
+                std::array::from_fn(|k| w[(r + k) * row_bytes..(r + k + 1) * row_bytes].as_chunks().0);
+            let mut acc = _mm256_setzero_ps();
+            for (b, &(yv, bias, dyv)) in acts.iter().enumerate() {
+                let v: [__m256i; 8] = std::array::from_fn(|k| block_lanes(&rows[k][b], yv, table, shifts));
+                let isum = _mm256_sub_epi32(hsum8(&v), bias);
+                let e = _mm256_setr_epi32(
+                    i32::from(rows[0][b][0]),
+                    i32::from(rows[1][b][0]),
+                    i32::from(rows[2][b][0]),
+                    i32::from(rows[3][b][0]),
+                    i32::from(rows[4][b][0]),
+                    i32::from(rows[5][b][0]),
+                    i32::from(rows[6][b][0]),
+                    i32::from(rows[7][b][0]),
+                );
+                let scale = _mm256_mul_ps(e8m0_half(e), dyv);
+                acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), scale, acc);
+            }
+            let o: &mut [f32; 8] = (&mut out[r..r + 8]).try_into().expect("8 outputs");
+            // SAFETY: 8 in-bounds f32; `storeu` has no alignment requirement.
+            unsafe { _mm256_storeu_ps(o.as_mut_ptr(), acc) };
+            r += 8;
+        }
+        for (k, o) in out.iter_mut().enumerate().skip(r) {
+            // SAFETY: the caller's contract.
+            *o = unsafe { dot(cols, &w[k * row_bytes..(k + 1) * row_bytes], x) };
+        }
     }
 }
 
@@ -260,6 +346,22 @@ mod tests {
             let a = vec_dot_q8_0(n, &wq, &xq);
             let b = (k.vec_dot)(n, &wq, &xq);
             assert_eq!(a.to_bits(), b.to_bits(), "n = {n}: {a} vs {b}");
+            // The 8-row matvec (11 rows: one group of 8 and 3 single rows) gives the same bits.
+            let rb = n / QK * MXFP4_BYTES;
+            let rows: Vec<u8> = (0..11)
+                .flat_map(|i| {
+                    let wi: Vec<f32> = w.iter().map(|&v| v * (1.0 + i as f32 * 0.3)).collect();
+                    let mut q = vec![0u8; rb];
+                    quantize(&wi, &mut q);
+                    q
+                })
+                .collect();
+            let mut got = vec![0f32; 11];
+            (k.matvec)(&rows, rb, n, &xq, &mut got);
+            for (i, g) in got.iter().enumerate() {
+                let want = vec_dot_q8_0(n, &rows[i * rb..(i + 1) * rb], &xq);
+                assert_eq!(g.to_bits(), want.to_bits(), "n = {n}, row {i}");
+            }
             // And close to the f64 dot product of the dequantized values.
             let mut wd = vec![0f32; n];
             dequantize(&wq, &mut wd);
