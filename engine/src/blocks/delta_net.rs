@@ -143,6 +143,87 @@ fn l2_norm(x: &mut [f32], eps: f32) {
     x.iter_mut().for_each(|v| *v = (*v * scale) * post);
 }
 
+/// Where one V head's vectors are in a token's row of the convolution output.
+struct Head {
+    h: usize,
+    /// Its Q/K head.
+    kh: usize,
+    sd: usize,
+    /// Where K starts (after Q).
+    kd: usize,
+}
+
+/// One token of the gated delta rule on head `hd`'s state `m` (module docs): decay, delta,
+/// rank-1 update, output row `oh`.
+fn recur(hd: &Head, m: &mut [f32], row: &[f32], g: f32, b: f32, oh: &mut [f32]) {
+    #[cfg(target_arch = "x86_64")]
+    if is_x86_feature_detected!("fma") {
+        // SAFETY: FMA was detected at run time.
+        return unsafe { recur_fma(hd, m, row, g, b, oh) };
+    }
+    recur_impl(hd, m, row, g, b, oh)
+}
+
+/// [`recur_impl`] compiled with FMA (so `mul_add` is one instruction, and the loops vectorise).
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+fn recur_fma(hd: &Head, m: &mut [f32], row: &[f32], g: f32, b: f32, oh: &mut [f32]) {
+    recur_impl(hd, m, row, g, b, oh)
+}
+
+#[inline(always)]
+fn recur_impl(hd: &Head, m: &mut [f32], row: &[f32], g: f32, b: f32, oh: &mut [f32]) {
+    let (sd, kh, h, kd) = (hd.sd, hd.kh, hd.h, hd.kd);
+    let q = &row[kh * sd..(kh + 1) * sd];
+    let k = &row[kd + kh * sd..kd + (kh + 1) * sd];
+    let v = &row[2 * kd + h * sd..2 * kd + (h + 1) * sd];
+    let decay = g.exp();
+    let scale = 1.0 / (sd as f32).sqrt();
+    m.iter_mut().for_each(|x| *x *= decay);
+    // Row j of `m` changes only with delta j, so each row is finished before the next: the
+    // same operations, per element, as ggml's separate passes.
+    for (j, mj) in m.chunks_mut(sd).enumerate() {
+        let dj = (v[j] - dot(mj, k)) * b;
+        mj.iter_mut().zip(k).for_each(|(x, &kv)| *x = kv.mul_add(dj, *x));
+    }
+    for (j, oj) in oh.iter_mut().enumerate() {
+        *oj = dot(&m[j * sd..(j + 1) * sd], q) * scale;
+    }
+}
+
+/// One token of the causal convolution in place: channel `c` of `row` becomes
+/// `Σ_i window_i · taps_c,i` over the window `[state_c, row_c]` (a fused multiply-add chain from
+/// 0), and the state keeps the window's last `d_conv - 1` values.
+fn conv(row: &mut [f32], state: &mut [f32], taps: &[f32], dc: usize) {
+    #[cfg(target_arch = "x86_64")]
+    if is_x86_feature_detected!("fma") {
+        // SAFETY: FMA was detected at run time.
+        return unsafe { conv_fma(row, state, taps, dc) };
+    }
+    conv_impl(row, state, taps, dc)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+fn conv_fma(row: &mut [f32], state: &mut [f32], taps: &[f32], dc: usize) {
+    conv_impl(row, state, taps, dc)
+}
+
+#[inline(always)]
+fn conv_impl(row: &mut [f32], state: &mut [f32], taps: &[f32], dc: usize) {
+    let win = dc - 1;
+    for ((x, st), tp) in row.iter_mut().zip(state.chunks_mut(win)).zip(taps.chunks(dc)) {
+        let mut sum = 0f32;
+        for (&sv, &tap) in st.iter().zip(tp) {
+            sum = sv.mul_add(tap, sum);
+        }
+        sum = x.mul_add(tp[win], sum);
+        st.copy_within(1.., 0);
+        st[win - 1] = *x;
+        *x = sum;
+    }
+}
+
 /// softplus as `op_softplus`.
 fn softplus(x: f32) -> f32 {
     if x > 20.0 { x } else { (1.0 + x.exp()).ln() }
@@ -187,20 +268,8 @@ pub fn forward(
     dump("gate", Some(il), g);
 
     // Causal convolution over the window [state, token], token after token, then SiLU.
-    let win = dc - 1;
     for row in qkv.chunks_mut(ch) {
-        for (cc, x) in row.iter_mut().enumerate() {
-            let state = &mut st.conv[cc * win..(cc + 1) * win];
-            let taps = &w.conv[cc * dc..(cc + 1) * dc];
-            let mut sum = 0f32;
-            for (&sv, &tap) in state.iter().zip(taps) {
-                sum = sv.mul_add(tap, sum);
-            }
-            sum = x.mul_add(taps[win], sum);
-            state.copy_within(1.., 0);
-            state[win - 1] = *x;
-            *x = sum;
-        }
+        conv(row, &mut st.conv, &w.conv, dc);
         vmath::silu(row);
     }
     dump("conv_output_silu", Some(il), qkv);
@@ -214,31 +283,15 @@ pub fn forward(
         let (beta, g) = (&*beta, &*g);
         let o_p = SharedMut::new(o);
         let st_p = SharedMut::new(&mut st.ssm);
-        let scale = 1.0 / (sd as f32).sqrt();
         ctx.pool.run(hv, &|h| {
             // SAFETY: task h alone touches state matrix h and the outputs of head h.
             let m = unsafe { st_p.slice(h * sd * sd..(h + 1) * sd * sd) };
-            let kh = h % hk;
-            let mut delta = vec![0f32; sd];
+            let head = Head { h, kh: h % hk, sd, kd };
             for t in 0..n {
-                let row = &qkv[t * ch..(t + 1) * ch];
-                let q = &row[kh * sd..(kh + 1) * sd];
-                let k = &row[kd + kh * sd..kd + (kh + 1) * sd];
-                let v = &row[2 * kd + h * sd..2 * kd + (h + 1) * sd];
-                let decay = g[t * hv + h].exp();
-                let b = beta[t * hv + h];
-                m.iter_mut().for_each(|x| *x *= decay);
-                for (j, dj) in delta.iter_mut().enumerate() {
-                    *dj = (v[j] - dot(&m[j * sd..(j + 1) * sd], k)) * b;
-                }
-                for (mj, &dj) in m.chunks_mut(sd).zip(&delta) {
-                    mj.iter_mut().zip(k).for_each(|(x, &kv)| *x = kv.mul_add(dj, *x));
-                }
                 // SAFETY: as above.
                 let oh = unsafe { o_p.slice(t * vd + h * sd..t * vd + (h + 1) * sd) };
-                for (j, oj) in oh.iter_mut().enumerate() {
-                    *oj = dot(&m[j * sd..(j + 1) * sd], q) * scale;
-                }
+                let row = &qkv[t * ch..(t + 1) * ch];
+                recur(&head, m, row, g[t * hv + h], beta[t * hv + h], oh);
             }
         });
     }
