@@ -420,13 +420,17 @@ impl Config {
 
     /// YaRN parameters when `rope.scaling.type` is `yarn` (llama.cpp's `llama_context`
     /// defaults: ext factor 1, beta fast 32, beta slow 1, attention factor from the scaling
-    /// factor and `rope.scaling.attn_factor`).
+    /// factor and `rope.scaling.attn_factor`; llama.cpp's generic loader reads no
+    /// `rope.scaling.yarn_*` keys for these architectures, so neither does this).
     fn read_yarn(g: &Gguf, a: &str) -> Result<Option<Yarn>, String> {
         let ty = g.get(&format!("{a}.rope.scaling.type")).and_then(|v| v.as_str().map(str::to_owned));
         match ty.as_deref() {
             None | Some("none") => return Ok(None),
             Some("yarn") => {}
             Some(other) => return Err(format!("{a}.rope.scaling.type = {other:?} is not supported (none, yarn)")),
+        }
+        if g.get_f32(&format!("{a}.rope.scaling.yarn_log_multiplier")).is_ok_and(|m| m != 0.0) {
+            return Err(format!("{a}.rope.scaling.yarn_log_multiplier (DeepSeek's YaRN variant) is not supported"));
         }
         let factor = g.get_f32(&format!("{a}.rope.scaling.factor")).unwrap_or(0.0);
         let freq_scale = if factor == 0.0 { 1.0 } else { 1.0 / factor };
