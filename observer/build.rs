@@ -30,6 +30,7 @@ fn main() {
     let manifest = PathBuf::from(env::var_os("CARGO_MANIFEST_DIR").expect("cargo sets CARGO_MANIFEST_DIR"));
     let ebpf_dir = manifest.join("..").join("observer-ebpf");
     let common_dir = manifest.join("..").join("observer-common");
+    let abi_dir = manifest.join("..").join("moe-abi");
     let out_dir = PathBuf::from(env::var_os("OUT_DIR").expect("cargo sets OUT_DIR"));
 
     for p in [
@@ -38,6 +39,8 @@ fn main() {
         ebpf_dir.join("Cargo.lock"),
         common_dir.join("src"),
         common_dir.join("Cargo.toml"),
+        abi_dir.join("src"),
+        abi_dir.join("Cargo.toml"),
     ] {
         println!("cargo:rerun-if-changed={}", p.display());
     }

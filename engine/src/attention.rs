@@ -26,10 +26,8 @@
 //! for a windowed one).
 //!
 //! `expf` is libm's (Rust's `f32::exp` calls the same C library function). The f16 vector
-//! operations are element-wise, so their vector width does not matter, except on builds with
-//! AVX512-FP16 ([`ggml_native_f16`]): there the first `n & !127` elements of `ggml_vec_scale_f16`
-//! and `ggml_vec_mad_f16` are computed in half precision (the factor rounded to f16, one f16
-//! rounding per element), which matters for heads of 128 dimensions and more (qwen35moe's 256). The fused `S` update is
+//! operations are element-wise, so their vector width does not matter (no reproduced build has
+//! AVX512-FP16, whose native half-precision `ggml_vec_mad_f16` would round differently). The fused `S` update is
 //! what GCC makes of `S = S*ms + vs` in a GNU C++ build (contraction on); it was confirmed
 //! against llama.cpp: with an unfused update the attention outputs differ in the last bit from
 //! the third decode step on, with the fused one every step of the parity runs is identical.
@@ -269,58 +267,15 @@ pub fn attend(
     }
 }
 
-/// Whether the llama.cpp build whose numerics are reproduced does ggml's f16 vector arithmetic in
-/// native half precision: a build with `__AVX512FP16__` (what `-march=native` gives on a CPU
-/// with AVX512-FP16) maps `GGML_F16_VEC` to `__m512h`, so `ggml_vec_scale_f16` and
-/// `ggml_vec_mad_f16` round the factor to f16 and round each product (or fused multiply-add) to
-/// f16 once, over the first `n & !127` elements (`GGML_F16_STEP = 128`); the rest take the
-/// scalar f32 path. Follows [`quant::ggml_avx512`] (and so `ENGINE_GGML_AVX512=0`). Read once.
-pub fn ggml_native_f16() -> bool {
-    static V: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *V.get_or_init(|| {
-        #[cfg(target_arch = "x86_64")]
-        {
-            quant::ggml_avx512() && is_x86_feature_detected!("avx512fp16")
-        }
-        #[cfg(not(target_arch = "x86_64"))]
-        {
-            false
-        }
-    })
-}
-
-/// Elements of an `n`-long f16 vector op that ggml computes in half precision (see
-/// [`ggml_native_f16`]).
-fn native_f16_len(n: usize) -> usize {
-    if ggml_native_f16() { n & !127 } else { 0 }
-}
-
-/// `ggml_vec_scale_f16`: `y = f16(f32(y) * s)` element-wise, or with native f16 arithmetic
-/// `y = f16(y · f16(s))` (the product of two f16 values is exact in f32: one rounding).
+/// `ggml_vec_scale_f16`: `y = f16(f32(y) * s)` element-wise.
 fn f16_scale(y: &mut [f16], s: f32) {
-    let np = native_f16_len(y.len());
-    let s16 = f16::from_f32(s).to_f32();
-    for v in &mut y[..np] {
-        *v = f16::from_f32(v.to_f32() * s16);
-    }
-    for v in &mut y[np..] {
+    for v in y {
         *v = f16::from_f32(v.to_f32() * s);
     }
 }
 
-/// `ggml_vec_mad_f16`: `y = f16(fma(x, s, f32(y)))` element-wise (`x` is f16 bytes), or with
-/// native f16 arithmetic `y = f16(x · f16(s) + y)` rounded once (computed in f64, where the
-/// product of two f16 values is exact).
+/// `ggml_vec_mad_f16`: `y = f16(fma(x, s, f32(y)))` element-wise (`x` is f16 bytes).
 fn f16_mad(y: &mut [f16], x: &[u8], s: f32) {
-    let np = native_f16_len(y.len());
-    if np > 0 {
-        let s16 = f64::from(f16::from_f32(s).to_f32());
-        for (v, b) in y[..np].iter_mut().zip(x.chunks_exact(2)) {
-            let xv = f64::from(f16::from_le_bytes([b[0], b[1]]).to_f32());
-            *v = f16::from_f64(xv.mul_add(s16, f64::from(v.to_f32())));
-        }
-    }
-    let (y, x) = (&mut y[np..], &x[2 * np..]);
     #[cfg(target_arch = "x86_64")]
     if f16c_available() {
         // SAFETY: F16C, AVX and FMA were detected at run time.

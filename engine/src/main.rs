@@ -212,6 +212,9 @@ fn main() -> Result<()> {
         libc::signal(libc::SIGPIPE, libc::SIG_DFL);
     }
     let cli = Cli::parse();
+    // The ISA level (ENGINE_ISA) decides kernels and numerics; a bad value is an error here,
+    // before any kernel runs.
+    let isa_line = engine::quant::isa_report().context("choosing the kernels' ISA level")?;
     match cli.cmd {
         Cmd::Inspect { file, experts } => {
             let g = Gguf::open(&file).with_context(|| format!("reading {}", file.display()))?;
@@ -219,16 +222,22 @@ fn main() -> Result<()> {
             Ok(())
         }
         Cmd::Synth(a) => synth(a),
-        Cmd::Run(a) => run(a),
-        Cmd::Bench { model, n_prompt, n_gen, threads, repetitions, json, dense } => bench(
-            &model,
-            n_prompt,
-            n_gen,
-            threads.unwrap_or_else(default_threads).max(1),
-            repetitions.max(1),
-            json,
-            dense,
-        ),
+        Cmd::Run(a) => {
+            eprintln!("engine: {isa_line}");
+            run(a)
+        }
+        Cmd::Bench { model, n_prompt, n_gen, threads, repetitions, json, dense } => {
+            eprintln!("engine: {isa_line}");
+            bench(
+                &model,
+                n_prompt,
+                n_gen,
+                threads.unwrap_or_else(default_threads).max(1),
+                repetitions.max(1),
+                json,
+                dense,
+            )
+        }
         Cmd::Tokenize { model, text } => {
             let g = Gguf::open(&model).with_context(|| format!("reading {}", model.display()))?;
             let tok = Tokenizer::from_gguf(&g).with_context(|| format!("tokenizer of {}", model.display()))?;

@@ -4,14 +4,15 @@
 //! A quantized model amplifies tiny differences: activations are rounded to 8-bit codes before
 //! every matrix product, and a 1e-7 change can move one code, which shifts a whole output row
 //! of the next product. To decode the same tokens as llama.cpp, the engine therefore computes
-//! `exp` the way ggml's vectorised `ggml_v_expf` does on the running CPU (the AVX-512 and the
-//! AVX2+FMA variants are different polynomials/reconstructions), with libm `expf` for the
+//! `exp` the way ggml's vectorised `ggml_v_expf` does in the llama.cpp build of the engine's ISA
+//! level (`ENGINE_ISA`; the AVX-512 and the AVX2+FMA variants are different
+//! polynomials/reconstructions), with libm `expf` for the
 //! elements ggml leaves to its scalar tail, and `silu(x) = x / (1 + exp(-x))` on top. The
 //! lanes are computed one by one here (same operations, same roundings: every fused
 //! multiply-add of ggml is an `f32::mul_add`), inside functions compiled with the CPU's FMA
 //! enabled.
 
-use std::sync::OnceLock;
+use crate::quant::Backend;
 
 /// Which of ggml's vector `exp` variants a native llama.cpp build runs on this CPU.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -35,22 +36,15 @@ impl ExpKind {
     }
 }
 
+/// The `exp` of the llama.cpp build the ISA level reproduces ([`crate::quant::isa`]): AVX-512
+/// (which needs `__AVX512F__` and `__AVX512DQ__`, both part of that level), AVX2+FMA, or libm
+/// at the scalar level.
 pub fn exp_kind() -> ExpKind {
-    static KIND: OnceLock<ExpKind> = OnceLock::new();
-    *KIND.get_or_init(|| {
-        #[cfg(target_arch = "x86_64")]
-        {
-            // ggml's AVX-512 `exp` needs __AVX512F__ and __AVX512DQ__; `ggml_avx512` also
-            // honours ENGINE_GGML_AVX512=0 (numerics of a build without AVX-512).
-            if crate::quant::ggml_avx512() && is_x86_feature_detected!("avx512dq") {
-                return ExpKind::Avx512;
-            }
-            if is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") {
-                return ExpKind::Avx2;
-            }
-        }
-        ExpKind::Libm
-    })
+    match crate::quant::backend() {
+        Backend::Avx512 => ExpKind::Avx512,
+        Backend::Avx2 => ExpKind::Avx2,
+        Backend::Scalar => ExpKind::Libm,
+    }
 }
 
 const R: f32 = f32::from_bits(0x4b40_0000); // 0x1.8p23
@@ -158,18 +152,17 @@ fn hsum_tree(v: &[f32]) -> f32 {
     (q[0] + q[2]) + (q[1] + q[3])
 }
 
+/// `swiglu` lane by lane with the emulated `exp` (the reference for the SIMD versions; the
+/// scalar level's path).
 #[inline(always)]
 fn swiglu_impl(kind: ExpKind, gate: &[f32], up: &[f32], out: &mut [f32]) {
     let lanes = kind.lanes();
     let full = gate.len() / lanes * lanes;
     for i in 0..full {
         let x = gate[i];
-        out[i] = (x / (1.0 + exp_lane(kind, -x))) * up[i];
+        out[i] = (x / (1.0 + exp_lane(kind, 0.0 - x))) * up[i];
     }
-    for i in full..gate.len() {
-        let x = gate[i];
-        out[i] = (x / (1.0 + (-x).exp())) * up[i];
-    }
+    swiglu_tail(gate, up, out, full);
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -184,16 +177,130 @@ fn softmax_exp_avx2(y: &mut [f32], max: f32, all_vector: bool) -> f64 {
     softmax_exp_impl(ExpKind::Avx2, y, max, all_vector)
 }
 
+/// ggml's `ggml_v_expf` and `ggml_vec_swiglu_f32` vector loops with the same intrinsics (so
+/// the same roundings as [`exp_avx512_lane`]/[`exp_avx2_lane`] lane by lane, which the tests
+/// check); the elements after the last full vector go through libm like ggml's scalar tail.
 #[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma,avx512f")]
-fn swiglu_avx512(gate: &[f32], up: &[f32], out: &mut [f32]) {
-    swiglu_impl(ExpKind::Avx512, gate, up, out);
+mod simd {
+    use std::arch::x86_64::*;
+
+    use super::{C1, C2, C3, C4, C5, LN2_HI, LN2_LO, LOG2E, R};
+
+    /// ggml's AVX-512 `ggml_v_expf`.
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512dq")]
+    fn expf512(x: __m512) -> __m512 {
+        let r = _mm512_set1_ps(R);
+        let z = _mm512_fmadd_ps(x, _mm512_set1_ps(LOG2E), r);
+        let n = _mm512_sub_ps(z, r);
+        let b = _mm512_fnmadd_ps(n, _mm512_set1_ps(LN2_LO), _mm512_fnmadd_ps(n, _mm512_set1_ps(LN2_HI), x));
+        let d = _mm512_cmp_ps_mask::<_CMP_GT_OQ>(_mm512_abs_ps(n), _mm512_set1_ps(192.0));
+        let u = _mm512_mul_ps(b, b);
+        let j = _mm512_fmadd_ps(
+            _mm512_fmadd_ps(
+                _mm512_fmadd_ps(_mm512_set1_ps(C5), b, _mm512_set1_ps(C4)),
+                u,
+                _mm512_fmadd_ps(_mm512_set1_ps(C3), b, _mm512_set1_ps(C2)),
+            ),
+            u,
+            _mm512_fmadd_ps(_mm512_set1_ps(C1), b, _mm512_set1_ps(1.0)),
+        );
+        let res = _mm512_scalef_ps(j, n);
+        if d == 0 {
+            return res;
+        }
+        let zero = _mm512_setzero_ps();
+        let alt = _mm512_mask_blend_ps(_mm512_cmp_ps_mask::<_CMP_LE_OQ>(n, zero), _mm512_set1_ps(f32::INFINITY), zero);
+        _mm512_mask_blend_ps(d, res, alt)
+    }
+
+    /// ggml's AVX2+FMA `ggml_v_expf`.
+    #[inline]
+    #[target_feature(enable = "avx2,fma")]
+    fn expf256(x: __m256) -> __m256 {
+        let r = _mm256_set1_ps(R);
+        let z = _mm256_fmadd_ps(x, _mm256_set1_ps(LOG2E), r);
+        let n = _mm256_sub_ps(z, r);
+        let b = _mm256_fnmadd_ps(n, _mm256_set1_ps(LN2_LO), _mm256_fnmadd_ps(n, _mm256_set1_ps(LN2_HI), x));
+        let e = _mm256_slli_epi32::<23>(_mm256_castps_si256(z));
+        let k = _mm256_castsi256_ps(_mm256_add_epi32(e, _mm256_castps_si256(_mm256_set1_ps(1.0))));
+        let abs_n = _mm256_andnot_ps(_mm256_set1_ps(-0.0), n);
+        let c = _mm256_castps_si256(_mm256_cmp_ps::<_CMP_GT_OQ>(abs_n, _mm256_set1_ps(126.0)));
+        let u = _mm256_mul_ps(b, b);
+        let j = _mm256_fmadd_ps(
+            _mm256_fmadd_ps(
+                _mm256_fmadd_ps(_mm256_set1_ps(C5), b, _mm256_set1_ps(C4)),
+                u,
+                _mm256_fmadd_ps(_mm256_set1_ps(C3), b, _mm256_set1_ps(C2)),
+            ),
+            u,
+            _mm256_mul_ps(_mm256_set1_ps(C1), b),
+        );
+        if _mm256_movemask_ps(_mm256_castsi256_ps(c)) == 0 {
+            return _mm256_fmadd_ps(j, k, k);
+        }
+        let g = _mm256_and_si256(
+            _mm256_castps_si256(_mm256_cmp_ps::<_CMP_LE_OQ>(n, _mm256_setzero_ps())),
+            _mm256_set1_epi32(0x8200_0000u32 as i32),
+        );
+        let s1 = _mm256_castsi256_ps(_mm256_add_epi32(g, _mm256_set1_epi32(0x7f00_0000)));
+        let s2 = _mm256_castsi256_ps(_mm256_sub_epi32(e, g));
+        let d = _mm256_castps_si256(_mm256_cmp_ps::<_CMP_GT_OQ>(abs_n, _mm256_set1_ps(192.0)));
+        let (c, d) = (_mm256_castsi256_ps(c), _mm256_castsi256_ps(d));
+        _mm256_or_ps(
+            _mm256_and_ps(d, _mm256_mul_ps(s1, s1)),
+            _mm256_andnot_ps(
+                d,
+                _mm256_or_ps(
+                    _mm256_and_ps(c, _mm256_mul_ps(_mm256_fmadd_ps(s2, j, s2), s1)),
+                    _mm256_andnot_ps(c, _mm256_fmadd_ps(k, j, k)),
+                ),
+            ),
+        )
+    }
+
+    /// `out = silu(gate) * up` as `ggml_vec_swiglu_f32` of an AVX-512 build: 16 lanes
+    /// `(x / (1 + expf512(0 - x))) * g`, libm for the tail.
+    #[target_feature(enable = "avx512f,avx512dq,avx2,fma")]
+    pub(super) fn swiglu_avx512(gate: &[f32], up: &[f32], out: &mut [f32]) {
+        let full = gate.len() / 16 * 16;
+        let (one, zero) = (_mm512_set1_ps(1.0), _mm512_setzero_ps());
+        for i in (0..full).step_by(16) {
+            assert!(i + 16 <= gate.len() && i + 16 <= up.len() && i + 16 <= out.len());
+            // SAFETY: 16 in-bounds f32 of each slice (checked above); no alignment needed.
+            unsafe {
+                let x = _mm512_loadu_ps(gate.as_ptr().add(i));
+                let s = _mm512_div_ps(x, _mm512_add_ps(one, expf512(_mm512_sub_ps(zero, x))));
+                _mm512_storeu_ps(out.as_mut_ptr().add(i), _mm512_mul_ps(s, _mm512_loadu_ps(up.as_ptr().add(i))));
+            }
+        }
+        super::swiglu_tail(gate, up, out, full);
+    }
+
+    /// `ggml_vec_swiglu_f32` of an AVX2+FMA build: 8 lanes, libm for the tail.
+    #[target_feature(enable = "avx2,fma")]
+    pub(super) fn swiglu_avx2(gate: &[f32], up: &[f32], out: &mut [f32]) {
+        let full = gate.len() / 8 * 8;
+        let (one, zero) = (_mm256_set1_ps(1.0), _mm256_setzero_ps());
+        for i in (0..full).step_by(8) {
+            assert!(i + 8 <= gate.len() && i + 8 <= up.len() && i + 8 <= out.len());
+            // SAFETY: 8 in-bounds f32 of each slice (checked above); no alignment needed.
+            unsafe {
+                let x = _mm256_loadu_ps(gate.as_ptr().add(i));
+                let s = _mm256_div_ps(x, _mm256_add_ps(one, expf256(_mm256_sub_ps(zero, x))));
+                _mm256_storeu_ps(out.as_mut_ptr().add(i), _mm256_mul_ps(s, _mm256_loadu_ps(up.as_ptr().add(i))));
+            }
+        }
+        super::swiglu_tail(gate, up, out, full);
+    }
 }
 
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma")]
-fn swiglu_avx2(gate: &[f32], up: &[f32], out: &mut [f32]) {
-    swiglu_impl(ExpKind::Avx2, gate, up, out);
+/// The scalar tail of `ggml_vec_swiglu_f32` from element `from`: `ggml_silu_f32` with libm.
+fn swiglu_tail(gate: &[f32], up: &[f32], out: &mut [f32], from: usize) {
+    for i in from..gate.len() {
+        let x = gate[i];
+        out[i] = (x / (1.0 + (-x).exp())) * up[i];
+    }
 }
 
 /// Softmax in place, ggml's way: `exp(x - max)` (vector `exp` as above), f64 sum, then a
@@ -205,11 +312,11 @@ pub fn softmax(x: &mut [f32], all_vector: bool) {
     let max = x.iter().copied().fold(f32::NEG_INFINITY, f32::max);
     let sum = match exp_kind() {
         #[cfg(target_arch = "x86_64")]
-        // SAFETY: exp_kind() returned Avx512 only after detecting avx512f/dq (and avx2/fma,
-        // which every AVX-512 CPU has) at run time.
+        // SAFETY: exp_kind() is Avx512 only at the avx512 ISA level, which `quant::isa` grants
+        // only after detecting avx512f/bw/dq/vl, avx2 and fma at run time.
         ExpKind::Avx512 => unsafe { softmax_exp_avx512(x, max, all_vector) },
         #[cfg(target_arch = "x86_64")]
-        // SAFETY: avx2 and fma were detected at run time.
+        // SAFETY: the avx2 level is granted only after detecting avx2 and fma at run time.
         ExpKind::Avx2 => unsafe { softmax_exp_avx2(x, max, all_vector) },
         kind => softmax_exp_impl(kind, x, max, all_vector),
     };
@@ -223,10 +330,10 @@ pub fn swiglu(gate: &[f32], up: &[f32], out: &mut [f32]) {
     match exp_kind() {
         #[cfg(target_arch = "x86_64")]
         // SAFETY: see `softmax`.
-        ExpKind::Avx512 => unsafe { swiglu_avx512(gate, up, out) },
+        ExpKind::Avx512 => unsafe { simd::swiglu_avx512(gate, up, out) },
         #[cfg(target_arch = "x86_64")]
         // SAFETY: see `softmax`.
-        ExpKind::Avx2 => unsafe { swiglu_avx2(gate, up, out) },
+        ExpKind::Avx2 => unsafe { simd::swiglu_avx2(gate, up, out) },
         kind => swiglu_impl(kind, gate, up, out),
     }
 }
@@ -299,6 +406,44 @@ mod tests {
         for x in [-88.0f32, -90.0] {
             let tiny = exp_avx2_lane(x);
             assert!((f64::from(tiny) / f64::from(x).exp() - 1.0).abs() < 1e-4, "exp({x}) = {tiny}");
+        }
+    }
+
+    /// The SIMD `swiglu` (ggml's intrinsics) against the lane-by-lane emulation, bit for bit,
+    /// at every level this CPU runs, over ordinary, large, tiny and special inputs.
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn simd_swiglu_matches_the_lane_emulation() {
+        let mut gate: Vec<f32> = (0..4000).map(|i| ((i as f32) * 0.7351).sin() * (1.0 + (i % 97) as f32)).collect();
+        gate.extend([0.0, -0.0, 88.0, -88.0, 90.0, -90.0, 104.0, -104.0, 150.0, -150.0, 1e-30, f32::MAX, f32::MIN]);
+        gate.extend([f32::INFINITY, f32::NEG_INFINITY, 126.5, -126.5, 127.0, -127.0, 192.5, -192.5, 0.5, -0.5]);
+        let up: Vec<f32> = (0..gate.len()).map(|i| 1.0 - (i % 13) as f32 * 0.17).collect();
+        let kinds = [
+            (ExpKind::Avx2, crate::quant::Backend::Avx2.is_available()),
+            (ExpKind::Avx512, crate::quant::Backend::Avx512.is_available()),
+        ];
+        assert!(kinds[0].1, "x86_64 without AVX2");
+        for (kind, available) in kinds {
+            if !available {
+                continue;
+            }
+            // Odd lengths and offsets: partial vectors go to the libm tail in both.
+            for (start, len) in [(0, gate.len()), (3, 1000), (0, 15), (5, 7)] {
+                let (g, u) = (&gate[start..start + len], &up[start..start + len]);
+                let mut want = vec![0f32; len];
+                swiglu_impl(kind, g, u, &mut want);
+                let mut got = vec![0f32; len];
+                // SAFETY: the CPU runs the level (checked above).
+                unsafe {
+                    match kind {
+                        ExpKind::Avx512 => simd::swiglu_avx512(g, u, &mut got),
+                        _ => simd::swiglu_avx2(g, u, &mut got),
+                    }
+                }
+                for (i, (a, b)) in got.iter().zip(&want).enumerate() {
+                    assert!(a.to_bits() == b.to_bits(), "{kind:?} x={} : simd {a} vs lanes {b}", g[i]);
+                }
+            }
         }
     }
 

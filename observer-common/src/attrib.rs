@@ -45,33 +45,38 @@
 //! gets a slice: user-mode time includes interrupts taken while in user mode
 //! and the few hundred nanoseconds of kernel entry before a probe fires.
 
-use crate::hist::HIST_BUCKETS;
+use crate::{
+    hist::HIST_BUCKETS,
+    vocab::{Component, Counter, LatencyKind, component_slot, counter_slot},
+};
 
-/// Number of time components (indices below, same order as `model::Component`).
+/// Time components the kernel measures (`ThreadState::time`). Their indices
+/// are the components' `slot`s in the vocabulary (`vocab::COMPONENTS`).
 pub const N_TIME: usize = 9;
-pub const T_COMPUTE: usize = 0;
-pub const T_FAULT_MINOR: usize = 1;
-pub const T_SWAPIN_ZRAM: usize = 2;
-pub const T_FAULT_IO: usize = 3;
-pub const T_IO_WAIT: usize = 4;
-pub const T_RECLAIM: usize = 5;
-pub const T_SYSCALL: usize = 6;
-pub const T_RUNQUEUE: usize = 7;
-pub const T_SLEEP: usize = 8;
+pub const T_COMPUTE: usize = component_slot(Component::Compute);
+pub const T_FAULT_MINOR: usize = component_slot(Component::FaultMinor);
+pub const T_SWAPIN_ZRAM: usize = component_slot(Component::SwapinZram);
+pub const T_FAULT_IO: usize = component_slot(Component::FaultIo);
+pub const T_IO_WAIT: usize = component_slot(Component::IoWait);
+pub const T_RECLAIM: usize = component_slot(Component::Reclaim);
+pub const T_SYSCALL: usize = component_slot(Component::Syscall);
+pub const T_RUNQUEUE: usize = component_slot(Component::Runqueue);
+pub const T_SLEEP: usize = component_slot(Component::Sleep);
 
-/// Counter indices (0..8 follow `model::Counter`; the rest are observer-internal).
+/// Per-thread counters (`ThreadState::cnt`). The vocabulary's counters that the
+/// kernel keeps per thread sit at their `slot`s (`vocab::COUNTERS`); the rest
+/// are observer-internal.
 pub const N_CNT: usize = 16;
-pub const C_MAJFLT_FILE: usize = 0;
-pub const C_MAJFLT_SWAP: usize = 1;
-pub const C_MINFLT: usize = 2;
+pub const C_MAJFLT_FILE: usize = counter_slot(Counter::MajfltFile);
+pub const C_MAJFLT_SWAP: usize = counter_slot(Counter::MajfltSwap);
+pub const C_MINFLT: usize = counter_slot(Counter::Minflt);
 /// Pages read from swap devices (zram included) by this thread's faults.
-pub const C_SWAPINS: usize = 3;
+pub const C_SWAPINS: usize = counter_slot(Counter::Swapins);
 /// Bytes of read bios this thread queued, any block device.
-pub const C_READ_BYTES: usize = 4;
-pub const C_PAGECACHE_ADDED: usize = 5;
-pub const C_PAGECACHE_EVICTED: usize = 6;
+pub const C_READ_BYTES: usize = counter_slot(Counter::ReadBytes);
+/// Slots 5 and 6 are unused (page-cache churn is counted per file, not per thread).
 /// All switches away from the CPU.
-pub const C_CTX_SWITCHES: usize = 7;
+pub const C_CTX_SWITCHES: usize = counter_slot(Counter::CtxSwitches);
 /// … of which the thread was still runnable (involuntary).
 pub const C_CTX_INVOLUNTARY: usize = 8;
 pub const C_SYSCALLS: usize = 9;
@@ -323,19 +328,79 @@ impl ThreadState {
     }
 }
 
-/// Global latency histograms (per-CPU array index).
-pub const H_FAULT_MINOR: u32 = 0;
-pub const H_FAULT_MAJOR_FILE: u32 = 1;
-pub const H_FAULT_MAJOR_SWAP: u32 = 2;
-pub const H_ZRAM_READ: u32 = 3;
-pub const H_DISK_READ: u32 = 4;
-pub const N_HIST: u32 = 5;
+/// Global latency histograms (per-CPU array index): the `slot`s of the
+/// vocabulary's histogram kinds (`vocab::HISTOGRAMS`).
+pub const H_MINFLT: u32 = LatencyKind::Minflt.slot() as u32;
+pub const H_MAJFLT_FILE: u32 = LatencyKind::MajfltFile.slot() as u32;
+pub const H_MAJFLT_SWAP: u32 = LatencyKind::MajfltSwap.slot() as u32;
+pub const H_ZRAM_READ: u32 = LatencyKind::ZramRead.slot() as u32;
+pub const H_DISK_READ: u32 = LatencyKind::DiskRead.slot() as u32;
+pub const N_HIST: u32 = LatencyKind::N as u32;
 
-/// One log2 histogram (see `hist`).
+// Every slot the vocabulary names fits the kernel's arrays, and the
+// observer-internal counters do not collide with a vocabulary counter.
+const _: () = {
+    let mut i = 0;
+    while i < Component::N {
+        if let Some(s) = Component::ALL[i].slot() {
+            assert!(s < N_TIME);
+        }
+        i += 1;
+    }
+    let mut measured = 0;
+    let mut i = 0;
+    while i < Component::N {
+        measured += Component::ALL[i].slot().is_some() as usize;
+        i += 1;
+    }
+    assert!(measured == N_TIME, "every kernel time slot is a vocabulary component");
+    let internal = [
+        C_CTX_INVOLUNTARY,
+        C_SYSCALLS,
+        C_RECLAIMS,
+        C_READ_IOS,
+        C_DISK_READ_NS,
+        C_ZRAM_READ_NS,
+        C_FAULT_UNMATCHED_ENTRY,
+        C_FAULT_UNMATCHED_EXIT,
+    ];
+    let mut i = 0;
+    while i < Counter::N {
+        if let Some(s) = Counter::ALL[i].slot() {
+            assert!(s < N_CNT);
+            let mut j = 0;
+            while j < internal.len() {
+                assert!(internal[j] != s, "an internal counter shares a vocabulary counter's slot");
+                j += 1;
+            }
+        }
+        i += 1;
+    }
+};
+
+/// One log2 histogram (see `hist`) and the exact sum of its values (one add
+/// per event), so that Prometheus' `_sum` and `_count` are measured.
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
 pub struct Hist {
     pub b: [u64; HIST_BUCKETS],
+    /// Σ values, nanoseconds.
+    pub sum: u64,
+}
+const _: () = assert!(core::mem::size_of::<Hist>() == 8 * (HIST_BUCKETS + 1));
+
+impl Hist {
+    pub const fn zeroed() -> Self {
+        Hist { b: [0; HIST_BUCKETS], sum: 0 }
+    }
+    /// Count `v` (nanoseconds).
+    #[inline(always)]
+    pub fn add(&mut self, v: u64) {
+        if let Some(c) = self.b.get_mut(crate::hist::bucket_of(v)) {
+            *c += 1;
+        }
+        self.sum = self.sum.wrapping_add(v);
+    }
 }
 
 /// Field offsets of the tracepoints we read, parsed by user space from
@@ -412,8 +477,10 @@ pub struct ExecRecord {
 }
 pub const PHASE_BEGIN: u32 = 0;
 pub const PHASE_END: u32 = 1;
-/// Bytes of the engine's per-token record copied at an `end` mark.
-pub const ENGINE_REC_BYTES: usize = 160;
+/// Bytes of the engine's per-token record copied at an `end` mark: exactly the record of the
+/// ABI (`moe_abi::markers`); a copy past its end could fault on the engine's next page.
+pub const ENGINE_REC_BYTES: usize = core::mem::size_of::<moe_abi::markers::TokenRecord>();
+const _: () = assert!(ENGINE_REC_BYTES == moe_abi::markers::RECORD_SIZE);
 
 /// One thread's state at a mark, closed (`account`ed) at the mark's instant.
 #[repr(C)]

@@ -6,7 +6,10 @@
 //! error on both sides rather than a silent misread.
 //!
 //! With the `user` feature the types also implement `aya::Pod`, so user space
-//! can read them out of maps.
+//! can read them out of maps, and the model stream (`model`) is available.
+//!
+//! The names of everything the observer measures are defined once, in
+//! [`vocab`]; the kernel side's array indices are read from it.
 #![no_std]
 
 #[cfg(feature = "user")]
@@ -18,6 +21,9 @@ pub mod filemap;
 pub mod hist;
 #[cfg(feature = "user")]
 pub mod model;
+#[cfg(feature = "user")]
+pub mod totals;
+pub mod vocab;
 
 pub use faults::{Config, GlobalCounter, ThreadFaults};
 pub use hist::HIST_BUCKETS;

@@ -3,14 +3,10 @@
 //! a sequence of [`Event`]s; the TUI, the Prometheus exporter, the recorder,
 //! `report` and `diff` all consume it. (User-space only: `user` feature.)
 //!
-//! Spec of the names (JSON, traces, `diff`):
-//! - time components, per token, nanoseconds: `compute`, `fault_minor`,
-//!   `swapin_zram`, `fault_io`, `io_wait`, `reclaim`, `syscall`, `runqueue`,
-//!   `sleep` (serialised as `<name>_ns`), plus `wall_ns` and `engine_compute_ns`;
-//! - counters: `majflt_file`, `majflt_swap`, `minflt`, `swapins`, `read_bytes`,
-//!   `pagecache_added`, `pagecache_evicted`, `ctx_switches`;
-//! - residency: `dense_resident_frac`, `dense_swapped_frac`,
-//!   `experts_resident_frac`, and a layer × expert grid.
+//! The names (JSON keys of components, counters, histogram kinds, residency
+//! fields) are the rows of [`crate::vocab`]; times are nanoseconds, serialised
+//! as `<name>_ns`. Reading also accepts the older names the vocabulary lists as
+//! aliases (histogram kinds of traces recorded before the renames).
 //!
 //! Every measurement is an `Option`: `None` (JSON `null`) means *not measured*,
 //! which is never the same as 0.
@@ -26,124 +22,14 @@ extern crate alloc;
 use alloc::{collections::BTreeMap, string::String, vec::Vec};
 use core::fmt;
 
+pub use crate::totals::{DeviceReads, FaultTotals, RunTotals, ThreadTime, ThreadTotals};
 use serde::{
     Deserialize, Deserializer, Serialize, Serializer,
     de::{MapAccess, Visitor},
     ser::SerializeMap,
 };
 
-/// Time components of the measurement model.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub enum Component {
-    /// User-mode on-CPU time (measured, not a residual).
-    Compute,
-    /// On-CPU time handling minor faults.
-    FaultMinor,
-    /// On-CPU time inside faults that swapped in from zram (decompression).
-    SwapinZram,
-    /// Time inside faults spent blocked (file refault I/O, disk swap), and all
-    /// of a major file fault.
-    FaultIo,
-    /// Blocked in explicit I/O syscalls (read, pread, io_uring waits, …).
-    IoWait,
-    /// Direct or memcg reclaim, on or off CPU.
-    Reclaim,
-    /// On-CPU time in syscalls.
-    Syscall,
-    /// Runnable but not running (preempted, or woken and waiting for a CPU).
-    Runqueue,
-    /// Blocked for anything else (futex, condvar, nanosleep, poll, …).
-    Sleep,
-}
-
-impl Component {
-    pub const ALL: [Component; 9] = [
-        Component::Compute,
-        Component::FaultMinor,
-        Component::SwapinZram,
-        Component::FaultIo,
-        Component::IoWait,
-        Component::Reclaim,
-        Component::Syscall,
-        Component::Runqueue,
-        Component::Sleep,
-    ];
-    pub const fn name(self) -> &'static str {
-        match self {
-            Component::Compute => "compute",
-            Component::FaultMinor => "fault_minor",
-            Component::SwapinZram => "swapin_zram",
-            Component::FaultIo => "fault_io",
-            Component::IoWait => "io_wait",
-            Component::Reclaim => "reclaim",
-            Component::Syscall => "syscall",
-            Component::Runqueue => "runqueue",
-            Component::Sleep => "sleep",
-        }
-    }
-    pub const fn json_key(self) -> &'static str {
-        match self {
-            Component::Compute => "compute_ns",
-            Component::FaultMinor => "fault_minor_ns",
-            Component::SwapinZram => "swapin_zram_ns",
-            Component::FaultIo => "fault_io_ns",
-            Component::IoWait => "io_wait_ns",
-            Component::Reclaim => "reclaim_ns",
-            Component::Syscall => "syscall_ns",
-            Component::Runqueue => "runqueue_ns",
-            Component::Sleep => "sleep_ns",
-        }
-    }
-    /// On-CPU components (the rest are off-CPU).
-    pub const fn on_cpu(self) -> bool {
-        matches!(
-            self,
-            Component::Compute
-                | Component::FaultMinor
-                | Component::SwapinZram
-                | Component::Reclaim
-                | Component::Syscall
-        )
-    }
-}
-
-/// Counters of the measurement model.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub enum Counter {
-    MajfltFile,
-    MajfltSwap,
-    Minflt,
-    Swapins,
-    ReadBytes,
-    PagecacheAdded,
-    PagecacheEvicted,
-    CtxSwitches,
-}
-
-impl Counter {
-    pub const ALL: [Counter; 8] = [
-        Counter::MajfltFile,
-        Counter::MajfltSwap,
-        Counter::Minflt,
-        Counter::Swapins,
-        Counter::ReadBytes,
-        Counter::PagecacheAdded,
-        Counter::PagecacheEvicted,
-        Counter::CtxSwitches,
-    ];
-    pub const fn name(self) -> &'static str {
-        match self {
-            Counter::MajfltFile => "majflt_file",
-            Counter::MajfltSwap => "majflt_swap",
-            Counter::Minflt => "minflt",
-            Counter::Swapins => "swapins",
-            Counter::ReadBytes => "read_bytes",
-            Counter::PagecacheAdded => "pagecache_added",
-            Counter::PagecacheEvicted => "pagecache_evicted",
-            Counter::CtxSwitches => "ctx_switches",
-        }
-    }
-}
+pub use crate::vocab::{Component, Counter, LatencyKind};
 
 macro_rules! named_array {
     ($ty:ident, $key:ident, $n:expr, $keyfn:ident) => {
@@ -203,23 +89,46 @@ macro_rules! named_array {
 
 /// Nanoseconds per component; serialised as `{"compute_ns": …, …}`.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct Components(pub [Option<u64>; 9]);
-named_array!(Components, Component, 9, json_key);
+pub struct Components(pub [Option<u64>; Component::N]);
+named_array!(Components, Component, Component::N, json_key);
 
 impl Components {
-    /// Sum of the measured components.
+    /// Sum of the measured components (unmeasured ones count as absent).
     pub fn sum(&self) -> u64 {
         self.0.iter().flatten().sum()
     }
-    pub fn all_measured(v: [u64; 9]) -> Self {
-        Components(v.map(Some))
+    /// The components the kernel measures, from its per-thread array
+    /// (`attrib::ThreadState::time`, indexed by each component's `slot`); the
+    /// others are not measured.
+    pub fn from_kernel(t: &[u64; crate::attrib::N_TIME]) -> Self {
+        let mut c = Components::default();
+        for k in Component::ALL {
+            if let Some(s) = k.slot() {
+                c.set(k, Some(t[s]));
+            }
+        }
+        c
     }
 }
 
 /// Counter values; serialised as `{"majflt_file": …, …}`.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct Counters(pub [Option<u64>; 8]);
-named_array!(Counters, Counter, 8, name);
+pub struct Counters(pub [Option<u64>; Counter::N]);
+named_array!(Counters, Counter, Counter::N, json_key);
+
+impl Counters {
+    /// The counters the kernel keeps per thread (`attrib::ThreadState::cnt`,
+    /// indexed by each counter's `slot`); the others are not measured here.
+    pub fn from_kernel(c: &[u64; crate::attrib::N_CNT]) -> Self {
+        let mut m = Counters::default();
+        for k in Counter::ALL {
+            if let Some(s) = k.slot() {
+                m.set(k, Some(c[s]));
+            }
+        }
+        m
+    }
+}
 
 /// What kind of step a token record covers.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -233,6 +142,18 @@ pub enum StepKind {
     Call,
     /// A fixed time window (no markers).
     Window,
+}
+
+impl StepKind {
+    pub const ALL: [StepKind; 4] = [StepKind::Prompt, StepKind::Generate, StepKind::Call, StepKind::Window];
+    /// Its row of the vocabulary (`vocab::STEPS`, same order).
+    pub fn row(self) -> &'static crate::vocab::Row {
+        &crate::vocab::STEPS[self as usize]
+    }
+    /// The label value and JSON name (`generate`, …).
+    pub fn name(self) -> &'static str {
+        self.row().name
+    }
 }
 
 /// One thread's share of a token.
@@ -373,14 +294,42 @@ pub struct ProcessSample {
     pub mem_available_bytes: Option<u64>,
 }
 
-/// Cumulative latency histograms kept in the kernel, by kind
-/// (`fault_minor`, `fault_major_file`, `fault_major_swap`, `zram_read`,
-/// `disk_read`). Per-bucket counts (not cumulative): bucket `i` counts values
-/// in `(2^(i-1), 2^i]` ns (`observer_common::hist`); the last is +Inf.
+/// Cumulative latency histograms kept in the kernel, by kind (the rows of
+/// `vocab::HISTOGRAMS`: `minflt`, `majflt_file`, `majflt_swap`, `zram_read`,
+/// `disk_read`; older traces' names are read as these). Per-bucket counts (not
+/// cumulative): bucket `i` counts values in `(2^(i-1), 2^i]` ns
+/// (`observer_common::hist`); the last is +Inf.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct LatencyHistograms {
     pub mono_ns: u64,
+    #[serde(deserialize_with = "histogram_kinds")]
     pub kinds: BTreeMap<String, Vec<u64>>,
+    /// Exact sum of the values of each kind, nanoseconds (the kernel adds each
+    /// event's value); absent in traces recorded before the kernel kept it.
+    #[serde(default, deserialize_with = "histogram_kinds")]
+    pub sum_ns: BTreeMap<String, u64>,
+}
+
+impl LatencyHistograms {
+    /// From the kernel's histograms, indexed by the kinds' `slot`s.
+    pub fn from_kernel(mono_ns: u64, hists: &[crate::attrib::Hist]) -> Self {
+        let mut h = LatencyHistograms { mono_ns, ..Default::default() };
+        for k in LatencyKind::ALL {
+            if let Some(x) = hists.get(k.slot()) {
+                h.kinds.insert(k.name().into(), x.b.to_vec());
+                h.sum_ns.insert(k.name().into(), x.sum);
+            }
+        }
+        h
+    }
+}
+
+/// A map keyed by histogram kind, older names read as the current ones.
+fn histogram_kinds<'de, D: Deserializer<'de>, V: Deserialize<'de>>(d: D) -> Result<BTreeMap<String, V>, D::Error> {
+    let m = BTreeMap::<String, V>::deserialize(d)?;
+    Ok(m.into_iter()
+        .map(|(k, v)| (crate::vocab::canonical(crate::vocab::Class::Histogram, &k).map(String::from).unwrap_or(k), v))
+        .collect())
 }
 
 /// The observer's own health and cost, sampled during the run.
@@ -416,6 +365,8 @@ pub enum Event {
     Process(ProcessSample),
     Histograms(LatencyHistograms),
     Health(ObserverHealth),
+    /// Per-thread and per-device totals, once, before `End` (`crate::totals`).
+    Totals(RunTotals),
     End(RunEnd),
 }
 
@@ -450,7 +401,7 @@ mod tests {
             n_tokens: 1,
             start_ns: 10,
             wall_ns: 100,
-            components: Components::all_measured([60, 10, 5, 5, 0, 0, 10, 5, 5]),
+            components: Components::from_kernel(&[60, 10, 5, 5, 0, 0, 10, 5, 5]),
             residual_ns: 0,
             counters: Counters::default(),
             engine_compute_ns: Some(80),
@@ -466,5 +417,58 @@ mod tests {
         let back: Event = serde_json::from_str(&j).unwrap();
         assert_eq!(back, Event::Token(t.clone()));
         assert_eq!(t.hidden_ns(), Some(20));
+        // Components the kernel does not measure are `null`, and the measured ones add up.
+        assert!(j.contains("\"unattributed_ns\":null") && j.contains("\"io_wait_peer_ns\":null"), "{j}");
+        assert_eq!(t.components.sum(), 100);
+    }
+
+    #[test]
+    fn older_histogram_names_read_as_the_vocabulary_s() {
+        let h: Event = serde_json::from_str(
+            r#"{"type":"histograms","mono_ns":1,"kinds":{"fault_major_file":[0,2],"fault_minor":[1],"zram_read":[3]}}"#,
+        )
+        .unwrap();
+        let Event::Histograms(h) = h else { panic!("{h:?}") };
+        assert_eq!(h.kinds.keys().collect::<Vec<_>>(), ["majflt_file", "minflt", "zram_read"]);
+        assert!(h.sum_ns.is_empty(), "no sums in older traces");
+    }
+
+    #[test]
+    fn residency_keys_are_the_vocabulary_s() {
+        let r = Residency {
+            dense_resident_frac: Some(1.0),
+            dense_swapped_frac: Some(0.0),
+            experts_resident_frac: Some(0.5),
+            grid: None,
+        };
+        let j = serde_json::to_value(&r).unwrap();
+        let keys: Vec<&str> = j.as_object().unwrap().keys().map(String::as_str).collect();
+        let mut want: Vec<&str> = crate::vocab::ResidencyField::ALL
+            .iter()
+            .filter(|f| **f != crate::vocab::ResidencyField::File)
+            .map(|f| f.json_key())
+            .collect();
+        want.sort();
+        assert_eq!(keys, want);
+    }
+
+    #[test]
+    fn step_kinds_are_the_vocabulary_s() {
+        for k in StepKind::ALL {
+            assert_eq!(serde_json::to_string(&k).unwrap(), alloc::format!("\"{}\"", k.name()));
+        }
+        assert_eq!(StepKind::ALL.len(), crate::vocab::STEPS.len());
+    }
+
+    #[test]
+    fn kernel_slots_fill_the_measured_components() {
+        let c = Components::from_kernel(&[1, 2, 3, 4, 5, 6, 7, 8, 9]);
+        assert_eq!(c.get(Component::Compute), Some(1));
+        assert_eq!(c.get(Component::IoWait), Some(5));
+        assert_eq!(c.get(Component::IoWaitPeer), None);
+        assert_eq!(c.get(Component::Reclaim), Some(6));
+        assert_eq!(c.get(Component::Sleep), Some(9));
+        assert_eq!(c.get(Component::Unattributed), None);
+        assert_eq!(c.sum(), 45);
     }
 }

@@ -17,7 +17,7 @@ use aya_ebpf::{
 };
 use observer_common::{
     GlobalCounter, ThreadFaults,
-    attrib::{F_FAULT_FILE, H_FAULT_MAJOR_FILE, H_FAULT_MAJOR_SWAP, H_FAULT_MINOR},
+    attrib::{F_FAULT_FILE, H_MAJFLT_FILE, H_MAJFLT_SWAP, H_MINFLT},
     hist::bucket_of,
 };
 
@@ -72,9 +72,9 @@ fn fault_exit(major: bool) -> u32 {
         let (lat, class) = res;
         if lat != 0 {
             let h = match class {
-                0 => H_FAULT_MINOR,
-                1 => H_FAULT_MAJOR_FILE,
-                _ => H_FAULT_MAJOR_SWAP,
+                0 => H_MINFLT,
+                1 => H_MAJFLT_FILE,
+                _ => H_MAJFLT_SWAP,
             };
             hist_add(h, lat);
         }

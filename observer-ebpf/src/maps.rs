@@ -9,7 +9,6 @@ use observer_common::{
     Config, GlobalCounter, ThreadFaults,
     attrib::{BioInflight, BioKey, DevIo, F_ON_CPU, Hist, MAX_SLOTS, N_HIST, ThreadState, TpOffsets},
     faults::GLOBAL_COUNTERS,
-    hist::bucket_of,
 };
 
 /// Upper bound on threads with per-thread fault histograms.
@@ -96,16 +95,12 @@ pub fn bump(counter: GlobalCounter) {
     }
 }
 
+/// Count `v` ns in latency histogram `h` (`attrib::H_*`): its bucket and the sum.
 #[inline(always)]
 pub fn hist_add(h: u32, v: u64) {
     if let Some(p) = HISTS.get_ptr_mut(h) {
-        let b = bucket_of(v);
-        // SAFETY: per-CPU value.
-        unsafe {
-            if let Some(c) = (*p).b.get_mut(b) {
-                *c += 1;
-            }
-        }
+        // SAFETY: per-CPU value; programs do not nest on one CPU for these hooks.
+        unsafe { (*p).add(v) };
     }
 }
 

@@ -8,7 +8,7 @@
 //! switch of that thread fell between them, see `emit_current`). Each copy (checking its update
 //! sequence, so torn copies are retried once and then counted as lost) and
 //! sent as a `ThreadRecord`; then one `MarkRecord` (with a copy of the
-//! engine's per-token record at `end`). User space closes each copy at the
+//! engine's per-token record at `end`, `moe_abi::markers`). User space closes each copy at the
 //! mark's instant (`ThreadState::account`) and subtracts consecutive marks.
 //! Minimum kernel: 5.8 (ring buffer).
 
@@ -181,6 +181,8 @@ fn mark(phase: u32, index: u64, engine_rec: u64) -> u32 {
         (*r).has_engine = 0;
         (*r).churn_added = FILEMAP_TOTALS.get(T_ADD_PAGES).map(|v| read_volatile(v)).unwrap_or(0);
         (*r).churn_evicted = FILEMAP_TOTALS.get(T_DEL_PAGES).map(|v| read_volatile(v)).unwrap_or(0);
+        // Exactly the engine's record (`ENGINE_REC_BYTES` is its size in `moe_abi`): a byte more
+        // could lie on an unmapped page and fail the whole copy.
         if engine_rec != 0 && bpf_probe_read_user_buf(engine_rec as *const u8, &mut *addr_of_mut!((*r).engine)).is_ok()
         {
             (*r).has_engine = 1;

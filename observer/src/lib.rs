@@ -1,24 +1,17 @@
 //! The observer's library: probes, attribution, outputs. The `observer`
 //! binary is a thin CLI over it (`src/main.rs`, `src/cmd/`).
+//!
+//! Layers, each a folder; dependencies point down this list, never up:
+//! - `cmd/` (the binary, `src/cmd/`): argument parsing only;
+//! - [`sinks`]: consumers of the model stream (per-token lines, the end-of-run
+//!   summary, Prometheus, the trace writer);
+//! - [`analysis`]: what is computed from a run (statistics, `diff`, the
+//!   report, exports);
+//! - [`store`]: runs on disk (the trace format, imports of other formats);
+//! - [`capture`]: what produces the model stream (eBPF probes, tracefs, the
+//!   target process, token assembly, residency, the procfs fallback).
 
-pub mod attribution;
-pub mod bpf;
-pub mod diff;
-pub mod engine_abi;
-pub mod export;
-pub mod header;
-pub mod import;
-pub mod metrics;
-pub mod preflight;
-pub mod procfs;
-pub mod procsample;
-pub mod report;
-pub mod residency;
-pub mod seed;
-pub mod sink;
-pub mod stats;
-pub mod syscalls;
-pub mod target;
-pub mod tokens;
-pub mod trace;
-pub mod tracefs;
+pub mod analysis;
+pub mod capture;
+pub mod sinks;
+pub mod store;

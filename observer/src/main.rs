@@ -8,6 +8,12 @@ use clap::{Parser, Subcommand};
 #[derive(Debug, Parser)]
 #[command(name = "observer", version, about = "Where the time of a token really goes (eBPF)")]
 struct Cli {
+    /// More diagnostics on stderr: -v debug, -vv trace (`RUST_LOG` overrides).
+    #[arg(short, long, global = true, action = clap::ArgAction::Count)]
+    verbose: u8,
+    /// Fewer diagnostics: -q warnings and errors only, -qq errors only.
+    #[arg(short, long, global = true, action = clap::ArgAction::Count, conflicts_with = "verbose")]
+    quiet: u8,
     #[command(subcommand)]
     cmd: Cmd,
 }
@@ -35,6 +41,7 @@ enum Cmd {
 
 fn main() {
     let cli = Cli::parse();
+    cmd::init_logging(cli.verbose, cli.quiet);
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build();
     let result = match rt {
         Ok(rt) => rt.block_on(async {

@@ -46,7 +46,7 @@ fn single_token(r: &ObserverRun) -> (&Value, &Value) {
 #[test]
 fn busy_loop_is_compute() {
     let _l = machine_lock();
-    let r = observe("busy.json", &["--", WORKLOAD, "busy", "--ms", "1500"]);
+    let r = observe("busy.json", &["--", workload(), "busy", "--ms", "1500"]);
     assert_components_add_up(&r);
     let (t, w) = single_token(&r);
     let compute = ns(t, "compute");
@@ -72,7 +72,7 @@ fn busy_loop_is_compute() {
 #[test]
 fn sleep_is_sleep() {
     let _l = machine_lock();
-    let r = observe("sleep.json", &["--", WORKLOAD, "sleep", "--ms", "1000"]);
+    let r = observe("sleep.json", &["--", workload(), "sleep", "--ms", "1000"]);
     assert_components_add_up(&r);
     let (t, w) = single_token(&r);
     let wall = u(w, "wall_ns");
@@ -90,7 +90,7 @@ fn direct_reads_are_io_wait() {
     let file = scratch_dir("pread").join("direct.bin");
     let r = observe(
         "pread.json",
-        &["--", WORKLOAD, "pread-direct", "--size", "256M", "--block", "1M", "--path", file.to_str().unwrap()],
+        &["--", workload(), "pread-direct", "--size", "256M", "--block", "1M", "--path", file.to_str().unwrap()],
     );
     assert_components_add_up(&r);
     let (t, w) = single_token(&r);
@@ -108,7 +108,7 @@ fn file_refaults_are_fault_io() {
     let file = scratch_dir("refault-attr").join("refault.bin");
     let r = observe(
         "refault-attr.json",
-        &["--", WORKLOAD, "file-refault", "--size", "128M", "--path", file.to_str().unwrap()],
+        &["--", workload(), "file-refault", "--size", "128M", "--path", file.to_str().unwrap()],
     );
     assert_components_add_up(&r);
     let (t, w) = single_token(&r);
@@ -129,7 +129,7 @@ fn zram_swapins_are_measured_and_not_compute() {
     let cg = testkit::MemCgroup::new("obs-zram", 200 << 20).expect("memory cgroup");
     let pswpin0 = testkit::vmstat("pswpin").unwrap();
     let dir = cg.dir().to_str().unwrap().to_string();
-    let r = observe("zram.json", &["--cgroup", &dir, "--", WORKLOAD, "swap", "--size", "256M", "--balloon", "128M"]);
+    let r = observe("zram.json", &["--cgroup", &dir, "--", workload(), "swap", "--size", "256M", "--balloon", "128M"]);
     let pswpin = testkit::vmstat("pswpin").unwrap() - pswpin0;
     assert_components_add_up(&r);
     let (t, w) = single_token(&r);
@@ -149,7 +149,7 @@ fn zram_swapins_are_measured_and_not_compute() {
 fn token_symbol_marks_calls_of_any_function() {
     let _l = machine_lock();
     // A function of the executable.
-    let r = observe("call-exe.json", &["--token-symbol", "workload_phase", "--", WORKLOAD, "busy", "--ms", "400"]);
+    let r = observe("call-exe.json", &["--token-symbol", "workload_phase", "--", workload(), "busy", "--ms", "400"]);
     assert_components_add_up(&r);
     let (t, w) = single_token(&r);
     assert_eq!(t["kind"], "call");
@@ -161,7 +161,7 @@ fn token_symbol_marks_calls_of_any_function() {
         .find(|p| std::path::Path::new(p).exists())
         .expect("glibc not found");
     let spec = format!("clock_nanosleep:{libc_path}");
-    let r = observe("call-lib.json", &["--token-symbol", &spec, "--", WORKLOAD, "sleep", "--ms", "400"]);
+    let r = observe("call-lib.json", &["--token-symbol", &spec, "--", workload(), "sleep", "--ms", "400"]);
     let (t, w) = single_token(&r);
     assert_eq!(t["kind"], "call");
     assert_within(
@@ -187,7 +187,8 @@ fn block_reads_per_device_match_sys_block() {
         s.split_whitespace().nth(2).unwrap().parse().unwrap()
     };
     let before = sectors_read();
-    let r = observe("devio.json", &["--", WORKLOAD, "file-refault", "--size", "64M", "--path", file.to_str().unwrap()]);
+    let r =
+        observe("devio.json", &["--", workload(), "file-refault", "--size", "64M", "--path", file.to_str().unwrap()]);
     let sys_bytes = (sectors_read() - before) * 512;
     let devs = r.summary["devices"].as_array().unwrap();
     let d = devs
@@ -210,7 +211,8 @@ fn markers_are_found_after_a_wrapper_execs() {
     // `sh -c 'exec workload …'`: the spawned program has no markers; the one it
     // execs has. The observer holds it at the exec until the markers are attached,
     // so even a token that starts at once is seen.
-    let script = format!("exec {WORKLOAD} busy --ms 200");
+    let workload = workload();
+    let script = format!("exec {workload} busy --ms 200");
     let r = observe("wrapped.json", &["--", "/bin/sh", "-c", &script]);
     let err = String::from_utf8_lossy(&r.output.stderr);
     assert!(err.contains("engine markers attached"), "{err}");

@@ -30,13 +30,13 @@ fn an_oom_kill_of_the_target_is_reported() {
     cg.group().set_swap_limit(Some(0)).expect("no swap for the group: beyond the limit is out of memory");
     let dir = cg.dir().to_str().unwrap().to_string();
     let oom0 = oom_kills();
-    let (out, err) = observer_run(&["--every", "0", "--cgroup", &dir, "--", WORKLOAD, "anon", "--size", "512M"]);
+    let (out, err) = observer_run(&["--every", "0", "--cgroup", &dir, "--", workload(), "anon", "--size", "512M"]);
     let machine = oom_kills() - oom0;
     assert_eq!(out.status.code(), Some(128 + libc::SIGKILL), "the target's end, as the observer returns it:\n{err}");
     assert!(machine >= 1, "/proc/vmstat oom_kill did not move: was the workload OOM-killed?\n{err}");
     let line = err.lines().find(|l| l.contains("OOM killer")).unwrap_or_else(|| panic!("no OOM line:\n{err}"));
     assert!(
-        line.starts_with(&format!("observer: the target was killed by the OOM killer of its cgroup {dir} (")),
+        line.starts_with(&format!("observer: warning: the target was killed by the OOM killer of its cgroup {dir} (")),
         "{line}"
     );
     assert!(line.contains(&format!("{}: 1 OOM kill(s) there", cg.group().version())), "{line}");
@@ -51,7 +51,7 @@ fn an_oom_kill_of_another_process_in_the_group_is_not_blamed_on_the_target() {
     let dir = cg.dir().to_str().unwrap().to_string();
     let oom0 = oom_kills();
     let observer = Command::new(OBSERVER)
-        .args(["run", "--every", "0", "--cgroup", &dir, "--", WORKLOAD, "sleep", "--ms", "4000"])
+        .args(["run", "--every", "0", "--cgroup", &dir, "--", workload(), "sleep", "--ms", "4000"])
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())
         .spawn()
@@ -72,7 +72,7 @@ fn an_oom_kill_of_another_process_in_the_group_is_not_blamed_on_the_target() {
     let line = err.lines().find(|l| l.contains("OOM killer")).unwrap_or_else(|| panic!("no OOM line:\n{err}"));
     assert!(
         line.starts_with(&format!(
-            "observer: the OOM killer of the cgroup {dir} killed 1 process(es) there during the run, not the target"
+            "observer: warning: the OOM killer of the cgroup {dir} killed 1 process(es) there during the run, not the target"
         )),
         "{line}"
     );

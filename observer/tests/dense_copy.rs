@@ -25,7 +25,7 @@ use std::{
 };
 
 use common::*;
-use observer::residency::anon::{DenseCopy, DenseRange};
+use observer::capture::residency::anon::{DenseCopy, DenseRange};
 use serde_json::Value;
 
 const PAGE: u64 = 4096;

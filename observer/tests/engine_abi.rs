@@ -1,115 +1,68 @@
-//! The engine defines its own copy of the token-marker record (it does not depend on the
-//! observer): both definitions must have the same size, alignment and field offsets, and the
-//! observer must decode what the engine writes. The same for the dense-regions header the
-//! engine publishes its anonymous dense copy in (`moe_engine_dense_regions`).
+//! The engine and the observer share one ABI, the `moe-abi` crate, so there are no two copies to
+//! compare. What is checked here: the *built* `engine` binary exports what the ABI specifies, in
+//! its layout, found the way the observer finds it; and the observer's reader reads what the
+//! engine's placement publishes.
 
-use std::mem::{align_of, offset_of, size_of};
-
-use engine::markers as eng;
-use observer::engine_abi::{self as abi, TokenRecordV1};
-
-macro_rules! same_offsets {
-    ($($f:ident),* $(,)?) => {
-        $(
-            assert_eq!(
-                offset_of!(eng::TokenRecord, $f),
-                offset_of!(TokenRecordV1, $f),
-                concat!("offset of `", stringify!($f), "`")
-            );
-        )*
-    };
-}
-
-#[test]
-fn engine_record_has_the_observers_layout() {
-    assert_eq!(size_of::<eng::TokenRecord>(), size_of::<TokenRecordV1>());
-    assert_eq!(size_of::<eng::TokenRecord>(), abi::RECORD_SIZE);
-    assert_eq!(align_of::<eng::TokenRecord>(), align_of::<TokenRecordV1>());
-    same_offsets!(
-        magic,
-        version,
-        size,
-        kind,
-        index,
-        n_tokens,
-        wall_ns,
-        compute_ns,
-        io_ns,
-        stall_ns,
-        mgmt_ns,
-        read_bytes,
-        majflt,
-        cpu_ns,
-        cache_hit_pct,
-        dense_resident_frac,
-        rss_bytes,
-        rss_anon_bytes,
-        rss_file_bytes,
-        swap_bytes,
-        mem_available_bytes,
-    );
-    assert_eq!((eng::MAGIC, eng::VERSION, eng::RECORD_SIZE), (abi::MAGIC, abi::VERSION, abi::RECORD_SIZE));
-    assert_eq!((eng::SYM_BEGIN, eng::SYM_END), (abi::SYM_BEGIN, abi::SYM_END));
-}
-
-#[test]
-fn observer_decodes_an_engine_record() {
-    let mut r = eng::TokenRecord::new(eng::KIND_GENERATE, 7, 1);
-    r.wall_ns = 5_000_000;
-    r.compute_ns = 4_900_000;
-    r.mgmt_ns = 100_000;
-    r.io_ns = 0;
-    r.dense_resident_frac = 0.25;
-    r.swap_bytes = 3 << 20;
-    // SAFETY: repr(C) plain data of RECORD_SIZE bytes, read as bytes.
-    let bytes = unsafe { std::slice::from_raw_parts((&r as *const eng::TokenRecord).cast::<u8>(), eng::RECORD_SIZE) };
-    let d = abi::decode(bytes).expect("the observer decodes the engine's record");
-    assert_eq!(d.kind, observer_common::model::StepKind::Generate);
-    assert_eq!((d.index, d.n_tokens), (7, 1));
-    let t = d.telemetry;
-    assert_eq!(
-        (t.wall_ns, t.compute_ns, t.mgmt_ns, t.io_ns),
-        (Some(5_000_000), Some(4_900_000), Some(100_000), Some(0))
-    );
-    assert_eq!(t.dense_resident_frac, Some(0.25));
-    assert_eq!(t.swap_bytes, Some(3 << 20));
-    assert_eq!((t.majflt, t.cache_hit_pct, t.rss_bytes), (None, None, None), "not measured");
-}
-
-// ---- the dense-regions ABI (`moe_engine_dense_regions`) ------------------------
+use std::{
+    mem::size_of,
+    path::{Path, PathBuf},
+};
 
 use engine::dense_regions as dr;
-use observer::residency::anon::{self as oa, DenseCopy, DenseRegionsV1};
+use moe_abi::{dense_regions::DenseRegions, expert_slots, markers};
+use object::{Object, ObjectSection, ObjectSymbol, SymbolKind};
+use observer::capture::{bpf::elf_symbol_addr, residency::anon::DenseCopy};
+
+/// The release `engine` binary beside the observer's (`cargo xtask test` builds both).
+fn engine_bin() -> PathBuf {
+    let p = Path::new(env!("CARGO_BIN_EXE_observer")).with_file_name("engine");
+    assert!(p.exists(), "{} missing: run `cargo build --release -p engine` (cargo xtask test does)", p.display());
+    p
+}
+
+#[test]
+fn the_engine_binary_exports_the_abi_in_the_crates_layout() {
+    let exe = engine_bin();
+    let data = std::fs::read(&exe).unwrap_or_else(|e| panic!("{}: {e}", exe.display()));
+    let file = object::File::parse(&*data).expect("the engine is an ELF file");
+    let symbol = |name: &str| {
+        let at = elf_symbol_addr(&exe, name);
+        let sym = file.symbols().find(|s| s.name() == Ok(name) && s.is_definition());
+        assert_eq!(sym.as_ref().map(|s| s.address()), at, "{name}: the observer's lookup finds the symbol");
+        sym
+    };
+    // The token markers: two functions at distinct addresses.
+    let marks: Vec<_> = [markers::SYM_BEGIN, markers::SYM_END]
+        .map(|name| symbol(name).unwrap_or_else(|| panic!("{} does not export {name}", exe.display())))
+        .into();
+    for m in &marks {
+        assert_eq!(m.kind(), SymbolKind::Text, "{:?} is a function", m.name());
+    }
+    assert_ne!(marks[0].address(), marks[1].address(), "the markers were folded to one address");
+
+    // The dense-regions header: a data object of the crate's size, initialised to an empty table.
+    let h = symbol(dr::SYMBOL).unwrap_or_else(|| panic!("{} does not export {}", exe.display(), dr::SYMBOL));
+    assert_eq!(h.kind(), SymbolKind::Data, "{} is a data object", dr::SYMBOL);
+    assert_eq!(h.size(), size_of::<DenseRegions>() as u64, "{} has the crate's size", dr::SYMBOL);
+    let sec = file.section_by_index(h.section_index().expect("a defined symbol has a section")).unwrap();
+    let image = sec.data().unwrap();
+    let at = (h.address() - sec.address()) as usize;
+    let header = DenseRegions::parse_header(&image[at..at + h.size() as usize]).expect("the header in the file");
+    assert!(header.stable() && header.is_empty() && header.seq == 0, "nothing published in the image: {header:?}");
+
+    // The expert-cache slot table is reserved: no engine writes it yet.
+    assert!(
+        symbol(expert_slots::SYMBOL).is_none(),
+        "the engine now exports {}: check its size and image here like the dense-regions header's",
+        expert_slots::SYMBOL
+    );
+}
 
 /// This test binary exports the header as the `engine` binary does (`engine/src/main.rs`), so
 /// that the observer's reader can find it in `/proc/self/exe`.
 #[unsafe(no_mangle)]
 #[used]
-pub static moe_engine_dense_regions: dr::DenseRegions = dr::DenseRegions::new();
-
-#[test]
-fn engine_dense_regions_have_the_observers_layout() {
-    assert_eq!(size_of::<dr::DenseRegions>(), size_of::<DenseRegionsV1>());
-    assert_eq!(size_of::<dr::DenseRegions>(), oa::HEADER_SIZE);
-    assert_eq!(align_of::<dr::DenseRegions>(), align_of::<DenseRegionsV1>());
-    for (e, o) in [
-        (offset_of!(dr::DenseRegions, magic), offset_of!(DenseRegionsV1, magic)),
-        (offset_of!(dr::DenseRegions, version), offset_of!(DenseRegionsV1, version)),
-        (offset_of!(dr::DenseRegions, seq), offset_of!(DenseRegionsV1, seq)),
-        (offset_of!(dr::DenseRegions, count), offset_of!(DenseRegionsV1, count)),
-        (offset_of!(dr::DenseRegions, table), offset_of!(DenseRegionsV1, table)),
-    ] {
-        assert_eq!(e, o, "header field offsets");
-    }
-    assert_eq!(size_of::<dr::DenseRange>(), size_of::<oa::DenseRange>());
-    assert_eq!(size_of::<dr::DenseRange>(), oa::ENTRY_SIZE);
-    assert_eq!(offset_of!(dr::DenseRange, addr), offset_of!(oa::DenseRange, addr));
-    assert_eq!(offset_of!(dr::DenseRange, len), offset_of!(oa::DenseRange, len));
-    assert_eq!(offset_of!(dr::DenseRange, file_offset), offset_of!(oa::DenseRange, file_offset));
-    assert_eq!((dr::MAGIC, dr::VERSION, dr::SYMBOL), (oa::MAGIC, oa::VERSION, oa::SYMBOL));
-    let h = dr::DenseRegions::new();
-    assert_eq!((h.magic, h.version), (oa::MAGIC, oa::VERSION));
-}
+pub static moe_engine_dense_regions: DenseRegions = DenseRegions::new();
 
 /// The engine's placement publishes its copy, the observer's reader finds it in this process
 /// (symbol, load bias, `/proc/self/mem`, seqlock) with the same entries, `/proc/self/pagemap`
@@ -132,9 +85,7 @@ fn observer_reads_what_the_engine_placement_publishes() {
     let published = m.placement.published_ranges();
     assert!(!published.is_empty());
     let seen = reader.ranges().unwrap().expect("the symbol");
-    let want: Vec<oa::DenseRange> =
-        published.iter().map(|d| oa::DenseRange { addr: d.addr, len: d.len, file_offset: d.file_offset }).collect();
-    assert_eq!(seen, want, "the observer reads the engine's entries");
+    assert_eq!(seen, published, "the observer reads the engine's entries");
     // Each entry is a copy of the file's bytes at its offset.
     for d in &published {
         // SAFETY: a published range of the live copy (the model is alive and never written).

@@ -85,7 +85,7 @@ fn procfs_fallback_without_privileges() {
     let _l = testkit::machine_lock();
     let json = format!("/tmp/moe-observer-fallback-{}.json", std::process::id());
     let _ = std::fs::remove_file(&json);
-    let (observer, workload) = (shared_copy(OBSERVER), shared_copy(WORKLOAD));
+    let (observer, workload) = (shared_copy(OBSERVER), shared_copy(workload()));
     let out = Command::new("setpriv")
         .args(["--reuid=65534", "--regid=65534", "--clear-groups", "--inh-caps=-all", &observer, "run", "--fallback"])
         .args(["--window", "200ms", "--json", &json, "--", &workload, "busy", "--ms", "1000"])

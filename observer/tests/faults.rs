@@ -14,8 +14,10 @@ use common::*;
 fn file_refaults_match_getrusage() {
     let _l = machine_lock();
     let file = scratch_dir("refault").join("refault-256M.bin");
-    let r =
-        observe("refault.json", &["--", WORKLOAD, "file-refault", "--size", "256M", "--path", file.to_str().unwrap()]);
+    let r = observe(
+        "refault.json",
+        &["--", workload(), "file-refault", "--size", "256M", "--path", file.to_str().unwrap()],
+    );
     let w = &r.workload[0];
     let totals = &r.summary["totals"];
     assert!(u(w, "majflt") >= 60_000, "workload should take one major fault per page: {w}");
@@ -30,12 +32,20 @@ fn file_refaults_match_getrusage() {
     assert!(u(totals, "fault_ns") >= maj_ns);
     // Histogram counts agree with the counter.
     assert_eq!(u(&r.summary["majflt_hist"], "count"), u(totals, "majflt"));
+    // The kernel's latency histogram of major file faults keeps the exact sum of their
+    // latencies: the same faults as the per-thread accumulators bracket, and most of the
+    // workload's own wall time (it does little else than fault the pages in).
+    let h = &r.summary["latency"]["majflt_file"];
+    assert_within("file-fault latency count", u(h, "count"), u(w, "majflt"), 0.02);
+    let sum = u(h, "sum_ns");
+    assert_within("file-fault latency sum vs the per-thread accumulators", sum, maj_ns, 0.02);
+    assert!(sum < u(w, "wall_ns") && 2 * sum > u(w, "wall_ns"), "sum {sum} ns vs the workload's wall {w}");
 }
 
 #[test]
 fn anonymous_minor_faults_match_getrusage() {
     let _l = machine_lock();
-    let r = observe("anon.json", &["--", WORKLOAD, "anon", "--size", "256M"]);
+    let r = observe("anon.json", &["--", workload(), "anon", "--size", "256M"]);
     let w = &r.workload[0];
     let totals = &r.summary["totals"];
     assert!(u(w, "minflt") >= 65_000, "one minor fault per 4 KiB page expected: {w}");
@@ -47,7 +57,7 @@ fn anonymous_minor_faults_match_getrusage() {
 #[test]
 fn per_thread_rows_add_up() {
     let _l = machine_lock();
-    let r = observe("threads.json", &["--", WORKLOAD, "anon", "--size", "256M", "--threads", "4"]);
+    let r = observe("threads.json", &["--", workload(), "anon", "--size", "256M", "--threads", "4"]);
     let threads = r.summary["threads"].as_array().expect("threads array");
     // The main thread plus four workers.
     let workers: Vec<_> = threads.iter().filter(|t| u(t, "minflt") >= 16_000).collect();
@@ -64,7 +74,7 @@ fn other_processes_are_not_counted() {
     let _l = machine_lock();
     // A second process faulting anonymous memory over and over at the same
     // time, not observed (it runs until killed).
-    let mut noise = Command::new(WORKLOAD)
+    let mut noise = Command::new(workload())
         .args(["anon", "--size", "64M", "--repeat", "1000000"])
         .stdout(Stdio::null())
         .spawn()
@@ -75,7 +85,7 @@ fn other_processes_are_not_counted() {
     };
     std::thread::sleep(Duration::from_millis(200));
     let noise_before = minflt(noise.id());
-    let r = observe("filter.json", &["--", WORKLOAD, "anon", "--size", "256M", "--repeat", "2"]);
+    let r = observe("filter.json", &["--", workload(), "anon", "--size", "256M", "--repeat", "2"]);
     let noise_during = minflt(noise.id()) - noise_before;
     noise.kill().ok();
     noise.wait().ok();
@@ -208,7 +218,7 @@ fn sigint_ends_cleanly_with_summary() {
 #[test]
 fn attach_sees_target_exit() {
     let _l = machine_lock();
-    let mut target = Command::new(WORKLOAD)
+    let mut target = Command::new(workload())
         .args(["anon", "--size", "64M", "--delay-ms", "1000"])
         .stdout(Stdio::piped())
         .spawn()
@@ -228,7 +238,7 @@ fn attach_sees_target_exit() {
 #[test]
 fn json_uses_the_design_vocabulary() {
     let _l = machine_lock();
-    let r = observe("vocab.json", &["--", WORKLOAD, "anon", "--size", "16M"]);
+    let r = observe("vocab.json", &["--", workload(), "anon", "--size", "16M"]);
     let s = &r.summary;
     for key in ["majflt", "minflt", "fault_ns"] {
         assert!(s["totals"][key].is_u64(), "totals.{key} missing: {s}");

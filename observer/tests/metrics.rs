@@ -18,6 +18,7 @@ use std::{
 };
 
 use common::*;
+use observer_common::vocab;
 use serde_json::Value;
 
 const TEXT: &str = "text/plain";
@@ -188,7 +189,7 @@ fn named_workload(name: &str) -> PathBuf {
     let dir = scratch_dir("named-workloads");
     let p = dir.join(name);
     let tmp = dir.join(format!("{name}.tmp"));
-    std::fs::copy(WORKLOAD, &tmp).expect("copy the workload binary");
+    std::fs::copy(workload(), &tmp).expect("copy the workload binary");
     std::fs::rename(&tmp, &p).unwrap();
     p
 }
@@ -366,7 +367,7 @@ fn substitute(expr: &str, d: &Value, range_s: u64) -> String {
 }
 
 /// Metrics that `observer run` cannot produce yet on this branch: residency
-/// and page-cache churn need the residency sampler (`observer::residency` on
+/// and page-cache churn need the residency sampler (`observer::capture::residency` on
 /// the `resid` branch) wired into the run loop (`TokenRecord::residency`,
 /// `Counter::PagecacheAdded/Evicted`). Their panels are checked to return
 /// *nothing* here, so that this test fails — and this list must go — as soon
@@ -378,8 +379,8 @@ const RESIDENCY_METRICS: &[&str] = &[
     "moe_observer_dense_swapped_ratio",
     "moe_observer_experts_resident_ratio",
     "moe_observer_layer_experts_resident_ratio",
-    "moe_observer_pagecache_added_total",
-    "moe_observer_pagecache_evicted_total",
+    "moe_observer_pagecache_added_pages_total",
+    "moe_observer_pagecache_evicted_pages_total",
 ];
 
 /// Metrics the dashboard test's run (the workload, not an engine) cannot produce: their panels
@@ -400,22 +401,22 @@ fn shown_metric(expr: &str) -> &str {
     &rest[..rest.find(|c: char| !(c.is_ascii_alphanumeric() || c == '_')).unwrap_or(rest.len())]
 }
 
+/// Series selectors of kinds this run has none of (no swap): a panel of one of
+/// them only has to return data (zeros).
+const NONE_IN_THIS_RUN: &[&str] = &["kind=\"swap\"", "kind=\"zram\""];
+
 /// Expressions that this run (CPU, fresh anonymous pages, file refaults,
 /// engine-style compute reporting) must make non-zero somewhere, by the
 /// metric they show.
 const MUST_BE_POSITIVE: &[&str] = &[
-    "moe_observer_compute_seconds_total",
-    "moe_observer_fault_minor_seconds_total",
-    "moe_observer_fault_io_seconds_total",
-    "moe_observer_wall_seconds_total",
+    "moe_observer_time_seconds_total",
     "moe_observer_tokens_total",
     "moe_observer_engine_compute_seconds_total",
-    "moe_observer_majflt_file_total",
+    "moe_observer_faults_total",
     "moe_observer_read_bytes_total",
-    "moe_observer_fault_major_file_latency_seconds",
-    "moe_observer_fault_minor_latency_seconds",
-    "moe_observer_disk_read_latency_seconds",
-    "moe_observer_token_duration_seconds",
+    "moe_observer_fault_latency_seconds",
+    "moe_observer_block_read_latency_seconds",
+    "moe_observer_step_duration_seconds",
     "moe_observer_target_rss_anon_bytes",
     "moe_observer_probes_attached",
     "moe_observer_bpf_run_seconds_total",
@@ -495,12 +496,14 @@ fn prometheus_scrapes_a_run_and_every_dashboard_expression_returns_data() {
     let end = now_unix();
 
     // ---- the exported numbers against the workload's own (same run) -----
-    let g = |k: &str| val(&m, &format!("{k}{{kind=\"generate\"}}"));
+    let g = |k: &str| val(&m, &format!("{k}{{step=\"generate\"}}"));
+    let time = |c: &str| val(&m, &format!("moe_observer_time_seconds_total{{step=\"generate\",component=\"{c}\"}}"));
+    let faults = |k: &str| val(&m, &format!("moe_observer_faults_total{{step=\"generate\",kind=\"{k}\"}}"));
     assert_eq!(val(&m, "moe_observer_runs_total"), 1.0);
-    assert_eq!(g("moe_observer_steps_total"), 300.0, "one step per marked token");
+    assert_eq!(g("moe_observer_step_duration_seconds_count"), 300.0, "one step per marked token");
     assert_eq!(g("moe_observer_tokens_total"), 300.0);
     let wall_ns = sum(&ws, "wall_ns") as f64;
-    assert_close("wall vs the workload's clock", g("moe_observer_wall_seconds_total") * 1e9, wall_ns, 0.02);
+    assert_close("wall vs the workload's clock", g("moe_observer_step_duration_seconds_sum") * 1e9, wall_ns, 0.02);
     assert_close(
         "engine compute (= wall) vs the workload's clock",
         g("moe_observer_engine_compute_seconds_total") * 1e9,
@@ -509,46 +512,45 @@ fn prometheus_scrapes_a_run_and_every_dashboard_expression_returns_data() {
     );
     let on_cpu: f64 = ["compute", "fault_minor", "swapin_zram", "reclaim", "syscall"]
         .iter()
-        .map(|c| g(&format!("moe_observer_{c}_seconds_total")))
+        .filter(|c| m.contains_key(&format!("moe_observer_time_seconds_total{{step=\"generate\",component=\"{c}\"}}")))
+        .map(|c| time(c))
         .sum();
     assert_close("on-CPU components vs schedstat", on_cpu * 1e9, sum(&ws, "sched_cpu_ns") as f64, 0.05);
-    assert_close("minflt vs getrusage", g("moe_observer_minflt_total"), sum(&ws, "minflt") as f64, 0.02);
-    assert_close("majflt_file vs getrusage", g("moe_observer_majflt_file_total"), sum(&ws, "majflt") as f64, 0.02);
+    assert_close("minflt vs getrusage", faults("minor"), sum(&ws, "minflt") as f64, 0.02);
+    assert_close("majflt_file vs getrusage", faults("file"), sum(&ws, "majflt") as f64, 0.02);
     assert_close(
         "read bytes vs /proc/self/io",
         g("moe_observer_read_bytes_total"),
         sum(&ws, "io_read_bytes") as f64,
         0.02,
     );
-    assert_eq!(val(&m, "moe_observer_token_duration_seconds_count{kind=\"generate\"}"), 300.0);
-    assert_close(
-        "token duration sum vs wall",
-        val(&m, "moe_observer_token_duration_seconds_sum{kind=\"generate\"}"),
-        g("moe_observer_wall_seconds_total"),
-        1e-9,
-    );
     let hidden = g("moe_observer_engine_compute_seconds_total") - g("moe_observer_engine_steps_compute_seconds_total");
     assert!(hidden > 0.0, "refault waits are hidden in the engine's residual compute: {hidden}");
     // Kernel histograms: every major file fault of the target, counted by
-    // the kernel's getrusage in the workload (tokens are all of its faults).
-    let maj_count = val(&m, "moe_observer_fault_major_file_latency_seconds_bucket{le=\"+Inf\"}");
+    // the kernel's getrusage in the workload (tokens are all of its faults),
+    // with the kernel's exact sum and count.
+    let maj_count = val(&m, "moe_observer_fault_latency_seconds_bucket{kind=\"file\",le=\"+Inf\"}");
     assert_close("major-fault latency count vs getrusage", maj_count, sum(&ws, "majflt") as f64, 0.05);
-    assert!(
-        !m.keys().any(|k| k.starts_with("moe_observer_fault_major_file_latency_seconds_sum")
-            || k.starts_with("moe_observer_fault_major_file_latency_seconds_count")),
-        "no _sum (not kept by the kernel), hence no _count"
-    );
+    assert_eq!(val(&m, "moe_observer_fault_latency_seconds_count{kind=\"file\"}"), maj_count);
+    let maj_sum = val(&m, "moe_observer_fault_latency_seconds_sum{kind=\"file\"}");
+    assert!(maj_sum > 0.0 && maj_sum * 1e9 < wall_ns, "file-fault latency sum {maj_sum} s vs wall {wall_ns} ns");
 
     // ---- the same numbers in the run's JSON summary (exact) ---------------
     let s: Value = serde_json::from_str(&std::fs::read_to_string(&json).expect("serve wrote the run's JSON")).unwrap();
     let tokens = s["tokens"].as_array().unwrap();
     let tok_sum = |k: &str| tokens.iter().map(|t| t[k].as_u64().unwrap_or(0)).sum::<u64>();
-    assert_eq!((g("moe_observer_compute_seconds_total") * 1e9).round() as u64, tok_sum("compute_ns"));
-    assert_eq!((g("moe_observer_fault_io_seconds_total") * 1e9).round() as u64, tok_sum("fault_io_ns"));
-    assert_eq!(g("moe_observer_minflt_total") as u64, tok_sum("minflt"));
+    assert_eq!((time("compute") * 1e9).round() as u64, tok_sum("compute_ns"));
+    assert_eq!((time("fault_io") * 1e9).round() as u64, tok_sum("fault_io_ns"));
+    assert_eq!(faults("minor") as u64, tok_sum("minflt"));
     for (kind, h) in s["latency"].as_object().unwrap() {
-        let c = val(&m, &format!("moe_observer_{kind}_latency_seconds_bucket{{le=\"+Inf\"}}"));
+        // The histogram's series, as the vocabulary names it.
+        let p = vocab::lookup(vocab::Class::Histogram, kind).and_then(|r| r.prom).expect(kind);
+        let (k, v) = p.label.unwrap();
+        let name = vocab::metric_name(p.family);
+        let c = val(&m, &format!("{name}_bucket{{{k}=\"{v}\",le=\"+Inf\"}}"));
         assert_eq!(c as u64, h["count"].as_u64().unwrap(), "{kind} count vs the JSON summary");
+        let sum = val(&m, &format!("{name}_sum{{{k}=\"{v}\"}}"));
+        assert_eq!((sum * 1e9).round() as u64, h["sum_ns"].as_u64().unwrap(), "{kind} sum vs the JSON summary");
     }
     assert_eq!(val(&m, "moe_observer_lost_events_total") as u64, s["lost_events"].as_u64().unwrap());
     let bpf = val(&m, "moe_observer_bpf_run_seconds_total") * 1e9;
@@ -580,11 +582,23 @@ fn prometheus_scrapes_a_run_and_every_dashboard_expression_returns_data() {
         }
         if vals.is_empty() {
             failures.push(format!("{title}: {q}: no data"));
-        } else if MUST_BE_POSITIVE.iter().any(|n| shown_metric(expr).starts_with(n)) && !vals.iter().any(|v| *v > 0.0) {
+        } else if MUST_BE_POSITIVE.iter().any(|n| shown_metric(expr).starts_with(n))
+            && !NONE_IN_THIS_RUN.iter().any(|k| expr.contains(k))
+            && !vals.iter().any(|v| *v > 0.0)
+        {
             failures.push(format!("{title}: {q}: never positive during the run: {vals:?}"));
         }
     }
     assert!(failures.is_empty(), "{} of {} expressions failed:\n{}", failures.len(), exprs.len(), failures.join("\n"));
+    // The panels that show the components by label: the components this run spends time in
+    // are there, each positive.
+    for (title, expr) in exprs.iter().filter(|(_, e)| e.contains("by (component)")) {
+        let r = prom.query_range(&substitute(expr, &d, range_s), start, end);
+        for c in ["compute", "fault_minor", "fault_io"] {
+            let series: Vec<Value> = r.iter().filter(|s| s["metric"]["component"] == c).cloned().collect();
+            assert!(values(&series).iter().any(|v| *v > 0.0), "{title}: no positive {c}: {r:?}");
+        }
+    }
     assert!(obs.stop().success());
 }
 
@@ -721,9 +735,9 @@ fn dense_swapped_panel_shows_an_engine_copy_in_zram() {
 fn residency_metric_names_exist() {
     // The names the residency panels use are the exporter's (fed a token
     // record that carries residency, as the residency sampler will produce).
-    use observer::{
-        metrics::{Exporter, Format},
-        sink::Sink,
+    use observer::sinks::{
+        Sink,
+        prometheus::{Exporter, Format},
     };
     use observer_common::model::*;
     let ex = Exporter::new();
@@ -780,7 +794,7 @@ fn serve_follows_a_program_across_restarts_and_promtool_accepts_the_output() {
             m.get("moe_observer_runs_total") == Some(&f64::from(run)) && m.get("moe_observer_target_up") == Some(&0.0)
         });
         assert_eq!(
-            val(&m, "moe_observer_steps_total{kind=\"generate\"}"),
+            val(&m, "moe_observer_step_duration_seconds_count{step=\"generate\"}"),
             f64::from(20 * run),
             "every token of every run, on one endpoint; stderr:\n{}",
             obs.stderr()
@@ -792,7 +806,8 @@ fn serve_follows_a_program_across_restarts_and_promtool_accepts_the_output() {
                     assert!(now >= v, "{k} went down across a restart: {v} -> {now}");
                 }
             }
-            let minflt = |m: &BTreeMap<String, f64>| val(m, "moe_observer_minflt_total{kind=\"generate\"}");
+            let minflt =
+                |m: &BTreeMap<String, f64>| val(m, "moe_observer_faults_total{step=\"generate\",kind=\"minor\"}");
             assert_close(
                 "second run's minor faults vs getrusage",
                 minflt(&m) - minflt(prev),
@@ -817,7 +832,9 @@ fn serve_follows_a_program_across_restarts_and_promtool_accepts_the_output() {
     let out = p.wait_with_output().unwrap();
     let said = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
     assert!(out.status.success() && said.trim().is_empty(), "promtool check metrics: {}\n{said}\n{body}", out.status);
-    assert!(body.contains("moe_observer_fault_minor_latency_seconds_bucket"), "{body}");
+    assert!(body.contains("moe_observer_fault_latency_seconds_bucket{kind=\"minor\""), "{body}");
+    assert!(body.contains("moe_observer_fault_latency_seconds_sum{kind=\"minor\"}"), "{body}");
+    assert!(body.contains("moe_observer_build_info{"), "{body}");
 
     // OpenMetrics for clients that ask for it (Prometheus does).
     let (head, om) = get(obs.addr, "/metrics", OPENMETRICS);
@@ -835,10 +852,10 @@ fn run_serves_metrics_while_it_runs_and_rejects_bad_addresses() {
     let _l = machine_lock();
     let mut obs = Observer::start(
         "run",
-        &["--every", "0", "--", WORKLOAD, "tokens", "--n", "150", "--ms", "20", "--delay-ms", "300"],
+        &["--every", "0", "--", workload(), "tokens", "--n", "150", "--ms", "20", "--delay-ms", "300"],
     );
     let m = obs.scrape_until("tokens during the run", Duration::from_secs(30), |m| {
-        m.get("moe_observer_steps_total{kind=\"generate\"}").is_some_and(|v| *v >= 5.0)
+        m.get("moe_observer_step_duration_seconds_count{step=\"generate\"}").is_some_and(|v| *v >= 5.0)
     });
     assert_eq!(val(&m, "moe_observer_target_up"), 1.0);
     assert!(val(&m, "moe_observer_probes_attached") > 0.0);
@@ -882,8 +899,19 @@ fn dashboards_are_consistent_and_documented() {
             assert!(p["description"].as_str().is_some_and(|s| !s.is_empty()), "{title} has no description");
         }
     }
-    for (_, e) in expressions(&d) {
+    // Every metric a panel queries is a family of the vocabulary (under its own name, or a
+    // histogram's series): none of the names its renames replaced (`vocab::METRIC_RENAMES`).
+    let families: Vec<String> = vocab::FAMILIES.iter().map(|f| vocab::metric_name(f)).collect();
+    for (title, e) in expressions(&d) {
         assert!(!e.contains("pid") && !e.contains("tid"), "no PID/TID labels: {e}");
+        let mut rest = e.as_str();
+        while let Some(at) = rest.find("moe_observer_") {
+            let name: String = rest[at..].chars().take_while(|c| c.is_ascii_alphanumeric() || *c == '_').collect();
+            let base = ["_bucket", "_sum", "_count"].iter().find_map(|s| name.strip_suffix(s)).unwrap_or(&name);
+            assert!(families.iter().any(|f| f == &name || f == base), "{title}: {name} is not in the vocabulary");
+            rest = &rest[at + name.len()..];
+        }
+        assert!(!e.contains("$kind") && !e.contains("kind=\"$"), "{title}: the step label is `step`: {e}");
     }
     // The scrape example is a valid Prometheus configuration.
     let out = Command::new("promtool")
@@ -897,15 +925,15 @@ fn dashboards_are_consistent_and_documented() {
 #[test]
 fn serve_keeps_serving_a_commands_final_values_until_stopped() {
     let _l = machine_lock();
-    let obs = Observer::start("serve", &["--", WORKLOAD, "tokens", "--n", "12", "--ms", "5", "--delay-ms", "200"]);
+    let obs = Observer::start("serve", &["--", workload(), "tokens", "--n", "12", "--ms", "5", "--delay-ms", "200"]);
     let m = obs.scrape_until("the command's end", Duration::from_secs(30), |m| {
         m.get("moe_observer_runs_total") == Some(&1.0) && m.get("moe_observer_target_up") == Some(&0.0)
     });
-    assert_eq!(val(&m, "moe_observer_steps_total{kind=\"generate\"}"), 12.0, "{}", obs.stderr());
+    assert_eq!(val(&m, "moe_observer_step_duration_seconds_count{step=\"generate\"}"), 12.0, "{}", obs.stderr());
     // Still there a while later, unchanged.
     std::thread::sleep(Duration::from_millis(500));
     let again = scrape(obs.addr);
-    assert_eq!(again.get("moe_observer_steps_total{kind=\"generate\"}"), Some(&12.0));
+    assert_eq!(again.get("moe_observer_step_duration_seconds_count{step=\"generate\"}"), Some(&12.0));
     // The line comes once the run has let go of its probes (detaching takes the kernel a while).
     let t0 = Instant::now();
     while !obs.stderr().contains("serving its final values") {
@@ -913,7 +941,11 @@ fn serve_keeps_serving_a_commands_final_values_until_stopped() {
         std::thread::sleep(Duration::from_millis(50));
     }
     let again = scrape(obs.addr);
-    assert_eq!(again.get("moe_observer_steps_total{kind=\"generate\"}"), Some(&12.0), "after the probes are gone");
+    assert_eq!(
+        again.get("moe_observer_step_duration_seconds_count{step=\"generate\"}"),
+        Some(&12.0),
+        "after the probes are gone"
+    );
     let st = obs.stop();
     assert!(st.success(), "{st}");
 }

@@ -20,7 +20,8 @@ fn fault_counts_match_perf_stat() {
     let perf_out = dir.join("perf.csv");
     let json = dir.join("obs.json");
     // A shell that waits for a line on stdin, then becomes the workload (same PID).
-    let script = format!("read go; exec {WORKLOAD} demo --size 64M --path {}", file.display());
+    let workload = workload();
+    let script = format!("read go; exec {workload} demo --size 64M --path {}", file.display());
     let mut target = Command::new("/bin/sh")
         .args(["-c", &script])
         .stdin(Stdio::piped())

@@ -15,19 +15,17 @@ use std::{
     time::Duration,
 };
 
-use common::{OBSERVER, machine_lock, scratch_dir, shared_copy, shared_dir};
+use common::{OBSERVER, machine_lock, resid_standin, scratch_dir, shared_copy, shared_dir};
 use engine::{
     gguf::{GgufWriter, TensorSpec, Value},
     quant::GgmlType,
     regions::RegionKind,
 };
-use observer::residency::{
+use observer::capture::residency::{
     ModelFile, Sampler,
     churn::{self, Churn},
     scan,
 };
-
-const STANDIN: &str = env!("CARGO_BIN_EXE_resid_standin");
 
 /// A qwen3moe-shaped GGUF of Q8_0 tensors with patterned bytes: `hidden` = expert ffn size.
 fn write_model(path: &Path, layers: usize, experts: u64, hidden: u64, alignment: u32) -> PathBuf {
@@ -186,7 +184,10 @@ fn evicting_experts_makes_exactly_those_cells_cold_and_touching_one_makes_only_i
             assert_eq!(v.as_f64(), Some(want), "CLI cell ({l}, {e})");
         }
     }
-    assert_eq!(j["dense"]["resident_frac"].as_f64(), Some(0.0), "{j}");
+    assert_eq!(j["regions"]["dense_tensors"]["resident_frac"].as_f64(), Some(0.0), "{j}");
+    // The routed experts' share, at the top level as in token records: one of them, fully.
+    let experts = j["experts_resident_frac"].as_f64().unwrap_or_else(|| panic!("{j}"));
+    assert!((experts - s.experts.frac().unwrap()).abs() < 1e-12 && experts > 0.0, "{j}");
 }
 
 #[test]
@@ -351,7 +352,7 @@ fn thrashing_under_a_cgroup_limit_shows_evictions_of_the_cycled_experts() {
     let cached0 = cachestat_pages(&path);
     let c0 = sampler.churn_counts().unwrap();
     let argv = cg.wrap(&[
-        STANDIN,
+        resid_standin(),
         "cycle",
         "--model",
         path.to_str().unwrap(),
@@ -436,7 +437,7 @@ fn anonymous_dense_copy_resident_and_swapped_from_pagemap_match_smaps() {
     common::assert_root();
     let _zram = testkit::ZramSwap::new(256).expect("zram swap");
     let path = write_model(&scratch_dir("resid").join("anon.gguf"), 4, 8, 512, 32);
-    let mut child = Command::new(STANDIN)
+    let mut child = Command::new(resid_standin())
         .args(["dense-anon", "--model", path.to_str().unwrap(), "--pageout-every", "2"])
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
@@ -558,7 +559,7 @@ fn heatmap_formats_watch_and_errors() {
     assert_eq!(rows.iter().filter(|r| r[1] == "expert").count(), 24);
     assert!(rows.iter().all(|r| r.len() == 9));
     let experts: u64 = rows.iter().filter(|r| r[1] == "expert").map(|r| r[4].parse::<u64>().unwrap()).sum();
-    let total = rows.iter().find(|r| r[1] == "experts").unwrap()[4].parse::<u64>().unwrap();
+    let total = rows.iter().find(|r| r[1] == "routed_experts").unwrap()[4].parse::<u64>().unwrap();
     assert_eq!(experts, total);
 
     let out = Command::new(OBSERVER).args(["heatmap", p, "--no-color", "--width", "80"]).output().unwrap();
@@ -582,7 +583,7 @@ fn heatmap_formats_watch_and_errors() {
 fn churn_rides_on_the_probes_of_a_run() {
     let _l = machine_lock();
     common::assert_root();
-    use observer::bpf::{AttachOptions, Markers, Probes};
+    use observer::capture::bpf::{AttachOptions, Markers, Probes};
     let path = write_model(&scratch_dir("resid").join("probes.gguf"), 2, 8, 256, 32);
     let mut target = Command::new("sleep").arg("30").spawn().unwrap();
     let mut probes = Probes::attach(&AttachOptions { target: target.id(), markers: Markers::None }).expect("probes");

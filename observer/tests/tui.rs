@@ -13,7 +13,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use common::{OBSERVER, WORKLOAD, machine_lock};
+use common::{OBSERVER, machine_lock, workload};
 
 /// A private tmux server (own socket), killed on drop.
 struct Tmux {
@@ -147,8 +147,9 @@ fn live_screen_shows_bars_then_the_final_rate_matching_the_workload() {
     let _lock = machine_lock();
     let n = 30;
     let out = common::scratch_dir("tui-live").join("after.txt");
+    let workload = workload();
     let cmd = format!(
-        "{OBSERVER} tui -- {WORKLOAD} tokens --n {n} --ms 100 2>{}; echo OBSERVER_EXIT=$?; sleep 600",
+        "{OBSERVER} tui -- {workload} tokens --n {n} --ms 100 2>{}; echo OBSERVER_EXIT=$?; sleep 600",
         out.display()
     );
     let tmux = Tmux::start("tui-live", 130, 48, &cmd);
@@ -184,7 +185,7 @@ fn live_screen_shows_bars_then_the_final_rate_matching_the_workload() {
 #[test]
 fn attaches_to_a_pid_and_keeps_the_final_summary_when_it_exits() {
     let _lock = machine_lock();
-    let wl = Command::new(WORKLOAD)
+    let wl = Command::new(workload())
         // The delay lets the observer attach before the first token.
         .args(["tokens", "--n", "40", "--ms", "100", "--delay-ms", "3000"])
         .stdout(std::process::Stdio::piped())
@@ -211,7 +212,8 @@ fn attaches_to_a_pid_and_keeps_the_final_summary_when_it_exits() {
 #[test]
 fn quitting_while_the_command_runs_stops_it_and_restores_the_terminal() {
     let _lock = machine_lock();
-    let cmd = format!("{OBSERVER} tui -- {WORKLOAD} tokens --n 1000 --ms 100; echo OBSERVER_EXIT=$?; sleep 600");
+    let workload = workload();
+    let cmd = format!("{OBSERVER} tui -- {workload} tokens --n 1000 --ms 100; echo OBSERVER_EXIT=$?; sleep 600");
     let tmux = Tmux::start("tui-quit", 120, 30, &cmd);
     tmux.wait("a few tokens", Duration::from_secs(60), |s| bar_rows(s).len() >= 3);
     // The screen and output threads yield to the target (SCHED_IDLE, nice 10);
@@ -286,7 +288,8 @@ fn clear_errors_without_a_target_a_terminal_or_a_readable_trace() {
 #[test]
 fn sigterm_closes_the_final_summary_and_restores_the_terminal() {
     let _lock = machine_lock();
-    let cmd = format!("{OBSERVER} tui -- {WORKLOAD} tokens --n 5 --ms 50; echo OBSERVER_EXIT=$?; sleep 600");
+    let workload = workload();
+    let cmd = format!("{OBSERVER} tui -- {workload} tokens --n 5 --ms 50; echo OBSERVER_EXIT=$?; sleep 600");
     let tmux = Tmux::start("tui-term", 120, 30, &cmd);
     tmux.wait("the final summary", Duration::from_secs(60), |s| s.contains("EXITED 0"));
     let observer = tmux.observer_pid();
@@ -306,7 +309,7 @@ fn replays_a_recorded_trace_and_a_truncated_one() {
     let rec = Command::new(OBSERVER)
         .args(["record", "-o"])
         .arg(&trace)
-        .args(["--", WORKLOAD, "tokens", "--n", "20", "--ms", "50"])
+        .args(["--", workload(), "tokens", "--n", "20", "--ms", "50"])
         .output()
         .expect("observer record");
     let stderr = String::from_utf8_lossy(&rec.stderr);
@@ -369,7 +372,7 @@ fn the_engine_under_the_tui_shows_its_hidden_cost_and_its_own_rate() {
     // final screen.
     let fin = tmux.wait("the final summary", Duration::from_secs(120), |s| s.contains("EXITED 0"));
     let tui_rate = rate_after(&fin, "run ").unwrap_or_else(|| panic!("no run tok/s:\n{fin}"));
-    assert!(fin.contains("engine compute") && fin.contains("hidden in it"), "{fin}");
+    assert!(fin.contains("engine_compute") && fin.contains("hidden in it"), "{fin}");
     // The target's own last lines stay in the output pane; the observer's end report does not push them away.
     assert!(engine_gen_rate(&fin).is_some(), "the engine's rate line is on screen:\n{fin}");
     assert!(!fin.contains("where the time went"), "{fin}");

@@ -169,9 +169,9 @@ pub struct Agg {
     pub steps: u64,
     pub tokens: u64,
     pub wall_ns: Sum,
-    pub components: [Sum; 9],
+    pub components: [Sum; Component::N],
     pub residual_ns: Sum,
-    pub counters: [Sum; 8],
+    pub counters: [Sum; Counter::N],
     pub engine_compute_ns: Sum,
     pub hidden_ns: Sum,
 }
@@ -206,8 +206,8 @@ pub struct ThreadAgg {
     pub comm: String,
     /// Steps the thread took part in.
     pub steps: u64,
-    pub components: [Sum; 9],
-    pub counters: [Sum; 8],
+    pub components: [Sum; Component::N],
+    pub counters: [Sum; Counter::N],
     pub residual_ns: Sum,
     /// Components of the last step it took part in.
     pub last: Components,
@@ -403,6 +403,7 @@ impl App {
             Event::Process(p) => self.process = Some(p),
             Event::Histograms(h) => self.latency = Some(h),
             Event::Health(h) => self.health = Some(h),
+            Event::Totals(_) => {}
             Event::End(e) => {
                 self.end = Some(e);
                 if !self.switched_on_end {
@@ -639,14 +640,14 @@ mod tests {
             n_tokens: if kind == StepKind::Prompt { 10 } else { 1 },
             start_ns: seq * w,
             wall_ns: w,
-            components: Components::all_measured([w / 2, 0, w / 4, 0, 0, 0, 0, w / 8, w / 8]),
+            components: Components::from_kernel(&[w / 2, 0, w / 4, 0, 0, 0, 0, w / 8, w / 8]),
             residual_ns: 0,
             counters: Counters::default(),
             engine_compute_ns: Some(w * 3 / 4),
             threads: vec![ThreadToken {
                 tid: 7,
                 comm: "w".into(),
-                components: Components::all_measured([w, 0, 0, 0, 0, 0, 0, 0, 0]),
+                components: Components::from_kernel(&[w, 0, 0, 0, 0, 0, 0, 0, 0]),
                 counters: Counters::default(),
                 residual_ns: 0,
             }],
@@ -718,7 +719,7 @@ mod tests {
         app.push(Event::Token(token(0, StepKind::Generate, 10)));
         app.push(Event::Health(ObserverHealth { lost_events: 4, probes_attached: 17, ..Default::default() }));
         let mut h = LatencyHistograms::default();
-        h.kinds.insert("fault_minor".into(), vec![0, 1, 2]);
+        h.kinds.insert("minflt".into(), vec![0, 1, 2]);
         app.push(Event::Histograms(h.clone()));
         assert_eq!(app.lost(), 4);
         assert_eq!(app.latency, Some(h));

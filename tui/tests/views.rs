@@ -176,7 +176,7 @@ fn faults_view_from_the_stream() {
     let mut app = app_with(&Opts::default());
     let t = show(&mut app, View::Faults, 100, 60);
     let s = text(t.backend().buffer());
-    assert!(s.contains("fault_minor (minor fault)  n=8544  p50 ≤2.0 µs  p99 ≤16.4 µs"), "{s}");
+    assert!(s.contains("minflt  n=8544  p50 ≤2.0 µs  p99 ≤16.4 µs · minor faults, entry to completion"), "{s}");
     insta::assert_snapshot!(t.backend());
 }
 

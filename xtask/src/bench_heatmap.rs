@@ -55,21 +55,11 @@ fn lock() -> Result<File> {
     Ok(f)
 }
 
-/// User + system CPU seconds of waited-for children so far.
-fn children_cpu() -> f64 {
-    // SAFETY: getrusage fills the struct we own.
-    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
-    // SAFETY: as above.
-    unsafe { libc::getrusage(libc::RUSAGE_CHILDREN, &mut ru) };
-    let tv = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 * 1e-6;
-    tv(ru.ru_utime) + tv(ru.ru_stime)
-}
-
 /// (wall s, CPU s, resident bytes) of one fincore run.
 fn fincore(model: &Path) -> Result<(f64, f64, u64)> {
-    let (t, c) = (Instant::now(), children_cpu());
+    let (t, c) = (Instant::now(), crate::cmd::children_cpu());
     let out = output(Command::new("fincore").args(["--bytes", "--noheadings", "--output", "RES"]).arg(model))?;
-    Ok((t.elapsed().as_secs_f64(), children_cpu() - c, out.trim().parse().context("fincore output")?))
+    Ok((t.elapsed().as_secs_f64(), crate::cmd::children_cpu() - c, out.trim().parse().context("fincore output")?))
 }
 
 pub fn main(args: &[String]) -> Result<()> {
@@ -93,6 +83,8 @@ pub fn main(args: &[String]) -> Result<()> {
         "--release",
         "--package",
         "observer",
+        "--package",
+        "fixtures",
         "--bins",
     ]))?;
     let target = std::env::var_os("CARGO_TARGET_DIR").map_or_else(|| root.join("target"), PathBuf::from);

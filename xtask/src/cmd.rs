@@ -43,3 +43,13 @@ pub fn output(c: &mut Command) -> Result<String> {
     }
     String::from_utf8(out.stdout).with_context(|| format!("`{}` printed non-UTF-8", describe(c)))
 }
+
+/// User + system CPU seconds of waited-for children so far.
+pub fn children_cpu() -> f64 {
+    // SAFETY: getrusage fills the struct we own.
+    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: as above.
+    unsafe { libc::getrusage(libc::RUSAGE_CHILDREN, &mut ru) };
+    let tv = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 * 1e-6;
+    tv(ru.ru_utime) + tv(ru.ru_stime)
+}

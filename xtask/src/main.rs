@@ -1,22 +1,26 @@
 //! `cargo xtask …`: the project's own scripts, in Rust.
 //!
 //! - `setup`: install and check everything the eBPF build and the tests need (idempotent).
-//! - `test`: setup, build, run every test, say how many ran.
+//! - `test`: setup, build, run every test, say how many ran and how long each phase took.
 //! - `demo`: setup, build, observe a workload and print the observer's table.
-//! - `parity`: the engine against llama.cpp on synthetic models.
+//! - `parity`: the engine against llama.cpp on synthetic models, at each ISA level.
 //! - `bench engine`: engine vs llama.cpp decode/prompt speed, same file, same run.
 //! - `pressure`: run a command under a cgroup memory limit, optional zram and balloon.
 //! - `bench heatmap`: one residency refresh of a 20 GB (sparse) model vs `fincore`, same file.
+//! - `bench trace`: bytes per token record with the expert grid packed vs plain JSON, same run.
 
+mod amx;
 mod bench_engine;
 mod bench_heatmap;
 mod bench_metrics;
 mod bench_observer;
+mod bench_trace;
 mod bench_tui;
 mod bench_util;
 mod cache;
 mod cmd;
 mod demo;
+mod detect;
 mod displace;
 mod llama;
 mod parity;
@@ -40,6 +44,7 @@ commands:
   pressure [..] -- CMD  run CMD under a memory limit (+ zram, balloon); restores the machine
   bench heatmap [..] residency refresh of a 20 GB sparse model vs fincore, same run
   bench metrics      observed engine tok/s with and without bursts of /metrics scrapes
+  bench trace [..]   trace bytes per token record, expert grid packed vs plain JSON, same run
 ";
 
 fn main() {
@@ -55,6 +60,7 @@ fn main() {
         ["pressure", ..] => pressure::main(&args[1..]),
         ["bench", "heatmap", ..] => bench_heatmap::main(&args[2..]),
         ["bench", "metrics", ..] => bench_metrics::main(&args[2..]),
+        ["bench", "trace", ..] => bench_trace::main(&args[2..]),
         ["-h" | "--help" | "help"] | [] => {
             print!("{USAGE}");
             Ok(())

@@ -1,17 +1,24 @@
 //! `cargo xtask parity [--arch A,B]`: the engine against llama.cpp on the same synthetic GGUF
 //! files, for every architecture the engine runs ([`CASES`]: the models and quantizations per
-//! architecture, and each architecture's limit on the logit error).
+//! architecture, and each architecture's limit on the logit error), at each ISA level the engine
+//! implements and this CPU has, each against the llama.cpp build of the same level (`llama.rs`):
+//! - `avx2`: the engine with `ENGINE_ISA=avx2` (its AVX2 kernels and the
+//!   sums of a build without AVX-512) against the `avx2` build;
+//! - `avx512` (CPUs with AVX-512 F, CD, BW, DQ, VL): the engine with `ENGINE_ISA=avx512` against
+//!   the speed build (AVX-512 and the VNNI/BF16/VBMI the CPU has, never AMX).
 //!
-//! For each model: the greedy continuation of three prompts over 64 tokens must be identical
-//! token for token, and the logits that chose the last token must agree: the error reported is
-//! `max_i |engine_i - llama_i| / max_i |llama_i|` (relative to the logit scale). The aim is at
-//! most 1e-3; the architecture's limit (1e-2 unless [`CASES`] says otherwise) or more counts as a
-//! mismatch. (The engine reproduces llama.cpp's arithmetic, so on an x86 machine the logits are
-//! expected to be bit-identical, error 0; the run says how many are.) A fourth, long prompt on
-//! one model per architecture (over 256 tokens, so that llama.cpp's KV view grows to 512 cells
-//! and its flash attention splits the cells across threads; for gpt-oss over 512 tokens, so that
-//! the sliding-window layers' 512-cell ring is reused from cell 0) checks those paths. Tokenization of a set of strings must be identical too.
-//! Exit status 1 on any mismatch.
+//! Each level prints its environment and build. Before any level, the AMX check (`amx.rs`)
+//! runs on every build. At each level, for each model: the greedy continuation of three prompts
+//! over 64 tokens must be identical token for token, and the logits that chose the last token
+//! must agree: the error reported is `max_i |engine_i - llama_i| / max_i |llama_i|` (relative to
+//! the logit scale). The aim is at most 1e-3; the architecture's limit (1e-2 unless [`CASES`]
+//! says otherwise) or more counts as a mismatch. (The engine reproduces llama.cpp's arithmetic,
+//! so on an x86 machine the logits are expected to be bit-identical, error 0; the run says how
+//! many are.) A fourth, long prompt on one model per architecture (over 256 tokens, so that
+//! llama.cpp's KV view grows to 512 cells and its flash attention splits the cells across
+//! threads; for gpt-oss over 512 tokens, so that the sliding-window layers' 512-cell ring is
+//! reused from cell 0) checks those paths. Tokenization of a set of strings must be identical
+//! too. Exit status 1 on any mismatch at any level.
 //!
 //! llama.cpp runs with its default context parameters except where stated in
 //! `parity_llama.cpp`: F16 KV cache and flash attention explicitly on (what `AUTO` resolves to
@@ -235,6 +242,47 @@ fn ids(v: &Value) -> Vec<u64> {
     v.as_array().map(|a| a.iter().filter_map(Value::as_u64).collect()).unwrap_or_default()
 }
 
+/// An ISA level of the engine (`ENGINE_ISA`), checked against the llama.cpp build of the same
+/// level.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Level {
+    /// The engine's AVX2 kernels and the numerics of a build without AVX-512, against the
+    /// `avx2` build.
+    Avx2,
+    /// The engine's AVX-512 level, against the speed build (which has AVX-512 on).
+    Avx512,
+}
+
+impl Level {
+    pub fn name(self) -> &'static str {
+        match self {
+            Level::Avx2 => "avx2",
+            Level::Avx512 => "avx512",
+        }
+    }
+
+    /// The engine's environment at this level: `ENGINE_ISA` selects its kernels and the
+    /// numerics of the llama.cpp build it reproduces (`engine/src/quant/mod.rs`).
+    fn env(self) -> (&'static str, &'static str) {
+        ("ENGINE_ISA", self.name())
+    }
+
+    fn describe_env(self) -> String {
+        let (k, v) = self.env();
+        format!("{k}={v}")
+    }
+}
+
+/// The levels this CPU and these builds allow, each with its build: `avx2` always, `avx512`
+/// when the speed build has AVX-512 (the CPU has AVX-512 F, CD, BW, DQ and VL).
+pub fn levels(builds: &llama::Builds) -> Vec<(Level, &llama::Build)> {
+    let mut v = vec![(Level::Avx2, &builds.avx2)];
+    if builds.best().isa.avx512() {
+        v.push((Level::Avx512, builds.best()));
+    }
+    v
+}
+
 pub fn main(args: &[String]) -> Result<()> {
     let usage =
         "usage: cargo xtask parity [--threads N] [--arch A[,B…]] (architectures: qwen3moe, olmoe, qwen35moe, gpt-oss)";
@@ -253,15 +301,52 @@ pub fn main(args: &[String]) -> Result<()> {
     {
         bail!("parity: unknown architecture {bad:?}\n{usage}");
     }
-    let ll = llama::ensure()?;
+    let builds = llama::ensure(llama::TEST_TARGETS)?;
+    llama::check_no_amx(&builds)?;
     let engine = llama::build_engine()?;
-    let tmp = crate::cache::dir()?.join("parity-tmp");
+    let mut failed = Vec::new();
+    for (level, build) in levels(&builds) {
+        if let Err(e) = run_archs(level, build, &engine, threads, archs.as_deref()) {
+            println!("parity at the {} level: {e:#}", level.name());
+            failed.push(level.name());
+        }
+    }
+    if !failed.is_empty() {
+        bail!("parity failed at the {} level(s)", failed.join(", "));
+    }
+    Ok(())
+}
+
+/// Parity of the engine at `level` against `build` on every architecture: tokenization, greedy
+/// continuations, logits.
+pub fn run_level(level: Level, build: &llama::Build, engine: &Path, threads: usize) -> Result<()> {
+    run_archs(level, build, engine, threads, None)
+}
+
+/// [`run_level`] on the architectures named in `archs` (all when `None`).
+fn run_archs(
+    level: Level,
+    build: &llama::Build,
+    engine: &Path,
+    threads: usize,
+    archs: Option<&[String]>,
+) -> Result<()> {
+    let (t0, cpu0) = (std::time::Instant::now(), crate::cmd::children_cpu());
+    println!("== parity at the {} level: engine with {} vs {}", level.name(), level.describe_env(), build.describe());
+    let engine_cmd = || {
+        let mut c = Command::new(engine);
+        let (k, v) = level.env();
+        c.env(k, v);
+        c
+    };
+    // Per process: parity runs of other clones may share the cache.
+    let tmp = crate::cache::dir()?.join("parity-tmp").join(std::process::id().to_string());
     std::fs::create_dir_all(&tmp).with_context(|| format!("creating {}", tmp.display()))?;
     let mut failures = 0;
     let mut worst = 0f64;
     let (mut bit_identical, mut compared) = (0, 0);
 
-    for case in CASES.iter().filter(|c| archs.as_ref().is_none_or(|a| a.iter().any(|x| x == c.arch))) {
+    for case in CASES.iter().filter(|c| archs.is_none_or(|a| a.iter().any(|x| x == c.arch))) {
         for &quant in case.quants {
             let mut args: Vec<&str> = case.shape.to_vec();
             args.extend(["--quant", quant]);
@@ -270,11 +355,11 @@ pub fn main(args: &[String]) -> Result<()> {
             } else {
                 format!("parity-{}-{quant}", case.arch)
             };
-            let model = llama::synth_model(&engine, &name, &args)?;
+            let model = llama::synth_model(engine, &name, &args)?;
             println!("== {} {quant}: {}", case.arch, model.display());
 
             // Tokenization.
-            let mut cmd = Command::new(&ll.harness);
+            let mut cmd = Command::new(&build.harness);
             cmd.arg("tokenize").arg(&model).args(TOKENIZE);
             let reference: Value =
                 serde_json::from_str(&crate::cmd::output(&mut cmd)?).context("parsing parity-llama tokenize output")?;
@@ -282,7 +367,7 @@ pub fn main(args: &[String]) -> Result<()> {
             let mut tok_ok = 0;
             for (i, text) in TOKENIZE.iter().enumerate() {
                 let ours: Value = serde_json::from_str(&crate::cmd::output(
-                    Command::new(&engine).arg("tokenize").arg("--model").arg(&model).arg("--text").arg(text),
+                    engine_cmd().arg("tokenize").arg("--model").arg(&model).arg("--text").arg(text),
                 )?)?;
                 let theirs = ref_tokens.get(i).map(ids).unwrap_or_default();
                 if ids(&ours) == theirs {
@@ -303,7 +388,7 @@ pub fn main(args: &[String]) -> Result<()> {
                 let ll_logits = tmp.join(format!("{}-{quant}-{pi}.llama.f32", case.arch));
                 let en_logits = tmp.join(format!("{}-{quant}-{pi}.engine.f32", case.arch));
                 let r: Value = serde_json::from_str(&crate::cmd::output(
-                    Command::new(&ll.harness)
+                    Command::new(&build.harness)
                         .arg("generate")
                         .arg(&model)
                         .arg(threads.to_string())
@@ -314,7 +399,7 @@ pub fn main(args: &[String]) -> Result<()> {
                 )?)
                 .context("parsing parity-llama generate output")?;
                 let out = crate::cmd::output(
-                    Command::new(&engine)
+                    engine_cmd()
                         .arg("run")
                         .arg("--model")
                         .arg(&model)
@@ -329,7 +414,7 @@ pub fn main(args: &[String]) -> Result<()> {
                 // the engine, which batches do not, as in llama.cpp.
                 let en_batched = tmp.join(format!("{}-{quant}-{pi}.engine-batched.f32", case.arch));
                 let out_b = crate::cmd::output(
-                    Command::new(&engine)
+                    engine_cmd()
                         .arg("run")
                         .arg("--model")
                         .arg(&model)
@@ -339,7 +424,7 @@ pub fn main(args: &[String]) -> Result<()> {
                         .arg(&en_batched),
                 )?;
                 let batched: Value = serde_json::from_str(&crate::cmd::output(
-                    Command::new(&ll.harness)
+                    Command::new(&build.harness)
                         .arg("generate")
                         .arg(&model)
                         .arg(threads.to_string())
@@ -411,12 +496,21 @@ pub fn main(args: &[String]) -> Result<()> {
             }
         }
     }
+    let _ = std::fs::remove_dir_all(&tmp);
     println!(
-        "final logits bit-identical in {bit_identical}/{compared} runs; worst relative error: {worst:.2e} (aim {AIM_REL_ERR:.0e})"
+        "{} level: final logits bit-identical in {bit_identical}/{compared} runs; worst relative error: {worst:.2e} (aim {AIM_REL_ERR:.0e})",
+        level.name()
     );
     if failures > 0 {
-        bail!("parity: {failures} mismatches against llama.cpp {}", llama::LLAMA_CPP_PYTHON);
+        bail!("{failures} mismatches against the {}", build.describe());
     }
-    println!("parity: engine matches llama.cpp (llama-cpp-python {} sources)", llama::LLAMA_CPP_PYTHON);
+    println!(
+        "parity at the {} level: engine matches the {} (llama-cpp-python {} sources); {:.0} s wall, {:.0} s CPU",
+        level.name(),
+        build.describe(),
+        llama::LLAMA_CPP_PYTHON,
+        t0.elapsed().as_secs_f64(),
+        crate::cmd::children_cpu() - cpu0
+    );
     Ok(())
 }

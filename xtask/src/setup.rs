@@ -1,10 +1,11 @@
 //! `cargo xtask setup`: install and check, idempotently, what building the eBPF
 //! programs and running the tests need on a Debian machine, as root:
 //!
+//! 0. Print what this machine is (`detect.rs`: CPU, ISA flags, kernel, cgroups, probes).
 //! 1. Debian packages: `rustc-web` + `libstd-rust-web-dev-bpf` (rustc 1.96 with a
 //!    precompiled `core` for `bpfel-unknown-none`, so no `build-std`),
 //!    `llvm-22-dev` (for bpf-linker), and the test tools (bpftool, bpftrace,
-//!    perf, tmux, cmake).
+//!    perf, tmux, cmake, ccache, binutils).
 //! 2. `bpf-linker` 0.13.0 built against LLVM 22 into `~/.cargo/bin`.
 //! 3. tracefs mounted at /sys/kernel/tracing.
 //! 4. Kernel facts: BTF present, perf events usable.
@@ -35,6 +36,8 @@ const PACKAGES: &[(&str, &str)] = &[
     ("linux-perf", "`perf stat` as an independent reference in tests"),
     ("tmux", "end-to-end TUI tests"),
     ("cmake", "building llama.cpp, the engine's reference"),
+    ("ccache", "the two llama.cpp builds (avx2, best ISA) share every object but ggml-cpu's"),
+    ("binutils", "objdump, for the check that no llama.cpp build contains AMX instructions"),
     ("prometheus", "a real Prometheus server and promtool for the exporter's tests"),
 ];
 
@@ -159,6 +162,7 @@ pub fn run(scope: Scope) -> Result<()> {
     if !cfg!(target_os = "linux") {
         bail!("the observer needs Linux");
     }
+    crate::detect::print("setup");
     packages()?;
     bpf_linker()?;
     if is_root() {

@@ -1,22 +1,35 @@
-//! `cargo xtask test`: setup, build every binary in release mode, run every
-//! test of the workspace in release mode, say how many ran, then run
-//! `cargo xtask parity` (the engine against llama.cpp; under a minute once llama.cpp
-//! is built in the cache, about 12 minutes on 2 cores the first time), then
-//! the lints (rustfmt check, clippy with warnings as errors).
+//! `cargo xtask test`: the whole suite, in phases, each timed by the wall clock:
+//!
+//! 1. `setup` (`cargo xtask setup`, which first prints what this machine is: `detect.rs`);
+//! 2. `build`: every binary of the workspace in release mode;
+//! 3. the tests: `cargo test --release --workspace --no-fail-fast` (arguments are passed on;
+//!    `-p NAME` replaces `--workspace`), timed as `tests: compile`
+//!    (until cargo runs the first test binary) and then one phase per test binary, from cargo's
+//!    `Running …` / `Doc-tests …` line to the binary's `test result:` line; it says how many
+//!    tests ran;
+//! 4. `llama.cpp build`: the `avx2` and speed builds of the reference (`llama.rs`; taken from
+//!    the cache when there);
+//! 5. `AMX check`: no AMX instruction in either build's ggml libraries (`amx.rs`);
+//! 6. `parity <level>`: the engine against llama.cpp at each ISA level (`parity.rs`);
+//! 7. `lints`: rustfmt check, clippy with warnings as errors.
+//!
+//! It ends with a table of the phases' wall times and their total, so that the budget (the
+//! whole suite in well under 30 minutes on 2 cores from an empty cache) is visible in every log.
+//! Phases 4–7 run even when a test failed, so that everything is reported; with arguments
+//! (which select tests) they are skipped, saying so.
 //!
 //! Tests run in release so the binaries they drive (observer, engine, workload)
 //! are the ones a user runs, and so nothing is compiled twice.
 
-use std::{
-    io::{BufRead, BufReader},
-    process::{Command, Stdio},
-};
+use std::io::{BufRead, BufReader};
+use std::process::Command;
+use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 
-use crate::{cache, cmd, parity, setup};
+use crate::{cache, cmd, llama, parity, setup};
 
-#[derive(Debug, Default)]
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
 struct Counts {
     passed: u64,
     failed: u64,
@@ -25,9 +38,9 @@ struct Counts {
 }
 
 /// Parse cargo's `test result: ok. 5 passed; 0 failed; 1 ignored; …` line.
-fn parse_result(line: &str, c: &mut Counts) {
-    let Some(rest) = line.trim().strip_prefix("test result: ") else { return };
-    c.binaries += 1;
+fn parse_result(line: &str) -> Option<Counts> {
+    let rest = line.trim().strip_prefix("test result: ")?;
+    let mut c = Counts { binaries: 1, ..Counts::default() };
     for part in rest.split(';') {
         let words: Vec<&str> = part.split_whitespace().collect();
         let (n, what) = match words.as_slice() {
@@ -43,46 +56,222 @@ fn parse_result(line: &str, c: &mut Counts) {
             _ => {}
         }
     }
+    Some(c)
+}
+
+impl std::ops::AddAssign for Counts {
+    fn add_assign(&mut self, o: Counts) {
+        self.passed += o.passed;
+        self.failed += o.failed;
+        self.ignored += o.ignored;
+        self.binaries += o.binaries;
+    }
+}
+
+/// One timed phase of the suite.
+#[derive(Debug, Clone, PartialEq)]
+struct Phase {
+    name: String,
+    time: Duration,
+    outcome: String,
+}
+
+/// The name of the test binary a cargo line starts, if it starts one: `Running unittests
+/// src/lib.rs (target/release/deps/engine-0a1b…)` gives `engine (unittests src/lib.rs)`,
+/// `Doc-tests engine` gives `doc-tests engine`.
+fn binary_start(line: &str) -> Option<String> {
+    let line = line.trim();
+    if let Some(krate) = line.strip_prefix("Doc-tests ") {
+        return Some(format!("doc-tests {krate}"));
+    }
+    let rest = line.strip_prefix("Running ")?;
+    let (src, path) = rest.strip_suffix(')').and_then(|r| r.rsplit_once(" ("))?;
+    let file = path.rsplit('/').next().unwrap_or(path);
+    let stem = match file.rsplit_once('-') {
+        Some((stem, hash)) if !hash.is_empty() && hash.bytes().all(|b| b.is_ascii_hexdigit()) => stem,
+        _ => file,
+    };
+    Some(format!("{stem} ({src})"))
+}
+
+/// Splits `cargo test`'s merged output into phases: compiling until the first test binary
+/// starts, then each binary from its start line to its `test result:` line.
+struct TestClock {
+    current: Option<(String, Instant)>,
+    phases: Vec<Phase>,
+    counts: Counts,
+}
+
+impl TestClock {
+    fn new(start: Instant) -> TestClock {
+        TestClock { current: Some(("tests: compile".to_owned(), start)), phases: Vec::new(), counts: Counts::default() }
+    }
+
+    fn close(&mut self, at: Instant, outcome: String) {
+        if let Some((name, since)) = self.current.take() {
+            self.phases.push(Phase { name, time: at.saturating_duration_since(since), outcome });
+        }
+    }
+
+    fn feed(&mut self, line: &str, at: Instant) {
+        if let Some(name) = binary_start(line) {
+            let compiling = self.current.as_ref().is_some_and(|(n, _)| n == "tests: compile");
+            self.close(at, if compiling { "ok" } else { "no `test result` line" }.to_owned());
+            self.current = Some((format!("test {name}"), at));
+        } else if let Some(c) = parse_result(line) {
+            self.counts += c;
+            let mut outcome = format!("{} passed", c.passed);
+            if c.failed > 0 {
+                outcome += &format!(", {} FAILED", c.failed);
+            }
+            if c.ignored > 0 {
+                outcome += &format!(", {} ignored", c.ignored);
+            }
+            self.close(at, outcome);
+        }
+    }
+
+    fn finish(&mut self, at: Instant, ok: bool) {
+        let outcome = if ok { "ok" } else { "cargo test failed (no `test result` line)" };
+        self.close(at, outcome.to_owned());
+    }
+}
+
+/// The suite's phases so far.
+#[derive(Default)]
+struct Phases(Vec<Phase>);
+
+impl Phases {
+    /// Runs one phase, timed; its result is recorded and returned.
+    fn run<T>(&mut self, name: &str, f: impl FnOnce() -> Result<T>) -> Result<T> {
+        eprintln!("xtask test: == phase: {name}");
+        let t0 = Instant::now();
+        let r = f();
+        let time = t0.elapsed();
+        let outcome = match &r {
+            Ok(_) => "ok".to_owned(),
+            Err(e) => format!("FAILED: {}", format!("{e:#}").lines().next().unwrap_or_default()),
+        };
+        eprintln!("xtask test: phase {name}: {:.1} s, {outcome}", time.as_secs_f64());
+        self.0.push(Phase { name: name.to_owned(), time, outcome });
+        r
+    }
+
+    fn skipped(&mut self, name: &str, why: &str) {
+        self.0.push(Phase { name: name.to_owned(), time: Duration::ZERO, outcome: format!("not run: {why}") });
+    }
+
+    fn table(&self, total: Duration) -> String {
+        let width = self.0.iter().map(|p| p.name.chars().count()).max().unwrap_or(5).max(5);
+        let mut s = format!("{:<width$} {:>9}  outcome\n", "phase", "wall s");
+        for p in &self.0 {
+            s += &format!("{:<width$} {:>9.1}  {}\n", p.name, p.time.as_secs_f64(), p.outcome);
+        }
+        s += &format!("{:<width$} {:>9.1}  ({:.1} min)\n", "total", total.as_secs_f64(), total.as_secs_f64() / 60.0);
+        s
+    }
+}
+
+/// `cargo test`, its stdout and stderr merged in one pipe (so that cargo's `Running` lines and
+/// the binaries' results arrive in order), each line printed and fed to a [`TestClock`].
+fn cargo_test(root: &std::path::Path, args: &[String]) -> Result<(TestClock, bool)> {
+    let (reader, writer) = std::io::pipe().context("creating a pipe for cargo test")?;
+    let mut c = Command::new("cargo");
+    // `--workspace` would override a package selection (`-p NAME`) given in the arguments.
+    let packages = args.iter().take_while(|a| *a != "--").any(|a| a.starts_with("-p") || a.starts_with("--package"));
+    let scope: &[&str] = if packages { &[] } else { &["--workspace"] };
+    c.current_dir(root)
+        .args(["test", "--release", "--no-fail-fast"])
+        .args(scope)
+        .args(args)
+        .stdout(writer.try_clone().context("duplicating a pipe")?)
+        .stderr(writer);
+    eprintln!("+ cargo test --release --no-fail-fast {} {}", scope.join(" "), args.join(" "));
+    let start = Instant::now();
+    let mut child = c.spawn().context("cannot run cargo test")?;
+    drop(c); // closes our copies of the pipe's write end, so that the read end sees the end
+    let mut clock = TestClock::new(start);
+    for line in BufReader::new(reader).lines() {
+        let line = line.context("reading cargo test output")?;
+        println!("{line}");
+        clock.feed(&line, Instant::now());
+    }
+    let status = child.wait()?;
+    clock.finish(Instant::now(), status.success());
+    Ok((clock, status.success()))
 }
 
 pub fn run(args: &[String]) -> Result<()> {
-    setup::run(setup::Scope::All)?;
+    let t0 = Instant::now();
+    let mut phases = Phases::default();
     let root = cache::workspace_root();
-    cmd::run(Command::new("cargo").current_dir(&root).args(["build", "--release", "--workspace", "--bins"]))?;
+    let result = suite(&root, args, &mut phases);
+    println!("\nxtask test: wall time per phase\n{}", phases.table(t0.elapsed()));
+    result
+}
 
-    let mut c = Command::new("cargo");
-    c.current_dir(&root).args(["test", "--release", "--workspace", "--no-fail-fast"]).args(args).stdout(Stdio::piped());
-    eprintln!("+ cargo test --release --workspace --no-fail-fast {}", args.join(" "));
-    let mut child = c.spawn().context("cannot run cargo test")?;
-    let out = child.stdout.take().context("no stdout")?;
-    let mut counts = Counts::default();
-    for line in BufReader::new(out).lines() {
-        let line = line.context("reading cargo test output")?;
-        println!("{line}");
-        parse_result(&line, &mut counts);
-    }
-    let status = child.wait()?;
+fn suite(root: &std::path::Path, args: &[String], phases: &mut Phases) -> Result<()> {
+    phases.run("setup", || setup::run(setup::Scope::All))?;
+    phases.run("build", || {
+        cmd::run(Command::new("cargo").current_dir(root).args(["build", "--release", "--workspace", "--bins"]))
+    })?;
+
+    let (clock, test_ok) = cargo_test(root, args)?;
+    let counts = clock.counts;
+    phases.0.extend(clock.phases);
     let ran = counts.passed + counts.failed;
     println!(
         "\nxtask test: {ran} tests ran in {} test binaries: {} passed, {} failed, {} ignored",
         counts.binaries, counts.passed, counts.failed, counts.ignored
     );
+
     // Parity with llama.cpp is part of the suite (it needs no privileges and measures
     // nothing about the machine); it runs even when a test failed, so both are reported.
-    let (parity, lint) = if args.is_empty() {
-        eprintln!("+ cargo xtask parity");
-        (parity::main(&[]), lint(&root))
+    let mut late: Vec<anyhow::Error> = Vec::new();
+    if args.is_empty() {
+        match phases.run("llama.cpp build", || llama::ensure(llama::TEST_TARGETS)) {
+            Ok(builds) => {
+                let amx = phases.run("AMX check", || llama::check_no_amx(&builds));
+                let engine = llama::build_engine()?;
+                for (level, build) in parity::levels(&builds) {
+                    if let Err(e) =
+                        phases.run(&format!("parity {}", level.name()), || parity::run_level(level, build, &engine, 2))
+                    {
+                        late.push(e.context(format!("parity with llama.cpp at the {} level", level.name())));
+                    }
+                }
+                if let Err(e) = amx {
+                    late.push(e);
+                }
+            }
+            Err(e) => {
+                phases.skipped("AMX check", "no llama.cpp build");
+                phases.skipped("parity", "no llama.cpp build");
+                late.push(e.context("building llama.cpp"));
+            }
+        }
+        if let Err(e) = phases.run("lints", || lint(root)) {
+            late.push(e);
+        }
     } else {
         eprintln!(
-            "xtask test: arguments select tests, so parity with llama.cpp and the lints are not run (run `cargo xtask parity`)"
+            "xtask test: arguments select tests, so the llama.cpp build, the AMX check, parity and the lints are not \
+             run (run `cargo xtask parity`)"
         );
-        (Ok(()), Ok(()))
-    };
-    if !status.success() || counts.failed > 0 {
-        bail!("test suite failed{}", if parity.is_err() { "; parity with llama.cpp failed too" } else { "" });
+        for name in ["llama.cpp build", "AMX check", "parity", "lints"] {
+            phases.skipped(name, "arguments select tests");
+        }
     }
-    parity.context("parity with llama.cpp (cargo xtask parity)")?;
-    lint?;
+    if !test_ok || counts.failed > 0 {
+        let also: Vec<String> = late.iter().map(|e| format!("{e:#}")).collect();
+        if also.is_empty() {
+            bail!("test suite failed");
+        }
+        bail!("test suite failed; also: {}", also.join("; "));
+    }
+    if let Some(e) = late.into_iter().next() {
+        return Err(e);
+    }
     if counts.ignored > 0 {
         bail!("{} tests are #[ignore]d: this project does not skip tests silently", counts.ignored);
     }
@@ -128,11 +317,69 @@ mod tests {
     #[test]
     fn parses_cargo_result_line() {
         let mut c = Counts::default();
-        parse_result(
+        c += parse_result(
             "test result: ok. 5 passed; 0 failed; 1 ignored; 0 measured; 2 filtered out; finished in 0.01s",
-            &mut c,
-        );
-        parse_result("test result: FAILED. 3 passed; 2 failed; 0 ignored; 0 measured; 0 filtered out", &mut c);
+        )
+        .unwrap();
+        c += parse_result("test result: FAILED. 3 passed; 2 failed; 0 ignored; 0 measured; 0 filtered out").unwrap();
         assert_eq!((c.passed, c.failed, c.ignored, c.binaries), (8, 2, 1, 2));
+        assert_eq!(parse_result("running 5 tests"), None);
+    }
+
+    #[test]
+    fn names_test_binaries() {
+        assert_eq!(
+            binary_start("     Running unittests src/lib.rs (target/release/deps/engine-4f0d2c9a1b3e5d7f)").as_deref(),
+            Some("engine (unittests src/lib.rs)")
+        );
+        assert_eq!(
+            binary_start("     Running tests/attach.rs (target/release/deps/attach-00ff)").as_deref(),
+            Some("attach (tests/attach.rs)")
+        );
+        assert_eq!(binary_start("   Doc-tests observer_common").as_deref(), Some("doc-tests observer_common"));
+        assert_eq!(binary_start("test running_things ... ok"), None);
+    }
+
+    #[test]
+    fn times_compile_and_each_binary() {
+        let t = Instant::now();
+        let at = |s: u64| t + Duration::from_secs(s);
+        let mut clock = TestClock::new(t);
+        clock.feed("   Compiling engine v0.1.0", at(1));
+        clock.feed("     Running unittests src/lib.rs (target/release/deps/engine-0123)", at(60));
+        clock.feed("test quant::x ... ok", at(61));
+        clock.feed("test result: ok. 3 passed; 0 failed; 0 ignored; 0 measured; 0 filtered out", at(70));
+        clock.feed("     Running tests/e2e.rs (target/release/deps/e2e-abcd)", at(71));
+        clock.feed("test result: FAILED. 1 passed; 1 failed; 0 ignored; 0 measured; 0 filtered out", at(100));
+        clock.feed("     Running tests/crash.rs (target/release/deps/crash-abcd)", at(101));
+        clock.finish(at(105), false);
+        let got: Vec<(String, u64, String)> =
+            clock.phases.iter().map(|p| (p.name.clone(), p.time.as_secs(), p.outcome.clone())).collect();
+        let want = [
+            ("tests: compile", 60, "ok"),
+            ("test engine (unittests src/lib.rs)", 10, "3 passed"),
+            ("test e2e (tests/e2e.rs)", 29, "1 passed, 1 FAILED"),
+            ("test crash (tests/crash.rs)", 4, "cargo test failed (no `test result` line)"),
+        ]
+        .map(|(n, s, o)| (n.to_owned(), s, o.to_owned()));
+        assert_eq!(got, want);
+        assert_eq!(clock.counts, Counts { passed: 4, failed: 1, ignored: 0, binaries: 2 });
+    }
+
+    #[test]
+    fn the_table_lists_every_phase_and_the_total() {
+        let mut p = Phases::default();
+        p.run("setup", || Ok(())).unwrap();
+        assert!(p.run("lints", || -> Result<()> { bail!("clippy found warnings") }).is_err());
+        p.skipped("parity", "no llama.cpp build");
+        let table = p.table(Duration::from_secs(90));
+        let lines: Vec<&str> = table.lines().collect();
+        assert_eq!(lines.len(), 5, "{table}");
+        assert!(lines[2].starts_with("lints") && lines[2].ends_with("FAILED: clippy found warnings"), "{table}");
+        assert!(lines[3].ends_with("not run: no llama.cpp build"), "{table}");
+        assert!(
+            lines[4].starts_with("total") && lines[4].contains("90.0") && lines[4].contains("(1.5 min)"),
+            "{table}"
+        );
     }
 }

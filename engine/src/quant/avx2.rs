@@ -1,24 +1,24 @@
-//! x86_64 AVX2 + FMA + F16C kernels.
+//! x86_64 AVX2 + FMA + F16C kernels: the kernel set of the `avx2` ISA level, and the
+//! `avx512` level's kernels for the types it has none of its own for.
 //!
 //! Same integer arithmetic as the scalar kernels (and ggml): quants are multiplied
 //! with `vpmaddubsw` (unsigned weight quants x signed activation quants, no
 //! saturation possible for the value ranges involved), widened with `vpmaddwd`
 //! against the sub-block scales, accumulated in `i32` per super-block, then scaled
-//! by `d_w * d_x` with one FMA. Signed weight quants (`Q3_K`, `Q6_K`) are made
-//! unsigned by adding their bias (4, 32) and the bias is removed through the
-//! activation's `bsums`, which gives the same integer per super-block.
+//! by `d_w * d_x` with one FMA. `Q6_K`'s signed quants are made unsigned by adding their
+//! bias (32), which is removed through the activation's `bsums`; `Q3_K` subtracts the
+//! products of its `4 * !hbit` part as ggml does. Either gives ggml's integers.
 //!
-//! The float arithmetic of the `Q8_0`, `Q4_K`, `Q5_K`, `Q6_K`, `F32` and `F16`
-//! kernels is that of the kernel a native x86 llama.cpp build runs (see the
-//! module docs of `quant` and each kernel): where that needs an i32 lane layout
-//! (the 8 FMA lanes of `Q8_0`, `Q5_K`, `Q6_K`), each sub-block scale gets its own
-//! `vpmaddwd` as in ggml; `Q4_K` only needs whole-block integers, so its kernel
+//! The float arithmetic of the `Q8_0`, `Q2_K`..`Q6_K`, `F32`, `F16` and `BF16` kernels is that
+//! of the kernel an AVX2 llama.cpp build runs (see the module docs of `quant` and each kernel;
+//! `dot_q2_k_repacked` is the `avx512` level's `Q2_K`): where that needs an i32 lane layout
+//! (the 8 FMA lanes of `Q8_0`, `Q2_K`, `Q3_K`, `Q5_K`, `Q6_K`), each sub-block scale gets its
+//! own `vpmaddwd` as in ggml; `Q4_K` only needs whole-block integers, so its kernel
 //! interleaves the i16 products of two sub-blocks (`vpunpck{l,h}wd` + `vpaddw`,
 //! the ranges leave room), applies both scales with one `vpmaddwd`, decodes the
 //! scales of two blocks per step and precomputes the activation's per-sub-block
-//! sums once per `matvec`. `Q2_K`/`Q3_K` use the interleaving too (their order is
-//! not ggml's); the `Q4_0` loop scales four blocks with one FMA. The kernels whose
-//! compute is closest to the memory bandwidth prefetch 4 KiB ahead.
+//! sums once per `matvec`. The `Q4_0` loop scales four blocks with one FMA (not ggml's
+//! order). The kernels whose compute is closest to the memory bandwidth prefetch 4 KiB ahead.
 //!
 //! `Q8_0`/`Q8_K` x `Q8_0`/`Q8_K` (and `Q4_0`) use ggml's sign trick
 //! (`|w| * sign(w) x`); like ggml's, it assumes activation quants are never
@@ -46,7 +46,7 @@ pub(super) fn available() -> bool {
 
 #[inline]
 #[target_feature(enable = "avx2")]
-fn ld256<const N: usize>(b: &[u8; N], off: usize) -> __m256i {
+pub(super) fn ld256<const N: usize>(b: &[u8; N], off: usize) -> __m256i {
     assert!(off + 32 <= N);
     // SAFETY: `off + 32 <= N` was just checked; `loadu` has no alignment requirement.
     unsafe { _mm256_loadu_si256(b.as_ptr().add(off).cast()) }
@@ -54,7 +54,7 @@ fn ld256<const N: usize>(b: &[u8; N], off: usize) -> __m256i {
 
 #[inline]
 #[target_feature(enable = "avx2")]
-fn ld128<const N: usize>(b: &[u8; N], off: usize) -> __m128i {
+pub(super) fn ld128<const N: usize>(b: &[u8; N], off: usize) -> __m128i {
     assert!(off + 16 <= N);
     // SAFETY: `off + 16 <= N` was just checked; `loadu` has no alignment requirement.
     unsafe { _mm_loadu_si128(b.as_ptr().add(off).cast()) }
@@ -62,14 +62,14 @@ fn ld128<const N: usize>(b: &[u8; N], off: usize) -> __m128i {
 
 #[inline]
 #[target_feature(enable = "avx2")]
-fn ld_u32<const N: usize>(b: &[u8; N], off: usize) -> u32 {
+pub(super) fn ld_u32<const N: usize>(b: &[u8; N], off: usize) -> u32 {
     u32::from_le_bytes([b[off], b[off + 1], b[off + 2], b[off + 3]])
 }
 
 /// One f16 at `off`, converted with F16C.
 #[inline]
 #[target_feature(enable = "avx2,f16c")]
-fn f16_at<const N: usize>(b: &[u8; N], off: usize) -> f32 {
+pub(super) fn f16_at<const N: usize>(b: &[u8; N], off: usize) -> f32 {
     let h = u16::from_le_bytes([b[off], b[off + 1]]);
     _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(h as i32)))
 }
@@ -77,20 +77,20 @@ fn f16_at<const N: usize>(b: &[u8; N], off: usize) -> f32 {
 /// Two consecutive f16 at `off` (e.g. `d`, `dmin`).
 #[inline]
 #[target_feature(enable = "avx2,f16c")]
-fn f16x2_at<const N: usize>(b: &[u8; N], off: usize) -> (f32, f32) {
+pub(super) fn f16x2_at<const N: usize>(b: &[u8; N], off: usize) -> (f32, f32) {
     let v = _mm_cvtph_ps(_mm_cvtsi32_si128(ld_u32(b, off) as i32));
     (_mm_cvtss_f32(v), _mm_cvtss_f32(_mm_movehdup_ps(v)))
 }
 
 #[inline]
 #[target_feature(enable = "avx2")]
-fn f32_at<const N: usize>(b: &[u8; N], off: usize) -> f32 {
+pub(super) fn f32_at<const N: usize>(b: &[u8; N], off: usize) -> f32 {
     f32::from_bits(ld_u32(b, off))
 }
 
 #[inline]
 #[target_feature(enable = "avx2")]
-fn hsum_ps(v: __m256) -> f32 {
+pub(super) fn hsum_ps(v: __m256) -> f32 {
     let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v));
     let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
     let s = _mm_add_ss(s, _mm_movehdup_ps(s));
@@ -151,7 +151,7 @@ fn hsum4_i32(v: [__m256i; 4]) -> __m256i {
 /// The f16 at offset 0 of four consecutive `N`-byte blocks, as f32.
 #[inline]
 #[target_feature(enable = "avx2,f16c")]
-fn f16_of_4<const N: usize>(b: &[[u8; N]]) -> __m128 {
+pub(super) fn f16_of_4<const N: usize>(b: &[[u8; N]]) -> __m128 {
     let h = |i: usize| u16::from_le_bytes([b[i][0], b[i][1]]) as i16;
     _mm_cvtph_ps(_mm_setr_epi16(h(0), h(1), h(2), h(3), 0, 0, 0, 0))
 }
@@ -238,7 +238,7 @@ fn dot_q8_0_dx(w: &[u8], x: &[u8], dx: impl Fn(usize) -> __m128) -> f32 {
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
-fn dot_q8_0(w: &[u8], x: &[u8]) -> f32 {
+pub(super) fn dot_q8_0(w: &[u8], x: &[u8]) -> f32 {
     let (xb, _) = x.as_chunks::<Q8_0_BYTES>();
     dot_q8_0_dx(w, x, |i| f16_of_4(&xb[4 * i..4 * i + 4]))
 }
@@ -248,7 +248,7 @@ fn dot_q8_0(w: &[u8], x: &[u8]) -> f32 {
 const MAX_PRE_BLOCKS_Q8: usize = 512;
 
 #[target_feature(enable = "avx2,fma,f16c")]
-fn rows_q8_0(w: &[u8], row_bytes: usize, x: &[u8], out: &mut [f32]) {
+pub(super) fn rows_q8_0(w: &[u8], row_bytes: usize, x: &[u8], out: &mut [f32]) {
     let (xb, _) = x.as_chunks::<Q8_0_BYTES>();
     if xb.len() <= MAX_PRE_BLOCKS_Q8 {
         let mut dx = [_mm_setzero_ps(); MAX_PRE_BLOCKS_Q8 / 4];
@@ -350,7 +350,7 @@ fn dot_q8_k(w: &[u8], x: &[u8]) -> f32 {
 /// `(q0..q3 >> 6) << 4` into scales 4..8 and `(q4..q7 >> 6) << 4` into mins 4..8.
 #[inline]
 #[target_feature(enable = "avx2")]
-fn k4_scales_mins<const N: usize>(b: &[u8; N], off: usize) -> __m128i {
+pub(super) fn k4_scales_mins<const N: usize>(b: &[u8; N], off: usize) -> __m128i {
     // Bytes off..off+16: the 12 scale bytes and 4 bytes of quants (ignored).
     _mm256_castsi256_si128(k4_decode(_mm256_castsi128_si256(ld128(b, off))))
 }
@@ -358,7 +358,7 @@ fn k4_scales_mins<const N: usize>(b: &[u8; N], off: usize) -> __m128i {
 /// [`k4_scales_mins`] of two blocks at once (lane 0: `a`, lane 1: `b`).
 #[inline]
 #[target_feature(enable = "avx2")]
-fn k4_scales_mins2<const N: usize>(a: &[u8; N], b: &[u8; N], off: usize) -> __m256i {
+pub(super) fn k4_scales_mins2<const N: usize>(a: &[u8; N], b: &[u8; N], off: usize) -> __m256i {
     k4_decode(_mm256_set_m128i(ld128(b, off), ld128(a, off)))
 }
 
@@ -383,7 +383,7 @@ fn k4_decode(v: __m256i) -> __m256i {
 /// 32-element sub-blocks, as i16.
 #[inline]
 #[target_feature(enable = "avx2")]
-fn q8k_pair_sums(y: &[u8; Q8_K_BYTES]) -> __m128i {
+pub(super) fn q8k_pair_sums(y: &[u8; Q8_K_BYTES]) -> __m128i {
     let bsums = ld256(y, 260);
     _mm_hadd_epi16(_mm256_castsi256_si128(bsums), _mm256_extracti128_si256::<1>(bsums))
 }
@@ -430,7 +430,7 @@ fn q4k_core(a: &[u8; Q4_K_BYTES], y: &[u8; Q8_K_BYTES], sc: __m256i) -> __m256i 
 /// Horizontal sum of 4 x i32.
 #[inline]
 #[target_feature(enable = "avx2")]
-fn hsum_epi32_128(v: __m128i) -> i32 {
+pub(super) fn hsum_epi32_128(v: __m128i) -> i32 {
     let s = _mm_add_epi32(v, _mm_unpackhi_epi64(v, v));
     _mm_cvtsi128_si32(_mm_add_epi32(s, _mm_shuffle_epi32::<0b01>(s)))
 }
@@ -493,7 +493,7 @@ fn q8k_pair_sums2(xb: &[[u8; Q8_K_BYTES]], i: usize) -> __m256i {
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
-fn dot_q4_k(w: &[u8], x: &[u8]) -> f32 {
+pub(super) fn dot_q4_k(w: &[u8], x: &[u8]) -> f32 {
     let (xb, _) = x.as_chunks::<Q8_K_BYTES>();
     dot_q4_k_pairs(w, xb, |i| q8k_pair_sums2(xb, i))
 }
@@ -503,7 +503,7 @@ fn dot_q4_k(w: &[u8], x: &[u8]) -> f32 {
 const MAX_PRE_BLOCKS: usize = 64;
 
 #[target_feature(enable = "avx2,fma,f16c")]
-fn rows_q4_k(w: &[u8], row_bytes: usize, x: &[u8], out: &mut [f32]) {
+pub(super) fn rows_q4_k(w: &[u8], row_bytes: usize, x: &[u8], out: &mut [f32]) {
     let (xb, _) = x.as_chunks::<Q8_K_BYTES>();
     if xb.len() <= MAX_PRE_BLOCKS {
         let mut pairs = [_mm256_setzero_si256(); MAX_PRE_BLOCKS / 2];
@@ -537,7 +537,7 @@ fn bcast_i16(v: __m256i, i: usize) -> __m256i {
 /// `acc = fma(dy*d, sumi, acc)`; the minimums as a scalar
 /// `summs = fma(-dy*dmin, imin, summs)`; result `hsum(acc) + summs`.
 #[target_feature(enable = "avx2,fma,f16c")]
-fn dot_q5_k(w: &[u8], x: &[u8]) -> f32 {
+pub(super) fn dot_q5_k(w: &[u8], x: &[u8]) -> f32 {
     let (wb, _) = w.as_chunks::<Q5_K_BYTES>();
     let (xb, _) = x.as_chunks::<Q8_K_BYTES>();
     let m4 = _mm256_set1_epi8(0xf);
@@ -579,7 +579,7 @@ fn dot_q5_k(w: &[u8], x: &[u8]) -> f32 {
 /// `32 * (bsums[2l]*sc[2l] + bsums[2l+1]*sc[2l+1])`.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-fn q6k_block(a: &[u8; Q6_K_BYTES], y: &[u8; Q8_K_BYTES]) -> __m256i {
+pub(super) fn q6k_block(a: &[u8; Q6_K_BYTES], y: &[u8; Q8_K_BYTES]) -> __m256i {
     let m4 = _mm256_set1_epi8(0xf);
     let m30 = _mm256_set1_epi8(0x30);
     let scales = ld128(a, 192);
@@ -656,7 +656,7 @@ fn q6k_block(a: &[u8; Q6_K_BYTES], y: &[u8; Q8_K_BYTES]) -> __m256i {
 /// `Q6_K x Q8_K` in ggml's x86 order: per block `acc = fma(dy*d, sumi, acc)`
 /// on the 8 lanes of [`q6k_block`], one horizontal sum at the end.
 #[target_feature(enable = "avx2,fma,f16c")]
-fn dot_q6_k(w: &[u8], x: &[u8]) -> f32 {
+pub(super) fn dot_q6_k(w: &[u8], x: &[u8]) -> f32 {
     let (wb, _) = w.as_chunks::<Q6_K_BYTES>();
     let (xb, _) = x.as_chunks::<Q8_K_BYTES>();
     let mut acc = _mm256_setzero_ps();
@@ -669,24 +669,25 @@ fn dot_q6_k(w: &[u8], x: &[u8]) -> f32 {
     hsum_ps(acc)
 }
 
-/// Scale vectors for two 32-byte quant vectors `k`, `k+1` of a 128-element half
-/// whose i16 products are interleaved (`interleave_sum`): each vector covers two
-/// 16-element sub-blocks (low lane `s`, high lane `s+1`, `s = 8h + 2k`), so the
-/// low lane needs the i16 pair `(sc[s], sc[s+2])` and the high lane
-/// `(sc[s+1], sc[s+3])`. Used by the `Q3_K` and `Q2_K` kernels.
+/// The i16 scales of the 32-element group `k` (0..4) of a half whose 8 sub-block scales (as
+/// i16) `half` holds in both 128-bit lanes: `scale 2k` for the first 16 elements (lane 0),
+/// `scale 2k + 1` for the other 16 (ggml's `get_scale_shuffle_q3k`).
 #[inline]
 #[target_feature(enable = "avx2")]
-fn scales_16_pair(scales: __m128i, s: usize) -> __m256i {
-    let s = s as i8;
-    let idx =
-        _mm_setr_epi8(s, s + 2, s, s + 2, s, s + 2, s, s + 2, s + 1, s + 3, s + 1, s + 3, s + 1, s + 3, s + 1, s + 3);
-    _mm256_cvtepi8_epi16(_mm_shuffle_epi8(scales, idx))
+fn group_scales_16(half: __m256i, k: usize) -> __m256i {
+    let (a, b) = ((4 * k) as i8, (4 * k + 2) as i8);
+    let lo = _mm_setr_epi8(a, a + 1, a, a + 1, a, a + 1, a, a + 1, a, a + 1, a, a + 1, a, a + 1, a, a + 1);
+    let hi = _mm_setr_epi8(b, b + 1, b, b + 1, b, b + 1, b, b + 1, b, b + 1, b, b + 1, b, b + 1, b, b + 1);
+    _mm256_shuffle_epi8(half, _mm256_set_m128i(hi, lo))
 }
 
+/// The 16 sub-block scales (i8) of a 16-element-sub-block K-quant as i16, one vector per
+/// 128-element half, each half's 8 scales in both 128-bit lanes (ggml's `scales[2]`).
 #[inline]
 #[target_feature(enable = "avx2")]
-fn interleave_sum(a: __m256i, b: __m256i) -> __m256i {
-    _mm256_add_epi16(_mm256_unpacklo_epi16(a, b), _mm256_unpackhi_epi16(a, b))
+fn halves_scales_16(scales8: __m128i) -> [__m256i; 2] {
+    let all = _mm256_cvtepi8_epi16(scales8);
+    [_mm256_permute2x128_si256::<0x00>(all, all), _mm256_permute2x128_si256::<0x11>(all, all)]
 }
 
 /// The 16 `Q3_K` 6-bit scales minus 32, as i8.
@@ -707,6 +708,10 @@ fn q3k_scales(b: &[u8; 12]) -> __m128i {
     _mm_sub_epi8(v, _mm_set1_epi8(32))
 }
 
+/// `Q3_K x Q8_K` in ggml's x86 order (`ggml_vec_dot_q3_K_q8_K`, AVX2 path; the same at both
+/// levels): per block, 8 i32 lanes `sum_g scale(2g + m/4) * (products 4m..4m+3 of 32-element
+/// group g)` with the signed quants `low2 - 4 * !hbit` (two `vpmaddubsw`, subtracted), then
+/// `acc = fma(dy*d, lanes, acc)`; one `hsum_float_8` at the end.
 #[target_feature(enable = "avx2,fma,f16c")]
 fn dot_q3_k(w: &[u8], x: &[u8]) -> f32 {
     let (wb, _) = w.as_chunks::<Q3_K_BYTES>();
@@ -716,77 +721,103 @@ fn dot_q3_k(w: &[u8], x: &[u8]) -> f32 {
     let mut acc = _mm256_setzero_ps();
     for (a, y) in wb.iter().zip(xb) {
         prefetch_block(a);
-        let dw = f16_at(a, 108);
-        let dy = f32_at(y, 0);
-        let scales = q3k_scales(a[96..108].try_into().expect("12 bytes"));
-        // q = (low2 + 4*hbit) - 4: bias removed through bsums.
-        let bias = _mm256_slli_epi32::<2>(_mm256_madd_epi16(_mm256_cvtepi8_epi16(scales), ld256(y, 260)));
-        let mut hb = ld256(a, 0);
+        let d = f32_at(y, 0) * f16_at(a, 108);
+        let scales = halves_scales_16(q3k_scales(a[96..108].try_into().expect("12 bytes")));
+        // The inverted high bits: `4 * !hbit` is subtracted from the low two bits.
+        let nh = _mm256_andnot_si256(ld256(a, 0), _mm256_set1_epi8(-1));
         let mut sumi = _mm256_setzero_si256();
-        for h in 0..2 {
-            let mut lowbits = ld256(a, 32 + 32 * h);
+        for (j, sc) in scales.iter().enumerate() {
+            let bits = ld256(a, 32 + 32 * j);
             let mut p = [_mm256_setzero_si256(); 4];
             for (k, pk) in p.iter_mut().enumerate() {
-                let hi = _mm256_slli_epi16::<2>(_mm256_and_si256(hb, one));
-                hb = _mm256_srli_epi16::<1>(hb);
-                let q = _mm256_or_si256(_mm256_and_si256(lowbits, m3), hi);
-                lowbits = _mm256_srli_epi16::<2>(lowbits);
-                *pk = _mm256_maddubs_epi16(q, ld256(y, 4 + 128 * h + 32 * k));
+                let low = _mm256_and_si256(_mm256_srl_epi16(bits, _mm_cvtsi32_si128(2 * k as i32)), m3);
+                let hb = _mm256_and_si256(_mm256_srl_epi16(nh, _mm_cvtsi32_si128((4 * j + k) as i32)), one);
+                let y8 = ld256(y, 4 + 128 * j + 32 * k);
+                let q = _mm256_sub_epi16(
+                    _mm256_maddubs_epi16(low, y8),
+                    _mm256_maddubs_epi16(_mm256_slli_epi16::<2>(hb), y8),
+                );
+                *pk = _mm256_madd_epi16(group_scales_16(*sc, k), q);
             }
-            let s01 = _mm256_madd_epi16(interleave_sum(p[0], p[1]), scales_16_pair(scales, 8 * h));
-            let s23 = _mm256_madd_epi16(interleave_sum(p[2], p[3]), scales_16_pair(scales, 8 * h + 4));
-            sumi = _mm256_add_epi32(sumi, _mm256_add_epi32(s01, s23));
+            sumi = _mm256_add_epi32(sumi, _mm256_add_epi32(_mm256_add_epi32(p[0], p[1]), _mm256_add_epi32(p[2], p[3])));
         }
-        let sumi = _mm256_sub_epi32(sumi, bias);
-        acc = _mm256_fmadd_ps(_mm256_set1_ps(dw * dy), _mm256_cvtepi32_ps(sumi), acc);
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
     }
     hsum_ps(acc)
 }
 
+/// The `Q2_K` quants of group `k` (0..4) of half `j`: 2-bit plane `k` of `qs[32j..32j+32]`.
+#[inline]
+#[target_feature(enable = "avx2")]
+fn q2k_group(a: &[u8; Q2_K_BYTES], j: usize, k: usize) -> __m256i {
+    _mm256_and_si256(_mm256_srl_epi16(ld256(a, 16 + 32 * j), _mm_cvtsi32_si128(2 * k as i32)), _mm256_set1_epi8(3))
+}
+
+/// One `Q2_K` block in ggml's `ggml_vec_dot_q2_K_q8_K` lane layout: the 8 i32 lanes
+/// `sum_g scale(2g + m/4) * (products 4m..4m+3 of group g)`, and the 8 lanes
+/// `min(2l) * bsum(2l) + min(2l+1) * bsum(2l+1)`.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn q2k_block(a: &[u8; Q2_K_BYTES], y: &[u8; Q8_K_BYTES]) -> (__m256i, __m256i) {
+    let m4 = _mm_set1_epi8(0xf);
+    let sm = ld128(a, 0);
+    let mins = _mm256_madd_epi16(_mm256_cvtepi8_epi16(_mm_and_si128(_mm_srli_epi16::<4>(sm), m4)), ld256(y, 260));
+    let scales = halves_scales_16(_mm_and_si128(sm, m4));
+    let mut sumi = _mm256_setzero_si256();
+    for (j, sc) in scales.iter().enumerate() {
+        let mut p = [_mm256_setzero_si256(); 4];
+        for (k, pk) in p.iter_mut().enumerate() {
+            let q = _mm256_maddubs_epi16(q2k_group(a, j, k), ld256(y, 4 + 128 * j + 32 * k));
+            *pk = _mm256_madd_epi16(group_scales_16(*sc, k), q);
+        }
+        sumi = _mm256_add_epi32(sumi, _mm256_add_epi32(_mm256_add_epi32(p[0], p[1]), _mm256_add_epi32(p[2], p[3])));
+    }
+    (sumi, mins)
+}
+
+/// `Q2_K x Q8_K` in ggml's x86 order (`ggml_vec_dot_q2_K_q8_K`, AVX2 path), which an AVX2 build
+/// runs: per block `acc = fma(-dy*dmin, min lanes, acc)`, then `acc = fma(dy*d, lanes, acc)`
+/// ([`q2k_block`]); one `hsum_float_8` at the end.
 #[target_feature(enable = "avx2,fma,f16c")]
 fn dot_q2_k(w: &[u8], x: &[u8]) -> f32 {
     let (wb, _) = w.as_chunks::<Q2_K_BYTES>();
     let (xb, _) = x.as_chunks::<Q8_K_BYTES>();
-    let m3 = _mm256_set1_epi8(3);
-    let m4 = _mm_set1_epi8(0xf);
     let mut acc = _mm256_setzero_ps();
     for (a, y) in wb.iter().zip(xb) {
         prefetch_block(a);
         let (dw, dminw) = f16x2_at(a, 80);
         let dy = f32_at(y, 0);
-        let sm = ld128(a, 0);
-        let scales = _mm_and_si128(sm, m4);
-        let mins = _mm_and_si128(_mm_srli_epi16::<4>(sm), m4);
-        let summs = _mm256_madd_epi16(_mm256_cvtepu8_epi16(mins), ld256(y, 260));
-        acc = _mm256_fmadd_ps(_mm256_set1_ps(-dminw * dy), _mm256_cvtepi32_ps(summs), acc);
-        let mut sumi = _mm256_setzero_si256();
-        for h in 0..2 {
-            let mut bits = ld256(a, 16 + 32 * h);
-            let mut p = [_mm256_setzero_si256(); 4];
-            for (k, pk) in p.iter_mut().enumerate() {
-                let q = _mm256_and_si256(bits, m3);
-                bits = _mm256_srli_epi16::<2>(bits);
-                *pk = _mm256_maddubs_epi16(q, ld256(y, 4 + 128 * h + 32 * k));
-            }
-            let s01 = _mm256_madd_epi16(interleave_sum(p[0], p[1]), scales_16_pair(scales, 8 * h));
-            let s23 = _mm256_madd_epi16(interleave_sum(p[2], p[3]), scales_16_pair(scales, 8 * h + 4));
-            sumi = _mm256_add_epi32(sumi, _mm256_add_epi32(s01, s23));
-        }
-        acc = _mm256_fmadd_ps(_mm256_set1_ps(dw * dy), _mm256_cvtepi32_ps(sumi), acc);
+        let (sumi, mins) = q2k_block(a, y);
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(-dy * dminw), _mm256_cvtepi32_ps(mins), acc);
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(dy * dw), _mm256_cvtepi32_ps(sumi), acc);
     }
     hsum_ps(acc)
+}
+
+/// `Q2_K x Q8_K` in the order of llama.cpp's repacked `ggml_gemv_q2_K_8x8_q8_K` (AVX2 code),
+/// which a build with AVX-512 runs for every `Q2_K` matrix with a multiple of 8 rows (ggml
+/// repacks `Q2_K` only when `ggml_cpu_has_avx512()`): per block the whole integers
+/// `isum = sum_s scale_s * dot_s` and `imin = sum_s min_s * bsum_s`, then
+/// `acc = fma(isum, d*dy, acc)`, `accm = fma(imin, dmin*dy, accm)`; the result is `acc - accm`.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) fn dot_q2_k_repacked(w: &[u8], x: &[u8]) -> f32 {
+    let (wb, _) = w.as_chunks::<Q2_K_BYTES>();
+    let (xb, _) = x.as_chunks::<Q8_K_BYTES>();
+    let (mut acc, mut accm) = (0f32, 0f32);
+    for (a, y) in wb.iter().zip(xb) {
+        prefetch_block(a);
+        let (dw, dminw) = f16x2_at(a, 80);
+        let dy = f32_at(y, 0);
+        let (sumi, mins) = q2k_block(a, y);
+        acc = (hsum_epi32(sumi) as f32).mul_add(dw * dy, acc);
+        accm = (hsum_epi32(mins) as f32).mul_add(dminw * dy, accm);
+    }
+    acc - accm
 }
 
 // ---------------------------------------------------------------------------
 // Floats
 // ---------------------------------------------------------------------------
-
-/// Whether to sum like ggml's AVX-512 float vector code (16-lane vectors,
-/// 64-element steps) rather than its AVX code (8 lanes, 32-element steps); see
-/// [`super::ggml_avx512`]. The two sum in different orders.
-fn ggml_avx512() -> bool {
-    super::ggml_avx512()
-}
 
 /// ggml's `GGML_F32x8_REDUCE` tail (AVX): `(lo + hi)` then two `hadd`s.
 #[inline]
@@ -798,42 +829,27 @@ fn hsum_hadd_ps(v: __m256) -> f32 {
 }
 
 /// The 4-register float dot product skeleton of ggml's `ggml_vec_dot_f32` and
-/// `ggml_vec_dot_f16` (`GGML_F32_ARR = 4` accumulators, FMA per vector, reduced
-/// as `(s0 + s2) + (s1 + s3)` then horizontally). `LANES` is ggml's vector width
-/// (16 on AVX-512, emulated with two 8-lane halves, whose lane-wise arithmetic is
-/// the same; 8 on AVX2). `load(chunk, k)` gives the 8 floats `8k..8k+8` of a
-/// `4 * LANES`-element chunk. Returns the reduced sum and the number of
-/// elements consumed (the caller adds the tail as ggml does).
+/// `ggml_vec_dot_f16` in an AVX build (`GGML_F32_ARR = 4` accumulators of 8 lanes, FMA per
+/// vector, 32-element steps, reduced as `(s0 + s2) + (s1 + s3)` then `GGML_F32x8_REDUCE`'s
+/// horizontal tail). `load(bytes, off)` gives the 8 floats at byte offset `off`. Returns
+/// the reduced sum and the number of elements consumed (the caller adds the tail as ggml
+/// does). The AVX-512 shape is in `avx512`.
 macro_rules! ggml_float_dot {
     ($a:expr, $b:expr, $elem_bytes:expr, $load:expr) => {{
         let (a, b): (&[u8], &[u8]) = ($a, $b);
-        let wide = ggml_avx512();
-        let lanes = if wide { 16 } else { 8 };
-        let step = 4 * lanes;
         let n = a.len() / $elem_bytes;
-        let np = n - n % step;
-        // acc[j][h]: accumulator j, half h (h = 1 only on AVX-512).
-        let mut acc = [[_mm256_setzero_ps(); 2]; 4];
+        let np = n - n % 32;
+        let mut acc = [_mm256_setzero_ps(); 4];
         let mut i = 0;
         while i < np {
             for (j, aj) in acc.iter_mut().enumerate() {
-                for (h, ajh) in aj.iter_mut().enumerate().take(lanes / 8) {
-                    let off = (i + j * lanes + 8 * h) * $elem_bytes;
-                    *ajh = _mm256_fmadd_ps($load(a, off), $load(b, off), *ajh);
-                }
+                let off = (i + 8 * j) * $elem_bytes;
+                *aj = _mm256_fmadd_ps($load(a, off), $load(b, off), *aj);
             }
-            i += step;
+            i += 32;
         }
-        let r = |x: usize, y: usize| [_mm256_add_ps(acc[x][0], acc[y][0]), _mm256_add_ps(acc[x][1], acc[y][1])];
-        let (s02, s13) = (r(0, 2), r(1, 3));
-        let s = [_mm256_add_ps(s02[0], s13[0]), _mm256_add_ps(s02[1], s13[1])];
-        let sum = if wide {
-            // `_mm512_reduce_add_ps` (GCC): upper + lower 256 bits, then as `hsum_float_8`.
-            hsum_ps(_mm256_add_ps(s[1], s[0]))
-        } else {
-            hsum_hadd_ps(s[0])
-        };
-        (sum, np)
+        let s = _mm256_add_ps(_mm256_add_ps(acc[0], acc[2]), _mm256_add_ps(acc[1], acc[3]));
+        (hsum_hadd_ps(s), np)
     }};
 }
 
@@ -853,7 +869,7 @@ fn ld_f16x8(b: &[u8], off: usize) -> __m256 {
     _mm256_cvtph_ps(unsafe { _mm_loadu_si128(b.as_ptr().add(off).cast()) })
 }
 
-/// `ggml_vec_dot_f32` of a native x86 build: vector sum in `f32`, the tail added
+/// `ggml_vec_dot_f32` of an AVX2 build: vector sum in `f32`, the tail added
 /// with `sumf += x*y` in `f32` (which GCC contracts to an FMA).
 #[target_feature(enable = "avx2,fma,f16c")]
 fn dot_f32(w: &[u8], x: &[u8]) -> f32 {
@@ -866,7 +882,7 @@ fn dot_f32(w: &[u8], x: &[u8]) -> f32 {
     sum
 }
 
-/// `ggml_vec_dot_f16` of a native x86 build (no AVX512-FP16): vector sum in
+/// `ggml_vec_dot_f16` of an AVX2 build: vector sum in
 /// `f32`, widened to `f64`, the tail's `f32` products added in `f64`.
 #[target_feature(enable = "avx2,fma,f16c")]
 fn dot_f16(w: &[u8], x: &[u8]) -> f32 {
@@ -880,6 +896,9 @@ fn dot_f16(w: &[u8], x: &[u8]) -> f32 {
     sum as f32
 }
 
+/// `ggml_vec_dot_bf16` of an AVX2 build: four 8-lane accumulators over 32-element steps
+/// (`c += x*y`, which GCC contracts to an FMA), reduced as `(c1 + c3) + (c2 + c4)` and
+/// `hsum_float_8`, widened to `f64`; the tail's `f32` products added in `f64`.
 #[target_feature(enable = "avx2,fma,f16c")]
 fn dot_bf16(w: &[u8], x: &[u8]) -> f32 {
     let (wb, wr) = w.as_chunks::<64>();
@@ -891,7 +910,7 @@ fn dot_bf16(w: &[u8], x: &[u8]) -> f32 {
             *s = _mm256_fmadd_ps(widen(ld128(a, 16 * i)), widen(ld128(b, 16 * i)), *s);
         }
     }
-    let mut sum = hsum_ps(_mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3]))) as f64;
+    let mut sum = hsum_ps(_mm256_add_ps(_mm256_add_ps(acc[0], acc[2]), _mm256_add_ps(acc[1], acc[3]))) as f64;
     for (a, b) in wr.chunks_exact(2).zip(xr.chunks_exact(2)) {
         let a = super::float::bf16_bits_to_f32(u16::from_le_bytes([a[0], a[1]]));
         let b = super::float::bf16_bits_to_f32(u16::from_le_bytes([b[0], b[1]]));
@@ -988,10 +1007,44 @@ fn quantize_q8_k(src: &[f32], dst: &mut [u8]) {
 
 #[inline]
 #[target_feature(enable = "avx2")]
-fn hsum_epi32(v: __m256i) -> i32 {
+pub(super) fn hsum_epi32(v: __m256i) -> i32 {
     let s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256::<1>(v));
     let s = _mm_add_epi32(s, _mm_unpackhi_epi64(s, s));
     _mm_cvtsi128_si32(_mm_add_epi32(s, _mm_shuffle_epi32::<0b01>(s)))
+}
+
+/// ggml-cpu's x86 `quantize_row_q8_0` (its AVX2 path, [`super::Q8Flavor::X86`]), instruction
+/// for instruction: `amax` by vector max in ggml's order, `d = amax / 127`,
+/// `id = amax != 0 ? 127 / amax : 0`, `round(x * id)` to nearest even, saturating packs.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) fn quantize_q8_0_x86(src: &[f32], dst: &mut [u8]) {
+    let (xs, _) = src.as_chunks::<32>();
+    let (ys, _) = dst.as_chunks_mut::<Q8_0_BYTES>();
+    let sign = _mm256_set1_ps(-0.0);
+    for (x, y) in xs.iter().zip(ys.iter_mut()) {
+        // SAFETY: `x` is 32 in-bounds f32; `loadu` has no alignment requirement.
+        let v: [__m256; 4] = std::array::from_fn(|k| unsafe { _mm256_loadu_ps(x.as_ptr().add(8 * k)) });
+        let mut max = _mm256_andnot_ps(sign, v[0]);
+        for vk in &v[1..] {
+            max = _mm256_max_ps(max, _mm256_andnot_ps(sign, *vk));
+        }
+        let m4 = _mm_max_ps(_mm256_extractf128_ps::<1>(max), _mm256_castps256_ps128(max));
+        let m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+        let amax = _mm_cvtss_f32(_mm_max_ss(m4, _mm_movehdup_ps(m4)));
+        y[0..2].copy_from_slice(&super::float::f32_to_f16_bits(amax / 127.0).to_le_bytes());
+        let id = _mm256_set1_ps(if amax != 0.0 { 127.0 / amax } else { 0.0 });
+        let q = |k: usize| {
+            _mm256_cvtps_epi32(_mm256_round_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(_mm256_mul_ps(
+                v[k], id,
+            )))
+        };
+        let i01 = _mm256_packs_epi32(q(0), q(1));
+        let i23 = _mm256_packs_epi32(q(2), q(3));
+        let b = _mm256_permutevar8x32_epi32(_mm256_packs_epi16(i01, i23), _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+        let out: &mut [u8; 32] = (&mut y[2..34]).try_into().expect("32 bytes");
+        // SAFETY: `out` is 32 in-bounds bytes; `storeu` has no alignment requirement.
+        unsafe { _mm256_storeu_si256(out.as_mut_ptr().cast(), b) };
+    }
 }
 
 /// `f32 -> f16` with F16C (round to nearest even, like ggml); eight lanes that
@@ -1064,6 +1117,11 @@ macro_rules! entry {
     }};
 }
 
+/// The `Q2_K` kernel of the `avx512` level ([`dot_q2_k_repacked`]; AVX2 code).
+pub(super) fn kernel_q2_k_repacked() -> Option<Kernel> {
+    available().then(|| entry!(dot_q2_k_repacked))
+}
+
 /// The AVX2 kernel for `ty`, if there is one. Callers must have checked
 /// [`available`].
 pub(super) fn kernel(ty: GgmlType) -> Option<Kernel> {
@@ -1097,7 +1155,7 @@ pub(super) fn kernel(ty: GgmlType) -> Option<Kernel> {
 // results are bit-identical to one `matvec` per activation.
 
 /// Activations per pass of the multi-activation kernels.
-pub(super) const MAX_MULTI: usize = 4;
+const MAX_MULTI: usize = 4;
 
 /// `Q8_0`: per 4-block group, the weight quants' absolute values and scales are
 /// shared; per activation as in [`dot_q8_0_dx`].
@@ -1345,14 +1403,15 @@ macro_rules! multi_entry {
 
 /// The multi-activation kernel for `ty` (1 to [`MAX_MULTI`] activations per call),
 /// if there is one. Callers must have checked [`available`].
-pub(super) fn multi_kernel(ty: GgmlType) -> Option<super::MultiFn> {
+pub(super) fn multi_kernel(ty: GgmlType) -> Option<super::Multi> {
     if !available() {
         return None;
     }
-    match ty {
-        GgmlType::Q8_0 => Some(multi_entry!(multi_q8_0_t)),
-        GgmlType::Q4_K => Some(multi_entry!(multi_q4_k_t)),
-        GgmlType::Q6_K => Some(multi_entry!(multi_q6_k_t)),
-        _ => None,
-    }
+    let f = match ty {
+        GgmlType::Q8_0 => multi_entry!(multi_q8_0_t),
+        GgmlType::Q4_K => multi_entry!(multi_q4_k_t),
+        GgmlType::Q6_K => multi_entry!(multi_q6_k_t),
+        _ => return None,
+    };
+    Some(super::Multi { f, group: MAX_MULTI })
 }

@@ -7,20 +7,43 @@
 //! `Q5_0`, `Q5_1`. "Implemented" means: [`dequantize_row`], [`quantize_row`] and
 //! [`vec_dot`] against the type's [`GgmlType::vec_dot_type`].
 //!
+//! # ISA levels
+//! A [`Backend`] is an ISA level: the instructions its kernels use *and* the llama.cpp build
+//! whose numerics they reproduce. The process runs one level, [`isa`]: `ENGINE_ISA=scalar|avx2|
+//! avx512` from the environment, or by default the best the CPU has; a level the CPU lacks (or
+//! an unknown name) is an error ([`QuantError::IsaUnavailable`], [`QuantError::IsaUnknown`]).
+//! Every dispatching entry point ([`vec_dot`], [`matvec`], [`matvec_multi`], [`quantize_row`],
+//! and `vmath`'s `exp`) follows it; the `*_on` functions run a given level (tests, benchmarks).
+//!
+//! | level | CPU features | reproduces the llama.cpp build |
+//! |---|---|---|
+//! | `scalar` | any | none (portable kernels, own summation order) |
+//! | `avx2` | AVX2, FMA, F16C | AVX2+FMA+F16C, no AVX-512, no VNNI |
+//! | `avx512` | + AVX-512 F, BW, DQ, VL (VNNI, BF16 used where present) | AVX-512 with VNNI and BF16 as the CPU has them; never AMX, never AVX512-FP16 |
+//!
 //! # Numerics (why results match llama.cpp)
 //! * `vec_dot` follows ggml's integer arithmetic exactly: per block the integer dot
 //!   product of the quants (times the integer sub-block scales) is formed in `i32`,
 //!   then scaled once by `d_w * d_x` in `f32`; the K-quant minimums are applied
-//!   through the activation's `bsums`.
-//! * The `f32` arithmetic after that (products of scales, FMAs, horizontal sums)
-//!   follows, in the AVX2 kernels, the order of the kernel a native x86 llama.cpp
-//!   build runs for one token (`cargo xtask parity` checks the logits bit for bit):
-//!   `Q8_0`, `Q5_K`, `Q6_K` as ggml's x86 `ggml_vec_dot_*` (8 FMA lanes, one
-//!   `hsum_float_8`), `Q4_K` as the repacked `ggml_gemv_q4_K_8x8_q8_K` that
-//!   llama.cpp uses for every `Q4_K` matrix with a multiple of 8 rows, `F32`/`F16`
-//!   as `ggml_vec_dot_f32`/`_f16` in the AVX-512 or the AVX shape that the CPU
-//!   selects. The scalar kernels, and the AVX2 `Q2_K`, `Q3_K`, `Q4_0`, `Q8_K`,
-//!   `BF16` kernels, sum in their own order (last-bit differences from ggml).
+//!   through the activation's `bsums`. Any instructions that give the same integers may
+//!   be used (VNNI's `vpdpbusd`/`vpdpwssd` do: ggml's own VNNI variants of its
+//!   `mul_sum_*` helpers change no integer).
+//! * The `f32` arithmetic after that (products of scales, FMAs, horizontal sums) follows,
+//!   in the SIMD kernels, the order of the kernel the level's llama.cpp build runs for one
+//!   token (`cargo xtask parity` checks the logits bit for bit at each level):
+//!   - `Q8_0`, `Q3_K`, `Q5_K`, `Q6_K`: ggml's x86 `ggml_vec_dot_*` (8 FMA lanes, one
+//!     `hsum_float_8`); an AVX-512 build compiles the same `__AVX2__` code;
+//!   - `Q4_K`: the repacked `ggml_gemv_q4_K_8x8_q8_K` (whole-block integers, two FMA chains)
+//!     that llama.cpp uses for every `Q4_K` matrix with a multiple of 8 rows;
+//!   - `Q2_K`: `ggml_vec_dot_q2_K_q8_K` at `avx2`; at `avx512` the repacked
+//!     `ggml_gemv_q2_K_8x8_q8_K`, because ggml repacks `Q2_K` only when built with AVX-512;
+//!   - `F32`/`F16`: `ggml_vec_dot_f32`/`_f16` in the AVX shape (4 x 8 lanes) at `avx2`, the
+//!     AVX-512 shape (4 x 16 lanes, GCC's `_mm512_reduce_add_ps`) at `avx512`;
+//!   - `BF16`: `ggml_vec_dot_bf16` in its AVX2 shape, its AVX512F shape, or with
+//!     `vdpbf16ps` when the CPU has AVX512-BF16 (not checked by `parity`: no BF16 model).
+//!
+//!   The scalar kernels, and the `Q4_0` and `Q8_K` kernels, sum in their own order (last-bit
+//!   differences from ggml).
 //! * [`quantize_row`] for the activation types (`Q8_0`, `Q8_1`, `Q8_K`, `F16`, `BF16`)
 //!   is bit-identical to ggml's reference quantizers (`quantize_row_q8_0_ref`,
 //!   `quantize_row_q8_1_ref`, `quantize_row_q8_K_ref`, `ggml_compute_fp32_to_fp16`,
@@ -39,14 +62,24 @@
 //! Q5_0, Q5_1) and [`kquants`] (Q2_K, Q3_K, Q4_K, Q5_K, Q6_K).
 //!
 //! # Kernels
-//! Scalar kernels exist for every supported type and every target. On x86_64 the
-//! AVX2+FMA+F16C kernels (module `avx2`) are chosen at run time, once, and used by
-//! [`vec_dot`] and [`matvec`]; [`vec_dot_on`]/[`matvec_on`] run a specific
-//! [`Backend`] (for tests and benchmarks). AVX2 kernels exist for `F32`, `F16`,
-//! `BF16`, `Q8_0`, `Q8_K`, `Q4_0` and `Q2_K`..`Q6_K`; the other supported types use
-//! the scalar kernels on every backend. The `Q8_K` and `F16` activation
-//! quantizers also have AVX2 versions (same bytes; [`quantize_row_on`] picks a
-//! backend).
+//! Scalar kernels exist for every supported type and every target. On x86_64:
+//! * `avx2` (AVX2+FMA+F16C): `F32`, `F16`, `BF16`, `Q8_0`, `Q8_K`, `Q4_0`, `Q2_K`..`Q6_K`, and
+//!   multi-activation kernels (prompt processing, 4 activations per pass) for `Q8_0`, `Q4_K`,
+//!   `Q6_K`;
+//! * `avx512`: its own `F32`, `F16`, `BF16` (ggml's AVX-512 shapes) and `Q2_K` (repacked
+//!   order) kernels; with AVX512-VNNI, 512-bit `Q8_0` (two rows per vector), `Q4_K` (eight rows
+//!   per step), `Q5_K`, `Q6_K` kernels and multi-activation kernels for those four (16
+//!   activations per pass for `Q4_K`, 8 for the others); everything else (and the integer
+//!   kernels on a CPU without VNNI) from `avx2`, whose numerics are the same there.
+//!
+//! The other supported types use the scalar kernels at every level. The `Q8_K`, `F16` and
+//! x86 `Q8_0` activation quantizers have AVX2 versions (same bytes; [`quantize_row_on`] picks
+//! a backend). Per CPU-second on the development machine (Intel Xeon, Sapphire/Emerald Rapids
+//! class, 2 vCPUs; `examples/quant_speed.rs` with `QS_LOOP`, cache-resident matrix of 2048
+//! columns, a shared and noisy machine), the `avx512` kernels do about 1.2x (`Q4_K`), 1.25x
+//! (`Q6_K`), 1.3x (`Q8_0`) the `avx2` ones for one activation, and 1.7-2x for 8 (`Q4_K`: 16) at a
+//! time. There 512-bit shifts (port 0) and permutes (port 5) are single-port while the integer
+//! multiplies use both ports (measured), which bounds the one-activation `Q4_K` gain.
 //!
 //! # Using it in a decode loop
 //! * Quantize each activation vector once with [`quantize_activation`] (into a
@@ -65,7 +98,8 @@
 //!   llama.cpp's CPU backend repacks `Q4_K`/`Q4_0` weights into 8-row
 //!   interleaved blocks at load time (its float summation order then differs from
 //!   ggml's plain `vec_dot`, the integer parts do not); this module keeps the GGUF
-//!   layout and reproduces the repacked `Q4_K` order row by row.
+//!   layout and reproduces the repacked `Q4_K` order (row by row at `avx2`, eight rows at a
+//!   time at `avx512`).
 
 pub mod float;
 pub mod kquants;
@@ -75,6 +109,8 @@ pub mod q8;
 
 #[cfg(target_arch = "x86_64")]
 mod avx2;
+#[cfg(target_arch = "x86_64")]
+mod avx512;
 
 #[cfg(test)]
 mod tests;
@@ -328,7 +364,7 @@ impl std::fmt::Display for GgmlType {
 
 /// Errors of the checked entry points. Nothing in this module panics on bad
 /// lengths or types except the documented unchecked hot-path functions.
-#[derive(Debug, thiserror::Error)]
+#[derive(Clone, Debug, thiserror::Error)]
 pub enum QuantError {
     #[error("type {0} is not supported by engine::quant")]
     Unsupported(GgmlType),
@@ -338,8 +374,14 @@ pub enum QuantError {
     Overflow { ty: GgmlType, n: usize },
     #[error("{ty}: {what} has length {got}, expected {expected}")]
     Length { ty: GgmlType, what: &'static str, expected: usize, got: usize },
-    #[error("kernel backend {0:?} is not available on this CPU")]
+    #[error("kernel backend {0} is not available on this CPU")]
     BackendUnavailable(Backend),
+    #[error("ENGINE_ISA={0:?} is not an ISA level: use scalar, avx2 or avx512 (or unset it for the best one)")]
+    IsaUnknown(String),
+    #[error(
+        "ENGINE_ISA={level}: this CPU lacks {missing}; the best level it runs is {best} (set ENGINE_ISA to that or unset it)"
+    )]
+    IsaUnavailable { level: Backend, missing: String, best: Backend },
 }
 
 /// Bytes of a row of `n` elements of `ty`, as a `Result`.
@@ -410,16 +452,13 @@ pub fn quantize_row_on(backend: Backend, ty: GgmlType, src: &[f32], dst: &mut [u
 fn simd_quantizer(backend: Backend, ty: GgmlType) -> Option<QuantizeFn> {
     match backend {
         Backend::Scalar => None,
-        Backend::Avx2 => {
-            #[cfg(target_arch = "x86_64")]
-            {
-                avx2::quantizer(ty)
-            }
-            #[cfg(not(target_arch = "x86_64"))]
-            {
-                let _ = ty;
-                None
-            }
+        // The AVX2 quantizers give the reference bytes; AVX-512 has nothing to add there.
+        #[cfg(target_arch = "x86_64")]
+        Backend::Avx2 | Backend::Avx512 => avx2::quantizer(ty),
+        #[cfg(not(target_arch = "x86_64"))]
+        _ => {
+            let _ = ty;
+            None
         }
     }
 }
@@ -489,6 +528,11 @@ pub fn quantize_row_q8_0_with(ty: GgmlType, flavor: Q8Flavor, src: &[f32], dst: 
     let nbytes = checked_row_bytes(ty, src.len())?;
     check_len(ty, "quantized row", nbytes, dst.len())?;
     match ty {
+        #[cfg(target_arch = "x86_64")]
+        GgmlType::Q8_0 if flavor == Q8Flavor::X86 && backend() != Backend::Scalar => {
+            // SAFETY: the avx2 and avx512 levels are granted only on CPUs with AVX2, FMA, F16C.
+            unsafe { avx2::quantize_q8_0_x86(src, dst) }
+        }
         GgmlType::Q8_0 => q8::quantize_q8_0(flavor, src, dst),
         GgmlType::Q8_1 => q8::quantize_q8_1(flavor, src, dst),
         _ => return Err(QuantError::Unsupported(ty)),
@@ -516,53 +560,162 @@ pub fn quantize_activation(weight_ty: GgmlType, x: &[f32], buf: &mut Vec<u8>) ->
 // Kernel dispatch
 // ---------------------------------------------------------------------------
 
-/// Whether the llama.cpp build whose numerics the engine reproduces compiles ggml's
-/// AVX-512 float code (`__AVX512F__`, as a native build does on a CPU with AVX-512F):
-/// 16-lane vector sums in `ggml_vec_dot_f32`/`_f16` and the AVX-512 vector `exp`. On
-/// x86_64 that is the CPU's AVX-512F, unless the environment sets `ENGINE_GGML_AVX512=0`,
-/// which selects the numerics of a build without AVX-512 (to compare with one). Read once.
-pub fn ggml_avx512() -> bool {
-    static V: OnceLock<bool> = OnceLock::new();
-    *V.get_or_init(|| {
-        #[cfg(target_arch = "x86_64")]
-        {
-            std::env::var_os("ENGINE_GGML_AVX512").is_none_or(|v| v != "0") && is_x86_feature_detected!("avx512f")
-        }
-        #[cfg(not(target_arch = "x86_64"))]
-        {
-            false
-        }
-    })
-}
-
-/// A kernel set.
+/// A kernel set, which is also an ISA level: the instructions the kernels may use and the
+/// llama.cpp build whose numerics they reproduce (module docs, "ISA levels").
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Backend {
-    /// Portable scalar Rust; every target.
+    /// Portable scalar Rust; every target. Reproduces no particular llama.cpp build.
     Scalar,
-    /// x86_64 AVX2 + FMA + F16C.
+    /// x86_64 AVX2 + FMA + F16C: a llama.cpp build for AVX2+FMA+F16C without AVX-512.
     Avx2,
+    /// x86_64 AVX-512 F/BW/DQ/VL (+ AVX2, FMA, F16C), with VNNI and BF16 where the CPU has
+    /// them: a llama.cpp build for AVX-512 with VNNI and BF16 as this CPU has them.
+    Avx512,
 }
 
+/// The environment variable that chooses the ISA level (`scalar`, `avx2`, `avx512`).
+pub const ISA_ENV: &str = "ENGINE_ISA";
+
 impl Backend {
+    /// Every level, lowest first.
+    pub const ALL: [Backend; 3] = [Backend::Scalar, Backend::Avx2, Backend::Avx512];
+
+    /// The level's name, as `ENGINE_ISA` spells it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Backend::Scalar => "scalar",
+            Backend::Avx2 => "avx2",
+            Backend::Avx512 => "avx512",
+        }
+    }
+
+    /// The level named `s` (as `ENGINE_ISA` spells it).
+    pub fn from_name(s: &str) -> Option<Backend> {
+        Backend::ALL.into_iter().find(|b| b.name() == s)
+    }
+
+    /// The CPU features (`/proc/cpuinfo` spelling) the level needs.
+    pub fn required_features(self) -> &'static [&'static str] {
+        match self {
+            Backend::Scalar => &[],
+            Backend::Avx2 => &["avx2", "fma", "f16c"],
+            Backend::Avx512 => &["avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512dq", "avx512vl"],
+        }
+    }
+
+    /// The required features this CPU lacks.
+    pub fn missing_features(self) -> Vec<&'static str> {
+        self.required_features().iter().copied().filter(|f| !cpu_has(f)).collect()
+    }
+
     /// Whether this CPU can run the backend.
     pub fn is_available(self) -> bool {
-        match self {
-            Backend::Scalar => true,
-            Backend::Avx2 => avx2_available(),
-        }
+        self.missing_features().is_empty()
+    }
+
+    /// The highest level this CPU can run.
+    pub fn best() -> Backend {
+        Backend::ALL.into_iter().rev().find(|b| b.is_available()).unwrap_or(Backend::Scalar)
     }
 }
 
-fn avx2_available() -> bool {
+impl std::fmt::Display for Backend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// The x86 features that decide a level or a kernel choice, in `/proc/cpuinfo` spelling
+/// (`amx_tile` is listed to say it is never used).
+pub const CPU_FEATURES: [&str; 13] = [
+    "avx2",
+    "fma",
+    "f16c",
+    "avx512f",
+    "avx512bw",
+    "avx512dq",
+    "avx512vl",
+    "avx512_vnni",
+    "avx512_bf16",
+    "avx512_fp16",
+    "avx_vnni",
+    "avx512vbmi",
+    "amx_tile",
+];
+
+/// Whether the CPU has `feature` (one of [`CPU_FEATURES`] or a required feature).
+pub fn cpu_has(feature: &str) -> bool {
     #[cfg(target_arch = "x86_64")]
     {
-        avx2::available()
+        match feature {
+            "avx2" => is_x86_feature_detected!("avx2"),
+            "fma" => is_x86_feature_detected!("fma"),
+            "f16c" => is_x86_feature_detected!("f16c"),
+            "avx512f" => is_x86_feature_detected!("avx512f"),
+            "avx512bw" => is_x86_feature_detected!("avx512bw"),
+            "avx512dq" => is_x86_feature_detected!("avx512dq"),
+            "avx512vl" => is_x86_feature_detected!("avx512vl"),
+            "avx512_vnni" => is_x86_feature_detected!("avx512vnni"),
+            "avx512_bf16" => is_x86_feature_detected!("avx512bf16"),
+            "avx512_fp16" => is_x86_feature_detected!("avx512fp16"),
+            "avx_vnni" => is_x86_feature_detected!("avxvnni"),
+            "avx512vbmi" => is_x86_feature_detected!("avx512vbmi"),
+            // Not detectable with `is_x86_feature_detected!` on stable Rust: CPUID leaf 7
+            // EDX bit 24, which the kernel also shows only when it enabled the tile state.
+            "amx_tile" => {
+                let leaf7 = std::arch::x86_64::__cpuid_count(7, 0);
+                leaf7.edx & (1 << 24) != 0
+                    && std::fs::read_to_string("/proc/cpuinfo").is_ok_and(|c| c.contains(" amx_tile"))
+            }
+            _ => false,
+        }
     }
     #[cfg(not(target_arch = "x86_64"))]
     {
+        let _ = feature;
         false
     }
+}
+
+/// The level this process runs: `ENGINE_ISA` when set (an error if the name is unknown or the
+/// CPU lacks a feature it needs), else the best the CPU has. Read once; every kernel,
+/// [`vec_dot`], [`matvec`], [`matvec_multi`], [`quantize_row`] and `vmath` follow it.
+pub fn isa() -> Result<Backend, QuantError> {
+    static ISA: OnceLock<Result<Backend, QuantError>> = OnceLock::new();
+    ISA.get_or_init(|| isa_from(std::env::var(ISA_ENV).ok().as_deref())).clone()
+}
+
+/// The level `env` (the value of `ENGINE_ISA`, `None` when unset) asks for on this CPU.
+pub fn isa_from(env: Option<&str>) -> Result<Backend, QuantError> {
+    let Some(name) = env.map(str::trim).filter(|s| !s.is_empty()) else {
+        return Ok(Backend::best());
+    };
+    let level = Backend::from_name(name).ok_or_else(|| QuantError::IsaUnknown(name.to_owned()))?;
+    let missing = level.missing_features();
+    if !missing.is_empty() {
+        return Err(QuantError::IsaUnavailable { level, missing: missing.join(" "), best: Backend::best() });
+    }
+    Ok(level)
+}
+
+/// One line for a log: the CPU's features from [`CPU_FEATURES`] and the level in use, e.g.
+/// `cpu: avx2 fma f16c avx512f … (no amx_tile); isa: avx512 (best available; ENGINE_ISA unset)`.
+pub fn isa_report() -> Result<String, QuantError> {
+    let level = isa()?;
+    let (have, lack): (Vec<&str>, Vec<&str>) = CPU_FEATURES.iter().partition(|f| cpu_has(f));
+    let how = match std::env::var(ISA_ENV) {
+        Ok(v) if !v.trim().is_empty() => format!("{ISA_ENV}={v}"),
+        _ => format!("best available; {ISA_ENV} unset"),
+    };
+    let lack = if lack.is_empty() { String::new() } else { format!(" (no {})", lack.join(" ")) };
+    let mut extras = Vec::new();
+    #[cfg(target_arch = "x86_64")]
+    if level == Backend::Avx512 {
+        extras.push(if avx512::vnni() { "vnni kernels" } else { "no vnni: avx2 integer kernels" });
+        extras.push(if avx512::bf16() { "bf16 dot: avx512_bf16" } else { "bf16 dot: avx512f" });
+    }
+    let extras = if extras.is_empty() { String::new() } else { format!(", {}", extras.join(", ")) };
+    Ok(format!("cpu: {}{lack}; isa: {level} ({how}{extras})", have.join(" ")))
 }
 
 /// `n` elements of weight row `w` dotted with `n` elements of `x` (already in the
@@ -627,25 +780,49 @@ fn scalar_kernel(ty: GgmlType) -> Option<Kernel> {
     })
 }
 
+/// The AVX2 kernels: the `avx2` module's, and MXFP4's repacked-GEMV kernel.
+#[cfg(target_arch = "x86_64")]
+fn avx2_kernel(ty: GgmlType) -> Option<Kernel> {
+    avx2::kernel(ty).or_else(|| if ty == GgmlType::MXFP4 { mxfp4::avx2_kernel() } else { None })
+}
+
 fn backend_kernel(backend: Backend, ty: GgmlType) -> Option<Kernel> {
+    if !backend.is_available() {
+        return None;
+    }
     match backend {
         Backend::Scalar => scalar_kernel(ty),
-        Backend::Avx2 => {
-            #[cfg(target_arch = "x86_64")]
-            {
-                if avx2::available() {
-                    avx2::kernel(ty)
-                        .or_else(|| if ty == GgmlType::MXFP4 { mxfp4::avx2_kernel() } else { None })
-                        .or_else(|| scalar_kernel(ty))
-                } else {
-                    None
-                }
-            }
-            #[cfg(not(target_arch = "x86_64"))]
-            {
-                None
-            }
-        }
+        #[cfg(target_arch = "x86_64")]
+        Backend::Avx2 => avx2_kernel(ty).or_else(|| scalar_kernel(ty)),
+        // The AVX-512 set has its own float kernels (ggml's 16-lane shapes); for the other
+        // types it falls back to the AVX2 kernels, which have the same numerics there (MXFP4
+        // included: ggml's repacked MXFP4 GEMV is AVX2 code in both builds).
+        #[cfg(target_arch = "x86_64")]
+        Backend::Avx512 => avx512::kernel(ty).or_else(|| avx2_kernel(ty)).or_else(|| scalar_kernel(ty)),
+        #[cfg(not(target_arch = "x86_64"))]
+        _ => None,
+    }
+}
+
+/// A multi-activation kernel and how many activations it takes per call.
+#[derive(Clone, Copy)]
+pub(crate) struct Multi {
+    pub(crate) f: MultiFn,
+    pub(crate) group: usize,
+}
+
+fn backend_multi(backend: Backend, ty: GgmlType) -> Option<Multi> {
+    if !backend.is_available() {
+        return None;
+    }
+    match backend {
+        Backend::Scalar => None,
+        #[cfg(target_arch = "x86_64")]
+        Backend::Avx2 => avx2::multi_kernel(ty),
+        #[cfg(target_arch = "x86_64")]
+        Backend::Avx512 => avx512::multi_kernel(ty).or_else(|| avx2::multi_kernel(ty)),
+        #[cfg(not(target_arch = "x86_64"))]
+        _ => None,
     }
 }
 
@@ -654,17 +831,21 @@ const TABLE_LEN: usize = 43;
 struct Table {
     backend: Backend,
     kernels: [Option<Kernel>; TABLE_LEN],
+    multi: [Option<Multi>; TABLE_LEN],
 }
 
 fn table() -> &'static Table {
     static TABLE: OnceLock<Table> = OnceLock::new();
     TABLE.get_or_init(|| {
-        let backend = if avx2_available() { Backend::Avx2 } else { Backend::Scalar };
+        // A bad ENGINE_ISA is reported by `isa()`; binaries call it first (engine's main does).
+        let backend = isa().unwrap_or_else(|e| panic!("engine::quant: {e}"));
         let mut kernels = [None; TABLE_LEN];
+        let mut multi = [None; TABLE_LEN];
         for ty in GgmlType::ALL {
             kernels[ty as usize] = backend_kernel(backend, ty);
+            multi[ty as usize] = backend_multi(backend, ty);
         }
-        Table { backend, kernels }
+        Table { backend, kernels, multi }
     })
 }
 
@@ -673,7 +854,10 @@ fn kernel(ty: GgmlType) -> Option<Kernel> {
     table().kernels[ty as usize]
 }
 
-/// The backend [`vec_dot`] and [`matvec`] use on this CPU (chosen once).
+/// The backend [`vec_dot`] and [`matvec`] use: the ISA level [`isa`] (chosen once).
+///
+/// # Panics
+/// When `ENGINE_ISA` is invalid for this CPU; call [`isa`] first to get that as an error.
 pub fn backend() -> Backend {
     table().backend
 }
@@ -792,9 +976,12 @@ pub fn try_matvec(
 /// Several activations against the same rows: for every `t`,
 /// `outs[t][i] = dot(row rows.start + i of w, xs[t])`, each `xs[t]` quantized with
 /// [`quantize_activation`]. Every output is bit-identical to [`matvec`] with `xs[t]` (the
-/// same operations per element); where a multi-activation kernel exists (AVX2 `Q8_0`,
-/// `Q4_K`, `Q6_K`) each weight block is decoded once for up to four activations, which
-/// is what prompt processing gains. Allocation-free and single-threaded.
+/// same operations per element); where a multi-activation kernel exists (module docs,
+/// "Kernels") each weight block is decoded once for up to 4 (`avx2`) or 8 to 16 (`avx512`)
+/// activations, which is what prompt processing gains; a single activation goes to the
+/// `matvec` kernel. Single-threaded; the `avx512` kernels keep their prepared activations in a
+/// per-thread buffer that grows to the largest call and is then reused (no allocation per call
+/// after that).
 ///
 /// # Panics
 /// On an unsupported type or inconsistent lengths, like [`matvec`].
@@ -807,24 +994,65 @@ pub fn matvec_multi(ty: GgmlType, w: &[u8], rows: Range<usize>, cols: usize, xs:
             Err(e) => panic!("matvec_multi: {e}"),
         }
     }
-    let multi = match table().backend {
-        #[cfg(target_arch = "x86_64")]
-        Backend::Avx2 => avx2::multi_kernel(ty),
-        _ => None,
-    };
+    let multi = table().multi[ty as usize];
+    multi_with(multi, w, rows.clone(), cols, rb, xs, outs, |x, o| matvec(ty, w, rows.clone(), cols, x, o));
+}
+
+/// [`matvec_multi`] on a specific backend (for tests and benchmarks).
+pub fn matvec_multi_on(
+    backend: Backend,
+    ty: GgmlType,
+    w: &[u8],
+    rows: Range<usize>,
+    cols: usize,
+    xs: &[&[u8]],
+    outs: &mut [&mut [f32]],
+) -> Result<(), QuantError> {
+    if !backend.is_available() {
+        return Err(QuantError::BackendUnavailable(backend));
+    }
+    check_len(ty, "outputs", xs.len(), outs.len())?;
+    let mut rb = checked_row_bytes(ty, cols)?;
+    for (x, o) in xs.iter().zip(outs.iter()) {
+        rb = check_matvec(ty, w, &rows, cols, x, o)?.0;
+    }
+    let mut err = None;
+    multi_with(backend_multi(backend, ty), w, rows.clone(), cols, rb, xs, outs, |x, o| {
+        if let Err(e) = matvec_on(backend, ty, w, rows.clone(), cols, x, o) {
+            err = Some(e);
+        }
+    });
+    err.map_or(Ok(()), Err)
+}
+
+/// Runs `multi` over groups of activations, or `one` per activation when there is no
+/// multi-activation kernel, nothing to compute, or a group of one. Lengths are checked by the
+/// caller.
+#[expect(clippy::too_many_arguments, reason = "the checked pieces of a matvec_multi call")]
+fn multi_with(
+    multi: Option<Multi>,
+    w: &[u8],
+    rows: Range<usize>,
+    cols: usize,
+    rb: usize,
+    xs: &[&[u8]],
+    outs: &mut [&mut [f32]],
+    mut one: impl FnMut(&[u8], &mut [f32]),
+) {
     let (Some(multi), true) = (multi, rows.end > rows.start && cols > 0) else {
         for (x, o) in xs.iter().zip(outs.iter_mut()) {
-            matvec(ty, w, rows.clone(), cols, x, o);
+            one(x, o);
         }
         return;
     };
-    let w = &w[rows.start * rb..rows.end * rb];
-    #[cfg(target_arch = "x86_64")]
-    let group = avx2::MAX_MULTI;
-    #[cfg(not(target_arch = "x86_64"))]
-    let group = 1;
-    for (xg, og) in xs.chunks(group).zip(outs.chunks_mut(group)) {
-        multi(w, rb, xg, og);
+    let wr = &w[rows.start * rb..rows.end * rb];
+    for (xg, og) in xs.chunks(multi.group).zip(outs.chunks_mut(multi.group)) {
+        if let ([x], [o]) = (xg, &mut *og) {
+            // One activation (decode): the matvec kernel, which is made for it.
+            one(x, o);
+        } else {
+            (multi.f)(wr, rb, xg, og);
+        }
     }
 }
 

@@ -249,12 +249,14 @@ const WEIGHT_TYPES: [GgmlType; 15] = [
     GgmlType::Q6_K,
 ];
 
+/// Every backend this CPU can run.
 fn backends() -> Vec<Backend> {
-    let mut v = vec![Backend::Scalar];
-    if Backend::Avx2.is_available() {
-        v.push(Backend::Avx2);
-    }
-    v
+    Backend::ALL.into_iter().filter(|b| b.is_available()).collect()
+}
+
+/// The SIMD backends this CPU can run (those whose float order is ggml's).
+fn simd_backends() -> Vec<Backend> {
+    backends().into_iter().filter(|b| *b != Backend::Scalar).collect()
 }
 
 // ---------------------------------------------------------------------------
@@ -545,29 +547,67 @@ fn vec_dot_detects_a_single_changed_quant() {
 
 #[test]
 fn simd_and_scalar_agree() {
-    if !Backend::Avx2.is_available() {
-        eprintln!("AVX2 not available: SIMD/scalar agreement is covered on x86_64 CI machines only");
-        return;
-    }
+    // On x86_64 every CPU this runs on has AVX2 (checked here, so the test cannot pass empty).
+    assert!(!cfg!(target_arch = "x86_64") || Backend::Avx2.is_available(), "x86_64 without AVX2");
     let mut rng = Rng::new(4);
-    for ty in WEIGHT_TYPES {
-        for _ in 0..20 {
-            let n = (1 + rng.range(0, 11) as usize) * ty.block_size().max(32);
-            let w = random_row(ty, n, &mut rng);
-            let x = random_row(ty.vec_dot_type(), n, &mut rng);
-            let a = vec_dot_on(Backend::Scalar, ty, n, &w, &x).unwrap() as f64;
-            let b = vec_dot_on(Backend::Avx2, ty, n, &w, &x).unwrap() as f64;
-            let (_, tol) = expected_dot(ty, &w, &x, n);
-            assert!((a - b).abs() <= 2.0 * tol, "{ty} n={n}: scalar {a}, avx2 {b}");
+    for backend in simd_backends() {
+        for ty in WEIGHT_TYPES {
+            for _ in 0..20 {
+                let n = (1 + rng.range(0, 11) as usize) * ty.block_size().max(32);
+                let w = random_row(ty, n, &mut rng);
+                let x = random_row(ty.vec_dot_type(), n, &mut rng);
+                let a = vec_dot_on(Backend::Scalar, ty, n, &w, &x).unwrap() as f64;
+                let b = vec_dot_on(backend, ty, n, &w, &x).unwrap() as f64;
+                let (_, tol) = expected_dot(ty, &w, &x, n);
+                assert!((a - b).abs() <= 2.0 * tol, "{ty} n={n}: scalar {a}, {backend} {b}");
+            }
         }
     }
 }
 
 #[test]
-fn dispatch_uses_avx2_when_available() {
-    let expected = if Backend::Avx2.is_available() { Backend::Avx2 } else { Backend::Scalar };
-    assert_eq!(backend(), expected);
+fn dispatch_follows_the_isa_level() {
+    // The level is ENGINE_ISA when set (the test runs at whatever level it asks for), else the
+    // best the CPU has.
+    let want = isa_from(std::env::var(ISA_ENV).ok().as_deref()).unwrap();
+    assert_eq!(isa().unwrap(), want);
+    assert_eq!(backend(), want);
+    if std::env::var(ISA_ENV).is_err() {
+        assert_eq!(backend(), Backend::best());
+    }
     assert!(Backend::Scalar.is_available());
+    let report = isa_report().unwrap();
+    assert!(report.contains(&format!("isa: {want}")), "{report}");
+}
+
+#[test]
+fn isa_levels_parse_and_check_the_cpu() {
+    assert_eq!(isa_from(None).unwrap(), Backend::best());
+    assert_eq!(isa_from(Some("")).unwrap(), Backend::best());
+    assert_eq!(isa_from(Some("scalar")).unwrap(), Backend::Scalar);
+    for b in Backend::ALL {
+        assert_eq!(Backend::from_name(b.name()), Some(b));
+        match isa_from(Some(b.name())) {
+            Ok(got) => {
+                assert_eq!(got, b);
+                assert!(b.is_available());
+            }
+            Err(QuantError::IsaUnavailable { level, missing, best }) => {
+                assert_eq!(level, b);
+                assert!(!b.is_available() && !missing.is_empty() && best == Backend::best());
+                let msg = isa_from(Some(b.name())).unwrap_err().to_string();
+                assert!(msg.contains("lacks") && msg.contains(&missing), "{msg}");
+            }
+            Err(e) => panic!("{b}: {e}"),
+        }
+    }
+    let e = isa_from(Some("avx1024")).unwrap_err();
+    assert!(matches!(&e, QuantError::IsaUnknown(n) if n == "avx1024"));
+    assert!(e.to_string().contains("scalar, avx2 or avx512"), "{e}");
+    // A level's features include the lower level's.
+    for w in Backend::ALL.windows(2) {
+        assert!(w[0].required_features().iter().all(|f| w[1].required_features().contains(f)));
+    }
 }
 
 #[test]
@@ -815,6 +855,28 @@ fn quantize_q8_0_and_q8_1_bit_exact_with_ggml_algorithms() {
                 }
             }
         }
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+#[test]
+fn simd_x86_q8_0_quantizer_matches_the_scalar_one() {
+    assert!(Backend::Avx2.is_available(), "x86_64 without AVX2");
+    let mut rng = Rng::new(17);
+    let mut vectors = activation_vectors(&mut rng);
+    // Infinities and NaN in some blocks (ggml's garbage, the same bytes in both).
+    let mut odd = vectors[1].clone();
+    odd[5] = f32::INFINITY;
+    odd[70] = f32::NEG_INFINITY;
+    odd[200] = 3.4e38;
+    vectors.push(odd);
+    for x in vectors {
+        let mut simd = vec![0u8; GgmlType::Q8_0.row_bytes(x.len()).unwrap()];
+        let mut scalar = simd.clone();
+        // SAFETY: AVX2, FMA and F16C were checked above (the avx2 level needs all three).
+        unsafe { super::avx2::quantize_q8_0_x86(&x, &mut simd) };
+        q8::quantize_q8_0(Q8Flavor::X86, &x, &mut scalar);
+        assert_eq!(simd, scalar);
     }
 }
 
@@ -1075,7 +1137,7 @@ fn bad_input_gives_errors() {
     assert!(matches!(try_vec_dot(Q4_K, 256, &w, &x[..291]), Err(QuantError::Length { .. })));
     assert!(matches!(try_vec_dot(Q4_K, 255, &w, &x), Err(QuantError::NotBlockMultiple { .. })));
     assert!(matches!(try_vec_dot(IQ4_XS, 256, &w, &x), Err(QuantError::Unsupported(IQ4_XS))));
-    for b in [Backend::Scalar, Backend::Avx2] {
+    for b in Backend::ALL {
         if b.is_available() {
             assert!(matches!(vec_dot_on(b, Q6_K, 256, &w, &x), Err(QuantError::Length { .. })));
         } else {
@@ -1214,7 +1276,9 @@ fn q8k_bsum(y: &[u8], g: usize) -> i32 {
     i16::from_le_bytes([y[260 + 2 * g], y[261 + 2 * g]]) as i32
 }
 
-fn ggml_order_dot(ty: GgmlType, w: &[u8], x: &[u8], n: usize) -> f32 {
+/// The dot product in the float order of the kernel a llama.cpp build of ISA level `level`
+/// runs for one token (`Avx2` or `Avx512`).
+fn ggml_order_dot(level: Backend, ty: GgmlType, w: &[u8], x: &[u8], n: usize) -> f32 {
     use GgmlType::*;
     let ts = ty.type_size();
     let xs = ty.vec_dot_type().type_size();
@@ -1311,7 +1375,7 @@ fn ggml_order_dot(ty: GgmlType, w: &[u8], x: &[u8], n: usize) -> f32 {
                     h(b, 2 * i)
                 }
             };
-            let wide = ggml_avx512();
+            let wide = level == Backend::Avx512;
             let lanes = if wide { 16 } else { 8 };
             let np = n - n % (4 * lanes);
             let mut acc = vec![[0f32; 16]; 4];
@@ -1337,38 +1401,205 @@ fn ggml_order_dot(ty: GgmlType, w: &[u8], x: &[u8], n: usize) -> f32 {
                 (np..n).fold(f64::from(red), |acc, k| acc + f64::from(val(w, k) * val(x, k))) as f32
             }
         }
+        // Q2_K: ggml_vec_dot_q2_K_q8_K (AVX2) at the avx2 level; the repacked
+        // ggml_gemv_q2_K_8x8_q8_K at the avx512 level. Q3_K: ggml_vec_dot_q3_K_q8_K (AVX2).
+        Q2_K | Q3_K => {
+            let mut acc = [0f32; 8];
+            let (mut acc1, mut accm1) = (0f32, 0f32);
+            for (a, y) in w.chunks_exact(ts).zip(x.chunks_exact(xs)) {
+                // (quant, scale) of element e.
+                let elem = |e: usize| -> (i32, i32) {
+                    let (hf, k, l) = (e / 128, (e % 128) / 32, e % 32);
+                    let s = e / 16;
+                    if ty == Q2_K {
+                        (((a[16 + 32 * hf + l] >> (2 * k)) & 3) as i32, (a[s] & 15) as i32)
+                    } else {
+                        let low = ((a[32 + 32 * hf + l] >> (2 * k)) & 3) as i32;
+                        let hbit = (a[l] >> (4 * hf + k)) & 1;
+                        let sc = &a[96..108];
+                        let lo4 = if s < 8 { sc[s] & 15 } else { sc[s - 8] >> 4 };
+                        let hi2 = (sc[8 + s % 4] >> (2 * (s / 4))) & 3;
+                        (low - if hbit == 1 { 0 } else { 4 }, (lo4 | (hi2 << 4)) as i32 - 32)
+                    }
+                };
+                let dy = q8k_d(y);
+                let lane = |m: usize| -> i32 {
+                    (0..8)
+                        .flat_map(|g| 32 * g + 4 * m..32 * g + 4 * m + 4)
+                        .map(|e| {
+                            let (q, sc) = elem(e);
+                            sc * q * i8at(y, 4 + e)
+                        })
+                        .sum()
+                };
+                if ty == Q3_K {
+                    let d = dy * h(a, 108);
+                    for (m, am) in acc.iter_mut().enumerate() {
+                        *am = d.mul_add(lane(m) as f32, *am);
+                    }
+                    continue;
+                }
+                let min = |s: usize| (a[s] >> 4) as i32;
+                let (dw, dminw) = (h(a, 80), h(a, 82));
+                if level == Backend::Avx512 {
+                    let isum: i32 = (0..8).map(lane).sum();
+                    let imin: i32 = (0..16).map(|s| min(s) * q8k_bsum(y, s)).sum();
+                    acc1 = (isum as f32).mul_add(dw * dy, acc1);
+                    accm1 = (imin as f32).mul_add(dminw * dy, accm1);
+                } else {
+                    for (l, al) in acc.iter_mut().enumerate() {
+                        let ml = min(2 * l) * q8k_bsum(y, 2 * l) + min(2 * l + 1) * q8k_bsum(y, 2 * l + 1);
+                        *al = (-dy * dminw).mul_add(ml as f32, *al);
+                    }
+                    for (m, am) in acc.iter_mut().enumerate() {
+                        *am = (dy * dw).mul_add(lane(m) as f32, *am);
+                    }
+                }
+            }
+            if ty == Q2_K && level == Backend::Avx512 { acc1 - accm1 } else { ggml_hsum8(&acc) }
+        }
+        BF16 => ggml_bf16_dot(
+            match level {
+                Backend::Avx512 if cpu_has("avx512_bf16") => Bf16Shape::Avx512Bf16,
+                Backend::Avx512 => Bf16Shape::Avx512F,
+                _ => Bf16Shape::Avx2,
+            },
+            w,
+            x,
+            n,
+        ),
         _ => unreachable!("no ggml-order model for {ty}"),
     }
 }
 
+/// The shapes of `ggml_vec_dot_bf16` on x86.
+#[derive(Clone, Copy, Debug)]
+enum Bf16Shape {
+    /// AVX2: 4 accumulators of 8 lanes over 32-element steps.
+    Avx2,
+    /// AVX512F without BF16: 2 accumulators of 16 lanes over 32-element steps.
+    Avx512F,
+    /// AVX512-BF16: 2 `vdpbf16ps` accumulators over 64-element steps (per lane, the odd
+    /// product then the even one, each exact in f32 and added with one rounding).
+    Avx512Bf16,
+}
+
+/// `ggml_vec_dot_bf16` in shape `shape`: each vector sum (FMAs, as GCC contracts `c += x*y`)
+/// reduced and added in f64, then the f64 tail.
+fn ggml_bf16_dot(shape: Bf16Shape, w: &[u8], x: &[u8], n: usize) -> f32 {
+    let val = |b: &[u8], i: usize| f32::from_bits(u32::from(u16::from_le_bytes([b[2 * i], b[2 * i + 1]])) << 16);
+    let reduce16 = |s: &[f32; 16]| ggml_hsum8(&std::array::from_fn(|l| s[l + 8] + s[l]));
+    let (sum, np) = match shape {
+        Bf16Shape::Avx512Bf16 => {
+            let np = n - n % 64;
+            let mut c = [[0f32; 16]; 2];
+            for i in (0..np).step_by(64) {
+                for (h, ch) in c.iter_mut().enumerate() {
+                    for (j, a) in ch.iter_mut().enumerate() {
+                        let k = i + 32 * h + 2 * j;
+                        *a = val(w, k + 1).mul_add(val(x, k + 1), *a);
+                        *a = val(w, k).mul_add(val(x, k), *a);
+                    }
+                }
+            }
+            (f64::from(reduce16(&c[0])) + f64::from(reduce16(&c[1])), np)
+        }
+        Bf16Shape::Avx512F => {
+            let np = n - n % 32;
+            let mut c = [[0f32; 16]; 2];
+            for i in (0..np).step_by(32) {
+                for (h, ch) in c.iter_mut().enumerate() {
+                    for (l, a) in ch.iter_mut().enumerate() {
+                        *a = val(w, i + 16 * h + l).mul_add(val(x, i + 16 * h + l), *a);
+                    }
+                }
+            }
+            (f64::from(reduce16(&c[0])) + f64::from(reduce16(&c[1])), np)
+        }
+        Bf16Shape::Avx2 => {
+            let np = n - n % 32;
+            let mut c = [[0f32; 8]; 4];
+            for i in (0..np).step_by(32) {
+                for (j, cj) in c.iter_mut().enumerate() {
+                    for (l, a) in cj.iter_mut().enumerate() {
+                        *a = val(w, i + 8 * j + l).mul_add(val(x, i + 8 * j + l), *a);
+                    }
+                }
+            }
+            let s: [f32; 8] = std::array::from_fn(|l| (c[0][l] + c[2][l]) + (c[1][l] + c[3][l]));
+            (f64::from(ggml_hsum8(&s)), np)
+        }
+    };
+    (np..n).fold(sum, |acc, k| acc + f64::from(val(w, k) * val(x, k))) as f32
+}
+
+/// Both AVX-512 `BF16` kernels (the dispatch picks one by the CPU's AVX512-BF16) in their ggml
+/// shapes, so the one this CPU does not select is checked too.
+#[cfg(target_arch = "x86_64")]
 #[test]
-fn avx2_kernels_follow_ggml_float_order_bit_for_bit() {
-    if !Backend::Avx2.is_available() {
-        // The property is about the AVX2 kernels; the scalar ones promise no order.
-        assert!(!cfg!(target_arch = "x86_64") || !is_x86_feature_detected!("avx2"));
+fn avx512_bf16_kernels_follow_both_ggml_shapes() {
+    if !Backend::Avx512.is_available() {
+        assert!(!cpu_has("avx512f") || !cpu_has("avx512bw"), "AVX-512 CPU without the avx512 level");
         return;
     }
+    let mut rng = Rng::new(18);
+    for n in [7usize, 32, 64, 100, 1000, 4099] {
+        let w = random_row(GgmlType::BF16, n, &mut rng);
+        let x = random_row(GgmlType::BF16, n, &mut rng);
+        // SAFETY: the avx512 level (AVX-512 F/BW/DQ/VL, AVX2, FMA) was checked above.
+        let f = unsafe { super::avx512::dot_bf16_f(&w, &x) };
+        assert_eq!(f.to_bits(), ggml_bf16_dot(Bf16Shape::Avx512F, &w, &x, n).to_bits(), "avx512f n={n}");
+        if cpu_has("avx512_bf16") {
+            // SAFETY: AVX512-BF16 was checked too.
+            let d = unsafe { super::avx512::dot_bf16_dp(&w, &x) };
+            assert_eq!(d.to_bits(), ggml_bf16_dot(Bf16Shape::Avx512Bf16, &w, &x, n).to_bits(), "dpbf16 n={n}");
+        }
+    }
+}
+
+#[test]
+fn simd_kernels_follow_ggml_float_order_bit_for_bit() {
+    // The property is about the SIMD kernels; the scalar ones promise no order.
+    assert!(!cfg!(target_arch = "x86_64") || Backend::Avx2.is_available(), "x86_64 without AVX2");
     let mut rng = Rng::new(11);
-    for ty in [GgmlType::Q8_0, GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K, GgmlType::F32, GgmlType::F16] {
-        // Block counts: odd, even, above the row loops' precomputation limits.
-        for cols in [256, 768, 1024, 2048, 4352, 17408] {
-            let cols = if ty.block_size() == 1 { cols + 37 } else { cols };
-            let rows = 19;
-            let rb = ty.row_bytes(cols).unwrap();
-            let w: Vec<u8> = (0..rows).flat_map(|_| random_row(ty, cols, &mut rng)).collect();
-            let x = random_row(ty.vec_dot_type(), cols, &mut rng);
-            let mut out = vec![f32::NAN; rows];
-            matvec_on(Backend::Avx2, ty, &w, 0..rows, cols, &x, &mut out).unwrap();
-            for (r, o) in out.iter().enumerate() {
-                let row = &w[r * rb..(r + 1) * rb];
-                let want = ggml_order_dot(ty, row, &x, cols);
-                let one = vec_dot_on(Backend::Avx2, ty, cols, row, &x).unwrap();
-                assert_eq!(o.to_bits(), want.to_bits(), "{ty} {cols} cols row {r}: matvec {o} vs ggml order {want}");
-                assert_eq!(
-                    one.to_bits(),
-                    want.to_bits(),
-                    "{ty} {cols} cols row {r}: vec_dot {one} vs ggml order {want}"
-                );
+    for backend in simd_backends() {
+        for ty in [
+            GgmlType::Q8_0,
+            GgmlType::Q4_K,
+            GgmlType::Q5_K,
+            GgmlType::Q6_K,
+            GgmlType::F32,
+            GgmlType::F16,
+            GgmlType::BF16,
+        ] {
+            // Block counts: odd, even, above the row loops' precomputation limits; 19 rows (not a
+            // multiple of the 2- or 8-row steps).
+            for cols in [256usize, 768, 1024, 1056, 2048, 4352, 17408] {
+                let cols = if ty.block_size() == 1 { cols + 37 } else { cols };
+                if !cols.is_multiple_of(ty.block_size()) {
+                    continue;
+                }
+                let rows = 19;
+                let rb = ty.row_bytes(cols).unwrap();
+                let w: Vec<u8> = (0..rows).flat_map(|_| random_row(ty, cols, &mut rng)).collect();
+                let x = random_row(ty.vec_dot_type(), cols, &mut rng);
+                let mut out = vec![f32::NAN; rows];
+                matvec_on(backend, ty, &w, 0..rows, cols, &x, &mut out).unwrap();
+                for (r, o) in out.iter().enumerate() {
+                    let row = &w[r * rb..(r + 1) * rb];
+                    let want = ggml_order_dot(backend, ty, row, &x, cols);
+                    let one = vec_dot_on(backend, ty, cols, row, &x).unwrap();
+                    assert_eq!(
+                        o.to_bits(),
+                        want.to_bits(),
+                        "{backend} {ty} {cols} cols row {r}: matvec {o} vs ggml order {want}"
+                    );
+                    assert_eq!(
+                        one.to_bits(),
+                        want.to_bits(),
+                        "{backend} {ty} {cols} cols row {r}: vec_dot {one} vs ggml order {want}"
+                    );
+                }
             }
         }
     }
@@ -1377,31 +1608,54 @@ fn avx2_kernels_follow_ggml_float_order_bit_for_bit() {
 #[test]
 fn matvec_multi_is_bit_identical_to_matvec() {
     let mut rng = Rng::new(12);
-    for ty in WEIGHT_TYPES {
-        if ty == GgmlType::Q8_1 {
-            continue; // activation-only type
-        }
-        for cols in [256, 512, 1024, 17408] {
-            let rows = 13;
-            let w: Vec<u8> = (0..rows).flat_map(|_| random_row(ty, cols, &mut rng)).collect();
-            for n_act in [1, 3, 4, 6] {
-                let xs: Vec<Vec<u8>> = (0..n_act).map(|_| random_row(ty.vec_dot_type(), cols, &mut rng)).collect();
-                let xr: Vec<&[u8]> = xs.iter().map(Vec::as_slice).collect();
-                let mut outs = vec![vec![f32::NAN; 11]; n_act];
-                let mut or: Vec<&mut [f32]> = outs.iter_mut().map(Vec::as_mut_slice).collect();
-                matvec_multi(ty, &w, 2..13, cols, &xr, &mut or);
-                for (t, x) in xs.iter().enumerate() {
-                    let mut one = vec![f32::NAN; 11];
-                    matvec(ty, &w, 2..13, cols, x, &mut one);
-                    for (i, (a, b)) in outs[t].iter().zip(&one).enumerate() {
-                        assert_eq!(
-                            a.to_bits(),
-                            b.to_bits(),
-                            "{ty} {cols} cols, {n_act} activations, t {t} row {i}: {a} vs {b}"
-                        );
+    for backend in backends() {
+        for ty in WEIGHT_TYPES {
+            if ty == GgmlType::Q8_1 {
+                continue; // activation-only type
+            }
+            // Block counts below, at and above the multi kernels' stack limits.
+            for cols in [256usize, 512, 1024, 4096, 4352, 17408] {
+                if !cols.is_multiple_of(ty.block_size()) {
+                    continue;
+                }
+                let rows = 13;
+                let w: Vec<u8> = (0..rows).flat_map(|_| random_row(ty, cols, &mut rng)).collect();
+                for n_act in [1, 3, 4, 6, 8, 9, 17] {
+                    let xs: Vec<Vec<u8>> = (0..n_act).map(|_| random_row(ty.vec_dot_type(), cols, &mut rng)).collect();
+                    let xr: Vec<&[u8]> = xs.iter().map(Vec::as_slice).collect();
+                    let mut outs = vec![vec![f32::NAN; 11]; n_act];
+                    let mut or: Vec<&mut [f32]> = outs.iter_mut().map(Vec::as_mut_slice).collect();
+                    matvec_multi_on(backend, ty, &w, 2..13, cols, &xr, &mut or).unwrap();
+                    for (t, x) in xs.iter().enumerate() {
+                        let mut one = vec![f32::NAN; 11];
+                        matvec_on(backend, ty, &w, 2..13, cols, x, &mut one).unwrap();
+                        for (i, (a, b)) in outs[t].iter().zip(&one).enumerate() {
+                            assert_eq!(
+                                a.to_bits(),
+                                b.to_bits(),
+                                "{backend} {ty} {cols} cols, {n_act} activations, t {t} row {i}: {a} vs {b}"
+                            );
+                        }
                     }
                 }
             }
         }
+    }
+}
+
+#[test]
+fn matvec_multi_at_the_process_level_matches_matvec() {
+    let mut rng = Rng::new(13);
+    let (ty, cols, rows) = (GgmlType::Q4_K, 1024, 16);
+    let w: Vec<u8> = (0..rows).flat_map(|_| random_row(ty, cols, &mut rng)).collect();
+    let xs: Vec<Vec<u8>> = (0..5).map(|_| random_row(ty.vec_dot_type(), cols, &mut rng)).collect();
+    let xr: Vec<&[u8]> = xs.iter().map(Vec::as_slice).collect();
+    let mut outs = vec![vec![f32::NAN; rows]; 5];
+    let mut or: Vec<&mut [f32]> = outs.iter_mut().map(Vec::as_mut_slice).collect();
+    matvec_multi(ty, &w, 0..rows, cols, &xr, &mut or);
+    for (t, x) in xs.iter().enumerate() {
+        let mut one = vec![f32::NAN; rows];
+        matvec_on(backend(), ty, &w, 0..rows, cols, x, &mut one).unwrap();
+        assert_eq!(outs[t], one, "activation {t}");
     }
 }

@@ -1,10 +1,10 @@
 //! `observer diff A B [C D …]`: compare runs (traces or bmoe_metrics CSVs)
-//! with bootstrap intervals (`observer::diff`).
+//! with bootstrap intervals (`observer::analysis::diff`).
 
 use std::path::PathBuf;
 
 use anyhow::{Result, bail};
-use observer::{diff, import};
+use observer::{analysis::diff, store::import};
 
 #[derive(Debug, clap::Args)]
 pub struct DiffArgs {
@@ -30,10 +30,10 @@ pub struct DiffArgs {
 #[derive(Debug, clap::Args)]
 pub struct BootstrapArgs {
     /// Bootstrap resamples.
-    #[arg(long, default_value_t = observer::stats::DEFAULT_RESAMPLES)]
+    #[arg(long, default_value_t = observer::analysis::stats::DEFAULT_RESAMPLES)]
     pub resamples: usize,
     /// Seed of the bootstrap's random draws.
-    #[arg(long, default_value_t = observer::stats::DEFAULT_SEED)]
+    #[arg(long, default_value_t = observer::analysis::stats::DEFAULT_SEED)]
     pub seed: u64,
 }
 

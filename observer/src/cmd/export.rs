@@ -1,10 +1,10 @@
 //! `observer export --chrome-trace OUT FILE`: a trace or an imported CSV as
-//! Chrome/Perfetto trace JSON (`observer::export`).
+//! Chrome/Perfetto trace JSON (`observer::analysis::export`).
 
 use std::{io::Write, path::PathBuf};
 
 use anyhow::{Context, Result};
-use observer::{export, import};
+use observer::{analysis::export, store::import};
 
 #[derive(Debug, clap::Args)]
 pub struct ExportArgs {
@@ -19,7 +19,7 @@ pub struct ExportArgs {
 pub fn export(a: ExportArgs) -> Result<i32> {
     let run = import::load(&a.input)?;
     for n in &run.notes {
-        eprintln!("observer: {n}");
+        log::warn!("{n}");
     }
     let v = export::chrome_trace(&run);
     if a.chrome_trace.as_os_str() == "-" {
@@ -32,8 +32,8 @@ pub fn export(a: ExportArgs) -> Result<i32> {
         let mut w = std::io::BufWriter::new(f);
         serde_json::to_writer(&mut w, &v).with_context(|| format!("writing {}", a.chrome_trace.display()))?;
         w.flush().with_context(|| format!("writing {}", a.chrome_trace.display()))?;
-        eprintln!(
-            "observer: wrote {} ({} tokens); open it in ui.perfetto.dev or chrome://tracing",
+        log::info!(
+            "wrote {} ({} tokens); open it in ui.perfetto.dev or chrome://tracing",
             a.chrome_trace.display(),
             run.tokens.len()
         );

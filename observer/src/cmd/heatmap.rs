@@ -1,5 +1,5 @@
 //! `observer heatmap MODEL.gguf`: which weights of a model are in the page cache, as a
-//! layer × expert grid (no target process needed). Rules: `observer::residency`.
+//! layer × expert grid (no target process needed). Rules: `observer::capture::residency`.
 //!
 //! ## Output formats
 //! - terminal (default): a summary (file, dense, shared experts, routed experts: bytes, share of
@@ -12,15 +12,17 @@
 //!   "cachestat"), "scan_ns", "scan_cpu_ns" (wall and CPU time of the scan), "mincore_pages" (pages the scan asked `mincore` about; chunks that
 //!   `cachestat` found empty or full are not), "file_pages", "file_resident_pages", "file_resident_bytes"
 //!   (pages × page size, as `fincore` counts), "file_resident_frac", "cachestat" (the kernel's
-//!   counts for the whole file, or null), "dense" / "shared" / "experts" ({"bytes",
-//!   "resident_bytes", "resident_frac"}), "dense_resident_frac" (dense + shared),
-//!   "n_layers", "n_experts", "layers" (block index of each row), "resident" (rows of
+//!   counts for the whole file, or null), "dense_resident_frac" (dense tensors and shared
+//!   experts), "experts_resident_frac" (routed experts) — the token records' residency fields,
+//!   same names and meanings (`vocab::RESIDENCY`) —, "regions" ({"dense_tensors",
+//!   "shared_experts", "routed_experts"}: each {"bytes", "resident_bytes", "resident_frac"};
+//!   `vocab::REGIONS`), "n_layers", "n_experts", "layers" (block index of each row), "resident" (rows of
 //!   per-expert fractions), "added" / "evicted" (rows of pages since the previous refresh, or
 //!   null without `--churn`), "churn" ({"added_pages", "evicted_pages", "spill_pages",
 //!   "dense_added", "dense_evicted"} or null), "header_pages_dropped"}`.
 //! - `--csv`: `sample,kind,layer,expert,bytes,resident_bytes,resident_frac,added_pages,evicted_pages`
-//!   with one row per kind `file`, `dense`, `shared`, `experts` (layer, expert empty) and one
-//!   per expert (`expert`); unmeasured values are empty.
+//!   with one row per kind `file`, `dense_tensors`, `shared_experts`, `routed_experts` (layer,
+//!   expert empty) and one per expert (`expert`); unmeasured values are empty.
 
 use std::{
     io::{IsTerminal, Write},
@@ -29,7 +31,8 @@ use std::{
 };
 
 use anyhow::{Context, Result, bail};
-use observer::residency::{Counts, ModelFile, Part, Snapshot, Source, churn::Churn};
+use observer::capture::residency::{Counts, ModelFile, Part, Snapshot, Source, churn::Churn};
+use observer_common::vocab::{Region, ResidencyField};
 use serde_json::{Value, json};
 
 #[derive(Debug, clap::Args)]
@@ -85,7 +88,16 @@ struct ChurnDelta {
     added_pages: u64,
     evicted_pages: u64,
     spill: u64,
-    dense: (u64, u64),
+    /// (added, evicted) of the dense tensors and of the shared experts.
+    dense_tensors: (u64, u64),
+    shared: (u64, u64),
+}
+
+impl ChurnDelta {
+    /// Dense weights in the vocabulary's sense: dense tensors and shared experts.
+    fn dense(&self) -> (u64, u64) {
+        (self.dense_tensors.0 + self.shared.0, self.dense_tensors.1 + self.shared.1)
+    }
 }
 
 fn delta(now: &Counts, last: &Counts) -> ChurnDelta {
@@ -96,10 +108,8 @@ fn delta(now: &Counts, last: &Counts) -> ChurnDelta {
         added_pages: now.add_pages.saturating_sub(last.add_pages),
         evicted_pages: now.del_pages.saturating_sub(last.del_pages),
         spill: (now.add_spill + now.del_spill).saturating_sub(last.add_spill + last.del_spill),
-        dense: (
-            (now.dense.0 + now.shared.0).saturating_sub(last.dense.0 + last.shared.0),
-            (now.dense.1 + now.shared.1).saturating_sub(last.dense.1 + last.shared.1),
-        ),
+        dense_tensors: (now.dense.0.saturating_sub(last.dense.0), now.dense.1.saturating_sub(last.dense.1)),
+        shared: (now.shared.0.saturating_sub(last.shared.0), now.shared.1.saturating_sub(last.shared.1)),
     }
 }
 
@@ -108,8 +118,8 @@ pub fn run(args: HeatmapArgs) -> Result<i32> {
         ModelFile::open(&args.model).with_context(|| format!("observer heatmap {}", args.model.display()))?;
     let mut churn_state: Option<(aya::Ebpf, Churn, Counts)> = None;
     if args.churn {
-        observer::preflight::check_privileges()?;
-        let mut ebpf = observer::residency::churn::load_standalone()?;
+        observer::capture::preflight::check_privileges()?;
+        let mut ebpf = observer::capture::residency::churn::load_standalone()?;
         let c = Churn::attach(&mut ebpf, &args.model, &model.map, model.file.page)
             .with_context(|| format!("page-cache churn of {}", args.model.display()))?;
         let base = c.read();
@@ -157,7 +167,7 @@ pub fn run(args: HeatmapArgs) -> Result<i32> {
         }
     }
     if let Some((ebpf, _, _)) = &mut churn_state {
-        observer::bpf::detach_tracepoints(ebpf);
+        observer::capture::bpf::detach_tracepoints(ebpf);
     }
     Ok(0)
 }
@@ -184,10 +194,15 @@ fn rows<T: Copy + Into<Value>>(v: &[T], n_experts: usize) -> Value {
     Value::Array(v.chunks(n_experts).map(|r| Value::Array(r.iter().map(|&x| x.into()).collect())).collect())
 }
 
+/// The parts of the file by region, in `vocab::REGIONS`' order.
+fn regions(s: &Snapshot) -> [(Region, Part); 3] {
+    [(Region::DenseTensors, s.dense), (Region::SharedExperts, s.shared), (Region::RoutedExperts, s.experts)]
+}
+
 fn json_line(k: u64, m: &ModelFile, s: &Snapshot, churn: Option<&ChurnDelta>) -> Value {
     let n_e = m.map.n_experts as usize;
     let fracs: Vec<f64> = s.cells.iter().map(|c| c.frac().unwrap_or(0.0)).collect();
-    json!({
+    let mut v = json!({
         "sample": k,
         "file": m.file.path.display().to_string(),
         "architecture": m.map.architecture,
@@ -200,12 +215,8 @@ fn json_line(k: u64, m: &ModelFile, s: &Snapshot, churn: Option<&ChurnDelta>) ->
         "file_pages": s.file_pages,
         "file_resident_pages": s.file_resident_pages,
         "file_resident_bytes": s.file_resident_pages * s.page_size,
-        "file_resident_frac": s.file_resident_frac(),
         "cachestat": s.cachestat,
-        "dense": part_json(&s.dense),
-        "shared": part_json(&s.shared),
-        "experts": part_json(&s.experts),
-        "dense_resident_frac": s.dense_with_shared().frac(),
+        "regions": regions(s).iter().map(|(r, p)| (r.name().to_string(), part_json(p))).collect::<serde_json::Map<_, _>>(),
         "n_layers": m.map.moe_layers.len(),
         "n_experts": n_e,
         "layers": m.map.moe_layers,
@@ -216,11 +227,19 @@ fn json_line(k: u64, m: &ModelFile, s: &Snapshot, churn: Option<&ChurnDelta>) ->
             "added_pages": c.added_pages,
             "evicted_pages": c.evicted_pages,
             "spill_pages": c.spill,
-            "dense_added": c.dense.0,
-            "dense_evicted": c.dense.1,
+            "dense_added": c.dense().0,
+            "dense_evicted": c.dense().1,
         })),
         "header_pages_dropped": m.header_pages_dropped,
-    })
+    });
+    for (f, frac) in [
+        (ResidencyField::File, s.file_resident_frac()),
+        (ResidencyField::DenseResident, s.dense_with_shared().frac()),
+        (ResidencyField::ExpertsResident, s.experts.frac()),
+    ] {
+        v[f.json_key()] = json!(frac);
+    }
+    v
 }
 
 fn write_csv(out: &mut impl Write, k: u64, m: &ModelFile, s: &Snapshot, churn: Option<&ChurnDelta>) -> Result<()> {
@@ -240,15 +259,16 @@ fn write_csv(out: &mut impl Write, k: u64, m: &ModelFile, s: &Snapshot, churn: O
         opt(totals.map(|t| t.0)),
         opt(totals.map(|t| t.1))
     )?;
-    for (name, p) in [("dense", s.dense), ("shared", s.shared), ("experts", s.experts)] {
-        let ch = match name {
-            "dense" => churn.map(|c| c.dense),
-            "experts" => churn.map(|c| (c.added.iter().sum(), c.evicted.iter().sum())),
-            _ => None,
+    for (region, p) in regions(s) {
+        let ch = match region {
+            Region::DenseTensors => churn.map(|c| c.dense_tensors),
+            Region::SharedExperts => churn.map(|c| c.shared),
+            Region::RoutedExperts => churn.map(|c| (c.added.iter().sum(), c.evicted.iter().sum())),
         };
         writeln!(
             out,
-            "{k},{name},,,{},{},{},{},{}",
+            "{k},{},,,{},{},{},{},{}",
+            region.name(),
             p.bytes,
             p.resident_bytes,
             frac(p.frac()),
@@ -345,10 +365,11 @@ fn render(
         gib(s.file_bytes),
         pct(s.file_resident_frac())
     )?;
-    for (name, p) in [("dense", s.dense), ("shared", s.shared), ("experts", s.experts)] {
-        if p.bytes == 0 && name == "shared" {
+    for (region, p) in regions(s) {
+        if p.bytes == 0 && region == Region::SharedExperts {
             continue;
         }
+        let name = region.row().short;
         let share = p.bytes as f64 / s.file_bytes.max(1) as f64;
         writeln!(
             out,
@@ -365,8 +386,8 @@ fn render(
             "  churn since last refresh: {} pages added, {} evicted (dense {} / {}){}",
             c.added_pages,
             c.evicted_pages,
-            c.dense.0,
-            c.dense.1,
+            c.dense().0,
+            c.dense().1,
             if c.spill > 0 {
                 format!(", {} pages unattributed (folios over too many regions)", c.spill)
             } else {

@@ -1,14 +1,20 @@
 //! `observer report FILE`: one run (a trace or a bmoe_metrics CSV) summarised
-//! through the same model stream and the same metrics as `diff`.
+//! through the same model stream and the same metrics as `diff`. For a trace
+//! it first prints the end-of-run table `observer run` printed live (the same
+//! function of the same stream: `observer::analysis::report`).
 
 use std::path::PathBuf;
 
 use anyhow::Result;
 use observer::{
-    diff::{self, Options, est, utc},
-    import::{self, LoadedRun},
-    stats::Estimate,
+    analysis::{
+        diff::{self, Options, est, utc},
+        report::{self as run_report, Summary},
+        stats::Estimate,
+    },
+    store::import::{self, LoadedRun},
 };
+use observer_common::model::Event;
 use serde::Serialize;
 
 #[derive(Debug, clap::Args)]
@@ -25,7 +31,7 @@ pub struct ReportArgs {
 
 #[derive(Serialize)]
 struct MetricRow {
-    metric: &'static str,
+    metric: String,
     label: &'static str,
     unit: &'static str,
     #[serde(flatten)]
@@ -45,10 +51,12 @@ struct Report<'a> {
     /// Events the kernel side lost (from the end record, else summed over tokens).
     lost_events: u64,
     /// The recorder's counts; null when the trace has no end record.
-    recorder: Option<observer::trace::RecorderStats>,
+    recorder: Option<observer::store::trace::RecorderStats>,
     notes: &'a [String],
     resampling: String,
     metrics: Vec<MetricRow>,
+    /// The end-of-run summary (traces only), as `observer run --json` writes it.
+    summary: Option<Summary>,
 }
 
 fn build<'a>(run: &'a LoadedRun, opts: &Options) -> Report<'a> {
@@ -58,7 +66,7 @@ fn build<'a>(run: &'a LoadedRun, opts: &Options) -> Report<'a> {
         .iter()
         .zip(e)
         .filter(|(_, e)| e.n > 0)
-        .map(|(m, estimate)| MetricRow { metric: m.key, label: m.label, unit: m.unit, estimate })
+        .map(|(m, estimate)| MetricRow { metric: m.key.clone(), label: m.label, unit: m.unit, estimate })
         .collect();
     Report {
         source: run.path.display().to_string(),
@@ -74,15 +82,27 @@ fn build<'a>(run: &'a LoadedRun, opts: &Options) -> Report<'a> {
         notes: &run.notes,
         resampling: opts.describe(),
         metrics,
+        summary: (run.format == import::Format::Trace).then(|| {
+            let (header, end) = (Event::Header(run.header.clone()), run.end.clone().map(Event::End));
+            let tokens: Vec<Event> = run.tokens.iter().cloned().map(Event::Token).collect();
+            run_report::summarise(std::iter::once(&header).chain(&tokens).chain(&run.other).chain(end.as_ref()))
+        }),
     }
 }
 
-fn text(r: &Report<'_>) -> String {
+fn text(r: &Report<'_>) -> Result<String> {
     let h = r.header;
-    let mut o = format!(
+    let mut o = String::new();
+    if let Some(s) = &r.summary {
+        let mut table = Vec::new();
+        s.print(&mut table)?;
+        o.push_str(&String::from_utf8_lossy(&table));
+        o.push('\n');
+    }
+    o.push_str(&format!(
         "{} ({}): {} records, {} prompt steps, {} tokens summarised\n",
         r.source, r.format, r.records, r.prompt_steps, r.tokens
-    );
+    ));
     let mut fact = |k: &str, v: String| {
         if !v.is_empty() {
             o.push_str(&format!("  {k:<10} {v}\n"));
@@ -161,7 +181,7 @@ fn text(r: &Report<'_>) -> String {
         o.push('\n');
     }
     o.push_str(&format!("  intervals: {}\n", r.resampling));
-    o
+    Ok(o)
 }
 
 pub fn report(a: ReportArgs) -> Result<i32> {
@@ -171,7 +191,7 @@ pub fn report(a: ReportArgs) -> Result<i32> {
     if a.json {
         println!("{}", serde_json::to_string_pretty(&r)?);
     } else {
-        print!("{}", text(&r));
+        print!("{}", text(&r)?);
     }
     Ok(0)
 }

@@ -16,22 +16,19 @@
 //! The endpoint (default [`DEFAULT_ADDR`]) is up from the start and stays up
 //! across targets; counters keep growing across them (`runs_total` counts
 //! targets, `target_up` says whether one is observed now). Each target
-//! lifetime is one `observer run` (`run_with`) feeding the exporter's sink.
+//! lifetime is one session (`observe`, as `observer run`) feeding the
+//! exporter's sink. SIGINT/SIGTERM end the session and this loop alike (one
+//! handler: `Stop`).
 
-use std::{
-    collections::HashSet,
-    sync::{
-        Arc,
-        atomic::{AtomicBool, Ordering},
-    },
-    time::Duration,
+use std::{collections::HashSet, sync::Arc, time::Duration};
+
+use anyhow::{Result, bail};
+use observer::{
+    capture::session::Stop,
+    sinks::prometheus::{Endpoint, Exporter},
 };
 
-use anyhow::{Context, Result, bail};
-use observer::metrics::{Endpoint, Exporter};
-use tokio::sync::Notify;
-
-use super::run::{RunArgs, run_with};
+use super::run::{RunArgs, observe};
 
 /// Where `serve` listens without `--metrics-addr`.
 pub const DEFAULT_ADDR: &str = "127.0.0.1:9977";
@@ -53,45 +50,6 @@ pub struct ServeArgs {
     pub run: RunArgs,
 }
 
-/// Set once SIGINT or SIGTERM arrived (`run_with` handles them too, for the
-/// target it observes; this tells the serve loop to stop).
-#[derive(Debug, Default)]
-struct Stop {
-    set: AtomicBool,
-    notify: Notify,
-}
-
-impl Stop {
-    fn install() -> Result<Arc<Stop>> {
-        use tokio::signal::unix::{SignalKind, signal};
-        let stop = Arc::new(Stop::default());
-        let mut int = signal(SignalKind::interrupt()).context("installing the SIGINT handler")?;
-        let mut term = signal(SignalKind::terminate()).context("installing the SIGTERM handler")?;
-        let s = Arc::clone(&stop);
-        tokio::spawn(async move {
-            tokio::select! {
-                _ = int.recv() => {}
-                _ = term.recv() => {}
-            }
-            s.set.store(true, Ordering::SeqCst);
-            s.notify.notify_waiters();
-        });
-        Ok(stop)
-    }
-    fn is_set(&self) -> bool {
-        self.set.load(Ordering::SeqCst)
-    }
-    async fn wait(&self) {
-        loop {
-            let n = self.notify.notified();
-            if self.is_set() {
-                return;
-            }
-            n.await;
-        }
-    }
-}
-
 /// Token records `serve` keeps per target for its end-of-target summary.
 const SERVE_KEEP_TOKENS: usize = 100_000;
 
@@ -103,23 +61,21 @@ pub async fn serve(args: ServeArgs) -> Result<i32> {
     {
         bail!("--name {n:?}: give a process name as `ps -o comm` shows it (no path)");
     }
-    // Not for `run_with`: this endpoint outlives each target.
+    // Not for each session: this endpoint outlives them.
     let addr = run.metrics_addr.take().unwrap_or_else(|| DEFAULT_ADDR.to_string());
     // A standing exporter keeps only recent tokens for each target's summary.
     run.keep_tokens = run.keep_tokens.min(SERVE_KEEP_TOKENS);
     let ex = Exporter::new();
     let endpoint = Endpoint::start(&addr, Arc::clone(&ex))?;
-    eprintln!("observer serve: metrics at http://{}/metrics", endpoint.local_addr());
     let stop = Stop::install()?;
+    log::info!("serve: metrics at http://{}/metrics", endpoint.local_addr());
     match name {
         Some(name) => follow(&name, run, &ex, &stop).await,
         None => {
-            run_with(run, vec![Box::new(ex.sink())]).await?;
-            // A SIGINT that ended the run also woke our listener: let it run.
-            tokio::task::yield_now().await;
-            if !stop.is_set() {
-                eprintln!("observer serve: the target ended; serving its final values until SIGINT/SIGTERM");
-                stop.wait().await;
+            observe(run, vec![Box::new(ex.sink())], &stop).await?;
+            if !stop.signalled() {
+                log::info!("serve: the target ended; serving its final values until SIGINT/SIGTERM");
+                stop.signal_received().await;
             }
         }
     }
@@ -129,10 +85,10 @@ pub async fn serve(args: ServeArgs) -> Result<i32> {
 
 async fn follow(name: &str, run: RunArgs, ex: &Arc<Exporter>, stop: &Stop) {
     let mut skip: HashSet<u32> = HashSet::new();
-    eprintln!("observer serve: waiting for a process called {name:?}");
+    log::info!("serve: waiting for a process called {name:?}");
     loop {
         let pid = loop {
-            if stop.is_set() {
+            if stop.signalled() {
                 return;
             }
             skip.retain(|p| std::path::Path::new(&format!("/proc/{p}")).exists());
@@ -141,23 +97,20 @@ async fn follow(name: &str, run: RunArgs, ex: &Arc<Exporter>, stop: &Stop) {
             }
             tokio::select! {
                 _ = tokio::time::sleep(SCAN_INTERVAL) => {}
-                _ = stop.wait() => return,
+                _ = stop.signal_received() => return,
             }
         };
         let mut args = run.clone();
         args.pid = Some(pid);
-        eprintln!("observer serve: {name:?} is pid {pid}: observing it");
-        match run_with(args, vec![Box::new(ex.sink())]).await {
-            Ok(_) => eprintln!("observer serve: pid {pid} ended; waiting for the next {name:?}"),
+        log::info!("serve: {name:?} is pid {pid}: observing it");
+        match observe(args, vec![Box::new(ex.sink())], stop).await {
+            Ok(_) => log::info!("serve: pid {pid} ended; waiting for the next {name:?}"),
             Err(e) => {
-                eprintln!("observer serve: pid {pid}: {e:#}; skipping it");
+                log::warn!("serve: pid {pid}: {e:#}; skipping it");
                 skip.insert(pid);
             }
         }
-        // A SIGINT that ended the run (an attached target lives on) also
-        // woke our listener: let it run before deciding to go on.
-        tokio::task::yield_now().await;
-        if stop.is_set() {
+        if stop.signalled() {
             return;
         }
     }

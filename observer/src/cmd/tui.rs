@@ -1,7 +1,7 @@
 //! `observer tui`: the live TUI beside a running target (`-- CMD…` or
 //! `--pid PID`), or over a recorded trace (`--replay FILE`).
 //!
-//! Live, it runs exactly the pipeline of `observer run` (`run_with`)
+//! Live, it runs exactly the session of `observer run` (`observe`)
 //! with one more sink that forwards the model stream to the TUI thread:
 //! - `Header` and `End` (once per run each) are sent blocking; the others
 //!   (tokens, samples, histograms, health) are offered to a bounded queue and,
@@ -18,7 +18,7 @@
 //!   target is detached from. When the target exits on its own, the final
 //!   summary stays on screen until the user quits. SIGINT/SIGTERM sent to
 //!   the observer (the keyboard's Ctrl-C is a key in raw mode) stop the run
-//!   as under `run` and close the screen.
+//!   as under `run` and close the screen (one handler for both: `Stop`).
 //!
 //! Replay (`--replay FILE`, a trace or a bmoe_metrics CSV) feeds the file's
 //! events through the same `tui::App`.
@@ -29,7 +29,7 @@ use std::{
     path::{Path, PathBuf},
     sync::{
         Arc, Mutex,
-        atomic::{AtomicBool, AtomicI32, AtomicU64, Ordering},
+        atomic::{AtomicI32, AtomicU64, Ordering},
         mpsc::{Receiver, SyncSender, TryRecvError, TrySendError, sync_channel},
     },
     time::{Duration, Instant},
@@ -37,10 +37,13 @@ use std::{
 
 use ::tui::{App, IterSource, Options, Source, Status, term, term::Exit};
 use anyhow::{Context, Result, bail};
-use observer::sink::Sink;
+use observer::{
+    capture::session::Stop,
+    sinks::{Sink, once_per_run},
+};
 use observer_common::model::Event;
 
-use super::run::{RunArgs, run_with};
+use super::run::{RunArgs, observe};
 
 #[derive(Debug, clap::Args)]
 // `run`'s per-token lines would draw over the screen: always off here.
@@ -83,35 +86,21 @@ pub async fn tui(mut args: TuiArgs) -> Result<i32> {
         .context("observer tui needs a terminal (/dev/tty); use `observer run` without one")?;
     args.run.every = 0;
 
-    // SIGINT/SIGTERM stop the run (inside `run`) and close the screen (here),
-    // also while the final summary is up.
-    let signalled = Arc::new(AtomicBool::new(false));
-    {
-        use tokio::signal::unix::{SignalKind, signal};
-        let mut int = signal(SignalKind::interrupt()).context("installing the SIGINT handler")?;
-        let mut term = signal(SignalKind::terminate()).context("installing the SIGTERM handler")?;
-        let signalled = signalled.clone();
-        tokio::spawn(async move {
-            tokio::select! {
-                _ = int.recv() => {}
-                _ = term.recv() => {}
-            }
-            signalled.store(true, Ordering::SeqCst);
-        });
-    }
+    // SIGINT/SIGTERM stop the run (the session) and close the screen (the
+    // source below), also while the final summary is up.
+    let stop = Stop::install()?;
     let capture = Capture::start()?;
     let (tx, rx) = sync_channel::<Event>(args.queue as usize);
     let dropped = Arc::new(AtomicU64::new(0));
-    let stop = args.run.stop.clone();
     let ui = {
         let mut source = LiveSource {
             rx,
             dropped: dropped.clone(),
             lines: capture.lines.clone(),
             saw_end: false,
-            signalled: signalled.clone(),
+            stop: stop.clone(),
         };
-        let stop = StopOnDrop { stop: stop.clone(), signalled: signalled.clone() };
+        let stop = StopOnDrop(stop.clone());
         let mut note = capture.real_stderr();
         std::thread::Builder::new()
             .name("observer-tui".into())
@@ -136,7 +125,7 @@ pub async fn tui(mut args: TuiArgs) -> Result<i32> {
     // When the target exits on its own, the TUI keeps the final summary on
     // screen until the user quits; when the run fails, the TUI sees the queue
     // close without an `End` and leaves by itself.
-    let run = run_with(args.run, vec![Box::new(sink)]).await;
+    let run = observe(args.run, vec![Box::new(sink)], &stop).await;
     // Wait for the user without blocking the runtime (the signal task runs on it).
     while !ui.is_finished() {
         tokio::time::sleep(Duration::from_millis(50)).await;
@@ -155,16 +144,14 @@ pub async fn tui(mut args: TuiArgs) -> Result<i32> {
     run
 }
 
-struct StopOnDrop {
-    stop: Arc<tokio::sync::Notify>,
-    /// A signal already stops the run; a second stop would SIGKILL the target.
-    signalled: Arc<AtomicBool>,
-}
+/// Closing the screen stops the session (a no-op once it has ended).
+struct StopOnDrop(Stop);
 
 impl Drop for StopOnDrop {
     fn drop(&mut self) {
-        if !self.signalled.load(Ordering::SeqCst) {
-            self.stop.notify_one();
+        // A signal already stops the run; a second stop would SIGKILL the target.
+        if !self.0.signalled() {
+            self.0.request();
         }
     }
 }
@@ -184,7 +171,7 @@ impl Sink for ToScreen {
         match ev {
             // Once per run; the TUI thread drains the queue continuously.
             // An error means the screen is gone: nothing left to show.
-            Event::Header(_) | Event::End(_) => {
+            ev if once_per_run(ev) => {
                 if matches!(ev, Event::End(_))
                     && let Ok(mut l) = self.lines.lock()
                 {
@@ -213,12 +200,12 @@ struct LiveSource {
     dropped: Arc<AtomicU64>,
     lines: Arc<Mutex<LiveLines>>,
     saw_end: bool,
-    signalled: Arc<AtomicBool>,
+    stop: Stop,
 }
 
 impl Source for LiveSource {
     fn pump(&mut self, app: &mut App) -> Status {
-        if self.signalled.load(Ordering::SeqCst) {
+        if self.stop.signalled() {
             return Status::Quit;
         }
         if let Ok(mut l) = self.lines.lock() {
@@ -248,13 +235,13 @@ impl Source for LiveSource {
 // ---- replay -----------------------------------------------------------------
 
 /// Show a recorded run: a trace (`observer record`) or a bmoe_metrics CSV,
-/// read whole (`observer::import::load_events`), through the same `App` as a
+/// read whole (`observer::store::import::load_events`), through the same `App` as a
 /// live run. What the reader had to skip (truncation, damage) is listed under
 /// "Output"; a trace without an end record says so in the header.
 fn replay(path: &Path, opts: &Options) -> Result<i32> {
     // The import error names the file and the cause (its Display already
     // includes its source, so the chain is not printed again).
-    let loaded = observer::import::load_events(path).map_err(|e| anyhow::anyhow!("--replay: {e}"))?;
+    let loaded = observer::store::import::load_events(path).map_err(|e| anyhow::anyhow!("--replay: {e}"))?;
     std::fs::OpenOptions::new()
         .read(true)
         .write(true)
@@ -583,7 +570,7 @@ mod tests {
             sink.event(&sample).unwrap();
         }
         assert_eq!(dropped.load(Ordering::Relaxed), 84);
-        let mut src = LiveSource { rx, dropped, lines: Arc::default(), saw_end: false, signalled: Arc::default() };
+        let mut src = LiveSource { rx, dropped, lines: Arc::default(), saw_end: false, stop: Stop::default() };
         let mut app = App::new();
         assert_eq!(src.pump(&mut app), Status::Open);
         assert_eq!(app.dropped_total(), 84);
@@ -634,13 +621,8 @@ mod tests {
     fn a_run_that_fails_before_its_end_closes_the_screen() {
         let (tx, rx) = sync_channel::<Event>(4);
         drop(tx);
-        let mut src = LiveSource {
-            rx,
-            dropped: Arc::default(),
-            lines: Arc::default(),
-            saw_end: false,
-            signalled: Arc::default(),
-        };
+        let mut src =
+            LiveSource { rx, dropped: Arc::default(), lines: Arc::default(), saw_end: false, stop: Stop::default() };
         assert_eq!(src.pump(&mut App::new()), Status::Failed);
     }
 }

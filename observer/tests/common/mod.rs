@@ -12,7 +12,18 @@ use std::{
 use serde_json::Value;
 
 pub const OBSERVER: &str = env!("CARGO_BIN_EXE_observer");
-pub const WORKLOAD: &str = env!("CARGO_BIN_EXE_workload");
+
+/// The `workload` test program (package `fixtures`, built on first use).
+pub fn workload() -> &'static str {
+    static PATH: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    PATH.get_or_init(|| fixtures::binary("workload"))
+}
+
+/// The `resid_standin` stand-in engine (package `fixtures`, built on first use).
+pub fn resid_standin() -> &'static str {
+    static PATH: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    PATH.get_or_init(|| fixtures::binary("resid_standin"))
+}
 
 /// Serialises every test that loads probes or measures the machine, across
 /// test binaries, so that runs do not disturb each other's counters.

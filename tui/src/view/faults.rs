@@ -9,12 +9,13 @@
 //!
 //! Histograms (`Event::Histograms`, cumulative since the start; log2 buckets,
 //! `observer_common::hist`): one bar per bucket between the first and last
-//! non-empty one, with p50/p99 upper bounds; the known kinds first, in the
-//! order of [`KINDS`].
+//! non-empty one, with p50/p99 upper bounds; the vocabulary's kinds first, in
+//! its order (`vocab::HISTOGRAMS`).
 
 use observer_common::{
     hist::bucket_upper_ns,
     model::{Component, Counter},
+    vocab::HISTOGRAMS,
 };
 use ratatui::{
     Frame,
@@ -27,41 +28,43 @@ use ratatui::{
 use super::{clamp_top, fmt};
 use crate::state::{App, View};
 
-/// Known histogram kinds and what they time.
-const KINDS: [(&str, &str); 5] = [
-    ("fault_minor", "minor fault"),
-    ("fault_major_file", "major fault, file"),
-    ("fault_major_swap", "major fault, swap"),
-    ("zram_read", "zram read"),
-    ("disk_read", "disk read"),
-];
-
 pub fn draw(app: &App, f: &mut Frame<'_>, area: Rect) {
     let w = area.width as usize;
     let mut lines: Vec<Line<'static>> = Vec::new();
     let kind = app.main_kind();
     let g = app.agg(kind);
     lines.push(Line::styled(
-        fmt::fit(&format!("{:<22}{:>12}{:>12}{:>16}", "fault kind", "per step", "ms/step", "mean µs/fault"), w),
+        fmt::fit(
+            &format!("{:<14}{:>10}  {:<13}{:>9}{:>15}", "faults", "per step", "time", "ms/step", "mean µs/fault"),
+            w,
+        ),
         fmt::title(),
     ));
-    let table: [(&str, Vec<Counter>, Component); 3] = [
-        ("minor", vec![Counter::Minflt], Component::FaultMinor),
-        ("major swap (zram)", vec![Counter::MajfltSwap], Component::SwapinZram),
-        ("major file, blocked", vec![Counter::MajfltFile], Component::FaultIo),
+    // Each kind of fault beside the component that holds its time.
+    let table = [
+        (Counter::Minflt, Component::FaultMinor),
+        (Counter::MajfltSwap, Component::SwapinZram),
+        (Counter::MajfltFile, Component::FaultIo),
     ];
-    for (name, counters, comp) in &table {
-        let count = counters.iter().filter_map(|c| g.counter(*c).mean()).reduce(|a, b| a + b);
-        let time = g.component(*comp).mean();
+    for (counter, comp) in table {
+        let count = g.counter(counter).mean();
+        let time = g.component(comp).mean();
         let mean_us = match (count, time) {
             (Some(c), Some(t)) if c > 0.0 => format!("{:.2}", t / c / 1e3),
             (Some(_), Some(_)) => "no faults".into(),
             _ => fmt::NA.into(),
         };
         lines.push(Line::from(vec![
-            Span::styled("█ ", Style::new().fg(fmt::color(*comp))),
+            Span::styled("█ ", Style::new().fg(fmt::color(comp))),
             Span::raw(fmt::fit(
-                &format!("{:<20}{:>12}{:>12}{:>16}", name, fmt::opt_count(count), fmt::opt_ms(time), mean_us),
+                &format!(
+                    "{:<12}{:>10}  {:<13}{:>9}{:>15}",
+                    counter.name(),
+                    fmt::opt_count(count),
+                    comp.name(),
+                    fmt::opt_ms(time),
+                    mean_us
+                ),
                 w.saturating_sub(2),
             )),
         ]));
@@ -69,7 +72,7 @@ pub fn draw(app: &App, f: &mut Frame<'_>, area: Rect) {
     lines.push(Line::styled(
         fmt::fit(
             &format!(
-                "swap-ins {} · read {} per step · means are time ÷ count (fault_io includes disk swap)",
+                "swapins {} · read_bytes {} per step · means are time ÷ count (fault_io includes disk swap)",
                 fmt::opt_count(g.counter(Counter::Swapins).mean()),
                 fmt::opt_bytes(g.counter(Counter::ReadBytes).mean())
             ),
@@ -88,9 +91,12 @@ pub fn draw(app: &App, f: &mut Frame<'_>, area: Rect) {
         }
         Some(hs) => {
             lines.push(Line::styled("Latency per event (log2 buckets, since the start)", fmt::title()));
-            let known = KINDS.iter().filter_map(|&(k, what)| hs.kinds.get(k).map(|b| (k, what, b)));
-            let other =
-                hs.kinds.iter().filter(|(k, _)| !KINDS.iter().any(|(n, _)| n == k)).map(|(k, b)| (k.as_str(), "", b));
+            let known = HISTOGRAMS.iter().filter_map(|r| hs.kinds.get(r.name).map(|b| (r.name, r.help, b)));
+            let other = hs
+                .kinds
+                .iter()
+                .filter(|(k, _)| !HISTOGRAMS.iter().any(|r| r.name == k.as_str()))
+                .map(|(k, b)| (k.as_str(), "", b));
             for (name, what, buckets) in known.chain(other) {
                 lines.extend(histogram(name, what, buckets, w));
             }
@@ -125,15 +131,17 @@ fn bound(i: usize) -> String {
 fn histogram(name: &str, what: &str, buckets: &[u64], w: usize) -> Vec<Line<'static>> {
     let total: u64 = buckets.iter().sum();
     let mut out = Vec::new();
-    let what = if what.is_empty() { String::new() } else { format!(" ({what})") };
+    let what = if what.is_empty() { String::new() } else { format!(" · {what}") };
     let (Some(first), Some(last)) = (buckets.iter().position(|&n| n > 0), buckets.iter().rposition(|&n| n > 0)) else {
-        out.push(Line::styled(format!("  {name}{what}: no events"), fmt::dim()));
+        out.push(Line::styled(fmt::fit(&format!("  {name}: no events{what}"), w), fmt::dim()));
         return out;
     };
     let q = |p| quantile_bound(buckets, p).map(bound).unwrap_or_default();
+    let name = format!("  {name}");
+    let rest = format!("  n={total}  p50 {}  p99 {}{what}", q(0.5), q(0.99));
     out.push(Line::from(vec![
-        Span::styled(format!("  {name}"), fmt::title()),
-        Span::raw(format!("{what}  n={total}  p50 {}  p99 {}", q(0.5), q(0.99))),
+        Span::styled(name.clone(), fmt::title()),
+        Span::styled(fmt::fit(&rest, w.saturating_sub(name.chars().count())), fmt::dim()),
     ]));
     let max = buckets[first..=last].iter().copied().max().unwrap_or(1).max(1);
     let label_w = 12;

@@ -100,21 +100,6 @@ pub fn fit(s: &str, w: usize) -> String {
     }
 }
 
-/// Short column titles for the components.
-pub const fn short(c: Component) -> &'static str {
-    match c {
-        Component::Compute => "compute",
-        Component::FaultMinor => "f_minor",
-        Component::SwapinZram => "swapin",
-        Component::FaultIo => "f_io",
-        Component::IoWait => "io_wait",
-        Component::Reclaim => "reclaim",
-        Component::Syscall => "syscall",
-        Component::Runqueue => "runq",
-        Component::Sleep => "sleep",
-    }
-}
-
 /// One colour per component, the same in every view.
 pub const fn color(c: Component) -> Color {
     match c {
@@ -123,15 +108,17 @@ pub const fn color(c: Component) -> Color {
         Component::SwapinZram => Color::Magenta,
         Component::FaultIo => Color::Red,
         Component::IoWait => Color::LightRed,
+        Component::IoWaitPeer => Color::LightMagenta,
         Component::Reclaim => Color::LightYellow,
         Component::Syscall => Color::Blue,
         Component::Runqueue => Color::Cyan,
         Component::Sleep => Color::DarkGray,
+        Component::Unattributed => Color::LightBlue,
     }
 }
 
-/// Time nobody accounted for (wall − Σ components).
-pub const UNATTRIBUTED: Color = Color::Gray;
+/// The residual: time no component accounts for (wall − Σ components).
+pub const RESIDUAL: Color = Color::Gray;
 
 pub fn title() -> Style {
     Style::new().add_modifier(Modifier::BOLD)

@@ -3,7 +3,10 @@
 //! compute, counts per token, the target's memory, and the last lines the
 //! target printed. Two columns when wide, one scrolling column otherwise.
 
-use observer_common::model::{Component, Counter, StepKind};
+use observer_common::{
+    model::{Component, Counter, StepKind},
+    vocab::Time,
+};
 use ratatui::{
     Frame,
     layout::{Constraint, Layout, Rect},
@@ -100,7 +103,8 @@ fn per_token_time(app: &App) -> Vec<Line<'static>> {
         return out;
     }
     out.push(row("wall", fmt::opt_ms(g.wall_ns.mean())));
-    for c in Component::ALL {
+    // The components this observer measures, and any other a source measured.
+    for c in Component::ALL.into_iter().filter(|&c| c.row().measured() || g.component(c).n > 0) {
         let v = g.component(c).mean();
         let style = Style::new().fg(fmt::color(c));
         out.push(Line::from(vec![
@@ -109,15 +113,15 @@ fn per_token_time(app: &App) -> Vec<Line<'static>> {
             Span::raw(v.map_or_else(|| "not measured".into(), fmt::ms)),
         ]));
     }
-    out.push(row("unattributed", fmt::opt_ms(g.residual_ns.mean())));
+    out.push(row(Time::Residual.name(), fmt::opt_ms(g.residual_ns.mean())));
     out.push(row(
-        "engine compute",
+        Time::EngineCompute.name(),
         g.engine_compute_ns.mean().map_or_else(|| "not reported by the engine".into(), fmt::ms),
     ));
     if let Some(h) = g.hidden_ns.mean() {
         out.push(row_styled(
             "hidden in it",
-            format!("{} (engine compute − measured compute)", fmt::signed_ms(h)),
+            format!("{} (engine_compute − compute)", fmt::signed_ms(h)),
             Style::new().fg(Color::Magenta).add_modifier(Modifier::BOLD),
         ));
     }
@@ -131,7 +135,10 @@ fn per_token_counts(app: &App) -> Vec<Line<'static>> {
     for c in [Counter::Minflt, Counter::MajfltFile, Counter::MajfltSwap, Counter::Swapins, Counter::CtxSwitches] {
         out.push(row(c.name(), g.counter(c).mean().map_or_else(|| "not measured".into(), fmt::count)));
     }
-    out.push(row("read_bytes", g.counter(Counter::ReadBytes).mean().map_or_else(|| "not measured".into(), fmt::bytes)));
+    out.push(row(
+        Counter::ReadBytes.name(),
+        g.counter(Counter::ReadBytes).mean().map_or_else(|| "not measured".into(), fmt::bytes),
+    ));
     let (a, e) = (g.counter(Counter::PagecacheAdded).mean(), g.counter(Counter::PagecacheEvicted).mean());
     out.push(row(
         "pagecache +/−",

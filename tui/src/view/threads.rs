@@ -20,7 +20,7 @@ const COUNT_W: usize = 9;
 
 enum Col {
     Comp(Component),
-    Count(&'static str, Vec<Counter>),
+    Count(Counter),
 }
 
 pub fn draw(app: &App, f: &mut Frame<'_>, area: Rect) {
@@ -35,10 +35,10 @@ pub fn draw(app: &App, f: &mut Frame<'_>, area: Rect) {
         return;
     }
     let fixed = 8 + 16 + 7; // tid, comm, steps
-    let mut cols: Vec<Col> = Component::ALL.iter().map(|&c| Col::Comp(c)).collect();
-    cols.push(Col::Count("minflt", vec![Counter::Minflt]));
-    cols.push(Col::Count("majflt", vec![Counter::MajfltFile, Counter::MajfltSwap]));
-    cols.push(Col::Count("ctxsw", vec![Counter::CtxSwitches]));
+    // Components some thread has a measured value of, then counters.
+    let measured = |c: Component| app.threads.values().any(|t| t.components[c as usize].n > 0);
+    let mut cols: Vec<Col> = Component::ALL.into_iter().filter(|&c| measured(c)).map(Col::Comp).collect();
+    cols.extend([Counter::Minflt, Counter::MajfltFile, Counter::MajfltSwap, Counter::CtxSwitches].map(Col::Count));
     let mut used = fixed;
     let cols: Vec<Col> = cols
         .into_iter()
@@ -54,10 +54,8 @@ pub fn draw(app: &App, f: &mut Frame<'_>, area: Rect) {
     let mut head = vec![Span::styled(format!("{:>7} {:<15} {:>6}", "tid", "comm", "steps"), fmt::title())];
     for c in &cols {
         match c {
-            Col::Comp(c) => {
-                head.push(Span::styled(format!("{:>COMP_W$}", fmt::short(*c)), fmt::title().fg(fmt::color(*c))))
-            }
-            Col::Count(name, _) => head.push(Span::styled(format!("{name:>COUNT_W$}"), fmt::title())),
+            Col::Comp(c) => head.push(Span::styled(format!("{:>COMP_W$}", c.short()), fmt::title().fg(fmt::color(*c)))),
+            Col::Count(c) => head.push(Span::styled(format!("{:>COUNT_W$}", c.short()), fmt::title())),
         }
     }
     lines.push(Line::from(head));
@@ -73,15 +71,10 @@ pub fn draw(app: &App, f: &mut Frame<'_>, area: Rect) {
                 Col::Comp(c) => {
                     spans.push(Span::raw(format!("{:>COMP_W$}", fmt::opt_ms(t.components[*c as usize].mean()))))
                 }
-                Col::Count(_, which) => {
-                    let mut total: Option<f64> = None;
-                    for k in which {
-                        if let Some(m) = t.counters[*k as usize].mean() {
-                            *total.get_or_insert(0.0) += m;
-                        }
-                    }
-                    spans.push(Span::styled(format!("{:>COUNT_W$}", fmt::opt_count(total)), Style::new()));
-                }
+                Col::Count(c) => spans.push(Span::styled(
+                    format!("{:>COUNT_W$}", fmt::opt_count(t.counters[*c as usize].mean())),
+                    Style::new(),
+                )),
             }
         }
         lines.push(Line::from(spans));

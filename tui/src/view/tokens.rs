@@ -3,12 +3,15 @@
 //! Each bar is the step's wall time split into the mean thread's components
 //! (compute first, then the memory and scheduling costs), on a common scale:
 //! the longest non-prompt step on screen fills the width; longer steps (the
-//! prompt) are cut and end in `»`. `░` is time no component accounts for. The
+//! prompt) are cut and end in `»`. `░` is the residual, time no component accounts for. The
 //! engine's own residual compute is drawn as `┃` at its length on the same
 //! scale, so the gap between the end of the green compute and the `┃` is the
 //! cost the engine's `compute_ms` hides (also printed in the `hidden` column).
 
-use observer_common::model::{Component, StepKind};
+use observer_common::{
+    model::{Component, StepKind},
+    vocab::Time,
+};
 use ratatui::{
     Frame,
     layout::Rect,
@@ -60,7 +63,7 @@ pub fn draw(app: &App, f: &mut Frame<'_>, area: Rect) {
     let scale = scale_ns(&visible);
 
     if chrome {
-        f.render_widget(Paragraph::new(legend(area.width as usize)), Rect { height: 1, ..area });
+        f.render_widget(Paragraph::new(legend(app, area.width as usize)), Rect { height: 1, ..area });
         let head = if wide {
             format!("{:>6} {} {:>8} {:>7} ", "seq", "k", "wall ms", "hidden")
         } else {
@@ -157,7 +160,7 @@ fn bar(r: &TokenRow, scale: f64, w: usize) -> Vec<(char, Style)> {
         }
     }
     if r.residual_ns > 0 {
-        fill(&mut cells, &mut cum, r.residual_ns as f64, '░', fmt::UNATTRIBUTED);
+        fill(&mut cells, &mut cum, r.residual_ns as f64, '░', fmt::RESIDUAL);
     }
     let cut = cum > scale;
     if cut && w > 0 {
@@ -182,7 +185,9 @@ fn bar(r: &TokenRow, scale: f64, w: usize) -> Vec<(char, Style)> {
     cells
 }
 
-fn legend(w: usize) -> Line<'static> {
+/// The marker, the components (those this observer measures and any other a
+/// source measured; vocabulary names, short labels when narrow), and the residual.
+fn legend(app: &App, w: usize) -> Line<'static> {
     let mut spans = Vec::new();
     let mut used = 0;
     let mut push = |spans: &mut Vec<Span<'static>>, sym: char, sym_style: Style, name: &str| -> bool {
@@ -195,15 +200,17 @@ fn legend(w: usize) -> Line<'static> {
         spans.push(Span::raw(format!("{name}  ")));
         true
     };
-    let _ = push(&mut spans, MARKER, Style::new().fg(Color::White).add_modifier(Modifier::BOLD), "engine compute");
     let narrow = w < 130;
-    for c in Component::ALL {
-        let name = if narrow { fmt::short(c) } else { c.name() };
-        if !push(&mut spans, '█', Style::new().fg(fmt::color(c)), name) {
+    let name = |t: Time| if narrow { t.short() } else { t.name() };
+    let _ =
+        push(&mut spans, MARKER, Style::new().fg(Color::White).add_modifier(Modifier::BOLD), name(Time::EngineCompute));
+    let g = app.agg(app.main_kind());
+    for c in Component::ALL.into_iter().filter(|&c| c.row().measured() || g.component(c).n > 0) {
+        if !push(&mut spans, '█', Style::new().fg(fmt::color(c)), if narrow { c.short() } else { c.name() }) {
             return Line::from(spans);
         }
     }
-    let _ = push(&mut spans, '░', Style::new().fg(fmt::UNATTRIBUTED), if narrow { "unattr." } else { "unattributed" });
+    let _ = push(&mut spans, '░', Style::new().fg(fmt::RESIDUAL), name(Time::Residual));
     Line::from(spans)
 }
 
@@ -216,19 +223,25 @@ fn detail(r: &TokenRow, w: usize) -> Line<'static> {
         match r.components.get(c) {
             Some(v) if v >= 5_000 => parts.push(format!(" {} {}", c.name(), fmt::ms(v as f64))),
             Some(_) => {}
-            None => missing.push(c.name()),
+            // Components named ahead of their measurement are not "missing" here.
+            None if c.row().measured() => missing.push(c.name()),
+            None => {}
         }
     }
     if r.residual_ns.unsigned_abs() >= 5_000 {
-        parts.push(format!(" unattributed {}", fmt::signed_ms(r.residual_ns as f64)));
+        parts.push(format!(" {} {}", Time::Residual.name(), fmt::signed_ms(r.residual_ns as f64)));
     }
     s.push_str(&parts.join(" +"));
     match (r.engine_compute_ns, r.hidden_ns()) {
-        (Some(ec), Some(h)) => {
-            s.push_str(&format!(" │ engine compute {} (hidden {})", fmt::ms(ec as f64), fmt::signed_ms(h as f64)))
-        }
-        (Some(ec), None) => s.push_str(&format!(" │ engine compute {}", fmt::ms(ec as f64))),
-        _ => s.push_str(" │ engine compute: not reported"),
+        (Some(ec), Some(h)) => s.push_str(&format!(
+            " │ {} {} ({} {})",
+            Time::EngineCompute.name(),
+            fmt::ms(ec as f64),
+            Time::Hidden.name(),
+            fmt::signed_ms(h as f64)
+        )),
+        (Some(ec), None) => s.push_str(&format!(" │ {} {}", Time::EngineCompute.name(), fmt::ms(ec as f64))),
+        _ => s.push_str(&format!(" │ {}: not reported", Time::EngineCompute.name())),
     }
     if !missing.is_empty() {
         s.push_str(&format!(" │ not measured: {}", missing.join(", ")));

@@ -1,0 +1,125 @@
+//! Run totals: the `totals` event of the model stream (`model::Event::Totals`),
+//! what a live session accumulated per thread and per device over the whole
+//! run. (User-space only: `user` feature.)
+//!
+//! Spec:
+//! - A session with eBPF probes emits one `totals` event at the end of the
+//!   run, after the last token, `histograms` and `health` events and just
+//!   before `end`; the procfs fallback emits none (it brackets no faults and
+//!   counts no block reads). Values are cumulative up to `mono_ns`, so if a
+//!   stream ever carries several, the last one supersedes the others.
+//! - `threads`, ordered by TID, are the target's threads the probes saw:
+//!   - `faults`: the fault bracketing of `observer_common::faults` since the
+//!     probes were attached: completed major and minor faults, the time
+//!     between entry and exit (`*_ns`), entries and exits that could not be
+//!     paired, and per-bucket log2 latency histograms (bucket `i` counts
+//!     latencies in `(2^(i-1), 2^i]` ns, the last is +Inf: `observer_common::hist`).
+//!     `None` when no fault of the thread was seen.
+//!   - `time`: where the thread's time went since it was first seen (or
+//!     seeded at attach): `wall_ns` accounted, the time components and the
+//!     counters of the vocabulary (`<component>_ns`, `majflt_file`, …), and the
+//!     thread's block reads: bios issued (`read_ios`) and the summed
+//!     queue→complete latency of those on disks and on zram. `exited` once the
+//!     thread has exited. `None` when the attribution probes never saw the thread.
+//! - `devices`: block reads the target caused, per device (`major:minor`, and
+//!   the kernel name when known): bytes, requests, and the summed
+//!   queue→complete latency over the `completed` requests whose completion was seen.
+//!
+//! The end-of-run summary (`observer run`'s table, `observer report` on a trace)
+//! is built from this event and the rest of the stream, never from the maps.
+
+extern crate alloc;
+
+use alloc::{string::String, vec::Vec};
+
+use serde::{Deserialize, Serialize};
+
+use crate::model::{Components, Counters};
+
+/// Totals of a run at `mono_ns` (CLOCK_MONOTONIC).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct RunTotals {
+    pub mono_ns: u64,
+    pub threads: Vec<ThreadTotals>,
+    pub devices: Vec<DeviceReads>,
+}
+
+/// One thread's totals.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct ThreadTotals {
+    pub tid: u32,
+    /// The thread's name when first seen.
+    pub comm: String,
+    pub faults: Option<FaultTotals>,
+    pub time: Option<ThreadTime>,
+}
+
+/// Fault bracketing totals of one thread (module spec).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct FaultTotals {
+    pub majflt: u64,
+    pub minflt: u64,
+    pub majflt_ns: u64,
+    pub minflt_ns: u64,
+    /// A fault entry while another was open (the earlier one failed).
+    pub unmatched_entries: u64,
+    /// A fault exit with no open entry (counted, without time).
+    pub unmatched_exits: u64,
+    pub majflt_hist: Vec<u64>,
+    pub minflt_hist: Vec<u64>,
+}
+
+/// Where one thread's time went over the run (module spec).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct ThreadTime {
+    pub wall_ns: u64,
+    #[serde(flatten)]
+    pub components: Components,
+    #[serde(flatten)]
+    pub counters: Counters,
+    pub read_ios: u64,
+    pub disk_read_ns: u64,
+    pub zram_read_ns: u64,
+    pub exited: bool,
+}
+
+/// Block reads the target caused on one device.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct DeviceReads {
+    /// `major:minor`.
+    pub dev: String,
+    /// Kernel name (`vda`, `zram0`, …) when known.
+    pub name: Option<String>,
+    pub read_bytes: u64,
+    pub read_ios: u64,
+    /// Σ queue→complete latency over the `completed` reads.
+    pub read_ns: u64,
+    pub completed: u64,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::{Component, Counter, Event};
+
+    #[test]
+    fn totals_round_trip_with_vocabulary_names() {
+        let mut time = ThreadTime { wall_ns: 10, read_ios: 2, exited: true, ..Default::default() };
+        time.components.set(Component::Compute, Some(7));
+        time.counters.set(Counter::MajfltFile, Some(3));
+        let t = RunTotals {
+            mono_ns: 5,
+            threads: alloc::vec![ThreadTotals {
+                tid: 42,
+                comm: "engine".into(),
+                faults: Some(FaultTotals { majflt: 3, majflt_hist: alloc::vec![0, 3], ..Default::default() }),
+                time: Some(time),
+            }],
+            devices: alloc::vec![DeviceReads { dev: "253:0".into(), read_bytes: 4096, ..Default::default() }],
+        };
+        let j = serde_json::to_string(&Event::Totals(t.clone())).unwrap();
+        assert!(j.starts_with("{\"type\":\"totals\""), "{j}");
+        assert!(j.contains("\"compute_ns\":7") && j.contains("\"majflt_file\":3"), "{j}");
+        assert_eq!(serde_json::from_str::<Event>(&j).unwrap(), Event::Totals(t));
+    }
+}

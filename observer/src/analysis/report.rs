@@ -1,0 +1,623 @@
+//! The end-of-run summary: what `observer run` prints at the end and writes
+//! with `--json`, and what `observer report` prints for a trace. Names follow
+//! the design's vocabulary (`majflt`, `minflt`, `fault_ns`, …); times are
+//! nanoseconds in data, milliseconds/microseconds on screen.
+//!
+//! Rule: the summary is a function of the model stream alone ([`Collector`]),
+//! so a live run and its trace give the same table:
+//! - target, mode, kernel and probes from the `header`; exit code and lost
+//!   events from the `end`; the duration is `end.mono_ns − header.started_mono_ns`;
+//! - the fault table, per-thread attribution and block reads from the
+//!   `totals` event (none in the procfs fallback: faults not probed);
+//! - latency histograms from the last `histograms` event, the observer's
+//!   cost from the last `health` event;
+//! - the per-token summary from the token records (the newest `keep` of them).
+
+use std::io::Write;
+
+use observer_common::{
+    HIST_BUCKETS,
+    hist::bucket_upper_ns,
+    model::{
+        Component, Components, Counter, Counters, DeviceReads, Event, FaultTotals, LatencyHistograms, ObserverHealth,
+        RunEnd, RunHeader, RunTotals, ThreadTime, TokenRecord,
+    },
+};
+use serde::Serialize;
+
+use crate::analysis::attribution;
+
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct FaultCounts {
+    pub majflt: u64,
+    pub minflt: u64,
+    /// Time inside faults (entry to exit, on and off CPU).
+    pub fault_ns: u64,
+    pub majflt_ns: u64,
+    pub minflt_ns: u64,
+    /// Fault entries never matched by an exit (failed faults).
+    pub unmatched_entries: u64,
+    /// Fault exits with no recorded entry (counted, without time).
+    pub unmatched_exits: u64,
+}
+
+impl FaultCounts {
+    fn add(&mut self, t: &FaultTotals) {
+        self.majflt += t.majflt;
+        self.minflt += t.minflt;
+        self.majflt_ns += t.majflt_ns;
+        self.minflt_ns += t.minflt_ns;
+        self.fault_ns += t.majflt_ns + t.minflt_ns;
+        self.unmatched_entries += t.unmatched_entries;
+        self.unmatched_exits += t.unmatched_exits;
+    }
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct ThreadRow {
+    pub tid: u32,
+    pub comm: String,
+    #[serde(flatten)]
+    pub counts: FaultCounts,
+    pub majflt_hist: Histogram,
+    pub minflt_hist: Histogram,
+    /// Where this thread's time went since it was first seen (see `attrib`).
+    pub attribution: Option<ThreadAttribution>,
+}
+
+/// A thread's whole-run attribution.
+#[derive(Debug, Clone, Serialize)]
+pub struct ThreadAttribution {
+    /// Time accounted since the thread was first seen.
+    pub wall_ns: u64,
+    #[serde(flatten)]
+    pub components: Components,
+    /// The vocabulary's counters the kernel keeps per thread (the others `null`).
+    #[serde(flatten)]
+    pub counters: Counters,
+    pub read_ios: u64,
+    /// Σ queue→complete latency of the thread's read bios on disks / on zram.
+    pub disk_read_ns: u64,
+    pub zram_read_ns: u64,
+    pub exited: bool,
+}
+
+impl ThreadAttribution {
+    fn from_time(t: &ThreadTime) -> Self {
+        ThreadAttribution {
+            wall_ns: t.wall_ns,
+            components: t.components,
+            counters: t.counters,
+            read_ios: t.read_ios,
+            disk_read_ns: t.disk_read_ns,
+            zram_read_ns: t.zram_read_ns,
+            exited: t.exited,
+        }
+    }
+
+    /// Add another thread's totals (measured values add; unmeasured stay unmeasured).
+    fn add(&mut self, a: &ThreadAttribution) {
+        self.wall_ns += a.wall_ns;
+        for (c, v) in a.components.iter() {
+            if let Some(v) = v {
+                self.components.add(c, v);
+            }
+        }
+        for (c, v) in a.counters.iter() {
+            if let Some(v) = v {
+                self.counters.add(c, v);
+            }
+        }
+        self.read_ios += a.read_ios;
+        self.disk_read_ns += a.disk_read_ns;
+        self.zram_read_ns += a.zram_read_ns;
+        self.exited &= a.exited;
+    }
+
+    fn counter(&self, c: Counter) -> u64 {
+        self.counters.get(c).unwrap_or(0)
+    }
+}
+
+/// A log2 histogram, buckets as in `observer_common::hist`: `le_ns` is the
+/// inclusive upper bound, `null` for +Inf. Counts are per bucket (not cumulative).
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct Histogram {
+    pub buckets: Vec<Bucket>,
+    pub count: u64,
+    /// Exact sum of the values, when it was kept (the kernel's latency histograms).
+    pub sum_ns: Option<u64>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct Bucket {
+    pub le_ns: Option<u64>,
+    pub count: u64,
+}
+
+impl Histogram {
+    /// From per-bucket counts (`observer_common::hist` buckets; missing ones are 0).
+    pub fn from_counts(c: &[u64]) -> Self {
+        let mut h = Histogram::default();
+        h.add(c);
+        h
+    }
+    fn add(&mut self, c: &[u64]) {
+        if self.buckets.is_empty() {
+            self.buckets = (0..HIST_BUCKETS).map(|b| Bucket { le_ns: bucket_upper_ns(b), count: 0 }).collect();
+        }
+        for (dst, &n) in self.buckets.iter_mut().zip(c.iter()) {
+            dst.count += n;
+            self.count += n;
+        }
+    }
+}
+
+/// Block reads the target caused on one device.
+#[derive(Debug, Clone, Serialize)]
+pub struct DeviceRow {
+    /// `major:minor`.
+    pub dev: String,
+    /// Kernel name (`vda`, `zram0`, …) when known.
+    pub name: Option<String>,
+    pub read_bytes: u64,
+    pub read_ios: u64,
+    /// Σ queue→complete latency over the reads whose completion was matched.
+    pub read_ns: u64,
+    pub completed: u64,
+}
+
+impl DeviceRow {
+    pub fn new(d: &DeviceReads) -> Self {
+        DeviceRow {
+            dev: d.dev.clone(),
+            name: d.name.clone(),
+            read_bytes: d.read_bytes,
+            read_ios: d.read_ios,
+            read_ns: d.read_ns,
+            completed: d.completed,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct TargetInfo {
+    pub pid: u32,
+    pub command: Vec<String>,
+    /// Exit code when the observer spawned it and it exited.
+    pub exit_code: Option<i32>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct Summary {
+    pub observer_version: &'static str,
+    /// `ebpf`, or `procfs` for the fallback (most fields not measured).
+    pub mode: String,
+    pub kernel: String,
+    pub target: TargetInfo,
+    pub duration_ns: u64,
+    pub probes: Vec<String>,
+    /// Fault bracketing totals; `None` when faults were not probed (procfs fallback).
+    pub totals: Option<FaultCounts>,
+    pub majflt_hist: Option<Histogram>,
+    pub minflt_hist: Option<Histogram>,
+    pub threads: Vec<ThreadRow>,
+    /// Events the kernel side could not record (full maps, full ring buffers).
+    pub lost_events: u64,
+    /// Latency histograms by kind (`vocab::HISTOGRAMS`: `minflt`,
+    /// `majflt_file`, `majflt_swap`, `zram_read`, `disk_read`).
+    pub latency: std::collections::BTreeMap<String, Histogram>,
+    /// The target's block reads per device.
+    pub devices: Vec<DeviceRow>,
+    /// The observer's own cost: run time and run count of its eBPF programs
+    /// (all processes' events, since filtering happens inside them), when the
+    /// kernel's BPF statistics are available.
+    pub bpf_run_ns: Option<u64>,
+    pub bpf_run_count: Option<u64>,
+    /// Whole-run attribution summed over threads.
+    pub attribution_totals: Option<ThreadAttribution>,
+    /// Per-token summary (when tokens were marked or windows used).
+    pub attribution: Option<attribution::Summary>,
+    /// Every token record, in order (the newest ones when `tokens_not_kept` > 0).
+    pub tokens: Vec<TokenRecord>,
+    /// Older token records left out of `tokens` and the per-token summary.
+    pub tokens_not_kept: u64,
+}
+
+impl Summary {
+    /// The summary of a run from what [`Collector`] kept of its stream (module rule).
+    fn from_stream(c: &Collector) -> Self {
+        let header = c.header.clone().unwrap_or_default();
+        let end = c.end.clone().unwrap_or_default();
+        let mut s = Summary {
+            observer_version: env!("CARGO_PKG_VERSION"),
+            mode: header.mode,
+            kernel: header.kernel,
+            target: TargetInfo { pid: header.target_pid, command: header.target_command, exit_code: end.exit_code },
+            duration_ns: end.mono_ns.saturating_sub(header.started_mono_ns),
+            probes: header.probes,
+            totals: None,
+            majflt_hist: None,
+            minflt_hist: None,
+            threads: Vec::new(),
+            lost_events: end.lost_events,
+            latency: Default::default(),
+            devices: Vec::new(),
+            bpf_run_ns: c.health.as_ref().and_then(|h| h.bpf_run_ns),
+            bpf_run_count: c.health.as_ref().and_then(|h| h.bpf_run_count),
+            attribution_totals: None,
+            attribution: None,
+            tokens: c.tokens.clone(),
+            tokens_not_kept: c.tokens_not_kept,
+        };
+        if let Some(t) = &c.totals {
+            s.add_totals(t);
+        }
+        if let Some(h) = &c.latency {
+            for (name, counts) in &h.kinds {
+                let mut hist = Histogram::from_counts(counts);
+                hist.sum_ns = h.sum_ns.get(name).copied();
+                s.latency.insert(name.clone(), hist);
+            }
+        }
+        if !s.tokens.is_empty() {
+            s.attribution = Some(attribution::summarise(&s.tokens));
+        }
+        s
+    }
+
+    /// The fault table, the per-thread attribution and the block reads.
+    fn add_totals(&mut self, run: &RunTotals) {
+        let mut totals = FaultCounts::default();
+        let mut maj = Histogram::default();
+        let mut min = Histogram::default();
+        let mut all: Option<ThreadAttribution> = None;
+        for t in &run.threads {
+            let mut counts = FaultCounts::default();
+            if let Some(f) = &t.faults {
+                totals.add(f);
+                maj.add(&f.majflt_hist);
+                min.add(&f.minflt_hist);
+                counts.add(f);
+            }
+            let attribution = t.time.as_ref().map(ThreadAttribution::from_time);
+            if let Some(a) = &attribution {
+                match &mut all {
+                    None => all = Some(a.clone()),
+                    Some(sum) => sum.add(a),
+                }
+            }
+            let hist = |h: Option<&Vec<u64>>| Histogram::from_counts(h.map_or(&[][..], |v| v));
+            self.threads.push(ThreadRow {
+                tid: t.tid,
+                comm: t.comm.clone(),
+                counts,
+                majflt_hist: hist(t.faults.as_ref().map(|f| &f.majflt_hist)),
+                minflt_hist: hist(t.faults.as_ref().map(|f| &f.minflt_hist)),
+                attribution,
+            });
+        }
+        self.threads.sort_by_key(|r| r.tid);
+        if maj.buckets.is_empty() {
+            maj.add(&[]);
+            min.add(&[]);
+        }
+        self.totals = Some(totals);
+        self.majflt_hist = Some(maj);
+        self.minflt_hist = Some(min);
+        self.attribution_totals = all;
+        self.devices = run.devices.iter().map(DeviceRow::new).collect();
+    }
+
+    /// The human table.
+    pub fn print(&self, out: &mut impl Write) -> std::io::Result<()> {
+        let secs = self.duration_ns as f64 / 1e9;
+        let cmd = self.target.command.first().map(String::as_str).unwrap_or("?");
+        if let Some(totals) = &self.totals {
+            writeln!(
+                out,
+                "observer: pid {} ({}) observed for {:.3} s, {} thread(s) faulted",
+                self.target.pid,
+                cmd,
+                secs,
+                self.threads.iter().filter(|t| t.counts.majflt + t.counts.minflt > 0).count()
+            )?;
+            writeln!(
+                out,
+                "{:>8}  {:<16} {:>10} {:>10} {:>11} {:>11} {:>11}",
+                "tid", "comm", "majflt", "minflt", "fault ms", "maj avg µs", "min avg µs"
+            )?;
+            let line = |out: &mut dyn Write, tid: &str, comm: &str, c: &FaultCounts| {
+                writeln!(
+                    out,
+                    "{:>8}  {:<16} {:>10} {:>10} {:>11.2} {:>11} {:>11}",
+                    tid,
+                    comm,
+                    c.majflt,
+                    c.minflt,
+                    c.fault_ns as f64 / 1e6,
+                    avg_us(c.majflt_ns, c.majflt),
+                    avg_us(c.minflt_ns, c.minflt),
+                )
+            };
+            for t in self.threads.iter().filter(|t| t.counts.majflt + t.counts.minflt > 0) {
+                line(out, &t.tid.to_string(), &t.comm, &t.counts)?;
+            }
+            line(out, "total", "", totals)?;
+            for (name, h) in [("major", &self.majflt_hist), ("minor", &self.minflt_hist)] {
+                let Some(h) = h else { continue };
+                if h.count == 0 {
+                    continue;
+                }
+                writeln!(out, "{name}-fault latency ({} faults):", h.count)?;
+                print_hist(out, h)?;
+            }
+            if totals.unmatched_entries + totals.unmatched_exits > 0 {
+                writeln!(
+                    out,
+                    "unmatched: {} fault entries without exit (failed faults), {} exits without entry",
+                    totals.unmatched_entries, totals.unmatched_exits
+                )?;
+            }
+        } else {
+            writeln!(
+                out,
+                "observer: pid {} ({}) observed for {:.3} s in {} mode (faults not probed)",
+                self.target.pid, cmd, secs, self.mode
+            )?;
+        }
+        let with_attr: Vec<&ThreadRow> = self.threads.iter().filter(|t| t.attribution.is_some()).collect();
+        if !with_attr.is_empty() {
+            writeln!(out, "where the time went (ms, whole run, per thread; - not measured):")?;
+            let mut h = format!("{:>8}  {:<16} {:>9}", "tid", "comm", "wall");
+            for c in Component::measured() {
+                h.push_str(&format!(" {:>9}", c.short()));
+            }
+            writeln!(out, "{h}")?;
+            let row = |out: &mut dyn Write, tid: &str, comm: &str, a: &ThreadAttribution| {
+                let mut l = format!("{:>8}  {:<16} {:>9.1}", tid, comm, a.wall_ns as f64 / 1e6);
+                for c in Component::measured() {
+                    match a.components.get(c) {
+                        Some(v) => l.push_str(&format!(" {:>9.1}", v as f64 / 1e6)),
+                        None => l.push_str(&format!(" {:>9}", "-")),
+                    }
+                }
+                writeln!(out, "{l}")
+            };
+            for t in &with_attr {
+                if let Some(a) = &t.attribution {
+                    row(out, &t.tid.to_string(), &t.comm, a)?;
+                }
+            }
+            if let Some(a) = &self.attribution_totals {
+                row(out, "total", "", a)?;
+                writeln!(
+                    out,
+                    "major faults: {} file, {} swap; swap-ins: {} pages; read: {:.1} MB in {} bios",
+                    a.counter(Counter::MajfltFile),
+                    a.counter(Counter::MajfltSwap),
+                    a.counter(Counter::Swapins),
+                    a.counter(Counter::ReadBytes) as f64 / 1e6,
+                    a.read_ios
+                )?;
+            }
+        }
+        for d in &self.devices {
+            writeln!(
+                out,
+                "block reads on {} ({}): {:.1} MB in {} requests, mean latency {}",
+                d.name.as_deref().unwrap_or("?"),
+                d.dev,
+                d.read_bytes as f64 / 1e6,
+                d.read_ios,
+                d.read_ns.checked_div(d.completed).map_or_else(|| "-".into(), fmt_ns)
+            )?;
+        }
+        if let Some(a) = &self.attribution {
+            a.print(out)?;
+            if self.tokens_not_kept > 0 {
+                writeln!(
+                    out,
+                    "(the summary covers the newest {} tokens; {} older ones were not kept)",
+                    self.tokens.len(),
+                    self.tokens_not_kept
+                )?;
+            }
+        }
+        if let (Some(ns), Some(n)) = (self.bpf_run_ns, self.bpf_run_count) {
+            writeln!(
+                out,
+                "observer cost: {:.1} ms of eBPF program time in {n} runs ({:.0} ns per run)",
+                ns as f64 / 1e6,
+                if n > 0 { ns as f64 / n as f64 } else { 0.0 }
+            )?;
+        }
+        if self.lost_events > 0 {
+            writeln!(out, "\x1b[31mlost events: {}\x1b[0m", self.lost_events)?;
+        } else {
+            writeln!(out, "lost events: 0")?;
+        }
+        Ok(())
+    }
+}
+
+/// What the summary needs from a model stream, kept as the events pass
+/// (the last `histograms`, `health` and `totals`, the header and the end, and
+/// the newest `keep` token records; older ones are counted).
+#[derive(Debug, Clone)]
+pub struct Collector {
+    header: Option<RunHeader>,
+    latency: Option<LatencyHistograms>,
+    health: Option<ObserverHealth>,
+    totals: Option<RunTotals>,
+    end: Option<RunEnd>,
+    tokens: Vec<TokenRecord>,
+    keep: usize,
+    tokens_not_kept: u64,
+}
+
+impl Collector {
+    /// Keep at most `keep` token records (a standing `observer serve` must not
+    /// grow without bound): when full, the older half is dropped and counted.
+    pub fn new(keep: usize) -> Self {
+        Collector {
+            header: None,
+            latency: None,
+            health: None,
+            totals: None,
+            end: None,
+            tokens: Vec::new(),
+            keep: keep.max(1),
+            tokens_not_kept: 0,
+        }
+    }
+
+    pub fn push(&mut self, ev: &Event) {
+        match ev {
+            Event::Header(h) => self.header = Some(h.clone()),
+            Event::Token(t) => {
+                if self.tokens.len() >= self.keep {
+                    let n = self.tokens.len().div_ceil(2);
+                    self.tokens.drain(..n);
+                    self.tokens_not_kept += n as u64;
+                }
+                self.tokens.push(t.clone());
+            }
+            Event::Process(_) => {}
+            Event::Histograms(h) => self.latency = Some(h.clone()),
+            Event::Health(h) => self.health = Some(h.clone()),
+            Event::Totals(t) => self.totals = Some(t.clone()),
+            Event::End(e) => self.end = Some(e.clone()),
+        }
+    }
+
+    /// The summary of what was pushed (module rule).
+    pub fn summary(&self) -> Summary {
+        Summary::from_stream(self)
+    }
+}
+
+/// The summary of a whole stream (e.g. a trace's events), every token kept.
+pub fn summarise<'a>(events: impl IntoIterator<Item = &'a Event>) -> Summary {
+    let mut c = Collector::new(usize::MAX);
+    for ev in events {
+        c.push(ev);
+    }
+    c.summary()
+}
+
+fn avg_us(ns: u64, n: u64) -> String {
+    if n == 0 { "-".into() } else { format!("{:.2}", ns as f64 / n as f64 / 1e3) }
+}
+
+/// Three significant digits with a unit: 65536 ns -> "65.5 µs".
+pub fn fmt_ns(ns: u64) -> String {
+    let (v, unit) = if ns >= 1_000_000_000 {
+        (ns as f64 / 1e9, "s")
+    } else if ns >= 1_000_000 {
+        (ns as f64 / 1e6, "ms")
+    } else if ns >= 1_000 {
+        (ns as f64 / 1e3, "µs")
+    } else {
+        return format!("{ns} ns");
+    };
+    if v >= 100.0 {
+        format!("{v:.0} {unit}")
+    } else if v >= 10.0 {
+        format!("{v:.1} {unit}")
+    } else {
+        format!("{v:.2} {unit}")
+    }
+}
+
+fn print_hist(out: &mut impl Write, h: &Histogram) -> std::io::Result<()> {
+    let first = h.buckets.iter().position(|b| b.count > 0).unwrap_or(0);
+    let last = h.buckets.iter().rposition(|b| b.count > 0).unwrap_or(0);
+    let max = h.buckets.iter().map(|b| b.count).max().unwrap_or(1).max(1);
+    for b in &h.buckets[first..=last] {
+        let label = match b.le_ns {
+            Some(le) => format!("≤ {}", fmt_ns(le)),
+            None => "> 275 s".into(),
+        };
+        let width = (b.count * 40).div_ceil(max) as usize;
+        writeln!(out, "  {:>10} |{:<40}| {}", label, "#".repeat(width), b.count)?;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use observer_common::model::{Counters, StepKind, ThreadTotals};
+
+    use super::*;
+
+    fn tok(seq: u64) -> Event {
+        Event::Token(TokenRecord {
+            seq,
+            index: Some(seq),
+            kind: StepKind::Generate,
+            n_tokens: 1,
+            start_ns: seq * 10,
+            wall_ns: 10,
+            components: Components::default(),
+            residual_ns: 0,
+            counters: Counters::default(),
+            engine_compute_ns: None,
+            threads: Vec::new(),
+            engine: None,
+            residency: None,
+            lost_events: 0,
+        })
+    }
+
+    #[test]
+    fn kept_tokens_are_bounded_and_the_rest_counted() {
+        let mut c = Collector::new(10);
+        for i in 0..25 {
+            c.push(&tok(i));
+        }
+        let s = c.summary();
+        assert!(s.tokens.len() <= 10);
+        assert_eq!(s.tokens.len() as u64 + s.tokens_not_kept, 25);
+        assert_eq!(s.tokens.last().unwrap().seq, 24, "the newest are kept");
+        let all = summarise(&(0..25).map(tok).collect::<Vec<_>>());
+        assert_eq!((all.tokens.len(), all.tokens_not_kept), (25, 0));
+    }
+
+    #[test]
+    fn the_summary_is_a_function_of_the_stream() {
+        let header = RunHeader {
+            mode: "ebpf".into(),
+            target_pid: 7,
+            target_command: vec!["engine".into()],
+            started_mono_ns: 1_000,
+            ..Default::default()
+        };
+        let mut f =
+            FaultTotals { majflt: 2, majflt_ns: 4_000, majflt_hist: vec![0; HIST_BUCKETS], ..Default::default() };
+        f.majflt_hist[12] = 2;
+        let totals = RunTotals {
+            mono_ns: 5_000,
+            threads: vec![
+                ThreadTotals { tid: 9, comm: "worker".into(), faults: None, time: Some(ThreadTime::default()) },
+                ThreadTotals { tid: 7, comm: "engine".into(), faults: Some(f), time: None },
+            ],
+            devices: Vec::new(),
+        };
+        let end = RunEnd { mono_ns: 3_001_000, exit_code: Some(0), lost_events: 3 };
+        let s = summarise(&[Event::Header(header.clone()), Event::Totals(totals), Event::End(end.clone())]);
+        assert_eq!((s.target.pid, s.target.exit_code, s.lost_events), (7, Some(0), 3));
+        assert_eq!(s.duration_ns, 3_000_000, "end − header start");
+        assert_eq!(s.threads.iter().map(|t| t.tid).collect::<Vec<_>>(), [7, 9], "by tid");
+        assert_eq!(s.totals.as_ref().map(|t| (t.majflt, t.fault_ns)), Some((2, 4_000)));
+        assert_eq!(s.majflt_hist.as_ref().map(|h| h.count), Some(2));
+        assert!(s.threads[1].attribution.is_some() && s.threads[0].attribution.is_none());
+        // Without totals (the procfs fallback): faults not probed.
+        let header = RunHeader { mode: "procfs".into(), ..header };
+        let s = summarise(&[Event::Header(header), Event::End(end)]);
+        assert!(s.totals.is_none() && s.majflt_hist.is_none() && s.threads.is_empty());
+        let mut out = Vec::new();
+        s.print(&mut out).unwrap();
+        assert!(String::from_utf8(out).unwrap().contains("in procfs mode (faults not probed)"));
+    }
+}

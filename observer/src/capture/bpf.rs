@@ -1,0 +1,606 @@
+//! Loading the embedded eBPF object, configuring it for one target and
+//! attaching its programs.
+//!
+//! The object is built from `observer-ebpf` by `build.rs` in the same build.
+//! Everything attached here is owned by [`Probes`]: dropping it detaches every
+//! link and unloads every program and map (nothing is pinned).
+
+use std::{io, num::NonZeroU32, path::PathBuf};
+
+use aya::{
+    Ebpf, EbpfError, Pod,
+    maps::{Array, HashMap, Map, MapData, MapError, PerCpuArray, RingBuf},
+    programs::{
+        PerfEvent, Program, ProgramError, TracePoint, UProbe,
+        perf_event::{PerfEventConfig, PerfEventScope, SamplePolicy, SoftwareEvent},
+        uprobe::UProbeScope,
+    },
+    util::online_cpus,
+};
+use observer_common::{
+    Config, GlobalCounter, ThreadFaults,
+    attrib::{DEV_SWAP, DevIo, Hist, MAX_SLOTS, N_HIST, ThreadState, TpOffsets},
+    faults::GLOBAL_COUNTERS,
+};
+
+use crate::capture::{engine_abi, preflight, seed, syscalls, tracefs::Format};
+
+static OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/observer-ebpf.o"));
+
+/// Why the probes could not be set up; each variant's message names the fix.
+#[derive(Debug, thiserror::Error)]
+pub enum ProbeError {
+    #[error(
+        "the kernel refused to load eBPF programs ({0}): run as root, or grant CAP_BPF and CAP_PERFMON (e.g. `sudo setcap cap_bpf,cap_perfmon+ep $(which observer)`)"
+    )]
+    Permission(String),
+    #[error("this kernel has no perf software event `{event}` ({source}); it needs CONFIG_PERF_EVENTS (Linux >= 4.9)")]
+    MissingPerfEvent { event: &'static str, source: io::Error },
+    #[error("{0}")]
+    MissingTracepoint(String),
+    #[error("{0}")]
+    Markers(String),
+    #[error("cannot list online CPUs ({path}): {source}")]
+    Cpus { path: &'static str, source: io::Error },
+    #[error("eBPF program `{program}`: {source}")]
+    Program { program: &'static str, source: Box<ProgramError> },
+    #[error("uprobe on `{symbol}` in {path}: {source}")]
+    Uprobe { symbol: String, path: String, source: Box<ProgramError> },
+    #[error("eBPF map `{map}`: {source}")]
+    Map { map: &'static str, source: Box<MapError> },
+    #[error("loading the eBPF object failed: {0}")]
+    Load(Box<EbpfError>),
+}
+
+fn is_permission(e: &io::Error) -> bool {
+    matches!(e.raw_os_error(), Some(libc::EPERM) | Some(libc::EACCES))
+}
+
+fn classify_load(e: EbpfError) -> ProbeError {
+    let perm = match &e {
+        EbpfError::MapError(MapError::CreateError { io_error, .. }) => is_permission(io_error),
+        _ => false,
+    };
+    if perm { ProbeError::Permission(e.to_string()) } else { ProbeError::Load(Box::new(e)) }
+}
+
+fn program_error(program: &'static str, source: ProgramError) -> ProbeError {
+    let perm = match &source {
+        ProgramError::SyscallError(s) => is_permission(&s.io_error),
+        ProgramError::LoadError { io_error, .. } => is_permission(io_error),
+        _ => false,
+    };
+    if perm {
+        ProbeError::Permission(format!("{program}: {source}"))
+    } else {
+        ProbeError::Program { program, source: Box::new(source) }
+    }
+}
+
+fn map_err(map: &'static str) -> impl Fn(MapError) -> ProbeError {
+    move |source| ProbeError::Map { map, source: Box::new(source) }
+}
+
+fn no_map(map: &'static str) -> ProbeError {
+    ProbeError::Map { map, source: Box::new(MapError::InvalidName { name: map.into() }) }
+}
+
+/// How token boundaries are found.
+#[derive(Debug, Clone)]
+pub enum Markers {
+    /// The engine's marker symbols in the target executable, when present.
+    Auto { exe: PathBuf },
+    /// uprobe/uretprobe on a function (`--token-symbol SYM[:LIB]`).
+    Symbol { symbol: String, path: PathBuf },
+    /// No markers.
+    None,
+}
+
+#[derive(Debug, Clone)]
+pub struct AttachOptions {
+    pub target: u32,
+    pub markers: Markers,
+}
+
+/// What marked the tokens, once attached.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum MarkerKind {
+    Engine { exe: String },
+    Symbol { symbol: String, path: String },
+}
+
+/// The loaded and attached programs with their maps.
+pub struct Probes {
+    ebpf: Ebpf,
+    /// Keeps the kernel's BPF run-time statistics on while held.
+    stats: Option<std::os::fd::OwnedFd>,
+    /// What is attached, for headers and JSON.
+    pub attached: Vec<String>,
+    /// Optional probes that could not be attached, with the reason.
+    pub missing: Vec<String>,
+    pub markers: Option<MarkerKind>,
+}
+
+impl Drop for Probes {
+    fn drop(&mut self) {
+        detach_tracepoints(&mut self.ebpf);
+    }
+}
+
+/// Detach every tracepoint program of `ebpf`, all at once.
+///
+/// Unregistering a perf tracepoint waits for RCU grace periods in the kernel
+/// (`tracepoint_synchronize_unregister`: about 75 ms each on 6.18), so the
+/// sequential detach of `Ebpf`'s own drop keeps the observer alive a second
+/// after its target. Programs detach on their own threads here, and the
+/// waits overlap. What is left (perf events, uprobes, maps) goes with the
+/// `Ebpf` as before.
+pub fn detach_tracepoints(ebpf: &mut Ebpf) {
+    std::thread::scope(|s| {
+        for (_, prog) in ebpf.programs_mut() {
+            if let Program::TracePoint(tp) = prog {
+                // A failed detach leaves the link to `Ebpf`'s drop, which retries.
+                s.spawn(move || tp.unload());
+            }
+        }
+    });
+}
+
+impl std::fmt::Debug for Probes {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Probes").field("attached", &self.attached).finish_non_exhaustive()
+    }
+}
+
+/// A perf-software-event program: its name in the object and the event it rides.
+struct PerfProbe {
+    program: &'static str,
+    event: SoftwareEvent,
+    event_name: &'static str,
+}
+
+const FAULT_PROBES: [PerfProbe; 3] = [
+    PerfProbe { program: "fault_entry", event: SoftwareEvent::PageFaults, event_name: "page-faults" },
+    PerfProbe { program: "fault_exit_maj", event: SoftwareEvent::PageFaultsMaj, event_name: "major-faults" },
+    PerfProbe { program: "fault_exit_min", event: SoftwareEvent::PageFaultsMin, event_name: "minor-faults" },
+];
+
+/// Tracepoints: (program, category, name, required).
+const TRACEPOINTS: &[(&str, &str, &str, bool)] = &[
+    ("sched_switch", "sched", "sched_switch", true),
+    ("sched_wakeup", "sched", "sched_waking", true),
+    ("sched_exit", "sched", "sched_process_exit", true),
+    ("sys_enter", "raw_syscalls", "sys_enter", true),
+    ("sys_exit", "raw_syscalls", "sys_exit", true),
+    ("reclaim_begin", "vmscan", "mm_vmscan_direct_reclaim_begin", false),
+    ("reclaim_end", "vmscan", "mm_vmscan_direct_reclaim_end", false),
+    ("reclaim_begin", "vmscan", "mm_vmscan_memcg_reclaim_begin", false),
+    ("reclaim_end", "vmscan", "mm_vmscan_memcg_reclaim_end", false),
+    ("bio_queue", "block", "block_bio_queue", false),
+    ("bio_complete", "block", "block_bio_complete", false),
+    ("rq_complete", "block", "block_rq_complete", false),
+    ("filemap_fault", "filemap", "mm_filemap_fault", false),
+    ("sched_exec", "sched", "sched_process_exec", false),
+];
+
+/// Field offsets the programs need, from tracefs.
+fn tp_offsets() -> Result<TpOffsets, ProbeError> {
+    let miss = |e: anyhow::Error| ProbeError::MissingTracepoint(format!("{e:#}"));
+    let sw = Format::load("sched", "sched_switch").map_err(miss)?;
+    let wk = Format::load("sched", "sched_waking").map_err(miss)?;
+    let ex = Format::load("sched", "sched_process_exit").map_err(miss)?;
+    let se = Format::load("raw_syscalls", "sys_enter").map_err(miss)?;
+    let mut o = TpOffsets {
+        switch_prev_pid: sw.offset("prev_pid").map_err(miss)?,
+        switch_prev_state: sw.offset("prev_state").map_err(miss)?,
+        switch_next_pid: sw.offset("next_pid").map_err(miss)?,
+        switch_prev_state_size: sw.field("prev_state").map_err(miss)?.size,
+        wakeup_pid: wk.offset("pid").map_err(miss)?,
+        exit_pid: ex.offset("pid").map_err(miss)?,
+        sys_id: se.offset("id").map_err(miss)?,
+        ..TpOffsets::default()
+    };
+    // Block tracepoints are optional; their offsets are only used when attached.
+    if let Ok(q) = Format::load("block", "block_bio_queue") {
+        o.bio_dev = q.offset("dev").unwrap_or(0);
+        o.bio_sector = q.offset("sector").unwrap_or(0);
+        o.bio_nr_sector = q.offset("nr_sector").unwrap_or(0);
+        o.bio_rwbs = q.offset("rwbs").unwrap_or(0);
+    }
+    if let Ok(c) = Format::load("block", "block_bio_complete") {
+        o.biod_dev = c.offset("dev").unwrap_or(0);
+        o.biod_sector = c.offset("sector").unwrap_or(0);
+        o.biod_nr_sector = c.offset("nr_sector").unwrap_or(0);
+    }
+    if let Ok(c) = Format::load("block", "block_rq_complete") {
+        o.rqd_dev = c.offset("dev").unwrap_or(0);
+        o.rqd_sector = c.offset("sector").unwrap_or(0);
+    }
+    Ok(o)
+}
+
+/// Block major of zram devices, from /proc/devices (never hard-coded).
+pub fn zram_major() -> u32 {
+    std::fs::read_to_string("/proc/devices")
+        .ok()
+        .and_then(|s| {
+            s.lines().find_map(|l| {
+                let mut it = l.split_whitespace();
+                let n = it.next()?.parse::<u32>().ok()?;
+                (it.next()? == "zram").then_some(n)
+            })
+        })
+        .unwrap_or(0)
+}
+
+/// Swap devices (not files) from /proc/swaps, in the kernel's dev_t encoding.
+fn swap_devices() -> Vec<u32> {
+    use std::os::unix::fs::{FileTypeExt, MetadataExt};
+    let Ok(s) = std::fs::read_to_string("/proc/swaps") else { return Vec::new() };
+    s.lines()
+        .skip(1)
+        .filter_map(|l| {
+            let path = l.split_whitespace().next()?;
+            let m = std::fs::metadata(path).ok()?;
+            if !m.file_type().is_block_device() {
+                return None;
+            }
+            let rdev = m.rdev();
+            let (major, minor) = (libc::major(rdev), libc::minor(rdev));
+            Some((major << 20) | minor)
+        })
+        .collect()
+}
+
+fn set<V: Pod>(ebpf: &mut Ebpf, name: &'static str, index: u32, v: V) -> Result<(), ProbeError> {
+    let map = ebpf.map_mut(name).ok_or_else(|| no_map(name))?;
+    let mut a: Array<_, V> = Array::try_from(map).map_err(map_err(name))?;
+    a.set(index, v, 0).map_err(map_err(name))
+}
+
+impl Probes {
+    /// Load the object, point it at the target, seed the target's existing
+    /// threads and attach every probe.
+    pub fn attach(opts: &AttachOptions) -> Result<Self, ProbeError> {
+        preflight::ensure_tracefs().map_err(|e| ProbeError::MissingTracepoint(format!("{e:#}")))?;
+        let offsets = tp_offsets()?;
+        let mut ebpf = Ebpf::load(OBJECT).map_err(classify_load)?;
+        let target = opts.target;
+        set(
+            &mut ebpf,
+            "CONFIG",
+            0,
+            Config { target_tgid: target, zram_major: zram_major(), stop_on_exec: 0, _pad: 0 },
+        )?;
+        set(&mut ebpf, "OFFSETS", 0, offsets)?;
+        for (i, w) in syscalls::io_bitmap().into_iter().enumerate() {
+            set(&mut ebpf, "IO_SYSCALLS", i as u32, w)?;
+        }
+        {
+            let map = ebpf.map_mut("DEVICES").ok_or_else(|| no_map("DEVICES"))?;
+            let mut h: HashMap<_, u32, u32> = HashMap::try_from(map).map_err(map_err("DEVICES"))?;
+            for dev in swap_devices() {
+                h.insert(dev, DEV_SWAP, 0).map_err(map_err("DEVICES"))?;
+            }
+        }
+        seed_threads(&mut ebpf, target)?;
+
+        let cpus = online_cpus().map_err(|(path, source)| ProbeError::Cpus { path, source })?;
+        let mut attached = Vec::new();
+        let mut missing = Vec::new();
+        for probe in &FAULT_PROBES {
+            let prog: &mut PerfEvent = ebpf
+                .program_mut(probe.program)
+                .ok_or_else(|| program_error(probe.program, ProgramError::UnexpectedProgramType))?
+                .try_into()
+                .map_err(|e| program_error(probe.program, e))?;
+            prog.load().map_err(|e| program_error(probe.program, e))?;
+            for &cpu in &cpus {
+                prog.attach(
+                    PerfEventConfig::Software(probe.event),
+                    PerfEventScope::AllProcessesOneCpu { cpu },
+                    SamplePolicy::Period(1),
+                    false,
+                )
+                .map_err(|e| match e {
+                    ProgramError::SyscallError(s) if is_permission(&s.io_error) => {
+                        ProbeError::Permission(format!("perf_event_open({}): {}", probe.event_name, s.io_error))
+                    }
+                    ProgramError::SyscallError(s) => {
+                        ProbeError::MissingPerfEvent { event: probe.event_name, source: s.io_error }
+                    }
+                    other => program_error(probe.program, other),
+                })?;
+            }
+            attached.push(format!("perf:{}", probe.event_name));
+        }
+        for &(program, category, name, required) in TRACEPOINTS {
+            if !preflight::tracepoint_exists(category, name) {
+                if required {
+                    return Err(ProbeError::MissingTracepoint(format!(
+                        "this kernel has no tracepoint {category}:{name} (needs CONFIG_TRACEPOINTS and the {category} events)"
+                    )));
+                }
+                missing.push(format!("{category}:{name} (not on this kernel)"));
+                continue;
+            }
+            let prog: &mut TracePoint = ebpf
+                .program_mut(program)
+                .ok_or_else(|| program_error(program, ProgramError::UnexpectedProgramType))?
+                .try_into()
+                .map_err(|e| program_error(program, e))?;
+            // The same program may serve several tracepoints: load it once.
+            if prog.fd().is_err() {
+                prog.load().map_err(|e| program_error(program, e))?;
+            }
+            match prog.attach(category, name) {
+                Ok(_) => attached.push(format!("tp:{category}:{name}")),
+                Err(e) if required => return Err(program_error(program, e)),
+                Err(e) => missing.push(format!("{category}:{name} ({e})")),
+            }
+        }
+        let markers = attach_markers(&mut ebpf, opts, &mut attached)?;
+        // Program run time for the observer's own cost (Linux >= 5.8); absent
+        // stats are reported as not measured.
+        let stats = aya::sys::enable_stats(aya::sys::Stats::RunTime).ok();
+        Ok(Self { ebpf, stats, attached, missing, markers })
+    }
+
+    /// The loaded object, for modules that attach their own programs or
+    /// read their own maps (e.g. page-cache churn).
+    pub fn ebpf_mut(&mut self) -> &mut Ebpf {
+        &mut self.ebpf
+    }
+
+    pub fn ebpf(&self) -> &Ebpf {
+        &self.ebpf
+    }
+
+    /// Every entry of a `u32`-keyed hash map, sorted by key.
+    fn entries<V: Pod>(&self, name: &'static str) -> Result<Vec<(u32, V)>, ProbeError> {
+        let map = self.ebpf.map(name).ok_or_else(|| no_map(name))?;
+        let h: HashMap<_, u32, V> = HashMap::try_from(map).map_err(map_err(name))?;
+        let mut rows = h.iter().collect::<Result<Vec<_>, _>>().map_err(map_err(name))?;
+        rows.sort_by_key(|(k, _)| *k);
+        Ok(rows)
+    }
+
+    /// Per-thread fault accumulators, sorted by TID.
+    pub fn thread_faults(&self) -> Result<Vec<(u32, ThreadFaults)>, ProbeError> {
+        self.entries("THREAD_FAULTS")
+    }
+
+    /// A global counter summed over CPUs.
+    pub fn counter(&self, c: GlobalCounter) -> Result<u64, ProbeError> {
+        let map = self.ebpf.map("COUNTERS").ok_or_else(|| no_map("COUNTERS"))?;
+        let a: PerCpuArray<_, u64> = PerCpuArray::try_from(map).map_err(map_err("COUNTERS"))?;
+        debug_assert!((c as u32) < GLOBAL_COUNTERS);
+        let v = a.get(&(c as u32), 0).map_err(map_err("COUNTERS"))?;
+        Ok(v.iter().sum())
+    }
+
+    /// Latency histograms (`attrib::H_*`), summed over CPUs.
+    pub fn hists(&self) -> Result<Vec<Hist>, ProbeError> {
+        let map = self.ebpf.map("HISTS").ok_or_else(|| no_map("HISTS"))?;
+        let a: PerCpuArray<_, Hist> = PerCpuArray::try_from(map).map_err(map_err("HISTS"))?;
+        let mut out = Vec::new();
+        for i in 0..N_HIST {
+            let per_cpu = a.get(&i, 0).map_err(map_err("HISTS"))?;
+            let mut h = Hist::zeroed();
+            for v in per_cpu.iter() {
+                for (d, s) in h.b.iter_mut().zip(v.b.iter()) {
+                    *d += s;
+                }
+                h.sum = h.sum.wrapping_add(v.sum);
+            }
+            out.push(h);
+        }
+        Ok(out)
+    }
+
+    /// Every tracked thread's state now, closed at `now` (user-space twin of a
+    /// mark, for `--window` and end-of-run totals). Torn copies are retried.
+    pub fn snapshot(&self, now: u64) -> Result<Vec<ThreadState>, ProbeError> {
+        let seqs = self.ebpf.map("SEQS").ok_or_else(|| no_map("SEQS"))?;
+        let seqs: Array<_, u64> = Array::try_from(seqs).map_err(map_err("SEQS"))?;
+        let used = seqs.get(&0, 0).map_err(map_err("SEQS"))?.min(MAX_SLOTS as u64) as u32;
+        let map = self.ebpf.map("THREADS").ok_or_else(|| no_map("THREADS"))?;
+        let a: Array<_, ThreadState> = Array::try_from(map).map_err(map_err("THREADS"))?;
+        let mut out = Vec::with_capacity(used as usize);
+        for i in 0..used {
+            let mut s = a.get(&i, 0).map_err(map_err("THREADS"))?;
+            for _ in 0..3 {
+                if s.seq & 1 == 0 {
+                    break;
+                }
+                s = a.get(&i, 0).map_err(map_err("THREADS"))?;
+            }
+            s.account(now);
+            out.push(s);
+        }
+        Ok(out)
+    }
+
+    /// Run time and run count summed over the observer's programs, when the
+    /// kernel's BPF statistics are on.
+    pub fn bpf_stats(&self) -> Option<(u64, u64)> {
+        self.stats.as_ref()?;
+        let (mut ns, mut n) = (0u64, 0u64);
+        for (_, p) in self.ebpf.programs() {
+            if let Ok(info) = p.info() {
+                ns += info.run_time().as_nanos() as u64;
+                n += info.run_count();
+            }
+        }
+        Some((ns, n))
+    }
+
+    /// The latency histograms as a model event.
+    pub fn histograms_event(&self, mono_ns: u64) -> Result<observer_common::model::LatencyHistograms, ProbeError> {
+        Ok(observer_common::model::LatencyHistograms::from_kernel(mono_ns, &self.hists()?))
+    }
+
+    /// Per-device totals of the target's block reads: (kernel dev_t, totals).
+    pub fn devices(&self) -> Result<Vec<(u32, DevIo)>, ProbeError> {
+        self.entries("DEV_IO")
+    }
+
+    /// Stop a spawned target at its next `exec` (see `Config::stop_on_exec`).
+    pub fn set_stop_on_exec(&mut self, target: u32, on: bool) -> Result<(), ProbeError> {
+        let cfg = Config { target_tgid: target, zram_major: zram_major(), stop_on_exec: on as u32, _pad: 0 };
+        set(&mut self.ebpf, "CONFIG", 0, cfg)
+    }
+
+    /// The target `exec`'d `exe`: attach the engine markers there when it has
+    /// them and no markers are attached yet. Returns what is attached now.
+    pub fn attach_after_exec(&mut self, exe: &std::path::Path, pid: u32) -> Result<Option<MarkerKind>, ProbeError> {
+        if self.markers.is_some() {
+            return Ok(None);
+        }
+        let opts = AttachOptions { target: pid, markers: Markers::Auto { exe: exe.to_path_buf() } };
+        let m = attach_markers(&mut self.ebpf, &opts, &mut self.attached)?;
+        self.markers = m.clone();
+        Ok(m)
+    }
+
+    /// The ring buffer of token-boundary records (can be taken once).
+    pub fn take_events(&mut self) -> Result<RingBuf<MapData>, ProbeError> {
+        let map: Map = self.ebpf.take_map("EVENTS").ok_or_else(|| no_map("EVENTS"))?;
+        RingBuf::try_from(map).map_err(map_err("EVENTS"))
+    }
+}
+
+/// Seed the target's existing threads into slots 0..n.
+fn seed_threads(ebpf: &mut Ebpf, pid: u32) -> Result<(), ProbeError> {
+    let now = seed::mono_ns();
+    let states: Vec<ThreadState> =
+        seed::tids(pid).into_iter().filter_map(|tid| seed::seed(pid, tid, now)).take(MAX_SLOTS as usize).collect();
+    {
+        let map = ebpf.map_mut("THREADS").ok_or_else(|| no_map("THREADS"))?;
+        let mut a: Array<_, ThreadState> = Array::try_from(map).map_err(map_err("THREADS"))?;
+        for (i, s) in states.iter().enumerate() {
+            a.set(i as u32, *s, 0).map_err(map_err("THREADS"))?;
+        }
+    }
+    {
+        let map = ebpf.map_mut("SLOTS").ok_or_else(|| no_map("SLOTS"))?;
+        let mut h: HashMap<_, u32, u32> = HashMap::try_from(map).map_err(map_err("SLOTS"))?;
+        for (i, s) in states.iter().enumerate() {
+            h.insert(s.tid, i as u32, 0).map_err(map_err("SLOTS"))?;
+        }
+    }
+    set(ebpf, "SEQS", 0, states.len() as u64)
+}
+
+fn uprobe(
+    ebpf: &mut Ebpf,
+    program: &'static str,
+    symbol: &str,
+    path: &std::path::Path,
+    pid: u32,
+) -> Result<(), ProbeError> {
+    let prog: &mut UProbe = ebpf
+        .program_mut(program)
+        .ok_or_else(|| program_error(program, ProgramError::UnexpectedProgramType))?
+        .try_into()
+        .map_err(|e| program_error(program, e))?;
+    if prog.fd().is_err() {
+        prog.load().map_err(|e| program_error(program, e))?;
+    }
+    let scope = match NonZeroU32::new(pid) {
+        Some(p) => UProbeScope::OneProcess(p),
+        None => UProbeScope::AllProcesses,
+    };
+    prog.attach(symbol, path, scope).map_err(|source| ProbeError::Uprobe {
+        symbol: symbol.into(),
+        path: path.display().to_string(),
+        source: Box::new(source),
+    })?;
+    Ok(())
+}
+
+fn attach_markers(
+    ebpf: &mut Ebpf,
+    opts: &AttachOptions,
+    attached: &mut Vec<String>,
+) -> Result<Option<MarkerKind>, ProbeError> {
+    match &opts.markers {
+        Markers::None => Ok(None),
+        Markers::Auto { exe } => {
+            let (Some(b), Some(e)) =
+                (elf_symbol_addr(exe, engine_abi::SYM_BEGIN), elf_symbol_addr(exe, engine_abi::SYM_END))
+            else {
+                return Ok(None);
+            };
+            for (sym, addr) in [(engine_abi::SYM_BEGIN, b), (engine_abi::SYM_END, e)] {
+                if let Some(why) = unprobeable_entry(exe, addr) {
+                    return Err(ProbeError::Markers(format!("cannot uprobe {sym} in {}: {why}", exe.display())));
+                }
+            }
+            if b == e {
+                return Err(ProbeError::Markers(format!(
+                    "{} defines {} and {} at the same address {b:#x} (the linker folded identical functions): give the two markers different bodies",
+                    exe.display(),
+                    engine_abi::SYM_BEGIN,
+                    engine_abi::SYM_END
+                )));
+            }
+            uprobe(ebpf, "mark_begin", engine_abi::SYM_BEGIN, exe, opts.target)?;
+            uprobe(ebpf, "mark_end", engine_abi::SYM_END, exe, opts.target)?;
+            attached.push(format!("uprobe:{}:{{{},{}}}", exe.display(), engine_abi::SYM_BEGIN, engine_abi::SYM_END));
+            Ok(Some(MarkerKind::Engine { exe: exe.display().to_string() }))
+        }
+        Markers::Symbol { symbol, path } => {
+            uprobe(ebpf, "call_begin", symbol, path, opts.target)?;
+            uprobe(ebpf, "call_end", symbol, path, opts.target)?;
+            attached.push(format!("uprobe+uretprobe:{}:{symbol}", path.display()));
+            Ok(Some(MarkerKind::Symbol { symbol: symbol.clone(), path: path.display().to_string() }))
+        }
+    }
+}
+
+/// Why the first instruction at `addr` cannot carry a uprobe, when we can
+/// tell (x86: a `lock` prefix makes the kernel refuse it, and when the
+/// binary is not mapped yet the refusal is silent).
+pub fn unprobeable_entry(path: &std::path::Path, addr: u64) -> Option<String> {
+    if !cfg!(target_arch = "x86_64") {
+        return None;
+    }
+    let data = map_elf(path).ok()?;
+    let file = object::File::parse(&*data).ok()?;
+    use object::{Object, ObjectSegment};
+    let off = file.segments().find_map(|s| {
+        let (a, size) = (s.address(), s.size());
+        let (fo, _) = s.file_range();
+        (addr >= a && addr < a + size).then(|| fo + (addr - a))
+    })?;
+    let first = *data.get(off as usize)?;
+    (first == 0xf0).then(|| {
+        "its first instruction has a `lock` prefix (an atomic read-modify-write), which x86 uprobes refuse: start the marker with a plain store".to_string()
+    })
+}
+
+/// Whether an ELF file defines `symbol` (symtab or dynsym).
+pub fn elf_has_symbol(path: &std::path::Path, symbol: &str) -> bool {
+    elf_symbol_addr(path, symbol).is_some()
+}
+
+/// The address of a symbol an ELF file defines (symtab or dynsym).
+/// An executable, mapped rather than read: an engine built with debug info is
+/// tens of MiB, and only its headers and symbol tables are looked at.
+pub fn map_elf(path: &std::path::Path) -> io::Result<memmap2::Mmap> {
+    let f = std::fs::File::open(path)?;
+    // SAFETY: a read-only mapping of an executable; truncating a file that a
+    // running program executes is refused by the kernel (ETXTBSY).
+    unsafe { memmap2::Mmap::map(&f) }
+}
+
+pub fn elf_symbol_addr(path: &std::path::Path, symbol: &str) -> Option<u64> {
+    let data = std::fs::read(path).ok()?;
+    let file = object::File::parse(&*data).ok()?;
+    use object::{Object, ObjectSymbol};
+    file.symbols()
+        .chain(file.dynamic_symbols())
+        .find(|s| s.name() == Ok(symbol) && s.is_definition())
+        .map(|s| s.address())
+}

@@ -1,0 +1,23 @@
+//! Capture: everything that produces the model stream from a live process —
+//! the eBPF probes and their loader, tracefs, the target process, token
+//! assembly, residency sampling, process samples and the procfs fallback.
+
+pub mod bpf;
+pub mod engine_abi;
+pub mod header;
+pub mod preflight;
+pub mod procfs;
+pub mod procsample;
+pub mod residency;
+pub mod seed;
+pub mod session;
+pub mod syscalls;
+pub mod target;
+pub mod tokens;
+pub mod tracefs;
+
+/// A kernel `comm` (NUL-padded, at most 16 bytes) as a string.
+pub fn comm_str(c: &[u8; 16]) -> String {
+    let end = c.iter().position(|&b| b == 0).unwrap_or(c.len());
+    String::from_utf8_lossy(&c[..end]).into_owned()
+}

@@ -1,0 +1,215 @@
+//! Dense weights an engine copied into anonymous memory: resident vs swapped, from
+//! `/proc/PID/pagemap`.
+//!
+//! ## Where the copy is
+//! This kernel has no `CONFIG_ANON_VMA_NAME`, so an anonymous copy cannot be told apart from
+//! other anonymous memory by its mapping. An engine that copies its dense weights out of the
+//! file publishes where they are in the exported `moe_engine_dense_regions`, specified in
+//! [`moe_abi::dense_regions`]. The observer finds the symbol like the token markers (`.symtab` or
+//! `.dynsym` of the executable) and reads it and its table through `/proc/PID/mem` (root, or
+//! ptrace rights over the engine) with the ABI's seqlock, at most once per sample.
+//!
+//! ## Measurement rule
+//! For every page of the published ranges, `/proc/PID/pagemap` says *present* (bit 63: in RAM)
+//! or *swapped* (bit 62: in swap, zram included) or neither (never touched, or dropped).
+//! `dense_resident_frac = present / pages`, `dense_swapped_frac = swapped / pages`. Reading the
+//! present/swapped bits needs no privilege beyond reading the file; PFNs are not used.
+
+use std::{
+    fs::File,
+    os::unix::fs::{FileExt, MetadataExt},
+    path::PathBuf,
+};
+
+use super::ResidencyError;
+
+pub use moe_abi::dense_regions::DenseRange;
+use moe_abi::{
+    TableHeader,
+    dense_regions::{DenseRegions, ENTRY_SIZE, HEADER_SIZE, SYMBOL},
+};
+
+const PM_PRESENT: u64 = 1 << 63;
+const PM_SWAPPED: u64 = 1 << 62;
+
+/// Reads of a published table that found it changing before the reader gives up.
+const SEQLOCK_TRIES: usize = 8;
+
+/// Present / swapped pages of the published ranges.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct AnonResidency {
+    pub pages: u64,
+    pub present: u64,
+    pub swapped: u64,
+    pub ranges: u64,
+}
+
+impl AnonResidency {
+    pub fn resident_frac(&self) -> Option<f64> {
+        (self.pages > 0).then(|| self.present as f64 / self.pages as f64)
+    }
+    pub fn swapped_frac(&self) -> Option<f64> {
+        (self.pages > 0).then(|| self.swapped as f64 / self.pages as f64)
+    }
+}
+
+/// Finds and reads the table of one process.
+#[derive(Debug)]
+pub struct DenseCopy {
+    pid: u32,
+    /// (dev, ino) of the executable the symbol was looked up in, and its runtime address.
+    resolved: Option<((u64, u64), Option<u64>)>,
+    page: u64,
+}
+
+fn proc_err(pid: u32, what: &'static str) -> impl Fn(std::io::Error) -> ResidencyError {
+    move |source| ResidencyError::Process { pid, what, source }
+}
+
+impl DenseCopy {
+    pub fn new(pid: u32) -> DenseCopy {
+        DenseCopy { pid, resolved: None, page: super::scan::page_size() }
+    }
+
+    /// The runtime address of the symbol, looked up again whenever the executable changed
+    /// (e.g. the spawned target was still the observer's fork before `exec`).
+    fn symbol_addr(&mut self) -> Result<Option<u64>, ResidencyError> {
+        let exe = PathBuf::from(format!("/proc/{}/exe", self.pid));
+        let meta = std::fs::metadata(&exe).map_err(proc_err(self.pid, "reading /proc/PID/exe"))?;
+        let id = (meta.dev(), meta.ino());
+        if let Some((seen, addr)) = self.resolved
+            && seen == id
+        {
+            return Ok(addr);
+        }
+        let addr = match crate::capture::bpf::elf_symbol_addr(&exe, SYMBOL) {
+            Some(vaddr) => load_bias(self.pid, &exe, id)?.map(|bias| bias.wrapping_add(vaddr)),
+            None => None,
+        };
+        self.resolved = Some((id, addr));
+        Ok(addr)
+    }
+
+    /// The published ranges now; `None` when the process does not export the symbol.
+    pub fn ranges(&mut self) -> Result<Option<Vec<DenseRange>>, ResidencyError> {
+        let Some(addr) = self.symbol_addr()? else { return Ok(None) };
+        let pid = self.pid;
+        let mem = File::open(format!("/proc/{pid}/mem")).map_err(proc_err(pid, "opening /proc/PID/mem"))?;
+        let table = read_published(&mem, pid, addr, SYMBOL, HEADER_SIZE, DenseRegions::parse_header)?;
+        let ranges = table.chunks_exact(ENTRY_SIZE).map(DenseRange::from_bytes).collect::<Result<_, _>>();
+        ranges.map(Some).map_err(|e| ResidencyError::Abi { pid, what: e.to_string() })
+    }
+
+    /// Present/swapped pages of `ranges` from `/proc/PID/pagemap`.
+    pub fn pagemap(&self, ranges: &[DenseRange]) -> Result<AnonResidency, ResidencyError> {
+        let pid = self.pid;
+        let pm = File::open(format!("/proc/{pid}/pagemap")).map_err(proc_err(pid, "opening /proc/PID/pagemap"))?;
+        let mut r = AnonResidency { ranges: ranges.len() as u64, ..AnonResidency::default() };
+        let mut buf = vec![0u8; 8 * 65536];
+        for d in ranges {
+            if d.len == 0 {
+                continue;
+            }
+            let (first, last) = (d.addr / self.page, (d.addr + d.len - 1) / self.page);
+            let mut p = first;
+            while p <= last {
+                let n = (last + 1 - p).min(65536);
+                let bytes = &mut buf[..n as usize * 8];
+                pm.read_exact_at(bytes, p * 8).map_err(proc_err(pid, "reading /proc/PID/pagemap"))?;
+                for e in bytes.chunks_exact(8) {
+                    let v = u64::from_le_bytes(e.try_into().unwrap_or_default());
+                    r.present += u64::from(v & PM_PRESENT != 0);
+                    r.swapped += u64::from(v & PM_SWAPPED != 0);
+                }
+                r.pages += n;
+                p += n;
+            }
+        }
+        Ok(r)
+    }
+
+    /// Resolve, read and measure in one go; `None` when the process publishes nothing.
+    pub fn sample(&mut self) -> Result<Option<AnonResidency>, ResidencyError> {
+        match self.ranges()? {
+            Some(r) if !r.is_empty() => Ok(Some(self.pagemap(&r)?)),
+            _ => Ok(None),
+        }
+    }
+}
+
+/// The table of the published-table header `symbol` at `addr` of process `pid`, read through
+/// its `/proc/PID/mem` with the seqlock of the ABI (`moe_abi`, "Published tables"): the bytes of
+/// `count` entries, `stride` apart (empty when nothing is published).
+fn read_published(
+    mem: &File,
+    pid: u32,
+    addr: u64,
+    symbol: &'static str,
+    header_size: usize,
+    parse: fn(&[u8]) -> Result<TableHeader, moe_abi::AbiError>,
+) -> Result<Vec<u8>, ResidencyError> {
+    let abi_err = |e: moe_abi::AbiError| ResidencyError::Abi { pid, what: e.to_string() };
+    let mut h = vec![0u8; header_size];
+    for _ in 0..SEQLOCK_TRIES {
+        mem.read_exact_at(&mut h, addr).map_err(proc_err(pid, "reading a published table's header"))?;
+        let header = parse(&h).map_err(abi_err)?;
+        if !header.stable() {
+            std::thread::yield_now();
+            continue;
+        }
+        if header.is_empty() {
+            return Ok(Vec::new());
+        }
+        let mut table = vec![0u8; header.table_bytes() as usize];
+        mem.read_exact_at(&mut table, header.table).map_err(proc_err(pid, "reading a published table"))?;
+        let mut again = [0u8; 8];
+        mem.read_exact_at(&mut again, addr + moe_abi::SEQ_OFFSET)
+            .map_err(proc_err(pid, "reading a published table's header"))?;
+        if u64::from_le_bytes(again) == header.seq {
+            return Ok(table);
+        }
+    }
+    Err(ResidencyError::Abi { pid, what: format!("{symbol} kept changing while being read") })
+}
+
+/// Runtime address minus link-time address of the executable, from its program headers and
+/// the process's mappings of the same file.
+fn load_bias(pid: u32, exe: &std::path::Path, id: (u64, u64)) -> Result<Option<u64>, ResidencyError> {
+    use object::{Object, ObjectSegment};
+    let data = crate::capture::bpf::map_elf(exe).map_err(proc_err(pid, "reading the executable"))?;
+    let Ok(file) = object::File::parse(&*data) else { return Ok(None) };
+    let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).map_err(proc_err(pid, "reading /proc/PID/maps"))?;
+    let page = super::scan::page_size();
+    let (major, minor) = (libc::major(id.0), libc::minor(id.0));
+    for line in maps.lines() {
+        // start-end perms offset major:minor inode path
+        let mut it = line.split_whitespace();
+        let (Some(range), Some(_perms), Some(off), Some(dev), Some(ino)) =
+            (it.next(), it.next(), it.next(), it.next(), it.next())
+        else {
+            continue;
+        };
+        if ino.parse::<u64>().ok() != Some(id.1) {
+            continue;
+        }
+        let dev_ok = dev
+            .split_once(':')
+            .and_then(|(a, b)| Some((u32::from_str_radix(a, 16).ok()?, u32::from_str_radix(b, 16).ok()?)))
+            == Some((major, minor));
+        let (Some(start), Ok(off)) =
+            (range.split_once('-').and_then(|(s, _)| u64::from_str_radix(s, 16).ok()), u64::from_str_radix(off, 16))
+        else {
+            continue;
+        };
+        if !dev_ok {
+            continue;
+        }
+        for seg in file.segments() {
+            let (foff, _) = seg.file_range();
+            if foff / page * page == off {
+                return Ok(Some(start.wrapping_sub(seg.address() / page * page)));
+            }
+        }
+    }
+    Ok(None)
+}

@@ -1,0 +1,467 @@
+//! Residency of a model's weights: which dense weights and which experts are in RAM, which keep
+//! leaving.
+//!
+//! ## Measurement rules
+//! - **Regions** come from the GGUF tensor table (`engine::regions`): dense tensors, shared
+//!   experts, and each routed expert's slices of `ffn_*_exps` (one cell of the layer × expert
+//!   grid per expert).
+//! - **File residency** ([`scan`]): `mincore` over a read-only mapping of the whole file gives one
+//!   bit per page; a region's resident bytes are the bytes of its resident pages that it covers
+//!   (a page shared by two regions counts for both, each with its part). Fractions are resident
+//!   bytes / bytes. The whole-file number is resident pages / pages, as `fincore` counts it.
+//!   Where `mincore` would lie (no write permission: it then reports every page resident, see
+//!   [`scan`]) `cachestat` per region is used (page granularity at region boundaries) where the
+//!   kernel allows it (before 6.14), or the file is refused with the fix.
+//! - **`dense_resident_frac`**: dense tensors and shared experts together, from the file; but
+//!   when the target publishes an anonymous copy of its dense weights ([`anon`]), from
+//!   `/proc/PID/pagemap` of that copy, and then `dense_swapped_frac` too (else `None`: file
+//!   pages are evicted, never swapped).
+//! - **Churn** ([`churn`]): page-cache pages of the model file added and evicted, per expert,
+//!   counted in the kernel from the `filemap` tracepoints. A [`Sample`] carries the pages added
+//!   and evicted since the previous sample (per token when sampled at each token end; the
+//!   boundary is the moment the observer processes the token's end mark, typically within a
+//!   millisecond of it).
+//!
+//! ## Live API (for `observer run`'s loop)
+//! ```text
+//! let mut s = residency::Sampler::new(&model_path, Some(pid))?;   // parses the GGUF, maps it
+//! s.set_scan_interval(Duration::from_millis(500));                  // mincore at most this often
+//! if let Err(e) = s.enable_churn(probes.ebpf_mut()) { log::warn!("churn not measured: {e}") }
+//! // at each token record:
+//! let x = s.sample()?;
+//! record.residency = Some(x.residency);
+//! record.counters.set(Counter::PagecacheAdded, x.pagecache_added);
+//! record.counters.set(Counter::PagecacheEvicted, x.pagecache_evicted);
+//! ```
+
+pub mod anon;
+pub mod churn;
+pub mod scan;
+
+use std::{
+    path::{Path, PathBuf},
+    time::{Duration, Instant},
+};
+
+use engine::{
+    gguf::{Gguf, GgufError},
+    regions::{RegionError, RegionKind, RegionMap},
+};
+use observer_common::model::{ExpertGrid, Residency};
+
+pub use anon::AnonResidency;
+pub use churn::Counts;
+pub use scan::{Bitmap, CacheStat, MappedFile, Trust};
+
+#[derive(Debug, thiserror::Error)]
+pub enum ResidencyError {
+    #[error("{path}: {what}: {source}")]
+    Io { path: PathBuf, what: &'static str, source: std::io::Error },
+    #[error(transparent)]
+    Gguf(#[from] GgufError),
+    #[error(transparent)]
+    Regions(#[from] RegionError),
+    #[error(
+        "cannot see which pages of {path} are in the page cache: the kernel shows a file's page-cache residency only to its owner, to root (CAP_FOWNER) or to a process that may write it (mincore would report every page as resident; cachestat {cachestat}); run as root, or as the file's owner"
+    )]
+    Untrusted { path: PathBuf, cachestat: String },
+    #[error("pid {pid}: {what}: {source}")]
+    Process { pid: u32, what: &'static str, source: std::io::Error },
+    #[error("pid {pid}: {what}")]
+    Abi { pid: u32, what: String },
+    #[error("page-cache churn: {0}")]
+    Churn(String),
+}
+
+/// Where the file numbers came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Source {
+    Mincore,
+    Cachestat,
+}
+
+/// Bytes of a part of the model and how many of them are resident.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
+pub struct Part {
+    pub bytes: u64,
+    pub resident_bytes: u64,
+}
+
+impl Part {
+    pub fn frac(&self) -> Option<f64> {
+        (self.bytes > 0).then(|| self.resident_bytes as f64 / self.bytes as f64)
+    }
+    fn add(&mut self, bytes: u64, resident: u64) {
+        self.bytes += bytes;
+        self.resident_bytes += resident;
+    }
+}
+
+/// One scan of the model file.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Snapshot {
+    pub source: Source,
+    pub page_size: u64,
+    pub file_bytes: u64,
+    pub file_pages: u64,
+    pub file_resident_pages: u64,
+    /// `cachestat` of the whole file, where the kernel has it.
+    pub cachestat: Option<CacheStat>,
+    pub dense: Part,
+    pub shared: Part,
+    pub experts: Part,
+    /// Row-major layer × expert cells.
+    pub cells: Vec<Part>,
+    /// Time the scan took (mapping excluded: done once).
+    pub scan_ns: u64,
+    /// CPU time of the scanning thread during the scan (kernel time of mincore/cachestat
+    /// included).
+    pub scan_cpu_ns: u64,
+    /// Pages `mincore` was asked about (the other chunks were settled by `cachestat`).
+    pub mincore_pages: u64,
+}
+
+impl Snapshot {
+    pub fn file_resident_frac(&self) -> Option<f64> {
+        (self.file_pages > 0).then(|| self.file_resident_pages as f64 / self.file_pages as f64)
+    }
+
+    /// Dense weights as the engine reads them from the file: dense tensors and shared experts.
+    pub fn dense_with_shared(&self) -> Part {
+        Part {
+            bytes: self.dense.bytes + self.shared.bytes,
+            resident_bytes: self.dense.resident_bytes + self.shared.resident_bytes,
+        }
+    }
+
+    pub fn cell_fracs(&self) -> Vec<f32> {
+        self.cells.iter().map(|c| c.frac().unwrap_or(0.0) as f32).collect()
+    }
+}
+
+/// The prefix of the file whose residency is compared around the header parse: headers of real
+/// models are a few MiB (vocabularies), read-around adds at most twice the device's read-ahead.
+const HEADER_WINDOW: u64 = 256 << 20;
+
+/// A GGUF model file mapped for residency scans.
+#[derive(Debug)]
+pub struct ModelFile {
+    pub map: RegionMap,
+    pub file: MappedFile,
+    bitmap: Bitmap,
+    /// Pages that parsing the header brought into the page cache (the kernel's read-around
+    /// beyond the tensor table) and that were dropped again, so that opening the model does not
+    /// warm what it measures.
+    pub header_pages_dropped: u64,
+}
+
+impl ModelFile {
+    /// Parse the tensor table and map the file. Parsing reads the header through a mapping,
+    /// and the kernel reads around it (up to the device's read-ahead size, into the first
+    /// tensors): pages that were not resident before and are now are dropped again with
+    /// `POSIX_FADV_DONTNEED`, which never drops pages another process has mapped.
+    pub fn open(path: &Path) -> Result<ModelFile, ResidencyError> {
+        let mut file = MappedFile::open(path)?;
+        let trusted = matches!(file.trust, Trust::Trusted(_));
+        if !trusted {
+            // Refuse before parsing: the parse would warm the file for nothing.
+            untrusted_fallback(&file)?;
+        }
+        let window = 0..HEADER_WINDOW / file.page;
+        let mut before = Bitmap::new(file.page, file.n_pages());
+        if trusted {
+            file.scan_pages(window.clone(), &mut before)?;
+        }
+        let g = Gguf::open(path)?;
+        let map = RegionMap::from_gguf(&g)?;
+        drop(g);
+        let mut bitmap = Bitmap::new(file.page, file.n_pages());
+        let mut header_pages_dropped = 0;
+        if trusted {
+            file.scan_pages(window, &mut bitmap)?;
+            header_pages_dropped = drop_new_pages(&file, &before, &bitmap);
+        }
+        Ok(ModelFile { map, file, bitmap, header_pages_dropped })
+    }
+
+    /// The last bitmap `scan` produced (mincore source only).
+    pub fn bitmap(&self) -> &Bitmap {
+        &self.bitmap
+    }
+
+    /// Scan the file's residency now.
+    pub fn scan(&mut self) -> Result<Snapshot, ResidencyError> {
+        let t0 = Instant::now();
+        let cpu0 = thread_cpu_ns();
+        let whole = scan::cachestat(&self.file.file, 0..0);
+        let page = self.file.page;
+        let mut s = Snapshot {
+            source: Source::Mincore,
+            page_size: page,
+            file_bytes: self.file.len,
+            file_pages: self.file.n_pages(),
+            file_resident_pages: 0,
+            cachestat: whole.as_ref().ok().copied(),
+            dense: Part::default(),
+            shared: Part::default(),
+            experts: Part::default(),
+            cells: vec![Part::default(); self.map.n_cells()],
+            scan_ns: 0,
+            scan_cpu_ns: 0,
+            mincore_pages: 0,
+        };
+        let mut per_region: Vec<u64> = Vec::with_capacity(self.map.regions.len());
+        match self.file.trust {
+            Trust::Trusted(_) => {
+                s.mincore_pages = self.file.scan(&mut self.bitmap)?.mincore_pages;
+                s.file_resident_pages = self.bitmap.total();
+                per_region.extend(self.map.regions.iter().map(|r| self.bitmap.resident_bytes(&r.range)));
+            }
+            Trust::Untrusted => {
+                let w = untrusted_fallback(&self.file)?;
+                s.source = Source::Cachestat;
+                s.file_resident_pages = w.nr_cache;
+                for r in &self.map.regions {
+                    let c = scan::cachestat(&self.file.file, r.range.clone()).map_err(|source| ResidencyError::Io {
+                        path: self.file.path.clone(),
+                        what: "cachestat",
+                        source,
+                    })?;
+                    let span = (r.range.end.div_ceil(page) - r.range.start / page).max(1);
+                    per_region.push(((r.len() as u128 * c.nr_cache.min(span) as u128) / span as u128) as u64);
+                }
+            }
+        }
+        for (r, &res) in self.map.regions.iter().zip(&per_region) {
+            match r.kind {
+                RegionKind::Dense => s.dense.add(r.len(), res),
+                RegionKind::Shared { .. } => s.shared.add(r.len(), res),
+                RegionKind::Expert { .. } => {
+                    s.experts.add(r.len(), res);
+                    if let Some(c) = self.map.cell_of(r.kind) {
+                        s.cells[c].add(r.len(), res);
+                    }
+                }
+            }
+        }
+        s.scan_ns = t0.elapsed().as_nanos() as u64;
+        s.scan_cpu_ns = thread_cpu_ns().saturating_sub(cpu0);
+        Ok(s)
+    }
+}
+
+fn thread_cpu_ns() -> u64 {
+    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: valid timespec to fill.
+    unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
+/// The whole-file `cachestat` when the kernel lets an untrusted caller use it, else the error
+/// that says why residency cannot be seen.
+fn untrusted_fallback(file: &MappedFile) -> Result<CacheStat, ResidencyError> {
+    scan::cachestat(&file.file, 0..0).map_err(|e| {
+        let why = if e.raw_os_error() == Some(libc::EPERM) {
+            "refuses it too (EPERM, Linux >= 6.14)".to_string()
+        } else {
+            format!("is not available ({e})")
+        };
+        ResidencyError::Untrusted { path: file.path.clone(), cachestat: why }
+    })
+}
+
+/// Drop (`POSIX_FADV_DONTNEED`) the runs of pages resident in `after` but not in `before`.
+fn drop_new_pages(file: &MappedFile, before: &Bitmap, after: &Bitmap) -> u64 {
+    use std::os::fd::AsRawFd;
+    let mut n = 0;
+    let mut p = 0;
+    while p < after.n_pages {
+        if after.get(p) && !before.get(p) {
+            let start = p;
+            while p < after.n_pages && after.get(p) && !before.get(p) {
+                p += 1;
+            }
+            let (off, len) = (start * file.page, (p - start) * file.page);
+            // SAFETY: plain advice on our own descriptor.
+            let rc = unsafe {
+                libc::posix_fadvise(
+                    file.file.as_raw_fd(),
+                    off as libc::off_t,
+                    len as libc::off_t,
+                    libc::POSIX_FADV_DONTNEED,
+                )
+            };
+            if rc == 0 {
+                n += p - start;
+            }
+        }
+        p += 1;
+    }
+    n
+}
+
+/// What one call of [`Sampler::sample`] measured.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Sample {
+    /// For `TokenRecord::residency`: dense/expert fractions and the grid, with per-expert churn
+    /// (`added`/`evicted`, pages since the previous sample) when churn is attached.
+    pub residency: Residency,
+    /// Model-file pages added to / evicted from the page cache since the previous sample, all
+    /// regions (for the `pagecache_added` / `pagecache_evicted` counters); `None` without churn.
+    pub pagecache_added: Option<u64>,
+    pub pagecache_evicted: Option<u64>,
+    /// The scan the residency numbers come from (may be up to the scan interval old).
+    pub snapshot: Snapshot,
+    /// The engine's anonymous dense copy, when it publishes one.
+    pub anon: Option<AnonResidency>,
+}
+
+/// The default budget for file scans: at most 1/`SCAN_BUDGET` of one CPU
+/// (the observer shares the machine with the engine it measures).
+pub const SCAN_BUDGET: u32 = 200;
+
+/// Residency of one model (and optionally one engine process) sampled at a configurable rate.
+#[derive(Debug)]
+pub struct Sampler {
+    model: ModelFile,
+    path: PathBuf,
+    dense: Option<anon::DenseCopy>,
+    churn: Option<churn::Churn>,
+    last_counts: Option<Counts>,
+    scan_interval: Duration,
+    /// CPU time the last file scan took: with a budget, scans are spaced so
+    /// that they cost at most 1/budget of one CPU.
+    last_scan_cost: Duration,
+    scan_budget: Option<u32>,
+    last_scan: Option<(Instant, Snapshot)>,
+    last_anon: Option<(Instant, Option<AnonResidency>)>,
+}
+
+impl Sampler {
+    /// Parse `model`'s tensor table and map it (nothing is read). `pid`: the engine process,
+    /// for its anonymous dense copy (see [`anon`]); it may still be before `exec`.
+    pub fn new(model: &Path, pid: Option<u32>) -> Result<Sampler, ResidencyError> {
+        Ok(Sampler {
+            model: ModelFile::open(model)?,
+            path: model.to_owned(),
+            dense: pid.map(anon::DenseCopy::new),
+            churn: None,
+            last_counts: None,
+            scan_interval: Duration::ZERO,
+            last_scan_cost: Duration::ZERO,
+            scan_budget: None,
+            last_scan: None,
+            last_anon: None,
+        })
+    }
+
+    /// Rescan residency (mincore, pagemap) at most this often; churn is read at every sample.
+    /// Default: every sample.
+    pub fn set_scan_interval(&mut self, d: Duration) {
+        self.scan_interval = d;
+    }
+
+    /// Space scans so that they take at most 1/`budget` of one CPU (e.g.
+    /// [`SCAN_BUDGET`]), on top of the scan interval.
+    pub fn set_scan_budget(&mut self, budget: Option<u32>) {
+        self.scan_budget = budget;
+    }
+
+    /// Attach the page-cache churn programs of the observer's eBPF object to this model.
+    pub fn enable_churn(&mut self, ebpf: &mut aya::Ebpf) -> Result<(), ResidencyError> {
+        let c = churn::Churn::attach(ebpf, &self.path, &self.model.map, self.model.file.page)?;
+        self.last_counts = Some(c.read());
+        self.churn = Some(c);
+        Ok(())
+    }
+
+    pub fn churn(&self) -> Option<&churn::Churn> {
+        self.churn.as_ref()
+    }
+
+    pub fn regions(&self) -> &RegionMap {
+        &self.model.map
+    }
+
+    pub fn model(&self) -> &ModelFile {
+        &self.model
+    }
+
+    /// Cumulative churn counters now (without moving the per-sample baseline).
+    pub fn churn_counts(&self) -> Option<Counts> {
+        self.churn.as_ref().map(churn::Churn::read)
+    }
+
+    pub fn sample(&mut self) -> Result<Sample, ResidencyError> {
+        let now = Instant::now();
+        let spacing = match self.scan_budget {
+            Some(b) => self.scan_interval.max(self.last_scan_cost * b),
+            None => self.scan_interval,
+        };
+        let due = |t: Option<Instant>| t.is_none_or(|t| now.duration_since(t) >= spacing);
+        let snapshot = match &self.last_scan {
+            Some((t, s)) if !due(Some(*t)) => s.clone(),
+            _ => {
+                let s = self.model.scan()?;
+                self.last_scan_cost = now.elapsed();
+                self.last_scan = Some((now, s.clone()));
+                s
+            }
+        };
+        if let Some(d) = &mut self.dense
+            && due(self.last_anon.as_ref().map(|x| x.0))
+        {
+            // A target that exited (or was never an engine) simply has no anonymous copy.
+            let a = match d.sample() {
+                Ok(a) => a,
+                Err(ResidencyError::Process { .. }) => None,
+                Err(e) => return Err(e),
+            };
+            self.last_anon = Some((now, a));
+        }
+        let anon = self.last_anon.as_ref().and_then(|x| x.1);
+
+        let (mut added, mut evicted, mut total_added, mut total_evicted) = (None, None, None, None);
+        if let Some(c) = &self.churn {
+            let now_counts = c.read();
+            let last = self.last_counts.take().unwrap_or_default();
+            let d = |a: &[u64], b: &[u64]| -> Vec<u32> {
+                a.iter()
+                    .enumerate()
+                    .map(|(i, &x)| u32::try_from(x.saturating_sub(b.get(i).copied().unwrap_or(0))).unwrap_or(u32::MAX))
+                    .collect()
+            };
+            added = Some(d(&now_counts.cell_added, &last.cell_added));
+            evicted = Some(d(&now_counts.cell_evicted, &last.cell_evicted));
+            total_added = Some(now_counts.add_pages.saturating_sub(last.add_pages));
+            total_evicted = Some(now_counts.del_pages.saturating_sub(last.del_pages));
+            self.last_counts = Some(now_counts);
+        }
+
+        let map = &self.model.map;
+        let grid = (map.n_cells() > 0).then(|| ExpertGrid {
+            n_layers: map.moe_layers.len() as u32,
+            n_experts: map.n_experts,
+            resident: snapshot.cell_fracs(),
+            added,
+            evicted,
+        });
+        let (dense_resident_frac, dense_swapped_frac) = match anon {
+            Some(a) => (a.resident_frac(), a.swapped_frac()),
+            None => (snapshot.dense_with_shared().frac(), None),
+        };
+        Ok(Sample {
+            residency: Residency {
+                dense_resident_frac,
+                dense_swapped_frac,
+                experts_resident_frac: snapshot.experts.frac(),
+                grid,
+            },
+            pagecache_added: total_added,
+            pagecache_evicted: total_evicted,
+            snapshot,
+            anon,
+        })
+    }
+}

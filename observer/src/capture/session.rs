@@ -1,0 +1,785 @@
+//! One observation session: the target (spawned or attached), the probes (or
+//! the procfs fallback), and the loop that turns what they see into the model
+//! stream for the sinks. `observer run`, `record`, `tui` and `serve` are thin
+//! callers: they build [`SessionOptions`] from their arguments, pick their
+//! sinks, and call [`Session::start`] then [`Session::run`].
+//!
+//! ## What a session emits, in order
+//! 1. one `Header`;
+//! 2. `Token`s as they complete (engine markers, `--token-symbol` calls, or
+//!    fixed windows), each batch's last one with a residency sample when the
+//!    model file is known; every `sample_interval` a `Process` sample and, with
+//!    eBPF, `Histograms` and `Health`;
+//! 3. at the end: the tokens still in the kernel's ring buffer, a last
+//!    `Histograms` and `Health`, one `Totals` (per-thread and per-device totals,
+//!    eBPF only: `observer_common::totals`), and one `End`.
+//!
+//! The end-of-run summary is a sink over this stream
+//! (`crate::sinks::summary`), so `observer report` on the recorded trace
+//! builds the same table.
+//!
+//! ## Stopping
+//! SIGINT and SIGTERM are handled once per process, by [`Stop`]: the session,
+//! `serve`'s target loop and the TUI all listen to the same handle. A stop
+//! request (a signal, or [`Stop::request`], the TUI's quit) sends a spawned
+//! target SIGINT and gives it [`CHILD_GRACE`] to exit; a second request, or
+//! the end of the grace period, kills it. An attached process is left alone
+//! and the session ends at once.
+//!
+//! ## One process today, a set later
+//! A session follows one process: all its threads, and its `exec`s (to attach
+//! the new program's markers). What is per process is kept together (the
+//! [`Target`], its command line, the kernel's target filter set by
+//! [`Probes::attach`]), so that following descendants or several processes
+//! means a set of those in [`Session`] and a wait over the set, not a new loop.
+
+use std::{
+    ffi::OsString,
+    path::PathBuf,
+    sync::{
+        Arc,
+        atomic::{AtomicBool, Ordering},
+    },
+    time::{Duration, Instant},
+};
+
+use anyhow::{Context, Result, bail};
+use aya::maps::{MapData, RingBuf};
+use observer_common::{
+    GlobalCounter,
+    attrib::{C_DISK_READ_NS, C_READ_IOS, C_ZRAM_READ_NS, F_EXITED},
+    model::{
+        Components, DeviceReads, Event, FaultTotals, ObserverHealth, RunEnd, RunTotals, StepKind, ThreadTime,
+        ThreadTotals, TokenRecord,
+    },
+};
+use tokio::{io::unix::AsyncFd, sync::watch};
+
+use crate::{
+    capture::{
+        bpf::{self, AttachOptions, MarkerKind, Markers, ProbeError, Probes},
+        comm_str, header, preflight, procfs, procsample,
+        residency::{self, Sampler},
+        seed,
+        target::{CHILD_GRACE, Ending, Target},
+        tokens::{Assembler, Snapshot},
+    },
+    sinks::{Sink, emit},
+};
+
+// ---- stopping -----------------------------------------------------------------
+
+/// Stop requests for every session of this process: SIGINT and SIGTERM
+/// (once [`Stop::install`]ed) and [`Stop::request`]. Cheap to clone.
+#[derive(Debug, Clone)]
+pub struct Stop(Arc<StopInner>);
+
+#[derive(Debug)]
+struct StopInner {
+    /// Requests so far (signals and [`Stop::request`]s).
+    count: watch::Sender<u64>,
+    signalled: AtomicBool,
+}
+
+impl Default for Stop {
+    fn default() -> Self {
+        Stop(Arc::new(StopInner { count: watch::Sender::new(0), signalled: AtomicBool::new(false) }))
+    }
+}
+
+impl Stop {
+    /// Handle SIGINT and SIGTERM from now on, as stop requests. Call it once
+    /// per process (inside the tokio runtime), before spawning a target, so
+    /// that a signal that arrives while the probes load is kept, never lost.
+    pub fn install() -> Result<Stop> {
+        use tokio::signal::unix::{SignalKind, signal};
+        let stop = Stop::default();
+        let mut int = signal(SignalKind::interrupt()).context("installing the SIGINT handler")?;
+        let mut term = signal(SignalKind::terminate()).context("installing the SIGTERM handler")?;
+        let s = stop.clone();
+        tokio::spawn(async move {
+            loop {
+                tokio::select! {
+                    _ = int.recv() => {}
+                    _ = term.recv() => {}
+                }
+                s.0.signalled.store(true, Ordering::SeqCst);
+                s.request();
+            }
+        });
+        Ok(stop)
+    }
+
+    /// Ask the running session to stop (as a signal would, without marking
+    /// the process as signalled).
+    pub fn request(&self) {
+        self.0.count.send_modify(|n| *n += 1);
+    }
+
+    /// SIGINT or SIGTERM arrived: the whole program should end (`serve`
+    /// stops following targets, the TUI closes its screen).
+    pub fn signalled(&self) -> bool {
+        self.0.signalled.load(Ordering::SeqCst)
+    }
+
+    /// Resolves once SIGINT or SIGTERM has arrived.
+    pub async fn signal_received(&self) {
+        let mut rx = self.0.count.subscribe();
+        while !self.signalled() {
+            if rx.changed().await.is_err() {
+                std::future::pending::<()>().await;
+            }
+        }
+    }
+
+    /// Requests from now on.
+    fn requests(&self) -> Requests {
+        let rx = self.0.count.subscribe();
+        let seen = *rx.borrow();
+        Requests { rx, seen }
+    }
+}
+
+/// Stop requests made after a session started.
+#[derive(Debug)]
+struct Requests {
+    rx: watch::Receiver<u64>,
+    seen: u64,
+}
+
+impl Requests {
+    /// The number of new requests, once there is at least one.
+    async fn next(&mut self) -> u64 {
+        if self.rx.changed().await.is_err() {
+            std::future::pending::<()>().await;
+        }
+        let now = *self.rx.borrow_and_update();
+        let n = now.saturating_sub(self.seen);
+        self.seen = now;
+        n
+    }
+}
+
+/// What a stop request does to the target (module doc).
+#[derive(Debug, Default)]
+struct Stopper {
+    since: Option<Instant>,
+}
+
+impl Stopper {
+    /// `n` stop requests arrived; true when the loop should end now.
+    fn requested(&mut self, n: u64, target: &Target) -> bool {
+        if !target.is_spawned() {
+            return true;
+        }
+        if self.since.is_some() || n > 1 {
+            target.signal(libc::SIGKILL);
+        } else {
+            target.signal(libc::SIGINT);
+        }
+        self.since.get_or_insert_with(Instant::now);
+        false
+    }
+    fn pending(&self) -> bool {
+        self.since.is_some()
+    }
+    async fn deadline(&self) {
+        let at = self.since.unwrap_or_else(Instant::now) + CHILD_GRACE;
+        tokio::time::sleep_until(at.into()).await
+    }
+    fn expired(&mut self, target: &Target) {
+        log::warn!("target still running {} s after SIGINT; killing it", CHILD_GRACE.as_secs());
+        target.signal(libc::SIGKILL);
+        self.since = Some(Instant::now() + Duration::from_secs(3600));
+    }
+}
+
+// ---- options ------------------------------------------------------------------
+
+/// The process a session observes.
+#[derive(Debug, Clone)]
+pub enum TargetSpec {
+    /// Spawn `command`, held before `exec` until the probes are attached; in
+    /// the cgroup directory `cgroup` when given (only the child joins it).
+    Spawn { command: Vec<OsString>, cgroup: Option<PathBuf> },
+    /// A running process. With `follow_exec`, hold it at its next `exec`
+    /// (SIGSTOP from the kernel side, SIGCONT once the new program's markers
+    /// are attached), as is always done for a spawned command; its parent sees
+    /// it stop briefly.
+    Attach { pid: u32, follow_exec: bool },
+}
+
+/// How to measure.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Mode {
+    /// eBPF probes; an error when they cannot be loaded.
+    #[default]
+    Ebpf,
+    /// eBPF probes, or the procfs fallback when they cannot be loaded.
+    EbpfOrProcfs,
+    /// The procfs fallback only (`crate::capture::procfs`).
+    Procfs,
+}
+
+/// Token boundaries from calls of `symbol` (a uprobe at entry, a uretprobe at
+/// return) in `library`, or in the target's executable when `None`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TokenSymbol {
+    pub symbol: String,
+    pub library: Option<PathBuf>,
+}
+
+/// Everything a session needs to know; no command-line types.
+#[derive(Debug, Clone)]
+pub struct SessionOptions {
+    pub target: TargetSpec,
+    pub mode: Mode,
+    /// Default: the engine's marker symbols when the target has them.
+    pub token_symbol: Option<TokenSymbol>,
+    /// Fixed windows instead of tokens when there are no markers (and the
+    /// procfs fallback's window; default 1 s there).
+    pub window: Option<Duration>,
+    /// The model file (GGUF); default: the `--model`/`-m` argument or the
+    /// `*.gguf` file of the target's command line.
+    pub model: Option<PathBuf>,
+    /// Rescan the model file's residency at most this often; default every
+    /// second within [`residency::SCAN_BUDGET`].
+    pub residency_interval: Option<Duration>,
+    /// How often to emit process, histogram and health samples.
+    pub sample_interval: Duration,
+    /// How often to read token records from the kernel.
+    pub poll: Duration,
+}
+
+impl SessionOptions {
+    /// The defaults of `observer run` for `target`.
+    pub fn new(target: TargetSpec) -> Self {
+        SessionOptions {
+            target,
+            mode: Mode::Ebpf,
+            token_symbol: None,
+            window: None,
+            model: None,
+            residency_interval: None,
+            sample_interval: Duration::from_secs(1),
+            poll: Duration::from_millis(100),
+        }
+    }
+}
+
+/// How a session ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Outcome {
+    /// The exit code of a spawned target (128 + signal when killed); `None`
+    /// for an attached one, or when the session stopped before it ended.
+    pub exit_code: Option<i32>,
+}
+
+// ---- the session ----------------------------------------------------------------
+
+/// A started session (the target is there and the probes are attached).
+pub struct Session {
+    opts: SessionOptions,
+    target: Target,
+    /// The target's command line.
+    command: Vec<String>,
+    requests: Requests,
+    capture: Capture,
+}
+
+enum Capture {
+    Ebpf(Box<Probes>),
+    /// The procfs fallback, and why there is no eBPF.
+    Procfs(String),
+}
+
+impl std::fmt::Debug for Session {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Session").field("pid", &self.target.pid()).field("mode", &self.mode()).finish()
+    }
+}
+
+impl Session {
+    /// Check what is needed, spawn or attach the target, and attach the probes
+    /// (or settle for the procfs fallback, as `opts.mode` allows). A spawned
+    /// target is still held before `exec`; [`Session::run`] releases it.
+    pub fn start(opts: SessionOptions, stop: &Stop) -> Result<Session> {
+        let requests = stop.requests();
+        let no_ebpf = match opts.mode {
+            Mode::Procfs => Some("--procfs given".to_string()),
+            Mode::Ebpf | Mode::EbpfOrProcfs => {
+                match preflight::check_privileges().and_then(|_| preflight::ensure_tracefs()) {
+                    Ok(()) => None,
+                    Err(e) if opts.mode == Mode::EbpfOrProcfs => Some(format!("{e:#}")),
+                    Err(e) => return Err(e.context("(or add --fallback for a procfs-only measurement)")),
+                }
+            }
+        };
+        let (target, command) = match &opts.target {
+            TargetSpec::Attach { pid, .. } => (Target::attach(*pid)?, cmdline(*pid)),
+            TargetSpec::Spawn { command, cgroup } => (
+                Target::spawn_in(command, cgroup.as_deref())?,
+                command.iter().map(|s| s.to_string_lossy().into_owned()).collect(),
+            ),
+        };
+        let mut s = Session { opts, target, command, requests, capture: Capture::Procfs(String::new()) };
+        if let Some(why) = no_ebpf {
+            s.capture = Capture::Procfs(why);
+            return Ok(s);
+        }
+        let pid = s.target.pid();
+        let markers = match s.markers() {
+            Ok(m) => m,
+            Err(e) => {
+                s.target.signal(libc::SIGKILL);
+                return Err(e);
+            }
+        };
+        let probes = match Probes::attach(&AttachOptions { target: pid, markers }) {
+            Ok(p) => p,
+            Err(e @ (ProbeError::Permission(_) | ProbeError::Load(_))) if s.opts.mode == Mode::EbpfOrProcfs => {
+                s.capture = Capture::Procfs(e.to_string());
+                return Ok(s);
+            }
+            Err(e) => {
+                // A spawned child is still blocked before exec: end it.
+                s.target.signal(libc::SIGKILL);
+                return Err(e.into());
+            }
+        };
+        let marker_desc = match &probes.markers {
+            Some(MarkerKind::Engine { exe }) => format!("engine markers in {exe}"),
+            Some(MarkerKind::Symbol { symbol, path }) => format!("calls of {symbol} in {path}"),
+            None if s.opts.window.is_some() => "fixed windows".to_string(),
+            None => "none (whole-run totals only; use --window or --token-symbol)".to_string(),
+        };
+        log::info!(
+            "pid {pid}: {} probes attached; tokens: {marker_desc}{}",
+            probes.attached.len(),
+            if probes.missing.is_empty() {
+                String::new()
+            } else {
+                format!("; not attached: {}", probes.missing.join(", "))
+            }
+        );
+        s.capture = Capture::Ebpf(Box::new(probes));
+        Ok(s)
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.target.pid()
+    }
+
+    /// `ebpf`, or `procfs` for the fallback (as in the run's header).
+    pub fn mode(&self) -> &'static str {
+        match self.capture {
+            Capture::Ebpf(_) => "ebpf",
+            Capture::Procfs(_) => "procfs",
+        }
+    }
+
+    /// Observe until the target ends or a stop is requested, feeding every
+    /// event to `sinks` in order (module doc).
+    pub async fn run(mut self, sinks: &mut [Box<dyn Sink>]) -> Result<Outcome> {
+        let capture = std::mem::replace(&mut self.capture, Capture::Procfs(String::new()));
+        let ending = match capture {
+            Capture::Ebpf(probes) => self.run_ebpf(*probes, sinks).await?,
+            Capture::Procfs(why) => self.run_procfs(&why, sinks).await?,
+        };
+        let exit_code = match ending {
+            Some(Ending::Exited(c)) => Some(c),
+            _ => None,
+        };
+        if let Some(line) = self.target.oom_report(exit_code) {
+            log::warn!("{line}");
+        }
+        Ok(Outcome { exit_code })
+    }
+
+    /// The token boundaries asked for, checked against the target.
+    fn markers(&self) -> Result<Markers> {
+        if let Some(TokenSymbol { symbol, library }) = &self.opts.token_symbol {
+            let path = match library {
+                Some(l) => l.clone(),
+                None => self.target.exe().context("cannot find the target's executable for --token-symbol")?,
+            };
+            if !path.exists() {
+                bail!("--token-symbol: {} does not exist", path.display());
+            }
+            if !bpf::elf_has_symbol(&path, symbol) {
+                bail!(
+                    "--token-symbol: {} defines no symbol `{symbol}` (check `nm -D {}`)",
+                    path.display(),
+                    path.display()
+                );
+            }
+            return Ok(Markers::Symbol { symbol: symbol.clone(), path });
+        }
+        Ok(match self.target.exe() {
+            Some(exe) => Markers::Auto { exe },
+            None => Markers::None,
+        })
+    }
+
+    async fn run_ebpf(&mut self, mut probes: Probes, sinks: &mut [Box<dyn Sink>]) -> Result<Option<Ending>> {
+        let pid = self.target.pid();
+        let ring = probes.take_events()?;
+        // Token records are polled; only an `exec` of the target wakes us (to
+        // attach the new program's markers before its first token).
+        // SAFETY: the ring buffer owns its fd and outlives the registration.
+        let mut ring =
+            unsafe { AsyncFd::register(ring) }.map_err(|e| e.into_parts().1).context("registering the ring buffer")?;
+        let default_kind = match probes.markers {
+            Some(MarkerKind::Symbol { .. }) => StepKind::Call,
+            Some(MarkerKind::Engine { .. }) => StepKind::Generate,
+            None => StepKind::Window,
+        };
+        let mut asm = Assembler::new(default_kind);
+        let mut resid = self.residency_sampler(&mut probes);
+        asm.churn = resid.as_ref().is_some_and(|r| r.churn().is_some());
+        let header = header::build("ebpf", pid, &self.command, probes.attached.clone(), self.opts.model.as_deref());
+        emit(sinks, &Event::Header(header))?;
+        // The kernel side never wakes us (see observer-ebpf/src/marks.rs): poll.
+        let mut poll = interval(self.opts.poll);
+        let mut sampler = interval(self.opts.sample_interval);
+        let use_windows = self.opts.window.is_some() && probes.markers.is_none();
+        let mut ticker = interval(self.opts.window.unwrap_or(Duration::from_secs(3600)));
+
+        // A spawned wrapper (sh -c, env, …) without markers: stop it at each
+        // exec until a program with markers runs, so no token is missed. An
+        // attached process is only held when asked (its parent sees it stop).
+        let follow_exec = matches!(self.opts.target, TargetSpec::Attach { follow_exec: true, .. });
+        let mut stop_on_exec =
+            (self.target.is_spawned() || follow_exec) && probes.markers.is_none() && self.opts.token_symbol.is_none();
+        probes.set_stop_on_exec(pid, stop_on_exec)?;
+        self.target.release()?;
+        if use_windows {
+            ticker.tick().await; // the first tick is immediate
+            asm.window(window_snapshot(&probes)?);
+        }
+
+        let mut stopper = Stopper::default();
+        let ending = loop {
+            tokio::select! {
+                e = self.target.wait() => break Some(e?),
+                n = self.requests.next() => if stopper.requested(n, &self.target) { break None; },
+                _ = stopper.deadline(), if stopper.pending() => stopper.expired(&self.target),
+                _ = poll.tick() => drain(ring.get_mut(), &mut asm, &mut resid, sinks)?,
+                guard = ring.readable_mut() => {
+                    let mut guard = guard.context("waiting on the ring buffer")?;
+                    drain(guard.get_inner_mut(), &mut asm, &mut resid, sinks)?;
+                    guard.clear_ready();
+                    if std::mem::take(&mut asm.exec_seen) {
+                        after_exec(&mut probes, pid)?;
+                        if stop_on_exec {
+                            // The kernel side stopped it at exec; markers are in place now.
+                            // SAFETY: plain kill(2) of the process we are observing.
+                            unsafe { libc::kill(pid as libc::pid_t, libc::SIGCONT) };
+                            stop_on_exec = probes.markers.is_none();
+                            probes.set_stop_on_exec(pid, stop_on_exec)?;
+                        }
+                    }
+                }
+                _ = ticker.tick(), if use_windows => {
+                    if let Some(t) = asm.window(window_snapshot(&probes)?) {
+                        tokens(vec![t], &mut resid, sinks)?;
+                    }
+                }
+                _ = sampler.tick() => {
+                    let now = seed::mono_ns();
+                    emit(sinks, &Event::Process(procsample::sample(pid, now)))?;
+                    emit(sinks, &Event::Histograms(probes.histograms_event(now)?))?;
+                    emit(sinks, &Event::Health(health(&probes, asm.malformed, now)?))?;
+                }
+            }
+        };
+        // The records still in the ring: when the target has exited, a residency
+        // sample now would describe a process that is gone, so they carry none.
+        let mut late_resid = if ending.is_some() { None } else { resid.take() };
+        drain(ring.get_mut(), &mut asm, &mut late_resid, sinks)?;
+        let now = seed::mono_ns();
+        emit(sinks, &Event::Histograms(probes.histograms_event(now)?))?;
+        emit(sinks, &Event::Health(health(&probes, asm.malformed, now)?))?;
+        let end_ns = seed::mono_ns();
+        if use_windows && let Some(t) = asm.window(window_snapshot_at(&probes, end_ns)?) {
+            tokens(vec![t], &mut late_resid, sinks)?;
+        }
+        drop(late_resid);
+        drop(resid);
+        emit(sinks, &Event::Totals(run_totals(&probes, end_ns)?))?;
+        let lost = probes.counter(GlobalCounter::LostEvents)? + asm.malformed;
+        drop(ring);
+        let exit_code = match ending {
+            Some(Ending::Exited(c)) => Some(c),
+            _ => None,
+        };
+        emit(sinks, &Event::End(RunEnd { mono_ns: end_ns, exit_code, lost_events: lost }))?;
+        // Detaching waits for the kernel (see `bpf::detach_tracepoints`): after
+        // the sinks have had the end (the summary is out).
+        drop(probes);
+        Ok(ending)
+    }
+
+    /// The procfs fallback (`crate::capture::procfs`): fixed windows, what
+    /// procfs can measure, everything else `None`.
+    async fn run_procfs(&mut self, why: &str, sinks: &mut [Box<dyn Sink>]) -> Result<Option<Ending>> {
+        let pid = self.target.pid();
+        let window = self.opts.window.unwrap_or(Duration::from_secs(1));
+        log::info!(
+            "pid {pid}: no eBPF ({why}); procfs fallback every {} ms: measuring {}",
+            window.as_millis(),
+            procfs::MEASURED
+        );
+        emit(
+            sinks,
+            &Event::Header(header::build("procfs", pid, &self.command, Vec::new(), self.opts.model.as_deref())),
+        )?;
+        let mut asm = Assembler::new(StepKind::Window);
+        let mut ticker = interval(window);
+        let mut sampler = interval(self.opts.sample_interval);
+        self.target.release()?;
+        ticker.tick().await;
+        let snap = |asm: &mut Assembler| {
+            let now = seed::mono_ns();
+            asm.window(Snapshot {
+                ts: now,
+                index: 0,
+                threads: procfs::snapshot(pid),
+                engine: None,
+                lost: 0,
+                churn: None,
+            })
+        };
+        snap(&mut asm);
+        let mut stopper = Stopper::default();
+        let ending = loop {
+            tokio::select! {
+                e = self.target.exited() => {
+                    e?;
+                    // The last, partial window: a spawned child is still a
+                    // zombie here, with its final counters.
+                    if let Some(mut t) = snap(&mut asm) {
+                        procfs::mark_unmeasured(&mut t);
+                        tokens(vec![t], &mut None, sinks)?;
+                    }
+                    break Some(self.target.reap()?);
+                }
+                n = self.requests.next() => if stopper.requested(n, &self.target) { break None; },
+                _ = stopper.deadline(), if stopper.pending() => stopper.expired(&self.target),
+                _ = ticker.tick() => {
+                    if let Some(mut t) = snap(&mut asm) {
+                        procfs::mark_unmeasured(&mut t);
+                        tokens(vec![t], &mut None, sinks)?;
+                    }
+                }
+                _ = sampler.tick() => emit(sinks, &Event::Process(procsample::sample(pid, seed::mono_ns())))?,
+            }
+        };
+        let exit_code = match ending {
+            Some(Ending::Exited(c)) => Some(c),
+            _ => None,
+        };
+        emit(sinks, &Event::End(RunEnd { mono_ns: seed::mono_ns(), exit_code, lost_events: 0 }))?;
+        Ok(ending)
+    }
+
+    /// The residency sampler for the target's model file, when there is one (a
+    /// GGUF named by the options or on the command line), with page-cache churn
+    /// counted in the kernel. Problems are reported in one line, never fatal.
+    fn residency_sampler(&self, probes: &mut Probes) -> Option<Sampler> {
+        let model = self.opts.model.clone().or_else(|| header::model_from_command(&self.command).map(PathBuf::from))?;
+        // A relative path is relative to the target's working directory.
+        let model = if model.is_relative() {
+            std::fs::read_link(format!("/proc/{}/cwd", self.target.pid())).map(|d| d.join(&model)).unwrap_or(model)
+        } else {
+            model
+        };
+        let mut s = match Sampler::new(&model, Some(self.target.pid())) {
+            Ok(s) => s,
+            Err(e) => {
+                log::warn!("residency not measured ({}): {e}", model.display());
+                return None;
+            }
+        };
+        match self.opts.residency_interval {
+            Some(d) => s.set_scan_interval(d),
+            None => {
+                s.set_scan_interval(Duration::from_secs(1));
+                s.set_scan_budget(Some(residency::SCAN_BUDGET));
+            }
+        }
+        if let Err(e) = s.enable_churn(probes.ebpf_mut()) {
+            log::warn!("page-cache churn not measured: {e}");
+        }
+        Some(s)
+    }
+}
+
+/// The command line of a running process.
+fn cmdline(pid: u32) -> Vec<String> {
+    let raw = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+    raw.split(|&b| b == 0).filter(|s| !s.is_empty()).map(|s| String::from_utf8_lossy(s).into_owned()).collect()
+}
+
+fn interval(d: Duration) -> tokio::time::Interval {
+    let mut i = tokio::time::interval(d);
+    i.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    i
+}
+
+/// Every thread's state now, as a window boundary.
+fn window_snapshot(probes: &Probes) -> Result<Snapshot> {
+    window_snapshot_at(probes, seed::mono_ns())
+}
+
+fn window_snapshot_at(probes: &Probes, now: u64) -> Result<Snapshot> {
+    Ok(Snapshot { ts: now, index: 0, threads: probes.snapshot(now)?, engine: None, lost: 0, churn: None })
+}
+
+fn health(probes: &Probes, malformed: u64, mono_ns: u64) -> Result<ObserverHealth> {
+    let stats = probes.bpf_stats();
+    Ok(ObserverHealth {
+        mono_ns,
+        lost_events: probes.counter(GlobalCounter::LostEvents)? + malformed,
+        probes_attached: probes.attached.len() as u32,
+        probes_missing: probes.missing.len() as u32,
+        bpf_run_ns: stats.map(|s| s.0),
+        bpf_run_count: stats.map(|s| s.1),
+    })
+}
+
+/// The whole run's per-thread and per-device totals from the kernel's maps
+/// (`observer_common::totals`), thread states closed at `now`.
+fn run_totals(probes: &Probes, now: u64) -> Result<RunTotals> {
+    let mut threads: Vec<ThreadTotals> = Vec::new();
+    for (tid, f) in probes.thread_faults()? {
+        threads.push(ThreadTotals {
+            tid,
+            comm: comm_str(&f.comm),
+            faults: Some(FaultTotals {
+                majflt: f.majflt,
+                minflt: f.minflt,
+                majflt_ns: f.majflt_ns,
+                minflt_ns: f.minflt_ns,
+                unmatched_entries: f.unmatched_entries,
+                unmatched_exits: f.unmatched_exits,
+                majflt_hist: f.majflt_hist.to_vec(),
+                minflt_hist: f.minflt_hist.to_vec(),
+            }),
+            time: None,
+        });
+    }
+    for s in probes.snapshot(now)? {
+        let time = ThreadTime {
+            wall_ns: s.accounted(),
+            components: Components::from_kernel(&s.time),
+            counters: observer_common::model::Counters::from_kernel(&s.cnt),
+            read_ios: s.cnt[C_READ_IOS],
+            disk_read_ns: s.cnt[C_DISK_READ_NS],
+            zram_read_ns: s.cnt[C_ZRAM_READ_NS],
+            exited: s.flags & F_EXITED != 0,
+        };
+        match threads.iter_mut().find(|t| t.tid == s.tid) {
+            Some(t) => t.time = Some(time),
+            None => threads.push(ThreadTotals { tid: s.tid, comm: comm_str(&s.comm), faults: None, time: Some(time) }),
+        }
+    }
+    threads.sort_by_key(|t| t.tid);
+    let devices = probes
+        .devices()?
+        .iter()
+        .map(|(kdev, d)| {
+            // The kernel's dev_t encoding: (major << 20) | minor.
+            let (major, minor) = (kdev >> 20, kdev & 0xfffff);
+            DeviceReads {
+                dev: format!("{major}:{minor}"),
+                name: block_device_name(major, minor),
+                read_bytes: d.read_bytes,
+                read_ios: d.read_ios,
+                read_ns: d.read_ns,
+                completed: d.completed,
+            }
+        })
+        .collect();
+    Ok(RunTotals { mono_ns: now, threads, devices })
+}
+
+/// A block device's kernel name (`vda`, `zram0`) from sysfs.
+fn block_device_name(major: u32, minor: u32) -> Option<String> {
+    std::fs::read_to_string(format!("/sys/dev/block/{major}:{minor}/uevent"))
+        .ok()?
+        .lines()
+        .find_map(|l| l.strip_prefix("DEVNAME=").map(str::to_string))
+}
+
+/// The target exec'd: attach the markers of its new program, when it has them.
+fn after_exec(probes: &mut Probes, pid: u32) -> Result<()> {
+    let Ok(exe) = std::fs::read_link(format!("/proc/{pid}/exe")) else { return Ok(()) };
+    if probes.attach_after_exec(&exe, pid)?.is_some() {
+        log::info!("pid {pid} exec'd {}: engine markers attached", exe.display());
+    }
+    Ok(())
+}
+
+/// Emit a batch of token records. With a residency sampler, the last record
+/// of the batch carries a residency sample (taken now; the file scan is rate
+/// limited by the sampler), the others none: tokens are read in batches.
+fn tokens(mut batch: Vec<TokenRecord>, resid: &mut Option<Sampler>, sinks: &mut [Box<dyn Sink>]) -> Result<()> {
+    if let (Some(s), Some(last)) = (resid.as_mut(), batch.last_mut()) {
+        match s.sample() {
+            Ok(x) => last.residency = Some(x.residency),
+            Err(e) => {
+                log::warn!("residency sampling stopped: {e}");
+                *resid = None;
+            }
+        }
+    }
+    for t in batch {
+        emit(sinks, &Event::Token(t))?;
+    }
+    Ok(())
+}
+
+fn drain(
+    ring: &mut RingBuf<MapData>,
+    asm: &mut Assembler,
+    resid: &mut Option<Sampler>,
+    sinks: &mut [Box<dyn Sink>],
+) -> Result<()> {
+    let mut batch = Vec::new();
+    while let Some(item) = ring.next() {
+        if let Some(t) = asm.push(&item) {
+            batch.push(t);
+        }
+    }
+    if batch.is_empty() { Ok(()) } else { tokens(batch, resid, sinks) }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn requests_count_from_the_start_of_a_session_and_signals_are_told_apart() {
+        let stop = Stop::default();
+        stop.request();
+        let mut r = stop.requests();
+        stop.request();
+        stop.request();
+        assert_eq!(r.next().await, 2, "two requests after the session started, none before");
+        assert!(!stop.signalled(), "a request is not a signal");
+    }
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_spawned_target_gets_sigint_then_sigkill_and_an_attached_one_is_left() {
+        let cmd: Vec<OsString> = vec!["sleep".into(), "30".into()];
+        let mut t = Target::spawn(&cmd).unwrap();
+        t.release().unwrap();
+        let mut s = Stopper::default();
+        assert!(!s.requested(1, &t), "a spawned target gets time to exit");
+        assert!(s.pending());
+        assert_eq!(t.wait().await.unwrap(), Ending::Exited(128 + libc::SIGINT));
+        let me = Target::attach(std::process::id()).unwrap();
+        assert!(Stopper::default().requested(1, &me), "an attached process: stop at once");
+    }
+}

@@ -1,0 +1,283 @@
+//! Token assembly: from the ring-buffer records of two marks (or two window
+//! snapshots) to a [`TokenRecord`] of the model.
+//!
+//! Rule: a thread's share of a token is the difference of its cumulative
+//! accumulators between the `begin` and the `end` snapshot (each closed at
+//! its mark's instant, so they add up to the token's wall time for a thread
+//! that lived through it). A thread first seen during the token contributes
+//! from its first sighting; its `residual_ns` says what is missing. The
+//! token-level components are the mean over the threads that were on a CPU
+//! during the token; counters are sums over all threads.
+
+use observer_common::{
+    attrib::{
+        F_EXITED, MarkRecord, N_CNT, N_TIME, PHASE_BEGIN, PHASE_END, REC_EXEC, REC_MARK, REC_THREAD, ThreadRecord,
+        ThreadState,
+    },
+    model::{Component, Components, Counter, Counters, StepKind, ThreadToken, TokenRecord},
+};
+
+use crate::capture::{comm_str, engine_abi};
+
+/// All threads' states at one instant.
+#[derive(Debug, Clone)]
+pub struct Snapshot {
+    pub ts: u64,
+    pub index: u64,
+    pub threads: Vec<ThreadState>,
+    pub engine: Option<Vec<u8>>,
+    pub lost: u64,
+    /// The model file's cumulative page-cache (adds, evictions) at this
+    /// instant, when churn is measured.
+    pub churn: Option<(u64, u64)>,
+}
+
+/// Reassembles ring-buffer records into snapshots and pairs them into tokens.
+#[derive(Debug)]
+pub struct Assembler {
+    pending: Vec<ThreadState>,
+    pending_seq: u64,
+    begin: Option<Snapshot>,
+    next_seq: u64,
+    default_kind: StepKind,
+    /// Records that could not be parsed (never expected; counted, not hidden).
+    pub malformed: u64,
+    /// The target called `exec` since this was last cleared.
+    pub exec_seen: bool,
+    /// Page-cache churn of the model file is counted (marks carry it).
+    pub churn: bool,
+}
+
+fn read<T: Copy>(b: &[u8]) -> Option<T> {
+    if b.len() < std::mem::size_of::<T>() {
+        return None;
+    }
+    // SAFETY: length checked; T is a repr(C) plain-data type.
+    Some(unsafe { std::ptr::read_unaligned(b.as_ptr().cast::<T>()) })
+}
+
+impl Assembler {
+    pub fn new(default_kind: StepKind) -> Self {
+        Assembler {
+            pending: Vec::new(),
+            pending_seq: 0,
+            begin: None,
+            next_seq: 0,
+            default_kind,
+            malformed: 0,
+            exec_seen: false,
+            churn: false,
+        }
+    }
+
+    /// Feed one ring-buffer record; returns a token when it completes one.
+    pub fn push(&mut self, bytes: &[u8]) -> Option<TokenRecord> {
+        let Some(kind) = read::<u32>(bytes) else {
+            self.malformed += 1;
+            return None;
+        };
+        match kind {
+            REC_THREAD => {
+                let Some(r) = read::<ThreadRecord>(bytes) else {
+                    self.malformed += 1;
+                    return None;
+                };
+                if r.mark_seq != self.pending_seq {
+                    self.pending.clear();
+                    self.pending_seq = r.mark_seq;
+                }
+                self.pending.push(r.state);
+                None
+            }
+            REC_MARK => {
+                let Some(m) = read::<MarkRecord>(bytes) else {
+                    self.malformed += 1;
+                    return None;
+                };
+                let mut threads =
+                    if m.mark_seq == self.pending_seq { std::mem::take(&mut self.pending) } else { Vec::new() };
+                // The kernel sends raw copies: close them at the mark's instant.
+                for t in &mut threads {
+                    t.account(m.ts);
+                }
+                let snap = Snapshot {
+                    ts: m.ts,
+                    index: m.index,
+                    threads,
+                    engine: (m.has_engine != 0).then(|| m.engine.to_vec()),
+                    lost: m.n_lost as u64,
+                    churn: self.churn.then_some((m.churn_added, m.churn_evicted)),
+                };
+                match m.phase {
+                    PHASE_BEGIN => {
+                        self.begin = Some(snap);
+                        None
+                    }
+                    PHASE_END => {
+                        let begin = self.begin.take()?;
+                        let t = build(&begin, &snap, self.next_seq, self.default_kind);
+                        self.next_seq += 1;
+                        Some(t)
+                    }
+                    _ => {
+                        self.malformed += 1;
+                        None
+                    }
+                }
+            }
+            REC_EXEC => {
+                self.exec_seen = true;
+                None
+            }
+            _ => {
+                self.malformed += 1;
+                None
+            }
+        }
+    }
+
+    /// Window mode: `snap` ends the current window (if any) and begins the next.
+    pub fn window(&mut self, snap: Snapshot) -> Option<TokenRecord> {
+        let prev = self.begin.replace(snap.clone());
+        let begin = prev?;
+        let t = build(&begin, &snap, self.next_seq, StepKind::Window);
+        self.next_seq += 1;
+        Some(t)
+    }
+}
+
+fn on_cpu(t: &[u64; N_TIME]) -> u64 {
+    Component::ALL.iter().filter(|c| c.on_cpu()).filter_map(|c| c.slot()).map(|s| t[s]).sum()
+}
+
+/// Pair two snapshots into a token record.
+pub fn build(begin: &Snapshot, end: &Snapshot, seq: u64, default_kind: StepKind) -> TokenRecord {
+    let wall = end.ts.saturating_sub(begin.ts);
+    let mut threads = Vec::new();
+    let mut sum_active = [0u64; N_TIME];
+    let mut n_active = 0u64;
+    let mut counters = [0u64; N_CNT];
+    for e in &end.threads {
+        let b = begin.threads.iter().find(|b| b.tid == e.tid);
+        if let Some(b) = b
+            && b.flags & F_EXITED != 0
+        {
+            continue; // gone before the token
+        }
+        let zero = [0u64; N_TIME];
+        let zero_c = [0u64; N_CNT];
+        let (bt, bc) = b.map(|b| (&b.time, &b.cnt)).unwrap_or((&zero, &zero_c));
+        let mut dt = [0u64; N_TIME];
+        for i in 0..N_TIME {
+            dt[i] = e.time[i].saturating_sub(bt[i]);
+        }
+        let mut dc = [0u64; N_CNT];
+        for i in 0..N_CNT {
+            dc[i] = e.cnt[i].saturating_sub(bc[i]);
+            counters[i] += dc[i];
+        }
+        let sum: u64 = dt.iter().sum();
+        if on_cpu(&dt) > 0 {
+            n_active += 1;
+            for i in 0..N_TIME {
+                sum_active[i] += dt[i];
+            }
+        }
+        threads.push(ThreadToken {
+            tid: e.tid,
+            comm: comm_str(&e.comm),
+            components: Components::from_kernel(&dt),
+            counters: Counters::from_kernel(&dc),
+            residual_ns: wall as i64 - sum as i64,
+        });
+    }
+    let mean = if n_active == 0 { [0; N_TIME] } else { sum_active.map(|v| v / n_active) };
+    let components = Components::from_kernel(&mean);
+    let decoded = end.engine.as_deref().and_then(engine_abi::decode);
+    let (kind, index, n_tokens, engine) = match decoded {
+        Some(d) => (d.kind, Some(d.index), d.n_tokens, Some(d.telemetry)),
+        None => (default_kind, (default_kind != StepKind::Window).then_some(end.index), 1, None),
+    };
+    let mut counters = Counters::from_kernel(&counters);
+    if let (Some(b), Some(e)) = (begin.churn, end.churn) {
+        counters.set(Counter::PagecacheAdded, Some(e.0.saturating_sub(b.0)));
+        counters.set(Counter::PagecacheEvicted, Some(e.1.saturating_sub(b.1)));
+    }
+    TokenRecord {
+        seq,
+        index,
+        kind,
+        n_tokens,
+        start_ns: begin.ts,
+        wall_ns: wall,
+        residual_ns: wall as i64 - components.sum() as i64,
+        components,
+        counters,
+        engine_compute_ns: engine.as_ref().and_then(|e| e.compute_ns),
+        threads,
+        engine,
+        residency: None,
+        lost_events: end.lost,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use observer_common::attrib::{F_ON_CPU, T_COMPUTE, T_SLEEP};
+
+    fn st(tid: u32, compute: u64, sleep: u64) -> ThreadState {
+        let mut s = ThreadState::zeroed();
+        s.tid = tid;
+        s.flags = F_ON_CPU;
+        s.time[T_COMPUTE] = compute;
+        s.time[T_SLEEP] = sleep;
+        s
+    }
+
+    fn snap(ts: u64, threads: Vec<ThreadState>) -> Snapshot {
+        Snapshot { ts, index: 0, threads, engine: None, lost: 0, churn: None }
+    }
+
+    #[test]
+    fn token_is_the_difference_of_two_snapshots() {
+        let b = snap(1000, vec![st(1, 100, 0), st(2, 0, 50), st(3, 0, 10)]);
+        let e = snap(2000, vec![st(1, 900, 200), st(2, 600, 450), st(3, 0, 1010)]);
+        let t = build(&b, &e, 0, StepKind::Generate);
+        assert_eq!(t.wall_ns, 1000);
+        // Threads 1 and 2 ran; thread 3 slept throughout and is not in the mean.
+        assert_eq!(t.components.get(Component::Compute), Some((800 + 600) / 2));
+        assert_eq!(t.components.get(Component::Sleep), Some((200 + 400) / 2));
+        assert_eq!(t.residual_ns, 0);
+        assert_eq!(t.threads.len(), 3);
+        assert!(t.threads.iter().all(|th| th.residual_ns == 0));
+    }
+
+    #[test]
+    fn a_new_thread_reports_what_is_missing() {
+        let b = snap(1000, vec![st(1, 0, 0)]);
+        let e = snap(2000, vec![st(1, 1000, 0), st(9, 300, 0)]);
+        let t = build(&b, &e, 0, StepKind::Generate);
+        let th = t.threads.iter().find(|t| t.tid == 9).unwrap();
+        assert_eq!(th.residual_ns, 700);
+    }
+
+    #[test]
+    fn window_mode_pairs_consecutive_snapshots() {
+        let mut a = Assembler::new(StepKind::Window);
+        assert!(a.window(snap(0, vec![st(1, 0, 0)])).is_none());
+        let t = a.window(snap(100, vec![st(1, 100, 0)])).unwrap();
+        assert_eq!((t.kind, t.wall_ns, t.index), (StepKind::Window, 100, None));
+        let t = a.window(snap(300, vec![st(1, 250, 50)])).unwrap();
+        assert_eq!(t.seq, 1);
+        assert_eq!(t.components.get(Component::Compute), Some(150));
+    }
+
+    #[test]
+    fn malformed_records_are_counted() {
+        let mut a = Assembler::new(StepKind::Call);
+        assert!(a.push(&[1, 2]).is_none());
+        assert!(a.push(&[9, 0, 0, 0, 0, 0, 0, 0]).is_none());
+        assert_eq!(a.malformed, 2);
+    }
+}

@@ -1,0 +1,521 @@
+//! Prometheus / OpenMetrics exporter: a [`Sink`] that keeps a
+//! `prometheus-client` registry up to date from the model stream, and a small
+//! HTTP endpoint ([`http`]) that serves it.
+//!
+//! ## Spec of the exported metrics
+//! Every family, its name, type, labels and help text is a row of
+//! `observer_common::vocab::FAMILIES` (rendered in the README's Prometheus
+//! table); each vocabulary name that is exported points to its family and the
+//! label value that tells it apart. Names follow Prometheus conventions: a
+//! family per kind of quantity with the name as a label
+//! (`moe_observer_time_seconds_total{component="compute"}`,
+//! `moe_observer_faults_total{kind="file"}`, node_exporter's
+//! `node_cpu_seconds_total{mode}` pattern), base units in the name (seconds,
+//! bytes, pages), `_total` for counters. There are no PID or TID labels. A
+//! value that was never measured has no series at all (never a 0).
+//!
+//! From each token record (one *step*: a generated token, the prompt, a
+//! `--token-symbol` call or a `--window`), label `step` =
+//! `prompt|generate|call|window`:
+//! - `step_duration_seconds`: histogram of the steps' wall time, log2 buckets
+//!   `le = 2^b ns` (b = 8..=38, the kernel's grid), exact `_sum` (the wall time)
+//!   and `_count` (the steps); `tokens_total`: tokens processed (the step's
+//!   `n_tokens`; windows are not tokens and are not counted);
+//! - `time_seconds_total{component}`: the token record's components (the mean
+//!   over the threads that ran), so that they add up to
+//!   `step_duration_seconds_sum` less the residual;
+//!   `rate(time_seconds_total) / rate(step_duration_seconds_count)` is the time
+//!   per step;
+//! - `engine_compute_seconds_total`: the engine's own `compute` (its residual),
+//!   `engine_steps_total` and `engine_steps_compute_seconds_total` (the
+//!   measured `compute` of the same steps): over the steps where both are known,
+//!   so `engine_compute − engine_steps_compute` is exactly the hidden cost;
+//! - counters summed over threads, each where the vocabulary puts it:
+//!   `faults_total{kind="minor|file|swap"}`, `swapin_pages_total`,
+//!   `read_bytes_total`, `pagecache_added_pages_total`,
+//!   `pagecache_evicted_pages_total`, `context_switches_total`.
+//!
+//! Residency, from the latest token record that carries it (gauges):
+//! `dense_resident_ratio`, `dense_swapped_ratio`, `experts_resident_ratio`,
+//! and `layer_experts_resident_ratio{layer}` (mean over the layer's experts;
+//! per layer, not per expert, to keep cardinality bounded).
+//!
+//! Process samples (gauges, absent when no target runs): `target_rss_bytes`,
+//! `target_rss_anon_bytes`, `target_rss_file_bytes`, `target_swap_bytes`,
+//! `mem_available_bytes` (the machine's).
+//!
+//! Kernel latency histograms ([`kernel`]): `fault_latency_seconds{kind}` and
+//! `block_read_latency_seconds{kind}`, with the kernel's exact `_sum` and
+//! `_count` (absent for a histogram replayed from a trace recorded before the
+//! kernel kept sums).
+//!
+//! The observer's health: `lost_events_total`, `probes_attached`,
+//! `probes_missing` (gauges while a target runs), `bpf_run_seconds_total` and
+//! `bpf_runs_total` (the observer's eBPF programs, when the kernel's BPF
+//! statistics are available), `target_up` (1 while a target is observed),
+//! `runs_total` (targets observed; `observer serve` follows restarts) and
+//! `build_info{version,trace_format}` (always 1).
+//!
+//! Counters never go down, also across target restarts: per-run cumulative
+//! inputs (kernel histograms, lost events, BPF run time) are added as deltas.
+
+pub mod http;
+pub mod kernel;
+pub mod value;
+
+use std::{
+    collections::BTreeMap,
+    sync::{Arc, Mutex},
+};
+
+use observer_common::{
+    model::{Component, Event, LatencyHistograms, ObserverHealth, ProcessSample, StepKind, TokenRecord},
+    vocab::{self, Family as VocabFamily, Row, Unit as VocabUnit},
+};
+use prometheus_client::{
+    encoding::{EncodeMetric, prometheus_text, text},
+    metrics::{counter::Counter, family::Family, gauge::Gauge, histogram::Histogram},
+    registry::{Registry, Unit},
+};
+
+use crate::sinks::Sink;
+pub use http::{Endpoint, MetricsError, parse_addr};
+use kernel::KernelHists;
+use value::{Count, Level, Seconds};
+
+/// Prefix of every metric name.
+pub const PREFIX: &str = vocab::PROM_PREFIX;
+
+/// Exposition formats.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Format {
+    /// OpenMetrics 1.0 text.
+    OpenMetrics,
+    /// Prometheus text format 0.0.4 (what `promtool check metrics` reads).
+    Text,
+}
+
+impl Format {
+    pub const fn content_type(self) -> &'static str {
+        match self {
+            Format::OpenMetrics => "application/openmetrics-text; version=1.0.0; charset=utf-8",
+            Format::Text => prometheus_text::CONTENT_TYPE,
+        }
+    }
+}
+
+/// A series' labels: (name, value) pairs, names from the vocabulary.
+pub type Labels = Vec<(&'static str, &'static str)>;
+
+/// Exported log2 bounds of `step_duration_seconds` (same grid as the kernel's).
+fn duration_buckets() -> impl Iterator<Item = f64> {
+    (kernel::FIRST_BUCKET..=kernel::LAST_BUCKET).map(|b| (1u64 << b) as f64 / 1e9)
+}
+
+fn new_duration_histogram() -> Histogram {
+    Histogram::new(duration_buckets())
+}
+
+type Steps = Family<Labels, Counter>;
+type Times = Family<Labels, Seconds>;
+/// Labels with computed values (a layer number, a version).
+pub type OwnedLabels = Vec<(&'static str, String)>;
+type Ratios = Family<OwnedLabels, Gauge<f64, std::sync::atomic::AtomicU64>>;
+
+/// Register `metric` as the vocabulary's family `f` (name, unit, help).
+fn register(
+    r: &mut Registry,
+    f: &VocabFamily,
+    metric: impl EncodeMetric + Clone + Send + Sync + std::fmt::Debug + 'static,
+) {
+    match f.unit {
+        Some(u) => r.register_with_unit(
+            f.stem,
+            f.help,
+            match u {
+                VocabUnit::Seconds => Unit::Seconds,
+                VocabUnit::Bytes => Unit::Bytes,
+                VocabUnit::Pages => Unit::Other(u.name().into()),
+            },
+            metric,
+        ),
+        None => r.register(f.stem, f.help, metric),
+    }
+}
+
+/// The registry and the handles the sink updates. Shared (`Arc`) between the
+/// run loop (sinks) and the HTTP endpoint; all updates are atomics or short
+/// critical sections, so a scrape never holds up the run loop for long.
+#[derive(Debug)]
+pub struct Exporter {
+    registry: Registry,
+    tokens: Steps,
+    duration: Family<Labels, Histogram, fn() -> Histogram>,
+    /// Families of the vocabulary's components and counters, by stem.
+    times: BTreeMap<&'static str, Times>,
+    counts: BTreeMap<&'static str, Steps>,
+    engine_compute: Times,
+    engine_steps: Steps,
+    engine_steps_compute: Times,
+    dense_resident: Level,
+    dense_swapped: Level,
+    experts_resident: Level,
+    layer_resident: Ratios,
+    rss: Level,
+    rss_anon: Level,
+    rss_file: Level,
+    swap: Level,
+    mem_available: Level,
+    lost_events: Count,
+    probes_attached: Level,
+    probes_missing: Level,
+    bpf_run: Seconds,
+    bpf_runs: Count,
+    target_up: Gauge,
+    runs: Counter,
+    kernel: Mutex<KernelHists>,
+}
+
+impl Exporter {
+    pub fn new() -> Arc<Exporter> {
+        let mut r = Registry::with_prefix(PREFIX);
+        let duration = Family::<Labels, Histogram, fn() -> Histogram>::new_with_constructor(
+            new_duration_histogram as fn() -> Histogram,
+        );
+        register(&mut r, &vocab::F_STEP_DURATION, duration.clone());
+        let tokens = Steps::default();
+        register(&mut r, &vocab::F_TOKENS, tokens.clone());
+        // The families the vocabulary's components and counters point to.
+        let mut times = BTreeMap::new();
+        let mut counts = BTreeMap::new();
+        let rows =
+            Component::ALL.iter().map(|c| c.row()).chain(observer_common::model::Counter::ALL.iter().map(|c| c.row()));
+        for row in rows {
+            let Some(s) = row.prom else { continue };
+            let f = s.family;
+            if times.contains_key(f.stem) || counts.contains_key(f.stem) {
+                continue;
+            }
+            if f.unit == Some(VocabUnit::Seconds) {
+                let fam = Times::default();
+                register(&mut r, f, fam.clone());
+                times.insert(f.stem, fam);
+            } else {
+                let fam = Steps::default();
+                register(&mut r, f, fam.clone());
+                counts.insert(f.stem, fam);
+            }
+        }
+        let engine_compute = Times::default();
+        register(&mut r, &vocab::F_ENGINE_COMPUTE, engine_compute.clone());
+        let engine_steps = Steps::default();
+        register(&mut r, &vocab::F_ENGINE_STEPS, engine_steps.clone());
+        let engine_steps_compute = Times::default();
+        register(&mut r, &vocab::F_ENGINE_STEPS_COMPUTE, engine_steps_compute.clone());
+        let level = |r: &mut Registry, f: &VocabFamily| {
+            let l = Level::default();
+            register(r, f, l.clone());
+            l
+        };
+        let dense_resident = level(&mut r, &vocab::F_DENSE_RESIDENT);
+        let dense_swapped = level(&mut r, &vocab::F_DENSE_SWAPPED);
+        let experts_resident = level(&mut r, &vocab::F_EXPERTS_RESIDENT);
+        let layer_resident = Ratios::default();
+        register(&mut r, &vocab::F_LAYER_EXPERTS_RESIDENT, layer_resident.clone());
+        let rss = level(&mut r, &vocab::F_TARGET_RSS);
+        let rss_anon = level(&mut r, &vocab::F_TARGET_RSS_ANON);
+        let rss_file = level(&mut r, &vocab::F_TARGET_RSS_FILE);
+        let swap = level(&mut r, &vocab::F_TARGET_SWAP);
+        let mem_available = level(&mut r, &vocab::F_MEM_AVAILABLE);
+        let lost_events = Count::default();
+        register(&mut r, &vocab::F_LOST_EVENTS, lost_events.clone());
+        let probes_attached = level(&mut r, &vocab::F_PROBES_ATTACHED);
+        let probes_missing = level(&mut r, &vocab::F_PROBES_MISSING);
+        let bpf_run = Seconds::default();
+        register(&mut r, &vocab::F_BPF_RUN, bpf_run.clone());
+        let bpf_runs = Count::default();
+        register(&mut r, &vocab::F_BPF_RUNS, bpf_runs.clone());
+        let target_up = Gauge::default();
+        register(&mut r, &vocab::F_TARGET_UP, target_up.clone());
+        let runs = Counter::default();
+        register(&mut r, &vocab::F_RUNS, runs.clone());
+        let build_info = Family::<OwnedLabels, Gauge>::default();
+        build_info.get_or_create(&build_info_labels()).set(1);
+        register(&mut r, &vocab::F_BUILD_INFO, build_info);
+        Arc::new(Exporter {
+            registry: r,
+            tokens,
+            duration,
+            times,
+            counts,
+            engine_compute,
+            engine_steps,
+            engine_steps_compute,
+            dense_resident,
+            dense_swapped,
+            experts_resident,
+            layer_resident,
+            rss,
+            rss_anon,
+            rss_file,
+            swap,
+            mem_available,
+            lost_events,
+            probes_attached,
+            probes_missing,
+            bpf_run,
+            bpf_runs,
+            target_up,
+            runs,
+            kernel: Mutex::new(KernelHists::default()),
+        })
+    }
+
+    /// The whole exposition in `format`.
+    pub fn render(&self, format: Format) -> Result<String, std::fmt::Error> {
+        let mut s = String::with_capacity(32 << 10);
+        match format {
+            Format::OpenMetrics => text::encode_registry(&mut s, &self.registry)?,
+            Format::Text => prometheus_text::encode(&mut s, &self.registry)?,
+        }
+        // The sink takes this lock for each Histograms event: hold it only
+        // for these few families.
+        self.kernel.lock().unwrap_or_else(|p| p.into_inner()).encode(&mut s, format)?;
+        if format == Format::OpenMetrics {
+            text::encode_eof(&mut s)?;
+        }
+        Ok(s)
+    }
+
+    /// A sink feeding this exporter (one per target lifetime).
+    pub fn sink(self: &Arc<Self>) -> MetricsSink {
+        MetricsSink { ex: Arc::clone(self), run: RunState::default(), steps: Default::default(), _endpoint: None }
+    }
+
+    fn step_handles(&self, k: StepKind) -> StepHandles {
+        let step: Labels = vec![(STEP_LABEL, k.name())];
+        StepHandles {
+            tokens: (k != StepKind::Window).then(|| self.tokens.get_or_create_owned(&step)),
+            duration: self.duration.get_or_create_owned(&step),
+            components: Default::default(),
+            counters: Default::default(),
+            engine: None,
+            step,
+        }
+    }
+
+    /// The series of `row` for a step: its family's, with the step label and the row's own label.
+    fn labels(step: &Labels, row: &Row) -> Labels {
+        let mut l = step.clone();
+        if let Some(kv) = row.prom.and_then(|p| p.label) {
+            l.push(kv);
+        }
+        l
+    }
+
+    fn clear_target_gauges(&self) {
+        for l in [
+            &self.rss,
+            &self.rss_anon,
+            &self.rss_file,
+            &self.swap,
+            &self.dense_resident,
+            &self.dense_swapped,
+            &self.experts_resident,
+            &self.probes_attached,
+            &self.probes_missing,
+        ] {
+            l.set(None);
+        }
+        self.layer_resident.clear();
+    }
+}
+
+/// The label every series of a token-derived family carries.
+const STEP_LABEL: &str = vocab::F_TIME.labels[0];
+
+/// `build_info`'s labels.
+fn build_info_labels() -> OwnedLabels {
+    vec![
+        (vocab::F_BUILD_INFO.labels[0], env!("CARGO_PKG_VERSION").to_string()),
+        (vocab::F_BUILD_INFO.labels[1], crate::store::trace::VERSION.to_string()),
+    ]
+}
+
+/// Handles of one step kind, created on first use (a family member exists
+/// only once measured).
+struct StepHandles {
+    step: Labels,
+    tokens: Option<Counter>,
+    duration: Histogram,
+    components: [Option<Seconds>; Component::N],
+    counters: [Option<Counter>; observer_common::model::Counter::N],
+    engine: Option<(Seconds, Counter, Seconds)>,
+}
+
+/// Per-run baselines of the per-run cumulative inputs.
+#[derive(Debug, Default)]
+struct RunState {
+    hists: BTreeMap<String, Vec<u64>>,
+    hist_sums: BTreeMap<String, u64>,
+    lost: u64,
+    bpf_ns: u64,
+    bpf_n: u64,
+    /// Health samples arrived (eBPF mode): lost events are measured.
+    health_seen: bool,
+}
+
+/// `now − last` (0 if it went backwards), and remember `now`.
+fn delta(last: &mut u64, now: u64) -> u64 {
+    let d = now.saturating_sub(*last);
+    *last = (*last).max(now);
+    d
+}
+
+/// The exporter's sink: updates the registry from the model stream. Never
+/// blocks beyond short critical sections shared with a scrape.
+pub struct MetricsSink {
+    ex: Arc<Exporter>,
+    run: RunState,
+    steps: [Option<StepHandles>; StepKind::ALL.len()],
+    /// Keeps the endpoint of `observer run --metrics-addr` up for the run.
+    _endpoint: Option<Endpoint>,
+}
+
+impl std::fmt::Debug for MetricsSink {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MetricsSink").finish_non_exhaustive()
+    }
+}
+
+impl MetricsSink {
+    fn token(&mut self, t: &TokenRecord) {
+        let ex = &self.ex;
+        let h = self.steps[t.kind as usize].get_or_insert_with(|| ex.step_handles(t.kind));
+        if let Some(tok) = &h.tokens {
+            tok.inc_by(t.n_tokens);
+        }
+        h.duration.observe(t.wall_ns as f64 / 1e9);
+        for (c, v) in t.components.iter() {
+            let (Some(v), Some(p)) = (v, c.row().prom) else { continue };
+            h.components[c as usize]
+                .get_or_insert_with(|| ex.times[p.family.stem].get_or_create_owned(&Exporter::labels(&h.step, c.row())))
+                .add_ns(v);
+        }
+        for (c, v) in t.counters.iter() {
+            let (Some(v), Some(p)) = (v, c.row().prom) else { continue };
+            h.counters[c as usize]
+                .get_or_insert_with(|| {
+                    ex.counts[p.family.stem].get_or_create_owned(&Exporter::labels(&h.step, c.row()))
+                })
+                .inc_by(v);
+        }
+        if let (Some(engine), Some(measured)) = (t.engine_compute_ns, t.components.get(Component::Compute)) {
+            let (e, n, m) = h.engine.get_or_insert_with(|| {
+                (
+                    ex.engine_compute.get_or_create_owned(&h.step),
+                    ex.engine_steps.get_or_create_owned(&h.step),
+                    ex.engine_steps_compute.get_or_create_owned(&h.step),
+                )
+            });
+            e.add_ns(engine);
+            n.inc();
+            m.add_ns(measured);
+        }
+        if let Some(r) = &t.residency {
+            ex.dense_resident.set(r.dense_resident_frac);
+            ex.dense_swapped.set(r.dense_swapped_frac);
+            ex.experts_resident.set(r.experts_resident_frac);
+            match &r.grid {
+                Some(g) if g.n_experts > 0 => {
+                    for (layer, row) in g.resident.chunks(g.n_experts as usize).enumerate().take(g.n_layers as usize) {
+                        let mean = row.iter().map(|v| f64::from(*v)).sum::<f64>() / row.len() as f64;
+                        ex.layer_resident.get_or_create(&layer_labels(layer)).set(mean);
+                    }
+                }
+                _ => ex.layer_resident.clear(),
+            }
+        }
+    }
+
+    fn process(&self, p: &ProcessSample) {
+        let f = |v: Option<u64>| v.map(|v| v as f64);
+        self.ex.rss.set(f(p.rss_bytes));
+        self.ex.rss_anon.set(f(p.rss_anon_bytes));
+        self.ex.rss_file.set(f(p.rss_file_bytes));
+        self.ex.swap.set(f(p.swap_bytes));
+        self.ex.mem_available.set(f(p.mem_available_bytes));
+    }
+
+    fn histograms(&mut self, h: &LatencyHistograms) {
+        let mut k = self.ex.kernel.lock().unwrap_or_else(|p| p.into_inner());
+        for (kind, counts) in &h.kinds {
+            let last = self.run.hists.entry(kind.clone()).or_default();
+            if last.len() != counts.len() {
+                last.resize(counts.len(), 0);
+            }
+            let d: Vec<u64> = counts.iter().zip(last.iter_mut()).map(|(now, last)| delta(last, *now)).collect();
+            let sum = h.sum_ns.get(kind).map(|s| delta(self.run.hist_sums.entry(kind.clone()).or_default(), *s));
+            k.add(kind, &d, sum);
+        }
+    }
+
+    fn health(&mut self, h: &ObserverHealth) {
+        self.run.health_seen = true;
+        self.ex.lost_events.add(delta(&mut self.run.lost, h.lost_events));
+        self.ex.probes_attached.set(Some(f64::from(h.probes_attached)));
+        self.ex.probes_missing.set(Some(f64::from(h.probes_missing)));
+        if let Some(ns) = h.bpf_run_ns {
+            self.ex.bpf_run.add_ns(delta(&mut self.run.bpf_ns, ns));
+        }
+        if let Some(n) = h.bpf_run_count {
+            self.ex.bpf_runs.add(delta(&mut self.run.bpf_n, n));
+        }
+    }
+}
+
+impl Sink for MetricsSink {
+    fn event(&mut self, ev: &Event) -> anyhow::Result<()> {
+        match ev {
+            Event::Header(_) => {
+                self.run = RunState::default();
+                self.ex.runs.inc();
+                self.ex.target_up.set(1);
+            }
+            Event::Token(t) => self.token(t),
+            Event::Process(p) => self.process(p),
+            Event::Histograms(h) => self.histograms(h),
+            Event::Health(h) => self.health(h),
+            Event::Totals(_) => {}
+            Event::End(e) => {
+                // The run's final count; the procfs fallback measures no lost
+                // events (it sends no Health samples and reports 0 here).
+                if self.run.health_seen {
+                    self.ex.lost_events.add(delta(&mut self.run.lost, e.lost_events));
+                }
+                self.ex.target_up.set(0);
+                self.ex.clear_target_gauges();
+            }
+        }
+        Ok(())
+    }
+}
+
+/// `layer_experts_resident_ratio`'s labels (layers are bounded by the model).
+fn layer_labels(layer: usize) -> OwnedLabels {
+    vec![(vocab::F_LAYER_EXPERTS_RESIDENT.labels[0], layer.to_string())]
+}
+
+/// Start an endpoint on `addr` with a fresh exporter and return its sink (for
+/// `observer run --metrics-addr`): the endpoint lives as long as the sink.
+pub fn run_sink(addr: &str) -> Result<MetricsSink, MetricsError> {
+    let ex = Exporter::new();
+    let ep = Endpoint::start(addr, Arc::clone(&ex))?;
+    log::info!("metrics at http://{}/metrics", ep.local_addr());
+    let mut s = ex.sink();
+    s._endpoint = Some(ep);
+    Ok(s)
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,182 @@
+//! Loading a run from a file, whatever its format, as the model stream:
+//! observer traces (`crate::store::trace`) and `bmoe_metrics v1` CSV files
+//! ([`bmoe`]). `report`, `diff` and `export` all start here, so an imported
+//! run goes through the same code as a recorded one.
+
+pub mod bmoe;
+
+use std::{
+    io::Read,
+    path::{Path, PathBuf},
+};
+
+use observer_common::model::{Event, ProcessSample, RunEnd, RunHeader, StepKind, TokenRecord};
+
+use crate::store::trace::{self, RecorderStats};
+
+#[derive(Debug, thiserror::Error)]
+pub enum ImportError {
+    #[error("{}: {source}", path.display())]
+    Io { path: PathBuf, source: std::io::Error },
+    #[error(transparent)]
+    Trace(#[from] trace::TraceError),
+    #[error("{}:{line}: {msg}", path.display())]
+    Bmoe { path: PathBuf, line: usize, msg: String },
+    #[error(
+        "{} is neither an observer trace (starts with \"MOETRACE\") nor a bmoe_metrics CSV (starts with \"# bmoe_metrics v1\")",
+        path.display()
+    )]
+    Unknown { path: PathBuf },
+    #[error("{} has no token records: nothing to summarise", path.display())]
+    NoTokens { path: PathBuf },
+}
+
+/// Where a run came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Format {
+    Trace,
+    BmoeMetrics,
+}
+
+impl std::fmt::Display for Format {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Format::Trace => "trace",
+            Format::BmoeMetrics => "bmoe_metrics v1",
+        })
+    }
+}
+
+/// One run, read completely.
+#[derive(Debug, Clone)]
+pub struct LoadedRun {
+    pub path: PathBuf,
+    pub format: Format,
+    /// The run's header; a default one (and a note) when the trace lost it.
+    pub header: RunHeader,
+    pub tokens: Vec<TokenRecord>,
+    pub process: Vec<ProcessSample>,
+    pub end: Option<RunEnd>,
+    /// Other events (histograms, health, …), in order.
+    pub other: Vec<Event>,
+    /// The recorder's counts (traces with an end record only).
+    pub recorder: Option<RecorderStats>,
+    /// Problems met while reading (truncation, corruption, skipped rows).
+    pub notes: Vec<String>,
+}
+
+impl LoadedRun {
+    /// The records a per-token summary is about: generated tokens, or every
+    /// record except prompt steps when none is marked as generated (calls,
+    /// windows). The same rule as `attribution::summarise`.
+    pub fn summarised(&self) -> Vec<&TokenRecord> {
+        let gen_: Vec<&TokenRecord> = self.tokens.iter().filter(|t| t.kind == StepKind::Generate).collect();
+        if gen_.is_empty() { self.tokens.iter().filter(|t| t.kind != StepKind::Prompt).collect() } else { gen_ }
+    }
+
+    /// Events lost anywhere: the kernel side (end record, else the sum over
+    /// tokens) plus the recorder's drops.
+    pub fn lost_events(&self) -> u64 {
+        let kernel = match &self.end {
+            Some(e) => e.lost_events,
+            None => self.tokens.iter().map(|t| t.lost_events).sum(),
+        };
+        kernel + self.recorder.map(|r| r.dropped()).unwrap_or(0)
+    }
+
+    /// Build from a stream of events (any source).
+    pub fn from_events(path: &Path, format: Format, events: impl IntoIterator<Item = Event>) -> Self {
+        let mut run = LoadedRun {
+            path: path.to_path_buf(),
+            format,
+            header: RunHeader::default(),
+            tokens: Vec::new(),
+            process: Vec::new(),
+            end: None,
+            other: Vec::new(),
+            recorder: None,
+            notes: Vec::new(),
+        };
+        let mut have_header = false;
+        for ev in events {
+            match ev {
+                Event::Header(h) if !have_header => {
+                    run.header = h;
+                    have_header = true;
+                }
+                Event::Header(_) => run.notes.push("a second header record was ignored".into()),
+                Event::Token(t) => run.tokens.push(t),
+                Event::Process(p) => run.process.push(p),
+                Event::End(e) => run.end = Some(e),
+                other => run.other.push(other),
+            }
+        }
+        if !have_header {
+            run.notes.push("the header record is missing: host, boot and configuration are unknown".into());
+        }
+        run
+    }
+}
+
+/// A file's events in stream order, whatever its format: what a replay
+/// consumes (`observer tui --replay FILE` can take a CSV too).
+#[derive(Debug, Clone)]
+pub struct Events {
+    pub format: Format,
+    pub events: Vec<Event>,
+    /// Problems met while reading (truncation, corruption, skipped rows).
+    pub notes: Vec<String>,
+    /// The recorder's counts (traces with an end record only).
+    pub recorder: Option<RecorderStats>,
+}
+
+/// Read a trace or a bmoe_metrics CSV into its event stream.
+pub fn load_events(path: &Path) -> Result<Events, ImportError> {
+    let io = |source| ImportError::Io { path: path.to_path_buf(), source };
+    let mut head = [0u8; 16];
+    let n = {
+        let mut f = std::fs::File::open(path).map_err(io)?;
+        let mut n = 0;
+        while n < head.len() {
+            let k = f.read(&mut head[n..]).map_err(io)?;
+            if k == 0 {
+                break;
+            }
+            n += k;
+        }
+        n
+    };
+    let head = &head[..n];
+    if n > 0 && trace::FILE_MAGIC.starts_with(&head[..n.min(8)]) {
+        let mut r = trace::Reader::open(path)?;
+        let events: Vec<Event> = r.by_ref().collect();
+        let mut notes: Vec<String> = r.issues().iter().map(|i| format!("{}: {i}", path.display())).collect();
+        if !r.complete() {
+            notes.push(format!(
+                "{}: no end record: the recording was cut short (observer killed?); events it dropped are unknown",
+                path.display()
+            ));
+        }
+        return Ok(Events { format: Format::Trace, events, notes, recorder: r.recorder() });
+    }
+    if bmoe::sniff(head) {
+        let text = std::fs::read_to_string(path).map_err(io)?;
+        let (events, notes) = bmoe::parse(path, &text)?;
+        return Ok(Events { format: Format::BmoeMetrics, events, notes, recorder: None });
+    }
+    Err(ImportError::Unknown { path: path.to_path_buf() })
+}
+
+/// Read a trace or a bmoe_metrics CSV as one run; an error when it has no
+/// token records.
+pub fn load(path: &Path) -> Result<LoadedRun, ImportError> {
+    let e = load_events(path)?;
+    let mut run = LoadedRun::from_events(path, e.format, e.events);
+    run.recorder = e.recorder;
+    run.notes.extend(e.notes);
+    if run.tokens.is_empty() {
+        return Err(ImportError::NoTokens { path: path.to_path_buf() });
+    }
+    Ok(run)
+}
