@@ -380,3 +380,50 @@ fn released_shapes_state_memory() {
         assert_eq!((b.kv, b.recurrent), (kv as u64, recurrent as u64), "{preset}");
     }
 }
+
+/// `engine run` prints the session's KV and recurrent state at start, in the numbers the
+/// synthetic file's shapes give (computed here from the `SynthConfig`, not by the engine):
+/// qwen35moe-tiny (layers 0-2 DeltaNet, 3 full attention), gpt-oss-tiny (a window of 16 cells,
+/// padded with a batch to 512, beside a full layer).
+#[test]
+fn run_prints_the_state_memory_at_start() {
+    let n_ctx = 700;
+    for preset in ["qwen35moe-tiny", "gpt-oss-tiny", "tiny"] {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join(format!("{preset}.gguf"));
+        let c = SynthConfig::preset(preset).unwrap();
+        write_model(&c, &path, 2, |_| {}).unwrap();
+        let kv_cell = 2 * c.kv_heads * c.head_dim * 2;
+        let (full, window, deltanet) = match c.arch {
+            Arch::Qwen35Moe => (c.layers / c.full_attn_interval, 0, c.layers - c.layers / c.full_attn_interval),
+            Arch::GptOss => (c.layers / 2, c.layers / 2, 0),
+            _ => (c.layers, 0, 0),
+        };
+        let kv = kv_cell * (full * n_ctx + window * 512);
+        let conv_channels = c.ssm_state * (2 * c.ssm_k_heads + c.ssm_v_heads);
+        let recurrent =
+            deltanet * 4 * ((c.ssm_conv.max(1) - 1) * conv_channels + c.ssm_state * c.ssm_state * c.ssm_v_heads);
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_engine"))
+            .arg("run")
+            .arg("-m")
+            .arg(&path)
+            .args(["-p", "The quick brown fox", "-n", "2", "-t", "1", "--ctx", &n_ctx.to_string()])
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "{preset}: {stderr}");
+        let mib = |b: usize| format!("{:.2} MiB", b as f64 / 1048576.0);
+        let want = format!(
+            "({} layers: {full} full attention, {window} sliding window, {deltanet} DeltaNet): KV + state for {n_ctx} \
+             positions {} (KV cache {}, recurrent state {})",
+            c.layers,
+            mib(kv + recurrent),
+            mib(kv),
+            mib(recurrent)
+        );
+        assert!(stderr.contains(&want), "{preset}: want {want:?} in\n{stderr}");
+        if c.arch == Arch::Qwen35Moe {
+            assert!(recurrent > 0 && deltanet == 3);
+        }
+    }
+}
