@@ -9,7 +9,7 @@ use clap::{CommandFactory, Parser, Subcommand};
 use crate::placement::{DensePolicy, ExpertAdvice, ExpertPolicy};
 
 #[derive(Parser)]
-#[command(name = "engine", about = "Embedded MoE engine (qwen3moe GGUF)")]
+#[command(name = "engine", about = "Embedded MoE engine (qwen3moe, olmoe, qwen35moe, gpt-oss GGUF)")]
 pub struct Cli {
     #[command(subcommand)]
     pub cmd: Cmd,
@@ -24,7 +24,7 @@ pub enum Cmd {
         #[arg(long)]
         experts: bool,
     },
-    /// Write a synthetic qwen3moe GGUF with random weights.
+    /// Write a synthetic GGUF (any supported architecture, by preset) with random weights.
     Synth(SynthArgs),
     /// Run a prompt and generate.
     Run(RunArgs),
@@ -44,10 +44,11 @@ pub enum Cmd {
 pub struct SynthArgs {
     #[arg(short, long)]
     pub output: PathBuf,
-    /// tiny | small | qwen3-30b-a3b
+    /// tiny | small | qwen3-30b-a3b | olmoe-tiny | olmoe-bench | olmoe-1b-7b | qwen35moe-tiny |
+    /// qwen35moe-bench | qwen3.6-35b-a3b | gpt-oss-tiny | gpt-oss-bench | gpt-oss-20b
     #[arg(long, default_value = "tiny")]
     pub preset: String,
-    /// q8_0 | q4_k | q6_k | q4_k_m (default: the preset's)
+    /// q8_0 | q4_k | q6_k | q4_k_m | mxfp4 (default: the preset's)
     #[arg(long)]
     pub quant: Option<String>,
     #[arg(long)]
@@ -68,6 +69,30 @@ pub struct SynthArgs {
     pub expert_ffn: Option<usize>,
     #[arg(long)]
     pub vocab: Option<usize>,
+    /// Dimensions of each head RoPE rotates (qwen35moe: partial RoPE).
+    #[arg(long)]
+    pub rope_dims: Option<usize>,
+    /// RoPE sections `t,h,w,e` (qwen35moe's multi-section RoPE).
+    #[arg(long, value_delimiter = ',')]
+    pub rope_sections: Option<Vec<usize>>,
+    /// Rows of the shared expert (qwen35moe).
+    #[arg(long)]
+    pub shared_ffn: Option<usize>,
+    /// Every n-th layer has full attention, the others DeltaNet (qwen35moe).
+    #[arg(long)]
+    pub full_attn_interval: Option<usize>,
+    /// DeltaNet head dimension (qwen35moe).
+    #[arg(long)]
+    pub ssm_state: Option<usize>,
+    /// DeltaNet Q/K heads (qwen35moe).
+    #[arg(long)]
+    pub ssm_k_heads: Option<usize>,
+    /// DeltaNet V heads (qwen35moe).
+    #[arg(long)]
+    pub ssm_v_heads: Option<usize>,
+    /// Sliding window of every other layer (gpt-oss).
+    #[arg(long)]
+    pub sliding_window: Option<usize>,
     /// Router skew exponent: expert of popularity rank r gets router rows scaled by (r+1)^-skew.
     #[arg(long)]
     pub router_skew: Option<f32>,

@@ -13,8 +13,8 @@
 pub mod arch;
 pub mod attention;
 pub mod blocks;
-pub mod cli;
 pub mod cache;
+pub mod cli;
 pub mod dense_regions;
 pub mod errors;
 pub mod files;

@@ -229,14 +229,19 @@ fn bench(a: &BenchArgs) -> Result<()> {
 
 fn synth(a: SynthArgs) -> Result<()> {
     let mut c = SynthConfig::preset(&a.preset)
-        .with_context(|| format!("unknown preset {:?} (tiny, small, qwen3-30b-a3b)", a.preset))?;
+        .with_context(|| format!("unknown preset {:?} ({})", a.preset, engine::synth::PRESETS))?;
     if let Some(q) = &a.quant {
-        c.quant = QuantMix::parse(q).with_context(|| format!("unknown quant {q:?} (q8_0, q4_k, q6_k, q4_k_m)"))?;
+        c.quant =
+            QuantMix::parse(q).with_context(|| format!("unknown quant {q:?} (q8_0, q4_k, q6_k, q4_k_m, mxfp4)"))?;
     }
     macro_rules! set {
         ($($f:ident),*) => { $( if let Some(v) = a.$f { c.$f = v; } )* };
     }
     set!(layers, hidden, heads, kv_heads, head_dim, experts, experts_used, expert_ffn, vocab, router_skew, output_skew);
+    set!(rope_dims, shared_ffn, full_attn_interval, ssm_state, ssm_k_heads, ssm_v_heads, sliding_window);
+    if let Some(v) = &a.rope_sections {
+        c.rope_sections = v.as_slice().try_into().context("--rope-sections takes four values: t,h,w,e")?;
+    }
     c.tied_output |= a.tied;
     c.seed = a.seed;
     c.validate()?;
@@ -246,7 +251,8 @@ fn synth(a: SynthArgs) -> Result<()> {
     }
     let total = c.total_bytes();
     eprintln!(
-        "synth: {} layers, hidden {}, {}/{} heads × {}, {} experts ({} used) × ffn {}, vocab {}, {}: {:.1} MiB of tensors → {}",
+        "synth: {} {} layers, hidden {}, {}/{} heads × {}, {} experts ({} used) × ffn {}, vocab {}, {}: {:.1} MiB of tensors → {}",
+        c.arch,
         c.layers,
         c.hidden,
         c.heads,
@@ -336,6 +342,22 @@ fn run(a: RunArgs) -> Result<()> {
         sess = sess.with_experts(c);
     }
     sess.ubatch = a.ubatch;
+    let st = sess.state_bytes();
+    let c = &model.cfg;
+    let count = |m: engine::arch::Mixer| c.mixers.iter().filter(|&&x| x == m).count();
+    eprintln!(
+        "engine: {} ({} layers: {} full attention, {} sliding window, {} DeltaNet): KV + state for {} positions \
+         {:.2} MiB (KV cache {:.2} MiB, recurrent state {:.2} MiB)",
+        c.arch,
+        c.n_layer,
+        count(engine::arch::Mixer::Full),
+        count(engine::arch::Mixer::Window),
+        count(engine::arch::Mixer::DeltaNet),
+        sess.n_ctx,
+        mib(st.total()),
+        mib(st.kv),
+        mib(st.recurrent)
+    );
     if prompt.len() + a.n > sess.n_ctx {
         bail!(
             "{}: prompt ({}) + n ({}) exceeds the context ({}, model trained for {})",

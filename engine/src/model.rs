@@ -11,12 +11,19 @@
 //! ```text
 //! x = embed(tokens)                                          blocks::embed
 //! for each layer:
-//!     x += attention(rmsnorm(x, attn_norm))                  blocks::self_attn
+//!     x += attention(rmsnorm(x, attn_norm))                  blocks::self_attn | blocks::delta_net
 //!     x += ffn(rmsnorm(x, ffn_norm))                         blocks::moe | blocks::dense_ffn
 //! logits = output(x[last])                                   blocks::output
 //! ```
 //! (`Session::forward`; each block's module states what it computes and which ggml operations it
 //! reproduces.)
+//!
+//! # Per-sequence memory
+//! A session keeps, per layer, what its attention block carries from token to token
+//! ([`LayerState`]): the f16 KV cache of a full-attention layer (growing to the context), the KV
+//! ring of a sliding-window layer, or the f32 convolution and recurrent state of a DeltaNet layer
+//! (fixed size). [`Config::state_bytes`] gives their total for a context length; `run` prints it
+//! at start.
 //!
 //! Numerics reproduce llama.cpp's CPU backend (a native x86 build, default context: flash
 //! attention, F16 KV cache, repacked `Q4_K`) bit for bit when prompts are processed one token
@@ -33,8 +40,9 @@ use std::ops::Range;
 use std::path::Path;
 use std::time::Instant;
 
-pub use crate::arch::{Arch, Attention, Config, Ffn, Layer};
+pub use crate::arch::{Arch, Attention, Config, Ffn, Layer, Mixer, StateBytes};
 use crate::attention::LayerKv;
+use crate::blocks::delta_net::{self, DeltaState};
 use crate::blocks::weights::Tensors;
 use crate::blocks::{self, Ctx, dense_ffn, embed, moe, output, self_attn};
 pub use crate::blocks::{ExpertWeight, Weight};
@@ -132,18 +140,46 @@ struct Scratch {
     y: Vec<f32>,
     rope: self_attn::Rope,
     attn: self_attn::Scratch,
+    delta: delta_net::Scratch,
     moe: moe::Scratch,
     ffn: dense_ffn::DenseScratch,
     output: output::Scratch,
 }
 
-/// Decoding state of one sequence: KV cache, position, scratch.
+/// What one layer keeps from token to token.
+#[derive(Debug)]
+pub enum LayerState {
+    /// KV cache of an attention layer (a ring for a sliding-window one).
+    Kv(LayerKv),
+    /// Convolution and recurrent state of a DeltaNet layer.
+    Delta(DeltaState),
+}
+
+impl LayerState {
+    fn new(c: &Config, il: usize, n_ctx: usize) -> LayerState {
+        match (c.mixers[il], &c.ssm) {
+            (Mixer::Full, _) => LayerState::Kv(LayerKv::default()),
+            (Mixer::Window, _) => LayerState::Kv(LayerKv::ring(crate::arch::window_cells(c.n_swa, n_ctx))),
+            (Mixer::DeltaNet, Some(ssm)) => LayerState::Delta(DeltaState::new(ssm)),
+            (Mixer::DeltaNet, None) => unreachable!("Config::read gives DeltaNet layers an ssm shape"),
+        }
+    }
+
+    fn clear(&mut self) {
+        match self {
+            LayerState::Kv(kv) => kv.clear(),
+            LayerState::Delta(d) => d.clear(),
+        }
+    }
+}
+
+/// Decoding state of one sequence: KV caches and recurrent states, position, scratch.
 pub struct Session<'m> {
     pub model: &'m Model,
     /// Where the MoE blocks read expert weights ([`Session::with_experts`]; the model's mapping by default).
     experts: &'m dyn moe::ExpertWeights,
     pool: Pool,
-    kv: Vec<LayerKv>,
+    state: Vec<LayerState>,
     pos: usize,
     pub n_ctx: usize,
     logits: Vec<f32>,
@@ -167,13 +203,14 @@ pub const MAX_BATCH: usize = 256;
 impl<'m> Session<'m> {
     pub fn new(model: &'m Model, threads: usize, n_ctx: usize) -> Session<'m> {
         let c = &model.cfg;
+        let n_ctx = n_ctx.min(c.n_ctx_train).max(1);
         Session {
             model,
             experts: model,
             pool: Pool::new(threads),
-            kv: (0..c.n_layer).map(|_| LayerKv::default()).collect(),
+            state: (0..c.n_layer).map(|il| LayerState::new(c, il, n_ctx)).collect(),
             pos: 0,
-            n_ctx: n_ctx.min(c.n_ctx_train).max(1),
+            n_ctx,
             logits: vec![0.0; c.n_vocab],
             scratch: Scratch::default(),
             times: StepTimes::default(),
@@ -199,9 +236,28 @@ impl<'m> Session<'m> {
     /// Forgets the sequence (keeps the allocations).
     pub fn reset(&mut self) {
         self.pos = 0;
-        for l in &mut self.kv {
+        for l in &mut self.state {
             l.clear();
         }
+    }
+
+    /// The KV and recurrent-state bytes this session holds now (grows with the position up to
+    /// [`Session::state_bytes`]).
+    pub fn held_state_bytes(&self) -> StateBytes {
+        let mut b = StateBytes::default();
+        for st in &self.state {
+            match st {
+                LayerState::Kv(kv) => b.kv += (kv.k.len() + kv.v.len()) as u64,
+                LayerState::Delta(d) => b.recurrent += d.bytes() as u64,
+            }
+        }
+        b
+    }
+
+    /// The KV and recurrent-state bytes this session holds at its full context
+    /// ([`Config::state_bytes`] of [`Session::n_ctx`]).
+    pub fn state_bytes(&self) -> StateBytes {
+        self.model.cfg.state_bytes(self.n_ctx)
     }
 
     /// Evaluates `tokens` (at most [`MAX_BATCH`]; longer prompts are split) at the current
@@ -229,26 +285,30 @@ impl<'m> Session<'m> {
         let m = self.model;
         let c = &m.cfg;
         let (n, d) = (tokens.len(), c.n_embd);
-        let Scratch { x, xn, y, rope, attn, moe, ffn, output } = &mut self.scratch;
+        let Scratch { x, xn, y, rope, attn, delta, moe, ffn, output } = &mut self.scratch;
         let (x, xn, y) = (blocks::sized(x, n * d), blocks::sized(xn, n * d), blocks::sized(y, n * d));
         rope.set(c, self.pos, n);
         let ctx = Ctx { model: m, pool: &self.pool, experts: self.experts, n, pos0: self.pos, rope };
 
+        let ffn_norm_name =
+            if matches!(c.arch, Arch::Qwen35Moe | Arch::GptOss) { "attn_post_norm" } else { "ffn_norm" };
         embed::forward(&ctx, &m.tok_embd, tokens, x)?;
         blocks::dump("embd", None, x);
         for (il, layer) in m.layers.iter().enumerate() {
             let t = Instant::now();
             blocks::rms_norm_rows(x, &layer.attn_norm, c.rms_eps, xn);
             blocks::dump("attn_norm", Some(il), xn);
-            match &layer.attn {
-                Attention::Full(w) => self_attn::forward(&ctx, il, w, &mut self.kv[il], xn, attn, y)?,
+            match (&layer.attn, &mut self.state[il]) {
+                (Attention::Full(w), LayerState::Kv(kv)) => self_attn::forward(&ctx, il, w, kv, xn, attn, y)?,
+                (Attention::DeltaNet(w), LayerState::Delta(st)) => delta_net::forward(&ctx, il, w, st, xn, delta, y)?,
+                _ => unreachable!("layer {il}: the session's state follows the config's mixers"),
             }
             blocks::add(x, y);
             self.times.attention_ns += t.elapsed().as_nanos() as u64;
 
             let t = Instant::now();
             blocks::rms_norm_rows(x, &layer.ffn_norm, c.rms_eps, xn);
-            blocks::dump("ffn_norm", Some(il), &xn[(n - 1) * d..]);
+            blocks::dump(ffn_norm_name, Some(il), &xn[(n - 1) * d..]);
             match &layer.ffn {
                 Ffn::Moe(w) => moe::forward(&ctx, il, w, &mut self.expert_counts[il], xn, moe, y)?,
                 Ffn::Dense(w) => dense_ffn::forward(&ctx, w, xn, ffn, y)?,

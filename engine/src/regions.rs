@@ -20,7 +20,13 @@
 //! alignment padding) belong to no region.
 //!
 //! The expert grid has one row per layer that has routed experts (`moe_layers`, ascending block
-//! indices; models such as DeepSeek's start with dense layers) and `n_experts` columns.
+//! indices; models such as DeepSeek's start with dense layers) and `n_experts` columns. Row `r`
+//! is described by `layers[r]` ([`MoeLayer`]): its block index, the routed-expert tensors (a
+//! merged `ffn_gate_up_exps` is one tensor holding each expert's gate and up rows; biases are
+//! tensors of their own), the bytes of one expert, and the layer's shared-expert tensors and
+//! bytes. A consumer that draws the grid labels row `r` with `layers[r].layer` (e.g. `qwen35moe`:
+//! 40 rows of 256 experts, all layers MoE; a model with leading dense layers starts at block
+//! 1 or later) and can show the shared expert beside it as a column of its own.
 
 use std::ops::Range;
 
@@ -73,6 +79,24 @@ pub enum RegionError {
     Uneven { path: String, tensor: String, size: u64, n: u64 },
 }
 
+/// One row of the expert grid: a block with routed experts.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MoeLayer {
+    /// The block index (`blk.N`).
+    pub layer: u32,
+    /// The routed-expert tensors of the block, the part after `blk.N.` (e.g.
+    /// `ffn_gate_up_exps.weight`, `ffn_down_exps.weight`, `ffn_down_exps.bias`), in file order.
+    pub routed_tensors: Vec<String>,
+    /// Gate and up are one merged tensor (`ffn_gate_up_exps`).
+    pub merged_gate_up: bool,
+    /// Bytes of one routed expert (its slices of every routed tensor).
+    pub expert_bytes: u64,
+    /// The shared-expert tensors of the block (`*_shexp`), the part after `blk.N.`.
+    pub shared_tensors: Vec<String>,
+    /// Bytes of the shared expert(s) (0 when the block has none).
+    pub shared_bytes: u64,
+}
+
 /// Dense and per-expert byte ranges of a GGUF file.
 #[derive(Debug, Clone)]
 pub struct RegionMap {
@@ -84,6 +108,10 @@ pub struct RegionMap {
     /// Block indices of the layers with routed experts, ascending: row `r` of the grid is block
     /// `moe_layers[r]`.
     pub moe_layers: Vec<u32>,
+    /// Row `r` of the grid described ([`MoeLayer`]; `layers[r].layer == moe_layers[r]`).
+    pub layers: Vec<MoeLayer>,
+    /// Blocks of the model (`{arch}.block_count`, else one more than the highest `blk.N`).
+    pub n_blocks: u32,
     /// Sorted by offset, non-overlapping.
     pub regions: Vec<Region>,
 }
@@ -166,12 +194,49 @@ impl RegionMap {
         moe_layers.sort_unstable();
         moe_layers.dedup();
         let n_experts = if moe_layers.is_empty() { 0 } else { n_experts.map_or(0, |(n, _)| n) };
+        let layers = moe_layers
+            .iter()
+            .map(|&l| {
+                let mut row = MoeLayer {
+                    layer: l,
+                    routed_tensors: Vec::new(),
+                    merged_gate_up: false,
+                    expert_bytes: 0,
+                    shared_tensors: Vec::new(),
+                    shared_bytes: 0,
+                };
+                for t in &g.tensors {
+                    let Some(Ok((n, rest))) = split_block(&t.name) else { continue };
+                    if n != l {
+                        continue;
+                    }
+                    if is_routed(rest) {
+                        row.merged_gate_up |= rest.starts_with("ffn_gate_up_exps.");
+                        row.expert_bytes += t.size / t.n_slices().max(1);
+                        row.routed_tensors.push(rest.to_owned());
+                    } else if is_shared(rest) {
+                        row.shared_bytes += t.size;
+                        row.shared_tensors.push(rest.to_owned());
+                    }
+                }
+                row
+            })
+            .collect();
+        let blocks_seen = g.tensors.iter().filter_map(|t| split_block(&t.name)?.ok()).map(|(n, _)| n + 1).max();
+        let n_blocks = g
+            .get(&format!("{architecture}.block_count"))
+            .and_then(|v| v.as_u64())
+            .and_then(|n| u32::try_from(n).ok())
+            .or(blocks_seen)
+            .unwrap_or(0);
         Ok(RegionMap {
             path,
             architecture,
             file_len: g.bytes().len() as u64,
             n_experts: u32::try_from(n_experts).unwrap_or(u32::MAX),
             moe_layers,
+            layers,
+            n_blocks,
             regions,
         })
     }
@@ -331,6 +396,49 @@ mod tests {
         assert_eq!(dense0.kind, RegionKind::Dense);
         assert_eq!(m.row_of(0), None);
         assert_eq!(m.cell_of(RegionKind::Expert { layer: 1, expert: 3 }), Some(3));
+        assert_eq!(m.n_blocks, 2, "blocks from the highest blk.N without a block_count key");
+        let row = &m.layers[0];
+        assert_eq!(row.layer, 1);
+        assert!(row.merged_gate_up);
+        assert_eq!(
+            row.routed_tensors,
+            ["ffn_gate_up_exps.weight", "ffn_down_exps.weight", "ffn_down_exps.bias"].map(String::from)
+        );
+        assert_eq!(row.expert_bytes, r.iter().map(|x| x.end - x.start).sum::<u64>());
+        assert_eq!(row.shared_tensors, ["ffn_gate_shexp.weight", "ffn_gate_inp_shexp.weight"].map(String::from));
+        assert_eq!(row.shared_bytes, shared.iter().map(|r| r.len()).sum::<u64>());
+    }
+
+    /// The released models' shapes: 40 x 256 with a merged gate_up and a shared expert per layer
+    /// (qwen35moe), 24 x 32 with biases (gpt-oss), 16 x 64 (olmoe); every row labelled by its block.
+    #[test]
+    fn released_shapes_describe_every_moe_layer() {
+        for (preset, layers, experts) in
+            [("qwen3.6-35b-a3b", 40, 256), ("gpt-oss-20b", 24, 32), ("olmoe-1b-7b", 16, 64)]
+        {
+            let c = crate::synth::SynthConfig::preset(preset).unwrap();
+            let dir = tempfile::tempdir().unwrap();
+            let path = dir.path().join("m.gguf");
+            crate::synth::write_sparse(&c, &path).unwrap();
+            let g = Gguf::open(&path).unwrap();
+            let m = RegionMap::from_gguf(&g).unwrap();
+            assert_eq!((m.n_blocks, m.n_experts, m.moe_layers.len()), (layers, experts, layers as usize), "{preset}");
+            assert_eq!(m.n_cells(), (layers * experts) as usize);
+            for (r, row) in m.layers.iter().enumerate() {
+                assert_eq!(row.layer, r as u32);
+                assert_eq!(row.merged_gate_up, c.arch == crate::arch::Arch::Qwen35Moe, "{preset}");
+                assert_eq!(row.shared_bytes > 0, c.shared_ffn > 0, "{preset}");
+                let want: u64 = g
+                    .tensors
+                    .iter()
+                    .filter(|t| t.name.starts_with(&format!("blk.{r}.")) && t.is_routed_expert())
+                    .map(|t| t.size / t.n_slices())
+                    .sum();
+                assert_eq!(row.expert_bytes, want);
+            }
+            let biases = m.layers[0].routed_tensors.iter().filter(|t| t.ends_with(".bias")).count();
+            assert_eq!(biases, if c.arch == crate::arch::Arch::GptOss { 3 } else { 0 }, "{preset}");
+        }
     }
 
     #[test]

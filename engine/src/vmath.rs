@@ -338,6 +338,51 @@ pub fn swiglu(gate: &[f32], up: &[f32], out: &mut [f32]) {
     }
 }
 
+/// `silu(x) = x / (1 + exp(-x))` in place, like ggml's `ggml_vec_silu_f32` (vector `exp` on full
+/// vectors, libm on the tail).
+pub fn silu(x: &mut [f32]) {
+    fn imp(kind: ExpKind, x: &mut [f32]) {
+        let full = x.len() / kind.lanes() * kind.lanes();
+        let (head, tail) = x.split_at_mut(full);
+        head.iter_mut().for_each(|v| *v = *v / (1.0 + exp_lane(kind, -*v)));
+        tail.iter_mut().for_each(|v| *v = *v / (1.0 + (-*v).exp()));
+    }
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx2,fma,avx512f")]
+    fn avx512(x: &mut [f32]) {
+        imp(ExpKind::Avx512, x)
+    }
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx2,fma")]
+    fn avx2(x: &mut [f32]) {
+        imp(ExpKind::Avx2, x)
+    }
+    match exp_kind() {
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: see `softmax`.
+        ExpKind::Avx512 => unsafe { avx512(x) },
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: see `softmax`.
+        ExpKind::Avx2 => unsafe { avx2(x) },
+        kind => imp(kind, x),
+    }
+}
+
+/// gpt-oss's clamped SwiGLU, `ggml_swiglu_oai` with alpha 1.702 and limit 7 (scalar, libm
+/// `expf`): `x = min(g, 7)`, `y = clamp(u, -7, 7)`, `out = x / (1 + exp(1.702·(-x))) · (y + 1)`.
+pub fn swiglu_oai(gate: &[f32], up: &[f32], out: &mut [f32]) {
+    const ALPHA: f32 = 1.702;
+    const LIMIT: f32 = 7.0;
+    assert!(gate.len() == up.len() && up.len() == out.len(), "swiglu_oai: length mismatch");
+    for ((o, &g), &u) in out.iter_mut().zip(gate).zip(up) {
+        // std::min(g, limit) and std::clamp(u, -limit, limit).
+        let x = if LIMIT < g { LIMIT } else { g };
+        let y = u.clamp(-LIMIT, LIMIT);
+        let glu = x / (1.0 + (ALPHA * -x).exp());
+        *o = glu * (y + 1.0);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

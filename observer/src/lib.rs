@@ -17,8 +17,8 @@
 
 pub mod analysis;
 pub mod capture;
-pub mod plot;
 pub mod output;
+pub mod plot;
 pub mod sinks;
 pub mod store;
 pub mod style;

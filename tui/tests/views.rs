@@ -146,6 +146,21 @@ fn heatmap_view_bins_a_grid_wider_than_the_screen() {
     insta::assert_snapshot!(t.backend());
 }
 
+/// qwen35moe's grid (40 MoE layers × 256 experts) on a 120 × 50 terminal: every layer keeps a
+/// row of its own, labelled with its index, and a cell stands for 3 experts (256 in 114 columns).
+#[test]
+fn heatmap_view_of_a_40_by_256_grid_keeps_every_layer() {
+    let mut app = app_with(&Opts { grid: (40, 256), ..Default::default() });
+    let t = show(&mut app, View::Heatmap, 120, 50);
+    let s = text(t.backend().buffer());
+    assert!(s.contains("one cell = 1 layer × 3 experts"), "{s}");
+    let rows: Vec<&str> = s.lines().filter(|l| l.chars().any(|c| "·░▒▓█".contains(c))).collect();
+    for layer in 0..40 {
+        let label = format!("{layer:>4}  ");
+        assert!(rows.iter().any(|r| r.contains(&label)), "layer {layer} has no row:\n{s}");
+    }
+}
+
 #[test]
 fn heatmap_view_says_not_measured() {
     let mut app = app_with(&Opts { residency: false, ..Default::default() });

@@ -1,5 +1,7 @@
-//! `cargo xtask bench engine`: engine vs llama.cpp's `llama-bench` on the same `small`
-//! synthetic file, same thread count, same run. Both measure pp (a batch of random prompt
+//! `cargo xtask bench engine [--arch A]`: engine vs llama.cpp's `llama-bench` on the same
+//! synthetic file of the architecture (`qwen3moe`: the `small` preset; `olmoe`, `qwen35moe`,
+//! `gpt-oss`: `{arch}-bench`, the released model's per-layer shapes with fewer layers and
+//! experts, ~0.5 GB), same thread count, same run. Both measure pp (a batch of random prompt
 //! tokens from an empty context) and tg (tokens generated one at a time from an empty
 //! context), averaged over repetitions; the result is printed as engine / llama.cpp ratios,
 //! against each llama.cpp build (`llama.rs`): the `avx2` build (the engine's kernel level) and
@@ -22,7 +24,8 @@ use crate::llama;
 pub fn main(args: &[String]) -> Result<()> {
     let mut threads = std::thread::available_parallelism().map_or(1, |n| n.get());
     let (mut n_prompt, mut n_gen, mut reps, mut rounds) = (128usize, 64usize, 2usize, 3usize);
-    let mut preset = "small".to_owned();
+    let mut preset: Option<String> = None;
+    let mut arch = "qwen3moe".to_owned();
     let mut it = args.iter();
     while let Some(a) = it.next() {
         let mut val = |name: &str| it.next().with_context(|| format!("{name} needs a value")).cloned();
@@ -32,12 +35,20 @@ pub fn main(args: &[String]) -> Result<()> {
             "-n" => n_gen = val("-n")?.parse()?,
             "-r" => reps = val("-r")?.parse()?,
             "--rounds" => rounds = val("--rounds")?.parse()?,
-            "--preset" => preset = val("--preset")?,
+            "--preset" => preset = Some(val("--preset")?),
+            "--arch" => arch = val("--arch")?,
             _ => bail!(
-                "usage: cargo xtask bench engine [--threads T] [-p N] [-n N] [-r N] [--rounds N] [--preset small]"
+                "usage: cargo xtask bench engine [--threads T] [-p N] [-n N] [-r N] [--rounds N] \
+                 [--arch qwen3moe|olmoe|qwen35moe|gpt-oss] [--preset NAME]"
             ),
         }
     }
+    let preset = match (preset, arch.as_str()) {
+        (Some(p), _) => p,
+        (None, "qwen3moe") => "small".to_owned(),
+        (None, "olmoe" | "qwen35moe" | "gpt-oss") => format!("{arch}-bench"),
+        (None, other) => bail!("bench engine: unknown architecture {other:?} (qwen3moe, olmoe, qwen35moe, gpt-oss)"),
+    };
     let builds = llama::ensure(&[llama::Target::Llama, llama::Target::Bench])?;
     let peers = builds.all();
     let engine = llama::build_engine()?;
@@ -84,7 +95,7 @@ pub fn main(args: &[String]) -> Result<()> {
         (moe_stats::median(&mut a), moe_stats::median(&mut b))
     };
     let (en_pp, en_tg) = med(&en);
-    println!("medians over {rounds} rounds (engine at its default ISA level):");
+    println!("{arch}, preset {preset}: medians over {rounds} rounds (engine at its default ISA level):");
     print!("{:<8} {:>14}", "test", "engine tok/s");
     for b in &peers {
         print!(" {:>28} {:>8}", format!("llama {} tok/s", b.isa.key), "ratio");

@@ -45,8 +45,8 @@ commands:
   setup              install and check the eBPF toolchain and test tools (root, Debian)
   test [ARGS]        setup, then run the whole test suite (ARGS go to `cargo test`)
   demo               setup, then run the observer on a demo workload
-  parity [OPTIONS]   engine vs llama.cpp: tokens, greedy continuations, logits
-  bench engine [..]  engine vs llama.cpp decode and prompt tok/s, printed as ratios
+  parity [OPTIONS]   engine vs llama.cpp: tokens, greedy continuations, logits (--arch A,B)
+  bench engine [..]  engine vs llama.cpp decode and prompt tok/s, printed as ratios (--arch A)
   bench observer     engine decode tok/s with and without the observer, as a ratio
   bench tui          what `observer tui` costs the engine: decode speed around its ticks, as a ratio
   package            the Debian package (cargo-deb): observer, its systemd unit, serve.toml, LICENSE

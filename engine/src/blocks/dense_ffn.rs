@@ -15,9 +15,10 @@
 //! tasks, first for `g`/`u`/`h`, then for `y`; each slot's outputs are stored at the slot's
 //! place, so neither the order of the groups nor the split enters the numerics.
 //!
-//! A dense FFN layer is not in any architecture the engine runs yet (qwen3moe is MoE in every
-//! layer); it is the shared expert of `qwen35moe`. Its result is checked in the tests against a
-//! one-token-at-a-time computation with the kernels, not against llama.cpp.
+//! Variants: `gpt-oss`'s experts add biases after the gate, up and down products
+//! (`ggml_add_id`) and use the clamped activation `swiglu_oai` instead of `silu(g) ⊙ u`
+//! ([`Act`]). A dense FFN layer is not in any architecture the engine runs (they are MoE in
+//! every layer); the block is `qwen35moe`'s shared expert.
 
 use crate::arch::Config;
 use crate::blocks::weights::Tensors;
@@ -35,9 +36,10 @@ pub struct DenseFfn {
 }
 
 impl DenseFfn {
-    /// `blk.{il}.ffn_{gate,up,down}.weight` with `n_ff` rows of gate and up.
-    pub fn load(t: &Tensors<'_>, c: &Config, il: usize, n_ff: usize) -> Result<DenseFfn, ModelError> {
-        let n = |s: &str| format!("blk.{il}.{s}.weight");
+    /// `blk.{il}.ffn_{gate,up,down}{suffix}.weight` with `n_ff` rows of gate and up (suffix
+    /// `""` for a dense FFN, `"_shexp"` for a shared expert).
+    pub fn load(t: &Tensors<'_>, c: &Config, il: usize, n_ff: usize, suffix: &str) -> Result<DenseFfn, ModelError> {
+        let n = |s: &str| format!("blk.{il}.{s}{suffix}.weight");
         Ok(DenseFfn {
             gate: t.matrix(&n("ffn_gate"), c.n_embd, n_ff)?,
             up: t.matrix(&n("ffn_up"), c.n_embd, n_ff)?,
@@ -54,6 +56,16 @@ pub struct FfnView<'a> {
     pub down: &'a [u8],
 }
 
+/// The activation between the gate/up and the down products.
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub enum Act {
+    /// `silu(g) ⊙ u` (`ggml_swiglu_split`).
+    #[default]
+    SwiGlu,
+    /// `min(g, 7) / (1 + exp(-1.702·min(g, 7))) ⊙ (clamp(u, -7, 7) + 1)` (`ggml_swiglu_oai`).
+    SwiGluOai,
+}
+
 /// The shape of the FFNs of a [`swiglu_groups`] call (all groups share it).
 #[derive(Debug, Clone, Copy)]
 pub struct FfnShape {
@@ -62,6 +74,23 @@ pub struct FfnShape {
     pub down: GgmlType,
     pub n_embd: usize,
     pub n_ff: usize,
+    pub act: Act,
+}
+
+/// One FFN's biases as f32 little-endian bytes (`n_ff` values for gate and up, `n_embd` for down).
+#[derive(Debug, Clone, Copy)]
+pub struct FfnBias<'a> {
+    pub gate: &'a [u8],
+    pub up: &'a [u8],
+    pub down: &'a [u8],
+}
+
+/// `x[i] += bias[off + i]`, the bias as f32 little-endian bytes.
+fn add_bias(x: &mut [f32], bias: &[u8], off: usize) {
+    for (i, v) in x.iter_mut().enumerate() {
+        let o = 4 * (off + i);
+        *v += f32::from_le_bytes([bias[o], bias[o + 1], bias[o + 2], bias[o + 3]]);
+    }
 }
 
 /// Slots grouped by a key (an expert): group `i` has key `keys[i]` and the slots
@@ -161,13 +190,19 @@ impl Scratch {
     }
 }
 
+/// The biases of a group's FFN, by key (`None`: no biases).
+pub type BiasFn<'a, 'w> = Option<&'a (dyn Fn(usize) -> FfnBias<'w> + Sync)>;
+
 /// `s.y[slot] = down·(silu(gate·x) ⊙ up·x)` for every slot of every group, with the group's
-/// matrices `weights(key)` and `x` = row `slot / slots_per_token` of `x`.
+/// matrices `weights(key)` (and biases `biases(key)`, activation `f.act`) and `x` = row
+/// `slot / slots_per_token` of `x`.
+#[expect(clippy::too_many_arguments, reason = "the grouped FFN's full description")]
 pub fn swiglu_groups<'w>(
     ctx: &Ctx<'_>,
     f: FfnShape,
     groups: &Groups,
     weights: &(dyn Fn(usize) -> FfnView<'w> + Sync),
+    biases: BiasFn<'_, 'w>,
     x: &[f32],
     slots_per_token: usize,
     s: &mut Scratch,
@@ -196,10 +231,19 @@ pub fn swiglu_groups<'w>(
             let xus: Vec<&[u8]> = slots.iter().map(|&s| xu.row(s / slots_per_token)).collect();
             quant::matvec_multi(f.gate, fw.gate, r0..r1, d, &xgs, &mut g.chunks_mut(n).collect::<Vec<_>>());
             quant::matvec_multi(f.up, fw.up, r0..r1, d, &xus, &mut u.chunks_mut(n).collect::<Vec<_>>());
+            if let Some(bias) = biases {
+                let b = bias(groups.key(gi));
+                g.chunks_mut(n).for_each(|gk| add_bias(gk, b.gate, r0));
+                u.chunks_mut(n).for_each(|uk| add_bias(uk, b.up, r0));
+            }
             for (k, &s) in slots.iter().enumerate() {
                 // SAFETY: slot s belongs to exactly one group and rows r0..r1 to one task of it.
                 let hs = unsafe { h_p.slice(s * n_ff + r0..s * n_ff + r1) };
-                vmath::swiglu(&g[k * n..(k + 1) * n], &u[k * n..(k + 1) * n], hs);
+                let (gk, uk) = (&g[k * n..(k + 1) * n], &u[k * n..(k + 1) * n]);
+                match f.act {
+                    Act::SwiGlu => vmath::swiglu(gk, uk, hs),
+                    Act::SwiGluOai => vmath::swiglu_oai(gk, uk, hs),
+                }
             }
         });
     }
@@ -222,6 +266,10 @@ pub fn swiglu_groups<'w>(
                 .map(|&s| unsafe { y_p.slice(s * d + r0..s * d + r1) })
                 .collect();
             quant::matvec_multi(f.down, fw.down, r0..r1, n_ff, &xs, &mut os);
+            if let Some(bias) = biases {
+                let b = bias(groups.key(gi));
+                os.iter_mut().for_each(|o| add_bias(o, b.down, r0));
+            }
         });
     }
     Ok(())
@@ -242,7 +290,14 @@ pub fn forward(
     s: &mut DenseScratch,
     out: &mut [f32],
 ) -> Result<(), ModelError> {
-    let f = FfnShape { gate: w.gate.ty, up: w.up.ty, down: w.down.ty, n_embd: w.gate.cols, n_ff: w.gate.rows };
+    let f = FfnShape {
+        gate: w.gate.ty,
+        up: w.up.ty,
+        down: w.down.ty,
+        n_embd: w.gate.cols,
+        n_ff: w.gate.rows,
+        act: Act::SwiGlu,
+    };
     let m = ctx.model;
     let view = FfnView {
         gate: m.bytes(w.gate.range.clone()),
@@ -250,7 +305,7 @@ pub fn forward(
         down: m.bytes(w.down.range.clone()),
     };
     s.groups.single(ctx.n);
-    swiglu_groups(ctx, f, &s.groups, &|_| view, xn, 1, &mut s.ffn)?;
+    swiglu_groups(ctx, f, &s.groups, &|_| view, None, xn, 1, &mut s.ffn)?;
     out.copy_from_slice(&s.ffn.y[..out.len()]);
     Ok(())
 }

@@ -3,8 +3,9 @@
 //! # Spec
 //! A forward pass runs a batch of `n` consecutive tokens at positions `pos0..pos0+n` (a prompt
 //! chunk, or one generated token) through
-//! [`embed`] → per layer: `attn_norm` → an attention block ([`self_attn`]) → residual add →
-//! `ffn_norm` → a feed-forward block ([`moe`] or [`dense_ffn`]) → residual add → [`output`],
+//! [`embed`] → per layer: `attn_norm` → an attention block ([`self_attn`] or [`delta_net`]) →
+//! residual add → `ffn_norm` → a feed-forward block ([`moe`] or [`dense_ffn`]) → residual add →
+//! [`output`],
 //! the shape of llama.cpp's `src/models/*.cpp` graphs. Which blocks a layer runs is its
 //! architecture's description ([`crate::arch`]); the loop is `Session::forward` in
 //! [`crate::model`]. Activations are row-major `n x width` f32 buffers, token `b` in row `b`;
@@ -24,6 +25,7 @@
 //! of each block, grown to the largest batch and then reused), one fork-join per parallel
 //! region, independent products (Q, K, V) in one region.
 
+pub mod delta_net;
 pub mod dense_ffn;
 pub mod embed;
 pub mod moe;

@@ -104,6 +104,7 @@
 pub mod float;
 pub mod kquants;
 pub mod legacy;
+pub mod mxfp4;
 pub mod q8;
 
 #[cfg(target_arch = "x86_64")]
@@ -336,7 +337,21 @@ impl GgmlType {
         use GgmlType::*;
         matches!(
             self,
-            F32 | F16 | BF16 | Q4_0 | Q4_1 | Q5_0 | Q5_1 | Q8_0 | Q8_1 | Q8_K | Q2_K | Q3_K | Q4_K | Q5_K | Q6_K
+            F32 | F16
+                | BF16
+                | Q4_0
+                | Q4_1
+                | Q5_0
+                | Q5_1
+                | Q8_0
+                | Q8_1
+                | Q8_K
+                | Q2_K
+                | Q3_K
+                | Q4_K
+                | Q5_K
+                | Q6_K
+                | MXFP4
         )
     }
 }
@@ -407,6 +422,7 @@ pub fn dequantize_row(ty: GgmlType, src: &[u8], dst: &mut [f32]) -> Result<(), Q
         Q4_K => kquants::dequantize_q4_k(src, dst),
         Q5_K => kquants::dequantize_q5_k(src, dst),
         Q6_K => kquants::dequantize_q6_k(src, dst),
+        MXFP4 => mxfp4::dequantize(src, dst),
         _ => return Err(QuantError::Unsupported(ty)),
     }
     Ok(())
@@ -474,6 +490,7 @@ fn quantize_row_with(backend: Backend, ty: GgmlType, src: &[f32], dst: &mut [u8]
         Q4_K => kquants::quantize_q4_k(src, dst),
         Q5_K => kquants::quantize_q5_k(src, dst),
         Q6_K => kquants::quantize_q6_k(src, dst),
+        MXFP4 => mxfp4::quantize(src, dst),
         _ => return Err(QuantError::Unsupported(ty)),
     }
     Ok(())
@@ -758,8 +775,15 @@ fn scalar_kernel(ty: GgmlType) -> Option<Kernel> {
         Q4_K => scalar_kernel!(kquants::vec_dot_q4_k_q8_k),
         Q5_K => scalar_kernel!(kquants::vec_dot_q5_k_q8_k),
         Q6_K => scalar_kernel!(kquants::vec_dot_q6_k_q8_k),
+        MXFP4 => mxfp4::scalar_kernel(),
         _ => return None,
     })
+}
+
+/// The AVX2 kernels: the `avx2` module's, and MXFP4's repacked-GEMV kernel.
+#[cfg(target_arch = "x86_64")]
+fn avx2_kernel(ty: GgmlType) -> Option<Kernel> {
+    avx2::kernel(ty).or_else(|| if ty == GgmlType::MXFP4 { mxfp4::avx2_kernel() } else { None })
 }
 
 fn backend_kernel(backend: Backend, ty: GgmlType) -> Option<Kernel> {
@@ -769,11 +793,12 @@ fn backend_kernel(backend: Backend, ty: GgmlType) -> Option<Kernel> {
     match backend {
         Backend::Scalar => scalar_kernel(ty),
         #[cfg(target_arch = "x86_64")]
-        Backend::Avx2 => avx2::kernel(ty).or_else(|| scalar_kernel(ty)),
+        Backend::Avx2 => avx2_kernel(ty).or_else(|| scalar_kernel(ty)),
         // The AVX-512 set has its own float kernels (ggml's 16-lane shapes); for the other
-        // types it falls back to the AVX2 kernels, which have the same numerics there.
+        // types it falls back to the AVX2 kernels, which have the same numerics there (MXFP4
+        // included: ggml's repacked MXFP4 GEMV is AVX2 code in both builds).
         #[cfg(target_arch = "x86_64")]
-        Backend::Avx512 => avx512::kernel(ty).or_else(|| avx2::kernel(ty)).or_else(|| scalar_kernel(ty)),
+        Backend::Avx512 => avx512::kernel(ty).or_else(|| avx2_kernel(ty)).or_else(|| scalar_kernel(ty)),
         #[cfg(not(target_arch = "x86_64"))]
         _ => None,
     }

@@ -373,6 +373,8 @@ mod tests {
             architecture: "t".into(),
             file_len: regions.last().map_or(0, |r| r.1),
             n_experts,
+            n_blocks: layers.iter().max().map_or(0, |l| l + 1),
+            layers: Vec::new(),
             moe_layers: layers,
             regions: regions
                 .into_iter()
