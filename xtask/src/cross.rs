@@ -119,7 +119,7 @@ impl Drop for Binfmt {
                 entry.display()
             ),
         }
-        if self.mounted && !cmd::run(Command::new("umount").arg(BINFMT_DIR)).is_ok() {
+        if self.mounted && cmd::run(Command::new("umount").arg(BINFMT_DIR)).is_err() {
             eprintln!("cross: warning: could not unmount {BINFMT_DIR}: run `umount {BINFMT_DIR}`");
         }
     }
