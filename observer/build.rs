@@ -5,6 +5,11 @@
 //! (which ships a precompiled `core` for that target, so no `build-std`) and
 //! link with `bpf-linker` built against LLVM 22. `cargo xtask setup` installs
 //! all of it; this script only checks and explains.
+//!
+//! The programs read registers (uprobe arguments, syscall arguments) in the layout of the
+//! kernel they run on, which is the observer's *target*, not the machine that builds it:
+//! `AYA_BPF_TARGET_ARCH` is set from `CARGO_CFG_TARGET_ARCH` (aya-build would otherwise take
+//! the host's, and a cross-built aarch64 observer would read x86-64 register offsets).
 
 use std::{
     env,
@@ -58,6 +63,8 @@ fn main() {
         fail("`bpf-linker` is not on PATH or in ~/.cargo/bin");
     }
 
+    // aya's names (`x86_64`, `aarch64`, `riscv64`, …) are Rust's target_arch names.
+    let target_arch = env::var("CARGO_CFG_TARGET_ARCH").expect("cargo sets CARGO_CFG_TARGET_ARCH");
     let target_dir = out_dir.join("ebpf-target");
     let cargo = env::var("CARGO").unwrap_or_else(|_| "cargo".to_string());
     let mut cmd = Command::new(cargo);
@@ -66,6 +73,7 @@ fn main() {
         .arg(&target_dir)
         .env("RUSTC", &rustc)
         .env("RUSTC_BOOTSTRAP", "1")
+        .env("AYA_BPF_TARGET_ARCH", &target_arch)
         .env("PATH", &path);
     // The outer build's compiler settings must not leak into the BPF build.
     for var in [

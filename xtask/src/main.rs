@@ -2,6 +2,7 @@
 //!
 //! - `setup`: install and check everything the eBPF build and the tests need (idempotent).
 //! - `test`: setup, build, run every test, say how many ran and how long each phase took.
+//! - `test --target aarch64`: the engine cross-built for aarch64, its tests under qemu (`cross.rs`).
 //! - `demo`: setup, build, observe a workload and print the observer's table.
 //! - `parity`: the engine against llama.cpp on synthetic models, at each ISA level.
 //! - `bench engine`: engine vs llama.cpp decode/prompt speed, same file, same run.
@@ -24,6 +25,7 @@ mod bench_tui;
 mod bench_util;
 mod cache;
 mod cmd;
+mod cross;
 mod demo;
 mod detect;
 mod displace;
@@ -44,6 +46,8 @@ const USAGE: &str = "usage: cargo xtask <command>
 commands:
   setup              install and check the eBPF toolchain and test tools (root, Debian)
   test [ARGS]        setup, then run the whole test suite (ARGS go to `cargo test`)
+  test --target aarch64  cross-build the engine for aarch64 and run its tests under qemu-aarch64
+                     (installs ~700 MB of Debian packages; not part of `test`)
   demo               setup, then run the observer on a demo workload
   parity [OPTIONS]   engine vs llama.cpp: tokens, greedy continuations, logits (--arch A,B)
   bench engine [..]  engine vs llama.cpp decode and prompt tok/s, printed as ratios (--arch A)
@@ -64,6 +68,7 @@ fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let r: Result<()> = match args.iter().map(String::as_str).collect::<Vec<_>>().as_slice() {
         ["setup", ..] => setup::run(setup::Scope::All).map(|_| ()),
+        ["test", "--target", "aarch64", ..] => cross::run(&args[3..]),
         ["test", ..] => test::run(&args[1..]),
         ["demo", ..] => demo::run(&args[1..]),
         ["parity", ..] => parity::main(&args[1..]),

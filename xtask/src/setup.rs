@@ -41,12 +41,12 @@ const PACKAGES: &[(&str, &str)] = &[
     ("prometheus", "a real Prometheus server and promtool for the exporter's tests"),
 ];
 
-fn is_root() -> bool {
+pub(crate) fn is_root() -> bool {
     // SAFETY: geteuid has no preconditions.
     unsafe { libc::geteuid() == 0 }
 }
 
-fn is_debian() -> bool {
+pub(crate) fn is_debian() -> bool {
     let Ok(os) = std::fs::read_to_string("/etc/os-release") else { return false };
     os.lines().any(|l| {
         let l = l.trim();
@@ -55,23 +55,28 @@ fn is_debian() -> bool {
         && cmd::on_path("dpkg-query")
 }
 
-fn installed(pkg: &str) -> bool {
+pub(crate) fn installed(pkg: &str) -> bool {
     cmd::capture(Command::new("dpkg-query").args(["-W", "-f=${Status}", pkg]))
         .map(|o| String::from_utf8_lossy(&o.stdout).contains("install ok installed"))
         .unwrap_or(false)
 }
 
 fn packages() -> Result<()> {
+    ensure_packages(PACKAGES, "bookworm-security carries rustc-web and llvm-22")
+}
+
+/// Installs the missing ones of `packages` (name, why) with apt-get, as root on Debian;
+/// elsewhere says what to install. `hint` says where the packages come from when apt fails.
+pub(crate) fn ensure_packages(packages: &[(&str, &str)], hint: &str) -> Result<()> {
     if !is_debian() {
-        let names: Vec<&str> = PACKAGES.iter().map(|(p, _)| *p).collect();
+        let names: Vec<&str> = packages.iter().map(|(p, _)| *p).collect();
         bail!(
             "this is not a Debian system (no ID=debian in /etc/os-release, or no apt-get): \
-             install the equivalents of {} by hand (rustc >= 1.96 with core for \
-             bpfel-unknown-none, LLVM 22), then re-run",
+             install the equivalents of {} by hand, then re-run",
             names.join(", ")
         );
     }
-    let missing: Vec<&(&str, &str)> = PACKAGES.iter().filter(|(p, _)| !installed(p)).collect();
+    let missing: Vec<&(&str, &str)> = packages.iter().filter(|(p, _)| !installed(p)).collect();
     if missing.is_empty() {
         eprintln!("setup: Debian packages: all present");
         return Ok(());
@@ -89,7 +94,7 @@ fn packages() -> Result<()> {
             .args(["install", "-y", "-q", "--no-install-recommends"])
             .args(&names),
     )
-    .context("apt-get install failed: check the package sources (bookworm-security carries rustc-web and llvm-22)")?;
+    .with_context(|| format!("apt-get install failed: check the package sources ({hint})"))?;
     Ok(())
 }
 

@@ -30,11 +30,11 @@ use anyhow::{Context, Result, bail};
 use crate::{cache, cmd, llama, parity, setup};
 
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
-struct Counts {
-    passed: u64,
-    failed: u64,
-    ignored: u64,
-    binaries: u64,
+pub(crate) struct Counts {
+    pub(crate) passed: u64,
+    pub(crate) failed: u64,
+    pub(crate) ignored: u64,
+    pub(crate) binaries: u64,
 }
 
 /// Parse cargo's `test result: ok. 5 passed; 0 failed; 1 ignored; …` line.
@@ -96,10 +96,10 @@ fn binary_start(line: &str) -> Option<String> {
 
 /// Splits `cargo test`'s merged output into phases: compiling until the first test binary
 /// starts, then each binary from its start line to its `test result:` line.
-struct TestClock {
+pub(crate) struct TestClock {
     current: Option<(String, Instant)>,
     phases: Vec<Phase>,
-    counts: Counts,
+    pub(crate) counts: Counts,
 }
 
 impl TestClock {
@@ -173,8 +173,9 @@ impl Phases {
 }
 
 /// `cargo test`, its stdout and stderr merged in one pipe (so that cargo's `Running` lines and
-/// the binaries' results arrive in order), each line printed and fed to a [`TestClock`].
-fn cargo_test(root: &std::path::Path, args: &[String]) -> Result<(TestClock, bool)> {
+/// the binaries' results arrive in order), each line printed and fed to a [`TestClock`]; `env` is
+/// set for cargo (the cross run's compiler, linker and runner).
+pub(crate) fn cargo_test(root: &std::path::Path, args: &[String], env: &[(&str, String)]) -> Result<(TestClock, bool)> {
     let (reader, writer) = std::io::pipe().context("creating a pipe for cargo test")?;
     let mut c = Command::new("cargo");
     // `--workspace` would override a package selection (`-p NAME`) given in the arguments.
@@ -184,6 +185,7 @@ fn cargo_test(root: &std::path::Path, args: &[String]) -> Result<(TestClock, boo
         .args(["test", "--release", "--no-fail-fast"])
         .args(scope)
         .args(args)
+        .envs(env.iter().map(|(k, v)| (k, v)))
         .stdout(writer.try_clone().context("duplicating a pipe")?)
         .stderr(writer);
     eprintln!("+ cargo test --release --no-fail-fast {} {}", scope.join(" "), args.join(" "));
@@ -216,7 +218,7 @@ fn suite(root: &std::path::Path, args: &[String], phases: &mut Phases) -> Result
         cmd::run(Command::new("cargo").current_dir(root).args(["build", "--release", "--workspace", "--bins"]))
     })?;
 
-    let (clock, test_ok) = cargo_test(root, args)?;
+    let (clock, test_ok) = cargo_test(root, args, &[])?;
     let counts = clock.counts;
     phases.0.extend(clock.phases);
     let ran = counts.passed + counts.failed;

@@ -708,12 +708,18 @@ pub fn isa_report() -> Result<String, QuantError> {
         _ => format!("best available; {ISA_ENV} unset"),
     };
     let lack = if lack.is_empty() { String::new() } else { format!(" (no {})", lack.join(" ")) };
-    let mut extras = Vec::new();
+    // Which AVX-512 kernels the level runs (none to add elsewhere).
     #[cfg(target_arch = "x86_64")]
-    if level == Backend::Avx512 {
-        extras.push(if avx512::vnni() { "vnni kernels" } else { "no vnni: avx2 integer kernels" });
-        extras.push(if avx512::bf16() { "bf16 dot: avx512_bf16" } else { "bf16 dot: avx512f" });
-    }
+    let extras: Vec<&str> = if level == Backend::Avx512 {
+        vec![
+            if avx512::vnni() { "vnni kernels" } else { "no vnni: avx2 integer kernels" },
+            if avx512::bf16() { "bf16 dot: avx512_bf16" } else { "bf16 dot: avx512f" },
+        ]
+    } else {
+        Vec::new()
+    };
+    #[cfg(not(target_arch = "x86_64"))]
+    let extras: Vec<&str> = Vec::new();
     let extras = if extras.is_empty() { String::new() } else { format!(", {}", extras.join(", ")) };
     Ok(format!("cpu: {}{lack}; isa: {level} ({how}{extras})", have.join(" ")))
 }
@@ -822,7 +828,10 @@ fn backend_multi(backend: Backend, ty: GgmlType) -> Option<Multi> {
         #[cfg(target_arch = "x86_64")]
         Backend::Avx512 => avx512::multi_kernel(ty).or_else(|| avx2::multi_kernel(ty)),
         #[cfg(not(target_arch = "x86_64"))]
-        _ => None,
+        _ => {
+            let _ = ty;
+            None
+        }
     }
 }
 

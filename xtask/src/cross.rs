@@ -1,0 +1,224 @@
+//! `cargo xtask test --target aarch64`: the engine cross-built for aarch64 and its tests run
+//! under user-mode emulation (`qemu-aarch64`). A command of its own, never part of the default
+//! `cargo xtask test`: its Debian packages alone are about 700 MB.
+//!
+//! 1. Packages (idempotent, as root): the `arm64` dpkg architecture, Debian's Rust std for
+//!    aarch64 (`libstd-rust-web-dev:arm64`, rustc 1.96), the cross linker and C library
+//!    (`gcc-aarch64-linux-gnu`, `libc6-dev-arm64-cross`) and `qemu-user`.
+//! 2. Build with Debian's compiler (`RUSTC=/usr/bin/rustc`, the only one here with an aarch64
+//!    std), linked by `aarch64-linux-gnu-gcc`, in its own target directory (`target/cross`), so
+//!    that the host build's artifacts are never touched.
+//! 3. Run: cargo runs each test binary with plain `qemu-aarch64` (never `-L
+//!    /usr/aarch64-linux-gnu`: that sysroot mixes a second glibc build into the process and
+//!    thread creation then hangs; the `arm64` libraries installed in `/` are found without it).
+//!    Tests that spawn the built `engine` need the kernel to run an aarch64 ELF: a binfmt_misc
+//!    entry for `qemu-aarch64` is registered for the run and removed after it (and
+//!    binfmt_misc unmounted again when this command mounted it).
+//!
+//! What cannot run under emulation is printed with the reason ([`NOT_RUN`]), never skipped
+//! silently. Emulation checks correctness only: emulated code runs tens of times slower than
+//! native, so no speed is measured here.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Instant;
+
+use anyhow::{Context, Result, bail};
+
+use crate::{cache, cmd, setup, test};
+
+/// The Rust target triple.
+const TRIPLE: &str = "aarch64-unknown-linux-gnu";
+
+/// Debian packages (after `dpkg --add-architecture arm64`) and why each is needed.
+const PACKAGES: &[(&str, &str)] = &[
+    ("libstd-rust-web-dev:arm64", "Debian's Rust std for aarch64 (rustc 1.96)"),
+    ("gcc-aarch64-linux-gnu", "the cross linker"),
+    ("libc6-dev-arm64-cross", "the aarch64 C library to link against"),
+    ("qemu-user", "qemu-aarch64, which runs the tests"),
+];
+
+/// Debian's compiler, the one with an aarch64 std.
+const RUSTC: &str = "/usr/bin/rustc";
+const LINKER: &str = "aarch64-linux-gnu-gcc";
+const QEMU: &str = "/usr/bin/qemu-aarch64";
+
+/// The engine's test targets that run under `qemu-aarch64` (besides its library tests).
+const ENGINE_TESTS: &[&str] =
+    &["blocks", "gguf_malformed", "markers", "metrics", "model_tiny", "placement", "pressure"];
+
+/// Tests and suites that cannot run under user-mode emulation, and why.
+pub const NOT_RUN: &[(&str, &str)] = &[
+    (
+        "engine: markers::markers_fire_once_per_step_under_a_uprobe",
+        "a uprobe on the aarch64 binary never fires under qemu-user: the host kernel runs qemu's translated code, \
+         not the binary's instructions",
+    ),
+    (
+        "observer, tui (all tests)",
+        "qemu-user does not emulate the bpf() syscall, so eBPF programs cannot be loaded; the observer is not \
+         cross-built by this command",
+    ),
+    (
+        "engine doc tests",
+        "rustdoc does not cross-run doc tests on this toolchain; they run natively in `cargo xtask test`",
+    ),
+    (
+        "parity with llama.cpp on aarch64",
+        "no cross build of llama.cpp yet (issue 24): the engine's aarch64 kernels are checked against the reference \
+         dequantizers in its library tests",
+    ),
+    ("speed", "emulated code runs tens of times slower than native: emulation checks correctness, not speed"),
+];
+
+const BINFMT_DIR: &str = "/proc/sys/fs/binfmt_misc";
+const BINFMT_NAME: &str = "moe-observer-qemu-aarch64";
+/// qemu's own magic and mask for aarch64 ELF executables (`scripts/qemu-binfmt-conf.sh`), as the
+/// kernel's register file parses them (escapes are literal backslashes).
+const BINFMT_RULE: &str = concat!(
+    r":moe-observer-qemu-aarch64:M::",
+    r"\x7fELF\x02\x01\x01\x00\x00\x00\x00\x00\x00\x00\x00\x00\x02\x00\xb7\x00:",
+    r"\xff\xff\xff\xff\xff\xff\xff\x00\xff\xff\xff\xff\xff\xff\xff\xff\xfe\xff\xff\xff:",
+    "/usr/bin/qemu-aarch64:"
+);
+
+/// A binfmt_misc entry that runs aarch64 executables with `qemu-aarch64`, removed on drop.
+struct Binfmt {
+    mounted: bool,
+}
+
+impl Binfmt {
+    fn register() -> Result<Binfmt> {
+        let dir = Path::new(BINFMT_DIR);
+        let mut mounted = false;
+        if !dir.join("register").exists() {
+            cmd::run(Command::new("mount").args(["-t", "binfmt_misc", "binfmt_misc", BINFMT_DIR]))
+                .context("mounting binfmt_misc failed: the kernel needs CONFIG_BINFMT_MISC to run aarch64 binaries")?;
+            mounted = true;
+        }
+        let entry = dir.join(BINFMT_NAME);
+        if entry.exists() {
+            eprintln!("cross: removing the binfmt entry {BINFMT_NAME} left by an earlier run");
+            std::fs::write(&entry, "-1").with_context(|| format!("removing {}", entry.display()))?;
+        }
+        std::fs::write(dir.join("register"), BINFMT_RULE)
+            .with_context(|| format!("registering qemu-aarch64 in {BINFMT_DIR}/register"))?;
+        eprintln!("cross: binfmt entry {BINFMT_NAME} registered for this run");
+        Ok(Binfmt { mounted })
+    }
+}
+
+impl Drop for Binfmt {
+    fn drop(&mut self) {
+        let entry = Path::new(BINFMT_DIR).join(BINFMT_NAME);
+        match std::fs::write(&entry, "-1") {
+            Ok(()) => eprintln!("cross: binfmt entry {BINFMT_NAME} removed"),
+            Err(e) => eprintln!(
+                "cross: warning: could not remove {}: {e}; remove it with `echo -1 > {}`",
+                entry.display(),
+                entry.display()
+            ),
+        }
+        if self.mounted && cmd::run(Command::new("umount").arg(BINFMT_DIR)).is_err() {
+            eprintln!("cross: warning: could not unmount {BINFMT_DIR}: run `umount {BINFMT_DIR}`");
+        }
+    }
+}
+
+/// `dpkg --add-architecture arm64` unless dpkg already has it.
+fn arm64_architecture() -> Result<()> {
+    let foreign = cmd::output(Command::new("dpkg").arg("--print-foreign-architectures"))?;
+    if foreign.lines().any(|l| l.trim() == "arm64") {
+        return Ok(());
+    }
+    if !setup::is_root() {
+        bail!("dpkg does not know the arm64 architecture: run as root `dpkg --add-architecture arm64`");
+    }
+    cmd::run(Command::new("dpkg").args(["--add-architecture", "arm64"]))
+}
+
+fn packages() -> Result<()> {
+    if !setup::is_debian() {
+        bail!(
+            "the aarch64 cross test needs Debian's packages (no ID=debian in /etc/os-release, or no apt-get): \
+             install an aarch64 Rust std for rustc 1.96, an aarch64 gcc and C library, and qemu-user by hand"
+        );
+    }
+    arm64_architecture()?;
+    setup::ensure_packages(PACKAGES, "bookworm-security carries libstd-rust-web-dev for arm64")?;
+    if !Path::new("/usr/lib/rustlib").join(TRIPLE).join("lib").is_dir() {
+        bail!("/usr/lib/rustlib/{TRIPLE}/lib is missing: reinstall libstd-rust-web-dev:arm64");
+    }
+    Ok(())
+}
+
+/// The environment cargo builds and runs the cross tests with.
+fn cargo_env(target_dir: &Path) -> Vec<(&'static str, String)> {
+    vec![
+        ("RUSTC", RUSTC.to_owned()),
+        ("CARGO_TARGET_AARCH64_UNKNOWN_LINUX_GNU_LINKER", LINKER.to_owned()),
+        ("CARGO_TARGET_AARCH64_UNKNOWN_LINUX_GNU_RUNNER", QEMU.to_owned()),
+        ("CARGO_TARGET_DIR", target_dir.display().to_string()),
+    ]
+}
+
+/// The arguments of `cargo test`: the engine's library and [`ENGINE_TESTS`], minus the tests in
+/// [`NOT_RUN`] that live in those binaries; `extra` (the command line's) go before `--`.
+fn cargo_args(extra: &[String]) -> Vec<String> {
+    let mut a: Vec<String> = ["-p", "engine", "--target", TRIPLE, "--lib"].map(String::from).to_vec();
+    for t in ENGINE_TESTS {
+        a.extend(["--test".to_owned(), (*t).to_owned()]);
+    }
+    a.extend(extra.iter().cloned());
+    a.extend(["--", "--skip", "markers_fire_once_per_step_under_a_uprobe"].map(String::from));
+    a
+}
+
+/// The cross run's own target directory.
+fn target_dir() -> PathBuf {
+    cache::target_dir().join("cross")
+}
+
+pub fn run(args: &[String]) -> Result<()> {
+    let t0 = Instant::now();
+    if !cfg!(all(target_os = "linux", target_arch = "x86_64")) {
+        bail!("`cargo xtask test --target aarch64` cross-builds from an x86-64 Linux host");
+    }
+    packages()?;
+    let root = cache::workspace_root();
+    let env = cargo_env(&target_dir());
+    eprintln!("cross: building the engine for {TRIPLE} with {RUSTC} and {LINKER}");
+    let mut build = Command::new("cargo");
+    build.current_dir(&root).envs(env.iter().map(|(k, v)| (k, v)));
+    build.args(["build", "--release", "-p", "engine", "--bins", "--target", TRIPLE]);
+    cmd::run(&mut build).context("cross-building the engine for aarch64")?;
+
+    let (clock, ok) = {
+        let _binfmt = Binfmt::register()?;
+        test::cargo_test(&root, &cargo_args(args), &env)?
+    };
+    let c = clock.counts;
+    println!("\ncross: not run under emulation:");
+    for (what, why) in NOT_RUN {
+        println!("  - {what}: {why}");
+    }
+    println!(
+        "\ncross: {} tests ran under qemu-aarch64 in {} test binaries: {} passed, {} failed, {} ignored ({:.1} min)",
+        c.passed + c.failed,
+        c.binaries,
+        c.passed,
+        c.failed,
+        c.ignored,
+        t0.elapsed().as_secs_f64() / 60.0
+    );
+    if !ok || c.failed > 0 {
+        bail!("aarch64 tests failed under qemu-aarch64");
+    }
+    if c.ignored > 0 {
+        bail!("{} tests are #[ignore]d: this project does not skip tests silently", c.ignored);
+    }
+    if c.passed == 0 {
+        bail!("no aarch64 test ran");
+    }
+    Ok(())
+}
