@@ -147,7 +147,7 @@ fn observer_reads_the_engine_caches_slot_table() {
     engine::cache::slots::export(&moe_engine_expert_slots);
     // Dense weights on the mapping: an anonymous copy would be published to the dense-regions
     // table that the test above reads meanwhile.
-    let m = Model::load_with(&tiny_model(), DensePolicy::Mmap).unwrap();
+    let m = Model::load_with(tiny_model(), DensePolicy::Mmap).unwrap();
     let map = RegionMap::from_gguf(&m.gguf).unwrap();
     let mut reader = SlotTable::new(std::process::id(), &map.moe_layers, map.n_experts);
     assert_eq!(reader.sample().unwrap(), None, "the symbol is found, no cache yet");

@@ -2,20 +2,20 @@
 //!
 //! 1. `setup` (`cargo xtask setup`, which first prints what this machine is: `detect.rs`);
 //! 2. `build`: every binary of the workspace in release mode;
-//! 3. the tests: `cargo test --release --workspace --no-fail-fast` (arguments are passed on;
+//! 3. `llama.cpp build`: the `avx2` and speed builds of the reference (`llama.rs`; taken from
+//!    the cache when there), before the tests, which observe its programs (`observer/tests/llama.rs`);
+//! 4. the tests: `cargo test --release --workspace --no-fail-fast` (arguments are passed on;
 //!    `-p NAME` replaces `--workspace`), timed as `tests: compile`
 //!    (until cargo runs the first test binary) and then one phase per test binary, from cargo's
 //!    `Running …` / `Doc-tests …` line to the binary's `test result:` line; it says how many
 //!    tests ran;
-//! 4. `llama.cpp build`: the `avx2` and speed builds of the reference (`llama.rs`; taken from
-//!    the cache when there);
 //! 5. `AMX check`: no AMX instruction in either build's ggml libraries (`amx.rs`);
 //! 6. `parity <level>`: the engine against llama.cpp at each ISA level (`parity.rs`);
 //! 7. `lints`: rustfmt check, clippy with warnings as errors.
 //!
 //! It ends with a table of the phases' wall times and their total, so that the budget (the
 //! whole suite in well under 30 minutes on 2 cores from an empty cache) is visible in every log.
-//! Phases 4–7 run even when a test failed, so that everything is reported; with arguments
+//! Phases 5–7 run even when a test failed, so that everything is reported; with arguments
 //! (which select tests) they are skipped, saying so.
 //!
 //! Tests run in release so the binaries they drive (observer, engine, workload)
@@ -218,6 +218,10 @@ fn suite(root: &std::path::Path, args: &[String], phases: &mut Phases) -> Result
         cmd::run(Command::new("cargo").current_dir(root).args(["build", "--release", "--workspace", "--bins"]))
     })?;
 
+    // The reference llama.cpp builds come before the tests: `observer/tests/llama.rs` observes
+    // its programs. A failed build is reported at the end, beside the tests it broke.
+    let builds =
+        if args.is_empty() { Some(phases.run("llama.cpp build", || llama::ensure(llama::TEST_TARGETS))) } else { None };
     let (clock, test_ok) = cargo_test(root, args, &[])?;
     let counts = clock.counts;
     phases.0.extend(clock.phases);
@@ -230,8 +234,8 @@ fn suite(root: &std::path::Path, args: &[String], phases: &mut Phases) -> Result
     // Parity with llama.cpp is part of the suite (it needs no privileges and measures
     // nothing about the machine); it runs even when a test failed, so both are reported.
     let mut late: Vec<anyhow::Error> = Vec::new();
-    if args.is_empty() {
-        match phases.run("llama.cpp build", || llama::ensure(llama::TEST_TARGETS)) {
+    if let Some(builds) = builds {
+        match builds {
             Ok(builds) => {
                 let amx = phases.run("AMX check", || llama::check_no_amx(&builds));
                 let engine = llama::build_engine()?;
