@@ -65,13 +65,17 @@ pub static INFLIGHT: LruHashMap<BioKey, BioInflight> = LruHashMap::with_max_entr
 /// TID → start of its `zram_rw_page` read (Linux < 6.3; see `block::zram_rw_page`).
 #[map]
 pub static ZRAM_PAGE_START: HashMap<u32, u64> = HashMap::with_max_entries(MAX_SLOTS, 0);
+
 /// TID → calls of probed decode entry points in progress on that thread
 /// (`marks::call_begin`): a call nested in another one, or a return whose
 /// entry was never seen (attached mid-call), marks nothing.
+#[map]
 pub static CALL_DEPTH: HashMap<u32, u32> = HashMap::with_max_entries(MAX_SLOTS, 0);
+
 /// Per-CPU scratch: the token count the running mark carries, `1 << 32 | n`
 /// when known, 0 when not (set by each marking program before `marks::mark`;
 /// kept out of registers for the verifier, as `MARK_LOST`).
+#[map]
 pub static MARK_N_TOKENS: PerCpuArray<u64> = PerCpuArray::with_max_entries(1, 0);
 
 /// Per-CPU scratch: thread records a mark could not send.
