@@ -37,7 +37,12 @@ pub fn sched_switch(ctx: TracePointContext) -> u32 {
         };
         let runnable = state & 0xff == 0;
         if let Some(s) = current_state(tid, now) {
-            update(s, |s| s.switch_out(now, runnable));
+            // The name now: a thread first seen before `exec` (a held child) takes its program's.
+            let comm = bpf_get_current_comm().unwrap_or([0; 16]);
+            update(s, |s| {
+                s.switch_out(now, runnable);
+                s.comm = comm;
+            });
         }
     }
     // SAFETY: offset from the tracepoint's format file.

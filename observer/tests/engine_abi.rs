@@ -74,6 +74,9 @@ fn the_engine_binary_exports_the_abi_in_the_crates_layout() {
 
 /// The `tiny` synthetic model (generated once per target directory).
 fn tiny_model() -> PathBuf {
+    // Tests of this binary run in parallel: one of them writes the file, the others wait.
+    static ONCE: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    let _once = ONCE.lock().unwrap_or_else(|e| e.into_inner());
     let path = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("engine-abi-dense.gguf");
     if !path.exists() {
         let tmp = path.with_extension(format!("tmp{}", std::process::id()));

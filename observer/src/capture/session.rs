@@ -789,7 +789,11 @@ fn run_totals(probes: &Probes, now: u64) -> Result<RunTotals> {
             exited: s.flags & F_EXITED != 0,
         };
         match threads.iter_mut().find(|t| t.tid == s.tid) {
-            Some(t) => t.time = Some(time),
+            Some(t) => {
+                // The scheduler's name is the latest (after `exec`); the fault record keeps the first.
+                t.comm = comm_str(&s.comm);
+                t.time = Some(time);
+            }
             None => threads.push(ThreadTotals { tid: s.tid, comm: comm_str(&s.comm), faults: None, time: Some(time) }),
         }
     }
