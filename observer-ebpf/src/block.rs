@@ -28,7 +28,8 @@ use observer_common::attrib::{
 };
 
 use crate::maps::{
-    DEV_IO, DEVICES, INFLIGHT, SLOTS, THREADS, ZRAM_PAGE_START, atomic_add, config, current_state, hist_add, offsets, target_tid, update,
+    DEV_IO, DEVICES, INFLIGHT, SLOTS, THREADS, ZRAM_PAGE_START, atomic_add, config, current_state, hist_add, offsets,
+    target_tid, update,
 };
 
 /// `rwbs` starts with the op: optional 'F' (preflush), then 'R' for reads.

@@ -18,8 +18,8 @@ use aya_ebpf::{
 };
 use observer_common::{
     evict::{
-        ActorKey, ActorPages, EvictConfig, K_DIRECT, K_KSWAPD, K_MEMCG, K_OTHER, K_PROACTIVE, MAX_ACTORS,
-        MAX_SYSCALL, MAX_WINDOWS, N_CLASSES, N_KINDS, N_STATS, NO_SYSCALL, S_WINDOW_LOST,
+        ActorKey, ActorPages, EvictConfig, K_DIRECT, K_KSWAPD, K_MEMCG, K_OTHER, K_PROACTIVE, MAX_ACTORS, MAX_SYSCALL,
+        MAX_WINDOWS, N_CLASSES, N_KINDS, N_STATS, NO_SYSCALL, S_WINDOW_LOST,
     },
     filemap::{MAX_INTERVALS, NO_FIELD},
 };

@@ -19,7 +19,7 @@ use observer_common::{
     attrib::{ExecRecord, REC_EXEC},
 };
 
-use crate::maps::{TARGETS, EVENTS, bump, config, current_state, offsets, state_of, target_tid, update};
+use crate::maps::{EVENTS, TARGETS, bump, config, current_state, offsets, state_of, target_tid, update};
 
 #[tracepoint]
 pub fn sched_switch(ctx: TracePointContext) -> u32 {

@@ -231,7 +231,10 @@ const CASES: [Case; 4] = [
         long_prompt_quant: "mxfp4",
         long_prompt_repeats: 16,
         max_rel_err: 1e-2,
-        open_at: &[],
+        open_at: &[(
+            "avx2",
+            "gpt-oss's 624-token prompt diverges from the avx2 build when 2 threads split the KV view (identical tokens at 1 thread, logits 5.4e-3); not found yet (issue 23)",
+        )],
     },
 ];
 
