@@ -167,7 +167,8 @@ fn memory_and_open_files_stay_bounded_beyond_the_connection_limit() {
         "{} connections opened against a limit of {limit}: open files {fds0} → {fds1}, VmRSS {rss0} → {rss1} KiB, scrape {dt:?}",
         held.len()
     );
-    assert!(fds1 <= fds0 + limit + 1, "the endpoint keeps {fds1} files open (limit {limit} connections)");
+    // The held connections, the scrape's own and a few accepted while the oldest are being closed.
+    assert!(fds1 <= fds0 + limit + 8, "the endpoint keeps {fds1} files open (limit {limit} connections)");
     // Each stalled connection costs at most its head buffer and a task.
     let budget_kib = limit as u64 * 12 + (16 << 10);
     assert!(rss1 < rss0 + budget_kib, "VmRSS grew from {rss0} to {rss1} KiB (budget {budget_kib} KiB)");
