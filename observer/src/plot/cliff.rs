@@ -16,7 +16,7 @@ use anyhow::{Context, Result, bail};
 use plotters::{coord::Shift, prelude::*};
 use serde::{Deserialize, Serialize};
 
-use super::{Plot, err, nice_max, series_colour};
+use super::{Plot, err, legend, nice_max, series_colour};
 
 pub const FORMAT: &str = "moe-observer bench-cliff v1";
 
@@ -161,15 +161,7 @@ impl Plot for CliffPlot {
             let rounds = c.points.iter().flat_map(|p| p.2.iter().map(move |&v| (self.x_of(p.0) + 1.5, v)));
             chart.draw_series(rounds.map(|p| Circle::new(p, 2, colour.mix(0.6).filled()))).map_err(err)?;
         }
-        chart
-            .configure_series_labels()
-            .position(SeriesLabelPosition::UpperLeft)
-            .background_style(WHITE.mix(0.85))
-            .border_style(BLACK)
-            .label_font(("sans-serif", 14))
-            .draw()
-            .map_err(err)?;
-        Ok(())
+        legend(&mut chart, SeriesLabelPosition::UpperLeft)
     }
 }
 

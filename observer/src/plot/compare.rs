@@ -5,7 +5,7 @@ use anyhow::{Result, bail};
 use observer_common::vocab::{Component, Time};
 use plotters::{coord::Shift, prelude::*};
 
-use super::{Plot, component_colour, err, nice_max, series_colour};
+use super::{Plot, component_colour, err, legend, nice_max, series_colour};
 use crate::analysis::{
     diff::DiffReport,
     stats::{Estimate, Interval},
@@ -130,14 +130,6 @@ impl Plot for Comparison {
             });
             chart.draw_series(whiskers).map_err(err)?;
         }
-        chart
-            .configure_series_labels()
-            .position(SeriesLabelPosition::UpperRight)
-            .background_style(WHITE.mix(0.85))
-            .border_style(BLACK)
-            .label_font(("sans-serif", 14))
-            .draw()
-            .map_err(err)?;
-        Ok(())
+        legend(&mut chart, SeriesLabelPosition::UpperRight)
     }
 }

@@ -35,7 +35,7 @@ use std::path::Path;
 use anyhow::{Context, Result, bail};
 use observer_common::vocab::Component;
 use plotters::{
-    coord::Shift,
+    coord::{Shift, types::RangedCoordf64},
     prelude::{BitMapBackend, DrawingArea, DrawingBackend, IntoDrawingArea, SVGBackend},
     style::{FontStyle, RGBColor},
 };
@@ -140,6 +140,27 @@ fn same_file(a: &Path, b: &Path) -> bool {
         (Ok(x), Ok(y)) => x.dev() == y.dev() && x.ino() == y.ino(),
         _ => false,
     }
+}
+
+/// The series legend every plot draws: framed, on a translucent white box, at `pos`.
+pub fn legend<'a, DB: DrawingBackend + 'a>(
+    chart: &mut plotters::chart::ChartContext<
+        'a,
+        DB,
+        plotters::coord::cartesian::Cartesian2d<RangedCoordf64, RangedCoordf64>,
+    >,
+    pos: plotters::chart::SeriesLabelPosition,
+) -> Result<()> {
+    use plotters::style::{BLACK, Color, WHITE};
+    chart
+        .configure_series_labels()
+        .position(pos)
+        .background_style(WHITE.mix(0.85))
+        .border_style(BLACK)
+        .label_font(("sans-serif", 14))
+        .draw()
+        .map_err(err)?;
+    Ok(())
 }
 
 /// Round `v` up to a "nice" axis maximum (1, 2 or 5 × 10^k), at least `min`.

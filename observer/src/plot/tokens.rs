@@ -5,7 +5,7 @@ use anyhow::Result;
 use observer_common::vocab::{Component, Time};
 use plotters::{coord::Shift, prelude::*};
 
-use super::{Plot, component_colour, err, nice_max};
+use super::{Plot, component_colour, err, legend, nice_max};
 use crate::store::import::LoadedRun;
 
 /// What the plot shows, in ms, per summarised record in order.
@@ -105,14 +105,6 @@ impl Plot for TokenSeries {
                 .label(format!("{} (the engine's own, a residual)", Time::EngineCompute.name()))
                 .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 12, y)], BLACK.stroke_width(2)));
         }
-        chart
-            .configure_series_labels()
-            .position(SeriesLabelPosition::UpperRight)
-            .background_style(WHITE.mix(0.85))
-            .border_style(BLACK)
-            .label_font(("sans-serif", 14))
-            .draw()
-            .map_err(err)?;
-        Ok(())
+        legend(&mut chart, SeriesLabelPosition::UpperRight)
     }
 }
