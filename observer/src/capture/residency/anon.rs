@@ -90,11 +90,17 @@ impl ExportedSymbol {
         {
             return Ok(addr);
         }
-        let addr = match crate::capture::bpf::elf_symbol_addr(&exe, self.name) {
-            Some(vaddr) => load_bias(self.pid, &exe, id)?.map(|bias| bias.wrapping_add(vaddr)),
-            None => None,
+        let Some(vaddr) = crate::capture::bpf::elf_symbol_addr(&exe, self.name) else {
+            // A property of the file: remembered until the executable changes.
+            self.resolved = Some((id, None));
+            return Ok(None);
         };
-        self.resolved = Some((id, addr));
+        // In the middle of `exec`, `/proc/PID/exe` already names the new file before the loader
+        // has mapped it: no bias yet, asked again next time (never remembered as "absent").
+        let addr = load_bias(self.pid, &exe, id)?.map(|bias| bias.wrapping_add(vaddr));
+        if addr.is_some() {
+            self.resolved = Some((id, addr));
+        }
         Ok(addr)
     }
 
