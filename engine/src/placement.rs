@@ -211,10 +211,10 @@ impl std::fmt::Debug for Placement {
     }
 }
 
+/// The page size in bytes: the one lookup of it in the workspace (the observer and the test
+/// fixtures call this too).
 pub fn page_size() -> usize {
-    // SAFETY: sysconf has no memory-safety preconditions.
-    let p = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
-    usize::try_from(p).ok().filter(|&p| p > 0).unwrap_or(4096)
+    procfs::page_size() as usize
 }
 
 /// Resident pages among `len` bytes from page-aligned `addr`, by mincore.

@@ -113,6 +113,8 @@ fn kb_field(text: &str, key: &str) -> Option<u64> {
 
 /// Reads `/proc/self/status` and `/proc/meminfo` through descriptors kept open (a `pread` at
 /// offset 0 regenerates a /proc file, and costs about half of an open-read-close).
+/// Parsed by hand, not by procfs, on this per-step path: procfs's `Status` and `Meminfo` parse
+/// every field into a map, about 4× this reader's cost (measured here: ~180 µs against ~45 µs).
 #[derive(Debug, Default)]
 pub struct MemReader {
     status: Option<std::fs::File>,

@@ -30,31 +30,25 @@ pub struct Budget {
 /// This process's memory cgroup directory and its hierarchy's mount point, from
 /// `/proc/self/cgroup` and `/proc/self/mountinfo`.
 fn own_memory_cgroup() -> Option<(PathBuf, PathBuf)> {
-    let cgroups = std::fs::read_to_string("/proc/self/cgroup").ok()?;
-    let mountinfo = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
-    // (mount point, root of the mount within the hierarchy, version 1?)
+    let me = procfs::process::Process::myself().ok()?;
+    let (cgroups, mountinfo) = (me.cgroups().ok()?, me.mountinfo().ok()?);
+    // (mount point, root of the mount within the hierarchy) of the v1 memory or the v2 hierarchy
     let mount = |v1: bool| {
-        mountinfo.lines().find_map(|l| {
-            let (left, right) = l.split_once(" - ")?;
-            let f: Vec<&str> = left.split(' ').collect();
-            let mut r = right.split(' ');
-            let fstype = r.next()?;
-            let superopts = r.nth(1).unwrap_or("");
+        mountinfo.iter().find_map(|m| {
             let ok = if v1 {
-                fstype == "cgroup" && superopts.split(',').any(|o| o == "memory")
+                m.fs_type == "cgroup" && m.super_options.contains_key("memory")
             } else {
-                fstype == "cgroup2"
+                m.fs_type == "cgroup2"
             };
-            if ok { Some((PathBuf::from(f.get(4)?), PathBuf::from(f.get(3)?))) } else { None }
+            ok.then(|| (m.mount_point.clone(), PathBuf::from(&m.root)))
         })
     };
-    for line in cgroups.lines() {
-        let mut it = line.splitn(3, ':');
-        let (_, ctrls, path) = (it.next()?, it.next()?, it.next()?);
-        let v1 = ctrls.split(',').any(|c| c == "memory");
-        if !(v1 || ctrls.is_empty()) {
+    for g in cgroups {
+        let v1 = g.controllers.iter().any(|c| c == "memory");
+        if !(v1 || g.controllers.is_empty()) {
             continue;
         }
+        let path = g.pathname.as_str();
         let Some((point, root)) = mount(v1) else { continue };
         let rel = Path::new(path).strip_prefix(&root).unwrap_or(Path::new(path));
         let rel = rel.strip_prefix("/").unwrap_or(rel);
@@ -88,14 +82,6 @@ fn smallest_limit(dir: &Path, top: &Path) -> Option<(u64, memcg::Group)> {
     best
 }
 
-fn meminfo(key: &str) -> Option<u64> {
-    let s = std::fs::read_to_string("/proc/meminfo").ok()?;
-    s.lines().find_map(|l| {
-        let v = l.strip_prefix(key)?.strip_prefix(':')?.trim().strip_suffix("kB")?.trim().parse::<u64>().ok()?;
-        Some(v * 1024)
-    })
-}
-
 /// The automatic budget (module docs) for `dense_on_mapping` bytes of dense weights served from
 /// the page cache (0 with an anonymous copy) and `kv` bytes of KV cache to come.
 pub fn auto(dense_on_mapping: u64, kv: u64) -> Result<Budget, String> {
@@ -121,7 +107,11 @@ pub fn auto(dense_on_mapping: u64, kv: u64) -> Result<Budget, String> {
             ),
         });
     }
-    let avail = meminfo("MemAvailable").ok_or("cannot read MemAvailable from /proc/meminfo")?;
+    let avail = {
+        use procfs::Current;
+        procfs::Meminfo::current().ok().and_then(|m| m.mem_available)
+    };
+    let avail = avail.ok_or("cannot read MemAvailable from /proc/meminfo")?;
     Ok(Budget {
         bytes: avail.saturating_sub(dense_on_mapping + kv + headroom(avail)),
         source: format!(

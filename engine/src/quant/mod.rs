@@ -665,7 +665,8 @@ pub fn cpu_has(feature: &str) -> bool {
             "amx_tile" => {
                 let leaf7 = std::arch::x86_64::__cpuid_count(7, 0);
                 leaf7.edx & (1 << 24) != 0
-                    && std::fs::read_to_string("/proc/cpuinfo").is_ok_and(|c| c.contains(" amx_tile"))
+                    && <procfs::CpuInfo as procfs::Current>::current()
+                        .is_ok_and(|c| c.flags(0).is_some_and(|f| f.contains(&"amx_tile")))
             }
             _ => false,
         }

@@ -319,19 +319,13 @@ fn tp_offsets() -> Result<TpOffsets, ProbeError> {
 
 /// Block major of zram devices, from /proc/devices (never hard-coded).
 pub fn zram_major() -> u32 {
-    std::fs::read_to_string("/proc/devices")
-        .ok()
-        .and_then(|s| {
-            s.lines().find_map(|l| {
-                let mut it = l.split_whitespace();
-                let n = it.next()?.parse::<u32>().ok()?;
-                (it.next()? == "zram").then_some(n)
-            })
-        })
-        .unwrap_or(0)
+    use procfs::Current;
+    let devices = procfs::Devices::current().map(|d| d.block_devices).unwrap_or_default();
+    devices.iter().find(|d| d.name == "zram").map_or(0, |d| d.major as u32)
 }
 
 /// Swap devices (not files) from /proc/swaps, in the kernel's dev_t encoding.
+/// Hand-read: the procfs crate has no parser for `/proc/swaps`.
 fn swap_devices() -> Vec<u32> {
     use std::os::unix::fs::{FileTypeExt, MetadataExt};
     let Ok(s) = std::fs::read_to_string("/proc/swaps") else { return Vec::new() };

@@ -108,13 +108,8 @@ impl Discovery {
 
 /// `/proc/PID/stat` field 22, for a live process (not a zombie).
 fn start_time(pid: u32) -> Option<u64> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    // `pid (comm) state … starttime(22)`; comm may contain spaces and ')'.
-    let rest: Vec<&str> = stat[stat.rfind(')')? + 1..].split_whitespace().collect();
-    if matches!(rest.first(), Some(&"Z" | &"X")) {
-        return None;
-    }
-    rest.get(19)?.parse().ok()
+    let stat = procfs::process::Process::new(pid as i32).and_then(|p| p.stat()).ok()?;
+    (!matches!(stat.state, 'Z' | 'X')).then_some(stat.starttime)
 }
 
 /// This process's labels if it is a target.
@@ -153,19 +148,22 @@ fn has_markers(path: &Path) -> bool {
 
 /// The file name of the first `.gguf` mapping in a `/proc/PID/maps` text.
 pub fn gguf_of_maps(maps: &str) -> Option<String> {
-    maps.lines().find_map(|l| {
-        // address perms offset dev inode path (the path may contain spaces).
-        let path = l.splitn(6, char::is_whitespace).nth(5)?.trim_start();
-        let path = path.strip_suffix(" (deleted)").unwrap_or(path);
-        let name = Path::new(path).file_name()?.to_str()?;
+    use procfs::{FromRead, process::MMapPath};
+    let maps = procfs::process::MemoryMaps::from_read(maps.as_bytes()).ok()?;
+    maps.iter().find_map(|m| {
+        let MMapPath::Path(path) = &m.pathname else { return None };
+        let name = path.file_name()?.to_str()?;
+        let name = name.strip_suffix(" (deleted)").unwrap_or(name);
         name.to_ascii_lowercase().ends_with(".gguf").then(|| name.to_string())
     })
 }
 
 /// The container id in a `/proc/PID/cgroup` text (its cgroup v2 line), or "".
 pub fn container_of_cgroup(cgroup: &str) -> String {
-    let Some(path) = cgroup.lines().find_map(|l| l.strip_prefix("0::")) else { return String::new() };
-    for comp in path.rsplit('/') {
+    use procfs::FromRead;
+    let groups = procfs::ProcessCGroups::from_read(cgroup.as_bytes()).map(|g| g.0).unwrap_or_default();
+    let Some(v2) = groups.iter().find(|g| g.hierarchy == 0 && g.controllers.is_empty()) else { return String::new() };
+    for comp in v2.pathname.rsplit('/') {
         let stem = comp.strip_suffix(".scope").unwrap_or(comp);
         let id = stem.rsplit(['-', ':']).next().unwrap_or(stem);
         if id.len() == 64 && id.bytes().all(|b| b.is_ascii_hexdigit()) {

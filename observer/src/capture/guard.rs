@@ -193,6 +193,7 @@ fn parse_pid(name: &[u8]) -> Option<libc::pid_t> {
 
 /// The parent of `pid`, from `/proc/PID/stat` (`pid (comm) state ppid …`; the
 /// comm may contain anything, so the fields start after its last `)`).
+/// Hand-read, not procfs: the guard after `fork` may not allocate, and procfs does.
 ///
 /// # Safety
 /// System calls only; for the guard process.

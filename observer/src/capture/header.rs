@@ -6,20 +6,14 @@ use std::{collections::BTreeMap, io::Read, path::Path};
 
 use observer_common::model::{ModelInfo, RunHeader};
 
+/// A one-value sysctl file, trimmed (procfs has parsers for structured files; these are plain text).
 fn read_trim(p: &str) -> String {
     std::fs::read_to_string(p).map(|s| s.trim().to_string()).unwrap_or_default()
 }
 
 fn cpu_model() -> String {
-    std::fs::read_to_string("/proc/cpuinfo")
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with("model name"))
-                .and_then(|l| l.split_once(':'))
-                .map(|(_, v)| v.trim().to_string())
-        })
-        .unwrap_or_default()
+    use procfs::Current;
+    procfs::CpuInfo::current().ok().and_then(|c| c.model_name(0).map(str::to_string)).unwrap_or_default()
 }
 
 /// MemTotal from /proc/meminfo, bytes.
@@ -27,13 +21,19 @@ pub fn mem_total() -> u64 {
     meminfo("MemTotal").unwrap_or(0)
 }
 
-/// A /proc/meminfo field in bytes.
+/// A /proc/meminfo field in bytes, read by procfs: the fields the observer uses (`MemTotal`,
+/// `MemFree`, `MemAvailable`, `SwapTotal`, `SwapFree`); `None` for others or when not present.
 pub fn meminfo(key: &str) -> Option<u64> {
-    let s = std::fs::read_to_string("/proc/meminfo").ok()?;
-    s.lines().find_map(|l| {
-        let (k, v) = l.split_once(':')?;
-        (k == key).then(|| v.split_whitespace().next()?.parse::<u64>().ok().map(|kb| kb * 1024))?
-    })
+    use procfs::Current;
+    let m = procfs::Meminfo::current().ok()?;
+    match key {
+        "MemTotal" => Some(m.mem_total),
+        "MemFree" => Some(m.mem_free),
+        "MemAvailable" => m.mem_available,
+        "SwapTotal" => Some(m.swap_total),
+        "SwapFree" => Some(m.swap_free),
+        _ => None,
+    }
 }
 
 /// CRC-32 of the first 4 MiB (header and tensor table) and the size: cheap,
@@ -106,7 +106,7 @@ pub fn build(mode: &str, pid: u32, command: &[String], probes: Vec<String>, mode
         cpu_model: cpu_model(),
         n_cpus: std::thread::available_parallelism().map(|n| n.get() as u32).unwrap_or(0),
         mem_total_bytes: mem_total(),
-        boot_id: read_trim("/proc/sys/kernel/random/boot_id"),
+        boot_id: procfs::sys::kernel::random::boot_id().map(|b| b.trim().to_string()).unwrap_or_default(),
         started_unix_ns: now_unix,
         started_mono_ns: crate::capture::seed::mono_ns(),
         target_pid: pid,
@@ -151,5 +151,17 @@ mod tests {
         assert_eq!(cfg["ignore-eos"], "true");
         assert_eq!(cfg["temp"], "-1");
         assert_eq!(cfg["flash"], "true");
+    }
+
+    #[test]
+    fn mem_total_is_what_sysinfo_says() {
+        // Independent source: sysinfo(2), the kernel's totalram_pages (what MemTotal prints).
+        // SAFETY: a zeroed sysinfo is a valid out-parameter.
+        let mut si: libc::sysinfo = unsafe { std::mem::zeroed() };
+        // SAFETY: valid pointer.
+        assert_eq!(unsafe { libc::sysinfo(&mut si) }, 0);
+        assert_eq!(mem_total(), si.totalram as u64 * u64::from(si.mem_unit));
+        assert!(meminfo("MemAvailable").is_some_and(|a| a > 0 && a <= mem_total()));
+        assert_eq!(meminfo("NoSuchField"), None);
     }
 }

@@ -11,14 +11,15 @@ const CAP_SYS_ADMIN: u32 = 21;
 const CAP_PERFMON: u32 = 38;
 const CAP_BPF: u32 = 39;
 
-/// Whether this process has capability `cap` in its effective set (`CapEff:`
-/// of `/proc/self/status`, a hex mask); no when that cannot be read.
+/// The effective capability set of this process (`CapEff:` of `/proc/self/status`, read by
+/// procfs), as a mask of `1 << cap`; empty when that cannot be read.
+pub fn effective_capabilities() -> u64 {
+    procfs::process::Process::myself().and_then(|me| me.status()).map_or(0, |s| s.capeff)
+}
+
+/// Whether this process has capability `cap` in its effective set; no when that cannot be read.
 pub fn has_capability(cap: u32) -> bool {
-    let caps = std::fs::read_to_string("/proc/self/status").ok().and_then(|status| {
-        let mask = status.lines().find_map(|l| l.strip_prefix("CapEff:"))?;
-        u64::from_str_radix(mask.trim(), 16).ok()
-    });
-    caps.unwrap_or(0) & (1u64 << cap) != 0
+    effective_capabilities() & (1u64 << cap) != 0
 }
 
 /// eBPF tracing needs CAP_BPF + CAP_PERFMON (or CAP_SYS_ADMIN, as root has).
@@ -59,6 +60,7 @@ pub fn tracepoint_exists(category: &str, name: &str) -> bool {
 
 /// Whether the running kernel (or a loaded module) has a function of this name, from
 /// `/proc/kallsyms` (names are listed even where addresses are hidden).
+/// Hand-read: the procfs crate has no parser for `/proc/kallsyms`.
 pub fn kernel_function_exists(name: &str) -> bool {
     std::fs::read_to_string("/proc/kallsyms")
         .is_ok_and(|s| s.lines().any(|l| l.split_whitespace().nth(2) == Some(name)))
@@ -67,6 +69,32 @@ pub fn kernel_function_exists(name: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_effective_set_is_what_capget_says() {
+        // Independent source: capget(2), version 3 (two 32-bit words).
+        #[repr(C)]
+        struct Header {
+            version: u32,
+            pid: i32,
+        }
+        #[repr(C)]
+        #[derive(Clone, Copy, Default)]
+        struct Data {
+            effective: u32,
+            permitted: u32,
+            inheritable: u32,
+        }
+        let mut h = Header { version: 0x2008_0522, pid: 0 };
+        let mut d = [Data::default(); 2];
+        // SAFETY: capget with a v3 header and room for its two data words.
+        assert_eq!(unsafe { libc::syscall(libc::SYS_capget, &mut h, d.as_mut_ptr()) }, 0);
+        let eff = u64::from(d[0].effective) | (u64::from(d[1].effective) << 32);
+        assert_eq!(effective_capabilities(), eff);
+        for cap in 0..64 {
+            assert_eq!(has_capability(cap), eff & (1 << cap) != 0, "capability {cap}");
+        }
+    }
 
     #[test]
     fn kernel_functions_are_found_by_exact_name() {

@@ -23,43 +23,25 @@ use crate::capture::seed;
 /// The one line printed at start in fallback mode.
 pub const MEASURED: &str = "compute (user time, clock-tick resolution), runqueue, minflt, read_bytes, ctx_switches; everything else is not measured";
 
-fn clk_tck() -> u64 {
-    // SAFETY: sysconf has no preconditions.
-    let v = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
-    if v > 0 { v as u64 } else { 100 }
-}
-
-fn field_after_comm(stat: &str, n: usize) -> Option<u64> {
-    // Fields after "pid (comm)": index 0 is field 3 (state).
-    stat.rsplit_once(')')?.1.split_whitespace().nth(n - 3)?.parse().ok()
-}
-
 /// One thread's cumulative procfs counters as a `ThreadState` (the same
 /// shape the eBPF side produces), so that token building is shared.
 pub fn thread_state(pid: u32, tid: u32) -> Option<ThreadState> {
-    let base = format!("/proc/{pid}/task/{tid}");
-    let stat = std::fs::read_to_string(format!("{base}/stat")).ok()?;
+    let task = procfs::process::Process::new(pid as i32).ok()?.task_from_tid(tid as i32).ok()?;
+    let stat = task.stat().ok()?;
     let mut t = ThreadState::zeroed();
     t.tid = tid;
-    let comm = stat.split_once('(').and_then(|(_, r)| r.rsplit_once(')')).map(|(c, _)| c).unwrap_or("");
-    let n = comm.len().min(15);
-    t.comm[..n].copy_from_slice(&comm.as_bytes()[..n]);
-    let utime = field_after_comm(&stat, 14)?;
-    t.time[T_COMPUTE] = utime * 1_000_000_000 / clk_tck();
-    t.cnt[C_MINFLT] = field_after_comm(&stat, 10)?;
-    if let Ok(ss) = std::fs::read_to_string(format!("{base}/schedstat")) {
-        let v: Vec<u64> = ss.split_whitespace().filter_map(|x| x.parse().ok()).collect();
-        if let Some(&rd) = v.get(1) {
-            t.time[T_RUNQUEUE] = rd;
-        }
+    let n = stat.comm.len().min(15);
+    t.comm[..n].copy_from_slice(&stat.comm.as_bytes()[..n]);
+    t.time[T_COMPUTE] = stat.utime * 1_000_000_000 / procfs::ticks_per_second();
+    t.cnt[C_MINFLT] = stat.minflt;
+    if let Ok(ss) = task.schedstat() {
+        t.time[T_RUNQUEUE] = ss.run_delay;
     }
-    if let Ok(io) = std::fs::read_to_string(format!("{base}/io")) {
-        t.cnt[C_READ_BYTES] =
-            io.lines().find_map(|l| l.strip_prefix("read_bytes:").and_then(|v| v.trim().parse().ok())).unwrap_or(0);
+    if let Ok(io) = task.io() {
+        t.cnt[C_READ_BYTES] = io.read_bytes;
     }
-    if let Ok(st) = std::fs::read_to_string(format!("{base}/status")) {
-        let get = |k: &str| st.lines().find_map(|l| l.strip_prefix(k)?.trim().parse::<u64>().ok()).unwrap_or(0);
-        t.cnt[C_CTX_SWITCHES] = get("voluntary_ctxt_switches:") + get("nonvoluntary_ctxt_switches:");
+    if let Ok(st) = task.status() {
+        t.cnt[C_CTX_SWITCHES] = st.voluntary_ctxt_switches.unwrap_or(0) + st.nonvoluntary_ctxt_switches.unwrap_or(0);
     }
     t.flags = F_ON_CPU;
     Some(t)
@@ -113,6 +95,35 @@ mod tests {
         let main = s.iter().find(|t| t.tid == me).expect("main thread");
         assert!(main.cnt[C_MINFLT] > 0);
         assert!(thread_state(me, u32::MAX - 1).is_none(), "a thread that does not exist");
+    }
+
+    #[test]
+    fn a_thread_reads_like_its_own_rusage() {
+        // Independent source: getrusage(RUSAGE_THREAD) of the same thread, before and after.
+        fn rusage() -> (u64, u64, u64) {
+            // SAFETY: a zeroed rusage is a valid out-parameter.
+            let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
+            // SAFETY: valid pointer.
+            unsafe { libc::getrusage(libc::RUSAGE_THREAD, &mut ru) };
+            let utime = ru.ru_utime.tv_sec as u64 * 1_000_000_000 + ru.ru_utime.tv_usec as u64 * 1000;
+            (ru.ru_minflt as u64, (ru.ru_nvcsw + ru.ru_nivcsw) as u64, utime)
+        }
+        std::thread::spawn(|| {
+            let v = std::hint::black_box(vec![1u8; 8 << 20]);
+            std::thread::sleep(std::time::Duration::from_millis(5));
+            // SAFETY: gettid has no preconditions.
+            let tid = unsafe { libc::gettid() } as u32;
+            let (f0, c0, _) = rusage();
+            let t = thread_state(std::process::id(), tid).expect("this thread");
+            let (f1, c1, u1) = rusage();
+            assert!((f0..=f1).contains(&t.cnt[C_MINFLT]), "minflt {} not in {f0}..={f1}", t.cnt[C_MINFLT]);
+            assert!((c0..=c1).contains(&t.cnt[C_CTX_SWITCHES]), "ctx {} not in {c0}..={c1}", t.cnt[C_CTX_SWITCHES]);
+            // utime is in clock ticks in /proc, exact in getrusage: at most one tick apart.
+            assert!(t.time[T_COMPUTE] <= u1 + 10_000_000, "utime {} vs {u1}", t.time[T_COMPUTE]);
+            drop(v);
+        })
+        .join()
+        .unwrap();
     }
 
     #[test]

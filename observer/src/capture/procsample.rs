@@ -3,21 +3,16 @@
 
 use observer_common::model::ProcessSample;
 
-fn status_kib(status: &str, key: &str) -> Option<u64> {
-    status.lines().find_map(|l| {
-        let rest = l.strip_prefix(key)?.strip_prefix(':')?;
-        rest.split_whitespace().next()?.parse::<u64>().ok().map(|kb| kb * 1024)
-    })
-}
-
 pub fn sample(pid: u32, mono_ns: u64) -> ProcessSample {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    let status = procfs::process::Process::new(pid as i32).and_then(|p| p.status()).ok();
+    // `status` gives these in kB (KiB); absent (a kernel thread, or the process is gone) is `None`.
+    let kib = |f: fn(&procfs::process::Status) -> Option<u64>| status.as_ref().and_then(f).map(|kb| kb * 1024);
     ProcessSample {
         mono_ns,
-        rss_bytes: status_kib(&status, "VmRSS"),
-        rss_anon_bytes: status_kib(&status, "RssAnon"),
-        rss_file_bytes: status_kib(&status, "RssFile"),
-        swap_bytes: status_kib(&status, "VmSwap"),
+        rss_bytes: kib(|s| s.vmrss),
+        rss_anon_bytes: kib(|s| s.rssanon),
+        rss_file_bytes: kib(|s| s.rssfile),
+        swap_bytes: kib(|s| s.vmswap),
         mem_available_bytes: crate::capture::header::meminfo("MemAvailable"),
     }
 }

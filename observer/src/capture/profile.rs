@@ -161,13 +161,17 @@ fn defined_symbols(path: &Path, profiles: &[&'static Profile]) -> BTreeSet<&'sta
 
 /// The regular files a running process has mapped, in map order.
 pub fn mapped_files(pid: u32) -> Vec<PathBuf> {
-    let Ok(maps) = std::fs::read_to_string(format!("/proc/{pid}/maps")) else { return Vec::new() };
+    let Ok(maps) = procfs::process::Process::new(pid as i32).and_then(|p| p.maps()) else { return Vec::new() };
     let mut out: Vec<PathBuf> = Vec::new();
-    for line in maps.lines() {
-        // address perms offset dev inode path
-        let Some(path) = line.split_whitespace().nth(5) else { continue };
-        if path.starts_with('/') && out.last().is_none_or(|l| l.as_os_str() != path) {
-            out.push(PathBuf::from(path));
+    for m in maps {
+        let procfs::process::MMapPath::Path(path) = m.pathname else { continue };
+        // A replaced file is named with a " (deleted)" suffix: its path as mapped.
+        let path = match path.to_str().and_then(|p| p.strip_suffix(" (deleted)")) {
+            Some(p) => PathBuf::from(p),
+            None => path,
+        };
+        if path.is_absolute() && out.last() != Some(&path) {
+            out.push(path);
         }
     }
     out

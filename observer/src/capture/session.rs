@@ -717,6 +717,7 @@ fn step_kind(markers: Option<&MarkerKind>) -> StepKind {
 }
 
 /// The command line of a running process.
+/// Hand-read: procfs's `cmdline()` fails on an argument that is not UTF-8; this keeps it (lossily).
 fn cmdline(pid: u32) -> Vec<String> {
     let raw = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
     raw.split(|&b| b == 0).filter(|s| !s.is_empty()).map(|s| String::from_utf8_lossy(s).into_owned()).collect()

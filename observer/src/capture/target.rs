@@ -356,14 +356,11 @@ impl Target {
 }
 
 /// `PF_KTHREAD` in the flags of `/proc/PID/stat` (include/linux/sched.h).
-const PF_KTHREAD: u64 = 0x0020_0000;
+const PF_KTHREAD: u32 = 0x0020_0000;
 
 /// Whether `pid` is a kernel thread (its `/proc/PID/stat` flags, field 9).
 fn is_kernel_thread(pid: u32) -> bool {
-    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else { return false };
-    // Fields after the parenthesised comm: state(3) ppid pgrp session tty_nr tpgid flags(9).
-    let flags = stat.rsplit_once(')').and_then(|(_, rest)| rest.split_whitespace().nth(6)?.parse::<u64>().ok());
-    flags.is_some_and(|f| f & PF_KTHREAD != 0)
+    procfs::process::Process::new(pid as i32).and_then(|p| p.stat()).is_ok_and(|s| s.flags & PF_KTHREAD != 0)
 }
 
 const GO: u8 = 1;

@@ -59,10 +59,7 @@ fn read(p: impl AsRef<Path>) -> Option<String> {
 
 pub fn doctor(args: DoctorArgs) -> Result<i32> {
     let mut r = Report { failed: 0 };
-    let eff = read("/proc/self/status")
-        .and_then(|s| s.lines().find_map(|l| l.strip_prefix("CapEff:").map(|v| v.trim().to_string())))
-        .and_then(|v| u64::from_str_radix(&v, 16).ok())
-        .unwrap_or(0);
+    let eff = observer::capture::preflight::effective_capabilities();
     for (bit, name) in CAPS {
         r.check(
             "capability",
@@ -71,7 +68,7 @@ pub fn doctor(args: DoctorArgs) -> Result<i32> {
             "run as root, or as the unit does (AmbientCapabilities in packaging/moe-observer.service)",
         );
     }
-    let mounted = read("/proc/mounts").is_some_and(|m| m.lines().any(|l| l.split(' ').nth(1) == Some(TRACEFS)));
+    let mounted = procfs::mounts().is_ok_and(|m| m.iter().any(|e| e.fs_file == TRACEFS));
     r.check(
         "tracefs",
         mounted,
@@ -102,8 +99,7 @@ pub fn doctor(args: DoctorArgs) -> Result<i32> {
         "a kernel built with CONFIG_DEBUG_INFO_BTF",
     );
     let release = read("/proc/sys/kernel/osrelease").unwrap_or_default();
-    let version: Vec<u32> = release.split(['.', '-']).take(2).filter_map(|v| v.parse().ok()).collect();
-    let ringbuf = version.len() == 2 && (version[0], version[1]) >= (5, 8);
+    let ringbuf = procfs::KernelVersion::current().is_ok_and(|v| v >= procfs::KernelVersion::new(5, 8, 0));
     r.check("ring buffers", ringbuf, format!("kernel {release} (BPF ring buffers need 5.8)"), "a kernel ≥ 5.8");
     let controllers = read("/sys/fs/cgroup/cgroup.controllers");
     r.check(

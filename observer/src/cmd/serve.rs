@@ -114,7 +114,7 @@ async fn follow(name: &str, mut run: RunArgs, ex: &Arc<Exporter>, stop: &Stop) {
             if stop.signalled() {
                 return;
             }
-            skip.retain(|p| std::path::Path::new(&format!("/proc/{p}")).exists());
+            skip.retain(|p| procfs::process::Process::new(*p as i32).is_ok());
             if let Some(p) = find_by_name(name, &skip) {
                 break p;
             }
@@ -200,7 +200,7 @@ async fn follow_discovered(limit: usize, name: Option<&str>, run: RunArgs, ex: &
 
 /// Whether the executable of `pid` has the file name `name`.
 fn exe_is_called(pid: u32, name: &str) -> bool {
-    std::fs::read_link(format!("/proc/{pid}/exe")).ok().is_some_and(|p| {
+    procfs::process::Process::new(pid as i32).and_then(|p| p.exe()).is_ok_and(|p| {
         p.file_name().and_then(|f| f.to_str()).is_some_and(|f| f.strip_suffix(" (deleted)").unwrap_or(f) == name)
     })
 }
@@ -208,8 +208,8 @@ fn exe_is_called(pid: u32, name: &str) -> bool {
 /// Whether `pid` is called `name`: its comm (at most 15 bytes) or its
 /// executable's file name.
 fn is_called(pid: u32, name: &str) -> bool {
-    let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default();
-    comm.trim_end_matches('\n').as_bytes() == &name.as_bytes()[..name.len().min(15)] || exe_is_called(pid, name)
+    let stat = procfs::process::Process::new(pid as i32).and_then(|p| p.stat());
+    stat.is_ok_and(|s| s.comm.as_bytes() == &name.as_bytes()[..name.len().min(15)]) || exe_is_called(pid, name)
 }
 
 /// The oldest live process (not ourselves, not a zombie) whose comm or
@@ -219,30 +219,19 @@ pub fn find_by_name(name: &str, skip: &HashSet<u32>) -> Option<u32> {
     // comm is at most 15 bytes (TASK_COMM_LEN − 1).
     let comm_name = &name.as_bytes()[..name.len().min(15)];
     let mut best: Option<(u64, u32)> = None;
-    for e in std::fs::read_dir("/proc").ok()?.flatten() {
-        let Some(pid) = e.file_name().to_str().and_then(|s| s.parse::<u32>().ok()) else {
-            continue;
-        };
+    for p in procfs::process::all_processes().ok()?.flatten() {
+        let pid = p.pid as u32;
         if pid == me || skip.contains(&pid) {
             continue;
         }
-        let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
-            continue;
-        };
-        // `pid (comm) state … starttime(22)`; comm may contain spaces and ')'.
-        let (Some(open), Some(close)) = (stat.find('('), stat.rfind(')')) else {
-            continue;
-        };
-        let comm = &stat.as_bytes()[open + 1..close];
-        let rest: Vec<&str> = stat[close + 1..].split_whitespace().collect();
-        let (Some(state), Some(start)) = (rest.first(), rest.get(19).and_then(|s| s.parse::<u64>().ok())) else {
-            continue;
-        };
-        if *state == "Z" || *state == "X" {
+        let Ok(stat) = p.stat() else { continue };
+        if stat.state == 'Z' || stat.state == 'X' {
             continue;
         }
-        if (comm == comm_name || exe_is_called(pid, name)) && best.is_none_or(|(s, _)| start < s) {
-            best = Some((start, pid));
+        if (stat.comm.as_bytes() == comm_name || exe_is_called(pid, name))
+            && best.is_none_or(|(s, _)| stat.starttime < s)
+        {
+            best = Some((stat.starttime, pid));
         }
     }
     best.map(|(_, p)| p)

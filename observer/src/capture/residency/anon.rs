@@ -104,7 +104,7 @@ impl ExportedSymbol {
         Ok(addr)
     }
 
-    /// The process's `/proc/PID/mem`.
+    /// The process's `/proc/PID/mem` (raw bytes: nothing for procfs to parse).
     pub fn mem(&self) -> Result<File, ResidencyError> {
         File::open(format!("/proc/{}/mem", self.pid)).map_err(proc_err(self.pid, "opening /proc/PID/mem"))
     }
@@ -126,6 +126,8 @@ impl DenseCopy {
     }
 
     /// Present/swapped pages of `ranges` from `/proc/PID/pagemap`.
+    /// Hand-read: two bits of up to millions of entries, 64 Ki per `pread`; procfs's `PageMap`
+    /// decodes each entry into a `PageInfo` and allocates a vector per range.
     pub fn pagemap(&self, ranges: &[DenseRange]) -> Result<AnonResidency, ResidencyError> {
         let pid = self.symbol.pid;
         let pm = File::open(format!("/proc/{pid}/pagemap")).map_err(proc_err(pid, "opening /proc/PID/pagemap"))?;
@@ -204,36 +206,16 @@ fn load_bias(pid: u32, exe: &std::path::Path, id: (u64, u64)) -> Result<Option<u
     use object::{Object, ObjectSegment};
     let data = crate::capture::bpf::map_elf(exe).map_err(proc_err(pid, "reading the executable"))?;
     let Ok(file) = object::File::parse(&*data) else { return Ok(None) };
-    let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).map_err(proc_err(pid, "reading /proc/PID/maps"))?;
+    let maps = procfs::process::Process::new(pid as i32)
+        .and_then(|p| p.maps())
+        .map_err(|e| proc_err(pid, "reading /proc/PID/maps")(std::io::Error::other(e)))?;
     let page = super::scan::page_size();
     let (major, minor) = (libc::major(id.0), libc::minor(id.0));
-    for line in maps.lines() {
-        // start-end perms offset major:minor inode path
-        let mut it = line.split_whitespace();
-        let (Some(range), Some(_perms), Some(off), Some(dev), Some(ino)) =
-            (it.next(), it.next(), it.next(), it.next(), it.next())
-        else {
-            continue;
-        };
-        if ino.parse::<u64>().ok() != Some(id.1) {
-            continue;
-        }
-        let dev_ok = dev
-            .split_once(':')
-            .and_then(|(a, b)| Some((u32::from_str_radix(a, 16).ok()?, u32::from_str_radix(b, 16).ok()?)))
-            == Some((major, minor));
-        let (Some(start), Ok(off)) =
-            (range.split_once('-').and_then(|(s, _)| u64::from_str_radix(s, 16).ok()), u64::from_str_radix(off, 16))
-        else {
-            continue;
-        };
-        if !dev_ok {
-            continue;
-        }
+    for m in maps.iter().filter(|m| m.inode == id.1 && m.dev == (major as i32, minor as i32)) {
         for seg in file.segments() {
             let (foff, _) = seg.file_range();
-            if foff / page * page == off {
-                return Ok(Some(start.wrapping_sub(seg.address() / page * page)));
+            if foff / page * page == m.offset {
+                return Ok(Some(m.address.0.wrapping_sub(seg.address() / page * page)));
             }
         }
     }

@@ -222,15 +222,9 @@ fn comm(c: &[u8; 16]) -> String {
 
 /// The memory cgroup of a live process (v1 `memory` controller line, else the v2 line).
 pub fn memcg_of(pid: u32) -> Option<String> {
-    let s = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).ok()?;
-    let line = |pred: &dyn Fn(&str) -> bool| {
-        s.lines().find_map(|l| {
-            let mut it = l.splitn(3, ':');
-            let (_, ctrl, path) = (it.next()?, it.next()?, it.next()?);
-            pred(ctrl).then(|| path.to_string())
-        })
-    };
-    line(&|c| c.split(',').any(|x| x == "memory")).or_else(|| line(&|c| c.is_empty()))
+    let groups = procfs::process::Process::new(pid as i32).and_then(|p| p.cgroups()).ok()?.0;
+    let v1 = groups.iter().find(|g| g.controllers.iter().any(|c| c == "memory"));
+    v1.or_else(|| groups.iter().find(|g| g.controllers.is_empty())).map(|g| g.pathname.clone())
 }
 
 fn row(kind: u32, pid: u32, comm: String, syscall: Option<String>, cgroup_v2: u64, p: &ActorPages) -> ActorRow {

@@ -38,10 +38,9 @@ pub const FILTER_PAGES: u64 = 4096;
 /// `cachestat` system call number (the unified syscall table of Linux 6.5+, all 64-bit arches Rust targets).
 const SYS_CACHESTAT: libc::c_long = 451;
 
+/// The page size in bytes, as u64: [`engine::placement::page_size`], the one lookup.
 pub fn page_size() -> u64 {
-    // SAFETY: no preconditions.
-    let p = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
-    if p > 0 { p as u64 } else { 4096 }
+    engine::placement::page_size() as u64
 }
 
 /// Why `mincore` on this file tells the truth, or why not.
