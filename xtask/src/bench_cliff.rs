@@ -165,7 +165,8 @@ fn run_cell(s: &Setup, sys: System, limit: Option<f64>, round: usize) -> Result<
     };
     let n = WARMUP + s.tokens;
     let mut c = Command::new(&s.observer);
-    c.arg("run").arg("--json").arg(&json).args(["--every", "0"]);
+    // `--force`: the scratch files of an earlier bench are replaced.
+    c.arg("run").arg("--json").arg(&json).args(["--force", "--every", "0"]);
     if let Some(cg) = &cg {
         c.arg("--cgroup").arg(cg.dir());
     }
@@ -575,9 +576,10 @@ mod tests {
             assert!(c.first_tok_s.is_some_and(|t| t > 0.0), "{c:?}");
             let comp = c.components_ms.as_ref().unwrap();
             assert!(comp.get("compute").is_some_and(|ms| *ms > 0.0), "the observer's compute in {c:?}");
-            // The split is of a token's wall time: their sum is at most the token's time.
-            let sum: f64 = comp.values().sum();
-            assert!(sum <= 1e3 / c.tok_s * 1.001, "components {sum} ms > {} ms per token in {c:?}", 1e3 / c.tok_s);
+            // The split is of the measured tokens' wall time, in ms per token: the components add up
+            // to it (the observer's rule), up to the residual it reports.
+            let (sum, wall): (f64, f64) = (comp.values().sum(), 1e3 / c.tok_s);
+            assert!((0.5 * wall..=1.01 * wall).contains(&sum), "components {sum} ms vs {wall} ms per token in {c:?}");
             assert_eq!(c.hit_pct.is_some(), c.system == "engine cache", "{c:?}");
             assert!(c.read_bytes_per_token.is_some(), "{c:?}");
         }
