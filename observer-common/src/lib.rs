@@ -16,6 +16,8 @@
 extern crate std;
 
 pub mod attrib;
+#[cfg(feature = "serde")]
+pub mod bench_cliff;
 pub mod evict;
 pub mod faults;
 pub mod filemap;

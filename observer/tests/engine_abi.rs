@@ -197,8 +197,53 @@ fn observer_reads_the_engine_caches_slot_table() {
     want.sort_unstable();
     assert_eq!(g.ready, want, "the ready cells are the cache's slots");
     assert_eq!(g.ready.len(), n_slots, "a full cache after 17 steps");
+    heatmap_shows_the_cache(&map, &want, n_slots);
 
     drop(sess);
     drop(c);
     assert_eq!(reader.sample().unwrap(), None, "unpublished when the cache is dropped");
+}
+
+/// `observer heatmap --pid` on this process while its cache holds `want` (grid cells) in
+/// `n_slots` slots and is idle: the JSON's `engine_cache` holds those cells, with no reads
+/// between two refreshes; the terminal grid counts them per layer.
+fn heatmap_shows_the_cache(map: &engine::regions::RegionMap, want: &[u32], n_slots: usize) {
+    let model = tiny_model();
+    let pid = std::process::id().to_string();
+    let heatmap = |extra: &[&str]| {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_observer"))
+            .arg("heatmap")
+            .arg(&model)
+            .args(["--pid", &pid])
+            .args(extra)
+            .output()
+            .expect("running observer heatmap");
+        assert!(out.status.success(), "observer heatmap: {}", String::from_utf8_lossy(&out.stderr));
+        String::from_utf8(out.stdout).unwrap()
+    };
+    let text = heatmap(&["--json", "--watch", "--count", "2", "--interval", "20ms"]);
+    let lines: Vec<serde_json::Value> = text.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    assert_eq!(lines.len(), 2, "{text}");
+    for (i, v) in lines.iter().enumerate() {
+        let c = &v["engine_cache"];
+        assert_eq!(c["pid"], std::process::id(), "{c}");
+        assert_eq!(c["slots"].as_u64(), Some(n_slots as u64), "{c}");
+        assert_eq!(c["loading"].as_u64(), Some(0), "{c}");
+        let ready: Vec<u32> = c["ready"].as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as u32).collect();
+        assert_eq!(ready, want, "the heatmap's cells are the cache's slots (refresh {i})");
+        // The first refresh has no baseline; the idle cache read nothing between the two.
+        assert_eq!(c["reads"].as_u64(), if i == 0 { None } else { Some(0) }, "{c}");
+    }
+
+    let text = heatmap(&["--no-color", "--width", "200"]);
+    let head = format!("in the engine's cache (process {pid}: {n_slots} slots, {} ready, 0 loading", want.len());
+    assert!(text.contains(&head), "{head:?} in\n{text}");
+    let grid = text.split(&head).nth(1).unwrap();
+    let rows: Vec<&str> = grid.lines().skip(1).take(map.moe_layers.len()).collect();
+    for (r, (layer, line)) in map.moe_layers.iter().zip(&rows).enumerate() {
+        let n = want.iter().filter(|&&c| c / map.n_experts == r as u32).count();
+        let fields: Vec<&str> = line.split_whitespace().collect();
+        assert_eq!(fields.first(), Some(&layer.to_string().as_str()), "{line}");
+        assert_eq!(fields.last(), Some(&n.to_string().as_str()), "layer {layer}: {n} cached experts in {line:?}");
+    }
 }

@@ -24,8 +24,8 @@
 use std::collections::{BTreeMap, VecDeque};
 
 use observer_common::model::{
-    Component, Components, Counter, Counters, Event, ExpertGrid, LatencyHistograms, ObserverHealth, ProcessSample,
-    RunEnd, RunHeader, StepKind, TokenRecord,
+    Component, Components, Counter, Counters, EngineCache, Event, ExpertGrid, LatencyHistograms, ObserverHealth,
+    ProcessSample, RunEnd, RunHeader, StepKind, TokenRecord,
 };
 
 use crate::stats::{self, RateInterval};
@@ -240,11 +240,37 @@ pub struct Heat {
     pub step_evicted: Option<u64>,
     pub run_added: u64,
     pub run_evicted: u64,
+    /// The engine's expert cache as its slot table showed it last (`residency.engine_cache`),
+    /// with the step it came with.
+    pub engine_cache: Option<(u64, EngineCache)>,
+    /// The engine's own hit rate (`cache_hit_pct` of its telemetry) of that step.
+    pub engine_hit_pct: Option<f64>,
+    /// The observer's hit rates over the run: (sum, count) of the steps that measured one.
+    pub hit_pct_sum: (f64, u64),
 }
 
 impl Heat {
-    fn add(&mut self, seq: u64, r: &observer_common::model::Residency) {
+    /// The observer's mean hit rate over the steps that measured one.
+    pub fn run_hit_pct(&self) -> Option<f64> {
+        let (sum, n) = self.hit_pct_sum;
+        (n > 0).then(|| sum / n as f64)
+    }
+
+    /// Whether grid cell `i` was in the engine's cache at its last snapshot.
+    pub fn in_engine_cache(&self, i: u32) -> bool {
+        self.engine_cache.as_ref().is_some_and(|(_, c)| c.ready.binary_search(&i).is_ok())
+    }
+
+    fn add(&mut self, seq: u64, r: &observer_common::model::Residency, engine_hit_pct: Option<f64>) {
         self.measured = true;
+        if let Some(c) = &r.engine_cache {
+            if let Some(h) = c.hit_pct {
+                self.hit_pct_sum.0 += h;
+                self.hit_pct_sum.1 += 1;
+            }
+            self.engine_cache = Some((seq, c.clone()));
+            self.engine_hit_pct = engine_hit_pct;
+        }
         self.dense_resident_frac = r.dense_resident_frac.or(self.dense_resident_frac);
         self.dense_swapped_frac = r.dense_swapped_frac.or(self.dense_swapped_frac);
         self.experts_resident_frac = r.experts_resident_frac.or(self.experts_resident_frac);
@@ -463,7 +489,7 @@ impl App {
             a.last_seq = t.seq;
         }
         if let Some(r) = &t.residency {
-            self.heat.add(t.seq, r);
+            self.heat.add(t.seq, r, t.engine.as_ref().and_then(|e| e.cache_hit_pct));
         }
     }
 

@@ -161,6 +161,62 @@ fn heatmap_view_of_a_40_by_256_grid_keeps_every_layer() {
     }
 }
 
+/// With an engine that publishes its expert cache, exactly the cells of the last snapshot's ready
+/// experts have the cache's background, and the header line gives that snapshot's slots and the
+/// observer's hit rate beside the engine's own, and the observer's mean over the run (all from
+/// the stream's records).
+#[test]
+fn heatmap_view_marks_the_engine_cache_and_its_hit_rates() {
+    let o = Opts { engine_cache: true, ..Default::default() };
+    let records: Vec<_> = fixture::events(&o)
+        .into_iter()
+        .filter_map(|e| match e {
+            Event::Token(t) => Some(t),
+            _ => None,
+        })
+        .filter(|t| t.residency.as_ref().is_some_and(|r| r.engine_cache.is_some()))
+        .collect();
+    let last = records.last().expect("records with the engine's cache");
+    let cache = last.residency.as_ref().unwrap().engine_cache.clone().unwrap();
+    let hits: Vec<f64> = records.iter().filter_map(|t| t.residency.as_ref()?.engine_cache.as_ref()?.hit_pct).collect();
+    let run_mean = hits.iter().sum::<f64>() / hits.len() as f64;
+    let engine_hit = last.engine.as_ref().unwrap().cache_hit_pct.unwrap();
+
+    let mut app = app_with(&o);
+    let t = show(&mut app, View::Heatmap, 120, 30);
+    let buf = t.backend().buffer();
+    let s = text(buf);
+    assert!(!s.contains("one cell ="), "the 8 × 16 grid is drawn cell for cell:\n{s}");
+    let line = format!(
+        "engine cache at step #{}: {} slots, {} ready, {} loading · hit rate: observer {:.1} % (run {run_mean:.1} %), engine {engine_hit:.1} %",
+        last.seq,
+        cache.slots,
+        cache.ready.len(),
+        cache.loading,
+        cache.hit_pct.unwrap()
+    );
+    assert!(s.contains(&line), "{line:?} in\n{s}");
+    assert!(s.contains("in the engine's cache"), "the legend names the mark:\n{s}");
+
+    let ticks = find(buf, "layer").expect("the tick line").1;
+    let (nl, ne) = o.grid;
+    let mut marked = 0;
+    for l in 0..nl {
+        let label = format!("{l:>4}  ");
+        let y = (ticks + 1..buf.area.height)
+            .find(|&y| (0..6).map(|x| buf[(x, y)].symbol()).collect::<String>() == label)
+            .unwrap_or_else(|| panic!("layer {l} has no row:\n{s}"));
+        for e in 0..ne {
+            let cell = &buf[(6 + e as u16, y)];
+            assert!("·░▒▓█".contains(cell.symbol()), "layer {l} expert {e}: {:?}", cell.symbol());
+            let want = cache.ready.contains(&(l * ne + e));
+            assert_eq!(cell.bg == tui::view::heatmap::ENGINE_CACHE_BG, want, "layer {l} expert {e}");
+            marked += usize::from(want);
+        }
+    }
+    assert_eq!(marked, cache.ready.len());
+}
+
 #[test]
 fn heatmap_view_says_not_measured() {
     let mut app = app_with(&Opts { residency: false, ..Default::default() });

@@ -23,13 +23,18 @@
 //! Holds the machine lock (`testkit::machine_lock`) from the first run to the last, and runs
 //! copies of the binaries (in `target/bench-cliff/bin`) so that a rebuild meanwhile changes
 //! nothing. The table so
-//! far is printed after every round. `--quick`: one round, 32 measured tokens
-//! (development only).
+//! far is printed after every round, and with `--json FILE` every cell is written to FILE (rewritten
+//! after each round) in the format `observer plot cliff` draws, `moe-observer bench-cliff v1`
+//! (defined in `observer_common::bench_cliff`). `--quick`: one round, 32 measured tokens;
+//! `--small`: a 3-layer model of the `small` preset (~165 MB) instead of the 5.6 GB one, with the
+//! same router skew (development and the test; its limits are too tight for the engine's own
+//! memory below about 80 %).
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use anyhow::{Context, Result, bail};
+use observer_common::bench_cliff::{self, CliffBench};
 use serde_json::Value;
 
 use crate::{bench_util, cmd, llama};
@@ -56,20 +61,25 @@ impl System {
     }
 }
 
-/// One run's numbers.
-#[derive(Debug, Clone, Default)]
+/// One run's numbers: what the result file holds, and what only the printed table shows.
+#[derive(Debug, Clone)]
 struct Cell {
-    /// tok/s over the first 16 tokens and over the measured ones.
-    first_tok_s: f64,
-    tok_s: f64,
-    read_mb_per_tok: f64,
-    hit_pct: Option<f64>,
+    out: bench_cliff::Cell,
     /// The cache's generation read bytes / (its misses × one expert's bytes).
     read_vs_misses: Option<f64>,
     stall_ms: Option<f64>,
-    /// The observer's split, ms per measured token: (component, ms).
-    split: Vec<(String, f64)>,
     experts_for_90pct: Option<f64>,
+}
+
+impl Cell {
+    fn read_mb_per_tok(&self) -> f64 {
+        self.out.read_bytes_per_token.map_or(f64::NAN, |b| b / 1e6)
+    }
+
+    /// The observer's ms per token of component `c` (NaN: not measured).
+    fn component_ms(&self, c: &str) -> f64 {
+        self.out.components_ms.as_ref().and_then(|m| m.get(c)).copied().unwrap_or(f64::NAN)
+    }
 }
 
 /// A cell: the limit's index (`None`: the warm cell) and the system.
@@ -86,6 +96,10 @@ struct Setup {
     tokens: usize,
     scratch: PathBuf,
     prefetch: bool,
+    rounds: usize,
+    limits: Vec<Option<f64>>,
+    /// Where the cells are written (`--json`).
+    json: Option<PathBuf>,
 }
 
 fn evict(path: &Path) -> Result<()> {
@@ -109,6 +123,12 @@ fn warm(path: &Path) -> Result<()> {
 
 fn f(v: &Value, k: &str) -> f64 {
     v[k].as_f64().unwrap_or(0.0)
+}
+
+/// The mean of field `k` over token records, `None` when a record has it unmeasured (`null`).
+fn mean_of(t: &[Value], k: &str) -> Option<f64> {
+    let v: Option<Vec<f64>> = t.iter().map(|t| t[k].as_f64()).collect();
+    v.filter(|v| !v.is_empty()).map(|v| v.iter().sum::<f64>() / v.len() as f64)
 }
 
 /// Token records of the measured steps: generated tokens (engine) or `llama_process` calls after
@@ -145,7 +165,8 @@ fn run_cell(s: &Setup, sys: System, limit: Option<f64>, round: usize) -> Result<
     };
     let n = WARMUP + s.tokens;
     let mut c = Command::new(&s.observer);
-    c.arg("run").arg("--json").arg(&json).args(["--every", "0"]);
+    // `--force`: the scratch files of an earlier bench are replaced.
+    c.arg("run").arg("--json").arg(&json).args(["--force", "--every", "0"]);
     if let Some(cg) = &cg {
         c.arg("--cgroup").arg(cg.dir());
     }
@@ -180,13 +201,21 @@ fn run_cell(s: &Setup, sys: System, limit: Option<f64>, round: usize) -> Result<
         bail!("{tag}: {} token records, expected {n} (see {})", toks.len(), out_path.display());
     }
     let (first, rest) = (&toks[..WARMUP], &toks[WARMUP..n]);
-    let per_tok = |k: &str| rest.iter().map(|t| f(t, k)).sum::<f64>() / rest.len() as f64;
+    let components = COMPONENTS.iter().filter_map(|c| Some((c.to_string(), mean_of(rest, &format!("{c}_ns"))? / 1e6)));
     let mut cell = Cell {
-        first_tok_s: tok_s(first),
-        tok_s: tok_s(rest),
-        read_mb_per_tok: per_tok("read_bytes") / 1e6,
-        split: COMPONENTS.iter().map(|c| (c.to_string(), per_tok(&format!("{c}_ns")) / 1e6)).collect(),
-        ..Cell::default()
+        out: bench_cliff::Cell {
+            system: sys.name().into(),
+            round: round as u32,
+            limit_pct: limit.map(|l| l * 100.0),
+            tok_s: tok_s(rest),
+            first_tok_s: Some(tok_s(first)),
+            read_bytes_per_token: mean_of(rest, "read_bytes"),
+            hit_pct: None,
+            components_ms: Some(components.collect()),
+        },
+        read_vs_misses: None,
+        stall_ms: None,
+        experts_for_90pct: None,
     };
     if sys != System::Llama {
         let text = String::from_utf8_lossy(&out.stdout);
@@ -204,7 +233,7 @@ fn run_cell(s: &Setup, sys: System, limit: Option<f64>, round: usize) -> Result<
         let measured = &rows[WARMUP.min(rows.len())..(n).min(rows.len())];
         let mean = |i: usize| measured.iter().map(|r| r[i]).sum::<f64>() / measured.len() as f64;
         if sys == System::Cache {
-            cell.hit_pct = Some(mean(6));
+            cell.out.hit_pct = Some(mean(6));
             cell.stall_ms = Some(mean(7));
             let c = &eng["cache"];
             let misses = f(c, "gen_misses");
@@ -214,31 +243,37 @@ fn run_cell(s: &Setup, sys: System, limit: Option<f64>, round: usize) -> Result<
     Ok(cell)
 }
 
+/// The 3-layer model of `--small` (and of the test).
+fn small_model(engine: &Path) -> Result<PathBuf> {
+    llama::synth_model(
+        engine,
+        "cliff-small-3l",
+        &["--preset", "small", "--layers", "3", "--vocab", "4096", "--quant", "q4_k_m", "--router-skew", "0.25"],
+    )
+}
+
 pub fn main(args: &[String]) -> Result<()> {
     let (mut rounds, mut tokens, mut threads, mut prefetch, mut with_llama) = (3usize, 64usize, 2usize, false, true);
     let mut limits: Vec<Option<f64>> = vec![None, Some(0.8), Some(0.6), Some(0.4)];
-    let mut model: Option<PathBuf> = None;
+    let (mut model, mut small, mut json): (Option<PathBuf>, bool, Option<PathBuf>) = (None, false, None);
     let mut it = args.iter();
     while let Some(a) = it.next() {
         let mut val = |name: &str| it.next().with_context(|| format!("{name} needs a value")).cloned();
         match a.as_str() {
             "--quick" => (rounds, tokens) = (1, 32),
+            "--small" => small = true,
             "--rounds" => rounds = val("--rounds")?.parse()?,
             "--tokens" => tokens = val("--tokens")?.parse()?,
             "--threads" => threads = val("--threads")?.parse()?,
             "--prefetch" => prefetch = true,
             "--no-llama" => with_llama = false,
             "--model" => model = Some(PathBuf::from(val("--model")?)),
-            "--limits" => {
-                limits = val("--limits")?
-                    .split(',')
-                    .map(|l| if l == "none" { Ok(None) } else { l.parse::<f64>().map(|p| Some(p / 100.0)) })
-                    .collect::<Result<_, _>>()
-                    .context("--limits: e.g. none,80,60,40")?
-            }
+            "--json" => json = Some(PathBuf::from(val("--json")?)),
+            "--limits" => limits = parse_limits(&val("--limits")?)?,
             _ => bail!(
-                "usage: cargo xtask bench cliff [--quick] [--rounds N] [--tokens N] [--threads T] [--limits none,80,60,40] \
-                 [--prefetch] [--no-llama] [--model FILE (instead of the generated one; for development)]"
+                "usage: cargo xtask bench cliff [--quick] [--small] [--rounds N] [--tokens N] [--threads T] \
+                 [--limits none,80,60,40] [--prefetch] [--no-llama] [--json FILE] \
+                 [--model FILE (instead of the generated one; for development)]"
             ),
         }
     }
@@ -255,8 +290,6 @@ pub fn main(args: &[String]) -> Result<()> {
         None
     };
     let built = bench_util::build()?;
-    // Memory cgroups and page-cache eviction are machine state: one such user at a time.
-    let _lock = testkit::machine_lock();
     let scratch = crate::cache::target_dir().join("bench-cliff");
     // The binaries as built now: a rebuild in the same target directory during the (long) run
     // does not change what is measured.
@@ -268,6 +301,7 @@ pub fn main(args: &[String]) -> Result<()> {
     let engine = bin.join("engine");
     let model = match model {
         Some(m) => m,
+        None if small => small_model(&engine)?,
         None => llama::synth_model(
             &engine,
             "cliff-qwen3-30b-a3b-12l",
@@ -275,31 +309,70 @@ pub fn main(args: &[String]) -> Result<()> {
         )?,
     };
     let file_bytes = std::fs::metadata(&model)?.len();
-    let s =
-        Setup { observer: bin.join("observer"), engine, llama, model, file_bytes, threads, tokens, scratch, prefetch };
+    let s = Setup {
+        observer: bin.join("observer"),
+        engine,
+        llama,
+        model,
+        file_bytes,
+        threads,
+        tokens,
+        scratch,
+        prefetch,
+        rounds,
+        limits,
+        json,
+    };
+    run(&s).map(drop)
+}
+
+/// `none,80,60,40` → unlimited, 0.8, 0.6, 0.4.
+fn parse_limits(text: &str) -> Result<Vec<Option<f64>>> {
+    text.split(',')
+        .map(|l| if l == "none" { Ok(None) } else { l.parse::<f64>().map(|p| Some(p / 100.0)) })
+        .collect::<Result<_, _>>()
+        .context("--limits: e.g. none,80,60,40")
+}
+
+/// Every round of every cell; prints the table and writes the result file (`s.json`) after each
+/// round. Returns the result as written.
+fn run(s: &Setup) -> Result<CliffBench> {
+    // Memory cgroups and page-cache eviction are machine state: one such user at a time.
+    let _lock = testkit::machine_lock();
     let load = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
     println!(
-        "model: {} ({:.2} GB), {threads} threads, {WARMUP} + {tokens} tokens per run, {rounds} rounds, prefetch {}, load {}",
+        "model: {} ({:.2} GB), {} threads, {WARMUP} + {} tokens per run, {} rounds, prefetch {}, load {}",
         s.model.display(),
-        file_bytes as f64 / 1e9,
-        if prefetch { "on" } else { "off" },
+        s.file_bytes as f64 / 1e9,
+        s.threads,
+        s.tokens,
+        s.rounds,
+        if s.prefetch { "on" } else { "off" },
         load.split_whitespace().take(3).collect::<Vec<_>>().join(" ")
     );
     let mut systems = vec![System::Cache, System::Mmap];
-    if with_llama {
+    if s.llama.is_some() {
         systems.push(System::Llama);
     }
+    let mut result = CliffBench::new(s.model.display().to_string(), s.file_bytes);
     // (limit index or warm, system) → cells over rounds.
     let mut cells: Vec<(Key, Vec<Cell>)> = Vec::new();
-    let push = |cells: &mut Vec<(Key, Vec<Cell>)>, k: Key, c: Cell| match cells.iter_mut().find(|(kk, _)| *kk == k) {
-        Some((_, v)) => v.push(c),
-        None => cells.push((k, vec![c])),
+    let push = |cells: &mut Vec<(Key, Vec<Cell>)>, result: &mut CliffBench, k: Key, c: Cell| {
+        result.cells.push(c.out.clone());
+        match cells.iter_mut().find(|(kk, _)| *kk == k) {
+            Some((_, v)) => v.push(c),
+            None => cells.push((k, vec![c])),
+        }
     };
-    for round in 0..rounds {
-        let c = run_cell(&s, System::Warm, None, round)?;
-        println!("round {round}: warm {:.2} tok/s (first 16: {:.2})", c.tok_s, c.first_tok_s);
-        push(&mut cells, (None, System::Warm), c);
-        let mut order: Vec<usize> = (0..limits.len()).collect();
+    for round in 0..s.rounds {
+        let c = run_cell(s, System::Warm, None, round)?;
+        println!(
+            "round {round}: warm {:.2} tok/s (first 16: {:.2})",
+            c.out.tok_s,
+            c.out.first_tok_s.unwrap_or(f64::NAN)
+        );
+        push(&mut cells, &mut result, (None, System::Warm), c);
+        let mut order: Vec<usize> = (0..s.limits.len()).collect();
         if round % 2 == 1 {
             order.reverse();
         }
@@ -308,40 +381,55 @@ pub fn main(args: &[String]) -> Result<()> {
             let turn = round % sys.len();
             sys.rotate_left(turn);
             for sy in sys {
-                let c = run_cell(&s, sy, limits[li], round)?;
+                let c = run_cell(s, sy, s.limits[li], round)?;
                 println!(
                     "round {round}: {:>4} {:<15} {:7.2} tok/s (first 16: {:6.2}), {:7.1} MB read/token{}",
-                    limit_name(limits[li]),
+                    limit_name(s.limits[li]),
                     sy.name(),
-                    c.tok_s,
-                    c.first_tok_s,
-                    c.read_mb_per_tok,
-                    c.hit_pct.map(|h| format!(", hits {h:.1} %")).unwrap_or_default()
+                    c.out.tok_s,
+                    c.out.first_tok_s.unwrap_or(f64::NAN),
+                    c.read_mb_per_tok(),
+                    c.out.hit_pct.map(|h| format!(", hits {h:.1} %")).unwrap_or_default()
                 );
-                push(&mut cells, (Some(li), sy), c);
+                push(&mut cells, &mut result, (Some(li), sy), c);
             }
         }
-        if round + 1 < rounds {
+        if let Some(path) = &s.json {
+            write_json(path, &result)?;
+        }
+        if round + 1 < s.rounds {
             println!("\nafter round {round}:");
-            report(&s, &limits, &cells);
+            report(s, &cells);
         }
     }
-    report(&s, &limits, &cells);
-    Ok(())
+    report(s, &cells);
+    if let Some(path) = &s.json {
+        println!("cells written to {} ({})", path.display(), bench_cliff::FORMAT);
+    }
+    Ok(result)
+}
+
+/// `result` into `path`, through a temporary file beside it.
+fn write_json(path: &Path, result: &CliffBench) -> Result<()> {
+    let tmp = path.with_extension("json.tmp");
+    let text = serde_json::to_string_pretty(result).context("serialising the bench's cells")?;
+    std::fs::write(&tmp, text + "\n").with_context(|| format!("writing {}", tmp.display()))?;
+    std::fs::rename(&tmp, path).with_context(|| format!("renaming {} to {}", tmp.display(), path.display()))
 }
 
 fn limit_name(l: Option<f64>) -> String {
     l.map_or("none".into(), |l| format!("{:.0}%", l * 100.0))
 }
 
-fn report(s: &Setup, limits: &[Option<f64>], cells: &[(Key, Vec<Cell>)]) {
+fn report(s: &Setup, cells: &[(Key, Vec<Cell>)]) {
+    let limits = &s.limits;
     let get = |k: Key| cells.iter().find(|(kk, _)| *kk == k).map(|(_, v)| v.as_slice());
     let med = |v: &[Cell], f: &dyn Fn(&Cell) -> f64| moe_stats::median(&mut v.iter().map(f).collect::<Vec<_>>());
     let range = |v: &[Cell]| {
-        let t: Vec<f64> = v.iter().map(|c| c.tok_s).collect();
+        let t: Vec<f64> = v.iter().map(|c| c.out.tok_s).collect();
         (t.iter().copied().fold(f64::INFINITY, f64::min), t.iter().copied().fold(0.0, f64::max))
     };
-    let warm = get((None, System::Warm)).map_or(f64::NAN, |v| med(v, &|c| c.tok_s));
+    let warm = get((None, System::Warm)).map_or(f64::NAN, |v| med(v, &|c| c.out.tok_s));
     println!("\nmedians over rounds ({} measured tokens after {WARMUP}; ms per token from the observer):", s.tokens);
     println!(
         "{:<5} {:<18} {:>8} {:>15} {:>8} {:>9} {:>6} {:>7} | {}",
@@ -364,16 +452,16 @@ fn report(s: &Setup, limits: &[Option<f64>], cells: &[(Key, Vec<Cell>)]) {
     for k in rows {
         let Some(v) = get(k) else { continue };
         let (lo, hi) = range(v);
-        let split: Vec<String> = (0..COMPONENTS.len()).map(|i| format!("{:.1}", med(v, &|c| c.split[i].1))).collect();
+        let split: Vec<String> = COMPONENTS.iter().map(|n| format!("{:.1}", med(v, &|c| c.component_ms(n)))).collect();
         println!(
             "{:<5} {:<18} {:>8.2} {:>15} {:>8.2} {:>9.1} {:>6} {:>7} | {}",
             k.0.map_or("none".into(), |li| limit_name(limits[li])),
             k.1.name(),
-            med(v, &|c| c.tok_s),
+            med(v, &|c| c.out.tok_s),
             format!("{lo:.2}–{hi:.2}"),
-            med(v, &|c| c.first_tok_s),
-            med(v, &|c| c.read_mb_per_tok),
-            v[0].hit_pct.map_or("-".into(), |_| format!("{:.1}", med(v, &|c| c.hit_pct.unwrap_or(f64::NAN)))),
+            med(v, &|c| c.out.first_tok_s.unwrap_or(f64::NAN)),
+            med(v, &|c| c.read_mb_per_tok()),
+            v[0].out.hit_pct.map_or("-".into(), |_| format!("{:.1}", med(v, &|c| c.out.hit_pct.unwrap_or(f64::NAN)))),
             v[0].stall_ms.map_or("-".into(), |_| format!("{:.1}", med(v, &|c| c.stall_ms.unwrap_or(f64::NAN)))),
             split.join(" ")
         );
@@ -388,8 +476,8 @@ fn report(s: &Setup, limits: &[Option<f64>], cells: &[(Key, Vec<Cell>)]) {
     for (li, l) in limits.iter().enumerate() {
         let Some(l) = l else { continue };
         let pct = (l * 100.0).round() as u32;
-        let t = |sy| get((Some(li), sy)).map(|v| med(v, &|c| c.tok_s));
-        let first = |sy| get((Some(li), sy)).map(|v| med(v, &|c| c.first_tok_s));
+        let t = |sy| get((Some(li), sy)).map(|v| med(v, &|c| c.out.tok_s));
+        let first = |sy| get((Some(li), sy)).map(|v| med(v, &|c| c.out.first_tok_s.unwrap_or(f64::NAN)));
         let Some(cache) = t(System::Cache) else { continue };
         let (w, m, lc) = match pct {
             80 => (0.9, None, None),
@@ -423,4 +511,91 @@ fn report(s: &Setup, limits: &[Option<f64>], cells: &[(Key, Vec<Cell>)]) {
         }
     }
     println!("(per-run outputs, the observer's JSON and the engine's metrics: {})", s.scratch.display());
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `target/release/{observer,engine}` as `cargo build --release --workspace --bins` makes them
+    /// (the build phase of `cargo xtask test`, so there a no-op).
+    fn built() -> PathBuf {
+        let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+        let mut c = Command::new(cargo);
+        c.current_dir(crate::cache::workspace_root()).args(["build", "--quiet", "--release", "--workspace", "--bins"]);
+        cmd::run(&mut c).expect("building the observer and the engine");
+        crate::cache::target_dir().join("release")
+    }
+
+    /// A reduced bench (the small model, unlimited and 80 %, one round, 8 measured tokens, no
+    /// llama.cpp) writes its cells, and `observer plot cliff` draws that file: a line per system.
+    #[test]
+    fn bench_json_is_drawn_by_observer_plot_cliff() {
+        assert!(testkit::is_root(), "bench cliff makes memory cgroups and runs the observer: run the test as root");
+        let bin = built();
+        let engine = bin.join("engine");
+        let model = small_model(&engine).unwrap();
+        let scratch = crate::cache::target_dir().join("bench-cliff-test");
+        std::fs::create_dir_all(&scratch).unwrap();
+        let json = scratch.join("cliff.json");
+        let _ = std::fs::remove_file(&json);
+        let s = Setup {
+            observer: bin.join("observer"),
+            engine,
+            llama: None,
+            file_bytes: std::fs::metadata(&model).unwrap().len(),
+            model,
+            threads: 2,
+            tokens: 8,
+            scratch: scratch.clone(),
+            prefetch: false,
+            rounds: 1,
+            limits: parse_limits("none,80").unwrap(),
+            json: Some(json.clone()),
+        };
+        let result = run(&s).unwrap();
+
+        let written: CliffBench = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+        assert_eq!(written, result, "the file holds the cells as measured");
+        assert_eq!(written.format, bench_cliff::FORMAT);
+        // The warm cell, then engine cache and engine mmap at each limit.
+        let keys: Vec<(&str, Option<f64>)> =
+            written.cells.iter().map(|c| (c.system.as_str(), c.limit_pct.map(f64::round))).collect();
+        assert_eq!(keys.len(), 5, "{keys:?}");
+        for k in [
+            ("warm (engine mmap)", None),
+            ("engine cache", None),
+            ("engine mmap", None),
+            ("engine cache", Some(80.0)),
+            ("engine mmap", Some(80.0)),
+        ] {
+            assert!(keys.contains(&k), "{k:?} in {keys:?}");
+        }
+        for c in &written.cells {
+            assert!(c.tok_s.is_finite() && c.tok_s > 0.0, "{c:?}");
+            assert!(c.first_tok_s.is_some_and(|t| t > 0.0), "{c:?}");
+            let comp = c.components_ms.as_ref().unwrap();
+            assert!(comp.get("compute").is_some_and(|ms| *ms > 0.0), "the observer's compute in {c:?}");
+            // The split is of the measured tokens' wall time, in ms per token: the components add up
+            // to it (the observer's rule), up to the residual it reports.
+            let (sum, wall): (f64, f64) = (comp.values().sum(), 1e3 / c.tok_s);
+            assert!((0.5 * wall..=1.01 * wall).contains(&sum), "components {sum} ms vs {wall} ms per token in {c:?}");
+            assert_eq!(c.hit_pct.is_some(), c.system == "engine cache", "{c:?}");
+            assert!(c.read_bytes_per_token.is_some(), "{c:?}");
+        }
+
+        let svg = scratch.join("cliff.svg");
+        let out = Command::new(&s.observer)
+            .args(["plot", "cliff"])
+            .arg(&json)
+            .arg("-o")
+            .arg(&svg)
+            .output()
+            .expect("running observer plot cliff");
+        assert!(out.status.success(), "observer plot cliff: {}", String::from_utf8_lossy(&out.stderr));
+        let text = std::fs::read_to_string(&svg).unwrap();
+        for sys in ["warm (engine mmap)", "engine cache", "engine mmap"] {
+            assert!(text.contains(sys), "{sys} in the plot's legend");
+        }
+    }
 }

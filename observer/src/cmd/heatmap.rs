@@ -6,7 +6,12 @@
 //!   the file, resident %), then one row per MoE layer with one coloured cell per expert (or per
 //!   group of experts when the terminal is narrower than the grid; the header says how many)
 //!   and the layer's resident %, and a legend. With `--churn`, a second grid of the pages
-//!   evicted from each expert since the previous refresh.
+//!   evicted from each expert since the previous refresh. With `--pid PID` (an engine that
+//!   publishes its expert cache, `moe_engine_expert_slots`), a grid of the experts ready in the
+//!   engine's own cache (anonymous memory, not the page cache), with its slots and the expert
+//!   reads since the previous refresh (rules: `observer::capture::residency::slots`). A hit rate
+//!   needs the engine's token boundaries, which this command does not see: `observer run` and
+//!   the TUI show it.
 //! - `--json`: one JSON object per refresh, on one line:
 //!   `{"sample", "file", "architecture", "size_bytes", "page_size", "source" ("mincore" |
 //!   "cachestat"), "scan_ns", "scan_cpu_ns" (wall and CPU time of the scan), "mincore_pages" (pages the scan asked `mincore` about; chunks that
@@ -21,7 +26,11 @@
 //!   null without `--churn`), "churn" ({"added_pages", "evicted_pages", "spill_pages",
 //!   "dense_added", "dense_evicted"} or null), "evicted_by" (who evicted since the previous
 //!   refresh: rows of `residency::evict::ActorRow`, most pages first; null without `--churn`),
-//!   "header_pages_dropped"}`. The terminal view adds the same table and the one since the start.
+//!   "header_pages_dropped", "engine_cache" (with `--pid`: the token records' `residency.engine_cache`
+//!   object, `{"version", "slots", "loading", "ready" (grid cells `row * n_experts + expert`),
+//!   "reads" (since the previous refresh), "hit_pct" (null here)}`, plus `"pid"`; null when the
+//!   process publishes no cache, or without `--pid`)}`. The terminal view adds the same table and
+//!   the one since the start.
 //! - `--csv`: `sample,kind,layer,expert,bytes,resident_bytes,resident_frac,added_pages,evicted_pages`
 //!   with one row per kind `file`, `dense_tensors`, `shared_experts`, `routed_experts` (layer,
 //!   expert empty) and one per expert (`expert`); unmeasured values are empty.
@@ -33,7 +42,9 @@ use observer::capture::residency::{
     Counts, ModelFile, Part, Snapshot, Source,
     churn::Churn,
     evict::{self, Table},
+    slots::SlotTable,
 };
+use observer_common::model::EngineCache;
 use observer_common::vocab::{Region, ResidencyField};
 use serde_json::{Value, json};
 
@@ -59,6 +70,9 @@ pub struct HeatmapArgs {
     /// Also count page-cache adds/evictions per expert between refreshes (eBPF, root).
     #[arg(long)]
     churn: bool,
+    /// Also show the expert cache of this engine process (its published slot table).
+    #[arg(long)]
+    pid: Option<u32>,
     /// Grid width in columns (default: the terminal's, or 120).
     #[arg(long)]
     width: Option<usize>,
@@ -127,12 +141,17 @@ pub fn run(args: HeatmapArgs) -> Result<i32> {
         };
         churn_state = Some((ebpf, c, base, blame));
     }
+    let mut slots = args.pid.map(|pid| (pid, SlotTable::new(pid, &model.map.moe_layers, model.map.n_experts)));
     let color = !args.no_color && observer::style::colour(observer::style::Stream::Stdout);
     let width = args.width.unwrap_or_else(terminal_width);
     let mut out = std::io::stdout().lock();
     let mut k = 0u64;
     loop {
         let snap = model.scan().with_context(|| format!("scanning {}", args.model.display()))?;
+        let cache = match slots.as_mut() {
+            None => None,
+            Some((pid, t)) => Some((*pid, t.sample().with_context(|| format!("the expert cache of process {pid}"))?)),
+        };
         let churn = match churn_state.as_mut() {
             None => None,
             Some((_, c, last, blame)) => {
@@ -148,14 +167,23 @@ pub fn run(args: HeatmapArgs) -> Result<i32> {
             }
         };
         if args.json {
-            writeln!(out, "{}", json_line(k, &model, &snap, churn.as_ref()))?;
+            let mut v = json_line(k, &model, &snap, churn.as_ref());
+            v["engine_cache"] = match &cache {
+                Some((pid, Some(c))) => {
+                    let mut c = serde_json::to_value(c)?;
+                    c["pid"] = json!(pid);
+                    c
+                }
+                _ => Value::Null,
+            };
+            writeln!(out, "{v}")?;
         } else if args.csv {
             write_csv(&mut out, k, &model, &snap, churn.as_ref())?;
         } else {
             if args.watch {
                 write!(out, "\x1b[H\x1b[2J")?;
             }
-            render(&mut out, &model, &snap, churn.as_ref(), width, color)?;
+            render(&mut out, &model, &snap, churn.as_ref(), cache.as_ref(), width, color)?;
         }
         out.flush()?;
         k += 1;
@@ -341,6 +369,7 @@ fn render(
     m: &ModelFile,
     s: &Snapshot,
     churn: Option<&ChurnDelta>,
+    cache: Option<&(u32, Option<EngineCache>)>,
     width: usize,
     color: bool,
 ) -> Result<()> {
@@ -461,6 +490,29 @@ fn render(
         let ev = |i: usize| Some(((c.evicted[i] + 1) as f64).ln() / lmax);
         let ev_label = |r: usize| format!("{:>8}", c.evicted[r * n_e..(r + 1) * n_e].iter().sum::<u64>());
         grid(out, &ev, &ev_label)?;
+    }
+    match cache {
+        None => {}
+        Some((pid, None)) => writeln!(out, "\n  engine cache of process {pid}: none published")?,
+        Some((pid, Some(c))) => {
+            writeln!(
+                out,
+                "\n  in the engine's cache (process {pid}: {} slots, {} ready, {} loading, {} expert reads since the last refresh; 1 column as above):",
+                c.slots,
+                c.ready.len(),
+                c.loading,
+                c.reads.map_or_else(|| "-".to_string(), |r| r.to_string())
+            )?;
+            let mut cached = vec![false; s.cells.len()];
+            for &i in &c.ready {
+                if let Some(x) = cached.get_mut(i as usize) {
+                    *x = true;
+                }
+            }
+            let val = |i: usize| Some(if cached[i] { 1.0 } else { 0.0 });
+            let label = |r: usize| format!("{:>8}", cached[r * n_e..(r + 1) * n_e].iter().filter(|&&x| x).count());
+            grid(out, &val, &label)?;
+        }
     }
     Ok(())
 }

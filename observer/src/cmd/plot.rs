@@ -5,7 +5,7 @@ use std::path::{Path, PathBuf};
 use anyhow::Result;
 use observer::{
     analysis::diff,
-    plot::{self, cliff::CliffBench},
+    plot::{self, cliff},
     store::import,
 };
 
@@ -86,10 +86,7 @@ pub fn plot(a: PlotArgs) -> Result<i32> {
             let benches = files
                 .iter()
                 .map(|f| {
-                    Ok((
-                        f.file_name().map_or(String::new(), |n| n.to_string_lossy().into_owned()),
-                        CliffBench::load(f)?,
-                    ))
+                    Ok((f.file_name().map_or(String::new(), |n| n.to_string_lossy().into_owned()), cliff::load(f)?))
                 })
                 .collect::<Result<Vec<_>>>()?;
             let inputs: Vec<&Path> = files.iter().map(PathBuf::as_path).collect();

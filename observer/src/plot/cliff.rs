@@ -1,57 +1,28 @@
 //! The page-cache cliff: tok/s against the memory limit, a line per system
 //! (module spec in `plot`).
 //!
-//! ## Input format (`moe-observer bench-cliff v1`)
-//! A JSON object written by `cargo xtask bench cliff --json FILE`:
-//! `{"format": FORMAT, "model": path, "model_bytes": n, "cells": [cell, …]}`,
-//! each cell one run: `{"system": "engine cache", "round": r, "limit_pct": 60.0
-//! | null (unlimited), "tok_s": f, "first_tok_s": f, "read_bytes_per_token": f
-//! | null, "hit_pct": f | null, "components_ms": {"compute": f, …} | null}`
-//! (component names from the vocabulary). Several rounds of a (system, limit)
-//! are drawn as their median; each round as a small dot beside it.
+//! ## Input
+//! The JSON that `cargo xtask bench cliff --json FILE` writes, format
+//! [`FORMAT`] (its spec: [`observer_common::bench_cliff`]). Several rounds of a
+//! (system, limit) are drawn as their median; each round as a small dot beside it.
 
 use std::{collections::BTreeMap, path::Path};
 
 use anyhow::{Context, Result, bail};
+pub use observer_common::bench_cliff::{Cell, CliffBench, FORMAT};
 use plotters::{coord::Shift, prelude::*};
-use serde::{Deserialize, Serialize};
 
 use super::{Plot, err, legend, nice_max, series_colour};
 
-pub const FORMAT: &str = "moe-observer bench-cliff v1";
-
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct CliffBench {
-    pub format: String,
-    pub model: String,
-    pub model_bytes: u64,
-    pub cells: Vec<Cell>,
-}
-
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct Cell {
-    pub system: String,
-    #[serde(default)]
-    pub round: u32,
-    /// The memory limit in % of the model file; `None`: unlimited.
-    pub limit_pct: Option<f64>,
-    pub tok_s: f64,
-    pub first_tok_s: Option<f64>,
-    pub read_bytes_per_token: Option<f64>,
-    pub hit_pct: Option<f64>,
-    pub components_ms: Option<BTreeMap<String, f64>>,
-}
-
-impl CliffBench {
-    pub fn load(path: &Path) -> Result<CliffBench> {
-        let text = std::fs::read_to_string(path).with_context(|| format!("{}: cannot read", path.display()))?;
-        let b: CliffBench = serde_json::from_str(&text)
-            .with_context(|| format!("{}: not a bench cliff result ({FORMAT})", path.display()))?;
-        if b.format != FORMAT {
-            bail!("{}: format {:?}, expected {FORMAT:?}", path.display(), b.format);
-        }
-        Ok(b)
+/// A bench result file, checked to be of [`FORMAT`]; errors name the file.
+pub fn load(path: &Path) -> Result<CliffBench> {
+    let text = std::fs::read_to_string(path).with_context(|| format!("{}: cannot read", path.display()))?;
+    let b: CliffBench = serde_json::from_str(&text)
+        .with_context(|| format!("{}: not a bench cliff result ({FORMAT})", path.display()))?;
+    if b.format != FORMAT {
+        bail!("{}: format {:?}, expected {FORMAT:?}", path.display(), b.format);
     }
+    Ok(b)
 }
 
 /// One system's curve: (limit, median tok/s, every round's tok/s), limits ascending, unlimited last.

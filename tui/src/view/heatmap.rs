@@ -5,6 +5,13 @@
 //! added, red where evicted, yellow where both. When the grid is wider or
 //! taller than the screen, a cell stands for several experts or layers (mean
 //! residency, any churn) and the header says how many.
+//!
+//! With an engine that publishes its expert cache (`residency.engine_cache`), a cell whose
+//! expert is ready in one of its slots has a blue background (a binned cell: any of its
+//! experts), and a line above the grid gives the cache's slots and the hit rates of its last
+//! snapshot: the observer's (from the slot table's version counter;
+//! `observer::capture::residency::slots`) beside the engine's own `cache_hit_pct`, and the
+//! observer's mean over the run.
 
 use ratatui::{
     Frame,
@@ -16,6 +23,9 @@ use ratatui::{
 
 use super::fmt;
 use crate::state::{App, CHURN_WINDOW};
+
+/// The background of a cell whose expert is in the engine's own cache.
+pub const ENGINE_CACHE_BG: Color = Color::Blue;
 
 /// Columns for the `L 12 ` row label.
 const LABEL_W: usize = 6;
@@ -83,6 +93,21 @@ pub fn draw(app: &App, f: &mut Frame<'_>, area: Rect) {
         ),
     };
     lines.push(Line::raw(fmt::fit(&churn, w)));
+    if let Some((seq, c)) = &h.engine_cache {
+        let hit = |v: Option<f64>| v.map_or_else(|| fmt::NA.into(), |v| format!("{v:.1} %"));
+        lines.push(Line::raw(fmt::fit(
+            &format!(
+                "engine cache at step #{seq}: {} slots, {} ready, {} loading · hit rate: observer {} (run {}), engine {}",
+                c.slots,
+                c.ready.len(),
+                c.loading,
+                hit(c.hit_pct),
+                hit(h.run_hit_pct()),
+                hit(h.engine_hit_pct)
+            ),
+            w,
+        )));
+    }
 
     let (nl, ne) = (g.n_layers as usize, g.n_experts as usize);
     let grid_cols = w.saturating_sub(LABEL_W).max(1);
@@ -94,13 +119,19 @@ pub fn draw(app: &App, f: &mut Frame<'_>, area: Rect) {
     let per_row = nl.div_ceil(grid_rows).max(1);
     let (cols, rows) = (ne.div_ceil(per_col), nl.div_ceil(per_row));
 
-    lines.push(Line::from(vec![
+    let mut legend = vec![
         Span::raw("· 0 ░ <25% ▒ <50% ▓ <75% █ ≥75%  "),
         Span::styled("■ added ", churn_style(true, false)),
         Span::styled("■ evicted ", churn_style(false, true)),
         Span::styled("■ both", churn_style(true, true)),
         Span::raw(format!(" (last {CHURN_WINDOW} steps)")),
-    ]));
+    ];
+    if h.engine_cache.is_some() {
+        legend.push(Span::raw("  "));
+        legend.push(Span::styled("█", churn_style(false, false).bg(ENGINE_CACHE_BG)));
+        legend.push(Span::raw(" in the engine's cache"));
+    }
+    lines.push(Line::from(legend));
     if per_col > 1 || per_row > 1 {
         let s = |n: usize, one: &str, many: &str| format!("{n} {}", if n == 1 { one } else { many });
         lines.push(Line::styled(
@@ -135,7 +166,7 @@ pub fn draw(app: &App, f: &mut Frame<'_>, area: Rect) {
         let mut spans = vec![Span::styled(format!("{:>4}  ", l0), fmt::dim())];
         for c in 0..cols {
             let (e0, e1) = (c * per_col, ((c + 1) * per_col).min(ne));
-            let (mut sum, mut n, mut added, mut evicted) = (0.0f32, 0u32, false, false);
+            let (mut sum, mut n, mut added, mut evicted, mut cached) = (0.0f32, 0u32, false, false, false);
             for l in l0..l1 {
                 for e in e0..e1 {
                     let i = l * ne + e;
@@ -146,10 +177,12 @@ pub fn draw(app: &App, f: &mut Frame<'_>, area: Rect) {
                     let (a, ev) = h.churn(i);
                     added |= a;
                     evicted |= ev;
+                    cached |= h.in_engine_cache(i as u32);
                 }
             }
             let ch = if n == 0 { ' ' } else { shade(sum / n as f32) };
-            spans.push(Span::styled(ch.to_string(), churn_style(added, evicted)));
+            let style = churn_style(added, evicted);
+            spans.push(Span::styled(ch.to_string(), if cached { style.bg(ENGINE_CACHE_BG) } else { style }));
         }
         lines.push(Line::from(spans));
     }

@@ -5,7 +5,7 @@
 
 mod faults;
 pub mod fmt;
-mod heatmap;
+pub mod heatmap;
 mod summary;
 mod threads;
 mod tokens;
