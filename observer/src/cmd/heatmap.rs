@@ -21,7 +21,8 @@
 //!   null without `--churn`), "churn" ({"added_pages", "evicted_pages", "spill_pages",
 //!   "dense_added", "dense_evicted"} or null), "evicted_by" (who evicted since the previous
 //!   refresh: rows of `residency::evict::ActorRow`, most pages first; null without `--churn`),
-//!   "header_pages_dropped"}`. The terminal view adds the same table and the one since the start.
+//!   "refaulted_by" (pages added back since the previous refresh after an eviction, per kind of
+//!   that eviction: {"fadvise": 512, …}; null without `--churn`), "header_pages_dropped"}`. The terminal view adds the same table and the one since the start.
 //! - `--csv`: `sample,kind,layer,expert,bytes,resident_bytes,resident_frac,added_pages,evicted_pages`
 //!   with one row per kind `file`, `dense_tensors`, `shared_experts`, `routed_experts` (layer,
 //!   expert empty) and one per expert (`expert`); unmeasured values are empty.
@@ -241,6 +242,10 @@ fn json_line(k: u64, m: &ModelFile, s: &Snapshot, churn: Option<&ChurnDelta>) ->
             "dense_evicted": c.dense().1,
         })),
         "evicted_by": churn.and_then(|c| c.evicted_by.as_ref()).map(|(d, _)| json!(d.rows)),
+        "refaulted_by": churn.and_then(|c| c.evicted_by.as_ref()).map(|(d, _)| {
+            json!(observer_common::vocab::EVICTION_ACTORS.iter().zip(d.refaults).filter(|x| x.1 > 0)
+                .map(|(a, n)| (a.name, n)).collect::<std::collections::BTreeMap<_, _>>())
+        }),
         "header_pages_dropped": m.header_pages_dropped,
     });
     for (f, frac) in [
