@@ -520,6 +520,9 @@ pub struct MarkRecord {
     /// mark, from the churn counters (`filemap`); 0 while churn is not attached.
     pub churn_added: u64,
     pub churn_evicted: u64,
+    /// The cumulative evictions per actor kind (`evict::EVICT_KIND_PAGES`), read before
+    /// `churn_evicted`; 0 while eviction blame is not attached.
+    pub churn_evicted_by: [u64; crate::evict::N_KINDS as usize],
     pub engine: [u8; ENGINE_REC_BYTES],
 }
 

@@ -28,6 +28,19 @@
 //! window that does not fit is counted in `EVICT_STATS[S_WINDOW_LOST]` (its evictions then fall
 //! to the next rule).
 //!
+//! Per step: the pages of each kind are also added to `EVICT_KIND_PAGES[kind]`, in the same event
+//! and after `T_DEL_PAGES`; a token mark copies them into its record (`MarkRecord::churn_evicted_by`)
+//! *before* it reads `T_DEL_PAGES`, so at each mark `Σ kinds ≤ churn_evicted`, short only by the
+//! evictions in flight on another CPU at that instant; a step's split is the difference of its two
+//! marks (`model::EvictedBy`).
+//!
+//! Refaults: each evicted page is remembered with its actor's kind, per 64-page block of the file
+//! (`EVICT_REMEMBER`, a hash map of [`MAX_REMEMBERED`] blocks, [`Remembered`]); when a page of
+//! the file is added to the page cache again (`mm_filemap_add_to_page_cache`: a fault, a read or
+//! read-ahead, by anyone) while remembered, it counts as a refault of that kind
+//! (`EVICT_REFAULTS[kind]`) and is forgotten. Pages whose block does not fit in the map are
+//! counted in `EVICT_STATS[S_NOT_REMEMBERED]` (their refaults are then not counted).
+//!
 //! Memcg: `bpf_get_current_cgroup_id` is the actor's cgroup on the v2 hierarchy. On a host whose
 //! memory controller is on cgroup v1 (this VM) that is the v2 root for every task, and the memcg
 //! of the reclaim is not in the tracepoints: user space reads the actor's memory cgroup from
@@ -59,7 +72,28 @@ pub const NO_SYSCALL: u32 = u32::MAX;
 
 /// Indices of `EVICT_STATS`.
 pub const S_WINDOW_LOST: u32 = 0;
-pub const N_STATS: u32 = 1;
+/// Evicted pages not remembered for refaults (the map was full).
+pub const S_NOT_REMEMBERED: u32 = 1;
+pub const N_STATS: u32 = 2;
+
+/// Pages per block of `EVICT_REMEMBER`.
+pub const BLOCK_PAGES: u64 = 64;
+/// Capacity of `EVICT_REMEMBER` in blocks (4 Mi pages: 16 GiB of 4 KiB pages).
+pub const MAX_REMEMBERED: u32 = 65536;
+
+/// Value of `EVICT_REMEMBER` (key: page index / [`BLOCK_PAGES`]): the evicted pages of the block
+/// not added back yet (bit `i`: page `key * 64 + i`), and the kind that evicted each, as three bit
+/// planes (bit `i` of `kind[j]` is bit `j` of page `i`'s kind).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Remembered {
+    pub evicted: u64,
+    pub kind: [u64; KIND_BITS],
+}
+/// Bits of a kind (`N_KINDS <= 1 << KIND_BITS`).
+pub const KIND_BITS: usize = 3;
+const _: () = assert!(N_KINDS <= 1 << KIND_BITS);
+const _: () = assert!(core::mem::size_of::<Remembered>() == 32);
 
 /// Who evicted: key of the `EVICT_ACTORS` hash map.
 #[repr(C)]
@@ -140,6 +174,8 @@ mod pod {
     unsafe impl aya::Pod for super::ActorPages {}
     // SAFETY: as above.
     unsafe impl aya::Pod for super::EvictConfig {}
+    // SAFETY: as above.
+    unsafe impl aya::Pod for super::Remembered {}
 }
 
 /// Index 0 of `EVICT_CONFIG`; `enabled == 0` leaves eviction blame off (churn still counts).

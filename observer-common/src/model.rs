@@ -264,6 +264,59 @@ pub struct TokenRecord {
     pub residency: Option<Residency>,
     /// Events the kernel side dropped during this step.
     pub lost_events: u64,
+    /// `pagecache_evicted` split by who evicted, when eviction blame is measured.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub evicted_by: Option<EvictedBy>,
+}
+
+/// Number of eviction actor kinds (`vocab::EVICTION_ACTORS`).
+pub const N_EVICTION_ACTORS: usize = crate::evict::N_KINDS as usize;
+
+/// A step's evicted model-file pages per actor kind, in the order of `vocab::EVICTION_ACTORS`
+/// (measurement rule: `observer_common::evict`; the kernel reads the per-kind totals at each mark,
+/// before the churn total, so at each mark their sum is at most `pagecache_evicted`'s total and
+/// short only by evictions in flight on another CPU at that instant).
+///
+/// JSON: an object of the kinds that evicted pages, e.g. `{"fadvise": 512, "kswapd": 3}`; a kind
+/// a reader does not know counts as `other`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(from = "BTreeMap<String, u64>", into = "BTreeMap<String, u64>")]
+pub struct EvictedBy(pub [u64; N_EVICTION_ACTORS]);
+
+impl EvictedBy {
+    pub fn total(&self) -> u64 {
+        self.0.iter().sum()
+    }
+    /// `(actor kind name, pages)` of every kind, in vocabulary order.
+    pub fn iter(&self) -> impl Iterator<Item = (&'static str, u64)> + '_ {
+        crate::vocab::EVICTION_ACTORS.iter().zip(self.0).map(|(r, v)| (r.name, v))
+    }
+    /// `self − base`, per kind (0 where it went backwards).
+    pub fn since(&self, base: &EvictedBy) -> EvictedBy {
+        let mut d = *self;
+        for (v, b) in d.0.iter_mut().zip(base.0) {
+            *v = v.saturating_sub(b);
+        }
+        d
+    }
+}
+
+impl From<BTreeMap<String, u64>> for EvictedBy {
+    fn from(m: BTreeMap<String, u64>) -> Self {
+        let other = N_EVICTION_ACTORS - 1;
+        let mut e = EvictedBy::default();
+        for (k, v) in m {
+            let i = crate::vocab::EVICTION_ACTORS.iter().position(|r| r.name == k).unwrap_or(other);
+            e.0[i] += v;
+        }
+        e
+    }
+}
+
+impl From<EvictedBy> for BTreeMap<String, u64> {
+    fn from(e: EvictedBy) -> Self {
+        e.iter().filter(|(_, v)| *v > 0).map(|(k, v)| (k.into(), v)).collect()
+    }
 }
 
 impl TokenRecord {
@@ -432,6 +485,7 @@ mod tests {
             engine: None,
             residency: None,
             lost_events: 0,
+            evicted_by: None,
         };
         t.counters.set(Counter::Minflt, Some(12));
         let j = serde_json::to_string(&Event::Token(t.clone())).unwrap();

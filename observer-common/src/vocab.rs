@@ -273,7 +273,7 @@ pub const F_PAGECACHE_EVICTED: Family = Family {
     unit: Some(Unit::Pages),
     metric: MetricType::Counter,
     labels: STEP,
-    planned_labels: &["actor", "actor_name"],
+    planned_labels: &["actor_name"],
     help: "Model-file pages evicted from the page cache during the steps",
 };
 pub const F_CONTEXT_SWITCHES: Family = Family {
@@ -736,9 +736,7 @@ pub static STEPS: [Row; 4] = [
 ];
 
 const fn actor(name: &'static str, short: &'static str, help: &'static str) -> Row {
-    row(Class::EvictionActor, name, name, short, help)
-        .prom(&F_PAGECACHE_EVICTED, Some(("actor", name)))
-        .planned("the eviction issue")
+    row(Class::EvictionActor, name, name, short, help).prom(&F_PAGECACHE_EVICTED, Some(("actor", name)))
 }
 
 /// Who evicted model-file pages (label `actor` of `pagecache_evicted_pages_total`;

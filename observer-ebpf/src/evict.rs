@@ -18,13 +18,20 @@ use aya_ebpf::{
 };
 use observer_common::{
     evict::{
-        ActorKey, ActorPages, EvictConfig, K_DIRECT, K_KSWAPD, K_MEMCG, K_OTHER, K_PROACTIVE, MAX_ACTORS, MAX_SYSCALL,
-        MAX_WINDOWS, N_CLASSES, N_KINDS, N_STATS, NO_SYSCALL, S_WINDOW_LOST,
+        ActorKey, ActorPages, BLOCK_PAGES, EvictConfig, K_DIRECT, K_KSWAPD, K_MEMCG, K_OTHER, K_PROACTIVE, MAX_ACTORS,
+        MAX_REMEMBERED, MAX_SYSCALL, MAX_WINDOWS, N_CLASSES, N_KINDS, N_STATS, NO_SYSCALL, Remembered,
+        S_NOT_REMEMBERED, S_WINDOW_LOST,
     },
     filemap::{MAX_INTERVALS, NO_FIELD},
 };
 
-use crate::maps::atomic_add;
+use crate::maps::{atomic_add, atomic_fetch_and, atomic_fetch_or};
+
+/// `BPF_F_NO_PREALLOC`: the remembered blocks are allocated as they are used.
+const NO_PREALLOC: u32 = 1;
+/// Blocks a folio of at most 512 pages (2 MiB, naturally aligned) spans; pages beyond are counted
+/// as not remembered.
+const MAX_FOLIO_BLOCKS: u64 = 512 / BLOCK_PAGES;
 
 #[map]
 pub static EVICT_CONFIG: Array<EvictConfig> = Array::with_max_entries(1, 0);
@@ -50,6 +57,143 @@ pub static EVICT_OVERFLOW: Array<ActorPages> = Array::with_max_entries(N_KINDS, 
 
 #[map]
 pub static EVICT_STATS: Array<u64> = Array::with_max_entries(N_STATS, 0);
+
+/// Pages per kind, cumulative (read at each token mark).
+#[map]
+pub static EVICT_KIND_PAGES: Array<u64> = Array::with_max_entries(N_KINDS, 0);
+
+/// Evicted pages not added back yet, per block of the file (refaults).
+#[map]
+pub static EVICT_REMEMBER: HashMap<u64, Remembered> = HashMap::with_max_entries(MAX_REMEMBERED, NO_PREALLOC);
+
+/// Pages added back to the page cache after an eviction, per kind of the eviction.
+#[map]
+pub static EVICT_REFAULTS: Array<u64> = Array::with_max_entries(N_KINDS, 0);
+
+/// Bits `lo..hi` of a u64 (`hi <= 64`).
+#[inline(always)]
+fn bits(lo: u64, hi: u64) -> u64 {
+    let n = hi - lo;
+    if n >= 64 { u64::MAX } else { ((1u64 << n) - 1) << (lo & 63) }
+}
+
+/// The block `b`'s part of pages `[index, end)`: `(lo, hi)` within the block.
+#[inline(always)]
+fn span(b: u64, index: u64, end: u64) -> (u64, u64) {
+    let base = b * BLOCK_PAGES;
+    let lo = if index > base { index - base } else { 0 };
+    let hi = if end < base + BLOCK_PAGES { end - base } else { BLOCK_PAGES };
+    (lo, hi)
+}
+
+/// Set bits `m` of `*p` when `on`, else clear them (atomically).
+#[inline(always)]
+fn set_bits(p: *mut u64, m: u64, on: bool) {
+    // SAFETY: `p` is an aligned u64 of a map value.
+    unsafe {
+        if on {
+            atomic_fetch_or(p, m);
+        } else {
+            atomic_fetch_and(p, !m);
+        }
+    }
+}
+
+/// Bits set in `x` (no loop: the verifier walks none).
+#[inline(always)]
+fn popcount(x: u64) -> u64 {
+    let x = x - ((x >> 1) & 0x5555_5555_5555_5555);
+    let x = (x & 0x3333_3333_3333_3333) + ((x >> 2) & 0x3333_3333_3333_3333);
+    let x = (x + (x >> 4)) & 0x0f0f_0f0f_0f0f_0f0f;
+    x.wrapping_mul(0x0101_0101_0101_0101) >> 56
+}
+
+/// Remember pages `[index, index + pages)` as evicted by `kind`.
+#[inline(always)]
+pub fn remember(index: u64, pages: u64, kind: u32) {
+    let end = index.saturating_add(pages);
+    let mut b = index / BLOCK_PAGES;
+    // Made once: zeroing a value is a loop the verifier walks at each use.
+    let zero = Remembered::default();
+    for _ in 0..MAX_FOLIO_BLOCKS {
+        if b * BLOCK_PAGES >= end {
+            return;
+        }
+        let (lo, hi) = span(b, index, end);
+        let m = bits(lo, hi);
+        let p = match EVICT_REMEMBER.get_ptr_mut(&b) {
+            Some(p) => Some(p),
+            None => {
+                let _ = EVICT_REMEMBER.insert(&b, &zero, BPF_NOEXIST as u64);
+                EVICT_REMEMBER.get_ptr_mut(&b)
+            }
+        };
+        match p {
+            Some(p) => {
+                // The kind first, then the page: a refault that sees the page sees its kind.
+                // SAFETY: fields of a map value.
+                unsafe {
+                    set_bits(&raw mut (*p).kind[0], m, kind & 1 != 0);
+                    set_bits(&raw mut (*p).kind[1], m, kind & 2 != 0);
+                    set_bits(&raw mut (*p).kind[2], m, kind & 4 != 0);
+                    atomic_fetch_or(&raw mut (*p).evicted, m);
+                }
+            }
+            None => not_remembered(hi - lo),
+        }
+        b += 1;
+    }
+    let from = if index > b * BLOCK_PAGES { index } else { b * BLOCK_PAGES };
+    if end > from {
+        not_remembered(end - from);
+    }
+}
+
+#[inline(always)]
+fn not_remembered(pages: u64) {
+    if let Some(s) = EVICT_STATS.get_ptr_mut(S_NOT_REMEMBERED) {
+        atomic_add(s, pages);
+    }
+}
+
+/// Pages `[index, index + pages)` were added to the page cache: count the remembered ones as
+/// refaults of the kind that evicted them, and forget them.
+#[inline(always)]
+pub fn refault(index: u64, pages: u64) {
+    if enabled().is_none() {
+        return;
+    }
+    let end = index.saturating_add(pages);
+    let mut b = index / BLOCK_PAGES;
+    for _ in 0..MAX_FOLIO_BLOCKS {
+        if b * BLOCK_PAGES >= end {
+            return;
+        }
+        let (lo, hi) = span(b, index, end);
+        let m = bits(lo, hi);
+        if let Some(p) = EVICT_REMEMBER.get_ptr_mut(&b) {
+            // SAFETY: fields of a map value.
+            let hit = unsafe { atomic_fetch_and(&raw mut (*p).evicted, !m) } & m;
+            if hit != 0 {
+                // SAFETY: as above.
+                let planes = unsafe { [(*p).kind[0], (*p).kind[1], (*p).kind[2]] };
+                for k in 0..N_KINDS {
+                    let mut of_k = hit;
+                    for (j, plane) in planes.iter().enumerate() {
+                        of_k &= if (k >> j) & 1 != 0 { *plane } else { !*plane };
+                    }
+                    let n = popcount(of_k);
+                    if n > 0
+                        && let Some(c) = EVICT_REFAULTS.get_ptr_mut(k)
+                    {
+                        atomic_add(c, n);
+                    }
+                }
+            }
+        }
+        b += 1;
+    }
+}
 
 #[inline(always)]
 fn enabled() -> Option<&'static EvictConfig> {
@@ -89,10 +233,10 @@ fn current_syscall(cfg: &EvictConfig) -> u32 {
     }
 }
 
-/// The counters of the current task as an evictor, created on first sight; the kind's overflow
-/// row when the table is full. `None` when blame is off.
+/// The counters of the current task as an evictor (created on first sight; the kind's overflow
+/// row when the table is full), and its kind. `None` when blame is off.
 #[inline(always)]
-pub fn actor() -> Option<*mut ActorPages> {
+pub fn actor() -> Option<(*mut ActorPages, u32)> {
     let cfg = enabled()?;
     let id = bpf_get_current_pid_tgid();
     let tid = id as u32;
@@ -123,11 +267,21 @@ pub fn actor() -> Option<*mut ActorPages> {
         comm,
     };
     if let Some(p) = EVICT_ACTORS.get_ptr_mut(&key) {
-        return Some(p);
+        return Some((p, kind));
     }
     // A concurrent insert of the same key fails with EEXIST; the lookup then finds it.
     let _ = EVICT_ACTORS.insert(&key, &ActorPages::default(), BPF_NOEXIST as u64);
-    EVICT_ACTORS.get_ptr_mut(&key).or_else(|| EVICT_OVERFLOW.get_ptr_mut(kind))
+    EVICT_ACTORS.get_ptr_mut(&key).or_else(|| EVICT_OVERFLOW.get_ptr_mut(kind)).map(|p| (p, kind))
+}
+
+/// Count one eviction event of `pages` pages at `index` for the actor of kind `kind`, and
+/// remember them for refaults.
+#[inline(always)]
+pub fn kind_pages(kind: u32, index: u64, pages: u64) {
+    if let Some(p) = EVICT_KIND_PAGES.get_ptr_mut(kind) {
+        atomic_add(p, pages);
+    }
+    remember(index, pages, kind);
 }
 
 /// Count one eviction event of `a`.

@@ -74,16 +74,21 @@ fn find(s: *mut FilemapScratch, page: u64) {
 }
 
 /// Count the `1 << order` pages at `index` into the intervals they fall in, and for the
-/// eviction's actor `a` (`evict`) when there is one.
+/// eviction's actor (`evict`: its counters and kind) when there is one.
 #[inline(always)]
-fn count(index: u64, order: u32, evicted: bool, a: Option<*mut ActorPages>) {
+fn count(index: u64, order: u32, evicted: bool, actor: Option<(*mut ActorPages, u32)>) {
     let pages = 1u64 << (order & 15);
     let end = index.saturating_add(pages);
     total_add(if evicted { T_DEL_EVENTS } else { T_ADD_EVENTS }, 1);
     total_add(if evicted { T_DEL_PAGES } else { T_ADD_PAGES }, pages);
-    if let Some(a) = a {
+    // After `T_DEL_PAGES` (the order a mark relies on, `observer_common::evict`).
+    if let Some((a, kind)) = actor {
         evict::event(a);
+        evict::kind_pages(kind, index, pages);
+    } else if !evicted {
+        evict::refault(index, pages);
     }
+    let a = actor.map(|x| x.0);
     let Some(s) = FILEMAP_SCRATCH.get_ptr_mut(0) else {
         total_add(if evicted { T_DEL_SPILL } else { T_ADD_SPILL }, pages);
         if let Some(a) = a {

@@ -224,6 +224,44 @@ pub unsafe fn atomic_fetch_add(p: *mut u64, v: u64) -> u64 {
     v
 }
 
+/// Atomic fetch-and-or (Linux >= 5.12).
+///
+/// # Safety
+/// As [`atomic_fetch_add`].
+#[inline(always)]
+pub unsafe fn atomic_fetch_or(p: *mut u64, v: u64) -> u64 {
+    let mut v = v;
+    // SAFETY: guaranteed by the caller.
+    unsafe {
+        core::arch::asm!(
+            "{v} = atomic_fetch_or((u64 *)({p} + 0), {v})",
+            p = in(reg) p,
+            v = inout(reg) v,
+            options(nostack),
+        );
+    }
+    v
+}
+
+/// Atomic fetch-and-and (Linux >= 5.12).
+///
+/// # Safety
+/// As [`atomic_fetch_add`].
+#[inline(always)]
+pub unsafe fn atomic_fetch_and(p: *mut u64, v: u64) -> u64 {
+    let mut v = v;
+    // SAFETY: guaranteed by the caller.
+    unsafe {
+        core::arch::asm!(
+            "{v} = atomic_fetch_and((u64 *)({p} + 0), {v})",
+            p = in(reg) p,
+            v = inout(reg) v,
+            options(nostack),
+        );
+    }
+    v
+}
+
 #[inline(always)]
 pub fn offsets() -> Option<&'static TpOffsets> {
     OFFSETS.get(0)

@@ -37,12 +37,15 @@ use observer_common::{
 /// User space polls the ring on a timer instead.
 const BPF_RB_NO_WAKEUP: u64 = 1;
 
-use observer_common::filemap::{T_ADD_PAGES, T_DEL_PAGES};
+use observer_common::{
+    evict::N_KINDS,
+    filemap::{T_ADD_PAGES, T_DEL_PAGES},
+};
 
-use crate::filemap::FILEMAP_TOTALS;
 use crate::maps::{
     CALL_DEPTH, COUNTERS, EVENTS, MARK_LOST, MARK_N_TOKENS, SEQS, SLOTS, THREADS, bump, is_target, target_tid,
 };
+use crate::{evict::EVICT_KIND_PAGES, filemap::FILEMAP_TOTALS};
 
 /// Copy slot `i` into the ring buffer; false when it could not be sent.
 #[inline(always)]
@@ -201,6 +204,10 @@ fn mark_inner(phase: u32, index: u64, engine_rec: u64) -> u32 {
         (*r).n_tokens = n as u32;
         (*r).n_tokens_known = (n >> 32) as u32;
         (*r).churn_added = FILEMAP_TOTALS.get(T_ADD_PAGES).map(|v| read_volatile(v)).unwrap_or(0);
+        // The kinds before the total: Σ kinds ≤ total at the mark (`observer_common::evict`).
+        for k in 0..N_KINDS {
+            (*r).churn_evicted_by[k as usize] = EVICT_KIND_PAGES.get(k).map(|v| read_volatile(v)).unwrap_or(0);
+        }
         (*r).churn_evicted = FILEMAP_TOTALS.get(T_DEL_PAGES).map(|v| read_volatile(v)).unwrap_or(0);
         // Exactly the engine's record (`ENGINE_REC_BYTES` is its size in `moe_abi`): a byte more
         // could lie on an unmapped page and fail the whole copy.

@@ -2,12 +2,13 @@
 //! run: the pages a named process removes are checked against `fincore` before and after (the
 //! page cache itself), with the kernel's own actors (DAMON's kdamond, kswapd) that may evict the
 //! file at the same time taken out by their own rows; the table's sum is checked against the churn
-//! counters' total. Every test takes the machine lock (they drop caches and change cgroup limits).
+//! counters' total. Every test takes the machine lock (they drop caches, change cgroup limits and
+//! start a kdamond).
 
 mod common;
 
 use std::{
-    path::Path,
+    path::{Path, PathBuf},
     process::{Command, Stdio},
     time::{Duration, Instant},
 };
@@ -18,6 +19,7 @@ use observer::capture::residency::{
     churn::{self, Churn, Counts},
     evict::{self, ActorRow, Table},
 };
+use observer_common::model::{Counter, Event, EvictedBy, TokenRecord};
 
 fn fincore_pages(path: &Path) -> u64 {
     let out = Command::new("fincore")
@@ -179,6 +181,42 @@ fn lowering_a_memcg_limit_blames_the_process_that_wrote_it() {
     assert!(named * 4096 > 80 << 20, "only {named} pages reclaimed");
 }
 
+/// Proactive reclaim of a memory cgroup by a process writing its control file: `memory.reclaim`
+/// on cgroup v2, `memory.force_empty` (the group's processes gone: it reclaims everything it can)
+/// on v1. The reclaim runs in the writer's context inside the memcg reclaim tracepoints: kind
+/// `memcg_reclaim`, system call `write`, the shell's pid; its pages match `fincore`'s delta and,
+/// on v1, the group's own `memory.stat` (`total_cache` before, less after).
+#[test]
+fn proactive_reclaim_of_a_memcg_blames_the_writer() {
+    let _l = machine_lock();
+    let path = write_model(&scratch_dir("evict").join("reclaim.gguf"), 8, 16, 512, 32);
+    drop_from_cache(&path);
+    let cg = testkit::MemCgroup::new("evict-reclaim", 1 << 30).expect("memory cgroup");
+    let argv = cg.wrap(&["dd", &format!("if={}", path.display()), "of=/dev/null", "bs=1M", "status=none"]);
+    run(&argv.iter().map(String::as_str).collect::<Vec<_>>());
+    let cache = |cg: &testkit::MemCgroup| cg.group().stat().unwrap().get(memcg::StatKey::File);
+    let b = Blame::attach(&path);
+    let m0 = b.mark();
+    let c0 = cache(&cg);
+    let (file, value) = match cg.group().version() {
+        memcg::Version::V1 => ("memory.force_empty", "0".to_string()),
+        memcg::Version::V2 => ("memory.reclaim", (1u64 << 30).to_string()),
+    };
+    let cmd = format!("echo {value} > '{}'", cg.dir().join(file).display());
+    let pid = run(&["sh", "-c", &cmd]);
+    let m1 = b.mark();
+    let c1 = cache(&cg);
+    drop(cg);
+    let named = b.check(&m0, &m1, |r| {
+        r.kind == "memcg_reclaim" && r.pid == pid && r.comm == "sh" && r.syscall.as_deref() == Some("write")
+    });
+    eprintln!("{file}: sh (pid {pid}) evicted {named} pages; the group's file pages {c0:?} -> {c1:?}");
+    assert!(named * 4096 > 80 << 20, "only {named} pages reclaimed");
+    if let (Some(c0), Some(c1)) = (c0, c1) {
+        assert!(named * 4096 <= c0 - c1.min(c0), "blamed {named} pages, the group lost {} bytes of file", c0 - c1);
+    }
+}
+
 #[test]
 fn the_engines_own_memcg_limit_blames_the_engine() {
     let _l = machine_lock();
@@ -200,33 +238,118 @@ fn the_engines_own_memcg_limit_blames_the_engine() {
     eprintln!("engine's own limit: resid_standin (pid {pid}) evicted {named} pages under its 32 MiB limit");
 }
 
-/// DAMON's `pageout` scheme on this VM (observed, never reconfigured) evicts cold file pages in
-/// kdamond's context. The test leaves a file cold and waits, with a bound, for kdamond to evict
-/// some of it; it fails, saying so, when kdamond does not (or when no DAMON scheme runs).
+/// Physical address ranges `[start, end)` of the cached pages of `path`: a mapping of it is read
+/// page by page and `/proc/self/pagemap` gives each page's frame (root only); frames closer than
+/// `gap` bytes are merged into one range, `gap` doubling until at most 64 ranges remain.
+fn physical_ranges(path: &Path) -> Vec<(u64, u64)> {
+    use std::os::{fd::AsRawFd, unix::fs::FileExt};
+    let f = std::fs::File::open(path).unwrap();
+    let len = f.metadata().unwrap().len() as usize;
+    // SAFETY: a private read-only mapping of our own file, unmapped below; only read through.
+    let base = unsafe { libc::mmap(std::ptr::null_mut(), len, libc::PROT_READ, libc::MAP_SHARED, f.as_raw_fd(), 0) };
+    assert_ne!(base, libc::MAP_FAILED, "mmap {}", path.display());
+    let pagemap = std::fs::File::open("/proc/self/pagemap").unwrap();
+    let mut frames = Vec::new();
+    for p in 0..len / 4096 {
+        let addr = base as usize + p * 4096;
+        // SAFETY: inside the mapping.
+        unsafe { std::ptr::read_volatile(addr as *const u8) };
+        let mut e = [0u8; 8];
+        pagemap.read_exact_at(&mut e, (addr / 4096 * 8) as u64).unwrap();
+        let e = u64::from_le_bytes(e);
+        let pfn = e & ((1 << 55) - 1);
+        if e >> 63 == 1 && pfn != 0 {
+            frames.push(pfn * 4096);
+        }
+    }
+    // SAFETY: the mapping made above.
+    unsafe { libc::munmap(base, len) };
+    assert!(!frames.is_empty(), "pagemap gave no frames for {} (not root?)", path.display());
+    frames.sort_unstable();
+    let mut gap = 2 << 20;
+    loop {
+        let mut ranges: Vec<(u64, u64)> = Vec::new();
+        for &a in &frames {
+            match ranges.last_mut() {
+                Some(r) if a <= r.1 + gap => r.1 = r.1.max(a + 4096),
+                _ => ranges.push((a, a + 4096)),
+            }
+        }
+        if ranges.len() <= 64 {
+            return ranges;
+        }
+        gap *= 2;
+    }
+}
+
+/// The memory cgroup of processes in `cg`, as `/proc/PID/cgroup` names it.
+fn memcg_path(cg: &testkit::MemCgroup) -> String {
+    let argv = cg.wrap(&["cat", "/proc/self/cgroup"]);
+    let out = Command::new(&argv[0]).args(&argv[1..]).output().expect("cat /proc/self/cgroup");
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    let line = |memory: bool| {
+        text.lines().find_map(|l| {
+            let mut it = l.splitn(3, ':');
+            let (_, ctrl, path) = (it.next()?, it.next()?, it.next()?);
+            (if memory { ctrl.split(',').any(|c| c == "memory") } else { ctrl.is_empty() }).then(|| path.to_string())
+        })
+    };
+    line(true).or_else(|| line(false)).unwrap_or_else(|| panic!("no memory cgroup in {text:?}"))
+}
+
+/// DAMON: the test starts a `pageout` kdamond of its own (`testkit::damon`: physical addresses,
+/// fast sampling, restricted to the file's frames and to folios charged to the test's memory
+/// cgroup), waits with a bound until it has evicted half of the cached file, stops it, and puts
+/// the DAMON admin tree back (checked). kdamond's rows must match `fincore`'s delta, and be
+/// within what DAMON itself says it paged out (`sz_applied`).
 #[test]
 fn damon_pageout_is_blamed_on_kdamond() {
     let _l = machine_lock();
-    let admin = Path::new("/sys/kernel/mm/damon/admin/kdamonds");
-    let running = std::fs::read_to_string(admin.join("0/state")).map(|s| s.trim() == "on").unwrap_or(false);
-    assert!(running, "no running kdamond under {}: this test observes the host's DAMON scheme", admin.display());
     let path = write_model(&scratch_dir("evict").join("damon.gguf"), 8, 16, 512, 32);
     drop_from_cache(&path);
-    cat(&path);
+    let cg = testkit::MemCgroup::new("evict-damon", 1 << 30).expect("memory cgroup");
+    let argv = cg.wrap(&["dd", &format!("if={}", path.display()), "of=/dev/null", "bs=1M", "status=none"]);
+    run(&argv.iter().map(String::as_str).collect::<Vec<_>>());
+    let scheme = testkit::damon::PageoutScheme {
+        regions: physical_ranges(&path),
+        memcg_path: memcg_path(&cg),
+        sample: Duration::from_millis(5),
+        aggregation: Duration::from_millis(100),
+    };
     let b = Blame::attach(&path);
     let m0 = b.mark();
-    let bound = Duration::from_secs(300);
+    assert!(m0.resident > 10_000, "the model should be cached: {} pages", m0.resident);
+    let damon = testkit::damon::Damon::pageout(&scheme).unwrap_or_else(|e| panic!("DAMON: {e:#}"));
+    let pid = damon.pid().unwrap();
+    let ours = |r: &ActorRow| r.kind == "proactive_reclaim" && r.pid == pid && r.comm.starts_with("kdamond");
+    let bound = Duration::from_secs(60);
     let t = Instant::now();
-    loop {
-        std::thread::sleep(Duration::from_secs(5));
-        let m = b.mark();
-        let d = m.table.since(&m0.table);
-        if d.pages_where(|r| r.kind == "proactive_reclaim" && r.comm.starts_with("kdamond")) > 0 {
-            let named = b.check(&m0, &m, |r| r.kind == "proactive_reclaim" && r.comm.starts_with("kdamond"));
-            eprintln!("DAMON: kdamond evicted {named} pages after {:?}", t.elapsed());
-            return;
+    let (seen, applied) = loop {
+        std::thread::sleep(Duration::from_millis(200));
+        let seen = b.churn.blame().unwrap().unwrap().since(&m0.table).pages_where(ours);
+        let applied = damon.applied_bytes().unwrap();
+        if seen >= m0.resident / 2 {
+            break (seen, applied);
         }
-        assert!(t.elapsed() < bound, "kdamond evicted none of the cold file within {bound:?}: DAMON did not fire");
-    }
+        assert!(
+            t.elapsed() < bound,
+            "the test's kdamond (pid {pid}) evicted {seen} of {} pages within {bound:?} (DAMON says it paged out \
+             {applied} bytes; {} ranges): DAMON did not fire",
+            m0.resident,
+            scheme.regions.len()
+        );
+    };
+    damon.stop().unwrap();
+    let m1 = b.mark();
+    damon.restore().expect("the DAMON admin tree put back as it was");
+    drop(cg);
+    let named = b.check(&m0, &m1, ours);
+    eprintln!(
+        "DAMON: kdamond (pid {pid}) evicted {named} pages in {:?}; DAMON's sz_applied {applied} bytes when {seen} \
+         were seen",
+        t.elapsed()
+    );
+    assert!(seen * 4096 <= applied, "blamed {seen} pages on kdamond, more than DAMON paged out ({applied} bytes)");
 }
 
 /// `observer heatmap --churn --watch --json` lists the actors of each refresh: a `dd` that drops
@@ -318,4 +441,114 @@ fn actors_beyond_the_table_are_counted_in_their_kinds_overflow_row() {
     assert!(listed <= max, "{listed} actors listed, more than the table's {max}");
     assert!(overflow[0].events >= n - max, "{} overflow events for {n} processes", overflow[0].events);
     eprintln!("{listed} actors listed, overflow row {} pages of {named}", overflow[0].pages);
+}
+
+/// The vocabulary index of an eviction actor kind.
+fn kind(name: &str) -> usize {
+    observer_common::vocab::EVICTION_ACTORS.iter().position(|r| r.name == name).unwrap()
+}
+
+/// `observer run --json --record` of the workload's `evict`: its token records, its own JSON
+/// lines, and the trace.
+fn run_evict_tokens(path: &Path, name: &str, n: u64) -> (Vec<TokenRecord>, Vec<serde_json::Value>, PathBuf) {
+    let dir = scratch_dir("evict-tokens");
+    let (trace, json) = (dir.join(format!("{name}.trace")), dir.join(format!("{name}.json")));
+    let _ = std::fs::remove_file(&trace);
+    let _ = std::fs::remove_file(&json);
+    let p = path.to_str().unwrap();
+    let o = Command::new(common::OBSERVER)
+        .args(["run", "--json", json.to_str().unwrap(), "--record", trace.to_str().unwrap(), "--model", p])
+        .args(["--", common::workload(), "evict", "--path", p, "--n", &n.to_string()])
+        .output()
+        .expect("run observer");
+    assert!(o.status.success(), "observer run failed:\n{}", String::from_utf8_lossy(&o.stderr));
+    let summary: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    let tokens: Vec<TokenRecord> = serde_json::from_value(summary["tokens"].clone()).unwrap();
+    let own = String::from_utf8_lossy(&o.stdout)
+        .lines()
+        .filter(|l| l.starts_with('{'))
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    (tokens, own, trace)
+}
+
+/// Token records carry the per-token split of `pagecache_evicted` by who evicted: a workload
+/// that, in each of its marked tokens, drops the model it read just before with
+/// `posix_fadvise(DONTNEED)` counts the pages it dropped itself (`mincore` before and after).
+/// Each token's `fadvise` pages are that count, and its kinds add up to its `pagecache_evicted`;
+/// the trace carries the same split, and `observer diff` of two such runs compares evictions by
+/// actor with the workload's own mean.
+#[test]
+fn each_token_carries_who_evicted_its_pages() {
+    let _l = machine_lock();
+    let path = write_model(&scratch_dir("evict").join("tokens.gguf"), 4, 16, 256, 32);
+    let n = 4;
+    let (toks, own, trace_a) = run_evict_tokens(&path, "a", n);
+    assert_eq!(toks.len(), own.len(), "a token record per workload token");
+    assert_eq!(toks.len(), n as usize);
+    for (t, w) in toks.iter().zip(&own) {
+        let by = t.evicted_by.unwrap_or_else(|| panic!("token {} has no evicted_by", t.seq));
+        let mine = w["evicted_pages"].as_u64().unwrap();
+        eprintln!(
+            "token {}: {:?}; the workload's own count {mine}",
+            t.seq,
+            by.iter().filter(|x| x.1 > 0).collect::<Vec<_>>()
+        );
+        assert_eq!(by.0[kind("fadvise")], mine, "token {}: fadvise pages vs the workload's own count", t.seq);
+        assert!(mine > 1000, "the workload evicted only {mine} pages");
+        assert_eq!(Some(by.total()), t.counters.get(Counter::PagecacheEvicted), "token {}: Σ kinds", t.seq);
+    }
+    // The trace carries the same split.
+    let bytes = std::fs::read(&trace_a).unwrap();
+    let mut r = observer::store::trace::Reader::new(&bytes[..], &trace_a).unwrap();
+    let from_trace: Vec<Option<EvictedBy>> =
+        r.by_ref().filter_map(|e| if let Event::Token(t) = e { Some(t.evicted_by) } else { None }).collect();
+    assert_eq!(from_trace, toks.iter().map(|t| t.evicted_by).collect::<Vec<_>>());
+    // diff: the rows by actor, each side's mean the workload's own.
+    let (_, own_b, trace_b) = run_evict_tokens(&path, "b", n);
+    let o = Command::new(common::OBSERVER)
+        .args(["diff", "--json", trace_a.to_str().unwrap(), trace_b.to_str().unwrap()])
+        .output()
+        .expect("observer diff");
+    assert!(o.status.success(), "observer diff failed:\n{}", String::from_utf8_lossy(&o.stderr));
+    let d: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let rows = d["comparisons"][0]["rows"].as_array().unwrap();
+    let row = rows.iter().find(|r| r["metric"] == "evicted_by_fadvise").expect("a row evicted_by_fadvise");
+    let mean = |own: &[serde_json::Value]| {
+        own.iter().map(|w| w["evicted_pages"].as_u64().unwrap()).sum::<u64>() as f64 / own.len() as f64
+    };
+    for (side, own) in [("a", &own), ("b", &own_b)] {
+        let v = row[side]["value"].as_f64().unwrap();
+        assert!((v - mean(own)).abs() < 1e-6, "diff side {side}: {v} vs the workload's mean {}", mean(own));
+    }
+}
+
+/// Refaults per actor: the pages a `dd` dropped with `fadvise` and a later read brought back are
+/// counted as refaults of `fadvise`. The second read adds every page again (`fincore`: from none
+/// to all), each of them a refault of the kind that evicted it, and every page `dd` evicted is
+/// among them.
+#[test]
+fn pages_read_again_after_an_eviction_are_refaults_of_its_actor() {
+    let _l = machine_lock();
+    let path = write_model(&scratch_dir("evict").join("refault.gguf"), 4, 16, 256, 32);
+    drop_from_cache(&path);
+    let b = Blame::attach(&path);
+    cat(&path);
+    let m0 = b.mark();
+    assert_eq!(m0.table.refaults, [0; 7], "a first read is no refault");
+    let pid = run(&["dd", &format!("if={}", path.display()), "iflag=nocache", "count=0", "status=none"]);
+    let m1 = b.mark();
+    let dd = m1.table.since(&m0.table).pages_where(|r| r.kind == "fadvise" && r.pid == pid);
+    assert_eq!(m1.resident, 0, "dd dropped the whole file");
+    cat(&path);
+    let m2 = b.mark();
+    let d = m2.table.since(&m1.table);
+    let added = m2.counts.add_pages - m1.counts.add_pages;
+    let pages = std::fs::metadata(&path).unwrap().len().div_ceil(4096);
+    eprintln!("refaults by kind {:?}; dd evicted {dd}; added {added}; fincore {}", d.refaults, m2.resident);
+    assert_eq!(m2.resident, pages, "the second read brought the whole file back");
+    assert_eq!(added, pages, "the churn counters' adds vs fincore");
+    assert_eq!(d.refaults.iter().sum::<u64>(), added, "every page added back had been evicted: refaults");
+    assert_eq!(d.refaults[kind("fadvise")], dd, "every page dd evicted came back, as a refault of fadvise");
+    assert_eq!(d.not_remembered, 0);
 }

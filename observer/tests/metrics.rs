@@ -766,6 +766,7 @@ fn residency_metric_names_exist() {
             engine_cache: None,
         }),
         lost_events: 0,
+        evicted_by: None,
     };
     s.event(&Event::Token(t)).unwrap();
     let text = ex.render(Format::Text).unwrap();

@@ -9,7 +9,8 @@
 //! ([`machine_lock`]) that serialises tests which measure the whole machine.
 //! Nothing here ever moves the calling process into a cgroup: commands are
 //! placed there from inside the child (`sh -c 'echo $$ > …/cgroup.procs; exec
-//! CMD'`, or [`memcg::ChildJoin`] in a forked child).
+//! CMD'`, or [`memcg::ChildJoin`] in a forked child). A DAMON `pageout` kdamond of a test's own
+//! ([`damon::Damon`]) puts the DAMON admin tree back as it was.
 
 use std::{
     fs::File,
@@ -20,6 +21,8 @@ use std::{
 };
 
 use anyhow::{Context, Result, bail};
+
+pub mod damon;
 
 /// Serialises tests that load probes or measure the machine, across test
 /// binaries and crates.

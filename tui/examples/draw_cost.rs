@@ -28,6 +28,7 @@ fn main() {
             engine: None,
             residency: None,
             lost_events: 0,
+            evicted_by: None,
         }));
     }
     // Minimum of a few repetitions: the machine is shared.

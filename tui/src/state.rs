@@ -18,17 +18,56 @@
 //!   run`'s summary) is kept beside it.
 //! - The token list keeps the last [`MAX_ROWS`] steps; aggregates and the
 //!   rate interval cover the whole run.
+//! - Who evicted: the steps' `evicted_by` (pages per actor kind) summed over the run, and over
+//!   the steps that started in the last [`RECENT_NS`] before the newest step ([`Evictions`]).
 //! - While paused, events queue (up to [`MAX_PENDING`], then dropped and
 //!   counted) and are applied on resume.
 
 use std::collections::{BTreeMap, VecDeque};
 
 use observer_common::model::{
-    Component, Components, Counter, Counters, EngineCache, Event, ExpertGrid, LatencyHistograms, ObserverHealth,
-    ProcessSample, RunEnd, RunHeader, StepKind, TokenRecord,
+    Component, Components, Counter, Counters, EngineCache, Event, EvictedBy, ExpertGrid, LatencyHistograms,
+    ObserverHealth, ProcessSample, RunEnd, RunHeader, StepKind, TokenRecord,
 };
 
 use crate::stats::{self, RateInterval};
+
+/// The "last minute" of the who-evicted table, on the steps' clock.
+pub const RECENT_NS: u64 = 60_000_000_000;
+
+/// Evicted model-file pages per actor kind: over the run and over the last [`RECENT_NS`].
+#[derive(Clone, Debug, Default)]
+pub struct Evictions {
+    /// Steps that carried a split (`None` before the first: not measured).
+    pub run: Option<EvictedBy>,
+    /// `(start_ns, split)` of the recent steps, oldest first.
+    recent: VecDeque<(u64, EvictedBy)>,
+}
+
+impl Evictions {
+    fn add(&mut self, start_ns: u64, by: &EvictedBy) {
+        let run = self.run.get_or_insert_with(EvictedBy::default);
+        for (r, v) in run.0.iter_mut().zip(by.0) {
+            *r += v;
+        }
+        self.recent.push_back((start_ns, *by));
+        let newest = self.recent.iter().map(|x| x.0).max().unwrap_or(start_ns);
+        while self.recent.front().is_some_and(|x| x.0 + RECENT_NS < newest) {
+            self.recent.pop_front();
+        }
+    }
+
+    /// Pages per kind over the last [`RECENT_NS`].
+    pub fn recent(&self) -> EvictedBy {
+        let mut e = EvictedBy::default();
+        for (_, by) in &self.recent {
+            for (r, v) in e.0.iter_mut().zip(by.0) {
+                *r += v;
+            }
+        }
+        e
+    }
+}
 
 /// Steps behind the "now" rate.
 pub const NOW_STEPS: usize = 16;
@@ -330,6 +369,7 @@ pub struct App {
     rate_steps_at: usize,
     pub threads: BTreeMap<u32, ThreadAgg>,
     pub heat: Heat,
+    pub evictions: Evictions,
     pub process: Option<ProcessSample>,
     /// The latest cumulative latency histograms (`Event::Histograms`).
     pub latency: Option<LatencyHistograms>,
@@ -389,6 +429,7 @@ impl App {
             rate_steps_at: 0,
             threads: BTreeMap::new(),
             heat: Heat::default(),
+            evictions: Evictions::default(),
             process: None,
             latency: None,
             health: None,
@@ -490,6 +531,9 @@ impl App {
         }
         if let Some(r) = &t.residency {
             self.heat.add(t.seq, r, t.engine.as_ref().and_then(|e| e.cache_hit_pct));
+        }
+        if let Some(by) = &t.evicted_by {
+            self.evictions.add(t.start_ns, by);
         }
     }
 
@@ -680,6 +724,7 @@ mod tests {
             engine: None,
             residency: None,
             lost_events: 1,
+            evicted_by: None,
         }
     }
 

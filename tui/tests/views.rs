@@ -391,3 +391,41 @@ fn events_round_trip_through_json_into_the_same_screen() {
         assert_eq!(ta.backend().buffer(), tb.backend().buffer(), "{v:?}");
     }
 }
+
+/// The summary lists who evicted the model file's pages, most first, over the run and over the
+/// last minute of the steps' clock; without any split the section is absent.
+#[test]
+fn summary_view_lists_who_evicted() {
+    use observer_common::model::{EvictedBy, N_EVICTION_ACTORS};
+    let mut app = app_with(&Opts::default());
+    assert!(!text(render(&mut app, 110, 40).backend().buffer()).contains("Who evicted"));
+    let mut app = App::new();
+    let mut events = fixture::events(&Opts { end: false, ..Opts::default() });
+    let kind = |name: &str| observer_common::vocab::EVICTION_ACTORS.iter().position(|r| r.name == name).unwrap();
+    let mut n = 0;
+    for e in &mut events {
+        if let Event::Token(t) = e {
+            let mut by = [0u64; N_EVICTION_ACTORS];
+            by[kind("fadvise")] = 100;
+            by[kind("kswapd")] = 7;
+            t.evicted_by = Some(EvictedBy(by));
+            // The first steps are over a minute older than the last.
+            t.start_ns = if n < 8 { n * 1_000_000 } else { 100_000_000_000 + n * 1_000_000 };
+            n += 1;
+        }
+    }
+    for e in events {
+        app.push(e);
+    }
+    app.apply(Effect::SwitchView(View::Summary));
+    // One column (narrow), tall enough for every section: a row holds only this pane's numbers.
+    let t = render(&mut app, 90, 150);
+    let s = text(t.backend().buffer());
+    assert!(s.contains("Who evicted (model-file pages)"), "{s}");
+    let line = |k: &str| s.lines().find(|l| l.contains(&format!("  {k} "))).unwrap_or_else(|| panic!("{k}: {s}"));
+    let nums = |l: &str| l.split_whitespace().filter_map(|w| w.parse::<u64>().ok()).collect::<Vec<_>>();
+    let recent = n - 8;
+    assert_eq!(nums(line("fadvise")), vec![100 * n, 100 * recent], "{s}");
+    assert_eq!(nums(line("kswapd")), vec![7 * n, 7 * recent], "{s}");
+    assert!(find(t.backend().buffer(), "fadvise").unwrap().1 < find(t.backend().buffer(), "kswapd").unwrap().1);
+}

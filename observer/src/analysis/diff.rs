@@ -79,6 +79,8 @@ pub enum Source {
     EngineCompute,
     Hidden,
     Counter(Counter),
+    /// `pagecache_evicted` of one actor kind (index in `vocab::EVICTION_ACTORS`).
+    EvictedBy(usize),
     Engine(EngField),
     DenseResident,
     DenseSwapped,
@@ -123,6 +125,7 @@ impl Metric {
             Source::EngineCompute => f(t.engine_compute_ns),
             Source::Hidden => t.hidden_ns().map(|v| v as f64),
             Source::Counter(c) => f(t.counters.get(c)),
+            Source::EvictedBy(k) => f(t.evicted_by.map(|e| e.0[k])),
             Source::Engine(x) => {
                 let e = e?;
                 match x {
@@ -183,6 +186,10 @@ pub fn metrics() -> Vec<Metric> {
         } else {
             m(c.name(), c.name(), "/token", 1.0, None, Source::Counter(c))
         });
+    }
+    // Evictions by who evicted (label: the actor kind).
+    for (k, a) in observer_common::vocab::EVICTION_ACTORS.iter().enumerate() {
+        v.push(m(&format!("evicted_by_{}", a.name), a.name, "evicted pages/token", 1.0, None, Source::EvictedBy(k)));
     }
     let frac = |r: ResidencyField, hib, source| m(r.name(), r.name(), "", 1.0, Some(hib), source);
     v.extend([

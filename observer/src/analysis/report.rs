@@ -571,6 +571,7 @@ mod tests {
             engine: None,
             residency: None,
             lost_events: 0,
+            evicted_by: None,
         })
     }
 

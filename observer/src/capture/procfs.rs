@@ -136,7 +136,16 @@ mod tests {
         b.time[T_COMPUTE] = 600;
         b.time[T_RUNQUEUE] = 100;
         b.cnt[C_MINFLT] = 5;
-        let s = |ts, t| Snapshot { ts, index: 0, threads: vec![t], engine: None, lost: 0, churn: None, n_tokens: None };
+        let s = |ts, t| Snapshot {
+            ts,
+            index: 0,
+            threads: vec![t],
+            engine: None,
+            lost: 0,
+            churn: None,
+            evicted_by: None,
+            n_tokens: None,
+        };
         let mut t = build(&s(0, a), &s(1000, b), 0, StepKind::Window);
         mark_unmeasured(&mut t);
         assert_eq!(t.components.get(Component::Compute), Some(600));

@@ -468,6 +468,7 @@ impl Session {
         let mut asm = Assembler::new(step_kind(probes.markers.as_ref()));
         let mut resid = self.residency_sampler(&mut probes);
         asm.churn = resid.as_ref().is_some_and(|r| r.churn().is_some());
+        asm.blame = resid.as_ref().and_then(|r| r.churn()).is_some_and(|c| c.blame.is_ok());
         let header = header::build("ebpf", pid, &self.command, probes.attached.clone(), self.opts.model.as_deref());
         emit(sinks, &Event::Header(header))?;
         // The kernel side never wakes us (see observer-ebpf/src/marks.rs): poll.
@@ -594,6 +595,7 @@ impl Session {
                 engine: None,
                 lost: 0,
                 churn: None,
+                evicted_by: None,
                 n_tokens: None,
             })
         };
@@ -742,6 +744,7 @@ fn window_snapshot_at(probes: &Probes, now: u64) -> Result<Snapshot> {
         engine: None,
         lost: 0,
         churn: None,
+        evicted_by: None,
         n_tokens: None,
     })
 }

@@ -14,7 +14,7 @@ use observer_common::{
         ExecRecord, F_EXITED, MarkRecord, N_CNT, N_TIME, PHASE_BEGIN, PHASE_END, REC_EXEC, REC_MARK, REC_THREAD,
         ThreadRecord, ThreadState,
     },
-    model::{Component, Components, Counter, Counters, StepKind, ThreadToken, TokenRecord},
+    model::{Component, Components, Counter, Counters, EvictedBy, StepKind, ThreadToken, TokenRecord},
 };
 
 use crate::capture::{comm_str, engine_abi};
@@ -30,6 +30,8 @@ pub struct Snapshot {
     /// The model file's cumulative page-cache (adds, evictions) at this
     /// instant, when churn is measured.
     pub churn: Option<(u64, u64)>,
+    /// The cumulative evictions per actor kind at this instant, when eviction blame is measured.
+    pub evicted_by: Option<EvictedBy>,
     /// The step's token count read from the probed call's arguments (a
     /// `begin` mark of a profile's entry point that knows the layout).
     pub n_tokens: Option<u64>,
@@ -51,6 +53,8 @@ pub struct Assembler {
     pub execs: Vec<u32>,
     /// Page-cache churn of the model file is counted (marks carry it).
     pub churn: bool,
+    /// Its evictions are counted per actor kind too (marks carry them).
+    pub blame: bool,
 }
 
 fn read<T: Copy>(b: &[u8]) -> Option<T> {
@@ -72,6 +76,7 @@ impl Assembler {
             malformed: 0,
             execs: Vec::new(),
             churn: false,
+            blame: false,
         }
     }
 
@@ -112,6 +117,7 @@ impl Assembler {
                     engine: (m.has_engine != 0).then(|| m.engine.to_vec()),
                     lost: m.n_lost as u64,
                     churn: self.churn.then_some((m.churn_added, m.churn_evicted)),
+                    evicted_by: (self.churn && self.blame).then_some(EvictedBy(m.churn_evicted_by)),
                     n_tokens: (m.n_tokens_known != 0).then_some(m.n_tokens as u64),
                 };
                 match m.phase {
@@ -238,6 +244,7 @@ pub fn build(begin: &Snapshot, end: &Snapshot, seq: u64, default_kind: StepKind)
         engine,
         residency: None,
         lost_events: end.lost,
+        evicted_by: begin.evicted_by.zip(end.evicted_by).map(|(b, e)| e.since(&b)),
     }
 }
 
@@ -256,7 +263,7 @@ mod tests {
     }
 
     fn snap(ts: u64, threads: Vec<ThreadState>) -> Snapshot {
-        Snapshot { ts, index: 0, threads, engine: None, lost: 0, churn: None, n_tokens: None }
+        Snapshot { ts, index: 0, threads, engine: None, lost: 0, churn: None, evicted_by: None, n_tokens: None }
     }
 
     #[test]

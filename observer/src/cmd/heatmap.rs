@@ -26,7 +26,9 @@
 //!   null without `--churn`), "churn" ({"added_pages", "evicted_pages", "spill_pages",
 //!   "dense_added", "dense_evicted"} or null), "evicted_by" (who evicted since the previous
 //!   refresh: rows of `residency::evict::ActorRow`, most pages first; null without `--churn`),
-//!   "header_pages_dropped", "engine_cache" (with `--pid`: the token records' `residency.engine_cache`
+//!   "refaulted_by" (pages added back since the previous refresh after an eviction, per kind of
+//!   that eviction: {"fadvise": 512, …}; null without `--churn`), "header_pages_dropped",
+//!   "engine_cache" (with `--pid`: the token records' `residency.engine_cache`
 //!   object, `{"version", "slots", "loading", "ready" (grid cells `row * n_experts + expert`),
 //!   "reads" (since the previous refresh), "hit_pct" (null here)}`, plus `"pid"`; null when the
 //!   process publishes no cache, or without `--pid`)}`. The terminal view adds the same table and
@@ -269,6 +271,10 @@ fn json_line(k: u64, m: &ModelFile, s: &Snapshot, churn: Option<&ChurnDelta>) ->
             "dense_evicted": c.dense().1,
         })),
         "evicted_by": churn.and_then(|c| c.evicted_by.as_ref()).map(|(d, _)| json!(d.rows)),
+        "refaulted_by": churn.and_then(|c| c.evicted_by.as_ref()).map(|(d, _)| {
+            json!(observer_common::vocab::EVICTION_ACTORS.iter().zip(d.refaults).filter(|x| x.1 > 0)
+                .map(|(a, n)| (a.name, n)).collect::<std::collections::BTreeMap<_, _>>())
+        }),
         "header_pages_dropped": m.header_pages_dropped,
     });
     for (f, frac) in [

@@ -1,7 +1,7 @@
 //! Summary: throughput now and over the run (with its bootstrap 95 %
 //! interval), mean time per token by component beside the engine's own
-//! compute, counts per token, the target's memory, and the last lines the
-//! target printed. Two columns when wide, one scrolling column otherwise.
+//! compute, counts per token, who evicted the model file's pages (when
+//! measured), the target's memory, and the last lines the target printed. Two columns when wide, one scrolling column otherwise.
 
 use observer_common::{
     model::{Component, Counter, StepKind},
@@ -151,6 +151,25 @@ fn per_token_counts(app: &App) -> Vec<Line<'static>> {
     out
 }
 
+/// Who evicted the model file's pages: per actor kind that evicted any, over the run and the last
+/// minute. Empty when no step carried the split.
+fn who_evicted(app: &App) -> Vec<Line<'static>> {
+    let Some(run) = &app.evictions.run else { return Vec::new() };
+    let recent = app.evictions.recent();
+    let mut out = vec![heading("Who evicted (model-file pages)")];
+    out.push(row("", format!("{:>10} {:>12}", "run", "last minute")));
+    let mut kinds: Vec<(&str, u64, u64)> =
+        run.iter().zip(recent.0).filter(|((_, v), _)| *v > 0).map(|((k, v), r)| (k, v, r)).collect();
+    kinds.sort_by_key(|k| std::cmp::Reverse(k.1));
+    if kinds.is_empty() {
+        out.push(row("", "none".into()));
+    }
+    for (k, v, r) in kinds {
+        out.push(row(k, format!("{v:>10} {r:>12}")));
+    }
+    out
+}
+
 fn memory(app: &App) -> Vec<Line<'static>> {
     let mut out = vec![heading("Memory of the target (last sample)")];
     let Some(p) = &app.process else {
@@ -237,6 +256,11 @@ pub fn draw(app: &App, f: &mut Frame<'_>, area: Rect) {
     left.extend(per_token_time(app));
     let mut right = vec![Line::raw("")];
     right.extend(per_token_counts(app));
+    let evicted = who_evicted(app);
+    if !evicted.is_empty() {
+        right.push(Line::raw(""));
+        right.extend(evicted);
+    }
     right.push(Line::raw(""));
     right.extend(memory(app));
     let obs = observer(app);

@@ -6,7 +6,7 @@
 //! in the same event as the churn counters. [`read`] returns the table: one [`ActorRow`] per actor
 //! (kind, pid, comm, system call, cgroup) and one overflow row per kind for actors the bounded
 //! table could not hold, so `Σ rows == Counts::del_pages` at any read that sees no eviction in
-//! flight.
+//! flight; and the pages added back after an eviction (refaults) per kind of the eviction.
 
 use aya::{
     Ebpf,
@@ -16,7 +16,7 @@ use aya::{
 use observer_common::{
     evict::{
         ActorKey, ActorPages, C_DENSE, C_OTHER, C_ROUTED, C_SHARED, EvictConfig, K_FADVISE, K_TRUNCATE, MAX_SYSCALL,
-        N_KINDS, S_WINDOW_LOST, sys,
+        N_KINDS, S_NOT_REMEMBERED, S_WINDOW_LOST, sys,
     },
     filemap::NO_FIELD,
     vocab::EVICTION_ACTORS,
@@ -57,6 +57,7 @@ pub struct Attached {
     actors: HashMap<MapData, ActorKey, ActorPages>,
     overflow: Array<MapData, ActorPages>,
     stats: Array<MapData, u64>,
+    refaults: Array<MapData, u64>,
 }
 
 impl std::fmt::Debug for Attached {
@@ -129,6 +130,7 @@ pub fn attach(ebpf: &mut Ebpf, intervals: &Intervals) -> Result<Attached, Reside
         actors: take(ebpf, "EVICT_ACTORS")?,
         overflow: take(ebpf, "EVICT_OVERFLOW")?,
         stats: take(ebpf, "EVICT_STATS")?,
+        refaults: take(ebpf, "EVICT_REFAULTS")?,
     })
 }
 
@@ -165,6 +167,11 @@ pub struct Table {
     pub rows: Vec<ActorRow>,
     /// Reclaim windows the kernel could not record (their evictions fell to the next rule).
     pub windows_lost: u64,
+    /// Pages added back to the page cache after an eviction, per kind of the eviction
+    /// (`vocab::EVICTION_ACTORS` order; rule in `observer_common::evict`).
+    pub refaults: [u64; N_KINDS as usize],
+    /// Evicted pages the kernel could not remember (their refaults are not counted).
+    pub not_remembered: u64,
 }
 
 impl Table {
@@ -206,7 +213,16 @@ impl Table {
             })
             .collect();
         rows.sort_by_key(|r| std::cmp::Reverse(r.pages));
-        Table { rows, windows_lost: self.windows_lost - base.windows_lost.min(self.windows_lost) }
+        let mut refaults = self.refaults;
+        for (r, b) in refaults.iter_mut().zip(base.refaults) {
+            *r -= b.min(*r);
+        }
+        Table {
+            rows,
+            windows_lost: self.windows_lost - base.windows_lost.min(self.windows_lost),
+            refaults,
+            not_remembered: self.not_remembered - base.not_remembered.min(self.not_remembered),
+        }
     }
 }
 
@@ -273,8 +289,13 @@ fn read(m: &Attached) -> Result<Table, ResidencyError> {
         }
     }
     let windows_lost = m.stats.get(&S_WINDOW_LOST, 0).map_err(err("EVICT_STATS"))?;
+    let not_remembered = m.stats.get(&S_NOT_REMEMBERED, 0).map_err(err("EVICT_STATS"))?;
+    let mut refaults = [0; N_KINDS as usize];
+    for (k, r) in refaults.iter_mut().enumerate() {
+        *r = m.refaults.get(&(k as u32), 0).map_err(err("EVICT_REFAULTS"))?;
+    }
     rows.sort_by(|a, b| b.pages.cmp(&a.pages).then(a.pid.cmp(&b.pid)));
-    Ok(Table { rows, windows_lost })
+    Ok(Table { rows, windows_lost, refaults, not_remembered })
 }
 
 /// A plain-text table (most pages first), `page` bytes per page.
@@ -297,6 +318,15 @@ pub fn render(t: &Table, page: u64) -> String {
             r.shared_pages
         );
     }
+    let refaulted: Vec<String> = EVICTION_ACTORS
+        .iter()
+        .zip(t.refaults)
+        .filter(|(_, n)| *n > 0)
+        .map(|(a, n)| format!("{} {n}", a.name))
+        .collect();
+    if !refaulted.is_empty() {
+        s += &format!("refaulted pages by who evicted them: {}\n", refaulted.join(", "));
+    }
     s
 }
 
@@ -313,8 +343,12 @@ mod tests {
 
     #[test]
     fn since_keeps_the_actors_that_grew_with_their_growth() {
-        let a = Table { rows: vec![r("kswapd", 45, 10), r("fadvise", 7, 5)], windows_lost: 1 };
-        let b = Table { rows: vec![r("kswapd", 45, 10), r("fadvise", 7, 8), r("truncate", 9, 100)], windows_lost: 3 };
+        let a = Table { rows: vec![r("kswapd", 45, 10), r("fadvise", 7, 5)], windows_lost: 1, ..Table::default() };
+        let b = Table {
+            rows: vec![r("kswapd", 45, 10), r("fadvise", 7, 8), r("truncate", 9, 100)],
+            windows_lost: 3,
+            ..Table::default()
+        };
         let d = b.since(&a);
         let got: Vec<(&str, u32, u64, u64)> = d.rows.iter().map(|x| (x.kind, x.pid, x.pages, x.routed_pages)).collect();
         assert_eq!(got, vec![("truncate", 9, 100, 100), ("fadvise", 7, 3, 3)]);

@@ -33,7 +33,11 @@
 //! - counters summed over threads, each where the vocabulary puts it:
 //!   `faults_total{kind="minor|file|swap"}`, `swapin_pages_total`,
 //!   `read_bytes_total`, `pagecache_added_pages_total`,
-//!   `pagecache_evicted_pages_total`, `context_switches_total`.
+//!   `pagecache_evicted_pages_total`, `context_switches_total`;
+//!   `pagecache_evicted_pages_total` has a label `actor` (the kinds of
+//!   `vocab::EVICTION_ACTORS`, every kind once measured) for steps whose record
+//!   splits it by who evicted (`TokenRecord::evicted_by`), and none otherwise,
+//!   so that the sum over the family is the evicted pages either way.
 //!
 //! Residency, from the latest token record that carries it (gauges):
 //! `dense_resident_ratio`, `dense_swapped_ratio`, `experts_resident_ratio`,
@@ -322,6 +326,7 @@ impl Exporter {
             duration: self.duration.get_or_create_owned(&step),
             components: Default::default(),
             counters: Default::default(),
+            evicted_by: Default::default(),
             engine: None,
             step,
         }
@@ -373,6 +378,8 @@ struct StepHandles {
     duration: Histogram,
     components: [Option<Seconds>; Component::N],
     counters: [Option<Counter>; observer_common::model::Counter::N],
+    /// `pagecache_evicted` per actor kind (`vocab::EVICTION_ACTORS`).
+    evicted_by: [Option<Counter>; observer_common::model::N_EVICTION_ACTORS],
     engine: Option<(Seconds, Counter, Seconds)>,
 }
 
@@ -427,11 +434,24 @@ impl MetricsSink {
         }
         for (c, v) in t.counters.iter() {
             let (Some(v), Some(p)) = (v, c.row().prom) else { continue };
+            if c == observer_common::model::Counter::PagecacheEvicted && t.evicted_by.is_some() {
+                continue; // split by actor below
+            }
             h.counters[c as usize]
                 .get_or_insert_with(|| {
                     ex.counts[p.family.stem].get_or_create_owned(&Exporter::labels(&h.step, c.row()))
                 })
                 .inc_by(v);
+        }
+        if let Some(by) = &t.evicted_by {
+            for ((row, v), handle) in vocab::EVICTION_ACTORS.iter().zip(by.0).zip(&mut h.evicted_by) {
+                let Some(p) = row.prom else { continue };
+                handle
+                    .get_or_insert_with(|| {
+                        ex.counts[p.family.stem].get_or_create_owned(&Exporter::labels(&h.step, row))
+                    })
+                    .inc_by(v);
+            }
         }
         if let (Some(engine), Some(measured)) = (t.engine_compute_ns, t.components.get(Component::Compute)) {
             let (e, n, m) = h.engine.get_or_insert_with(|| {

@@ -50,6 +50,7 @@ fn token(seq: u64, kind: StepKind, wall: u64) -> TokenRecord {
         engine: None,
         residency: None,
         lost_events: 0,
+        evicted_by: None,
     }
 }
 
@@ -382,4 +383,33 @@ fn the_endpoint_answers_with_the_right_content_types_and_codes() {
     assert!(e.contains(&a.to_string()) && e.contains("--metrics-addr"), "{e}");
     drop(ep);
     assert!(TcpStream::connect(a).is_err(), "the endpoint stops with its handle");
+}
+
+#[test]
+fn evictions_split_by_actor_become_actor_labels_that_add_up() {
+    use observer_common::model::{EvictedBy, N_EVICTION_ACTORS};
+    let ex = Exporter::new();
+    let mut s = ex.sink();
+    let split = |fadvise: u64, kswapd: u64| {
+        let mut t = token(1, StepKind::Generate, 1000);
+        t.counters.set(C::PagecacheEvicted, Some(fadvise + kswapd));
+        let mut by = [0; N_EVICTION_ACTORS];
+        by[4] = fadvise;
+        by[0] = kswapd;
+        t.evicted_by = Some(EvictedBy(by));
+        t
+    };
+    let mut plain = token(3, StepKind::Prompt, 1000);
+    plain.counters.set(C::PagecacheEvicted, Some(9));
+    feed(&mut s, &[Event::Token(split(100, 3)), Event::Token(split(20, 0)), Event::Token(plain)]);
+    let m = samples(&ex.render(Format::Text).unwrap());
+    let f = "moe_observer_pagecache_evicted_pages_total";
+    assert_eq!(vocab::EVICTION_ACTORS[4].name, "fadvise");
+    assert_eq!(get(&m, &format!(r#"{f}{{step="generate",actor="fadvise"}}"#)), 120.0);
+    assert_eq!(get(&m, &format!(r#"{f}{{step="generate",actor="kswapd"}}"#)), 3.0);
+    assert_eq!(get(&m, &format!(r#"{f}{{step="generate",actor="other"}}"#)), 0.0, "a measured 0");
+    assert!(!m.contains_key(&format!(r#"{f}{{step="generate"}}"#)), "split steps have no unlabelled series");
+    assert_eq!(get(&m, &format!(r#"{f}{{step="prompt"}}"#)), 9.0, "steps without a split keep the total");
+    let generate: f64 = m.iter().filter(|(k, _)| k.starts_with(&format!(r#"{f}{{step="generate""#))).map(|x| x.1).sum();
+    assert_eq!(generate, 123.0, "Σ over actors = the steps' pagecache_evicted");
 }

@@ -164,6 +164,7 @@ pub fn parse(path: &Path, text: &str) -> Result<(Vec<Event>, Vec<String>), Impor
             engine: Some(engine),
             residency: None,
             lost_events: 0,
+            evicted_by: None,
         }));
         seq += 1;
         t += wall_ns;

@@ -89,6 +89,7 @@ pub(crate) fn token(seq: u64) -> TokenRecord {
             engine_cache: None,
         }),
         lost_events: seq % 2,
+        evicted_by: None,
     }
 }
 
