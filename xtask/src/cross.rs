@@ -15,6 +15,11 @@
 //!    entry for `qemu-aarch64` is registered for the run and removed after it (and
 //!    binfmt_misc unmounted again when this command mounted it).
 //!
+//! 4. Run the engine's kernel tests (`quant::`) a second time on an emulated CPU without
+//!    `dotprod` ([`NO_DOTPROD_CPU`]), where the `neon` level runs its emulated-`sdot` kernels
+//!    through the dispatch (qemu's default CPU has `dotprod`; both variants are also compared
+//!    directly in the first pass).
+//!
 //! What cannot run under emulation is printed with the reason ([`NOT_RUN`]), never skipped
 //! silently. Emulation checks correctness only: emulated code runs tens of times slower than
 //! native, so no speed is measured here.
@@ -42,6 +47,9 @@ const PACKAGES: &[(&str, &str)] = &[
 const RUSTC: &str = "/usr/bin/rustc";
 const LINKER: &str = "aarch64-linux-gnu-gcc";
 const QEMU: &str = "/usr/bin/qemu-aarch64";
+
+/// An ARMv8.0 CPU model of qemu: NEON without `dotprod`, `i8mm` or SVE.
+const NO_DOTPROD_CPU: &str = "cortex-a72";
 
 /// The engine's test targets that run under `qemu-aarch64` (besides its library tests).
 const ENGINE_TESTS: &[&str] =
@@ -198,6 +206,12 @@ pub fn run(args: &[String]) -> Result<()> {
         test::cargo_test(&root, &cargo_args(args), &env)?
     };
     let c = clock.counts;
+    eprintln!("cross: the kernel tests again on qemu's {NO_DOTPROD_CPU} (no dotprod)");
+    let mut env2 = env.clone();
+    env2.push(("QEMU_CPU", NO_DOTPROD_CPU.to_owned()));
+    let nd_args: Vec<String> = ["-p", "engine", "--target", TRIPLE, "--lib", "--", "quant::"].map(String::from).to_vec();
+    let (clock2, ok2) = test::cargo_test(&root, &nd_args, &env2)?;
+    let c2 = clock2.counts;
     println!("\ncross: not run under emulation:");
     for (what, why) in NOT_RUN {
         println!("  - {what}: {why}");
@@ -211,8 +225,17 @@ pub fn run(args: &[String]) -> Result<()> {
         c.ignored,
         t0.elapsed().as_secs_f64() / 60.0
     );
-    if !ok || c.failed > 0 {
+    println!(
+        "cross: {} kernel tests ran on qemu's {NO_DOTPROD_CPU} (no dotprod): {} passed, {} failed",
+        c2.passed + c2.failed,
+        c2.passed,
+        c2.failed
+    );
+    if !ok || c.failed > 0 || !ok2 || c2.failed > 0 {
         bail!("aarch64 tests failed under qemu-aarch64");
+    }
+    if c2.passed == 0 {
+        bail!("no kernel test ran on the CPU without dotprod");
     }
     if c.ignored > 0 {
         bail!("{} tests are #[ignore]d: this project does not skip tests silently", c.ignored);
