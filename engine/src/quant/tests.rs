@@ -1548,7 +1548,8 @@ fn ggml_neon_dot(ty: GgmlType, w: &[u8], x: &[u8], sdot: bool) -> f32 {
                         sc * q * i8at(y, 4 + e)
                     })
                     .sum();
-                let imin: i32 = (0..8).map(|j| k4_elem(ty, a, 32 * j).2 * (q8k_bsum(y, 2 * j) + q8k_bsum(y, 2 * j + 1))).sum();
+                let imin: i32 =
+                    (0..8).map(|j| k4_elem(ty, a, 32 * j).2 * (q8k_bsum(y, 2 * j) + q8k_bsum(y, 2 * j + 1))).sum();
                 let dy = q8k_d(y);
                 let (d, dmin) = (dy * h(a, 0), dy * h(a, 2));
                 if ty == Q4_K {
