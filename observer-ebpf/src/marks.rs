@@ -20,10 +20,7 @@ use core::ptr::{addr_of, addr_of_mut, read_volatile};
 
 use aya_ebpf::{
     EbpfContext,
-    helpers::{
-        bpf_get_current_pid_tgid, bpf_ktime_get_ns, bpf_probe_read_user, bpf_probe_read_user_buf,
-        generated::bpf_get_attach_cookie,
-    },
+    helpers::{bpf_get_current_pid_tgid, bpf_ktime_get_ns, bpf_probe_read_user_buf, generated::bpf_get_attach_cookie},
     macros::{uprobe, uretprobe},
     programs::{ProbeContext, RetProbeContext},
 };
@@ -248,17 +245,28 @@ fn call_n_tokens(ctx: &ProbeContext) -> Option<u32> {
     let cookie = unsafe { bpf_get_attach_cookie(ctx.as_ptr()) };
     let (rule, operand) = call_arg::split(cookie);
     match rule {
-        call_arg::STACK_I32 => {
-            // The stack pointer of x86-64's register frame (the only layout the
-            // user side asks for; see `observer::capture::profile`).
-            // SAFETY: `regs` is the probe's register frame.
-            let sp = unsafe { (*ctx.regs).rsp };
-            // SAFETY: a checked read of the target's stack.
-            let n = unsafe { bpf_probe_read_user((sp + operand as u64) as *const i32) }.ok()?;
-            if n >= 0 { Some(n as u32) } else { None }
-        }
+        call_arg::STACK_I32 => stack_i32(ctx, operand),
         _ => None,
     }
+}
+
+/// A non-negative `i32` at `sp + offset` of the probed thread's stack at entry.
+#[cfg(bpf_target_arch = "x86_64")]
+#[inline(always)]
+fn stack_i32(ctx: &ProbeContext, offset: u32) -> Option<u32> {
+    // SAFETY: `regs` is the probe's register frame (x86-64's `pt_regs`).
+    let sp = unsafe { (*ctx.regs).rsp };
+    // SAFETY: a checked read of the target's stack.
+    let n: i32 = unsafe { aya_ebpf::helpers::bpf_probe_read_user((sp + offset as u64) as *const i32) }.ok()?;
+    if n >= 0 { Some(n as u32) } else { None }
+}
+
+/// The stack rule is x86-64's calling convention (a struct over 16 bytes passed by value after
+/// the return address); the user side asks for it only there (`observer::capture::profile`).
+#[cfg(not(bpf_target_arch = "x86_64"))]
+#[inline(always)]
+fn stack_i32(_ctx: &ProbeContext, _offset: u32) -> Option<u32> {
+    None
 }
 
 /// Entry of a probed call (`--token-symbol`, a profile's entry point): index =

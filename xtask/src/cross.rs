@@ -15,6 +15,17 @@
 //!    entry for `qemu-aarch64` is registered for the run and removed after it (and
 //!    binfmt_misc unmounted again when this command mounted it).
 //!
+//! 4. Run the engine's kernel tests (`quant::`) a second time on an emulated CPU without
+//!    `dotprod` ([`NO_DOTPROD_CPU`]), where the `neon` level runs its emulated-`sdot` kernels
+//!    through the dispatch (qemu's default CPU has `dotprod`; both variants are also compared
+//!    directly in the first pass).
+//!
+//! 5. The observer's eBPF object for an arm64 kernel: `observer-ebpf` built for `bpfel` with
+//!    `AYA_BPF_TARGET_ARCH=aarch64` (as `observer/build.rs` does for an aarch64 observer), and
+//!    the `pt_regs` offsets its `mark_end` uprobe reads its two arguments from checked against
+//!    arm64's ([`ARM64_ARG_OFFSETS`]). qemu-user cannot load it; reading the instructions needs
+//!    no arm64 kernel.
+//!
 //! What cannot run under emulation is printed with the reason ([`NOT_RUN`]), never skipped
 //! silently. Emulation checks correctness only: emulated code runs tens of times slower than
 //! native, so no speed is measured here.
@@ -43,6 +54,75 @@ const RUSTC: &str = "/usr/bin/rustc";
 const LINKER: &str = "aarch64-linux-gnu-gcc";
 const QEMU: &str = "/usr/bin/qemu-aarch64";
 
+/// arm64's `struct user_pt_regs` offsets of the first two arguments (`regs[0]`, `regs[1]`);
+/// x86-64's would be 112 (`di`) and 104 (`si`).
+const ARM64_ARG_OFFSETS: [i16; 2] = [0, 8];
+
+/// Builds `observer-ebpf` for an arm64 kernel and checks which `pt_regs` fields `mark_end`
+/// (`moe_engine_token_end(u64 index, const record *rec)`) reads: the offsets of its loads from
+/// the context register (`r1`) before the first call.
+fn check_arm64_ebpf(root: &Path) -> Result<()> {
+    let dir = target_dir().join("ebpf-aarch64");
+    let path = format!(
+        "{}:{}:{}",
+        setup::LLVM_BIN,
+        setup::cargo_bin_dir()?.display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
+    let mut c = Command::new("cargo");
+    c.current_dir(root.join("observer-ebpf"))
+        .args(["build", "--release", "--locked", "--target", "bpfel-unknown-none", "--target-dir"])
+        .arg(&dir)
+        .env("RUSTC", RUSTC)
+        .env("RUSTC_BOOTSTRAP", "1")
+        .env("AYA_BPF_TARGET_ARCH", "aarch64")
+        .env("PATH", path)
+        .env_remove("CARGO_TARGET_DIR")
+        .env_remove("RUSTFLAGS");
+    cmd::run(&mut c).context("building observer-ebpf for an arm64 kernel")?;
+    let obj = dir.join("bpfel-unknown-none/release/observer-ebpf");
+    let data = std::fs::read(&obj).with_context(|| format!("reading {}", obj.display()))?;
+    // The compiler orders the two loads as it likes: compare them sorted.
+    let mut got = ctx_load_offsets(&data, "mark_end")?;
+    got.sort_unstable();
+    if got != ARM64_ARG_OFFSETS {
+        bail!(
+            "{}: mark_end reads its arguments at pt_regs offsets {got:?}, arm64's are {ARM64_ARG_OFFSETS:?}",
+            obj.display()
+        );
+    }
+    println!("cross: eBPF object for arm64: mark_end reads its arguments at pt_regs offsets {got:?} (arm64's)");
+    Ok(())
+}
+
+/// Offsets of the 64-bit loads from `r1` (the program's context) in function `func` of a BPF
+/// ELF object, in order, up to the first call or write to `r1`. A BPF instruction is 8 bytes:
+/// opcode, registers (dst low nibble, src high), 16-bit offset, 32-bit immediate.
+fn ctx_load_offsets(data: &[u8], func: &str) -> Result<Vec<i16>> {
+    use object::{Object, ObjectSection, ObjectSymbol};
+    let file = object::File::parse(data).context("parsing the eBPF object")?;
+    let sym = file.symbols().find(|s| s.name() == Ok(func)).with_context(|| format!("no symbol {func}"))?;
+    let sec = file.section_by_index(sym.section_index().context("symbol without section")?)?;
+    let code = sec.data()?;
+    let start = sym.address() as usize;
+    let end = (start + sym.size() as usize).min(code.len());
+    let mut offs = Vec::new();
+    for insn in code[start..end].chunks_exact(8) {
+        let (op, dst, src) = (insn[0], insn[1] & 0xf, insn[1] >> 4);
+        let off = i16::from_le_bytes([insn[2], insn[3]]);
+        if op == 0x85 || dst == 1 {
+            break; // a call (clobbers r1) or r1 rewritten
+        }
+        if op == 0x79 && src == 1 {
+            offs.push(off); // BPF_LDX | BPF_MEM | BPF_DW from r1
+        }
+    }
+    Ok(offs)
+}
+
+/// An ARMv8.0 CPU model of qemu: NEON without `dotprod`, `i8mm` or SVE.
+const NO_DOTPROD_CPU: &str = "cortex-a72";
+
 /// The engine's test targets that run under `qemu-aarch64` (besides its library tests).
 const ENGINE_TESTS: &[&str] =
     &["blocks", "gguf_malformed", "markers", "metrics", "model_tiny", "placement", "pressure"];
@@ -55,7 +135,7 @@ pub const NOT_RUN: &[(&str, &str)] = &[
          not the binary's instructions",
     ),
     (
-        "observer, tui (all tests)",
+        "observer, tui (all tests; the arm64 eBPF object is built and its uprobe argument offsets read)",
         "qemu-user does not emulate the bpf() syscall, so eBPF programs cannot be loaded; the observer is not \
          cross-built by this command",
     ),
@@ -65,8 +145,8 @@ pub const NOT_RUN: &[(&str, &str)] = &[
     ),
     (
         "parity with llama.cpp on aarch64",
-        "no cross build of llama.cpp yet (issue 24): the engine's aarch64 kernels are checked against the reference \
-         dequantizers in its library tests",
+        "no cross build of llama.cpp yet (issue 24): the engine's NEON kernels are checked bit for bit against a \
+         model of ggml's NEON order, and against the reference dequantizers, in its library tests",
     ),
     ("speed", "emulated code runs tens of times slower than native: emulation checks correctness, not speed"),
 ];
@@ -186,6 +266,7 @@ pub fn run(args: &[String]) -> Result<()> {
     }
     packages()?;
     let root = cache::workspace_root();
+    check_arm64_ebpf(&root)?;
     let env = cargo_env(&target_dir());
     eprintln!("cross: building the engine for {TRIPLE} with {RUSTC} and {LINKER}");
     let mut build = Command::new("cargo");
@@ -198,6 +279,13 @@ pub fn run(args: &[String]) -> Result<()> {
         test::cargo_test(&root, &cargo_args(args), &env)?
     };
     let c = clock.counts;
+    eprintln!("cross: the kernel tests again on qemu's {NO_DOTPROD_CPU} (no dotprod)");
+    let mut env2 = env.clone();
+    env2.push(("QEMU_CPU", NO_DOTPROD_CPU.to_owned()));
+    let nd_args: Vec<String> =
+        ["-p", "engine", "--target", TRIPLE, "--lib", "--", "quant::"].map(String::from).to_vec();
+    let (clock2, ok2) = test::cargo_test(&root, &nd_args, &env2)?;
+    let c2 = clock2.counts;
     println!("\ncross: not run under emulation:");
     for (what, why) in NOT_RUN {
         println!("  - {what}: {why}");
@@ -211,8 +299,17 @@ pub fn run(args: &[String]) -> Result<()> {
         c.ignored,
         t0.elapsed().as_secs_f64() / 60.0
     );
-    if !ok || c.failed > 0 {
+    println!(
+        "cross: {} kernel tests ran on qemu's {NO_DOTPROD_CPU} (no dotprod): {} passed, {} failed",
+        c2.passed + c2.failed,
+        c2.passed,
+        c2.failed
+    );
+    if !ok || c.failed > 0 || !ok2 || c2.failed > 0 {
         bail!("aarch64 tests failed under qemu-aarch64");
+    }
+    if c2.passed == 0 {
+        bail!("no kernel test ran on the CPU without dotprod");
     }
     if c.ignored > 0 {
         bail!("{} tests are #[ignore]d: this project does not skip tests silently", c.ignored);

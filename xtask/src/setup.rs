@@ -98,7 +98,7 @@ pub(crate) fn ensure_packages(packages: &[(&str, &str)], hint: &str) -> Result<(
     Ok(())
 }
 
-fn cargo_bin_dir() -> Result<std::path::PathBuf> {
+pub(crate) fn cargo_bin_dir() -> Result<std::path::PathBuf> {
     let home = std::env::var_os("CARGO_HOME")
         .map(std::path::PathBuf::from)
         .or_else(|| std::env::var_os("HOME").map(|h| std::path::PathBuf::from(h).join(".cargo")))

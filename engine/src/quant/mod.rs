@@ -10,7 +10,7 @@
 //! # ISA levels
 //! A [`Backend`] is an ISA level: the instructions its kernels use *and* the llama.cpp build
 //! whose numerics they reproduce. The process runs one level, [`isa`]: `ENGINE_ISA=scalar|avx2|
-//! avx512` from the environment, or by default the best the CPU has; a level the CPU lacks (or
+//! avx512|neon` from the environment, or by default the best the CPU has; a level the CPU lacks (or
 //! an unknown name) is an error ([`QuantError::IsaUnavailable`], [`QuantError::IsaUnknown`]).
 //! Every dispatching entry point ([`vec_dot`], [`matvec`], [`matvec_multi`], [`quantize_row`],
 //! and `vmath`'s `exp`) follows it; the `*_on` functions run a given level (tests, benchmarks).
@@ -20,6 +20,7 @@
 //! | `scalar` | any | none (portable kernels, own summation order) |
 //! | `avx2` | AVX2, FMA, F16C | AVX2+FMA+F16C, no AVX-512, no VNNI |
 //! | `avx512` | + AVX-512 F, BW, DQ, VL (VNNI, BF16 used where present) | AVX-512 with VNNI and BF16 as the CPU has them; never AMX, never AVX512-FP16 |
+//! | `neon` (aarch64) | ASIMD (`sdot` used where the CPU has `dotprod`) | ARMv8 NEON (with `dotprod` as the CPU has it), run with `--no-repack` |
 //!
 //! # Numerics (why results match llama.cpp)
 //! * `vec_dot` follows ggml's integer arithmetic exactly: per block the integer dot
@@ -72,6 +73,11 @@
 //!   activations per pass for `Q4_K`, 8 for the others); everything else (and the integer
 //!   kernels on a CPU without VNNI) from `avx2`, whose numerics are the same there.
 //!
+//! On aarch64, `neon`: `Q8_0`, `Q4_K`, `Q5_K`, `Q6_K` and multi-activation kernels for those four
+//! (8 activations per pass), with `sdot` when the CPU has `dotprod` and ggml's emulation of it
+//! otherwise, in the float order of ggml's NEON `ggml_vec_dot_*` kernels (the `neon` module's
+//! docs; checked bit for bit against a model of that order in the tests, under `qemu-aarch64`).
+//!
 //! The other supported types use the scalar kernels at every level. The `Q8_K`, `F16` and
 //! x86 `Q8_0` activation quantizers have AVX2 versions (same bytes; [`quantize_row_on`] picks
 //! a backend). Per CPU-second on the development machine (Intel Xeon, Sapphire/Emerald Rapids
@@ -111,6 +117,8 @@ pub mod q8;
 mod avx2;
 #[cfg(target_arch = "x86_64")]
 mod avx512;
+#[cfg(target_arch = "aarch64")]
+mod neon;
 
 #[cfg(test)]
 mod tests;
@@ -376,7 +384,7 @@ pub enum QuantError {
     Length { ty: GgmlType, what: &'static str, expected: usize, got: usize },
     #[error("kernel backend {0} is not available on this CPU")]
     BackendUnavailable(Backend),
-    #[error("ENGINE_ISA={0:?} is not an ISA level: use scalar, avx2 or avx512 (or unset it for the best one)")]
+    #[error("ENGINE_ISA={0:?} is not an ISA level: use scalar, avx2, avx512 or neon (or unset it for the best one)")]
     IsaUnknown(String),
     #[error(
         "ENGINE_ISA={level}: this CPU lacks {missing}; the best level it runs is {best} (set ENGINE_ISA to that or unset it)"
@@ -455,7 +463,8 @@ fn simd_quantizer(backend: Backend, ty: GgmlType) -> Option<QuantizeFn> {
         // The AVX2 quantizers give the reference bytes; AVX-512 has nothing to add there.
         #[cfg(target_arch = "x86_64")]
         Backend::Avx2 | Backend::Avx512 => avx2::quantizer(ty),
-        #[cfg(not(target_arch = "x86_64"))]
+        // The NEON level quantizes with the scalar code (ggml's ARM `Q8_0` flavour is chosen by
+        // `quantize_activation`, the others are the reference bytes).
         _ => {
             let _ = ty;
             None
@@ -571,14 +580,18 @@ pub enum Backend {
     /// x86_64 AVX-512 F/BW/DQ/VL (+ AVX2, FMA, F16C), with VNNI and BF16 where the CPU has
     /// them: a llama.cpp build for AVX-512 with VNNI and BF16 as this CPU has them.
     Avx512,
+    /// aarch64 NEON (ASIMD), with `sdot` where the CPU has `dotprod`: ggml's NEON
+    /// `ggml_vec_dot_*` kernels (a llama.cpp build for ARMv8 NEON, with `dotprod` as the CPU has
+    /// it, run without weight repacking).
+    Neon,
 }
 
-/// The environment variable that chooses the ISA level (`scalar`, `avx2`, `avx512`).
+/// The environment variable that chooses the ISA level (`scalar`, `avx2`, `avx512`, `neon`).
 pub const ISA_ENV: &str = "ENGINE_ISA";
 
 impl Backend {
-    /// Every level, lowest first.
-    pub const ALL: [Backend; 3] = [Backend::Scalar, Backend::Avx2, Backend::Avx512];
+    /// Every level: the portable one, then each architecture's lowest first.
+    pub const ALL: [Backend; 4] = [Backend::Scalar, Backend::Avx2, Backend::Avx512, Backend::Neon];
 
     /// The level's name, as `ENGINE_ISA` spells it.
     pub fn name(self) -> &'static str {
@@ -586,6 +599,7 @@ impl Backend {
             Backend::Scalar => "scalar",
             Backend::Avx2 => "avx2",
             Backend::Avx512 => "avx512",
+            Backend::Neon => "neon",
         }
     }
 
@@ -600,6 +614,7 @@ impl Backend {
             Backend::Scalar => &[],
             Backend::Avx2 => &["avx2", "fma", "f16c"],
             Backend::Avx512 => &["avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512dq", "avx512vl"],
+            Backend::Neon => &["asimd"],
         }
     }
 
@@ -625,9 +640,10 @@ impl std::fmt::Display for Backend {
     }
 }
 
-/// The x86 features that decide a level or a kernel choice, in `/proc/cpuinfo` spelling
-/// (`amx_tile` is listed to say it is never used).
-pub const CPU_FEATURES: [&str; 13] = [
+/// The features that decide a level or a kernel choice on this architecture, in `/proc/cpuinfo`
+/// spelling: on x86_64 (`amx_tile` is listed to say it is never used) ...
+#[cfg(not(target_arch = "aarch64"))]
+pub const CPU_FEATURES: &[&str] = &[
     "avx2",
     "fma",
     "f16c",
@@ -642,6 +658,11 @@ pub const CPU_FEATURES: [&str; 13] = [
     "avx512vbmi",
     "amx_tile",
 ];
+
+/// ... and on aarch64 (`asimddp` is `dotprod`, whose `sdot` the `neon` kernels use; `i8mm` and
+/// `sve` are listed to say they are not used).
+#[cfg(target_arch = "aarch64")]
+pub const CPU_FEATURES: &[&str] = &["asimd", "asimddp", "i8mm", "sve"];
 
 /// Whether the CPU has `feature` (one of [`CPU_FEATURES`] or a required feature).
 pub fn cpu_has(feature: &str) -> bool {
@@ -671,7 +692,17 @@ pub fn cpu_has(feature: &str) -> bool {
             _ => false,
         }
     }
-    #[cfg(not(target_arch = "x86_64"))]
+    #[cfg(target_arch = "aarch64")]
+    {
+        match feature {
+            "asimd" => std::arch::is_aarch64_feature_detected!("neon"),
+            "asimddp" => std::arch::is_aarch64_feature_detected!("dotprod"),
+            "i8mm" => std::arch::is_aarch64_feature_detected!("i8mm"),
+            "sve" => std::arch::is_aarch64_feature_detected!("sve"),
+            _ => false,
+        }
+    }
+    #[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
     {
         let _ = feature;
         false
@@ -719,7 +750,13 @@ pub fn isa_report() -> Result<String, QuantError> {
     } else {
         Vec::new()
     };
-    #[cfg(not(target_arch = "x86_64"))]
+    #[cfg(target_arch = "aarch64")]
+    let extras: Vec<&str> = if level == Backend::Neon {
+        vec![if neon::dotprod() { "sdot kernels (dotprod)" } else { "no dotprod: emulated sdot" }]
+    } else {
+        Vec::new()
+    };
+    #[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
     let extras: Vec<&str> = Vec::new();
     let extras = if extras.is_empty() { String::new() } else { format!(", {}", extras.join(", ")) };
     Ok(format!("cpu: {}{lack}; isa: {level} ({how}{extras})", have.join(" ")))
@@ -806,7 +843,8 @@ fn backend_kernel(backend: Backend, ty: GgmlType) -> Option<Kernel> {
         // included: ggml's repacked MXFP4 GEMV is AVX2 code in both builds).
         #[cfg(target_arch = "x86_64")]
         Backend::Avx512 => avx512::kernel(ty).or_else(|| avx2_kernel(ty)).or_else(|| scalar_kernel(ty)),
-        #[cfg(not(target_arch = "x86_64"))]
+        #[cfg(target_arch = "aarch64")]
+        Backend::Neon => neon::kernel(ty).or_else(|| scalar_kernel(ty)),
         _ => None,
     }
 }
@@ -828,7 +866,8 @@ fn backend_multi(backend: Backend, ty: GgmlType) -> Option<Multi> {
         Backend::Avx2 => avx2::multi_kernel(ty),
         #[cfg(target_arch = "x86_64")]
         Backend::Avx512 => avx512::multi_kernel(ty).or_else(|| avx2::multi_kernel(ty)),
-        #[cfg(not(target_arch = "x86_64"))]
+        #[cfg(target_arch = "aarch64")]
+        Backend::Neon => neon::multi_kernel(ty),
         _ => {
             let _ = ty;
             None

@@ -326,6 +326,7 @@ mod tests {
         }
     }
 
+    #[cfg(target_arch = "x86_64")]
     #[test]
     fn avx2_and_scalar_dots_agree_bit_for_bit() {
         let Some(k) = avx2_kernel() else { return };

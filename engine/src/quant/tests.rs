@@ -544,8 +544,10 @@ fn vec_dot_detects_a_single_changed_quant() {
 
 #[test]
 fn simd_and_scalar_agree() {
-    // On x86_64 every CPU this runs on has AVX2 (checked here, so the test cannot pass empty).
+    // On x86_64 every CPU this runs on has AVX2, on aarch64 ASIMD (checked here, so the test
+    // cannot pass empty).
     assert!(!cfg!(target_arch = "x86_64") || Backend::Avx2.is_available(), "x86_64 without AVX2");
+    assert!(!cfg!(target_arch = "aarch64") || Backend::Neon.is_available(), "aarch64 without ASIMD");
     let mut rng = Rng::new(4);
     for backend in simd_backends() {
         for ty in WEIGHT_TYPES {
@@ -600,10 +602,21 @@ fn isa_levels_parse_and_check_the_cpu() {
     }
     let e = isa_from(Some("avx1024")).unwrap_err();
     assert!(matches!(&e, QuantError::IsaUnknown(n) if n == "avx1024"));
-    assert!(e.to_string().contains("scalar, avx2 or avx512"), "{e}");
-    // A level's features include the lower level's.
-    for w in Backend::ALL.windows(2) {
+    assert!(e.to_string().contains("scalar, avx2, avx512 or neon"), "{e}");
+    // An x86 level's features include the lower level's; the ARM level needs ASIMD only.
+    for w in [Backend::Scalar, Backend::Avx2, Backend::Avx512].windows(2) {
         assert!(w[0].required_features().iter().all(|f| w[1].required_features().contains(f)));
+    }
+    assert_eq!(Backend::Neon.required_features(), ["asimd"]);
+    // Each architecture runs its own levels and never the other's.
+    let arm = [Backend::Neon];
+    for b in Backend::ALL {
+        if cfg!(target_arch = "aarch64") && b != Backend::Scalar {
+            assert_eq!(b.is_available(), arm.contains(&b), "{b}");
+        }
+        if cfg!(target_arch = "x86_64") && arm.contains(&b) {
+            assert!(!b.is_available(), "{b}");
+        }
     }
 }
 
@@ -1277,6 +1290,9 @@ fn q8k_bsum(y: &[u8], g: usize) -> i32 {
 /// runs for one token (`Avx2` or `Avx512`).
 fn ggml_order_dot(level: Backend, ty: GgmlType, w: &[u8], x: &[u8], n: usize) -> f32 {
     use GgmlType::*;
+    if level == Backend::Neon {
+        return ggml_neon_dot(ty, w, x, neon_sdot());
+    }
     let ts = ty.type_size();
     let xs = ty.vec_dot_type().type_size();
     match ty {
@@ -1469,6 +1485,150 @@ fn ggml_order_dot(level: Backend, ty: GgmlType, w: &[u8], x: &[u8], n: usize) ->
     }
 }
 
+/// Whether the `neon` level's kernels use `sdot` on this CPU.
+fn neon_sdot() -> bool {
+    #[cfg(target_arch = "aarch64")]
+    {
+        super::neon::dotprod()
+    }
+    #[cfg(not(target_arch = "aarch64"))]
+    {
+        false
+    }
+}
+
+/// The `neon` level's types with a kernel of their own (the others are the scalar kernels).
+const NEON_TYPES: [GgmlType; 4] = [GgmlType::Q8_0, GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K];
+
+/// The dot product in the float order of ggml's NEON `ggml_vec_dot_*` as GCC compiles it for
+/// aarch64 (read off the object code: which products are fused, which are not), with `sdot`'s
+/// lanes (`sdot`) or those of ggml's emulation of it.
+fn ggml_neon_dot(ty: GgmlType, w: &[u8], x: &[u8], sdot: bool) -> f32 {
+    use GgmlType::*;
+    let ts = ty.type_size();
+    let xs = ty.vec_dot_type().type_size();
+    let blocks = w.chunks_exact(ts).zip(x.chunks_exact(xs));
+    match ty {
+        Q8_0 => {
+            // The i32 lane of quant e: sdot sums 4 consecutive bytes of each 16; the emulation
+            // pairs bytes 2l, 2l+1 of each 8-byte half.
+            let lane = |e: usize| if sdot { (e % 16) / 4 } else { (e % 8) / 2 };
+            let lanes = |a: &[u8], b: &[u8]| -> [i32; 4] {
+                let mut l = [0i32; 4];
+                for e in 0..32 {
+                    l[lane(e)] += i8at(a, 2 + e) * i8at(b, 2 + e);
+                }
+                l
+            };
+            let hadd = |v: [f32; 4]| (v[0] + v[1]) + (v[2] + v[3]);
+            let nb = w.len() / ts;
+            let mut s = [[0f32; 4]; 2];
+            let mut tail = None;
+            for (i, (a, b)) in blocks.enumerate() {
+                let d = h(a, 0) * h(b, 0);
+                let l = lanes(a, b);
+                if i + 1 == nb && nb % 2 == 1 {
+                    tail = Some((l.iter().sum::<i32>(), d));
+                    continue;
+                }
+                // vmlaq_n_f32: a multiply, then an add.
+                for (sl, li) in s[i % 2].iter_mut().zip(l) {
+                    *sl += li as f32 * d;
+                }
+            }
+            let sum = hadd(s[0]) + hadd(s[1]);
+            tail.map_or(sum, |(sumi, d)| (sumi as f32).mul_add(d, sum))
+        }
+        Q4_K | Q5_K => {
+            let mut sum = 0f32;
+            for (a, y) in blocks {
+                let isum: i32 = (0..QK_K)
+                    .map(|e| {
+                        let (q, sc, _) = k4_elem(ty, a, e);
+                        sc * q * i8at(y, 4 + e)
+                    })
+                    .sum();
+                let imin: i32 =
+                    (0..8).map(|j| k4_elem(ty, a, 32 * j).2 * (q8k_bsum(y, 2 * j) + q8k_bsum(y, 2 * j + 1))).sum();
+                let dy = q8k_d(y);
+                let (d, dmin) = (dy * h(a, 0), dy * h(a, 2));
+                if ty == Q4_K {
+                    // sumf -= dmin * imin; sumf += d * isum: two fused multiply-adds.
+                    sum = (-dmin).mul_add(imin as f32, sum);
+                    sum = (isum as f32).mul_add(d, sum);
+                } else {
+                    // sumf += d * isum - dmin * imin: the first product fused, the second not.
+                    sum += d.mul_add(isum as f32, -(dmin * imin as f32));
+                }
+            }
+            sum
+        }
+        Q6_K => {
+            let mut sum = 0f32;
+            for (a, y) in blocks {
+                let sc = |s: usize| a[192 + s] as i8 as i32;
+                let qu = |e: usize| {
+                    let (hf, k, l) = (e / 128, (e % 128) / 32, e % 32);
+                    let ql = a[64 * hf + 32 * (k & 1) + l];
+                    let low = if k < 2 { ql & 0xf } else { ql >> 4 };
+                    (low | (((a[128 + 32 * hf + l] >> (2 * k)) & 3) << 4)) as i32
+                };
+                let isum: i32 = (0..QK_K).map(|e| sc(e / 16) * qu(e) * i8at(y, 4 + e)).sum();
+                let imin: i32 = (0..16).map(|s| sc(s) * q8k_bsum(y, s)).sum();
+                sum = (h(a, 208) * q8k_d(y)).mul_add((isum - 32 * imin) as f32, sum);
+            }
+            sum
+        }
+        _ => unreachable!("no NEON kernel for {ty}"),
+    }
+}
+
+/// Both variants of the `neon` kernels (`sdot` and its emulation, which put other quants in each
+/// lane) against ggml's order, so the one this CPU does not select is checked too (qemu's default
+/// CPU has `dotprod`; `cargo xtask test --target aarch64` also runs with a CPU without it).
+#[cfg(target_arch = "aarch64")]
+#[test]
+fn neon_kernels_follow_ggml_order_with_and_without_sdot() {
+    assert!(Backend::Neon.is_available(), "aarch64 without ASIMD");
+    let mut rng = Rng::new(19);
+    let variants: Vec<bool> = if neon_sdot() { vec![false, true] } else { vec![false] };
+    // Cases where the two lane layouts give different Q8_0 bits (the check can tell them apart).
+    let mut lanes_differ = 0;
+    for sd in variants {
+        for ty in NEON_TYPES {
+            let k = super::neon::kernel_with(ty, sd).unwrap();
+            let m = super::neon::multi_kernel_with(ty, sd).unwrap();
+            for nblocks in [1usize, 2, 3, 8, 17] {
+                let cols = nblocks * ty.block_size();
+                let rows = 5;
+                let rb = ty.row_bytes(cols).unwrap();
+                let w: Vec<u8> = (0..rows).flat_map(|_| random_row(ty, cols, &mut rng)).collect();
+                let xs: Vec<Vec<u8>> = (0..3).map(|_| random_row(ty.vec_dot_type(), cols, &mut rng)).collect();
+                let mut outs = vec![vec![f32::NAN; rows]; xs.len()];
+                let xr: Vec<&[u8]> = xs.iter().map(Vec::as_slice).collect();
+                let mut or: Vec<&mut [f32]> = outs.iter_mut().map(Vec::as_mut_slice).collect();
+                (m.f)(&w, rb, &xr, &mut or);
+                for (t, x) in xs.iter().enumerate() {
+                    let mut mv = vec![f32::NAN; rows];
+                    (k.matvec)(&w, rb, cols, x, &mut mv);
+                    for r in 0..rows {
+                        let row = &w[r * rb..(r + 1) * rb];
+                        let want = ggml_neon_dot(ty, row, x, sd).to_bits();
+                        if ty == GgmlType::Q8_0 && sd && ggml_neon_dot(ty, row, x, false).to_bits() != want {
+                            lanes_differ += 1;
+                        }
+                        let what = format!("sdot {sd} {ty} {nblocks} blocks act {t} row {r}");
+                        assert_eq!((k.vec_dot)(cols, row, x).to_bits(), want, "vec_dot {what}");
+                        assert_eq!(mv[r].to_bits(), want, "matvec {what}");
+                        assert_eq!(outs[t][r].to_bits(), want, "multi {what}");
+                    }
+                }
+            }
+        }
+    }
+    assert!(!neon_sdot() || lanes_differ > 0, "no Q8_0 case tells sdot's lanes from the emulation's");
+}
+
 /// The shapes of `ggml_vec_dot_bf16` on x86.
 #[derive(Clone, Copy, Debug)]
 enum Bf16Shape {
@@ -1559,6 +1719,7 @@ fn simd_kernels_follow_ggml_float_order_bit_for_bit() {
     // The property is about the SIMD kernels; the scalar ones promise no order.
     assert!(!cfg!(target_arch = "x86_64") || Backend::Avx2.is_available(), "x86_64 without AVX2");
     let mut rng = Rng::new(11);
+    assert!(!cfg!(target_arch = "aarch64") || Backend::Neon.is_available(), "aarch64 without ASIMD");
     for backend in simd_backends() {
         for ty in [
             GgmlType::Q8_0,
@@ -1569,6 +1730,9 @@ fn simd_kernels_follow_ggml_float_order_bit_for_bit() {
             GgmlType::F16,
             GgmlType::BF16,
         ] {
+            if backend == Backend::Neon && !NEON_TYPES.contains(&ty) {
+                continue; // the scalar kernels there, which promise no order
+            }
             // Block counts: odd, even, above the row loops' precomputation limits; 19 rows (not a
             // multiple of the 2- or 8-row steps).
             for cols in [256usize, 768, 1024, 1056, 2048, 4352, 17408] {

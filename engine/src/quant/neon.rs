@@ -1,0 +1,576 @@
+//! aarch64 NEON kernels: the kernel set of the `neon` ISA level, with `sdot` (the `dotprod`
+//! extension, ARMv8.2 and later) where the CPU has it.
+//!
+//! # Numerics
+//! The integers are ggml's (and the scalar kernels'): quants multiplied as `i8 x i8`, summed in
+//! `i32` per 16-byte group with `sdot` or, without `dotprod`, with ggml's emulation of it
+//! (`ggml_vdotq_s32`: `smull` of each half, `saddlp`, add). The two put different elements in
+//! each of the four `i32` lanes (`sdot`: lane `l` holds bytes `4l..4l+4`; the emulation: bytes
+//! `2l, 2l+1, 8+2l, 9+2l`); only `Q8_0` keeps the lanes apart into its float sums.
+//!
+//! The float arithmetic is that of ggml's NEON `ggml_vec_dot_*` kernels (`arch/arm/quants.c`) as
+//! GCC compiles them for aarch64 (contractions read off the object code of `-O3` builds for
+//! `armv8-a` and `armv8.2-a+dotprod`, which agree):
+//! - `Q8_0`: blocks in pairs, even blocks into one 4-lane sum and odd blocks into another, each
+//!   `sum += f32(lanes) * (d_w * d_x)` (`vmlaq_n_f32`: multiply, then add, not fused); the result
+//!   is `hadd(even) + hadd(odd)` with `hadd(v) = (v0 + v1) + (v2 + v3)`; a last odd block is
+//!   `fma(f32(sumi), d_w * d_x, sum)`;
+//! - `Q4_K`: per block `sum = sum - f32(imin) * dmin` then `sum = sum + f32(isum) * d`, each one
+//!   fused multiply-add (`d = d_x * d_w`, `dmin = d_x * dmin_w`);
+//! - `Q5_K`: per block `sum = sum + fma(d, f32(isum), -(dmin * f32(imin)))`;
+//! - `Q6_K`: per block `sum = fma(d_w * d_x, f32(isum - 32 * imin), sum)`, the quants taken
+//!   unsigned and their bias 32 removed through the activation's `bsums`.
+//!
+//! The multi-activation kernels decode each weight block once for up to [`MAX_MULTI`]
+//! activations and then run, per activation, exactly the operations above (bit-identical to
+//! one `matvec` per activation).
+//!
+//! llama.cpp uses these kernels for one token when it does not repack the weights: a build
+//! without `dotprod`, or any build run with `--no-repack`. With `dotprod` (or `i8mm`) it repacks
+//! `Q4_K`, `Q5_K`, `Q6_K` and `Q8_0` matrices whose row count is a multiple of 8 (4 for `Q8_0`)
+//! into interleaved blocks with other float orders, which this module does not reproduce.
+
+use std::arch::aarch64::*;
+use std::arch::asm;
+
+use super::kquants::{Q4_K_BYTES, Q5_K_BYTES, Q6_K_BYTES, scale_min_k4};
+use super::q8::{Q8_0_BYTES, Q8_K_BYTES};
+use super::{GgmlType, Kernel, Multi, f16_to_f32};
+
+/// Whether the CPU has NEON (every aarch64 Linux CPU has).
+pub(super) fn available() -> bool {
+    std::arch::is_aarch64_feature_detected!("neon")
+}
+
+/// Whether the CPU has `sdot` (`dotprod`, `asimddp` in `/proc/cpuinfo`); the kernels use it then.
+pub(super) fn dotprod() -> bool {
+    std::arch::is_aarch64_feature_detected!("dotprod")
+}
+
+// ---------------------------------------------------------------------------
+// Loads and the integer dot product
+// ---------------------------------------------------------------------------
+
+/// 16 bytes at `off` of a block, as signed bytes.
+#[inline(always)]
+fn ld<const N: usize>(b: &[u8; N], off: usize) -> int8x16_t {
+    assert!(off + 16 <= N);
+    // SAFETY: `off + 16 <= N` was just checked; `ld1` has no alignment requirement.
+    unsafe { vld1q_s8(b.as_ptr().add(off).cast()) }
+}
+
+/// 16 bytes at `off` of a block, unsigned.
+#[inline(always)]
+fn ldu<const N: usize>(b: &[u8; N], off: usize) -> uint8x16_t {
+    // SAFETY: only reinterprets the bits.
+    unsafe { vreinterpretq_u8_s8(ld(b, off)) }
+}
+
+#[inline(always)]
+fn f16_at<const N: usize>(b: &[u8; N], off: usize) -> f32 {
+    f16_to_f32(u16::from_le_bytes([b[off], b[off + 1]]))
+}
+
+#[inline(always)]
+fn f32_at<const N: usize>(b: &[u8; N], off: usize) -> f32 {
+    f32::from_le_bytes([b[off], b[off + 1], b[off + 2], b[off + 3]])
+}
+
+#[inline(always)]
+fn bsum(y: &[u8; Q8_K_BYTES], g: usize) -> i32 {
+    i16::from_le_bytes([y[260 + 2 * g], y[261 + 2 * g]]) as i32
+}
+
+/// `sdot`: `acc` plus, per lane `l`, the products of bytes `4l..4l+4` of `a` and `b`.
+#[inline]
+#[target_feature(enable = "dotprod")]
+fn sdot(acc: int32x4_t, a: int8x16_t, b: int8x16_t) -> int32x4_t {
+    let mut acc = acc;
+    // SAFETY: one register-only instruction of the `dotprod` extension, enabled on this function.
+    unsafe {
+        asm!(
+            "sdot {acc:v}.4s, {a:v}.16b, {b:v}.16b",
+            acc = inout(vreg) acc,
+            a = in(vreg) a,
+            b = in(vreg) b,
+            options(pure, nomem, nostack, preserves_flags)
+        );
+    }
+    acc
+}
+
+/// ggml's `ggml_vdotq_s32` without `dotprod`: lane `l` gets bytes `2l, 2l+1, 8+2l, 9+2l`.
+#[inline(always)]
+fn sdot_emulated(acc: int32x4_t, a: int8x16_t, b: int8x16_t) -> int32x4_t {
+    // SAFETY: NEON is part of every aarch64 target; these touch registers only.
+    unsafe {
+        let p0 = vmull_s8(vget_low_s8(a), vget_low_s8(b));
+        let p1 = vmull_s8(vget_high_s8(a), vget_high_s8(b));
+        vaddq_s32(acc, vaddq_s32(vpaddlq_s16(p0), vpaddlq_s16(p1)))
+    }
+}
+
+/// The integer dot product of the kernels: `sdot` when `SD`, else its emulation.
+#[inline(always)]
+fn vdot<const SD: bool>(acc: int32x4_t, a: int8x16_t, b: int8x16_t) -> int32x4_t {
+    if SD {
+        // SAFETY: kernels with `SD` are handed out only after `dotprod()` (and are compiled
+        // with the feature, so this inlines).
+        unsafe { sdot(acc, a, b) }
+    } else {
+        sdot_emulated(acc, a, b)
+    }
+}
+
+/// Sum of the four lanes (integers: any order).
+#[inline(always)]
+fn addv(v: int32x4_t) -> i32 {
+    // SAFETY: NEON, registers only.
+    unsafe { vaddvq_s32(v) }
+}
+
+#[inline(always)]
+fn zero() -> int32x4_t {
+    // SAFETY: NEON, registers only.
+    unsafe { vdupq_n_s32(0) }
+}
+
+/// `(v0 + v1) + (v2 + v3)`: GCC's `vaddvq_f32` (two `faddp`).
+#[inline(always)]
+fn hadd_f32(v: float32x4_t) -> f32 {
+    // SAFETY: NEON, registers only.
+    unsafe {
+        let p = vpaddq_f32(v, v);
+        vgetq_lane_f32::<0>(vpaddq_f32(p, p))
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Q8_0 x Q8_0
+// ---------------------------------------------------------------------------
+
+/// The four `i32` lanes of one `Q8_0` block pair product.
+#[inline(always)]
+fn q8_0_lanes<const SD: bool>(a: &[u8; Q8_0_BYTES], b: &[u8; Q8_0_BYTES]) -> int32x4_t {
+    // ggml: vaddq_s32(vdot(0, x_0, y_0), vdot(0, x_1, y_1)); the sum of two dots into zero is
+    // the same integers lane by lane as one chained dot.
+    // SAFETY: NEON, registers only.
+    unsafe { vaddq_s32(vdot::<SD>(zero(), ld(a, 2), ld(b, 2)), vdot::<SD>(zero(), ld(a, 18), ld(b, 18))) }
+}
+
+/// `sum + f32(lanes) * d`, multiply then add (`vmlaq_n_f32`).
+#[inline(always)]
+fn mla(sum: float32x4_t, lanes: int32x4_t, d: f32) -> float32x4_t {
+    // SAFETY: NEON, registers only.
+    unsafe { vaddq_f32(sum, vmulq_n_f32(vcvtq_f32_s32(lanes), d)) }
+}
+
+#[inline(always)]
+fn fzero() -> float32x4_t {
+    // SAFETY: NEON, registers only.
+    unsafe { vdupq_n_f32(0.0) }
+}
+
+#[inline(always)]
+fn dot_q8_0<const SD: bool>(w: &[u8], x: &[u8]) -> f32 {
+    let (wb, _) = w.as_chunks::<Q8_0_BYTES>();
+    let (xb, _) = x.as_chunks::<Q8_0_BYTES>();
+    let nb = wb.len().min(xb.len());
+    let (mut s0, mut s1) = (fzero(), fzero());
+    let mut ib = 0;
+    while ib + 1 < nb {
+        let (a0, a1, b0, b1) = (&wb[ib], &wb[ib + 1], &xb[ib], &xb[ib + 1]);
+        s0 = mla(s0, q8_0_lanes::<SD>(a0, b0), f16_at(a0, 0) * f16_at(b0, 0));
+        s1 = mla(s1, q8_0_lanes::<SD>(a1, b1), f16_at(a1, 0) * f16_at(b1, 0));
+        ib += 2;
+    }
+    let mut sum = hadd_f32(s0) + hadd_f32(s1);
+    if ib < nb {
+        let (a, b) = (&wb[ib], &xb[ib]);
+        let sumi = addv(q8_0_lanes::<SD>(a, b));
+        sum = (sumi as f32).mul_add(f16_at(a, 0) * f16_at(b, 0), sum);
+    }
+    sum
+}
+
+/// [`dot_q8_0`] for several activations, each weight block loaded once.
+#[inline(always)]
+fn multi_q8_0<const SD: bool>(w: &[u8], row_bytes: usize, xs: &[&[u8]], outs: &mut [&mut [f32]]) {
+    let nt = xs.len().min(MAX_MULTI);
+    let xb: [&[[u8; Q8_0_BYTES]]; MAX_MULTI] = std::array::from_fn(|t| xs.get(t).map_or(&[][..], |x| x.as_chunks().0));
+    for (r, row) in w.chunks_exact(row_bytes).enumerate() {
+        let (wb, _) = row.as_chunks::<Q8_0_BYTES>();
+        let nb = wb.len();
+        let mut s0 = [fzero(); MAX_MULTI];
+        let mut s1 = [fzero(); MAX_MULTI];
+        let mut ib = 0;
+        while ib + 1 < nb {
+            let (a0, a1) = (&wb[ib], &wb[ib + 1]);
+            let (w00, w01, w10, w11) = (ld(a0, 2), ld(a0, 18), ld(a1, 2), ld(a1, 18));
+            let (d0, d1) = (f16_at(a0, 0), f16_at(a1, 0));
+            for t in 0..nt {
+                let (b0, b1) = (&xb[t][ib], &xb[t][ib + 1]);
+                // SAFETY: NEON, registers only.
+                let (l0, l1) = unsafe {
+                    (
+                        vaddq_s32(vdot::<SD>(zero(), w00, ld(b0, 2)), vdot::<SD>(zero(), w01, ld(b0, 18))),
+                        vaddq_s32(vdot::<SD>(zero(), w10, ld(b1, 2)), vdot::<SD>(zero(), w11, ld(b1, 18))),
+                    )
+                };
+                s0[t] = mla(s0[t], l0, d0 * f16_at(b0, 0));
+                s1[t] = mla(s1[t], l1, d1 * f16_at(b1, 0));
+            }
+            ib += 2;
+        }
+        for t in 0..nt {
+            let mut sum = hadd_f32(s0[t]) + hadd_f32(s1[t]);
+            if ib < nb {
+                let (a, b) = (&wb[ib], &xb[t][ib]);
+                let sumi = addv(q8_0_lanes::<SD>(a, b));
+                sum = (sumi as f32).mul_add(f16_at(a, 0) * f16_at(b, 0), sum);
+            }
+            outs[t][r] = sum;
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------
+// K-quants x Q8_K
+// ---------------------------------------------------------------------------
+
+/// The 8 (scale, min) pairs of a `Q4_K`/`Q5_K` block.
+#[inline(always)]
+fn k4_scales<const N: usize>(a: &[u8; N]) -> ([i32; 8], [i32; 8]) {
+    let s = &a[4..16];
+    let mut sc = [0; 8];
+    let mut mn = [0; 8];
+    for j in 0..8 {
+        let (x, m) = scale_min_k4(j, s);
+        sc[j] = x as i32;
+        mn[j] = m as i32;
+    }
+    (sc, mn)
+}
+
+/// `Σ_j min_j * (bsums[2j] + bsums[2j+1])`.
+#[inline(always)]
+fn k4_imin(mn: &[i32; 8], y: &[u8; Q8_K_BYTES]) -> i32 {
+    (0..8).map(|j| mn[j] * (bsum(y, 2 * j) + bsum(y, 2 * j + 1))).sum()
+}
+
+/// A `Q4_K`/`Q5_K` block's quants as 16 vectors: sub-block `j` is vectors `2j` and `2j+1`.
+type Quants = [int8x16_t; 16];
+
+#[inline(always)]
+fn q4k_quants(a: &[u8; Q4_K_BYTES]) -> Quants {
+    // SAFETY: NEON, registers only.
+    unsafe {
+        let m4 = vdupq_n_u8(0xf);
+        let mut q = [vdupq_n_s8(0); 16];
+        for j in 0..4 {
+            let (b0, b1) = (ldu(a, 16 + 32 * j), ldu(a, 32 + 32 * j));
+            q[4 * j] = vreinterpretq_s8_u8(vandq_u8(b0, m4));
+            q[4 * j + 1] = vreinterpretq_s8_u8(vandq_u8(b1, m4));
+            q[4 * j + 2] = vreinterpretq_s8_u8(vshrq_n_u8::<4>(b0));
+            q[4 * j + 3] = vreinterpretq_s8_u8(vshrq_n_u8::<4>(b1));
+        }
+        q
+    }
+}
+
+#[inline(always)]
+fn q5k_quants(a: &[u8; Q5_K_BYTES]) -> Quants {
+    // SAFETY: NEON, registers only.
+    unsafe {
+        let m4 = vdupq_n_u8(0xf);
+        let (mone, mtwo) = (vdupq_n_u8(1), vdupq_n_u8(2));
+        let (mut h0, mut h1) = (ldu(a, 16), ldu(a, 32));
+        let mut q = [vdupq_n_s8(0); 16];
+        for j in 0..4 {
+            let (b0, b1) = (ldu(a, 48 + 32 * j), ldu(a, 64 + 32 * j));
+            let hl0 = vshlq_n_u8::<4>(vandq_u8(mone, h0));
+            let hl1 = vshlq_n_u8::<4>(vandq_u8(mone, h1));
+            let hh0 = vshlq_n_u8::<3>(vandq_u8(mtwo, h0));
+            let hh1 = vshlq_n_u8::<3>(vandq_u8(mtwo, h1));
+            h0 = vshrq_n_u8::<2>(h0);
+            h1 = vshrq_n_u8::<2>(h1);
+            q[4 * j] = vreinterpretq_s8_u8(vorrq_u8(vandq_u8(b0, m4), hl0));
+            q[4 * j + 1] = vreinterpretq_s8_u8(vorrq_u8(vandq_u8(b1, m4), hl1));
+            q[4 * j + 2] = vreinterpretq_s8_u8(vorrq_u8(vshrq_n_u8::<4>(b0), hh0));
+            q[4 * j + 3] = vreinterpretq_s8_u8(vorrq_u8(vshrq_n_u8::<4>(b1), hh1));
+        }
+        q
+    }
+}
+
+/// `Σ_j scale_j * (quants of sub-block j · activation)`.
+#[inline(always)]
+fn k4_isum<const SD: bool>(q: &Quants, sc: &[i32; 8], y: &[u8; Q8_K_BYTES]) -> i32 {
+    let mut isum = 0;
+    for j in 0..8 {
+        let p = vdot::<SD>(vdot::<SD>(zero(), q[2 * j], ld(y, 4 + 32 * j)), q[2 * j + 1], ld(y, 20 + 32 * j));
+        isum += addv(p) * sc[j];
+    }
+    isum
+}
+
+/// One `Q4_K` block into `sum`, in ggml's order (module docs).
+#[inline(always)]
+fn q4k_acc(sum: f32, isum: i32, imin: i32, dw: f32, dminw: f32, y: &[u8; Q8_K_BYTES]) -> f32 {
+    let dy = f32_at(y, 0);
+    let sum = (-(dy * dminw)).mul_add(imin as f32, sum);
+    (isum as f32).mul_add(dy * dw, sum)
+}
+
+/// One `Q5_K` block into `sum`, in ggml's order (module docs).
+#[inline(always)]
+fn q5k_acc(sum: f32, isum: i32, imin: i32, dw: f32, dminw: f32, y: &[u8; Q8_K_BYTES]) -> f32 {
+    let dy = f32_at(y, 0);
+    let m = (dy * dminw) * imin as f32;
+    sum + (dy * dw).mul_add(isum as f32, -m)
+}
+
+/// `Q4_K` (`K5 = false`) or `Q5_K` (`K5 = true`) against up to [`MAX_MULTI`] activations,
+/// the quants of each block decoded once by `quants`.
+#[inline(always)]
+fn k4_rows<const SD: bool, const K5: bool, const N: usize>(
+    w: &[u8],
+    row_bytes: usize,
+    xs: &[&[u8]],
+    outs: &mut [&mut [f32]],
+    quants: impl Fn(&[u8; N]) -> Quants,
+) {
+    let nt = xs.len().min(MAX_MULTI);
+    let xb: [&[[u8; Q8_K_BYTES]]; MAX_MULTI] = std::array::from_fn(|t| xs.get(t).map_or(&[][..], |x| x.as_chunks().0));
+    for (r, row) in w.chunks_exact(row_bytes).enumerate() {
+        let (wb, _) = row.as_chunks::<N>();
+        let mut sum = [0f32; MAX_MULTI];
+        for (i, a) in wb.iter().enumerate() {
+            let (sc, mn) = k4_scales(a);
+            let q = quants(a);
+            let (dw, dminw) = (f16_at(a, 0), f16_at(a, 2));
+            for t in 0..nt {
+                let y = &xb[t][i];
+                let (isum, imin) = (k4_isum::<SD>(&q, &sc, y), k4_imin(&mn, y));
+                sum[t] = if K5 {
+                    q5k_acc(sum[t], isum, imin, dw, dminw, y)
+                } else {
+                    q4k_acc(sum[t], isum, imin, dw, dminw, y)
+                };
+            }
+        }
+        for t in 0..nt {
+            outs[t][r] = sum[t];
+        }
+    }
+}
+
+/// A `Q6_K` block's unsigned quants (0..63), 16 vectors of 16: sub-block `s` is vector `s`.
+#[inline(always)]
+fn q6k_quants(a: &[u8; Q6_K_BYTES]) -> [int8x16_t; 16] {
+    // SAFETY: NEON, registers only.
+    unsafe {
+        let m4 = vdupq_n_u8(0xf);
+        let m3 = vdupq_n_u8(3);
+        let mut q = [vdupq_n_s8(0); 16];
+        for hf in 0..2 {
+            let (qh0, qh1) = (ldu(a, 128 + 32 * hf), ldu(a, 144 + 32 * hf));
+            let ql: [uint8x16_t; 4] = std::array::from_fn(|k| ldu(a, 64 * hf + 16 * k));
+            let hi = |v: uint8x16_t, sh: usize| -> uint8x16_t {
+                let s = match sh {
+                    0 => v,
+                    2 => vshrq_n_u8::<2>(v),
+                    4 => vshrq_n_u8::<4>(v),
+                    _ => vshrq_n_u8::<6>(v),
+                };
+                vshlq_n_u8::<4>(vandq_u8(m3, s))
+            };
+            let o = 8 * hf;
+            q[o] = vreinterpretq_s8_u8(vorrq_u8(vandq_u8(ql[0], m4), hi(qh0, 0)));
+            q[o + 1] = vreinterpretq_s8_u8(vorrq_u8(vandq_u8(ql[1], m4), hi(qh1, 0)));
+            q[o + 2] = vreinterpretq_s8_u8(vorrq_u8(vandq_u8(ql[2], m4), hi(qh0, 2)));
+            q[o + 3] = vreinterpretq_s8_u8(vorrq_u8(vandq_u8(ql[3], m4), hi(qh1, 2)));
+            q[o + 4] = vreinterpretq_s8_u8(vorrq_u8(vshrq_n_u8::<4>(ql[0]), hi(qh0, 4)));
+            q[o + 5] = vreinterpretq_s8_u8(vorrq_u8(vshrq_n_u8::<4>(ql[1]), hi(qh1, 4)));
+            q[o + 6] = vreinterpretq_s8_u8(vorrq_u8(vshrq_n_u8::<4>(ql[2]), hi(qh0, 6)));
+            q[o + 7] = vreinterpretq_s8_u8(vorrq_u8(vshrq_n_u8::<4>(ql[3]), hi(qh1, 6)));
+        }
+        q
+    }
+}
+
+#[inline(always)]
+fn q6k_rows<const SD: bool>(w: &[u8], row_bytes: usize, xs: &[&[u8]], outs: &mut [&mut [f32]]) {
+    let nt = xs.len().min(MAX_MULTI);
+    let xb: [&[[u8; Q8_K_BYTES]]; MAX_MULTI] = std::array::from_fn(|t| xs.get(t).map_or(&[][..], |x| x.as_chunks().0));
+    for (r, row) in w.chunks_exact(row_bytes).enumerate() {
+        let (wb, _) = row.as_chunks::<Q6_K_BYTES>();
+        let mut sum = [0f32; MAX_MULTI];
+        for (i, a) in wb.iter().enumerate() {
+            let q = q6k_quants(a);
+            let sc: [i32; 16] = std::array::from_fn(|s| a[192 + s] as i8 as i32);
+            let dw = f16_at(a, 208);
+            for t in 0..nt {
+                let y = &xb[t][i];
+                let mut isum = 0;
+                for (s, qs) in q.iter().enumerate() {
+                    isum += addv(vdot::<SD>(zero(), *qs, ld(y, 4 + 16 * s))) * sc[s];
+                }
+                let imin: i32 = (0..16).map(|s| bsum(y, s) * sc[s]).sum();
+                sum[t] = (dw * f32_at(y, 0)).mul_add((isum - 32 * imin) as f32, sum[t]);
+            }
+        }
+        for t in 0..nt {
+            outs[t][r] = sum[t];
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Entry points
+// ---------------------------------------------------------------------------
+
+#[inline(always)]
+fn rows_q8_0<const SD: bool>(w: &[u8], rb: usize, xs: &[&[u8]], outs: &mut [&mut [f32]]) {
+    multi_q8_0::<SD>(w, rb, xs, outs)
+}
+
+#[inline(always)]
+fn rows_q4_k<const SD: bool>(w: &[u8], rb: usize, xs: &[&[u8]], outs: &mut [&mut [f32]]) {
+    k4_rows::<SD, false, Q4_K_BYTES>(w, rb, xs, outs, q4k_quants)
+}
+
+#[inline(always)]
+fn rows_q5_k<const SD: bool>(w: &[u8], rb: usize, xs: &[&[u8]], outs: &mut [&mut [f32]]) {
+    k4_rows::<SD, true, Q5_K_BYTES>(w, rb, xs, outs, q5k_quants)
+}
+
+/// A one-row dot product through a rows body (an empty row is 0).
+macro_rules! dot_of_rows {
+    ($name:ident, $rows:ident) => {
+        #[inline(always)]
+        fn $name<const SD: bool>(w: &[u8], x: &[u8]) -> f32 {
+            let mut o = [0f32];
+            if !w.is_empty() {
+                $rows::<SD>(w, w.len(), &[x], &mut [&mut o[..]]);
+            }
+            o[0]
+        }
+    };
+}
+dot_of_rows!(dot_q4_k, rows_q4_k);
+dot_of_rows!(dot_q5_k, rows_q5_k);
+dot_of_rows!(dot_q6_k, q6k_rows);
+
+// ---------------------------------------------------------------------------
+// Entry points
+// ---------------------------------------------------------------------------
+
+/// Activations per pass of the multi-activation kernels.
+pub(super) const MAX_MULTI: usize = 8;
+
+/// The entry points of one type in both variants: `*_sd` compiled with `dotprod` (handed out only
+/// when the CPU has it), `*_nd` for any NEON CPU.
+macro_rules! entries {
+    ($m:ident, $dot:ident, $rows:ident) => {
+        mod $m {
+            use super::*;
+
+            #[target_feature(enable = "dotprod")]
+            fn dot_sd(w: &[u8], x: &[u8]) -> f32 {
+                $dot::<true>(w, x)
+            }
+            #[target_feature(enable = "dotprod")]
+            fn rows_sd(w: &[u8], rb: usize, xs: &[&[u8]], outs: &mut [&mut [f32]]) {
+                $rows::<true>(w, rb, xs, outs)
+            }
+            pub(super) fn vec_dot_sd(_n: usize, w: &[u8], x: &[u8]) -> f32 {
+                // SAFETY: handed out only after `dotprod()` confirmed the feature.
+                unsafe { dot_sd(w, x) }
+            }
+            pub(super) fn matvec_sd(w: &[u8], rb: usize, _cols: usize, x: &[u8], out: &mut [f32]) {
+                // SAFETY: as for `vec_dot_sd`.
+                unsafe { rows_sd(w, rb, &[x], &mut [out]) }
+            }
+            pub(super) fn multi_sd(w: &[u8], rb: usize, xs: &[&[u8]], outs: &mut [&mut [f32]]) {
+                // SAFETY: as for `vec_dot_sd`.
+                unsafe { rows_sd(w, rb, xs, outs) }
+            }
+            pub(super) fn vec_dot_nd(_n: usize, w: &[u8], x: &[u8]) -> f32 {
+                $dot::<false>(w, x)
+            }
+            pub(super) fn matvec_nd(w: &[u8], rb: usize, _cols: usize, x: &[u8], out: &mut [f32]) {
+                $rows::<false>(w, rb, &[x], &mut [out])
+            }
+            pub(super) fn multi_nd(w: &[u8], rb: usize, xs: &[&[u8]], outs: &mut [&mut [f32]]) {
+                $rows::<false>(w, rb, xs, outs)
+            }
+        }
+    };
+}
+entries!(e_q8_0, dot_q8_0, rows_q8_0);
+entries!(e_q4_k, dot_q4_k, rows_q4_k);
+entries!(e_q5_k, dot_q5_k, rows_q5_k);
+entries!(e_q6_k, dot_q6_k, q6k_rows);
+
+/// The NEON kernel for `ty`, `sdot` inside when `sd`.
+///
+/// # Panics
+/// When `sd` is asked for on a CPU without `dotprod`.
+pub(super) fn kernel_with(ty: GgmlType, sd: bool) -> Option<Kernel> {
+    assert!(!sd || dotprod(), "sdot kernels on a CPU without dotprod");
+    use GgmlType::*;
+    macro_rules! k {
+        ($m:ident) => {
+            if sd {
+                Kernel { vec_dot: $m::vec_dot_sd, matvec: $m::matvec_sd }
+            } else {
+                Kernel { vec_dot: $m::vec_dot_nd, matvec: $m::matvec_nd }
+            }
+        };
+    }
+    Some(match ty {
+        Q8_0 => k!(e_q8_0),
+        Q4_K => k!(e_q4_k),
+        Q5_K => k!(e_q5_k),
+        Q6_K => k!(e_q6_k),
+        _ => return None,
+    })
+}
+
+/// The NEON multi-activation kernel for `ty`, `sdot` inside when `sd`.
+///
+/// # Panics
+/// When `sd` is asked for on a CPU without `dotprod`.
+pub(super) fn multi_kernel_with(ty: GgmlType, sd: bool) -> Option<Multi> {
+    assert!(!sd || dotprod(), "sdot kernels on a CPU without dotprod");
+    use GgmlType::*;
+    macro_rules! m {
+        ($m:ident) => {
+            Multi { f: if sd { $m::multi_sd } else { $m::multi_nd }, group: MAX_MULTI }
+        };
+    }
+    Some(match ty {
+        Q8_0 => m!(e_q8_0),
+        Q4_K => m!(e_q4_k),
+        Q5_K => m!(e_q5_k),
+        Q6_K => m!(e_q6_k),
+        _ => return None,
+    })
+}
+
+/// The kernel of the `neon` level for `ty`: with `sdot` when the CPU has `dotprod`.
+pub(super) fn kernel(ty: GgmlType) -> Option<Kernel> {
+    if !available() {
+        return None;
+    }
+    kernel_with(ty, dotprod())
+}
+
+/// The multi-activation kernel of the `neon` level for `ty`.
+pub(super) fn multi_kernel(ty: GgmlType) -> Option<Multi> {
+    if !available() {
+        return None;
+    }
+    multi_kernel_with(ty, dotprod())
+}
