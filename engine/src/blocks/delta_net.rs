@@ -363,3 +363,61 @@ pub fn forward(
     dump("linear_attn_out", Some(il), out);
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::quant::Backend;
+
+    /// Values whose products and partial sums round (a xorshift over ±[0.5, 2)).
+    fn values(seed: u64, n: usize) -> Vec<f32> {
+        let mut s = seed;
+        (0..n)
+            .map(|_| {
+                s ^= s << 13;
+                s ^= s >> 7;
+                s ^= s << 17;
+                let v = 0.5 + 1.5 * ((s >> 40) as f32 / (1u64 << 24) as f32);
+                if s & 1 == 0 { v } else { -v }
+            })
+            .collect()
+    }
+
+    /// The avx2 build's order for `d_conv = 4` (4 rounded products added from 0 in order) and the
+    /// avx512 build's (a chain of 4 FMAs), spelled out; the two differ on some windows, so the
+    /// level matters.
+    #[test]
+    fn conv_sums_follow_each_builds_vectorisation() {
+        let (mut differ, n) = (0u64, 1000);
+        for seed in 1..=n {
+            let (w, t) = (values(seed, 4), values(seed + 7919, 4));
+            let rounded = (((0f32 + w[0] * t[0]) + w[1] * t[1]) + w[2] * t[2]) + w[3] * t[3];
+            let fused = w[3].mul_add(t[3], w[2].mul_add(t[2], w[1].mul_add(t[1], w[0].mul_add(t[0], 0.0))));
+            let at = |i: usize| w[i];
+            assert_eq!(ConvShape::of(Backend::Avx2).sum(at, &t).to_bits(), rounded.to_bits(), "seed {seed}");
+            assert_eq!(ConvShape::of(Backend::Avx512).sum(at, &t).to_bits(), fused.to_bits(), "seed {seed}");
+            differ += u64::from(rounded.to_bits() != fused.to_bits());
+        }
+        assert!(differ > n / 10, "the two orders differ on {differ} of {n} windows");
+    }
+
+    /// Longer windows: whole vectors of rounded products, one half vector, then FMAs (13 taps at
+    /// avx2: 8 + 4 products, 1 FMA; 29 at avx512: 16 + 8 products, 5 FMAs).
+    #[test]
+    fn conv_sums_of_long_windows() {
+        let reference = |w: &[f32], t: &[f32], products: usize| {
+            let mut s = 0f32;
+            for i in 0..w.len() {
+                s = if i < products { s + w[i] * t[i] } else { w[i].mul_add(t[i], s) };
+            }
+            s
+        };
+        for seed in 1..=200 {
+            for (level, n, products) in [(Backend::Avx2, 13, 12), (Backend::Avx2, 8, 8), (Backend::Avx512, 29, 24)] {
+                let (w, t) = (values(seed, n), values(seed + 104_729, n));
+                let got = ConvShape::of(level).sum(|i| w[i], &t);
+                assert_eq!(got.to_bits(), reference(&w, &t, products).to_bits(), "{level:?} {n} taps, seed {seed}");
+            }
+        }
+    }
+}
