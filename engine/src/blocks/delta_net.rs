@@ -228,8 +228,8 @@ impl ConvShape {
         let mut sum = 0f32;
         let mut i = 0;
         let products = |from: usize, to: usize, sum: &mut f32| {
-            for k in from..to {
-                *sum += at(k) * taps[k];
+            for (k, &tap) in taps.iter().enumerate().take(to).skip(from) {
+                *sum += at(k) * tap;
             }
         };
         while nc - i >= self.wide {
@@ -407,8 +407,8 @@ mod tests {
     fn conv_sums_of_long_windows() {
         let reference = |w: &[f32], t: &[f32], products: usize| {
             let mut s = 0f32;
-            for i in 0..w.len() {
-                s = if i < products { s + w[i] * t[i] } else { w[i].mul_add(t[i], s) };
+            for (i, (&wi, &ti)) in w.iter().zip(t).enumerate() {
+                s = if i < products { s + wi * ti } else { wi.mul_add(ti, s) };
             }
             s
         };
