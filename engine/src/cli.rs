@@ -196,7 +196,7 @@ pub struct ExpertArgs {
     #[arg(long, default_value = "mmap")]
     pub experts: ExpertPolicy,
     /// Expert cache size in MiB, or `auto`: the memory cgroup's limit (or MemAvailable) minus
-    /// what the process holds, the KV cache and headroom.
+    /// what the process holds, the KV cache and recurrent state, and headroom.
     #[arg(long, default_value = "auto")]
     pub cache_mib: String,
     /// I/O threads reading experts into the cache.

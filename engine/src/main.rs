@@ -36,13 +36,14 @@ fn setup_experts(model: &mut Model, a: &ExpertArgs, n_ctx: usize) -> Result<Opti
     if a.experts != ExpertPolicy::Cache {
         return Ok(None);
     }
-    let c = &model.cfg;
-    // The KV cache at n_ctx (f16 K and V rows per layer), twice: its buffers grow by doubling.
-    let kv = 2 * (c.n_layer * n_ctx * 2 * c.n_head_kv * c.head_dim * 2) as u64;
+    // The session's memory beside the weights at n_ctx (`Config::state_bytes`): the KV cache
+    // twice (its buffers grow by doubling) and the recurrent state (allocated once, full size).
+    let st = model.cfg.state_bytes(n_ctx);
+    let state = 2 * st.kv + st.recurrent;
     let bytes = match a.cache_mib.as_str() {
         "auto" => {
             let on_mapping = if model.placement.dense == DensePolicy::Mmap { model.placement.dense_bytes } else { 0 };
-            let b = engine::cache::budget::auto(on_mapping, kv).map_err(anyhow::Error::msg)?;
+            let b = engine::cache::budget::auto(on_mapping, state).map_err(anyhow::Error::msg)?;
             eprintln!("engine: expert cache budget {:.1} MiB = {}", mib(b.bytes), b.source);
             b.bytes
         }

@@ -193,7 +193,10 @@ fn auto_budget_follows_the_memory_cgroup_limit() {
     let limit = 600u64 << 20;
     let cg = testkit::MemCgroup::new("engine-cache-auto", limit).unwrap();
     let m = q4km_model();
-    let args = cg.wrap(&[ENGINE, "run", "-m", m.to_str().unwrap(), "-p", "hi", "-n", "4", "--dense", "anon"]);
+    // A context of 4096 positions (the model's trained context): a KV cache of 12 MiB (3 layers of
+    // 1 KiB cells), which the budget must leave free twice.
+    let args =
+        cg.wrap(&[ENGINE, "run", "-m", m.to_str().unwrap(), "-p", "hi", "-n", "4", "--ctx", "4096", "--dense", "anon"]);
     let args: Vec<&str> = args.iter().map(String::as_str).chain(["--experts", "cache"]).collect();
     let out = std::process::Command::new(args[0]).args(&args[1..]).output().unwrap();
     let err = String::from_utf8_lossy(&out.stderr);
@@ -202,9 +205,18 @@ fn auto_budget_follows_the_memory_cgroup_limit() {
     let budget: f64 = line.split("budget ").nth(1).unwrap().split(' ').next().unwrap().parse().unwrap();
     let anon: f64 = line.split("anon ").nth(1).unwrap().split(' ').next().unwrap().parse().unwrap();
     assert!(line.contains(&cg.dir().display().to_string()) && line.contains("limit 600 MiB"), "{line}");
-    // limit − anon − KV − headroom (64 MiB + 5 %): the budget is what the rule says, within the
+    // The state it subtracts is 2 x KV cache + recurrent state of the session's own report.
+    let num = |s: &str, after: &str| -> f64 {
+        s.split(after).nth(1).unwrap().split([' ', ',', ')']).next().unwrap().parse().unwrap()
+    };
+    let state = num(line, "KV + state ");
+    let report = err.lines().find(|l| l.contains("KV + state for")).unwrap_or_else(|| panic!("{err}"));
+    let (kv, recurrent) = (num(report, "KV cache "), num(report, "recurrent state "));
+    assert!(kv > 10.0, "the KV cache at 4096 positions: {report}");
+    assert!((state - (2.0 * kv + recurrent)).abs() <= 1.0, "state {state} MiB vs 2 x {kv} + {recurrent}: {line}");
+    // limit − anon − state − headroom (64 MiB + 5 %): the budget is what the rule says, within the
     // MiB rounding of the printed numbers.
-    let want = 600.0 - anon - (64.0 + 30.0);
+    let want = 600.0 - anon - state - (64.0 + 30.0);
     assert!(budget <= want + 1.0 && budget >= want - 2.0, "budget {budget} MiB, rule gives {want}: {line}");
     let dense: f64 = err.split("dense weights ").nth(1).unwrap().split(' ').next().unwrap().parse().unwrap();
     assert!(anon >= dense, "the dense copy ({dense} MiB) is anonymous memory of the cgroup: {line}");

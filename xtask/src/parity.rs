@@ -1,7 +1,8 @@
-//! `cargo xtask parity [--arch A,B]`: the engine against llama.cpp on the same synthetic GGUF
-//! files, for every architecture the engine runs ([`CASES`]: the models and quantizations per
-//! architecture, and each architecture's limit on the logit error), at each ISA level the engine
-//! implements and this CPU has, each against the llama.cpp build of the same level (`llama.rs`):
+//! `cargo xtask parity [--threads N] [--arch A,B] [--level L]`: the engine against llama.cpp on the
+//! same synthetic GGUF files, for every architecture the engine runs ([`CASES`]: the models and
+//! quantizations per architecture, and each architecture's limit on the logit error), at each ISA
+//! level the engine implements and this CPU has (`--level` picks one), each against the llama.cpp
+//! build of the same level (`llama.rs`):
 //! - `avx2`: the engine with `ENGINE_ISA=avx2` (its AVX2 kernels and the
 //!   sums of a build without AVX-512) against the `avx2` build;
 //! - `avx512` (CPUs with AVX-512 F, CD, BW, DQ, VL): the engine with `ENGINE_ISA=avx512` against
@@ -22,7 +23,9 @@
 //!
 //! llama.cpp runs with its default context parameters except where stated in
 //! `parity_llama.cpp`: F16 KV cache and flash attention explicitly on (what `AUTO` resolves to
-//! on the CPU backend, and what `llama-bench` measures in `cargo xtask bench engine`).
+//! on the CPU backend, and what `llama-bench` measures in `cargo xtask bench engine`), and
+//! `swa_full = false` (sliding-window layers in a ring of `pad(n_swa + n_ubatch, 256)` cells, as
+//! llama-server, llama-cli and llama-bench run them and as the engine implements them).
 //! Both sides process the prompt one token at a time (`UBATCH = 1`), so that both run their
 //! matrix-vector kernels (llama.cpp's batched prompt path uses GEMM kernels and a tiled flash
 //! attention whose roundings differ in the last bit). The engine's batched prompt must also
@@ -78,10 +81,6 @@ struct Case {
     /// Sentences in the long prompt ([`long_prompt`]).
     long_prompt_repeats: usize,
     max_rel_err: f64,
-    /// Levels at which this architecture's parity is a known open bug: `(level, what is known)`.
-    /// Its mismatches there are printed as OPEN and do not fail the run; every other level and
-    /// architecture still does. Each entry is an open issue, not a tolerance.
-    open_at: &'static [(&'static str, &'static str)],
 }
 
 const CASES: [Case; 4] = [
@@ -115,7 +114,6 @@ const CASES: [Case; 4] = [
         long_prompt_quant: "q4_k_m",
         long_prompt_repeats: 8,
         max_rel_err: 1e-2,
-        open_at: &[],
     },
     Case {
         arch: "olmoe",
@@ -147,7 +145,6 @@ const CASES: [Case; 4] = [
         long_prompt_quant: "q4_k_m",
         long_prompt_repeats: 8,
         max_rel_err: 1e-2,
-        open_at: &[],
     },
     // Layers 0-2 DeltaNet, 3 full attention (interval 4); real head and RoPE shapes, 4 Q/K and
     // 8 V heads (so V heads share Q/K heads as in the released model).
@@ -193,10 +190,6 @@ const CASES: [Case; 4] = [
         long_prompt_quant: "q4_k_m",
         long_prompt_repeats: 8,
         max_rel_err: 1e-2,
-        open_at: &[(
-            "avx2",
-            "qwen35moe diverges from the avx2 build (bit-identical at avx512): a summation order in the DeltaNet or 256-wide-head path, not found yet (issue 23)",
-        )],
     },
     // Layers 0 and 2 slide over 32 positions, 1 and 3 attend to everything.
     Case {
@@ -231,10 +224,6 @@ const CASES: [Case; 4] = [
         long_prompt_quant: "mxfp4",
         long_prompt_repeats: 16,
         max_rel_err: 1e-2,
-        open_at: &[(
-            "avx2",
-            "gpt-oss's 624-token prompt diverges from the avx2 build when 2 threads split the KV view (identical tokens at 1 thread, logits 5.4e-3); not found yet (issue 23)",
-        )],
     },
 ];
 
@@ -298,17 +287,23 @@ pub fn levels(builds: &llama::Builds) -> Vec<(Level, &llama::Build)> {
 }
 
 pub fn main(args: &[String]) -> Result<()> {
-    let usage =
-        "usage: cargo xtask parity [--threads N] [--arch A[,B…]] (architectures: qwen3moe, olmoe, qwen35moe, gpt-oss)";
+    let usage = "usage: cargo xtask parity [--threads N] [--arch A[,B…]] [--level avx2|avx512] (architectures: qwen3moe, olmoe, qwen35moe, gpt-oss)";
     let mut threads = 2;
     let mut archs: Option<Vec<String>> = None;
+    let mut only: Option<String> = None;
     let mut it = args.iter();
     while let Some(a) = it.next() {
         match a.as_str() {
             "--threads" => threads = it.next().context(usage)?.parse().context("--threads N")?,
             "--arch" => archs = Some(it.next().context(usage)?.split(',').map(str::to_owned).collect()),
+            "--level" => only = Some(it.next().context(usage)?.clone()),
             _ => bail!("{usage}"),
         }
+    }
+    if let Some(l) = &only
+        && ![Level::Avx2, Level::Avx512].iter().any(|v| v.name() == l.as_str())
+    {
+        bail!("parity: unknown level {l:?}\n{usage}");
     }
     if let Some(a) = &archs
         && let Some(bad) = a.iter().find(|a| !CASES.iter().any(|c| c.arch == a.as_str()))
@@ -319,7 +314,13 @@ pub fn main(args: &[String]) -> Result<()> {
     llama::check_no_amx(&builds)?;
     let engine = llama::build_engine()?;
     let mut failed = Vec::new();
-    for (level, build) in levels(&builds) {
+    let levels = levels(&builds);
+    if let Some(l) = &only
+        && !levels.iter().any(|(v, _)| v.name() == l.as_str())
+    {
+        bail!("parity: level {l} is not available on this CPU (it lacks AVX-512 F, CD, BW, DQ or VL)");
+    }
+    for (level, build) in levels.into_iter().filter(|(v, _)| only.as_deref().is_none_or(|l| l == v.name())) {
         if let Err(e) = run_archs(level, build, &engine, threads, archs.as_deref()) {
             println!("parity at the {} level: {e:#}", level.name());
             failed.push(level.name());
@@ -360,9 +361,7 @@ fn run_archs(
     let mut worst = 0f64;
     let (mut bit_identical, mut compared) = (0, 0);
 
-    let mut open = 0;
     for case in CASES.iter().filter(|c| archs.is_none_or(|a| a.iter().any(|x| x == c.arch))) {
-        let failures_before = failures;
         for &quant in case.quants {
             let mut args: Vec<&str> = case.shape.to_vec();
             args.extend(["--quant", quant]);
@@ -511,23 +510,8 @@ fn run_archs(
                 }
             }
         }
-        if let Some((_, why)) = case.open_at.iter().find(|(l, _)| *l == level.name())
-            && failures > failures_before
-        {
-            println!(
-                "  OPEN: {} {} mismatches at the {} level are a known open bug, not counted: {why}",
-                failures - failures_before,
-                case.arch,
-                level.name()
-            );
-            open += failures - failures_before;
-            failures = failures_before;
-        }
     }
     let _ = std::fs::remove_dir_all(&tmp);
-    if open > 0 {
-        println!("{} level: {open} mismatches of known open bugs (OPEN above) not counted", level.name());
-    }
     println!(
         "{} level: final logits bit-identical in {bit_identical}/{compared} runs; worst relative error: {worst:.2e} (aim {AIM_REL_ERR:.0e})",
         level.name()

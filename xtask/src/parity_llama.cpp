@@ -13,6 +13,13 @@
 // device), what llama-bench measures (its default is also AUTO) and so what a user of llama.cpp
 // gets; setting it explicitly keeps the reference from changing if AUTO's resolution changes.
 // The engine reproduces this path (engine/src/attention.rs).
+// One exception to llama.cpp's defaults: swa_full = false. llama_context_default_params() keeps a
+// full-context cache for sliding-window layers (swa_full = true), but llama-server, llama-cli
+// (common_params) and llama-bench all turn that off and keep those layers in a ring of
+// pad(n_swa + n_ubatch, 256) cells, reused from cell 0 once full; that ring is what users run and
+// what the engine implements (engine/src/attention.rs, LayerKv). With the full-size cache, a
+// prompt past 512 tokens visits the cells in another order and splits another KV view across
+// threads, and the logits differ.
 //
 // Debugging aid: with PARITY_DUMP=DIR, every named tensor of every llama_decode call is written
 // as f32 to DIR/step-NNNN/NAME.bin (the engine writes the same layout with ENGINE_DUMP_DIR).
@@ -118,6 +125,7 @@ int main(int argc, char ** argv) {
     cp.n_threads = threads;
     cp.n_threads_batch = threads;
     cp.flash_attn_type = LLAMA_FLASH_ATTN_TYPE_ENABLED;
+    cp.swa_full = false;
     cp.no_perf = true;
     g_dump = getenv("PARITY_DUMP");
     if (g_dump) { cp.cb_eval = dump_cb; cp.cb_eval_user_data = nullptr; }

@@ -12,8 +12,10 @@
 //! g    = softplus(a + dt_bias) · ssm_a                      ggml_add, ggml_softplus (x > 20 ? x :
 //!                                                           logf(1 + expf(x))), ggml_mul
 //! conv: per channel c, the window [state_c (d_conv - 1 values), qkv_c]:
-//!   y_c = Σ_i window_i · w_c,i, a chain of fused multiply-adds from 0 (ggml_ssm_conv as GCC
-//!   compiles it for d_conv < 8); the state keeps the window's last d_conv - 1 values
+//!   y_c = Σ_i window_i · w_c,i from 0 in tap order, in the roundings of ggml_ssm_conv as GCC
+//!   vectorises its loop over the taps for the level's build ([`ConvShape`]): whole vectors
+//!   of taps as rounded products added one by one, the rest a chain of fused multiply-adds;
+//!   the state keeps the window's last d_conv - 1 values
 //! y = silu(y)                                               ggml_silu (vector exp, [`vmath::silu`])
 //! q, k, v = y[0..S·Hk], y[S·Hk..2·S·Hk], y[2·S·Hk..]
 //! q, k per head: l2 norm = rmsnorm(h, eps / S) · (1/sqrt(S))  ggml_rms_norm, ggml_scale
@@ -191,33 +193,84 @@ fn recur_impl(hd: &Head, m: &mut [f32], row: &[f32], g: f32, b: f32, oh: &mut [f
     }
 }
 
+/// How GCC vectorises `ggml_ssm_conv`'s loop over the `d_conv` taps (`sumf += s[i0] * c[i0]`,
+/// no reassociation allowed) in the llama.cpp build of an ISA level, read from the builds'
+/// disassembly: a loop over whole vectors of `wide` taps (one `vmulps`, then the products added
+/// to the sum one by one with `vaddss`), then one vector of `half` taps if at least that many
+/// are left (the same way), then the last taps one by one as fused multiply-adds
+/// (`vfmadd231ss`, GCC contracts the scalar `a * b + c`).
+///
+/// | build | `wide` | `half` | `d_conv = 4` (qwen35moe) |
+/// |---|---|---|---|
+/// | avx2 | 8 (`ymm`) | 4 (`xmm`) | 4 rounded products added in order |
+/// | avx512 | 16 (`zmm`) | 8 (`ymm`) | a chain of 4 FMAs |
+///
+/// The scalar level reproduces no build; it takes the FMA chain.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct ConvShape {
+    wide: usize,
+    half: usize,
+}
+
+impl ConvShape {
+    fn of(level: quant::Backend) -> ConvShape {
+        match level {
+            quant::Backend::Avx2 => ConvShape { wide: 8, half: 4 },
+            quant::Backend::Avx512 => ConvShape { wide: 16, half: 8 },
+            quant::Backend::Scalar => ConvShape { wide: usize::MAX, half: usize::MAX },
+        }
+    }
+
+    /// `Σ_i at(i) · taps_i` from 0 in this shape's roundings.
+    #[inline(always)]
+    fn sum(self, at: impl Fn(usize) -> f32, taps: &[f32]) -> f32 {
+        let nc = taps.len();
+        let mut sum = 0f32;
+        let mut i = 0;
+        let products = |from: usize, to: usize, sum: &mut f32| {
+            for (k, &tap) in taps.iter().enumerate().take(to).skip(from) {
+                *sum += at(k) * tap;
+            }
+        };
+        while nc - i >= self.wide {
+            products(i, i + self.wide, &mut sum);
+            i += self.wide;
+        }
+        if nc - i >= self.half {
+            products(i, i + self.half, &mut sum);
+            i += self.half;
+        }
+        for (k, &tap) in taps.iter().enumerate().skip(i) {
+            sum = at(k).mul_add(tap, sum);
+        }
+        sum
+    }
+}
+
 /// One token of the causal convolution in place: channel `c` of `row` becomes
-/// `Σ_i window_i · taps_c,i` over the window `[state_c, row_c]` (a fused multiply-add chain from
-/// 0), and the state keeps the window's last `d_conv - 1` values.
+/// `Σ_i window_i · taps_c,i` over the window `[state_c, row_c]` (in the roundings of
+/// [`ConvShape`]), and the state keeps the window's last `d_conv - 1` values.
 fn conv(row: &mut [f32], state: &mut [f32], taps: &[f32], dc: usize) {
+    let shape = ConvShape::of(quant::backend());
     #[cfg(target_arch = "x86_64")]
     if is_x86_feature_detected!("fma") {
         // SAFETY: FMA was detected at run time.
-        return unsafe { conv_fma(row, state, taps, dc) };
+        return unsafe { conv_fma(shape, row, state, taps, dc) };
     }
-    conv_impl(row, state, taps, dc)
+    conv_impl(shape, row, state, taps, dc)
 }
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
-fn conv_fma(row: &mut [f32], state: &mut [f32], taps: &[f32], dc: usize) {
-    conv_impl(row, state, taps, dc)
+fn conv_fma(shape: ConvShape, row: &mut [f32], state: &mut [f32], taps: &[f32], dc: usize) {
+    conv_impl(shape, row, state, taps, dc)
 }
 
 #[inline(always)]
-fn conv_impl(row: &mut [f32], state: &mut [f32], taps: &[f32], dc: usize) {
+fn conv_impl(shape: ConvShape, row: &mut [f32], state: &mut [f32], taps: &[f32], dc: usize) {
     let win = dc - 1;
     for ((x, st), tp) in row.iter_mut().zip(state.chunks_mut(win)).zip(taps.chunks(dc)) {
-        let mut sum = 0f32;
-        for (&sv, &tap) in st.iter().zip(tp) {
-            sum = sv.mul_add(tap, sum);
-        }
-        sum = x.mul_add(tp[win], sum);
+        let sum = shape.sum(|i| if i < win { st[i] } else { *x }, tp);
         st.copy_within(1.., 0);
         st[win - 1] = *x;
         *x = sum;
@@ -309,4 +362,62 @@ pub fn forward(
     ctx.matmul(&w.wout, xqkv.quantize(w.wout.ty, o, vd)?, out);
     dump("linear_attn_out", Some(il), out);
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::quant::Backend;
+
+    /// Values whose products and partial sums round (a xorshift over ±[0.5, 2)).
+    fn values(seed: u64, n: usize) -> Vec<f32> {
+        let mut s = seed;
+        (0..n)
+            .map(|_| {
+                s ^= s << 13;
+                s ^= s >> 7;
+                s ^= s << 17;
+                let v = 0.5 + 1.5 * ((s >> 40) as f32 / (1u64 << 24) as f32);
+                if s & 1 == 0 { v } else { -v }
+            })
+            .collect()
+    }
+
+    /// The avx2 build's order for `d_conv = 4` (4 rounded products added from 0 in order) and the
+    /// avx512 build's (a chain of 4 FMAs), spelled out; the two differ on some windows, so the
+    /// level matters.
+    #[test]
+    fn conv_sums_follow_each_builds_vectorisation() {
+        let (mut differ, n) = (0u64, 1000);
+        for seed in 1..=n {
+            let (w, t) = (values(seed, 4), values(seed + 7919, 4));
+            let rounded = (((0f32 + w[0] * t[0]) + w[1] * t[1]) + w[2] * t[2]) + w[3] * t[3];
+            let fused = w[3].mul_add(t[3], w[2].mul_add(t[2], w[1].mul_add(t[1], w[0].mul_add(t[0], 0.0))));
+            let at = |i: usize| w[i];
+            assert_eq!(ConvShape::of(Backend::Avx2).sum(at, &t).to_bits(), rounded.to_bits(), "seed {seed}");
+            assert_eq!(ConvShape::of(Backend::Avx512).sum(at, &t).to_bits(), fused.to_bits(), "seed {seed}");
+            differ += u64::from(rounded.to_bits() != fused.to_bits());
+        }
+        assert!(differ > n / 10, "the two orders differ on {differ} of {n} windows");
+    }
+
+    /// Longer windows: whole vectors of rounded products, one half vector, then FMAs (13 taps at
+    /// avx2: 8 + 4 products, 1 FMA; 29 at avx512: 16 + 8 products, 5 FMAs).
+    #[test]
+    fn conv_sums_of_long_windows() {
+        let reference = |w: &[f32], t: &[f32], products: usize| {
+            let mut s = 0f32;
+            for (i, (&wi, &ti)) in w.iter().zip(t).enumerate() {
+                s = if i < products { s + wi * ti } else { wi.mul_add(ti, s) };
+            }
+            s
+        };
+        for seed in 1..=200 {
+            for (level, n, products) in [(Backend::Avx2, 13, 12), (Backend::Avx2, 8, 8), (Backend::Avx512, 29, 24)] {
+                let (w, t) = (values(seed, n), values(seed + 104_729, n));
+                let got = ConvShape::of(level).sum(|i| w[i], &t);
+                assert_eq!(got.to_bits(), reference(&w, &t, products).to_bits(), "{level:?} {n} taps, seed {seed}");
+            }
+        }
+    }
 }

@@ -5,9 +5,11 @@
 //! limit  = the smallest memory limit of this process's memory cgroup and its ancestors
 //!          (v1 memory.limit_in_bytes, v2 memory.max), when there is one
 //! budget = limit − anon now − dense (only when the dense weights stay on the mapping)
-//!                − KV cache − headroom                           with a cgroup limit
-//! budget = MemAvailable − dense (mapping only) − KV cache − headroom          without
+//!                − state − headroom                              with a cgroup limit
+//! budget = MemAvailable − dense (mapping only) − state − headroom             without
 //! headroom = 64 MiB + 5 % of the limit (or of MemAvailable)
+//! state    = 2 × KV cache + recurrent state at the run's context (`Config::state_bytes`; the
+//!            KV buffers grow by doubling, the DeltaNet layers' state is allocated at full size)
 //! ```
 //! `anon now` is the cgroup's anonymous memory (`memory.stat`, so the anonymous copy of the dense
 //! weights and everything else the process has allocated); the page cache is not subtracted: it
@@ -83,8 +85,9 @@ fn smallest_limit(dir: &Path, top: &Path) -> Option<(u64, memcg::Group)> {
 }
 
 /// The automatic budget (module docs) for `dense_on_mapping` bytes of dense weights served from
-/// the page cache (0 with an anonymous copy) and `kv` bytes of KV cache to come.
-pub fn auto(dense_on_mapping: u64, kv: u64) -> Result<Budget, String> {
+/// the page cache (0 with an anonymous copy) and `state` bytes of KV cache and recurrent state to
+/// come.
+pub fn auto(dense_on_mapping: u64, state: u64) -> Result<Budget, String> {
     let headroom = |base: u64| (64 << 20) + base / 20;
     if let Some((dir, top)) = own_memory_cgroup()
         && let Some((limit, group)) = smallest_limit(&dir, &top)
@@ -93,16 +96,16 @@ pub fn auto(dense_on_mapping: u64, kv: u64) -> Result<Budget, String> {
             group.stat().ok().and_then(|s| s.get(memcg::StatKey::Anon)).ok_or_else(|| {
                 format!("cannot read the anonymous memory of {} (memory.stat)", group.dir().display())
             })?;
-        let bytes = limit.saturating_sub(anon + dense_on_mapping + kv + headroom(limit));
+        let bytes = limit.saturating_sub(anon + dense_on_mapping + state + headroom(limit));
         return Ok(Budget {
             bytes,
             source: format!(
-                "{} limit {} MiB − anon {} MiB − dense on the mapping {} MiB − KV {} MiB − headroom {} MiB",
+                "{} limit {} MiB − anon {} MiB − dense on the mapping {} MiB − KV + state {} MiB − headroom {} MiB",
                 group.dir().display(),
                 limit >> 20,
                 anon >> 20,
                 dense_on_mapping >> 20,
-                kv >> 20,
+                state >> 20,
                 headroom(limit) >> 20
             ),
         });
@@ -113,12 +116,12 @@ pub fn auto(dense_on_mapping: u64, kv: u64) -> Result<Budget, String> {
     };
     let avail = avail.ok_or("cannot read MemAvailable from /proc/meminfo")?;
     Ok(Budget {
-        bytes: avail.saturating_sub(dense_on_mapping + kv + headroom(avail)),
+        bytes: avail.saturating_sub(dense_on_mapping + state + headroom(avail)),
         source: format!(
-            "MemAvailable {} MiB − dense on the mapping {} MiB − KV {} MiB − headroom {} MiB (no memory cgroup limit)",
+            "MemAvailable {} MiB − dense on the mapping {} MiB − KV + state {} MiB − headroom {} MiB (no memory cgroup limit)",
             avail >> 20,
             dense_on_mapping >> 20,
-            kv >> 20,
+            state >> 20,
             headroom(avail) >> 20
         ),
     })
