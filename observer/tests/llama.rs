@@ -599,6 +599,4 @@ fn llama_simple_faults_match_perf_stat() {
     );
     assert_within("major faults vs perf stat", u(&v["totals"], "majflt"), maj, 0.02);
     assert_within("minor faults vs perf stat", u(&v["totals"], "minflt"), min, 0.02);
-    let records = records(&v);
-    assert!(!records.is_empty(), "its decode calls are records");
 }

@@ -876,10 +876,15 @@ fn after_exec(probes: &mut Probes, pid: u32, engine: EngineChoice) -> Result<()>
         return Ok(());
     }
     let Ok(exe) = std::fs::read_link(format!("/proc/{pid}/exe")) else { return Ok(()) };
-    match probes.attach_after_exec(&exe, pid, engine)? {
-        Some(MarkerKind::Profile(found)) => log::info!("pid {pid}: engine profile {}", found.describe()),
-        Some(_) => log::info!("pid {pid} exec'd {}: engine markers attached", exe.display()),
-        None => {}
+    match probes.attach_after_exec(&exe, pid, engine) {
+        Ok(Some(MarkerKind::Profile(found))) => log::info!("pid {pid}: engine profile {}", found.describe()),
+        Ok(Some(_)) => log::info!("pid {pid} exec'd {}: engine markers attached", exe.display()),
+        Ok(None) => {}
+        // It ended before its markers could be attached (a short program): nothing to mark.
+        Err(_) if std::fs::read_link(format!("/proc/{pid}/exe")).is_err() => {
+            log::warn!("pid {pid} ended before its token markers were attached: its steps have no records");
+        }
+        Err(e) => return Err(e.into()),
     }
     Ok(())
 }
