@@ -40,6 +40,12 @@
 //! `fault_minor`). Fault *counts* are classified at exit: major with a zram or
 //! swap-device read → `majflt_swap`; other majors → `majflt_file`.
 //!
+//! A thread that exists before the probes are attached is seeded at attach
+//! (`F_SEEDED`) with what `/proc` shows, but the probes are attached after
+//! the seed, so what it did in between is not known: its time is
+//! `unattributed` (`F_UNKNOWN`) until its first event, which sets its context
+//! (a switch, wakeup, syscall, fault or reclaim). Never `compute` by default.
+//!
 //! Hence the components of a thread add up to the time since it was first
 //! seen, exactly, by construction; what is approximate is *which* component
 //! gets a slice: user-mode time includes interrupts taken while in user mode
@@ -52,7 +58,7 @@ use crate::{
 
 /// Time components the kernel measures (`ThreadState::time`). Their indices
 /// are the components' `slot`s in the vocabulary (`vocab::COMPONENTS`).
-pub const N_TIME: usize = 9;
+pub const N_TIME: usize = 10;
 pub const T_COMPUTE: usize = component_slot(Component::Compute);
 pub const T_FAULT_MINOR: usize = component_slot(Component::FaultMinor);
 pub const T_SWAPIN_ZRAM: usize = component_slot(Component::SwapinZram);
@@ -62,6 +68,7 @@ pub const T_RECLAIM: usize = component_slot(Component::Reclaim);
 pub const T_SYSCALL: usize = component_slot(Component::Syscall);
 pub const T_RUNQUEUE: usize = component_slot(Component::Runqueue);
 pub const T_SLEEP: usize = component_slot(Component::Sleep);
+pub const T_UNATTRIBUTED: usize = component_slot(Component::Unattributed);
 
 /// Per-thread counters (`ThreadState::cnt`). The vocabulary's counters that the
 /// kernel keeps per thread sit at their `slot`s (`vocab::COUNTERS`); the rest
@@ -110,6 +117,9 @@ pub const F_FAULT_FILE: u32 = 1 << 8;
 pub const F_FAULT_DISK: u32 = 1 << 10;
 /// Seeded by user space at attach time (state before that is unknown).
 pub const F_SEEDED: u32 = 1 << 9;
+/// The thread's context is not known (seeded at attach, no event seen since):
+/// its time is `unattributed` until its first event.
+pub const F_UNKNOWN: u32 = 1 << 11;
 
 /// One thread's attribution state and cumulative accumulators (nanoseconds).
 /// Lives in the `THREADS` array map, one slot per thread of the target.
@@ -128,10 +138,13 @@ pub struct ThreadState {
     /// Entry time of the open fault, 0 when none.
     pub fault_start: u64,
     pub comm: [u8; 16],
+    /// The thread's process (thread group) ID.
+    pub tgid: u32,
+    pub _pad: u32,
     pub time: [u64; N_TIME],
     pub cnt: [u64; N_CNT],
 }
-const _: () = assert!(core::mem::size_of::<ThreadState>() == 8 * 5 + 16 + 8 * (N_TIME + N_CNT));
+const _: () = assert!(core::mem::size_of::<ThreadState>() == 8 * 5 + 16 + 8 + 8 * (N_TIME + N_CNT));
 
 impl ThreadState {
     pub const fn zeroed() -> Self {
@@ -143,6 +156,8 @@ impl ThreadState {
             first_ts: 0,
             fault_start: 0,
             comm: [0; 16],
+            tgid: 0,
+            _pad: 0,
             time: [0; N_TIME],
             cnt: [0; N_CNT],
         }
@@ -152,7 +167,9 @@ impl ThreadState {
     #[inline(always)]
     pub fn current_component(&self) -> usize {
         let f = self.flags;
-        if f & F_ON_CPU != 0 {
+        if f & F_UNKNOWN != 0 {
+            T_UNATTRIBUTED
+        } else if f & F_ON_CPU != 0 {
             if f & F_IN_RECLAIM != 0 {
                 T_RECLAIM
             } else if self.fault_start != 0 {
@@ -195,6 +212,14 @@ impl ThreadState {
         }
     }
 
+    /// An event of the thread at `now`: charge the time before it, and from
+    /// now on its context is known (the event sets it).
+    #[inline(always)]
+    fn event(&mut self, now: u64) {
+        self.account(now);
+        self.flags &= !F_UNKNOWN;
+    }
+
     /// Total accounted time.
     pub fn accounted(&self) -> u64 {
         let mut s = 0;
@@ -208,7 +233,7 @@ impl ThreadState {
 
     #[inline(always)]
     pub fn fault_enter(&mut self, now: u64) {
-        self.account(now);
+        self.event(now);
         if self.fault_start != 0 {
             self.cnt[C_FAULT_UNMATCHED_ENTRY] += 1;
         }
@@ -220,7 +245,7 @@ impl ThreadState {
     /// class: 0 minor, 1 major file, 2 major swap.
     #[inline(always)]
     pub fn fault_exit(&mut self, now: u64, major: bool) -> (u64, usize) {
-        self.account(now);
+        self.event(now);
         let class = if !major {
             self.cnt[C_MINFLT] += 1;
             0
@@ -250,7 +275,7 @@ impl ThreadState {
         if self.fault_start == 0 {
             return;
         }
-        self.account(now);
+        self.event(now);
         if zram {
             self.flags |= F_FAULT_ZRAM;
         } else {
@@ -263,7 +288,7 @@ impl ThreadState {
 
     #[inline(always)]
     pub fn switch_out(&mut self, now: u64, runnable: bool) {
-        self.account(now);
+        self.event(now);
         self.flags &= !F_ON_CPU;
         self.cnt[C_CTX_SWITCHES] += 1;
         if runnable {
@@ -276,7 +301,7 @@ impl ThreadState {
 
     #[inline(always)]
     pub fn switch_in(&mut self, now: u64) {
-        self.account(now);
+        self.event(now);
         self.flags = (self.flags | F_ON_CPU) & !F_RUNNABLE;
     }
 
@@ -285,16 +310,17 @@ impl ThreadState {
     /// CPU work is `fault_minor` again (until it issues another read).
     #[inline(always)]
     pub fn wakeup(&mut self, now: u64) {
-        if self.flags & (F_ON_CPU | F_RUNNABLE) != 0 {
+        // (An unknown context is no reason to ignore it: the thread was blocked.)
+        if self.flags & F_UNKNOWN == 0 && self.flags & (F_ON_CPU | F_RUNNABLE) != 0 {
             return;
         }
-        self.account(now);
-        self.flags = (self.flags | F_RUNNABLE) & !F_FAULT_DISK;
+        self.event(now);
+        self.flags = (self.flags | F_RUNNABLE) & !(F_ON_CPU | F_FAULT_DISK);
     }
 
     #[inline(always)]
     pub fn syscall_enter(&mut self, now: u64, io: bool) {
-        self.account(now);
+        self.event(now);
         self.cnt[C_SYSCALLS] += 1;
         self.flags |= F_IN_SYSCALL | F_ON_CPU;
         if io {
@@ -306,13 +332,13 @@ impl ThreadState {
 
     #[inline(always)]
     pub fn syscall_exit(&mut self, now: u64) {
-        self.account(now);
+        self.event(now);
         self.flags = (self.flags | F_ON_CPU) & !(F_IN_SYSCALL | F_IO_SYSCALL);
     }
 
     #[inline(always)]
     pub fn reclaim(&mut self, now: u64, begin: bool) {
-        self.account(now);
+        self.event(now);
         if begin {
             self.flags |= F_IN_RECLAIM;
             self.cnt[C_RECLAIMS] += 1;
@@ -529,24 +555,89 @@ pub struct MarkRecord {
 /// How a call probe reads its step's token count from the probed function's
 /// arguments, passed to the program as the uprobe's attach cookie.
 ///
-/// Spec: cookie 0 reads nothing (the count is unknown). Otherwise the low 32
-/// bits hold a rule and the high 32 bits its operand:
-/// - [`call_arg::STACK_I32`]: a signed 32-bit count at `sp + operand` at the
-///   function's entry (x86-64: a struct over 16 bytes passed by value lies on
-///   the stack after the return address, so its first field is at `sp + 8`).
-///   A negative count is unknown, never clamped.
+/// Spec: cookie 0 reads nothing (the count is unknown). Otherwise bits 0–7
+/// hold a rule and the rest its operands:
+/// - [`call_arg::STACK_I32`] (operand: the high 32 bits): a signed 32-bit
+///   count at `sp + operand` at the function's entry (x86-64: a struct over 16
+///   bytes passed by value lies on the stack after the return address, so its
+///   first field is at `sp + 8`). A negative count is unknown, never clamped.
+/// - [`call_arg::PTR_VEC_LEN`] ([`call_arg::VecLen`]): the length of a C++
+///   `std::vector` (three pointers: begin, end, end of storage, as in libstdc++
+///   and libc++) at byte `vec_offset` of the struct that integer argument `arg`
+///   points to, with elements of `elem_size` bytes. The count is unknown unless
+///   begin ≤ end ≤ end of storage, both distances are whole elements, and, when
+///   the layout names a capacity field (`bound_offset`: a `u64` in the same
+///   struct), the count does not exceed it. These checks turn a layout that is
+///   not the one described into an unknown count, not a wrong one.
 pub mod call_arg {
     pub const NONE: u32 = 0;
     pub const STACK_I32: u32 = 1;
+    pub const PTR_VEC_LEN: u32 = 2;
 
-    /// The attach cookie of `rule` with `operand`.
+    /// The attach cookie of `rule` with `operand` (rules with one operand).
     pub const fn cookie(rule: u32, operand: u32) -> u64 {
         ((operand as u64) << 32) | rule as u64
     }
 
-    /// `(rule, operand)` of a cookie.
+    /// `(rule, operand)` of a cookie (the operand of one-operand rules).
     pub const fn split(cookie: u64) -> (u32, u32) {
-        (cookie as u32, (cookie >> 32) as u32)
+        (cookie as u8 as u32, (cookie >> 32) as u32)
+    }
+
+    /// The operands of [`PTR_VEC_LEN`] (module spec).
+    #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+    pub struct VecLen {
+        /// Index of the integer argument holding the struct's address (0 = first).
+        pub arg: u8,
+        pub vec_offset: u16,
+        pub elem_size: u16,
+        /// Offset of a `u64` capacity the count may not exceed.
+        pub bound_offset: Option<u16>,
+    }
+
+    impl VecLen {
+        /// Bits 8–15 `arg`, 16–31 `bound_offset + 1` (0: none), 32–47
+        /// `vec_offset`, 48–63 `elem_size`.
+        pub const fn cookie(self) -> u64 {
+            let bound = match self.bound_offset {
+                Some(b) => b as u64 + 1,
+                None => 0,
+            };
+            PTR_VEC_LEN as u64
+                | (self.arg as u64) << 8
+                | bound << 16
+                | (self.vec_offset as u64) << 32
+                | (self.elem_size as u64) << 48
+        }
+
+        pub const fn from_cookie(cookie: u64) -> VecLen {
+            let bound = (cookie >> 16) as u16;
+            VecLen {
+                arg: (cookie >> 8) as u8,
+                vec_offset: (cookie >> 32) as u16,
+                elem_size: (cookie >> 48) as u16,
+                bound_offset: if bound == 0 { None } else { Some(bound - 1) },
+            }
+        }
+
+        /// The count from the vector's three pointers and the capacity field
+        /// (module spec); `None` when any check fails.
+        #[inline(always)]
+        pub fn count(self, begin: u64, end: u64, storage_end: u64, bound: Option<u64>) -> Option<u32> {
+            let elem = self.elem_size as u64;
+            if elem == 0 || begin > end || end > storage_end {
+                return None;
+            }
+            let (len, cap) = (end - begin, storage_end - begin);
+            if len % elem != 0 || cap % elem != 0 {
+                return None;
+            }
+            let n = len / elem;
+            if n > i32::MAX as u64 || bound.is_some_and(|b| n > b) {
+                return None;
+            }
+            Some(n as u32)
+        }
     }
 }
 
@@ -572,6 +663,47 @@ mod pod {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_seeded_thread_is_unattributed_until_its_first_event() {
+        // Seeded as `R` (on a CPU or waiting for one): not known which.
+        let mut t = thread();
+        t.flags |= F_SEEDED | F_UNKNOWN;
+        t.account(1500); // a snapshot closes it: still unknown
+        assert_eq!(t.time[T_UNATTRIBUTED], 500);
+        assert_eq!(t.time[T_COMPUTE], 0, "never compute by default");
+        t.switch_in(2000); // it was waiting for the CPU: that is known from now on only
+        assert_eq!(t.time[T_UNATTRIBUTED], 1000);
+        t.switch_out(2300, false);
+        assert_eq!(t.time[T_COMPUTE], 300);
+        assert_eq!(t.accounted(), 1300);
+        // Seeded blocked, then woken: the wakeup ends the unknown time even if
+        // the seed guessed "on CPU".
+        let mut t = thread();
+        t.flags |= F_SEEDED | F_UNKNOWN;
+        t.wakeup(1400);
+        assert_eq!((t.time[T_UNATTRIBUTED], t.flags & (F_RUNNABLE | F_ON_CPU | F_UNKNOWN)), (400, F_RUNNABLE));
+        t.switch_in(1450);
+        assert_eq!(t.time[T_RUNQUEUE], 50);
+    }
+
+    #[test]
+    fn vec_len_cookie_round_trips_and_refuses_a_layout_that_does_not_fit() {
+        let v = call_arg::VecLen { arg: 2, vec_offset: 64, elem_size: 96, bound_offset: Some(0) };
+        assert_eq!(call_arg::VecLen::from_cookie(v.cookie()), v);
+        assert_eq!(call_arg::split(v.cookie()).0, call_arg::PTR_VEC_LEN);
+        let none = call_arg::VecLen { bound_offset: None, ..v };
+        assert_eq!(call_arg::VecLen::from_cookie(none.cookie()), none);
+        assert_eq!(call_arg::split(call_arg::cookie(call_arg::STACK_I32, 8)), (call_arg::STACK_I32, 8));
+        let b = 0x1000;
+        assert_eq!(v.count(b, b + 3 * 96, b + 8 * 96, Some(8)), Some(3));
+        assert_eq!(v.count(b, b, b, Some(8)), Some(0));
+        assert_eq!(v.count(b, b + 3 * 96, b + 8 * 96, Some(2)), None, "over the capacity field");
+        assert_eq!(v.count(b, b + 100, b + 8 * 96, None), None, "not whole elements");
+        assert_eq!(v.count(b, b + 96, b + 8 * 96 + 1, None), None, "storage not whole elements");
+        assert_eq!(v.count(b + 96, b, b + 8 * 96, None), None, "end before begin");
+        assert_eq!(v.count(b, b + 2 * 96, b + 96, None), None, "end past the storage");
+    }
 
     fn thread() -> ThreadState {
         let mut t = ThreadState::zeroed();

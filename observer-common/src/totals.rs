@@ -8,7 +8,8 @@
 //!   before `end`; the procfs fallback emits none (it brackets no faults and
 //!   counts no block reads). Values are cumulative up to `mono_ns`, so if a
 //!   stream ever carries several, the last one supersedes the others.
-//! - `threads`, ordered by TID, are the target's threads the probes saw:
+//! - `threads`, ordered by TID, are the target's threads the probes saw
+//!   (the target's and its followed descendants'), each with its process (`pid`):
 //!   - `faults`: the fault bracketing of `observer_common::faults` since the
 //!     probes were attached: completed major and minor faults, the time
 //!     between entry and exit (`*_ns`), entries and exits that could not be
@@ -48,6 +49,9 @@ pub struct RunTotals {
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct ThreadTotals {
     pub tid: u32,
+    /// The thread's process (0: not known, in traces of older versions).
+    #[serde(default)]
+    pub pid: u32,
     /// The thread's name when first seen.
     pub comm: String,
     pub faults: Option<FaultTotals>,
@@ -111,6 +115,7 @@ mod tests {
             mono_ns: 5,
             threads: alloc::vec![ThreadTotals {
                 tid: 42,
+                pid: 40,
                 comm: "engine".into(),
                 faults: Some(FaultTotals { majflt: 3, majflt_hist: alloc::vec![0, 3], ..Default::default() }),
                 time: Some(time),

@@ -545,10 +545,10 @@ pub static COMPONENTS: [Row; 11] = [
         "unattributed",
         "unattributed_ns",
         "unattr",
-        "a thread's time before its state is known (attached mid-life); never `compute`",
+        "a thread's time before its state is known (attached mid-life: from the attach until its first event); never `compute`",
     )
-    .cpu(Cpu::Unknown)
-    .planned("the attach issue"),
+    .slot(9)
+    .cpu(Cpu::Unknown),
 ];
 
 /// Other times.

@@ -169,6 +169,7 @@ pub fn current_state(tid: u32, now: u64) -> Option<*mut ThreadState> {
         (*p).first_ts = now;
         (*p).fault_start = 0;
         (*p).comm = bpf_get_current_comm().unwrap_or([0; 16]);
+        (*p).tgid = (bpf_get_current_pid_tgid() >> 32) as u32;
     }
     if SLOTS.insert(&tid, &slot, 0).is_err() {
         bump(GlobalCounter::LostEvents);

@@ -238,6 +238,62 @@ pub fn mark_end(ctx: ProbeContext) -> u32 {
     mark(PHASE_END, index, rec, None)
 }
 
+/// Integer argument `n` (0-based) at a probe's entry (x86-64's registers, as
+/// `STACK_I32`). All six are read, each at its own constant offset, and one is
+/// chosen after: `ctx.arg(n)` with a run-time `n` compiles to one load at a
+/// computed offset of the context, which the verifier refuses.
+#[cfg(bpf_target_arch = "x86_64")]
+#[inline(always)]
+fn int_arg(ctx: &ProbeContext, n: u8) -> Option<u64> {
+    let r = ctx.regs;
+    // SAFETY: `regs` is the probe's register frame; volatile reads are neither merged nor moved.
+    let a = unsafe {
+        [
+            read_volatile(addr_of!((*r).rdi)),
+            read_volatile(addr_of!((*r).rsi)),
+            read_volatile(addr_of!((*r).rdx)),
+            read_volatile(addr_of!((*r).rcx)),
+            read_volatile(addr_of!((*r).r8)),
+            read_volatile(addr_of!((*r).r9)),
+        ]
+    };
+    match n {
+        0 => Some(a[0]),
+        1 => Some(a[1]),
+        2 => Some(a[2]),
+        3 => Some(a[3]),
+        4 => Some(a[4]),
+        5 => Some(a[5]),
+        _ => None,
+    }
+}
+
+/// [`int_arg`] on aarch64: x0..x5 of `user_pt_regs`.
+#[cfg(bpf_target_arch = "aarch64")]
+#[inline(always)]
+fn int_arg(ctx: &ProbeContext, n: u8) -> Option<u64> {
+    let r = ctx.regs as *const aya_ebpf::bindings::user_pt_regs;
+    // SAFETY: `regs` is the probe's register frame; volatile reads are neither merged nor moved.
+    let a = unsafe {
+        [
+            read_volatile(addr_of!((*r).regs[0])),
+            read_volatile(addr_of!((*r).regs[1])),
+            read_volatile(addr_of!((*r).regs[2])),
+            read_volatile(addr_of!((*r).regs[3])),
+            read_volatile(addr_of!((*r).regs[4])),
+            read_volatile(addr_of!((*r).regs[5])),
+        ]
+    };
+    a.get(n as usize).copied()
+}
+
+/// Other architectures: no register rule (the user side asks for none there).
+#[cfg(not(any(bpf_target_arch = "x86_64", bpf_target_arch = "aarch64")))]
+#[inline(always)]
+fn int_arg(_ctx: &ProbeContext, _n: u8) -> Option<u64> {
+    None
+}
+
 /// The step's token count by the rule of this attachment's cookie.
 #[inline(always)]
 fn call_n_tokens(ctx: &ProbeContext) -> Option<u32> {
@@ -246,6 +302,21 @@ fn call_n_tokens(ctx: &ProbeContext) -> Option<u32> {
     let (rule, operand) = call_arg::split(cookie);
     match rule {
         call_arg::STACK_I32 => stack_i32(ctx, operand),
+        call_arg::PTR_VEC_LEN => {
+            let v = call_arg::VecLen::from_cookie(cookie);
+            let base = int_arg(ctx, v.arg)?;
+            // SAFETY: checked reads of the target's memory.
+            let p = unsafe { aya_ebpf::helpers::bpf_probe_read_user((base + v.vec_offset as u64) as *const [u64; 3]) }
+                .ok()?;
+            let bound = match v.bound_offset {
+                // SAFETY: as above.
+                Some(off) => {
+                    Some(unsafe { aya_ebpf::helpers::bpf_probe_read_user((base + off as u64) as *const u64) }.ok()?)
+                }
+                None => None,
+            };
+            v.count(p[0], p[1], p[2], bound)
+        }
         _ => None,
     }
 }

@@ -16,8 +16,18 @@ fn ns(v: &Value, component: &str) -> u64 {
     u(v, &format!("{component}_ns"))
 }
 
-const COMPONENTS: [&str; 9] =
-    ["compute", "fault_minor", "swapin_zram", "fault_io", "io_wait", "reclaim", "syscall", "runqueue", "sleep"];
+const COMPONENTS: [&str; 10] = [
+    "compute",
+    "fault_minor",
+    "swapin_zram",
+    "fault_io",
+    "io_wait",
+    "reclaim",
+    "syscall",
+    "runqueue",
+    "sleep",
+    "unattributed",
+];
 
 /// For every token and every thread that lived through it, the components add
 /// up to the token's wall time within 2 %.

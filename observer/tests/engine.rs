@@ -12,24 +12,6 @@ use std::{
 
 use common::*;
 
-const ENGINE: &str = env!("CARGO_BIN_EXE_observer");
-
-fn engine_bin() -> std::path::PathBuf {
-    // The engine is a sibling binary of the workspace (built by `cargo xtask test`).
-    let p = std::path::Path::new(ENGINE).with_file_name("engine");
-    assert!(p.exists(), "{} missing: run `cargo build --release -p engine` (cargo xtask test does)", p.display());
-    p
-}
-
-fn tiny_model() -> std::path::PathBuf {
-    let path = scratch_dir("engine").join("tiny.gguf");
-    if !path.exists() {
-        let st = Command::new(engine_bin()).args(["synth", "-o"]).arg(&path).status().expect("engine synth");
-        assert!(st.success(), "engine synth failed");
-    }
-    path
-}
-
 fn state(pid: u32) -> char {
     let s = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
     s.rsplit_once(')').and_then(|(_, r)| r.trim().chars().next()).unwrap_or('?')

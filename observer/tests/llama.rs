@@ -2,8 +2,9 @@
 //! cache: `llama.cpp/<version>/avx2/`), with no flag but the command: the
 //! llama.cpp engine profile is found through libllama, every decode call is a
 //! record (counted independently by a bpftrace uprobe on the same functions),
-//! the batch size read from `llama_decode`'s argument matches the caller's own
-//! batches, and tok/s matches llama's own printed speed.
+//! the batch size read from `llama_decode`'s and `llama_process`'s arguments
+//! matches the caller's own batches and llama.cpp's own counts, and tok/s
+//! matches llama's own printed speed.
 
 mod common;
 
@@ -19,6 +20,8 @@ use serde_json::Value;
 /// The cached llama.cpp build (avx2: the one every machine can run).
 struct Llama {
     bin: PathBuf,
+    /// The source tree the build was made from.
+    src: PathBuf,
     /// The parity harness (`xtask/src/parity_llama.cpp`), which decodes with
     /// `llama_decode` in batches of a given size.
     harness: PathBuf,
@@ -46,19 +49,8 @@ fn llama() -> Llama {
         .map(|e| e.path())
         .find(|p| p.file_name().is_some_and(|n| n.to_string_lossy().starts_with("parity-llama-")))
         .unwrap_or_else(|| panic!("no parity harness in {}: run `cargo xtask parity`", dir.display()));
-    Llama { bin: dir.join("build/bin"), harness }
-}
-
-/// A small synthetic GGUF (the engine's `synth`), which llama.cpp loads.
-fn tiny_model() -> PathBuf {
-    let path = scratch_dir("llama").join("tiny.gguf");
-    if !path.exists() {
-        let engine = Path::new(OBSERVER).with_file_name("engine");
-        assert!(engine.exists(), "{} missing: run `cargo build --release -p engine`", engine.display());
-        let st = Command::new(&engine).args(["synth", "-o"]).arg(&path).status().expect("engine synth");
-        assert!(st.success(), "engine synth failed");
-    }
-    path
+    let src = dir.parent().expect("<version>/avx2").join("src");
+    Llama { bin: dir.join("build/bin"), src, harness }
 }
 
 /// bpftrace counting calls of `symbols` in `lib` by processes named `comm`
@@ -72,7 +64,8 @@ impl CallCount {
     fn start(lib: &Path, symbols: &[&str], comm: &str) -> CallCount {
         let probes: Vec<String> = symbols.iter().map(|s| format!("uprobe:{}:{s}", lib.display())).collect();
         let comm: String = comm.chars().take(15).collect();
-        let script = format!("{} /comm == \"{comm}\"/ {{ @calls[probe] = count(); }}", probes.join(","));
+        let script =
+            format!("{} /comm == \"{comm}\"/ {{ @calls[probe] = count(); @pids[pid] = count(); }}", probes.join(","));
         let mut child = Command::new("bpftrace")
             .args(["-e", &script])
             .stdout(Stdio::piped())
@@ -93,7 +86,12 @@ impl CallCount {
     }
 
     /// Stop bpftrace and return its count per function.
-    fn finish(mut self) -> Vec<(String, u64)> {
+    fn finish(self) -> Vec<(String, u64)> {
+        self.finish_with_pids().0
+    }
+
+    /// … and the processes that made the calls.
+    fn finish_with_pids(mut self) -> (Vec<(String, u64)>, Vec<u32>) {
         // SAFETY: kill(2) of our own child.
         unsafe { libc::kill(self.child.id() as i32, libc::SIGINT) };
         let mut text = String::new();
@@ -108,7 +106,11 @@ impl CallCount {
             })
             .collect();
         calls.sort();
-        calls
+        // `@pids[1234]: 14`
+        let mut pids: Vec<u32> =
+            text.lines().filter_map(|l| l.strip_prefix("@pids[")?.split_once(']')?.0.parse().ok()).collect();
+        pids.sort();
+        (calls, pids)
     }
 }
 
@@ -235,12 +237,26 @@ fn a_shell_wrapper_is_followed_to_llama_simple_unless_told_not_to() {
     );
     let count = CallCount::start(&lib, &["llama_process", "llama_decode"], "llama-simple");
     let run = observe("llama-wrapped.json", &["--", "sh", "-c", &script]);
-    let calls = count.finish();
+    let (calls, pids) = count.finish_with_pids();
     let total: u64 = calls.iter().map(|(_, n)| n).sum();
     assert!(total > 0, "bpftrace counted no call: {calls:?}");
     assert_eq!(records(&run.summary).len() as u64, total, "records behind sh vs bpftrace {calls:?}");
     let comms = thread_comms(&run.summary);
     assert!(comms.iter().any(|c| c == "sh") && comms.iter().any(|c| c == "llama-simple"), "{comms:?}");
+    // One row per process: sh (the target) and llama-simple, whose PID is the
+    // one bpftrace saw calling.
+    let procs = run.summary["processes"].as_array().expect("per-process rows");
+    let row = |comm: &str| procs.iter().find(|p| p["comm"] == comm).unwrap_or_else(|| panic!("{comm}: {procs:?}"));
+    assert_eq!(u(row("sh"), "pid"), u(&run.summary["target"], "pid"), "sh is the spawned target");
+    assert_eq!(pids, vec![u(row("llama-simple"), "pid") as u32], "llama-simple's PID vs bpftrace's caller");
+    assert_eq!(procs.len(), 2, "{procs:?}");
+    let threads = run.summary["threads"].as_array().unwrap();
+    for p in procs {
+        let n = threads.iter().filter(|t| t["pid"] == p["pid"]).count() as u64;
+        assert_eq!(u(p, "threads"), n, "{p}");
+        let wall: u64 = threads.iter().filter(|t| t["pid"] == p["pid"]).map(|t| u(&t["attribution"], "wall_ns")).sum();
+        assert_eq!(u(&p["attribution"], "wall_ns"), wall, "a process's wall is the sum of its threads'");
+    }
 
     let run = observe("llama-no-children.json", &["--no-children", "--", "sh", "-c", &script]);
     assert!(records(&run.summary).is_empty(), "--no-children: the child's calls are not observed");
@@ -252,7 +268,7 @@ fn a_shell_wrapper_is_followed_to_llama_simple_unless_told_not_to() {
 fn a_shell_wrapper_is_followed_to_our_engine() {
     let _l = machine_lock();
     let model = tiny_model();
-    let engine = Path::new(OBSERVER).with_file_name("engine");
+    let engine = engine_bin();
     let n = 10;
     let script = format!(
         "{} run -m {} -p 'the quick brown fox' -n {n} --ignore-eos --json -t 2; echo done",
@@ -292,4 +308,295 @@ fn a_token_symbol_that_never_fires_is_reported_with_the_candidates() {
     let err = String::from_utf8_lossy(&run.output.stderr);
     let line = err.lines().find(|l| l.contains("no call of `llama_decode`")).unwrap_or_else(|| panic!("{err}"));
     assert!(line.contains("llama_process"), "the warning names the entry point that runs: {line}");
+}
+
+/// llama.cpp's own counts from `llama_perf_context_print`: the prompt's tokens
+/// ("prompt eval time = … / N tokens") and the single-token decode calls
+/// ("eval time = … / M runs").
+fn perf_counts(stderr: &str) -> (u64, u64) {
+    let count = |key: &str, unit: &str| -> u64 {
+        stderr
+            .lines()
+            .find_map(|l| {
+                let rest = l.split_once(key)?.1;
+                let before = rest.split_once(unit)?.0;
+                before.rsplit_once('/')?.1.trim().parse().ok()
+            })
+            .unwrap_or_else(|| panic!("no `{key}` … `{unit}` line from llama_perf_context_print:\n{stderr}"))
+    };
+    (count("prompt eval time =", " tokens"), count(":        eval time =", " runs"))
+}
+
+#[test]
+fn llama_process_batches_give_each_record_its_token_count() {
+    let _l = machine_lock();
+    let llama = llama();
+    let model = tiny_model();
+    let simple = llama.bin.join("llama-simple");
+    let n = 14;
+    let run = observe(
+        "llama-process.json",
+        &[
+            "--",
+            simple.to_str().unwrap(),
+            "-m",
+            model.to_str().unwrap(),
+            "-n",
+            &n.to_string(),
+            "the quick brown fox jumps over the lazy dog",
+        ],
+    );
+    let stderr = String::from_utf8_lossy(&run.output.stderr);
+    // llama-simple decodes the prompt in one llama_process call, then one
+    // token per call; llama.cpp counts the prompt's tokens and the other calls.
+    let (prompt, runs) = perf_counts(&stderr);
+    assert!(prompt > 1 && runs > 1, "prompt {prompt} tokens, {runs} runs");
+    let mut expected = vec![prompt];
+    expected.extend(std::iter::repeat_n(1, runs as usize));
+    let recs = records(&run.summary);
+    let got: Vec<u64> = recs.iter().map(|t| u(t, "n_tokens")).collect();
+    assert_eq!(got, expected, "n_tokens of each llama_process record vs llama.cpp's own counts");
+    let kinds: Vec<&str> = recs.iter().map(|t| t["kind"].as_str().unwrap()).collect();
+    assert_eq!(kinds[0], "prompt", "{kinds:?}");
+    assert!(kinds[1..].iter().all(|k| *k == "generate"), "{kinds:?}");
+    eprintln!("llama_process: n_tokens {got:?} = llama.cpp's {prompt} prompt tokens + {runs} runs");
+}
+
+/// The layout `observer::capture::profile::LLAMA_BATCH_EXT_TOKENS` reads is
+/// the one llama.cpp's own header gives, compiled by the C++ compiler.
+#[test]
+fn the_llama_batch_ext_layout_is_the_one_its_header_gives() {
+    use observer::capture::profile::LLAMA_BATCH_EXT_TOKENS as L;
+    let llama = llama();
+    let dir = scratch_dir("llama-layout");
+    let src = dir.join("layout.cpp");
+    std::fs::write(
+        &src,
+        r#"#include "llama-batch.h"
+#include <cstddef>
+#include <cstdio>
+int main() {
+    std::printf("%zu %zu %zu %zu\n", offsetof(llama_batch_ext, tokens), sizeof(llama_batch_ext::token),
+                offsetof(llama_batch_ext, n_tokens_max), sizeof(llama_batch_ext::n_tokens_max));
+}
+"#,
+    )
+    .unwrap();
+    let exe = dir.join("layout");
+    let out = Command::new("g++")
+        .arg("-std=c++17")
+        .arg(format!("-I{}", llama.src.join("include").display()))
+        .arg(format!("-I{}", llama.src.join("src").display()))
+        .arg(format!("-I{}", llama.src.join("ggml/include").display()))
+        .arg(&src)
+        .arg("-o")
+        .arg(&exe)
+        .output()
+        .expect("g++ (build-essential) is needed to check the llama_batch_ext layout");
+    assert!(out.status.success(), "g++ failed: {}", String::from_utf8_lossy(&out.stderr));
+    let out = Command::new(&exe).output().expect("run the layout probe");
+    let got: Vec<u64> = String::from_utf8_lossy(&out.stdout).split_whitespace().map(|v| v.parse().unwrap()).collect();
+    assert_eq!(
+        got,
+        vec![L.vec_offset as u64, L.elem_size as u64, L.bound_offset.unwrap() as u64, 8],
+        "offsetof(tokens), sizeof(token), offsetof(n_tokens_max), sizeof(n_tokens_max) from {}",
+        llama.src.display()
+    );
+    let header = std::fs::read_to_string(llama.src.join("include/llama.h")).unwrap();
+    let words = header.split_whitespace().collect::<Vec<_>>().join(" ");
+    assert_eq!(L.arg, 2, "the batch is llama_process's third argument");
+    let decl =
+        "llama_process( struct llama_context * ctx, enum llama_process_type type, struct llama_batch_ext * batch);";
+    assert!(words.contains(decl), "llama.h declares `{decl}`: its batch is argument index {}", L.arg);
+}
+
+/// A Python process that maps `model` (named only in its environment, so the
+/// command line names no GGUF) and has read all of it, then waits.
+fn python_mapping(model: &Path, extra: &str) -> Child {
+    let mut child = Command::new("python3")
+        .args([
+            "-c",
+            &format!(
+                "import mmap, os, sys, time\n{extra}\nf = open(os.environ['MODEL'], 'rb')\n\
+                 m = mmap.mmap(f.fileno(), 0, prot=mmap.PROT_READ)\nsum(m[i] for i in range(0, len(m), 4096))\n\
+                 print('ready', flush=True)\ntime.sleep(120)"
+            ),
+        ])
+        .env("MODEL", model)
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("python3");
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).expect("python's ready line");
+    assert_eq!(line.trim(), "ready");
+    child
+}
+
+/// `fincore`'s resident pages of a file.
+fn fincore_pages(path: &Path) -> u64 {
+    let out = Command::new("fincore")
+        .args(["--bytes", "--noheadings", "--output", "PAGES"])
+        .arg(path)
+        .output()
+        .expect("fincore (util-linux) not found: install util-linux");
+    assert!(out.status.success(), "fincore failed: {}", String::from_utf8_lossy(&out.stderr));
+    String::from_utf8_lossy(&out.stdout).trim().parse().expect("fincore's page count")
+}
+
+/// Attached to a process whose command line names no model, the observer
+/// finds the GGUF in its mappings: the header names it, and the residency of
+/// its experts is measured (here all of the file is in the page cache, as
+/// fincore says, and every expert is resident).
+#[test]
+fn an_attached_process_s_model_is_found_from_its_mappings() {
+    let _l = machine_lock();
+    assert_root();
+    let model = tiny_model().canonicalize().unwrap();
+    let mut target = python_mapping(&model, "");
+    let pid = target.id();
+    let dir = scratch_dir("llama-maps");
+    let (json, trace) = (dir.join("maps.json"), dir.join("maps.trace"));
+    let out = Command::new(OBSERVER)
+        .args(["run", "--pid", &pid.to_string(), "--window", "200ms", "--force", "--json"])
+        .arg(&json)
+        .arg("--record")
+        .arg(&trace)
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("observer");
+    // Stop it once it has measured a few windows.
+    let obs_pid = out.id();
+    let mut out = out;
+    let mut err = BufReader::new(out.stderr.take().unwrap());
+    let mut seen = String::new();
+    loop {
+        let mut line = String::new();
+        assert!(err.read_line(&mut line).unwrap() > 0, "the observer ended early:\n{seen}");
+        seen.push_str(&line);
+        if line.contains("probes attached") {
+            break;
+        }
+    }
+    std::thread::sleep(std::time::Duration::from_millis(1200));
+    // SAFETY: kill(2) of our own child.
+    unsafe { libc::kill(obs_pid as i32, libc::SIGINT) };
+    err.read_to_string(&mut seen).unwrap();
+    assert!(out.wait().unwrap().success(), "{seen}");
+    let resident = fincore_pages(&model);
+    let _ = target.kill();
+    let _ = target.wait();
+
+    let bytes = std::fs::read(&trace).unwrap();
+    let reader = observer::store::trace::Reader::new(&bytes[..], &trace).expect("a trace");
+    let events: Vec<observer_common::model::Event> = reader.collect();
+    let Some(observer_common::model::Event::Header(h)) = events.first() else { panic!("no header") };
+    let m = h.model.as_ref().unwrap_or_else(|| panic!("no model in the header:\n{seen}"));
+    assert_eq!(Path::new(&m.path), model, "the model found from the maps");
+    assert_eq!(m.size_bytes, std::fs::metadata(&model).unwrap().len());
+    let size_pages = m.size_bytes.div_ceil(4096);
+    assert_eq!(resident, size_pages, "python read every page: fincore says all are resident");
+    let summary: Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    let last = records(&summary).iter().rev().find(|t| !t["residency"].is_null()).expect("a window with residency");
+    assert_eq!(last["residency"]["experts_resident_frac"].as_f64(), Some(1.0), "{}", last["residency"]);
+}
+
+/// `observer serve`'s discovery names a process's engine by the profiles
+/// table: a Python process that loaded libllama with `dlopen` (no GGUF
+/// mapped, no `llama` in its name) is a `llama.cpp` target.
+#[test]
+fn discovery_finds_an_engine_profile_loaded_with_dlopen() {
+    let llama = llama();
+    let lib = llama.bin.join("libllama.so").canonicalize().unwrap();
+    let mut child = Command::new("python3")
+        .args(["-c", "import ctypes, sys, time; ctypes.CDLL(sys.argv[1]); print('ready', flush=True); time.sleep(60)"])
+        .arg(&lib)
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("python3");
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).unwrap();
+    assert_eq!(line.trim(), "ready");
+    let pid = child.id();
+    let found: Vec<_> =
+        observer::capture::discover::Discovery::new(100).scan().into_iter().filter(|t| t.pid == pid).collect();
+    let _ = child.kill();
+    let _ = child.wait();
+    assert_eq!(found.len(), 1, "the dlopen'ed libllama makes it a target");
+    assert_eq!(found[0].labels.engine, "llama.cpp");
+    assert_eq!(found[0].labels.model, "", "no GGUF mapped");
+}
+
+/// Drop a file's pages from the page cache (`POSIX_FADV_DONTNEED`).
+fn evict(path: &Path) {
+    use std::os::fd::AsRawFd;
+    let f = std::fs::File::open(path).unwrap();
+    // SAFETY: fdatasync and posix_fadvise on a file we opened.
+    unsafe {
+        libc::fdatasync(f.as_raw_fd());
+        assert_eq!(libc::posix_fadvise(f.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED), 0);
+    }
+}
+
+/// Beside llama-simple (its model evicted first, so that loading it reads the
+/// disk), the observer's fault counts equal `perf stat`'s, attached to the
+/// same process for the same span (before its `exec`, until it exits).
+#[test]
+fn llama_simple_faults_match_perf_stat() {
+    use std::io::Write;
+    let _l = machine_lock();
+    assert_root();
+    let llama = llama();
+    let model = tiny_model();
+    evict(&model);
+    let dir = scratch_dir("llama-perf");
+    let (perf_out, json) = (dir.join("perf.csv"), dir.join("obs.json"));
+    let _ = std::fs::remove_file(&json);
+    // A shell that waits for a line on stdin, then becomes llama-simple (same PID).
+    let script = format!(
+        "read go; exec {} -m {} -n 16 hello >/dev/null 2>&1",
+        llama.bin.join("llama-simple").display(),
+        model.display()
+    );
+    let mut target =
+        Command::new("/bin/sh").args(["-c", &script]).stdin(Stdio::piped()).spawn().expect("spawn target shell");
+    let pid = target.id().to_string();
+    let mut perf = Command::new("perf")
+        .args(["stat", "-x,", "-e", "major-faults,minor-faults", "-o"])
+        .arg(&perf_out)
+        .args(["-p", &pid])
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("perf not found: run `cargo xtask setup` (installs linux-perf)");
+    let mut obs = Command::new(OBSERVER)
+        .args(["run", "--json", json.to_str().unwrap(), "--pid", &pid])
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn observer");
+    let mut err = BufReader::new(obs.stderr.take().unwrap());
+    let mut seen = String::new();
+    loop {
+        let mut line = String::new();
+        assert!(err.read_line(&mut line).unwrap() > 0, "the observer ended before attaching:\n{seen}");
+        seen.push_str(&line);
+        if line.contains("probes attached") {
+            break;
+        }
+    }
+    std::thread::sleep(std::time::Duration::from_millis(500)); // perf has no readiness signal
+    target.stdin.take().unwrap().write_all(b"go\n").unwrap();
+    assert!(target.wait().unwrap().success(), "llama-simple failed");
+    err.read_to_string(&mut seen).unwrap();
+    assert!(obs.wait().unwrap().success(), "observer failed: {seen}");
+    assert!(perf.wait().unwrap().success(), "perf failed");
+    let perf_text = std::fs::read_to_string(&perf_out).unwrap();
+    let v: Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    let (maj, min) = (perf_count(&perf_text, "major-faults"), perf_count(&perf_text, "minor-faults"));
+    assert!(min >= 1000, "loading a model faults: {perf_text}");
+    eprintln!(
+        "llama-simple faults: observer {} major {} minor; perf stat {maj} {min}",
+        u(&v["totals"], "majflt"),
+        u(&v["totals"], "minflt")
+    );
+    assert_within("major faults vs perf stat", u(&v["totals"], "majflt"), maj, 0.02);
+    assert_within("minor faults vs perf stat", u(&v["totals"], "minflt"), min, 0.02);
 }

@@ -551,9 +551,13 @@ fn churn_rides_on_the_probes_of_a_run() {
     use observer::capture::bpf::{AttachOptions, Markers, Probes};
     let path = write_model(&scratch_dir("resid").join("probes.gguf"), 2, 8, 256, 32);
     let mut target = Command::new("sleep").arg("30").spawn().unwrap();
-    let mut probes =
-        Probes::attach(&AttachOptions { target: target.id(), markers: Markers::None, follow_children: false })
-            .expect("probes");
+    let mut probes = Probes::attach(&AttachOptions {
+        target: target.id(),
+        markers: Markers::None,
+        follow_children: false,
+        held: false,
+    })
+    .expect("probes");
     let mut sampler = Sampler::new(&path, Some(target.id())).unwrap();
     sampler.set_scan_interval(Duration::from_secs(3600));
     sampler.enable_churn(probes.ebpf_mut()).expect("churn on the run's eBPF object");

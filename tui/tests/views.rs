@@ -429,3 +429,16 @@ fn summary_view_lists_who_evicted() {
     assert_eq!(nums(line("kswapd")), vec![7 * n, 7 * recent], "{s}");
     assert!(find(t.backend().buffer(), "fadvise").unwrap().1 < find(t.backend().buffer(), "kswapd").unwrap().1);
 }
+
+#[test]
+fn the_header_names_what_marks_the_tokens_and_the_model() {
+    let mut h = fixture::header();
+    h.tokens = "engine profile llama.cpp: llama_decode, llama_process in /opt/llama/libllama.so".into();
+    let mut app = App::new();
+    app.push(Event::Header(h));
+    let t = show(&mut app, View::Tokens, 200, 20);
+    let s = text(t.backend().buffer());
+    let first = s.lines().next().unwrap_or("");
+    assert!(first.contains("tokens: engine profile llama.cpp: llama_decode, llama_process"), "{s}");
+    assert!(s.contains("model small.gguf"), "{s}");
+}

@@ -205,7 +205,7 @@ fn recur_impl(hd: &Head, m: &mut [f32], row: &[f32], g: f32, b: f32, oh: &mut [f
 /// | avx2 | 8 (`ymm`) | 4 (`xmm`) | 4 rounded products added in order |
 /// | avx512 | 16 (`zmm`) | 8 (`ymm`) | a chain of 4 FMAs |
 ///
-/// The scalar level reproduces no build; it takes the FMA chain.
+/// The scalar level reproduces no build; it takes the FMA chain (as does neon, unread so far).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct ConvShape {
     wide: usize,
@@ -217,7 +217,8 @@ impl ConvShape {
         match level {
             quant::Backend::Avx2 => ConvShape { wide: 8, half: 4 },
             quant::Backend::Avx512 => ConvShape { wide: 16, half: 8 },
-            quant::Backend::Scalar => ConvShape { wide: usize::MAX, half: usize::MAX },
+            // The neon level's build was not read (no aarch64 parity yet): the FMA chain, as scalar.
+            quant::Backend::Scalar | quant::Backend::Neon => ConvShape { wide: usize::MAX, half: usize::MAX },
         }
     }
 

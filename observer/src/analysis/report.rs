@@ -9,6 +9,10 @@
 //!   events from the `end`; the duration is `end.mono_ns − header.started_mono_ns`;
 //! - the fault table, per-thread attribution and block reads from the
 //!   `totals` event (none in the procfs fallback: faults not probed);
+//! - per-process rows: the threads' totals summed by process (a wrapper and
+//!   the engine it starts, a server and its workers), the process named by its
+//!   main thread (TID = PID) when that was seen, else by its first thread;
+//!   printed when more than one process was observed;
 //! - latency histograms from the last `histograms` event, the observer's
 //!   cost from the last `health` event;
 //! - the per-token summary from the token records (the newest `keep` of them).
@@ -56,6 +60,8 @@ impl FaultCounts {
 #[derive(Debug, Clone, Serialize)]
 pub struct ThreadRow {
     pub tid: u32,
+    /// Its process (0: not known).
+    pub pid: u32,
     pub comm: String,
     #[serde(flatten)]
     pub counts: FaultCounts,
@@ -116,6 +122,59 @@ impl ThreadAttribution {
 
     fn counter(&self, c: Counter) -> u64 {
         self.counters.get(c).unwrap_or(0)
+    }
+}
+
+/// One process's threads, summed (module rule).
+#[derive(Debug, Clone, Serialize)]
+pub struct ProcessRow {
+    pub pid: u32,
+    pub comm: String,
+    pub threads: u32,
+    #[serde(flatten)]
+    pub counts: FaultCounts,
+    /// Σ of its threads' attribution (`wall_ns` is thread-time: a sum over threads).
+    pub attribution: Option<ThreadAttribution>,
+}
+
+impl ProcessRow {
+    fn of(threads: &[ThreadRow]) -> Vec<ProcessRow> {
+        let mut rows: Vec<ProcessRow> = Vec::new();
+        for t in threads {
+            let i = match rows.iter().position(|p| p.pid == t.pid) {
+                Some(i) => i,
+                None => {
+                    rows.push(ProcessRow {
+                        pid: t.pid,
+                        comm: t.comm.clone(),
+                        threads: 0,
+                        counts: FaultCounts::default(),
+                        attribution: None,
+                    });
+                    rows.len() - 1
+                }
+            };
+            let p = &mut rows[i];
+            p.threads += 1;
+            if t.tid == t.pid {
+                p.comm = t.comm.clone();
+            }
+            p.counts.majflt += t.counts.majflt;
+            p.counts.minflt += t.counts.minflt;
+            p.counts.fault_ns += t.counts.fault_ns;
+            p.counts.majflt_ns += t.counts.majflt_ns;
+            p.counts.minflt_ns += t.counts.minflt_ns;
+            p.counts.unmatched_entries += t.counts.unmatched_entries;
+            p.counts.unmatched_exits += t.counts.unmatched_exits;
+            if let Some(a) = &t.attribution {
+                match &mut p.attribution {
+                    None => p.attribution = Some(a.clone()),
+                    Some(sum) => sum.add(a),
+                }
+            }
+        }
+        rows.sort_by_key(|p| p.pid);
+        rows
     }
 }
 
@@ -202,6 +261,8 @@ pub struct Summary {
     pub majflt_hist: Option<Histogram>,
     pub minflt_hist: Option<Histogram>,
     pub threads: Vec<ThreadRow>,
+    /// The threads' totals by process (module rule), by PID.
+    pub processes: Vec<ProcessRow>,
     /// Events the kernel side could not record (full maps, full ring buffers).
     pub lost_events: u64,
     /// Latency histograms by kind (`vocab::HISTOGRAMS`: `minflt`,
@@ -240,6 +301,7 @@ impl Summary {
             majflt_hist: None,
             minflt_hist: None,
             threads: Vec::new(),
+            processes: Vec::new(),
             lost_events: end.lost_events,
             latency: Default::default(),
             devices: Vec::new(),
@@ -290,6 +352,7 @@ impl Summary {
             let hist = |h: Option<&Vec<u64>>| Histogram::from_counts(h.map_or(&[][..], |v| v));
             self.threads.push(ThreadRow {
                 tid: t.tid,
+                pid: t.pid,
                 comm: t.comm.clone(),
                 counts,
                 majflt_hist: hist(t.faults.as_ref().map(|f| &f.majflt_hist)),
@@ -298,6 +361,7 @@ impl Summary {
             });
         }
         self.threads.sort_by_key(|r| r.tid);
+        self.processes = ProcessRow::of(&self.threads);
         if maj.buckets.is_empty() {
             maj.add(&[]);
             min.add(&[]);
@@ -387,6 +451,15 @@ impl Summary {
             for t in &with_attr {
                 if let Some(a) = &t.attribution {
                     row(out, &t.tid.to_string(), &t.comm, a)?;
+                }
+            }
+            if self.processes.len() > 1 {
+                writeln!(out, "per process (Σ of its threads):")?;
+                for p in &self.processes {
+                    if let Some(a) = &p.attribution {
+                        let comm = format!("{} ({} thr)", p.comm, p.threads);
+                        row(out, &format!("pid {}", p.pid), &comm, a)?;
+                    }
                 }
             }
             if let Some(a) = &self.attribution_totals {
@@ -590,6 +663,43 @@ mod tests {
     }
 
     #[test]
+    fn threads_are_summed_by_process_and_a_process_is_named_by_its_main_thread() {
+        let time = |compute: u64| {
+            let mut t = ThreadTime { wall_ns: 100, ..Default::default() };
+            t.components.set(Component::Compute, Some(compute));
+            t.components.set(Component::Sleep, Some(100 - compute));
+            Some(t)
+        };
+        let th = |tid, pid, comm: &str, c| ThreadTotals { tid, pid, comm: comm.into(), faults: None, time: time(c) };
+        let totals = RunTotals {
+            mono_ns: 5_000,
+            // The wrapper `sh` (pid 5) and the engine it started (pid 7, two threads).
+            threads: vec![th(9, 7, "worker", 60), th(5, 5, "sh", 1), th(7, 7, "llama-simple", 30)],
+            devices: Vec::new(),
+        };
+        let s = summarise(&[Event::Header(RunHeader::default()), Event::Totals(totals)]);
+        let rows: Vec<(u32, &str, u32, Option<u64>)> = s
+            .processes
+            .iter()
+            .map(|p| {
+                let compute = p.attribution.as_ref().and_then(|a| a.components.get(Component::Compute));
+                (p.pid, p.comm.as_str(), p.threads, compute)
+            })
+            .collect();
+        assert_eq!(rows, [(5, "sh", 1, Some(1)), (7, "llama-simple", 2, Some(90))]);
+        let json = serde_json::to_value(&s).unwrap();
+        assert_eq!(json["processes"][1]["wall_ns"], serde_json::Value::Null, "wall is inside attribution");
+        assert_eq!(json["processes"][1]["attribution"]["wall_ns"], 200);
+        let mut out = Vec::new();
+        s.print(&mut out).unwrap();
+        let text = String::from_utf8(out).unwrap();
+        assert!(
+            text.contains("per process") && text.contains("pid 7") && text.contains("llama-simple (2 thr)"),
+            "{text}"
+        );
+    }
+
+    #[test]
     fn the_summary_is_a_function_of_the_stream() {
         let header = RunHeader {
             mode: "ebpf".into(),
@@ -604,8 +714,8 @@ mod tests {
         let totals = RunTotals {
             mono_ns: 5_000,
             threads: vec![
-                ThreadTotals { tid: 9, comm: "worker".into(), faults: None, time: Some(ThreadTime::default()) },
-                ThreadTotals { tid: 7, comm: "engine".into(), faults: Some(f), time: None },
+                ThreadTotals { tid: 9, pid: 7, comm: "worker".into(), faults: None, time: Some(ThreadTime::default()) },
+                ThreadTotals { tid: 7, pid: 7, comm: "engine".into(), faults: Some(f), time: None },
             ],
             devices: Vec::new(),
         };

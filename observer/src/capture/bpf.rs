@@ -148,6 +148,9 @@ pub struct AttachOptions {
     pub markers: Markers,
     /// Observe the processes the target forks, and theirs (`Config::follow_children`).
     pub follow_children: bool,
+    /// The target is our child, held before `exec`: its thread is not seeded,
+    /// so that the hold is charged to nothing (`seed` module doc).
+    pub held: bool,
 }
 
 /// What marked the tokens, once attached.
@@ -376,7 +379,9 @@ impl Probes {
                 h.insert(dev, DEV_SWAP, 0).map_err(map_err("DEVICES"))?;
             }
         }
-        seed_threads(&mut ebpf, target)?;
+        if !opts.held {
+            seed_threads(&mut ebpf, target)?;
+        }
 
         let cpus = online_cpus().map_err(|(path, source)| ProbeError::Cpus { path, source })?;
         let mut attached = Vec::new();
@@ -560,6 +565,7 @@ impl Probes {
             target: pid,
             markers: Markers::Auto { exe: exe.to_path_buf(), engine, running: true },
             follow_children: self.config.follow_children != 0,
+            held: false,
         };
         let m = attach_markers(&mut self.ebpf, &opts, &mut self.attached)?;
         self.markers = m.clone();

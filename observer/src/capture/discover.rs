@@ -5,10 +5,12 @@
 //! - A process is a target when it maps a `.gguf` file (any mapping in
 //!   `/proc/PID/maps` whose path ends in `.gguf`, deleted or not), or when its
 //!   executable defines our token markers ([`moe_abi::markers::SYM_BEGIN`]).
-//!   Known engine profiles (the llama.cpp issue) plug in at [`engine_of`].
+//!   A process that maps a library of a known engine profile is a target too,
+//!   GGUF or not ([`engine_of`]).
 //! - Labels are bounded and stable, never a PID or a TID:
-//!   - `engine`: `moe-engine` (our markers), `llama.cpp` (an executable whose
-//!     name starts with `llama`), else `gguf` (an unknown program mapping a
+//!   - `engine`: `moe-engine` (our markers), the name of the first engine
+//!     profile (`capture::profile`, e.g. `llama.cpp`) whose entry points a file
+//!     it maps executable defines, else `gguf` (an unknown program mapping a
 //!     GGUF file);
 //!   - `model`: the file name of the first `.gguf` it maps (empty if none).
 //!     Paths in `/proc/PID/maps` are in the process's own root, so a model in a
@@ -27,6 +29,8 @@ use std::{
     collections::{BTreeSet, HashMap},
     path::Path,
 };
+
+use super::profile::{self, Profile};
 
 /// The labels of a discovered target.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -119,22 +123,67 @@ pub fn classify(pid: u32) -> Option<Labels> {
     let exe = std::fs::read_link(format!("/proc/{pid}/exe")).ok();
     // The executable as this process sees it, reached through its root.
     let exe_file = exe.as_ref().map(|e| Path::new(&format!("/proc/{pid}/root")).join(e.strip_prefix("/").unwrap_or(e)));
-    let engine = engine_of(exe.as_deref(), exe_file.as_deref(), model.is_some())?;
+    let engine = engine_of(pid, exe_file.as_deref(), &maps, model.is_some())?;
     let cgroup = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).unwrap_or_default();
     Some(Labels { engine, model: model.unwrap_or_default(), container: container_of_cgroup(&cgroup) })
 }
 
-/// Which engine an executable is; None if the process is not a target.
-/// Engine profiles (issue 18, `capture::profile`) are to be matched here.
-pub fn engine_of(exe: Option<&Path>, exe_file: Option<&Path>, maps_gguf: bool) -> Option<&'static str> {
+/// Which engine a process runs; None if it is not a target (module spec):
+/// our markers in its executable, else the first engine profile
+/// ([`profile::PROFILES`]) whose entry points a file it maps executable
+/// defines (a library loaded with `dlopen` included), else `gguf` when it maps
+/// a GGUF file.
+pub fn engine_of(pid: u32, exe_file: Option<&Path>, maps: &str, maps_gguf: bool) -> Option<&'static str> {
     if exe_file.is_some_and(has_markers) {
         return Some("moe-engine");
     }
-    if !maps_gguf {
-        return None;
+    if let Some(p) = profile_of_maps(pid, maps) {
+        return Some(p.name);
     }
-    let name = exe.and_then(|e| e.file_name()).and_then(|n| n.to_str()).unwrap_or("");
-    Some(if name.starts_with("llama") { "llama.cpp" } else { "gguf" })
+    maps_gguf.then_some("gguf")
+}
+
+/// Files already looked at for engine profiles, by (device, inode): a host's
+/// processes share most of their libraries, so each is parsed once.
+static PROFILE_OF_FILE: std::sync::Mutex<Option<ProfileCache>> = std::sync::Mutex::new(None);
+type ProfileCache = HashMap<(u64, u64), Option<&'static Profile>>;
+/// Bound on [`PROFILE_OF_FILE`] (emptied when full).
+const PROFILE_CACHE: usize = 4096;
+
+/// The first engine profile whose entry points an executable mapping of the
+/// process defines (files reached through its root).
+fn profile_of_maps(pid: u32, maps: &str) -> Option<&'static Profile> {
+    use std::os::unix::fs::MetadataExt;
+    let profiles: Vec<&'static Profile> = profile::PROFILES.iter().collect();
+    let mut cache = PROFILE_OF_FILE.lock().unwrap_or_else(|e| e.into_inner());
+    let cache = cache.get_or_insert_with(HashMap::new);
+    let mut looked = BTreeSet::new();
+    for l in maps.lines() {
+        let mut f = l.splitn(6, char::is_whitespace);
+        let perms = f.nth(1).unwrap_or("");
+        let Some(path) = f.nth(3).map(str::trim_start) else { continue };
+        if !perms.contains('x') || !path.starts_with('/') || !looked.insert(path) {
+            continue;
+        }
+        let file = Path::new(&format!("/proc/{pid}/root")).join(path.trim_start_matches('/'));
+        let Ok(m) = std::fs::metadata(&file) else { continue };
+        let key = (m.dev(), m.ino());
+        let found = match cache.get(&key) {
+            Some(p) => *p,
+            None => {
+                if cache.len() >= PROFILE_CACHE {
+                    cache.clear();
+                }
+                let p = profile::profile_of_file(&file, &profiles);
+                cache.insert(key, p);
+                p
+            }
+        };
+        if found.is_some() {
+            return found;
+        }
+    }
+    None
 }
 
 /// Whether an executable defines our token markers.
@@ -148,14 +197,40 @@ fn has_markers(path: &Path) -> bool {
 
 /// The file name of the first `.gguf` mapping in a `/proc/PID/maps` text.
 pub fn gguf_of_maps(maps: &str) -> Option<String> {
+    let path = gguf_path_of_maps(maps)?;
+    Some(Path::new(&path).file_name()?.to_str()?.to_string())
+}
+
+/// The path of the first `.gguf` mapping in a `/proc/PID/maps` text (in the
+/// process's own root; ` (deleted)` taken off).
+pub fn gguf_path_of_maps(maps: &str) -> Option<String> {
     use procfs::{FromRead, process::MMapPath};
     let maps = procfs::process::MemoryMaps::from_read(maps.as_bytes()).ok()?;
     maps.iter().find_map(|m| {
         let MMapPath::Path(path) = &m.pathname else { return None };
-        let name = path.file_name()?.to_str()?;
-        let name = name.strip_suffix(" (deleted)").unwrap_or(name);
-        name.to_ascii_lowercase().ends_with(".gguf").then(|| name.to_string())
+        let path = path.to_str()?;
+        let path = path.strip_suffix(" (deleted)").unwrap_or(path);
+        let name = Path::new(path).file_name()?.to_str()?;
+        name.to_ascii_lowercase().ends_with(".gguf").then(|| path.to_string())
     })
+}
+
+/// The model file a running process has mapped, as this process can open it
+/// (through `/proc/PID/root`, so a container's file is found too).
+pub fn mapped_gguf(pid: u32) -> Option<std::path::PathBuf> {
+    let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).ok()?;
+    let path = gguf_path_of_maps(&maps)?;
+    let via_root = Path::new(&format!("/proc/{pid}/root")).join(path.trim_start_matches('/'));
+    Some(if Path::new(&path).exists() && same_root(pid) { path.into() } else { via_root })
+}
+
+/// Whether process `pid` sees the same root directory as this one.
+fn same_root(pid: u32) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    let (Ok(a), Ok(b)) = (std::fs::metadata("/proc/self/root"), std::fs::metadata(format!("/proc/{pid}/root"))) else {
+        return false;
+    };
+    (a.dev(), a.ino()) == (b.dev(), b.ino())
 }
 
 /// The container id in a `/proc/PID/cgroup` text (its cgroup v2 line), or "".
@@ -185,6 +260,7 @@ mod tests {
 7f10-7f20 r--p 00000000 00:00 0 [heap]
 ";
         assert_eq!(gguf_of_maps(maps).as_deref(), Some("My Model-Q4_K_M.GGUF"));
+        assert_eq!(gguf_path_of_maps(maps).as_deref(), Some("/models/My Model-Q4_K_M.GGUF"));
         assert_eq!(gguf_of_maps("7f10-7f20 r--p 00000000 00:00 0 [heap]\n"), None);
         assert_eq!(gguf_of_maps("7f10-7f20 r--p 00000000 fd:01 9 /a/gguf.txt\n"), None);
     }

@@ -94,7 +94,16 @@ pub fn config_from_command(cmd: &[String]) -> BTreeMap<String, String> {
     m
 }
 
-pub fn build(mode: &str, pid: u32, command: &[String], probes: Vec<String>, model: Option<&Path>) -> RunHeader {
+/// The run's header; `model` is the model file when known (else the one the
+/// command line names), `tokens` what marks the tokens.
+pub fn build(
+    mode: &str,
+    pid: u32,
+    command: &[String],
+    probes: Vec<String>,
+    model: Option<&Path>,
+    tokens: String,
+) -> RunHeader {
     let now_unix =
         std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos() as u64).unwrap_or(0);
     let model_path = model.map(|p| p.display().to_string()).or_else(|| model_from_command(command));
@@ -114,6 +123,7 @@ pub fn build(mode: &str, pid: u32, command: &[String], probes: Vec<String>, mode
         model: model_path.as_deref().map(Path::new).and_then(model_info),
         engine_config: config_from_command(command),
         probes,
+        tokens,
     }
 }
 

@@ -22,9 +22,10 @@
 //! ## Adding a profile
 //! Add a [`Profile`] to [`PROFILES`]: its name (what `--engine` takes and the
 //! header shows) and its entry points. The token-count rule of an entry point
-//! is [`NTokens::Unknown`] unless its argument's layout is public and stable
-//! (`observer_common::attrib::call_arg` lists the rules the kernel side can
-//! apply). Nothing else changes.
+//! is [`NTokens::Unknown`] unless its argument's layout is public and stable,
+//! or private but checked against the engine's own header by a test and read
+//! by a rule whose checks refuse other layouts (`observer_common::attrib::call_arg`
+//! lists the rules the kernel side can apply). Nothing else changes.
 
 use std::{
     collections::BTreeSet,
@@ -42,6 +43,9 @@ pub enum NTokens {
     /// struct over 16 bytes passed by value, on the stack after the return
     /// address; elsewhere the count is unknown).
     StackI32 { offset: u32 },
+    /// The length of a `std::vector` in the struct an argument points to
+    /// (`call_arg::VecLen`: x86-64 and aarch64 alike, the argument is a register).
+    PtrVecLen(call_arg::VecLen),
 }
 
 impl NTokens {
@@ -51,6 +55,7 @@ impl NTokens {
             NTokens::StackI32 { offset } if cfg!(target_arch = "x86_64") => {
                 call_arg::cookie(call_arg::STACK_I32, offset)
             }
+            NTokens::PtrVecLen(v) => v.cookie(),
             _ => call_arg::cookie(call_arg::NONE, 0),
         }
     }
@@ -73,16 +78,26 @@ pub struct Profile {
 /// llama.cpp (`libllama`): its tools decode through `llama_decode(ctx,
 /// llama_batch)` or `llama_process(ctx, type, llama_batch_ext *)` (the server
 /// through both), encoder models through `llama_encode`. `llama_batch` is
-/// public (`include/llama.h`: `int32_t n_tokens` first) and passed by value;
-/// `llama_batch_ext` is private.
+/// public (`include/llama.h`: `int32_t n_tokens` first) and passed by value.
+/// `llama_batch_ext` is private ([`LLAMA_BATCH_EXT_TOKENS`]).
 pub const LLAMA_CPP: Profile = Profile {
     name: "llama.cpp",
     entries: &[
         Entry { symbol: "llama_decode", n_tokens: NTokens::StackI32 { offset: 8 } },
         Entry { symbol: "llama_encode", n_tokens: NTokens::StackI32 { offset: 8 } },
-        Entry { symbol: "llama_process", n_tokens: NTokens::Unknown },
+        Entry { symbol: "llama_process", n_tokens: NTokens::PtrVecLen(LLAMA_BATCH_EXT_TOKENS) },
     ],
 };
+
+/// The token count of `llama_process(ctx, type, llama_batch_ext * batch)`:
+/// `batch->tokens.size()`. `src/llama-batch.h` (llama-cpp-python 0.3.36's
+/// tree) lays the struct out as `size_t n_tokens_max` at 0, then four more
+/// words, `n_pos_per_embd`, `n_embd`, and `std::vector<token> tokens` at
+/// byte 64, with 96-byte elements (checked by compiling against that header in
+/// `observer/tests/llama.rs`). Another release's layout fails the rule's checks
+/// (`call_arg` spec) in all but contrived cases and its counts are unknown.
+pub const LLAMA_BATCH_EXT_TOKENS: call_arg::VecLen =
+    call_arg::VecLen { arg: 2, vec_offset: 64, elem_size: 96, bound_offset: Some(0) };
 
 /// Every profile, tried in this order.
 pub const PROFILES: &[Profile] = &[LLAMA_CPP];
@@ -136,6 +151,12 @@ pub fn detect(profiles: &[&'static Profile], exe: &Path, pid: Option<u32>) -> Op
         }
     }
     None
+}
+
+/// The first of `profiles` whose entry points `path` defines, if any.
+pub fn profile_of_file(path: &Path, profiles: &[&'static Profile]) -> Option<&'static Profile> {
+    let defined = defined_symbols(path, profiles);
+    profiles.iter().find(|p| p.entries.iter().any(|e| defined.contains(e.symbol))).copied()
 }
 
 /// Which of the profiles' symbols `path` defines (its symbol and dynamic
@@ -236,7 +257,7 @@ mod tests {
         assert_eq!(by_name("LLAMA.CPP"), Some(&LLAMA_CPP));
         assert_eq!(by_name("ollama"), None);
         let process = LLAMA_CPP.entries.iter().find(|e| e.symbol == "llama_process").unwrap();
-        assert_eq!(process.n_tokens.cookie(), 0, "llama_batch_ext is private: its count is unknown");
+        assert_eq!(call_arg::VecLen::from_cookie(process.n_tokens.cookie()), LLAMA_BATCH_EXT_TOKENS);
         let decode = LLAMA_CPP.entries.iter().find(|e| e.symbol == "llama_decode").unwrap();
         if cfg!(target_arch = "x86_64") {
             assert_eq!(call_arg::split(decode.n_tokens.cookie()), (call_arg::STACK_I32, 8));

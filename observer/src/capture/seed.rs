@@ -1,9 +1,15 @@
 //! Seeding the attribution state of threads that exist before the probes are
 //! attached (`--pid`, and the spawned child held before `exec`), from
 //! `/proc/PID/task/TID/{stat,syscall}`: on CPU or not, and in which
-//! syscall. Accounting for them starts at the seeding instant.
+//! syscall. Accounting for them starts at the seeding instant, as
+//! `unattributed` until each thread's first event (`attrib` module spec): the
+//! probes are attached after the seed, and what `/proc` showed may not hold by
+//! then. The seeded context only says which syscall a thread is blocked in,
+//! for when its first event is a wakeup or a switch. A spawned child held
+//! before `exec` is not seeded: its accounting starts at its first event after
+//! the release, so the hold is charged to nothing.
 
-use observer_common::attrib::{F_IN_SYSCALL, F_IO_SYSCALL, F_ON_CPU, F_RUNNABLE, F_SEEDED, ThreadState};
+use observer_common::attrib::{F_IN_SYSCALL, F_IO_SYSCALL, F_ON_CPU, F_SEEDED, F_UNKNOWN, ThreadState};
 
 use crate::capture::syscalls;
 
@@ -35,13 +41,14 @@ pub fn seed(pid: u32, tid: u32, now: u64) -> Option<ThreadState> {
     };
     let mut t = ThreadState::zeroed();
     t.tid = tid;
+    t.tgid = pid;
     t.last_ts = now;
     t.first_ts = now;
-    t.flags = F_SEEDED;
+    t.flags = F_SEEDED | F_UNKNOWN;
     let c = stat.comm.as_bytes();
     let n = c.len().min(15);
     t.comm[..n].copy_from_slice(&c[..n]);
-    // Anything but running (sleeping, uninterruptible wait) is blocked.
+    // `R` is on a CPU or waiting for one; anything else is blocked.
     if stat.state == 'R' {
         t.flags |= F_ON_CPU;
     }
@@ -52,9 +59,6 @@ pub fn seed(pid: u32, tid: u32, now: u64) -> Option<ThreadState> {
         if syscalls::is_io(nr) {
             t.flags |= F_IO_SYSCALL;
         }
-    }
-    if stat.state == 'R' && t.flags & F_ON_CPU == 0 {
-        t.flags |= F_RUNNABLE;
     }
     Some(t)
 }

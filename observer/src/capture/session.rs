@@ -361,7 +361,8 @@ impl Session {
             }
         };
         let follow_children = s.opts.follow_children;
-        let probes = match Probes::attach(&AttachOptions { target: pid, markers, follow_children }) {
+        let held = s.target.is_spawned();
+        let probes = match Probes::attach(&AttachOptions { target: pid, markers, follow_children, held }) {
             Ok(p) => p,
             Err(e @ (ProbeError::Permission(_) | ProbeError::Load(_))) if s.opts.mode == Mode::EbpfOrProcfs => {
                 s.capture = Capture::Procfs(e.to_string());
@@ -373,13 +374,7 @@ impl Session {
                 return Err(e.into());
             }
         };
-        let marker_desc = match &probes.markers {
-            Some(MarkerKind::Engine { exe }) => format!("engine markers in {exe}"),
-            Some(MarkerKind::Symbol { symbol, path }) => format!("calls of {symbol} in {path}"),
-            Some(MarkerKind::Profile(found)) => format!("engine profile {}", found.describe()),
-            None if s.opts.window.is_some() => "fixed windows".to_string(),
-            None => "none (whole-run totals only; use --window or --token-symbol)".to_string(),
-        };
+        let marker_desc = tokens_desc(probes.markers.as_ref(), s.opts.window.is_some());
         log::info!(
             "pid {pid}: {} probes attached; tokens: {marker_desc}{}",
             probes.attached.len(),
@@ -469,7 +464,9 @@ impl Session {
         let mut resid = self.residency_sampler(&mut probes);
         asm.churn = resid.as_ref().is_some_and(|r| r.churn().is_some());
         asm.blame = resid.as_ref().and_then(|r| r.churn()).is_some_and(|c| c.blame.is_ok());
-        let header = header::build("ebpf", pid, &self.command, probes.attached.clone(), self.opts.model.as_deref());
+        let marked_by = tokens_desc(probes.markers.as_ref(), self.opts.window.is_some());
+        let model = self.model_file();
+        let header = header::build("ebpf", pid, &self.command, probes.attached.clone(), model.as_deref(), marked_by);
         emit(sinks, &Event::Header(header))?;
         // The kernel side never wakes us (see observer-ebpf/src/marks.rs): poll.
         let mut poll = interval(self.opts.poll);
@@ -579,7 +576,14 @@ impl Session {
         );
         emit(
             sinks,
-            &Event::Header(header::build("procfs", pid, &self.command, Vec::new(), self.opts.model.as_deref())),
+            &Event::Header(header::build(
+                "procfs",
+                pid,
+                &self.command,
+                Vec::new(),
+                self.model_file().as_deref(),
+                "fixed windows (procfs)".to_string(),
+            )),
         )?;
         let mut asm = Assembler::new(StepKind::Window);
         let mut ticker = interval(window);
@@ -632,17 +636,28 @@ impl Session {
         Ok(ending)
     }
 
+    /// The target's model file: `--model`, else the one its command line names
+    /// (relative to its working directory), else, for a process attached to
+    /// (`--pid`), the first GGUF file it has mapped (`discover::mapped_gguf`).
+    fn model_file(&self) -> Option<PathBuf> {
+        let pid = self.target.pid();
+        if let Some(m) =
+            self.opts.model.clone().or_else(|| header::model_from_command(&self.command).map(PathBuf::from))
+        {
+            return Some(if m.is_relative() {
+                std::fs::read_link(format!("/proc/{pid}/cwd")).map(|d| d.join(&m)).unwrap_or(m)
+            } else {
+                m
+            });
+        }
+        if self.target.is_spawned() { None } else { crate::capture::discover::mapped_gguf(pid) }
+    }
+
     /// The residency sampler for the target's model file, when there is one (a
-    /// GGUF named by the options or on the command line), with page-cache churn
+    /// GGUF named by the options, on the command line or mapped), with page-cache churn
     /// counted in the kernel. Problems are reported in one line, never fatal.
     fn residency_sampler(&self, probes: &mut Probes) -> Option<Sampler> {
-        let model = self.opts.model.clone().or_else(|| header::model_from_command(&self.command).map(PathBuf::from))?;
-        // A relative path is relative to the target's working directory.
-        let model = if model.is_relative() {
-            std::fs::read_link(format!("/proc/{}/cwd", self.target.pid())).map(|d| d.join(&model)).unwrap_or(model)
-        } else {
-            model
-        };
+        let model = self.model_file()?;
         let mut s = match Sampler::new(&model, Some(self.target.pid())) {
             Ok(s) => s,
             Err(e) => {
@@ -761,6 +776,23 @@ fn health(probes: &Probes, malformed: u64, mono_ns: u64) -> Result<ObserverHealt
     })
 }
 
+/// What marks the tokens, in words (the log line and the header's `tokens`).
+fn tokens_desc(markers: Option<&MarkerKind>, windows: bool) -> String {
+    match markers {
+        Some(MarkerKind::Engine { exe }) => format!("engine markers in {exe}"),
+        Some(MarkerKind::Symbol { symbol, path }) => format!("calls of {symbol} in {path}"),
+        Some(MarkerKind::Profile(found)) => format!("engine profile {}", found.describe()),
+        None if windows => "fixed windows".to_string(),
+        None => "none (whole-run totals only; use --window or --token-symbol)".to_string(),
+    }
+}
+
+/// The process of thread `tid` (`Tgid:` of `/proc/TID/status`), while it lives.
+fn procfs_tgid(tid: u32) -> Option<u32> {
+    let status = std::fs::read_to_string(format!("/proc/{tid}/status")).ok()?;
+    status.lines().find_map(|l| l.strip_prefix("Tgid:")?.trim().parse().ok())
+}
+
 /// The whole run's per-thread and per-device totals from the kernel's maps
 /// (`observer_common::totals`), thread states closed at `now`.
 fn run_totals(probes: &Probes, now: u64) -> Result<RunTotals> {
@@ -768,6 +800,7 @@ fn run_totals(probes: &Probes, now: u64) -> Result<RunTotals> {
     for (tid, f) in probes.thread_faults()? {
         threads.push(ThreadTotals {
             tid,
+            pid: 0,
             comm: comm_str(&f.comm),
             faults: Some(FaultTotals {
                 majflt: f.majflt,
@@ -796,10 +829,21 @@ fn run_totals(probes: &Probes, now: u64) -> Result<RunTotals> {
             Some(t) => {
                 // The scheduler's name is the latest (after `exec`); the fault record keeps the first.
                 t.comm = comm_str(&s.comm);
+                t.pid = s.tgid;
                 t.time = Some(time);
             }
-            None => threads.push(ThreadTotals { tid: s.tid, comm: comm_str(&s.comm), faults: None, time: Some(time) }),
+            None => threads.push(ThreadTotals {
+                tid: s.tid,
+                pid: s.tgid,
+                comm: comm_str(&s.comm),
+                faults: None,
+                time: Some(time),
+            }),
         }
+    }
+    // A thread seen only by the fault probes: its process while it lives.
+    for t in threads.iter_mut().filter(|t| t.pid == 0) {
+        t.pid = procfs_tgid(t.tid).unwrap_or(0);
     }
     threads.sort_by_key(|t| t.tid);
     let devices = probes
@@ -836,10 +880,15 @@ fn after_exec(probes: &mut Probes, pid: u32, engine: EngineChoice) -> Result<()>
         return Ok(());
     }
     let Ok(exe) = std::fs::read_link(format!("/proc/{pid}/exe")) else { return Ok(()) };
-    match probes.attach_after_exec(&exe, pid, engine)? {
-        Some(MarkerKind::Profile(found)) => log::info!("pid {pid}: engine profile {}", found.describe()),
-        Some(_) => log::info!("pid {pid} exec'd {}: engine markers attached", exe.display()),
-        None => {}
+    match probes.attach_after_exec(&exe, pid, engine) {
+        Ok(Some(MarkerKind::Profile(found))) => log::info!("pid {pid}: engine profile {}", found.describe()),
+        Ok(Some(_)) => log::info!("pid {pid} exec'd {}: engine markers attached", exe.display()),
+        Ok(None) => {}
+        // It ended before its markers could be attached (a short program): nothing to mark.
+        Err(_) if std::fs::read_link(format!("/proc/{pid}/exe")).is_err() => {
+            log::warn!("pid {pid} ended before its token markers were attached: its steps have no records");
+        }
+        Err(e) => return Err(e.into()),
     }
     Ok(())
 }

@@ -19,6 +19,25 @@ pub fn workload() -> &'static str {
     PATH.get_or_init(|| fixtures::binary("workload"))
 }
 
+/// The embedded engine, a sibling binary of the observer (built by `cargo xtask test`).
+pub fn engine_bin() -> PathBuf {
+    let p = std::path::Path::new(OBSERVER).with_file_name("engine");
+    assert!(p.exists(), "{} missing: run `cargo build --release -p engine` (cargo xtask test does)", p.display());
+    p
+}
+
+/// The engine's default synthetic model (`engine synth`), which llama.cpp loads too; made once.
+pub fn tiny_model() -> PathBuf {
+    let path = scratch_dir("models").join("tiny.gguf");
+    if !path.exists() {
+        let tmp = path.with_extension(format!("partial-{}", std::process::id()));
+        let st = Command::new(engine_bin()).args(["synth", "-o"]).arg(&tmp).status().expect("engine synth");
+        assert!(st.success(), "engine synth failed");
+        std::fs::rename(&tmp, &path).unwrap();
+    }
+    path
+}
+
 /// The `resid_standin` stand-in engine (package `fixtures`, built on first use).
 pub fn resid_standin() -> &'static str {
     static PATH: std::sync::OnceLock<String> = std::sync::OnceLock::new();

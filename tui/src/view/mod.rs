@@ -98,9 +98,10 @@ fn draw_header(app: &App, f: &mut Frame<'_>, area: Rect) {
     let [left, right] = Layout::horizontal([Constraint::Min(0), Constraint::Length(st_w)]).areas(l1);
     let target = match &app.header {
         Some(h) => format!(
-            "pid {} · {}",
+            "pid {} · {}{}",
             h.target_pid,
-            if h.target_command.is_empty() { "?".to_string() } else { h.target_command.join(" ") }
+            if h.target_command.is_empty() { "?".to_string() } else { h.target_command.join(" ") },
+            if h.tokens.is_empty() { String::new() } else { format!(" · tokens: {}", h.tokens) }
         ),
         None => "waiting for the run header (attaching probes)…".to_string(),
     };
