@@ -45,7 +45,12 @@ pub struct Cell {
 impl CliffBench {
     pub fn load(path: &Path) -> Result<CliffBench> {
         let text = std::fs::read_to_string(path).with_context(|| format!("{}: cannot read", path.display()))?;
-        let b: CliffBench = serde_json::from_str(&text)
+        Self::parse(path, &text)
+    }
+
+    /// A bench result from its text; `path` names it in errors.
+    pub fn parse(path: &Path, text: &str) -> Result<CliffBench> {
+        let b: CliffBench = serde_json::from_str(text)
             .with_context(|| format!("{}: not a bench cliff result ({FORMAT})", path.display()))?;
         if b.format != FORMAT {
             bail!("{}: format {:?}, expected {FORMAT:?}", path.display(), b.format);
