@@ -57,8 +57,11 @@ fn phase(stdout: &str) -> Result<(u64, u64)> {
         .context("the workload printed no `anon` phase")
 }
 
-/// Per program of process `pid`: (name, run count, run time ns), from `bpftool prog show`.
-fn programs_of(pid: u32) -> BTreeMap<u64, (String, u64, u64)> {
+/// Programs by id: (name, run count, run time ns).
+type Programs = BTreeMap<u64, (String, u64, u64)>;
+
+/// The programs process `pid` holds, from `bpftool prog show`.
+fn programs_of(pid: u32) -> Programs {
     let Ok(out) = Command::new("bpftool").args(["-j", "prog", "show"]).output() else { return BTreeMap::new() };
     let Ok(Value::Array(progs)) = serde_json::from_slice::<Value>(&out.stdout) else { return BTreeMap::new() };
     progs
@@ -76,7 +79,7 @@ fn programs_of(pid: u32) -> BTreeMap<u64, (String, u64, u64)> {
 
 /// Runs `c` to its end; returns stdout and, when `sample`, the last `bpftool` sample of the
 /// programs its process holds.
-fn run(c: &mut Command, sample: bool) -> Result<(String, BTreeMap<u64, (String, u64, u64)>)> {
+fn run(c: &mut Command, sample: bool) -> Result<(String, Programs)> {
     let child = c.stdout(Stdio::piped()).stderr(Stdio::null()).spawn().context("spawning the bench command")?;
     let pid = child.id();
     let done = Arc::new(AtomicBool::new(false));
