@@ -109,6 +109,9 @@ pub struct SynthArgs {
     /// Print the resolved configuration and exit without writing.
     #[arg(long)]
     pub dry_run: bool,
+    /// Replace the output file if it exists (it is written aside and renamed into place).
+    #[arg(long)]
+    pub force: bool,
 }
 
 #[derive(clap::Args)]
@@ -162,6 +165,10 @@ pub struct RunArgs {
     /// time (0 = every step, whatever it costs).
     #[arg(long, default_value_t = 100)]
     pub resident_every_ms: u64,
+    /// Replace output files (--metrics-csv, --metrics-json, --logits-out) that exist; each is
+    /// checked before the model loads, written aside and renamed into place, never over the model.
+    #[arg(long)]
+    pub force: bool,
 }
 
 #[derive(clap::Args)]

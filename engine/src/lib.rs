@@ -22,6 +22,7 @@ pub mod gguf;
 pub mod inspect;
 pub mod markers;
 pub mod model;
+pub mod output;
 pub mod placement;
 pub mod pool;
 pub mod quant;

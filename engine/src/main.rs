@@ -15,6 +15,7 @@ use engine::dense_regions::DenseRegions;
 use engine::gguf::Gguf;
 use engine::markers::{KIND_GENERATE, KIND_PROMPT};
 use engine::model::{Model, Session};
+use engine::output::{Output, Policy};
 use engine::placement::{DensePolicy, ExpertAdvice, ExpertPolicy, Placement};
 use engine::sampling::{Sampler, SamplerConfig};
 use engine::synth::{QuantMix, SynthConfig};
@@ -269,13 +270,15 @@ fn synth(a: SynthArgs) -> Result<()> {
     );
     let t = Instant::now();
     let mut done = 0u64;
-    engine::synth::write_model(&c, &a.output, a.threads.unwrap_or_else(default_threads), |s| {
+    let out = Output::create(&a.output, Policy { force: a.force, inputs: &[] })?;
+    engine::synth::write_model(&c, out.partial_path(), a.threads.unwrap_or_else(default_threads), |s| {
         done += s.size().unwrap_or(0);
         if total > (256 << 20) && s.name.ends_with("ffn_down_exps.weight") {
             eprintln!("  {:>5.1}% {}", done as f64 * 100.0 / total as f64, s.name);
         }
     })
     .with_context(|| format!("writing {}", a.output.display()))?;
+    out.commit()?;
     eprintln!("synth: done in {:.1} s", t.elapsed().as_secs_f64());
     Ok(())
 }
@@ -306,6 +309,12 @@ fn mib(b: u64) -> f64 {
 
 fn run(a: RunArgs) -> Result<()> {
     let path = &a.model;
+    // Outputs are checked before the work (`engine::output`).
+    let inputs = [path.clone()];
+    let policy = Policy { force: a.force, inputs: &inputs };
+    let output = |p: &Option<std::path::PathBuf>| p.as_deref().map(|p| Output::create(p, policy)).transpose();
+    let (metrics_csv, metrics_json, logits_out) =
+        (output(&a.metrics_csv)?, output(&a.metrics_json)?, output(&a.logits_out)?);
     let t_load = Instant::now();
     let mut model = Model::load_with(path, a.dense).with_context(|| format!("loading {}", path.display()))?;
     let load_s = t_load.elapsed().as_secs_f64();
@@ -371,7 +380,7 @@ fn run(a: RunArgs) -> Result<()> {
     }
     let mut sampler = Sampler::new(SamplerConfig { temp: a.temp, top_k: a.top_k, top_p: a.top_p, seed: a.seed });
     let gen_steps_planned = a.n.saturating_sub(1) as u64;
-    let metrics = if a.metrics_csv.is_some() || a.metrics_json.is_some() {
+    let metrics = if metrics_csv.is_some() || metrics_json.is_some() {
         let header = MetricsHeader::for_run(
             &model,
             cache.as_ref(),
@@ -386,7 +395,7 @@ fn run(a: RunArgs) -> Result<()> {
             ],
         );
         Some(
-            MetricsWriter::create(a.metrics_csv.as_deref(), a.metrics_json.as_deref(), &header, gen_steps_planned)
+            MetricsWriter::create(metrics_csv, metrics_json, &header, gen_steps_planned)
                 .context("creating the metrics file")?,
         )
     } else {
@@ -404,7 +413,7 @@ fn run(a: RunArgs) -> Result<()> {
     // sampled and written. Every later step (marked as a generated token) decodes the previous
     // token, samples the next one and writes it.
     let mut last_logits = Vec::new();
-    let keep_logits = a.logits_out.is_some();
+    let keep_logits = logits_out.is_some();
     let (first, prompt_rec) = meter.step(KIND_PROMPT, 0, prompt.len() as u64, || -> Result<u32> {
         let logits = sess.step(&prompt).with_context(|| format!("prompt of {} tokens", prompt.len()))?;
         if keep_logits {
@@ -455,9 +464,9 @@ fn run(a: RunArgs) -> Result<()> {
     };
     let prompt_tok_s = prompt.len() as f64 / prompt_s;
     let gen_tok_s = if gen_steps > 0 { gen_steps as f64 / gen_s } else { 0.0 };
-    if let Some(p) = &a.logits_out {
+    if let Some(out) = logits_out {
         let bytes: Vec<u8> = last_logits.iter().flat_map(|v| v.to_le_bytes()).collect();
-        std::fs::write(p, bytes).with_context(|| format!("writing {}", p.display()))?;
+        out.write_all_and_commit(&bytes)?;
     }
     let times = sess.times;
     let marked_steps = 1 + gen_steps;

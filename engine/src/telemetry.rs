@@ -329,13 +329,18 @@ impl<'m> Meter<'m> {
         Ok((out, sample))
     }
 
-    /// Writes the last row; returns the writer's first error, if any, and the rows written.
+    /// Writes the last row and renames the files into place; returns the writer's first error,
+    /// if any, and the rows written.
     pub fn finish(mut self) -> Result<u64, MetricsError> {
         self.write_pending();
-        match self.write_error.take() {
-            Some(e) => Err(e),
-            None => Ok(self.writer.as_ref().map_or(0, MetricsWriter::rows)),
+        if let Some(e) = self.write_error.take() {
+            return Err(e);
         }
+        let rows = self.writer.as_ref().map_or(0, MetricsWriter::rows);
+        if let Some(w) = self.writer.take() {
+            w.commit()?;
+        }
+        Ok(rows)
     }
 }
 
@@ -451,10 +456,42 @@ fn row_values(step: u64, steps: u64, s: &StepSample) -> [(Option<f64>, usize); 2
 /// Writes `--metrics-csv` and/or `--metrics-json` (format in the module docs), one row per
 /// generated-token step, flushed per row so that a killed run keeps its complete rows.
 pub struct MetricsWriter {
-    csv: Option<(std::io::BufWriter<std::fs::File>, String)>,
-    json: Option<(std::io::BufWriter<std::fs::File>, String)>,
+    csv: Option<MetricsFile>,
+    json: Option<MetricsFile>,
     steps: u64,
     rows: u64,
+}
+
+/// One metrics file: written aside, renamed into place by [`MetricsWriter::commit`]
+/// ([`crate::output`]).
+struct MetricsFile {
+    w: std::io::BufWriter<std::fs::File>,
+    pending: crate::output::Pending,
+    path: String,
+}
+
+impl MetricsFile {
+    fn new(out: crate::output::Output) -> MetricsFile {
+        let path = out.path().display().to_string();
+        let (file, pending) = out.split();
+        MetricsFile { w: std::io::BufWriter::new(file), pending, path }
+    }
+
+    fn err(&self, source: std::io::Error) -> MetricsError {
+        MetricsError { path: self.path.clone(), source }
+    }
+
+    fn commit(self) -> Result<(), MetricsError> {
+        let path = self.path;
+        let file = self.w.into_inner().map_err(|e| MetricsError { path: path.clone(), source: e.into_error() })?;
+        self.pending.commit(file).map_err(|e| MetricsError {
+            path,
+            source: match e {
+                crate::output::OutputError::Io { source, .. } => source,
+                e => std::io::Error::other(e.to_string()),
+            },
+        })
+    }
 }
 
 impl std::fmt::Debug for MetricsWriter {
@@ -471,51 +508,49 @@ pub struct MetricsError {
 }
 
 impl MetricsWriter {
-    /// Creates the files and writes their headers; `steps` is the `steps` column.
+    /// Writes the headers into the outputs (created and checked before the run:
+    /// [`crate::output`]); `steps` is the `steps` column.
     pub fn create(
-        csv: Option<&std::path::Path>,
-        json: Option<&std::path::Path>,
+        csv: Option<crate::output::Output>,
+        json: Option<crate::output::Output>,
         header: &MetricsHeader,
         steps: u64,
     ) -> Result<MetricsWriter, MetricsError> {
-        let open = |p: &std::path::Path| {
-            let path = p.display().to_string();
-            std::fs::File::create(p)
-                .map(|f| (std::io::BufWriter::new(f), path.clone()))
-                .map_err(|source| MetricsError { path, source })
-        };
-        let mut w =
-            MetricsWriter { csv: csv.map(open).transpose()?, json: json.map(open).transpose()?, steps, rows: 0 };
+        let mut w = MetricsWriter { csv: csv.map(MetricsFile::new), json: json.map(MetricsFile::new), steps, rows: 0 };
         let line = |kv: &[(String, String)]| kv.iter().map(|(k, v)| format!("{k}={v}")).collect::<Vec<_>>().join(" ");
-        if let Some((f, path)) = &mut w.csv {
+        if let Some(f) = &mut w.csv {
             let text = format!(
                 "# bmoe_metrics v1\n# {}\n# {}\n{}\n",
                 line(&header.model),
                 line(&header.config),
                 COLUMNS.join(",")
             );
-            f.write_all(text.as_bytes())
-                .and_then(|()| f.flush())
-                .map_err(|source| MetricsError { path: path.clone(), source })?;
+            f.w.write_all(text.as_bytes()).and_then(|()| f.w.flush()).map_err(|e| f.err(e))?;
         }
-        if let Some((f, path)) = &mut w.json {
+        if let Some(f) = &mut w.json {
             let obj = |kv: &[(String, String)]| {
                 serde_json::Value::Object(
                     kv.iter().map(|(k, v)| (k.clone(), serde_json::Value::String(v.clone()))).collect(),
                 )
             };
             let h = serde_json::json!({"format": "bmoe_metrics v1", "model": obj(&header.model), "config": obj(&header.config)});
-            writeln!(f, "{h}")
-                .and_then(|()| f.flush())
-                .map_err(|source| MetricsError { path: path.clone(), source })?;
+            writeln!(f.w, "{h}").and_then(|()| f.w.flush()).map_err(|e| f.err(e))?;
         }
         Ok(w)
+    }
+
+    /// Syncs the files and renames them into place.
+    pub fn commit(self) -> Result<(), MetricsError> {
+        for f in [self.csv, self.json].into_iter().flatten() {
+            f.commit()?;
+        }
+        Ok(())
     }
 
     /// Appends the row of generation step `step` (1-based).
     pub fn row(&mut self, step: u64, s: &StepSample) -> Result<(), MetricsError> {
         let vals = row_values(step, self.steps, s);
-        if let Some((f, path)) = &mut self.csv {
+        if let Some(f) = &mut self.csv {
             let mut line = String::with_capacity(256);
             for (i, (v, dec)) in vals.iter().enumerate() {
                 if i > 0 {
@@ -528,11 +563,9 @@ impl MetricsWriter {
                 }
             }
             line.push('\n');
-            f.write_all(line.as_bytes())
-                .and_then(|()| f.flush())
-                .map_err(|source| MetricsError { path: path.clone(), source })?;
+            f.w.write_all(line.as_bytes()).and_then(|()| f.w.flush()).map_err(|e| f.err(e))?;
         }
-        if let Some((f, path)) = &mut self.json {
+        if let Some(f) = &mut self.json {
             let mut m = serde_json::Map::new();
             for (name, (v, dec)) in COLUMNS.iter().zip(vals) {
                 let j = match v {
@@ -542,9 +575,7 @@ impl MetricsWriter {
                 };
                 m.insert((*name).to_owned(), j);
             }
-            writeln!(f, "{}", serde_json::Value::Object(m))
-                .and_then(|()| f.flush())
-                .map_err(|source| MetricsError { path: path.clone(), source })?;
+            writeln!(f.w, "{}", serde_json::Value::Object(m)).and_then(|()| f.w.flush()).map_err(|e| f.err(e))?;
         }
         self.rows += 1;
         Ok(())

@@ -41,7 +41,8 @@ fn cache_columns_match_the_kernel_and_the_routing() {
     let csv = scratch("cache-io.csv");
     let n = 24u64;
     let header = MetricsHeader::for_run(&m, Some(&cache), 2, 64, &[]);
-    let writer = MetricsWriter::create(Some(&csv), None, &header, n).unwrap();
+    let out = engine::output::Output::create(&csv, engine::output::Policy { force: true, inputs: &[] }).unwrap();
+    let writer = MetricsWriter::create(Some(out), None, &header, n).unwrap();
     let mut meter = Meter::new(&m, Duration::from_millis(100), Some(writer)).with_cache(Some(&cache));
     let prompt: Vec<u32> = (0..8).map(|i| i * 11 + 3).collect();
     let (mut tok, _) = meter

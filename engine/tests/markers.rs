@@ -106,7 +106,7 @@ fn markers_fire_once_per_step_under_a_uprobe() {
     );
     // bpftrace splits -c on spaces: no spaces in any argument.
     let cmd = format!(
-        "{e} run -m {} -p The_quick_brown_fox,jumps. -n {n} -t 1 --ignore-eos --json --metrics-json {}",
+        "{e} run -m {} -p The_quick_brown_fox,jumps. -n {n} -t 1 --ignore-eos --json --force --metrics-json {}",
         m.display(),
         json.display()
     );

@@ -18,7 +18,7 @@ fn run_policy(dense: &str) -> (Finished, Bmoe, std::path::PathBuf) {
     c.arg("run").arg("-m").arg(&m);
     c.args(["-p", "The quick brown fox jumps over the lazy dog", "-n", &N.to_string(), "-t", "1"]);
     c.args(["--ignore-eos", "--json", "--dense", dense, "--resident-every-ms", "0"]);
-    c.arg("--metrics-csv").arg(&csv).arg("--metrics-json").arg(&json);
+    c.arg("--force").arg("--metrics-csv").arg(&csv).arg("--metrics-json").arg(&json);
     let f = run_with_rusage(c, &format!("metrics-{dense}"));
     let b = read_bmoe(&csv);
     (f, b, json)
@@ -130,6 +130,7 @@ fn placement_puts_the_dense_weights_where_it_says() {
             "--json",
             "--dense",
             dense,
+            "--force",
             "--metrics-csv",
             csv.to_str().unwrap(),
         ]);

@@ -61,6 +61,7 @@ fn run_under_pressure(dense: &str) -> (Bmoe, testkit::PressureStats, f64) {
             "0",
             "--dense",
             dense,
+            "--force",
             "--metrics-csv",
             csv.to_str().unwrap(),
         ];

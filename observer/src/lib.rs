@@ -17,7 +17,9 @@
 
 pub mod analysis;
 pub mod capture;
-pub mod output;
+pub mod config;
+/// Output files: the engine's rules ([`engine::output`]), shared so that both programs write alike.
+pub use engine::output;
 pub mod plot;
 pub mod sinks;
 pub mod store;

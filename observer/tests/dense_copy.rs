@@ -52,7 +52,18 @@ fn pressure_model() -> PathBuf {
     if !model.exists() {
         let tmp = model.with_extension("tmp");
         let st = Command::new(engine_bin())
-            .args(["synth", "-o", tmp.to_str().unwrap(), "--quant", "q8_0", "--layers", "4", "--hidden", "1024"])
+            .args([
+                "synth",
+                "--force",
+                "-o",
+                tmp.to_str().unwrap(),
+                "--quant",
+                "q8_0",
+                "--layers",
+                "4",
+                "--hidden",
+                "1024",
+            ])
             .args(["--heads", "16", "--kv-heads", "4", "--head-dim", "64", "--experts", "8", "--experts-used", "2"])
             .args(["--expert-ffn", "256", "--vocab", "16384"])
             .status()

@@ -619,7 +619,18 @@ fn dense_swapped_panel_shows_an_engine_copy_in_zram() {
     if !model.exists() {
         let tmp = dir.join("pressure.tmp");
         let st = Command::new(&engine)
-            .args(["synth", "-o", tmp.to_str().unwrap(), "--quant", "q8_0", "--layers", "4", "--hidden", "1024"])
+            .args([
+                "synth",
+                "--force",
+                "-o",
+                tmp.to_str().unwrap(),
+                "--quant",
+                "q8_0",
+                "--layers",
+                "4",
+                "--hidden",
+                "1024",
+            ])
             .args(["--heads", "16", "--kv-heads", "4", "--head-dim", "64", "--experts", "8", "--experts-used", "2"])
             .args(["--expert-ffn", "256", "--vocab", "16384"])
             .status()

@@ -552,7 +552,18 @@ fn an_engine_runs_expert_grids_read_back_exactly_from_fewer_bytes() {
     if !model.exists() {
         let tmp = model.with_extension("tmp");
         let st = Command::new(&engine)
-            .args(["synth", "-o", tmp.to_str().unwrap(), "--quant", "q8_0", "--layers", "6", "--hidden", "256"])
+            .args([
+                "synth",
+                "--force",
+                "-o",
+                tmp.to_str().unwrap(),
+                "--quant",
+                "q8_0",
+                "--layers",
+                "6",
+                "--hidden",
+                "256",
+            ])
             .args(["--heads", "4", "--kv-heads", "2", "--head-dim", "64", "--experts", "128", "--experts-used", "8"])
             .args(["--expert-ffn", "64", "--vocab", "2048"])
             .status()

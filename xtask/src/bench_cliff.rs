@@ -180,7 +180,18 @@ fn run_cell(s: &Setup, sys: System, limit: Option<f64>, round: usize) -> Result<
         }
         _ => {
             c.arg("--").arg(&s.engine).args(["run", "-m", &m, "-p", PROMPT, "-n", &(n + 1).to_string(), "-t", &t]);
-            c.args(["--ignore-eos", "--temp", "0.8", "--seed", "1", "--json", "--dense", "anon", "--metrics-csv"]);
+            c.args([
+                "--ignore-eos",
+                "--temp",
+                "0.8",
+                "--seed",
+                "1",
+                "--json",
+                "--dense",
+                "anon",
+                "--force",
+                "--metrics-csv",
+            ]);
             c.arg(&csv);
             c.args(["--experts", if sys == System::Cache { "cache" } else { "mmap" }]);
             if sys == System::Cache && s.prefetch {

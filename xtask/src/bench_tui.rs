@@ -415,7 +415,11 @@ pub fn main(args: &[String]) -> Result<()> {
     let model = engine_cmd[3].clone();
     // The engine's output; its per-token metrics go beside it (`.csv`).
     let out = cache::dir()?.join("bench-tui.out");
-    engine_cmd.extend(["--metrics-csv".to_string(), out.with_extension("csv").display().to_string()]);
+    engine_cmd.extend([
+        "--force".to_string(),
+        "--metrics-csv".to_string(),
+        out.with_extension("csv").display().to_string(),
+    ]);
     let marker = Marker { engine: engine.clone(), offset: marker_file_offset(&engine, "moe_engine_token_begin")? };
     // A seeded random pause (0–3 s) before every run: periodic work of other
     // tasks (on the development VM, its agent's) would otherwise keep the

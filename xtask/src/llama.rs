@@ -453,9 +453,8 @@ pub fn synth_model(engine: &Path, name: &str, args: &[&str]) -> Result<PathBuf> 
     std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
     let path = dir.join(format!("{name}-{hash:016x}.gguf"));
     if !path.is_file() {
-        let tmp = path.with_extension("gguf.tmp");
-        crate::cmd::run(Command::new(engine).arg("synth").arg("-o").arg(&tmp).args(args))?;
-        std::fs::rename(&tmp, &path).with_context(|| format!("renaming {}", tmp.display()))?;
+        // synth writes aside and renames into place: the path never holds a part of a model.
+        crate::cmd::run(Command::new(engine).arg("synth").arg("-o").arg(&path).args(args))?;
     }
     Ok(path)
 }

@@ -10,8 +10,10 @@
 //! - `pressure`: run a command under a cgroup memory limit, optional zram and balloon.
 //! - `bench cliff`: the expert cache vs the mapping vs llama.cpp under memory limits.
 //! - `bench heatmap`: one residency refresh of a 20 GB (sparse) model vs `fincore`, same file.
+//! - `bench storm`: a minor-fault storm alone and under the observer (slowdown, eBPF ns per fault).
 //! - `bench trace`: bytes per token record with the expert grid packed vs plain JSON, same run.
 //! - `experiment dense-weights`: the seeds' dense-weight A/B, written to `docs/findings/`.
+//! - `fuzz`: long coverage-guided fuzzing of every parser of untrusted input (libFuzzer).
 //! - `vmtest`: the eBPF and cgroup tests on Debian's kernels (6.1 LTS, 6.12, arm64) under QEMU.
 
 mod amx;
@@ -20,6 +22,7 @@ mod bench_engine;
 mod bench_heatmap;
 mod bench_metrics;
 mod bench_observer;
+mod bench_storm;
 mod bench_trace;
 mod bench_tui;
 mod bench_util;
@@ -30,6 +33,7 @@ mod demo;
 mod detect;
 mod displace;
 mod experiment;
+mod fuzz;
 mod llama;
 mod package;
 mod parity;
@@ -58,9 +62,12 @@ commands:
   bench heatmap [..] residency refresh of a 20 GB sparse model vs fincore, same run
   bench metrics      observed engine tok/s with and without bursts of /metrics scrapes
   bench cliff [..]   expert cache vs mmap vs llama.cpp under memory limits (none, 80/60/40 % of a 5.6 GB model)
+  bench storm [..]   a minor-fault storm alone and under the observer: slowdown, eBPF ns per program and fault
   bench trace [..]   trace bytes per token record, expert grid packed vs plain JSON, same run
   experiment dense-weights [-n N] [-t T]  A-B-B-A of --dense anon vs locked under pressure:
                      docs/findings/dense-weights.md and its plots
+  fuzz [TARGET]      fuzz every parser of untrusted input with libFuzzer: each target 600 s, or one
+                     without end (--time S, --mutate: the stable fuzzer, --replay FILE, --list)
   vmtest [..]        the eBPF and cgroup tests in QEMU guests: Debian 6.1 LTS, 6.12, arm64 (--smoke, --list)
 ";
 
@@ -81,8 +88,10 @@ fn main() {
         ["bench", "metrics", ..] => bench_metrics::main(&args[2..]),
         ["bench", "cliff", ..] => bench_cliff::main(&args[2..]),
         ["bench", "trace", ..] => bench_trace::main(&args[2..]),
+        ["bench", "storm", ..] => bench_storm::main(&args[2..]),
         ["experiment", ..] => experiment::main(&args[1..]),
         ["vmtest", ..] => vmtest::main(&args[1..]),
+        ["fuzz", ..] => fuzz::main(&args[1..]),
         ["-h" | "--help" | "help"] | [] => {
             print!("{USAGE}");
             Ok(())

@@ -420,7 +420,7 @@ fn run_archs(
                         .arg(&model)
                         .args(["--prompt", prompt, "-n", &N_GEN.to_string(), "--temp", "0", "--ignore-eos", "--json"])
                         .args(["--threads", &threads.to_string(), "--ubatch", &UBATCH.to_string()])
-                        .arg("--logits-out")
+                        .args(["--force", "--logits-out"])
                         .arg(&en_logits),
                 )?;
                 // The engine's batched prompt must give the same bits as its token-by-token one
@@ -435,7 +435,7 @@ fn run_archs(
                         .arg(&model)
                         .args(["--prompt", prompt, "-n", &N_GEN.to_string(), "--temp", "0", "--ignore-eos", "--json"])
                         .args(["--threads", &threads.to_string(), "--ubatch", "256"])
-                        .arg("--logits-out")
+                        .args(["--force", "--logits-out"])
                         .arg(&en_batched),
                 )?;
                 let batched: Value = serde_json::from_str(&crate::cmd::output(

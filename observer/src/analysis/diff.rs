@@ -55,6 +55,7 @@ pub const IGNORED_KEYS: &[&str] = &[
     "metrics-out",
     "log",
     "log-file",
+    "force",
 ];
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -35,9 +35,7 @@ static OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/ob
 /// Why the probes could not be set up; each variant's message names the fix.
 #[derive(Debug, thiserror::Error)]
 pub enum ProbeError {
-    #[error(
-        "the kernel refused to load eBPF programs ({0}): run as root, or grant CAP_BPF and CAP_PERFMON (e.g. `sudo setcap cap_bpf,cap_perfmon+ep $(which observer)`)"
-    )]
+    #[error("the kernel refused to load eBPF programs ({0}): {hint}", hint = preflight::permission_hint())]
     Permission(String),
     #[error("this kernel has no perf software event `{event}` ({source}); it needs CONFIG_PERF_EVENTS (Linux >= 4.9)")]
     MissingPerfEvent { event: &'static str, source: io::Error },

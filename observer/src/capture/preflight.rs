@@ -22,9 +22,27 @@ pub fn has_capability(cap: u32) -> bool {
     effective_capabilities() & (1u64 << cap) != 0
 }
 
+/// Whether this process has what eBPF tracing needs: CAP_BPF + CAP_PERFMON (or CAP_SYS_ADMIN,
+/// as root has).
+pub fn privileged() -> bool {
+    has_capability(CAP_SYS_ADMIN) || (has_capability(CAP_BPF) && has_capability(CAP_PERFMON))
+}
+
+/// What to do when the kernel refused an eBPF operation with EPERM or EACCES: the missing
+/// privileges when this process lacks them; else the causes that refuse a privileged process.
+pub fn permission_hint() -> &'static str {
+    if privileged() {
+        "this process has CAP_BPF and CAP_PERFMON, so the kernel refused for another reason: kernel lockdown \
+         (`cat /sys/kernel/security/lockdown`: integrity or confidentiality forbid eBPF tracing), a security \
+         module (SELinux, AppArmor), or RLIMIT_MEMLOCK before Linux 5.11 (`ulimit -l unlimited`)"
+    } else {
+        "run as root, or grant CAP_BPF and CAP_PERFMON (e.g. `sudo setcap cap_bpf,cap_perfmon+ep $(command -v observer)`)"
+    }
+}
+
 /// eBPF tracing needs CAP_BPF + CAP_PERFMON (or CAP_SYS_ADMIN, as root has).
 pub fn check_privileges() -> Result<()> {
-    if has_capability(CAP_SYS_ADMIN) || (has_capability(CAP_BPF) && has_capability(CAP_PERFMON)) {
+    if privileged() {
         return Ok(());
     }
     bail!(
@@ -102,5 +120,13 @@ mod tests {
         assert!(kernel_function_exists("vfs_read"));
         assert!(!kernel_function_exists("vfs_rea"));
         assert!(!kernel_function_exists("moe_observer_no_such_function"));
+    }
+
+    /// A privileged process refused by the kernel is not told to get the privileges it has.
+    #[test]
+    fn a_privileged_process_is_told_the_other_causes_of_a_refusal() {
+        assert!(privileged(), "the tests run as root (cargo xtask test)");
+        let h = permission_hint();
+        assert!(!h.contains("run as root") && h.contains("lockdown") && h.contains("RLIMIT_MEMLOCK"), "{h}");
     }
 }

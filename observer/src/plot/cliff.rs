@@ -3,8 +3,10 @@
 //!
 //! ## Input
 //! The JSON that `cargo xtask bench cliff --json FILE` writes, format
-//! [`FORMAT`] (its spec: [`observer_common::bench_cliff`]). Several rounds of a
-//! (system, limit) are drawn as their median; each round as a small dot beside it.
+//! [`FORMAT`] (its spec: [`observer_common::bench_cliff`]). `tok_s` is in `0..=MAX_TOK_S`,
+//! `limit_pct` in `(0, 100]`; anything else is an error naming the file and the system.
+//! Several rounds of a (system, limit) are drawn as their median; each round as a small dot
+//! beside it.
 
 use std::{collections::BTreeMap, path::Path};
 
@@ -14,10 +16,19 @@ use plotters::{coord::Shift, prelude::*};
 
 use super::{Plot, err, legend, nice_max, series_colour};
 
+/// The largest tok/s a cell may have: far beyond any machine, and small enough that the axis
+/// stays finite (a rate of 1e308 once made the axis infinite and its ticks endless).
+pub const MAX_TOK_S: f64 = 1e6;
+
 /// A bench result file, checked to be of [`FORMAT`]; errors name the file.
 pub fn load(path: &Path) -> Result<CliffBench> {
     let text = std::fs::read_to_string(path).with_context(|| format!("{}: cannot read", path.display()))?;
-    let b: CliffBench = serde_json::from_str(&text)
+    parse(path, &text)
+}
+
+/// A bench result from its text; `path` names it in errors.
+pub fn parse(path: &Path, text: &str) -> Result<CliffBench> {
+    let b: CliffBench = serde_json::from_str(text)
         .with_context(|| format!("{}: not a bench cliff result ({FORMAT})", path.display()))?;
     if b.format != FORMAT {
         bail!("{}: format {:?}, expected {FORMAT:?}", path.display(), b.format);
@@ -51,8 +62,21 @@ impl CliffPlot {
         for (file, b) in benches {
             let mut by: BTreeMap<(String, Option<u64>), Vec<f64>> = BTreeMap::new();
             for c in &b.cells {
-                if !c.tok_s.is_finite() {
-                    bail!("{file}: a cell of {:?} has tok/s {}", c.system, c.tok_s);
+                if !(0.0..=MAX_TOK_S).contains(&c.tok_s) {
+                    bail!(
+                        "{file}: a cell of {:?} has tok/s {}: expected a rate from 0 to {MAX_TOK_S:e}",
+                        c.system,
+                        c.tok_s
+                    );
+                }
+                if let Some(l) = c.limit_pct
+                    && !(l > 0.0 && l <= 100.0)
+                {
+                    bail!(
+                        "{file}: a cell of {:?} has limit_pct {l}: expected a share of the model file in (0, 100], \
+                         or null for unlimited",
+                        c.system
+                    );
                 }
                 by.entry((c.system.clone(), c.limit_pct.map(f64::to_bits))).or_default().push(c.tok_s);
             }
@@ -175,5 +199,37 @@ mod tests {
         let xs: Vec<(Option<f64>, f64)> = c.points.iter().map(|p| (p.0, p.1)).collect();
         assert_eq!(xs, vec![(Some(40.0), 5.0), (Some(60.0), 9.0), (None, 17.0)]);
         assert_eq!(p.curves[1].points.len(), 1);
+    }
+
+    /// Found by fuzzing (`fuzz/corpus/bench-json/tok-s-1e308-hung-the-plot`): a rate of 1e308
+    /// made the axis infinite and drawing it never ended. Such cells are errors now.
+    #[test]
+    fn absurd_rates_and_limits_are_errors_naming_the_cell() {
+        let text = include_str!("../../../fuzz/corpus/bench-json/tok-s-1e308-hung-the-plot");
+        let b = parse(Path::new("x.json"), text).unwrap();
+        let e = CliffPlot::of(&[("x.json".into(), b)]).unwrap_err().to_string();
+        assert!(e.contains("x.json") && e.contains("limit_pct -1000000000"), "{e}");
+        for (limit, tok_s, says) in [
+            (Some(50.0), 1e308, "tok/s 1000000000"),
+            (Some(50.0), -1.0, "tok/s -1:"),
+            (Some(150.0), 1.0, "limit_pct 150:"),
+        ] {
+            let b = CliffBench {
+                format: FORMAT.into(),
+                model: "m".into(),
+                model_bytes: 0,
+                cells: vec![cell("a", limit, tok_s)],
+            };
+            let e = CliffPlot::of(&[("y.json".into(), b)]).unwrap_err().to_string();
+            assert!(e.contains(says) && e.contains("\"a\""), "{e}");
+        }
+        let ok = CliffBench {
+            format: FORMAT.into(),
+            model: "m".into(),
+            model_bytes: 0,
+            cells: vec![cell("a", Some(100.0), 0.0)],
+        };
+        let p = CliffPlot::of(&[("z.json".into(), ok)]).unwrap();
+        crate::plot::svg_string(&p).unwrap();
     }
 }

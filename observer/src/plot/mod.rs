@@ -134,6 +134,18 @@ pub fn save(plot: &impl Plot, out: &Path, inputs: &[&Path]) -> Result<()> {
     Ok(())
 }
 
+/// `plot` drawn as SVG text (what `save` writes to a `.svg` file).
+pub fn svg_string(plot: &impl Plot) -> Result<String> {
+    register_font()?;
+    let mut out = String::new();
+    {
+        let root = SVGBackend::with_string(&mut out, SIZE).into_drawing_area();
+        plot.draw(&root)?;
+        root.present().map_err(err)?;
+    }
+    Ok(out)
+}
+
 fn same_file(a: &Path, b: &Path) -> bool {
     use std::os::unix::fs::MetadataExt;
     match (std::fs::metadata(a), std::fs::metadata(b)) {

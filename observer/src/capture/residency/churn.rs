@@ -358,7 +358,12 @@ static OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/ob
 /// target process): only the programs [`Churn::attach`] loads are loaded.
 pub fn load_standalone() -> Result<Ebpf, ResidencyError> {
     Ebpf::load(OBJECT).map_err(|e| {
-        ResidencyError::Churn(format!("loading the eBPF object: {e} (run as root, or with CAP_BPF and CAP_PERFMON)"))
+        let hint = if crate::capture::preflight::privileged() {
+            String::new()
+        } else {
+            format!(" ({})", crate::capture::preflight::permission_hint())
+        };
+        ResidencyError::Churn(format!("loading the eBPF object: {e}{hint}"))
     })
 }
 

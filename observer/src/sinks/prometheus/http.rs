@@ -62,12 +62,27 @@ const DRAIN_TIMEOUT: Duration = Duration::from_millis(500);
 pub enum MetricsError {
     #[error("--metrics-addr {addr:?}: {why} (use PORT, :PORT or HOST:PORT, e.g. 127.0.0.1:9464)")]
     Addr { addr: String, why: String },
-    #[error(
-        "cannot listen on {addr} for metrics: {source} (is something else using that port? choose another with --metrics-addr)"
-    )]
+    #[error("cannot listen on {addr} for metrics: {source}{}", bind_hint(source))]
     Bind { addr: String, source: std::io::Error },
     #[error("metrics endpoint: {what}: {source}")]
     Io { what: &'static str, source: std::io::Error },
+}
+
+/// What to do about a failed bind, by its cause (none when the error says it all).
+fn bind_hint(e: &std::io::Error) -> &'static str {
+    match e.kind() {
+        std::io::ErrorKind::AddrInUse => {
+            ": something else listens on that port (`ss -ltnp` shows what); choose another with --metrics-addr"
+        }
+        std::io::ErrorKind::AddrNotAvailable => {
+            ": that host is not an address of this machine (`ip -br addr` lists them); give one of them, 0.0.0.0 \
+             for every interface, or 127.0.0.1"
+        }
+        std::io::ErrorKind::PermissionDenied => {
+            ": ports below 1024 need root or CAP_NET_BIND_SERVICE; choose a port of 1024 or more with --metrics-addr"
+        }
+        _ => "",
+    }
 }
 
 /// Resolve `--metrics-addr`: a bare port or `:PORT` binds 127.0.0.1.

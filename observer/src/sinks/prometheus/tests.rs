@@ -379,9 +379,13 @@ fn the_endpoint_answers_with_the_right_content_types_and_codes() {
     let (h, _) = http(a, &big);
     assert!(h.starts_with("HTTP/1.1 431"), "{h}");
 
-    // A busy port is a clear error naming the address.
+    // A busy port is a clear error naming the address and the cause.
     let e = Endpoint::start(&a.to_string(), Arc::clone(&ex)).unwrap_err().to_string();
-    assert!(e.contains(&a.to_string()) && e.contains("--metrics-addr"), "{e}");
+    assert!(e.contains(&a.to_string()) && e.contains("something else listens") && e.contains("--metrics-addr"), "{e}");
+    // An address this machine does not have (TEST-NET-1) is not called a busy port.
+    let e = Endpoint::start("192.0.2.1:9464", Arc::clone(&ex)).unwrap_err().to_string();
+    assert!(e.contains("192.0.2.1:9464") && e.contains("not an address of this machine"), "{e}");
+    assert!(!e.contains("something else"), "{e}");
     drop(ep);
     assert!(TcpStream::connect(a).is_err(), "the endpoint stops with its handle");
 }

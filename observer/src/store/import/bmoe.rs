@@ -28,7 +28,8 @@
 //!   the model and are not carried.
 //! - An `End` closes the stream, `mono_ns` = Σ wall, no exit code.
 //! - A last row cut short (no newline, too few fields) is skipped and reported
-//!   as a truncation; any other malformed row is an error naming the line.
+//!   as a truncation; any other malformed row is an error naming the line, as
+//!   is a time column over a day (`MAX_MS`) for one token.
 
 use std::{collections::BTreeMap, path::Path};
 
@@ -39,6 +40,10 @@ use super::ImportError;
 pub const MAGIC_LINE: &str = "# bmoe_metrics v1";
 
 const MIB: f64 = 1024.0 * 1024.0;
+
+/// The longest time a column may give one token: a day. Beyond is no measurement, and a sum of
+/// such walls overflowed the run's clock (found by fuzzing: `fuzz/corpus/bmoe/wall-ms-sum-overflowed`).
+const MAX_MS: f64 = 86_400_000.0;
 
 /// Does `text` start like a bmoe_metrics file (any version)?
 pub fn sniff(text: &[u8]) -> bool {
@@ -126,8 +131,14 @@ pub fn parse(path: &Path, text: &str) -> Result<(Vec<Event>, Vec<String>), Impor
             }
             Ok(Some(v))
         };
-        let ns =
-            |name: &str| -> Result<Option<u64>, ImportError> { Ok(num(name)?.map(|ms| (ms * 1e6).round() as u64)) };
+        let ns = |name: &str| -> Result<Option<u64>, ImportError> {
+            match num(name)? {
+                Some(ms) if ms > MAX_MS => {
+                    Err(err(n, format!("column `{name}`: {ms} ms is more than a day for one token")))
+                }
+                v => Ok(v.map(|ms| (ms * 1e6).round() as u64)),
+            }
+        };
         let mib = |name: &str| -> Result<Option<u64>, ImportError> { Ok(num(name)?.map(|m| (m * MIB).round() as u64)) };
         let wall_ns = ns("wall_ms")?.ok_or_else(|| {
             err(n, format!("column `wall_ms` is `{}`: every row needs a wall time", fields[wall_col]))
@@ -167,7 +178,9 @@ pub fn parse(path: &Path, text: &str) -> Result<(Vec<Event>, Vec<String>), Impor
             evicted_by: None,
         }));
         seq += 1;
-        t += wall_ns;
+        t = t
+            .checked_add(wall_ns)
+            .ok_or_else(|| err(n, "the rows' wall times add up to more than 584 years".into()))?;
     }
     if seq == 0 {
         return Err(err(hn, "no token rows after the header".into()));
@@ -272,5 +285,20 @@ step,steps,wall_ms,io_ms,compute_ms,read_bytes,cache_hit_pct,majflt,dense_reside
     fn civil_days() {
         assert_eq!(days_from_civil(1970, 1, 1), 0);
         assert_eq!(days_from_civil(2000, 3, 1), 11_017);
+    }
+
+    /// Found by libFuzzer (`fuzz/corpus/bmoe/wall-ms-sum-overflowed`): walls of ~1e300 ms
+    /// overflowed the sum of the rows' times. A time over a day is an error naming the line.
+    #[test]
+    fn a_time_over_a_day_is_an_error_not_an_overflow() {
+        let data = include_bytes!("../../../../fuzz/corpus/bmoe/wall-ms-sum-overflowed");
+        let text = String::from_utf8_lossy(data);
+        assert!(parse(Path::new("f.csv"), &text).is_err());
+        let ok = "# bmoe_metrics v1\n# m=1\n# c=1\nstep,wall_ms\n1,86400000\n2,5\n";
+        assert_eq!(parse(Path::new("f.csv"), ok).unwrap().0.len(), 4);
+        let e = parse(Path::new("f.csv"), "# bmoe_metrics v1\n# m=1\n# c=1\nstep,wall_ms\n1,5\n2,86400001\n")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("f.csv:6") && e.contains("wall_ms") && e.contains("more than a day"), "{e}");
     }
 }

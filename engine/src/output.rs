@@ -1,5 +1,7 @@
-//! Output files. Every file a command writes (a trace, `--json`, an export)
-//! goes through [`Output`], whose rules are:
+//! Output files. Every file a command of the engine or the observer writes
+//! (`engine synth -o`, `engine run --metrics-csv/--metrics-json/--logits-out`,
+//! an observer trace, `--json`, an export) goes through [`Output`], whose
+//! rules are:
 //!
 //! 1. **Checked before the work.** [`Output::create`] runs before the run or
 //!    the computation starts, and fails with the path named when:
@@ -22,9 +24,9 @@
 //! 3. **Symlinks are replaced, not followed.** The rename replaces a symlink
 //!    at the path (with `--force`); the file it points to is not touched.
 //!
-//! An observer killed by SIGKILL cannot rename or remove: its temporary file
-//! stays, under the name above (a trace there is readable, up to the last
-//! burst written).
+//! A program killed by SIGKILL cannot rename or remove: its temporary file
+//! stays, under the name above (a trace or a metrics file there is readable,
+//! up to the last record written).
 
 use std::{
     fs::File,
@@ -128,6 +130,12 @@ impl Output {
         &self.pending.path
     }
 
+    /// The temporary file's path, for a writer that opens the file by name itself (the one
+    /// [`Output::create`] made, which the commit renames).
+    pub fn partial_path(&self) -> &Path {
+        &self.pending.tmp
+    }
+
     /// The temporary file, to write to.
     pub fn file(&mut self) -> &mut File {
         self.file.as_mut().expect("the file is there until commit or split")
@@ -189,7 +197,7 @@ mod tests {
     use super::*;
 
     fn dir(name: &str) -> PathBuf {
-        let d = std::env::temp_dir().join(format!("observer-output-{name}-{}", std::process::id()));
+        let d = std::env::temp_dir().join(format!("engine-output-{name}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&d);
         std::fs::create_dir_all(&d).unwrap();
         d
