@@ -70,13 +70,16 @@ pub(super) fn proc_err(pid: u32, what: &'static str) -> impl Fn(std::io::Error) 
 pub(super) struct ExportedSymbol {
     pub pid: u32,
     name: &'static str,
-    /// (dev, ino) of the executable the symbol was looked up in, and its runtime address.
-    resolved: Option<((u64, u64), Option<u64>)>,
+    /// (dev, ino) of the executable the symbol was looked up in, and its link-time address there
+    /// (`None`: the file has no such symbol).
+    exe: Option<((u64, u64), Option<u64>)>,
+    /// The runtime address, once the executable is mapped.
+    addr: Option<u64>,
 }
 
 impl ExportedSymbol {
     pub fn new(pid: u32, name: &'static str) -> ExportedSymbol {
-        ExportedSymbol { pid, name, resolved: None }
+        ExportedSymbol { pid, name, exe: None, addr: None }
     }
 
     /// The runtime address of the symbol, looked up again whenever the executable changed
@@ -85,23 +88,21 @@ impl ExportedSymbol {
         let exe = PathBuf::from(format!("/proc/{}/exe", self.pid));
         let meta = std::fs::metadata(&exe).map_err(proc_err(self.pid, "reading /proc/PID/exe"))?;
         let id = (meta.dev(), meta.ino());
-        if let Some((seen, addr)) = self.resolved
-            && seen == id
-        {
-            return Ok(addr);
-        }
-        let Some(vaddr) = crate::capture::bpf::elf_symbol_addr(&exe, self.name) else {
-            // A property of the file: remembered until the executable changes.
-            self.resolved = Some((id, None));
-            return Ok(None);
+        let vaddr = match self.exe {
+            Some((seen, vaddr)) if seen == id => vaddr,
+            _ => {
+                let vaddr = crate::capture::bpf::elf_symbol_addr(&exe, self.name);
+                (self.exe, self.addr) = (Some((id, vaddr)), None);
+                vaddr
+            }
         };
+        let Some(vaddr) = vaddr else { return Ok(None) };
         // In the middle of `exec`, `/proc/PID/exe` already names the new file before the loader
         // has mapped it: no bias yet, asked again next time (never remembered as "absent").
-        let addr = load_bias(self.pid, &exe, id)?.map(|bias| bias.wrapping_add(vaddr));
-        if addr.is_some() {
-            self.resolved = Some((id, addr));
+        if self.addr.is_none() {
+            self.addr = load_bias(self.pid, &exe, id)?.map(|bias| bias.wrapping_add(vaddr));
         }
-        Ok(addr)
+        Ok(self.addr)
     }
 
     /// The process's `/proc/PID/mem` (raw bytes: nothing for procfs to parse).
