@@ -549,6 +549,11 @@ pub struct MarkRecord {
     /// The cumulative evictions per actor kind (`evict::EVICT_KIND_PAGES`), read before
     /// `churn_evicted`; 0 while eviction blame is not attached.
     pub churn_evicted_by: [u64; crate::evict::N_KINDS as usize],
+    /// The cumulative refaults per kind of their eviction: pages, refault faults, and those
+    /// faults' `fault_io` ns (`evict::EVICT_REFAULTS`, `EVICT_REFAULT_FAULTS`, `EVICT_REFAULT_IO`).
+    pub churn_refaulted_by: [u64; crate::evict::N_KINDS as usize],
+    pub churn_refault_faults: [u64; crate::evict::N_KINDS as usize],
+    pub churn_refault_io_ns: [u64; crate::evict::N_KINDS as usize],
     pub engine: [u8; ENGINE_REC_BYTES],
 }
 

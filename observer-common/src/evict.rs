@@ -41,6 +41,18 @@
 //! (`EVICT_REFAULTS[kind]`) and is forgotten. Pages whose block does not fit in the map are
 //! counted in `EVICT_STATS[S_NOT_REMEMBERED]` (their refaults are then not counted).
 //!
+//! Refault cost: when the refaulting add happens inside a page fault of an observed thread (the
+//! thread's `ThreadState::fault_start` is set), that fault is a *refault fault* of the kind of the
+//! first remembered page it added (`EVICT_REFAULT_OPEN[tid]`, [`RefaultFault`]: the fault's start
+//! and the thread's `fault_io` time so far, the not yet charged interval included). At the fault's
+//! exit its `fault_io` time since then (`attrib`'s rule: the disk read as the thread lives it) is
+//! added to `EVICT_REFAULT_IO[kind]`, and the fault to `EVICT_REFAULT_FAULTS[kind]`. So a fault
+//! that brings back pages of several kinds costs its first kind only, and refaults outside a fault
+//! (`read(2)`, read-ahead by another task) have no `fault_io` (their wait is `io_wait`). A full
+//! `EVICT_REFAULT_OPEN` is counted in `EVICT_STATS[S_REFAULT_FAULT_LOST]`. A token mark copies the
+//! three per-kind arrays into its record, so a step's refaults and their cost are differences of
+//! its two marks (`model::TokenRecord::refaulted_by`, `refault_io_ns`).
+//!
 //! Memcg: `bpf_get_current_cgroup_id` is the actor's cgroup on the v2 hierarchy. On a host whose
 //! memory controller is on cgroup v1 (this VM) that is the v2 root for every task, and the memcg
 //! of the reclaim is not in the tracepoints: user space reads the actor's memory cgroup from
@@ -74,7 +86,23 @@ pub const NO_SYSCALL: u32 = u32::MAX;
 pub const S_WINDOW_LOST: u32 = 0;
 /// Evicted pages not remembered for refaults (the map was full).
 pub const S_NOT_REMEMBERED: u32 = 1;
-pub const N_STATS: u32 = 2;
+/// Refault faults not followed to their exit (`EVICT_REFAULT_OPEN` was full): their cost is missing.
+pub const S_REFAULT_FAULT_LOST: u32 = 2;
+pub const N_STATS: u32 = 3;
+
+/// Value of `EVICT_REFAULT_OPEN` (key: TID): an open fault that refaulted a page.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RefaultFault {
+    /// The fault's `ThreadState::fault_start`.
+    pub fault_start: u64,
+    /// The thread's `fault_io` time (ns) when the first refault of the fault was seen.
+    pub io_at: u64,
+    /// Kind of the eviction of that page.
+    pub kind: u32,
+    pub _pad: u32,
+}
+const _: () = assert!(core::mem::size_of::<RefaultFault>() == 24);
 
 /// Pages per block of `EVICT_REMEMBER`.
 pub const BLOCK_PAGES: u64 = 64;

@@ -267,6 +267,32 @@ pub struct TokenRecord {
     /// `pagecache_evicted` split by who evicted, when eviction blame is measured.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub evicted_by: Option<EvictedBy>,
+    /// The step's refaults of the model file by the kind of the eviction they undid, and what
+    /// they cost the observed threads, when eviction blame is measured.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub refaults: Option<Refaults>,
+}
+
+/// Refaults per actor kind (rule: `observer_common::evict`, "Refaults" and "Refault cost"):
+/// `pages` added back to the page cache after an eviction of that kind (by anyone: a fault, a
+/// read, read-ahead), the observed threads' page `faults` that brought such a page back, and
+/// those faults' `fault_io` time. Each is an [`EvictedBy`]-shaped per-kind object in JSON.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Refaults {
+    pub pages: EvictedBy,
+    pub faults: EvictedBy,
+    pub fault_io_ns: EvictedBy,
+}
+
+impl Refaults {
+    /// `self − base`, per kind and field.
+    pub fn since(&self, base: &Refaults) -> Refaults {
+        Refaults {
+            pages: self.pages.since(&base.pages),
+            faults: self.faults.since(&base.faults),
+            fault_io_ns: self.fault_io_ns.since(&base.fault_io_ns),
+        }
+    }
 }
 
 /// Number of eviction actor kinds (`vocab::EVICTION_ACTORS`).
@@ -491,6 +517,7 @@ mod tests {
             residency: None,
             lost_events: 0,
             evicted_by: None,
+            refaults: None,
         };
         t.counters.set(Counter::Minflt, Some(12));
         let j = serde_json::to_string(&Event::Token(t.clone())).unwrap();

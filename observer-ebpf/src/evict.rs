@@ -10,7 +10,7 @@ use aya_ebpf::{
     bindings::BPF_NOEXIST,
     helpers::{
         bpf_get_current_cgroup_id, bpf_get_current_comm, bpf_get_current_pid_tgid, bpf_get_current_task_btf,
-        bpf_probe_read_kernel, bpf_task_pt_regs,
+        bpf_ktime_get_ns, bpf_probe_read_kernel, bpf_task_pt_regs,
     },
     macros::{map, tracepoint},
     maps::{Array, HashMap},
@@ -19,13 +19,14 @@ use aya_ebpf::{
 use observer_common::{
     evict::{
         ActorKey, ActorPages, BLOCK_PAGES, EvictConfig, K_DIRECT, K_KSWAPD, K_MEMCG, K_OTHER, K_PROACTIVE, MAX_ACTORS,
-        MAX_REMEMBERED, MAX_SYSCALL, MAX_WINDOWS, N_CLASSES, N_KINDS, N_STATS, NO_SYSCALL, Remembered,
-        S_NOT_REMEMBERED, S_WINDOW_LOST,
+        MAX_REMEMBERED, MAX_SYSCALL, MAX_WINDOWS, N_CLASSES, N_KINDS, N_STATS, NO_SYSCALL, RefaultFault, Remembered,
+        S_NOT_REMEMBERED, S_REFAULT_FAULT_LOST, S_WINDOW_LOST,
     },
+    attrib::T_FAULT_IO,
     filemap::{MAX_INTERVALS, NO_FIELD},
 };
 
-use crate::maps::{atomic_add, atomic_fetch_and, atomic_fetch_or};
+use crate::maps::{atomic_add, atomic_fetch_and, atomic_fetch_or, state_of, target_tid};
 
 /// `BPF_F_NO_PREALLOC`: the remembered blocks are allocated as they are used.
 const NO_PREALLOC: u32 = 1;
@@ -69,6 +70,16 @@ pub static EVICT_REMEMBER: HashMap<u64, Remembered> = HashMap::with_max_entries(
 /// Pages added back to the page cache after an eviction, per kind of the eviction.
 #[map]
 pub static EVICT_REFAULTS: Array<u64> = Array::with_max_entries(N_KINDS, 0);
+
+/// TID → the open fault of an observed thread that refaulted a page.
+#[map]
+pub static EVICT_REFAULT_OPEN: HashMap<u32, RefaultFault> = HashMap::with_max_entries(MAX_WINDOWS, 0);
+
+/// Per kind of the eviction: refault faults closed, and their `fault_io` ns.
+#[map]
+pub static EVICT_REFAULT_FAULTS: Array<u64> = Array::with_max_entries(N_KINDS, 0);
+#[map]
+pub static EVICT_REFAULT_IO: Array<u64> = Array::with_max_entries(N_KINDS, 0);
 
 /// Bits `lo..hi` of a u64 (`hi <= 64`).
 #[inline(always)]
@@ -165,9 +176,10 @@ pub fn refault(index: u64, pages: u64) {
     }
     let end = index.saturating_add(pages);
     let mut b = index / BLOCK_PAGES;
+    let mut first = N_KINDS;
     for _ in 0..MAX_FOLIO_BLOCKS {
         if b * BLOCK_PAGES >= end {
-            return;
+            break;
         }
         let (lo, hi) = span(b, index, end);
         let m = bits(lo, hi);
@@ -183,6 +195,9 @@ pub fn refault(index: u64, pages: u64) {
                         of_k &= if (k >> j) & 1 != 0 { *plane } else { !*plane };
                     }
                     let n = popcount(of_k);
+                    if n > 0 && first == N_KINDS {
+                        first = k;
+                    }
                     if n > 0
                         && let Some(c) = EVICT_REFAULTS.get_ptr_mut(k)
                     {
@@ -192,6 +207,63 @@ pub fn refault(index: u64, pages: u64) {
             }
         }
         b += 1;
+    }
+    if first < N_KINDS {
+        refault_in_fault(first);
+    }
+}
+
+/// A page evicted by `kind` came back: when the current task is an observed thread inside a page
+/// fault, that fault is a refault fault of `kind` (its first one; rule in `observer_common::evict`).
+#[inline(always)]
+fn refault_in_fault(kind: u32) {
+    let Some(tid) = target_tid() else { return };
+    let Some(s) = state_of(tid) else { return };
+    // SAFETY: helper without preconditions.
+    let now = unsafe { bpf_ktime_get_ns() };
+    // SAFETY: the current thread's own state, read in its own context (only its events and marks
+    // write it; a mark only closes the interval, which the pending part below counts the same).
+    let (start, io_at) = unsafe {
+        let s = &*s;
+        if s.fault_start == 0 {
+            return;
+        }
+        let pending =
+            if s.current_component() == T_FAULT_IO && now > s.last_ts { now - s.last_ts } else { 0 };
+        (s.fault_start, s.time[T_FAULT_IO] + pending)
+    };
+    // SAFETY: plain map lookup.
+    if let Some(o) = unsafe { EVICT_REFAULT_OPEN.get(&tid) }
+        && o.fault_start == start
+    {
+        return;
+    }
+    let v = RefaultFault { fault_start: start, io_at, kind, _pad: 0 };
+    if EVICT_REFAULT_OPEN.insert(&tid, &v, 0).is_err()
+        && let Some(s) = EVICT_STATS.get_ptr_mut(S_REFAULT_FAULT_LOST)
+    {
+        atomic_add(s, 1);
+    }
+}
+
+/// The fault that started at `start` closed with the thread's `fault_io` at `io_now`: when it was
+/// a refault fault, charge its `fault_io` to the kind.
+#[inline(always)]
+pub fn fault_closed(tid: u32, start: u64, io_now: u64) {
+    // SAFETY: plain map lookup.
+    let Some(o) = (unsafe { EVICT_REFAULT_OPEN.get(&tid) }) else { return };
+    let (fs, at, kind) = (o.fault_start, o.io_at, o.kind);
+    let _ = EVICT_REFAULT_OPEN.remove(&tid);
+    if fs != start || start == 0 {
+        return;
+    }
+    if let Some(c) = EVICT_REFAULT_FAULTS.get_ptr_mut(kind) {
+        atomic_add(c, 1);
+    }
+    if io_now > at
+        && let Some(c) = EVICT_REFAULT_IO.get_ptr_mut(kind)
+    {
+        atomic_add(c, io_now - at);
     }
 }
 

@@ -17,7 +17,7 @@ use aya_ebpf::{
 };
 use observer_common::{
     GlobalCounter, ThreadFaults,
-    attrib::{F_FAULT_FILE, H_MAJFLT_FILE, H_MAJFLT_SWAP, H_MINFLT},
+    attrib::{F_FAULT_FILE, H_MAJFLT_FILE, H_MAJFLT_SWAP, H_MINFLT, T_FAULT_IO},
     hist::bucket_of,
 };
 
@@ -68,7 +68,13 @@ fn fault_exit(major: bool) -> u32 {
     let now = unsafe { bpf_ktime_get_ns() };
     if let Some(s) = current_state(tid, now) {
         let mut res = (0u64, 0usize);
-        update(s, |s| res = s.fault_exit(now, major));
+        let mut closed = (0u64, 0u64);
+        update(s, |s| {
+            let start = s.fault_start;
+            res = s.fault_exit(now, major);
+            closed = (start, s.time[T_FAULT_IO]);
+        });
+        crate::evict::fault_closed(tid, closed.0, closed.1);
         let (lat, class) = res;
         if lat != 0 {
             let h = match class {

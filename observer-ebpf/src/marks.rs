@@ -42,7 +42,10 @@ use observer_common::{
 use crate::maps::{
     CALL_DEPTH, COUNTERS, EVENTS, MARK_LOST, MARK_N_TOKENS, SEQS, SLOTS, THREADS, bump, is_target, target_tid,
 };
-use crate::{evict::EVICT_KIND_PAGES, filemap::FILEMAP_TOTALS};
+use crate::{
+    evict::{EVICT_KIND_PAGES, EVICT_REFAULT_FAULTS, EVICT_REFAULT_IO, EVICT_REFAULTS},
+    filemap::FILEMAP_TOTALS,
+};
 
 /// Copy slot `i` into the ring buffer; false when it could not be sent.
 #[inline(always)]
@@ -204,6 +207,12 @@ fn mark_inner(phase: u32, index: u64, engine_rec: u64) -> u32 {
         // The kinds before the total: Σ kinds ≤ total at the mark (`observer_common::evict`).
         for k in 0..N_KINDS {
             (*r).churn_evicted_by[k as usize] = EVICT_KIND_PAGES.get(k).map(|v| read_volatile(v)).unwrap_or(0);
+        }
+        for k in 0..N_KINDS {
+            let i = k as usize;
+            (*r).churn_refaulted_by[i] = EVICT_REFAULTS.get(k).map(|v| read_volatile(v)).unwrap_or(0);
+            (*r).churn_refault_faults[i] = EVICT_REFAULT_FAULTS.get(k).map(|v| read_volatile(v)).unwrap_or(0);
+            (*r).churn_refault_io_ns[i] = EVICT_REFAULT_IO.get(k).map(|v| read_volatile(v)).unwrap_or(0);
         }
         (*r).churn_evicted = FILEMAP_TOTALS.get(T_DEL_PAGES).map(|v| read_volatile(v)).unwrap_or(0);
         // Exactly the engine's record (`ENGINE_REC_BYTES` is its size in `moe_abi`): a byte more

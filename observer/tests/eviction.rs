@@ -451,6 +451,16 @@ fn kind(name: &str) -> usize {
 /// `observer run --json --record` of the workload's `evict`: its token records, its own JSON
 /// lines, and the trace.
 fn run_evict_tokens(path: &Path, name: &str, n: u64) -> (Vec<TokenRecord>, Vec<serde_json::Value>, PathBuf) {
+    run_workload_tokens("evict", path, name, n)
+}
+
+/// `observer run --json --record` of the workload's subcommand `cmd` on `path`.
+fn run_workload_tokens(
+    cmd: &str,
+    path: &Path,
+    name: &str,
+    n: u64,
+) -> (Vec<TokenRecord>, Vec<serde_json::Value>, PathBuf) {
     let dir = scratch_dir("evict-tokens");
     let (trace, json) = (dir.join(format!("{name}.trace")), dir.join(format!("{name}.json")));
     let _ = std::fs::remove_file(&trace);
@@ -458,7 +468,7 @@ fn run_evict_tokens(path: &Path, name: &str, n: u64) -> (Vec<TokenRecord>, Vec<s
     let p = path.to_str().unwrap();
     let o = Command::new(common::OBSERVER)
         .args(["run", "--json", json.to_str().unwrap(), "--record", trace.to_str().unwrap(), "--model", p])
-        .args(["--", common::workload(), "evict", "--path", p, "--n", &n.to_string()])
+        .args(["--", common::workload(), cmd, "--path", p, "--n", &n.to_string()])
         .output()
         .expect("run observer");
     assert!(o.status.success(), "observer run failed:\n{}", String::from_utf8_lossy(&o.stderr));
@@ -551,4 +561,74 @@ fn pages_read_again_after_an_eviction_are_refaults_of_its_actor() {
     assert_eq!(d.refaults.iter().sum::<u64>(), added, "every page added back had been evicted: refaults");
     assert_eq!(d.refaults[kind("fadvise")], dd, "every page dd evicted came back, as a refault of fadvise");
     assert_eq!(d.not_remembered, 0);
+}
+
+/// Refaults per token, with their cost: the workload's `refault` drops the file it read (outside
+/// each token) and, in the token, touches every page through a mapping with `MADV_RANDOM`, one
+/// major fault per page. Each token's refaults of `fadvise` are the pages the workload counts
+/// back itself (`mincore`), which are the pages it had dropped; its refault faults are its major
+/// faults (`getrusage`, the engine record); their `fault_io` is within the workload's own clock
+/// around the touches and is nearly all of the token's `fault_io` (which also holds other faults'
+/// blocked time, a few µs). The trace carries the same, and
+/// `observer diff` has rows of both.
+#[test]
+fn each_token_carries_its_refaults_and_their_fault_io() {
+    let _l = machine_lock();
+    let path = write_model(&scratch_dir("evict").join("refault-tokens.gguf"), 4, 16, 256, 32);
+    let n = 3;
+    let (toks, own, trace) = run_workload_tokens("refault", &path, "refault", n);
+    assert_eq!(toks.len(), n as usize, "a token record per workload token");
+    assert_eq!(own.len(), n as usize);
+    let fadvise = kind("fadvise");
+    for (t, w) in toks.iter().zip(&own) {
+        let r = t.refaults.unwrap_or_else(|| panic!("token {} has no refaults", t.seq));
+        let (evicted, back, touch) = (
+            w["evicted_pages"].as_u64().unwrap(),
+            w["refaulted_pages"].as_u64().unwrap(),
+            w["touch_ns"].as_u64().unwrap(),
+        );
+        let majflt = t.engine.as_ref().and_then(|e| e.majflt).expect("the workload's getrusage majflt");
+        let fault_io = t.components.get(observer_common::model::Component::FaultIo).unwrap();
+        eprintln!(
+            "token {}: refaults {:?}, faults {:?}, fault_io {:?} ns; the workload: evicted {evicted}, back {back}, \
+             majflt {majflt}, touches {touch} ns; token fault_io {fault_io} ns",
+            t.seq,
+            r.pages.iter().filter(|x| x.1 > 0).collect::<Vec<_>>(),
+            r.faults.iter().filter(|x| x.1 > 0).collect::<Vec<_>>(),
+            r.fault_io_ns.iter().filter(|x| x.1 > 0).collect::<Vec<_>>(),
+        );
+        assert!(back > 1000, "the workload brought back only {back} pages");
+        assert_eq!(back, evicted, "token {}: the workload brought back what it dropped", t.seq);
+        assert_eq!(r.pages.0[fadvise], back, "token {}: refaults of fadvise vs the workload's mincore", t.seq);
+        assert_eq!(r.pages.total(), back, "token {}: every refault is of fadvise", t.seq);
+        assert_eq!(r.faults.0[fadvise], majflt, "token {}: refault faults vs the workload's major faults", t.seq);
+        assert_eq!(r.faults.total(), r.faults.0[fadvise]);
+        let io = r.fault_io_ns.0[fadvise];
+        assert!(io > 0, "token {}: the refault faults waited for no disk read", t.seq);
+        assert!(io <= touch, "token {}: refault fault_io {io} ns over the workload's own {touch} ns", t.seq);
+        // The token's fault_io also holds what other faults spent blocked (a page lock, a few µs).
+        assert!(io <= fault_io, "token {}: refault fault_io {io} ns over the token's {fault_io} ns", t.seq);
+        assert!(2 * io >= fault_io, "token {}: refault fault_io {io} ns, under half the token's {fault_io}", t.seq);
+    }
+    let bytes = std::fs::read(&trace).unwrap();
+    let mut rd = observer::store::trace::Reader::new(&bytes[..], &trace).unwrap();
+    let from_trace: Vec<_> =
+        rd.by_ref().filter_map(|e| if let Event::Token(t) = e { Some(t.refaults) } else { None }).collect();
+    assert_eq!(from_trace, toks.iter().map(|t| t.refaults).collect::<Vec<_>>(), "the trace's refaults");
+    let o = Command::new(common::OBSERVER)
+        .args(["diff", "--json", trace.to_str().unwrap(), trace.to_str().unwrap()])
+        .output()
+        .expect("observer diff");
+    assert!(o.status.success(), "observer diff failed:\n{}", String::from_utf8_lossy(&o.stderr));
+    let d: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let rows = d["comparisons"][0]["rows"].as_array().unwrap();
+    let value = |metric: &str| {
+        let row = rows.iter().find(|r| r["metric"] == metric).unwrap_or_else(|| panic!("no diff row {metric}"));
+        row["a"]["value"].as_f64().unwrap()
+    };
+    let mean = |f: &dyn Fn(&TokenRecord) -> u64| toks.iter().map(f).sum::<u64>() as f64 / toks.len() as f64;
+    let own_mean = own.iter().map(|w| w["refaulted_pages"].as_u64().unwrap()).sum::<u64>() as f64 / n as f64;
+    assert!((value("refaulted_by_fadvise") - own_mean).abs() < 1e-6, "diff refaulted_by_fadvise vs the workload");
+    let io_ms = mean(&|t| t.refaults.unwrap().fault_io_ns.0[fadvise]) / 1e6;
+    assert!((value("refault_io_fadvise_ms") - io_ms).abs() < 1e-9 * io_ms.max(1.0), "diff refault_io_fadvise_ms");
 }

@@ -29,6 +29,7 @@ fn main() {
             residency: None,
             lost_events: 0,
             evicted_by: None,
+            refaults: None,
         }));
     }
     // Minimum of a few repetitions: the machine is shared.

@@ -725,6 +725,7 @@ mod tests {
             residency: None,
             lost_events: 1,
             evicted_by: None,
+            refaults: None,
         }
     }
 

@@ -82,6 +82,10 @@ pub enum Source {
     Counter(Counter),
     /// `pagecache_evicted` of one actor kind (index in `vocab::EVICTION_ACTORS`).
     EvictedBy(usize),
+    /// Refaulted pages (`TokenRecord::refaults`) of one actor kind's evictions.
+    RefaultedBy(usize),
+    /// Those refault faults' `fault_io` ns.
+    RefaultIo(usize),
     Engine(EngField),
     DenseResident,
     DenseSwapped,
@@ -127,6 +131,8 @@ impl Metric {
             Source::Hidden => t.hidden_ns().map(|v| v as f64),
             Source::Counter(c) => f(t.counters.get(c)),
             Source::EvictedBy(k) => f(t.evicted_by.map(|e| e.0[k])),
+            Source::RefaultedBy(k) => f(t.refaults.map(|r| r.pages.0[k])),
+            Source::RefaultIo(k) => f(t.refaults.map(|r| r.fault_io_ns.0[k])),
             Source::Engine(x) => {
                 let e = e?;
                 match x {
@@ -191,6 +197,25 @@ pub fn metrics() -> Vec<Metric> {
     // Evictions by who evicted (label: the actor kind).
     for (k, a) in observer_common::vocab::EVICTION_ACTORS.iter().enumerate() {
         v.push(m(&format!("evicted_by_{}", a.name), a.name, "evicted pages/token", 1.0, None, Source::EvictedBy(k)));
+    }
+    // Refaults by the kind of the eviction they undid, and their faults' fault_io.
+    for (k, a) in observer_common::vocab::EVICTION_ACTORS.iter().enumerate() {
+        v.push(m(
+            &format!("refaulted_by_{}", a.name),
+            a.name,
+            "refaulted pages/token",
+            1.0,
+            None,
+            Source::RefaultedBy(k),
+        ));
+        v.push(m(
+            &format!("refault_io_{}_ms", a.name),
+            a.name,
+            "refault fault_io ms/token",
+            MS,
+            Some(false),
+            Source::RefaultIo(k),
+        ));
     }
     let frac = |r: ResidencyField, hib, source| m(r.name(), r.name(), "", 1.0, Some(hib), source);
     v.extend([

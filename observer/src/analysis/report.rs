@@ -645,6 +645,7 @@ mod tests {
             residency: None,
             lost_events: 0,
             evicted_by: None,
+            refaults: None,
         })
     }
 

@@ -144,6 +144,7 @@ mod tests {
             lost: 0,
             churn: None,
             evicted_by: None,
+            refaults: None,
             n_tokens: None,
         };
         let mut t = build(&s(0, a), &s(1000, b), 0, StepKind::Window);

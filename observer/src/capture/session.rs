@@ -600,6 +600,7 @@ impl Session {
                 lost: 0,
                 churn: None,
                 evicted_by: None,
+                refaults: None,
                 n_tokens: None,
             })
         };
@@ -760,6 +761,7 @@ fn window_snapshot_at(probes: &Probes, now: u64) -> Result<Snapshot> {
         lost: 0,
         churn: None,
         evicted_by: None,
+        refaults: None,
         n_tokens: None,
     })
 }

@@ -14,7 +14,7 @@ use observer_common::{
         ExecRecord, F_EXITED, MarkRecord, N_CNT, N_TIME, PHASE_BEGIN, PHASE_END, REC_EXEC, REC_MARK, REC_THREAD,
         ThreadRecord, ThreadState,
     },
-    model::{Component, Components, Counter, Counters, EvictedBy, StepKind, ThreadToken, TokenRecord},
+    model::{Component, Components, Counter, Counters, EvictedBy, Refaults, StepKind, ThreadToken, TokenRecord},
 };
 
 use crate::capture::{comm_str, engine_abi};
@@ -32,6 +32,8 @@ pub struct Snapshot {
     pub churn: Option<(u64, u64)>,
     /// The cumulative evictions per actor kind at this instant, when eviction blame is measured.
     pub evicted_by: Option<EvictedBy>,
+    /// The cumulative refaults per kind at this instant, when eviction blame is measured.
+    pub refaults: Option<Refaults>,
     /// The step's token count read from the probed call's arguments (a
     /// `begin` mark of a profile's entry point that knows the layout).
     pub n_tokens: Option<u64>,
@@ -118,6 +120,11 @@ impl Assembler {
                     lost: m.n_lost as u64,
                     churn: self.churn.then_some((m.churn_added, m.churn_evicted)),
                     evicted_by: (self.churn && self.blame).then_some(EvictedBy(m.churn_evicted_by)),
+                    refaults: (self.churn && self.blame).then_some(Refaults {
+                        pages: EvictedBy(m.churn_refaulted_by),
+                        faults: EvictedBy(m.churn_refault_faults),
+                        fault_io_ns: EvictedBy(m.churn_refault_io_ns),
+                    }),
                     n_tokens: (m.n_tokens_known != 0).then_some(m.n_tokens as u64),
                 };
                 match m.phase {
@@ -245,6 +252,7 @@ pub fn build(begin: &Snapshot, end: &Snapshot, seq: u64, default_kind: StepKind)
         residency: None,
         lost_events: end.lost,
         evicted_by: begin.evicted_by.zip(end.evicted_by).map(|(b, e)| e.since(&b)),
+        refaults: begin.refaults.zip(end.refaults).map(|(b, e)| e.since(&b)),
     }
 }
 
@@ -263,7 +271,17 @@ mod tests {
     }
 
     fn snap(ts: u64, threads: Vec<ThreadState>) -> Snapshot {
-        Snapshot { ts, index: 0, threads, engine: None, lost: 0, churn: None, evicted_by: None, n_tokens: None }
+        Snapshot {
+            ts,
+            index: 0,
+            threads,
+            engine: None,
+            lost: 0,
+            churn: None,
+            evicted_by: None,
+            refaults: None,
+            n_tokens: None,
+        }
     }
 
     #[test]

@@ -52,6 +52,7 @@ fn token(seq: u64, kind: StepKind, wall: u64) -> TokenRecord {
         residency: None,
         lost_events: 0,
         evicted_by: None,
+        refaults: None,
     }
 }
 

@@ -176,6 +176,7 @@ pub fn parse(path: &Path, text: &str) -> Result<(Vec<Event>, Vec<String>), Impor
             residency: None,
             lost_events: 0,
             evicted_by: None,
+            refaults: None,
         }));
         seq += 1;
         t = t

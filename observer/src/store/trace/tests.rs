@@ -91,6 +91,7 @@ pub(crate) fn token(seq: u64) -> TokenRecord {
         }),
         lost_events: seq % 2,
         evicted_by: None,
+        refaults: None,
     }
 }
 
