@@ -632,3 +632,81 @@ fn each_token_carries_its_refaults_and_their_fault_io() {
     let io_ms = mean(&|t| t.refaults.unwrap().fault_io_ns.0[fadvise]) / 1e6;
     assert!((value("refault_io_fadvise_ms") - io_ms).abs() < 1e-9 * io_ms.max(1.0), "diff refault_io_fadvise_ms");
 }
+
+/// `MemFree` of `/proc/meminfo`, bytes.
+fn mem_free() -> u64 {
+    let m = std::fs::read_to_string("/proc/meminfo").unwrap();
+    let kb: u64 = m
+        .lines()
+        .find_map(|l| l.strip_prefix("MemFree:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .expect("MemFree in /proc/meminfo");
+    kb << 10
+}
+
+/// kswapd under real global pressure, safely. The model is read into a memory cgroup (no limit)
+/// whose soft limit is 0 (cgroup v1: kswapd reclaims the groups over their soft limit first), then
+/// a process in the group reads a sparse file (holes: page cache filled with zeros, no disk I/O)
+/// larger than the free memory: the zones fall under their low watermarks and kswapd reclaims,
+/// from the test's group first, its oldest pages (the model's) first. The reader is stopped as
+/// soon as kswapd has evicted half of the model, and the sparse file is deleted (its cache freed).
+/// Raising `vm.watermark_scale_factor` alone does not wake kswapd here: an allocation that finds
+/// the Normal zone under its low watermark is served from DMA32 (2.4 GB free of 3 GB on this VM,
+/// above any low watermark the factor's maximum 3000 gives it), so no allocation takes the slow
+/// path that wakes kswapd. The kswapd rows must match `fincore`'s delta, be within
+/// `/proc/vmstat`'s `pgsteal_kswapd` delta, and within what the group lost of its file pages
+/// (`memory.stat`).
+#[test]
+fn kswapd_under_global_pressure_is_blamed_on_kswapd() {
+    let _l = machine_lock();
+    let dir = scratch_dir("evict");
+    let path = write_model(&dir.join("kswapd.gguf"), 8, 16, 512, 32);
+    drop_from_cache(&path);
+    let cg = testkit::MemCgroup::new("evict-kswapd", 64 << 30).expect("memory cgroup");
+    if cg.group().version() == memcg::Version::V1 {
+        std::fs::write(cg.dir().join("memory.soft_limit_in_bytes"), "0").unwrap();
+    }
+    let argv = cg.wrap(&["dd", &format!("if={}", path.display()), "of=/dev/null", "bs=1M", "status=none"]);
+    run(&argv.iter().map(String::as_str).collect::<Vec<_>>());
+    let cache = |cg: &testkit::MemCgroup| cg.group().stat().unwrap().get(memcg::StatKey::File);
+    let sparse = dir.join("kswapd.sparse");
+    let size = mem_free() + (2 << 30);
+    std::fs::File::create(&sparse).unwrap().set_len(size).unwrap();
+    let b = Blame::attach(&path);
+    let m0 = b.mark();
+    assert!(m0.resident > 10_000, "the model should be cached: {} pages", m0.resident);
+    let (c0, steal0) = (cache(&cg), testkit::vmstat("pgsteal_kswapd").expect("pgsteal_kswapd in /proc/vmstat"));
+    let kswapd = |r: &ActorRow| r.kind == "kswapd" && r.comm.starts_with("kswapd");
+    let argv = cg.wrap(&["dd", &format!("if={}", sparse.display()), "of=/dev/null", "bs=1M", "status=none"]);
+    let mut reader = Command::new(&argv[0]).args(&argv[1..]).spawn().expect("spawn dd");
+    let t = Instant::now();
+    let seen = loop {
+        std::thread::sleep(Duration::from_millis(50));
+        let seen = b.churn.blame().unwrap().unwrap().since(&m0.table).pages_where(kswapd);
+        if seen >= m0.resident / 2 {
+            break seen;
+        }
+        if let Some(st) = reader.try_wait().unwrap() {
+            let _ = std::fs::remove_file(&sparse);
+            panic!(
+                "kswapd evicted {seen} of {} pages while dd read {size} bytes of holes ({st}; pgsteal_kswapd +{}): \
+                 it did not reach the file",
+                m0.resident,
+                testkit::vmstat("pgsteal_kswapd").unwrap() - steal0
+            );
+        }
+    };
+    let _ = reader.kill();
+    let _ = reader.wait();
+    std::fs::remove_file(&sparse).unwrap();
+    let m1 = b.mark();
+    let (c1, steal1) = (cache(&cg), testkit::vmstat("pgsteal_kswapd").unwrap());
+    drop(cg);
+    let named = b.check_rows(&m0, &m1, kswapd);
+    eprintln!(
+        "kswapd evicted {named} pages ({seen} when seen) in {:?}; pgsteal_kswapd +{}; the group's file {c0:?} -> {c1:?}",
+        t.elapsed(),
+        steal1 - steal0
+    );
+    assert!(named <= steal1 - steal0, "blamed {named} pages on kswapd, more than it stole ({})", steal1 - steal0);
+}
