@@ -16,6 +16,15 @@
 //! that were on, and checks that a new save equals the first one. The old kdamonds restart with
 //! the same configuration; what they had learned while running (region ages) starts again.
 //!
+//! ## Surviving a SIGKILL
+//! Before it changes anything, [`Damon::pageout`] writes what it saved to [`STATE_FILE`] (under
+//! `/run`, a tmpfs: a reboot clears it and DAMON alike); a restore that checked equal removes it.
+//! A guard killed with SIGKILL (or a crash) leaves the file, and [`recover`], which every
+//! [`Damon::pageout`] calls first (and `cargo xtask setup`), puts the tree back from it. Format:
+//! a line `nr_kdamonds N`, then per kdamond a line `kdamond I on|off` and a line
+//! `file<TAB>PATH<TAB>VALUE` per saved file, `VALUE` with `\`, newline and tab escaped as `\\`,
+//! `\n`, `\t`.
+//!
 //! The new kdamond monitors physical addresses (`paddr`) over the given ranges only, and pages
 //! out what was not accessed in one aggregation interval, restricted by two operation filters to
 //! non-anonymous folios charged to one memory cgroup (`memcg_path`, the path inside the memory
@@ -29,6 +38,94 @@ use std::{
 use anyhow::{Context, Result, bail, ensure};
 
 const ADMIN: &str = "/sys/kernel/mm/damon/admin/kdamonds";
+/// What a live guard saved (module doc, "Surviving a SIGKILL").
+pub const STATE_FILE: &str = "/run/moe-observer-tests/damon-saved";
+
+fn escape(v: &str) -> String {
+    v.replace('\\', "\\\\").replace('\n', "\\n").replace('\t', "\\t")
+}
+
+fn unescape(v: &str) -> Result<String> {
+    let mut out = String::with_capacity(v.len());
+    let mut it = v.chars();
+    while let Some(c) = it.next() {
+        if c != '\\' {
+            out.push(c);
+            continue;
+        }
+        match it.next() {
+            Some('\\') => out.push('\\'),
+            Some('n') => out.push('\n'),
+            Some('t') => out.push('\t'),
+            other => bail!("{STATE_FILE}: bad escape \\{other:?} in {v:?}"),
+        }
+    }
+    Ok(out)
+}
+
+fn encode(saved: &[Saved]) -> String {
+    let mut s = format!("nr_kdamonds {}\n", saved.len());
+    for (i, k) in saved.iter().enumerate() {
+        s += &format!("kdamond {i} {}\n", if k.on { "on" } else { "off" });
+        for (p, v) in &k.files {
+            s += &format!("file\t{}\t{}\n", escape(&p.to_string_lossy()), escape(v));
+        }
+    }
+    s
+}
+
+fn decode(text: &str) -> Result<Vec<Saved>> {
+    let mut lines = text.lines();
+    let n: usize = lines
+        .next()
+        .and_then(|l| l.strip_prefix("nr_kdamonds "))
+        .and_then(|n| n.parse().ok())
+        .with_context(|| format!("{STATE_FILE}: no `nr_kdamonds N` first line"))?;
+    let mut saved: Vec<Saved> = Vec::new();
+    for l in lines {
+        if let Some(rest) = l.strip_prefix("kdamond ") {
+            let on = match rest.split_once(' ') {
+                Some((i, st)) if i.parse() == Ok(saved.len()) && (st == "on" || st == "off") => st == "on",
+                _ => bail!("{STATE_FILE}: bad line {l:?}"),
+            };
+            saved.push(Saved { files: Vec::new(), on });
+        } else if let Some(rest) = l.strip_prefix("file\t") {
+            let (p, v) = rest.split_once('\t').with_context(|| format!("{STATE_FILE}: bad line {l:?}"))?;
+            let k = saved.last_mut().with_context(|| format!("{STATE_FILE}: a file before any kdamond"))?;
+            k.files.push((PathBuf::from(unescape(p)?), unescape(v)?));
+        } else {
+            bail!("{STATE_FILE}: bad line {l:?}");
+        }
+    }
+    ensure!(saved.len() == n, "{STATE_FILE}: {} kdamonds listed, nr_kdamonds {n}", saved.len());
+    Ok(saved)
+}
+
+/// Puts the admin tree back from the [`STATE_FILE`] a killed guard left, checks it, and removes
+/// the file; `false` when there was none.
+pub fn recover() -> Result<bool> {
+    let text = match std::fs::read_to_string(STATE_FILE) {
+        Ok(t) => t,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(false),
+        Err(e) => return Err(e).with_context(|| format!("reading {STATE_FILE}")),
+    };
+    let saved = decode(&text)?;
+    eprintln!("testkit::damon: {STATE_FILE} was left by a guard that did not finish: restoring the DAMON admin tree");
+    let mut d = Damon { admin: PathBuf::from(ADMIN), saved, ours: None, touched: true, restored: true };
+    d.restore_tree().with_context(|| format!("restoring {ADMIN} from {STATE_FILE}"))?;
+    Ok(true)
+}
+
+/// The admin tree's kdamonds as a guard saves them (compare two to see a change).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Snapshot(Vec<Saved>);
+
+/// The admin tree now.
+pub fn snapshot() -> Result<Snapshot> {
+    let admin = PathBuf::from(ADMIN);
+    let n: usize = read(&admin.join("nr_kdamonds"))?.parse().context("nr_kdamonds")?;
+    Ok(Snapshot((0..n).map(|i| save(&admin.join(i.to_string()))).collect::<Result<Vec<_>>>()?))
+}
 
 /// One saved kdamond: writable files (relative path, value) in write-back order, and its state.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -136,8 +233,13 @@ impl Damon {
             );
         }
         ensure!(!scheme.regions.is_empty(), "a DAMON scheme needs at least one physical address range");
+        recover()?;
         let n: usize = read(&admin.join("nr_kdamonds"))?.parse().context("nr_kdamonds")?;
         let saved = (0..n).map(|i| save(&admin.join(i.to_string()))).collect::<Result<Vec<_>>>()?;
+        let state = Path::new(STATE_FILE);
+        std::fs::create_dir_all(state.parent().expect("a directory"))
+            .with_context(|| format!("making the directory of {STATE_FILE}"))?;
+        std::fs::write(state, encode(&saved)).with_context(|| format!("writing {STATE_FILE}"))?;
         let mut d = Damon { admin, saved, ours: None, touched: false, restored: false };
         d.start(scheme)?;
         Ok(d)
@@ -281,7 +383,12 @@ impl Damon {
                 differ.join("; ")
             );
         }
-        Ok(())
+        match std::fs::remove_file(STATE_FILE) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                Err(e).with_context(|| format!("removing {STATE_FILE}"))
+            }
+            _ => Ok(()),
+        }
     }
 }
 
@@ -298,6 +405,25 @@ impl Drop for Damon {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_state_file_reads_back_what_was_written() {
+        let saved = vec![
+            Saved {
+                files: vec![
+                    (PathBuf::from("contexts/nr_contexts"), "1\n".into()),
+                    (PathBuf::from("contexts/0/schemes/0/filters/0/memcg_path"), "/a\tb\\c\n\n".into()),
+                    (PathBuf::from("refresh_ms"), "".into()),
+                ],
+                on: true,
+            },
+            Saved { files: vec![], on: false },
+        ];
+        let text = encode(&saved);
+        assert_eq!(decode(&text).unwrap(), saved);
+        assert!(decode("nr_kdamonds 3\nkdamond 0 on\n").is_err(), "a count that disagrees");
+        assert!(decode("nr_kdamonds 1\nkdamond 0 on\nfile\tx\t\\q\n").is_err(), "a bad escape");
+    }
 
     #[test]
     fn a_save_writes_counts_before_files_before_subdirectories_and_skips_read_only_files() {

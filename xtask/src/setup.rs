@@ -172,6 +172,10 @@ pub fn run(scope: Scope) -> Result<()> {
     bpf_linker()?;
     if is_root() {
         tracefs()?;
+        // A DAMON test guard killed mid-test left the host's DAMON admin tree changed: put it back.
+        if testkit::damon::recover()? {
+            eprintln!("setup: DAMON admin tree restored from {}", testkit::damon::STATE_FILE);
+        }
     } else {
         eprintln!(
             "setup: not root: skipping the tracefs mount; the observer itself needs root (or CAP_BPF+CAP_PERFMON)"
