@@ -17,12 +17,12 @@ use aya_ebpf::{
     programs::TracePointContext,
 };
 use observer_common::{
+    attrib::T_FAULT_IO,
     evict::{
         ActorKey, ActorPages, BLOCK_PAGES, EvictConfig, K_DIRECT, K_KSWAPD, K_MEMCG, K_OTHER, K_PROACTIVE, MAX_ACTORS,
         MAX_REMEMBERED, MAX_SYSCALL, MAX_WINDOWS, N_CLASSES, N_KINDS, N_STATS, NO_SYSCALL, RefaultFault, Remembered,
         S_NOT_REMEMBERED, S_REFAULT_FAULT_LOST, S_WINDOW_LOST,
     },
-    attrib::T_FAULT_IO,
     filemap::{MAX_INTERVALS, NO_FIELD},
 };
 
@@ -228,8 +228,7 @@ fn refault_in_fault(kind: u32) {
         if s.fault_start == 0 {
             return;
         }
-        let pending =
-            if s.current_component() == T_FAULT_IO && now > s.last_ts { now - s.last_ts } else { 0 };
+        let pending = if s.current_component() == T_FAULT_IO && now > s.last_ts { now - s.last_ts } else { 0 };
         (s.fault_start, s.time[T_FAULT_IO] + pending)
     };
     // SAFETY: plain map lookup.
