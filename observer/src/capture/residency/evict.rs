@@ -16,7 +16,7 @@ use aya::{
 use observer_common::{
     evict::{
         ActorKey, ActorPages, C_DENSE, C_OTHER, C_ROUTED, C_SHARED, EvictConfig, K_FADVISE, K_TRUNCATE, MAX_SYSCALL,
-        N_KINDS, S_NOT_REMEMBERED, S_WINDOW_LOST, sys,
+        N_KINDS, S_NOT_REMEMBERED, S_REFAULT_FAULT_LOST, S_WINDOW_LOST, sys,
     },
     filemap::NO_FIELD,
     vocab::EVICTION_ACTORS,
@@ -172,6 +172,8 @@ pub struct Table {
     pub refaults: [u64; N_KINDS as usize],
     /// Evicted pages the kernel could not remember (their refaults are not counted).
     pub not_remembered: u64,
+    /// Refault faults the kernel could not follow to their exit (their `fault_io` is not counted).
+    pub refault_faults_lost: u64,
 }
 
 impl Table {
@@ -222,6 +224,7 @@ impl Table {
             windows_lost: self.windows_lost - base.windows_lost.min(self.windows_lost),
             refaults,
             not_remembered: self.not_remembered - base.not_remembered.min(self.not_remembered),
+            refault_faults_lost: self.refault_faults_lost - base.refault_faults_lost.min(self.refault_faults_lost),
         }
     }
 }
@@ -290,12 +293,13 @@ fn read(m: &Attached) -> Result<Table, ResidencyError> {
     }
     let windows_lost = m.stats.get(&S_WINDOW_LOST, 0).map_err(err("EVICT_STATS"))?;
     let not_remembered = m.stats.get(&S_NOT_REMEMBERED, 0).map_err(err("EVICT_STATS"))?;
+    let refault_faults_lost = m.stats.get(&S_REFAULT_FAULT_LOST, 0).map_err(err("EVICT_STATS"))?;
     let mut refaults = [0; N_KINDS as usize];
     for (k, r) in refaults.iter_mut().enumerate() {
         *r = m.refaults.get(&(k as u32), 0).map_err(err("EVICT_REFAULTS"))?;
     }
     rows.sort_by(|a, b| b.pages.cmp(&a.pages).then(a.pid.cmp(&b.pid)));
-    Ok(Table { rows, windows_lost, refaults, not_remembered })
+    Ok(Table { rows, windows_lost, refaults, not_remembered, refault_faults_lost })
 }
 
 /// A plain-text table (most pages first), `page` bytes per page.
@@ -326,6 +330,9 @@ pub fn render(t: &Table, page: u64) -> String {
         .collect();
     if !refaulted.is_empty() {
         s += &format!("refaulted pages by who evicted them: {}\n", refaulted.join(", "));
+    }
+    if t.refault_faults_lost > 0 {
+        s += &format!("refault faults not followed (their fault_io is missing): {}\n", t.refault_faults_lost);
     }
     s
 }
