@@ -567,7 +567,7 @@ fn an_engine_runs_expert_grids_read_back_exactly_from_fewer_bytes() {
             "-p",
             "Once upon a time",
             "-n",
-            "60",
+            "240",
             "-t",
             "1",
             "--ignore-eos",
@@ -580,11 +580,13 @@ fn an_engine_runs_expert_grids_read_back_exactly_from_fewer_bytes() {
     assert!(issues.is_empty(), "{issues:?}");
     let got = tokens(&ev);
     let from_json: Vec<TokenRecord> = serde_json::from_value(r.summary["tokens"].clone()).unwrap();
-    assert_eq!(got.len(), 60, "a record per step of `-n 60` (the prompt step gives the first token)");
+    assert_eq!(got.len(), 240, "a record per step of `-n 240` (the prompt step gives the first token)");
     assert_eq!(got, from_json, "grids and all, bit for bit");
     let grids: Vec<_> = got.iter().filter_map(|t| t.residency.as_ref()?.grid.as_ref()).collect();
-    // The last record of each batch read from the kernel carries a residency sample.
-    assert!(grids.len() >= 8, "tokens with a grid: {} of {}", grids.len(), got.len());
+    // The last record of each batch read from the kernel carries a residency sample, at most one
+    // per 20 ms. How many batches a run gives depends on how fast it decodes (60 tokens gave 2 at
+    // load 18): 240 tokens give several at any speed seen here, and three suffice for the checks.
+    assert!(grids.len() >= 3, "tokens with a grid: {} of {}", grids.len(), got.len());
     assert!(grids.iter().all(|g| (g.n_layers, g.n_experts) == (6, 128)));
     assert!(grids.windows(2).any(|w| w[0].resident != w[1].resident), "the grid changed during the run");
     // Bytes of the records with a grid: as written, against the same records as plain JSON.
