@@ -491,6 +491,7 @@ fn run(a: RunArgs) -> Result<()> {
             "output_ms": times.output_ns as f64 / 1e6,
             "cache": cache.as_ref().map(cache_json),
             "experts_for_90pct": experts_for_90pct(&sess.expert_counts),
+            "expert_counts": sess.expert_counts,
         });
         writeln!(em.out, "{summary}")?;
     } else {

@@ -5,21 +5,15 @@
 //! windowed attention with sinks, shared experts, biased OAI experts) agree with independent
 //! computations.
 
+mod common;
+
 use engine::arch::{Arch, Mixer};
 use engine::model::{Model, Session};
 use engine::sampling::argmax;
 use engine::synth::{SynthConfig, write_model};
 use engine::tokenizer::Tokenizer;
 
-fn model(preset: &str, edit: impl FnOnce(&mut SynthConfig)) -> (tempfile::TempDir, Model) {
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join(format!("{preset}.gguf"));
-    let mut c = SynthConfig::preset(preset).unwrap();
-    edit(&mut c);
-    write_model(&c, &path, 2, |_| {}).unwrap();
-    let m = Model::load(&path).unwrap();
-    (dir, m)
-}
+use common::{preset_model as model, rows};
 
 const TINY: [(&str, Arch); 4] = [
     ("tiny", Arch::Qwen3Moe),
@@ -133,23 +127,7 @@ fn state_bytes_match_the_session_at_full_context() {
 
 /// `w·x` for one row with the kernels (ggml's one-token `mul_mat`).
 fn matvec(m: &Model, w: &engine::blocks::Weight, x: &[f32]) -> Vec<f32> {
-    let mut xq = Vec::new();
-    engine::quant::quantize_activation(w.ty, x, &mut xq).unwrap();
-    let mut out = vec![0f32; w.rows];
-    engine::quant::matvec(w.ty, m.bytes(w.range.clone()), 0..w.rows, x.len(), &xq, &mut out);
-    out
-}
-
-fn rows(n: usize, d: usize, seed: u64) -> Vec<f32> {
-    let mut s = seed | 1;
-    (0..n * d)
-        .map(|_| {
-            s ^= s << 13;
-            s ^= s >> 7;
-            s ^= s << 17;
-            (s >> 40) as f32 / (1u64 << 24) as f32 * 4.0 - 2.0
-        })
-        .collect()
+    common::matvec(w.ty, m.bytes(w.range.clone()), w.rows, x)
 }
 
 /// The DeltaNet block on a batch of tokens against the recurrence written out in f64 (the

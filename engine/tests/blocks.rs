@@ -2,6 +2,8 @@
 //! (`quant::matvec`, single-threaded, no grouping), bit for bit; and the MoE block's expert
 //! source seam (`ExpertWeights`).
 
+mod common;
+
 use std::sync::Mutex;
 
 use engine::blocks::dense_ffn::{self, DenseFfn};
@@ -10,40 +12,14 @@ use engine::blocks::self_attn::Rope;
 use engine::blocks::{Ctx, Weight};
 use engine::model::{Model, Session};
 use engine::pool::Pool;
-use engine::quant::{self, GgmlType};
-use engine::synth::{QuantMix, SynthConfig, write_model};
+use engine::quant::GgmlType;
+use engine::synth::QuantMix;
 use engine::vmath;
 
+use common::{matvec, preset_model, rows};
+
 fn tiny(quant: QuantMix) -> (tempfile::TempDir, Model) {
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("tiny.gguf");
-    let mut c = SynthConfig::preset("tiny").unwrap();
-    c.quant = quant;
-    write_model(&c, &path, 2, |_| {}).unwrap();
-    let m = Model::load(&path).unwrap();
-    (dir, m)
-}
-
-/// `n` rows of `d` values in [-2, 2), deterministic.
-fn rows(n: usize, d: usize, seed: u64) -> Vec<f32> {
-    let mut s = seed | 1;
-    (0..n * d)
-        .map(|_| {
-            s ^= s << 13;
-            s ^= s >> 7;
-            s ^= s << 17;
-            (s >> 40) as f32 / (1u64 << 24) as f32 * 4.0 - 2.0
-        })
-        .collect()
-}
-
-/// `w·x` for one row, the way ggml computes a one-token `mul_mat`.
-fn matvec(ty: GgmlType, w: &[u8], rows: usize, x: &[f32]) -> Vec<f32> {
-    let mut xq = Vec::new();
-    quant::quantize_activation(ty, x, &mut xq).unwrap();
-    let mut out = vec![0f32; rows];
-    quant::matvec(ty, w, 0..rows, x.len(), &xq, &mut out);
-    out
+    preset_model("tiny", |c| c.quant = quant)
 }
 
 /// `down·(silu(gate·x) ⊙ up·x)` for one row.

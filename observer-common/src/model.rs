@@ -198,7 +198,8 @@ pub struct Residency {
     pub dense_resident_frac: Option<f64>,
     pub dense_swapped_frac: Option<f64>,
     pub experts_resident_frac: Option<f64>,
-    /// Layer × expert resident fractions, row-major (`layer * n_experts + expert`).
+    /// Layer × expert resident fractions, row-major (`row * n_experts + expert`; a row's layer:
+    /// [`ExpertGrid::layer`]).
     pub grid: Option<ExpertGrid>,
     /// The engine's own expert cache, when the engine publishes its slot table.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -225,16 +226,31 @@ pub struct EngineCache {
     pub hit_pct: Option<f64>,
 }
 
+/// The layer × expert grid of a token: one row per layer with routed experts, `n_experts` columns,
+/// cells row-major (`row * n_experts + expert`).
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct ExpertGrid {
+    /// Rows: the layers with routed experts.
     pub n_layers: u32,
     pub n_experts: u32,
+    /// The block index (`N` of `blk.N`, the model's layer) of each row, ascending: row `r` is layer
+    /// `layers[r]` (a model with leading dense layers starts above 0). Empty in records written
+    /// before the field existed; [`ExpertGrid::layer`] then reads row `r` as layer `r`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub layers: Vec<u32>,
     /// Resident fraction per (layer, expert), 0..=1.
     pub resident: Vec<f32>,
     /// Page-cache pages of each expert added during this token (churn), if measured.
     pub added: Option<Vec<u32>>,
     /// … and evicted.
     pub evicted: Option<Vec<u32>>,
+}
+
+impl ExpertGrid {
+    /// The layer (block index) of row `row` ([`ExpertGrid::layers`]).
+    pub fn layer(&self, row: usize) -> u32 {
+        self.layers.get(row).copied().unwrap_or(row as u32)
+    }
 }
 
 /// One marked step (token), or one window.

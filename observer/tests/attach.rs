@@ -3,7 +3,11 @@
 
 mod common;
 
-use std::process::Command;
+use std::{
+    path::PathBuf,
+    process::{Command, ExitStatus},
+    time::Duration,
+};
 
 use common::*;
 
@@ -34,18 +38,25 @@ fn cpu_of(pid: u32, tid: u32) -> (u64, u64) {
     (run, f[0] + f[1])
 }
 
-/// Wait for the observer's "probes attached" line on its stderr.
-fn wait_attached(err: &mut impl std::io::BufRead) -> String {
-    let mut seen = String::new();
-    loop {
-        let mut line = String::new();
-        let n = err.read_line(&mut line).expect("reading the observer's stderr");
-        assert!(n > 0, "the observer ended before attaching:\n{seen}");
-        seen.push_str(&line);
-        if line.contains("probes attached") {
-            return seen;
-        }
-    }
+/// `observer run --pid PID --json FILE <args>` attached to a running process, stopped with SIGINT
+/// `span` after its probes are attached: its exit status, its stderr and the JSON file.
+fn observe_attached(pid: u32, json_name: &str, args: &[&str], span: Duration) -> (ExitStatus, String, PathBuf) {
+    let json = scratch_dir("attach").join(json_name);
+    let _ = std::fs::remove_file(&json);
+    let mut obs = Command::new(OBSERVER)
+        .args(["run", "--pid", &pid.to_string(), "--json"])
+        .arg(&json)
+        .args(args)
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("observer");
+    let mut err = std::io::BufReader::new(obs.stderr.take().unwrap());
+    let mut seen = wait_attached(&mut err);
+    std::thread::sleep(span);
+    // SAFETY: kill(2) of our own child.
+    unsafe { libc::kill(obs.id() as i32, libc::SIGINT) };
+    std::io::Read::read_to_string(&mut err, &mut seen).unwrap();
+    (obs.wait().unwrap(), seen, json)
 }
 
 /// Attached to a running process, a thread whose state cannot be known from
@@ -75,23 +86,7 @@ fn attaching_mid_life_charges_nothing_unknown_to_compute() {
     let all: Vec<u32> = spinners.iter().copied().chain([reader, pid]).collect();
     let before: Vec<(u64, u64)> = all.iter().map(|&t| cpu_of(pid, t)).collect();
 
-    let json = scratch_dir("attach").join("attach-mid-life.json");
-    let _ = std::fs::remove_file(&json);
-    let mut obs = Command::new(OBSERVER)
-        .args(["run", "--pid", &pid.to_string(), "--json"])
-        .arg(&json)
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .expect("observer");
-    let mut err = std::io::BufReader::new(obs.stderr.take().unwrap());
-    let mut seen = wait_attached(&mut err);
-    std::thread::sleep(std::time::Duration::from_millis(1500));
-    // SAFETY: kill(2) of our own child.
-    unsafe { libc::kill(obs.id() as i32, libc::SIGINT) };
-    let mut rest = String::new();
-    std::io::Read::read_to_string(&mut err, &mut rest).unwrap();
-    seen.push_str(&rest);
-    let status = obs.wait().unwrap();
+    let (status, seen, json) = observe_attached(pid, "attach-mid-life.json", &[], Duration::from_millis(1500));
     let after: Vec<(u64, u64)> = all.iter().map(|&t| cpu_of(pid, t)).collect();
     let _ = target.kill();
     let _ = target.wait();
@@ -217,24 +212,9 @@ fn attached_mid_run_the_first_record_is_one_whole_token() {
         .spawn()
         .expect("engine");
     std::thread::sleep(std::time::Duration::from_millis(500)); // well into its decode loop
-    let json = scratch_dir("attach").join("attach-engine.json");
-    let _ = std::fs::remove_file(&json);
     let t0 = mono_ns();
-    let mut obs = Command::new(OBSERVER)
-        .args(["run", "--every", "0", "--pid", &engine.id().to_string(), "--json"])
-        .arg(&json)
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .expect("observer");
-    let mut err = std::io::BufReader::new(obs.stderr.take().unwrap());
-    let mut seen = wait_attached(&mut err);
-    std::thread::sleep(std::time::Duration::from_millis(1000));
-    // SAFETY: kill(2) of our own child.
-    unsafe { libc::kill(obs.id() as i32, libc::SIGINT) };
-    let mut rest = String::new();
-    std::io::Read::read_to_string(&mut err, &mut rest).unwrap();
-    seen.push_str(&rest);
-    let status = obs.wait().unwrap();
+    let (status, seen, json) =
+        observe_attached(engine.id(), "attach-engine.json", &["--every", "0"], Duration::from_millis(1000));
     let t1 = mono_ns();
     let _ = engine.kill();
     let _ = engine.wait();

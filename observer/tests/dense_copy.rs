@@ -19,7 +19,7 @@ mod common;
 use std::{
     io::{BufRead, BufReader, Read},
     os::unix::fs::FileExt,
-    path::{Path, PathBuf},
+    path::Path,
     process::{Command, Stdio},
     time::Duration,
 };
@@ -38,41 +38,6 @@ const BALLOON_MIB: u64 = 64;
 const WINDOW_NS: u64 = 250_000_000;
 /// |observer − smaps| allowed for a fraction of the copy's pages (1 % of ~11 500 pages).
 const TOL: f64 = 0.01;
-
-fn engine_bin() -> PathBuf {
-    let p = Path::new(OBSERVER).with_file_name("engine");
-    assert!(p.exists(), "{} missing: run `cargo build --release -p engine` (cargo xtask test does)", p.display());
-    p
-}
-
-/// ~70 MiB, ~45 MiB of it dense (a 16k vocabulary), q8_0: the pressure model of the engine's
-/// tests.
-fn pressure_model() -> PathBuf {
-    let model = scratch_dir("dense-copy").join("pressure.gguf");
-    if !model.exists() {
-        let tmp = model.with_extension("tmp");
-        let st = Command::new(engine_bin())
-            .args([
-                "synth",
-                "--force",
-                "-o",
-                tmp.to_str().unwrap(),
-                "--quant",
-                "q8_0",
-                "--layers",
-                "4",
-                "--hidden",
-                "1024",
-            ])
-            .args(["--heads", "16", "--kv-heads", "4", "--head-dim", "64", "--experts", "8", "--experts-used", "2"])
-            .args(["--expert-ffn", "256", "--vocab", "16384"])
-            .status()
-            .expect("engine synth");
-        assert!(st.success(), "engine synth failed");
-        std::fs::rename(&tmp, &model).unwrap();
-    }
-    model
-}
 
 fn dense_mib(model: &Path) -> u64 {
     let g = engine::gguf::Gguf::open(model).unwrap();

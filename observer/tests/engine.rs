@@ -174,3 +174,110 @@ fn engine_cache_slots_and_hit_rate_beside_the_engines() {
     );
     assert!(snaps.iter().any(|c| c["hit_pct"].is_number()), "a hit rate for generated tokens");
 }
+
+/// The expert grid's rows carry their layers (block indices), and per layer the experts the
+/// observer sees ready in the engine's cache are exactly those the engine's router chose, by the
+/// engine's own routing counts (`expert_counts` of its `--json` summary) on the same run.
+///
+/// The engine runs the prompt step only, with a cache that holds every expert (so nothing is
+/// evicted and every chosen expert is read once into a slot). Its stdout is a pipe the test has
+/// filled but for a few hundred bytes: the step's token line fits, the summary after the step
+/// does not, so the engine waits there with its slot table still published until the observer's
+/// line for the step shows that the step's record, and its residency sample, are done. Then the
+/// test drains the pipe and the engine finishes. No clock decides anything.
+#[test]
+fn grid_rows_carry_their_layers_and_the_cache_holds_what_the_engine_routed() {
+    use std::io::{Read, Write};
+    use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+    let _l = machine_lock();
+    // 4 layers of 32 experts, 2 chosen per token: a short prompt leaves most of each layer unused.
+    let model = synth_model("grid-layers.gguf", &["--layers", "4", "--experts", "32", "--experts-used", "2"]);
+    let json = scratch_dir("engine").join("grid-layers.json");
+
+    let mut fds = [0; 2];
+    // SAFETY: pipe2 fills two descriptors we then own.
+    assert_eq!(unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) }, 0, "pipe2");
+    // SAFETY: fresh descriptors of ours.
+    let (read_end, write_end) = unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) };
+    // SAFETY: fcntl on our descriptor.
+    let cap = unsafe { libc::fcntl(write_end.as_raw_fd(), libc::F_SETPIPE_SZ, 4096) };
+    assert!(cap >= 4096, "F_SETPIPE_SZ: {}", std::io::Error::last_os_error());
+    let room = 256;
+    std::fs::File::from(write_end.try_clone().unwrap()).write_all(&vec![b'#'; cap as usize - room]).unwrap();
+
+    let mut obs = Command::new(OBSERVER)
+        .args(["run", "--every", "1", "--poll", "1ms", "--residency-interval", "1ms", "--force", "--json"])
+        .arg(&json)
+        .arg("--")
+        .arg(engine_bin())
+        .args(["run", "-m", model.to_str().unwrap(), "-p", "Hello", "-n", "1", "--json", "-t", "1"])
+        .args(["--experts", "cache", "--cache-mib", "64"])
+        .stdout(Stdio::from(write_end))
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("observer");
+    let (tx, rx) = std::sync::mpsc::channel();
+    let err = obs.stderr.take().unwrap();
+    let reader = std::thread::spawn(move || {
+        let mut seen = String::new();
+        for line in BufReader::new(err).lines() {
+            let line = line.unwrap_or_default();
+            seen.push_str(&line);
+            seen.push('\n');
+            // The observer's line of step 0 (`attribution::line`: the index, then the kind).
+            if line.split_whitespace().next() == Some("0") && line.contains('|') {
+                let _ = tx.send(());
+            }
+        }
+        seen
+    });
+    // A guard against a hang, not a measurement: the engine cannot finish before the pipe drains.
+    let step_done = rx.recv_timeout(Duration::from_secs(300));
+    let mut out = Vec::new();
+    std::fs::File::from(read_end).read_to_end(&mut out).unwrap();
+    let status = obs.wait().unwrap();
+    let seen = reader.join().unwrap();
+    assert!(step_done.is_ok(), "no observer line for the prompt step:\n{seen}");
+    assert!(status.success(), "observer run failed: {status}\n{seen}");
+
+    let out = String::from_utf8_lossy(&out);
+    let summary: serde_json::Value = serde_json::from_str(
+        out.trim_start_matches('#').lines().find(|l| l.contains("expert_counts")).expect("the engine's summary"),
+    )
+    .unwrap();
+    let counts: Vec<Vec<u64>> = serde_json::from_value(summary["expert_counts"].clone()).unwrap();
+    let k = 2;
+    let prompt_tokens = u(&summary, "prompt_tokens");
+    for (layer, c) in counts.iter().enumerate() {
+        assert_eq!(c.iter().sum::<u64>(), prompt_tokens * k, "layer {layer}: {k} experts per prompt token");
+    }
+
+    let v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    let toks = v["tokens"].as_array().unwrap();
+    assert_eq!(toks.len(), 1, "one step, the prompt");
+    let r = &toks[0]["residency"];
+    let (grid, cache) = (&r["grid"], &r["engine_cache"]);
+    let layers: Vec<u64> = serde_json::from_value(grid["layers"].clone()).expect("the grid's layers");
+    assert_eq!(layers, (0..counts.len() as u64).collect::<Vec<_>>(), "every block of the model has routed experts");
+    assert_eq!(u(grid, "n_layers"), layers.len() as u64);
+    let ne = u(grid, "n_experts");
+    assert_eq!(ne, 32);
+    assert!(u(cache, "slots") >= layers.len() as u64 * ne, "a cache of every expert: {cache}");
+    assert_eq!(u(cache, "loading"), 0, "the step's reads are done: {cache}");
+    let ready: Vec<u64> = serde_json::from_value(cache["ready"].clone()).unwrap();
+    let used = |c: &Vec<u64>| c.iter().map(|&n| n > 0).collect::<Vec<_>>();
+    assert!(
+        counts.iter().any(|c| used(c) != used(&counts[0])),
+        "the layers route differently, so rows cannot be swapped unseen"
+    );
+    for (row, &layer) in layers.iter().enumerate() {
+        let observed: Vec<u64> = ready.iter().filter(|&&c| c / ne == row as u64).map(|&c| c % ne).collect();
+        let routed: Vec<u64> = (0..ne).filter(|&e| counts[layer as usize][e as usize] > 0).collect();
+        eprintln!("layer {layer}: observer {} experts ready, engine routed to {}", observed.len(), routed.len());
+        assert!(!routed.is_empty() && routed.len() < ne as usize, "layer {layer}: {routed:?}");
+        assert_eq!(
+            observed, routed,
+            "layer {layer} (grid row {row}): ready in the cache vs the engine's routing counts"
+        );
+    }
+}

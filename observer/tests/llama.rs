@@ -542,54 +542,14 @@ fn evict(path: &Path) {
 /// same process for the same span (before its `exec`, until it exits).
 #[test]
 fn llama_simple_faults_match_perf_stat() {
-    use std::io::Write;
     let _l = machine_lock();
     assert_root();
     let llama = llama();
     let model = tiny_model();
     evict(&model);
-    let dir = scratch_dir("llama-perf");
-    let (perf_out, json) = (dir.join("perf.csv"), dir.join("obs.json"));
-    let _ = std::fs::remove_file(&json);
-    // A shell that waits for a line on stdin, then becomes llama-simple (same PID).
-    let script = format!(
-        "read go; exec {} -m {} -n 16 hello >/dev/null 2>&1",
-        llama.bin.join("llama-simple").display(),
-        model.display()
-    );
-    let mut target =
-        Command::new("/bin/sh").args(["-c", &script]).stdin(Stdio::piped()).spawn().expect("spawn target shell");
-    let pid = target.id().to_string();
-    let mut perf = Command::new("perf")
-        .args(["stat", "-x,", "-e", "major-faults,minor-faults", "-o"])
-        .arg(&perf_out)
-        .args(["-p", &pid])
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("perf not found: run `cargo xtask setup` (installs linux-perf)");
-    let mut obs = Command::new(OBSERVER)
-        .args(["run", "--json", json.to_str().unwrap(), "--pid", &pid])
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("spawn observer");
-    let mut err = BufReader::new(obs.stderr.take().unwrap());
-    let mut seen = String::new();
-    loop {
-        let mut line = String::new();
-        assert!(err.read_line(&mut line).unwrap() > 0, "the observer ended before attaching:\n{seen}");
-        seen.push_str(&line);
-        if line.contains("probes attached") {
-            break;
-        }
-    }
-    std::thread::sleep(std::time::Duration::from_millis(500)); // perf has no readiness signal
-    target.stdin.take().unwrap().write_all(b"go\n").unwrap();
-    assert!(target.wait().unwrap().success(), "llama-simple failed");
-    err.read_to_string(&mut seen).unwrap();
-    assert!(obs.wait().unwrap().success(), "observer failed: {seen}");
-    assert!(perf.wait().unwrap().success(), "perf failed");
-    let perf_text = std::fs::read_to_string(&perf_out).unwrap();
-    let v: Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    let command =
+        format!("{} -m {} -n 16 hello >/dev/null 2>&1", llama.bin.join("llama-simple").display(), model.display());
+    let (perf_text, v) = beside_perf_stat(&scratch_dir("llama-perf"), &command);
     let (maj, min) = (perf_count(&perf_text, "major-faults"), perf_count(&perf_text, "minor-faults"));
     assert!(min >= 1000, "loading a model faults: {perf_text}");
     eprintln!(

@@ -432,12 +432,7 @@ fn prometheus_scrapes_a_run_and_every_dashboard_expression_returns_data() {
     let json = dir.join("summary.json");
     let _ = std::fs::remove_file(&json);
     // A model file for the residency and churn metrics (a small synthetic GGUF).
-    let model = dir.join("tiny.gguf");
-    if !model.exists() {
-        let engine = std::path::Path::new(OBSERVER).with_file_name("engine");
-        let st = Command::new(&engine).args(["synth", "-o"]).arg(&model).status().expect("engine synth");
-        assert!(st.success(), "engine synth failed");
-    }
+    let model = tiny_model();
     let obs = Observer::start(
         "serve",
         &[
@@ -612,32 +607,9 @@ fn prometheus_scrapes_a_run_and_every_dashboard_expression_returns_data() {
 fn dense_swapped_panel_shows_an_engine_copy_in_zram() {
     let _l = machine_lock();
     let dir = scratch_dir("prom-dense");
-    let engine = Path::new(OBSERVER).with_file_name("engine");
-    assert!(engine.exists(), "{} missing: cargo xtask test builds it", engine.display());
+    let engine = engine_bin();
     // ~70 MiB, ~45 MiB of it dense (a 16k vocabulary).
-    let model = dir.join("pressure.gguf");
-    if !model.exists() {
-        let tmp = dir.join("pressure.tmp");
-        let st = Command::new(&engine)
-            .args([
-                "synth",
-                "--force",
-                "-o",
-                tmp.to_str().unwrap(),
-                "--quant",
-                "q8_0",
-                "--layers",
-                "4",
-                "--hidden",
-                "1024",
-            ])
-            .args(["--heads", "16", "--kv-heads", "4", "--head-dim", "64", "--experts", "8", "--experts-used", "2"])
-            .args(["--expert-ffn", "256", "--vocab", "16384"])
-            .status()
-            .expect("engine synth");
-        assert!(st.success(), "engine synth failed");
-        std::fs::rename(&tmp, &model).unwrap();
-    }
+    let model = pressure_model();
     let dense_mib = {
         let g = engine::gguf::Gguf::open(&model).unwrap();
         g.tensors.iter().filter(|t| !t.is_routed_expert()).map(|t| t.size).sum::<u64>() >> 20
@@ -773,7 +745,14 @@ fn residency_metric_names_exist() {
             dense_resident_frac: Some(1.0),
             dense_swapped_frac: Some(0.0),
             experts_resident_frac: Some(1.0),
-            grid: Some(ExpertGrid { n_layers: 1, n_experts: 1, resident: vec![1.0], added: None, evicted: None }),
+            grid: Some(ExpertGrid {
+                n_layers: 1,
+                n_experts: 1,
+                layers: vec![0],
+                resident: vec![1.0],
+                added: None,
+                evicted: None,
+            }),
             engine_cache: None,
         }),
         lost_events: 0,

@@ -358,29 +358,12 @@ fn record_dense_ab_under_pressure(engine: &Path, model: &Path, cgroup: &Path, di
     serde_json::from_str(&observer_ok(&args)).expect("diff JSON")
 }
 
-/// The engine binary beside the observer (`cargo xtask test` builds it).
-fn engine_bin() -> PathBuf {
-    let p = Path::new(OBSERVER).with_file_name("engine");
-    assert!(p.exists(), "{} missing: run `cargo build --release -p engine` (cargo xtask test does)", p.display());
-    p
-}
-
 #[test]
 fn dense_anon_vs_locked_under_pressure_diffs_into_the_right_verdict() {
     let _l = machine_lock();
     let dir = scratch_dir("dense-ab");
     let engine = engine_bin();
-    // 4 layers, hidden 1024, 8 experts, vocab 16384, q8_0: ~70 MiB, ~45 MiB of it dense.
-    let model = dir.join("pressure.gguf");
-    if !model.exists() {
-        let st = Command::new(&engine)
-            .args(["synth", "-o", model.to_str().unwrap(), "--quant", "q8_0", "--layers", "4", "--hidden", "1024"])
-            .args(["--heads", "16", "--kv-heads", "4", "--head-dim", "64", "--experts", "8", "--experts-used", "2"])
-            .args(["--expert-ffn", "256", "--vocab", "16384"])
-            .status()
-            .expect("engine synth");
-        assert!(st.success());
-    }
+    let model = pressure_model();
     let dense_mib = {
         let g = engine::gguf::Gguf::open(&model).unwrap();
         g.tensors.iter().filter(|t| !t.is_routed_expert()).map(|t| t.size).sum::<u64>() >> 20
@@ -548,29 +531,11 @@ fn an_engine_runs_expert_grids_read_back_exactly_from_fewer_bytes() {
     let _l = machine_lock();
     let dir = out_dir("grids");
     let engine = engine_bin();
-    let model = scratch_dir("trace").join("grid-6x128.gguf");
-    if !model.exists() {
-        let tmp = model.with_extension("tmp");
-        let st = Command::new(&engine)
-            .args([
-                "synth",
-                "--force",
-                "-o",
-                tmp.to_str().unwrap(),
-                "--quant",
-                "q8_0",
-                "--layers",
-                "6",
-                "--hidden",
-                "256",
-            ])
-            .args(["--heads", "4", "--kv-heads", "2", "--head-dim", "64", "--experts", "128", "--experts-used", "8"])
-            .args(["--expert-ffn", "64", "--vocab", "2048"])
-            .status()
-            .expect("engine synth");
-        assert!(st.success(), "engine synth failed");
-        std::fs::rename(&tmp, &model).unwrap();
-    }
+    #[rustfmt::skip]
+    let model = synth_model("grid-6x128.gguf", &[
+        "--quant", "q8_0", "--layers", "6", "--hidden", "256", "--heads", "4", "--kv-heads", "2", "--head-dim", "64",
+        "--experts", "128", "--experts-used", "8", "--expert-ffn", "64", "--vocab", "2048",
+    ]);
     let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
     let churner = {
         let (stop, model) = (std::sync::Arc::clone(&stop), model.clone());
@@ -602,7 +567,7 @@ fn an_engine_runs_expert_grids_read_back_exactly_from_fewer_bytes() {
             "-p",
             "Once upon a time",
             "-n",
-            "60",
+            "240",
             "-t",
             "1",
             "--ignore-eos",
@@ -615,11 +580,13 @@ fn an_engine_runs_expert_grids_read_back_exactly_from_fewer_bytes() {
     assert!(issues.is_empty(), "{issues:?}");
     let got = tokens(&ev);
     let from_json: Vec<TokenRecord> = serde_json::from_value(r.summary["tokens"].clone()).unwrap();
-    assert_eq!(got.len(), 60, "a record per step of `-n 60` (the prompt step gives the first token)");
+    assert_eq!(got.len(), 240, "a record per step of `-n 240` (the prompt step gives the first token)");
     assert_eq!(got, from_json, "grids and all, bit for bit");
     let grids: Vec<_> = got.iter().filter_map(|t| t.residency.as_ref()?.grid.as_ref()).collect();
-    // The last record of each batch read from the kernel carries a residency sample.
-    assert!(grids.len() >= 8, "tokens with a grid: {} of {}", grids.len(), got.len());
+    // The last record of each batch read from the kernel carries a residency sample, at most one
+    // per 20 ms. How many batches a run gives depends on how fast it decodes (60 tokens gave 2 at
+    // load 18): 240 tokens give several at any speed seen here, and three suffice for the checks.
+    assert!(grids.len() >= 3, "tokens with a grid: {} of {}", grids.len(), got.len());
     assert!(grids.iter().all(|g| (g.n_layers, g.n_experts) == (6, 128)));
     assert!(grids.windows(2).any(|w| w[0].resident != w[1].resident), "the grid changed during the run");
     // Bytes of the records with a grid: as written, against the same records as plain JSON.

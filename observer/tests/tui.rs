@@ -354,13 +354,8 @@ fn engine_gen_rate(text: &str) -> Option<f64> {
 #[test]
 fn the_engine_under_the_tui_shows_its_hidden_cost_and_its_own_rate() {
     let _lock = machine_lock();
-    let engine = std::path::Path::new(OBSERVER).with_file_name("engine");
-    assert!(engine.exists(), "{} missing: run `cargo build --release --workspace --bins`", engine.display());
-    let model = common::scratch_dir("tui-engine").join("tiny.gguf");
-    if !model.exists() {
-        let st = Command::new(&engine).args(["synth", "-o"]).arg(&model).status().expect("engine synth");
-        assert!(st.success(), "engine synth failed");
-    }
+    let engine = common::engine_bin();
+    let model = common::tiny_model();
     let cmd = format!(
         "{OBSERVER} tui -- {} run -m {} -p 'The quick brown fox' -n 64 --ignore-eos -t 2; echo OBSERVER_EXIT=$?; sleep 600",
         engine.display(),

@@ -838,6 +838,7 @@ mod tests {
         let grid = |added: Vec<u32>| ExpertGrid {
             n_layers: 1,
             n_experts: 3,
+            layers: vec![0],
             resident: vec![1.0, 0.5, 0.0],
             added: Some(added),
             evicted: Some(vec![0, 0, 4]),

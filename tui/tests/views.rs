@@ -161,6 +161,29 @@ fn heatmap_view_of_a_40_by_256_grid_keeps_every_layer() {
     }
 }
 
+/// A model whose first blocks are dense (DeepSeek's style): rows are labelled with their layer (the
+/// grid's block index), not their row number, also when a cell stands for several layers.
+#[test]
+fn heatmap_view_labels_rows_with_their_layer() {
+    let mut app = app_with(&Opts { grid: (40, 16), first_layer: 3, ..Default::default() });
+    let rows = |t: &Terminal<TestBackend>| -> Vec<String> {
+        text(t.backend().buffer())
+            .lines()
+            .filter(|l| l.chars().any(|c| "·░▒▓█".contains(c)))
+            .map(str::to_owned)
+            .collect()
+    };
+    let tall = rows(&show(&mut app, View::Heatmap, 100, 60));
+    let labels: Vec<u32> = tall.iter().filter_map(|r| r.split_whitespace().next()?.parse().ok()).collect();
+    assert_eq!(labels, (3..43).collect::<Vec<_>>(), "{tall:#?}");
+    // 40 rows on a short screen: one row per 2 or more layers, each labelled with its first.
+    let short = rows(&show(&mut app, View::Heatmap, 100, 20));
+    let labels: Vec<u32> = short.iter().filter_map(|r| r.split_whitespace().next()?.parse().ok()).collect();
+    let step = labels[1] - labels[0];
+    assert!(step >= 2 && labels[0] == 3, "{short:#?}");
+    assert!(labels.windows(2).all(|w| w[1] - w[0] == step) && *labels.last().unwrap() < 43, "{short:#?}");
+}
+
 /// With an engine that publishes its expert cache, exactly the cells of the last snapshot's ready
 /// experts have the cache's background, and the header line gives that snapshot's slots and the
 /// observer's hit rate beside the engine's own, and the observer's mean over the run (all from

@@ -6,7 +6,8 @@
 //! context), averaged over repetitions; the result is printed as engine / llama.cpp ratios,
 //! against each llama.cpp build (`llama.rs`): the `avx2` build (the engine's kernel level) and
 //! the speed build (the best this CPU offers without AMX; the same build on a CPU without
-//! AVX-512). The decode target is against the speed build. llama-bench runs with its defaults
+//! AVX-512). The decode target is against the speed build: 1.15× for `qwen3moe`, 1.0× for the
+//! other architectures. llama-bench runs with its defaults
 //! (flash attention `auto`, f16 KV cache); the engine at its default ISA level.
 //!
 //! The machine is shared, so they are measured in alternating rounds (`--rounds`, each with
@@ -120,13 +121,20 @@ pub fn main(args: &[String]) -> Result<()> {
     );
     let best = builds.best();
     let (_, best_tg) = med(&ll[peers.len() - 1]);
+    let goal = decode_goal(&arch);
     println!(
-        "decode target: >= 0.80x the best llama.cpp build ({}): {:.2}x -> {}",
+        "decode target: >= {goal:.2}x the best llama.cpp build ({}): {:.2}x -> {}",
         best.isa.key,
         en_tg / best_tg,
-        if en_tg / best_tg >= 0.8 { "met" } else { "NOT met" }
+        if en_tg / best_tg >= goal { "met" } else { "NOT met" }
     );
     Ok(())
+}
+
+/// The decode goal against the best llama.cpp build: 1.15× for `qwen3moe` (issue 15), 1.0× for
+/// the architectures added after it (issue 23).
+fn decode_goal(arch: &str) -> f64 {
+    if arch == "qwen3moe" { 1.15 } else { 1.0 }
 }
 
 /// One `llama-bench` run: (pp, tg) average tok/s.

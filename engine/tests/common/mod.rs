@@ -35,6 +35,40 @@ pub fn cached_model(name: &str, c: &SynthConfig) -> PathBuf {
     path
 }
 
+/// `preset`'s synthetic model, changed by `edit`, written to a fresh temporary directory (which
+/// lives as long as the returned guard) and loaded.
+pub fn preset_model(preset: &str, edit: impl FnOnce(&mut SynthConfig)) -> (tempfile::TempDir, engine::model::Model) {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join(format!("{preset}.gguf"));
+    let mut c = SynthConfig::preset(preset).unwrap();
+    edit(&mut c);
+    write_model(&c, &path, 2, |_| {}).unwrap();
+    let m = engine::model::Model::load(&path).unwrap();
+    (dir, m)
+}
+
+/// `n` rows of `d` values in [-2, 2), deterministic.
+pub fn rows(n: usize, d: usize, seed: u64) -> Vec<f32> {
+    let mut s = seed | 1;
+    (0..n * d)
+        .map(|_| {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            (s >> 40) as f32 / (1u64 << 24) as f32 * 4.0 - 2.0
+        })
+        .collect()
+}
+
+/// `w·x` for one row (`w`: `rows` rows of type `ty`), the way ggml computes a one-token `mul_mat`.
+pub fn matvec(ty: engine::quant::GgmlType, w: &[u8], rows: usize, x: &[f32]) -> Vec<f32> {
+    let mut xq = Vec::new();
+    engine::quant::quantize_activation(ty, x, &mut xq).unwrap();
+    let mut out = vec![0f32; rows];
+    engine::quant::matvec(ty, w, 0..rows, x.len(), &xq, &mut out);
+    out
+}
+
 /// ~3 MiB: fast enough for every test, slow enough (≈0.3 ms/token) that per-step overheads
 /// stay visible.
 pub fn small_model() -> PathBuf {

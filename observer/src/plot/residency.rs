@@ -1,6 +1,6 @@
-//! The expert grids of one run over time: a row per MoE layer, a column per
-//! record with a grid, the layer's mean resident fraction as the colour
-//! (module spec in `plot`).
+//! The expert grids of one run over time: a row per MoE layer (labelled with its
+//! block index, `ExpertGrid::layer`), a column per record with a grid, the
+//! layer's mean resident fraction as the colour (module spec in `plot`).
 
 use anyhow::{Result, bail};
 use observer_common::vocab::ResidencyField;
@@ -13,6 +13,8 @@ use crate::store::import::LoadedRun;
 pub struct ResidencyMap {
     pub title: String,
     pub n_layers: usize,
+    /// The block index of each row (of the tallest grid).
+    pub layers: Vec<u32>,
     /// Per column: the record's `seq` and each layer's mean resident fraction.
     pub columns: Vec<(u64, Vec<f64>)>,
 }
@@ -20,12 +22,15 @@ pub struct ResidencyMap {
 impl ResidencyMap {
     pub fn of(run: &LoadedRun) -> Result<ResidencyMap> {
         let mut columns = Vec::new();
-        let mut n_layers = 0;
+        let (mut n_layers, mut layers) = (0, Vec::new());
         for t in &run.tokens {
             let Some(g) = t.residency.as_ref().and_then(|r| r.grid.as_ref()) else { continue };
             let (l, e) = (g.n_layers as usize, g.n_experts as usize);
             if e == 0 || g.resident.len() != l * e {
                 continue;
+            }
+            if l > n_layers || layers.is_empty() {
+                layers = (0..l).map(|r| g.layer(r)).collect();
             }
             n_layers = n_layers.max(l);
             let means = g.resident.chunks(e).map(|row| row.iter().map(|&v| v as f64).sum::<f64>() / e as f64);
@@ -42,6 +47,7 @@ impl ResidencyMap {
         Ok(ResidencyMap {
             title: format!("{name}: {} per layer over the run", ResidencyField::ExpertsResident.name()),
             n_layers,
+            layers,
             columns,
         })
     }
@@ -80,7 +86,10 @@ impl Plot for ResidencyMap {
                 }
             })
             .y_labels(self.n_layers.min(24) + 1)
-            .y_label_formatter(&|y| if y.fract() == 0.0 { format!("{y:.0}") } else { String::new() })
+            .y_label_formatter(&|y| match self.layers.get(*y as usize) {
+                Some(l) if y.fract() == 0.0 => l.to_string(),
+                _ => String::new(),
+            })
             .draw()
             .map_err(err)?;
         let cells = self.columns.iter().enumerate().flat_map(|(x, (_, layers))| {

@@ -26,16 +26,37 @@ pub fn engine_bin() -> PathBuf {
     p
 }
 
-/// The engine's default synthetic model (`engine synth`), which llama.cpp loads too; made once.
-pub fn tiny_model() -> PathBuf {
-    let path = scratch_dir("models").join("tiny.gguf");
+/// The synthetic model `engine synth <args>` as `name` in the scratch `models` directory, made
+/// once. synth writes the file aside and renames it into place (`--force` replaces a file that
+/// a concurrent maker put there first), so no test ever sees half a model.
+pub fn synth_model(name: &str, args: &[&str]) -> PathBuf {
+    let path = scratch_dir("models").join(name);
     if !path.exists() {
-        let tmp = path.with_extension(format!("partial-{}", std::process::id()));
-        let st = Command::new(engine_bin()).args(["synth", "-o"]).arg(&tmp).status().expect("engine synth");
-        assert!(st.success(), "engine synth failed");
-        std::fs::rename(&tmp, &path).unwrap();
+        let st = Command::new(engine_bin())
+            .args(["synth", "--force", "-o"])
+            .arg(&path)
+            .args(args)
+            .status()
+            .expect("engine synth");
+        assert!(st.success(), "engine synth {args:?} failed");
     }
     path
+}
+
+/// The engine's default synthetic model (`engine synth`), which llama.cpp loads too; made once.
+pub fn tiny_model() -> PathBuf {
+    synth_model("tiny.gguf", &[])
+}
+
+/// The model of the memory-pressure tests: 4 layers, hidden 1024, 8 experts, vocab 16384, q8_0:
+/// ~70 MiB, ~45 MiB of it dense.
+pub fn pressure_model() -> PathBuf {
+    #[rustfmt::skip]
+    let args = [
+        "--quant", "q8_0", "--layers", "4", "--hidden", "1024", "--heads", "16", "--kv-heads", "4", "--head-dim", "64",
+        "--experts", "8", "--experts-used", "2", "--expert-ffn", "256", "--vocab", "16384",
+    ];
+    synth_model("pressure.gguf", &args)
 }
 
 /// The `resid_standin` stand-in engine (package `fixtures`, built on first use).
@@ -134,6 +155,61 @@ pub fn assert_within(what: &str, observed: u64, reference: u64, tol: f64) {
         100.0 * diff / reference.max(1) as f64,
         tol * 100.0
     );
+}
+
+/// Wait for the observer's "probes attached" line on its stderr; returns what it read.
+pub fn wait_attached(err: &mut impl std::io::BufRead) -> String {
+    let mut seen = String::new();
+    loop {
+        let mut line = String::new();
+        let n = err.read_line(&mut line).expect("reading the observer's stderr");
+        assert!(n > 0, "the observer ended before attaching:\n{seen}");
+        seen.push_str(&line);
+        if line.contains("probes attached") {
+            return seen;
+        }
+    }
+}
+
+/// `command` (a shell line) run by a shell that waits for a line on stdin and then `exec`s it (same
+/// PID), with `perf stat -e major-faults,minor-faults` and `observer run --pid` both attached
+/// before the `exec`, so that both count the same process over the same span, until it exits.
+/// Returns perf's CSV text and the observer's `--json` summary; panics naming what failed.
+pub fn beside_perf_stat(dir: &std::path::Path, command: &str) -> (String, Value) {
+    use std::io::{Read, Write};
+    use std::process::Stdio;
+    let (perf_out, json) = (dir.join("perf.csv"), dir.join("obs.json"));
+    let _ = std::fs::remove_file(&json);
+    let mut target = Command::new("/bin/sh")
+        .args(["-c", &format!("read go; exec {command}")])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::null())
+        .spawn()
+        .expect("spawn target shell");
+    let pid = target.id().to_string();
+    let mut perf = Command::new("perf")
+        .args(["stat", "-x,", "-e", "major-faults,minor-faults", "-o"])
+        .arg(&perf_out)
+        .args(["-p", &pid])
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("perf not found: run `cargo xtask setup` (installs linux-perf)");
+    let mut obs = Command::new(OBSERVER)
+        .args(["run", "--json", json.to_str().unwrap(), "--pid", &pid])
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn observer");
+    let mut err = std::io::BufReader::new(obs.stderr.take().unwrap());
+    let mut seen = wait_attached(&mut err);
+    std::thread::sleep(std::time::Duration::from_millis(500)); // perf has no readiness signal
+    target.stdin.take().unwrap().write_all(b"go\n").unwrap();
+    assert!(target.wait().unwrap().success(), "the target failed: {command}");
+    err.read_to_string(&mut seen).unwrap();
+    assert!(obs.wait().unwrap().success(), "observer failed: {seen}");
+    assert!(perf.wait().unwrap().success(), "perf failed");
+    let perf_text = std::fs::read_to_string(&perf_out).unwrap();
+    let summary = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    (perf_text, summary)
 }
 
 /// IDs of the BPF programs a process holds open (from /proc/PID/fdinfo).

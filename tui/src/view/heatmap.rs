@@ -4,7 +4,9 @@
 //! marks churn within the last [`CHURN_WINDOW`] steps: green where pages were
 //! added, red where evicted, yellow where both. When the grid is wider or
 //! taller than the screen, a cell stands for several experts or layers (mean
-//! residency, any churn) and the header says how many.
+//! residency, any churn) and the header says how many. A row is labelled with
+//! its layer, the block index of its first grid row (`ExpertGrid::layer`: a
+//! model with leading dense layers starts above 0).
 //!
 //! With an engine that publishes its expert cache (`residency.engine_cache`), a cell whose
 //! expert is ready in one of its slots has a blue background (a binned cell: any of its
@@ -163,7 +165,8 @@ pub fn draw(app: &App, f: &mut Frame<'_>, area: Rect) {
 
     for r in 0..rows {
         let (l0, l1) = (r * per_row, ((r + 1) * per_row).min(nl));
-        let mut spans = vec![Span::styled(format!("{:>4}  ", l0), fmt::dim())];
+        // Labelled with the layer (block index) of its first row.
+        let mut spans = vec![Span::styled(format!("{:>4}  ", g.layer(l0)), fmt::dim())];
         for c in 0..cols {
             let (e0, e1) = (c * per_col, ((c + 1) * per_col).min(ne));
             let (mut sum, mut n, mut added, mut evicted, mut cached) = (0.0f32, 0u32, false, false, false);

@@ -475,6 +475,7 @@ impl Sampler {
         let grid = (map.n_cells() > 0).then(|| ExpertGrid {
             n_layers: map.moe_layers.len() as u32,
             n_experts: map.n_experts,
+            layers: map.moe_layers.clone(),
             resident: snapshot.cell_fracs(),
             added,
             evicted,

@@ -471,9 +471,9 @@ impl MetricsSink {
             ex.experts_resident.set(r.experts_resident_frac);
             match &r.grid {
                 Some(g) if g.n_experts > 0 => {
-                    for (layer, row) in g.resident.chunks(g.n_experts as usize).enumerate().take(g.n_layers as usize) {
+                    for (r, row) in g.resident.chunks(g.n_experts as usize).enumerate().take(g.n_layers as usize) {
                         let mean = row.iter().map(|v| f64::from(*v)).sum::<f64>() / row.len() as f64;
-                        ex.layer_resident.get_or_create(&layer_labels(layer)).set(mean);
+                        ex.layer_resident.get_or_create(&layer_labels(g.layer(r))).set(mean);
                     }
                 }
                 _ => ex.layer_resident.clear(),
@@ -545,7 +545,8 @@ impl Sink for MetricsSink {
 }
 
 /// `layer_experts_resident_ratio`'s labels (layers are bounded by the model).
-fn layer_labels(layer: usize) -> OwnedLabels {
+/// The `layer` label: the block index of a grid row.
+fn layer_labels(layer: u32) -> OwnedLabels {
     vec![(vocab::F_LAYER_EXPERTS_RESIDENT.labels[0], layer.to_string())]
 }
 

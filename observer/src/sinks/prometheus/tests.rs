@@ -145,6 +145,7 @@ fn residency_process_and_health_gauges_live_while_the_target_runs() {
         grid: Some(ExpertGrid {
             n_layers: 2,
             n_experts: 4,
+            layers: vec![1, 3],
             resident: vec![1.0, 1.0, 0.0, 0.0, 0.25, 0.25, 0.25, 0.25],
             added: None,
             evicted: None,
@@ -169,8 +170,8 @@ fn residency_process_and_health_gauges_live_while_the_target_runs() {
     assert_eq!(get(&m, "moe_observer_dense_resident_ratio"), 0.75);
     assert!(!m.contains_key("moe_observer_dense_swapped_ratio"));
     assert_eq!(get(&m, "moe_observer_experts_resident_ratio"), 0.5);
-    assert_eq!(get(&m, r#"moe_observer_layer_experts_resident_ratio{layer="0"}"#), 0.5);
-    assert_eq!(get(&m, r#"moe_observer_layer_experts_resident_ratio{layer="1"}"#), 0.25);
+    assert_eq!(get(&m, r#"moe_observer_layer_experts_resident_ratio{layer="1"}"#), 0.5);
+    assert_eq!(get(&m, r#"moe_observer_layer_experts_resident_ratio{layer="3"}"#), 0.25);
     assert_eq!(get(&m, "moe_observer_target_rss_bytes"), 1048576.0);
     assert!(!m.contains_key("moe_observer_target_swap_bytes"));
     assert_eq!(get(&m, "moe_observer_probes_attached"), 17.0);
@@ -264,7 +265,14 @@ fn every_family_of_the_vocabulary_is_exported_under_its_name() {
         dense_resident_frac: Some(1.0),
         dense_swapped_frac: Some(0.0),
         experts_resident_frac: Some(1.0),
-        grid: Some(ExpertGrid { n_layers: 1, n_experts: 1, resident: vec![1.0], added: None, evicted: None }),
+        grid: Some(ExpertGrid {
+            n_layers: 1,
+            n_experts: 1,
+            layers: vec![3],
+            resident: vec![1.0],
+            added: None,
+            evicted: None,
+        }),
         engine_cache: None,
     });
     let mut h = hists(1);

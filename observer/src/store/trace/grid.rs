@@ -4,6 +4,8 @@
 //! ```text
 //! "grid_packed": {
 //!   "n_layers": L, "n_experts": E,      the grid's shape (L × E cells, row-major)
+//!   "layers": [N, …],                   the block index of each row (absent in traces
+//!                                       written before it existed: row r is block r)
 //!   "base": S | null,                   a delta against the grid of the token record with
 //!                                       `seq` S (the previous one written with a grid), or
 //!                                       null: a key frame, complete in itself
@@ -45,6 +47,8 @@ const OP_LITERAL: u8 = 3;
 pub struct Packed {
     pub n_layers: u32,
     pub n_experts: u32,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub layers: Vec<u32>,
     pub base: Option<u64>,
     pub resident: String,
     pub added: Option<String>,
@@ -199,6 +203,7 @@ impl Packer {
         let p = Packed {
             n_layers: g.n_layers,
             n_experts: g.n_experts,
+            layers: g.layers.clone(),
             base: base.map(|(s, _)| s),
             resident: STANDARD.encode(runs(&resident, base.map(|(_, b)| b), Some(ONE_BITS), f32_literal)),
             added: counts(&g.added),
@@ -234,9 +239,13 @@ impl Unpacker {
                 .map(|s| unruns(&decode(s)?, n, None, None, count_read).map_err(|e| format!("expert grid churn: {e}")))
                 .transpose()
         };
+        if !p.layers.is_empty() && p.layers.len() != p.n_layers as usize {
+            return Err(format!("expert grid: {} layer indices for {} rows", p.layers.len(), p.n_layers));
+        }
         let g = ExpertGrid {
             n_layers: p.n_layers,
             n_experts: p.n_experts,
+            layers: p.layers.clone(),
             resident: resident.iter().map(|b| f32::from_bits(*b)).collect(),
             added: counts(&p.added)?,
             evicted: counts(&p.evicted)?,
@@ -255,6 +264,8 @@ mod tests {
         ExpertGrid {
             n_layers: l,
             n_experts: e,
+            // A model whose first block is dense: row r is block r + 1.
+            layers: (1..=l).collect(),
             resident: (0..n).map(f).collect(),
             added: Some((0..n).map(|i| if i % 7 == 0 { i as u32 * 1000 } else { 0 }).collect()),
             evicted: None,
@@ -276,6 +287,7 @@ mod tests {
             assert_eq!(bits(&back.resident), bits(&g.resident), "token {seq}");
             assert_eq!(back.added, g.added);
             assert_eq!(back.evicted, None);
+            assert_eq!((back.layers.len(), back.layer(0), back.layer(l as usize - 1)), (l as usize, 1, l));
         }
     }
 
@@ -308,5 +320,19 @@ mod tests {
         let mut junk = Packer::default().pack(0, &g);
         junk.resident = "!!".into();
         assert!(u.unpack(0, &junk).unwrap_err().contains("base64"));
+        let mut rows = Packer::default().pack(0, &g);
+        rows.layers.pop();
+        assert!(u.unpack(0, &rows).unwrap_err().contains("1 layer indices for 2 rows"));
+    }
+
+    #[test]
+    fn a_grid_of_a_trace_without_layer_indices_reads_row_r_as_layer_r() {
+        let mut packed = serde_json::to_value(Packer::default().pack(0, &grid(3, 2, |_| 1.0))).unwrap();
+        assert_eq!(packed["layers"], serde_json::json!([1, 2, 3]));
+        packed.as_object_mut().unwrap().remove("layers");
+        let old: Packed = serde_json::from_value(packed).unwrap();
+        let g = Unpacker::default().unpack(0, &old).unwrap();
+        assert!(g.layers.is_empty());
+        assert_eq!((0..3).map(|r| g.layer(r)).collect::<Vec<_>>(), [0, 1, 2]);
     }
 }

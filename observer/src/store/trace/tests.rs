@@ -83,6 +83,7 @@ pub(crate) fn token(seq: u64) -> TokenRecord {
             grid: Some(ExpertGrid {
                 n_layers: 2,
                 n_experts: 3,
+                layers: vec![1, 2],
                 resident: vec![0.0, 1.0, 0.1, 1.0 / 3.0, 2.0 / 3.0, 1e-7],
                 added: Some(vec![1, 2, 3, 4, 5, 6]),
                 evicted: None,
@@ -394,6 +395,7 @@ fn a_lost_grid_costs_the_deltas_until_the_next_key_frame() {
         let mut g = ExpertGrid {
             n_layers: 3,
             n_experts: 5,
+            layers: vec![0, 1, 2],
             resident: (0..15).map(|i| if (i + seq / 4) % 3 == 0 { 0.5 } else { 1.0 }).collect(),
             added: Some(vec![seq as u32; 15]),
             evicted: None,
