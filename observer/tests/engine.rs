@@ -200,12 +200,20 @@ fn cache_stalls_are_io_wait_peer_beside_the_engines_stall() {
     for t in &toks {
         let wall = u(t, "wall_ns");
         let threads = t["threads"].as_array().unwrap();
+        let sum = |th: &serde_json::Value| -> u64 {
+            observer_common::vocab::Component::measured().map(|c| ns(th, c.name())).sum()
+        };
+        // A thread started during the token (the I/O workers, at the first) has less.
         for th in threads {
-            let sum: u64 = observer_common::vocab::Component::measured().map(|c| ns(th, c.name())).sum();
-            assert!(wall.abs_diff(sum) <= wall / 50 + 1000, "components {sum} vs wall {wall}: {th}");
+            assert!(sum(th) <= wall + wall / 50 + 1000, "components {} vs wall {wall}: {th}", sum(th));
         }
         let main =
             threads.iter().find(|th| th["comm"] == "engine").unwrap_or_else(|| panic!("no engine thread in {t}"));
+        assert!(
+            wall.abs_diff(sum(main)) <= wall / 50 + 1000,
+            "decode thread's components {} vs wall {wall}: {main}",
+            sum(main)
+        );
         stall += u(&t["engine"], "stall_ns");
         peer += ns(main, "io_wait_peer");
         rq += ns(main, "runqueue");
@@ -215,7 +223,6 @@ fn cache_stalls_are_io_wait_peer_beside_the_engines_stall() {
             .filter(|th| th["comm"].as_str().is_some_and(|c| c.starts_with("engine-io")))
             .map(|th| ns(th, "io_wait"))
             .sum::<u64>();
-        assert_eq!(ns(main, "io_wait"), 0, "the decode thread reads nothing itself: {main}");
     }
     eprintln!(
         "stall {stall} ns, decode thread io_wait_peer {peer}, runqueue {rq}, syscall {sys}; I/O workers' io_wait {io_wait}"
