@@ -20,6 +20,7 @@
 //! | no, blocked | reclaim                                | `reclaim`     |
 //! | no, blocked | page fault                             | `fault_io`    |
 //! | no, blocked | explicit I/O syscall                   | `io_wait`     |
+//! | no, blocked | anything else, woken by a peer's I/O   | `io_wait_peer` |
 //! | no, blocked | anything else                          | `sleep`       |
 //!
 //! So `io_wait` is all the time in explicit I/O syscalls but run-queue waits
@@ -40,6 +41,32 @@
 //! `fault_minor`). Fault *counts* are classified at exit: major with a zram or
 //! swap-device read → `majflt_swap`; other majors → `majflt_file`.
 //!
+//! ## Waiting on a peer's I/O (`io_wait_peer`)
+//! A blocked wait outside faults, reclaim and I/O syscalls (a futex, a
+//! condvar, `poll`, …) is `sleep` unless the wakeup shows that it waited for
+//! I/O. At `sched_waking` the program runs in the waker's context, so:
+//! - a thread *did I/O* at the instant it was woken from a blocked explicit
+//!   I/O syscall or from a fault's disk read (`ThreadState::io_done`): the I/O
+//!   it waited for completed then. Non-blocking I/O (a `write` to the page
+//!   cache, a `read` of cached data) is not I/O in this sense.
+//! - a wakeup is *by a peer's I/O* when the waker is a thread of the observed
+//!   process, is inside a syscall (user code wakes another thread only through
+//!   one: `futex`, `write` to an eventfd or pipe, …), and did I/O at or after
+//!   the instant the wakee blocked (`ThreadState::wait_start`). Then the
+//!   wakee's wait is `io_wait_peer`: it waited for that I/O, including the
+//!   peer's time to pick up the request and signal its end.
+//! - Interrupt context: `sched_waking` in a hard or soft interrupt runs as the
+//!   interrupted task, which is not the waker. A completion woken from an
+//!   interrupt charges the I/O it completes, and that I/O is the wakee's own:
+//!   the wakee's own context decides (`io_wait` in an I/O syscall, `fault_io`
+//!   in a fault, `sleep` otherwise). The interrupted task is taken for a peer
+//!   only if it is a thread of the process inside a syscall that did I/O during
+//!   the wait; such an interrupt-driven wakeup (say a timer) is then counted as
+//!   `io_wait_peer` — approximate, within the microseconds a peer spends in a
+//!   syscall between its I/O and its wake call.
+//! - Waits closed by a snapshot (a token mark) before the wakeup stay `sleep`:
+//!   the waker is not known yet when they are charged.
+//!
 //! A thread that exists before the probes are attached is seeded at attach
 //! (`F_SEEDED`) with what `/proc` shows, but the probes are attached after
 //! the seed, so what it did in between is not known: its time is
@@ -58,7 +85,7 @@ use crate::{
 
 /// Time components the kernel measures (`ThreadState::time`). Their indices
 /// are the components' `slot`s in the vocabulary (`vocab::COMPONENTS`).
-pub const N_TIME: usize = 10;
+pub const N_TIME: usize = 11;
 pub const T_COMPUTE: usize = component_slot(Component::Compute);
 pub const T_FAULT_MINOR: usize = component_slot(Component::FaultMinor);
 pub const T_SWAPIN_ZRAM: usize = component_slot(Component::SwapinZram);
@@ -69,6 +96,7 @@ pub const T_SYSCALL: usize = component_slot(Component::Syscall);
 pub const T_RUNQUEUE: usize = component_slot(Component::Runqueue);
 pub const T_SLEEP: usize = component_slot(Component::Sleep);
 pub const T_UNATTRIBUTED: usize = component_slot(Component::Unattributed);
+pub const T_IO_WAIT_PEER: usize = component_slot(Component::IoWaitPeer);
 
 /// Per-thread counters (`ThreadState::cnt`). The vocabulary's counters that the
 /// kernel keeps per thread sit at their `slot`s (`vocab::COUNTERS`); the rest
@@ -141,10 +169,15 @@ pub struct ThreadState {
     /// The thread's process (thread group) ID.
     pub tgid: u32,
     pub _pad: u32,
+    /// When the thread last blocked (switched out not runnable); 0 before it first did.
+    pub wait_start: u64,
+    /// When the thread was last woken from blocked I/O (an explicit I/O syscall or
+    /// a fault's disk read): the I/O it waited for completed then. 0: never.
+    pub io_done: u64,
     pub time: [u64; N_TIME],
     pub cnt: [u64; N_CNT],
 }
-const _: () = assert!(core::mem::size_of::<ThreadState>() == 8 * 5 + 16 + 8 + 8 * (N_TIME + N_CNT));
+const _: () = assert!(core::mem::size_of::<ThreadState>() == 8 * 7 + 16 + 8 + 8 * (N_TIME + N_CNT));
 
 impl ThreadState {
     pub const fn zeroed() -> Self {
@@ -158,6 +191,8 @@ impl ThreadState {
             comm: [0; 16],
             tgid: 0,
             _pad: 0,
+            wait_start: 0,
+            io_done: 0,
             time: [0; N_TIME],
             cnt: [0; N_CNT],
         }
@@ -201,15 +236,32 @@ impl ThreadState {
     /// Charge `last_ts → now` to the current context and move `last_ts`.
     #[inline(always)]
     pub fn account(&mut self, now: u64) {
+        self.account_waiting(now, false);
+    }
+
+    /// [`Self::account`]; with `peer_io`, a `sleep` is `io_wait_peer` (module spec).
+    #[inline(always)]
+    fn account_waiting(&mut self, now: u64, peer_io: bool) {
         if self.flags & F_EXITED != 0 || now <= self.last_ts {
             return;
         }
         let dt = now - self.last_ts;
         self.last_ts = now;
-        let c = self.current_component();
+        let mut c = self.current_component();
+        if peer_io && c == T_SLEEP {
+            c = T_IO_WAIT_PEER;
+        }
         if let Some(t) = self.time.get_mut(c) {
             *t += dt;
         }
+    }
+
+    /// Whether this thread, as the waker of `wakee` (the current task at its
+    /// `sched_waking`), wakes it with the end of an I/O (module spec): inside a
+    /// syscall, and woken from blocked I/O since the wakee blocked.
+    #[inline(always)]
+    pub fn wakes_with_io(&self, wakee: &ThreadState) -> bool {
+        self.flags & F_IN_SYSCALL != 0 && self.io_done != 0 && self.io_done >= wakee.wait_start
     }
 
     /// An event of the thread at `now`: charge the time before it, and from
@@ -296,6 +348,7 @@ impl ThreadState {
             self.cnt[C_CTX_INVOLUNTARY] += 1;
         } else {
             self.flags &= !F_RUNNABLE;
+            self.wait_start = now;
         }
     }
 
@@ -308,13 +361,22 @@ impl ThreadState {
     /// A wakeup of a blocked thread: from now on it waits for a CPU. Inside a
     /// fault, the disk read it waited for is done: the rest of the fault's
     /// CPU work is `fault_minor` again (until it issues another read).
+    /// `peer_io`: the waker woke it with the end of an I/O
+    /// ([`Self::wakes_with_io`]), so a wait that would be `sleep` is `io_wait_peer`.
     #[inline(always)]
-    pub fn wakeup(&mut self, now: u64) {
+    pub fn wakeup(&mut self, now: u64, peer_io: bool) {
         // (An unknown context is no reason to ignore it: the thread was blocked.)
         if self.flags & F_UNKNOWN == 0 && self.flags & (F_ON_CPU | F_RUNNABLE) != 0 {
             return;
         }
-        self.event(now);
+        let f = self.flags;
+        if f & F_UNKNOWN == 0
+            && ((f & F_IN_SYSCALL != 0 && f & F_IO_SYSCALL != 0) || (self.fault_start != 0 && f & F_FAULT_DISK != 0))
+        {
+            self.io_done = now;
+        }
+        self.account_waiting(now, peer_io);
+        self.flags &= !F_UNKNOWN;
         self.flags = (self.flags | F_RUNNABLE) & !(F_ON_CPU | F_FAULT_DISK);
     }
 
@@ -686,7 +748,7 @@ mod tests {
         // the seed guessed "on CPU".
         let mut t = thread();
         t.flags |= F_SEEDED | F_UNKNOWN;
-        t.wakeup(1400);
+        t.wakeup(1400, false);
         assert_eq!((t.time[T_UNATTRIBUTED], t.flags & (F_RUNNABLE | F_ON_CPU | F_UNKNOWN)), (400, F_RUNNABLE));
         t.switch_in(1450);
         assert_eq!(t.time[T_RUNQUEUE], 50);
@@ -723,12 +785,12 @@ mod tests {
         let mut t = thread();
         t.syscall_enter(1100, true); // 100 compute
         t.switch_out(1150, false); // 50 io_wait (on CPU, explicit I/O)
-        t.wakeup(1400); // 250 io_wait
+        t.wakeup(1400, false); // 250 io_wait
         t.switch_in(1420); // 20 runqueue
         t.syscall_exit(1430); // 10 io_wait
         t.fault_enter(1500); // 70 compute
         t.switch_out(1510, false); // 10 fault_minor (on cpu, no zram)
-        t.wakeup(1600); // 90 fault_io
+        t.wakeup(1600, false); // 90 fault_io
         t.switch_in(1605); // 5 runqueue
         t.fault_exit(1610, true); // 5 fault_minor ; major file
         t.switch_out(1700, true); // 90 compute, preempted
@@ -766,7 +828,7 @@ mod tests {
         t.fault_enter(1000);
         t.fault_read(1004, false, false); // 4 fault_minor (setting up)
         t.switch_out(1006, false); // 2 fault_io (on CPU, read in flight)
-        t.wakeup(1050); // 44 fault_io (blocked)
+        t.wakeup(1050, false); // 44 fault_io (blocked)
         t.switch_in(1060); // 10 runqueue
         let (_, class) = t.fault_exit(1063, true); // 3 fault_minor (after the read)
         assert_eq!(class, 1);
@@ -787,7 +849,7 @@ mod tests {
         let mut t = thread();
         t.syscall_enter(1000, false);
         t.switch_out(1000, false);
-        t.wakeup(1500);
+        t.wakeup(1500, false);
         t.switch_in(1500);
         t.syscall_exit(1500);
         t.fault_enter(1500);
@@ -800,6 +862,66 @@ mod tests {
         assert_eq!(t.time[T_RECLAIM], 250);
         assert_eq!(t.time[T_FAULT_MINOR], 50);
         assert_eq!(t.accounted(), 800);
+    }
+
+    #[test]
+    fn a_wait_ended_by_a_peers_io_is_io_wait_peer() {
+        // The worker blocks in pread (io_wait), its read completes (woken from blocked I/O),
+        // it returns and wakes the waiter from inside futex(FUTEX_WAKE).
+        let mut waiter = thread();
+        let mut worker = thread();
+        waiter.syscall_enter(1100, false); // futex wait: 100 compute
+        waiter.switch_out(1110, false); // 10 syscall; blocked from here
+        worker.syscall_enter(1120, true);
+        worker.switch_out(1130, false);
+        worker.wakeup(1500, false); // the disk read completed
+        assert_eq!(worker.io_done, 1500);
+        worker.switch_in(1510);
+        worker.syscall_exit(1520);
+        worker.syscall_enter(1530, false); // futex wake
+        assert!(worker.wakes_with_io(&waiter));
+        waiter.wakeup(1540, worker.wakes_with_io(&waiter)); // 430 io_wait_peer
+        waiter.switch_in(1560); // 20 runqueue
+        waiter.syscall_exit(1565); // 5 syscall
+        waiter.account(1600); // 35 compute
+        assert_eq!(waiter.time[T_IO_WAIT_PEER], 430);
+        assert_eq!(waiter.time[T_SLEEP], 0);
+        assert_eq!(waiter.time[T_RUNQUEUE], 20);
+        assert_eq!(waiter.accounted(), 600);
+        assert_eq!(worker.time[T_IO_WAIT], 1520 - 1120 - 10, "less its 10 ns in the run queue");
+        // The next wait: the worker's last I/O ended before it began, so it is `sleep`.
+        waiter.syscall_enter(1600, false);
+        waiter.switch_out(1600, false);
+        worker.syscall_enter(1700, false);
+        assert!(!worker.wakes_with_io(&waiter), "I/O before the wait began");
+        waiter.wakeup(1800, worker.wakes_with_io(&waiter));
+        assert_eq!((waiter.time[T_SLEEP], waiter.time[T_IO_WAIT_PEER]), (200, 430));
+        // In user mode the current task is not the waker (an interrupt woke the wakee).
+        waiter.switch_in(1800);
+        waiter.switch_out(1900, false);
+        worker.syscall_exit(1950);
+        worker.io_done = 1950;
+        assert!(!worker.wakes_with_io(&waiter), "a waker in user mode is an interrupt");
+        // Only a `sleep` becomes `io_wait_peer`: a wait in the thread's own I/O stays `io_wait`.
+        let mut t = thread();
+        t.syscall_enter(1000, true);
+        t.switch_out(1000, false);
+        t.wakeup(1300, true);
+        assert_eq!((t.time[T_IO_WAIT], t.time[T_IO_WAIT_PEER]), (300, 0));
+        // A non-blocking I/O syscall, or a fault without a disk read, is not I/O done.
+        let mut w = thread();
+        w.syscall_enter(1000, true);
+        w.syscall_exit(1010);
+        w.fault_enter(1020);
+        w.switch_out(1030, false);
+        w.wakeup(1040, false);
+        assert_eq!(w.io_done, 0);
+        // A fault's disk read is.
+        w.switch_in(1050);
+        w.fault_read(1060, false, false);
+        w.switch_out(1070, false);
+        w.wakeup(1090, false);
+        assert_eq!(w.io_done, 1090);
     }
 
     #[test]

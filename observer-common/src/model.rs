@@ -524,7 +524,7 @@ mod tests {
             n_tokens: 1,
             start_ns: 10,
             wall_ns: 100,
-            components: Components::from_kernel(&[60, 10, 5, 5, 0, 0, 10, 5, 5, 0]),
+            components: Components::from_kernel(&[60, 10, 5, 5, 0, 0, 10, 5, 5, 0, 0]),
             residual_ns: 0,
             counters: Counters::default(),
             engine_compute_ns: Some(80),
@@ -542,7 +542,10 @@ mod tests {
         let back: Event = serde_json::from_str(&j).unwrap();
         assert_eq!(back, Event::Token(t.clone()));
         assert_eq!(t.hidden_ns(), Some(20));
-        // Components the kernel does not measure are `null`, and the measured ones add up.
+        // Components not measured are `null`, and the measured ones add up.
+        assert!(j.contains("\"io_wait_peer_ns\":0"), "{j}");
+        t.components.set(Component::IoWaitPeer, None);
+        let j = serde_json::to_string(&Event::Token(t.clone())).unwrap();
         assert!(j.contains("\"io_wait_peer_ns\":null"), "{j}");
         assert_eq!(t.components.sum(), 100);
     }
@@ -588,13 +591,13 @@ mod tests {
 
     #[test]
     fn kernel_slots_fill_the_measured_components() {
-        let c = Components::from_kernel(&[1, 2, 3, 4, 5, 6, 7, 8, 9, 10]);
+        let c = Components::from_kernel(&[1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11]);
         assert_eq!(c.get(Component::Compute), Some(1));
         assert_eq!(c.get(Component::IoWait), Some(5));
-        assert_eq!(c.get(Component::IoWaitPeer), None);
+        assert_eq!(c.get(Component::IoWaitPeer), Some(11));
         assert_eq!(c.get(Component::Reclaim), Some(6));
         assert_eq!(c.get(Component::Sleep), Some(9));
         assert_eq!(c.get(Component::Unattributed), Some(10));
-        assert_eq!(c.sum(), 55);
+        assert_eq!(c.sum(), 66);
     }
 }

@@ -517,10 +517,10 @@ pub static COMPONENTS: [Row; 11] = [
         "io_wait_peer",
         "io_wait_peer_ns",
         "io_peer",
-        "blocked (futex) until another thread's read completes, e.g. an expert cache's I/O worker; counted in `sleep` until measured",
+        "blocked (futex, condvar, …) until another thread of the process woke it in a syscall after its own blocked I/O completed during the wait, e.g. an expert cache's I/O worker",
     )
-    .cpu(Cpu::No)
-    .planned("the expert-cache issue"),
+    .slot(10)
+    .cpu(Cpu::No),
     component(
         "reclaim",
         "reclaim_ns",

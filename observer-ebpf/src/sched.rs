@@ -1,6 +1,7 @@
 //! Scheduling: `sched:sched_switch` (on/off CPU, runnable or blocked),
 //! `sched:sched_waking` (blocked → runnable, at the moment the waker decides;
-//! `sched_wakeup` fires later, after any cross-CPU IPI), `sched:sched_process_exit`.
+//! `sched_wakeup` fires later, after any cross-CPU IPI; the waker's own state decides
+//! whether the wait was for its I/O, `attrib`'s `io_wait_peer` rule), `sched:sched_process_exit`.
 //! `task:task_newtask` grows the set of observed processes (`maps::TARGETS`).
 //! Field offsets come from tracefs (`OFFSETS`). Minimum kernel: 4.7.
 //!
@@ -66,7 +67,14 @@ pub fn sched_wakeup(ctx: TracePointContext) -> u32 {
     let Some(s) = state_of(pid as u32) else { return 0 };
     // SAFETY: helper without preconditions.
     let now = unsafe { bpf_ktime_get_ns() };
-    update(s, |s| s.wakeup(now));
+    // The current task: the waker when it is a thread of the target in a syscall
+    // (`attrib`'s rule for `io_wait_peer`, interrupt context included).
+    let peer_io = match target_tid().filter(|&t| t != pid as u32).and_then(state_of) {
+        // SAFETY: map values; the waker's fields are read once, a torn read only misjudges this wait.
+        Some(w) => unsafe { (*w).wakes_with_io(&*s) },
+        None => false,
+    };
+    update(s, |s| s.wakeup(now, peer_io));
     0
 }
 

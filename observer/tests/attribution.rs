@@ -6,6 +6,7 @@
 mod common;
 
 use common::*;
+use observer_common::vocab::Component;
 use serde_json::Value;
 
 fn tokens(r: &ObserverRun) -> &Vec<Value> {
@@ -16,30 +17,22 @@ fn ns(v: &Value, component: &str) -> u64 {
     u(v, &format!("{component}_ns"))
 }
 
-const COMPONENTS: [&str; 10] = [
-    "compute",
-    "fault_minor",
-    "swapin_zram",
-    "fault_io",
-    "io_wait",
-    "reclaim",
-    "syscall",
-    "runqueue",
-    "sleep",
-    "unattributed",
-];
+/// The sum of the measured components (from the vocabulary, so that a new one is counted).
+fn components_sum(v: &Value) -> u64 {
+    Component::measured().map(|c| ns(v, c.name())).sum()
+}
 
 /// For every token and every thread that lived through it, the components add
 /// up to the token's wall time within 2 %.
 fn assert_components_add_up(r: &ObserverRun) {
     for t in tokens(r) {
         let wall = u(t, "wall_ns");
-        let sum: u64 = COMPONENTS.iter().map(|c| ns(t, c)).sum();
+        let sum = components_sum(t);
         let resid = t["residual_ns"].as_i64().unwrap();
         assert_eq!(wall as i64 - sum as i64, resid, "token residual is wall − sum: {t}");
         assert!(resid.unsigned_abs() <= wall / 50, "token components do not add up to wall: {t}");
         for th in t["threads"].as_array().unwrap() {
-            let sum: u64 = COMPONENTS.iter().map(|c| ns(th, c)).sum();
+            let sum = components_sum(th);
             let diff = wall as i64 - sum as i64;
             assert!(diff.unsigned_abs() <= wall / 50, "thread {} components {sum} vs wall {wall}: {th}", th["tid"]);
         }
@@ -110,6 +103,63 @@ fn direct_reads_are_io_wait() {
     assert!(ns(t, "compute") < io / 20, "explicit reads are not compute: {t}");
     // The block layer saw the bytes.
     assert_within("read_bytes", u(t, "read_bytes"), 256 << 20, 0.01);
+}
+
+/// The thread of `t` named `comm`.
+fn thread_named<'a>(t: &'a Value, comm: &str) -> &'a Value {
+    t["threads"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|th| th["comm"] == comm)
+        .unwrap_or_else(|| panic!("no thread {comm} in {t}"))
+}
+
+/// A token thread waiting on a worker's `O_DIRECT` preads is `io_wait_peer`, measured against the
+/// token thread's blocked time by the scheduler (schedstat) and bounded by its own clock around
+/// its waits; the same waits on a worker that only sleeps are
+/// `sleep` (the rule follows the waker's I/O, not the wait). The worker's reads are its `io_wait`.
+#[test]
+fn waiting_on_a_peers_reads_is_io_wait_peer() {
+    let _l = machine_lock();
+    let file = scratch_dir("pread-peer").join("peer.bin");
+    let r = observe(
+        "pread-peer.json",
+        &["--", workload(), "pread-peer", "--size", "64M", "--block", "256K", "--path", file.to_str().unwrap()],
+    );
+    assert_components_add_up(&r);
+    let toks = tokens(&r);
+    assert_eq!((toks.len(), r.workload.len()), (2, 2), "two marked phases: {toks:?}");
+    for (t, w) in toks.iter().zip(&r.workload) {
+        let (main, worker) = (thread_named(t, "workload"), thread_named(t, "peer-io"));
+        let wall = u(w, "wall_ns");
+        // The token thread's waits by its own clock, less its run-queue waits (schedstat).
+        // The token thread's blocked time by the scheduler's own accounting (schedstat): the wall
+        // time less its on-CPU time and its run-queue waits. It does nothing but wait on the worker.
+        let blocked = wall.saturating_sub(u(w, "sched_cpu_ns") + u(w, "sched_wait_ns"));
+        let (peer, sleep) = (ns(main, "io_wait_peer"), ns(main, "sleep"));
+        // Its own clock around the waits bounds them.
+        assert!(peer + sleep <= u(w, "wait_ns") + wall / 50, "waits {peer} + {sleep} vs its clock {w}: {main}");
+        match w["kind"].as_str().unwrap() {
+            "pread-peer" => {
+                assert_within("token thread's io_wait_peer vs its blocked time (schedstat)", peer, blocked, 0.05);
+                assert!(sleep < wall / 50, "waiting on reads is not sleep: {main}");
+                // The worker's reads: its io_wait, and the wakeups after them its run-queue time.
+                let (io, job) = (ns(worker, "io_wait"), u(w, "job_ns"));
+                assert!(io <= job + job / 50, "worker io_wait {io} within its reads' clock {job}: {worker}");
+                assert!(
+                    io + ns(worker, "runqueue") >= job - job / 50,
+                    "worker io_wait {io} + runqueue vs {job}: {worker}"
+                );
+                assert_within("read_bytes", u(t, "read_bytes"), 64 << 20, 0.01);
+            }
+            "sleep-peer" => {
+                assert_within("token thread's sleep vs its blocked time (schedstat)", sleep, blocked, 0.05);
+                assert!(peer < wall / 100, "waiting on a sleeping peer is not io_wait_peer: {main}");
+            }
+            k => panic!("unexpected phase {k}"),
+        }
+    }
 }
 
 #[test]

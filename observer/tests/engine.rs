@@ -281,3 +281,66 @@ fn grid_rows_carry_their_layers_and_the_cache_holds_what_the_engine_routed() {
         );
     }
 }
+
+/// The engine's expert cache under the observer: the decode thread's waits for the I/O workers'
+/// `O_DIRECT` reads are `io_wait_peer`, against the engine's own `stall` (its clock around those
+/// waits) on the same tokens; the workers' reads are their `io_wait`; the components still add up.
+#[test]
+fn cache_stalls_are_io_wait_peer_beside_the_engines_stall() {
+    let _l = machine_lock();
+    let model = tiny_model();
+    let json = scratch_dir("engine").join("cache-stall.json");
+    let out = Command::new(OBSERVER)
+        .args(["run", "--every", "0", "--force", "--json", json.to_str().unwrap(), "--"])
+        .arg(engine_bin())
+        .args(["run", "-m", model.to_str().unwrap(), "-p", "The quick brown fox", "-n", "64"])
+        .args(["--ignore-eos", "-t", "2", "--dense", "anon", "--experts", "cache", "--cache-mib", "1"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "observer run failed: {}", String::from_utf8_lossy(&out.stderr));
+    let v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    let toks: Vec<&serde_json::Value> =
+        v["tokens"].as_array().unwrap().iter().filter(|t| t["engine"]["stall_ns"].is_u64()).collect();
+    assert!(toks.len() >= 60, "{} records with the engine's stall", toks.len());
+    let ns = |th: &serde_json::Value, c: &str| th[format!("{c}_ns")].as_u64().unwrap_or_else(|| panic!("{c} in {th}"));
+    let (mut stall, mut peer, mut rq, mut sys, mut io_wait) = (0u64, 0u64, 0u64, 0u64, 0u64);
+    for t in &toks {
+        let wall = u(t, "wall_ns");
+        let threads = t["threads"].as_array().unwrap();
+        let sum = |th: &serde_json::Value| -> u64 {
+            observer_common::vocab::Component::measured().map(|c| ns(th, c.name())).sum()
+        };
+        // A thread started during the token (the I/O workers, at the first) has less.
+        for th in threads {
+            assert!(sum(th) <= wall + wall / 50 + 1000, "components {} vs wall {wall}: {th}", sum(th));
+        }
+        let main =
+            threads.iter().find(|th| th["comm"] == "engine").unwrap_or_else(|| panic!("no engine thread in {t}"));
+        assert!(
+            wall.abs_diff(sum(main)) <= wall / 50 + 1000,
+            "decode thread's components {} vs wall {wall}: {main}",
+            sum(main)
+        );
+        stall += u(&t["engine"], "stall_ns");
+        peer += ns(main, "io_wait_peer");
+        rq += ns(main, "runqueue");
+        sys += ns(main, "syscall");
+        io_wait += threads
+            .iter()
+            .filter(|th| th["comm"].as_str().is_some_and(|c| c.starts_with("engine-io")))
+            .map(|th| ns(th, "io_wait"))
+            .sum::<u64>();
+    }
+    eprintln!(
+        "stall {stall} ns, decode thread io_wait_peer {peer}, runqueue {rq}, syscall {sys}; I/O workers' io_wait {io_wait}"
+    );
+    assert!(stall > 0 && io_wait > 0, "a 1 MiB cache of the tiny model reads and waits");
+    // Every io_wait_peer of the decode thread is inside its stalls (up to its waits on the queue's
+    // lock while a worker that just read holds it), ...
+    assert!(peer <= stall + stall / 20 + 1_000_000, "io_wait_peer {peer} vs the engine's stall {stall}");
+    // ... and a stall is that wait, the run-queue wait after the wakeup and the futex calls' CPU time.
+    assert!(
+        peer + rq + sys >= stall - stall / 10,
+        "io_wait_peer {peer} + runqueue {rq} + syscall {sys} vs stall {stall}"
+    );
+}

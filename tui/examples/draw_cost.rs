@@ -20,7 +20,7 @@ fn main() {
             n_tokens: 1,
             start_ns: i * w,
             wall_ns: w,
-            components: Components::from_kernel(&[w / 2, w / 10, w / 10, w / 10, 0, 0, 0, w / 10, w / 10, 0]),
+            components: Components::from_kernel(&[w / 2, w / 10, w / 10, w / 10, 0, 0, 0, w / 10, w / 10, 0, 0]),
             residual_ns: 0,
             counters: Counters::default(),
             engine_compute_ns: Some(w * 7 / 10),

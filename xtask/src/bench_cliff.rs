@@ -34,7 +34,10 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use anyhow::{Context, Result, bail};
-use observer_common::bench_cliff::{self, CliffBench};
+use observer_common::{
+    bench_cliff::{self, CliffBench},
+    vocab::Component,
+};
 use serde_json::Value;
 
 use crate::{bench_util, cmd, llama};
@@ -43,7 +46,7 @@ const WARMUP: usize = 16;
 const PROMPT: &str = "Once upon a time there was a little language model that wanted to run on a phone";
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum System {
+pub(crate) enum System {
     Warm,
     Cache,
     Mmap,
@@ -63,7 +66,7 @@ impl System {
 
 /// One run's numbers: what the result file holds, and what only the printed table shows.
 #[derive(Debug, Clone)]
-struct Cell {
+pub(crate) struct Cell {
     out: bench_cliff::Cell,
     /// The cache's generation read bytes / (its misses × one expert's bytes).
     read_vs_misses: Option<f64>,
@@ -83,23 +86,23 @@ impl Cell {
 }
 
 /// A cell: the limit's index (`None`: the warm cell) and the system.
-type Key = (Option<usize>, System);
+pub(crate) type Key = (Option<usize>, System);
 
-struct Setup {
-    observer: PathBuf,
-    engine: PathBuf,
+pub(crate) struct Setup {
+    pub observer: PathBuf,
+    pub engine: PathBuf,
     /// llama-bench and its libllama (`None` with `--no-llama`).
-    llama: Option<(PathBuf, PathBuf)>,
-    model: PathBuf,
-    file_bytes: u64,
-    threads: usize,
-    tokens: usize,
-    scratch: PathBuf,
-    prefetch: bool,
-    rounds: usize,
-    limits: Vec<Option<f64>>,
+    pub llama: Option<(PathBuf, PathBuf)>,
+    pub model: PathBuf,
+    pub file_bytes: u64,
+    pub threads: usize,
+    pub tokens: usize,
+    pub scratch: PathBuf,
+    pub prefetch: bool,
+    pub rounds: usize,
+    pub limits: Vec<Option<f64>>,
     /// Where the cells are written (`--json`).
-    json: Option<PathBuf>,
+    pub json: Option<PathBuf>,
 }
 
 fn evict(path: &Path) -> Result<()> {
@@ -145,9 +148,6 @@ fn tokens(summary: &Value, sys: System) -> Result<Vec<Value>> {
 fn tok_s(t: &[Value]) -> f64 {
     t.len() as f64 / (t.iter().map(|t| f(t, "wall_ns")).sum::<f64>() / 1e9)
 }
-
-const COMPONENTS: [&str; 9] =
-    ["compute", "fault_minor", "swapin_zram", "fault_io", "io_wait", "reclaim", "syscall", "runqueue", "sleep"];
 
 fn run_cell(s: &Setup, sys: System, limit: Option<f64>, round: usize) -> Result<Cell> {
     let tag = format!("r{round}-{}-{:?}", limit.map_or(100, |l| (l * 100.0) as u32), sys).to_lowercase();
@@ -212,7 +212,8 @@ fn run_cell(s: &Setup, sys: System, limit: Option<f64>, round: usize) -> Result<
         bail!("{tag}: {} token records, expected {n} (see {})", toks.len(), out_path.display());
     }
     let (first, rest) = (&toks[..WARMUP], &toks[WARMUP..n]);
-    let components = COMPONENTS.iter().filter_map(|c| Some((c.to_string(), mean_of(rest, &format!("{c}_ns"))? / 1e6)));
+    let components =
+        components().into_iter().filter_map(|c| Some((c.to_string(), mean_of(rest, &format!("{c}_ns"))? / 1e6)));
     let mut cell = Cell {
         out: bench_cliff::Cell {
             system: sys.name().into(),
@@ -255,7 +256,7 @@ fn run_cell(s: &Setup, sys: System, limit: Option<f64>, round: usize) -> Result<
 }
 
 /// The 3-layer model of `--small` (and of the test).
-fn small_model(engine: &Path) -> Result<PathBuf> {
+pub(crate) fn small_model(engine: &Path) -> Result<PathBuf> {
     llama::synth_model(
         engine,
         "cliff-small-3l",
@@ -263,36 +264,79 @@ fn small_model(engine: &Path) -> Result<PathBuf> {
     )
 }
 
-pub fn main(args: &[String]) -> Result<()> {
-    let (mut rounds, mut tokens, mut threads, mut prefetch, mut with_llama) = (3usize, 64usize, 2usize, false, true);
-    let mut limits: Vec<Option<f64>> = vec![None, Some(0.8), Some(0.6), Some(0.4)];
-    let (mut model, mut small, mut json): (Option<PathBuf>, bool, Option<PathBuf>) = (None, false, None);
-    let mut it = args.iter();
-    while let Some(a) = it.next() {
-        let mut val = |name: &str| it.next().with_context(|| format!("{name} needs a value")).cloned();
-        match a.as_str() {
-            "--quick" => (rounds, tokens) = (1, 32),
-            "--small" => small = true,
-            "--rounds" => rounds = val("--rounds")?.parse()?,
-            "--tokens" => tokens = val("--tokens")?.parse()?,
-            "--threads" => threads = val("--threads")?.parse()?,
-            "--prefetch" => prefetch = true,
-            "--no-llama" => with_llama = false,
-            "--model" => model = Some(PathBuf::from(val("--model")?)),
-            "--json" => json = Some(PathBuf::from(val("--json")?)),
-            "--limits" => limits = parse_limits(&val("--limits")?)?,
-            _ => bail!(
-                "usage: cargo xtask bench cliff [--quick] [--small] [--rounds N] [--tokens N] [--threads T] \
-                 [--limits none,80,60,40] [--prefetch] [--no-llama] [--json FILE] \
-                 [--model FILE (instead of the generated one; for development)]"
-            ),
+/// The bench's options (`cargo xtask bench cliff --help` lists them).
+#[derive(Debug, Clone)]
+pub(crate) struct Options {
+    pub rounds: usize,
+    pub tokens: usize,
+    pub threads: usize,
+    pub prefetch: bool,
+    pub with_llama: bool,
+    pub limits: Vec<Option<f64>>,
+    pub model: Option<PathBuf>,
+    pub small: bool,
+    pub json: Option<PathBuf>,
+}
+
+pub(crate) const USAGE: &str = "[--quick] [--small] [--rounds N] [--tokens N] [--threads T] \
+     [--limits none,80,60,40] [--prefetch] [--no-llama] [--model FILE (instead of the generated one; for development)]";
+
+impl Default for Options {
+    fn default() -> Options {
+        Options {
+            rounds: 3,
+            tokens: 64,
+            threads: 2,
+            prefetch: false,
+            with_llama: true,
+            limits: vec![None, Some(0.8), Some(0.6), Some(0.4)],
+            model: None,
+            small: false,
+            json: None,
         }
     }
+}
+
+impl Options {
+    /// Applies option `a` (taking its value from `it`); `Ok(false)`: not one of the bench's.
+    pub fn apply<'a>(&mut self, a: &str, it: &mut impl Iterator<Item = &'a String>) -> Result<bool> {
+        let mut val = |name: &str| it.next().with_context(|| format!("{name} needs a value")).cloned();
+        match a {
+            "--quick" => (self.rounds, self.tokens) = (1, 32),
+            "--small" => self.small = true,
+            "--rounds" => self.rounds = val("--rounds")?.parse()?,
+            "--tokens" => self.tokens = val("--tokens")?.parse()?,
+            "--threads" => self.threads = val("--threads")?.parse()?,
+            "--prefetch" => self.prefetch = true,
+            "--no-llama" => self.with_llama = false,
+            "--model" => self.model = Some(PathBuf::from(val("--model")?)),
+            "--limits" => self.limits = parse_limits(&val("--limits")?)?,
+            _ => return Ok(false),
+        }
+        Ok(true)
+    }
+}
+
+pub fn main(args: &[String]) -> Result<()> {
+    let mut o = Options::default();
+    let mut it = args.iter();
+    while let Some(a) = it.next() {
+        if a == "--json" {
+            o.json = Some(PathBuf::from(it.next().context("--json needs a value")?));
+        } else if !o.apply(a, &mut it)? {
+            bail!("usage: cargo xtask bench cliff {USAGE} [--json FILE]");
+        }
+    }
+    run(&prepare(o)?).map(drop)
+}
+
+/// Builds what the bench runs (llama.cpp, the binaries, the model) and returns its setup.
+pub(crate) fn prepare(o: Options) -> Result<Setup> {
     if !testkit::is_root() {
         bail!("bench cliff makes memory cgroups and runs the observer: run it as root");
     }
     // The fastest llama.cpp build for this CPU, as the engine uses its best ISA level.
-    let llama = if with_llama {
+    let llama = if o.with_llama {
         let builds = llama::ensure(&[llama::Target::Llama, llama::Target::Bench])?;
         let ll = builds.best();
         println!("llama.cpp: {}", ll.describe());
@@ -310,9 +354,9 @@ pub fn main(args: &[String]) -> Result<()> {
         std::fs::copy(built.join(b), bin.join(b)).with_context(|| format!("copying {b} to {}", bin.display()))?;
     }
     let engine = bin.join("engine");
-    let model = match model {
+    let model = match o.model {
         Some(m) => m,
-        None if small => small_model(&engine)?,
+        None if o.small => small_model(&engine)?,
         None => llama::synth_model(
             &engine,
             "cliff-qwen3-30b-a3b-12l",
@@ -320,21 +364,20 @@ pub fn main(args: &[String]) -> Result<()> {
         )?,
     };
     let file_bytes = std::fs::metadata(&model)?.len();
-    let s = Setup {
+    Ok(Setup {
         observer: bin.join("observer"),
         engine,
         llama,
         model,
         file_bytes,
-        threads,
-        tokens,
+        threads: o.threads,
+        tokens: o.tokens,
         scratch,
-        prefetch,
-        rounds,
-        limits,
-        json,
-    };
-    run(&s).map(drop)
+        prefetch: o.prefetch,
+        rounds: o.rounds,
+        limits: o.limits,
+        json: o.json,
+    })
 }
 
 /// `none,80,60,40` → unlimited, 0.8, 0.6, 0.4.
@@ -346,8 +389,8 @@ fn parse_limits(text: &str) -> Result<Vec<Option<f64>>> {
 }
 
 /// Every round of every cell; prints the table and writes the result file (`s.json`) after each
-/// round. Returns the result as written.
-fn run(s: &Setup) -> Result<CliffBench> {
+/// round. Returns the result as written and its summary.
+pub(crate) fn run(s: &Setup) -> Result<(CliffBench, Summary)> {
     // Memory cgroups and page-cache eviction are machine state: one such user at a time.
     let _lock = testkit::machine_lock();
     let load = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
@@ -417,7 +460,7 @@ fn run(s: &Setup) -> Result<CliffBench> {
     if let Some(path) = &s.json {
         println!("cells written to {} ({})", path.display(), bench_cliff::FORMAT);
     }
-    Ok(result)
+    Ok((result, summarize(&s.limits, &cells)))
 }
 
 /// `result` into `path`, through a temporary file beside it.
@@ -432,15 +475,137 @@ fn limit_name(l: Option<f64>) -> String {
     l.map_or("none".into(), |l| format!("{:.0}%", l * 100.0))
 }
 
-fn report(s: &Setup, cells: &[(Key, Vec<Cell>)]) {
-    let limits = &s.limits;
+/// One (limit, system) of the bench: its medians over rounds.
+#[derive(Debug, Clone)]
+pub(crate) struct Row {
+    /// `none` or `80%`.
+    pub limit: String,
+    pub system: &'static str,
+    pub tok_s: f64,
+    /// The rounds' lowest and highest tok/s.
+    pub range: (f64, f64),
+    pub first_tok_s: f64,
+    pub read_mb_per_tok: f64,
+    pub hit_pct: Option<f64>,
+    pub stall_ms: Option<f64>,
+    /// The observer's ms per token, per measured component (vocabulary order).
+    pub split: Vec<(&'static str, f64)>,
+    /// The cache's read bytes / its misses' expert bytes.
+    pub read_vs_misses: Option<f64>,
+}
+
+/// A target of issue 17 and what the bench measured for it.
+#[derive(Debug, Clone)]
+pub(crate) struct Target {
+    pub limit_pct: u32,
+    pub what: String,
+    pub got: f64,
+    pub want: f64,
+    /// The target is an upper bound (`got <= want`), not a lower one.
+    pub at_most: bool,
+}
+
+impl Target {
+    pub fn met(&self) -> bool {
+        if self.at_most { self.got <= self.want } else { self.got >= self.want }
+    }
+}
+
+/// Everything the bench concludes from its cells: what `report` prints and the findings tell.
+#[derive(Debug, Clone)]
+pub(crate) struct Summary {
+    /// The warm cells' median tok/s.
+    pub warm: f64,
+    pub rows: Vec<Row>,
+    pub targets: Vec<Target>,
+    /// Share of a layer's experts making up 90 % of its selections (the warm run).
+    pub experts_for_90pct: Option<f64>,
+}
+
+/// The components of the split: the vocabulary's measured ones.
+pub(crate) fn components() -> Vec<&'static str> {
+    Component::measured().map(Component::name).collect()
+}
+
+pub(crate) fn summarize(limits: &[Option<f64>], cells: &[(Key, Vec<Cell>)]) -> Summary {
     let get = |k: Key| cells.iter().find(|(kk, _)| *kk == k).map(|(_, v)| v.as_slice());
     let med = |v: &[Cell], f: &dyn Fn(&Cell) -> f64| moe_stats::median(&mut v.iter().map(f).collect::<Vec<_>>());
-    let range = |v: &[Cell]| {
-        let t: Vec<f64> = v.iter().map(|c| c.out.tok_s).collect();
-        (t.iter().copied().fold(f64::INFINITY, f64::min), t.iter().copied().fold(0.0, f64::max))
+    let opt = |v: &[Cell], f: &dyn Fn(&Cell) -> Option<f64>| {
+        v[0..1].iter().find_map(f).map(|_| med(v, &|c| f(c).unwrap_or(f64::NAN)))
     };
     let warm = get((None, System::Warm)).map_or(f64::NAN, |v| med(v, &|c| c.out.tok_s));
+    let mut keys: Vec<Key> = vec![(None, System::Warm)];
+    for li in 0..limits.len() {
+        for sy in [System::Cache, System::Mmap, System::Llama] {
+            keys.push((Some(li), sy));
+        }
+    }
+    let rows = keys
+        .into_iter()
+        .filter_map(|k| {
+            let v = get(k)?;
+            let t: Vec<f64> = v.iter().map(|c| c.out.tok_s).collect();
+            Some(Row {
+                limit: k.0.map_or("none".into(), |li| limit_name(limits[li])),
+                system: k.1.name(),
+                tok_s: med(v, &|c| c.out.tok_s),
+                range: (t.iter().copied().fold(f64::INFINITY, f64::min), t.iter().copied().fold(0.0, f64::max)),
+                first_tok_s: med(v, &|c| c.out.first_tok_s.unwrap_or(f64::NAN)),
+                read_mb_per_tok: med(v, &|c| c.read_mb_per_tok()),
+                hit_pct: opt(v, &|c| c.out.hit_pct),
+                stall_ms: opt(v, &|c| c.stall_ms),
+                split: components().into_iter().map(|n| (n, med(v, &|c| c.component_ms(n)))).collect(),
+                read_vs_misses: opt(v, &|c| c.read_vs_misses),
+            })
+        })
+        .collect();
+    let mut targets = Vec::new();
+    for (li, l) in limits.iter().enumerate() {
+        let Some(l) = l else { continue };
+        let pct = (l * 100.0).round() as u32;
+        let t = |sy| get((Some(li), sy)).map(|v| med(v, &|c| c.out.tok_s));
+        let first = |sy| get((Some(li), sy)).map(|v| med(v, &|c| c.out.first_tok_s.unwrap_or(f64::NAN)));
+        let Some(cache) = t(System::Cache) else { continue };
+        let mut target = |what: String, got: f64, want: f64, at_most: bool| {
+            targets.push(Target { limit_pct: pct, what: format!("{pct}%: {what}"), got, want, at_most })
+        };
+        let (w, m, lc) = match pct {
+            80 => (0.9, None, None),
+            60 => (0.8, Some(1.5), Some(5.0)),
+            40 => (0.5, Some(2.0), Some(10.0)),
+            _ => (f64::NAN, None, None),
+        };
+        if w.is_finite() {
+            target("cache / warm".into(), cache / warm, w, false);
+        }
+        if let (Some(want), Some(mm)) = (m, t(System::Mmap)) {
+            target("cache / engine mmap".into(), cache / mm, want, false);
+        }
+        if let (Some(want), Some(ll)) = (lc, t(System::Llama)) {
+            target("cache / llama.cpp mmap".into(), cache / ll, want, false);
+        }
+        if pct == 60
+            && let (Some(c), Some(mm)) = (first(System::Cache), first(System::Mmap))
+        {
+            target("first 16 tokens, cache / engine mmap".into(), c / mm, 1.0, false);
+        }
+        if let Some(v) = get((Some(li), System::Cache))
+            && v[0].read_vs_misses.is_some()
+        {
+            target(
+                "cache read bytes / misses' expert bytes".into(),
+                med(v, &|c| c.read_vs_misses.unwrap_or(f64::NAN)),
+                1.5,
+                true,
+            );
+        }
+    }
+    let experts_for_90pct = get((None, System::Warm)).and_then(|v| v[0].experts_for_90pct);
+    Summary { warm, rows, targets, experts_for_90pct }
+}
+
+fn report(s: &Setup, cells: &[(Key, Vec<Cell>)]) {
+    let sum = summarize(&s.limits, cells);
     println!("\nmedians over rounds ({} measured tokens after {WARMUP}; ms per token from the observer):", s.tokens);
     println!(
         "{:<5} {:<18} {:>8} {:>15} {:>8} {:>9} {:>6} {:>7} | {}",
@@ -452,74 +617,37 @@ fn report(s: &Setup, cells: &[(Key, Vec<Cell>)]) {
         "MB/token",
         "hits%",
         "stall",
-        COMPONENTS.join(" ")
+        components().join(" ")
     );
-    let mut rows: Vec<Key> = vec![(None, System::Warm)];
-    for li in 0..limits.len() {
-        for sy in [System::Cache, System::Mmap, System::Llama] {
-            rows.push((Some(li), sy));
-        }
-    }
-    for k in rows {
-        let Some(v) = get(k) else { continue };
-        let (lo, hi) = range(v);
-        let split: Vec<String> = COMPONENTS.iter().map(|n| format!("{:.1}", med(v, &|c| c.component_ms(n)))).collect();
+    let or_dash = |v: Option<f64>| v.map_or("-".into(), |v| format!("{v:.1}"));
+    for r in &sum.rows {
+        let split: Vec<String> = r.split.iter().map(|(_, ms)| format!("{ms:.1}")).collect();
         println!(
             "{:<5} {:<18} {:>8.2} {:>15} {:>8.2} {:>9.1} {:>6} {:>7} | {}",
-            k.0.map_or("none".into(), |li| limit_name(limits[li])),
-            k.1.name(),
-            med(v, &|c| c.out.tok_s),
-            format!("{lo:.2}–{hi:.2}"),
-            med(v, &|c| c.out.first_tok_s.unwrap_or(f64::NAN)),
-            med(v, &|c| c.read_mb_per_tok()),
-            v[0].out.hit_pct.map_or("-".into(), |_| format!("{:.1}", med(v, &|c| c.out.hit_pct.unwrap_or(f64::NAN)))),
-            v[0].stall_ms.map_or("-".into(), |_| format!("{:.1}", med(v, &|c| c.stall_ms.unwrap_or(f64::NAN)))),
+            r.limit,
+            r.system,
+            r.tok_s,
+            format!("{:.2}–{:.2}", r.range.0, r.range.1),
+            r.first_tok_s,
+            r.read_mb_per_tok,
+            or_dash(r.hit_pct),
+            or_dash(r.stall_ms),
             split.join(" ")
         );
     }
-    if let Some(x) = get((None, System::Warm)).and_then(|v| v[0].experts_for_90pct) {
+    if let Some(x) = sum.experts_for_90pct {
         println!("routing: {:.0} % of a layer's experts made up 90 % of its selections (warm run)", x * 100.0);
     }
-    println!("\ntargets (warm = {warm:.2} tok/s):");
-    let target = |what: String, got: f64, want: f64| {
-        println!("  {what:<58} {got:>7.2} (target >= {want}) {}", if got >= want { "met" } else { "NOT met" });
-    };
-    for (li, l) in limits.iter().enumerate() {
-        let Some(l) = l else { continue };
-        let pct = (l * 100.0).round() as u32;
-        let t = |sy| get((Some(li), sy)).map(|v| med(v, &|c| c.out.tok_s));
-        let first = |sy| get((Some(li), sy)).map(|v| med(v, &|c| c.out.first_tok_s.unwrap_or(f64::NAN)));
-        let Some(cache) = t(System::Cache) else { continue };
-        let (w, m, lc) = match pct {
-            80 => (0.9, None, None),
-            60 => (0.8, Some(1.5), Some(5.0)),
-            40 => (0.5, Some(2.0), Some(10.0)),
-            _ => (f64::NAN, None, None),
-        };
-        if w.is_finite() {
-            target(format!("{pct}%: cache / warm"), cache / warm, w);
-        }
-        if let (Some(want), Some(mm)) = (m, t(System::Mmap)) {
-            target(format!("{pct}%: cache / engine mmap"), cache / mm, want);
-        }
-        if let (Some(want), Some(ll)) = (lc, t(System::Llama)) {
-            target(format!("{pct}%: cache / llama.cpp mmap"), cache / ll, want);
-        }
-        if pct == 60
-            && let (Some(c), Some(mm)) = (first(System::Cache), first(System::Mmap))
-        {
-            target("60%: first 16 tokens, cache / engine mmap".into(), c / mm, 1.0);
-        }
-        if let Some(v) = get((Some(li), System::Cache))
-            && v[0].read_vs_misses.is_some()
-        {
-            let r = med(v, &|c| c.read_vs_misses.unwrap_or(f64::NAN));
-            println!(
-                "  {:<58} {r:>7.3} (target <= 1.5) {}",
-                format!("{pct}%: cache read bytes / misses' expert bytes"),
-                if r <= 1.5 { "met" } else { "NOT met" }
-            );
-        }
+    println!("\ntargets (warm = {:.2} tok/s):", sum.warm);
+    for t in &sum.targets {
+        println!(
+            "  {:<58} {:>7.3} (target {} {}) {}",
+            t.what,
+            t.got,
+            if t.at_most { "<=" } else { ">=" },
+            t.want,
+            if t.met() { "met" } else { "NOT met" }
+        );
     }
     println!("(per-run outputs, the observer's JSON and the engine's metrics: {})", s.scratch.display());
 }
@@ -538,36 +666,43 @@ mod tests {
         crate::cache::target_dir().join("release")
     }
 
-    /// A reduced bench (the small model, unlimited and 80 %, one round, 8 measured tokens, no
-    /// llama.cpp) writes its cells, and `observer plot cliff` draws that file: a line per system.
+    /// The reduced experiment (`experiment cliff --small`: the small model, unlimited and 80 %, one
+    /// round, 8 measured tokens, no llama.cpp) runs the bench for real and writes its cells, the
+    /// plot `observer plot cliff` draws of them (a line per system), and findings whose numbers are
+    /// the cells'.
     #[test]
-    fn bench_json_is_drawn_by_observer_plot_cliff() {
+    fn experiment_cliff_small_writes_cells_plot_and_findings() {
         assert!(testkit::is_root(), "bench cliff makes memory cgroups and runs the observer: run the test as root");
         let bin = built();
         let engine = bin.join("engine");
         let model = small_model(&engine).unwrap();
-        let scratch = crate::cache::target_dir().join("bench-cliff-test");
+        let out = crate::cache::target_dir().join("experiment-cliff-test");
+        let scratch = out.join("runs");
         std::fs::create_dir_all(&scratch).unwrap();
-        let json = scratch.join("cliff.json");
-        let _ = std::fs::remove_file(&json);
+        let json = out.join("cliff.json");
+        for f in ["cliff.json", "cliff.svg", "cliff.md"] {
+            let _ = std::fs::remove_file(out.join(f));
+        }
+        let mut o = Options::default();
+        crate::experiment_cliff::reduce(&mut o);
         let s = Setup {
             observer: bin.join("observer"),
             engine,
             llama: None,
             file_bytes: std::fs::metadata(&model).unwrap().len(),
             model,
-            threads: 2,
-            tokens: 8,
-            scratch: scratch.clone(),
+            threads: o.threads,
+            tokens: o.tokens,
+            scratch,
             prefetch: false,
-            rounds: 1,
-            limits: parse_limits("none,80").unwrap(),
+            rounds: o.rounds,
+            limits: o.limits.clone(),
             json: Some(json.clone()),
         };
-        let result = run(&s).unwrap();
+        let command = crate::experiment_cliff::command_line(&o, &out);
+        let md = crate::experiment_cliff::write_up(&s, true, command, &out).unwrap();
 
         let written: CliffBench = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
-        assert_eq!(written, result, "the file holds the cells as measured");
         assert_eq!(written.format, bench_cliff::FORMAT);
         // The warm cell, then engine cache and engine mmap at each limit.
         let keys: Vec<(&str, Option<f64>)> =
@@ -587,6 +722,7 @@ mod tests {
             assert!(c.first_tok_s.is_some_and(|t| t > 0.0), "{c:?}");
             let comp = c.components_ms.as_ref().unwrap();
             assert!(comp.get("compute").is_some_and(|ms| *ms > 0.0), "the observer's compute in {c:?}");
+            assert!(comp.contains_key("io_wait_peer"), "the split has every measured component: {c:?}");
             // The split is of the measured tokens' wall time, in ms per token: the components add up
             // to it (the observer's rule), up to the residual it reports.
             let (sum, wall): (f64, f64) = (comp.values().sum(), 1e3 / c.tok_s);
@@ -595,18 +731,36 @@ mod tests {
             assert!(c.read_bytes_per_token.is_some(), "{c:?}");
         }
 
-        let svg = scratch.join("cliff.svg");
-        let out = Command::new(&s.observer)
-            .args(["plot", "cliff"])
-            .arg(&json)
-            .arg("-o")
-            .arg(&svg)
-            .output()
-            .expect("running observer plot cliff");
-        assert!(out.status.success(), "observer plot cliff: {}", String::from_utf8_lossy(&out.stderr));
-        let text = std::fs::read_to_string(&svg).unwrap();
+        let text = std::fs::read_to_string(out.join("cliff.svg")).unwrap();
         for sys in ["warm (engine mmap)", "engine cache", "engine mmap"] {
             assert!(text.contains(sys), "{sys} in the plot's legend");
         }
+
+        // The findings tell this run's numbers (one round: a cell's median is its value).
+        let md = std::fs::read_to_string(md).unwrap();
+        let cell = |sys: &str, limit: Option<f64>| {
+            written.cells.iter().find(|c| c.system == sys && c.limit_pct.map(f64::round) == limit).unwrap()
+        };
+        let warm = cell("warm (engine mmap)", None).tok_s;
+        assert!(md.contains(&format!("Warm speed (engine `mmap`, unlimited, just warmed): {warm:.2} tok/s")), "{md}");
+        let (cache, mmap) = (cell("engine cache", Some(80.0)), cell("engine mmap", Some(80.0)));
+        assert!(md.contains(&format!("At 80% of the file, the cache decoded {:.2} tok/s", cache.tok_s)), "{md}");
+        assert!(
+            md.contains(&format!("engine mmap {:.2} tok/s (the cache {:.2}× it", mmap.tok_s, cache.tok_s / mmap.tok_s)),
+            "{md}"
+        );
+        assert!(md.contains(&format!("| 80% | engine cache | {:.2} |", cache.tok_s)), "{md}");
+        let met = cache.tok_s / warm >= 0.9;
+        assert!(
+            md.contains(&format!(
+                "| 80%: cache / warm | {:.3} | ≥ 0.9 | {} |",
+                cache.tok_s / warm,
+                if met { "met" } else { "**not met**" }
+            )),
+            "{md}"
+        );
+        assert!(md.contains("**A reduced run**") && md.contains("--small"), "{md}");
+        assert!(md.contains("![tok/s against the memory limit](cliff.svg)"), "{md}");
+        assert!(md.contains("`io_wait_peer`"), "the split's columns are the vocabulary's: {md}");
     }
 }

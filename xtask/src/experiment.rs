@@ -36,7 +36,11 @@ const PHONE_HIDDEN_MS: f64 = 57.0;
 pub fn main(args: &[String]) -> Result<()> {
     match args.first().map(String::as_str) {
         Some("dense-weights") => dense_weights(&args[1..]),
-        _ => bail!("usage: cargo xtask experiment dense-weights [-n TOKENS] [-t THREADS] [--limit-mib MIB]"),
+        Some("cliff") => crate::experiment_cliff::main(&args[1..]),
+        _ => bail!(
+            "usage: cargo xtask experiment dense-weights [-n TOKENS] [-t THREADS] [--limit-mib MIB]\n       \
+             cargo xtask experiment cliff [--small] [--out DIR] [bench cliff options]"
+        ),
     }
 }
 

@@ -13,6 +13,7 @@
 //! - `bench storm`: a minor-fault storm alone and under the observer (slowdown, eBPF ns per fault).
 //! - `bench trace`: bytes per token record with the expert grid packed vs plain JSON, same run.
 //! - `experiment dense-weights`: the seeds' dense-weight A/B, written to `docs/findings/`.
+//! - `experiment cliff`: `bench cliff` written up as `docs/findings/cliff.md` with its plot.
 //! - `fuzz`: long coverage-guided fuzzing of every parser of untrusted input (libFuzzer).
 //! - `vmtest`: the eBPF and cgroup tests on Debian's kernels (6.1 LTS, 6.12, arm64) under QEMU.
 
@@ -33,6 +34,7 @@ mod demo;
 mod detect;
 mod displace;
 mod experiment;
+mod experiment_cliff;
 mod fuzz;
 mod llama;
 mod package;
@@ -66,6 +68,9 @@ commands:
   bench trace [..]   trace bytes per token record, expert grid packed vs plain JSON, same run
   experiment dense-weights [-n N] [-t T]  A-B-B-A of --dense anon vs locked under pressure:
                      docs/findings/dense-weights.md and its plots
+  experiment cliff [--small] [--out DIR] [bench cliff options]  bench cliff written up:
+                     docs/findings/cliff.md, cliff.svg, cliff.json (--small: a reduced run, into
+                     target/experiment-cliff-small/)
   fuzz [TARGET]      fuzz every parser of untrusted input with libFuzzer: each target 600 s, or one
                      without end (--time S, --mutate: the stable fuzzer, --replay FILE, --list)
   vmtest [..]        the eBPF and cgroup tests in QEMU guests: Debian 6.1 LTS, 6.12, arm64 (--smoke, --list)

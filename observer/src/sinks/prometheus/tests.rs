@@ -30,9 +30,10 @@ fn get(s: &BTreeMap<String, f64>, k: &str) -> f64 {
 }
 
 fn token(seq: u64, kind: StepKind, wall: u64) -> TokenRecord {
-    let mut c = Components::from_kernel(&[600, 100, 0, 200, 0, 0, 50, 30, 20, 0]);
+    let mut c = Components::from_kernel(&[600, 100, 0, 200, 0, 0, 50, 30, 20, 0, 0]);
     c.set(Component::SwapinZram, None);
     c.set(Component::Unattributed, None);
+    c.set(Component::IoWaitPeer, None);
     let mut counters = Counters::default();
     counters.set(C::Minflt, Some(7));
     counters.set(C::ReadBytes, Some(4096));

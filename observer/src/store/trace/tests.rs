@@ -54,7 +54,7 @@ pub(crate) fn token(seq: u64) -> TokenRecord {
     let mut counters = Counters::default();
     counters.set(Counter::Minflt, Some(seq * 3));
     counters.set(Counter::ReadBytes, Some(4096 * seq));
-    let mut components = Components::from_kernel(&[60, 10, 5, 5, 0, 0, 10, 5, 5, 0].map(|v| v * 1000 + seq));
+    let mut components = Components::from_kernel(&[60, 10, 5, 5, 0, 0, 10, 5, 5, 0, 0].map(|v| v * 1000 + seq));
     if seq.is_multiple_of(3) {
         components.set(Component::Reclaim, None);
     }
