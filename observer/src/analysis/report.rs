@@ -552,6 +552,11 @@ impl Collector {
     pub fn push(&mut self, ev: &Event) {
         match ev {
             Event::Header(h) => self.header = Some(h.clone()),
+            Event::Marks(m) => {
+                if let Some(h) = &mut self.header {
+                    h.apply(m);
+                }
+            }
             Event::Token(t) => {
                 if self.tokens.len() >= self.keep {
                     let n = self.tokens.len().div_ceil(2);
