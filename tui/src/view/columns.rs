@@ -113,14 +113,15 @@ pub fn choose(
 ) -> Chosen {
     let mut out = Chosen::default();
     for c in candidates {
-        match total(c) {
-            _ if !has_rows => {
-                if c.row().measured() {
-                    out.shown.push(c);
-                }
+        if !has_rows {
+            if c.row().measured() {
+                out.shown.push(c);
             }
+            continue;
+        }
+        match total(c) {
             None => {}
-            Some(t) if t == 0.0 => out.zero.push(c),
+            Some(0.0) => out.zero.push(c),
             Some(_) => out.shown.push(c),
         }
     }
