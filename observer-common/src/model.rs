@@ -398,6 +398,29 @@ pub struct RunHeader {
     pub tokens: String,
 }
 
+impl RunHeader {
+    /// The header as it stands after `m`: what marks the tokens, and the probes attached.
+    pub fn apply(&mut self, m: &TokenMarks) {
+        self.tokens.clone_from(&m.tokens);
+        self.probes.clone_from(&m.probes);
+    }
+}
+
+/// What marks the tokens changed during the run: a process that exec'd (the child of a wrapper
+/// such as `sh -c`) or a library loaded later brought our engine's markers or an engine profile.
+/// It restates the header's `tokens` and `probes` from `mono_ns` on ([`RunHeader::apply`]); the
+/// header itself keeps what was known when the run started.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct TokenMarks {
+    pub mono_ns: u64,
+    /// The process that carries them.
+    pub pid: u32,
+    /// As the header's `tokens`.
+    pub tokens: String,
+    /// Every probe attached now.
+    pub probes: Vec<String>,
+}
+
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct ModelInfo {
     pub path: String,
@@ -484,6 +507,8 @@ pub struct RunEnd {
 #[serde(tag = "type", rename_all = "snake_case")]
 pub enum Event {
     Header(RunHeader),
+    /// What marks the tokens changed (after an exec or a dlopen), at most once per process.
+    Marks(TokenMarks),
     Token(TokenRecord),
     Process(ProcessSample),
     Histograms(LatencyHistograms),

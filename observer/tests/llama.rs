@@ -15,6 +15,7 @@ use std::{
 };
 
 use common::*;
+use observer_common::model::{Event, TokenMarks};
 use serde_json::Value;
 
 /// The cached llama.cpp build (avx2: the one every machine can run).
@@ -53,21 +54,17 @@ fn llama() -> Llama {
     Llama { bin: dir.join("build/bin"), src, harness }
 }
 
-/// bpftrace counting calls of `symbols` in `lib` by processes named `comm`
-/// (the kernel's 15-character comm).
-struct CallCount {
+/// A bpftrace script running beside the test, attached before `start` returns; `finish` stops it
+/// and returns what it printed (its maps).
+struct Bpftrace {
     child: Child,
     out: BufReader<ChildStdout>,
 }
 
-impl CallCount {
-    fn start(lib: &Path, symbols: &[&str], comm: &str) -> CallCount {
-        let probes: Vec<String> = symbols.iter().map(|s| format!("uprobe:{}:{s}", lib.display())).collect();
-        let comm: String = comm.chars().take(15).collect();
-        let script =
-            format!("{} /comm == \"{comm}\"/ {{ @calls[probe] = count(); @pids[pid] = count(); }}", probes.join(","));
+impl Bpftrace {
+    fn start(script: &str) -> Bpftrace {
         let mut child = Command::new("bpftrace")
-            .args(["-e", &script])
+            .args(["-e", script])
             .stdout(Stdio::piped())
             .spawn()
             .expect("bpftrace not found: run `cargo xtask setup`");
@@ -82,7 +79,44 @@ impl CallCount {
                 break;
             }
         }
-        CallCount { child, out }
+        Bpftrace { child, out }
+    }
+
+    fn finish(mut self) -> String {
+        // SAFETY: kill(2) of our own child.
+        unsafe { libc::kill(self.child.id() as i32, libc::SIGINT) };
+        let mut text = String::new();
+        self.out.read_to_string(&mut text).expect("reading bpftrace");
+        assert!(self.child.wait().expect("bpftrace").success(), "bpftrace failed:\n{text}");
+        text
+    }
+}
+
+/// The entries of bpftrace map `@name[key]: value` in its output.
+fn bpftrace_map(text: &str, name: &str) -> Vec<(String, u64)> {
+    let prefix = format!("@{name}[");
+    let mut m: Vec<(String, u64)> = text
+        .lines()
+        .filter_map(|l| {
+            let (k, v) = l.strip_prefix(&prefix)?.split_once("]: ")?;
+            Some((k.to_string(), v.trim().parse().ok()?))
+        })
+        .collect();
+    m.sort();
+    m
+}
+
+/// bpftrace counting calls of `symbols` in `lib` by processes named `comm`
+/// (the kernel's 15-character comm).
+struct CallCount(Bpftrace);
+
+impl CallCount {
+    fn start(lib: &Path, symbols: &[&str], comm: &str) -> CallCount {
+        let probes: Vec<String> = symbols.iter().map(|s| format!("uprobe:{}:{s}", lib.display())).collect();
+        let comm: String = comm.chars().take(15).collect();
+        let script =
+            format!("{} /comm == \"{comm}\"/ {{ @calls[probe] = count(); @pids[pid] = count(); }}", probes.join(","));
+        CallCount(Bpftrace::start(&script))
     }
 
     /// Stop bpftrace and return its count per function.
@@ -91,24 +125,16 @@ impl CallCount {
     }
 
     /// … and the processes that made the calls.
-    fn finish_with_pids(mut self) -> (Vec<(String, u64)>, Vec<u32>) {
-        // SAFETY: kill(2) of our own child.
-        unsafe { libc::kill(self.child.id() as i32, libc::SIGINT) };
-        let mut text = String::new();
-        self.out.read_to_string(&mut text).expect("reading bpftrace");
-        assert!(self.child.wait().expect("bpftrace").success(), "bpftrace failed:\n{text}");
-        let mut calls: Vec<(String, u64)> = text
-            .lines()
-            .filter_map(|l| {
-                // `@calls[uprobe:/path/libllama.so:llama_decode]: 14`
-                let (k, v) = l.strip_prefix("@calls[")?.split_once("]: ")?;
-                Some((k.rsplit(':').next()?.to_string(), v.trim().parse().ok()?))
-            })
+    fn finish_with_pids(self) -> (Vec<(String, u64)>, Vec<u32>) {
+        let text = self.0.finish();
+        // `@calls[uprobe:/path/libllama.so:llama_decode]: 14`
+        let mut calls: Vec<(String, u64)> = bpftrace_map(&text, "calls")
+            .into_iter()
+            .map(|(k, v)| (k.rsplit(':').next().unwrap_or(&k).to_string(), v))
             .collect();
         calls.sort();
         // `@pids[1234]: 14`
-        let mut pids: Vec<u32> =
-            text.lines().filter_map(|l| l.strip_prefix("@pids[")?.split_once(']')?.0.parse().ok()).collect();
+        let mut pids: Vec<u32> = bpftrace_map(&text, "pids").iter().filter_map(|(k, _)| k.parse().ok()).collect();
         pids.sort();
         (calls, pids)
     }
@@ -236,7 +262,9 @@ fn a_shell_wrapper_is_followed_to_llama_simple_unless_told_not_to() {
         model.display()
     );
     let count = CallCount::start(&lib, &["llama_process", "llama_decode"], "llama-simple");
-    let run = observe("llama-wrapped.json", &["--", "sh", "-c", &script]);
+    let trace = scratch_dir("traces").join("llama-wrapped.trace");
+    let _ = std::fs::remove_file(&trace);
+    let run = observe("llama-wrapped.json", &["--record", trace.to_str().unwrap(), "--", "sh", "-c", &script]);
     let (calls, pids) = count.finish_with_pids();
     let total: u64 = calls.iter().map(|(_, n)| n).sum();
     assert!(total > 0, "bpftrace counted no call: {calls:?}");
@@ -250,6 +278,32 @@ fn a_shell_wrapper_is_followed_to_llama_simple_unless_told_not_to() {
     assert_eq!(u(row("sh"), "pid"), u(&run.summary["target"], "pid"), "sh is the spawned target");
     assert_eq!(pids, vec![u(row("llama-simple"), "pid") as u32], "llama-simple's PID vs bpftrace's caller");
     assert_eq!(procs.len(), 2, "{procs:?}");
+    // What marks the tokens: nothing while sh runs; llama.cpp's profile from llama-simple's exec
+    // on, restated by one `marks` event (before the first record), which the TUI's header shows.
+    let bytes = std::fs::read(&trace).unwrap();
+    let events: Vec<Event> = observer::store::trace::Reader::new(&bytes[..], &trace).expect("a trace").collect();
+    let Some(Event::Header(h)) = events.first() else { panic!("no header: {:?}", events.first()) };
+    assert!(h.tokens.starts_with("none"), "sh carries no markers: {}", h.tokens);
+    let marks: Vec<(usize, &TokenMarks)> = events
+        .iter()
+        .enumerate()
+        .filter_map(|(i, e)| match e {
+            Event::Marks(m) => Some((i, m)),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(marks.len(), 1, "{marks:?}");
+    let (at, m) = marks[0];
+    assert_eq!(vec![m.pid], pids, "the marks name llama-simple, the process bpftrace saw calling");
+    assert!(m.tokens.starts_with("engine profile llama.cpp: ") && m.tokens.contains("llama_process"), "{}", m.tokens);
+    assert!(m.probes.iter().any(|p| p.contains("llama_process")) && m.probes.len() > h.probes.len(), "{m:?}");
+    let first_token = events.iter().position(|e| matches!(e, Event::Token(_))).expect("a token record");
+    assert!(at < first_token, "the marks come before the first record ({at} vs {first_token})");
+    let mut app = tui::App::new();
+    for e in &events {
+        app.push(e.clone());
+    }
+    assert_eq!(app.header.as_ref().map(|h| h.tokens.as_str()), Some(m.tokens.as_str()), "the TUI's header");
     let threads = run.summary["threads"].as_array().unwrap();
     for p in procs {
         let n = threads.iter().filter(|t| t["pid"] == p["pid"]).count() as u64;
@@ -559,4 +613,148 @@ fn llama_simple_faults_match_perf_stat() {
     );
     assert_within("major faults vs perf stat", u(&v["totals"], "majflt"), maj, 0.02);
     assert_within("minor faults vs perf stat", u(&v["totals"], "minflt"), min, 0.02);
+}
+
+/// A model llama.cpp runs, twice the size of [`MEMLIMIT`]: 8 layers of 32 experts, 2 used.
+fn memlimit_model() -> PathBuf {
+    let path = scratch_dir("models").join("llama-memlimit-8l-32x512.gguf");
+    if !path.exists() {
+        let tmp = path.with_extension(format!("partial-{}", std::process::id()));
+        let st = Command::new(engine_bin())
+            .args(["synth", "--layers", "8", "--hidden", "512", "--experts", "32", "--expert-ffn", "512", "-o"])
+            .arg(&tmp)
+            .status()
+            .expect("engine synth");
+        assert!(st.success(), "engine synth failed");
+        std::fs::rename(&tmp, &path).unwrap();
+    }
+    path
+}
+
+/// The memory cgroup's limit for [`memlimit_model`] (208 MiB, mapped by llama.cpp).
+const MEMLIMIT: u64 = 100 << 20;
+
+/// llama.cpp's own clock for the generated tokens: `eval time = T ms / N runs`.
+fn llama_eval(stderr: &str) -> (f64, u64) {
+    stderr
+        .lines()
+        .find_map(|l| {
+            let rest = l.split_once(" eval time = ")?.1;
+            if l.contains("prompt eval") {
+                return None;
+            }
+            let (ms, rest) = rest.split_once(" ms / ")?;
+            Some((ms.trim().parse().ok()?, rest.split_whitespace().next()?.parse().ok()?))
+        })
+        .unwrap_or_else(|| panic!("llama.cpp printed no eval time:\n{stderr}"))
+}
+
+/// llama-simple on a model twice the size of its memory cgroup's limit (v1 or v2, whichever this
+/// machine has), the model's pages evicted first: the weights are read back from the disk at
+/// every token, and `fault_io` is the largest of the threads' own costs. On the same run:
+/// - each thread's major faults equal the kernel's own count (`maj_flt` at its exit, bpftrace),
+///   and the process's equal `perf stat`'s (2 %), perf being the wrapper llama-simple runs under;
+/// - the records' components add up to their wall time, and the generated tokens' wall adds up
+///   to llama.cpp's own "eval time" (1 %).
+#[test]
+fn llama_simple_under_a_memory_limit_waits_on_fault_io() {
+    let _l = machine_lock();
+    assert_root();
+    let llama = llama();
+    let model = memlimit_model();
+    evict(&model);
+    let cg = testkit::MemCgroup::new("obs-llama-memlimit", MEMLIMIT).expect("memory cgroup");
+    let dir = scratch_dir("llama-memlimit");
+    let perf_out = dir.join("perf.csv");
+    let exits = Bpftrace::start(
+        "tracepoint:sched:sched_process_exit /comm == \"llama-simple\"/ { @majflt[tid] = curtask->maj_flt; }",
+    );
+    let n = 16;
+    let run = observe(
+        "llama-memlimit.json",
+        &[
+            "--cgroup",
+            cg.dir().to_str().unwrap(),
+            "--",
+            "perf",
+            "stat",
+            "-x,",
+            "-e",
+            "major-faults,minor-faults",
+            "-o",
+            perf_out.to_str().unwrap(),
+            "--",
+            llama.bin.join("llama-simple").to_str().unwrap(),
+            "-m",
+            model.to_str().unwrap(),
+            "-n",
+            &n.to_string(),
+            "hello",
+        ],
+    );
+    let text = exits.finish();
+    let stderr = String::from_utf8_lossy(&run.output.stderr);
+    let s = &run.summary;
+
+    // Major faults: per thread against the kernel's count, per process against perf stat.
+    let threads = s["threads"].as_array().expect("threads");
+    let majflt = bpftrace_map(&text, "majflt");
+    assert!(majflt.len() >= 2, "llama-simple's threads at exit: {text}");
+    let thread = |tid: &str| {
+        threads
+            .iter()
+            .find(|t| t["tid"].as_u64().map(|v| v.to_string()).as_deref() == Some(tid))
+            .unwrap_or_else(|| panic!("thread {tid}: {threads:?}"))
+    };
+    let mut ours = 0;
+    for (tid, kernel) in &majflt {
+        let t = thread(tid);
+        assert_within(&format!("thread {tid}'s major faults vs its maj_flt"), u(t, "majflt"), *kernel, 0.02);
+        ours += u(t, "majflt");
+    }
+    let perf = std::fs::read_to_string(&perf_out).expect("perf stat's output");
+    let perf_maj = perf_count(&perf, "major-faults");
+    assert!(perf_maj >= 100, "the weights were read back from the disk: {perf}");
+    assert_within("llama-simple's major faults vs perf stat", ours, perf_maj, 0.02);
+
+    // fault_io is the largest of the threads' own costs (the waits for a CPU, `runqueue`, and for
+    // the other threads at ggml's barrier, `sleep`, are the machine's load and the barrier's),
+    // and five times all their CPU time.
+    let mean = &s["attribution"]["mean_ns"];
+    let m = |k: &str| mean[k].as_f64().unwrap_or_else(|| panic!("{k}: {mean}"));
+    let fault_io = m("fault_io_ns");
+    for k in ["compute_ns", "fault_minor_ns", "swapin_zram_ns", "io_wait_ns", "reclaim_ns", "syscall_ns"] {
+        assert!(fault_io > m(k), "fault_io {fault_io} vs {k} {}: {mean}", m(k));
+    }
+    let cpu = m("compute_ns") + m("fault_minor_ns") + m("swapin_zram_ns") + m("syscall_ns");
+    assert!(fault_io > 5.0 * cpu, "fault_io {fault_io} vs CPU time {cpu}: {mean}");
+
+    // The components add up to each generated token's wall (the prompt step is where ggml starts
+    // its threads: their time before they exist is residual), and the generated tokens' wall to
+    // llama's clock.
+    let recs = records(s);
+    let (eval_ms, runs) = llama_eval(&stderr);
+    let generated: Vec<&Value> = recs.iter().filter(|r| r["kind"] == "generate").collect();
+    for r in &generated {
+        let wall = u(r, "wall_ns");
+        assert!(r["residual_ns"].as_i64().unwrap().unsigned_abs() * 1000 <= wall, "residual over 0.1 %: {r}");
+    }
+    assert_eq!(generated.len() as u64, runs, "generated-token records vs llama's eval runs");
+    let gen_ms = generated.iter().map(|r| u(r, "wall_ns")).sum::<u64>() as f64 / 1e6;
+    assert!((gen_ms - eval_ms).abs() <= 0.01 * eval_ms, "Σ wall {gen_ms:.1} ms vs llama's eval time {eval_ms:.1} ms");
+    eprintln!(
+        "llama-simple under {} ({} MiB limit): {} records; mean ms/token: wall {:.1}, fault_io {:.1}, compute {:.2}, \
+         CPU {:.2}, runqueue {:.1}, sleep {:.1}; major faults {ours} (perf stat {perf_maj}, per thread = maj_flt); \
+         Σ wall {gen_ms:.1} ms vs \
+         eval {eval_ms:.1} ms",
+        cg.describe(),
+        MEMLIMIT >> 20,
+        recs.len(),
+        m("wall_ns") / 1e6,
+        fault_io / 1e6,
+        m("compute_ns") / 1e6,
+        cpu / 1e6,
+        m("runqueue_ns") / 1e6,
+        m("sleep_ns") / 1e6,
+    );
 }

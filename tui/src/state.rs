@@ -466,6 +466,11 @@ impl App {
         self.dirty = true;
         match ev {
             Event::Header(h) => self.header = Some(h),
+            Event::Marks(m) => {
+                if let Some(h) = &mut self.header {
+                    h.apply(&m);
+                }
+            }
             Event::Token(t) => self.add_token(&t),
             Event::Process(p) => self.process = Some(p),
             Event::Histograms(h) => self.latency = Some(h),

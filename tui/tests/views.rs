@@ -265,6 +265,69 @@ fn threads_view_narrow_drops_columns() {
     insta::assert_snapshot!(t.backend());
 }
 
+/// The first line of the threads view and its column labels.
+fn threads_head(s: &str) -> (String, Vec<String>) {
+    let lines: Vec<&str> = s.lines().collect();
+    let note = lines.iter().find(|l| l.contains("mean ms per step")).expect("the note").to_string();
+    let head = lines.iter().find(|l| l.contains(" tid ")).expect("the column labels");
+    (note, head.split_whitespace().skip(3).map(String::from).collect())
+}
+
+/// io_wait and unattributed are zero on every thread of the fixture (and io_wait_peer is
+/// not measured): the columns are left out and named as all zero, which makes room for the
+/// fault counts at a width where the zero columns pushed them out.
+#[test]
+fn threads_view_hides_all_zero_columns_narrow_and_wide() {
+    let mut app = app_with(&Opts::default());
+    for (w, want) in [
+        (60, &["compute", "flt_min", "zram_in"][..]),
+        (113, &["compute", "flt_min", "zram_in", "flt_io", "reclaim", "syscall", "runq", "sleep", "majF", "majS"][..]),
+        (
+            170,
+            &[
+                "compute", "flt_min", "zram_in", "flt_io", "reclaim", "syscall", "runq", "sleep", "majF", "majS",
+                "minflt", "swapin", "read", "ctxsw",
+            ][..],
+        ),
+    ] {
+        let t = show(&mut app, View::Threads, w, 12);
+        let s = text(t.backend().buffer());
+        let (note, cols) = threads_head(&s);
+        assert_eq!(cols, want, "width {w}:\n{s}");
+        if w >= 113 {
+            assert!(note.contains("all zero: io_wait unattr"), "width {w}: {note}");
+        }
+        if w > 60 {
+            // 60 columns: `threads_view_narrow_drops_columns`.
+            insta::assert_snapshot!(format!("threads_view_zero_columns_{w}"), t.backend());
+        }
+    }
+}
+
+/// A column that is zero on one thread but not another stays.
+#[test]
+fn threads_view_keeps_a_column_one_thread_has() {
+    let mut app = App::new();
+    for e in fixture::events(&Opts::default()) {
+        let e = match e {
+            Event::Token(mut t) => {
+                if let Some(th) = t.threads.get_mut(1) {
+                    th.components.set(observer_common::model::Component::IoWait, Some(250_000));
+                }
+                Event::Token(t)
+            }
+            e => e,
+        };
+        app.push(e);
+    }
+    let t = show(&mut app, View::Threads, 170, 12);
+    let s = text(t.backend().buffer());
+    let (note, cols) = threads_head(&s);
+    assert!(cols.iter().any(|c| c == "io_wait"), "{s}");
+    assert!(note.contains("all zero: unattr") && !note.contains("io_wait"), "{note}");
+    assert!(s.contains("    0.25 ") && s.contains("    0.00 "), "one thread's io_wait, the others' zero:\n{s}");
+}
+
 #[test]
 fn faults_view_from_the_stream() {
     let mut app = app_with(&Opts::default());
@@ -464,4 +527,31 @@ fn the_header_names_what_marks_the_tokens_and_the_model() {
     let first = s.lines().next().unwrap_or("");
     assert!(first.contains("tokens: engine profile llama.cpp: llama_decode, llama_process"), "{s}");
     assert!(s.contains("model small.gguf"), "{s}");
+}
+
+/// A wrapper (`sh -c llama-simple …`) starts with no markers; when its child's engine profile
+/// is found after exec, a `marks` event restates what marks the tokens and the probes, and
+/// the header says so from then on.
+#[test]
+fn the_header_follows_marks_found_after_exec() {
+    let mut h = fixture::header();
+    h.tokens = "none (whole-run totals only; use --window or --token-symbol)".into();
+    let mut app = App::new();
+    app.push(Event::Header(h.clone()));
+    let t = show(&mut app, View::Summary, 200, 20);
+    assert!(text(t.backend().buffer()).lines().next().unwrap().contains("tokens: none"));
+    let mut probes = h.probes.clone();
+    probes.push("uprobe:/opt/llama/libllama.so:llama_process".into());
+    app.push(Event::Marks(observer_common::model::TokenMarks {
+        mono_ns: h.started_mono_ns + 5_000_000,
+        pid: 4250,
+        tokens: "engine profile llama.cpp: llama_decode, llama_process in /opt/llama/libllama.so".into(),
+        probes,
+    }));
+    let t = render(&mut app, 200, 20);
+    let s = text(t.backend().buffer());
+    let mut lines = s.lines();
+    let first = lines.next().unwrap();
+    assert!(first.contains("tokens: engine profile llama.cpp: llama_decode, llama_process"), "{s}");
+    assert!(lines.next().unwrap().contains(&format!("probes {}", h.probes.len() + 1)), "{s}");
 }

@@ -552,6 +552,11 @@ impl Collector {
     pub fn push(&mut self, ev: &Event) {
         match ev {
             Event::Header(h) => self.header = Some(h.clone()),
+            Event::Marks(m) => {
+                if let Some(h) = &mut self.header {
+                    h.apply(m);
+                }
+            }
             Event::Token(t) => {
                 if self.tokens.len() >= self.keep {
                     let n = self.tokens.len().div_ceil(2);
@@ -735,5 +740,19 @@ mod tests {
         let mut out = Vec::new();
         s.print(&mut out).unwrap();
         assert!(String::from_utf8(out).unwrap().contains("in procfs mode (faults not probed)"));
+    }
+
+    #[test]
+    fn marks_restate_the_probes_of_the_summary() {
+        let header = RunHeader { probes: vec!["fault_entry".into()], ..Default::default() };
+        let probes = vec!["fault_entry".to_string(), "uprobe:/l/libllama.so:llama_process".to_string()];
+        let marks = observer_common::model::TokenMarks {
+            mono_ns: 5,
+            pid: 8,
+            tokens: "engine profile llama.cpp: llama_process in /l/libllama.so".into(),
+            probes: probes.clone(),
+        };
+        assert_eq!(summarise(&[Event::Header(header.clone())]).probes, header.probes);
+        assert_eq!(summarise(&[Event::Header(header), Event::Marks(marks)]).probes, probes);
     }
 }

@@ -50,7 +50,7 @@ use observer_common::{
     attrib::{C_DISK_READ_NS, C_READ_IOS, C_ZRAM_READ_NS, F_EXITED},
     model::{
         Components, DeviceReads, Event, FaultTotals, ObserverHealth, RunEnd, RunTotals, StepKind, ThreadTime,
-        ThreadTotals, TokenRecord,
+        ThreadTotals, TokenMarks, TokenRecord,
     },
 };
 use tokio::{io::unix::AsyncFd, sync::watch};
@@ -494,7 +494,9 @@ impl Session {
             // Execs read by the last drain (either branch below): attach what
             // the new programs carry, then let a held one go on.
             for exec_pid in std::mem::take(&mut asm.execs) {
+                let before = probes.markers.is_some();
                 after_exec(&mut probes, exec_pid, self.opts.engine)?;
+                marks_found(before, &probes, exec_pid, sinks)?;
                 asm.default_kind = step_kind(probes.markers.as_ref());
                 if stop_on_exec {
                     // The kernel side stopped it at exec; markers are in place now.
@@ -523,6 +525,7 @@ impl Session {
                     // A library loaded later (dlopen) may bring an engine's entry points.
                     if probes.markers.is_none() && self.opts.token_symbol.is_none() && !stop_on_exec {
                         after_exec(&mut probes, pid, self.opts.engine)?;
+                        marks_found(false, &probes, pid, sinks)?;
                     }
                     let now = seed::mono_ns();
                     emit(sinks, &Event::Process(procsample::sample(pid, now)))?;
@@ -893,6 +896,21 @@ fn after_exec(probes: &mut Probes, pid: u32, engine: EngineChoice) -> Result<()>
         Err(e) => return Err(e.into()),
     }
     Ok(())
+}
+
+/// Restate the header's `tokens` and `probes` (`Event::Marks`) when markers were found that were
+/// not there `before` (a wrapper's child exec'd an engine, or a library was loaded later).
+fn marks_found(before: bool, probes: &Probes, pid: u32, sinks: &mut [Box<dyn Sink>]) -> Result<()> {
+    if before || probes.markers.is_none() {
+        return Ok(());
+    }
+    let m = TokenMarks {
+        mono_ns: seed::mono_ns(),
+        pid,
+        tokens: tokens_desc(probes.markers.as_ref(), false),
+        probes: probes.attached.clone(),
+    };
+    emit(sinks, &Event::Marks(m))
 }
 
 /// Emit a batch of token records. With a residency sampler, the last record

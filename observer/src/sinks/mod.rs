@@ -1,7 +1,8 @@
 //! Sinks: consumers of the model stream (`observer_common::model::Event`).
 //!
 //! A session (`crate::capture::session`) feeds every sink the same events in
-//! order: one `Header`, then `Token`s and samples as they happen, one `Totals`
+//! order: one `Header`, then `Token`s, samples and `Marks` (what marks the
+//! tokens changed) as they happen, one `Totals`
 //! (eBPF only) and one `End`. A sink
 //! must never block the run loop (the recorder drops and counts instead), so
 //! that a slow consumer never slows the observation or the engine.
@@ -35,9 +36,10 @@ impl Sink for Collect {
 
 /// The events a sink that drops under load must still deliver: the
 /// once-per-run ones (`Header`, `Totals`, `End`), which come while the run
-/// starts or after the target has finished, so waiting for them slows nothing.
+/// starts or after the target has finished, and `Marks` (at most one per
+/// process, while its exec is held), so waiting for them slows nothing.
 pub fn once_per_run(ev: &Event) -> bool {
-    matches!(ev, Event::Header(_) | Event::Totals(_) | Event::End(_))
+    matches!(ev, Event::Header(_) | Event::Marks(_) | Event::Totals(_) | Event::End(_))
 }
 
 /// Fan an event out to several sinks.

@@ -3,6 +3,7 @@
 //! the view tabs, the current view, and a help line. Below
 //! [`MIN_WIDTH`]×[`MIN_HEIGHT`] a compact view shows only the essentials.
 
+mod columns;
 mod faults;
 pub mod fmt;
 pub mod heatmap;

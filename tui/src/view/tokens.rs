@@ -20,7 +20,10 @@ use ratatui::{
     widgets::Paragraph,
 };
 
-use super::fmt;
+use super::{
+    columns::{self, Column},
+    fmt,
+};
 use crate::state::{App, TokenRow};
 
 /// Legend, column header and detail rows around the list.
@@ -185,8 +188,8 @@ fn bar(r: &TokenRow, scale: f64, w: usize) -> Vec<(char, Style)> {
     cells
 }
 
-/// The marker, the components (those this observer measures and any other a
-/// source measured; vocabulary names, short labels when narrow), and the residual.
+/// The marker, the components (chosen by the rule of `columns`: all-zero ones are named at the
+/// end; vocabulary names, short labels when narrow), and the residual.
 fn legend(app: &App, w: usize) -> Line<'static> {
     let mut spans = Vec::new();
     let mut used = 0;
@@ -205,12 +208,24 @@ fn legend(app: &App, w: usize) -> Line<'static> {
     let _ =
         push(&mut spans, MARKER, Style::new().fg(Color::White).add_modifier(Modifier::BOLD), name(Time::EngineCompute));
     let g = app.agg(app.main_kind());
-    for c in Component::ALL.into_iter().filter(|&c| c.row().measured() || g.component(c).n > 0) {
+    let cols = columns::choose(Column::times(), g.steps > 0, |c| match c {
+        Column::Time(c) => (g.component(c).n > 0).then_some(g.component(c).total),
+        Column::Count(_) => None,
+    });
+    for c in cols.shown.iter().filter_map(|c| match *c {
+        Column::Time(c) => Some(c),
+        Column::Count(_) => None,
+    }) {
         if !push(&mut spans, '█', Style::new().fg(fmt::color(c)), if narrow { c.short() } else { c.name() }) {
             return Line::from(spans);
         }
     }
-    let _ = push(&mut spans, '░', Style::new().fg(fmt::RESIDUAL), name(Time::Residual));
+    if push(&mut spans, '░', Style::new().fg(fmt::RESIDUAL), name(Time::Residual)) {
+        let note = cols.note();
+        if used + note.chars().count() <= w {
+            spans.push(Span::styled(note.trim_start_matches(" · ").to_string(), fmt::dim()));
+        }
+    }
     Line::from(spans)
 }
 

@@ -529,7 +529,7 @@ impl Sink for MetricsSink {
             Event::Process(p) => self.process(p),
             Event::Histograms(h) => self.histograms(h),
             Event::Health(h) => self.health(h),
-            Event::Totals(_) => {}
+            Event::Totals(_) | Event::Marks(_) => {}
             Event::End(e) => {
                 // The run's final count; the procfs fallback measures no lost
                 // events (it sends no Health samples and reports 0 here).

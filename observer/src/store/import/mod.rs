@@ -111,6 +111,10 @@ impl LoadedRun {
                     have_header = true;
                 }
                 Event::Header(_) => run.notes.push("a second header record was ignored".into()),
+                Event::Marks(m) => {
+                    run.header.apply(&m);
+                    run.other.push(Event::Marks(m));
+                }
                 Event::Token(t) => run.tokens.push(t),
                 Event::Process(p) => run.process.push(p),
                 Event::End(e) => run.end = Some(e),

@@ -18,7 +18,8 @@
 //! record_header (20 bytes)
 //!   0  [u8; 4]  magic     b"MREC"  (lets a reader resynchronise after damage)
 //!   4  u8       kind      the event's type: 1 header, 2 token, 3 process,
-//!                         4 end, 5 histograms, 6 health, 7 totals; 255 a newer type
+//!                         4 end, 5 histograms, 6 health, 7 totals, 8 marks;
+//!                         255 a newer type
 //!                         (the payload's JSON `type` tag names it)
 //!   5  u8       encoding  1 = JSON (UTF-8)
 //!   6  u16      reserved  0
@@ -44,7 +45,8 @@
 //! - The first record is the `header` (the self-describing `RunHeader`: observer
 //!   version, kernel, host, CPU, memory, boot, target command line, model path,
 //!   size and hash, engine configuration); then `token`, `process`,
-//!   `histograms`, `health` records in the order the run produced them, one
+//!   `histograms`, `health` and `marks` records (what marks the tokens, when a
+//!   descendant's exec or a dlopen changed it) in the order the run produced them, one
 //!   `totals` record (per-thread and per-device totals, eBPF runs only); the
 //!   last is `end`. `kind` always agrees with the payload's `type` tag.
 //! - The `end` payload is the `Event::End` JSON plus a `"recorder"` object
@@ -83,8 +85,16 @@ pub const MAX_PAYLOAD: u32 = 64 << 20;
 pub const ENCODING_JSON: u8 = 1;
 
 /// Record kinds by the event's JSON `type` tag (`observer_common::model::Event`).
-pub const KINDS: [(u8, &str); 7] =
-    [(1, "header"), (2, "token"), (3, "process"), (4, "end"), (5, "histograms"), (6, "health"), (7, "totals")];
+pub const KINDS: [(u8, &str); 8] = [
+    (1, "header"),
+    (2, "token"),
+    (3, "process"),
+    (4, "end"),
+    (5, "histograms"),
+    (6, "health"),
+    (7, "totals"),
+    (8, "marks"),
+];
 pub const KIND_HEADER: u8 = 1;
 pub const KIND_TOKEN: u8 = 2;
 pub const KIND_END: u8 = 4;

@@ -10,7 +10,7 @@ use std::{
 
 use observer_common::model::{
     Component, Components, Counter, Counters, EngineTelemetry, Event, ExpertGrid, LatencyHistograms, ModelInfo,
-    ObserverHealth, ProcessSample, Residency, RunEnd, RunHeader, StepKind, ThreadToken, TokenRecord,
+    ObserverHealth, ProcessSample, Residency, RunEnd, RunHeader, StepKind, ThreadToken, TokenMarks, TokenRecord,
 };
 
 use super::*;
@@ -100,6 +100,15 @@ pub(crate) fn stream(n: u64) -> Vec<Event> {
     let mut v = vec![Event::Header(header())];
     for i in 0..n {
         v.push(Event::Token(token(i)));
+        if i == 1 {
+            // A wrapper's child exec'd an engine: what marks the tokens is restated.
+            v.push(Event::Marks(TokenMarks {
+                mono_ns: i,
+                pid: 43,
+                tokens: "engine profile llama.cpp: llama_process in /l/libllama.so".into(),
+                probes: vec!["fault_entry".into(), "uprobe:/l/libllama.so:llama_process".into()],
+            }));
+        }
         if i % 2 == 1 {
             v.push(Event::Process(ProcessSample { mono_ns: i, rss_bytes: Some(1 << 20), ..Default::default() }));
         }
