@@ -1206,13 +1206,20 @@ fn serve_discover_observes_two_engines_at_once_each_with_its_labels() {
         assert_eq!(gen_steps, (n_gen[i] - 1) as f64);
         assert_eq!(val(&m, &format!("moe_observer_tokens_total{{{l},step=\"generate\"}}")), gen_steps, "{err}");
         assert_eq!(val(&m, &format!("moe_observer_step_duration_seconds_count{{{l},step=\"generate\"}}")), gen_steps);
-        // Wall time of the steps: the engine's own clock.
+        // Wall time of the steps: the engine's own clock, which times its whole loop (a step
+        // runs from the previous step's end marker), so it holds the steps (from begin to end
+        // marker) and the short gaps between them.
         let wall: f64 = ["prompt", "generate"]
             .iter()
             .map(|s| val(&m, &format!("moe_observer_step_duration_seconds_sum{{{l},step=\"{s}\"}}")))
             .sum();
         let engine_ms = summary["prompt_ms"].as_f64().unwrap() + summary["gen_ms"].as_f64().unwrap();
-        assert_close(&format!("{} step wall vs the engine's clock", names[i]), wall * 1e3, engine_ms, 0.05);
+        assert!(
+            wall * 1e3 <= engine_ms * 1.01 && wall * 1e3 >= 0.85 * engine_ms,
+            "{}: step wall {:.3} ms vs the engine's clock {engine_ms:.3} ms\n{err}",
+            names[i],
+            wall * 1e3
+        );
         // On-CPU time of the steps: /proc/PID/stat over the span from release to exit,
         // which holds the steps and a little more (its end: the summary, the exit).
         let on_cpu: f64 = vocab::COMPONENTS
@@ -1264,16 +1271,13 @@ fn serve_observes_a_target_without_its_token_symbol_and_says_what_is_degraded() 
     let wl = named_workload("wl-degraded");
     let sym = "no_such_symbol_in_the_workload";
     let obs = Observer::start("serve", &["--discover", "--name", "wl-degraded", "--token-symbol", sym]);
-    let mut child = Command::new(&wl).args(["busy", "--ms", "6000"]).stdout(Stdio::null()).spawn().expect("workload");
+    // It sleeps until the test is done with it (then killed): its memory holds still.
+    let mut child =
+        Command::new(&wl).args(["sleep", "--ms", "120000"]).stdout(Stdio::null()).spawn().expect("workload");
     let pid = child.id();
     let l = "engine=\"moe-engine\",model=\"\",container=\"\"";
     let rss_key = format!("moe_observer_target_rss_bytes{{{l}}}");
-    // A second sample, so that the first (taken at attach) is not the one compared.
-    let first = obs.scrape_until("the target's memory", Duration::from_secs(60), |m| m.contains_key(&rss_key));
-    let m = obs.scrape_until("a later memory sample", Duration::from_secs(10), |m| {
-        m.get(&rss_key).is_some_and(|v| Some(v) != first.get(&rss_key))
-            || m.get(&format!("moe_observer_target_up{{{l}}}")) == Some(&0.0)
-    });
+    let m = obs.scrape_until("the target's memory", Duration::from_secs(60), |m| m.contains_key(&rss_key));
     let rss_now = vm_rss(pid);
     let err = obs.stderr();
     assert_eq!(val(&m, &format!("moe_observer_degraded{{{l},feature=\"tokens\"}}")), 1.0, "{err}");
@@ -1290,7 +1294,8 @@ fn serve_observes_a_target_without_its_token_symbol_and_says_what_is_degraded() 
         b.lines().any(|x| x.starts_with("degraded: moe-engine: tokens: --token-symbol") && x.contains(sym)),
         "/healthz says what is degraded:\n{b}"
     );
-    assert!(child.wait().unwrap().success());
+    child.kill().unwrap();
+    child.wait().unwrap();
     let m = obs.scrape_until("the target's end", Duration::from_secs(30), |m| {
         m.get(&format!("moe_observer_target_up{{{l}}}")) == Some(&0.0)
     });

@@ -78,8 +78,8 @@ pub fn main(args: &[String]) -> Result<()> {
     if !args.is_empty() {
         bail!("`cargo xtask package` takes no arguments (got {args:?})");
     }
-    for tool in ["dpkg-deb", "dpkg", "ldd", "gzip"] {
-        ensure!(cmd::on_path(tool), "{tool} is not installed (Debian's dpkg, libc-bin, gzip)");
+    for tool in ["dpkg-deb", "dpkg", "ldd", "gzip", "strip"] {
+        ensure!(cmd::on_path(tool), "{tool} is not installed (Debian's dpkg, libc-bin, gzip, binutils)");
     }
     let root = cache::workspace_root();
     let observer = build_observer()?;
@@ -101,6 +101,8 @@ pub fn main(args: &[String]) -> Result<()> {
         set_mode(&dest, mode)
     };
     put(&observer, "usr/bin/observer", 0o755)?;
+    // The release profile keeps debug info (for profiling); a package ships without it.
+    cmd::run(Command::new("strip").arg("--strip-debug").arg(stage.join("usr/bin/observer")))?;
     put(&root.join("packaging/moe-observer.service"), "lib/systemd/system/moe-observer.service", 0o644)?;
     put(&root.join("packaging/serve.toml"), "etc/moe-observer/serve.toml", 0o644)?;
     put(&root.join("LICENSE"), "usr/share/doc/moe-observer/copyright", 0o644)?;
@@ -162,7 +164,7 @@ fn control(observer: &Path, version: &str, arch: &str) -> Result<String> {
     depends.push("adduser".into());
     Ok(format!(
         "Package: {PACKAGE}\nVersion: {version}\nArchitecture: {arch}\nMaintainer: moe-observer developers <moe-observer@localhost>\n\
-         Depends: {}\nSection: admin\nPriority: optional\nHomepage: https://github.com/moe-observer\n\
+         Depends: {}\nSection: admin\nPriority: optional\n\
          Description: {}\n {}\n",
         depends.join(", "),
         "eBPF observer: where the time of each token of an LLM engine goes",
@@ -250,6 +252,7 @@ pub fn image(args: &[String]) -> Result<()> {
         set_mode(&dest, mode)
     };
     put(&observer, Path::new("/usr/bin/observer"), 0o755)?;
+    cmd::run(Command::new("strip").arg("--strip-debug").arg(rootfs.join("usr/bin/observer")))?;
     put(&root.join("packaging/serve.toml"), Path::new("/etc/moe-observer/serve.toml"), 0o644)?;
     // The libraries under the names the loader asks for, and the loader itself.
     for lib in ldd_names(&observer)? {
