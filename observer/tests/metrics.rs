@@ -1208,20 +1208,22 @@ fn serve_discover_observes_two_engines_at_once_each_with_its_labels() {
         assert_eq!(val(&m, &format!("moe_observer_step_duration_seconds_count{{{l},step=\"generate\"}}")), gen_steps);
         // Wall time of the steps: the engine's own clock, which times its whole loop (a step
         // runs from the previous step's end marker), so it holds the steps (from begin to end
-        // marker) and the short gaps between them.
+        // marker) and the gaps between them (the markers' uprobe traps, the loop: 2-13 % of the
+        // engine's time in runs here, where a step of this tiny model takes about half a ms).
         let wall: f64 = ["prompt", "generate"]
             .iter()
             .map(|s| val(&m, &format!("moe_observer_step_duration_seconds_sum{{{l},step=\"{s}\"}}")))
             .sum();
         let engine_ms = summary["prompt_ms"].as_f64().unwrap() + summary["gen_ms"].as_f64().unwrap();
         assert!(
-            wall * 1e3 <= engine_ms * 1.01 && wall * 1e3 >= 0.85 * engine_ms,
+            wall * 1e3 <= engine_ms * 1.01 && wall * 1e3 >= 0.75 * engine_ms,
             "{}: step wall {:.3} ms vs the engine's clock {engine_ms:.3} ms\n{err}",
             names[i],
             wall * 1e3
         );
         // On-CPU time of the steps: /proc/PID/stat over the span from release to exit,
-        // which holds the steps and a little more (its end: the summary, the exit).
+        // which holds the steps and a little more (set-up after the release, the summary, the
+        // exit: 79-90 % of it was in the steps in runs here; a tick is 10 ms).
         let on_cpu: f64 = vocab::COMPONENTS
             .iter()
             .filter(|r| r.cpu == Some(vocab::Cpu::Yes))
@@ -1238,7 +1240,7 @@ fn serve_discover_observes_two_engines_at_once_each_with_its_labels() {
             engine_ms / 1e3
         );
         assert!(
-            on_cpu <= stat_s + 2.0 / hz && on_cpu >= 0.8 * stat_s - 2.0 / hz,
+            on_cpu <= stat_s + 2.0 / hz && on_cpu >= 0.75 * stat_s - 2.0 / hz,
             "{}: on-CPU components {on_cpu} s vs /proc/PID/stat {stat_s} s\n{err}",
             names[i]
         );
