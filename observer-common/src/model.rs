@@ -396,6 +396,17 @@ pub struct RunHeader {
     /// a `--token-symbol`, fixed windows, or none. Empty in older traces.
     #[serde(default)]
     pub tokens: String,
+    /// What this run cannot measure, and why: each `FEATURE: WHY` ([`degraded_feature`]),
+    /// FEATURE `ebpf` (the procfs fallback instead), `tokens` (no token
+    /// boundaries: only process samples, kernel histograms and health), or the
+    /// name of an optional probe not attached. Empty when all works, and in older traces.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub degraded: Vec<String>,
+}
+
+/// The FEATURE of a [`RunHeader::degraded`] entry (up to the first `": "`).
+pub fn degraded_feature(entry: &str) -> &str {
+    entry.split_once(": ").map_or(entry, |(f, _)| f)
 }
 
 impl RunHeader {

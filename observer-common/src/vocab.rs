@@ -396,6 +396,14 @@ pub const F_PROBES_MISSING: Family = Family {
     planned_labels: &[],
     help: "Optional probes this kernel lacks",
 };
+pub const F_DEGRADED: Family = Family {
+    stem: "degraded",
+    unit: None,
+    metric: MetricType::Gauge,
+    labels: &["feature"],
+    planned_labels: &[],
+    help: "1 for each feature the observation of the current target lacks (ebpf: procfs fallback; tokens: no token boundaries; an optional probe's name); the log and /healthz say why",
+};
 pub const F_BPF_RUN: Family = Family {
     stem: "bpf_run",
     unit: Some(Unit::Seconds),
@@ -418,7 +426,7 @@ pub const F_TARGET_UP: Family = Family {
     metric: MetricType::Gauge,
     labels: &[],
     planned_labels: &[],
-    help: "1 while a target is being observed",
+    help: "Targets being observed now (1 while one is; under serve --discover, per label set)",
 };
 pub const F_RUNS: Family = Family {
     stem: "runs",
@@ -437,8 +445,28 @@ pub const F_BUILD_INFO: Family = Family {
     help: "Always 1; the observer's version and the trace format version it writes",
 };
 
+/// The labels of a target, declared once for every per-target family
+/// (ebpf_exporter's style: a family's own labels come after them). Only
+/// `observer serve --discover`, which observes several targets at once, sets
+/// them: `engine` (`moe-engine`, an engine profile's name, or `gguf`),
+/// `model` (the model's file name, as its process sees it), `container` (the
+/// cgroup v2 container id, 12 hex digits, or empty on the host). Bounded and
+/// stable: never a PID or a TID.
+pub const TARGET_LABELS: [&str; 3] = ["engine", "model", "container"];
+
+/// The families that describe the machine or the observer, not a target:
+/// they never carry [`TARGET_LABELS`].
+pub static MACHINE_FAMILIES: [&Family; 2] = [&F_MEM_AVAILABLE, &F_BUILD_INFO];
+
+impl Family {
+    /// Whether its series carry [`TARGET_LABELS`] (under `serve --discover`).
+    pub fn per_target(&self) -> bool {
+        !MACHINE_FAMILIES.iter().any(|f| f.stem == self.stem)
+    }
+}
+
 /// Every family, in exposition order.
-pub static FAMILIES: [&Family; 31] = [
+pub static FAMILIES: [&Family; 32] = [
     &F_STEP_DURATION,
     &F_TOKENS,
     &F_TIME,
@@ -465,6 +493,7 @@ pub static FAMILIES: [&Family; 31] = [
     &F_LOST_EVENTS,
     &F_PROBES_ATTACHED,
     &F_PROBES_MISSING,
+    &F_DEGRADED,
     &F_BPF_RUN,
     &F_BPF_RUNS,
     &F_TARGET_UP,

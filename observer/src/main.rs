@@ -3,7 +3,7 @@
 
 mod cmd;
 
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, Parser, Subcommand};
 
 #[derive(Debug, Parser)]
 #[command(name = "observer", version, about = "Where the time of a token really goes (eBPF)")]
@@ -41,6 +41,9 @@ enum Cmd {
     Doctor(cmd::doctor::DoctorArgs),
     /// The live TUI beside a command (`observer tui -- CMD…`), a PID (`--pid`), or a trace (`--replay`).
     Tui(cmd::tui::TuiArgs),
+    /// Write the man pages and shell completions of this CLI into DIR (`cargo xtask man`).
+    #[command(hide = true)]
+    Assets(cmd::assets::AssetsArgs),
 }
 
 fn main() {
@@ -67,6 +70,7 @@ fn main() {
                 Cmd::Serve(args) => cmd::serve::serve(args).await,
                 Cmd::Tui(args) => cmd::tui::tui(args).await,
                 Cmd::Doctor(args) => cmd::doctor::doctor(args),
+                Cmd::Assets(args) => cmd::assets::write(Cli::command(), &args),
             }
         }),
         Err(e) => Err(anyhow::Error::from(e).context("starting the runtime")),

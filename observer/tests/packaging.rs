@@ -76,3 +76,65 @@ fn the_daemonset_grants_the_units_capabilities() {
     let pm = std::fs::read_to_string(repo().join("packaging/k8s/podmonitor.yaml")).unwrap();
     assert!(pm.contains("port: metrics") && ds.contains("name: metrics"), "the PodMonitor scrapes the named port");
 }
+
+/// The subcommands `observer [SUB] --help` lists (its "Commands:" block, `help` left out).
+fn subcommands(path: &[&str]) -> Vec<String> {
+    let out = Command::new(env!("CARGO_BIN_EXE_observer")).args(path).arg("--help").output().unwrap();
+    let help = String::from_utf8(out.stdout).unwrap();
+    help.split("Commands:")
+        .nth(1)
+        .unwrap_or("")
+        .lines()
+        .skip(1)
+        .take_while(|l| l.starts_with("  "))
+        .filter(|l| !l[2..].starts_with(' '))
+        .filter_map(|l| l.split_whitespace().next())
+        .filter(|s| *s != "help")
+        .map(str::to_string)
+        .collect()
+}
+
+/// `observer assets DIR` (what `cargo xtask man` and the package run) writes
+/// a man page for the program and for every subcommand its help lists,
+/// nested ones included, and the bash, zsh and fish completions.
+#[test]
+fn every_subcommand_has_a_man_page_and_the_shells_have_completions() {
+    let dir = std::env::temp_dir().join(format!("observer-assets-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let out = Command::new(env!("CARGO_BIN_EXE_observer")).arg("assets").arg(&dir).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let top = subcommands(&[]);
+    assert!(top.len() >= 10 && top.iter().any(|s| s == "serve"), "{top:?}");
+    assert!(!top.iter().any(|s| s == "assets"), "the assets command is hidden");
+    let mut pages = vec!["observer".to_string()];
+    for sub in &top {
+        pages.push(format!("observer-{sub}"));
+        for nested in subcommands(&[sub]) {
+            pages.push(format!("observer-{sub}-{nested}"));
+        }
+    }
+    assert!(pages.len() > top.len() + 1, "nested subcommands (plot's) have pages too: {pages:?}");
+    for p in &pages {
+        let f = dir.join("man").join(format!("{p}.1"));
+        let text = std::fs::read_to_string(&f).unwrap_or_else(|e| panic!("no man page {}: {e}", f.display()));
+        assert!(text.starts_with(".ie") || text.starts_with(".TH") || text.contains("\n.TH "), "{p}.1 is not roff");
+        assert!(text.contains(".SH NAME") && text.contains(".SH SYNOPSIS"), "{p}.1 lacks its sections");
+    }
+    let serve = std::fs::read_to_string(dir.join("man/observer-serve.1")).unwrap();
+    assert!(serve.contains("discover") && serve.contains("web.listen\\-address"), "serve's flags are in its page");
+    for c in ["observer.bash", "_observer", "observer.fish"] {
+        let text = std::fs::read_to_string(dir.join("completions").join(c)).unwrap();
+        assert!(text.contains("serve"), "{c} completes the subcommands");
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// CAP_SYS_ADMIN is needed for uprobes on this kernel (6.18): the unit grants
+/// it and says why, and so does the DaemonSet.
+#[test]
+fn the_unit_says_why_it_needs_cap_sys_admin() {
+    let unit = std::fs::read_to_string(repo().join("packaging/moe-observer.service")).unwrap();
+    assert!(unit.lines().any(|l| l.starts_with("#   CAP_SYS_ADMIN ") && l.contains("uprobe")), "{unit}");
+    let ds = std::fs::read_to_string(repo().join("packaging/k8s/daemonset.yaml")).unwrap();
+    assert!(ds.contains("SYS_ADMIN"), "the DaemonSet grants SYS_ADMIN");
+}

@@ -6,7 +6,8 @@
 //! - `demo`: setup, build, observe a workload and print the observer's table.
 //! - `parity`: the engine against llama.cpp on synthetic models, at each ISA level.
 //! - `bench engine`: engine vs llama.cpp decode/prompt speed, same file, same run.
-//! - `package`: the Debian package of the observer (cargo-deb), a separate heavy command.
+//! - `package`: the Debian package of the observer (dpkg-deb), built then checked as installed;
+//!   `man`: its man pages and completions. Separate heavy commands (`package.rs`).
 //! - `pressure`: run a command under a cgroup memory limit, optional zram and balloon.
 //! - `bench cliff`: the expert cache vs the mapping vs llama.cpp under memory limits.
 //! - `bench heatmap`: one residency refresh of a 20 GB (sparse) model vs `fincore`, same file.
@@ -59,7 +60,10 @@ commands:
   bench engine [..]  engine vs llama.cpp decode and prompt tok/s, printed as ratios (--arch A)
   bench observer     engine decode tok/s with and without the observer, as a ratio
   bench tui          what `observer tui` costs the engine: decode speed around its ticks, as a ratio
-  package            the Debian package (cargo-deb): observer, its systemd unit, serve.toml, LICENSE
+  package            the Debian package (dpkg-deb): observer, its systemd unit, serve.toml, LICENSE,
+                     man pages, completions; then checked as installed (dpkg-deb -x, --version)
+  man [DIR]          man pages (clap_mangen) and shell completions of observer (default target/assets)
+  image              the container image (buildah bud, packaging/Containerfile), checked; an OCI archive
   pressure [..] -- CMD  run CMD under a memory limit (+ zram, balloon); restores the machine
   bench heatmap [..] residency refresh of a 20 GB sparse model vs fincore, same run
   bench metrics      observed engine tok/s with and without bursts of /metrics scrapes
@@ -89,6 +93,8 @@ fn main() {
         ["bench", "tui", ..] => bench_tui::main(&args[2..]),
         ["pressure", ..] => pressure::main(&args[1..]),
         ["package", ..] => package::main(&args[1..]),
+        ["man", ..] => package::man(&args[1..]),
+        ["image", ..] => package::image(&args[1..]),
         ["bench", "heatmap", ..] => bench_heatmap::main(&args[2..]),
         ["bench", "metrics", ..] => bench_metrics::main(&args[2..]),
         ["bench", "cliff", ..] => bench_cliff::main(&args[2..]),

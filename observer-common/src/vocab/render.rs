@@ -188,12 +188,20 @@ pub fn readme_section(name: &str) -> Option<String> {
             &["rows", "JSON", "what they are"],
             BREAKDOWNS.iter().map(|r| Vec::from([code(r.name), code(r.json), what(r)])),
         ),
-        "prometheus" => table(
-            &["metric", "type", "labels", "what"],
-            FAMILIES
-                .iter()
-                .map(|f| Vec::from([code(&metric_name(f)), type_name(f.metric).into(), labels_cell(f), f.help.into()])),
-        ),
+        "prometheus" => {
+            let mut t = table(
+                &["metric", "type", "labels", "what"],
+                FAMILIES.iter().map(|f| {
+                    Vec::from([code(&metric_name(f)), type_name(f.metric).into(), labels_cell(f), f.help.into()])
+                }),
+            );
+            let target = TARGET_LABELS.map(code).join(", ");
+            let machine = MACHINE_FAMILIES.iter().map(|f| code(&metric_name(f))).collect::<Vec<_>>().join(" and ");
+            t.push_str(&format!(
+                "\nUnder `observer serve --discover` every series but those of {machine} carries the target labels {target} first.\n"
+            ));
+            t
+        }
         "changes" => {
             table(&["before", "now"], METRIC_RENAMES.iter().map(|(old, new)| Vec::from([code(old), code(new)])))
         }

@@ -103,6 +103,7 @@ pub fn build(
     probes: Vec<String>,
     model: Option<&Path>,
     tokens: String,
+    degraded: Vec<String>,
 ) -> RunHeader {
     let now_unix =
         std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos() as u64).unwrap_or(0);
@@ -124,6 +125,7 @@ pub fn build(
         engine_config: config_from_command(command),
         probes,
         tokens,
+        degraded,
     }
 }
 

@@ -256,6 +256,10 @@ pub struct SessionOptions {
     pub sample_interval: Duration,
     /// How often to read token records from the kernel.
     pub poll: Duration,
+    /// Observe the target even when its token boundaries cannot be found
+    /// (a `--token-symbol` it does not define): without tokens, said in the
+    /// header's `degraded` (`observer serve`, which serves what works).
+    pub without_tokens_ok: bool,
 }
 
 impl SessionOptions {
@@ -273,6 +277,7 @@ impl SessionOptions {
             residency_interval: None,
             sample_interval: Duration::from_secs(1),
             poll: Duration::from_millis(100),
+            without_tokens_ok: false,
         }
     }
 }
@@ -310,6 +315,8 @@ pub struct Session {
     command: Vec<String>,
     requests: Requests,
     capture: Capture,
+    /// What this session cannot measure (`RunHeader::degraded`).
+    degraded: Vec<String>,
 }
 
 enum Capture {
@@ -347,14 +354,24 @@ impl Session {
                 command.iter().map(|s| s.to_string_lossy().into_owned()).collect(),
             ),
         };
-        let mut s = Session { opts, target, command, requests, capture: Capture::Procfs(String::new()) };
+        let mut s =
+            Session { opts, target, command, requests, capture: Capture::Procfs(String::new()), degraded: Vec::new() };
+        let pid = s.target.pid();
         if let Some(why) = no_ebpf {
+            if s.opts.mode == Mode::EbpfOrProcfs {
+                log::warn!("pid {pid}: no eBPF ({why}): the procfs fallback measures less");
+                s.degraded.push(format!("ebpf: {why}"));
+            }
             s.capture = Capture::Procfs(why);
             return Ok(s);
         }
-        let pid = s.target.pid();
         let markers = match s.markers() {
             Ok(m) => m,
+            Err(e) if s.opts.without_tokens_ok => {
+                log::warn!("pid {pid}: {e:#}: observing it without token boundaries");
+                s.degraded.push(format!("tokens: {e:#}"));
+                Markers::None
+            }
             Err(e) => {
                 s.target.signal(libc::SIGKILL);
                 return Err(e);
@@ -365,6 +382,8 @@ impl Session {
         let probes = match Probes::attach(&AttachOptions { target: pid, markers, follow_children, held }) {
             Ok(p) => p,
             Err(e @ (ProbeError::Permission(_) | ProbeError::Load(_))) if s.opts.mode == Mode::EbpfOrProcfs => {
+                log::warn!("pid {pid}: eBPF refused ({e}): the procfs fallback measures less");
+                s.degraded.push(format!("ebpf: {e}"));
                 s.capture = Capture::Procfs(e.to_string());
                 return Ok(s);
             }
@@ -374,6 +393,11 @@ impl Session {
                 return Err(e.into());
             }
         };
+        // "NAME (why)": an optional probe this kernel lacks.
+        for m in &probes.missing {
+            let (name, why) = m.split_once(" (").unwrap_or((m, "not attached)"));
+            s.degraded.push(format!("{name}: {}", why.strip_suffix(')').unwrap_or(why)));
+        }
         let marker_desc = tokens_desc(probes.markers.as_ref(), s.opts.window.is_some());
         log::info!(
             "pid {pid}: {} probes attached; tokens: {marker_desc}{}",
@@ -466,7 +490,15 @@ impl Session {
         asm.blame = resid.as_ref().and_then(|r| r.churn()).is_some_and(|c| c.blame.is_ok());
         let marked_by = tokens_desc(probes.markers.as_ref(), self.opts.window.is_some());
         let model = self.model_file();
-        let header = header::build("ebpf", pid, &self.command, probes.attached.clone(), model.as_deref(), marked_by);
+        let header = header::build(
+            "ebpf",
+            pid,
+            &self.command,
+            probes.attached.clone(),
+            model.as_deref(),
+            marked_by,
+            self.degraded.clone(),
+        );
         emit(sinks, &Event::Header(header))?;
         // The kernel side never wakes us (see observer-ebpf/src/marks.rs): poll.
         let mut poll = interval(self.opts.poll);
@@ -586,6 +618,7 @@ impl Session {
                 Vec::new(),
                 self.model_file().as_deref(),
                 "fixed windows (procfs)".to_string(),
+                self.degraded.clone(),
             )),
         )?;
         let mut asm = Assembler::new(StepKind::Window);

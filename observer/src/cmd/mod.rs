@@ -7,6 +7,7 @@
 //! `m` (or `min`); no unit means seconds. Spaces around it are ignored. It must
 //! be positive and finite (`250ms`, `1.5`, `2min`).
 
+pub mod assets;
 pub mod config;
 pub mod diff;
 pub mod doctor;

@@ -97,6 +97,10 @@ pub struct RunArgs {
     /// The command to spawn and observe.
     #[arg(last = true, value_name = "CMD")]
     pub command: Vec<OsString>,
+    /// Observe a target whose token boundaries cannot be found, without
+    /// tokens (`serve`: it serves what works and says what does not).
+    #[arg(skip)]
+    pub without_tokens_ok: bool,
 }
 
 impl RunArgs {
@@ -127,6 +131,7 @@ impl RunArgs {
             residency_interval: self.residency_interval,
             sample_interval: self.sample_interval,
             poll: self.poll,
+            without_tokens_ok: self.without_tokens_ok,
         })
     }
 }

@@ -11,10 +11,13 @@
 //!   failed) is reported and skipped while it lives.
 //! - `--discover`: follow the engines on this host by themselves
 //!   ([`observer::capture::discover`]: processes mapping a `.gguf` file or
-//!   carrying the token markers), the oldest first, one at a time (the
-//!   exporter's families carry no per-target labels yet); `--name` narrows it
-//!   to processes called NAME; `--max-targets` bounds the label sets, and the
-//!   targets left alone are reported in the log and in `/healthz`.
+//!   carrying the token markers), all at once: each discovered process gets
+//!   its own session as soon as a scan finds it, and its series carry its
+//!   labels (engine, model, container: `vocab::TARGET_LABELS`), so the targets
+//!   are exported side by side. `--name` narrows it to processes called NAME;
+//!   `--max-targets` bounds the label sets, and the targets left alone are
+//!   reported in the log and in `/healthz`. `--json` and `--record` name one
+//!   file, so they are refused here.
 //! - `--config FILE`: the same flags from a TOML file ([`super::config`]).
 //!
 //! Every `observer run` option applies to each target lifetime (`--json FILE`
@@ -32,7 +35,7 @@ use std::{collections::HashSet, sync::Arc, time::Duration};
 use anyhow::{Result, bail};
 use observer::{
     capture::{discover::Discovery, session::Stop},
-    sinks::prometheus::{Endpoint, Exporter},
+    sinks::prometheus::{Endpoint, Exporter, target_labels},
 };
 
 use super::run::{RunArgs, observe, observe_session};
@@ -87,7 +90,13 @@ pub async fn serve(args: ServeArgs) -> Result<i32> {
     let addr = run.metrics_addr.take().unwrap_or_else(|| DEFAULT_ADDR.to_string());
     // A standing exporter keeps only recent tokens for each target's summary.
     run.keep_tokens = run.keep_tokens.min(SERVE_KEEP_TOKENS);
-    let ex = Exporter::new();
+    // A daemon serves what works: a target without its token boundaries is
+    // still observed (its memory, faults' latencies), and that is said.
+    run.without_tokens_ok = true;
+    if discover && (run.json.is_some() || run.record.is_some()) {
+        bail!("--json and --record write one file per target: not with --discover, which observes many at once");
+    }
+    let ex = if discover { Exporter::per_target() } else { Exporter::new() };
     let endpoint = Endpoint::start(&addr, Arc::clone(&ex))?;
     let stop = Stop::install()?;
     log::info!("serve: metrics at http://{}/metrics", endpoint.local_addr());
@@ -144,57 +153,74 @@ async fn follow(name: &str, mut run: RunArgs, ex: &Arc<Exporter>, stop: &Stop) {
     }
 }
 
-/// `--discover`: observe the oldest discovered target until it ends, then the
-/// next. One target at a time for now: the exporter's families carry no
-/// per-target labels yet, so concurrent targets would add into one series.
+/// `--discover`: observe every discovered target at once, each in its own
+/// session with its labels, until SIGINT/SIGTERM (then wait for the
+/// sessions to end).
 async fn follow_discovered(limit: usize, name: Option<&str>, run: RunArgs, ex: &Arc<Exporter>, stop: &Stop) {
+    tokio::task::LocalSet::new().run_until(discover_loop(limit, name, run, ex, stop)).await
+}
+
+/// The outcome of one discovered target's session.
+type Done = ((u32, u64), &'static str, Result<i32>);
+
+async fn discover_loop(limit: usize, name: Option<&str>, run: RunArgs, ex: &Arc<Exporter>, stop: &Stop) {
     let mut discovery = Discovery::new(limit);
+    // Targets observed now, and those that could not be (while they live).
+    let mut observing: HashSet<(u32, u64)> = HashSet::new();
     let mut skip: HashSet<(u32, u64)> = HashSet::new();
+    let mut sessions: tokio::task::JoinSet<Done> = tokio::task::JoinSet::new();
     let mut reported_drops = 0;
     log::info!("serve: discovering engines (processes mapping a .gguf file or carrying the token markers)");
-    loop {
-        let target = loop {
-            if stop.signalled() {
-                return;
-            }
-            let live = discovery.scan();
-            if discovery.dropped() > reported_drops {
-                reported_drops = discovery.dropped();
-                ex.degrade(format!("discovery: {reported_drops} target(s) beyond --max-targets {limit} not followed"));
-            }
-            skip.retain(|k| live.iter().any(|t| (t.pid, t.start) == *k));
-            let wanted = |t: &observer::capture::discover::Target| {
-                !skip.contains(&(t.pid, t.start)) && name.is_none_or(|n| is_called(t.pid, n))
-            };
-            if let Some(t) = live.into_iter().find(wanted) {
-                break t;
-            }
-            tokio::select! {
-                _ = tokio::time::sleep(SCAN_INTERVAL) => {}
-                _ = stop.signal_received() => return,
-            }
-        };
-        let l = &target.labels;
-        let mut args = run.clone();
-        args.pid = Some(target.pid);
-        log::info!(
-            "serve: discovered pid {} (engine {}, model {:?}, container {:?}): observing it",
-            target.pid,
-            l.engine,
-            l.model,
-            l.container
-        );
-        match observe(args, vec![Box::new(ex.sink())], stop).await {
-            Ok(_) => log::info!("serve: pid {} ended; discovering the next engine", target.pid),
+    let ended = |done: Result<Done, tokio::task::JoinError>,
+                 observing: &mut HashSet<(u32, u64)>,
+                 skip: &mut HashSet<(u32, u64)>| {
+        let Ok((key, engine, res)) = done else { return };
+        observing.remove(&key);
+        match res {
+            Ok(_) => log::info!("serve: pid {} ended", key.0),
             Err(e) => {
-                log::warn!("serve: pid {}: {e:#}; skipping it", target.pid);
-                ex.degrade(format!("a {} target could not be observed (see the log)", l.engine));
-                skip.insert((target.pid, target.start));
+                log::warn!("serve: pid {}: {e:#}; skipping it", key.0);
+                ex.degrade(format!("a {engine} target could not be observed (see the log)"));
+                skip.insert(key);
             }
         }
-        if stop.signalled() {
-            return;
+    };
+    while !stop.signalled() {
+        let live = discovery.scan();
+        if discovery.dropped() > reported_drops {
+            reported_drops = discovery.dropped();
+            ex.degrade(format!("discovery: {reported_drops} target(s) beyond --max-targets {limit} not followed"));
         }
+        skip.retain(|k| live.iter().any(|t| (t.pid, t.start) == *k));
+        for t in live {
+            let key = (t.pid, t.start);
+            if observing.contains(&key) || skip.contains(&key) || !name.is_none_or(|n| is_called(t.pid, n)) {
+                continue;
+            }
+            let l = t.labels;
+            log::info!(
+                "serve: discovered pid {} (engine {}, model {:?}, container {:?}): observing it",
+                t.pid,
+                l.engine,
+                l.model,
+                l.container
+            );
+            let mut args = run.clone();
+            args.pid = Some(t.pid);
+            let sink = ex.target_sink(target_labels(l.engine, &l.model, &l.container));
+            let stop = stop.clone();
+            observing.insert(key);
+            sessions.spawn_local(async move { (key, l.engine, observe(args, vec![Box::new(sink)], &stop).await) });
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(SCAN_INTERVAL) => {}
+            Some(done) = sessions.join_next(), if !sessions.is_empty() => ended(done, &mut observing, &mut skip),
+            _ = stop.signal_received() => {}
+        }
+    }
+    // Attached sessions end at once on a stop request.
+    while let Some(done) = sessions.join_next().await {
+        ended(done, &mut observing, &mut skip);
     }
 }
 

@@ -19,6 +19,10 @@
 //!   `0.000131072`, `274.877906944`), buckets in increasing order.
 //! - Kinds this observer has no row for are not exported.
 //!
+//! Under several targets (`observer serve --discover`) each target's
+//! histograms are its own series, its labels (`vocab::TARGET_LABELS`) first:
+//! `fault_latency_seconds_bucket{engine,model,container,kind,le}`.
+//!
 //! Counts only grow: every run's counts (cumulative within the run) are added
 //! as deltas to totals that survive target restarts (`observer serve`).
 //!
@@ -30,7 +34,7 @@ use std::{collections::BTreeMap, fmt::Write};
 
 use observer_common::{HIST_BUCKETS, vocab, vocab::HISTOGRAMS};
 
-use super::Format;
+use super::{Format, Labels};
 
 /// First exported finite bound: 2^8 ns = 256 ns.
 pub const FIRST_BUCKET: usize = 8;
@@ -67,6 +71,11 @@ pub fn canonical(v: f64) -> String {
     }
 }
 
+/// A label value in the text formats: `\`, `"` and a line feed escaped.
+pub fn escape(v: &str) -> String {
+    v.replace('\\', "\\\\").replace('"', "\\\"").replace('\n', "\\n")
+}
+
 /// One kind as exported: cumulative buckets (`le` index, count), the count, the sum (ns).
 pub type Exported = (Vec<(usize, u64)>, u64, Option<u64>);
 
@@ -74,15 +83,17 @@ pub type Exported = (Vec<(usize, u64)>, u64, Option<u64>);
 /// the sums (`None` once any part of a total had no measured sum).
 #[derive(Debug, Default)]
 pub struct KernelHists {
-    totals: BTreeMap<String, ([u64; HIST_BUCKETS], Option<u64>)>,
+    /// By (target labels, kind).
+    totals: BTreeMap<(Labels, String), ([u64; HIST_BUCKETS], Option<u64>)>,
 }
 
 impl KernelHists {
     /// Add per-bucket increments of `kind` (a slice of any length: its last
     /// element is its +Inf bucket; finite buckets past ours fold into +Inf)
     /// and the increment of its sum (ns), when measured.
-    pub fn add(&mut self, kind: &str, delta: &[u64], sum_ns: Option<u64>) {
-        let (t, sum) = self.totals.entry(kind.to_string()).or_insert(([0; HIST_BUCKETS], Some(0)));
+    pub fn add(&mut self, target: &Labels, kind: &str, delta: &[u64], sum_ns: Option<u64>) {
+        let key = (target.clone(), kind.to_string());
+        let (t, sum) = self.totals.entry(key).or_insert(([0; HIST_BUCKETS], Some(0)));
         let n = delta.len();
         for (i, d) in delta.iter().enumerate() {
             let slot = if i + 1 == n { HIST_BUCKETS - 1 } else { i.min(HIST_BUCKETS - 1) };
@@ -95,8 +106,8 @@ impl KernelHists {
     }
 
     /// Exported cumulative buckets (`le` index, count), the count and the sum (ns), for tests.
-    pub fn cumulative(&self, kind: &str) -> Option<Exported> {
-        let (t, sum) = self.totals.get(kind)?;
+    pub fn cumulative(&self, target: &Labels, kind: &str) -> Option<Exported> {
+        let (t, sum) = self.totals.get(&(target.clone(), kind.to_string()))?;
         let mut acc = 0u64;
         let mut out = Vec::new();
         for (b, v) in t.iter().enumerate().take(LAST_BUCKET + 1) {
@@ -118,11 +129,13 @@ impl KernelHists {
             }
         }
         for f in families {
-            let rows: Vec<(&vocab::Row, (&'static str, &'static str))> = HISTOGRAMS
-                .iter()
-                .filter_map(|r| {
+            let rows: Vec<(&Labels, &vocab::Row, (&'static str, &'static str))> = self
+                .totals
+                .keys()
+                .flat_map(|(target, kind)| HISTOGRAMS.iter().filter(move |r| r.name == kind).map(move |r| (target, r)))
+                .filter_map(|(target, r)| {
                     let p = r.prom?;
-                    (p.family.stem == f.stem && self.totals.contains_key(r.name)).then_some((r, p.label?))
+                    (p.family.stem == f.stem).then_some((target, r, p.label?))
                 })
                 .collect();
             if rows.is_empty() {
@@ -134,15 +147,16 @@ impl KernelHists {
                 writeln!(out, "# UNIT {name} seconds")?;
             }
             writeln!(out, "# HELP {name} {}.", f.help)?;
-            for (r, (k, v)) in rows {
-                let Some((buckets, count, sum)) = self.cumulative(r.name) else { continue };
+            for (target, r, (k, v)) in rows {
+                let Some((buckets, count, sum)) = self.cumulative(target, r.name) else { continue };
+                let t: String = target.iter().map(|(k, v)| format!("{k}=\"{}\",", escape(v))).collect();
                 for (b, c) in buckets {
-                    writeln!(out, "{name}_bucket{{{k}=\"{v}\",le=\"{}\"}} {c}", le_seconds(b))?;
+                    writeln!(out, "{name}_bucket{{{t}{k}=\"{v}\",le=\"{}\"}} {c}", le_seconds(b))?;
                 }
-                writeln!(out, "{name}_bucket{{{k}=\"{v}\",le=\"+Inf\"}} {count}")?;
+                writeln!(out, "{name}_bucket{{{t}{k}=\"{v}\",le=\"+Inf\"}} {count}")?;
                 if let Some(sum) = sum {
-                    writeln!(out, "{name}_sum{{{k}=\"{v}\"}} {}", canonical(sum as f64 / 1e9))?;
-                    writeln!(out, "{name}_count{{{k}=\"{v}\"}} {count}")?;
+                    writeln!(out, "{name}_sum{{{t}{k}=\"{v}\"}} {}", canonical(sum as f64 / 1e9))?;
+                    writeln!(out, "{name}_count{{{t}{k}=\"{v}\"}} {count}")?;
                 }
             }
         }
@@ -161,9 +175,9 @@ mod tests {
         d[3] = 5; // <= 8 ns: folds into the first exported bound
         d[10] = 2; // (512, 1024] ns
         d[HIST_BUCKETS - 1] = 1; // +Inf
-        h.add("minflt", &d, Some(1_500_000_000));
-        h.add("minflt", &d, Some(1_000));
-        let (b, count, sum) = h.cumulative("minflt").unwrap();
+        h.add(&Vec::new(), "minflt", &d, Some(1_500_000_000));
+        h.add(&Vec::new(), "minflt", &d, Some(1_000));
+        let (b, count, sum) = h.cumulative(&Vec::new(), "minflt").unwrap();
         assert_eq!((count, sum), (16, Some(1_500_001_000)));
         assert_eq!(b.first(), Some(&(FIRST_BUCKET, 10)));
         assert_eq!(b.iter().find(|(i, _)| *i == 9), Some(&(9, 10)));
@@ -189,9 +203,9 @@ mod tests {
     #[test]
     fn a_total_without_a_measured_sum_has_no_sum_and_no_count() {
         let mut h = KernelHists::default();
-        h.add("disk_read", &[1, 0, 0, 7], Some(10)); // last is +Inf
-        h.add("disk_read", &[0, 1, 0, 0], None); // replayed from an older trace
-        let (b, count, sum) = h.cumulative("disk_read").unwrap();
+        h.add(&Vec::new(), "disk_read", &[1, 0, 0, 7], Some(10)); // last is +Inf
+        h.add(&Vec::new(), "disk_read", &[0, 1, 0, 0], None); // replayed from an older trace
+        let (b, count, sum) = h.cumulative(&Vec::new(), "disk_read").unwrap();
         assert_eq!((count, sum), (9, None));
         assert!(b.iter().all(|(_, c)| *c == 2));
         let mut s = String::new();
@@ -199,7 +213,7 @@ mod tests {
         assert!(s.contains("moe_observer_block_read_latency_seconds_bucket{kind=\"disk\",le=\"+Inf\"} 9"), "{s}");
         assert!(!s.lines().any(|l| l.contains("_sum") || l.contains("_count")), "{s}");
         // Kinds the vocabulary has no row for are not exported.
-        h.add("x y", &[1], Some(1));
+        h.add(&Vec::new(), "x y", &[1], Some(1));
         let mut t = String::new();
         h.encode(&mut t, Format::Text).unwrap();
         assert_eq!(s, t);

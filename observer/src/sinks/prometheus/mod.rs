@@ -54,14 +54,32 @@
 //! kernel kept sums).
 //!
 //! The observer's health: `lost_events_total`, `probes_attached`,
-//! `probes_missing` (gauges while a target runs), `bpf_run_seconds_total` and
+//! `probes_missing`, `degraded{feature}` (1 per feature the run lacks, from
+//! the header's `degraded`; each also said once in `/healthz`; gauges while a
+//! target runs), `bpf_run_seconds_total` and
 //! `bpf_runs_total` (the observer's eBPF programs, when the kernel's BPF
-//! statistics are available), `target_up` (1 while a target is observed),
+//! statistics are available), `target_up`,
 //! `runs_total` (targets observed; `observer serve` follows restarts) and
-//! `build_info{version,trace_format}` (always 1).
+//! `build_info{version,trace_format}` (always 1). `target_up` is the number
+//! of targets observed now (per label set under `serve --discover`; 0 or 1
+//! otherwise).
 //!
 //! Counters never go down, also across target restarts: per-run cumulative
 //! inputs (kernel histograms, lost events, BPF run time) are added as deltas.
+//!
+//! ## Several targets at once
+//! Each target's sink ([`Exporter::target_sink`]) puts the target's labels
+//! (`vocab::TARGET_LABELS`: engine, model, container) first on every series
+//! of every per-target family (all but `vocab::MACHINE_FAMILIES`), so that
+//! `observer serve --discover` exports the targets it observes side by side.
+//! A sink without them ([`Exporter::sink`]: `observer run`, `serve --pid`,
+//! `--name`, a command) exports the same series without those labels. When a
+//! target ends its gauges are removed (they go stale) and `target_up` drops
+//! by one; its counters stay, so rates over them stay right. Label sets are
+//! bounded by the caller (`serve --max-targets`). Processes that share a
+//! label set (two replicas of one model on the host) add into the same
+//! counters, `target_up` counts them, and a gauge shows the latest sample of
+//! either; its gauges go once the last of them ends.
 
 pub mod http;
 pub mod kernel;
@@ -108,8 +126,9 @@ impl Format {
     }
 }
 
-/// A series' labels: (name, value) pairs, names from the vocabulary.
-pub type Labels = Vec<(&'static str, &'static str)>;
+/// A series' labels: (name, value) pairs, names from the vocabulary; a
+/// target's labels (`vocab::TARGET_LABELS`) first, when it has them.
+pub type Labels = Vec<(&'static str, String)>;
 
 /// Exported log2 bounds of `step_duration_seconds` (same grid as the kernel's).
 fn duration_buckets() -> impl Iterator<Item = f64> {
@@ -123,8 +142,10 @@ fn new_duration_histogram() -> Histogram {
 type Steps = Family<Labels, Counter>;
 type Times = Family<Labels, Seconds>;
 /// Labels with computed values (a layer number, a version).
-pub type OwnedLabels = Vec<(&'static str, String)>;
-type Ratios = Family<OwnedLabels, Gauge<f64, std::sync::atomic::AtomicU64>>;
+pub type OwnedLabels = Labels;
+/// Per-target gauges: a series exists only while measured.
+type Levels = Family<Labels, Level>;
+type Counts = Family<Labels, Count>;
 
 /// Register `metric` as the vocabulary's family `f` (name, unit, help).
 fn register(
@@ -161,29 +182,42 @@ pub struct Exporter {
     engine_compute: Times,
     engine_steps: Steps,
     engine_steps_compute: Times,
-    dense_resident: Level,
-    dense_swapped: Level,
-    experts_resident: Level,
-    layer_resident: Ratios,
-    rss: Level,
-    rss_anon: Level,
-    rss_file: Level,
-    swap: Level,
+    dense_resident: Levels,
+    dense_swapped: Levels,
+    experts_resident: Levels,
+    layer_resident: Levels,
+    rss: Levels,
+    rss_anon: Levels,
+    rss_file: Levels,
+    swap: Levels,
     mem_available: Level,
-    lost_events: Count,
-    probes_attached: Level,
-    probes_missing: Level,
-    bpf_run: Seconds,
-    bpf_runs: Count,
-    target_up: Gauge,
-    runs: Counter,
+    lost_events: Counts,
+    probes_attached: Levels,
+    probes_missing: Levels,
+    degraded_features: Levels,
+    bpf_run: Times,
+    bpf_runs: Counts,
+    target_up: Family<Labels, Gauge>,
+    runs: Steps,
     kernel: Mutex<KernelHists>,
     /// What does not work with the privileges or kernel given (`/healthz`).
     degraded: Mutex<Vec<String>>,
 }
 
 impl Exporter {
+    /// An exporter for one target at a time, without target labels
+    /// ([`Exporter::sink`]): `target_up` and `runs_total` are shown from the start.
     pub fn new() -> Arc<Exporter> {
+        Exporter::build(true)
+    }
+
+    /// An exporter for several targets at once, each with its labels
+    /// ([`Exporter::target_sink`]): a target's series appear with it.
+    pub fn per_target() -> Arc<Exporter> {
+        Exporter::build(false)
+    }
+
+    fn build(single: bool) -> Arc<Exporter> {
         let mut r = Registry::with_prefix(PREFIX);
         let duration = Family::<Labels, Histogram, fn() -> Histogram>::new_with_constructor(
             new_duration_histogram as fn() -> Histogram,
@@ -218,32 +252,38 @@ impl Exporter {
         register(&mut r, &vocab::F_ENGINE_STEPS, engine_steps.clone());
         let engine_steps_compute = Times::default();
         register(&mut r, &vocab::F_ENGINE_STEPS_COMPUTE, engine_steps_compute.clone());
-        let level = |r: &mut Registry, f: &VocabFamily| {
-            let l = Level::default();
+        let levels = |r: &mut Registry, f: &VocabFamily| {
+            let l = Levels::default();
             register(r, f, l.clone());
             l
         };
-        let dense_resident = level(&mut r, &vocab::F_DENSE_RESIDENT);
-        let dense_swapped = level(&mut r, &vocab::F_DENSE_SWAPPED);
-        let experts_resident = level(&mut r, &vocab::F_EXPERTS_RESIDENT);
-        let layer_resident = Ratios::default();
-        register(&mut r, &vocab::F_LAYER_EXPERTS_RESIDENT, layer_resident.clone());
-        let rss = level(&mut r, &vocab::F_TARGET_RSS);
-        let rss_anon = level(&mut r, &vocab::F_TARGET_RSS_ANON);
-        let rss_file = level(&mut r, &vocab::F_TARGET_RSS_FILE);
-        let swap = level(&mut r, &vocab::F_TARGET_SWAP);
-        let mem_available = level(&mut r, &vocab::F_MEM_AVAILABLE);
-        let lost_events = Count::default();
+        let dense_resident = levels(&mut r, &vocab::F_DENSE_RESIDENT);
+        let dense_swapped = levels(&mut r, &vocab::F_DENSE_SWAPPED);
+        let experts_resident = levels(&mut r, &vocab::F_EXPERTS_RESIDENT);
+        let layer_resident = levels(&mut r, &vocab::F_LAYER_EXPERTS_RESIDENT);
+        let rss = levels(&mut r, &vocab::F_TARGET_RSS);
+        let rss_anon = levels(&mut r, &vocab::F_TARGET_RSS_ANON);
+        let rss_file = levels(&mut r, &vocab::F_TARGET_RSS_FILE);
+        let swap = levels(&mut r, &vocab::F_TARGET_SWAP);
+        let mem_available = Level::default();
+        register(&mut r, &vocab::F_MEM_AVAILABLE, mem_available.clone());
+        let lost_events = Counts::default();
         register(&mut r, &vocab::F_LOST_EVENTS, lost_events.clone());
-        let probes_attached = level(&mut r, &vocab::F_PROBES_ATTACHED);
-        let probes_missing = level(&mut r, &vocab::F_PROBES_MISSING);
-        let bpf_run = Seconds::default();
+        let probes_attached = levels(&mut r, &vocab::F_PROBES_ATTACHED);
+        let probes_missing = levels(&mut r, &vocab::F_PROBES_MISSING);
+        let degraded_features = levels(&mut r, &vocab::F_DEGRADED);
+        let bpf_run = Times::default();
         register(&mut r, &vocab::F_BPF_RUN, bpf_run.clone());
-        let bpf_runs = Count::default();
+        let bpf_runs = Counts::default();
         register(&mut r, &vocab::F_BPF_RUNS, bpf_runs.clone());
-        let target_up = Gauge::default();
+        let target_up = Family::<Labels, Gauge>::default();
+        let runs = Steps::default();
+        if single {
+            // Without target labels there is one target slot, shown from the start.
+            target_up.get_or_create(&Vec::new()).set(0);
+            let _created = runs.get_or_create(&Vec::new());
+        }
         register(&mut r, &vocab::F_TARGET_UP, target_up.clone());
-        let runs = Counter::default();
         register(&mut r, &vocab::F_RUNS, runs.clone());
         let build_info = Family::<OwnedLabels, Gauge>::default();
         build_info.get_or_create(&build_info_labels()).set(1);
@@ -269,6 +309,7 @@ impl Exporter {
             lost_events,
             probes_attached,
             probes_missing,
+            degraded_features,
             bpf_run,
             bpf_runs,
             target_up,
@@ -314,13 +355,29 @@ impl Exporter {
         s
     }
 
-    /// A sink feeding this exporter (one per target lifetime).
+    /// A sink feeding this exporter (one per target lifetime), its series
+    /// without target labels.
     pub fn sink(self: &Arc<Self>) -> MetricsSink {
-        MetricsSink { ex: Arc::clone(self), run: RunState::default(), steps: Default::default(), _endpoint: None }
+        self.target_sink(Vec::new())
     }
 
-    fn step_handles(&self, k: StepKind) -> StepHandles {
-        let step: Labels = vec![(STEP_LABEL, k.name())];
+    /// A sink feeding this exporter for one of several targets observed at
+    /// once: `target` ([`target_labels`]) comes first on each of its series.
+    pub fn target_sink(self: &Arc<Self>, target: Labels) -> MetricsSink {
+        MetricsSink {
+            ex: Arc::clone(self),
+            target,
+            degraded: Vec::new(),
+            layers: Vec::new(),
+            run: RunState::default(),
+            steps: Default::default(),
+            _endpoint: None,
+        }
+    }
+
+    fn step_handles(&self, target: &Labels, k: StepKind) -> StepHandles {
+        let mut step = target.clone();
+        step.push((STEP_LABEL, k.name().to_string()));
         StepHandles {
             tokens: (k != StepKind::Window).then(|| self.tokens.get_or_create_owned(&step)),
             duration: self.duration.get_or_create_owned(&step),
@@ -335,13 +392,18 @@ impl Exporter {
     /// The series of `row` for a step: its family's, with the step label and the row's own label.
     fn labels(step: &Labels, row: &Row) -> Labels {
         let mut l = step.clone();
-        if let Some(kv) = row.prom.and_then(|p| p.label) {
-            l.push(kv);
+        if let Some((k, v)) = row.prom.and_then(|p| p.label) {
+            l.push((k, v.to_string()));
         }
         l
     }
 
-    fn clear_target_gauges(&self) {
+    /// Remove the gauges of `target` (it ended: they go stale); `layers`:
+    /// the layers of its layer series, `degraded`: its degraded features.
+    fn clear_target_gauges(&self, target: &Labels, layers: &[u32], degraded: &[String]) {
+        for f in degraded {
+            self.degraded_features.remove(&feature_labels(target, f));
+        }
         for l in [
             &self.rss,
             &self.rss_anon,
@@ -353,9 +415,26 @@ impl Exporter {
             &self.probes_attached,
             &self.probes_missing,
         ] {
-            l.set(None);
+            l.remove(target);
         }
-        self.layer_resident.clear();
+        for &layer in layers {
+            self.layer_resident.remove(&layer_labels(target, layer));
+        }
+    }
+}
+
+/// A target's labels (`vocab::TARGET_LABELS`, in order) from their values.
+pub fn target_labels(engine: &str, model: &str, container: &str) -> Labels {
+    vocab::TARGET_LABELS.iter().copied().zip([engine, model, container].map(str::to_string)).collect()
+}
+
+/// Set `target`'s series of a gauge family, or remove it (`None`, or not finite).
+fn set_level(fam: &Levels, target: &Labels, v: Option<f64>) {
+    match v {
+        Some(v) if v.is_finite() => fam.get_or_create(target).set(Some(v)),
+        _ => {
+            fam.remove(target);
+        }
     }
 }
 
@@ -406,6 +485,12 @@ fn delta(last: &mut u64, now: u64) -> u64 {
 /// blocks beyond short critical sections shared with a scrape.
 pub struct MetricsSink {
     ex: Arc<Exporter>,
+    /// This target's labels (empty: none).
+    target: Labels,
+    /// The features its run lacks (`RunHeader::degraded`), for the `degraded` gauge.
+    degraded: Vec<String>,
+    /// The layers of the `layer_experts_resident_ratio` series set for this target.
+    layers: Vec<u32>,
     run: RunState,
     steps: [Option<StepHandles>; StepKind::ALL.len()],
     /// Keeps the endpoint of `observer run --metrics-addr` up for the run.
@@ -421,7 +506,8 @@ impl std::fmt::Debug for MetricsSink {
 impl MetricsSink {
     fn token(&mut self, t: &TokenRecord) {
         let ex = &self.ex;
-        let h = self.steps[t.kind as usize].get_or_insert_with(|| ex.step_handles(t.kind));
+        let target = &self.target;
+        let h = self.steps[t.kind as usize].get_or_insert_with(|| ex.step_handles(target, t.kind));
         if let Some(tok) = &h.tokens {
             tok.inc_by(t.n_tokens);
         }
@@ -466,28 +552,32 @@ impl MetricsSink {
             m.add_ns(measured);
         }
         if let Some(r) = &t.residency {
-            ex.dense_resident.set(r.dense_resident_frac);
-            ex.dense_swapped.set(r.dense_swapped_frac);
-            ex.experts_resident.set(r.experts_resident_frac);
-            match &r.grid {
-                Some(g) if g.n_experts > 0 => {
-                    for (r, row) in g.resident.chunks(g.n_experts as usize).enumerate().take(g.n_layers as usize) {
-                        let mean = row.iter().map(|v| f64::from(*v)).sum::<f64>() / row.len() as f64;
-                        ex.layer_resident.get_or_create(&layer_labels(g.layer(r))).set(mean);
-                    }
+            set_level(&ex.dense_resident, target, r.dense_resident_frac);
+            set_level(&ex.dense_swapped, target, r.dense_swapped_frac);
+            set_level(&ex.experts_resident, target, r.experts_resident_frac);
+            let mut layers = Vec::new();
+            if let Some(g) = r.grid.as_ref().filter(|g| g.n_experts > 0) {
+                for (row, resident) in g.resident.chunks(g.n_experts as usize).enumerate().take(g.n_layers as usize) {
+                    let mean = resident.iter().map(|v| f64::from(*v)).sum::<f64>() / resident.len() as f64;
+                    set_level(&ex.layer_resident, &layer_labels(target, g.layer(row)), Some(mean));
+                    layers.push(g.layer(row));
                 }
-                _ => ex.layer_resident.clear(),
             }
+            for &layer in self.layers.iter().filter(|l| !layers.contains(l)) {
+                ex.layer_resident.remove(&layer_labels(target, layer));
+            }
+            self.layers = layers;
         }
     }
 
     fn process(&self, p: &ProcessSample) {
         let f = |v: Option<u64>| v.map(|v| v as f64);
-        self.ex.rss.set(f(p.rss_bytes));
-        self.ex.rss_anon.set(f(p.rss_anon_bytes));
-        self.ex.rss_file.set(f(p.rss_file_bytes));
-        self.ex.swap.set(f(p.swap_bytes));
-        self.ex.mem_available.set(f(p.mem_available_bytes));
+        let (ex, target) = (&self.ex, &self.target);
+        set_level(&ex.rss, target, f(p.rss_bytes));
+        set_level(&ex.rss_anon, target, f(p.rss_anon_bytes));
+        set_level(&ex.rss_file, target, f(p.rss_file_bytes));
+        set_level(&ex.swap, target, f(p.swap_bytes));
+        ex.mem_available.set(f(p.mem_available_bytes));
     }
 
     fn histograms(&mut self, h: &LatencyHistograms) {
@@ -499,20 +589,21 @@ impl MetricsSink {
             }
             let d: Vec<u64> = counts.iter().zip(last.iter_mut()).map(|(now, last)| delta(last, *now)).collect();
             let sum = h.sum_ns.get(kind).map(|s| delta(self.run.hist_sums.entry(kind.clone()).or_default(), *s));
-            k.add(kind, &d, sum);
+            k.add(&self.target, kind, &d, sum);
         }
     }
 
     fn health(&mut self, h: &ObserverHealth) {
         self.run.health_seen = true;
-        self.ex.lost_events.add(delta(&mut self.run.lost, h.lost_events));
-        self.ex.probes_attached.set(Some(f64::from(h.probes_attached)));
-        self.ex.probes_missing.set(Some(f64::from(h.probes_missing)));
+        let (ex, target) = (&self.ex, &self.target);
+        ex.lost_events.get_or_create(target).add(delta(&mut self.run.lost, h.lost_events));
+        set_level(&ex.probes_attached, target, Some(f64::from(h.probes_attached)));
+        set_level(&ex.probes_missing, target, Some(f64::from(h.probes_missing)));
         if let Some(ns) = h.bpf_run_ns {
-            self.ex.bpf_run.add_ns(delta(&mut self.run.bpf_ns, ns));
+            ex.bpf_run.get_or_create(target).add_ns(delta(&mut self.run.bpf_ns, ns));
         }
         if let Some(n) = h.bpf_run_count {
-            self.ex.bpf_runs.add(delta(&mut self.run.bpf_n, n));
+            ex.bpf_runs.get_or_create(target).add(delta(&mut self.run.bpf_n, n));
         }
     }
 }
@@ -520,10 +611,19 @@ impl MetricsSink {
 impl Sink for MetricsSink {
     fn event(&mut self, ev: &Event) -> anyhow::Result<()> {
         match ev {
-            Event::Header(_) => {
+            Event::Header(h) => {
                 self.run = RunState::default();
-                self.ex.runs.inc();
-                self.ex.target_up.set(1);
+                // Said once in /healthz (the session logged it), and as a gauge while it runs.
+                let who: String =
+                    self.target.iter().map(|(_, v)| v.as_str()).filter(|v| !v.is_empty()).collect::<Vec<_>>().join(" ");
+                for d in &h.degraded {
+                    self.ex.degrade(if who.is_empty() { d.clone() } else { format!("{who}: {d}") });
+                    let f = observer_common::model::degraded_feature(d).to_string();
+                    self.ex.degraded_features.get_or_create(&feature_labels(&self.target, &f)).set(Some(1.0));
+                    self.degraded.push(f);
+                }
+                self.ex.runs.get_or_create(&self.target).inc();
+                self.ex.target_up.get_or_create(&self.target).inc();
             }
             Event::Token(t) => self.token(t),
             Event::Process(p) => self.process(p),
@@ -534,20 +634,33 @@ impl Sink for MetricsSink {
                 // The run's final count; the procfs fallback measures no lost
                 // events (it sends no Health samples and reports 0 here).
                 if self.run.health_seen {
-                    self.ex.lost_events.add(delta(&mut self.run.lost, e.lost_events));
+                    self.ex.lost_events.get_or_create(&self.target).add(delta(&mut self.run.lost, e.lost_events));
                 }
-                self.ex.target_up.set(0);
-                self.ex.clear_target_gauges();
+                // Another live target with the same labels keeps the gauges.
+                if self.ex.target_up.get_or_create(&self.target).dec() <= 1 {
+                    self.ex.clear_target_gauges(&self.target, &self.layers, &self.degraded);
+                }
+                self.layers.clear();
+                self.degraded.clear();
             }
         }
         Ok(())
     }
 }
 
+/// `degraded`'s labels.
+fn feature_labels(target: &Labels, feature: &str) -> Labels {
+    let mut l = target.clone();
+    l.push((vocab::F_DEGRADED.labels[0], feature.to_string()));
+    l
+}
+
 /// `layer_experts_resident_ratio`'s labels (layers are bounded by the model).
-/// The `layer` label: the block index of a grid row.
-fn layer_labels(layer: u32) -> OwnedLabels {
-    vec![(vocab::F_LAYER_EXPERTS_RESIDENT.labels[0], layer.to_string())]
+/// The `layer` label is the block index of a grid row.
+fn layer_labels(target: &Labels, layer: u32) -> Labels {
+    let mut l = target.clone();
+    l.push((vocab::F_LAYER_EXPERTS_RESIDENT.labels[0], layer.to_string()));
+    l
 }
 
 /// Start an endpoint on `addr` with a fresh exporter and return its sink (for

@@ -282,7 +282,7 @@ fn every_family_of_the_vocabulary_is_exported_under_its_name() {
     feed(
         &mut s,
         &[
-            Event::Header(RunHeader::default()),
+            Event::Header(RunHeader { degraded: vec!["tokens: none found".into()], ..Default::default() }),
             Event::Token(t),
             Event::Process(ProcessSample {
                 mono_ns: 0,
@@ -427,4 +427,58 @@ fn evictions_split_by_actor_become_actor_labels_that_add_up() {
     assert_eq!(get(&m, &format!(r#"{f}{{step="prompt"}}"#)), 9.0, "steps without a split keep the total");
     let generate: f64 = m.iter().filter(|(k, _)| k.starts_with(&format!(r#"{f}{{step="generate""#))).map(|x| x.1).sum();
     assert_eq!(generate, 123.0, "Σ over actors = the steps' pagecache_evicted");
+}
+
+/// Two targets at once (`serve --discover`): each sink's series carry its
+/// target's labels first, the two never mix, one's end takes only its own
+/// gauges away, and a model name with a quote is escaped.
+#[test]
+fn several_targets_at_once_each_with_its_labels() {
+    let ex = Exporter::per_target();
+    let la = target_labels("moe-engine", "a.gguf", "");
+    let lb = target_labels("llama.cpp", "b \"q\".gguf", "0123456789ab");
+    let (mut a, mut b) = (ex.target_sink(la), ex.target_sink(lb));
+    let degraded = RunHeader { degraded: vec!["tokens: --token-symbol: no symbol `x`".into()], ..Default::default() };
+    feed(&mut a, &[Event::Header(RunHeader::default())]);
+    feed(&mut b, &[Event::Header(degraded)]);
+    for i in 0..3 {
+        feed(&mut a, &[Event::Token(token(i, StepKind::Generate, 1000))]);
+    }
+    feed(&mut b, &[Event::Token(token(0, StepKind::Generate, 1000)), Event::Histograms(hists(4))]);
+    let rss = |n| Event::Process(ProcessSample { mono_ns: 0, rss_bytes: Some(n), ..Default::default() });
+    feed(&mut a, &[rss(1 << 20)]);
+    feed(&mut b, &[rss(2 << 20)]);
+    let text = ex.render(Format::Text).unwrap();
+    let m = samples(&text);
+    let a_l = r#"engine="moe-engine",model="a.gguf",container="""#;
+    let b_l = r#"engine="llama.cpp",model="b \"q\".gguf",container="0123456789ab""#;
+    assert_eq!(get(&m, &format!("moe_observer_tokens_total{{{a_l},step=\"generate\"}}")), 3.0);
+    assert_eq!(get(&m, &format!("moe_observer_tokens_total{{{b_l},step=\"generate\"}}")), 1.0);
+    assert_eq!(
+        get(&m, &format!("moe_observer_time_seconds_total{{{a_l},step=\"generate\",component=\"compute\"}}")),
+        1800e-9
+    );
+    assert_eq!(get(&m, &format!("moe_observer_target_rss_bytes{{{a_l}}}")), 1048576.0);
+    assert_eq!(get(&m, &format!("moe_observer_target_rss_bytes{{{b_l}}}")), 2097152.0);
+    assert_eq!(get(&m, &format!("moe_observer_fault_latency_seconds_count{{{b_l},kind=\"file\"}}")), 5.0);
+    assert_eq!(get(&m, &format!("moe_observer_target_up{{{a_l}}}")), 1.0);
+    assert_eq!(get(&m, &format!("moe_observer_degraded{{{b_l},feature=\"tokens\"}}")), 1.0);
+    assert!(ex.health().contains("degraded: llama.cpp b \"q\".gguf 0123456789ab: tokens: --token-symbol"));
+    assert!(
+        !m.contains_key("moe_observer_target_up") && !m.contains_key("moe_observer_runs_total"),
+        "no unlabelled slot"
+    );
+    // Every series of a per-target family carries the three labels, first.
+    for k in
+        m.keys().filter(|k| !k.starts_with("moe_observer_build_info") && !k.starts_with("moe_observer_mem_available"))
+    {
+        assert!(k.contains(&format!("{{{a_l}")) || k.contains(&format!("{{{b_l}")), "{k} lacks the target labels");
+    }
+    feed(&mut b, &[Event::End(RunEnd { mono_ns: 0, exit_code: None, lost_events: 0 })]);
+    let m = samples(&ex.render(Format::Text).unwrap());
+    assert_eq!(get(&m, &format!("moe_observer_target_up{{{b_l}}}")), 0.0);
+    assert!(!m.contains_key(&format!("moe_observer_target_rss_bytes{{{b_l}}}")), "b's gauges went stale");
+    assert!(!m.contains_key(&format!("moe_observer_degraded{{{b_l},feature=\"tokens\"}}")));
+    assert_eq!(get(&m, &format!("moe_observer_target_rss_bytes{{{a_l}}}")), 1048576.0, "a's stay");
+    assert_eq!(get(&m, &format!("moe_observer_tokens_total{{{b_l},step=\"generate\"}}")), 1.0, "counters stay");
 }

@@ -47,6 +47,7 @@ pub(crate) fn header() -> RunHeader {
         engine_config: [("dense".to_string(), "anon".to_string())].into_iter().collect(),
         probes: vec!["fault_entry".into()],
         tokens: "engine markers in /usr/bin/engine".into(),
+        degraded: vec!["kprobe:zram_rw_page: not on this kernel".into()],
     }
 }
 
