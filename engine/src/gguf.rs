@@ -406,9 +406,9 @@ impl Gguf {
     /// `prefix` (for readers that must not map the file: the observer reads them with
     /// `O_DIRECT`, so that parsing brings nothing into the page cache). Tensor ranges are
     /// checked against `file_len`. A prefix that ends inside the header gives
-    /// [`GgufError::Truncated`], whose `at + needed` is how far the header reaches at least
-    /// (read that much more and parse again; the error is final when that exceeds
-    /// `file_len`). The result has no tensor data: [`Gguf::bytes`] is the prefix, and
+    /// [`GgufError::Truncated`], whose `needed` is how many bytes beyond the prefix the header
+    /// needs at least (read that many more and parse again; the error is final when the
+    /// prefix was the whole file). The result has no tensor data: [`Gguf::bytes`] is the prefix, and
     /// [`Gguf::tensor_data`] panics.
     pub fn from_header(path: impl Into<PathBuf>, prefix: Vec<u8>, file_len: u64) -> Result<Gguf, GgufError> {
         assert!(prefix.len() as u64 <= file_len, "a prefix longer than its file");

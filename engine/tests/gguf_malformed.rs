@@ -198,9 +198,9 @@ fn a_header_prefix_parses_like_the_whole_file() {
     let grown = loop {
         match Gguf::from_header("test.gguf", img[..prefix].to_vec(), len) {
             Ok(g) => break g,
-            Err(GgufError::Truncated { at, needed, len: l, .. }) => {
+            Err(GgufError::Truncated { needed, len: l, .. }) => {
                 assert_eq!(l, len, "a truncation names the file's length, not the prefix's");
-                let next = (at + needed) as usize;
+                let next = prefix + needed as usize;
                 assert!(next > prefix && next <= header_end, "prefix {prefix}: the header reaches {next}");
                 prefix = next;
             }

@@ -88,8 +88,8 @@ pub fn header_from_prefixes(
         let got = prefix.len() as u64;
         match Gguf::from_header(path, prefix, file_len.max(got)) {
             Ok(g) => return Ok(Some(g)),
-            Err(GgufError::Truncated { at, needed, .. }) if got == want && want < file_len => {
-                want = (at.saturating_add(needed)).max(want.saturating_mul(4)).min(file_len);
+            Err(GgufError::Truncated { needed, .. }) if got == want && want < file_len => {
+                want = got.saturating_add(needed).max(want.saturating_mul(4)).min(file_len);
             }
             Err(e) => return Err(e),
         }
