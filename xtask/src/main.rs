@@ -67,7 +67,7 @@ commands:
   experiment dense-weights [-n N] [-t T]  A-B-B-A of --dense anon vs locked under pressure:
                      docs/findings/dense-weights.md and its plots
   fuzz [TARGET]      fuzz every parser of untrusted input with libFuzzer: each target 600 s, or one
-                     without end (--time S, --mutate: the stable fuzzer, --replay FILE, --list)
+                     without end (--time 60s bounds it; --mutate: the stable fuzzer, --replay FILE, --list)
   vmtest [..]        the eBPF and cgroup tests in QEMU guests: Debian 6.1 LTS, 6.12, arm64 (--smoke, --list)
 ";
 
