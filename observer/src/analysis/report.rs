@@ -750,4 +750,32 @@ mod tests {
         s.print(&mut out).unwrap();
         assert!(String::from_utf8(out).unwrap().contains("in procfs mode (faults not probed)"));
     }
+
+    #[test]
+    fn the_observer_cost_is_printed_per_program_from_the_last_health() {
+        let cost = |name: &str, run_ns, runs| ProgramCost { name: name.into(), run_ns, runs };
+        let health = |programs: Vec<ProgramCost>| {
+            Event::Health(ObserverHealth {
+                bpf_run_ns: Some(programs.iter().map(|p| p.run_ns).sum()),
+                bpf_run_count: Some(programs.iter().map(|p| p.runs).sum()),
+                bpf_programs: programs,
+                ..Default::default()
+            })
+        };
+        let s = summarise(&[
+            Event::Header(RunHeader::default()),
+            health(vec![cost("fault_entry", 10, 1)]),
+            health(vec![cost("fault_entry", 12_500, 100), cost("sched_switch", 40_000, 200), cost("idle", 0, 0)]),
+        ]);
+        let json = serde_json::to_value(&s).unwrap();
+        assert_eq!(json["bpf_programs"][0], serde_json::json!({"name": "fault_entry", "run_ns": 12_500, "runs": 100}));
+        let mut out = Vec::new();
+        s.print(&mut out).unwrap();
+        let text = String::from_utf8(out).unwrap();
+        let lines: Vec<&str> = text.lines().skip_while(|l| !l.starts_with("observer cost:")).take(3).collect();
+        assert!(lines[0].contains("52500 ns") || lines[0].contains("300 runs"), "{text}");
+        assert!(lines[1].contains("sched_switch") && lines[1].contains("200 ns per run"), "{text}");
+        assert!(lines[2].contains("fault_entry") && lines[2].contains("125 ns per run"), "{text}");
+        assert!(!text.contains("idle"), "a program that never ran is not listed: {text}");
+    }
 }
