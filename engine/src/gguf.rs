@@ -232,6 +232,8 @@ impl TensorInfo {
 enum Backing {
     Mmap(memmap2::Mmap),
     Bytes(Vec<u8>),
+    /// The first bytes of the file, through the tensor table ([`Gguf::from_header`]).
+    Header(Vec<u8>),
 }
 
 /// A parsed GGUF file, memory-mapped.
@@ -263,6 +265,8 @@ struct Cursor<'a> {
     buf: &'a [u8],
     pos: usize,
     path: &'a Path,
+    /// The file's length (`buf` may be its first bytes only: [`Gguf::from_header`]).
+    file_len: u64,
 }
 
 impl<'a> Cursor<'a> {
@@ -274,7 +278,7 @@ impl<'a> Cursor<'a> {
                 at: self.pos as u64,
                 needed: n - remaining,
                 what: what.to_owned(),
-                len: self.buf.len() as u64,
+                len: self.file_len,
             });
         }
         let n = n as usize; // n <= remaining <= usize::MAX
@@ -351,7 +355,7 @@ impl<'a> Cursor<'a> {
                         at: self.pos as u64,
                         needed: n - remaining,
                         what: format!("{key}: {n} array elements"),
-                        len: self.buf.len() as u64,
+                        len: self.file_len,
                     });
                 }
                 let mut v = Vec::with_capacity(n as usize);
@@ -388,20 +392,35 @@ impl Gguf {
         // expected to be modified while the engine runs (as with llama.cpp's mmap). A concurrent
         // truncation could raise SIGBUS, which no safe API can prevent for mapped files.
         let mmap = unsafe { memmap2::MmapOptions::new().map(&file) }.map_err(io)?;
-        Self::parse(path, Backing::Mmap(mmap))
+        let len = mmap.len() as u64;
+        Self::parse(path, Backing::Mmap(mmap), len)
     }
 
     /// Parses an in-memory GGUF image (tests, tools).
     pub fn from_bytes(name: impl Into<PathBuf>, bytes: Vec<u8>) -> Result<Gguf, GgufError> {
-        Self::parse(&name.into(), Backing::Bytes(bytes))
+        let len = bytes.len() as u64;
+        Self::parse(&name.into(), Backing::Bytes(bytes), len)
     }
 
-    fn parse(path: &Path, backing: Backing) -> Result<Gguf, GgufError> {
+    /// Parses the metadata and tensor table of a file of `file_len` bytes from its first bytes,
+    /// `prefix` (for readers that must not map the file: the observer reads them with
+    /// `O_DIRECT`, so that parsing brings nothing into the page cache). Tensor ranges are
+    /// checked against `file_len`. A prefix that ends inside the header gives
+    /// [`GgufError::Truncated`], whose `needed` is how many bytes beyond the prefix the header
+    /// needs at least (read that many more and parse again; the error is final when the
+    /// prefix was the whole file). The result has no tensor data: [`Gguf::bytes`] is the prefix, and
+    /// [`Gguf::tensor_data`] panics.
+    pub fn from_header(path: impl Into<PathBuf>, prefix: Vec<u8>, file_len: u64) -> Result<Gguf, GgufError> {
+        assert!(prefix.len() as u64 <= file_len, "a prefix longer than its file");
+        Self::parse(&path.into(), Backing::Header(prefix), file_len)
+    }
+
+    fn parse(path: &Path, backing: Backing, file_len: u64) -> Result<Gguf, GgufError> {
         let buf: &[u8] = match &backing {
             Backing::Mmap(m) => m,
-            Backing::Bytes(b) => b,
+            Backing::Bytes(b) | Backing::Header(b) => b,
         };
-        let mut c = Cursor { buf, pos: 0, path };
+        let mut c = Cursor { buf, pos: 0, path, file_len };
         let magic = c.u32("magic")?;
         if magic != GGUF_MAGIC {
             return Err(GgufError::BadMagic { path: path.to_owned(), magic });
@@ -484,7 +503,6 @@ impl Gguf {
         }
 
         let data_offset = (c.pos as u64).next_multiple_of(alignment);
-        let file_len = buf.len() as u64;
         if data_offset > file_len && n_tensors > 0 {
             return Err(GgufError::Truncated {
                 path: path.to_owned(),
@@ -536,11 +554,11 @@ impl Gguf {
         &self.path
     }
 
-    /// The whole file image (the mapping).
+    /// The whole file image (the mapping); only the header for [`Gguf::from_header`].
     pub fn bytes(&self) -> &[u8] {
         match &self.backing {
             Backing::Mmap(m) => m,
-            Backing::Bytes(b) => b,
+            Backing::Bytes(b) | Backing::Header(b) => b,
         }
     }
 
@@ -557,7 +575,7 @@ impl Gguf {
         self.tensor_index.get(name).map(|&i| &self.tensors[i])
     }
 
-    /// The bytes of a tensor (ranges were validated at load).
+    /// The bytes of a tensor (ranges were validated at load). Panics on a [`Gguf::from_header`].
     pub fn tensor_data(&self, t: &TensorInfo) -> &[u8] {
         &self.bytes()[t.offset as usize..(t.offset + t.size) as usize]
     }

@@ -181,3 +181,34 @@ fn random_corruption_never_panics() {
         let _ = parse(m); // Ok or Err, never a panic.
     }
 }
+
+/// `from_header` parses the first bytes of a file as `from_bytes` parses the whole image; a
+/// prefix that ends inside the header says how far the header reaches at least, and growing
+/// the prefix by that rule ends at the same table.
+#[test]
+fn a_header_prefix_parses_like_the_whole_file() {
+    let img = valid_image();
+    let whole = parse(img.clone()).unwrap();
+    let len = img.len() as u64;
+    let header_end = whole.data_offset as usize;
+    let h = Gguf::from_header("test.gguf", img[..header_end].to_vec(), len).expect("the header alone parses");
+    let table = |g: &Gguf| g.tensors.iter().map(|t| (t.name.clone(), t.offset, t.size)).collect::<Vec<_>>();
+    assert_eq!((&h.metadata, table(&h), h.data_offset), (&whole.metadata, table(&whole), whole.data_offset));
+    let mut prefix = 1usize;
+    let grown = loop {
+        match Gguf::from_header("test.gguf", img[..prefix].to_vec(), len) {
+            Ok(g) => break g,
+            Err(GgufError::Truncated { needed, len: l, .. }) => {
+                assert_eq!(l, len, "a truncation names the file's length, not the prefix's");
+                let next = prefix + needed as usize;
+                assert!(next > prefix && next <= header_end, "prefix {prefix}: the header reaches {next}");
+                prefix = next;
+            }
+            Err(e) => panic!("prefix {prefix}: {e}"),
+        }
+    };
+    assert_eq!(table(&grown), table(&h));
+    // Tensor ranges are checked against the file's length, not the prefix's.
+    let short = Gguf::from_header("test.gguf", img[..header_end].to_vec(), header_end as u64 + 8);
+    assert!(matches!(short, Err(GgufError::BadTensor { .. }) | Err(GgufError::Truncated { .. })), "{short:?}");
+}

@@ -16,6 +16,7 @@ use engine::{
 };
 use observer::{
     analysis::{attribution, report},
+    capture::residency::direct::header_from_prefixes,
     plot::{
         self,
         cliff::{self, CliffBench, CliffPlot},
@@ -115,7 +116,21 @@ fn files(dir: &Path, ext: &str) -> Vec<Vec<u8>> {
 }
 
 fn gguf(data: &[u8]) {
-    let Ok(g) = Gguf::from_bytes("fuzz.gguf", data.to_vec()) else { return };
+    // The observer's header reader (prefixes grown as the parse asks) agrees with the whole file's parse.
+    let path = Path::new("fuzz.gguf");
+    let whole = Gguf::from_bytes(path, data.to_vec());
+    let prefixes = header_from_prefixes(path, data.len() as u64, |n| Ok(Some(data[..n as usize].to_vec())));
+    let table = |g: &Gguf| g.tensors.iter().map(|t| (t.name.clone(), t.offset, t.size)).collect::<Vec<_>>();
+    match (&whole, &prefixes) {
+        (Ok(w), Ok(Some(h))) => assert_eq!((table(w), &w.metadata), (table(h), &h.metadata), "header from prefixes"),
+        (Err(_), Err(_)) => {}
+        (w, h) => panic!(
+            "the whole file's parse and the prefixes' disagree: {:?} vs {:?}",
+            w.as_ref().err(),
+            h.as_ref().err()
+        ),
+    }
+    let Ok(g) = whole else { return };
     let _ = engine::inspect::report(&g, true);
     let Ok(map) = RegionMap::from_gguf(&g) else { return };
     let _ = g.get_u64(&format!("{}.expert_used_count", map.architecture));

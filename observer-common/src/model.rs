@@ -502,6 +502,27 @@ pub struct ObserverHealth {
     /// (kernel BPF stats), when the kernel exposes them.
     pub bpf_run_ns: Option<u64>,
     pub bpf_run_count: Option<u64>,
+    /// The same per program, by the program's name (empty when the stats are off, and in
+    /// traces written before it).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub bpf_programs: Vec<ProgramCost>,
+}
+
+/// One eBPF program's cumulative cost from the kernel's BPF run-time statistics
+/// (`run_time_ns` and `run_cnt` of `bpf_prog_info`): every run counts, whichever process
+/// caused it (the programs filter inside).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ProgramCost {
+    pub name: String,
+    pub run_ns: u64,
+    pub runs: u64,
+}
+
+impl ProgramCost {
+    /// Kernel time per run, ns (`None` before the first run).
+    pub fn ns_per_run(&self) -> Option<f64> {
+        (self.runs > 0).then(|| self.run_ns as f64 / self.runs as f64)
+    }
 }
 
 /// How the run ended.

@@ -3,8 +3,9 @@
 //! the short seeded run of each target (`fuzz/tests/smoke.rs`).
 //!
 //! ```text
-//! cargo xtask fuzz [--time S]             every target in turn, S seconds each (default 600)
-//! cargo xtask fuzz TARGET [--time S]      one target, without end unless --time (Ctrl-C stops)
+//! cargo xtask fuzz [--time T]             every target in turn, T each (default 600 s)
+//! cargo xtask fuzz TARGET [--time T]      one target, without end unless --time (Ctrl-C stops)
+//!                                         (T: seconds, or 60s, 10m, 2h)
 //! cargo xtask fuzz TARGET --mutate [--seed N]   the stable seeded mutation fuzzer instead
 //! cargo xtask fuzz TARGET --replay FILE…  run the target on saved inputs (a crash found)
 //! cargo xtask fuzz --list                 the targets
@@ -114,13 +115,32 @@ fn run_libfuzzer(tool: &Path, bin: &Path, target: &str, time: Option<u64>) -> Re
     Ok(())
 }
 
+/// A duration in whole seconds: `60`, `60s`, `10m` or `2h`.
+fn seconds(s: &str) -> Result<u64> {
+    let (num, unit) = match s.find(|c: char| !c.is_ascii_digit()) {
+        Some(i) => s.split_at(i),
+        None => (s, "s"),
+    };
+    let scale = match unit {
+        "s" => 1,
+        "m" => 60,
+        "h" => 3600,
+        _ => bail!("--time {s:?}: give seconds, or a number with s, m or h (60, 60s, 10m, 2h)"),
+    };
+    let n: u64 = num.parse().with_context(|| format!("--time {s:?}: give seconds, or a number with s, m or h"))?;
+    if n == 0 {
+        bail!("--time {s:?}: give a positive duration");
+    }
+    Ok(n * scale)
+}
+
 pub fn main(args: &[String]) -> Result<()> {
     let mut target = None;
     let (mut time, mut mutate, mut seed, mut replay, mut list) = (None, false, 1u64, None::<Vec<String>>, false);
     let mut it = args.iter();
     while let Some(a) = it.next() {
         match a.as_str() {
-            "--time" => time = Some(it.next().context("--time takes seconds")?.parse().context("--time SECONDS")?),
+            "--time" => time = Some(seconds(it.next().context("--time takes a duration: 60, 60s, 10m, 2h")?)?),
             "--mutate" => mutate = true,
             "--seed" => seed = it.next().context("--seed takes a number")?.parse().context("--seed N")?,
             "--replay" => replay = Some(it.by_ref().cloned().collect()),
@@ -158,6 +178,19 @@ pub fn main(args: &[String]) -> Result<()> {
             }
             eprintln!("fuzz: {} targets ran {time} s each without a failure", all.len());
             Ok(())
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn time_takes_seconds_or_a_unit() {
+        for (arg, s) in [("60", 60), ("60s", 60), ("10m", 600), ("2h", 7200)] {
+            assert_eq!(super::seconds(arg).unwrap(), s, "{arg}");
+        }
+        for bad in ["", "0", "s", "1d", "-5", "1.5m"] {
+            assert!(super::seconds(bad).is_err(), "{bad:?} accepted");
         }
     }
 }

@@ -76,7 +76,7 @@ commands:
                      docs/findings/cliff.md, cliff.svg, cliff.json (--small: a reduced run, into
                      target/experiment-cliff-small/)
   fuzz [TARGET]      fuzz every parser of untrusted input with libFuzzer: each target 600 s, or one
-                     without end (--time S, --mutate: the stable fuzzer, --replay FILE, --list)
+                     without end (--time 60s bounds it; --mutate: the stable fuzzer, --replay FILE, --list)
   vmtest [..]        the eBPF and cgroup tests in QEMU guests: Debian 6.1 LTS, 6.12, arm64 (--smoke, --list)
 ";
 

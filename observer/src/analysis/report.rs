@@ -24,7 +24,7 @@ use observer_common::{
     hist::bucket_upper_ns,
     model::{
         Component, Components, Counter, Counters, DeviceReads, Event, FaultTotals, LatencyHistograms, ObserverHealth,
-        RunEnd, RunHeader, RunTotals, ThreadTime, TokenRecord,
+        ProgramCost, RunEnd, RunHeader, RunTotals, ThreadTime, TokenRecord,
     },
 };
 use serde::Serialize;
@@ -275,6 +275,8 @@ pub struct Summary {
     /// kernel's BPF statistics are available.
     pub bpf_run_ns: Option<u64>,
     pub bpf_run_count: Option<u64>,
+    /// The same per program (`name`, `run_ns`, `runs`), by name; empty when not measured.
+    pub bpf_programs: Vec<ProgramCost>,
     /// Whole-run attribution summed over threads.
     pub attribution_totals: Option<ThreadAttribution>,
     /// Per-token summary (when tokens were marked or windows used).
@@ -307,6 +309,7 @@ impl Summary {
             devices: Vec::new(),
             bpf_run_ns: c.health.as_ref().and_then(|h| h.bpf_run_ns),
             bpf_run_count: c.health.as_ref().and_then(|h| h.bpf_run_count),
+            bpf_programs: c.health.as_ref().map(|h| h.bpf_programs.clone()).unwrap_or_default(),
             attribution_totals: None,
             attribution: None,
             tokens: c.tokens.clone(),
@@ -504,6 +507,18 @@ impl Summary {
                 ns as f64 / 1e6,
                 if n > 0 { ns as f64 / n as f64 } else { 0.0 }
             )?;
+            let mut ran: Vec<&ProgramCost> = self.bpf_programs.iter().filter(|p| p.runs > 0).collect();
+            ran.sort_by_key(|p| std::cmp::Reverse(p.run_ns));
+            for p in ran {
+                writeln!(
+                    out,
+                    "  {:<20} {:>8.1} ms {:>12} runs {:>7.0} ns per run",
+                    p.name,
+                    p.run_ns as f64 / 1e6,
+                    p.runs,
+                    p.ns_per_run().unwrap_or(0.0)
+                )?;
+            }
         }
         if self.lost_events > 0 {
             writeln!(
@@ -754,5 +769,33 @@ mod tests {
         };
         assert_eq!(summarise(&[Event::Header(header.clone())]).probes, header.probes);
         assert_eq!(summarise(&[Event::Header(header), Event::Marks(marks)]).probes, probes);
+    }
+
+    #[test]
+    fn the_observer_cost_is_printed_per_program_from_the_last_health() {
+        let cost = |name: &str, run_ns, runs| ProgramCost { name: name.into(), run_ns, runs };
+        let health = |programs: Vec<ProgramCost>| {
+            Event::Health(ObserverHealth {
+                bpf_run_ns: Some(programs.iter().map(|p| p.run_ns).sum()),
+                bpf_run_count: Some(programs.iter().map(|p| p.runs).sum()),
+                bpf_programs: programs,
+                ..Default::default()
+            })
+        };
+        let s = summarise(&[
+            Event::Header(RunHeader::default()),
+            health(vec![cost("fault_entry", 10, 1)]),
+            health(vec![cost("fault_entry", 12_500, 100), cost("sched_switch", 40_000, 200), cost("idle", 0, 0)]),
+        ]);
+        let json = serde_json::to_value(&s).unwrap();
+        assert_eq!(json["bpf_programs"][0], serde_json::json!({"name": "fault_entry", "run_ns": 12_500, "runs": 100}));
+        let mut out = Vec::new();
+        s.print(&mut out).unwrap();
+        let text = String::from_utf8(out).unwrap();
+        let lines: Vec<&str> = text.lines().skip_while(|l| !l.starts_with("observer cost:")).take(3).collect();
+        assert!(lines[0].contains("52500 ns") || lines[0].contains("300 runs"), "{text}");
+        assert!(lines[1].contains("sched_switch") && lines[1].contains("200 ns per run"), "{text}");
+        assert!(lines[2].contains("fault_entry") && lines[2].contains("125 ns per run"), "{text}");
+        assert!(!text.contains("idle"), "a program that never ran is not listed: {text}");
     }
 }

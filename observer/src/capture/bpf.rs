@@ -21,6 +21,7 @@ use observer_common::{
     Config, GlobalCounter, ThreadFaults,
     attrib::{DEV_SWAP, DevIo, Hist, MAX_SLOTS, N_HIST, ThreadState, TpOffsets},
     faults::GLOBAL_COUNTERS,
+    model::ProgramCost,
 };
 
 use crate::capture::{
@@ -518,18 +519,24 @@ impl Probes {
         Ok(out)
     }
 
-    /// Run time and run count summed over the observer's programs, when the
-    /// kernel's BPF statistics are on.
-    pub fn bpf_stats(&self) -> Option<(u64, u64)> {
+    /// Each of the observer's programs' cumulative run time and run count, by name, when the
+    /// kernel's BPF statistics are on (`None` otherwise): the kernel-side cost per event.
+    pub fn bpf_stats(&self) -> Option<Vec<ProgramCost>> {
         self.stats.as_ref()?;
-        let (mut ns, mut n) = (0u64, 0u64);
-        for (_, p) in self.ebpf.programs() {
-            if let Ok(info) = p.info() {
-                ns += info.run_time().as_nanos() as u64;
-                n += info.run_count();
-            }
-        }
-        Some((ns, n))
+        let mut out: Vec<ProgramCost> = self
+            .ebpf
+            .programs()
+            .filter_map(|(name, p)| {
+                let info = p.info().ok()?;
+                Some(ProgramCost {
+                    name: name.to_string(),
+                    run_ns: info.run_time().as_nanos() as u64,
+                    runs: info.run_count(),
+                })
+            })
+            .collect();
+        out.sort_by(|a, b| a.name.cmp(&b.name));
+        Some(out)
     }
 
     /// The latency histograms as a model event.

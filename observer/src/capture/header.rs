@@ -37,12 +37,21 @@ pub fn meminfo(key: &str) -> Option<u64> {
 }
 
 /// CRC-32 of the first 4 MiB (header and tensor table) and the size: cheap,
-/// and enough to tell two model files apart.
+/// and enough to tell two model files apart. Read with `O_DIRECT` where the file system
+/// allows it, so that the run does not warm the model it is about to measure
+/// (`residency::direct`).
 pub fn model_info(path: &Path) -> Option<ModelInfo> {
     let mut f = engine::files::open_regular(path).ok()?;
     let size = f.metadata().ok()?.len();
-    let mut buf = vec![0u8; (4 << 20).min(size as usize)];
-    f.read_exact(&mut buf).ok()?;
+    let n = (4u64 << 20).min(size);
+    let buf = match crate::capture::residency::direct::read_prefix(path, n).ok()? {
+        Some(b) if b.len() as u64 == n => b,
+        _ => {
+            let mut b = vec![0u8; n as usize];
+            f.read_exact(&mut b).ok()?;
+            b
+        }
+    };
     let mut h = crc32fast::Hasher::new();
     h.update(&buf);
     h.update(&size.to_le_bytes());

@@ -49,8 +49,8 @@ use observer_common::{
     GlobalCounter,
     attrib::{C_DISK_READ_NS, C_READ_IOS, C_ZRAM_READ_NS, F_EXITED},
     model::{
-        Components, DeviceReads, Event, FaultTotals, ObserverHealth, RunEnd, RunTotals, StepKind, ThreadTime,
-        ThreadTotals, TokenMarks, TokenRecord,
+        Components, DeviceReads, Event, FaultTotals, ObserverHealth, ProgramCost, RunEnd, RunTotals, StepKind,
+        ThreadTime, ThreadTotals, TokenMarks, TokenRecord,
     },
 };
 use tokio::{io::unix::AsyncFd, sync::watch};
@@ -803,14 +803,16 @@ fn window_snapshot_at(probes: &Probes, now: u64) -> Result<Snapshot> {
 }
 
 fn health(probes: &Probes, malformed: u64, mono_ns: u64) -> Result<ObserverHealth> {
-    let stats = probes.bpf_stats();
+    let programs = probes.bpf_stats();
+    let sum = |f: fn(&ProgramCost) -> u64| programs.as_ref().map(|p| p.iter().map(f).sum());
     Ok(ObserverHealth {
         mono_ns,
         lost_events: probes.counter(GlobalCounter::LostEvents)? + malformed,
         probes_attached: probes.attached.len() as u32,
         probes_missing: probes.missing.len() as u32,
-        bpf_run_ns: stats.map(|s| s.0),
-        bpf_run_count: stats.map(|s| s.1),
+        bpf_run_ns: sum(|p| p.run_ns),
+        bpf_run_count: sum(|p| p.runs),
+        bpf_programs: programs.unwrap_or_default(),
     })
 }
 

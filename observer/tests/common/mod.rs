@@ -247,6 +247,18 @@ pub fn perf_count(text: &str, event: &str) -> u64 {
 
 /// A qwen3moe-shaped GGUF of Q8_0 tensors with patterned bytes: `hidden` = expert ffn size.
 pub fn write_model(path: &std::path::Path, layers: usize, experts: u64, hidden: u64, alignment: u32) -> PathBuf {
+    write_model_with(path, layers, experts, hidden, alignment, Vec::new())
+}
+
+/// [`write_model`] with more metadata (a vocabulary, for a header of real size).
+pub fn write_model_with(
+    path: &std::path::Path,
+    layers: usize,
+    experts: u64,
+    hidden: u64,
+    alignment: u32,
+    extra: Vec<(String, engine::gguf::Value)>,
+) -> PathBuf {
     use engine::{
         gguf::{GgufWriter, TensorSpec, Value},
         quant::GgmlType,
@@ -268,7 +280,10 @@ pub fn write_model(path: &std::path::Path, layers: usize, experts: u64, hidden: 
         ("general.alignment".to_owned(), Value::U32(alignment)),
         ("qwen3moe.block_count".to_owned(), Value::U32(layers as u32)),
         ("qwen3moe.expert_count".to_owned(), Value::U32(experts as u32)),
-    ];
+    ]
+    .into_iter()
+    .chain(extra)
+    .collect::<Vec<_>>();
     let _ = std::fs::remove_file(path);
     let mut w = GgufWriter::create(path, &meta, specs.clone()).expect("create model");
     for (k, s) in specs.iter().enumerate() {

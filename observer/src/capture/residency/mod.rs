@@ -5,6 +5,9 @@
 //! - **Regions** come from the GGUF tensor table (`engine::regions`): dense tensors, shared
 //!   experts, and each routed expert's slices of `ffn_*_exps` (one cell of the layer × expert
 //!   grid per expert).
+//! - **Looking does not warm** ([`direct`]): the header is read with `O_DIRECT`, so opening a
+//!   model adds nothing to its page cache; where the file system refuses direct reads, the
+//!   pages the parse added are dropped again ([`ModelFile::open`]).
 //! - **File residency** ([`scan`]): `mincore` over a read-only mapping of the whole file gives one
 //!   bit per page; a region's resident bytes are the bytes of its resident pages that it covers
 //!   (a page shared by two regions counts for both, each with its part). Fractions are resident
@@ -42,6 +45,7 @@
 
 pub mod anon;
 pub mod churn;
+pub mod direct;
 pub mod evict;
 pub mod scan;
 pub mod slots;
@@ -152,25 +156,30 @@ impl Snapshot {
 /// models are a few MiB (vocabularies), read-around adds at most twice the device's read-ahead.
 const HEADER_WINDOW: u64 = 256 << 20;
 
+/// Rounds of dropping the pages a buffered header parse added (2 ms apart).
+const SETTLE_TRIES: u32 = 50;
+
 /// A GGUF model file mapped for residency scans.
 #[derive(Debug)]
 pub struct ModelFile {
     pub map: RegionMap,
     pub file: MappedFile,
     bitmap: Bitmap,
-    /// Pages that parsing the header brought into the page cache (the kernel's read-around
-    /// beyond the tensor table) and that were dropped again, so that opening the model does not
-    /// warm what it measures.
+    /// Pages that parsing the header brought into the page cache and that were dropped again
+    /// (0 when the header was read with `O_DIRECT`, see [`direct`]).
     pub header_pages_dropped: u64,
     /// `expert_used_count` of the model's metadata (experts per token and MoE layer).
     pub expert_used: Option<u64>,
 }
 
 impl ModelFile {
-    /// Parse the tensor table and map the file. Parsing reads the header through a mapping,
-    /// and the kernel reads around it (up to the device's read-ahead size, into the first
-    /// tensors): pages that were not resident before and are now are dropped again with
-    /// `POSIX_FADV_DONTNEED`, which never drops pages another process has mapped.
+    /// Parse the tensor table and map the file, leaving the page cache as it was: the header
+    /// is read with `O_DIRECT` ([`direct`]). Where the file system refuses that, it is parsed
+    /// through a mapping, around which the kernel reads ahead (into the first tensors, some
+    /// pages still under I/O when the parse returns): the pages of the first [`HEADER_WINDOW`]
+    /// that were not resident before and are now are dropped with `POSIX_FADV_DONTNEED`
+    /// (which never drops pages another process has mapped), again until none is left (pages
+    /// under I/O are not dropped until it completes) or after [`SETTLE_TRIES`] rounds.
     pub fn open(path: &Path) -> Result<ModelFile, ResidencyError> {
         let mut file = MappedFile::open(path)?;
         let trusted = matches!(file.trust, Trust::Trusted(_));
@@ -183,15 +192,28 @@ impl ModelFile {
         if trusted {
             file.scan_pages(window.clone(), &mut before)?;
         }
-        let g = Gguf::open(path)?;
+        let g = match direct::gguf_header(path, file.len)? {
+            Some(g) => g,
+            None => Gguf::open(path)?,
+        };
         let map = RegionMap::from_gguf(&g)?;
         let expert_used = g.get_u64(&format!("{}.expert_used_count", map.architecture)).ok();
         drop(g);
         let mut bitmap = Bitmap::new(file.page, file.n_pages());
         let mut header_pages_dropped = 0;
         if trusted {
-            file.scan_pages(window, &mut bitmap)?;
-            header_pages_dropped = drop_new_pages(&file, &before, &bitmap);
+            let mut first = None;
+            for round in 0..SETTLE_TRIES {
+                file.scan_pages(window.clone(), &mut bitmap)?;
+                let added = new_pages(&before, &bitmap);
+                let first = *first.get_or_insert(added);
+                header_pages_dropped = first.saturating_sub(added);
+                if added == 0 || round + 1 == SETTLE_TRIES {
+                    break;
+                }
+                drop_new_pages(&file, &before, &bitmap);
+                std::thread::sleep(Duration::from_millis(2));
+            }
         }
         Ok(ModelFile { map, file, bitmap, header_pages_dropped, expert_used })
     }
@@ -282,10 +304,14 @@ fn untrusted_fallback(file: &MappedFile) -> Result<CacheStat, ResidencyError> {
     })
 }
 
+/// Pages resident in `after` but not in `before`.
+fn new_pages(before: &Bitmap, after: &Bitmap) -> u64 {
+    (0..after.n_pages).filter(|&p| after.get(p) && !before.get(p)).count() as u64
+}
+
 /// Drop (`POSIX_FADV_DONTNEED`) the runs of pages resident in `after` but not in `before`.
-fn drop_new_pages(file: &MappedFile, before: &Bitmap, after: &Bitmap) -> u64 {
+fn drop_new_pages(file: &MappedFile, before: &Bitmap, after: &Bitmap) {
     use std::os::fd::AsRawFd;
-    let mut n = 0;
     let mut p = 0;
     while p < after.n_pages {
         if after.get(p) && !before.get(p) {
@@ -295,7 +321,7 @@ fn drop_new_pages(file: &MappedFile, before: &Bitmap, after: &Bitmap) -> u64 {
             }
             let (off, len) = (start * file.page, (p - start) * file.page);
             // SAFETY: plain advice on our own descriptor.
-            let rc = unsafe {
+            unsafe {
                 libc::posix_fadvise(
                     file.file.as_raw_fd(),
                     off as libc::off_t,
@@ -303,13 +329,9 @@ fn drop_new_pages(file: &MappedFile, before: &Bitmap, after: &Bitmap) -> u64 {
                     libc::POSIX_FADV_DONTNEED,
                 )
             };
-            if rc == 0 {
-                n += p - start;
-            }
         }
         p += 1;
     }
-    n
 }
 
 /// What one call of [`Sampler::sample`] measured.

@@ -76,6 +76,7 @@ fn health(lost: u64, bpf_ns: u64) -> ObserverHealth {
         probes_missing: 1,
         bpf_run_ns: Some(bpf_ns),
         bpf_run_count: Some(bpf_ns / 100),
+        ..Default::default()
     }
 }
 
