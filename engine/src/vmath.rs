@@ -480,7 +480,11 @@ mod tests {
                 let u = vmulq_f32(b, b);
                 let j = vfmaq_f32(
                     vmulq_f32(vdupq_n_f32(C1), b),
-                    vfmaq_f32(vfmaq_f32(vdupq_n_f32(C2), vdupq_n_f32(C3), b), vfmaq_f32(vdupq_n_f32(C4), vdupq_n_f32(C5), b), u),
+                    vfmaq_f32(
+                        vfmaq_f32(vdupq_n_f32(C2), vdupq_n_f32(C3), b),
+                        vfmaq_f32(vdupq_n_f32(C4), vdupq_n_f32(C5), b),
+                        u,
+                    ),
                     u,
                 );
                 if vpaddd_u64(vreinterpretq_u64_u32(c)) == 0 {
@@ -510,10 +514,16 @@ mod tests {
             };
             for (x, g) in v.iter().zip(got) {
                 let want = exp_lane(ExpKind::Neon, *x);
-                assert!(g.to_bits() == want.to_bits() || (g.is_nan() && want.is_nan()), "exp({x}): ggml {g} vs lanes {want}");
+                assert!(
+                    g.to_bits() == want.to_bits() || (g.is_nan() && want.is_nan()),
+                    "exp({x}): ggml {g} vs lanes {want}"
+                );
             }
             let want = hsum_pairs(v);
-            assert!(sum.to_bits() == want.to_bits() || (sum.is_nan() && want.is_nan()), "vaddvq {v:?}: {sum} vs {want}");
+            assert!(
+                sum.to_bits() == want.to_bits() || (sum.is_nan() && want.is_nan()),
+                "vaddvq {v:?}: {sum} vs {want}"
+            );
         }
     }
 

@@ -248,8 +248,13 @@ const X86_PLAN: Plan = Plan { cases: &CASES, prompts: &PROMPTS, n_gen: N_GEN, lo
 /// The aarch64 level under emulation, which runs tens of times slower: the tiny qwen3moe model
 /// in `Q8_0` and `Q4_K_M` (the `Q8_0`, `Q4_K` and `Q6_K` kernels), the two short prompts, 16
 /// tokens; on qemu's `cortex-a72` (ARMv8.0: NEON without `dotprod`, as the llama.cpp build).
-const ARM_PLAN: Plan =
-    Plan { cases: &ARM_CASES, prompts: &[PROMPTS[0], PROMPTS[1]], n_gen: 16, long_prompts: false, qemu_cpu: Some("cortex-a72") };
+const ARM_PLAN: Plan = Plan {
+    cases: &ARM_CASES,
+    prompts: &[PROMPTS[0], PROMPTS[1]],
+    n_gen: 16,
+    long_prompts: false,
+    qemu_cpu: Some("cortex-a72"),
+};
 
 const ARM_CASES: [Case; 1] = [Case {
     arch: "qwen3moe",
@@ -359,7 +364,9 @@ pub fn main(args: &[String]) -> Result<()> {
     match target.as_deref() {
         None => {}
         Some("aarch64") if only.is_none() && archs.is_none() => return run_aarch64(threads),
-        Some("aarch64") => bail!("parity --target aarch64 runs its own set ({} level, tiny qwen3moe)\n{usage}", Level::Neon.name()),
+        Some("aarch64") => {
+            bail!("parity --target aarch64 runs its own set ({} level, tiny qwen3moe)\n{usage}", Level::Neon.name())
+        }
         Some(t) => bail!("parity: unknown target {t:?} (aarch64 is the one cross target)\n{usage}"),
     }
     if let Some(l) = &only

@@ -182,10 +182,7 @@ fn q4_0_quants(a: &[u8; Q4_0_BYTES]) -> (int8x16_t, int8x16_t) {
     unsafe {
         let v = ldu(a, 2);
         let (m4, s8) = (vdupq_n_u8(0xf), vdupq_n_s8(8));
-        (
-            vsubq_s8(vreinterpretq_s8_u8(vandq_u8(v, m4)), s8),
-            vsubq_s8(vreinterpretq_s8_u8(vshrq_n_u8::<4>(v)), s8),
-        )
+        (vsubq_s8(vreinterpretq_s8_u8(vandq_u8(v, m4)), s8), vsubq_s8(vreinterpretq_s8_u8(vshrq_n_u8::<4>(v)), s8))
     }
 }
 

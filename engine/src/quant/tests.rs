@@ -1498,15 +1498,8 @@ fn neon_sdot() -> bool {
 }
 
 /// The `neon` level's types with a kernel of their own (the others are the scalar kernels).
-const NEON_TYPES: [GgmlType; 7] = [
-    GgmlType::Q8_0,
-    GgmlType::Q4_0,
-    GgmlType::Q2_K,
-    GgmlType::Q3_K,
-    GgmlType::Q4_K,
-    GgmlType::Q5_K,
-    GgmlType::Q6_K,
-];
+const NEON_TYPES: [GgmlType; 7] =
+    [GgmlType::Q8_0, GgmlType::Q4_0, GgmlType::Q2_K, GgmlType::Q3_K, GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K];
 
 /// Quant `e` (0..32) of a `Q4_0` block: the low nibbles of `qs` are elements 0..16, the high
 /// nibbles 16..32, each minus 8.

@@ -15,8 +15,8 @@ use aya::{
 };
 use observer_common::{
     evict::{
-        ActorKey, ActorPages, C_DENSE, C_OTHER, C_ROUTED, C_SHARED, EvictConfig, MAX_SYSCALL,
-        N_KINDS, S_NOT_REMEMBERED, S_WINDOW_LOST, sys,
+        ActorKey, ActorPages, C_DENSE, C_OTHER, C_ROUTED, C_SHARED, EvictConfig, MAX_SYSCALL, N_KINDS,
+        S_NOT_REMEMBERED, S_WINDOW_LOST, sys,
     },
     filemap::NO_FIELD,
     vocab::EVICTION_ACTORS,
@@ -329,7 +329,9 @@ pub fn render(t: &Table, page: u64) -> String {
 
 #[cfg(test)]
 mod tests {
-    use observer_common::evict::{K_DIRECT, K_FADVISE, K_KSWAPD, K_MEMCG, K_OTHER, K_PROACTIVE, K_TRUNCATE, NO_SYSCALL};
+    use observer_common::evict::{
+        K_DIRECT, K_FADVISE, K_KSWAPD, K_MEMCG, K_OTHER, K_PROACTIVE, K_TRUNCATE, NO_SYSCALL,
+    };
 
     use super::*;
 
@@ -383,7 +385,10 @@ mod tests {
         }
         let kind = |n: &str| sys::RULES.iter().find(|r| r.name == n).map(|r| r.kind);
         assert_eq!(kind("fadvise64"), Some(K_FADVISE));
-        assert_eq!((kind("write"), kind("openat"), kind("unlinkat")), (Some(K_TRUNCATE), Some(K_TRUNCATE), Some(K_TRUNCATE)));
+        assert_eq!(
+            (kind("write"), kind("openat"), kind("unlinkat")),
+            (Some(K_TRUNCATE), Some(K_TRUNCATE), Some(K_TRUNCATE))
+        );
     }
 
     /// The kernel side reads 8 bytes at the field's offset: where the field is 4 bytes the other
