@@ -6,7 +6,7 @@
 //! of the next product. To decode the same tokens as llama.cpp, the engine therefore computes
 //! `exp` the way ggml's vectorised `ggml_v_expf` does in the llama.cpp build of the engine's ISA
 //! level (`ENGINE_ISA`; the AVX-512 and the AVX2+FMA variants are different
-//! polynomials/reconstructions), with libm `expf` for the
+//! polynomials/reconstructions; the NEON one is the AVX2 one on 4 lanes), with libm `expf` for the
 //! elements ggml leaves to its scalar tail, and `silu(x) = x / (1 + exp(-x))` on top. The
 //! lanes are computed one by one here (same operations, same roundings: every fused
 //! multiply-add of ggml is an `f32::mul_add`), inside functions compiled with the CPU's FMA
@@ -21,6 +21,9 @@ pub enum ExpKind {
     Avx512,
     /// AVX2+FMA: 8 lanes, exponent-add reconstruction.
     Avx2,
+    /// NEON (aarch64): 4 lanes; ggml's NEON `ggml_v_expf` is its AVX2+FMA one lane by lane (the
+    /// same constants, fused multiply-adds and reconstruction), so [`exp_avx2_lane`] computes it.
+    Neon,
     /// No vector path: libm `expf` everywhere.
     Libm,
 }
@@ -31,6 +34,7 @@ impl ExpKind {
         match self {
             ExpKind::Avx512 => 16,
             ExpKind::Avx2 => 8,
+            ExpKind::Neon => 4,
             ExpKind::Libm => 1,
         }
     }
@@ -43,8 +47,8 @@ pub fn exp_kind() -> ExpKind {
     match crate::quant::backend() {
         Backend::Avx512 => ExpKind::Avx512,
         Backend::Avx2 => ExpKind::Avx2,
-        // ggml's NEON `ggml_v_expf` is not reproduced (yet): libm at the neon level.
-        Backend::Scalar | Backend::Neon => ExpKind::Libm,
+        Backend::Neon => ExpKind::Neon,
+        Backend::Scalar => ExpKind::Libm,
     }
 }
 
@@ -104,7 +108,7 @@ fn exp_avx512_lane(x: f32) -> f32 {
 fn exp_lane(kind: ExpKind, x: f32) -> f32 {
     match kind {
         ExpKind::Avx512 => exp_avx512_lane(x),
-        ExpKind::Avx2 => exp_avx2_lane(x),
+        ExpKind::Avx2 | ExpKind::Neon => exp_avx2_lane(x),
         ExpKind::Libm => x.exp(),
     }
 }
@@ -121,7 +125,7 @@ fn softmax_exp_impl(kind: ExpKind, y: &mut [f32], max: f32, all_vector: bool) ->
         for v in chunk.iter_mut() {
             *v = exp_lane(kind, *v - max);
         }
-        sum += f64::from(hsum_tree(chunk));
+        sum += f64::from(if kind == ExpKind::Neon { hsum_pairs(chunk) } else { hsum_tree(chunk) });
     }
     for v in &mut y[full..] {
         *v = (*v - max).exp();
@@ -151,6 +155,15 @@ fn hsum_tree(v: &[f32]) -> f32 {
     }
     let q = [t[4] + t[0], t[5] + t[1], t[6] + t[2], t[7] + t[3]];
     (q[0] + q[2]) + (q[1] + q[3])
+}
+
+/// The horizontal sum of a 4-lane NEON vector as GCC compiles `vaddvq_f32` (two `faddp`):
+/// `(v0 + v1) + (v2 + v3)`; a shorter chunk (a partial vector when `all_vector`) is zero-padded.
+#[inline(always)]
+fn hsum_pairs(v: &[f32]) -> f32 {
+    let mut l = [0f32; 4];
+    l[..v.len().min(4)].copy_from_slice(&v[..v.len().min(4)]);
+    (l[0] + l[1]) + (l[2] + l[3])
 }
 
 /// `swiglu` lane by lane with the emulated `exp` (the reference for the SIMD versions; the
@@ -445,6 +458,72 @@ mod tests {
                     assert!(a.to_bits() == b.to_bits(), "{kind:?} x={} : simd {a} vs lanes {b}", g[i]);
                 }
             }
+        }
+    }
+
+    /// ggml's NEON `ggml_v_expf` (`vec.h`), transcribed with the same intrinsics, against the
+    /// lane emulation the `neon` level runs, bit for bit; and `vaddvq_f32` against [`hsum_pairs`].
+    #[cfg(target_arch = "aarch64")]
+    #[test]
+    fn ggml_neon_exp_is_the_lane_emulation() {
+        use std::arch::aarch64::*;
+        // SAFETY: NEON is part of every aarch64 target; registers only.
+        unsafe fn expf4(x: float32x4_t) -> float32x4_t {
+            unsafe {
+                let r = vdupq_n_f32(R);
+                let z = vfmaq_f32(r, x, vdupq_n_f32(LOG2E));
+                let n = vsubq_f32(z, r);
+                let b = vfmsq_f32(vfmsq_f32(x, n, vdupq_n_f32(LN2_HI)), n, vdupq_n_f32(LN2_LO));
+                let e = vshlq_n_u32::<23>(vreinterpretq_u32_f32(z));
+                let k = vreinterpretq_f32_u32(vaddq_u32(e, vreinterpretq_u32_f32(vdupq_n_f32(1.0))));
+                let c = vcagtq_f32(n, vdupq_n_f32(126.0));
+                let u = vmulq_f32(b, b);
+                let j = vfmaq_f32(
+                    vmulq_f32(vdupq_n_f32(C1), b),
+                    vfmaq_f32(
+                        vfmaq_f32(vdupq_n_f32(C2), vdupq_n_f32(C3), b),
+                        vfmaq_f32(vdupq_n_f32(C4), vdupq_n_f32(C5), b),
+                        u,
+                    ),
+                    u,
+                );
+                if vpaddd_u64(vreinterpretq_u64_u32(c)) == 0 {
+                    return vfmaq_f32(k, j, k);
+                }
+                let d = vandq_u32(vclezq_f32(n), vdupq_n_u32(0x8200_0000));
+                let s1 = vreinterpretq_f32_u32(vaddq_u32(d, vdupq_n_u32(0x7f00_0000)));
+                let s2 = vreinterpretq_f32_u32(vsubq_u32(e, d));
+                vbslq_f32(
+                    vcagtq_f32(n, vdupq_n_f32(192.0)),
+                    vmulq_f32(s1, s1),
+                    vbslq_f32(c, vmulq_f32(vfmaq_f32(s2, s2, j), s1), vfmaq_f32(k, k, j)),
+                )
+            }
+        }
+        let mut xs: Vec<f32> = (0..8000).map(|i| ((i as f32) * 0.7351).sin() * (1.0 + (i % 97) as f32)).collect();
+        xs.extend([0.0, -0.0, 88.0, -88.0, 90.0, -90.0, 104.0, -104.0, 150.0, -150.0, 1e-30, f32::MAX, f32::MIN]);
+        xs.extend([f32::INFINITY, f32::NEG_INFINITY, 126.5, -126.5, 127.0, -127.0, 192.5, -192.5, 0.5, -0.5, 3.0]);
+        assert!(xs.len().is_multiple_of(4));
+        for v in xs.chunks_exact(4) {
+            // SAFETY: as above; 4 floats read from a 4-element chunk.
+            let (got, sum) = unsafe {
+                let g = expf4(vld1q_f32(v.as_ptr()));
+                let mut o = [0f32; 4];
+                vst1q_f32(o.as_mut_ptr(), g);
+                (o, vaddvq_f32(vld1q_f32(v.as_ptr())))
+            };
+            for (x, g) in v.iter().zip(got) {
+                let want = exp_lane(ExpKind::Neon, *x);
+                assert!(
+                    g.to_bits() == want.to_bits() || (g.is_nan() && want.is_nan()),
+                    "exp({x}): ggml {g} vs lanes {want}"
+                );
+            }
+            let want = hsum_pairs(v);
+            assert!(
+                sum.to_bits() == want.to_bits() || (sum.is_nan() && want.is_nan()),
+                "vaddvq {v:?}: {sum} vs {want}"
+            );
         }
     }
 

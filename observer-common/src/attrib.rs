@@ -628,6 +628,11 @@ pub struct MarkRecord {
 ///   count at `sp + operand` at the function's entry (x86-64: a struct over 16
 ///   bytes passed by value lies on the stack after the return address, so its
 ///   first field is at `sp + 8`). A negative count is unknown, never clamped.
+/// - [`call_arg::PTR_I32`] ([`call_arg::PtrI32`]): a signed 32-bit count at
+///   byte `offset` of the struct that integer argument `arg` points to
+///   (aarch64: a struct over 16 bytes passed by value is copied by the caller
+///   and its address passed in the argument's register, AAPCS64 B.4). A
+///   negative count is unknown.
 /// - [`call_arg::PTR_VEC_LEN`] ([`call_arg::VecLen`]): the length of a C++
 ///   `std::vector` (three pointers: begin, end, end of storage, as in libstdc++
 ///   and libc++) at byte `vec_offset` of the struct that integer argument `arg`
@@ -640,6 +645,7 @@ pub mod call_arg {
     pub const NONE: u32 = 0;
     pub const STACK_I32: u32 = 1;
     pub const PTR_VEC_LEN: u32 = 2;
+    pub const PTR_I32: u32 = 3;
 
     /// The attach cookie of `rule` with `operand` (rules with one operand).
     pub const fn cookie(rule: u32, operand: u32) -> u64 {
@@ -649,6 +655,40 @@ pub mod call_arg {
     /// `(rule, operand)` of a cookie (the operand of one-operand rules).
     pub const fn split(cookie: u64) -> (u32, u32) {
         (cookie as u8 as u32, (cookie >> 32) as u32)
+    }
+
+    /// The operands of [`PTR_I32`] (module spec).
+    #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+    pub struct PtrI32 {
+        /// Index of the integer argument holding the struct's address (0 = first).
+        pub arg: u8,
+        pub offset: u32,
+    }
+
+    impl PtrI32 {
+        /// Bits 8–15 `arg`, 32–63 `offset`.
+        pub const fn cookie(self) -> u64 {
+            PTR_I32 as u64 | (self.arg as u64) << 8 | (self.offset as u64) << 32
+        }
+
+        pub const fn from_cookie(cookie: u64) -> PtrI32 {
+            PtrI32 { arg: (cookie >> 8) as u8, offset: (cookie >> 32) as u32 }
+        }
+    }
+
+    /// Where the `i32` count of a [`STACK_I32`] or [`PTR_I32`] cookie lies, from the probed
+    /// thread's integer argument `int_arg(n)` and stack pointer `sp` at the function's entry;
+    /// `None` for the other rules (or an argument not read).
+    #[inline(always)]
+    pub fn i32_address(cookie: u64, int_arg: impl Fn(u8) -> Option<u64>, sp: u64) -> Option<u64> {
+        match split(cookie) {
+            (STACK_I32, offset) => Some(sp.wrapping_add(offset as u64)),
+            (PTR_I32, _) => {
+                let p = PtrI32::from_cookie(cookie);
+                Some(int_arg(p.arg)?.wrapping_add(p.offset as u64))
+            }
+            _ => None,
+        }
     }
 
     /// The operands of [`PTR_VEC_LEN`] (module spec).
@@ -752,6 +792,20 @@ mod tests {
         assert_eq!((t.time[T_UNATTRIBUTED], t.flags & (F_RUNNABLE | F_ON_CPU | F_UNKNOWN)), (400, F_RUNNABLE));
         t.switch_in(1450);
         assert_eq!(t.time[T_RUNQUEUE], 50);
+    }
+
+    #[test]
+    fn i32_rules_find_the_count_on_the_stack_or_behind_an_argument() {
+        let regs = [10u64, 0x1000, 30];
+        let arg = |n: u8| regs.get(n as usize).copied();
+        let p = call_arg::PtrI32 { arg: 1, offset: 4 };
+        assert_eq!(call_arg::PtrI32::from_cookie(p.cookie()), p);
+        assert_eq!(call_arg::i32_address(p.cookie(), arg, 0x7000), Some(0x1004));
+        let stack = call_arg::cookie(call_arg::STACK_I32, 8);
+        assert_eq!(call_arg::i32_address(stack, arg, 0x7000), Some(0x7008));
+        let beyond = call_arg::PtrI32 { arg: 5, offset: 0 }.cookie();
+        assert_eq!(call_arg::i32_address(beyond, arg, 0x7000), None);
+        assert_eq!(call_arg::i32_address(call_arg::cookie(call_arg::NONE, 0), arg, 0x7000), None);
     }
 
     #[test]

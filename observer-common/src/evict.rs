@@ -11,7 +11,8 @@
 //!    tracepoint does not tell them apart; the actor's system call, below, does);
 //! 2. its comm starts with `kswapd` → [`K_KSWAPD`]; with `kdamond` (DAMON's worker, e.g. a
 //!    `pageout` scheme) → [`K_PROACTIVE`];
-//! 3. the system call the task is in (`orig_ax` of its saved user registers, x86-64):
+//! 3. the system call the task is in (from its saved user registers, [`sys::NR_FIELD`]; numbers
+//!    per architecture in [`sys::RULES`]):
 //!    `fadvise64`, `madvise`, `process_madvise` → [`K_FADVISE`]; `truncate`, `ftruncate`,
 //!    `fallocate`, `write`-family (`drop_caches` is a write), `open*` (`O_TRUNC`), `unlink*`,
 //!    `rename*`, `close` (the last close of an unlinked file) → [`K_TRUNCATE`];
@@ -155,42 +156,100 @@ impl ActorPages {
     }
 }
 
-/// x86-64 system call numbers of the rules above.
+/// The system calls of the rules above and where the kernel keeps the number of the one a task
+/// is in, per architecture (the observer's target: these are user-side facts the kernel side is
+/// configured with, `EVICT_SYSCALLS` and [`EvictConfig`]). Numbers are the kernel's tables:
+/// x86-64 `arch/x86/entry/syscalls/syscall_64.tbl`; aarch64 the generic table
+/// (`include/uapi/asm-generic/unistd.h`), which has no `open`, `creat`, `unlink` or `rename`
+/// (only their `*at` forms). Other architectures have no rules: their evictions in a system call
+/// count as [`K_OTHER`] with [`NO_SYSCALL`].
 pub mod sys {
-    pub const FADVISE: &[u32] = &[221, 28, 440]; // fadvise64, madvise, process_madvise
-    pub const TRUNCATE: &[u32] = &[
-        1, 18, 20, 296, 328, // write, pwrite64, writev, pwritev, pwritev2
-        76, 77, 285, // truncate, ftruncate, fallocate
-        2, 257, 437, 85, // open, openat, openat2, creat
-        87, 263, 82, 264, 316, // unlink, unlinkat, rename, renameat, renameat2
-        3,   // close
+    use super::{K_FADVISE, K_TRUNCATE};
+
+    /// A rule: the system call's name, its number, the kind of the evictions made in it.
+    #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+    pub struct Rule {
+        pub name: &'static str,
+        pub nr: u32,
+        pub kind: u32,
+    }
+
+    const fn r(name: &'static str, nr: u32, kind: u32) -> Rule {
+        Rule { name, nr, kind }
+    }
+
+    /// Where the number of the system call a task is in lies in the kernel's saved user
+    /// registers (`struct pt_regs`, at the top of the task's kernel stack).
+    #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+    pub struct NrField {
+        /// Byte offset in `struct pt_regs`.
+        pub offset: u32,
+        /// Width in bytes, 8 or 4 (signed, little-endian; −1 outside a system call).
+        pub bytes: u32,
+    }
+
+    /// x86-64: `orig_ax`, after `r15 … rdi` (the order of `user_regs_struct`).
+    #[cfg(target_arch = "x86_64")]
+    pub const NR_FIELD: Option<NrField> = Some(NrField { offset: 15 * 8, bytes: 8 });
+    /// aarch64: `s32 syscallno`, after `regs[31]`, `sp`, `pc`, `pstate` (`user_pt_regs`) and
+    /// `u64 orig_x0`; the 32 bits after it are another field (`pmr` on recent kernels).
+    #[cfg(target_arch = "aarch64")]
+    pub const NR_FIELD: Option<NrField> = Some(NrField { offset: 34 * 8 + 8, bytes: 4 });
+    #[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
+    pub const NR_FIELD: Option<NrField> = None;
+
+    #[cfg(target_arch = "x86_64")]
+    pub const RULES: &[Rule] = &[
+        r("fadvise64", 221, K_FADVISE),
+        r("madvise", 28, K_FADVISE),
+        r("process_madvise", 440, K_FADVISE),
+        r("write", 1, K_TRUNCATE), // `drop_caches` is a write
+        r("pwrite64", 18, K_TRUNCATE),
+        r("writev", 20, K_TRUNCATE),
+        r("pwritev", 296, K_TRUNCATE),
+        r("pwritev2", 328, K_TRUNCATE),
+        r("truncate", 76, K_TRUNCATE),
+        r("ftruncate", 77, K_TRUNCATE),
+        r("fallocate", 285, K_TRUNCATE),
+        r("open", 2, K_TRUNCATE), // O_TRUNC
+        r("openat", 257, K_TRUNCATE),
+        r("openat2", 437, K_TRUNCATE),
+        r("creat", 85, K_TRUNCATE),
+        r("unlink", 87, K_TRUNCATE),
+        r("unlinkat", 263, K_TRUNCATE),
+        r("rename", 82, K_TRUNCATE),
+        r("renameat", 264, K_TRUNCATE),
+        r("renameat2", 316, K_TRUNCATE),
+        r("close", 3, K_TRUNCATE), // the last close of an unlinked file
     ];
-    /// Name of a system call of these lists, for tables.
+
+    #[cfg(target_arch = "aarch64")]
+    pub const RULES: &[Rule] = &[
+        r("fadvise64", 223, K_FADVISE),
+        r("madvise", 233, K_FADVISE),
+        r("process_madvise", 440, K_FADVISE),
+        r("write", 64, K_TRUNCATE), // `drop_caches` is a write
+        r("pwrite64", 68, K_TRUNCATE),
+        r("writev", 66, K_TRUNCATE),
+        r("pwritev", 70, K_TRUNCATE),
+        r("pwritev2", 287, K_TRUNCATE),
+        r("truncate", 45, K_TRUNCATE),
+        r("ftruncate", 46, K_TRUNCATE),
+        r("fallocate", 47, K_TRUNCATE),
+        r("openat", 56, K_TRUNCATE), // O_TRUNC
+        r("openat2", 437, K_TRUNCATE),
+        r("unlinkat", 35, K_TRUNCATE),
+        r("renameat", 38, K_TRUNCATE),
+        r("renameat2", 276, K_TRUNCATE),
+        r("close", 57, K_TRUNCATE), // the last close of an unlinked file
+    ];
+
+    #[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
+    pub const RULES: &[Rule] = &[];
+
+    /// Name of a system call of [`RULES`], for tables.
     pub fn name(nr: u32) -> Option<&'static str> {
-        Some(match nr {
-            221 => "fadvise64",
-            28 => "madvise",
-            440 => "process_madvise",
-            1 => "write",
-            18 => "pwrite64",
-            20 => "writev",
-            296 => "pwritev",
-            328 => "pwritev2",
-            76 => "truncate",
-            77 => "ftruncate",
-            285 => "fallocate",
-            2 => "open",
-            257 => "openat",
-            437 => "openat2",
-            85 => "creat",
-            87 => "unlink",
-            263 => "unlinkat",
-            82 => "rename",
-            264 => "renameat",
-            316 => "renameat2",
-            3 => "close",
-            _ => return None,
-        })
+        RULES.iter().find(|r| r.nr == nr).map(|r| r.name)
     }
 }
 
@@ -211,11 +270,24 @@ mod pod {
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct EvictConfig {
     pub enabled: u32,
-    /// Offset of the system call number in the task's saved `pt_regs` (`orig_ax` on x86-64),
+    /// Offset of the system call number in the task's saved `pt_regs` ([`sys::NR_FIELD`]),
     /// [`NO_FIELD`](crate::filemap::NO_FIELD) where user space does not know it.
     pub syscall_off: u32,
+    /// Its width in bytes: 8, or 4 (a signed 32-bit field, sign-extended).
+    pub syscall_bytes: u32,
+    pub _pad: u32,
 }
-const _: () = assert!(core::mem::size_of::<EvictConfig>() == 8);
+const _: () = assert!(core::mem::size_of::<EvictConfig>() == 16);
+
+impl EvictConfig {
+    /// The system call number from the `i64` read at `syscall_off` (little-endian: a 4-byte
+    /// field is its low half), [`NO_SYSCALL`] outside `0..MAX_SYSCALL`.
+    #[inline(always)]
+    pub fn syscall_nr(&self, word: i64) -> u32 {
+        let nr = if self.syscall_bytes == 4 { word as i32 as i64 } else { word };
+        if (0..MAX_SYSCALL as i64).contains(&nr) { nr as u32 } else { NO_SYSCALL }
+    }
+}
 
 /// Entries of `EVICT_SYSCALLS` (system call number → `kind + 1`, 0 = no rule).
 pub const MAX_SYSCALL: u32 = 512;

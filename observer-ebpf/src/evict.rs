@@ -298,8 +298,8 @@ fn current_syscall(cfg: &EvictConfig) -> u32 {
             return NO_SYSCALL;
         }
         match bpf_probe_read_kernel((regs + cfg.syscall_off as u64) as *const i64) {
-            Ok(nr) if (0..MAX_SYSCALL as i64).contains(&nr) => nr as u32,
-            _ => NO_SYSCALL,
+            Ok(word) => cfg.syscall_nr(word),
+            Err(_) => NO_SYSCALL,
         }
     }
 }

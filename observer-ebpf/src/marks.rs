@@ -308,9 +308,13 @@ fn int_arg(_ctx: &ProbeContext, _n: u8) -> Option<u64> {
 fn call_n_tokens(ctx: &ProbeContext) -> Option<u32> {
     // SAFETY: the helper only reads the attach cookie of the running program.
     let cookie = unsafe { bpf_get_attach_cookie(ctx.as_ptr()) };
-    let (rule, operand) = call_arg::split(cookie);
-    match rule {
-        call_arg::STACK_I32 => stack_i32(ctx, operand),
+    match call_arg::split(cookie).0 {
+        call_arg::STACK_I32 | call_arg::PTR_I32 => {
+            let addr = call_arg::i32_address(cookie, |n| int_arg(ctx, n), stack_pointer(ctx))?;
+            // SAFETY: a checked read of the target's memory.
+            let n: i32 = unsafe { aya_ebpf::helpers::bpf_probe_read_user(addr as *const i32) }.ok()?;
+            if n >= 0 { Some(n as u32) } else { None }
+        }
         call_arg::PTR_VEC_LEN => {
             let v = call_arg::VecLen::from_cookie(cookie);
             let base = int_arg(ctx, v.arg)?;
@@ -330,23 +334,28 @@ fn call_n_tokens(ctx: &ProbeContext) -> Option<u32> {
     }
 }
 
-/// A non-negative `i32` at `sp + offset` of the probed thread's stack at entry.
+/// The probed thread's stack pointer at entry (`STACK_I32`).
 #[cfg(bpf_target_arch = "x86_64")]
 #[inline(always)]
-fn stack_i32(ctx: &ProbeContext, offset: u32) -> Option<u32> {
+fn stack_pointer(ctx: &ProbeContext) -> u64 {
     // SAFETY: `regs` is the probe's register frame (x86-64's `pt_regs`).
-    let sp = unsafe { (*ctx.regs).rsp };
-    // SAFETY: a checked read of the target's stack.
-    let n: i32 = unsafe { aya_ebpf::helpers::bpf_probe_read_user((sp + offset as u64) as *const i32) }.ok()?;
-    if n >= 0 { Some(n as u32) } else { None }
+    unsafe { read_volatile(addr_of!((*ctx.regs).rsp)) }
 }
 
-/// The stack rule is x86-64's calling convention (a struct over 16 bytes passed by value after
-/// the return address); the user side asks for it only there (`observer::capture::profile`).
-#[cfg(not(bpf_target_arch = "x86_64"))]
+/// [`stack_pointer`] on aarch64: `sp` of `user_pt_regs`.
+#[cfg(bpf_target_arch = "aarch64")]
 #[inline(always)]
-fn stack_i32(_ctx: &ProbeContext, _offset: u32) -> Option<u32> {
-    None
+fn stack_pointer(ctx: &ProbeContext) -> u64 {
+    let r = ctx.regs as *const aya_ebpf::bindings::user_pt_regs;
+    // SAFETY: `regs` is the probe's register frame.
+    unsafe { read_volatile(addr_of!((*r).sp)) }
+}
+
+/// Other architectures: no stack rule (the user side asks for none there); 0 reads nothing.
+#[cfg(not(any(bpf_target_arch = "x86_64", bpf_target_arch = "aarch64")))]
+#[inline(always)]
+fn stack_pointer(_ctx: &ProbeContext) -> u64 {
+    0
 }
 
 /// Entry of a probed call (`--token-symbol`, a profile's entry point): index =

@@ -19,6 +19,9 @@
 //!   lists, keyed by what it has on (`avx512-vbmi-vnni-bf16-avxvnni` on a Sapphire Rapids).
 //!   ggml has no option for AVX512-FP16 (only `-march=native` reaches it), so no build uses it.
 //!   On a CPU without AVX-512 the speed build is the `avx2` build.
+//! - `aarch64-armv8-a` (`cargo xtask parity --target aarch64`): a cross build with Debian's
+//!   `aarch64-linux-gnu` compilers, ggml-cpu at `-march=armv8-a` (`GGML_CPU_ARM_ARCH`: NEON,
+//!   no `dotprod`), its parity runner cross-compiled too; both run under `qemu-aarch64`.
 //!
 //! Sharing: the two builds configure separate trees from one source tree; only ggml-cpu's
 //! compile commands differ between them (the ISA flags are ggml-cpu's private options), so the
@@ -122,7 +125,22 @@ const AVX512_EXTRAS: [(&str, &str, &str); 4] = [
 pub struct Isa {
     pub key: String,
     on: Vec<&'static str>,
+    /// For an aarch64 cross build: the `-march` ggml-cpu is compiled for (`GGML_CPU_ARM_ARCH`).
+    arm_arch: Option<&'static str>,
 }
+
+/// The aarch64 cross build's level: ARMv8.0 NEON, without `dotprod` (so ggml runs its
+/// `ggml_vdotq_s32` emulation and never repacks weights, whose interleaved kernels the engine
+/// does not reproduce), the level of the engine's `neon` kernels on such a CPU.
+pub const AARCH64_ARCH: &str = "armv8-a";
+
+/// The cmake options of a cross build for aarch64 (Debian's `g++-aarch64-linux-gnu`).
+const AARCH64_CROSS: [&str; 4] = [
+    "-DCMAKE_SYSTEM_NAME=Linux",
+    "-DCMAKE_SYSTEM_PROCESSOR=aarch64",
+    "-DCMAKE_C_COMPILER=aarch64-linux-gnu-gcc",
+    "-DCMAKE_CXX_COMPILER=aarch64-linux-gnu-g++",
+];
 
 impl Isa {
     /// The parity build's level; fails on a CPU that cannot run it.
@@ -135,7 +153,7 @@ impl Isa {
                 missing.join(", ")
             );
         }
-        Ok(Isa { key: "avx2".to_owned(), on: AVX2_SET.iter().map(|(o, _)| *o).collect() })
+        Ok(Isa { key: "avx2".to_owned(), on: AVX2_SET.iter().map(|(o, _)| *o).collect(), arm_arch: None })
     }
 
     /// The speed build's level: the best this CPU offers without AMX.
@@ -154,6 +172,16 @@ impl Isa {
             }
         }
         Ok(isa)
+    }
+
+    /// The aarch64 cross build ([`AARCH64_ARCH`]).
+    pub fn aarch64() -> Isa {
+        Isa { key: format!("aarch64-{AARCH64_ARCH}"), on: Vec::new(), arm_arch: Some(AARCH64_ARCH) }
+    }
+
+    /// The C++ compiler of this build's programs (the parity runner).
+    fn cxx(&self) -> &'static str {
+        if self.arm_arch.is_some() { "aarch64-linux-gnu-g++" } else { "c++" }
     }
 
     /// Whether this level has AVX-512 on.
@@ -178,6 +206,11 @@ impl Isa {
         ]
         .map(str::to_owned)
         .to_vec();
+        if let Some(arch) = self.arm_arch {
+            args.extend(AARCH64_CROSS.map(str::to_owned));
+            args.push(format!("-DGGML_CPU_ARM_ARCH={arch}"));
+            return args;
+        }
         args.extend(ISA_OPTIONS.iter().map(|o| format!("-D{o}={}", if self.on.contains(o) { "ON" } else { "OFF" })));
         args
     }
@@ -344,6 +377,9 @@ fn ensure_build(dir: &Path, src: &Path, isa: &Isa, targets: &[Target]) -> Result
     if !configured || !missing.is_empty() {
         ensure_tool("cmake", "cmake")?;
         ensure_tool("ccache", "ccache")?;
+        if isa.arm_arch.is_some() {
+            ensure_tool("aarch64-linux-gnu-g++", "g++-aarch64-linux-gnu")?;
+        }
         let ccache_dir = dir.join("ccache");
         let (t0, cpu0) = (Instant::now(), crate::cmd::children_cpu());
         if !configured {
@@ -394,7 +430,7 @@ fn ensure_build(dir: &Path, src: &Path, isa: &Isa, targets: &[Target]) -> Result
         std::fs::write(&cpp, HARNESS_SRC).with_context(|| format!("writing {}", cpp.display()))?;
         let tmp = harness.with_extension("tmp");
         crate::cmd::run(
-            Command::new("c++")
+            Command::new(isa.cxx())
                 .args(["-O2", "-std=c++17", "-o"])
                 .arg(&tmp)
                 .arg(&cpp)
@@ -421,6 +457,16 @@ pub fn ensure(targets: &[Target]) -> Result<Builds> {
     let avx2 = ensure_build(&dir, &src, &avx2, targets)?;
     let speed = if best == avx2.isa { None } else { Some(ensure_build(&dir, &src, &best, targets)?) };
     Ok(Builds { avx2, speed })
+}
+
+/// The aarch64 cross build of `targets` ([`Isa::aarch64`]) and its parity runner, built where
+/// needed; its programs run under `qemu-aarch64` with the arm64 libraries installed in `/`
+/// (`cross.rs` installs them).
+pub fn ensure_aarch64(targets: &[Target]) -> Result<Build> {
+    let dir = crate::cache::dir()?.join("llama.cpp").join(LLAMA_CPP_PYTHON);
+    std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+    let src = ensure_source(&dir)?;
+    ensure_build(&dir, &src, &Isa::aarch64(), targets)
 }
 
 /// The AMX check (`amx.rs`) over every build.
@@ -521,6 +567,18 @@ mod tests {
         assert!(!dir.join("build").exists() && !dir.join("parity-llama-0123456789abcdef").exists());
         assert!(dir.join("avx2/build").is_dir(), "a keyed build was touched");
         std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn the_aarch64_build_is_a_cross_build_at_an_explicit_arm_level() {
+        let isa = Isa::aarch64();
+        assert_eq!(isa.key, "aarch64-armv8-a");
+        let args = isa.configure_args();
+        for a in ["-DGGML_NATIVE=OFF", "-DGGML_CPU_ARM_ARCH=armv8-a", "-DCMAKE_CXX_COMPILER=aarch64-linux-gnu-g++"] {
+            assert!(args.iter().any(|x| x == a), "{a}: {args:?}");
+        }
+        assert!(!args.iter().any(|a| a.contains("AVX") || a.contains("AMX")), "x86 options: {args:?}");
+        assert_eq!(isa.cxx(), "aarch64-linux-gnu-g++");
     }
 
     #[test]

@@ -8,6 +8,10 @@
 //! - `avx512` (CPUs with AVX-512 F, CD, BW, DQ, VL): the engine with `ENGINE_ISA=avx512` against
 //!   the speed build (AVX-512 and the VNNI/BF16/VBMI the CPU has, never AMX).
 //!
+//! `--target aarch64` runs [`ARM_PLAN`] instead: the engine cross-built for aarch64 (`neon`
+//! level) against llama.cpp's aarch64 cross build, both under `qemu-aarch64`; emulation checks
+//! correctness only, on a small set.
+//!
 //! Each level prints its environment and build. Before any level, the AMX check (`amx.rs`)
 //! runs on every build. At each level, for each model: the greedy continuation of three prompts
 //! over 64 tokens must be identical token for token, and the logits that chose the last token
@@ -227,6 +231,57 @@ const CASES: [Case; 4] = [
     },
 ];
 
+/// What one parity run covers and how its programs run.
+struct Plan {
+    cases: &'static [Case],
+    prompts: &'static [&'static str],
+    n_gen: usize,
+    /// Each case's long prompt too.
+    long_prompts: bool,
+    /// Run the engine and the runner under `qemu-aarch64` with this `QEMU_CPU`.
+    qemu_cpu: Option<&'static str>,
+}
+
+/// The x86-64 levels: every architecture, all prompts, natively.
+const X86_PLAN: Plan = Plan { cases: &CASES, prompts: &PROMPTS, n_gen: N_GEN, long_prompts: true, qemu_cpu: None };
+
+/// The aarch64 level under emulation, which runs tens of times slower: the tiny qwen3moe model
+/// in `Q8_0` and `Q4_K_M` (the `Q8_0`, `Q4_K` and `Q6_K` kernels), the two short prompts, 16
+/// tokens; on qemu's `cortex-a72` (ARMv8.0: NEON without `dotprod`, as the llama.cpp build).
+const ARM_PLAN: Plan = Plan {
+    cases: &ARM_CASES,
+    prompts: &[PROMPTS[0], PROMPTS[1]],
+    n_gen: 16,
+    long_prompts: false,
+    qemu_cpu: Some("cortex-a72"),
+};
+
+const ARM_CASES: [Case; 1] = [Case {
+    arch: "qwen3moe",
+    shape: &["--preset", "tiny"],
+    quants: &["q8_0", "q4_k_m"],
+    long_prompt_quant: "",
+    long_prompt_repeats: 0,
+    max_rel_err: 1e-2,
+}];
+
+/// qemu for aarch64 programs (plain, never `-L`: see `cross.rs`).
+const QEMU: &str = "/usr/bin/qemu-aarch64";
+
+impl Plan {
+    /// A command running `program` as this plan runs programs.
+    fn command(&self, program: &Path) -> Command {
+        match self.qemu_cpu {
+            Some(cpu) => {
+                let mut c = Command::new(QEMU);
+                c.env("QEMU_CPU", cpu).arg(program);
+                c
+            }
+            None => Command::new(program),
+        }
+    }
+}
+
 fn read_f32s(path: &Path) -> Result<Vec<f32>> {
     let b = std::fs::read(path).with_context(|| format!("reading {}", path.display()))?;
     Ok(b.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect())
@@ -254,6 +309,9 @@ pub enum Level {
     Avx2,
     /// The engine's AVX-512 level, against the speed build (which has AVX-512 on).
     Avx512,
+    /// The engine's aarch64 NEON kernels, cross-built, against the aarch64 cross build, both under
+    /// `qemu-aarch64` on a CPU without `dotprod` ([`ARM_PLAN`]).
+    Neon,
 }
 
 impl Level {
@@ -261,6 +319,7 @@ impl Level {
         match self {
             Level::Avx2 => "avx2",
             Level::Avx512 => "avx512",
+            Level::Neon => "neon",
         }
     }
 
@@ -287,18 +346,28 @@ pub fn levels(builds: &llama::Builds) -> Vec<(Level, &llama::Build)> {
 }
 
 pub fn main(args: &[String]) -> Result<()> {
-    let usage = "usage: cargo xtask parity [--threads N] [--arch A[,B…]] [--level avx2|avx512] (architectures: qwen3moe, olmoe, qwen35moe, gpt-oss)";
+    let usage = "usage: cargo xtask parity [--threads N] [--arch A[,B…]] [--level avx2|avx512] [--target aarch64] (architectures: qwen3moe, olmoe, qwen35moe, gpt-oss)";
     let mut threads = 2;
     let mut archs: Option<Vec<String>> = None;
     let mut only: Option<String> = None;
+    let mut target: Option<String> = None;
     let mut it = args.iter();
     while let Some(a) = it.next() {
         match a.as_str() {
             "--threads" => threads = it.next().context(usage)?.parse().context("--threads N")?,
             "--arch" => archs = Some(it.next().context(usage)?.split(',').map(str::to_owned).collect()),
             "--level" => only = Some(it.next().context(usage)?.clone()),
+            "--target" => target = Some(it.next().context(usage)?.clone()),
             _ => bail!("{usage}"),
         }
+    }
+    match target.as_deref() {
+        None => {}
+        Some("aarch64") if only.is_none() && archs.is_none() => return run_aarch64(threads),
+        Some("aarch64") => {
+            bail!("parity --target aarch64 runs its own set ({} level, tiny qwen3moe)\n{usage}", Level::Neon.name())
+        }
+        Some(t) => bail!("parity: unknown target {t:?} (aarch64 is the one cross target)\n{usage}"),
     }
     if let Some(l) = &only
         && ![Level::Avx2, Level::Avx512].iter().any(|v| v.name() == l.as_str())
@@ -321,7 +390,7 @@ pub fn main(args: &[String]) -> Result<()> {
         bail!("parity: level {l} is not available on this CPU (it lacks AVX-512 F, CD, BW, DQ or VL)");
     }
     for (level, build) in levels.into_iter().filter(|(v, _)| only.as_deref().is_none_or(|l| l == v.name())) {
-        if let Err(e) = run_archs(level, build, &engine, threads, archs.as_deref()) {
+        if let Err(e) = run_archs(&X86_PLAN, level, build, &engine, &engine, threads, archs.as_deref()) {
             println!("parity at the {} level: {e:#}", level.name());
             failed.push(level.name());
         }
@@ -335,25 +404,46 @@ pub fn main(args: &[String]) -> Result<()> {
 /// Parity of the engine at `level` against `build` on every architecture: tokenization, greedy
 /// continuations, logits.
 pub fn run_level(level: Level, build: &llama::Build, engine: &Path, threads: usize) -> Result<()> {
-    run_archs(level, build, engine, threads, None)
+    run_archs(&X86_PLAN, level, build, engine, engine, threads, None)
 }
 
-/// [`run_level`] on the architectures named in `archs` (all when `None`).
+/// `cargo xtask parity --target aarch64`: the engine cross-built for aarch64 at the `neon` level
+/// against llama.cpp's aarch64 cross build, both under `qemu-aarch64` ([`ARM_PLAN`]). The models
+/// are written by the host's engine (the file is the same whoever writes it).
+pub fn run_aarch64(threads: usize) -> Result<()> {
+    crate::cross::packages()?;
+    let build = llama::ensure_aarch64(llama::TEST_TARGETS)?;
+    let host_engine = llama::build_engine()?;
+    let engine = crate::cross::build_engine()?;
+    run_archs(&ARM_PLAN, Level::Neon, &build, &engine, &host_engine, threads, None)
+}
+
+/// [`run_level`] by `plan` on the architectures named in `archs` (all when `None`); `synth` is an
+/// engine binary that runs here, to write the models.
 fn run_archs(
+    plan: &Plan,
     level: Level,
     build: &llama::Build,
     engine: &Path,
+    synth: &Path,
     threads: usize,
     archs: Option<&[String]>,
 ) -> Result<()> {
     let (t0, cpu0) = (std::time::Instant::now(), crate::cmd::children_cpu());
-    println!("== parity at the {} level: engine with {} vs {}", level.name(), level.describe_env(), build.describe());
+    let emulated = plan.qemu_cpu.map_or(String::new(), |cpu| format!(", both under qemu-aarch64 (QEMU_CPU={cpu})"));
+    println!(
+        "== parity at the {} level: engine with {} vs {}{emulated}",
+        level.name(),
+        level.describe_env(),
+        build.describe()
+    );
     let engine_cmd = || {
-        let mut c = Command::new(engine);
+        let mut c = plan.command(engine);
         let (k, v) = level.env();
         c.env(k, v);
         c
     };
+    let n_gen = plan.n_gen;
     // Per process: parity runs of other clones may share the cache.
     let tmp = crate::cache::dir()?.join("parity-tmp").join(std::process::id().to_string());
     std::fs::create_dir_all(&tmp).with_context(|| format!("creating {}", tmp.display()))?;
@@ -361,7 +451,7 @@ fn run_archs(
     let mut worst = 0f64;
     let (mut bit_identical, mut compared) = (0, 0);
 
-    for case in CASES.iter().filter(|c| archs.is_none_or(|a| a.iter().any(|x| x == c.arch))) {
+    for case in plan.cases.iter().filter(|c| archs.is_none_or(|a| a.iter().any(|x| x == c.arch))) {
         for &quant in case.quants {
             let mut args: Vec<&str> = case.shape.to_vec();
             args.extend(["--quant", quant]);
@@ -370,11 +460,11 @@ fn run_archs(
             } else {
                 format!("parity-{}-{quant}", case.arch)
             };
-            let model = llama::synth_model(engine, &name, &args)?;
+            let model = llama::synth_model(synth, &name, &args)?;
             println!("== {} {quant}: {}", case.arch, model.display());
 
             // Tokenization.
-            let mut cmd = Command::new(&build.harness);
+            let mut cmd = plan.command(&build.harness);
             cmd.arg("tokenize").arg(&model).args(TOKENIZE);
             let reference: Value =
                 serde_json::from_str(&crate::cmd::output(&mut cmd)?).context("parsing parity-llama tokenize output")?;
@@ -395,19 +485,19 @@ fn run_archs(
             println!("  tokenization: {tok_ok}/{} strings identical", TOKENIZE.len());
 
             // Greedy continuation and final logits.
-            let mut prompts: Vec<String> = PROMPTS.iter().map(|p| (*p).to_owned()).collect();
-            if quant == case.long_prompt_quant {
+            let mut prompts: Vec<String> = plan.prompts.iter().map(|p| (*p).to_owned()).collect();
+            if plan.long_prompts && quant == case.long_prompt_quant {
                 prompts.push(long_prompt(case.long_prompt_repeats));
             }
             for (pi, prompt) in prompts.iter().enumerate() {
                 let ll_logits = tmp.join(format!("{}-{quant}-{pi}.llama.f32", case.arch));
                 let en_logits = tmp.join(format!("{}-{quant}-{pi}.engine.f32", case.arch));
                 let r: Value = serde_json::from_str(&crate::cmd::output(
-                    Command::new(&build.harness)
+                    plan.command(&build.harness)
                         .arg("generate")
                         .arg(&model)
                         .arg(threads.to_string())
-                        .arg(N_GEN.to_string())
+                        .arg(n_gen.to_string())
                         .arg(&ll_logits)
                         .arg(prompt)
                         .arg(UBATCH.to_string()),
@@ -418,7 +508,7 @@ fn run_archs(
                         .arg("run")
                         .arg("--model")
                         .arg(&model)
-                        .args(["--prompt", prompt, "-n", &N_GEN.to_string(), "--temp", "0", "--ignore-eos", "--json"])
+                        .args(["--prompt", prompt, "-n", &n_gen.to_string(), "--temp", "0", "--ignore-eos", "--json"])
                         .args(["--threads", &threads.to_string(), "--ubatch", &UBATCH.to_string()])
                         .args(["--force", "--logits-out"])
                         .arg(&en_logits),
@@ -433,17 +523,17 @@ fn run_archs(
                         .arg("run")
                         .arg("--model")
                         .arg(&model)
-                        .args(["--prompt", prompt, "-n", &N_GEN.to_string(), "--temp", "0", "--ignore-eos", "--json"])
+                        .args(["--prompt", prompt, "-n", &n_gen.to_string(), "--temp", "0", "--ignore-eos", "--json"])
                         .args(["--threads", &threads.to_string(), "--ubatch", "256"])
                         .args(["--force", "--logits-out"])
                         .arg(&en_batched),
                 )?;
                 let batched: Value = serde_json::from_str(&crate::cmd::output(
-                    Command::new(&build.harness)
+                    plan.command(&build.harness)
                         .arg("generate")
                         .arg(&model)
                         .arg(threads.to_string())
-                        .arg(N_GEN.to_string())
+                        .arg(n_gen.to_string())
                         .arg(tmp.join("batched.f32"))
                         .arg(prompt)
                         .arg("256"),
@@ -473,14 +563,14 @@ fn run_archs(
                 let batch_required = ids(&r["prompt"]).len() <= 256;
                 let ok = same_prompt
                     && ours == theirs
-                    && ours.len() == N_GEN
+                    && ours.len() == n_gen
                     && rel < case.max_rel_err
                     && (batch_same || !batch_required);
                 println!(
                     "  prompt {pi} ({} tokens): {}/{} generated tokens identical, final logits {} (max rel err {rel:.2e}) -> {}",
                     ids(&r["prompt"]).len(),
                     first_diff.unwrap_or(ours.len().min(theirs.len())),
-                    N_GEN,
+                    n_gen,
                     if identical { "bit-identical" } else { "differ" },
                     if !ok {
                         "MISMATCH"
@@ -496,7 +586,7 @@ fn run_archs(
                     if batch_required { "" } else { " (not required: prompt longer than 256 tokens)" }
                 );
                 println!(
-                    "    (llama.cpp vs itself, prompt batched vs token by token: {self_same}/{N_GEN} identical, rel err {self_rel:.2e})"
+                    "    (llama.cpp vs itself, prompt batched vs token by token: {self_same}/{n_gen} identical, rel err {self_rel:.2e})"
                 );
                 if !ok {
                     failures += 1;

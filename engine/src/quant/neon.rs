@@ -6,7 +6,7 @@
 //! `i32` per 16-byte group with `sdot` or, without `dotprod`, with ggml's emulation of it
 //! (`ggml_vdotq_s32`: `smull` of each half, `saddlp`, add). The two put different elements in
 //! each of the four `i32` lanes (`sdot`: lane `l` holds bytes `4l..4l+4`; the emulation: bytes
-//! `2l, 2l+1, 8+2l, 9+2l`); only `Q8_0` keeps the lanes apart into its float sums.
+//! `2l, 2l+1, 8+2l, 9+2l`); only `Q8_0` and `Q4_0` keep the lanes apart into their float sums.
 //!
 //! The float arithmetic is that of ggml's NEON `ggml_vec_dot_*` kernels (`arch/arm/quants.c`) as
 //! GCC compiles them for aarch64 (contractions read off the object code of `-O3` builds for
@@ -15,6 +15,11 @@
 //!   `sum += f32(lanes) * (d_w * d_x)` (`vmlaq_n_f32`: multiply, then add, not fused); the result
 //!   is `hadd(even) + hadd(odd)` with `hadd(v) = (v0 + v1) + (v2 + v3)`; a last odd block is
 //!   `fma(f32(sumi), d_w * d_x, sum)`;
+//! - `Q4_0`: as `Q8_0` (its quants the low nibbles, then the high ones, minus 8), but a last odd
+//!   block is `fma(f32(sumi) * d_w, d_x, sum)` (`sumi*d_w*d_x` in the source);
+//! - `Q2_K`: per block `sum = fma(f32(imin), -(d_x * dmin_w), sum)` then
+//!   `sum = fma(f32(isum), d_x * d_w, sum)`;
+//! - `Q3_K`: per block `sum = fma(f32(isum), d_x * d_w, sum)`;
 //! - `Q4_K`: per block `sum = sum - f32(imin) * dmin` then `sum = sum + f32(isum) * d`, each one
 //!   fused multiply-add (`d = d_x * d_w`, `dmin = d_x * dmin_w`);
 //! - `Q5_K`: per block `sum = sum + fma(d, f32(isum), -(dmin * f32(imin)))`;
@@ -33,7 +38,8 @@
 use std::arch::aarch64::*;
 use std::arch::asm;
 
-use super::kquants::{Q4_K_BYTES, Q5_K_BYTES, Q6_K_BYTES, scale_min_k4};
+use super::kquants::{Q2_K_BYTES, Q3_K_BYTES, Q4_K_BYTES, Q5_K_BYTES, Q6_K_BYTES, q3k_scales, scale_min_k4};
+use super::legacy::Q4_0_BYTES;
 use super::q8::{Q8_0_BYTES, Q8_K_BYTES};
 use super::{GgmlType, Kernel, Multi, f16_to_f32};
 
@@ -146,16 +152,45 @@ fn hadd_f32(v: float32x4_t) -> f32 {
 }
 
 // ---------------------------------------------------------------------------
-// Q8_0 x Q8_0
+// Q8_0 and Q4_0 x Q8_0: ggml's pairwise loop
 // ---------------------------------------------------------------------------
 
-/// The four `i32` lanes of one `Q8_0` block pair product.
+/// A 32-quant block type against `Q8_0` in ggml's pairwise NEON loop: its quants as two
+/// vectors of signed bytes (elements 0..16 and 16..32), and how a last odd block is added.
+struct Pairwise<const N: usize> {
+    quants: fn(&[u8; N]) -> (int8x16_t, int8x16_t),
+    /// `(sumi, d_w, d_x, sum)` to the new sum.
+    tail: fn(i32, f32, f32, f32) -> f32,
+}
+
+const Q8_0_PAIRWISE: Pairwise<Q8_0_BYTES> = Pairwise {
+    quants: |a| (ld(a, 2), ld(a, 18)),
+    // `sumf += sumi*(d_w*d_x)`: one fused multiply-add.
+    tail: |sumi, dw, dx, sum| (sumi as f32).mul_add(dw * dx, sum),
+};
+
+const Q4_0_PAIRWISE: Pairwise<Q4_0_BYTES> = Pairwise {
+    quants: q4_0_quants,
+    // `sumf += sumi*d_w*d_x`: `(sumi*d_w)` rounded, then fused with `d_x`.
+    tail: |sumi, dw, dx, sum| (sumi as f32 * dw).mul_add(dx, sum),
+};
+
+/// A `Q4_0` block's quants: low nibbles (elements 0..16) and high nibbles (16..32), minus 8.
 #[inline(always)]
-fn q8_0_lanes<const SD: bool>(a: &[u8; Q8_0_BYTES], b: &[u8; Q8_0_BYTES]) -> int32x4_t {
-    // ggml: vaddq_s32(vdot(0, x_0, y_0), vdot(0, x_1, y_1)); the sum of two dots into zero is
-    // the same integers lane by lane as one chained dot.
+fn q4_0_quants(a: &[u8; Q4_0_BYTES]) -> (int8x16_t, int8x16_t) {
     // SAFETY: NEON, registers only.
-    unsafe { vaddq_s32(vdot::<SD>(zero(), ld(a, 2), ld(b, 2)), vdot::<SD>(zero(), ld(a, 18), ld(b, 18))) }
+    unsafe {
+        let v = ldu(a, 2);
+        let (m4, s8) = (vdupq_n_u8(0xf), vdupq_n_s8(8));
+        (vsubq_s8(vreinterpretq_s8_u8(vandq_u8(v, m4)), s8), vsubq_s8(vreinterpretq_s8_u8(vshrq_n_u8::<4>(v)), s8))
+    }
+}
+
+/// The four `i32` lanes of one block's product: `vdot(vdot(0, w0, y0), w1, y1)` (ggml's `Q4_0`;
+/// its `Q8_0` adds two dots into zero, the same integers lane by lane).
+#[inline(always)]
+fn pair_lanes<const SD: bool>(w: (int8x16_t, int8x16_t), b: &[u8; Q8_0_BYTES]) -> int32x4_t {
+    vdot::<SD>(vdot::<SD>(zero(), w.0, ld(b, 2)), w.1, ld(b, 18))
 }
 
 /// `sum + f32(lanes) * d`, multiply then add (`vmlaq_n_f32`).
@@ -171,54 +206,33 @@ fn fzero() -> float32x4_t {
     unsafe { vdupq_n_f32(0.0) }
 }
 
+/// Rows of a [`Pairwise`] type against up to [`MAX_MULTI`] activations, each weight block
+/// decoded once: blocks in pairs, even blocks into one 4-lane sum and odd blocks into another,
+/// `hadd(even) + hadd(odd)`, then the last odd block by the type's `tail`.
 #[inline(always)]
-fn dot_q8_0<const SD: bool>(w: &[u8], x: &[u8]) -> f32 {
-    let (wb, _) = w.as_chunks::<Q8_0_BYTES>();
-    let (xb, _) = x.as_chunks::<Q8_0_BYTES>();
-    let nb = wb.len().min(xb.len());
-    let (mut s0, mut s1) = (fzero(), fzero());
-    let mut ib = 0;
-    while ib + 1 < nb {
-        let (a0, a1, b0, b1) = (&wb[ib], &wb[ib + 1], &xb[ib], &xb[ib + 1]);
-        s0 = mla(s0, q8_0_lanes::<SD>(a0, b0), f16_at(a0, 0) * f16_at(b0, 0));
-        s1 = mla(s1, q8_0_lanes::<SD>(a1, b1), f16_at(a1, 0) * f16_at(b1, 0));
-        ib += 2;
-    }
-    let mut sum = hadd_f32(s0) + hadd_f32(s1);
-    if ib < nb {
-        let (a, b) = (&wb[ib], &xb[ib]);
-        let sumi = addv(q8_0_lanes::<SD>(a, b));
-        sum = (sumi as f32).mul_add(f16_at(a, 0) * f16_at(b, 0), sum);
-    }
-    sum
-}
-
-/// [`dot_q8_0`] for several activations, each weight block loaded once.
-#[inline(always)]
-fn multi_q8_0<const SD: bool>(w: &[u8], row_bytes: usize, xs: &[&[u8]], outs: &mut [&mut [f32]]) {
+fn pair_rows<const SD: bool, const N: usize>(
+    p: &Pairwise<N>,
+    w: &[u8],
+    row_bytes: usize,
+    xs: &[&[u8]],
+    outs: &mut [&mut [f32]],
+) {
     let nt = xs.len().min(MAX_MULTI);
     let xb: [&[[u8; Q8_0_BYTES]]; MAX_MULTI] = std::array::from_fn(|t| xs.get(t).map_or(&[][..], |x| x.as_chunks().0));
     for (r, row) in w.chunks_exact(row_bytes).enumerate() {
-        let (wb, _) = row.as_chunks::<Q8_0_BYTES>();
+        let (wb, _) = row.as_chunks::<N>();
         let nb = wb.len();
         let mut s0 = [fzero(); MAX_MULTI];
         let mut s1 = [fzero(); MAX_MULTI];
         let mut ib = 0;
         while ib + 1 < nb {
             let (a0, a1) = (&wb[ib], &wb[ib + 1]);
-            let (w00, w01, w10, w11) = (ld(a0, 2), ld(a0, 18), ld(a1, 2), ld(a1, 18));
+            let (q0, q1) = ((p.quants)(a0), (p.quants)(a1));
             let (d0, d1) = (f16_at(a0, 0), f16_at(a1, 0));
             for t in 0..nt {
                 let (b0, b1) = (&xb[t][ib], &xb[t][ib + 1]);
-                // SAFETY: NEON, registers only.
-                let (l0, l1) = unsafe {
-                    (
-                        vaddq_s32(vdot::<SD>(zero(), w00, ld(b0, 2)), vdot::<SD>(zero(), w01, ld(b0, 18))),
-                        vaddq_s32(vdot::<SD>(zero(), w10, ld(b1, 2)), vdot::<SD>(zero(), w11, ld(b1, 18))),
-                    )
-                };
-                s0[t] = mla(s0[t], l0, d0 * f16_at(b0, 0));
-                s1[t] = mla(s1[t], l1, d1 * f16_at(b1, 0));
+                s0[t] = mla(s0[t], pair_lanes::<SD>(q0, b0), d0 * f16_at(b0, 0));
+                s1[t] = mla(s1[t], pair_lanes::<SD>(q1, b1), d1 * f16_at(b1, 0));
             }
             ib += 2;
         }
@@ -226,8 +240,8 @@ fn multi_q8_0<const SD: bool>(w: &[u8], row_bytes: usize, xs: &[&[u8]], outs: &m
             let mut sum = hadd_f32(s0[t]) + hadd_f32(s1[t]);
             if ib < nb {
                 let (a, b) = (&wb[ib], &xb[t][ib]);
-                let sumi = addv(q8_0_lanes::<SD>(a, b));
-                sum = (sumi as f32).mul_add(f16_at(a, 0) * f16_at(b, 0), sum);
+                let sumi = addv(pair_lanes::<SD>((p.quants)(a), b));
+                sum = (p.tail)(sumi, f16_at(a, 0), f16_at(b, 0), sum);
             }
             outs[t][r] = sum;
         }
@@ -399,25 +413,104 @@ fn q6k_quants(a: &[u8; Q6_K_BYTES]) -> [int8x16_t; 16] {
     }
 }
 
+/// A K-quant block whose quants come in 16 groups of 16, each with one integer scale (`Q2_K`,
+/// `Q3_K`, `Q6_K`): its quants (group `s` is vector `s`), its scales, and how a block's
+/// `isum = Σ_s scale_s * (group s · activation)` enters the sum in ggml's order.
+struct Groups16<const N: usize> {
+    quants: fn(&[u8; N]) -> [int8x16_t; 16],
+    scales: fn(&[u8; N]) -> [i32; 16],
+    /// `(sum, isum, block, activation)` to the new sum.
+    acc: fn(f32, i32, &[u8; N], &[u8; Q8_K_BYTES]) -> f32,
+}
+
+const Q6_K_GROUPS: Groups16<Q6_K_BYTES> = Groups16 {
+    quants: q6k_quants,
+    scales: |a| std::array::from_fn(|s| a[192 + s] as i8 as i32),
+    // Quants taken unsigned, their bias 32 removed through the activation's `bsums`.
+    acc: |sum, isum, a, y| {
+        let imin: i32 = (0..16).map(|s| bsum(y, s) * (a[192 + s] as i8 as i32)).sum();
+        (f16_at(a, 208) * f32_at(y, 0)).mul_add((isum - 32 * imin) as f32, sum)
+    },
+};
+
+const Q2_K_GROUPS: Groups16<Q2_K_BYTES> = Groups16 {
+    quants: q2k_quants,
+    scales: |a| std::array::from_fn(|s| (a[s] & 0xf) as i32),
+    // `sum += dmin * imin` (`dmin = -d_x * dmin_w`), then `sum += d * isum`: two fused.
+    acc: |sum, isum, a, y| {
+        let dy = f32_at(y, 0);
+        let imin: i32 = (0..16).map(|s| bsum(y, s) * (a[s] >> 4) as i32).sum();
+        let sum = (imin as f32).mul_add(-(dy * f16_at(a, 82)), sum);
+        (isum as f32).mul_add(dy * f16_at(a, 80), sum)
+    },
+};
+
+const Q3_K_GROUPS: Groups16<Q3_K_BYTES> = Groups16 {
+    quants: q3k_quants,
+    scales: |a| q3k_scales(&a[96..108]).map(i32::from),
+    // `sum += d * isum`, fused.
+    acc: |sum, isum, a, y| (isum as f32).mul_add(f32_at(y, 0) * f16_at(a, 108), sum),
+};
+
+/// `v >> sh` lane by lane (a shift known only at run time).
 #[inline(always)]
-fn q6k_rows<const SD: bool>(w: &[u8], row_bytes: usize, xs: &[&[u8]], outs: &mut [&mut [f32]]) {
+fn shr(v: uint8x16_t, sh: usize) -> uint8x16_t {
+    // SAFETY: NEON, registers only.
+    unsafe { vshlq_u8(v, vdupq_n_s8(-(sh as i8))) }
+}
+
+/// A `Q2_K` block's quants (0..3): element `128h + 32k + l` is bits `2k` of `qs[32h + l]`.
+#[inline(always)]
+fn q2k_quants(a: &[u8; Q2_K_BYTES]) -> [int8x16_t; 16] {
+    // SAFETY: NEON, registers only.
+    unsafe {
+        let m3 = vdupq_n_u8(3);
+        std::array::from_fn(|s| {
+            let (h, k, half) = (s / 8, (s % 8) / 2, s % 2);
+            vreinterpretq_s8_u8(vandq_u8(shr(ldu(a, 16 + 32 * h + 16 * half), 2 * k), m3))
+        })
+    }
+}
+
+/// A `Q3_K` block's quants (−4..3): the low bits as `Q2_K`'s from `qs` (byte 32), minus 4 where
+/// bit `4h + k` of `hmask[l]` (byte 0) is clear.
+#[inline(always)]
+fn q3k_quants(a: &[u8; Q3_K_BYTES]) -> [int8x16_t; 16] {
+    // SAFETY: NEON, registers only.
+    unsafe {
+        let (m1, m3) = (vdupq_n_u8(1), vdupq_n_u8(3));
+        std::array::from_fn(|s| {
+            let (h, k, half) = (s / 8, (s % 8) / 2, s % 2);
+            let low = vandq_u8(shr(ldu(a, 32 + 32 * h + 16 * half), 2 * k), m3);
+            let clear = vandq_u8(shr(vmvnq_u8(ldu(a, 16 * half)), 4 * h + k), m1);
+            vsubq_s8(vreinterpretq_s8_u8(low), vreinterpretq_s8_u8(vshlq_n_u8::<2>(clear)))
+        })
+    }
+}
+
+/// Rows of a [`Groups16`] type against up to [`MAX_MULTI`] activations, each block decoded once.
+#[inline(always)]
+fn groups16_rows<const SD: bool, const N: usize>(
+    g: &Groups16<N>,
+    w: &[u8],
+    row_bytes: usize,
+    xs: &[&[u8]],
+    outs: &mut [&mut [f32]],
+) {
     let nt = xs.len().min(MAX_MULTI);
     let xb: [&[[u8; Q8_K_BYTES]]; MAX_MULTI] = std::array::from_fn(|t| xs.get(t).map_or(&[][..], |x| x.as_chunks().0));
     for (r, row) in w.chunks_exact(row_bytes).enumerate() {
-        let (wb, _) = row.as_chunks::<Q6_K_BYTES>();
+        let (wb, _) = row.as_chunks::<N>();
         let mut sum = [0f32; MAX_MULTI];
         for (i, a) in wb.iter().enumerate() {
-            let q = q6k_quants(a);
-            let sc: [i32; 16] = std::array::from_fn(|s| a[192 + s] as i8 as i32);
-            let dw = f16_at(a, 208);
+            let (q, sc) = ((g.quants)(a), (g.scales)(a));
             for t in 0..nt {
                 let y = &xb[t][i];
                 let mut isum = 0;
                 for (s, qs) in q.iter().enumerate() {
                     isum += addv(vdot::<SD>(zero(), *qs, ld(y, 4 + 16 * s))) * sc[s];
                 }
-                let imin: i32 = (0..16).map(|s| bsum(y, s) * sc[s]).sum();
-                sum[t] = (dw * f32_at(y, 0)).mul_add((isum - 32 * imin) as f32, sum[t]);
+                sum[t] = (g.acc)(sum[t], isum, a, y);
             }
         }
         for t in 0..nt {
@@ -432,7 +525,27 @@ fn q6k_rows<const SD: bool>(w: &[u8], row_bytes: usize, xs: &[&[u8]], outs: &mut
 
 #[inline(always)]
 fn rows_q8_0<const SD: bool>(w: &[u8], rb: usize, xs: &[&[u8]], outs: &mut [&mut [f32]]) {
-    multi_q8_0::<SD>(w, rb, xs, outs)
+    pair_rows::<SD, Q8_0_BYTES>(&Q8_0_PAIRWISE, w, rb, xs, outs)
+}
+
+#[inline(always)]
+fn rows_q4_0<const SD: bool>(w: &[u8], rb: usize, xs: &[&[u8]], outs: &mut [&mut [f32]]) {
+    pair_rows::<SD, Q4_0_BYTES>(&Q4_0_PAIRWISE, w, rb, xs, outs)
+}
+
+#[inline(always)]
+fn rows_q2_k<const SD: bool>(w: &[u8], rb: usize, xs: &[&[u8]], outs: &mut [&mut [f32]]) {
+    groups16_rows::<SD, Q2_K_BYTES>(&Q2_K_GROUPS, w, rb, xs, outs)
+}
+
+#[inline(always)]
+fn rows_q3_k<const SD: bool>(w: &[u8], rb: usize, xs: &[&[u8]], outs: &mut [&mut [f32]]) {
+    groups16_rows::<SD, Q3_K_BYTES>(&Q3_K_GROUPS, w, rb, xs, outs)
+}
+
+#[inline(always)]
+fn rows_q6_k<const SD: bool>(w: &[u8], rb: usize, xs: &[&[u8]], outs: &mut [&mut [f32]]) {
+    groups16_rows::<SD, Q6_K_BYTES>(&Q6_K_GROUPS, w, rb, xs, outs)
 }
 
 #[inline(always)]
@@ -458,9 +571,13 @@ macro_rules! dot_of_rows {
         }
     };
 }
+dot_of_rows!(dot_q8_0, rows_q8_0);
+dot_of_rows!(dot_q4_0, rows_q4_0);
+dot_of_rows!(dot_q2_k, rows_q2_k);
+dot_of_rows!(dot_q3_k, rows_q3_k);
 dot_of_rows!(dot_q4_k, rows_q4_k);
 dot_of_rows!(dot_q5_k, rows_q5_k);
-dot_of_rows!(dot_q6_k, q6k_rows);
+dot_of_rows!(dot_q6_k, rows_q6_k);
 
 // ---------------------------------------------------------------------------
 // Entry points
@@ -509,9 +626,12 @@ macro_rules! entries {
     };
 }
 entries!(e_q8_0, dot_q8_0, rows_q8_0);
+entries!(e_q4_0, dot_q4_0, rows_q4_0);
+entries!(e_q2_k, dot_q2_k, rows_q2_k);
+entries!(e_q3_k, dot_q3_k, rows_q3_k);
 entries!(e_q4_k, dot_q4_k, rows_q4_k);
 entries!(e_q5_k, dot_q5_k, rows_q5_k);
-entries!(e_q6_k, dot_q6_k, q6k_rows);
+entries!(e_q6_k, dot_q6_k, rows_q6_k);
 
 /// The NEON kernel for `ty`, `sdot` inside when `sd`.
 ///
@@ -531,6 +651,9 @@ pub(super) fn kernel_with(ty: GgmlType, sd: bool) -> Option<Kernel> {
     }
     Some(match ty {
         Q8_0 => k!(e_q8_0),
+        Q4_0 => k!(e_q4_0),
+        Q2_K => k!(e_q2_k),
+        Q3_K => k!(e_q3_k),
         Q4_K => k!(e_q4_k),
         Q5_K => k!(e_q5_k),
         Q6_K => k!(e_q6_k),
@@ -552,6 +675,9 @@ pub(super) fn multi_kernel_with(ty: GgmlType, sd: bool) -> Option<Multi> {
     }
     Some(match ty {
         Q8_0 => m!(e_q8_0),
+        Q4_0 => m!(e_q4_0),
+        Q2_K => m!(e_q2_k),
+        Q3_K => m!(e_q3_k),
         Q4_K => m!(e_q4_k),
         Q5_K => m!(e_q5_k),
         Q6_K => m!(e_q6_k),

@@ -1498,7 +1498,25 @@ fn neon_sdot() -> bool {
 }
 
 /// The `neon` level's types with a kernel of their own (the others are the scalar kernels).
-const NEON_TYPES: [GgmlType; 4] = [GgmlType::Q8_0, GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K];
+const NEON_TYPES: [GgmlType; 7] =
+    [GgmlType::Q8_0, GgmlType::Q4_0, GgmlType::Q2_K, GgmlType::Q3_K, GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K];
+
+/// Quant `e` (0..32) of a `Q4_0` block: the low nibbles of `qs` are elements 0..16, the high
+/// nibbles 16..32, each minus 8.
+fn q4_0_elem(b: &[u8], e: usize) -> i32 {
+    let q = b[2 + e % 16];
+    (if e < 16 { q & 0xf } else { q >> 4 }) as i32 - 8
+}
+
+/// Quant `e` (0..256) of a `Q2_K` (`Q3_K` when `q3`) block, as ggml's reference dequantizer reads
+/// it: bits `2k` of `qs[32h + l]` for `e = 128h + 32k + l`; `Q3_K` subtracts 4 where bit `4h + k`
+/// of `hmask[l]` is clear.
+fn k23_elem(b: &[u8], e: usize, q3: bool) -> i32 {
+    let (hf, k, l) = (e / 128, (e % 128) / 32, e % 32);
+    let qs = if q3 { 32 } else { 16 };
+    let low = ((b[qs + 32 * hf + l] >> (2 * k)) & 3) as i32;
+    if q3 && (b[l] >> (4 * hf + k)) & 1 == 0 { low - 4 } else { low }
+}
 
 /// The dot product in the float order of ggml's NEON `ggml_vec_dot_*` as GCC compiles it for
 /// aarch64 (read off the object code: which products are fused, which are not), with `sdot`'s
@@ -1509,14 +1527,15 @@ fn ggml_neon_dot(ty: GgmlType, w: &[u8], x: &[u8], sdot: bool) -> f32 {
     let xs = ty.vec_dot_type().type_size();
     let blocks = w.chunks_exact(ts).zip(x.chunks_exact(xs));
     match ty {
-        Q8_0 => {
+        Q8_0 | Q4_0 => {
             // The i32 lane of quant e: sdot sums 4 consecutive bytes of each 16; the emulation
             // pairs bytes 2l, 2l+1 of each 8-byte half.
             let lane = |e: usize| if sdot { (e % 16) / 4 } else { (e % 8) / 2 };
+            let quant = |a: &[u8], e: usize| if ty == Q8_0 { i8at(a, 2 + e) } else { q4_0_elem(a, e) };
             let lanes = |a: &[u8], b: &[u8]| -> [i32; 4] {
                 let mut l = [0i32; 4];
                 for e in 0..32 {
-                    l[lane(e)] += i8at(a, 2 + e) * i8at(b, 2 + e);
+                    l[lane(e)] += quant(a, e) * i8at(b, 2 + e);
                 }
                 l
             };
@@ -1537,7 +1556,43 @@ fn ggml_neon_dot(ty: GgmlType, w: &[u8], x: &[u8], sdot: bool) -> f32 {
                 }
             }
             let sum = hadd(s[0]) + hadd(s[1]);
-            tail.map_or(sum, |(sumi, d)| (sumi as f32).mul_add(d, sum))
+            match tail {
+                None => sum,
+                // Q8_0: `sumf += sumi*(d_w*d_x)`, fused.
+                Some((sumi, d)) if ty == Q8_0 => (sumi as f32).mul_add(d, sum),
+                // Q4_0: `sumf += sumi*d_w*d_x`: `sumi*d_w` rounded, then fused with d_x.
+                Some((sumi, _)) => {
+                    let (a, b) = (&w[(nb - 1) * ts..], &x[(nb - 1) * xs..]);
+                    (sumi as f32 * h(a, 0)).mul_add(h(b, 0), sum)
+                }
+            }
+        }
+        Q2_K | Q3_K => {
+            let q3 = ty == Q3_K;
+            let mut sum = 0f32;
+            for (a, y) in blocks {
+                let sc = |s: usize| -> i32 {
+                    if q3 {
+                        let lo = if s < 8 { a[96 + s] & 0xf } else { a[96 + s - 8] >> 4 };
+                        let hi = (a[104 + s % 4] >> (2 * (s / 4))) & 3;
+                        (lo | (hi << 4)) as i32 - 32
+                    } else {
+                        (a[s] & 0xf) as i32
+                    }
+                };
+                let isum: i32 = (0..QK_K).map(|e| sc(e / 16) * k23_elem(a, e, q3) * i8at(y, 4 + e)).sum();
+                let dy = q8k_d(y);
+                if q3 {
+                    // sum += d * isum, fused.
+                    sum = (isum as f32).mul_add(dy * h(a, 108), sum);
+                } else {
+                    // sum += dmin * imin (dmin = -d_x * dmin_w), then sum += d * isum: both fused.
+                    let imin: i32 = (0..16).map(|s| (a[s] >> 4) as i32 * q8k_bsum(y, s)).sum();
+                    sum = (imin as f32).mul_add(-(dy * h(a, 82)), sum);
+                    sum = (isum as f32).mul_add(dy * h(a, 80), sum);
+                }
+            }
+            sum
         }
         Q4_K | Q5_K => {
             let mut sum = 0f32;

@@ -39,10 +39,11 @@ use observer_common::attrib::call_arg;
 pub enum NTokens {
     /// Not read: the layout is private or not known.
     Unknown,
-    /// A signed 32-bit count at `sp + offset` at entry (x86-64 only: a
-    /// struct over 16 bytes passed by value, on the stack after the return
-    /// address; elsewhere the count is unknown).
-    StackI32 { offset: u32 },
+    /// A signed 32-bit field at byte `field` of a struct over 16 bytes passed
+    /// by value as argument `arg` (0-based; the first argument passed this
+    /// way). Where it lies is this architecture's calling convention
+    /// ([`by_value_i32`]).
+    ByValueI32 { arg: u8, field: u32 },
     /// The length of a `std::vector` in the struct an argument points to
     /// (`call_arg::VecLen`: x86-64 and aarch64 alike, the argument is a register).
     PtrVecLen(call_arg::VecLen),
@@ -52,13 +53,32 @@ impl NTokens {
     /// The uprobe's attach cookie for this rule (`call_arg`'s encoding).
     pub fn cookie(self) -> u64 {
         match self {
-            NTokens::StackI32 { offset } if cfg!(target_arch = "x86_64") => {
-                call_arg::cookie(call_arg::STACK_I32, offset)
-            }
+            NTokens::ByValueI32 { arg, field } => by_value_i32(arg, field),
             NTokens::PtrVecLen(v) => v.cookie(),
-            _ => call_arg::cookie(call_arg::NONE, 0),
+            NTokens::Unknown => call_arg::cookie(call_arg::NONE, 0),
         }
     }
+}
+
+/// The rule reading [`NTokens::ByValueI32`] on x86-64 (System V): a struct
+/// over 16 bytes passed by value goes in memory, the first such argument just
+/// above the return address, at `sp + 8` at entry.
+#[cfg(target_arch = "x86_64")]
+const fn by_value_i32(_arg: u8, field: u32) -> u64 {
+    call_arg::cookie(call_arg::STACK_I32, 8 + field)
+}
+
+/// On aarch64 (AAPCS64 B.4): the caller copies a struct over 16 bytes and
+/// passes the copy's address as the argument, in register `x<arg>`.
+#[cfg(target_arch = "aarch64")]
+const fn by_value_i32(arg: u8, field: u32) -> u64 {
+    call_arg::PtrI32 { arg, offset: field }.cookie()
+}
+
+/// Other architectures: not read (the count is unknown).
+#[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
+const fn by_value_i32(_arg: u8, _field: u32) -> u64 {
+    call_arg::cookie(call_arg::NONE, 0)
 }
 
 /// One function whose calls are steps.
@@ -83,8 +103,8 @@ pub struct Profile {
 pub const LLAMA_CPP: Profile = Profile {
     name: "llama.cpp",
     entries: &[
-        Entry { symbol: "llama_decode", n_tokens: NTokens::StackI32 { offset: 8 } },
-        Entry { symbol: "llama_encode", n_tokens: NTokens::StackI32 { offset: 8 } },
+        Entry { symbol: "llama_decode", n_tokens: NTokens::ByValueI32 { arg: 1, field: 0 } },
+        Entry { symbol: "llama_encode", n_tokens: NTokens::ByValueI32 { arg: 1, field: 0 } },
         Entry { symbol: "llama_process", n_tokens: NTokens::PtrVecLen(LLAMA_BATCH_EXT_TOKENS) },
     ],
 };
@@ -198,6 +218,19 @@ pub fn mapped_files(pid: u32) -> Vec<PathBuf> {
     out
 }
 
+/// The dynamic loader's system directories, after `DT_RPATH`/`DT_RUNPATH` and
+/// `LD_LIBRARY_PATH`: the multiarch directories of this architecture (Debian,
+/// Ubuntu), then the 64-bit ones (Fedora, Arch, and x86-64's legacy layout),
+/// then the plain ones (glibc's default on aarch64).
+#[cfg(target_arch = "x86_64")]
+const SYSTEM_LIB_DIRS: &[&str] =
+    &["/lib/x86_64-linux-gnu", "/usr/lib/x86_64-linux-gnu", "/lib64", "/usr/lib64", "/lib", "/usr/lib"];
+#[cfg(target_arch = "aarch64")]
+const SYSTEM_LIB_DIRS: &[&str] =
+    &["/lib/aarch64-linux-gnu", "/usr/lib/aarch64-linux-gnu", "/lib64", "/usr/lib64", "/lib", "/usr/lib"];
+#[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
+const SYSTEM_LIB_DIRS: &[&str] = &["/lib64", "/usr/lib64", "/lib", "/usr/lib"];
+
 /// The shared libraries `exe` needs (`DT_NEEDED`), found as the dynamic
 /// loader finds them; those not found are left out (one level: what the
 /// libraries themselves need is not followed).
@@ -209,10 +242,7 @@ pub fn needed_libraries(exe: &Path) -> Vec<PathBuf> {
     if let Ok(v) = std::env::var("LD_LIBRARY_PATH") {
         dirs.extend(v.split(':').filter(|d| !d.is_empty()).map(PathBuf::from));
     }
-    dirs.extend(
-        ["/lib/x86_64-linux-gnu", "/usr/lib/x86_64-linux-gnu", "/lib64", "/usr/lib64", "/lib", "/usr/lib"]
-            .map(PathBuf::from),
-    );
+    dirs.extend(SYSTEM_LIB_DIRS.iter().map(PathBuf::from));
     needed
         .iter()
         .filter_map(|n| {
@@ -259,9 +289,91 @@ mod tests {
         let process = LLAMA_CPP.entries.iter().find(|e| e.symbol == "llama_process").unwrap();
         assert_eq!(call_arg::VecLen::from_cookie(process.n_tokens.cookie()), LLAMA_BATCH_EXT_TOKENS);
         let decode = LLAMA_CPP.entries.iter().find(|e| e.symbol == "llama_decode").unwrap();
-        if cfg!(target_arch = "x86_64") {
-            assert_eq!(call_arg::split(decode.n_tokens.cookie()), (call_arg::STACK_I32, 8));
+        #[cfg(target_arch = "x86_64")]
+        assert_eq!(call_arg::split(decode.n_tokens.cookie()), (call_arg::STACK_I32, 8));
+        #[cfg(target_arch = "aarch64")]
+        assert_eq!(call_arg::PtrI32::from_cookie(decode.n_tokens.cookie()), call_arg::PtrI32 { arg: 1, offset: 0 });
+    }
+
+    /// `llama_batch` (`include/llama.h`): 56 bytes, `int32_t n_tokens` first.
+    #[repr(C)]
+    #[derive(Clone, Copy)]
+    struct LlamaBatch {
+        n_tokens: i32,
+        ptrs: [usize; 6],
+    }
+
+    /// The integer argument registers and the stack pointer at a function's entry, as a uprobe
+    /// sees them (x86-64: rdi, rsi, rdx, rcx, r8, r9; aarch64: x0..x5).
+    #[repr(C)]
+    struct EntryRegs {
+        args: [u64; 6],
+        sp: u64,
+    }
+
+    struct Shared(std::cell::UnsafeCell<EntryRegs>);
+    // SAFETY: written by `llama_decode_like` and read by the body it jumps to, on one thread (one test).
+    unsafe impl Sync for Shared {}
+    static ENTRY: Shared = Shared(std::cell::UnsafeCell::new(EntryRegs { args: [0; 6], sp: 0 }));
+
+    /// A function of `llama_decode`'s signature, called by the compiler's own C calling convention:
+    /// it saves the registers at entry, as a uprobe does, then jumps to [`decode_body`].
+    #[unsafe(naked)]
+    extern "C" fn llama_decode_like(_ctx: usize, _batch: LlamaBatch) -> i32 {
+        #[cfg(target_arch = "x86_64")]
+        core::arch::naked_asm!(
+            "lea r11, [rip + {e}]",
+            "mov [r11], rdi",
+            "mov [r11 + 8], rsi",
+            "mov [r11 + 16], rdx",
+            "mov [r11 + 24], rcx",
+            "mov [r11 + 32], r8",
+            "mov [r11 + 40], r9",
+            "mov [r11 + 48], rsp",
+            "jmp {body}",
+            e = sym ENTRY,
+            body = sym decode_body,
+        );
+        #[cfg(target_arch = "aarch64")]
+        core::arch::naked_asm!(
+            "adrp x9, {e}",
+            "add x9, x9, :lo12:{e}",
+            "stp x0, x1, [x9]",
+            "stp x2, x3, [x9, #16]",
+            "stp x4, x5, [x9, #32]",
+            "mov x10, sp",
+            "str x10, [x9, #48]",
+            "b {body}",
+            e = sym ENTRY,
+            body = sym decode_body,
+        );
+    }
+
+    /// Inside the call (the caller's copy of the batch is alive): the count as the kernel rule of
+    /// `llama_decode`'s cookie reads it from the saved entry registers; -1 when the rule reads
+    /// nothing, -2 when the callee did not get its argument (no panic across `extern "C"`).
+    extern "C" fn decode_body(_ctx: usize, batch: LlamaBatch) -> i32 {
+        let Some(decode) = LLAMA_CPP.entries.iter().find(|e| e.symbol == "llama_decode") else { return -1 };
+        // SAFETY: written just before the jump here, on this thread.
+        let regs = unsafe { &*ENTRY.0.get() };
+        let arg = |n: u8| regs.args.get(n as usize).copied();
+        let Some(addr) = call_arg::i32_address(decode.n_tokens.cookie(), arg, regs.sp) else { return -1 };
+        if batch.n_tokens != N_TOKENS {
+            return -2;
         }
+        // SAFETY: the rule's address, in the caller's frame while this call runs (what the test checks).
+        unsafe { std::ptr::read_volatile(addr as *const i32) }
+    }
+
+    const N_TOKENS: i32 = 4242;
+
+    /// The `llama_decode` rule against this architecture's calling convention as the compiler
+    /// implements it: a call with a known `n_tokens`, read back through the rule at entry.
+    #[test]
+    fn the_llama_decode_rule_reads_n_tokens_where_the_calling_convention_puts_it() {
+        let batch = LlamaBatch { n_tokens: N_TOKENS, ptrs: [0x11, 0x22, 0x33, 0x44, 0x55, 0x66] };
+        assert_eq!(std::mem::size_of::<LlamaBatch>(), 56);
+        assert_eq!(std::hint::black_box(llama_decode_like)(0x1234, batch), N_TOKENS);
     }
 
     #[test]

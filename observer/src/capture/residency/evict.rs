@@ -15,8 +15,8 @@ use aya::{
 };
 use observer_common::{
     evict::{
-        ActorKey, ActorPages, C_DENSE, C_OTHER, C_ROUTED, C_SHARED, EvictConfig, K_FADVISE, K_TRUNCATE, MAX_SYSCALL,
-        N_KINDS, S_NOT_REMEMBERED, S_REFAULT_FAULT_LOST, S_WINDOW_LOST, sys,
+        ActorKey, ActorPages, C_DENSE, C_OTHER, C_ROUTED, C_SHARED, EvictConfig, MAX_SYSCALL, N_KINDS,
+        S_NOT_REMEMBERED, S_REFAULT_FAULT_LOST, S_WINDOW_LOST, sys,
     },
     filemap::NO_FIELD,
     vocab::EVICTION_ACTORS,
@@ -36,12 +36,11 @@ const WINDOWS: [(&str, &str, &str); 4] = [
     ("evict_reclaim_end", "vmscan", "mm_vmscan_memcg_reclaim_end"),
 ];
 
-/// Offset of the system-call number in the kernel's saved user registers (`struct pt_regs`).
-const fn syscall_offset() -> u32 {
-    if cfg!(target_arch = "x86_64") {
-        15 * 8 // orig_ax, after r15 … rdi
-    } else {
-        NO_FIELD // the rule tables below are x86-64 numbers
+/// The kernel side's system-call field: [`sys::NR_FIELD`] of this architecture, or none.
+fn config() -> EvictConfig {
+    match sys::NR_FIELD {
+        Some(f) => EvictConfig { enabled: 1, syscall_off: f.offset, syscall_bytes: f.bytes, _pad: 0 },
+        None => EvictConfig { enabled: 1, syscall_off: NO_FIELD, syscall_bytes: 0, _pad: 0 },
     }
 }
 
@@ -92,14 +91,12 @@ pub fn attach(ebpf: &mut Ebpf, intervals: &Intervals) -> Result<Attached, Reside
             a.set(i as u32, c, 0).map_err(err("EVICT_CLASS"))?;
         }
     }
-    if syscall_offset() != NO_FIELD {
+    if sys::NR_FIELD.is_some() {
         let m = ebpf.map_mut("EVICT_SYSCALLS").ok_or_else(|| ResidencyError::Churn("no map EVICT_SYSCALLS".into()))?;
         let mut a: Array<_, u32> = Array::try_from(m).map_err(err("EVICT_SYSCALLS"))?;
-        for (list, kind) in [(sys::FADVISE, K_FADVISE), (sys::TRUNCATE, K_TRUNCATE)] {
-            for &nr in list {
-                debug_assert!(nr < MAX_SYSCALL);
-                a.set(nr, kind + 1, 0).map_err(err("EVICT_SYSCALLS"))?;
-            }
+        for rule in sys::RULES {
+            debug_assert!(rule.nr < MAX_SYSCALL);
+            a.set(rule.nr, rule.kind + 1, 0).map_err(err("EVICT_SYSCALLS"))?;
         }
     }
     let (mut attached, mut missing) = (Vec::new(), Vec::new());
@@ -123,7 +120,7 @@ pub fn attach(ebpf: &mut Ebpf, intervals: &Intervals) -> Result<Attached, Reside
     }
     let m = ebpf.map_mut("EVICT_CONFIG").ok_or_else(|| ResidencyError::Churn("no map EVICT_CONFIG".into()))?;
     let mut a: Array<_, EvictConfig> = Array::try_from(m).map_err(err("EVICT_CONFIG"))?;
-    a.set(0, EvictConfig { enabled: 1, syscall_off: syscall_offset() }, 0).map_err(err("EVICT_CONFIG"))?;
+    a.set(0, config(), 0).map_err(err("EVICT_CONFIG"))?;
     Ok(Attached {
         attached,
         missing,
@@ -339,7 +336,9 @@ pub fn render(t: &Table, page: u64) -> String {
 
 #[cfg(test)]
 mod tests {
-    use observer_common::evict::{K_DIRECT, K_KSWAPD, K_MEMCG, K_OTHER, K_PROACTIVE};
+    use observer_common::evict::{
+        K_DIRECT, K_FADVISE, K_KSWAPD, K_MEMCG, K_OTHER, K_PROACTIVE, K_TRUNCATE, NO_SYSCALL,
+    };
 
     use super::*;
 
@@ -380,5 +379,46 @@ mod tests {
         ] {
             assert_eq!(names[k as usize], n);
         }
+    }
+
+    #[test]
+    fn the_rules_are_this_architectures_system_calls() {
+        use crate::capture::syscalls::tests::libc_nr;
+        assert!(!sys::RULES.is_empty(), "no eviction rules for this architecture");
+        for rule in sys::RULES {
+            assert_eq!(Some(i64::from(rule.nr)), libc_nr(rule.name), "{}", rule.name);
+            assert!(rule.nr < MAX_SYSCALL, "{}", rule.name);
+            assert_eq!(sys::name(rule.nr), Some(rule.name), "numbers are unique");
+        }
+        let kind = |n: &str| sys::RULES.iter().find(|r| r.name == n).map(|r| r.kind);
+        assert_eq!(kind("fadvise64"), Some(K_FADVISE));
+        assert_eq!(
+            (kind("write"), kind("openat"), kind("unlinkat")),
+            (Some(K_TRUNCATE), Some(K_TRUNCATE), Some(K_TRUNCATE))
+        );
+    }
+
+    /// The kernel side reads 8 bytes at the field's offset: where the field is 4 bytes the other
+    /// half is another field, and −1 (outside a system call) must not become a number.
+    #[test]
+    fn the_syscall_field_is_this_architectures_pt_regs_field() {
+        let f = sys::NR_FIELD.expect("x86-64 and aarch64 have a field");
+        #[cfg(target_arch = "x86_64")]
+        assert_eq!((f.offset as usize, f.bytes), (std::mem::offset_of!(libc::user_regs_struct, orig_rax), 8));
+        // `user_regs_struct` is arm64's `user_pt_regs`, the head of `pt_regs`; then `u64 orig_x0`.
+        #[cfg(target_arch = "aarch64")]
+        assert_eq!((f.offset as usize, f.bytes), (std::mem::size_of::<libc::user_regs_struct>() + 8, 4));
+        let c = config();
+        assert_eq!((c.syscall_off, c.syscall_bytes), (f.offset, f.bytes));
+        let write = libc::SYS_write;
+        let other_half = 0x5a5a_5a5a_i64 << 32;
+        if f.bytes == 4 {
+            assert_eq!(c.syscall_nr(other_half | write), write as u32);
+            assert_eq!(c.syscall_nr(other_half | 0xffff_ffff), NO_SYSCALL);
+        } else {
+            assert_eq!(c.syscall_nr(write), write as u32);
+            assert_eq!(c.syscall_nr(other_half | write), NO_SYSCALL);
+        }
+        assert_eq!(c.syscall_nr(-1), NO_SYSCALL);
     }
 }
