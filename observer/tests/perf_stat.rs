@@ -5,6 +5,7 @@
 mod common;
 
 use common::*;
+use std::process::Command;
 
 #[test]
 fn fault_counts_match_perf_stat() {

@@ -273,8 +273,7 @@ fn threads_head(s: &str) -> (String, Vec<String>) {
     (note, head.split_whitespace().skip(3).map(String::from).collect())
 }
 
-/// io_wait and unattributed are zero on every thread of the fixture (and io_wait_peer is
-/// not measured): the columns are left out and named as all zero, which makes room for the
+/// io_wait, io_wait_peer and unattributed are zero on every thread of the fixture: the columns are left out and named as all zero, which makes room for the
 /// fault counts at a width where the zero columns pushed them out.
 #[test]
 fn threads_view_hides_all_zero_columns_narrow_and_wide() {
@@ -295,7 +294,7 @@ fn threads_view_hides_all_zero_columns_narrow_and_wide() {
         let (note, cols) = threads_head(&s);
         assert_eq!(cols, want, "width {w}:\n{s}");
         if w >= 113 {
-            assert!(note.contains("all zero: io_wait unattr"), "width {w}: {note}");
+            assert!(note.contains("all zero: io_wait io_peer unattr"), "width {w}: {note}");
         }
         if w > 60 {
             // 60 columns: `threads_view_narrow_drops_columns`.
@@ -324,7 +323,7 @@ fn threads_view_keeps_a_column_one_thread_has() {
     let s = text(t.backend().buffer());
     let (note, cols) = threads_head(&s);
     assert!(cols.iter().any(|c| c == "io_wait"), "{s}");
-    assert!(note.contains("all zero: unattr") && !note.contains("io_wait"), "{note}");
+    assert!(note.contains("all zero: io_peer unattr") && !note.contains("io_wait"), "{note}");
     assert!(s.contains("    0.25 ") && s.contains("    0.00 "), "one thread's io_wait, the others' zero:\n{s}");
 }
 
