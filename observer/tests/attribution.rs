@@ -142,7 +142,16 @@ fn waiting_on_a_peers_reads_is_io_wait_peer() {
         assert!(peer + sleep <= u(w, "wait_ns") + wall / 50, "waits {peer} + {sleep} vs its clock {w}: {main}");
         match w["kind"].as_str().unwrap() {
             "pread-peer" => {
-                assert_within("token thread's io_wait_peer vs its blocked time (schedstat)", peer, blocked, 0.05);
+                // Blocked time is the peer waits plus the short sleeps around them (a run in CI
+                // had io_wait_peer 5.1 % under it): their sum is checked, and that the peer waits
+                // are the bulk of it.
+                assert_within(
+                    "token thread's io_wait_peer + sleep vs its blocked time (schedstat)",
+                    peer + sleep,
+                    blocked,
+                    0.05,
+                );
+                assert!(peer >= blocked - blocked / 10, "io_wait_peer {peer} is most of blocked {blocked}: {main}");
                 assert!(sleep < wall / 50, "waiting on reads is not sleep: {main}");
                 // The worker's reads: its io_wait, and the wakeups after them its run-queue time.
                 let (io, job) = (ns(worker, "io_wait"), u(w, "job_ns"));

@@ -652,8 +652,9 @@ fn llama_eval(stderr: &str) -> (f64, u64) {
 /// llama-simple on a model twice the size of its memory cgroup's limit (v1 or v2, whichever this
 /// machine has), the model's pages evicted first: the weights are read back from the disk at
 /// every token, and `fault_io` is the largest of the threads' own costs. On the same run:
-/// - each thread's major faults equal the kernel's own count (`maj_flt` at its exit, bpftrace),
-///   and the process's equal `perf stat`'s (2 %), perf being the wrapper llama-simple runs under;
+/// - each thread's major faults are at most the kernel's own count (`maj_flt` at its exit,
+///   bpftrace), and the process's equal `perf stat`'s (2 %), perf being the wrapper llama-simple
+///   runs under;
 /// - the records' components add up to their wall time, and the generated tokens' wall adds up
 ///   to llama.cpp's own "eval time" (1 %).
 #[test]
@@ -706,11 +707,20 @@ fn llama_simple_under_a_memory_limit_waits_on_fault_io() {
             .find(|t| t["tid"].as_u64().map(|v| v.to_string()).as_deref() == Some(tid))
             .unwrap_or_else(|| panic!("thread {tid}: {threads:?}"))
     };
+    // `maj_flt` also counts major faults taken for the thread inside the kernel (get_user_pages,
+    // e.g. populating a MAP_POPULATE mapping): `mm_account_fault` bumps it before it returns
+    // early for those (no regs), so they raise no `major-faults` event, the event the observer
+    // and perf stat count. Per thread it is an upper bound; the process total is checked against
+    // perf stat's count of the same event. (A CI run had one thread at 262 maj_flt and 0 events.)
     let mut ours = 0;
     for (tid, kernel) in &majflt {
         let t = thread(tid);
-        assert_within(&format!("thread {tid}'s major faults vs its maj_flt"), u(t, "majflt"), *kernel, 0.02);
-        ours += u(t, "majflt");
+        let seen = u(t, "majflt");
+        assert!(seen <= *kernel, "thread {tid}: {seen} major faults seen vs its maj_flt {kernel}");
+        if seen != *kernel {
+            eprintln!("thread {tid}: {seen} major-fault events, maj_flt {kernel} (the rest taken in the kernel)");
+        }
+        ours += seen;
     }
     let perf = std::fs::read_to_string(&perf_out).expect("perf stat's output");
     let perf_maj = perf_count(&perf, "major-faults");
@@ -744,7 +754,7 @@ fn llama_simple_under_a_memory_limit_waits_on_fault_io() {
     assert!((gen_ms - eval_ms).abs() <= 0.01 * eval_ms, "Σ wall {gen_ms:.1} ms vs llama's eval time {eval_ms:.1} ms");
     eprintln!(
         "llama-simple under {} ({} MiB limit): {} records; mean ms/token: wall {:.1}, fault_io {:.1}, compute {:.2}, \
-         CPU {:.2}, runqueue {:.1}, sleep {:.1}; major faults {ours} (perf stat {perf_maj}, per thread = maj_flt); \
+         CPU {:.2}, runqueue {:.1}, sleep {:.1}; major faults {ours} (perf stat {perf_maj}; per thread at most maj_flt); \
          Σ wall {gen_ms:.1} ms vs \
          eval {eval_ms:.1} ms",
         cg.describe(),

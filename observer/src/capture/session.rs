@@ -359,7 +359,6 @@ impl Session {
         let pid = s.target.pid();
         if let Some(why) = no_ebpf {
             if s.opts.mode == Mode::EbpfOrProcfs {
-                log::warn!("pid {pid}: no eBPF ({why}): the procfs fallback measures less");
                 s.degraded.push(format!("ebpf: {why}"));
             }
             s.capture = Capture::Procfs(why);
@@ -382,7 +381,6 @@ impl Session {
         let probes = match Probes::attach(&AttachOptions { target: pid, markers, follow_children, held }) {
             Ok(p) => p,
             Err(e @ (ProbeError::Permission(_) | ProbeError::Load(_))) if s.opts.mode == Mode::EbpfOrProcfs => {
-                log::warn!("pid {pid}: eBPF refused ({e}): the procfs fallback measures less");
                 s.degraded.push(format!("ebpf: {e}"));
                 s.capture = Capture::Procfs(e.to_string());
                 return Ok(s);
