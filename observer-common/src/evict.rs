@@ -164,6 +164,7 @@ impl ActorPages {
 /// (only their `*at` forms). Other architectures have no rules: their evictions in a system call
 /// count as [`K_OTHER`] with [`NO_SYSCALL`].
 pub mod sys {
+    #[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
     use super::{K_FADVISE, K_TRUNCATE};
 
     /// A rule: the system call's name, its number, the kind of the evictions made in it.
@@ -174,6 +175,7 @@ pub mod sys {
         pub kind: u32,
     }
 
+    #[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
     const fn r(name: &'static str, nr: u32, kind: u32) -> Rule {
         Rule { name, nr, kind }
     }
