@@ -142,13 +142,19 @@ fn waiting_on_a_peers_reads_is_io_wait_peer() {
         assert!(peer + sleep <= u(w, "wait_ns") + wall / 50, "waits {peer} + {sleep} vs its clock {w}: {main}");
         match w["kind"].as_str().unwrap() {
             "pread-peer" => {
-                // Blocked time is the peer waits plus the short sleeps around them (a run in CI
-                // had io_wait_peer 5.1 % under it): their sum is checked, and that the peer waits
-                // are the bulk of it.
+                // Off the CPU, by schedstat (wall less on-CPU time), is the peer waits, the short
+                // sleeps around them and the run-queue waits. The split between run queue and
+                // wait differs by definition: the observer's run queue starts at `sched_waking`,
+                // schedstat's at the enqueue, after the wakeup's IPI on another CPU (about 6 µs
+                // per wakeup on this VM: 2.8 ms over 486 switches in one run, and a CI run had
+                // io_wait_peer + sleep 5.4 % under schedstat's blocked time). So the sum is
+                // checked, and that the peer waits are the bulk of the blocked time.
+                let off_cpu = wall.saturating_sub(u(w, "sched_cpu_ns"));
+                let rq = ns(main, "runqueue");
                 assert_within(
-                    "token thread's io_wait_peer + sleep vs its blocked time (schedstat)",
-                    peer + sleep,
-                    blocked,
+                    "token thread's io_wait_peer + sleep + runqueue vs off-CPU time (schedstat)",
+                    peer + sleep + rq,
+                    off_cpu,
                     0.05,
                 );
                 assert!(peer >= blocked - blocked / 10, "io_wait_peer {peer} is most of blocked {blocked}: {main}");
