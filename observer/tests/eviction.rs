@@ -680,6 +680,9 @@ fn kswapd_under_global_pressure_is_blamed_on_kswapd() {
     let argv = cg.wrap(&["dd", &format!("if={}", sparse.display()), "of=/dev/null", "bs=1M", "status=none"]);
     let mut reader = Command::new(&argv[0]).args(&argv[1..]).spawn().expect("spawn dd");
     let t = Instant::now();
+    // Until kswapd has taken half the model, or the reader is done (a CI run: 11492 of 26861 pages
+    // by the end of 27 GB of holes, how far kswapd gets depends on the rest of the machine); it
+    // must have reached the file, and then what it took is checked page for page below.
     let seen = loop {
         std::thread::sleep(Duration::from_millis(50));
         let seen = b.churn.blame().unwrap().unwrap().since(&m0.table).pages_where(kswapd);
@@ -687,13 +690,16 @@ fn kswapd_under_global_pressure_is_blamed_on_kswapd() {
             break seen;
         }
         if let Some(st) = reader.try_wait().unwrap() {
-            let _ = std::fs::remove_file(&sparse);
-            panic!(
-                "kswapd evicted {seen} of {} pages while dd read {size} bytes of holes ({st}; pgsteal_kswapd +{}): \
-                 it did not reach the file",
-                m0.resident,
-                testkit::vmstat("pgsteal_kswapd").unwrap() - steal0
-            );
+            if seen < 1000 {
+                let _ = std::fs::remove_file(&sparse);
+                panic!(
+                    "kswapd evicted {seen} of {} pages while dd read {size} bytes of holes ({st}; pgsteal_kswapd +{}): \
+                     it did not reach the file",
+                    m0.resident,
+                    testkit::vmstat("pgsteal_kswapd").unwrap() - steal0
+                );
+            }
+            break seen;
         }
     };
     let _ = reader.kill();
