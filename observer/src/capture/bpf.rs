@@ -48,6 +48,8 @@ pub enum ProbeError {
     Cpus { path: &'static str, source: io::Error },
     #[error("eBPF program `{program}`: {source}")]
     Program { program: &'static str, source: Box<ProgramError> },
+    #[error("run-time statistics of eBPF program `{program}`: {source}")]
+    ProgramInfo { program: String, source: Box<ProgramError> },
     #[error("uprobe on `{symbol}` in {path}: {source}")]
     Uprobe { symbol: String, path: String, source: Box<ProgramError> },
     #[error("eBPF map `{map}`: {source}")]
@@ -520,23 +522,28 @@ impl Probes {
     }
 
     /// Each of the observer's programs' cumulative run time and run count, by name, when the
-    /// kernel's BPF statistics are on (`None` otherwise): the kernel-side cost per event.
-    pub fn bpf_stats(&self) -> Option<Vec<ProgramCost>> {
-        self.stats.as_ref()?;
-        let mut out: Vec<ProgramCost> = self
-            .ebpf
-            .programs()
-            .filter_map(|(name, p)| {
-                let info = p.info().ok()?;
-                Some(ProgramCost {
-                    name: name.to_string(),
-                    run_ns: info.run_time().as_nanos() as u64,
-                    runs: info.run_count(),
-                })
-            })
-            .collect();
+    /// kernel's BPF statistics are on (`None` otherwise): the kernel-side cost per event. A loaded
+    /// program whose statistics cannot be read is an error naming it, not one left out of the sums.
+    pub fn bpf_stats(&self) -> Result<Option<Vec<ProgramCost>>, ProbeError> {
+        if self.stats.is_none() {
+            return Ok(None);
+        }
+        let mut out = Vec::new();
+        for (name, p) in self.ebpf.programs() {
+            // An optional program this kernel did not get (see `missing`) has no statistics.
+            let info = match p.info() {
+                Ok(info) => info,
+                Err(ProgramError::NotLoaded) => continue,
+                Err(e) => return Err(ProbeError::ProgramInfo { program: name.to_string(), source: Box::new(e) }),
+            };
+            out.push(ProgramCost {
+                name: name.to_string(),
+                run_ns: info.run_time().as_nanos() as u64,
+                runs: info.run_count(),
+            });
+        }
         out.sort_by(|a, b| a.name.cmp(&b.name));
-        Some(out)
+        Ok(Some(out))
     }
 
     /// The latency histograms as a model event.

@@ -801,7 +801,7 @@ fn window_snapshot_at(probes: &Probes, now: u64) -> Result<Snapshot> {
 }
 
 fn health(probes: &Probes, malformed: u64, mono_ns: u64) -> Result<ObserverHealth> {
-    let programs = probes.bpf_stats();
+    let programs = probes.bpf_stats()?;
     let sum = |f: fn(&ProgramCost) -> u64| programs.as_ref().map(|p| p.iter().map(f).sum());
     Ok(ObserverHealth {
         mono_ns,
