@@ -341,7 +341,7 @@ fn locked_copy_stays_resident_under_the_same_pressure() {
     testkit::drop_caches().expect("drop caches");
     let since = testkit::vmstat_snapshot();
     let p = pressure("observer-dense-locked", &model);
-    let o = observe_engine("locked", &model, "locked", 32, Some(p.cgroup.dir()), false);
+    let o = observe_engine("locked", &model, "locked", 128, Some(p.cgroup.dir()), false);
     let stats = p.stats(&since);
     drop(p);
     let c = check_published(&o);
