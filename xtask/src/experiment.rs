@@ -45,7 +45,7 @@ pub fn main(args: &[String]) -> Result<()> {
 }
 
 fn dense_weights(args: &[String]) -> Result<()> {
-    let (mut n, mut threads, mut limit) = (1000usize, 2usize, None);
+    let (mut n, mut threads, mut limit, mut report_only) = (1000usize, 2usize, None, false);
     let mut it = args.iter();
     while let Some(a) = it.next() {
         let mut num = |what: &str| -> Result<usize> {
@@ -55,10 +55,18 @@ fn dense_weights(args: &[String]) -> Result<()> {
             "-n" => n = num("a number of tokens")?,
             "-t" => threads = num("a number of threads")?,
             "--limit-mib" => limit = Some(num("a memory limit in MiB")? as u64),
-            _ => bail!("usage: cargo xtask experiment dense-weights [-n TOKENS] [-t THREADS] [--limit-mib MIB]"),
+            "--report-only" => report_only = true,
+            _ => bail!(
+                "usage: cargo xtask experiment dense-weights [-n TOKENS] [-t THREADS] [--limit-mib MIB] [--report-only]"
+            ),
         }
     }
     let started = std::time::Instant::now();
+    let runs_dir = cache::dir()?.join("experiments/dense-weights");
+    if report_only {
+        let bin = crate::bench_util::build()?;
+        return report(&runs_dir, &bin.join("observer"), started);
+    }
     let load_before = loadavg();
     let bin = crate::bench_util::build()?;
     let (engine, observer) = (bin.join("engine"), bin.join("observer"));
@@ -69,7 +77,6 @@ fn dense_weights(args: &[String]) -> Result<()> {
         g.tensors.iter().filter(|t| !t.is_routed_expert()).map(|t| t.size).sum::<u64>() >> 20
     };
     let limit_mib = limit.unwrap_or(model_mib + 32);
-    let runs_dir = cache::dir()?.join("experiments/dense-weights");
     if runs_dir.exists() {
         std::fs::remove_dir_all(&runs_dir).with_context(|| format!("clearing {}", runs_dir.display()))?;
     }
@@ -88,8 +95,9 @@ fn dense_weights(args: &[String]) -> Result<()> {
     let cgroup = pressure.cgroup.describe();
     let mut traces = Vec::new();
     let mut result = Ok(());
-    for (i, dense) in ["anon", "locked", "locked", "anon"].iter().enumerate() {
-        let trace = runs_dir.join(format!("{}-{dense}.trace", i + 1));
+    for (i, run) in RUNS.iter().enumerate() {
+        let dense = run.split_once('-').map_or(*run, |(_, d)| d);
+        let trace = runs_dir.join(format!("{run}.trace"));
         eprintln!("experiment: run {} of 4: --dense {dense}, {n} tokens", i + 1);
         if let Err(e) = testkit::drop_caches() {
             result = Err(anyhow::anyhow!("dropping the page cache: {e}"));
@@ -107,11 +115,48 @@ fn dense_weights(args: &[String]) -> Result<()> {
     }
     drop(pressure); // restores the machine before anything else can fail
     result?;
+    let setup = Setup {
+        n,
+        threads,
+        model,
+        model_mib,
+        dense_mib,
+        limit_mib,
+        cgroup,
+        runs_dir: runs_dir.clone(),
+        load: (load_before, loadavg()),
+    };
+    let path = runs_dir.join(SETUP_FILE);
+    std::fs::write(&path, serde_json::to_string_pretty(&setup.to_json())?)
+        .with_context(|| format!("writing {}", path.display()))?;
+    report(&runs_dir, &observer, started)
+}
 
+/// The runs' setup, beside their traces, so that `--report-only` rewrites the findings from them.
+const SETUP_FILE: &str = "setup.json";
+/// The A-B-B-A traces, in run order.
+const RUNS: [&str; 4] = ["1-anon", "2-locked", "3-locked", "4-anon"];
+
+/// `docs/findings/dense-weights.md` and its plots from the traces and setup in `runs_dir`.
+fn report(runs_dir: &Path, observer: &Path, started: std::time::Instant) -> Result<()> {
+    let setup_path = runs_dir.join(SETUP_FILE);
+    let setup = std::fs::read_to_string(&setup_path)
+        .with_context(|| {
+            format!(
+                "reading {} (run `cargo xtask experiment dense-weights` without --report-only first)",
+                setup_path.display()
+            )
+        })
+        .and_then(|t| Setup::from_json(&serde_json::from_str(&t)?, runs_dir))
+        .with_context(|| format!("the experiment's setup in {}", setup_path.display()))?;
+    let traces: Vec<PathBuf> = RUNS.iter().map(|r| runs_dir.join(format!("{r}.trace"))).collect();
+    if let Some(missing) = traces.iter().find(|t| !t.is_file()) {
+        bail!("{} is missing: run `cargo xtask experiment dense-weights` again", missing.display());
+    }
     let docs = cache::workspace_root().join("docs/findings");
     std::fs::create_dir_all(&docs)?;
     let obs = |args: &[&str], files: &[PathBuf]| -> Result<String> {
-        cmd::output(Command::new(&observer).args(args).args(files))
+        cmd::output(Command::new(observer).args(args).args(files))
     };
     let markdown = obs(&["diff", "--markdown"], &traces)?;
     let json: Value = serde_json::from_str(&obs(&["diff", "--json"], &traces)?).context("observer diff --json")?;
@@ -125,10 +170,8 @@ fn dense_weights(args: &[String]) -> Result<()> {
         if out.exists() {
             std::fs::remove_file(&out)?;
         }
-        cmd::run(Command::new(&observer).args(args).args(files).arg("-o").arg(&out))?;
+        cmd::run(Command::new(observer).args(args).args(files).arg("-o").arg(&out))?;
     }
-    let load = (load_before, loadavg());
-    let setup = Setup { n, threads, model: &model, model_mib, dense_mib, limit_mib, cgroup, runs_dir: &runs_dir, load };
     let md = findings(&setup, &markdown, &json)?;
     let path = docs.join("dense-weights.md");
     std::fs::write(&path, md).with_context(|| format!("writing {}", path.display()))?;
@@ -136,17 +179,44 @@ fn dense_weights(args: &[String]) -> Result<()> {
     Ok(())
 }
 
-struct Setup<'a> {
+struct Setup {
     n: usize,
     threads: usize,
-    model: &'a Path,
+    model: PathBuf,
     model_mib: u64,
     dense_mib: u64,
     limit_mib: u64,
     cgroup: String,
-    runs_dir: &'a Path,
+    runs_dir: PathBuf,
     /// /proc/loadavg's 1-minute load before and after the runs.
     load: (f64, f64),
+}
+
+impl Setup {
+    fn to_json(&self) -> Value {
+        serde_json::json!({
+            "tokens": self.n, "threads": self.threads, "model": self.model, "model_mib": self.model_mib,
+            "dense_mib": self.dense_mib, "limit_mib": self.limit_mib, "cgroup": self.cgroup,
+            "load_before": self.load.0, "load_after": self.load.1,
+        })
+    }
+
+    fn from_json(v: &Value, runs_dir: &Path) -> Result<Setup> {
+        let num = |k: &str| v[k].as_u64().with_context(|| format!("no {k:?}"));
+        let float = |k: &str| v[k].as_f64().with_context(|| format!("no {k:?}"));
+        let text = |k: &str| v[k].as_str().map(str::to_owned).with_context(|| format!("no {k:?}"));
+        Ok(Setup {
+            n: num("tokens")? as usize,
+            threads: num("threads")? as usize,
+            model: text("model")?.into(),
+            model_mib: num("model_mib")?,
+            dense_mib: num("dense_mib")?,
+            limit_mib: num("limit_mib")?,
+            cgroup: text("cgroup")?,
+            runs_dir: runs_dir.to_owned(),
+            load: (float("load_before")?, float("load_after")?),
+        })
+    }
 }
 
 fn loadavg() -> f64 {
@@ -166,7 +236,72 @@ fn fmt_side(v: Option<(f64, f64, f64)>) -> String {
     v.map_or("not measured".into(), |(v, lo, hi)| format!("{v:.2} [{lo:.2}, {hi:.2}]"))
 }
 
-fn findings(s: &Setup<'_>, diff_md: &str, d: &Value) -> Result<String> {
+/// The sentences on what each side did with the limit's memory, from the residency and refault
+/// rows: how much of the `anon` dense weights sat in zram against how much of it came back
+/// (swap-ins over the run, an upper bound: other anonymous pages count too), and what the
+/// `locked` side's resident dense weights cost the experts' page cache (refaults over every
+/// eviction kind, and their `fault_io`). Each sentence only when its rows were measured.
+fn where_the_memory_went(s: &Setup, ms: &dyn Fn(&str, &str) -> Option<f64>, anon: &str, locked: &str) -> String {
+    const PAGE_MIB: f64 = 4096.0 / 1048576.0;
+    let mut md = String::new();
+    if let (Some(frac), Some(swapins)) = (ms("dense_swapped_frac", anon), ms("swapins", anon)) {
+        let out_mib = frac * s.dense_mib as f64;
+        let back_mib = swapins * s.n as f64 * PAGE_MIB;
+        let _ = writeln!(
+            md,
+            "- With `anon`, {:.0} % of the dense weights ({out_mib:.0} MiB) sat in zram (mean over tokens); over the \
+             run's {} tokens the engine swapped in at most {back_mib:.1} MiB ({swapins:.1} pages/token, any \
+             anonymous page): {}",
+            frac * 100.0,
+            s.n,
+            if back_mib < out_mib / 2.0 {
+                "most of what went to zram was not read back while decoding."
+            } else {
+                "decode read back as much as went out."
+            }
+        );
+    }
+    let kinds = observer_common::vocab::EVICTION_ACTORS;
+    let sum = |f: &dyn Fn(&str) -> String, side: &str| -> Option<f64> {
+        kinds.iter().map(|k| ms(&f(k.name), side)).sum::<Option<f64>>()
+    };
+    let refaulted = |side: &str| sum(&|k| format!("refaulted_by_{k}"), side);
+    let refault_io = |side: &str| sum(&|k| format!("refault_io_{k}_ms"), side);
+    if let (Some(ea), Some(el), Some(ra), Some(rl), Some(ia), Some(il)) = (
+        ms("experts_resident_frac", anon),
+        ms("experts_resident_frac", locked),
+        refaulted(anon),
+        refaulted(locked),
+        refault_io(anon),
+        refault_io(locked),
+    ) {
+        let _ = writeln!(
+            md,
+            "- The routed experts' share in the page cache: {:.1} % with `anon`, {:.1} % with `locked`; model-file \
+             pages evicted and read back into the page cache per token: {ra:.0} with `anon`, {rl:.0} with `locked` \
+             ({:.1} and {:.1} MB/token read from the file); the engine's faults on them took {ia:.2} and {il:.2} \
+             ms/token of `fault_io`, summed over its threads.",
+            ea * 100.0,
+            el * 100.0,
+            ms("read_mb", anon).unwrap_or(f64::NAN),
+            ms("read_mb", locked).unwrap_or(f64::NAN),
+        );
+        if let (Some(ta), Some(tl)) = (ms("tok_s", anon), ms("tok_s", locked))
+            && tl < ta
+            && rl > ra
+        {
+            let _ = writeln!(
+                md,
+                "- So under this limit, locking the dense weights made decode slower: the memory they kept \
+                 resident came out of the experts' page cache, whose refaults cost more than the dense pages \
+                 `anon` left in zram."
+            );
+        }
+    }
+    md
+}
+
+fn findings(s: &Setup, diff_md: &str, d: &Value) -> Result<String> {
     let cmp = &d["comparisons"][0];
     let rows = cmp["rows"].as_array().context("diff JSON: no comparison rows")?;
     let row = |name: &str| rows.iter().find(|r| r["metric"] == name);
@@ -280,6 +415,7 @@ fn findings(s: &Setup<'_>, diff_md: &str, d: &Value) -> Result<String> {
     if let (Some(ml), Some(ma)) = (ms("majflt_swap", locked), ms("majflt_swap", anon)) {
         writeln!(md, "- Swap-in major faults per token: {ma:.1} with `anon`, {ml:.1} with `locked`.")?;
     }
+    md.push_str(&where_the_memory_went(s, &ms, anon, locked));
     writeln!(md, "\n## The rows the question is about (95 % bootstrap intervals)\n")?;
     writeln!(md, "| metric | anon | locked |\n|---|---|---|")?;
     for name in [
