@@ -87,6 +87,33 @@ pub struct ThreadTime {
     pub exited: bool,
 }
 
+impl ThreadTime {
+    /// Add another thread's time (measured values add; unmeasured stay unmeasured; `exited` only
+    /// when both exited).
+    pub fn add(&mut self, other: &ThreadTime) {
+        self.wall_ns += other.wall_ns;
+        for (c, v) in other.components.iter() {
+            if let Some(v) = v {
+                self.components.add(c, v);
+            }
+        }
+        for (c, v) in other.counters.iter() {
+            if let Some(v) = v {
+                self.counters.add(c, v);
+            }
+        }
+        self.read_ios += other.read_ios;
+        self.disk_read_ns += other.disk_read_ns;
+        self.zram_read_ns += other.zram_read_ns;
+        self.exited &= other.exited;
+    }
+
+    /// A counter's value, 0 when not measured.
+    pub fn counter(&self, c: crate::model::Counter) -> u64 {
+        self.counters.get(c).unwrap_or(0)
+    }
+}
+
 /// Block reads the target caused on one device.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct DeviceReads {

@@ -23,8 +23,8 @@ use observer_common::{
     HIST_BUCKETS,
     hist::bucket_upper_ns,
     model::{
-        Component, Components, Counter, Counters, DeviceReads, Event, FaultTotals, LatencyHistograms, ObserverHealth,
-        ProgramCost, RunEnd, RunHeader, RunTotals, ThreadTime, TokenRecord,
+        Component, Counter, DeviceReads, Event, FaultTotals, LatencyHistograms, ObserverHealth, ProgramCost, RunEnd,
+        RunHeader, RunTotals, ThreadTime, TokenRecord,
     },
 };
 use serde::Serialize;
@@ -68,61 +68,7 @@ pub struct ThreadRow {
     pub majflt_hist: Histogram,
     pub minflt_hist: Histogram,
     /// Where this thread's time went since it was first seen (see `attrib`).
-    pub attribution: Option<ThreadAttribution>,
-}
-
-/// A thread's whole-run attribution.
-#[derive(Debug, Clone, Serialize)]
-pub struct ThreadAttribution {
-    /// Time accounted since the thread was first seen.
-    pub wall_ns: u64,
-    #[serde(flatten)]
-    pub components: Components,
-    /// The vocabulary's counters the kernel keeps per thread (the others `null`).
-    #[serde(flatten)]
-    pub counters: Counters,
-    pub read_ios: u64,
-    /// Σ queue→complete latency of the thread's read bios on disks / on zram.
-    pub disk_read_ns: u64,
-    pub zram_read_ns: u64,
-    pub exited: bool,
-}
-
-impl ThreadAttribution {
-    fn from_time(t: &ThreadTime) -> Self {
-        ThreadAttribution {
-            wall_ns: t.wall_ns,
-            components: t.components,
-            counters: t.counters,
-            read_ios: t.read_ios,
-            disk_read_ns: t.disk_read_ns,
-            zram_read_ns: t.zram_read_ns,
-            exited: t.exited,
-        }
-    }
-
-    /// Add another thread's totals (measured values add; unmeasured stay unmeasured).
-    fn add(&mut self, a: &ThreadAttribution) {
-        self.wall_ns += a.wall_ns;
-        for (c, v) in a.components.iter() {
-            if let Some(v) = v {
-                self.components.add(c, v);
-            }
-        }
-        for (c, v) in a.counters.iter() {
-            if let Some(v) = v {
-                self.counters.add(c, v);
-            }
-        }
-        self.read_ios += a.read_ios;
-        self.disk_read_ns += a.disk_read_ns;
-        self.zram_read_ns += a.zram_read_ns;
-        self.exited &= a.exited;
-    }
-
-    fn counter(&self, c: Counter) -> u64 {
-        self.counters.get(c).unwrap_or(0)
-    }
+    pub attribution: Option<ThreadTime>,
 }
 
 /// One process's threads, summed (module rule).
@@ -134,7 +80,7 @@ pub struct ProcessRow {
     #[serde(flatten)]
     pub counts: FaultCounts,
     /// Σ of its threads' attribution (`wall_ns` is thread-time: a sum over threads).
-    pub attribution: Option<ThreadAttribution>,
+    pub attribution: Option<ThreadTime>,
 }
 
 impl ProcessRow {
@@ -278,7 +224,7 @@ pub struct Summary {
     /// The same per program (`name`, `run_ns`, `runs`), by name; empty when not measured.
     pub bpf_programs: Vec<ProgramCost>,
     /// Whole-run attribution summed over threads.
-    pub attribution_totals: Option<ThreadAttribution>,
+    pub attribution_totals: Option<ThreadTime>,
     /// Per-token summary (when tokens were marked or windows used).
     pub attribution: Option<attribution::Summary>,
     /// Every token record, in order (the newest ones when `tokens_not_kept` > 0).
@@ -336,7 +282,7 @@ impl Summary {
         let mut totals = FaultCounts::default();
         let mut maj = Histogram::default();
         let mut min = Histogram::default();
-        let mut all: Option<ThreadAttribution> = None;
+        let mut all: Option<ThreadTime> = None;
         for t in &run.threads {
             let mut counts = FaultCounts::default();
             if let Some(f) = &t.faults {
@@ -345,7 +291,7 @@ impl Summary {
                 min.add(&f.minflt_hist);
                 counts.add(f);
             }
-            let attribution = t.time.as_ref().map(ThreadAttribution::from_time);
+            let attribution = t.time.clone();
             if let Some(a) = &attribution {
                 match &mut all {
                     None => all = Some(a.clone()),
@@ -441,7 +387,7 @@ impl Summary {
                 h.push_str(&format!(" {:>9}", c.short()));
             }
             writeln!(out, "{h}")?;
-            let row = |out: &mut dyn Write, tid: &str, comm: &str, a: &ThreadAttribution| {
+            let row = |out: &mut dyn Write, tid: &str, comm: &str, a: &ThreadTime| {
                 let mut l = format!("{:>8}  {:<16} {:>9.1}", tid, comm, a.wall_ns as f64 / 1e6);
                 for c in Component::measured() {
                     match a.components.get(c) {
@@ -644,7 +590,7 @@ fn print_hist(out: &mut impl Write, h: &Histogram) -> std::io::Result<()> {
 
 #[cfg(test)]
 mod tests {
-    use observer_common::model::{Counters, StepKind, ThreadTotals};
+    use observer_common::model::{Components, Counters, StepKind, ThreadTotals};
 
     use super::*;
 
