@@ -282,21 +282,6 @@ fn physical_ranges(path: &Path) -> Vec<(u64, u64)> {
     }
 }
 
-/// The memory cgroup of processes in `cg`, as `/proc/PID/cgroup` names it.
-fn memcg_path(cg: &testkit::MemCgroup) -> String {
-    let argv = cg.wrap(&["cat", "/proc/self/cgroup"]);
-    let out = Command::new(&argv[0]).args(&argv[1..]).output().expect("cat /proc/self/cgroup");
-    let text = String::from_utf8_lossy(&out.stdout).into_owned();
-    let line = |memory: bool| {
-        text.lines().find_map(|l| {
-            let mut it = l.splitn(3, ':');
-            let (_, ctrl, path) = (it.next()?, it.next()?, it.next()?);
-            (if memory { ctrl.split(',').any(|c| c == "memory") } else { ctrl.is_empty() }).then(|| path.to_string())
-        })
-    };
-    line(true).or_else(|| line(false)).unwrap_or_else(|| panic!("no memory cgroup in {text:?}"))
-}
-
 /// DAMON: the test starts a `pageout` kdamond of its own (`testkit::damon`: physical addresses,
 /// fast sampling, restricted to the file's frames and to folios charged to the test's memory
 /// cgroup), waits with a bound until it has evicted half of the cached file, stops it, and puts
@@ -312,7 +297,7 @@ fn damon_pageout_is_blamed_on_kdamond() {
     run(&argv.iter().map(String::as_str).collect::<Vec<_>>());
     let scheme = testkit::damon::PageoutScheme {
         regions: physical_ranges(&path),
-        memcg_path: memcg_path(&cg),
+        memcg_path: cg.proc_path().expect("the memory cgroup of a process in it"),
         sample: Duration::from_millis(5),
         aggregation: Duration::from_millis(100),
     };

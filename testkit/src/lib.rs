@@ -179,6 +179,24 @@ impl MemCgroup {
         v.extend(args.iter().map(|s| s.to_string()));
         v
     }
+
+    /// The memory cgroup of processes in this group, as `/proc/PID/cgroup` names it (the
+    /// `memory` controller's line on v1, the unified line on v2): what DAMON's `memcg_path`
+    /// filter takes. Asked of a process started in the group.
+    pub fn proc_path(&self) -> Result<String> {
+        let argv = self.wrap(&["cat", "/proc/self/cgroup"]);
+        let out = Command::new(&argv[0]).args(&argv[1..]).output()?;
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        let line = |memory: bool| {
+            text.lines().find_map(|l| {
+                let mut it = l.splitn(3, ':');
+                let (_, ctrl, path) = (it.next()?, it.next()?, it.next()?);
+                (if memory { ctrl.split(',').any(|c| c == "memory") } else { ctrl.is_empty() })
+                    .then(|| path.to_string())
+            })
+        };
+        line(true).or_else(|| line(false)).ok_or_else(|| anyhow::anyhow!("no memory cgroup in {text:?}"))
+    }
 }
 
 /// An anonymous-memory balloon: a child process, placed in a memory cgroup from inside the child,

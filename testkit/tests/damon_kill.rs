@@ -9,28 +9,13 @@ use std::{
 
 use testkit::damon::{self, Damon, PageoutScheme, STATE_FILE};
 
-/// The memory cgroup of processes in `cg`, as `/proc/PID/cgroup` names it.
-fn memcg_path(cg: &testkit::MemCgroup) -> String {
-    let argv = cg.wrap(&["cat", "/proc/self/cgroup"]);
-    let out = Command::new(&argv[0]).args(&argv[1..]).output().expect("cat /proc/self/cgroup");
-    let text = String::from_utf8_lossy(&out.stdout).into_owned();
-    let line = |memory: bool| {
-        text.lines().find_map(|l| {
-            let mut it = l.splitn(3, ':');
-            let (_, ctrl, path) = (it.next()?, it.next()?, it.next()?);
-            (if memory { ctrl.split(',').any(|c| c == "memory") } else { ctrl.is_empty() }).then(|| path.to_string())
-        })
-    };
-    line(true).or_else(|| line(false)).unwrap_or_else(|| panic!("no memory cgroup in {text:?}"))
-}
-
 #[test]
 fn a_guard_killed_with_sigkill_is_put_back_by_the_next_guard() {
     let _l = testkit::machine_lock();
     damon::recover().expect("a state file an earlier run left");
     let before = damon::snapshot().expect("the DAMON admin tree");
     let cg = testkit::MemCgroup::new("damon-kill", 1 << 30).expect("memory cgroup");
-    let path = memcg_path(&cg);
+    let path = cg.proc_path().expect("the memory cgroup of a process in it");
     let mut child = Command::new(env!("CARGO_BIN_EXE_damon_holder"))
         .arg(&path)
         .stdout(Stdio::piped())
