@@ -325,7 +325,11 @@ impl Plot for SplitPlot {
             .legend(|(x, y)| PathElement::new(vec![(x + 6, y - 6), (x + 6, y + 6)], BLACK.stroke_width(2)));
         let style = TextStyle::from(("sans-serif", 13).into_font()).pos(Pos::new(HPos::Left, VPos::Center));
         let totals = self.bars.iter().enumerate().map(|(i, b)| {
-            EmptyElement::at((end(b), slot(i) + 0.5)) + Text::new(format!("{:.1} ms", b.total()), (6, 0), style.clone())
+            let text = match b.wall_ms {
+                Some(w) => format!("{:.1} ms (wall {w:.1})", b.total()),
+                None => format!("{:.1} ms", b.total()),
+            };
+            EmptyElement::at((end(b), slot(i) + 0.5)) + Text::new(text, (6, 0), style.clone())
         });
         chart.draw_series(totals).map_err(err)?;
         legend(&mut chart, SeriesLabelPosition::UpperRight)

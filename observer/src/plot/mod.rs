@@ -29,7 +29,7 @@
 //!     stacked bar each: unlimited first, then the limits falling, the systems
 //!     in the file's order; each component's mean ms per token (its cells'
 //!     components in vocabulary order), the cell's mean wall time per token
-//!     (1000 / tok/s) as a black tick, and the stack's total at its end.
+//!     (1000 / tok/s) as a black tick, and both numbers written at the end.
 
 pub mod cliff;
 pub mod compare;
