@@ -96,6 +96,11 @@ pub fn median(v: &mut [f64]) -> f64 {
     quantile(v, 0.5)
 }
 
+/// The arithmetic mean; `None` for no data.
+pub fn mean(v: &[f64]) -> Option<f64> {
+    (!v.is_empty()).then(|| v.iter().sum::<f64>() / v.len() as f64)
+}
+
 /// The 95 % percentile interval of replicate values (the non-finite ones
 /// left out); `None` when none is finite.
 pub fn interval95(mut values: Vec<f64>) -> Option<(f64, f64)> {

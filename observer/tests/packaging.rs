@@ -77,21 +77,10 @@ fn the_daemonset_grants_the_units_capabilities() {
     assert!(pm.contains("port: metrics") && ds.contains("name: metrics"), "the PodMonitor scrapes the named port");
 }
 
-/// The subcommands `observer [SUB] --help` lists (its "Commands:" block, `help` left out).
+/// The subcommands `observer [SUB] --help` lists (`testkit::help::subcommands`).
 fn subcommands(path: &[&str]) -> Vec<String> {
     let out = Command::new(env!("CARGO_BIN_EXE_observer")).args(path).arg("--help").output().unwrap();
-    let help = String::from_utf8(out.stdout).unwrap();
-    help.split("Commands:")
-        .nth(1)
-        .unwrap_or("")
-        .lines()
-        .skip(1)
-        .take_while(|l| l.starts_with("  "))
-        .filter(|l| !l[2..].starts_with(' '))
-        .filter_map(|l| l.split_whitespace().next())
-        .filter(|s| *s != "help")
-        .map(str::to_string)
-        .collect()
+    testkit::help::subcommands(&String::from_utf8(out.stdout).unwrap())
 }
 
 /// `observer assets DIR` (what `cargo xtask man` and the package run) writes

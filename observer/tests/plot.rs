@@ -30,9 +30,7 @@ fn hex(c: plotters::style::RGBColor) -> String {
 
 /// `<rect … fill="#RRGGBB" …>` elements of an SVG, by fill.
 fn rects_with_fill(svg: &str, fill: &str) -> usize {
-    svg.match_indices("<rect")
-        .filter(|(i, _)| svg[*i..].split('>').next().unwrap().contains(&format!("fill=\"{fill}\"")))
-        .count()
+    testkit::svg::rects(svg).iter().filter(|r| r.fill == fill).count()
 }
 
 /// Width and height from a PNG's IHDR.
@@ -167,6 +165,109 @@ fn cliff_plot_reads_bench_json_and_draws_a_line_per_system() {
     let out = observer(&["plot", "cliff", json.to_str().unwrap(), "-o", svg.to_str().unwrap()]);
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("cliff.json"), "{}", String::from_utf8_lossy(&out.stderr));
+}
+
+/// The split of a token per cell: a bar per (system, limit) with a split, unlimited first, then
+/// the limits falling, a limit's systems in file order; each bar the stack of its cell's
+/// component means over rounds (computed here from the JSON), in vocabulary order and colours,
+/// drawn at one scale, with its total and the cell's label written beside it.
+#[test]
+fn cliff_split_plot_stacks_each_cells_mean_components() {
+    use serde_json::json;
+    let dir = tempfile::tempdir().unwrap();
+    let cell = |system: &str, round: u32, limit: Option<f64>, tok_s: f64, split: serde_json::Value| {
+        json!({"system": system, "round": round, "limit_pct": limit, "tok_s": tok_s, "first_tok_s": null,
+            "read_bytes_per_token": null, "hit_pct": null, "components_ms": split})
+    };
+    let cells = vec![
+        cell("warm (engine mmap)", 0, None, 20.0, json!({"compute": 40.0, "runqueue": 5.0, "sleep": 1.5})),
+        cell("engine cache", 0, Some(60.0), 8.0, json!({"compute": 50.0, "io_wait_peer": 60.0, "fault_minor": 2.0})),
+        cell("engine mmap", 0, Some(60.0), 4.0, json!({"compute": 45.0, "fault_io": 180.0, "reclaim": 20.0})),
+        cell("llama.cpp mmap", 0, Some(60.0), 1.0, serde_json::Value::Null),
+        cell("engine cache", 0, Some(80.0), 15.0, json!({"compute": 48.0, "io_wait_peer": 12.0})),
+        cell("engine mmap", 1, Some(60.0), 5.0, json!({"compute": 47.0, "fault_io": 140.0, "reclaim": 10.0})),
+        cell("engine cache", 1, Some(60.0), 10.0, json!({"compute": 54.0, "io_wait_peer": 30.0, "fault_minor": 0.0})),
+    ];
+    let bench = json!({"format": cliff::FORMAT, "model": "/m/cliff.gguf", "model_bytes": 5_600_000_000u64,
+        "cells": cells});
+    let json = dir.path().join("cliff.json");
+    std::fs::write(&json, bench.to_string()).unwrap();
+
+    // The data: each cell's rounds from the JSON, their means.
+    let b = cliff::load(&json).unwrap();
+    let p = cliff::SplitPlot::of(&[("cliff.json".into(), b.clone())]).unwrap();
+    let labels: Vec<String> = p.bars.iter().map(|b| b.label()).collect();
+    assert_eq!(
+        labels,
+        ["warm (engine mmap), unlimited", "engine cache, 80 %", "engine cache, 60 %", "engine mmap, 60 %"],
+        "a bar per cell with a split, in the plot's order"
+    );
+    let measured =
+        |c: Component| b.cells.iter().any(|x| x.components_ms.as_ref().is_some_and(|m| m.contains_key(c.name())));
+    let want: Vec<Component> = Component::ALL.into_iter().filter(|&c| measured(c)).collect();
+    assert_eq!(p.components, want, "the cells' components in vocabulary order");
+    let mean = |v: &[f64]| v.iter().sum::<f64>() / v.len() as f64;
+    for bar in &p.bars {
+        let rounds: Vec<&cliff::Cell> = b
+            .cells
+            .iter()
+            .filter(|c| c.system == bar.system && c.limit_pct == bar.limit_pct && c.components_ms.is_some())
+            .collect();
+        assert_eq!(bar.rounds, rounds.len(), "{}", bar.label());
+        for (c, ms) in p.components.iter().zip(&bar.ms) {
+            let v: Vec<f64> = rounds.iter().filter_map(|r| r.components_ms.as_ref()?.get(c.name()).copied()).collect();
+            let want = if v.is_empty() { 0.0 } else { mean(&v) };
+            assert!((ms - want).abs() < 1e-9, "{} of {}: {ms} vs {want}", c.name(), bar.label());
+        }
+        let wall = mean(&rounds.iter().map(|r| 1e3 / r.tok_s).collect::<Vec<_>>());
+        assert!(bar.wall_ms.is_some_and(|w| (w - wall).abs() < 1e-9), "{}: {:?} vs {wall}", bar.label(), bar.wall_ms);
+    }
+
+    // The picture: the bars are those stacks, in the components' colours.
+    let svg = dir.path().join("cliff-split.svg");
+    let out = observer(&["plot", "cliff-split", json.to_str().unwrap(), "-o", svg.to_str().unwrap()]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let text = std::fs::read_to_string(&svg).unwrap();
+    let rows = testkit::svg::bar_rows(&text, 12);
+    let values: Vec<Vec<f64>> = p.bars.iter().map(|b| b.ms.clone()).collect();
+    testkit::svg::check_stacks(&rows, &values, 2.0).unwrap();
+    for (row, bar) in rows.iter().zip(&p.bars) {
+        let fills: Vec<String> = row.iter().map(|r| r.fill.clone()).collect();
+        let want: Vec<String> = p
+            .components
+            .iter()
+            .zip(&bar.ms)
+            .filter(|(_, ms)| **ms > 0.0)
+            .map(|(c, _)| hex(plot::component_colour(*c)))
+            .collect();
+        assert_eq!(fills, want, "{}: segments in vocabulary order and colours", bar.label());
+        assert!(text.contains(&bar.label()), "{} on the axis", bar.label());
+        assert!(text.contains(&format!("{:.1} ms", bar.total())), "{}'s total written", bar.label());
+    }
+    for c in &p.components {
+        assert!(
+            text.contains(&format!(">{}<", c.name())) || text.contains(&format!("\n{}\n", c.name())),
+            "{} in the legend",
+            c.name()
+        );
+    }
+
+    // A component the vocabulary does not know is an error naming the file, the cell and the name.
+    let mut bad = bench.clone();
+    bad["cells"][0]["components_ms"]["compute_typo"] = json!(1.0);
+    std::fs::write(&json, bad.to_string()).unwrap();
+    let out = observer(&["plot", "cliff-split", json.to_str().unwrap(), "-o", svg.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("cliff.json") && err.contains("compute_typo") && err.contains("warm (engine mmap)"), "{err}");
+    // Cells without a split are no plot.
+    for c in bad["cells"].as_array_mut().unwrap() {
+        c["components_ms"] = serde_json::Value::Null;
+    }
+    std::fs::write(&json, bad.to_string()).unwrap();
+    let out = observer(&["plot", "cliff-split", json.to_str().unwrap(), "-o", svg.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("components_ms"), "{}", String::from_utf8_lossy(&out.stderr));
 }
 
 #[test]

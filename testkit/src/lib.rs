@@ -10,7 +10,8 @@
 //! Nothing here ever moves the calling process into a cgroup: commands are
 //! placed there from inside the child (`sh -c 'echo $$ > …/cgroup.procs; exec
 //! CMD'`, or [`memcg::ChildJoin`] in a forked child). A DAMON `pageout` kdamond of a test's own
-//! ([`damon::Damon`]) puts the DAMON admin tree back as it was.
+//! ([`damon::Damon`]) puts the DAMON admin tree back as it was. Beside the guards, two readers for
+//! checks: a program's `--help` ([`help`]) and a plot's SVG ([`svg`]).
 
 use std::{
     fs::File,
@@ -23,6 +24,8 @@ use std::{
 use anyhow::{Context, Result, bail};
 
 pub mod damon;
+pub mod help;
+pub mod svg;
 
 /// Serialises tests that load probes or measure the machine, across test
 /// binaries and crates.

@@ -14,9 +14,11 @@
 //!   (llama.cpp's tokens are its `llama_process` calls).
 //! - Rounds (`--rounds`, default 3) alternate the order of the limits and of the systems.
 //!   Per cell: tok/s over the tokens after the first 16 (`--tokens`, default 64 of them; the
-//!   first 16 are reported beside it), median over rounds with the range, read MB per token and
-//!   the observer's split (ms per token, its mean thread), and for the cache its hit rate and
-//!   read bytes against the misses' own expert bytes.
+//!   first 16 are reported beside it), median over rounds with the range, read MB per token, for
+//!   the cache its hit rate and read bytes against the misses' own expert bytes; and the
+//!   observer's split (ms per token, its mean thread), the mean over the rounds that measured
+//!   each component (as `observer plot cliff-split` draws it: with rounds of equal token counts
+//!   the split of the mean token).
 //! - Ratios against the targets of issue 17 (warm = median of the warm cells), each marked met or
 //!   not.
 //!
@@ -131,7 +133,7 @@ fn f(v: &Value, k: &str) -> f64 {
 /// The mean of field `k` over token records, `None` when a record has it unmeasured (`null`).
 fn mean_of(t: &[Value], k: &str) -> Option<f64> {
     let v: Option<Vec<f64>> = t.iter().map(|t| t[k].as_f64()).collect();
-    v.filter(|v| !v.is_empty()).map(|v| v.iter().sum::<f64>() / v.len() as f64)
+    moe_stats::mean(&v?)
 }
 
 /// Token records of the measured steps: generated tokens (engine) or `llama_process` calls after
@@ -488,7 +490,8 @@ pub(crate) struct Row {
     pub read_mb_per_tok: f64,
     pub hit_pct: Option<f64>,
     pub stall_ms: Option<f64>,
-    /// The observer's ms per token, per measured component (vocabulary order).
+    /// The observer's ms per token, per measured component (vocabulary order): the mean over
+    /// the rounds that measured it (NaN: none did).
     pub split: Vec<(&'static str, f64)>,
     /// The cache's read bytes / its misses' expert bytes.
     pub read_vs_misses: Option<f64>,
@@ -554,7 +557,14 @@ pub(crate) fn summarize(limits: &[Option<f64>], cells: &[(Key, Vec<Cell>)]) -> S
                 read_mb_per_tok: med(v, &|c| c.read_mb_per_tok()),
                 hit_pct: opt(v, &|c| c.out.hit_pct),
                 stall_ms: opt(v, &|c| c.stall_ms),
-                split: components().into_iter().map(|n| (n, med(v, &|c| c.component_ms(n)))).collect(),
+                split: components()
+                    .into_iter()
+                    .map(|n| {
+                        let measured: Vec<f64> =
+                            v.iter().map(|c| c.component_ms(n)).filter(|ms| ms.is_finite()).collect();
+                        (n, moe_stats::mean(&measured).unwrap_or(f64::NAN))
+                    })
+                    .collect(),
                 read_vs_misses: opt(v, &|c| c.read_vs_misses),
             })
         })
@@ -606,7 +616,10 @@ pub(crate) fn summarize(limits: &[Option<f64>], cells: &[(Key, Vec<Cell>)]) -> S
 
 fn report(s: &Setup, cells: &[(Key, Vec<Cell>)]) {
     let sum = summarize(&s.limits, cells);
-    println!("\nmedians over rounds ({} measured tokens after {WARMUP}; ms per token from the observer):", s.tokens);
+    println!(
+        "\nmedians over rounds ({} measured tokens after {WARMUP}; the observer's ms per token: mean over rounds):",
+        s.tokens
+    );
     println!(
         "{:<5} {:<18} {:>8} {:>15} {:>8} {:>9} {:>6} {:>7} | {}",
         "limit",
@@ -680,7 +693,7 @@ mod tests {
         let scratch = out.join("runs");
         std::fs::create_dir_all(&scratch).unwrap();
         let json = out.join("cliff.json");
-        for f in ["cliff.json", "cliff.svg", "cliff.md"] {
+        for f in ["cliff.json", "cliff.svg", "cliff-split.svg", "cliff.md"] {
             let _ = std::fs::remove_file(out.join(f));
         }
         let mut o = Options::default();
@@ -736,6 +749,30 @@ mod tests {
             assert!(text.contains(sys), "{sys} in the plot's legend");
         }
 
+        // The split plot: a stacked bar per cell (one round: its values), unlimited first, then
+        // the limits falling, a limit's systems in the file's order; its segments the cell's
+        // components above 0 in vocabulary order, drawn at one scale.
+        let split = std::fs::read_to_string(out.join("cliff-split.svg")).unwrap();
+        let mut order: Vec<&bench_cliff::Cell> = written.cells.iter().collect();
+        order.sort_by(|a, b| match (a.limit_pct, b.limit_pct) {
+            (None, None) => std::cmp::Ordering::Equal,
+            (None, _) => std::cmp::Ordering::Less,
+            (_, None) => std::cmp::Ordering::Greater,
+            (Some(x), Some(y)) => y.total_cmp(&x),
+        });
+        let values: Vec<Vec<f64>> = order
+            .iter()
+            .map(|c| {
+                let comp = c.components_ms.as_ref().unwrap();
+                Component::ALL.iter().map(|k| comp.get(k.name()).copied().unwrap_or(0.0)).collect()
+            })
+            .collect();
+        testkit::svg::check_stacks(&testkit::svg::bar_rows(&split, 12), &values, 2.0).unwrap();
+        for c in &order {
+            let label = format!("{}, {}", c.system, c.limit_pct.map_or("unlimited".into(), |l| format!("{l:.0} %")));
+            assert!(split.contains(&label), "{label} on the split's axis");
+        }
+
         // The findings tell this run's numbers (one round: a cell's median is its value).
         let md = std::fs::read_to_string(md).unwrap();
         let cell = |sys: &str, limit: Option<f64>| {
@@ -761,6 +798,7 @@ mod tests {
         );
         assert!(md.contains("**A reduced run**") && md.contains("--small"), "{md}");
         assert!(md.contains("![tok/s against the memory limit](cliff.svg)"), "{md}");
+        assert!(md.contains("![the observer's split of a token per cell](cliff-split.svg)"), "{md}");
         assert!(md.contains("`io_wait_peer`"), "the split's columns are the vocabulary's: {md}");
     }
 }

@@ -8,7 +8,9 @@
 //! - Output, regenerated as a whole, in `--out DIR` (default `docs/findings/`):
 //!   - `cliff.json`: every cell of every round;
 //!   - `cliff.svg`: `observer plot cliff cliff.json`, tok/s against the memory limit;
-//!   - `cliff.md`: the setup (machine, load, model, options), the plot, the medians per cell,
+//!   - `cliff-split.svg`: `observer plot cliff-split cliff.json`, the observer's split of a token
+//!     per cell (a stacked bar of mean ms per component each);
+//!   - `cliff.md`: the setup (machine, load, model, options), the plots, the medians per cell,
 //!     the observer's component split per cell, the targets met or not, and what the
 //!     numbers show: sentences computed from this run's numbers ([`findings`]), none typed in.
 //! - `--small`: a reduced run for development and the test: the 3-layer small model, unlimited
@@ -80,11 +82,13 @@ pub(crate) fn write_up(setup: &Setup, small: bool, command: String, out: &Path) 
     }
     let load_before = loadavg();
     let (bench, summary) = bench_cliff::run(setup)?;
-    let svg = out.join("cliff.svg");
-    if svg.exists() {
-        std::fs::remove_file(&svg).with_context(|| format!("removing the old {}", svg.display()))?;
+    for (kind, file) in PLOTS {
+        let svg = out.join(file);
+        if svg.exists() {
+            std::fs::remove_file(&svg).with_context(|| format!("removing the old {}", svg.display()))?;
+        }
+        cmd::run(Command::new(&setup.observer).args(["plot", kind]).arg(&json).arg("-o").arg(&svg))?;
     }
-    cmd::run(Command::new(&setup.observer).args(["plot", "cliff"]).arg(&json).arg("-o").arg(&svg))?;
     let run = RunFacts {
         command,
         small,
@@ -102,6 +106,9 @@ pub(crate) fn write_up(setup: &Setup, small: bool, command: String, out: &Path) 
     std::fs::write(&md, findings(&run, &summary)?).with_context(|| format!("writing {}", md.display()))?;
     Ok(md)
 }
+
+/// The plots of the findings: `observer plot KIND` and the file it writes.
+pub(crate) const PLOTS: [(&str, &str); 2] = [("cliff", "cliff.svg"), ("cliff-split", "cliff-split.svg")];
 
 /// What the findings say about the run besides its numbers.
 #[derive(Debug, Clone)]
@@ -325,7 +332,8 @@ pub(crate) fn findings(run: &RunFacts, s: &Summary) -> Result<String> {
             fmt_opt(r.stall_ms, 1)
         )?;
     }
-    writeln!(md, "\n## The observer's split per cell (ms per token, mean thread)\n")?;
+    writeln!(md, "\n## The observer's split per cell (ms per token of its mean thread, mean over rounds)\n")?;
+    writeln!(md, "![the observer's split of a token per cell](cliff-split.svg)\n")?;
     let names = bench_cliff::components();
     writeln!(md, "| limit | system | {} |", names.iter().map(|n| format!("`{n}`")).collect::<Vec<_>>().join(" | "))?;
     writeln!(md, "|---|---|{}", "---|".repeat(names.len()))?;

@@ -205,7 +205,7 @@ fn check(deb: &Path, version: &str) -> Result<()> {
     let v = cmd::output(Command::new(&bin).arg("--version"))?;
     ensure!(v.trim() == format!("observer {version}"), "the installed binary says {v:?}");
     let help = cmd::output(Command::new(&bin).arg("--help"))?;
-    for sub in subcommands(&help) {
+    for sub in testkit::help::subcommands(&help) {
         let page = root.join(format!("usr/share/man/man1/observer-{sub}.1.gz"));
         ensure!(page.exists(), "no man page for `observer {sub}` in the package");
     }
@@ -307,22 +307,6 @@ fn ldd_names(bin: &Path) -> Result<Vec<PathBuf>> {
         .collect())
 }
 
-/// The subcommands `observer --help` lists (its "Commands:" block, `help` left out).
-pub fn subcommands(help: &str) -> Vec<String> {
-    help.split("Commands:")
-        .nth(1)
-        .unwrap_or("")
-        .lines()
-        .skip(1)
-        .take_while(|l| l.starts_with("  "))
-        // A wrapped description goes on deeper indented.
-        .filter(|l| !l[2..].starts_with(' '))
-        .filter_map(|l| l.split_whitespace().next())
-        .filter(|s| *s != "help")
-        .map(str::to_string)
-        .collect()
-}
-
 fn tempfile_dir() -> Result<PathBuf> {
     let d = std::env::temp_dir().join(format!("moe-observer-deb-{}", std::process::id()));
     if d.exists() {
@@ -330,15 +314,4 @@ fn tempfile_dir() -> Result<PathBuf> {
     }
     fs::create_dir_all(&d)?;
     Ok(d)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn subcommands_are_read_from_the_help() {
-        let help = "Usage: observer <COMMAND>\n\nCommands:\n  run     Observe\n  serve   A standing\n          wrapped text\n  help    Print this\n\nOptions:\n  -v\n";
-        assert_eq!(subcommands(help), ["run", "serve"]);
-    }
 }

@@ -52,6 +52,14 @@ pub enum Kind {
         #[command(flatten)]
         out: Out,
     },
+    /// The observer's split of a token per cell (system × limit) of `cargo xtask bench cliff --json`:
+    /// a stacked bar of mean ms per component each.
+    CliffSplit {
+        #[arg(value_name = "BENCH_JSON", num_args = 1.., required = true)]
+        files: Vec<PathBuf>,
+        #[command(flatten)]
+        out: Out,
+    },
 }
 
 #[derive(Debug, clap::Args)]
@@ -75,24 +83,27 @@ pub fn plot(a: PlotArgs) -> Result<i32> {
             let opts = bootstrap.options(ignore)?;
             let runs = files.iter().map(|p| import::load(p)).collect::<Result<Vec<_>, _>>()?;
             let c = plot::compare::Comparison::of(&diff::diff(&runs, &opts))?;
-            let inputs: Vec<&Path> = files.iter().map(PathBuf::as_path).collect();
-            save(&c, &out.output, &inputs)
+            save(&c, &out.output, &paths(&files))
         }
         Kind::Residency { run, out } => {
             let m = plot::residency::ResidencyMap::of(&import::load(&run)?)?;
             save(&m, &out.output, &[&run])
         }
-        Kind::Cliff { files, out } => {
-            let benches = files
-                .iter()
-                .map(|f| {
-                    Ok((f.file_name().map_or(String::new(), |n| n.to_string_lossy().into_owned()), cliff::load(f)?))
-                })
-                .collect::<Result<Vec<_>>>()?;
-            let inputs: Vec<&Path> = files.iter().map(PathBuf::as_path).collect();
-            save(&plot::cliff::CliffPlot::of(&benches)?, &out.output, &inputs)
-        }
+        Kind::Cliff { files, out } => save(&cliff::CliffPlot::of(&benches(&files)?)?, &out.output, &paths(&files)),
+        Kind::CliffSplit { files, out } => save(&cliff::SplitPlot::of(&benches(&files)?)?, &out.output, &paths(&files)),
     }
+}
+
+/// Bench result files, each with its file name (which names it in the plot and in errors).
+fn benches(files: &[PathBuf]) -> Result<Vec<(String, cliff::CliffBench)>> {
+    files
+        .iter()
+        .map(|f| Ok((f.file_name().map_or(String::new(), |n| n.to_string_lossy().into_owned()), cliff::load(f)?)))
+        .collect()
+}
+
+fn paths(files: &[PathBuf]) -> Vec<&Path> {
+    files.iter().map(PathBuf::as_path).collect()
 }
 
 fn save(p: &impl plot::Plot, out: &Path, inputs: &[&Path]) -> Result<i32> {

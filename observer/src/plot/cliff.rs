@@ -1,24 +1,39 @@
-//! The page-cache cliff: tok/s against the memory limit, a line per system
-//! (module spec in `plot`).
+//! The page-cache cliff (module spec in `plot`): tok/s against the memory limit, a line per
+//! system ([`CliffPlot`]), and the observer's split of a token per cell ([`SplitPlot`]).
 //!
 //! ## Input
 //! The JSON that `cargo xtask bench cliff --json FILE` writes, format
 //! [`FORMAT`] (its spec: [`observer_common::bench_cliff`]). `tok_s` is in `0..=MAX_TOK_S`,
-//! `limit_pct` in `(0, 100]`; anything else is an error naming the file and the system.
-//! Several rounds of a (system, limit) are drawn as their median; each round as a small dot
-//! beside it.
+//! `limit_pct` in `(0, 100]`, each value of `components_ms` a vocabulary component's name and
+//! `0..=MAX_MS`; anything else is an error naming the file and the system.
+//! - The curve: several rounds of a (system, limit) are drawn as their median; each round as a
+//!   small dot beside it.
+//! - The split: a cell's component is the mean over its rounds that measured it, so that with
+//!   rounds of equal token counts the stack is the mean token; its wall time is the mean of the
+//!   rounds' `1000 / tok_s`. Cells without `components_ms` (not measured) are left out.
 
-use std::{collections::BTreeMap, path::Path};
+use std::{cmp::Ordering, collections::BTreeMap, path::Path};
 
 use anyhow::{Context, Result, bail};
+use moe_stats::{mean, median};
 pub use observer_common::bench_cliff::{Cell, CliffBench, FORMAT};
-use plotters::{coord::Shift, prelude::*};
+use observer_common::vocab::{Component, Time};
+use plotters::{
+    coord::Shift,
+    prelude::*,
+    style::text_anchor::{HPos, Pos, VPos},
+};
 
-use super::{Plot, err, legend, nice_max, series_colour};
+use super::{
+    Plot, category_label, category_ticks, chart, component_colour, err, legend, nice_max, series_colour, swatch,
+};
 
 /// The largest tok/s a cell may have: far beyond any machine, and small enough that the axis
 /// stays finite (a rate of 1e308 once made the axis infinite and its ticks endless).
 pub const MAX_TOK_S: f64 = 1e6;
+
+/// The largest ms per token a component of a cell may have (about 11.6 days), for the same reason.
+pub const MAX_MS: f64 = 1e9;
 
 /// A bench result file, checked to be of [`FORMAT`]; errors name the file.
 pub fn load(path: &Path) -> Result<CliffBench> {
@@ -36,6 +51,62 @@ pub fn parse(path: &Path, text: &str) -> Result<CliffBench> {
     Ok(b)
 }
 
+/// A cell's rate and limit checked against the input's rules; errors name `file` and the system.
+fn check(file: &str, c: &Cell) -> Result<()> {
+    if !(0.0..=MAX_TOK_S).contains(&c.tok_s) {
+        bail!("{file}: a cell of {:?} has tok/s {}: expected a rate from 0 to {MAX_TOK_S:e}", c.system, c.tok_s);
+    }
+    if let Some(l) = c.limit_pct
+        && !(l > 0.0 && l <= 100.0)
+    {
+        bail!(
+            "{file}: a cell of {:?} has limit_pct {l}: expected a share of the model file in (0, 100], or null for \
+             unlimited",
+            c.system
+        );
+    }
+    Ok(())
+}
+
+/// A cell's split checked against the input's rules: its components and their ms per token
+/// (`None`: not measured).
+fn split_of(file: &str, c: &Cell) -> Result<Option<Vec<(Component, f64)>>> {
+    let Some(split) = &c.components_ms else { return Ok(None) };
+    let mut out = Vec::with_capacity(split.len());
+    for (name, &ms) in split {
+        let Some(comp) = Component::from_name(name) else {
+            bail!("{file}: a cell of {:?} has component {name:?}: not a time component of the vocabulary", c.system)
+        };
+        if !(0.0..=MAX_MS).contains(&ms) {
+            bail!("{file}: a cell of {:?} has {name} {ms} ms per token: expected 0 to {MAX_MS:e}", c.system);
+        }
+        out.push((comp, ms));
+    }
+    Ok(Some(out))
+}
+
+/// Limits in ascending order, unlimited last.
+fn by_limit(a: Option<f64>, b: Option<f64>) -> Ordering {
+    match (a, b) {
+        (None, None) => Ordering::Equal,
+        (None, _) => Ordering::Greater,
+        (_, None) => Ordering::Less,
+        (Some(x), Some(y)) => x.total_cmp(&y),
+    }
+}
+
+/// A system's name in a plot of `files` files: with the file's name when there are several.
+fn series_name(system: &str, file: &str, files: usize) -> String {
+    if files > 1 { format!("{system} ({file})") } else { system.to_string() }
+}
+
+/// The model of the first file, as titles name it: `cliff.gguf, 5.60 GB`.
+fn model_of(benches: &[(String, CliffBench)]) -> String {
+    let (model, bytes) = benches.first().map(|(_, b)| (b.model.clone(), b.model_bytes)).unwrap_or_default();
+    let name = Path::new(&model).file_name().map_or(model.clone(), |n| n.to_string_lossy().into_owned());
+    format!("{name}, {:.2} GB", bytes as f64 / 1e9)
+}
+
 /// One system's curve: (limit, median tok/s, every round's tok/s), limits ascending, unlimited last.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Curve {
@@ -49,12 +120,6 @@ pub struct CliffPlot {
     pub curves: Vec<Curve>,
 }
 
-fn median(v: &mut [f64]) -> f64 {
-    v.sort_by(f64::total_cmp);
-    let n = v.len();
-    if n % 2 == 1 { v[n / 2] } else { (v[n / 2 - 1] + v[n / 2]) / 2.0 }
-}
-
 impl CliffPlot {
     /// Curves of every file's systems; a system named in several files gets the file's name.
     pub fn of(benches: &[(String, CliffBench)]) -> Result<CliffPlot> {
@@ -62,22 +127,7 @@ impl CliffPlot {
         for (file, b) in benches {
             let mut by: BTreeMap<(String, Option<u64>), Vec<f64>> = BTreeMap::new();
             for c in &b.cells {
-                if !(0.0..=MAX_TOK_S).contains(&c.tok_s) {
-                    bail!(
-                        "{file}: a cell of {:?} has tok/s {}: expected a rate from 0 to {MAX_TOK_S:e}",
-                        c.system,
-                        c.tok_s
-                    );
-                }
-                if let Some(l) = c.limit_pct
-                    && !(l > 0.0 && l <= 100.0)
-                {
-                    bail!(
-                        "{file}: a cell of {:?} has limit_pct {l}: expected a share of the model file in (0, 100], \
-                         or null for unlimited",
-                        c.system
-                    );
-                }
+                check(file, c)?;
                 by.entry((c.system.clone(), c.limit_pct.map(f64::to_bits))).or_default().push(c.tok_s);
             }
             let mut systems: Vec<String> = b.cells.iter().map(|c| c.system.clone()).collect();
@@ -90,28 +140,14 @@ impl CliffPlot {
                     .filter(|((sys, _), _)| *sys == s)
                     .map(|((_, l), v)| (l.map(f64::from_bits), median(&mut v.clone()), v.clone()))
                     .collect();
-                points.sort_by(|a, b| match (a.0, b.0) {
-                    (None, None) => std::cmp::Ordering::Equal,
-                    (None, _) => std::cmp::Ordering::Greater,
-                    (_, None) => std::cmp::Ordering::Less,
-                    (Some(x), Some(y)) => x.total_cmp(&y),
-                });
-                let system = if benches.len() > 1 { format!("{s} ({file})") } else { s };
-                curves.push(Curve { system, points });
+                points.sort_by(|a, b| by_limit(a.0, b.0));
+                curves.push(Curve { system: series_name(&s, file, benches.len()), points });
             }
         }
         if curves.is_empty() {
             bail!("no cells in the bench results");
         }
-        let model = benches.first().map(|(_, b)| (b.model.clone(), b.model_bytes)).unwrap_or_default();
-        Ok(CliffPlot {
-            title: format!(
-                "tok/s against the memory limit ({}, {:.2} GB)",
-                Path::new(&model.0).file_name().map_or(model.0.clone(), |n| n.to_string_lossy().into_owned()),
-                model.1 as f64 / 1e9
-            ),
-            curves,
-        })
+        Ok(CliffPlot { title: format!("tok/s against the memory limit ({})", model_of(benches)), curves })
     }
 
     /// Where a limit is drawn: its %, unlimited at the right edge.
@@ -130,13 +166,7 @@ impl Plot for CliffPlot {
         let top =
             self.curves.iter().flat_map(|c| c.points.iter().flat_map(|p| p.2.iter())).copied().fold(0.0, f64::max);
         let unlimited = self.max_limit() + 20.0;
-        let mut chart = ChartBuilder::on(root)
-            .caption(&self.title, ("sans-serif", 20))
-            .margin(12)
-            .x_label_area_size(45)
-            .y_label_area_size(60)
-            .build_cartesian_2d(0f64..unlimited + 10.0, 0f64..nice_max(top * 1.05, 0.1))
-            .map_err(err)?;
+        let mut chart = chart(root, &self.title, (45, 60), 0f64..unlimited + 10.0, 0f64..nice_max(top * 1.05, 0.1))?;
         chart
             .configure_mesh()
             .x_desc("memory limit, % of the model file")
@@ -157,6 +187,152 @@ impl Plot for CliffPlot {
             chart.draw_series(rounds.map(|p| Circle::new(p, 2, colour.mix(0.6).filled()))).map_err(err)?;
         }
         legend(&mut chart, SeriesLabelPosition::UpperLeft)
+    }
+}
+
+/// One cell's bar of the split: its system and limit, its components' means.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SplitBar {
+    pub system: String,
+    /// % of the model file; `None`: unlimited.
+    pub limit_pct: Option<f64>,
+    /// Ms per token of each of the plot's components (`SplitPlot::components`, same order): the
+    /// mean over the cell's rounds that measured it, 0 where none did.
+    pub ms: Vec<f64>,
+    /// The mean of the rounds' `1000 / tok_s` (`None`: a round decoded nothing).
+    pub wall_ms: Option<f64>,
+    /// The rounds with a split.
+    pub rounds: usize,
+}
+
+impl SplitBar {
+    /// The bar's name on the axis: `engine cache, 60 %`.
+    pub fn label(&self) -> String {
+        format!("{}, {}", self.system, self.limit_pct.map_or("unlimited".into(), |l| format!("{l:.0} %")))
+    }
+
+    /// The stack's length: the sum of its components.
+    pub fn total(&self) -> f64 {
+        self.ms.iter().sum()
+    }
+}
+
+/// The observer's split of a token per cell (module spec in `plot`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct SplitPlot {
+    pub title: String,
+    /// The components some cell measured, in vocabulary order.
+    pub components: Vec<Component>,
+    /// From the top: unlimited first, then the limits falling; a limit's systems in file order.
+    pub bars: Vec<SplitBar>,
+}
+
+impl SplitPlot {
+    pub fn of(benches: &[(String, CliffBench)]) -> Result<SplitPlot> {
+        // Per bar: each component's rounds (vocabulary order), the rounds' wall ms per token.
+        let mut cells: Vec<(SplitBar, Vec<Vec<f64>>, Vec<f64>)> = Vec::new();
+        for (file, b) in benches {
+            let first = cells.len();
+            for c in &b.cells {
+                check(file, c)?;
+                let Some(split) = split_of(file, c)? else { continue };
+                let system = series_name(&c.system, file, benches.len());
+                let at = cells[first..].iter().position(|(bar, ..)| {
+                    bar.system == system && bar.limit_pct.map(f64::to_bits) == c.limit_pct.map(f64::to_bits)
+                });
+                let (_, comps, walls) = match at {
+                    Some(i) => &mut cells[first + i],
+                    None => {
+                        let bar = SplitBar { system, limit_pct: c.limit_pct, ms: Vec::new(), wall_ms: None, rounds: 0 };
+                        cells.push((bar, vec![Vec::new(); Component::N], Vec::new()));
+                        cells.last_mut().expect("just pushed")
+                    }
+                };
+                for (comp, ms) in split {
+                    comps[comp as usize].push(ms);
+                }
+                walls.push(1e3 / c.tok_s);
+            }
+            // Stable: a limit's systems stay in file order.
+            cells[first..].sort_by(|a, b| by_limit(b.0.limit_pct, a.0.limit_pct));
+        }
+        if cells.is_empty() {
+            bail!("no cell of the bench results has the observer's split (components_ms)");
+        }
+        let components: Vec<Component> = Component::ALL
+            .into_iter()
+            .filter(|&c| cells.iter().any(|(_, comps, _)| !comps[c as usize].is_empty()))
+            .collect();
+        let bars = cells
+            .into_iter()
+            .map(|(mut bar, comps, walls)| {
+                bar.ms = components.iter().map(|&c| mean(&comps[c as usize]).unwrap_or(0.0)).collect();
+                bar.wall_ms = mean(&walls).filter(|w| (0.0..=MAX_MS).contains(w));
+                bar.rounds = walls.len();
+                bar
+            })
+            .collect();
+        Ok(SplitPlot {
+            title: format!("the observer's split of a token per cell, ms ({}; mean over rounds)", model_of(benches)),
+            components,
+            bars,
+        })
+    }
+}
+
+impl Plot for SplitPlot {
+    fn draw<DB: DrawingBackend>(&self, root: &DrawingArea<DB, Shift>) -> Result<()> {
+        root.fill(&WHITE).map_err(err)?;
+        let n = self.bars.len();
+        let end = |b: &SplitBar| b.total().max(b.wall_ms.unwrap_or(0.0));
+        let top = self.bars.iter().map(end).fold(0.0, f64::max);
+        // The first bar on top: bar i in the slot [n - 1 - i, n - i).
+        let slot = |i: usize| (n - 1 - i) as f64;
+        let names: Vec<String> = self.bars.iter().rev().map(SplitBar::label).collect();
+        let mut chart = chart(root, &self.title, (45, 250), 0f64..nice_max(top * 1.15, 0.001), 0f64..n as f64)?;
+        chart
+            .configure_mesh()
+            .disable_y_mesh()
+            .x_desc("ms per token (the observer's mean thread)")
+            .y_labels(category_ticks(n))
+            .y_label_formatter(&|y| category_label(&names, *y))
+            .draw()
+            .map_err(err)?;
+        let mut left = vec![0.0; n];
+        for (k, &c) in self.components.iter().enumerate() {
+            let colour = component_colour(c);
+            let bars: Vec<Rectangle<(f64, f64)>> = self
+                .bars
+                .iter()
+                .enumerate()
+                .filter_map(|(i, b)| {
+                    let v = Some(b.ms[k]).filter(|v| *v > 0.0)?;
+                    let l = left[i];
+                    left[i] += v;
+                    Some(Rectangle::new([(l, slot(i) + 0.2), (l + v, slot(i) + 0.8)], colour.filled()))
+                })
+                .collect();
+            chart.draw_series(bars).map_err(err)?.label(c.name()).legend(swatch(colour));
+        }
+        let ticks = self.bars.iter().enumerate().filter_map(|(i, b)| {
+            let w = b.wall_ms?;
+            Some(PathElement::new(vec![(w, slot(i) + 0.1), (w, slot(i) + 0.9)], BLACK.stroke_width(2)))
+        });
+        chart
+            .draw_series(ticks)
+            .map_err(err)?
+            .label(format!("{} (1000 / tok/s)", Time::Wall.name()))
+            .legend(|(x, y)| PathElement::new(vec![(x + 6, y - 6), (x + 6, y + 6)], BLACK.stroke_width(2)));
+        let style = TextStyle::from(("sans-serif", 13).into_font()).pos(Pos::new(HPos::Left, VPos::Center));
+        let totals = self.bars.iter().enumerate().map(|(i, b)| {
+            let text = match b.wall_ms {
+                Some(w) => format!("{:.1} ms (wall {w:.1})", b.total()),
+                None => format!("{:.1} ms", b.total()),
+            };
+            EmptyElement::at((end(b), slot(i) + 0.5)) + Text::new(text, (6, 0), style.clone())
+        });
+        chart.draw_series(totals).map_err(err)?;
+        legend(&mut chart, SeriesLabelPosition::UpperRight)
     }
 }
 

@@ -5,7 +5,9 @@ use anyhow::{Result, bail};
 use observer_common::vocab::{Component, Time};
 use plotters::{coord::Shift, prelude::*};
 
-use super::{Plot, component_colour, err, legend, nice_max, series_colour};
+use super::{
+    Plot, category_label, category_ticks, chart, component_colour, err, legend, nice_max, series_colour, swatch,
+};
 use crate::analysis::{
     diff::DiffReport,
     stats::{Estimate, Interval},
@@ -82,25 +84,12 @@ impl Plot for Comparison {
         let top = self.bars.iter().map(|b| hi(&b.a).max(hi(&b.b))).fold(0.0, f64::max);
         let n = self.bars.len().max(1);
         let names: Vec<String> = self.bars.iter().map(|b| b.name.clone()).collect();
-        let mut chart = ChartBuilder::on(root)
-            .caption(&self.title, ("sans-serif", 20))
-            .margin(12)
-            .x_label_area_size(50)
-            .y_label_area_size(60)
-            .build_cartesian_2d(0f64..n as f64, 0f64..nice_max(top * 1.05, 0.001))
-            .map_err(err)?;
+        let mut chart = chart(root, &self.title, (50, 60), 0f64..n as f64, 0f64..nice_max(top * 1.05, 0.001))?;
         chart
             .configure_mesh()
             .disable_x_mesh()
-            .x_labels(n * 2 + 1)
-            .x_label_formatter(&|x| {
-                let i = x.floor() as usize;
-                if (x - i as f64 - 0.5).abs() < 0.26 {
-                    names.get(i).cloned().unwrap_or_default()
-                } else {
-                    String::new()
-                }
-            })
+            .x_labels(category_ticks(n))
+            .x_label_formatter(&|x| category_label(&names, *x))
             .y_desc("ms per token")
             .draw()
             .map_err(err)?;
@@ -122,7 +111,7 @@ impl Plot for Comparison {
                 .draw_series(bars)
                 .map_err(err)?
                 .label(format!("{} (side {})", name, if side == 0 { "A: lighter" } else { "B: solid" }))
-                .legend(move |(x, y)| Rectangle::new([(x, y - 5), (x + 12, y + 5)], colour.filled()));
+                .legend(swatch(colour));
             let whiskers = self.bars.iter().enumerate().filter_map(|(i, b)| {
                 let (v, ci) = pick(b);
                 let ci = ci?;

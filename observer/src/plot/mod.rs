@@ -24,20 +24,27 @@
 //!   - [`cliff`]: tok/s against the memory limit (% of the model file; the
 //!     unlimited cell drawn at the right edge), a line per system, from the
 //!     JSON `cargo xtask bench cliff` writes (format [`cliff::FORMAT`]).
+//!   - [`cliff::SplitPlot`] (`plot cliff-split`), from the same JSON: the
+//!     observer's split of a token per cell (system × limit), a horizontal
+//!     stacked bar each: unlimited first, then the limits falling, the systems
+//!     in the file's order; each component's mean ms per token (its cells'
+//!     components in vocabulary order), the cell's mean wall time per token
+//!     (1000 / tok/s) as a black tick, and both numbers written at the end.
 
 pub mod cliff;
 pub mod compare;
 pub mod residency;
 pub mod tokens;
 
-use std::path::Path;
+use std::{ops::Range, path::Path};
 
 use anyhow::{Context, Result, bail};
 use observer_common::vocab::Component;
 use plotters::{
-    coord::{Shift, types::RangedCoordf64},
-    prelude::{BitMapBackend, DrawingArea, DrawingBackend, IntoDrawingArea, SVGBackend},
-    style::{FontStyle, RGBColor},
+    chart::{ChartBuilder, ChartContext},
+    coord::{Shift, cartesian::Cartesian2d, types::RangedCoordf64},
+    prelude::{BitMapBackend, DrawingArea, DrawingBackend, IntoDrawingArea, Rectangle, SVGBackend},
+    style::{Color, FontStyle, RGBColor},
 };
 
 /// Pixel size of every plot.
@@ -46,18 +53,19 @@ pub const SIZE: (u32, u32) = (1200, 640);
 /// The font compiled into the binary (DejaVu Sans; licence beside it).
 static FONT: &[u8] = include_bytes!("../../assets/DejaVuSans.ttf");
 
-/// One palette, indexed by `Component::ALL` order (compute first).
+/// One palette, indexed by `Component::ALL` order (compute first); its first entries also colour
+/// the series of plots that are not about components ([`series_colour`]).
 const PALETTE: [RGBColor; 12] = [
-    RGBColor(31, 119, 180),  // compute
-    RGBColor(255, 187, 120), // fault_minor
-    RGBColor(214, 39, 40),   // swapin_zram
-    RGBColor(255, 127, 14),  // fault_io
-    RGBColor(148, 103, 189), // io_wait
-    RGBColor(140, 86, 75),   // reclaim
-    RGBColor(227, 119, 194), // syscall
-    RGBColor(127, 127, 127), // runqueue
-    RGBColor(188, 189, 34),  // sleep
-    RGBColor(23, 190, 207),  // …
+    RGBColor(31, 119, 180),
+    RGBColor(255, 187, 120),
+    RGBColor(214, 39, 40),
+    RGBColor(255, 127, 14),
+    RGBColor(148, 103, 189),
+    RGBColor(140, 86, 75),
+    RGBColor(227, 119, 194),
+    RGBColor(127, 127, 127),
+    RGBColor(188, 189, 34),
+    RGBColor(23, 190, 207),
     RGBColor(174, 199, 232),
     RGBColor(152, 223, 138),
 ];
@@ -173,6 +181,46 @@ pub fn legend<'a, DB: DrawingBackend + 'a>(
         .draw()
         .map_err(err)?;
     Ok(())
+}
+
+/// The legend's mark of a series drawn as filled bars of `colour`.
+pub fn swatch(colour: RGBColor) -> impl Fn((i32, i32)) -> Rectangle<(i32, i32)> {
+    move |(x, y)| Rectangle::new([(x, y - 5), (x + 12, y + 5)], colour.filled())
+}
+
+/// The chart of every plot: `title` above, `label_areas` (x axis, y axis) pixels for the axes'
+/// labels, linear axes over `x` and `y`.
+pub fn chart<'a, DB: DrawingBackend>(
+    area: &'a DrawingArea<DB, Shift>,
+    title: &str,
+    label_areas: (u32, u32),
+    x: Range<f64>,
+    y: Range<f64>,
+) -> Result<ChartContext<'a, DB, Cartesian2d<RangedCoordf64, RangedCoordf64>>> {
+    ChartBuilder::on(area)
+        .caption(title, ("sans-serif", 20))
+        .margin(12)
+        .x_label_area_size(label_areas.0)
+        .y_label_area_size(label_areas.1)
+        .build_cartesian_2d(x, y)
+        .map_err(err)
+}
+
+/// How many labels to ask of an axis of `n` categories: its ticks then fall on every half unit
+/// (plotters' key points), so that [`category_label`] finds each category's centre.
+pub fn category_ticks(n: usize) -> usize {
+    2 * n + 1
+}
+
+/// The axis label at `v` of categories `names`, the `i`-th drawn on `[i, i + 1)`: its name at the
+/// centre, nothing elsewhere.
+pub fn category_label(names: &[String], v: f64) -> String {
+    let i = v.floor();
+    if i >= 0.0 && (v - i - 0.5).abs() < 0.26 {
+        names.get(i as usize).cloned().unwrap_or_default()
+    } else {
+        String::new()
+    }
 }
 
 /// Round `v` up to a "nice" axis maximum (1, 2 or 5 × 10^k), at least `min`.

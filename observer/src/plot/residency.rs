@@ -6,7 +6,7 @@ use anyhow::{Result, bail};
 use observer_common::vocab::ResidencyField;
 use plotters::{coord::Shift, prelude::*};
 
-use super::{Plot, err};
+use super::{Plot, chart, err};
 use crate::store::import::LoadedRun;
 
 #[derive(Debug, Clone, PartialEq)]
@@ -65,13 +65,7 @@ impl Plot for ResidencyMap {
         root.fill(&WHITE).map_err(err)?;
         let (main, key) = root.split_horizontally(root.dim_in_pixel().0 - 110);
         let n = self.columns.len();
-        let mut chart = ChartBuilder::on(&main)
-            .caption(&self.title, ("sans-serif", 20))
-            .margin(12)
-            .x_label_area_size(40)
-            .y_label_area_size(60)
-            .build_cartesian_2d(0f64..n as f64, 0f64..self.n_layers as f64)
-            .map_err(err)?;
+        let mut chart = chart(&main, &self.title, (40, 60), 0f64..n as f64, 0f64..self.n_layers as f64)?;
         let seqs: Vec<u64> = self.columns.iter().map(|c| c.0).collect();
         chart
             .configure_mesh()

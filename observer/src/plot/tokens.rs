@@ -5,7 +5,7 @@ use anyhow::Result;
 use observer_common::vocab::{Component, Time};
 use plotters::{coord::Shift, prelude::*};
 
-use super::{Plot, component_colour, err, legend, nice_max};
+use super::{Plot, chart, component_colour, err, legend, nice_max, swatch};
 use crate::store::import::LoadedRun;
 
 /// What the plot shows, in ms, per summarised record in order.
@@ -63,13 +63,7 @@ impl Plot for TokenSeries {
         if let Some(e) = &self.engine_compute {
             top = e.iter().flatten().copied().fold(top, f64::max);
         }
-        let mut chart = ChartBuilder::on(root)
-            .caption(&self.title, ("sans-serif", 22))
-            .margin(12)
-            .x_label_area_size(40)
-            .y_label_area_size(60)
-            .build_cartesian_2d(0f64..n as f64, 0f64..nice_max(top * 1.05, 0.001))
-            .map_err(err)?;
+        let mut chart = chart(root, &self.title, (40, 60), 0f64..n as f64, 0f64..nice_max(top * 1.05, 0.001))?;
         chart
             .configure_mesh()
             .disable_x_mesh()
@@ -91,11 +85,7 @@ impl Plot for TokenSeries {
                     Some(Rectangle::new([(i as f64, b), (i as f64 + 1.0, b + v)], colour.filled()))
                 })
                 .collect();
-            chart
-                .draw_series(bars)
-                .map_err(err)?
-                .label(c.name())
-                .legend(move |(x, y)| Rectangle::new([(x, y - 5), (x + 12, y + 5)], colour.filled()));
+            chart.draw_series(bars).map_err(err)?.label(c.name()).legend(swatch(colour));
         }
         if let Some(e) = &self.engine_compute {
             let points = e.iter().enumerate().filter_map(|(i, v)| Some((i as f64 + 0.5, (*v)?)));
