@@ -246,8 +246,9 @@ struct Plan {
 const X86_PLAN: Plan = Plan { cases: &CASES, prompts: &PROMPTS, n_gen: N_GEN, long_prompts: true, qemu_cpu: None };
 
 /// The aarch64 level under emulation, which runs tens of times slower: the tiny qwen3moe model
-/// in `Q8_0` and `Q4_K_M` (the `Q8_0`, `Q4_K` and `Q6_K` kernels), the two short prompts, 16
-/// tokens; on qemu's `cortex-a72` (ARMv8.0: NEON without `dotprod`, as the llama.cpp build).
+/// in `Q8_0` and `Q4_K_M` (the `Q8_0`, `Q4_K` and `Q6_K` kernels) and the tiny gpt-oss model in
+/// `MXFP4`, the two short prompts, 16 tokens; on qemu's `cortex-a72` (ARMv8.0: NEON without
+/// `dotprod`, as the llama.cpp build).
 const ARM_PLAN: Plan = Plan {
     cases: &ARM_CASES,
     prompts: &[PROMPTS[0], PROMPTS[1]],
@@ -256,14 +257,25 @@ const ARM_PLAN: Plan = Plan {
     qemu_cpu: Some("cortex-a72"),
 };
 
-const ARM_CASES: [Case; 1] = [Case {
-    arch: "qwen3moe",
-    shape: &["--preset", "tiny"],
-    quants: &["q8_0", "q4_k_m"],
-    long_prompt_quant: "",
-    long_prompt_repeats: 0,
-    max_rel_err: 1e-2,
-}];
+const ARM_CASES: [Case; 2] = [
+    Case {
+        arch: "qwen3moe",
+        shape: &["--preset", "tiny"],
+        quants: &["q8_0", "q4_k_m"],
+        long_prompt_quant: "",
+        long_prompt_repeats: 0,
+        max_rel_err: 1e-2,
+    },
+    // The `MXFP4` kernel (`ggml_vec_dot_mxfp4_q8_0`: llama.cpp repacks `MXFP4` only with `dotprod`).
+    Case {
+        arch: "gpt-oss",
+        shape: &["--preset", "gpt-oss-tiny"],
+        quants: &["mxfp4"],
+        long_prompt_quant: "",
+        long_prompt_repeats: 0,
+        max_rel_err: 1e-2,
+    },
+];
 
 /// qemu for aarch64 programs (plain, never `-L`: see `cross.rs`).
 const QEMU: &str = "/usr/bin/qemu-aarch64";
@@ -365,7 +377,10 @@ pub fn main(args: &[String]) -> Result<()> {
         None => {}
         Some("aarch64") if only.is_none() && archs.is_none() => return run_aarch64(threads),
         Some("aarch64") => {
-            bail!("parity --target aarch64 runs its own set ({} level, tiny qwen3moe)\n{usage}", Level::Neon.name())
+            bail!(
+                "parity --target aarch64 runs its own set ({} level, tiny qwen3moe and gpt-oss)\n{usage}",
+                Level::Neon.name()
+            )
         }
         Some(t) => bail!("parity: unknown target {t:?} (aarch64 is the one cross target)\n{usage}"),
     }

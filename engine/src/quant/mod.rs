@@ -41,9 +41,11 @@
 //!   - `F32`/`F16`: `ggml_vec_dot_f32`/`_f16` in the AVX shape (4 x 8 lanes) at `avx2`, the
 //!     AVX-512 shape (4 x 16 lanes, GCC's `_mm512_reduce_add_ps`) at `avx512`;
 //!   - `BF16`: `ggml_vec_dot_bf16` in its AVX2 shape, its AVX512F shape, or with
-//!     `vdpbf16ps` when the CPU has AVX512-BF16 (not checked by `parity`: no BF16 model).
+//!     `vdpbf16ps` when the CPU has AVX512-BF16 (not checked by `parity`: no BF16 model);
+//!   - at `neon`: ggml's NEON `ggml_vec_dot_*` (the `neon` module's docs), `F32`/`F16` in the
+//!     NEON shape (4 x 4 lanes, `vaddvq_f32`), `BF16` in ggml's plain `f64` loop.
 //!
-//!   The scalar kernels, and the `Q4_0` and `Q8_K` kernels, sum in their own order (last-bit
+//!   The scalar kernels, and the x86 `Q4_0` and `Q8_K` kernels, sum in their own order (last-bit
 //!   differences from ggml).
 //! * [`quantize_row`] for the activation types (`Q8_0`, `Q8_1`, `Q8_K`, `F16`, `BF16`)
 //!   is bit-identical to ggml's reference quantizers (`quantize_row_q8_0_ref`,
@@ -73,10 +75,11 @@
 //!   activations per pass for `Q4_K`, 8 for the others); everything else (and the integer
 //!   kernels on a CPU without VNNI) from `avx2`, whose numerics are the same there.
 //!
-//! On aarch64, `neon`: `Q8_0`, `Q4_K`, `Q5_K`, `Q6_K` and multi-activation kernels for those four
+//! On aarch64, `neon`: `Q8_0`, `Q4_0`, `Q2_K`..`Q6_K` and multi-activation kernels for those
 //! (8 activations per pass), with `sdot` when the CPU has `dotprod` and ggml's emulation of it
-//! otherwise, in the float order of ggml's NEON `ggml_vec_dot_*` kernels (the `neon` module's
-//! docs; checked bit for bit against a model of that order in the tests, under `qemu-aarch64`).
+//! otherwise, and `F32`/`F16`, in the float order of ggml's NEON `ggml_vec_dot_*` kernels (the
+//! `neon` module's docs; checked bit for bit against a model of that order in the tests, under
+//! `qemu-aarch64`); its scalar `BF16` kernel is ggml's NEON order too.
 //!
 //! The other supported types use the scalar kernels at every level. The `Q8_K`, `F16` and
 //! x86 `Q8_0` activation quantizers have AVX2 versions (same bytes; [`quantize_row_on`] picks

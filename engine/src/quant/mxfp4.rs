@@ -25,9 +25,11 @@
 //! for each block b:  isum = Σ_j K[q_j] · y_j    (i32, exact)
 //!                    acc  = fma(f32(isum), E(e_b) · d_y(b), acc)
 //! ```
-//! Both kernels here (scalar and AVX2) compute exactly that (see the `avx2` module for how). Not reproduced:
-//! `ggml_vec_dot_mxfp4_q8_0` (the unrepacked path, for matrices whose row count is not a
-//! multiple of 8), which sums two interleaved f32 vector accumulators.
+//! Both kernels here (scalar and AVX2) compute exactly that (see the `avx2` module for how). Not
+//! reproduced on x86: `ggml_vec_dot_mxfp4_q8_0` (the unrepacked path, for matrices whose row
+//! count is not a multiple of 8), which sums two interleaved f32 vector accumulators. On aarch64
+//! the `neon` level runs ggml's NEON `ggml_vec_dot_mxfp4_q8_0` instead (`quant::neon`): llama.cpp
+//! repacks `MXFP4` there only when built with `dotprod`.
 
 use super::q8::Q8_0_BYTES;
 use super::{Kernel, rd_f16};

@@ -24,7 +24,20 @@
 //!   fused multiply-add (`d = d_x * d_w`, `dmin = d_x * dmin_w`);
 //! - `Q5_K`: per block `sum = sum + fma(d, f32(isum), -(dmin * f32(imin)))`;
 //! - `Q6_K`: per block `sum = fma(d_w * d_x, f32(isum - 32 * imin), sum)`, the quants taken
-//!   unsigned and their bias 32 removed through the activation's `bsums`.
+//!   unsigned and their bias 32 removed through the activation's `bsums`;
+//! - `MXFP4`: blocks in pairs, `sum += fma(f32(i1), d_x1 * E(e1), f32(i0) * (d_x0 * E(e0)))`
+//!   (weights looked up from `kvalues_mxfp4` with `tbl`), a last odd block
+//!   `sum = fma(f32(i), d_x * E(e), sum)`;
+//! - `F32`, `F16` (`ggml_vec_dot_f32`, `ggml_vec_dot_f16` in `vec.cpp`, the latter without FP16
+//!   vector arithmetic, as in an `armv8-a` or `armv8.2-a+dotprod` build): four 4-lane
+//!   accumulators over 16-element steps, `acc = vfmaq_f32(acc, x, y)` (f16 widened with `fcvtl`),
+//!   reduced as `(acc0 + acc2) + (acc1 + acc3)` and `vaddvq_f32`; then the tail, which for `F32`
+//!   GCC vectorises (read off the object code: groups of 4 rounded products added in order, the
+//!   last `tail % 4` fused, a tail of at most 3 all fused), and whose `f32` products `F16` adds
+//!   in `f64` to the widened sum.
+//!
+//! `BF16` has no NEON path in ggml (`ggml_vec_dot_bf16` sums the `f32` products in `f64`, in
+//! order, without `__ARM_FEATURE_BF16` vector code in these builds), which is the scalar kernel.
 //!
 //! The multi-activation kernels decode each weight block once for up to [`MAX_MULTI`]
 //! activations and then run, per activation, exactly the operations above (bit-identical to
@@ -33,13 +46,15 @@
 //! llama.cpp uses these kernels for one token when it does not repack the weights: a build
 //! without `dotprod`, or any build run with `--no-repack`. With `dotprod` (or `i8mm`) it repacks
 //! `Q4_K`, `Q5_K`, `Q6_K` and `Q8_0` matrices whose row count is a multiple of 8 (4 for `Q8_0`)
-//! into interleaved blocks with other float orders, which this module does not reproduce.
+//! (and `MXFP4`) into interleaved blocks with other float orders, which this module does not
+//! reproduce.
 
 use std::arch::aarch64::*;
 use std::arch::asm;
 
 use super::kquants::{Q2_K_BYTES, Q3_K_BYTES, Q4_K_BYTES, Q5_K_BYTES, Q6_K_BYTES, q3k_scales, scale_min_k4};
 use super::legacy::Q4_0_BYTES;
+use super::mxfp4::{KVALUES, MXFP4_BYTES, e8m0_half};
 use super::q8::{Q8_0_BYTES, Q8_K_BYTES};
 use super::{GgmlType, Kernel, Multi, f16_to_f32};
 
@@ -520,6 +535,162 @@ fn groups16_rows<const SD: bool, const N: usize>(
 }
 
 // ---------------------------------------------------------------------------
+// MXFP4 x Q8_0: ggml_vec_dot_mxfp4_q8_0 (llama.cpp repacks MXFP4 only with dotprod)
+// ---------------------------------------------------------------------------
+
+/// An `MXFP4` block's weights: `kvalues_mxfp4` looked up (`tbl`) by the low nibbles (elements
+/// 0..16) and by the high ones (16..32).
+#[inline(always)]
+fn mxfp4_quants(a: &[u8; MXFP4_BYTES]) -> (int8x16_t, int8x16_t) {
+    // SAFETY: NEON, registers only; the table is 16 bytes.
+    unsafe {
+        let table = vld1q_s8(KVALUES.as_ptr());
+        let v = ldu(a, 1);
+        (vqtbl1q_s8(table, vandq_u8(v, vdupq_n_u8(0xf))), vqtbl1q_s8(table, vshrq_n_u8::<4>(v)))
+    }
+}
+
+/// One block's `Σ K[q]·y` (`i32`).
+#[inline(always)]
+fn mxfp4_isum<const SD: bool>(q: (int8x16_t, int8x16_t), b: &[u8; Q8_0_BYTES]) -> i32 {
+    addv(pair_lanes::<SD>(q, b))
+}
+
+/// `MXFP4` rows against up to [`MAX_MULTI`] `Q8_0` activations, each weight block decoded once:
+/// blocks in pairs, `sum += f32(i0) * (d_x0 * E(e0)) + f32(i1) * (d_x1 * E(e1))` with the second
+/// product fused into the first (`fmul`, `fmadd`, then `fadd` into the sum, as GCC compiles it);
+/// a last odd block `sum = fma(f32(i), d_x * E(e), sum)`.
+#[inline(always)]
+fn rows_mxfp4<const SD: bool>(w: &[u8], row_bytes: usize, xs: &[&[u8]], outs: &mut [&mut [f32]]) {
+    let nt = xs.len().min(MAX_MULTI);
+    let xb: [&[[u8; Q8_0_BYTES]]; MAX_MULTI] = std::array::from_fn(|t| xs.get(t).map_or(&[][..], |x| x.as_chunks().0));
+    for (r, row) in w.chunks_exact(row_bytes).enumerate() {
+        let (wb, _) = row.as_chunks::<MXFP4_BYTES>();
+        let nb = wb.len();
+        let mut sum = [0f32; MAX_MULTI];
+        let mut ib = 0;
+        while ib + 1 < nb {
+            let (a0, a1) = (&wb[ib], &wb[ib + 1]);
+            let (q0, q1) = (mxfp4_quants(a0), mxfp4_quants(a1));
+            let (e0, e1) = (e8m0_half(a0[0]), e8m0_half(a1[0]));
+            for t in 0..nt {
+                let (b0, b1) = (&xb[t][ib], &xb[t][ib + 1]);
+                let p = mxfp4_isum::<SD>(q0, b0) as f32 * (f16_at(b0, 0) * e0);
+                sum[t] += (mxfp4_isum::<SD>(q1, b1) as f32).mul_add(f16_at(b1, 0) * e1, p);
+            }
+            ib += 2;
+        }
+        for t in 0..nt {
+            if ib < nb {
+                let (a, b) = (&wb[ib], &xb[t][ib]);
+                sum[t] = (mxfp4_isum::<SD>(mxfp4_quants(a), b) as f32).mul_add(f16_at(b, 0) * e8m0_half(a[0]), sum[t]);
+            }
+            outs[t][r] = sum[t];
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------
+// F32 and F16: ggml_vec_dot_f32 and ggml_vec_dot_f16
+// ---------------------------------------------------------------------------
+
+/// Four `f32` at element `i` of a row of `f32`.
+#[inline(always)]
+fn ld_f32x4(b: &[u8], i: usize) -> float32x4_t {
+    assert!(4 * i + 16 <= b.len());
+    // SAFETY: `4i + 16 <= len` was just checked; `ld1` has no alignment requirement.
+    unsafe { vld1q_f32(b.as_ptr().add(4 * i).cast()) }
+}
+
+/// Four `f16` at element `i` of a row of `f16`, widened to `f32` (`fcvtl`, exact: ggml's
+/// `GGML_F32Cx4_LOAD`, `vcvt_f32_f16(vld1_f16(p))`).
+#[inline(always)]
+fn ld_f16x4(b: &[u8], i: usize) -> float32x4_t {
+    assert!(2 * i + 8 <= b.len());
+    // SAFETY: `2i + 8 <= len` was just checked; `ld1` has no alignment requirement. `fcvtl` is
+    // base ASIMD (Rust's `vcvt_f32_f16` needs the unstable `f16` types) and touches registers only.
+    unsafe {
+        let h = vld1_u16(b.as_ptr().add(2 * i).cast());
+        let out: float32x4_t;
+        asm!(
+            "fcvtl {o:v}.4s, {h:v}.4h",
+            o = lateout(vreg) out,
+            h = in(vreg) h,
+            options(pure, nomem, nostack, preserves_flags)
+        );
+        out
+    }
+}
+
+/// The vector part of ggml's NEON `ggml_vec_dot_f32` and (without FP16 vector arithmetic, which
+/// no reproduced build has) `ggml_vec_dot_f16`: `GGML_F32_ARR = 4` accumulators of 4 lanes over
+/// 16-element steps, `acc[j] = vfmaq_f32(acc[j], x, y)`, reduced by `GGML_F32x4_REDUCE` as
+/// `(acc0 + acc2) + (acc1 + acc3)` and `vaddvq_f32`. Returns the sum and the elements consumed
+/// (the caller adds the tail as ggml does).
+#[inline(always)]
+fn float_dot4(w: &[u8], x: &[u8], n: usize, ld: impl Fn(&[u8], usize) -> float32x4_t) -> (f32, usize) {
+    let np = n - n % 16;
+    // SAFETY: NEON, registers only (the loads check their bounds).
+    unsafe {
+        let mut acc = [vdupq_n_f32(0.0); 4];
+        let mut i = 0;
+        while i < np {
+            for (j, a) in acc.iter_mut().enumerate() {
+                *a = vfmaq_f32(*a, ld(w, i + 4 * j), ld(x, i + 4 * j));
+            }
+            i += 16;
+        }
+        let s = vaddq_f32(vaddq_f32(acc[0], acc[2]), vaddq_f32(acc[1], acc[3]));
+        (hadd_f32(s), np)
+    }
+}
+
+/// `ggml_vec_dot_f32`: the vector sum in `f32`, then the tail's `sumf += x*y` as GCC compiles it
+/// (vectorised): a tail of more than 3 elements goes 4 at a time, the 4 products rounded
+/// (`fmul`) and added in order; the last `tail % 4` (or a whole tail of at most 3) are fused
+/// multiply-adds.
+fn dot_f32(_n: usize, w: &[u8], x: &[u8]) -> f32 {
+    let n = w.len().min(x.len()) / 4;
+    let (mut sum, np) = float_dot4(w, x, n, ld_f32x4);
+    let at = |b: &[u8], i: usize| f32::from_le_bytes([b[4 * i], b[4 * i + 1], b[4 * i + 2], b[4 * i + 3]]);
+    let tail = n - np;
+    let unfused = if tail > 3 { np + tail / 4 * 4 } else { np };
+    for i in np..unfused {
+        sum += at(w, i) * at(x, i);
+    }
+    for i in unfused..n {
+        sum = at(w, i).mul_add(at(x, i), sum);
+    }
+    sum
+}
+
+/// `ggml_vec_dot_f16`: the vector sum widened to `f64` (`ggml_float`), the tail's `f32`
+/// products added in `f64`.
+fn dot_f16(_n: usize, w: &[u8], x: &[u8]) -> f32 {
+    let n = w.len().min(x.len()) / 2;
+    let (sum, np) = float_dot4(w, x, n, ld_f16x4);
+    let mut sum = f64::from(sum);
+    for i in np..n {
+        let a = f16_to_f32(u16::from_le_bytes([w[2 * i], w[2 * i + 1]]));
+        let b = f16_to_f32(u16::from_le_bytes([x[2 * i], x[2 * i + 1]]));
+        sum += f64::from(a * b);
+    }
+    sum as f32
+}
+
+fn matvec_f32(w: &[u8], rb: usize, cols: usize, x: &[u8], out: &mut [f32]) {
+    for (row, o) in w.chunks_exact(rb).zip(out.iter_mut()) {
+        *o = dot_f32(cols, row, x);
+    }
+}
+
+fn matvec_f16(w: &[u8], rb: usize, cols: usize, x: &[u8], out: &mut [f32]) {
+    for (row, o) in w.chunks_exact(rb).zip(out.iter_mut()) {
+        *o = dot_f16(cols, row, x);
+    }
+}
+
+// ---------------------------------------------------------------------------
 // Entry points
 // ---------------------------------------------------------------------------
 
@@ -578,6 +749,7 @@ dot_of_rows!(dot_q3_k, rows_q3_k);
 dot_of_rows!(dot_q4_k, rows_q4_k);
 dot_of_rows!(dot_q5_k, rows_q5_k);
 dot_of_rows!(dot_q6_k, rows_q6_k);
+dot_of_rows!(dot_mxfp4, rows_mxfp4);
 
 // ---------------------------------------------------------------------------
 // Entry points
@@ -632,6 +804,7 @@ entries!(e_q3_k, dot_q3_k, rows_q3_k);
 entries!(e_q4_k, dot_q4_k, rows_q4_k);
 entries!(e_q5_k, dot_q5_k, rows_q5_k);
 entries!(e_q6_k, dot_q6_k, rows_q6_k);
+entries!(e_mxfp4, dot_mxfp4, rows_mxfp4);
 
 /// The NEON kernel for `ty`, `sdot` inside when `sd`.
 ///
@@ -650,6 +823,8 @@ pub(super) fn kernel_with(ty: GgmlType, sd: bool) -> Option<Kernel> {
         };
     }
     Some(match ty {
+        F32 => Kernel { vec_dot: dot_f32, matvec: matvec_f32 },
+        F16 => Kernel { vec_dot: dot_f16, matvec: matvec_f16 },
         Q8_0 => k!(e_q8_0),
         Q4_0 => k!(e_q4_0),
         Q2_K => k!(e_q2_k),
@@ -657,6 +832,7 @@ pub(super) fn kernel_with(ty: GgmlType, sd: bool) -> Option<Kernel> {
         Q4_K => k!(e_q4_k),
         Q5_K => k!(e_q5_k),
         Q6_K => k!(e_q6_k),
+        MXFP4 => k!(e_mxfp4),
         _ => return None,
     })
 }
@@ -681,6 +857,7 @@ pub(super) fn multi_kernel_with(ty: GgmlType, sd: bool) -> Option<Multi> {
         Q4_K => m!(e_q4_k),
         Q5_K => m!(e_q5_k),
         Q6_K => m!(e_q6_k),
+        MXFP4 => m!(e_mxfp4),
         _ => return None,
     })
 }

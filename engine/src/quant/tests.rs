@@ -222,6 +222,8 @@ fn random_row(ty: GgmlType, n: usize, rng: &mut Rng) -> Vec<u8> {
                     b[260 + 2 * g..262 + 2 * g].copy_from_slice(&(s as i16).to_le_bytes());
                 }
             }
+            // Scales 2^-18 .. 2^2 (E8M0 110..130), around a model's.
+            MXFP4 => b[0] = rng.range(110, 130) as u8,
             _ => panic!("no random blocks for {ty}"),
         }
     }
@@ -1498,8 +1500,20 @@ fn neon_sdot() -> bool {
 }
 
 /// The `neon` level's types with a kernel of their own (the others are the scalar kernels).
-const NEON_TYPES: [GgmlType; 7] =
-    [GgmlType::Q8_0, GgmlType::Q4_0, GgmlType::Q2_K, GgmlType::Q3_K, GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K];
+const NEON_TYPES: [GgmlType; 8] = [
+    GgmlType::Q8_0,
+    GgmlType::Q4_0,
+    GgmlType::Q2_K,
+    GgmlType::Q3_K,
+    GgmlType::Q4_K,
+    GgmlType::Q5_K,
+    GgmlType::Q6_K,
+    GgmlType::MXFP4,
+];
+
+/// The float types whose `neon` kernels follow ggml's NEON order (`F32`, `F16`: kernels of the
+/// `neon` module; `BF16`: the scalar kernel, whose order ggml's NEON build shares).
+const NEON_FLOAT_TYPES: [GgmlType; 3] = [GgmlType::F32, GgmlType::F16, GgmlType::BF16];
 
 /// Quant `e` (0..32) of a `Q4_0` block: the low nibbles of `qs` are elements 0..16, the high
 /// nibbles 16..32, each minus 8.
@@ -1634,6 +1648,71 @@ fn ggml_neon_dot(ty: GgmlType, w: &[u8], x: &[u8], sdot: bool) -> f32 {
             }
             sum
         }
+        // ggml_vec_dot_mxfp4_q8_0: blocks in pairs, sum += i0*(d_x0*E0) + i1*(d_x1*E1), the second
+        // product fused into the first; a last odd block fused into the sum.
+        MXFP4 => {
+            use super::mxfp4::{KVALUES, e8m0_half};
+            let isum = |a: &[u8], b: &[u8]| -> i32 {
+                (0..32)
+                    .map(|e| {
+                        let q = if e < 16 { a[1 + e] & 0xf } else { a[1 + e - 16] >> 4 };
+                        i32::from(KVALUES[usize::from(q)]) * i8at(b, 2 + e)
+                    })
+                    .sum()
+            };
+            let (wb, xb): (Vec<&[u8]>, Vec<&[u8]>) = blocks.unzip();
+            let mut sum = 0f32;
+            let mut ib = 0;
+            while ib + 1 < wb.len() {
+                let (a0, a1, b0, b1) = (wb[ib], wb[ib + 1], xb[ib], xb[ib + 1]);
+                let p = isum(a0, b0) as f32 * (h(b0, 0) * e8m0_half(a0[0]));
+                sum += (isum(a1, b1) as f32).mul_add(h(b1, 0) * e8m0_half(a1[0]), p);
+                ib += 2;
+            }
+            if ib < wb.len() {
+                sum = (isum(wb[ib], xb[ib]) as f32).mul_add(h(xb[ib], 0) * e8m0_half(wb[ib][0]), sum);
+            }
+            sum
+        }
+        // ggml_vec_dot_f32 / _f16 (NEON without FP16 vector arithmetic, as no reproduced build
+        // has it): 4 accumulators of 4 lanes over 16-element steps, each a fused multiply-add,
+        // reduced per lane as (a0 + a2) + (a1 + a3), then (l0 + l1) + (l2 + l3) (`vaddvq_f32`);
+        // the f32 tail fused into the f32 sum, the f16 tail's f32 products added in f64.
+        F32 | F16 => {
+            let val = |b: &[u8], i: usize| {
+                if ty == F32 {
+                    f32::from_le_bytes([b[4 * i], b[4 * i + 1], b[4 * i + 2], b[4 * i + 3]])
+                } else {
+                    h(b, 2 * i)
+                }
+            };
+            let n = w.len() / ts;
+            let np = n - n % 16;
+            let mut acc = [[0f32; 4]; 4];
+            for i in (0..np).step_by(16) {
+                for (j, aj) in acc.iter_mut().enumerate() {
+                    for (l, a) in aj.iter_mut().enumerate() {
+                        *a = val(w, i + 4 * j + l).mul_add(val(x, i + 4 * j + l), *a);
+                    }
+                }
+            }
+            let s: [f32; 4] = std::array::from_fn(|l| (acc[0][l] + acc[2][l]) + (acc[1][l] + acc[3][l]));
+            let red = (s[0] + s[1]) + (s[2] + s[3]);
+            if ty == F32 {
+                // GCC vectorises the tail when it is over 3 long: groups of 4 unfused products
+                // added in order, the rest fused.
+                let unfused = if n - np > 3 { np + (n - np) / 4 * 4 } else { np };
+                let red = (np..unfused).fold(red, |acc, k| acc + val(w, k) * val(x, k));
+                (unfused..n).fold(red, |acc, k| val(w, k).mul_add(val(x, k), acc))
+            } else {
+                (np..n).fold(f64::from(red), |acc, k| acc + f64::from(val(w, k) * val(x, k))) as f32
+            }
+        }
+        // ggml_vec_dot_bf16 has no NEON path: the f32 products summed in f64, in order.
+        BF16 => {
+            let val = |b: &[u8], i: usize| f32::from_bits((u16::from_le_bytes([b[2 * i], b[2 * i + 1]]) as u32) << 16);
+            (0..w.len() / 2).fold(0f64, |acc, k| acc + f64::from(val(w, k) * val(x, k))) as f32
+        }
         _ => unreachable!("no NEON kernel for {ty}"),
     }
 }
@@ -1682,6 +1761,24 @@ fn neon_kernels_follow_ggml_order_with_and_without_sdot() {
         }
     }
     assert!(!neon_sdot() || lanes_differ > 0, "no Q8_0 case tells sdot's lanes from the emulation's");
+}
+
+/// The `neon` level's float dot products against ggml's NEON order for every length up to 70
+/// (every tail of the 16-element steps, with and without full steps before it).
+#[cfg(target_arch = "aarch64")]
+#[test]
+fn neon_float_dots_follow_ggml_order_for_every_tail() {
+    assert!(Backend::Neon.is_available(), "aarch64 without ASIMD");
+    let mut rng = Rng::new(23);
+    for ty in NEON_FLOAT_TYPES {
+        for n in 1..=70 {
+            let w = random_row(ty, n, &mut rng);
+            let x = random_row(ty.vec_dot_type(), n, &mut rng);
+            let got = vec_dot_on(Backend::Neon, ty, n, &w, &x).unwrap();
+            let want = ggml_neon_dot(ty, &w, &x, false);
+            assert_eq!(got.to_bits(), want.to_bits(), "{ty} n {n}: {got} vs ggml order {want}");
+        }
+    }
 }
 
 /// The shapes of `ggml_vec_dot_bf16` on x86.
@@ -1785,7 +1882,7 @@ fn simd_kernels_follow_ggml_float_order_bit_for_bit() {
             GgmlType::F16,
             GgmlType::BF16,
         ] {
-            if backend == Backend::Neon && !NEON_TYPES.contains(&ty) {
+            if backend == Backend::Neon && !NEON_TYPES.contains(&ty) && !NEON_FLOAT_TYPES.contains(&ty) {
                 continue; // the scalar kernels there, which promise no order
             }
             // Block counts: odd, even, above the row loops' precomputation limits; 19 rows (not a
