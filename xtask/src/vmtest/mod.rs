@@ -247,12 +247,18 @@ impl Build {
         };
         let bin_dir =
             if native { target_dir.join("release") } else { target_dir.join(crate::cross::TRIPLE).join("release") };
-        // The fixtures too: the guest has no cargo to build them (`fixtures::binary`).
+        // The fixtures too: the guest has no cargo to build them (`fixtures::binary`). For this
+        // machine the packages are the workspace, as `cargo xtask test` selects them, so that
+        // features unify as there and its smoke phase finds everything built; a cross build takes
+        // only what the guest runs.
+        let packages: &[&str] =
+            if native { &["--workspace"] } else { &["-p", "observer", "-p", "engine", "-p", "fixtures"] };
         cmd::run(
             Command::new("cargo")
                 .current_dir(&root)
                 .envs(env.iter().map(|(k, v)| (k, v)))
-                .args(["build", "--release", "-p", "observer", "-p", "engine", "-p", "fixtures", "--bins"])
+                .args(["build", "--release", "--bins"])
+                .args(packages)
                 .args(&target_args),
         )?;
         let bins: Vec<PathBuf> =
@@ -265,11 +271,13 @@ impl Build {
             let mut c = Command::new("cargo");
             c.current_dir(&root)
                 .envs(env.iter().map(|(k, v)| (k, v)))
-                .args(["test", "--release", "--no-run", "--message-format=json", "-p", s.package()])
+                .args(["test", "--release", "--no-run", "--message-format=json"])
                 .args(&target_args);
             match s.target() {
-                Some(t) => c.args(["--test", t]),
-                None => c.arg("--lib"),
+                // `--workspace --test NAME` builds what `cargo test --workspace` builds for it.
+                Some(t) if native => c.args(["--workspace", "--test", t]),
+                Some(t) => c.args(["-p", s.package(), "--test", t]),
+                None => c.args(["-p", s.package(), "--lib"]),
             };
             eprintln!("+ cargo test --release --no-run -p {} ({}, {})", s.package(), s.label(), arch.name());
             let out = c.stderr(std::process::Stdio::inherit()).output().context("running cargo test --no-run")?;
