@@ -566,6 +566,15 @@ fn run_kernel(
             eprintln!("  | {l}");
         }
     }
+    // The guest's clock against this machine's: the guest's uptime at the end against QEMU's
+    // life (which also holds QEMU's start and the firmware, so the guest's is a little less).
+    if let Some((_, up)) = report.info.iter().find(|(k, _)| k == "uptime") {
+        eprintln!(
+            "vmtest: {}: guest clock {up} s of uptime in {:.1} s of QEMU's life",
+            spec.name,
+            boot.elapsed.as_secs_f64()
+        );
+    }
     let planned: Vec<String> = tests.iter().map(GuestTest::name).collect();
     let results = report.reconcile(&planned, &why);
     for (name, text) in &report.logs {
