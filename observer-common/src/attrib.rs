@@ -516,8 +516,11 @@ pub struct TpOffsets {
     /// `task:task_newtask`: the new task's `pid` and its `clone_flags` (u64).
     pub newtask_pid: u32,
     pub newtask_clone_flags: u32,
+    /// Not a tracepoint's: `struct block_device`'s `bd_dev` from the kernel's BTF, read by the
+    /// `zram_rw_page` kprobe (its first argument) for the per-device row; `NO_FIELD` when unknown.
+    pub bdev_dev: u32,
 }
-const _: () = assert!(core::mem::size_of::<TpOffsets>() == 18 * 4);
+const _: () = assert!(core::mem::size_of::<TpOffsets>() == 19 * 4);
 
 /// `DEVICES` map values: what a block device is to us.
 pub const DEV_ZRAM: u32 = 1;

@@ -15,10 +15,13 @@
 //! counts those reads as `bio_queue` counts a zram bio (one 4 KiB page, a
 //! swap-in, the fault's time from there on is zram's); its kretprobe times
 //! it (the read is synchronous, in the same task). The observer attaches the
-//! pair only where the symbol exists, so no read is counted twice.
+//! pair only where the symbol exists, so no read is counted twice. The pair also
+//! gives the read its device's row in `DEV_IO`, as `bio_queue` and the completion
+//! do: the device is the first argument's `bd_dev`, at the offset user space read
+//! from the kernel's BTF (`TpOffsets::bdev_dev`).
 
 use aya_ebpf::{
-    helpers::bpf_ktime_get_ns,
+    helpers::{bpf_ktime_get_ns, bpf_probe_read_kernel},
     macros::{kprobe, kretprobe, tracepoint},
     programs::{ProbeContext, RetProbeContext, TracePointContext},
 };
@@ -26,6 +29,7 @@ use observer_common::attrib::{
     BioInflight, BioKey, C_DISK_READ_NS, C_READ_BYTES, C_READ_IOS, C_SWAPINS, C_ZRAM_READ_NS, DEV_SWAP, DEV_ZRAM,
     DevIo, H_DISK_READ, H_ZRAM_READ,
 };
+use observer_common::filemap::NO_FIELD;
 
 use crate::maps::{
     DEV_IO, DEVICES, INFLIGHT, SLOTS, THREADS, ZRAM_PAGE_START, atomic_add, config, current_state, hist_add, offsets,
@@ -74,6 +78,13 @@ pub fn bio_queue(ctx: TracePointContext) -> u32 {
     let slot = unsafe { SLOTS.get(&tid).copied().unwrap_or(u32::MAX) };
     let key = BioKey { dev, _pad: 0, sector };
     let _ = INFLIGHT.insert(&key, &BioInflight { ts: now, slot, zram: zram as u32, dev, _pad: 0 }, 0);
+    device_read(dev, bytes);
+    0
+}
+
+/// A read of `bytes` queued on device `dev`: its row of the per-device table.
+#[inline(always)]
+fn device_read(dev: u32, bytes: u64) {
     let d = match DEV_IO.get_ptr_mut(&dev) {
         Some(d) => Some(d),
         None => {
@@ -88,7 +99,18 @@ pub fn bio_queue(ctx: TracePointContext) -> u32 {
             atomic_add(&raw mut (*d).read_ios, 1);
         }
     }
-    0
+}
+
+/// A read of device `dev` completed after `lat` ns.
+#[inline(always)]
+fn device_done(dev: u32, lat: u64) {
+    if let Some(d) = DEV_IO.get_ptr_mut(&dev) {
+        // SAFETY: map value; other CPUs may update the same device.
+        unsafe {
+            atomic_add(&raw mut (*d).read_ns, lat);
+            atomic_add(&raw mut (*d).completed, 1);
+        }
+    }
 }
 
 #[inline(always)]
@@ -110,13 +132,7 @@ fn complete(ctx: &TracePointContext, rq: bool) -> u32 {
     }
     let lat = now - inf.ts;
     hist_add(if inf.zram != 0 { H_ZRAM_READ } else { H_DISK_READ }, lat);
-    if let Some(d) = DEV_IO.get_ptr_mut(&inf.dev) {
-        // SAFETY: map value; other CPUs may update the same device.
-        unsafe {
-            atomic_add(&raw mut (*d).read_ns, lat);
-            atomic_add(&raw mut (*d).completed, 1);
-        }
-    }
+    device_done(inf.dev, lat);
     if let Some(t) = THREADS.get_ptr_mut(inf.slot) {
         let idx = if inf.zram != 0 { C_ZRAM_READ_NS } else { C_DISK_READ_NS };
         // SAFETY: map value; completion may run on another CPU than the owner.
@@ -142,6 +158,22 @@ pub fn rq_complete(ctx: TracePointContext) -> u32 {
 /// `REQ_OP_READ` in `enum req_op`, the fourth argument of `zram_rw_page`.
 const REQ_OP_READ: u64 = 0;
 
+/// The device of `zram_rw_page`'s first argument (`struct block_device *`), at the offset of
+/// `bd_dev` user space found in the kernel's BTF; `NO_DEV` when that offset is unknown.
+#[inline(always)]
+fn zram_rw_page_dev(ctx: &ProbeContext) -> u32 {
+    let off = offsets().map_or(NO_FIELD, |o| o.bdev_dev);
+    let bdev: u64 = ctx.arg(0).unwrap_or(0);
+    if off == NO_FIELD || bdev == 0 {
+        return NO_DEV;
+    }
+    // SAFETY: `bpf_probe_read_kernel` tolerates any address.
+    unsafe { bpf_probe_read_kernel((bdev + off as u64) as *const u32).unwrap_or(NO_DEV) }
+}
+
+/// No device known (dev_t 0 is no device).
+const NO_DEV: u32 = 0;
+
 #[kprobe]
 pub fn zram_rw_page(ctx: ProbeContext) -> u32 {
     let op: u64 = ctx.arg(3).unwrap_or(u64::MAX);
@@ -159,7 +191,11 @@ pub fn zram_rw_page(ctx: ProbeContext) -> u32 {
         s.cnt[C_SWAPINS] += 1;
         s.fault_read(now, true, false);
     });
-    let _ = ZRAM_PAGE_START.insert(&tid, &now, 0);
+    let dev = zram_rw_page_dev(&ctx);
+    if dev != NO_DEV {
+        device_read(dev, 4096);
+    }
+    let _ = ZRAM_PAGE_START.insert(&tid, &[now, dev as u64], 0);
     0
 }
 
@@ -167,7 +203,7 @@ pub fn zram_rw_page(ctx: ProbeContext) -> u32 {
 pub fn zram_rw_page_ret(_ctx: RetProbeContext) -> u32 {
     let Some(tid) = target_tid() else { return 0 };
     // SAFETY: plain map lookup; copied out before removal.
-    let Some(start) = (unsafe { ZRAM_PAGE_START.get(&tid).copied() }) else { return 0 };
+    let Some([start, dev]) = (unsafe { ZRAM_PAGE_START.get(&tid).copied() }) else { return 0 };
     let _ = ZRAM_PAGE_START.remove(&tid);
     // SAFETY: helper without preconditions.
     let now = unsafe { bpf_ktime_get_ns() };
@@ -176,6 +212,9 @@ pub fn zram_rw_page_ret(_ctx: RetProbeContext) -> u32 {
     }
     let lat = now - start;
     hist_add(H_ZRAM_READ, lat);
+    if dev as u32 != NO_DEV {
+        device_done(dev as u32, lat);
+    }
     // SAFETY: plain map lookup.
     let slot = unsafe { SLOTS.get(&tid).copied().unwrap_or(u32::MAX) };
     if let Some(t) = THREADS.get_ptr_mut(slot) {

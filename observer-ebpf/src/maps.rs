@@ -62,9 +62,10 @@ pub static DEV_IO: HashMap<u32, DevIo> = HashMap::with_max_entries(64, 0);
 #[map]
 pub static INFLIGHT: LruHashMap<BioKey, BioInflight> = LruHashMap::with_max_entries(16384, 0);
 
-/// TID → start of its `zram_rw_page` read (Linux < 6.3; see `block::zram_rw_page`).
+/// TID → start of its `zram_rw_page` read and the read's device (Linux < 6.3; see
+/// `block::zram_rw_page`).
 #[map]
-pub static ZRAM_PAGE_START: HashMap<u32, u64> = HashMap::with_max_entries(MAX_SLOTS, 0);
+pub static ZRAM_PAGE_START: HashMap<u32, [u64; 2]> = HashMap::with_max_entries(MAX_SLOTS, 0);
 
 /// TID → calls of probed decode entry points in progress on that thread
 /// (`marks::call_begin`): a call nested in another one, or a return whose

@@ -84,7 +84,20 @@ fn sleep_is_sleep() {
     if waited < wall / 100 {
         assert_within("sleep vs wall (quiet machine)", ns(t, "sleep"), wall, 0.02);
     }
-    assert!(ns(t, "compute") < wall / 100, "a sleep is not compute: {t}");
+    // A sleep is not compute: the token's compute is bounded by the scheduler's own on-CPU time
+    // of the thread around it (`sched_cpu_ns` brackets the markers), not by a share of the wall
+    // time. The few microseconds of work around the sleep take milliseconds under QEMU's TCG on a
+    // loaded host (18 ms of a 1 s sleep in a 6.1 guest): the guest's clock runs on host time
+    // while its vCPU waits for a host CPU, so the guest's scheduler, its schedstat and the
+    // observer all see that wait as the thread running. They agree with each other, and that is
+    // what is checked; 2 % and 1 ms cover the two clocks' reads at the edges of the token.
+    let cpu = u(w, "sched_cpu_ns");
+    assert!(
+        ns(t, "compute") <= cpu + cpu / 50 + 1_000_000,
+        "a sleep is not compute: compute {} > schedstat's on-CPU time {cpu}: {t}",
+        ns(t, "compute")
+    );
+    assert!(ns(t, "compute") < ns(t, "sleep") / 10, "a sleep is not compute: {t}");
 }
 
 #[test]
@@ -200,12 +213,15 @@ fn file_refaults_are_fault_io() {
 #[test]
 fn zram_swapins_are_measured_and_not_compute() {
     let _l = machine_lock();
-    let _zram = testkit::ZramSwap::new(2048).expect("zram swap (needs root and CONFIG_ZRAM)");
+    let zram = testkit::ZramSwap::new(2048).expect("zram swap (needs root and CONFIG_ZRAM)");
     let cg = testkit::MemCgroup::new("obs-zram", 200 << 20).expect("memory cgroup");
+    let zram_sectors = || zram.stat().expect("the zram device's block stat")[2];
+    let sectors0 = zram_sectors();
     let pswpin0 = testkit::vmstat("pswpin").unwrap();
     let dir = cg.dir().to_str().unwrap().to_string();
     let r = observe("zram.json", &["--cgroup", &dir, "--", workload(), "swap", "--size", "256M", "--balloon", "128M"]);
     let pswpin = testkit::vmstat("pswpin").unwrap() - pswpin0;
+    let zram_bytes = (zram_sectors() - sectors0) * 512;
     assert_components_add_up(&r);
     let (t, w) = single_token(&r);
     assert!(u(w, "swapped_kib_before") > 64 * 1024, "the buffer was not pushed to swap: {w}");
@@ -218,6 +234,17 @@ fn zram_swapins_are_measured_and_not_compute() {
     assert!(ns(t, "swapin_zram") > 0, "{t}");
     assert!(ns(t, "compute") < ns(t, "swapin_zram"), "zram decompression must not be counted as compute: {t}");
     assert_within("major faults vs getrusage", u(t, "majflt_swap") + u(t, "majflt_file"), u(w, "majflt"), 0.02);
+    // The zram device's row of the per-device read table: from the block tracepoints where zram
+    // reads are bios (Linux 6.3+), from the kprobe pair on zram_rw_page before. Every swap-in of
+    // the run was the target's (above), so the row is its swap-ins, within the device's own count.
+    use std::os::unix::fs::MetadataExt;
+    let rdev = std::fs::metadata(zram.device()).unwrap().rdev();
+    let name = format!("{}:{}", libc::major(rdev), libc::minor(rdev));
+    let devs = r.summary["devices"].as_array().unwrap();
+    let d = devs.iter().find(|d| d["dev"] == name).unwrap_or_else(|| panic!("no row for zram {name}: {devs:?}"));
+    assert!(u(d, "read_bytes") <= zram_bytes, "zram row {d} > the device's block stat {zram_bytes} bytes");
+    assert_within("zram row read bytes vs swap-ins", u(d, "read_bytes"), all_swapins * 4096, 0.02);
+    assert!(u(d, "completed") * 100 >= u(d, "read_ios") * 95, "latency matched for most zram reads: {d}");
 }
 
 #[test]

@@ -39,7 +39,7 @@ use anyhow::{Context, Result, bail};
 use crate::{cache, cmd, setup, test};
 
 /// The Rust target triple.
-const TRIPLE: &str = "aarch64-unknown-linux-gnu";
+pub(crate) const TRIPLE: &str = "aarch64-unknown-linux-gnu";
 
 /// Debian packages (after `dpkg --add-architecture arm64`) and why each is needed.
 const PACKAGES: &[(&str, &str)] = &[
@@ -52,7 +52,7 @@ const PACKAGES: &[(&str, &str)] = &[
 /// Debian's compiler, the one with an aarch64 std.
 const RUSTC: &str = "/usr/bin/rustc";
 const LINKER: &str = "aarch64-linux-gnu-gcc";
-const QEMU: &str = "/usr/bin/qemu-aarch64";
+pub(crate) const QEMU: &str = "/usr/bin/qemu-aarch64";
 
 /// arm64's `struct user_pt_regs` offsets of the first two arguments (`regs[0]`, `regs[1]`);
 /// x86-64's would be 112 (`di`) and 104 (`si`).
@@ -241,7 +241,7 @@ pub(crate) fn packages() -> Result<()> {
 }
 
 /// The environment cargo builds and runs the cross tests with.
-fn cargo_env(target_dir: &Path) -> Vec<(&'static str, String)> {
+pub(crate) fn cargo_env(target_dir: &Path) -> Vec<(&'static str, String)> {
     vec![
         ("RUSTC", RUSTC.to_owned()),
         ("CARGO_TARGET_AARCH64_UNKNOWN_LINUX_GNU_LINKER", LINKER.to_owned()),
@@ -263,7 +263,7 @@ fn cargo_args(extra: &[String]) -> Vec<String> {
 }
 
 /// The cross run's own target directory.
-fn target_dir() -> PathBuf {
+pub(crate) fn target_dir() -> PathBuf {
     cache::target_dir().join("cross")
 }
 

@@ -9,13 +9,15 @@
 //!    (until cargo runs the first test binary) and then one phase per test binary, from cargo's
 //!    `Running …` / `Doc-tests …` line to the binary's `test result:` line; it says how many
 //!    tests ran;
-//! 5. `AMX check`: no AMX instruction in either build's ggml libraries (`amx.rs`);
-//! 6. `parity <level>`: the engine against llama.cpp at each ISA level (`parity.rs`);
-//! 7. `lints`: rustfmt check, clippy with warnings as errors.
+//! 5. `vmtest smoke`: `cargo xtask vmtest --smoke`, the smoke subset on Debian 12's 6.1 kernel
+//!    under QEMU (`vmtest/`), its packages and QEMU from the vmtest cache;
+//! 6. `AMX check`: no AMX instruction in either build's ggml libraries (`amx.rs`);
+//! 7. `parity <level>`: the engine against llama.cpp at each ISA level (`parity.rs`);
+//! 8. `lints`: rustfmt check, clippy with warnings as errors.
 //!
 //! It ends with a table of the phases' wall times and their total, so that the budget (the
 //! whole suite in well under 30 minutes on 2 cores from an empty cache) is visible in every log.
-//! Phases 5–7 run even when a test failed, so that everything is reported; with arguments
+//! Phases 5–8 run even when a test failed, so that everything is reported; with arguments
 //! (which select tests) they are skipped, saying so.
 //!
 //! Tests run in release so the binaries they drive (observer, engine, workload)
@@ -234,6 +236,17 @@ fn suite(root: &std::path::Path, args: &[String], phases: &mut Phases) -> Result
     // Parity with llama.cpp is part of the suite (it needs no privileges and measures
     // nothing about the machine); it runs even when a test failed, so both are reported.
     let mut late: Vec<anyhow::Error> = Vec::new();
+    // The kernels users run: the smoke subset of `cargo xtask vmtest` on Debian 12's 6.1 LTS
+    // kernel under QEMU (boot, attach/detach, a fault count against getrusage, a cgroup v2
+    // limit). Its kernel and QEMU packages come from the vmtest cache (fetched once); when they
+    // cannot be had, the phase fails and says why.
+    if args.is_empty() {
+        if let Err(e) = phases.run("vmtest smoke (debian-6.1 guest)", || crate::vmtest::main(&["--smoke".to_owned()])) {
+            late.push(e.context("the vmtest smoke subset (`cargo xtask vmtest --smoke`)"));
+        }
+    } else {
+        phases.skipped("vmtest smoke (debian-6.1 guest)", "arguments select tests");
+    }
     if let Some(builds) = builds {
         match builds {
             Ok(builds) => {

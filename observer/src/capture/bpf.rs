@@ -21,11 +21,12 @@ use observer_common::{
     Config, GlobalCounter, ThreadFaults,
     attrib::{DEV_SWAP, DevIo, Hist, MAX_SLOTS, N_HIST, ThreadState, TpOffsets},
     faults::GLOBAL_COUNTERS,
+    filemap::NO_FIELD,
     model::ProgramCost,
 };
 
 use crate::capture::{
-    engine_abi, preflight,
+    btf, engine_abi, preflight,
     profile::{self, Found, Profile},
     seed, syscalls,
     tracefs::Format,
@@ -194,13 +195,24 @@ pub const ZRAM_RW_PAGE: &str = "zram_rw_page";
 /// be probed: swap-ins and zram time then miss every zram read (never a silent 0).
 pub const ZRAM_NOT_MEASURED: &str = "zram-swapins-not-measured";
 
-/// Attach the kprobe pair on `zram_rw_page` where zram has it (see `observer-ebpf`'s
-/// `block.rs`): without it the block tracepoints never see a zram swap-in on such kernels.
-/// Where zram has no `rw_page` (Linux 6.3+, or zram not loaded) there is nothing to attach.
-fn attach_zram_rw_page(ebpf: &mut Ebpf, attached: &mut Vec<String>, missing: &mut Vec<String>) {
-    if !preflight::kernel_function_exists(ZRAM_RW_PAGE) {
-        return;
-    }
+/// Where zram has `rw_page` (Linux < 6.3, zram loaded): the offset of `block_device.bd_dev` in
+/// this kernel's BTF, which the kprobe reads from its first argument so that the read gets its
+/// device's row in the per-device table. `None` where there is no `rw_page`.
+fn zram_rw_page_bd_dev() -> Option<Result<u32, String>> {
+    preflight::kernel_function_exists(ZRAM_RW_PAGE).then(|| btf::kernel_member_offset("block_device", "bd_dev"))
+}
+
+/// Attach the kprobe pair on `zram_rw_page` where zram has it (`bd_dev` is
+/// [`zram_rw_page_bd_dev`]; see `observer-ebpf`'s `block.rs`): without it the block tracepoints
+/// never see a zram swap-in on such kernels. Where zram has no `rw_page` (Linux 6.3+, or zram
+/// not loaded) there is nothing to attach.
+fn attach_zram_rw_page(
+    ebpf: &mut Ebpf,
+    bd_dev: Option<&Result<u32, String>>,
+    attached: &mut Vec<String>,
+    missing: &mut Vec<String>,
+) {
+    let Some(bd_dev) = bd_dev else { return };
     let mut attach = |program: &'static str| -> Result<(), ProbeError> {
         let prog: &mut KProbe = ebpf
             .program_mut(program)
@@ -212,7 +224,15 @@ fn attach_zram_rw_page(ebpf: &mut Ebpf, attached: &mut Vec<String>, missing: &mu
         Ok(())
     };
     match attach("zram_rw_page").and_then(|()| attach("zram_rw_page_ret")) {
-        Ok(()) => attached.push(format!("kprobe:{ZRAM_RW_PAGE}")),
+        Ok(()) => {
+            attached.push(format!("kprobe:{ZRAM_RW_PAGE}"));
+            if let Err(e) = bd_dev {
+                missing.push(format!(
+                    "the zram rows of the per-device read table ({ZRAM_RW_PAGE} reads its device from \
+                     block_device.bd_dev: {e})"
+                ));
+            }
+        }
         Err(e) => {
             log::warn!(
                 "{ZRAM_NOT_MEASURED}: zram on this kernel reads swapped pages through {ZRAM_RW_PAGE}, bypassing the \
@@ -359,7 +379,11 @@ impl Probes {
     /// threads and attach every probe.
     pub fn attach(opts: &AttachOptions) -> Result<Self, ProbeError> {
         preflight::ensure_tracefs().map_err(|e| ProbeError::MissingTracepoint(format!("{e:#}")))?;
-        let offsets = tp_offsets()?;
+        let bd_dev = zram_rw_page_bd_dev();
+        let offsets = TpOffsets {
+            bdev_dev: bd_dev.as_ref().and_then(|r| r.as_ref().ok()).copied().unwrap_or(NO_FIELD),
+            ..tp_offsets()?
+        };
         let mut ebpf = Ebpf::load(OBJECT).map_err(classify_load)?;
         let target = opts.target;
         let config = Config {
@@ -438,7 +462,7 @@ impl Probes {
                 Err(e) => missing.push(format!("{category}:{name} ({e})")),
             }
         }
-        attach_zram_rw_page(&mut ebpf, &mut attached, &mut missing);
+        attach_zram_rw_page(&mut ebpf, bd_dev.as_ref(), &mut attached, &mut missing);
         let markers = attach_markers(&mut ebpf, opts, &mut attached)?;
         // Program run time for the observer's own cost (Linux >= 5.8); absent
         // stats are reported as not measured.

@@ -3,6 +3,7 @@
 //! assembly, residency sampling, process samples and the procfs fallback.
 
 pub mod bpf;
+pub mod btf;
 pub mod discover;
 pub mod engine_abi;
 pub mod guard;

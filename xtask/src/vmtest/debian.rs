@@ -218,6 +218,14 @@ pub fn package_for_soname(soname: &str) -> Option<String> {
         }
         "libgcc_s.so.1" => return Some("libgcc-s1".into()),
         "libstdc++.so.6" => return Some("libstdc++6".into()),
+        // perf's (linux-perf, bookworm) and its libraries'.
+        "libopencsd_c_api.so.1" => return Some("libopencsd1".into()),
+        "libbabeltrace-ctf.so.1" => return Some("libbabeltrace1".into()),
+        "libperl.so.5.36" => return Some("libperl5.36".into()),
+        "libpython3.11.so.1.0" => return Some("libpython3.11".into()),
+        "libbz2.so.1.0" => return Some("libbz2-1.0".into()),
+        "libglib-2.0.so.0" | "libgmodule-2.0.so.0" => return Some("libglib2.0-0".into()),
+        _ if soname.starts_with("libunwind-") => return Some("libunwind8".into()),
         _ if soname.starts_with("ld-linux") => return Some("libc6".into()),
         _ => {}
     }
@@ -244,6 +252,8 @@ mod tests {
             ("libc.so.6", "libc6"),
             ("libzstd.so.1", "libzstd1"),
             ("ld-linux-aarch64.so.1", "libc6"),
+            ("libunwind-aarch64.so.8", "libunwind8"),
+            ("libpcre2-8.so.0", "libpcre2-8-0"),
         ] {
             assert_eq!(package_for_soname(so).as_deref(), Some(pkg), "{so}");
         }

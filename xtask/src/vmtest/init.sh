@@ -197,6 +197,7 @@ while IFS="$TAB" read -r name timeout needs kind cmd; do
     fi
     leftovers "$name"
 done < /vmtest/plan
+echo "VMINFO uptime $(up)"
 echo "VMTEST-END $n"
 sync
 poweroff -f

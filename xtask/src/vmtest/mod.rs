@@ -3,13 +3,13 @@
 //!
 //! For each kernel of the matrix ([`kernel::KERNELS`]): fetch its image and modules from Debian
 //! (cached by version under `<cache>/vmtest/`, see [`debian`]), build an initramfs with busybox,
-//! bpftool, the modules the tests need (zram, virtio) and the guest's `/init`, and — for a
-//! guest of this machine's architecture — an ext4 disk with the observer, the engine, the test
-//! workloads and the test binaries at the paths they were built for ([`image`]); boot it with
+//! bpftool, the modules the tests need (zram, virtio) and the guest's `/init`, and an ext4 disk
+//! with the observer, the engine, the test workloads and the test binaries at the paths they
+//! were built for ([`image`]; an aarch64 guest's are cross-built, see [`Build`]); boot it with
 //! a hard timeout ([`qemu`]); read one line per test back from the serial console
 //! ([`plan`] specifies the protocol). Every planned test ends as `pass`, `fail` or
-//! `not-runnable` (the kernel lacks a feature it needs, which the guest probed for real, or
-//! there is no build for the guest's architecture); a test that never reported is a failure.
+//! `not-runnable` (the kernel lacks a feature it needs, which the guest probed for real); a test
+//! that never reported is a failure.
 //! The command fails when any test failed; not-runnable tests are listed and counted.
 //!
 //! The tests are the repository's own (`observer/tests`, `memcg/tests/real.rs`, testkit's unit
@@ -78,8 +78,8 @@ eBPF and cgroup tests inside: one result per test and kernel (pass, fail, not-ru
 
   --kernel NAME   only this kernel (repeatable); `--list` shows them
   --all           every kernel of the matrix (default: those `--list` marks `default`)
-  --arch ARCH     only the kernels of x86_64 or aarch64 (an aarch64 guest boots and probes the
-                  kernel's features; its tests are not runnable until the workspace cross-builds)
+  --arch ARCH     only the kernels of x86_64 or aarch64 (an aarch64 guest runs the workspace
+                  cross-built for it, as `cargo xtask test --target aarch64` builds it)
   --smoke         the smoke subset on debian-6.1: boot, attach/detach, a fault count, a cgroup v2 limit
   --test TEXT     only the tests whose name contains TEXT (repeatable)
   --refresh       update the cached Debian package lists first (newer kernels, QEMU)
@@ -171,23 +171,22 @@ pub fn main(args: &[String]) -> Result<()> {
     let mut phases = Phases::default();
     let vmtest_dir = cache::dir()?.join("vmtest");
     let apt = phases.time("Debian package lists", || debian::Apt::open(&vmtest_dir, o.refresh))?;
-    let host = Arch::host();
-    let build = if kernels.iter().any(|k| Some(k.arch) == host) {
-        Some(phases.time("workspace build (release binaries, test binaries)", || Build::make(&tests))?)
-    } else {
-        None
-    };
+    let mut builds: Vec<Build> = Vec::new();
+    for arch in [Arch::X86_64, Arch::Aarch64] {
+        if kernels.iter().any(|k| k.arch == arch) {
+            let what = format!("workspace build for {} (release binaries, test binaries)", arch.name());
+            builds.push(phases.time(&what, || Build::make(&tests, arch))?);
+        }
+    }
+    // One guest at a time on this machine, whoever starts it (two `xtask test` runs, or a helper's
+    // vmtest beside the suite's smoke phase): they share the cache's run directories, and two
+    // TCG guests on a small machine would each take twice as long.
+    let _lock = phases.time("waiting for other vmtest runs on this machine", || lock_guests(&vmtest_dir))?;
     let mut runs = Vec::new();
     for spec in kernels {
-        let run = run_kernel(
-            &apt,
-            &vmtest_dir,
-            spec,
-            &tests,
-            build.as_ref().filter(|_| Some(spec.arch) == host),
-            &mut phases,
-        )
-        .with_context(|| format!("kernel {}", spec.name))?;
+        let build = builds.iter().find(|b| b.arch == spec.arch);
+        let run = run_kernel(&apt, &vmtest_dir, spec, &tests, build, &mut phases)
+            .with_context(|| format!("kernel {}", spec.name))?;
         runs.push(run);
     }
     print_results(&runs);
@@ -214,48 +213,76 @@ fn list() {
     }
 }
 
-/// The workspace built for this machine: the binaries the tests run and the test binaries.
+/// The workspace built for a guest's architecture: the binaries the tests run and the test
+/// binaries. For this machine's architecture, in cargo's target directory; for aarch64 on an
+/// x86-64 host, cross-built as `cargo xtask test --target aarch64` builds (`cross.rs`: Debian's
+/// rustc with its aarch64 std, linked by `aarch64-linux-gnu-gcc`) into `target/cross`. The
+/// observer's eBPF object is `bpfel` either way; `observer/build.rs` compiles it for the target's
+/// register layout (`AYA_BPF_TARGET_ARCH` from the target's arch).
 struct Build {
+    arch: Arch,
+    /// The target directory: the guest mounts its disk here, so the paths compiled into the test
+    /// binaries (`CARGO_BIN_EXE_*`, `CARGO_TARGET_TMPDIR`) hold inside.
     target_dir: PathBuf,
+    /// The directory of the release binaries (and of the fixtures, `MOE_FIXTURES_DIR`).
+    bin_dir: PathBuf,
     /// observer, workload, resid_standin, engine.
     bins: Vec<PathBuf>,
     exes: BTreeMap<Suite, PathBuf>,
 }
 
 impl Build {
-    fn make(tests: &[GuestTest]) -> Result<Build> {
+    fn make(tests: &[GuestTest], arch: Arch) -> Result<Build> {
         let root = cache::workspace_root();
-        let target_dir = cache::target_dir();
-        // The fixtures too: the guest has no cargo to build them (`fixtures::binary`).
-        cmd::run(Command::new("cargo").current_dir(&root).args([
-            "build",
-            "--release",
-            "-p",
-            "observer",
-            "-p",
-            "engine",
-            "-p",
-            "fixtures",
-            "--bins",
-        ]))?;
-        let release = target_dir.join("release");
+        let native = Some(arch) == Arch::host();
+        let (target_dir, env, target_args): (PathBuf, Vec<(&str, String)>, Vec<&str>) = if native {
+            (cache::target_dir(), Vec::new(), Vec::new())
+        } else if arch == Arch::Aarch64 && Arch::host() == Some(Arch::X86_64) {
+            crate::cross::packages()?;
+            let dir = crate::cross::target_dir();
+            let env = crate::cross::cargo_env(&dir);
+            (dir, env, vec!["--target", crate::cross::TRIPLE])
+        } else {
+            bail!("no build of the workspace for {} on this {} machine", arch.name(), std::env::consts::ARCH);
+        };
+        let bin_dir =
+            if native { target_dir.join("release") } else { target_dir.join(crate::cross::TRIPLE).join("release") };
+        // The fixtures too: the guest has no cargo to build them (`fixtures::binary`). For this
+        // machine the packages are the workspace, as `cargo xtask test` selects them, so that
+        // features unify as there and its smoke phase finds everything built; a cross build takes
+        // only what the guest runs.
+        let packages: &[&str] =
+            if native { &["--workspace"] } else { &["-p", "observer", "-p", "engine", "-p", "fixtures"] };
+        cmd::run(
+            Command::new("cargo")
+                .current_dir(&root)
+                .envs(env.iter().map(|(k, v)| (k, v)))
+                .args(["build", "--release", "--bins"])
+                .args(packages)
+                .args(&target_args),
+        )?;
         let bins: Vec<PathBuf> =
-            ["observer", "workload", "resid_standin", "engine"].iter().map(|b| release.join(b)).collect();
+            ["observer", "workload", "resid_standin", "engine"].iter().map(|b| bin_dir.join(b)).collect();
         let mut exes = BTreeMap::new();
         let mut suites: Vec<Suite> = tests.iter().map(|t| t.suite).collect();
         suites.sort();
         suites.dedup();
         for s in suites {
             let mut c = Command::new("cargo");
-            c.current_dir(&root).args(["test", "--release", "--no-run", "--message-format=json", "-p", s.package()]);
+            c.current_dir(&root)
+                .envs(env.iter().map(|(k, v)| (k, v)))
+                .args(["test", "--release", "--no-run", "--message-format=json"])
+                .args(&target_args);
             match s.target() {
-                Some(t) => c.args(["--test", t]),
-                None => c.arg("--lib"),
+                // `--workspace --test NAME` builds what `cargo test --workspace` builds for it.
+                Some(t) if native => c.args(["--workspace", "--test", t]),
+                Some(t) => c.args(["-p", s.package(), "--test", t]),
+                None => c.args(["-p", s.package(), "--lib"]),
             };
-            eprintln!("+ cargo test --release --no-run -p {} ({})", s.package(), s.label());
+            eprintln!("+ cargo test --release --no-run -p {} ({}, {})", s.package(), s.label(), arch.name());
             let out = c.stderr(std::process::Stdio::inherit()).output().context("running cargo test --no-run")?;
             if !out.status.success() {
-                bail!("building the test binary of {} failed", s.label());
+                bail!("building the test binary of {} for {} failed", s.label(), arch.name());
             }
             let exe = String::from_utf8_lossy(&out.stdout)
                 .lines()
@@ -267,15 +294,23 @@ impl Build {
             exes.insert(s, exe);
         }
         // A test the binary does not have is an error now, not a silent `0 passed` in the guest.
+        // (A cross-built binary lists its tests under qemu-user.)
         for (s, exe) in &exes {
-            let listed = cmd::output(Command::new(exe).args(["--list", "--format", "terse"]))?;
+            let mut list = if native {
+                Command::new(exe)
+            } else {
+                let mut c = Command::new(crate::cross::QEMU);
+                c.arg(exe);
+                c
+            };
+            let listed = cmd::output(list.args(["--list", "--format", "terse"]))?;
             for t in tests.iter().filter(|t| t.suite == *s) {
                 if !listed.lines().any(|l| l == format!("{}: test", t.test)) {
                     bail!("{} has no test `{}`: update xtask/src/vmtest/plan.rs", exe.display(), t.test);
                 }
             }
         }
-        Ok(Build { target_dir, bins, exes })
+        Ok(Build { arch, target_dir, bin_dir, bins, exes })
     }
 
     /// The command that runs `t` in the guest, in its package's directory as cargo would.
@@ -329,21 +364,62 @@ impl Run {
     }
 }
 
-/// Programs the tests run that busybox lacks or has with fewer options (`swapon -p`), copied
-/// from this machine into a guest of its architecture: util-linux's, and perf (the tests'
-/// independent fault counter).
-const HOST_TOOLS: [&str; 5] = ["fincore", "mkswap", "swapon", "swapoff", "perf"];
+/// Programs the tests run that busybox lacks or has with fewer options (`swapon -p`): util-linux's,
+/// and perf (the tests' independent fault counter). A guest of this machine's architecture gets
+/// this machine's; another architecture's guest gets them from the Debian package named here.
+const TOOLS: [(&str, &str); 5] = [
+    ("fincore", "util-linux-extra"),
+    ("mkswap", "util-linux"),
+    ("swapon", "mount"),
+    ("swapoff", "mount"),
+    ("perf", "linux-perf"),
+];
+
+/// `tool` (an ELF program) from Debian's `package` for `arch`, unpacked in the cache.
+fn debian_tool(apt: &debian::Apt, arch: Arch, tool: &str, package: &str) -> Result<PathBuf> {
+    let p = apt.candidate(&format!("{package}:{}", arch.debian()), None)?;
+    let dir = apt.unpacked(&p)?;
+    let is_elf = |f: &Path| std::fs::read(f).is_ok_and(|d| d.starts_with(b"\x7fELF"));
+    ["usr/bin", "usr/sbin", "bin", "sbin"]
+        .iter()
+        .map(|d| dir.join(d).join(tool))
+        .find(|f| is_elf(f))
+        .with_context(|| format!("{} {} ({}) has no program {tool}", p.name, p.version, arch.debian()))
+}
+
+/// Holds `<vmtest>/guest.lock` (flock) until dropped: one vmtest guest at a time on this machine.
+fn lock_guests(vmtest_dir: &Path) -> Result<std::fs::File> {
+    use std::os::fd::AsRawFd;
+    let path = vmtest_dir.join("guest.lock");
+    let f = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&path)
+        .with_context(|| format!("opening {}", path.display()))?;
+    // SAFETY: flock on a file descriptor we own.
+    if unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
+        eprintln!("vmtest: another vmtest guest runs on this machine ({} is held): waiting for it", path.display());
+        // SAFETY: as above, blocking.
+        if unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX) } != 0 {
+            bail!("locking {}: {}", path.display(), std::io::Error::last_os_error());
+        }
+    }
+    Ok(f)
+}
 
 fn which(prog: &str) -> Option<PathBuf> {
     let path = std::env::var_os("PATH")?;
     std::env::split_paths(&path).chain(["/usr/sbin".into(), "/sbin".into()]).map(|d| d.join(prog)).find(|p| p.is_file())
 }
 
-/// Modules the guest loads: the payload disk's driver, and zram (with lz4, testkit's choice).
+/// Modules the guest loads: the payload disk's driver and file system, and zram (with lz4,
+/// testkit's choice). Those the kernel has built in are skipped.
 fn wanted_modules(arch: Arch) -> &'static [&'static str] {
     match arch {
-        Arch::X86_64 => &["virtio_pci", "virtio_blk", "zram", "lz4"],
-        Arch::Aarch64 => &["zram", "lz4"],
+        Arch::X86_64 => &["virtio_pci", "virtio_blk", "ext4", "zram", "lz4"],
+        // `-M virt`: the disk is virtio-blk on PCIe or on virtio-mmio, whichever QEMU picks.
+        Arch::Aarch64 => &["virtio_mmio", "virtio_pci", "virtio_blk", "ext4", "zram", "lz4"],
     }
 }
 
@@ -364,7 +440,8 @@ fn run_kernel(
     let run_dir = vmtest_dir.join("runs").join(spec.name);
     std::fs::create_dir_all(&run_dir)?;
     let arch = spec.arch;
-    let mut b = image::Builder::new(if build.is_some() { image::Libs::Host } else { image::Libs::Debian(apt, arch) });
+    let native = Some(arch) == Arch::host();
+    let mut b = image::Builder::new(if native { image::Libs::Host } else { image::Libs::Debian(apt, arch) });
 
     let busybox = apt.unpacked(&apt.candidate(&format!("busybox-static:{}", arch.debian()), None)?)?;
     b.file("bin/busybox", std::fs::read(busybox.join("bin/busybox"))?, 0o755);
@@ -393,9 +470,13 @@ fn run_kernel(
     let lib_path = format!("/lib/{t}:/usr/lib/{t}", t = arch.triplet());
     let (env, host_features, plan, disk) = match build {
         Some(build) => {
-            for tool in HOST_TOOLS {
-                let path = which(tool)
-                    .with_context(|| format!("`{tool}` is not on this machine's PATH: run `cargo xtask setup`"))?;
+            for (tool, package) in TOOLS {
+                let path = if native {
+                    which(tool)
+                        .with_context(|| format!("`{tool}` is not on this machine's PATH: run `cargo xtask setup`"))?
+                } else {
+                    debian_tool(apt, arch, tool, package)?
+                };
                 b.program(&path, &format!("usr/sbin/{tool}")).with_context(|| format!("{tool} for the guest"))?;
             }
             let mut files = Vec::new();
@@ -410,22 +491,21 @@ fn run_kernel(
             let bytes = image::disk(&disk, &run_dir.join("staging"), &files, 6)?;
             eprintln!("vmtest: disk {} with {} files, {} MiB", disk.display(), files.len(), bytes >> 20);
             let env = format!(
-                "VMTEST_DISK_AT={t}\nLD_LIBRARY_PATH={lib_path}\nMOE_FIXTURES_DIR={t}/release\n",
-                t = build.target_dir.display()
+                "VMTEST_DISK_AT={}\nLD_LIBRARY_PATH={lib_path}\nMOE_FIXTURES_DIR={}\n",
+                build.target_dir.display(),
+                build.bin_dir.display()
             );
             let feat = format!(
-                "build yes the workspace's release binaries and {} test binaries for {}\n",
+                "build yes the workspace's release binaries and {} test binaries for {}{}\n",
                 build.exes.len(),
-                arch.name()
+                arch.name(),
+                if native { "" } else { " (cross-built)" }
             );
             (env, feat, plan::plan_text(tests, |t| build.command(t)), Some(disk))
         }
         None => {
             let env = format!("VMTEST_DISK_AT=\nLD_LIBRARY_PATH={lib_path}\n");
-            let feat = format!(
-                "build no no {} build of the workspace: cross-building is not available yet (another issue adds it)\n",
-                arch.name()
-            );
+            let feat = format!("build no no {} build of the workspace was made for this run\n", arch.name());
             (env, feat, plan::plan_text(tests, |_| "exit 1".into()), None)
         }
     };
@@ -485,6 +565,15 @@ fn run_kernel(
         for l in &lines[lines.len().saturating_sub(40)..] {
             eprintln!("  | {l}");
         }
+    }
+    // The guest's clock against this machine's: the guest's uptime at the end against QEMU's
+    // life (which also holds QEMU's start and the firmware, so the guest's is a little less).
+    if let Some((_, up)) = report.info.iter().find(|(k, _)| k == "uptime") {
+        eprintln!(
+            "vmtest: {}: guest clock {up} s of uptime in {:.1} s of QEMU's life",
+            spec.name,
+            boot.elapsed.as_secs_f64()
+        );
     }
     let planned: Vec<String> = tests.iter().map(GuestTest::name).collect();
     let results = report.reconcile(&planned, &why);

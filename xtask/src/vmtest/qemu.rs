@@ -19,6 +19,12 @@
 //! Also `no_timer_check`: on a loaded host (load 19 on 2 cores) TCG ran the early boot so slowly
 //! that 6.12's check that the IO-APIC timer ticks failed and it panicked ("IO-APIC + timer doesn't
 //! work!"); the check is for broken chipsets, not for a virtual one.
+//! Also `tsc_early_khz=`, this machine's TSC rate measured here (`host_tsc_khz`): under TCG the
+//! guest's TSC is the host's, and the guest's own calibration of it (against the emulated PIT) is
+//! wrong when the host is loaded. Measured: a 6.1 guest whose boot shared 2 cores with seven
+//! builds counted 560 s of uptime in 178 s of QEMU's life, every guest clock 3.1 times too fast
+//! (the tests still passed: they compare times on the guest's one clock, but their timeouts and
+//! any real-time rate were wrong). The arm64 guest's counter has a fixed frequency (`CNTFRQ`).
 //! On arm64 `-cpu max,pauth-impdef=on`: the architected pointer-authentication algorithm costs
 //! TCG most of its time (an empty boot took 35 s against 9 s with the implementation-defined one).
 
@@ -123,11 +129,11 @@ impl Qemu {
         let console = match spec.arch {
             Arch::X86_64 => {
                 c.arg("-L").arg(self.root.join("usr/share/seabios")).args(["-cpu", "max"]);
-                "ttyS0 tsc=reliable no_timer_check"
+                format!("ttyS0 tsc=reliable no_timer_check tsc_early_khz={}", host_tsc_khz())
             }
             Arch::Aarch64 => {
                 c.args(["-M", "virt", "-cpu", "max,pauth-impdef=on"]);
-                "ttyAMA0"
+                "ttyAMA0".to_string()
             }
         };
         c.args(["-accel", "tcg", "-m", &format!("{}M", spec.mem_mib), "-smp", &spec.cpus.to_string()])
@@ -211,6 +217,30 @@ impl Qemu {
         }
         Ok(Boot { console, elapsed, timed_out, status })
     }
+}
+
+/// This machine's TSC rate in kHz: TSC cycles against the monotonic clock over 3 × 200 ms, the
+/// median (a preemption between the two reads skews one round, not the median).
+#[cfg(target_arch = "x86_64")]
+fn host_tsc_khz() -> u64 {
+    let mut rounds: Vec<u64> = (0..3)
+        .map(|_| {
+            // SAFETY: `rdtsc` has no preconditions on x86-64.
+            let tsc = || unsafe { core::arch::x86_64::_rdtsc() };
+            let (t0, c0) = (Instant::now(), tsc());
+            std::thread::sleep(Duration::from_millis(200));
+            let (c1, t1) = (tsc(), Instant::now());
+            ((c1 - c0) as u128 * 1_000_000 / (t1 - t0).as_nanos().max(1)) as u64
+        })
+        .collect();
+    rounds.sort_unstable();
+    rounds[1]
+}
+
+/// Never called: [`Qemu::get`] refuses a host other than x86-64.
+#[cfg(not(target_arch = "x86_64"))]
+fn host_tsc_khz() -> u64 {
+    0
 }
 
 pub struct BootSpec {

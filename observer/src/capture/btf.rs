@@ -1,0 +1,154 @@
+//! Offsets of kernel structure members from the kernel's BTF (`/sys/kernel/btf/vmlinux`), for
+//! kprobes that read a kernel structure (Rust eBPF has no CO-RE relocations).
+//!
+//! The format (Linux, `Documentation/bpf/btf.rst`), in the kernel's byte order:
+//! - a header: `u16 magic` (0xeB9F), `u8 version`, `u8 flags`, `u32 hdr_len`, then `u32`
+//!   `type_off`, `type_len`, `str_off`, `str_len`, the sections' offsets counted from the end
+//!   of the header;
+//! - the type section: one 12-byte `btf_type` per type (`u32 name_off`; `u32 info`, where bits
+//!   0–15 are `vlen`, bits 24–28 the kind and bit 31 `kind_flag`; `u32 size` or `type`), each
+//!   followed by data of its kind ([`extra_bytes`]); a struct's is one 12-byte member per `vlen`
+//!   (`u32 name_off`, `u32 type`, `u32 offset`: the member's offset in bits, or with the struct's
+//!   `kind_flag` set, bits 0–23 the bit offset and bits 24–31 a bitfield's size);
+//! - the string section: NUL-terminated names, `name_off` counting from its start.
+//!
+//! [`member_offset`] gives a named member's byte offset in the first struct of that name that
+//! has it; a bitfield member has none.
+
+/// The kernel's BTF of its own types.
+pub const VMLINUX: &str = "/sys/kernel/btf/vmlinux";
+
+const MAGIC: u16 = 0xeb9f;
+const KIND_STRUCT: u32 = 4;
+
+/// Bytes of kind-specific data after a `btf_type` of `kind` with `vlen` entries, `None` for a kind
+/// this reader does not know (a newer kernel's: the rest cannot be walked).
+fn extra_bytes(kind: u32, vlen: usize) -> Option<usize> {
+    Some(match kind {
+        2 | 7 | 8 | 9 | 10 | 11 | 12 | 16 | 18 => 0, // PTR FWD TYPEDEF VOLATILE CONST RESTRICT FUNC FLOAT TYPE_TAG
+        1 | 14 | 17 => 4,                            // INT VAR DECL_TAG
+        3 => 12,                                     // ARRAY
+        4 | 5 | 15 | 19 => 12 * vlen,                // STRUCT UNION DATASEC ENUM64
+        6 | 13 => 8 * vlen,                          // ENUM FUNC_PROTO
+        _ => return None,
+    })
+}
+
+/// The byte offset of member `member` of `struct strukt` in the BTF blob `btf`.
+pub fn member_offset(btf: &[u8], strukt: &str, member: &str) -> Result<u32, String> {
+    let u16_at = |o: usize| btf.get(o..o + 2).map(|b| u16::from_ne_bytes([b[0], b[1]]));
+    let u32_at = |o: usize| btf.get(o..o + 4).map(|b| u32::from_ne_bytes([b[0], b[1], b[2], b[3]]));
+    if u16_at(0) != Some(MAGIC) {
+        return Err("not BTF of this machine's byte order (bad magic)".into());
+    }
+    let short = || "BTF truncated".to_string();
+    let hdr_len = u32_at(4).ok_or_else(short)? as usize;
+    let [type_off, type_len, str_off, str_len] =
+        [8, 12, 16, 20].map(|o| u32_at(o).map(|v| v as usize).ok_or_else(short));
+    let (type_start, str_start) = (hdr_len + type_off?, hdr_len + str_off?);
+    let (type_end, str_len) = (type_start + type_len?, str_len?);
+    if type_end > btf.len() || str_start + str_len > btf.len() {
+        return Err(short());
+    }
+    let name = |off: u32| -> &[u8] {
+        let s = btf.get(str_start + off as usize..str_start + str_len).unwrap_or_default();
+        &s[..s.iter().position(|b| *b == 0).unwrap_or(s.len())]
+    };
+    let mut at = type_start;
+    let mut found_struct = false;
+    while at + 12 <= type_end {
+        let (name_off, info) = (u32_at(at).ok_or_else(short)?, u32_at(at + 4).ok_or_else(short)?);
+        let (vlen, kind, kind_flag) = ((info & 0xffff) as usize, (info >> 24) & 0x1f, info >> 31 == 1);
+        let extra = extra_bytes(kind, vlen).ok_or_else(|| format!("BTF kind {kind} unknown to this reader"))?;
+        if kind == KIND_STRUCT && name(name_off) == strukt.as_bytes() {
+            found_struct = true;
+            for m in (0..vlen).map(|i| at + 12 + 12 * i) {
+                if name(u32_at(m).ok_or_else(short)?) != member.as_bytes() {
+                    continue;
+                }
+                let off = u32_at(m + 8).ok_or_else(short)?;
+                let (bits, bitfield) = if kind_flag { (off & 0xff_ffff, off >> 24 != 0) } else { (off, false) };
+                if bitfield || !bits.is_multiple_of(8) {
+                    return Err(format!("struct {strukt}.{member} is a bitfield"));
+                }
+                return Ok(bits / 8);
+            }
+        }
+        at += 12 + extra;
+    }
+    Err(if found_struct {
+        format!("struct {strukt} has no member {member} in this kernel's BTF")
+    } else {
+        format!("no struct {strukt} in this kernel's BTF")
+    })
+}
+
+/// [`member_offset`] in this kernel's BTF ([`VMLINUX`]).
+pub fn kernel_member_offset(strukt: &str, member: &str) -> Result<u32, String> {
+    let btf = std::fs::read(VMLINUX).map_err(|e| format!("{VMLINUX}: {e} (the kernel needs CONFIG_DEBUG_INFO_BTF)"))?;
+    member_offset(&btf, strukt, member)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A BTF blob of `types` (already encoded) and `strings`.
+    fn blob(types: &[u32], strings: &[u8]) -> Vec<u8> {
+        let mut b = Vec::new();
+        b.extend(MAGIC.to_ne_bytes());
+        b.extend([1u8, 0]);
+        let type_len = types.len() as u32 * 4;
+        for v in [24u32, 0, type_len, type_len, strings.len() as u32] {
+            b.extend(v.to_ne_bytes());
+        }
+        for t in types {
+            b.extend(t.to_ne_bytes());
+        }
+        b.extend(strings);
+        b
+    }
+
+    #[test]
+    fn finds_a_member_after_other_kinds_and_refuses_bitfields() {
+        // Strings: 0 "", 1 "int", 5 "s", 7 "a", 9 "b", 11 "c".
+        let strings = b"\0int\0s\0a\0b\0c\0";
+        #[rustfmt::skip]
+        let types = [
+            1, 1 << 24, 4, 0x20, // INT "int", 4 bytes, 32 bits
+            0, 6 << 24 | 1, 4, 7, 0, // ENUM with one value (8 bytes of data)
+            5, 4 << 24 | 2, 8, 7, 1, 0, 9, 1, 32, // struct s { int a; int b; }
+            5, 1 << 31 | 4 << 24 | 1, 4, 11, 1, 3 << 24 | 16, // struct s (kind_flag) { int c: 3 at bit 16 }
+        ];
+        let b = blob(&types, strings);
+        assert_eq!(member_offset(&b, "s", "a"), Ok(0));
+        assert_eq!(member_offset(&b, "s", "b"), Ok(4));
+        assert_eq!(member_offset(&b, "s", "c"), Err("struct s.c is a bitfield".into()));
+        assert_eq!(member_offset(&b, "s", "d"), Err("struct s has no member d in this kernel's BTF".into()));
+        assert_eq!(member_offset(&b, "t", "a"), Err("no struct t in this kernel's BTF".into()));
+        assert!(member_offset(&b[..30], "s", "a").is_err());
+        assert!(member_offset(b"not btf at all", "s", "a").is_err());
+    }
+
+    /// This kernel's `block_device.bd_dev` against bpftool's dump of the same BTF.
+    #[test]
+    fn block_device_bd_dev_matches_bpftool() {
+        let off = kernel_member_offset("block_device", "bd_dev").expect("this kernel has BTF");
+        let out = std::process::Command::new("bpftool")
+            .args(["btf", "dump", "file", VMLINUX, "format", "raw"])
+            .output()
+            .expect("bpftool (cargo xtask setup installs it)");
+        let text = String::from_utf8_lossy(&out.stdout);
+        let mut in_struct = false;
+        let mut bits = None;
+        for l in text.lines() {
+            if l.starts_with('[') {
+                in_struct = l.contains("STRUCT 'block_device'");
+            } else if in_struct && l.trim_start().starts_with("'bd_dev'") {
+                bits = l.split("bits_offset=").nth(1).and_then(|v| v.split_whitespace().next()?.parse::<u32>().ok());
+                break;
+            }
+        }
+        assert_eq!(Some(off * 8), bits, "bpftool's bits_offset of block_device.bd_dev");
+    }
+}
