@@ -148,6 +148,11 @@ pub const F_SEEDED: u32 = 1 << 9;
 /// The thread's context is not known (seeded at attach, no event seen since):
 /// its time is `unattributed` until its first event.
 pub const F_UNKNOWN: u32 = 1 << 11;
+/// The open fault brought back an evicted page (`observer_common::evict`: its
+/// refault record is open and is closed with the fault).
+pub const F_FAULT_REFAULT: u32 = 1 << 12;
+/// The flags that describe the open fault, cleared when a fault enters or exits.
+pub const F_FAULT_ANY: u32 = F_FAULT_ZRAM | F_FAULT_SWAP | F_FAULT_FILE | F_FAULT_DISK | F_FAULT_REFAULT;
 
 /// One thread's attribution state and cumulative accumulators (nanoseconds).
 /// Lives in the `THREADS` array map, one slot per thread of the target.
@@ -290,7 +295,7 @@ impl ThreadState {
             self.cnt[C_FAULT_UNMATCHED_ENTRY] += 1;
         }
         self.fault_start = now;
-        self.flags &= !(F_FAULT_ZRAM | F_FAULT_SWAP | F_FAULT_FILE | F_FAULT_DISK);
+        self.flags &= !F_FAULT_ANY;
     }
 
     /// Returns the fault's latency (0 when its entry was not seen) and its
@@ -315,7 +320,7 @@ impl ThreadState {
             now - self.fault_start
         };
         self.fault_start = 0;
-        self.flags &= !(F_FAULT_ZRAM | F_FAULT_SWAP | F_FAULT_FILE | F_FAULT_DISK);
+        self.flags &= !F_FAULT_ANY;
         (lat, class)
     }
 
@@ -484,7 +489,12 @@ impl Hist {
     /// Count `v` (nanoseconds).
     #[inline(always)]
     pub fn add(&mut self, v: u64) {
-        if let Some(c) = self.b.get_mut(crate::hist::bucket_of(v)) {
+        self.add_in(crate::hist::bucket_of(v), v);
+    }
+    /// Count `v` in bucket `b`, which is `bucket_of(v)` (computed once for several histograms).
+    #[inline(always)]
+    pub fn add_in(&mut self, b: usize, v: u64) {
+        if let Some(c) = self.b.get_mut(b) {
             *c += 1;
         }
         self.sum = self.sum.wrapping_add(v);

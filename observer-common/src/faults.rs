@@ -9,8 +9,14 @@
 //! that fail (SIGSEGV) have an entry and no exit; faults taken through
 //! `get_user_pages` (no `pt_regs`) have neither — both are counted by the
 //! kernel's `getrusage` but not here (`unmatched_*` counts what was seen).
+//!
+//! The counts and the open fault are the thread's attribution state
+//! (`attrib::ThreadState`: `fault_start`, `cnt[C_MINFLT]`, `cnt[C_MAJFLT_*]`,
+//! `cnt[C_FAULT_UNMATCHED_*]`); the latencies of its completed faults are
+//! [`FaultTimes`], at the same slot. Every fault is counted and timed: nothing
+//! here is sampled.
 
-use crate::hist::HIST_BUCKETS;
+use crate::{attrib::Hist, hist::HIST_BUCKETS};
 
 /// Filter and options, written by user space into the `CONFIG` array (index 0)
 /// before the programs are attached.
@@ -33,29 +39,16 @@ pub struct Config {
 }
 const _: () = assert!(core::mem::size_of::<Config>() == 16);
 
-/// Per-thread fault accumulators, the value of the `THREAD_FAULTS` hash map
-/// keyed by TID. Times in nanoseconds.
+/// The latencies of one thread's completed faults (entry seen): the value of
+/// the `FAULT_TIMES` array map at the thread's slot in `THREADS`. Each
+/// histogram's `sum` is the total time in those faults, nanoseconds.
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
-pub struct ThreadFaults {
-    /// Kernel time of the entry of the fault in progress, 0 when none.
-    pub fault_start_ns: u64,
-    pub majflt: u64,
-    pub minflt: u64,
-    /// Total time between entry and exit of completed major faults.
-    pub majflt_ns: u64,
-    /// Same for minor faults.
-    pub minflt_ns: u64,
-    /// An entry while another fault was still open (the earlier one failed).
-    pub unmatched_entries: u64,
-    /// An exit with no open entry (counted in `majflt`/`minflt`, no time).
-    pub unmatched_exits: u64,
-    /// Thread name at first sight (`comm`), NUL padded.
-    pub comm: [u8; 16],
-    pub majflt_hist: [u64; HIST_BUCKETS],
-    pub minflt_hist: [u64; HIST_BUCKETS],
+pub struct FaultTimes {
+    pub majflt: Hist,
+    pub minflt: Hist,
 }
-const _: () = assert!(core::mem::size_of::<ThreadFaults>() == 7 * 8 + 16 + 2 * HIST_BUCKETS * 8);
+const _: () = assert!(core::mem::size_of::<FaultTimes>() == 2 * 8 * (HIST_BUCKETS + 1));
 
 /// Indices of the per-CPU `COUNTERS` array: the observer's own health.
 #[repr(u32)]
@@ -63,8 +56,7 @@ const _: () = assert!(core::mem::size_of::<ThreadFaults>() == 7 * 8 + 16 + 2 * H
 pub enum GlobalCounter {
     /// Events dropped because a map was full or a ring buffer had no room.
     LostEvents = 0,
-    /// Probe invocations that matched the target (for cost accounting).
-    TargetEvents = 1,
+    // Slot 1 is unused: the programs' runs are the kernel's `run_cnt` (`bpf_programs`).
     /// Descendants not followed because the set of followed processes was full.
     FollowOverflow = 2,
 }
@@ -77,5 +69,5 @@ mod pod {
     // (checked by the size assertions above).
     unsafe impl aya::Pod for super::Config {}
     // SAFETY: as above.
-    unsafe impl aya::Pod for super::ThreadFaults {}
+    unsafe impl aya::Pod for super::FaultTimes {}
 }

@@ -28,5 +28,5 @@ pub mod model;
 pub mod totals;
 pub mod vocab;
 
-pub use faults::{Config, GlobalCounter, ThreadFaults};
+pub use faults::{Config, FaultTimes, GlobalCounter};
 pub use hist::HIST_BUCKETS;

@@ -35,7 +35,11 @@ use alloc::{string::String, vec::Vec};
 
 use serde::{Deserialize, Serialize};
 
-use crate::model::{Components, Counters};
+use crate::{
+    FaultTimes,
+    attrib::{C_FAULT_UNMATCHED_ENTRY, C_FAULT_UNMATCHED_EXIT, C_MAJFLT_FILE, C_MAJFLT_SWAP, C_MINFLT, ThreadState},
+    model::{Components, Counters},
+};
 
 /// Totals of a run at `mono_ns` (CLOCK_MONOTONIC).
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
@@ -71,6 +75,26 @@ pub struct FaultTotals {
     pub unmatched_exits: u64,
     pub majflt_hist: Vec<u64>,
     pub minflt_hist: Vec<u64>,
+}
+
+impl FaultTotals {
+    /// A thread's fault totals from the kernel: its counts and open fault in its attribution
+    /// state, the latencies of its completed faults at the same slot (`observer_common::faults`).
+    /// `None` when no fault of the thread was seen.
+    pub fn from_kernel(s: &ThreadState, t: &FaultTimes) -> Option<Self> {
+        let f = FaultTotals {
+            majflt: s.cnt[C_MAJFLT_FILE] + s.cnt[C_MAJFLT_SWAP],
+            minflt: s.cnt[C_MINFLT],
+            majflt_ns: t.majflt.sum,
+            minflt_ns: t.minflt.sum,
+            unmatched_entries: s.cnt[C_FAULT_UNMATCHED_ENTRY],
+            unmatched_exits: s.cnt[C_FAULT_UNMATCHED_EXIT],
+            majflt_hist: t.majflt.b.to_vec(),
+            minflt_hist: t.minflt.b.to_vec(),
+        };
+        let seen = f.majflt + f.minflt + f.unmatched_entries + f.unmatched_exits > 0 || s.fault_start != 0;
+        seen.then_some(f)
+    }
 }
 
 /// Where one thread's time went over the run (module spec).
@@ -132,6 +156,28 @@ pub struct DeviceReads {
 mod tests {
     use super::*;
     use crate::model::{Component, Counter, Event};
+
+    #[test]
+    fn fault_totals_come_from_the_thread_state_and_its_fault_times() {
+        use crate::{attrib::Hist, hist::bucket_of};
+        let mut s = ThreadState::zeroed();
+        let mut t = FaultTimes { majflt: Hist::zeroed(), minflt: Hist::zeroed() };
+        assert_eq!(FaultTotals::from_kernel(&s, &t), None, "no fault seen");
+        // As the exit program does: the state counts, the fault times keep the latency.
+        for (enter, exit, major) in [(100, 350, false), (400, 1400, true), (2000, 2001, false)] {
+            s.fault_enter(enter);
+            let (lat, _) = s.fault_exit(exit, major);
+            let h = if major { &mut t.majflt } else { &mut t.minflt };
+            h.add_in(bucket_of(lat), lat);
+        }
+        s.fault_enter(3000);
+        s.fault_enter(3100);
+        let f = FaultTotals::from_kernel(&s, &t).expect("faults seen");
+        assert_eq!((f.majflt, f.minflt, f.majflt_ns, f.minflt_ns), (1, 2, 1000, 251));
+        assert_eq!((f.unmatched_entries, f.unmatched_exits), (1, 0));
+        assert_eq!(f.minflt_hist.iter().sum::<u64>(), 2);
+        assert_eq!((f.majflt_hist[10], f.minflt_hist[8], f.minflt_hist[0]), (1, 1, 1));
+    }
 
     #[test]
     fn totals_round_trip_with_vocabulary_names() {

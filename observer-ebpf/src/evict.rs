@@ -17,7 +17,7 @@ use aya_ebpf::{
     programs::TracePointContext,
 };
 use observer_common::{
-    attrib::T_FAULT_IO,
+    attrib::{F_FAULT_REFAULT, T_FAULT_IO},
     evict::{
         ActorKey, ActorPages, BLOCK_PAGES, EvictConfig, K_DIRECT, K_KSWAPD, K_MEMCG, K_OTHER, K_PROACTIVE, MAX_ACTORS,
         MAX_REMEMBERED, MAX_SYSCALL, MAX_WINDOWS, N_CLASSES, N_KINDS, N_STATS, NO_SYSCALL, RefaultFault, Remembered,
@@ -26,7 +26,7 @@ use observer_common::{
     filemap::{MAX_INTERVALS, NO_FIELD},
 };
 
-use crate::maps::{atomic_add, atomic_fetch_and, atomic_fetch_or, state_of, target_tid};
+use crate::maps::{atomic_add, atomic_fetch_and, atomic_fetch_or, state_of, target_tid, update};
 
 /// `BPF_F_NO_PREALLOC`: the remembered blocks are allocated as they are used.
 const NO_PREALLOC: u32 = 1;
@@ -238,11 +238,14 @@ fn refault_in_fault(kind: u32) {
         return;
     }
     let v = RefaultFault { fault_start: start, io_at, kind, _pad: 0 };
-    if EVICT_REFAULT_OPEN.insert(&tid, &v, 0).is_err()
-        && let Some(s) = EVICT_STATS.get_ptr_mut(S_REFAULT_FAULT_LOST)
-    {
-        atomic_add(s, 1);
+    if EVICT_REFAULT_OPEN.insert(&tid, &v, 0).is_err() {
+        if let Some(s) = EVICT_STATS.get_ptr_mut(S_REFAULT_FAULT_LOST) {
+            atomic_add(s, 1);
+        }
+        return;
     }
+    // The fault's exit closes the record (`fault_closed`) only when this says there is one.
+    update(s, |s| s.flags |= F_FAULT_REFAULT);
 }
 
 /// The fault that started at `start` closed with the thread's `fault_io` at `io_now`: when it was

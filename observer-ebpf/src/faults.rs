@@ -9,53 +9,32 @@
 //!
 //! All run synchronously in the faulting task, so the current TID is the
 //! faulting thread. Minimum kernel: 4.9 (BPF on perf events).
+//!
+//! Cost (issue 19: about 100 ns of kernel work per fault): a fault's two
+//! programs find the thread's slot in the per-CPU `SLOT_CACHE` and its state
+//! and latencies in arrays, so a fault of an observed thread takes no hash
+//! lookup; the refault record (`evict::fault_closed`) is looked up only when
+//! the fault opened one (`F_FAULT_REFAULT`). Every fault is counted and timed.
 
 use aya_ebpf::{
-    helpers::{bpf_get_current_comm, bpf_ktime_get_ns},
+    helpers::bpf_ktime_get_ns,
     macros::{perf_event, tracepoint},
     programs::{PerfEventContext, TracePointContext},
 };
 use observer_common::{
-    GlobalCounter, ThreadFaults,
-    attrib::{F_FAULT_FILE, H_MAJFLT_FILE, H_MAJFLT_SWAP, H_MINFLT, T_FAULT_IO},
+    attrib::{F_FAULT_FILE, F_FAULT_REFAULT, H_MAJFLT_FILE, H_MAJFLT_SWAP, H_MINFLT, T_FAULT_IO},
     hist::bucket_of,
 };
 
-use crate::maps::{FAULTS_TEMPLATE, THREAD_FAULTS, bump, current_state, hist_add, target_tid, update};
-
-#[inline(always)]
-fn thread_faults(tid: u32) -> Option<*mut ThreadFaults> {
-    if let Some(p) = THREAD_FAULTS.get_ptr_mut(tid) {
-        return Some(p);
-    }
-    let tmpl = FAULTS_TEMPLATE.get_ptr_mut(0)?;
-    // SAFETY: per-CPU scratch value; only `comm` is ever written, the rest stays zero.
-    unsafe {
-        (*tmpl).comm = bpf_get_current_comm().unwrap_or([0; 16]);
-        if THREAD_FAULTS.insert(&tid, &*tmpl, 0).is_err() {
-            bump(GlobalCounter::LostEvents);
-            return None;
-        }
-    }
-    THREAD_FAULTS.get_ptr_mut(tid)
-}
+use crate::maps::{FAULT_TIMES, HISTS, THREADS, current_slot, current_state, target_tid, update};
 
 #[perf_event]
 pub fn fault_entry(_ctx: PerfEventContext) -> u32 {
     let Some(tid) = target_tid() else { return 0 };
-    bump(GlobalCounter::TargetEvents);
     // SAFETY: helper without preconditions.
     let now = unsafe { bpf_ktime_get_ns() };
     if let Some(s) = current_state(tid, now) {
         update(s, |s| s.fault_enter(now));
-    }
-    let Some(t) = thread_faults(tid) else { return 0 };
-    // SAFETY: map value pointer; only this thread's own events write it.
-    unsafe {
-        if (*t).fault_start_ns != 0 {
-            (*t).unmatched_entries += 1;
-        }
-        (*t).fault_start_ns = now;
     }
     0
 }
@@ -63,53 +42,43 @@ pub fn fault_entry(_ctx: PerfEventContext) -> u32 {
 #[inline(always)]
 fn fault_exit(major: bool) -> u32 {
     let Some(tid) = target_tid() else { return 0 };
-    bump(GlobalCounter::TargetEvents);
     // SAFETY: helper without preconditions.
     let now = unsafe { bpf_ktime_get_ns() };
-    if let Some(s) = current_state(tid, now) {
-        let mut res = (0u64, 0usize);
-        let mut closed = (0u64, 0u64);
-        update(s, |s| {
-            let start = s.fault_start;
-            res = s.fault_exit(now, major);
-            closed = (start, s.time[T_FAULT_IO]);
-        });
-        crate::evict::fault_closed(tid, closed.0, closed.1);
-        let (lat, class) = res;
-        if lat != 0 {
-            let h = match class {
-                0 => H_MINFLT,
-                1 => H_MAJFLT_FILE,
-                _ => H_MAJFLT_SWAP,
-            };
-            hist_add(h, lat);
+    let Some(slot) = current_slot(tid, now) else { return 0 };
+    let Some(s) = THREADS.get_ptr_mut(slot) else { return 0 };
+    let (mut lat, mut class, mut refault) = (0u64, 0usize, None);
+    update(s, |s| {
+        let start = s.fault_start;
+        let opened = s.flags & F_FAULT_REFAULT != 0;
+        (lat, class) = s.fault_exit(now, major);
+        if opened {
+            refault = Some((start, s.time[T_FAULT_IO]));
         }
+    });
+    if let Some((start, io)) = refault {
+        crate::evict::fault_closed(tid, start, io);
     }
-    let Some(t) = thread_faults(tid) else { return 0 };
-    // SAFETY: map value pointer; only this thread's own events write it.
-    unsafe {
-        let start = (*t).fault_start_ns;
-        (*t).fault_start_ns = 0;
-        if major {
-            (*t).majflt += 1;
-        } else {
-            (*t).minflt += 1;
-        }
-        if start == 0 || now < start {
-            (*t).unmatched_exits += 1;
-            return 0;
-        }
-        let dt = now - start;
-        let b = bucket_of(dt);
-        if major {
-            (*t).majflt_ns += dt;
-            if let Some(c) = (*t).majflt_hist.get_mut(b) {
-                *c += 1;
-            }
-        } else {
-            (*t).minflt_ns += dt;
-            if let Some(c) = (*t).minflt_hist.get_mut(b) {
-                *c += 1;
+    if lat == 0 {
+        // The entry was not seen: counted, without a time.
+        return 0;
+    }
+    let b = bucket_of(lat);
+    let h = match class {
+        0 => H_MINFLT,
+        1 => H_MAJFLT_FILE,
+        _ => H_MAJFLT_SWAP,
+    };
+    if let Some(p) = HISTS.get_ptr_mut(h) {
+        // SAFETY: per-CPU value; programs do not nest on one CPU for these hooks.
+        unsafe { (*p).add_in(b, lat) };
+    }
+    if let Some(t) = FAULT_TIMES.get_ptr_mut(slot) {
+        // SAFETY: map value; only this thread's own fault exits write it.
+        unsafe {
+            if major {
+                (*t).majflt.add_in(b, lat);
+            } else {
+                (*t).minflt.add_in(b, lat);
             }
         }
     }

@@ -6,13 +6,10 @@ use aya_ebpf::{
     maps::{Array, HashMap, LruHashMap, PerCpuArray, RingBuf},
 };
 use observer_common::{
-    Config, GlobalCounter, ThreadFaults,
+    Config, FaultTimes, GlobalCounter,
     attrib::{BioInflight, BioKey, DevIo, F_ON_CPU, Hist, MAX_SLOTS, N_HIST, ThreadState, TpOffsets},
     faults::GLOBAL_COUNTERS,
 };
-
-/// Upper bound on threads with per-thread fault histograms.
-pub const MAX_THREADS: u32 = 8192;
 
 #[map]
 pub static CONFIG: Array<Config> = Array::with_max_entries(1, 0);
@@ -25,22 +22,31 @@ pub static OFFSETS: Array<TpOffsets> = Array::with_max_entries(1, 0);
 pub static IO_SYSCALLS: Array<u64> = Array::with_max_entries(8, 0);
 
 #[map]
-pub static THREAD_FAULTS: HashMap<u32, ThreadFaults> = HashMap::with_max_entries(MAX_THREADS, 0);
-
-/// A zeroed value to insert new threads from (too large for the BPF stack).
-#[map]
-pub static FAULTS_TEMPLATE: PerCpuArray<ThreadFaults> = PerCpuArray::with_max_entries(1, 0);
-
-#[map]
 pub static COUNTERS: PerCpuArray<u64> = PerCpuArray::with_max_entries(GLOBAL_COUNTERS, 0);
 
-/// TID → slot in `THREADS`.
+/// TID → slot in `THREADS`. An entry never changes once made (a slot is never
+/// given back), which is what lets `SLOT_CACHE` remember it.
 #[map]
 pub static SLOTS: HashMap<u32, u32> = HashMap::with_max_entries(MAX_SLOTS, 0);
+
+/// Per-CPU: the last `SLOTS` entry a thread's own event looked up or made,
+/// `tid << 32 | CACHED | slot` (one 8-byte word, so a program that interrupts
+/// another on this CPU reads either the old pair or the new one, never half of
+/// each), 0 when none. A fault storm is one thread faulting on one CPU: its
+/// events find their slot here without a hash lookup.
+#[map]
+pub static SLOT_CACHE: PerCpuArray<u64> = PerCpuArray::with_max_entries(1, 0);
+
+/// `SLOT_CACHE`'s mark of a valid entry (slots are below `MAX_SLOTS`).
+const CACHED: u64 = 1 << 31;
 
 /// Attribution state, one slot per thread of the target.
 #[map]
 pub static THREADS: Array<ThreadState> = Array::with_max_entries(MAX_SLOTS, 0);
+
+/// Latencies of each thread's completed faults, at its slot in `THREADS`.
+#[map]
+pub static FAULT_TIMES: Array<FaultTimes> = Array::with_max_entries(MAX_SLOTS, 0);
 
 /// Index 0: slots handed out so far. Index 1: marks emitted so far.
 #[map]
@@ -138,20 +144,51 @@ pub fn hist_add(h: u32, v: u64) {
     }
 }
 
+/// The slot `SLOT_CACHE` remembers for `tid` on this CPU.
+#[inline(always)]
+fn cached_slot(tid: u32) -> Option<u32> {
+    let c = SLOT_CACHE.get_ptr_mut(0)?;
+    // SAFETY: per-CPU map value, read in one 8-byte load.
+    let v = unsafe { core::ptr::read_volatile(c) };
+    if v >> 32 == tid as u64 && v & CACHED != 0 { Some((v & (CACHED - 1)) as u32) } else { None }
+}
+
+#[inline(always)]
+fn remember_slot(tid: u32, slot: u32) {
+    if let Some(c) = SLOT_CACHE.get_ptr_mut(0) {
+        // SAFETY: per-CPU map value, written in one 8-byte store.
+        unsafe { core::ptr::write_volatile(c, (tid as u64) << 32 | CACHED | slot as u64) };
+    }
+}
+
+/// The slot of a tracked thread (no allocation; the cache is not changed,
+/// so that looking up another thread — a wakee — keeps the current one's).
+#[inline(always)]
+pub fn slot_of(tid: u32) -> Option<u32> {
+    if let Some(slot) = cached_slot(tid) {
+        return Some(slot);
+    }
+    // SAFETY: plain map lookup.
+    unsafe { SLOTS.get(&tid).copied() }
+}
+
 /// The state of a tracked thread (no allocation).
 #[inline(always)]
 pub fn state_of(tid: u32) -> Option<*mut ThreadState> {
-    // SAFETY: plain map lookup.
-    let slot = unsafe { *SLOTS.get(&tid)? };
-    THREADS.get_ptr_mut(slot)
+    THREADS.get_ptr_mut(slot_of(tid)?)
 }
 
-/// The state of the current thread of the target, allocated on first sight
-/// as "on CPU, user mode, accounting from now".
+/// The slot of the current thread of the target, allocated on first sight
+/// as "on CPU, user mode, accounting from now"; remembered in `SLOT_CACHE`.
 #[inline(always)]
-pub fn current_state(tid: u32, now: u64) -> Option<*mut ThreadState> {
-    if let Some(p) = state_of(tid) {
-        return Some(p);
+pub fn current_slot(tid: u32, now: u64) -> Option<u32> {
+    if let Some(slot) = cached_slot(tid) {
+        return Some(slot);
+    }
+    // SAFETY: plain map lookup.
+    if let Some(slot) = unsafe { SLOTS.get(&tid).copied() } {
+        remember_slot(tid, slot);
+        return Some(slot);
     }
     let next = SEQS.get_ptr_mut(0)?;
     // SAFETY: aligned map value; atomic so that two CPUs never get one slot.
@@ -176,7 +213,14 @@ pub fn current_state(tid: u32, now: u64) -> Option<*mut ThreadState> {
         bump(GlobalCounter::LostEvents);
         return None;
     }
-    Some(p)
+    remember_slot(tid, slot);
+    Some(slot)
+}
+
+/// The state of the current thread of the target ([`current_slot`]).
+#[inline(always)]
+pub fn current_state(tid: u32, now: u64) -> Option<*mut ThreadState> {
+    THREADS.get_ptr_mut(current_slot(tid, now)?)
 }
 
 /// Run `f` on a thread's state inside its update sequence (odd while updating),

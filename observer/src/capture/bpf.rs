@@ -18,7 +18,7 @@ use aya::{
     util::online_cpus,
 };
 use observer_common::{
-    Config, GlobalCounter, ThreadFaults,
+    Config, FaultTimes, GlobalCounter,
     attrib::{DEV_SWAP, DevIo, Hist, MAX_SLOTS, N_HIST, ThreadState, TpOffsets},
     faults::GLOBAL_COUNTERS,
     filemap::NO_FIELD,
@@ -489,9 +489,11 @@ impl Probes {
         Ok(rows)
     }
 
-    /// Per-thread fault accumulators, sorted by TID.
-    pub fn thread_faults(&self) -> Result<Vec<(u32, ThreadFaults)>, ProbeError> {
-        self.entries("THREAD_FAULTS")
+    /// The fault latencies of the first `n` slots of `THREADS` (as [`Self::snapshot`] returns them).
+    pub fn fault_times(&self, n: usize) -> Result<Vec<FaultTimes>, ProbeError> {
+        let map = self.ebpf.map("FAULT_TIMES").ok_or_else(|| no_map("FAULT_TIMES"))?;
+        let a: Array<_, FaultTimes> = Array::try_from(map).map_err(map_err("FAULT_TIMES"))?;
+        (0..n.min(MAX_SLOTS as usize) as u32).map(|i| a.get(&i, 0).map_err(map_err("FAULT_TIMES"))).collect()
     }
 
     /// A global counter summed over CPUs.

@@ -825,64 +825,30 @@ fn tokens_desc(markers: Option<&MarkerKind>, windows: bool) -> String {
     }
 }
 
-/// The process of thread `tid` (`Tgid:` of `/proc/TID/status`), while it lives.
-fn procfs_tgid(tid: u32) -> Option<u32> {
-    let status = std::fs::read_to_string(format!("/proc/{tid}/status")).ok()?;
-    status.lines().find_map(|l| l.strip_prefix("Tgid:")?.trim().parse().ok())
-}
-
 /// The whole run's per-thread and per-device totals from the kernel's maps
 /// (`observer_common::totals`), thread states closed at `now`.
 fn run_totals(probes: &Probes, now: u64) -> Result<RunTotals> {
-    let mut threads: Vec<ThreadTotals> = Vec::new();
-    for (tid, f) in probes.thread_faults()? {
-        threads.push(ThreadTotals {
-            tid,
-            pid: 0,
-            comm: comm_str(&f.comm),
-            faults: Some(FaultTotals {
-                majflt: f.majflt,
-                minflt: f.minflt,
-                majflt_ns: f.majflt_ns,
-                minflt_ns: f.minflt_ns,
-                unmatched_entries: f.unmatched_entries,
-                unmatched_exits: f.unmatched_exits,
-                majflt_hist: f.majflt_hist.to_vec(),
-                minflt_hist: f.minflt_hist.to_vec(),
+    let states = probes.snapshot(now)?;
+    let faults = probes.fault_times(states.len())?;
+    let mut threads: Vec<ThreadTotals> = states
+        .iter()
+        .zip(&faults)
+        .map(|(s, f)| ThreadTotals {
+            tid: s.tid,
+            pid: s.tgid,
+            comm: comm_str(&s.comm),
+            faults: FaultTotals::from_kernel(s, f),
+            time: Some(ThreadTime {
+                wall_ns: s.accounted(),
+                components: Components::from_kernel(&s.time),
+                counters: observer_common::model::Counters::from_kernel(&s.cnt),
+                read_ios: s.cnt[C_READ_IOS],
+                disk_read_ns: s.cnt[C_DISK_READ_NS],
+                zram_read_ns: s.cnt[C_ZRAM_READ_NS],
+                exited: s.flags & F_EXITED != 0,
             }),
-            time: None,
-        });
-    }
-    for s in probes.snapshot(now)? {
-        let time = ThreadTime {
-            wall_ns: s.accounted(),
-            components: Components::from_kernel(&s.time),
-            counters: observer_common::model::Counters::from_kernel(&s.cnt),
-            read_ios: s.cnt[C_READ_IOS],
-            disk_read_ns: s.cnt[C_DISK_READ_NS],
-            zram_read_ns: s.cnt[C_ZRAM_READ_NS],
-            exited: s.flags & F_EXITED != 0,
-        };
-        match threads.iter_mut().find(|t| t.tid == s.tid) {
-            Some(t) => {
-                // The scheduler's name is the latest (after `exec`); the fault record keeps the first.
-                t.comm = comm_str(&s.comm);
-                t.pid = s.tgid;
-                t.time = Some(time);
-            }
-            None => threads.push(ThreadTotals {
-                tid: s.tid,
-                pid: s.tgid,
-                comm: comm_str(&s.comm),
-                faults: None,
-                time: Some(time),
-            }),
-        }
-    }
-    // A thread seen only by the fault probes: its process while it lives.
-    for t in threads.iter_mut().filter(|t| t.pid == 0) {
-        t.pid = procfs_tgid(t.tid).unwrap_or(0);
-    }
+        })
+        .collect();
     threads.sort_by_key(|t| t.tid);
     let devices = probes
         .devices()?
