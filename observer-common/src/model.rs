@@ -311,6 +311,26 @@ impl Refaults {
     }
 }
 
+/// Who evicted the model file's pages, per process: the cumulative pages of one (actor kind,
+/// process) since the run's start (rule: `observer_common::evict`; the kernel's actors that differ
+/// only in system call or cgroup are one row here). A list of these is bounded to
+/// [`MAX_EVICTING_PROCESSES`] rows, most pages first; the pages of the processes beyond it, and
+/// of the actors the kernel's bounded table could not hold, are in one row per kind with `pid` 0
+/// and `comm` `other` ([`crate::vocab::OTHER`]), so the rows add up to the blame table's total.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ProcessEvictions {
+    /// The actor kind (`vocab::EVICTION_ACTORS`).
+    pub kind: String,
+    /// The process (the kernel's tgid); 0 for a kind's row of the rest.
+    pub pid: u32,
+    /// Its task name at the eviction (`other` for a kind's row of the rest).
+    pub comm: String,
+    pub pages: u64,
+}
+
+/// Rows of a per-process eviction list (see [`ProcessEvictions`]).
+pub const MAX_EVICTING_PROCESSES: usize = 32;
+
 /// Number of eviction actor kinds (`vocab::EVICTION_ACTORS`).
 pub const N_EVICTION_ACTORS: usize = crate::evict::N_KINDS as usize;
 
@@ -438,6 +458,10 @@ pub struct ModelInfo {
     pub size_bytes: u64,
     /// Hex digest of the file's header and tensor table (not the whole file).
     pub hash: String,
+    /// Bytes per page of the page-cache counts (`pagecache_*`, eviction blame, refaults): the
+    /// kernel's page size; absent in traces written before it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub page_bytes: Option<u64>,
 }
 
 /// Process-level facts sampled during the run (memory, swap).
@@ -449,6 +473,10 @@ pub struct ProcessSample {
     pub rss_file_bytes: Option<u64>,
     pub swap_bytes: Option<u64>,
     pub mem_available_bytes: Option<u64>,
+    /// Who evicted the model file's pages so far, per process ([`ProcessEvictions`]), when
+    /// eviction blame is measured (empty otherwise, and in traces written before it).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub evicted_by_process: Vec<ProcessEvictions>,
 }
 
 /// Cumulative latency histograms kept in the kernel, by kind (the rows of

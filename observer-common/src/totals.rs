@@ -25,6 +25,8 @@
 //! - `devices`: block reads the target caused, per device (`major:minor`, and
 //!   the kernel name when known): bytes, requests, and the summed
 //!   queue→complete latency over the `completed` requests whose completion was seen.
+//! - `evicted_by_process`: who evicted the model file's pages over the whole run, per
+//!   process (`model::ProcessEvictions`), when eviction blame is measured.
 //!
 //! The end-of-run summary (`observer run`'s table, `observer report` on a trace)
 //! is built from this event and the rest of the stream, never from the maps.
@@ -47,6 +49,10 @@ pub struct RunTotals {
     pub mono_ns: u64,
     pub threads: Vec<ThreadTotals>,
     pub devices: Vec<DeviceReads>,
+    /// Who evicted the model file's pages over the run, per process
+    /// (`model::ProcessEvictions`), when eviction blame is measured.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub evicted_by_process: Vec<crate::model::ProcessEvictions>,
 }
 
 /// One thread's totals.
@@ -194,6 +200,12 @@ mod tests {
                 time: Some(time),
             }],
             devices: alloc::vec![DeviceReads { dev: "253:0".into(), read_bytes: 4096, ..Default::default() }],
+            evicted_by_process: alloc::vec![crate::model::ProcessEvictions {
+                kind: "fadvise".into(),
+                pid: 7,
+                comm: "dd".into(),
+                pages: 512,
+            }],
         };
         let j = serde_json::to_string(&Event::Totals(t.clone())).unwrap();
         assert!(j.starts_with("{\"type\":\"totals\""), "{j}");

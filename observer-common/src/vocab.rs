@@ -273,8 +273,45 @@ pub const F_PAGECACHE_EVICTED: Family = Family {
     unit: Some(Unit::Pages),
     metric: MetricType::Counter,
     labels: STEP,
-    planned_labels: &["actor_name"],
+    planned_labels: &[],
     help: "Model-file pages evicted from the page cache during the steps",
+};
+/// The label of an eviction actor kind ([`EVICTION_ACTORS`]' rows carry it).
+pub const ACTOR_LABEL: &str = "actor";
+/// The label of an evicting process's name: the top [`TOP_ACTOR_NAMES`] names, the rest [`OTHER`].
+pub const ACTOR_NAME_LABEL: &str = "actor_name";
+const STEP_ACTOR: &[&str] = &["step", ACTOR_LABEL];
+pub const F_PAGECACHE_EVICTED_BY_NAME: Family = Family {
+    stem: "pagecache_evicted_by_name",
+    unit: Some(Unit::Pages),
+    metric: MetricType::Counter,
+    labels: &[ACTOR_LABEL, ACTOR_NAME_LABEL],
+    planned_labels: &[],
+    help: "Model-file pages evicted from the page cache, by actor kind and the evicting process's name (comm); the first 8 names (TOP_ACTOR_NAMES), taken most pages first, keep their own actor_name, the rest are other",
+};
+pub const F_REFAULTED: Family = Family {
+    stem: "refaulted",
+    unit: Some(Unit::Pages),
+    metric: MetricType::Counter,
+    labels: STEP_ACTOR,
+    planned_labels: &[],
+    help: "Model-file pages added back to the page cache during the steps after an eviction (refaults), by the actor kind of that eviction",
+};
+pub const F_REFAULT_FAULTS: Family = Family {
+    stem: "refault_faults",
+    unit: None,
+    metric: MetricType::Counter,
+    labels: STEP_ACTOR,
+    planned_labels: &[],
+    help: "Page faults of the observed threads during the steps that brought an evicted model-file page back, by the actor kind of that eviction",
+};
+pub const F_REFAULT_IO: Family = Family {
+    stem: "refault_io",
+    unit: Some(Unit::Seconds),
+    metric: MetricType::Counter,
+    labels: STEP_ACTOR,
+    planned_labels: &[],
+    help: "fault_io time of those faults, by the actor kind of the eviction they undid: what each kind of eviction cost the engine in waits for the disk",
 };
 pub const F_CONTEXT_SWITCHES: Family = Family {
     stem: "context_switches",
@@ -466,7 +503,7 @@ impl Family {
 }
 
 /// Every family, in exposition order.
-pub static FAMILIES: [&Family; 32] = [
+pub static FAMILIES: [&Family; 36] = [
     &F_STEP_DURATION,
     &F_TOKENS,
     &F_TIME,
@@ -478,6 +515,10 @@ pub static FAMILIES: [&Family; 32] = [
     &F_READ,
     &F_PAGECACHE_ADDED,
     &F_PAGECACHE_EVICTED,
+    &F_PAGECACHE_EVICTED_BY_NAME,
+    &F_REFAULTED,
+    &F_REFAULT_FAULTS,
+    &F_REFAULT_IO,
     &F_CONTEXT_SWITCHES,
     &F_DENSE_RESIDENT,
     &F_DENSE_SWAPPED,
@@ -765,11 +806,12 @@ pub static STEPS: [Row; 4] = [
 ];
 
 const fn actor(name: &'static str, short: &'static str, help: &'static str) -> Row {
-    row(Class::EvictionActor, name, name, short, help).prom(&F_PAGECACHE_EVICTED, Some(("actor", name)))
+    row(Class::EvictionActor, name, name, short, help).prom(&F_PAGECACHE_EVICTED, Some((ACTOR_LABEL, name)))
 }
 
-/// Who evicted model-file pages (label `actor` of `pagecache_evicted_pages_total`;
-/// with `actor_name`: the top [`TOP_ACTOR_NAMES`] process names, the rest [`OTHER`]).
+/// Who evicted model-file pages (label `actor` of `pagecache_evicted_pages_total` and of the
+/// refault families; with `actor_name` in `pagecache_evicted_by_name_pages_total`: the top
+/// [`TOP_ACTOR_NAMES`] process names, the rest [`OTHER`]).
 pub static EVICTION_ACTORS: [Row; 7] = [
     actor("kswapd", "kswapd", "background reclaim by kswapd"),
     actor("direct_reclaim", "direct", "direct reclaim by an allocating task"),

@@ -384,6 +384,56 @@ fn the_heatmap_lists_who_evicted_between_refreshes() {
     assert!(dd > 1000, "dd evicted {dd} pages");
 }
 
+/// The heatmap's `refaulted_by`: a `dd` drops the cached model with `fadvise`, then a read brings
+/// every page back (`fincore`: from none to all); the refreshes' `refaulted_by.fadvise` add up to
+/// the pages `dd` evicted, and the text view says it. The refreshes are read until they have seen
+/// all of it (their counts are cumulative), with a bound, so the machine's speed does not matter.
+#[test]
+fn the_heatmap_lists_the_refaults_of_each_kind() {
+    use std::io::{BufRead, BufReader};
+    let _l = machine_lock();
+    let path = write_model(&scratch_dir("evict").join("heatmap-refault.gguf"), 4, 16, 256, 32);
+    drop_from_cache(&path);
+    cat(&path);
+    let mut child = Command::new(common::OBSERVER)
+        .args(["heatmap", path.to_str().unwrap(), "--churn", "--watch", "--interval", "500ms", "--json"])
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("run observer heatmap");
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    let mut next = || -> serde_json::Value { serde_json::from_str(&lines.next().unwrap().unwrap()).unwrap() };
+    let first = next();
+    assert_eq!(first["refaulted_by"], serde_json::json!({}), "nothing refaulted before the first refresh");
+    let pid = run(&["dd", &format!("if={}", path.display()), "iflag=nocache", "count=0", "status=none"]);
+    assert_eq!(fincore_pages(&path), 0, "dd dropped the whole file");
+    cat(&path);
+    let pages = std::fs::metadata(&path).unwrap().len().div_ceil(4096);
+    assert_eq!(fincore_pages(&path), pages, "the read brought the whole file back");
+    let (mut dd, mut refaulted, mut refaulted_all) = (0, 0, 0);
+    let t = Instant::now();
+    while refaulted < dd || dd == 0 {
+        assert!(
+            t.elapsed() < Duration::from_secs(120),
+            "after 120 s of refreshes: dd evicted {dd} pages, {refaulted} refaults of fadvise seen"
+        );
+        let j = next();
+        for r in j["evicted_by"].as_array().unwrap() {
+            if r["kind"] == "fadvise" && r["pid"] == pid {
+                dd += r["pages"].as_u64().unwrap();
+            }
+        }
+        let by = j["refaulted_by"].as_object().unwrap();
+        refaulted += by.get("fadvise").map_or(0, |v| v.as_u64().unwrap());
+        refaulted_all += by.values().map(|v| v.as_u64().unwrap()).sum::<u64>();
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+    eprintln!("heatmap: dd evicted {dd} pages; refaulted as fadvise {refaulted}, of any kind {refaulted_all}");
+    assert_eq!(refaulted, dd, "refaults of fadvise vs the pages dd evicted (all read back)");
+    assert!(dd > 1000, "dd evicted {dd} pages");
+    assert!(refaulted_all <= pages, "more refaults ({refaulted_all}) than the file's {pages} pages");
+}
+
 /// Cache pages `0..n` of `path` one by one (order-0 folios: `fadvise(DONTNEED)` of one page
 /// skips a large folio around it).
 fn cache_pages(path: &Path, n: u64) {
@@ -616,6 +666,149 @@ fn each_token_carries_its_refaults_and_their_fault_io() {
     assert!((value("refaulted_by_fadvise") - own_mean).abs() < 1e-6, "diff refaulted_by_fadvise vs the workload");
     let io_ms = mean(&|t| t.refaults.unwrap().fault_io_ns.0[fadvise]) / 1e6;
     assert!((value("refault_io_fadvise_ms") - io_ms).abs() < 1e-9 * io_ms.max(1.0), "diff refault_io_fadvise_ms");
+    // Prometheus, fed the same run's trace: the refault families per actor kind equal the JSON's
+    // token records summed, kind by kind.
+    let m = exposition(&trace);
+    for (k, row) in observer_common::vocab::EVICTION_ACTORS.iter().enumerate() {
+        let sum = |f: &dyn Fn(&observer_common::model::Refaults) -> u64| {
+            toks.iter().map(|t| f(&t.refaults.unwrap())).sum::<u64>() as f64
+        };
+        let actor = format!(r#"actor="{}""#, row.name);
+        assert_eq!(series_sum(&m, "moe_observer_refaulted_pages_total", &actor), sum(&|r| r.pages.0[k]), "{actor}");
+        assert_eq!(series_sum(&m, "moe_observer_refault_faults_total", &actor), sum(&|r| r.faults.0[k]), "{actor}");
+        let io = series_sum(&m, "moe_observer_refault_io_seconds_total", &actor);
+        assert!((io - sum(&|r| r.fault_io_ns.0[k]) / 1e9).abs() < 1e-9, "{actor}: refault_io_seconds_total {io}");
+    }
+    assert!(series_sum(&m, "moe_observer_refaulted_pages_total", r#"actor="fadvise""#) > 1000.0);
+}
+
+/// The Prometheus text exposition of a recorded run: its trace's events fed to an exporter's sink.
+fn exposition(trace: &Path) -> String {
+    use observer::sinks::{Sink, prometheus};
+    let bytes = std::fs::read(trace).unwrap();
+    let ex = prometheus::Exporter::new();
+    let mut sink = ex.sink();
+    for e in observer::store::trace::Reader::new(&bytes[..], trace).unwrap() {
+        sink.event(&e).unwrap();
+    }
+    ex.render(prometheus::Format::Text).unwrap()
+}
+
+/// The series of `metric` (no other metric's) whose labels contain `label`, as `(labels, value)`.
+fn series<'a>(m: &'a str, metric: &str, label: &str) -> Vec<(&'a str, f64)> {
+    m.lines()
+        .filter_map(|l| l.strip_prefix(metric)?.strip_prefix('{'))
+        .filter_map(|l| l.rsplit_once("} "))
+        .filter(|(labels, _)| labels.contains(label))
+        .map(|(labels, v)| (labels, v.trim().parse().unwrap()))
+        .collect()
+}
+
+fn series_sum(m: &str, metric: &str, label: &str) -> f64 {
+    series(m, metric, label).iter().map(|x| x.1).sum()
+}
+
+/// More evicting process names than Prometheus gives a label of their own: twelve links to `dd`
+/// with twelve names (`comm`) each drop the cached model with `fadvise`, one after the other,
+/// under `observer run`. The JSON summary lists each process with the pages it dropped
+/// (`fincore` before and after each, written by the script), and Prometheus, fed the same
+/// run's trace, has at most `TOP_ACTOR_NAMES` names plus `other`, whose series add up to the
+/// JSON's rows exactly: the named ones to their rows, `other` to the rest.
+#[test]
+fn evicting_process_names_are_a_bounded_label_whose_other_carries_the_rest() {
+    let _l = machine_lock();
+    let top = observer_common::vocab::TOP_ACTOR_NAMES;
+    let n = top + 4;
+    let dir = scratch_dir("evict-names");
+    let path = write_model(&dir.join("names.gguf"), 4, 16, 256, 32);
+    let dd = String::from_utf8(Command::new("sh").args(["-c", "command -v dd"]).output().unwrap().stdout).unwrap();
+    let names: Vec<String> = (0..n).map(|i| format!("evictor{i:02}")).collect();
+    for name in &names {
+        let link = dir.join(name);
+        let _ = std::fs::remove_file(&link);
+        std::os::unix::fs::symlink(dd.trim(), &link).unwrap();
+    }
+    let log = dir.join("fincore.log");
+    let p = path.display();
+    let script = names
+        .iter()
+        .map(|name| {
+            format!(
+                "cat '{p}' > /dev/null; fincore --bytes --noheadings --output RES '{p}' >> '{log}'; \
+                 '{dir}/{name}' if='{p}' iflag=nocache count=0 status=none; \
+                 fincore --bytes --noheadings --output RES '{p}' >> '{log}'",
+                log = log.display(),
+                dir = dir.display()
+            )
+        })
+        .collect::<Vec<_>>()
+        .join("; ");
+    let _ = std::fs::remove_file(&log);
+    let (trace, json) = (dir.join("names.trace"), dir.join("names.json"));
+    let _ = std::fs::remove_file(&trace);
+    let _ = std::fs::remove_file(&json);
+    let o = Command::new(common::OBSERVER)
+        .args(["run", "--json", json.to_str().unwrap(), "--record", trace.to_str().unwrap()])
+        .args(["--model", path.to_str().unwrap(), "--", "sh", "-c", &script])
+        .output()
+        .expect("run observer");
+    assert!(o.status.success(), "observer run failed:\n{}", String::from_utf8_lossy(&o.stderr));
+    let summary: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    let rows: Vec<observer_common::model::ProcessEvictions> =
+        serde_json::from_value(summary["evicted_by_process"].clone()).unwrap();
+    for r in &rows {
+        eprintln!("{:<18} {:>7} {:<16} {:>8}", r.kind, r.pid, r.comm, r.pages);
+    }
+    let fincore: Vec<u64> =
+        std::fs::read_to_string(&log).unwrap().lines().map(|l| l.trim().parse::<u64>().unwrap() / 4096).collect();
+    assert_eq!(fincore.len(), 2 * n, "two fincore counts per process");
+    // Pages the other kinds took while the script ran (DAMON's kdamond may run here).
+    let others: u64 = rows.iter().filter(|r| r.kind != "fadvise").map(|r| r.pages).sum();
+    for (i, name) in names.iter().enumerate() {
+        let mine: Vec<_> = rows.iter().filter(|r| r.comm == *name).collect();
+        assert_eq!(mine.len(), 1, "{name}: one row: {rows:?}");
+        assert_eq!(mine[0].kind, "fadvise", "{name}");
+        let (before, after) = (fincore[2 * i], fincore[2 * i + 1]);
+        assert_eq!(after, 0, "{name} dropped the whole file");
+        assert!(
+            mine[0].pages <= before && mine[0].pages + others >= before,
+            "{name}: {} pages, fincore {before} -> {after}, other kinds {others}",
+            mine[0].pages
+        );
+        assert!(mine[0].pages > 1000, "{name}: {} pages", mine[0].pages);
+    }
+    // Prometheus: bounded names, `other` the rest, kind by kind.
+    let m = exposition(&trace);
+    let f = "moe_observer_pagecache_evicted_by_name_pages_total";
+    let all = series(&m, f, "");
+    let label = |labels: &str, k: &str| {
+        let v = labels.split(&format!(r#"{k}=""#)).nth(1).unwrap();
+        v[..v.find('"').unwrap()].to_string()
+    };
+    let mut named: Vec<String> = all.iter().map(|(l, _)| label(l, "actor_name")).collect();
+    named.sort();
+    named.dedup();
+    eprintln!("actor_name values: {named:?}");
+    assert!(named.len() <= top + 1, "{} actor_name values, more than {top} names and other", named.len());
+    assert!(named.contains(&"other".to_string()), "{n} names, only {top} labels: the rest is other");
+    assert_eq!(named.iter().filter(|x| x.starts_with("evictor")).count(), top, "the first {top} names: {named:?}");
+    for kind in observer_common::vocab::EVICTION_ACTORS.iter().map(|r| r.name) {
+        let json: u64 = rows.iter().filter(|r| r.kind == kind).map(|r| r.pages).sum();
+        let prom = series_sum(&m, f, &format!(r#"actor="{kind}""#));
+        assert_eq!(prom, json as f64, "{kind}: Σ series vs the JSON's rows");
+        for name in named.iter().filter(|x| *x != "other") {
+            let mine: u64 = rows.iter().filter(|r| r.kind == kind && r.comm == *name).map(|r| r.pages).sum();
+            let v = series_sum(&m, f, &format!(r#"actor="{kind}",actor_name="{name}""#));
+            assert_eq!(v, mine as f64, "{kind} {name}");
+        }
+        let rest: u64 = rows.iter().filter(|r| r.kind == kind && !named.contains(&r.comm)).map(|r| r.pages).sum();
+        let rest = rest + rows.iter().filter(|r| r.kind == kind && r.pid == 0).map(|r| r.pages).sum::<u64>();
+        let v = series_sum(&m, f, &format!(r#"actor="{kind}",actor_name="other""#));
+        assert_eq!(v, rest as f64, "{kind}: other vs the rows without a name of their own");
+    }
+    let total: u64 = rows.iter().map(|r| r.pages).sum();
+    assert_eq!(series_sum(&m, f, ""), total as f64, "Σ series vs Σ rows");
+    assert!(total >= n as u64 * 1000);
 }
 
 /// `MemFree` of `/proc/meminfo`, bytes.
@@ -700,4 +893,139 @@ fn kswapd_under_global_pressure_is_blamed_on_kswapd() {
         steal1 - steal0
     );
     assert!(named <= steal1 - steal0, "blamed {named} pages on kswapd, more than it stole ({})", steal1 - steal0);
+}
+
+/// An ftrace instance of its own with one event on (removed on drop).
+struct TraceInstance(PathBuf);
+
+impl TraceInstance {
+    fn new(name: &str, event: &str) -> TraceInstance {
+        let root = Path::new("/sys/kernel/tracing");
+        assert!(root.join("instances").is_dir(), "tracefs is not mounted at {}", root.display());
+        let dir = root.join("instances").join(name);
+        if dir.exists() {
+            let _ = std::fs::remove_dir(&dir);
+        }
+        std::fs::create_dir(&dir).unwrap_or_else(|e| panic!("creating {}: {e}", dir.display()));
+        let t = TraceInstance(dir);
+        std::fs::write(t.0.join("buffer_size_kb"), "8192").unwrap();
+        std::fs::write(t.0.join("events").join(event).join("enable"), "1")
+            .unwrap_or_else(|e| panic!("enabling {event}: {e}"));
+        t
+    }
+
+    /// The trace so far (events are not consumed).
+    fn text(&self) -> String {
+        std::fs::read_to_string(self.0.join("trace")).unwrap()
+    }
+}
+
+impl Drop for TraceInstance {
+    fn drop(&mut self) {
+        let _ = std::fs::write(self.0.join("tracing_on"), "0");
+        let _ = std::fs::remove_dir(&self.0);
+    }
+}
+
+/// `Σ nr_reclaimed` and the count of `vmscan:mm_vmscan_direct_reclaim_end` events of task `pid`
+/// in an ftrace text (`dd-1234 [000] ..... 12.3: mm_vmscan_direct_reclaim_end: nr_reclaimed=32`).
+fn direct_reclaimed_by(trace: &str, pid: u32) -> (u64, u64) {
+    let me = format!("-{pid} ");
+    let lines = trace.lines().filter(|l| !l.starts_with('#') && l.contains(&me) && l.contains("direct_reclaim_end"));
+    lines.fold((0, 0), |(sum, n), l| {
+        let v = l.split("nr_reclaimed=").nth(1).and_then(|v| v.split_whitespace().next()?.parse::<u64>().ok());
+        (sum + v.unwrap_or_else(|| panic!("no nr_reclaimed in {l:?}")), n + 1)
+    })
+}
+
+/// Global direct reclaim by another application, bounded and restored. The model is read into a
+/// memory cgroup (no limit) whose soft limit is 0 (cgroup v1: global reclaim, kswapd's and direct
+/// alike, takes from the groups over their soft limit first). kswapd is set to `SCHED_IDLE`
+/// (`testkit::kswapd::Idle`, restored after, also after a SIGKILL) so that it does not keep up.
+/// Then a `dd` outside that group reads a sparse file larger than the free memory (page cache of
+/// holes, no disk I/O, all of it reclaimable): the zones fall under their min watermark and `dd`
+/// reclaims for its own allocations, from the model's group first. It is stopped once it has
+/// evicted half of the model (or when its file ends), and the sparse file is deleted.
+///
+/// The `direct_reclaim` rows of `dd`'s pid and comm must be `fincore`'s delta less the other
+/// actors' pages (kswapd still runs a little), within `/proc/vmstat`'s `pgsteal_direct` delta,
+/// and within the pages `dd`'s own direct reclaims freed (ftrace
+/// `vmscan:mm_vmscan_direct_reclaim_end`, `nr_reclaimed`, for its pid).
+#[test]
+fn global_direct_reclaim_is_blamed_on_the_allocating_process() {
+    let _l = machine_lock();
+    let dir = scratch_dir("evict");
+    let path = write_model(&dir.join("direct.gguf"), 8, 16, 512, 32);
+    drop_from_cache(&path);
+    let cg = testkit::MemCgroup::new("evict-direct", 64 << 30).expect("memory cgroup");
+    assert_eq!(
+        cg.group().version(),
+        memcg::Version::V1,
+        "this test steers global reclaim to the model with a cgroup v1 soft limit; this host has the memory \
+         controller on cgroup v2 (write a v2 variant, e.g. with memory.low on the other groups)"
+    );
+    std::fs::write(cg.dir().join("memory.soft_limit_in_bytes"), "0").unwrap();
+    let argv = cg.wrap(&["dd", &format!("if={}", path.display()), "of=/dev/null", "bs=1M", "status=none"]);
+    run(&argv.iter().map(String::as_str).collect::<Vec<_>>());
+    let sparse = dir.join("direct.sparse");
+    let size = mem_free() + (1 << 30);
+    std::fs::File::create(&sparse).unwrap().set_len(size).unwrap();
+    let b = Blame::attach(&path);
+    let m0 = b.mark();
+    assert!(m0.resident > 10_000, "the model should be cached: {} pages", m0.resident);
+    let ftrace = TraceInstance::new("moe-observer-evict-direct", "vmscan/mm_vmscan_direct_reclaim_end");
+    let steal0 = testkit::vmstat("pgsteal_direct").expect("pgsteal_direct in /proc/vmstat");
+    let idle = testkit::kswapd::Idle::new().expect("setting kswapd to SCHED_IDLE");
+    let mut reader = Command::new("dd")
+        .args([&format!("if={}", sparse.display()), "of=/dev/null", "bs=1M", "status=none"])
+        .spawn()
+        .expect("spawn dd");
+    let pid = reader.id();
+    let direct = |r: &ActorRow| r.kind == "direct_reclaim" && r.pid == pid && r.comm == "dd";
+    let t = Instant::now();
+    let (seen, ended) = loop {
+        std::thread::sleep(Duration::from_millis(50));
+        let seen = b.churn.blame().unwrap().unwrap().since(&m0.table).pages_where(direct);
+        if seen >= m0.resident / 2 {
+            break (seen, None);
+        }
+        if let Some(st) = reader.try_wait().unwrap() {
+            break (seen, Some(st));
+        }
+    };
+    let _ = reader.kill();
+    let _ = reader.wait();
+    drop(idle);
+    std::fs::remove_file(&sparse).unwrap();
+    let m1 = b.mark();
+    let steal1 = testkit::vmstat("pgsteal_direct").unwrap();
+    let trace = ftrace.text();
+    drop(ftrace);
+    drop(cg);
+    let (freed, calls) = direct_reclaimed_by(&trace, pid);
+    eprintln!(
+        "dd (pid {pid}) direct-reclaimed {seen} model pages in {:?} (reader {ended:?}); pgsteal_direct +{}; \
+         its {calls} direct reclaims freed {freed} pages (ftrace)",
+        t.elapsed(),
+        steal1 - steal0
+    );
+    assert!(
+        seen >= 1000,
+        "dd read {size} bytes of holes with kswapd at SCHED_IDLE and direct-reclaimed only {seen} of the model's {} \
+         pages (pgsteal_direct +{}, {calls} direct reclaims of dd in ftrace): the machine did not direct-reclaim the \
+         model, so direct reclaim blame is not tested here",
+        m0.resident,
+        steal1 - steal0
+    );
+    let named = b.check_rows(&m0, &m1, direct);
+    assert!(
+        named <= steal1 - steal0,
+        "blamed {named} pages on dd's direct reclaim, more than pgsteal_direct +{}",
+        steal1 - steal0
+    );
+    assert!(calls > 0, "ftrace saw no direct reclaim by dd (pid {pid})");
+    assert!(
+        named <= freed,
+        "blamed {named} pages on dd's direct reclaim, more than its reclaims freed ({freed}, ftrace)"
+    );
 }

@@ -25,6 +25,7 @@ use anyhow::{Context, Result, bail};
 
 pub mod damon;
 pub mod help;
+pub mod kswapd;
 pub mod svg;
 
 /// Serialises tests that load probes or measure the machine, across test

@@ -19,7 +19,10 @@
 //! - The token list keeps the last [`MAX_ROWS`] steps; aggregates and the
 //!   rate interval cover the whole run.
 //! - Who evicted: the steps' `evicted_by` (pages per actor kind) summed over the run, and over
-//!   the steps that started in the last [`RECENT_NS`] before the newest step ([`Evictions`]).
+//!   the steps that started in the last [`RECENT_NS`] before the newest step; the steps'
+//!   `refaults` (pages, faults and their `fault_io` per kind of the eviction they undid) summed
+//!   over the run; and the latest per-process list (`ProcessEvictions`, cumulative) of a process
+//!   sample or the run's totals ([`Evictions`]).
 //! - While paused, events queue (up to [`MAX_PENDING`], then dropped and
 //!   counted) and are applied on resume.
 
@@ -27,7 +30,7 @@ use std::collections::{BTreeMap, VecDeque};
 
 use observer_common::model::{
     Component, Components, Counter, Counters, EngineCache, Event, EvictedBy, ExpertGrid, LatencyHistograms,
-    ObserverHealth, ProcessSample, RunEnd, RunHeader, StepKind, TokenRecord,
+    ObserverHealth, ProcessEvictions, ProcessSample, Refaults, RunEnd, RunHeader, StepKind, TokenRecord,
 };
 
 use crate::stats::{self, RateInterval};
@@ -42,6 +45,10 @@ pub struct Evictions {
     pub run: Option<EvictedBy>,
     /// `(start_ns, split)` of the recent steps, oldest first.
     recent: VecDeque<(u64, EvictedBy)>,
+    /// Refaults over the run, per kind (`None` before the first step that carried them).
+    pub refaults: Option<Refaults>,
+    /// Who evicted, per process, so far (the latest list; empty before the first).
+    pub processes: Vec<ProcessEvictions>,
 }
 
 impl Evictions {
@@ -54,6 +61,17 @@ impl Evictions {
         let newest = self.recent.iter().map(|x| x.0).max().unwrap_or(start_ns);
         while self.recent.front().is_some_and(|x| x.0 + RECENT_NS < newest) {
             self.recent.pop_front();
+        }
+    }
+
+    fn add_refaults(&mut self, r: &Refaults) {
+        let run = self.refaults.get_or_insert_with(Refaults::default);
+        for (sum, add) in
+            [(&mut run.pages, &r.pages), (&mut run.faults, &r.faults), (&mut run.fault_io_ns, &r.fault_io_ns)]
+        {
+            for (s, v) in sum.0.iter_mut().zip(add.0) {
+                *s += v;
+            }
         }
     }
 
@@ -472,10 +490,19 @@ impl App {
                 }
             }
             Event::Token(t) => self.add_token(&t),
-            Event::Process(p) => self.process = Some(p),
+            Event::Process(p) => {
+                if !p.evicted_by_process.is_empty() {
+                    self.evictions.processes = p.evicted_by_process.clone();
+                }
+                self.process = Some(p);
+            }
             Event::Histograms(h) => self.latency = Some(h),
             Event::Health(h) => self.health = Some(h),
-            Event::Totals(_) => {}
+            Event::Totals(t) => {
+                if !t.evicted_by_process.is_empty() {
+                    self.evictions.processes = t.evicted_by_process;
+                }
+            }
             Event::End(e) => {
                 self.end = Some(e);
                 if !self.switched_on_end {
@@ -539,6 +566,9 @@ impl App {
         }
         if let Some(by) = &t.evicted_by {
             self.evictions.add(t.start_ns, by);
+        }
+        if let Some(r) = &t.refaults {
+            self.evictions.add_refaults(r);
         }
     }
 

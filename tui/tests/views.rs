@@ -477,11 +477,13 @@ fn events_round_trip_through_json_into_the_same_screen() {
     }
 }
 
-/// The summary lists who evicted the model file's pages, most first, over the run and over the
-/// last minute of the steps' clock; without any split the section is absent.
+/// The summary lists who evicted the model file's pages, most first, over the run (pages, MB,
+/// the pages refaulted after those evictions and the `fault_io` of the faults that brought them
+/// back) and over the last minute of the steps' clock, then the processes that evicted most (the
+/// latest per-process list); without any split the section is absent.
 #[test]
 fn summary_view_lists_who_evicted() {
-    use observer_common::model::{EvictedBy, N_EVICTION_ACTORS};
+    use observer_common::model::{EvictedBy, N_EVICTION_ACTORS, ProcessEvictions, Refaults};
     let mut app = app_with(&Opts::default());
     assert!(!text(render(&mut app, 110, 40).backend().buffer()).contains("Who evicted"));
     let mut app = App::new();
@@ -489,14 +491,35 @@ fn summary_view_lists_who_evicted() {
     let kind = |name: &str| observer_common::vocab::EVICTION_ACTORS.iter().position(|r| r.name == name).unwrap();
     let mut n = 0;
     for e in &mut events {
-        if let Event::Token(t) = e {
-            let mut by = [0u64; N_EVICTION_ACTORS];
-            by[kind("fadvise")] = 100;
-            by[kind("kswapd")] = 7;
-            t.evicted_by = Some(EvictedBy(by));
-            // The first steps are over a minute older than the last.
-            t.start_ns = if n < 8 { n * 1_000_000 } else { 100_000_000_000 + n * 1_000_000 };
-            n += 1;
+        match e {
+            Event::Token(t) => {
+                let mut by = [0u64; N_EVICTION_ACTORS];
+                by[kind("fadvise")] = 100;
+                by[kind("kswapd")] = 7;
+                t.evicted_by = Some(EvictedBy(by));
+                let mut r = Refaults::default();
+                r.pages.0[kind("fadvise")] = 60;
+                r.faults.0[kind("fadvise")] = 3;
+                r.fault_io_ns.0[kind("fadvise")] = 1_500_000;
+                t.refaults = Some(r);
+                // The first steps are over a minute older than the last.
+                t.start_ns = if n < 8 { n * 1_000_000 } else { 100_000_000_000 + n * 1_000_000 };
+                n += 1;
+            }
+            Event::Process(p) => {
+                let row = |kind: &str, pid, comm: &str, pages| ProcessEvictions {
+                    kind: kind.into(),
+                    pid,
+                    comm: comm.into(),
+                    pages,
+                };
+                p.evicted_by_process = vec![
+                    row("fadvise", 4711, "evictor", 100 * n),
+                    row("kswapd", 45, "kswapd0", 7 * n),
+                    row("fadvise", 0, "other", 3),
+                ];
+            }
+            _ => {}
         }
     }
     for e in events {
@@ -508,11 +531,31 @@ fn summary_view_lists_who_evicted() {
     let s = text(t.backend().buffer());
     assert!(s.contains("Who evicted (model-file pages)"), "{s}");
     let line = |k: &str| s.lines().find(|l| l.contains(&format!("  {k} "))).unwrap_or_else(|| panic!("{k}: {s}"));
-    let nums = |l: &str| l.split_whitespace().filter_map(|w| w.parse::<u64>().ok()).collect::<Vec<_>>();
+    let words = |l: &str| l.split_whitespace().map(str::to_string).collect::<Vec<_>>();
     let recent = n - 8;
-    assert_eq!(nums(line("fadvise")), vec![100 * n, 100 * recent], "{s}");
-    assert_eq!(nums(line("kswapd")), vec![7 * n, 7 * recent], "{s}");
+    let mb = |pages: u64| format!("{:.1}", (pages * 4096) as f64 / 1e6);
+    let io = format!("{:.2}", 1.5 * n as f64);
+    assert_eq!(
+        words(line("fadvise")),
+        ["fadvise", &(100 * n).to_string(), &mb(100 * n), &(60 * n).to_string(), &io, &(100 * recent).to_string()],
+        "{s}"
+    );
+    assert_eq!(
+        words(line("kswapd")),
+        ["kswapd", &(7 * n).to_string(), &mb(7 * n), "0", "0.00", &(7 * recent).to_string()]
+    );
     assert!(find(t.backend().buffer(), "fadvise").unwrap().1 < find(t.backend().buffer(), "kswapd").unwrap().1);
+    // The processes, as the latest list has them.
+    let last = app.evictions.processes.clone();
+    assert_eq!(last.len(), 3);
+    assert_eq!(
+        words(line("evictor 4711")),
+        ["evictor", "4711", &last[0].pages.to_string(), &mb(last[0].pages), "fadvise"]
+    );
+    assert_eq!(words(line("other (rest)")), ["other", "(rest)", "3", &mb(3), "fadvise"]);
+    // Wide: full width below the two columns.
+    let t = render(&mut app, 120, 60);
+    insta::assert_snapshot!(t.backend());
 }
 
 #[test]

@@ -176,6 +176,10 @@ pub fn run(scope: Scope) -> Result<()> {
         if testkit::damon::recover()? {
             eprintln!("setup: DAMON admin tree restored from {}", testkit::damon::STATE_FILE);
         }
+        // A direct-reclaim test guard killed mid-test left kswapd at SCHED_IDLE: put it back.
+        if testkit::kswapd::recover()? {
+            eprintln!("setup: kswapd's scheduling restored from {}", testkit::kswapd::STATE_FILE);
+        }
     } else {
         eprintln!(
             "setup: not root: skipping the tracefs mount; the observer itself needs root (or CAP_BPF+CAP_PERFMON)"

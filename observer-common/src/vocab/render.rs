@@ -230,6 +230,8 @@ mod tests {
                 assert!(!["pid", "tid"].contains(l), "{n}: unbounded label {l}");
             }
         }
+        // The help of the name family says the bound the exporter applies.
+        assert!(F_PAGECACHE_EVICTED_BY_NAME.help.contains(&format!("the first {TOP_ACTOR_NAMES} names")));
         // Every family a row points to is exported.
         for r in rows() {
             if let Some(s) = r.prom {

@@ -23,8 +23,8 @@ use observer_common::{
     HIST_BUCKETS,
     hist::bucket_upper_ns,
     model::{
-        Component, Counter, DeviceReads, Event, FaultTotals, LatencyHistograms, ObserverHealth, ProgramCost, RunEnd,
-        RunHeader, RunTotals, ThreadTime, TokenRecord,
+        Component, Counter, DeviceReads, Event, FaultTotals, LatencyHistograms, ObserverHealth, ProcessEvictions,
+        ProgramCost, RunEnd, RunHeader, RunTotals, ThreadTime, TokenRecord,
     },
 };
 use serde::Serialize;
@@ -216,6 +216,10 @@ pub struct Summary {
     pub latency: std::collections::BTreeMap<String, Histogram>,
     /// The target's block reads per device.
     pub devices: Vec<DeviceRow>,
+    /// Who evicted the model file's pages over the run, per process (`model::ProcessEvictions`:
+    /// the processes with the most pages, the rest in one `other` row per kind), when eviction
+    /// blame was measured: the run's totals, else the last process sample that had them.
+    pub evicted_by_process: Vec<ProcessEvictions>,
     /// The observer's own cost: run time and run count of its eBPF programs
     /// (all processes' events, since filtering happens inside them), when the
     /// kernel's BPF statistics are available.
@@ -253,6 +257,7 @@ impl Summary {
             lost_events: end.lost_events,
             latency: Default::default(),
             devices: Vec::new(),
+            evicted_by_process: c.evicted_by_process.clone(),
             bpf_run_ns: c.health.as_ref().and_then(|h| h.bpf_run_ns),
             bpf_run_count: c.health.as_ref().and_then(|h| h.bpf_run_count),
             bpf_programs: c.health.as_ref().map(|h| h.bpf_programs.clone()).unwrap_or_default(),
@@ -435,6 +440,13 @@ impl Summary {
                 d.read_ns.checked_div(d.completed).map_or_else(|| "-".into(), fmt_ns)
             )?;
         }
+        if !self.evicted_by_process.is_empty() {
+            writeln!(out, "who evicted the model file's pages (per process, most first):")?;
+            for r in &self.evicted_by_process {
+                let pid = if r.pid == 0 { "-".to_string() } else { r.pid.to_string() };
+                writeln!(out, "  {:<18} {:>7} {:<16} {:>10} pages", r.kind, pid, r.comm, r.pages)?;
+            }
+        }
         if let Some(a) = &self.attribution {
             a.print(out)?;
             if self.tokens_not_kept > 0 {
@@ -489,6 +501,7 @@ pub struct Collector {
     health: Option<ObserverHealth>,
     totals: Option<RunTotals>,
     end: Option<RunEnd>,
+    evicted_by_process: Vec<ProcessEvictions>,
     tokens: Vec<TokenRecord>,
     keep: usize,
     tokens_not_kept: u64,
@@ -504,6 +517,7 @@ impl Collector {
             health: None,
             totals: None,
             end: None,
+            evicted_by_process: Vec::new(),
             tokens: Vec::new(),
             keep: keep.max(1),
             tokens_not_kept: 0,
@@ -526,10 +540,19 @@ impl Collector {
                 }
                 self.tokens.push(t.clone());
             }
-            Event::Process(_) => {}
+            Event::Process(p) => {
+                if !p.evicted_by_process.is_empty() {
+                    self.evicted_by_process = p.evicted_by_process.clone();
+                }
+            }
             Event::Histograms(h) => self.latency = Some(h.clone()),
             Event::Health(h) => self.health = Some(h.clone()),
-            Event::Totals(t) => self.totals = Some(t.clone()),
+            Event::Totals(t) => {
+                if !t.evicted_by_process.is_empty() {
+                    self.evicted_by_process = t.evicted_by_process.clone();
+                }
+                self.totals = Some(t.clone());
+            }
             Event::End(e) => self.end = Some(e.clone()),
         }
     }
@@ -643,6 +666,7 @@ mod tests {
             // The wrapper `sh` (pid 5) and the engine it started (pid 7, two threads).
             threads: vec![th(9, 7, "worker", 60), th(5, 5, "sh", 1), th(7, 7, "llama-simple", 30)],
             devices: Vec::new(),
+            evicted_by_process: Default::default(),
         };
         let s = summarise(&[Event::Header(RunHeader::default()), Event::Totals(totals)]);
         let rows: Vec<(u32, &str, u32, Option<u64>)> = s
@@ -685,6 +709,7 @@ mod tests {
                 ThreadTotals { tid: 7, pid: 7, comm: "engine".into(), faults: Some(f), time: None },
             ],
             devices: Vec::new(),
+            evicted_by_process: Default::default(),
         };
         let end = RunEnd { mono_ns: 3_001_000, exit_code: Some(0), lost_events: 3 };
         let s = summarise(&[Event::Header(header.clone()), Event::Totals(totals), Event::End(end.clone())]);

@@ -55,7 +55,12 @@ pub fn model_info(path: &Path) -> Option<ModelInfo> {
     let mut h = crc32fast::Hasher::new();
     h.update(&buf);
     h.update(&size.to_le_bytes());
-    Some(ModelInfo { path: path.display().to_string(), size_bytes: size, hash: format!("crc32:{:08x}", h.finalize()) })
+    Some(ModelInfo {
+        path: path.display().to_string(),
+        size_bytes: size,
+        hash: format!("crc32:{:08x}", h.finalize()),
+        page_bytes: Some(crate::capture::residency::scan::page_size()),
+    })
 }
 
 /// The model a command line names: `--model F`, `-m F`, or any `*.gguf` argument.

@@ -14,6 +14,7 @@ pub fn sample(pid: u32, mono_ns: u64) -> ProcessSample {
         rss_file_bytes: kib(|s| s.rssfile),
         swap_bytes: kib(|s| s.vmswap),
         mem_available_bytes: crate::capture::header::meminfo("MemAvailable"),
+        evicted_by_process: Vec::new(),
     }
 }
 

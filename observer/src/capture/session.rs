@@ -49,8 +49,8 @@ use observer_common::{
     GlobalCounter,
     attrib::{C_DISK_READ_NS, C_READ_IOS, C_ZRAM_READ_NS, F_EXITED},
     model::{
-        Components, DeviceReads, Event, FaultTotals, ObserverHealth, ProgramCost, RunEnd, RunTotals, StepKind,
-        ThreadTime, ThreadTotals, TokenMarks, TokenRecord,
+        Components, DeviceReads, Event, FaultTotals, MAX_EVICTING_PROCESSES, ObserverHealth, ProcessEvictions,
+        ProgramCost, RunEnd, RunTotals, StepKind, ThreadTime, ThreadTotals, TokenMarks, TokenRecord,
     },
 };
 use tokio::{io::unix::AsyncFd, sync::watch};
@@ -558,7 +558,9 @@ impl Session {
                         marks_found(false, &probes, pid, sinks)?;
                     }
                     let now = seed::mono_ns();
-                    emit(sinks, &Event::Process(procsample::sample(pid, now)))?;
+                    let mut sample = procsample::sample(pid, now);
+                    sample.evicted_by_process = evicted_by_process(&resid)?;
+                    emit(sinks, &Event::Process(sample))?;
                     emit(sinks, &Event::Histograms(probes.histograms_event(now)?))?;
                     emit(sinks, &Event::Health(health(&probes, asm.malformed, now)?))?;
                 }
@@ -575,9 +577,11 @@ impl Session {
         if use_windows && let Some(t) = asm.window(window_snapshot_at(&probes, end_ns)?) {
             tokens(vec![t], &mut late_resid, sinks)?;
         }
+        let mut totals = run_totals(&probes, end_ns)?;
+        totals.evicted_by_process = evicted_by_process(if late_resid.is_some() { &late_resid } else { &resid })?;
         drop(late_resid);
         drop(resid);
-        emit(sinks, &Event::Totals(run_totals(&probes, end_ns)?))?;
+        emit(sinks, &Event::Totals(totals))?;
         let lost = probes.counter(GlobalCounter::LostEvents)? + asm.malformed;
         silent.check(probes.markers.as_ref(), asm.records(), true);
         let unfollowed = probes.counter(GlobalCounter::FollowOverflow)?;
@@ -827,6 +831,15 @@ fn tokens_desc(markers: Option<&MarkerKind>, windows: bool) -> String {
 
 /// The whole run's per-thread and per-device totals from the kernel's maps
 /// (`observer_common::totals`), thread states closed at `now`.
+/// Who evicted the model file's pages so far, per process (`model::ProcessEvictions`), when
+/// eviction blame is attached; empty otherwise.
+fn evicted_by_process(resid: &Option<Sampler>) -> Result<Vec<ProcessEvictions>> {
+    match resid.as_ref().and_then(|r| r.churn()).and_then(|c| c.blame()) {
+        Some(t) => Ok(t.context("reading the eviction blame table")?.by_process(MAX_EVICTING_PROCESSES)),
+        None => Ok(Vec::new()),
+    }
+}
+
 fn run_totals(probes: &Probes, now: u64) -> Result<RunTotals> {
     let states = probes.snapshot(now)?;
     let faults = probes.fault_times(states.len())?;
@@ -866,7 +879,7 @@ fn run_totals(probes: &Probes, now: u64) -> Result<RunTotals> {
             }
         })
         .collect();
-    Ok(RunTotals { mono_ns: now, threads, devices })
+    Ok(RunTotals { mono_ns: now, threads, devices, evicted_by_process: Vec::new() })
 }
 
 /// A block device's kernel name (`vda`, `zram0`) from sysfs.

@@ -1,7 +1,9 @@
 //! Summary: throughput now and over the run (with its bootstrap 95 %
 //! interval), mean time per token by component beside the engine's own
-//! compute, counts per token, who evicted the model file's pages (when
-//! measured), the target's memory, and the last lines the target printed. Two columns when wide, one scrolling column otherwise.
+//! compute, counts per token, the target's memory, who evicted the model file's pages (when
+//! measured: per kind with its refaults, and per process), and the last lines the target
+//! printed. Two columns when wide, with who evicted and the output full width below them; one
+//! scrolling column otherwise.
 
 use observer_common::{
     model::{Component, Counter, StepKind},
@@ -151,21 +153,51 @@ fn per_token_counts(app: &App) -> Vec<Line<'static>> {
     out
 }
 
-/// Who evicted the model file's pages: per actor kind that evicted any, over the run and the last
-/// minute. Empty when no step carried the split.
+/// Processes listed under the kinds in the who-evicted table.
+pub const EVICTING_PROCESSES_SHOWN: usize = 5;
+
+/// Who evicted the model file's pages: per actor kind that evicted any (or whose evictions were
+/// refaulted), over the run: pages, MB, the pages refaulted after its evictions and the
+/// `fault_io` of the observed threads' faults that brought them back, and the pages of the last
+/// minute; then the processes that evicted most so far. Empty when no step carried the split.
 fn who_evicted(app: &App) -> Vec<Line<'static>> {
-    let Some(run) = &app.evictions.run else { return Vec::new() };
-    let recent = app.evictions.recent();
+    let e = &app.evictions;
+    let Some(run) = &e.run else { return Vec::new() };
+    let recent = e.recent();
+    let refaults = e.refaults.unwrap_or_default();
+    let page = app.header.as_ref().and_then(|h| h.model.as_ref()).and_then(|m| m.page_bytes);
+    let mb = |pages: u64| page.map_or_else(|| fmt::NA.to_string(), |p| format!("{:.1}", (pages * p) as f64 / 1e6));
     let mut out = vec![heading("Who evicted (model-file pages)")];
-    out.push(row("", format!("{:>10} {:>12}", "run", "last minute")));
-    let mut kinds: Vec<(&str, u64, u64)> =
-        run.iter().zip(recent.0).filter(|((_, v), _)| *v > 0).map(|((k, v), r)| (k, v, r)).collect();
-    kinds.sort_by_key(|k| std::cmp::Reverse(k.1));
+    out.push(row("", format!("{:>9} {:>8} {:>9} {:>9} {:>9}", "pages", "MB", "refaulted", "io ms", "last min")));
+    let mut kinds: Vec<usize> =
+        (0..run.0.len()).filter(|&i| run.0[i] > 0 || refaults.pages.0[i] > 0 || refaults.faults.0[i] > 0).collect();
+    kinds.sort_by_key(|&i| std::cmp::Reverse(run.0[i]));
     if kinds.is_empty() {
         out.push(row("", "none".into()));
     }
-    for (k, v, r) in kinds {
-        out.push(row(k, format!("{v:>10} {r:>12}")));
+    let have_refaults = e.refaults.is_some();
+    for i in kinds {
+        let (refaulted, io) = if have_refaults {
+            (refaults.pages.0[i].to_string(), fmt::ms(refaults.fault_io_ns.0[i] as f64))
+        } else {
+            (fmt::NA.to_string(), fmt::NA.to_string())
+        };
+        let name = observer_common::vocab::EVICTION_ACTORS[i].name;
+        out.push(row(
+            name,
+            format!("{:>9} {:>8} {:>9} {:>9} {:>9}", run.0[i], mb(run.0[i]), refaulted, io, recent.0[i]),
+        ));
+    }
+    if !e.processes.is_empty() {
+        out.push(row("by process", format!("{:>9} {:>8}  {}", "pages", "MB", "as")));
+        for p in e.processes.iter().take(EVICTING_PROCESSES_SHOWN) {
+            let who = if p.pid == 0 { format!("{} (rest)", p.comm) } else { format!("{} {}", p.comm, p.pid) };
+            out.push(row(&who, format!("{:>9} {:>8}  {}", p.pages, mb(p.pages), p.kind)));
+        }
+        let more = e.processes.len().saturating_sub(EVICTING_PROCESSES_SHOWN);
+        if more > 0 {
+            out.push(row("", format!("({more} more in the JSON summary)")));
+        }
     }
     out
 }
@@ -257,10 +289,6 @@ pub fn draw(app: &App, f: &mut Frame<'_>, area: Rect) {
     let mut right = vec![Line::raw("")];
     right.extend(per_token_counts(app));
     let evicted = who_evicted(app);
-    if !evicted.is_empty() {
-        right.push(Line::raw(""));
-        right.extend(evicted);
-    }
     right.push(Line::raw(""));
     right.extend(memory(app));
     let obs = observer(app);
@@ -270,10 +298,17 @@ pub fn draw(app: &App, f: &mut Frame<'_>, area: Rect) {
     }
 
     if area.width >= 96 {
-        // Two columns, and the target's output full width below them.
+        // Two columns, then who evicted and the target's output full width below them.
         let cols_h = left.len().max(right.len()) as u16;
-        let out = if area.height > cols_h + 2 { output(app, (area.height - cols_h - 1) as usize) } else { Vec::new() };
-        let (cols, below) = if out.is_empty() {
+        let mut out = evicted;
+        let used = if out.is_empty() { 0 } else { out.len() as u16 + 1 };
+        let room = area.height.saturating_sub(cols_h + 1 + used);
+        let lines = output(app, room as usize);
+        if !lines.is_empty() && !out.is_empty() {
+            out.push(Line::raw(""));
+        }
+        out.extend(lines);
+        let (cols, below) = if out.is_empty() || area.height <= cols_h + 1 {
             (area, None)
         } else {
             let [c, _, b] =
@@ -289,6 +324,10 @@ pub fn draw(app: &App, f: &mut Frame<'_>, area: Rect) {
             f.render_widget(Paragraph::new(out), b);
         }
     } else {
+        if !evicted.is_empty() {
+            left.push(Line::raw(""));
+            left.extend(evicted);
+        }
         left.push(Line::raw(""));
         left.extend(right);
         left.push(Line::raw(""));

@@ -8,6 +8,8 @@
 //! table could not hold, so `Σ rows == Counts::del_pages` at any read that sees no eviction in
 //! flight; and the pages added back after an eviction (refaults) per kind of the eviction.
 
+use std::collections::BTreeMap;
+
 use aya::{
     Ebpf,
     maps::{Array, HashMap, MapData},
@@ -15,11 +17,12 @@ use aya::{
 };
 use observer_common::{
     evict::{
-        ActorKey, ActorPages, C_DENSE, C_OTHER, C_ROUTED, C_SHARED, EvictConfig, MAX_SYSCALL, N_KINDS,
+        ActorKey, ActorPages, C_DENSE, C_OTHER, C_ROUTED, C_SHARED, EvictConfig, K_OTHER, MAX_SYSCALL, N_KINDS,
         S_NOT_REMEMBERED, S_REFAULT_FAULT_LOST, S_WINDOW_LOST, sys,
     },
     filemap::NO_FIELD,
-    vocab::EVICTION_ACTORS,
+    model::{EvictedBy, ProcessEvictions},
+    vocab::{EVICTION_ACTORS, OTHER},
 };
 
 use super::{
@@ -191,6 +194,40 @@ impl Table {
     pub fn pages_where(&self, f: impl Fn(&ActorRow) -> bool) -> u64 {
         self.rows.iter().filter(|r| f(r)).map(|r| r.pages).sum()
     }
+    /// Refaulted pages per kind as a per-kind object (`model::EvictedBy`).
+    pub fn refaulted(&self) -> EvictedBy {
+        EvictedBy(self.refaults)
+    }
+
+    /// The rows per process (model rule: `model::ProcessEvictions`): the actors of one kind and
+    /// process are one row (the kernel's key also has the system call and the cgroup), the `max`
+    /// with the most pages are listed, and the pages of the others and of the overflow rows are
+    /// in one row per kind with PID 0 and comm `other`. The rows add up to [`Table::pages`].
+    pub fn by_process(&self, max: usize) -> Vec<ProcessEvictions> {
+        let mut merged: BTreeMap<(&'static str, u32, &str), u64> = BTreeMap::new();
+        let mut rest = [0u64; N_KINDS as usize];
+        for r in &self.rows {
+            if r.overflow {
+                rest[kind_index(r.kind)] += r.pages;
+            } else {
+                *merged.entry((r.kind, r.pid, r.comm.as_str())).or_default() += r.pages;
+            }
+        }
+        let mut rows: Vec<ProcessEvictions> = merged
+            .into_iter()
+            .filter(|x| x.1 > 0)
+            .map(|((kind, pid, comm), pages)| ProcessEvictions { kind: kind.into(), pid, comm: comm.into(), pages })
+            .collect();
+        rows.sort_by(|a, b| b.pages.cmp(&a.pages).then(a.pid.cmp(&b.pid)).then(a.kind.cmp(&b.kind)));
+        for r in rows.drain(max.min(rows.len())..) {
+            rest[kind_index(&r.kind)] += r.pages;
+        }
+        for (k, pages) in rest.into_iter().enumerate().filter(|x| x.1 > 0) {
+            rows.push(ProcessEvictions { kind: EVICTION_ACTORS[k].name.into(), pid: 0, comm: OTHER.into(), pages });
+        }
+        rows
+    }
+
     /// Rows whose pages grew since `base` (same actor), with the growth; for per-interval views.
     pub fn since(&self, base: &Table) -> Table {
         let mut rows: Vec<ActorRow> = self
@@ -224,6 +261,11 @@ impl Table {
             refault_faults_lost: self.refault_faults_lost - base.refault_faults_lost.min(self.refault_faults_lost),
         }
     }
+}
+
+/// The vocabulary index of a kind's name (`other` for a name it does not know).
+fn kind_index(name: &str) -> usize {
+    EVICTION_ACTORS.iter().position(|a| a.name == name).unwrap_or(K_OTHER as usize)
 }
 
 fn same_actor(a: &ActorRow, b: &ActorRow) -> bool {
@@ -283,7 +325,7 @@ fn read(m: &Attached) -> Result<Table, ResidencyError> {
     for kind in 0..N_KINDS {
         let v = m.overflow.get(&kind, 0).map_err(err("EVICT_OVERFLOW"))?;
         if v.events > 0 {
-            let mut r = row(kind, 0, observer_common::vocab::OTHER.into(), None, 0, &v);
+            let mut r = row(kind, 0, OTHER.into(), None, 0, &v);
             r.overflow = true;
             rows.push(r);
         }
@@ -362,6 +404,34 @@ mod tests {
         assert_eq!(d.pages(), 103);
         assert_eq!(b.by_kind()[K_KSWAPD as usize], 10);
         assert_eq!(b.by_kind()[K_TRUNCATE as usize], 100);
+    }
+
+    #[test]
+    fn by_process_merges_a_processs_actors_and_keeps_the_rest_in_other_rows_that_add_up() {
+        let mut rows = vec![r("fadvise", 7, 5), r("fadvise", 7, 6), r("kswapd", 45, 100), r("truncate", 9, 3)];
+        rows[1].syscall = Some("madvise".into()); // another actor of the same process and kind
+        for pid in 100..140 {
+            rows.push(r("memcg_reclaim", pid, 1));
+        }
+        let mut over = r("fadvise", 0, 50);
+        over.overflow = true;
+        rows.push(over);
+        let t = Table { rows, ..Table::default() };
+        let p = t.by_process(3);
+        let got: Vec<(&str, u32, &str, u64)> =
+            p.iter().map(|x| (x.kind.as_str(), x.pid, x.comm.as_str(), x.pages)).collect();
+        assert_eq!(
+            got,
+            vec![
+                ("kswapd", 45, "x", 100),
+                ("fadvise", 7, "x", 11),
+                ("truncate", 9, "x", 3),
+                ("memcg_reclaim", 0, "other", 40),
+                ("fadvise", 0, "other", 50),
+            ]
+        );
+        assert_eq!(p.iter().map(|x| x.pages).sum::<u64>(), t.pages(), "the rows add up to the table");
+        assert_eq!(t.by_process(usize::MAX).len(), 3 + 40 + 1);
     }
 
     #[test]

@@ -37,7 +37,22 @@
 //!   `pagecache_evicted_pages_total` has a label `actor` (the kinds of
 //!   `vocab::EVICTION_ACTORS`, every kind once measured) for steps whose record
 //!   splits it by who evicted (`TokenRecord::evicted_by`), and none otherwise,
-//!   so that the sum over the family is the evicted pages either way.
+//!   so that the sum over the family is the evicted pages either way;
+//! - refaults, from the steps whose record carries them (`TokenRecord::refaults`), each with the
+//!   label `actor` (the kind of the eviction they undid): `refaulted_pages_total` (pages added
+//!   back), `refault_faults_total` (the observed threads' faults that brought them back) and
+//!   `refault_io_seconds_total` (those faults' `fault_io`).
+//!
+//! Who evicted, by process name, from the per-process eviction lists of the process samples and
+//! the run's totals (`ProcessEvictions`, cumulative): `pagecache_evicted_by_name_pages_total`
+//! with labels `actor` (the kind) and `actor_name` (the process's comm). The exporter gives at
+//! most `vocab::TOP_ACTOR_NAMES` names a label of their own, for its whole life (a counter keeps
+//! its label): names are admitted as they come, most pages first within a sample, until that many
+//! are taken; every other name is `other`. Per kind, a name's series is its pages so far, and
+//! `other` is the kind's total less the named series, so the series add up to the kind's total
+//! exactly (counters never go down: in the rare case that a named process leaves the bounded
+//! per-process list, evicts more and comes back, those pages are counted under `other` and again
+//! under its name).
 //!
 //! Residency, from the latest token record that carries it (gauges):
 //! `dense_resident_ratio`, `dense_swapped_ratio`, `experts_resident_ratio`,
@@ -91,7 +106,9 @@ use std::{
 };
 
 use observer_common::{
-    model::{Component, Event, LatencyHistograms, ObserverHealth, ProcessSample, StepKind, TokenRecord},
+    model::{
+        Component, Event, LatencyHistograms, ObserverHealth, ProcessEvictions, ProcessSample, StepKind, TokenRecord,
+    },
     vocab::{self, Family as VocabFamily, Row, Unit as VocabUnit},
 };
 use prometheus_client::{
@@ -197,6 +214,12 @@ pub struct Exporter {
     degraded_features: Levels,
     bpf_run: Times,
     bpf_runs: Counts,
+    refaulted: Steps,
+    refault_faults: Steps,
+    refault_io: Times,
+    evicted_by_name: Steps,
+    /// The process names that have an `actor_name` of their own (at most `vocab::TOP_ACTOR_NAMES`).
+    actor_names: Mutex<Vec<String>>,
     target_up: Family<Labels, Gauge>,
     runs: Steps,
     kernel: Mutex<KernelHists>,
@@ -276,6 +299,16 @@ impl Exporter {
         register(&mut r, &vocab::F_BPF_RUN, bpf_run.clone());
         let bpf_runs = Counts::default();
         register(&mut r, &vocab::F_BPF_RUNS, bpf_runs.clone());
+        let steps = |r: &mut Registry, f: &VocabFamily| {
+            let l = Steps::default();
+            register(r, f, l.clone());
+            l
+        };
+        let evicted_by_name = steps(&mut r, &vocab::F_PAGECACHE_EVICTED_BY_NAME);
+        let refaulted = steps(&mut r, &vocab::F_REFAULTED);
+        let refault_faults = steps(&mut r, &vocab::F_REFAULT_FAULTS);
+        let refault_io = Times::default();
+        register(&mut r, &vocab::F_REFAULT_IO, refault_io.clone());
         let target_up = Family::<Labels, Gauge>::default();
         let runs = Steps::default();
         if single {
@@ -312,6 +345,11 @@ impl Exporter {
             degraded_features,
             bpf_run,
             bpf_runs,
+            refaulted,
+            refault_faults,
+            refault_io,
+            evicted_by_name,
+            actor_names: Mutex::new(Vec::new()),
             target_up,
             runs,
             kernel: Mutex::new(KernelHists::default()),
@@ -384,6 +422,7 @@ impl Exporter {
             components: Default::default(),
             counters: Default::default(),
             evicted_by: Default::default(),
+            refaults: Default::default(),
             engine: None,
             step,
         }
@@ -459,6 +498,8 @@ struct StepHandles {
     counters: [Option<Counter>; observer_common::model::Counter::N],
     /// `pagecache_evicted` per actor kind (`vocab::EVICTION_ACTORS`).
     evicted_by: [Option<Counter>; observer_common::model::N_EVICTION_ACTORS],
+    /// Refaulted pages, refault faults and their `fault_io` per actor kind.
+    refaults: [Option<(Counter, Counter, Seconds)>; observer_common::model::N_EVICTION_ACTORS],
     engine: Option<(Seconds, Counter, Seconds)>,
 }
 
@@ -472,6 +513,9 @@ struct RunState {
     bpf_n: u64,
     /// Health samples arrived (eBPF mode): lost events are measured.
     health_seen: bool,
+    /// What the `actor_name` series of each (kind, label) have counted this run, and the kind's
+    /// total at the last per-process list.
+    by_name: BTreeMap<(String, String), u64>,
 }
 
 /// `now − last` (0 if it went backwards), and remember `now`.
@@ -539,6 +583,22 @@ impl MetricsSink {
                     .inc_by(v);
             }
         }
+        if let Some(r) = &t.refaults {
+            for (i, row) in vocab::EVICTION_ACTORS.iter().enumerate() {
+                let (pages, faults, io) = h.refaults[i].get_or_insert_with(|| {
+                    let mut l = h.step.clone();
+                    l.push((vocab::ACTOR_LABEL, row.name.to_string()));
+                    (
+                        ex.refaulted.get_or_create_owned(&l),
+                        ex.refault_faults.get_or_create_owned(&l),
+                        ex.refault_io.get_or_create_owned(&l),
+                    )
+                });
+                pages.inc_by(r.pages.0[i]);
+                faults.inc_by(r.faults.0[i]);
+                io.add_ns(r.fault_io_ns.0[i]);
+            }
+        }
         if let (Some(engine), Some(measured)) = (t.engine_compute_ns, t.components.get(Component::Compute)) {
             let (e, n, m) = h.engine.get_or_insert_with(|| {
                 (
@@ -570,7 +630,56 @@ impl MetricsSink {
         }
     }
 
-    fn process(&self, p: &ProcessSample) {
+    /// `pagecache_evicted_by_name_pages_total` from a cumulative per-process list (module spec).
+    fn evicted_by_name(&mut self, rows: &[ProcessEvictions]) {
+        let mut names = self.ex.actor_names.lock().unwrap_or_else(|p| p.into_inner());
+        // Per (kind, label): the pages of the named rows now; per kind: the total.
+        let mut named: BTreeMap<(String, String), u64> = BTreeMap::new();
+        let mut totals: BTreeMap<String, u64> = BTreeMap::new();
+        for r in rows {
+            *totals.entry(r.kind.clone()).or_default() += r.pages;
+            let rest = r.pid == 0 && r.comm == vocab::OTHER;
+            if !rest && !names.contains(&r.comm) && names.len() < vocab::TOP_ACTOR_NAMES && r.comm != vocab::OTHER {
+                names.push(r.comm.clone());
+            }
+            if !rest && names.contains(&r.comm) {
+                *named.entry((r.kind.clone(), r.comm.clone())).or_default() += r.pages;
+            }
+        }
+        drop(names);
+        for (kind, total) in totals {
+            let mut counted = 0;
+            for ((k, name), pages) in named.range((kind.clone(), String::new())..).take_while(|x| x.0.0 == kind) {
+                let last = self.run.by_name.entry((k.clone(), name.clone())).or_default();
+                let d = delta(last, *pages);
+                counted += *last;
+                self.add_by_name(&kind, name, d);
+            }
+            // Named series that are not in this list keep what they counted.
+            counted += self
+                .run
+                .by_name
+                .iter()
+                .filter(|((k, n), _)| *k == kind && n != vocab::OTHER && !named.contains_key(&(k.clone(), n.clone())))
+                .map(|x| *x.1)
+                .sum::<u64>();
+            let other = self.run.by_name.entry((kind.clone(), vocab::OTHER.to_string())).or_default();
+            let d = delta(other, total.saturating_sub(counted));
+            self.add_by_name(&kind, vocab::OTHER, d);
+        }
+    }
+
+    fn add_by_name(&self, kind: &str, name: &str, pages: u64) {
+        let mut l = self.target.clone();
+        l.push((vocab::ACTOR_LABEL, kind.to_string()));
+        l.push((vocab::ACTOR_NAME_LABEL, name.to_string()));
+        self.ex.evicted_by_name.get_or_create(&l).inc_by(pages);
+    }
+
+    fn process(&mut self, p: &ProcessSample) {
+        if !p.evicted_by_process.is_empty() {
+            self.evicted_by_name(&p.evicted_by_process);
+        }
         let f = |v: Option<u64>| v.map(|v| v as f64);
         let (ex, target) = (&self.ex, &self.target);
         set_level(&ex.rss, target, f(p.rss_bytes));
@@ -629,7 +738,12 @@ impl Sink for MetricsSink {
             Event::Process(p) => self.process(p),
             Event::Histograms(h) => self.histograms(h),
             Event::Health(h) => self.health(h),
-            Event::Totals(_) | Event::Marks(_) => {}
+            Event::Totals(t) => {
+                if !t.evicted_by_process.is_empty() {
+                    self.evicted_by_name(&t.evicted_by_process);
+                }
+            }
+            Event::Marks(_) => {}
             Event::End(e) => {
                 // The run's final count; the procfs fallback measures no lost
                 // events (it sends no Health samples and reports 0 here).

@@ -263,6 +263,7 @@ fn every_family_of_the_vocabulary_is_exported_under_its_name() {
     for c in C::ALL {
         t.counters.set(c, Some(1));
     }
+    t.refaults = Some(Default::default());
     t.residency = Some(Residency {
         dense_resident_frac: Some(1.0),
         dense_swapped_frac: Some(0.0),
@@ -292,6 +293,12 @@ fn every_family_of_the_vocabulary_is_exported_under_its_name() {
                 rss_file_bytes: Some(1),
                 swap_bytes: Some(1),
                 mem_available_bytes: Some(1),
+                evicted_by_process: vec![observer_common::model::ProcessEvictions {
+                    kind: "fadvise".into(),
+                    pid: 7,
+                    comm: "dd".into(),
+                    pages: 1,
+                }],
             }),
             Event::Histograms(h),
             Event::Health(health(1, 100)),
@@ -428,6 +435,96 @@ fn evictions_split_by_actor_become_actor_labels_that_add_up() {
     assert_eq!(get(&m, &format!(r#"{f}{{step="prompt"}}"#)), 9.0, "steps without a split keep the total");
     let generate: f64 = m.iter().filter(|(k, _)| k.starts_with(&format!(r#"{f}{{step="generate""#))).map(|x| x.1).sum();
     assert_eq!(generate, 123.0, "Σ over actors = the steps' pagecache_evicted");
+}
+
+#[test]
+fn refaults_per_actor_kind_become_three_families_with_the_actor_label() {
+    use observer_common::model::Refaults;
+    let ex = Exporter::new();
+    let mut s = ex.sink();
+    let with = |pages: u64, faults: u64, io_ns: u64| {
+        let mut t = token(1, StepKind::Generate, 1000);
+        let mut r = Refaults::default();
+        r.pages.0[4] = pages;
+        r.faults.0[4] = faults;
+        r.fault_io_ns.0[4] = io_ns;
+        t.refaults = Some(r);
+        t
+    };
+    feed(&mut s, &[Event::Token(with(3418, 3418, 172_000_000)), Event::Token(with(2, 1, 500_000))]);
+    let m = samples(&ex.render(Format::Text).unwrap());
+    let l = r#"{step="generate",actor="fadvise"}"#;
+    assert_eq!(get(&m, &format!("moe_observer_refaulted_pages_total{l}")), 3420.0);
+    assert_eq!(get(&m, &format!("moe_observer_refault_faults_total{l}")), 3419.0);
+    assert!((get(&m, &format!("moe_observer_refault_io_seconds_total{l}")) - 0.1725).abs() < 1e-12);
+    let k = r#"{step="generate",actor="kswapd"}"#;
+    assert_eq!(get(&m, &format!("moe_observer_refaulted_pages_total{k}")), 0.0, "a measured 0");
+    // Steps without refaults have no series.
+    assert!(!m.keys().any(|k| k.starts_with("moe_observer_refaulted_pages_total{step=\"prompt\"")));
+}
+
+/// Per-process eviction lists (cumulative, as the session samples them) become
+/// `pagecache_evicted_by_name_pages_total{actor, actor_name}`: at most
+/// `TOP_ACTOR_NAMES` names, kept for good once given, the rest `other`; per kind the
+/// series add up to the list's total at every scrape, also when a list's `other` row
+/// grows or a named process drops out of the bounded list.
+#[test]
+fn process_names_are_a_bounded_label_and_other_is_the_rest_exactly() {
+    use observer_common::model::ProcessEvictions;
+    let ex = Exporter::new();
+    let mut s = ex.sink();
+    let row = |kind: &str, pid: u32, comm: String, pages: u64| ProcessEvictions { kind: kind.into(), pid, comm, pages };
+    let top = vocab::TOP_ACTOR_NAMES;
+    let n = top as u32 + 5;
+    // Sample 1: n processes, process i evicted 10 * (i + 1) pages (the list is most pages first).
+    let mut list: Vec<ProcessEvictions> =
+        (0..n).rev().map(|i| row("fadvise", 100 + i, format!("p{i}"), 10 * u64::from(i + 1))).collect();
+    list.push(row("fadvise", 0, "other".into(), 7));
+    list.push(row("kswapd", 45, "kswapd0".into(), 5));
+    let sample =
+        |l: &[ProcessEvictions]| Event::Process(ProcessSample { evicted_by_process: l.to_vec(), ..Default::default() });
+    let check = |l: &[ProcessEvictions], ex: &Exporter| {
+        let m = samples(&ex.render(Format::Text).unwrap());
+        let f = "moe_observer_pagecache_evicted_by_name_pages_total";
+        let series: Vec<(&String, &f64)> = m.iter().filter(|(k, _)| k.starts_with(f)).collect();
+        let names: std::collections::BTreeSet<&str> =
+            series.iter().map(|(k, _)| k.split("actor_name=\"").nth(1).unwrap().split('"').next().unwrap()).collect();
+        assert!(names.len() <= top + 1, "{names:?}");
+        for kind in ["fadvise", "kswapd"] {
+            let want: u64 = l.iter().filter(|r| r.kind == kind).map(|r| r.pages).sum();
+            let got: f64 = series.iter().filter(|(k, _)| k.contains(&format!("actor=\"{kind}\""))).map(|x| *x.1).sum();
+            assert_eq!(got, want as f64, "{kind}: Σ series vs the list");
+        }
+        m
+    };
+    feed(&mut s, &[sample(&list)]);
+    let m = check(&list, &ex);
+    // The names with most pages came first: p{n-1} … p{n-top}; kswapd0 came after them.
+    let f = "moe_observer_pagecache_evicted_by_name_pages_total";
+    let top_name = format!("p{}", n - 1);
+    assert_eq!(get(&m, &format!(r#"{f}{{actor="fadvise",actor_name="{top_name}"}}"#)), 10.0 * f64::from(n));
+    let rest: u64 = (0..n - top as u32).map(|i| 10 * u64::from(i + 1)).sum::<u64>() + 7;
+    assert_eq!(get(&m, &format!(r#"{f}{{actor="fadvise",actor_name="other"}}"#)), rest as f64);
+    assert_eq!(get(&m, &format!(r#"{f}{{actor="kswapd",actor_name="other"}}"#)), 5.0, "no name left for kswapd0");
+    // Sample 2: the top process grows, a small one grows, the other row grows, and a named process
+    // leaves the list (its pages now in the list's other row).
+    let mut later = list.clone();
+    later[0].pages += 100; // p{n-1}
+    later[n as usize - 1].pages += 3; // p0, no name of its own
+    let gone = later.remove(1); // p{n-2}: named, now in other
+    let other = later.iter_mut().find(|r| r.pid == 0).unwrap();
+    other.pages += gone.pages + 4;
+    feed(&mut s, &[sample(&later)]);
+    let m = check(&later, &ex);
+    assert_eq!(get(&m, &format!(r#"{f}{{actor="fadvise",actor_name="{top_name}"}}"#)), 10.0 * f64::from(n) + 100.0);
+    assert_eq!(get(&m, &format!(r#"{f}{{actor="fadvise",actor_name="p{}"}}"#, n - 2)), gone.pages as f64, "kept");
+    assert_eq!(get(&m, &format!(r#"{f}{{actor="fadvise",actor_name="other"}}"#)), (rest + 3 + 4) as f64);
+    // The run's totals say the same as the last sample: nothing more.
+    feed(
+        &mut s,
+        &[Event::Totals(observer_common::model::RunTotals { evicted_by_process: later.clone(), ..Default::default() })],
+    );
+    check(&later, &ex);
 }
 
 /// Two targets at once (`serve --discover`): each sink's series carry its

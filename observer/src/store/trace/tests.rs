@@ -43,7 +43,12 @@ pub(crate) fn header() -> RunHeader {
         started_mono_ns: 5_000_000,
         target_pid: 42,
         target_command: vec!["engine".into(), "run".into(), "--dense".into(), "anon".into()],
-        model: Some(ModelInfo { path: "/m/x.gguf".into(), size_bytes: 123, hash: "crc32:0011aabb".into() }),
+        model: Some(ModelInfo {
+            path: "/m/x.gguf".into(),
+            size_bytes: 123,
+            hash: "crc32:0011aabb".into(),
+            page_bytes: Some(4096),
+        }),
         engine_config: [("dense".to_string(), "anon".to_string())].into_iter().collect(),
         probes: vec!["fault_entry".into()],
         tokens: "engine markers in /usr/bin/engine".into(),
