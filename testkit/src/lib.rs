@@ -23,6 +23,7 @@ use std::{
 use anyhow::{Context, Result, bail};
 
 pub mod damon;
+pub mod soak;
 
 /// Serialises tests that load probes or measure the machine, across test
 /// binaries and crates.
