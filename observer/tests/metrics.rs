@@ -1003,8 +1003,7 @@ fn serve_stops_on_sigint_while_attached_and_leaves_the_target_running() {
 /// An engine held after loading its model and before its first token: its
 /// stderr is a pipe filled but for the bytes the engine writes before the
 /// line that says the model is loaded (measured by a dry run), so that line's
-/// first write blocks until the test drains the pipe. (With no byte left, it
-/// is held at its first write, before it maps its model.)
+/// first write blocks until the test drains the pipe.
 struct HeldEngine {
     child: Child,
     stderr: Option<std::fs::File>,
@@ -1057,38 +1056,36 @@ impl HeldEngine {
         w.write_all(&vec![b'#'; filler]).unwrap();
         let mut child = cmd.stdout(Stdio::piped()).stderr(Stdio::from(OwnedFd::from(w))).spawn().expect("engine");
         let mut out = child.stdout.take().unwrap();
+        // llama.cpp's text may not be UTF-8 (a token is a piece of a character).
         let stdout = std::thread::spawn(move || {
-            let mut s = String::new();
-            out.read_to_string(&mut s).unwrap();
-            s
+            let mut s = Vec::new();
+            out.read_to_end(&mut s).unwrap();
+            String::from_utf8_lossy(&s).into_owned()
         });
         HeldEngine { child, stderr: Some(rd), filler, stdout: Some(stdout), said: None }
     }
 
-    /// Wait until it blocks in its write to stderr (fd 2) without a `.gguf` mapped.
-    fn wait_held_before_load(&self) {
+    /// Stop it (SIGSTOP) before it maps its model: true when it was stopped in time (no
+    /// `.gguf` mapped yet); [`HeldEngine::resume`] lets it go on.
+    fn stop_before_load(&self) -> bool {
         let pid = self.pid();
+        // SAFETY: kill(2) of our own child.
+        unsafe { libc::kill(pid as i32, libc::SIGSTOP) };
         let t0 = Instant::now();
         loop {
-            let sys = std::fs::read_to_string(format!("/proc/{pid}/syscall")).unwrap_or_default();
-            if sys.starts_with(&format!("{} 0x2 ", libc::SYS_write)) {
-                let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).unwrap();
-                assert!(!maps.contains(".gguf"), "engine {pid} mapped its model before its first write");
-                return;
+            let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+            if stat.rsplit_once(") ").is_some_and(|(_, r)| r.starts_with('T')) {
+                break;
             }
-            assert!(t0.elapsed() < Duration::from_secs(60), "engine {pid} never held: syscall {sys:?}");
-            std::thread::sleep(Duration::from_millis(5));
+            assert!(t0.elapsed() < Duration::from_secs(30), "engine {pid} did not stop: {stat}");
+            std::thread::sleep(Duration::from_millis(1));
         }
+        !std::fs::read_to_string(format!("/proc/{pid}/maps")).unwrap().contains(".gguf")
     }
 
-    /// Let it go on until it has written `n` more bytes: take `n` bytes of the
-    /// filler out of the pipe (its writes after those block again).
-    fn let_write(&mut self, n: usize) {
-        assert!(n <= self.filler, "only {} bytes of filler left", self.filler);
-        let rd = self.stderr.as_mut().unwrap();
-        let mut buf = vec![0u8; n];
-        rd.read_exact(&mut buf).unwrap();
-        self.filler -= n;
+    fn resume(&self) {
+        // SAFETY: kill(2) of our own child.
+        unsafe { libc::kill(self.pid() as i32, libc::SIGCONT) };
     }
 
     fn pid(&self) -> u32 {
@@ -1574,7 +1571,8 @@ fn serve_says_a_missing_tracepoint_is_degraded_in_healthz_the_metric_and_json() 
 /// while it starts) is exported with `model=""`, then relabelled once the
 /// model is mapped: `target_up`, its gauges and every token go under the
 /// model's name, and nothing is left live under `model=""`. The engine is
-/// held twice through its stderr: before it loads the model, then after.
+/// held twice: stopped (SIGSTOP) before it maps the model, then through its
+/// stderr after it has, before its first token.
 #[test]
 fn serve_discover_fills_in_the_model_label_once_the_model_is_mapped() {
     let _l = machine_lock();
@@ -1591,8 +1589,19 @@ fn serve_discover_fills_in_the_model_label_once_the_model_is_mapped() {
     let n = 200;
     let args = ["run", "-m", m_arg, "-p", "The quick brown fox", "-n", &n.to_string(), "--ignore-eos", "--json"]
         .map(String::from);
-    let mut e = HeldEngine::spawn(&exe, &args, 0);
-    e.wait_held_before_load();
+    // Stopped right after exec, it has not mapped its model yet (else try again).
+    let mut e = (0..5)
+        .find_map(|_| {
+            let e = HeldEngine::spawn(&exe, &args, before_load);
+            if e.stop_before_load() {
+                return Some(e);
+            }
+            let mut c = e.child;
+            c.kill().unwrap();
+            c.wait().unwrap();
+            None
+        })
+        .expect("the engine mapped its model before SIGSTOP arrived, five times");
     let obs = Observer::start("serve", &["--discover", "--name", "engine-relabel"]);
     let (no_model, with_model) = (
         "engine=\"moe-engine\",model=\"\",container=\"\"",
@@ -1601,8 +1610,8 @@ fn serve_discover_fills_in_the_model_label_once_the_model_is_mapped() {
     obs.scrape_until("the target without its model", Duration::from_secs(60), |m| {
         m.get(&format!("moe_observer_target_up{{{no_model}}}")) == Some(&1.0)
     });
-    // Let it load the model, and hold it again before its first token.
-    e.let_write(before_load);
+    // Let it load the model; it is held again before its first token.
+    e.resume();
     e.wait_held("relabel.gguf");
     let m = obs.scrape_until("the relabelled target", Duration::from_secs(30), |m| {
         m.get(&format!("moe_observer_target_up{{{with_model}}}")) == Some(&1.0)
