@@ -430,15 +430,22 @@ pub fn degraded_feature(entry: &str) -> &str {
 }
 
 impl RunHeader {
-    /// The header as it stands after `m`: what marks the tokens, and the probes attached.
+    /// The header as it stands after `m`: what marks the tokens, the probes attached, and what
+    /// the run cannot measure (the header's `degraded` and the marks', each once).
     pub fn apply(&mut self, m: &TokenMarks) {
         self.tokens.clone_from(&m.tokens);
         self.probes.clone_from(&m.probes);
+        for d in &m.degraded {
+            if !self.degraded.contains(d) {
+                self.degraded.push(d.clone());
+            }
+        }
     }
 }
 
 /// What marks the tokens changed during the run: a process that exec'd (the child of a wrapper
-/// such as `sh -c`) or a library loaded later brought our engine's markers or an engine profile.
+/// such as `sh -c`) or a library loaded later brought our engine's markers or an engine profile
+/// (or markers whose uprobes the kernel refused: `degraded`).
 /// It restates the header's `tokens` and `probes` from `mono_ns` on ([`RunHeader::apply`]); the
 /// header itself keeps what was known when the run started.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
@@ -450,6 +457,10 @@ pub struct TokenMarks {
     pub tokens: String,
     /// Every probe attached now.
     pub probes: Vec<String>,
+    /// What the run cannot measure from now on, as the header's `degraded` (e.g. `tokens: …`
+    /// when the kernel refused the uprobes of markers found later). Empty in older traces.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub degraded: Vec<String>,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]

@@ -29,21 +29,7 @@ struct Llama {
 }
 
 fn llama() -> Llama {
-    let cache = std::env::var_os("XDG_CACHE_HOME")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(std::env::var_os("HOME").expect("HOME is set")).join(".cache"));
-    let root = cache.join("moe-observer").join("llama.cpp");
-    let builds: Vec<PathBuf> = std::fs::read_dir(&root)
-        .map(|d| {
-            d.flatten().map(|e| e.path().join("avx2")).filter(|p| p.join("build/bin/llama-simple").exists()).collect()
-        })
-        .unwrap_or_default();
-    let dir = builds.into_iter().max().unwrap_or_else(|| {
-        panic!(
-            "no llama.cpp build under {}: build it with `cargo xtask parity` (or the whole `cargo xtask test`)",
-            root.display()
-        )
-    });
+    let dir = llama_build();
     let harness = std::fs::read_dir(&dir)
         .expect("the build directory is readable")
         .flatten()
@@ -362,23 +348,6 @@ fn a_token_symbol_that_never_fires_is_reported_with_the_candidates() {
     let err = String::from_utf8_lossy(&run.output.stderr);
     let line = err.lines().find(|l| l.contains("no call of `llama_decode`")).unwrap_or_else(|| panic!("{err}"));
     assert!(line.contains("llama_process"), "the warning names the entry point that runs: {line}");
-}
-
-/// llama.cpp's own counts from `llama_perf_context_print`: the prompt's tokens
-/// ("prompt eval time = … / N tokens") and the single-token decode calls
-/// ("eval time = … / M runs").
-fn perf_counts(stderr: &str) -> (u64, u64) {
-    let count = |key: &str, unit: &str| -> u64 {
-        stderr
-            .lines()
-            .find_map(|l| {
-                let rest = l.split_once(key)?.1;
-                let before = rest.split_once(unit)?.0;
-                before.rsplit_once('/')?.1.trim().parse().ok()
-            })
-            .unwrap_or_else(|| panic!("no `{key}` … `{unit}` line from llama_perf_context_print:\n{stderr}"))
-    };
-    (count("prompt eval time =", " tokens"), count(":        eval time =", " runs"))
 }
 
 #[test]

@@ -94,14 +94,15 @@ impl Observer {
 
     /// Like `start`, serving at `addr`.
     fn start_at(sub: &str, addr: &str, args: &[&str]) -> Observer {
-        let mut child = Command::new(OBSERVER)
-            .arg(sub)
-            .args(["--metrics-addr", addr])
-            .args(args)
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("start observer");
+        let mut cmd = Command::new(OBSERVER);
+        cmd.arg(sub).args(["--metrics-addr", addr]).args(args);
+        Observer::spawn(cmd)
+    }
+
+    /// `cmd` runs the observer (possibly through `setpriv`, `unshare`, … that
+    /// exec it) with `--metrics-addr 127.0.0.1:0`.
+    fn spawn(mut cmd: Command) -> Observer {
+        let mut child = cmd.stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().expect("start observer");
         let stderr = Arc::new(Mutex::new(String::new()));
         let (tx, rx) = mpsc::channel();
         let err = child.stderr.take().unwrap();
@@ -776,8 +777,9 @@ fn serve_discovers_an_engine_by_its_markers() {
     let obs = Observer::start("serve", &["--discover", "--name", "wl-discovered"]);
     let m = scrape(obs.addr);
     assert!(!m.keys().any(|k| k.starts_with("moe_observer_target_up")), "no target yet: {m:#?}");
+    // Without a model it is followed once `discover::MODEL_GRACE` (0.5 s) old, then attached.
     let child = Command::new(&wl)
-        .args(["tokens", "--n", "20", "--ms", "5", "--anon", "128K", "--delay-ms", "1500"])
+        .args(["tokens", "--n", "20", "--ms", "5", "--anon", "128K", "--delay-ms", "3000"])
         .stdout(Stdio::piped())
         .spawn()
         .expect("run the workload");
@@ -999,55 +1001,91 @@ fn serve_stops_on_sigint_while_attached_and_leaves_the_target_running() {
 // ---- several targets at once ----------------------------------------------------
 
 /// An engine held after loading its model and before its first token: its
-/// stderr is a one-page pipe filled but for the bytes the engine writes
-/// before the line that says the model is loaded (measured by a dry run), so
-/// that line's first write blocks until the test drains the pipe.
+/// stderr is a pipe filled but for the bytes the engine writes before the
+/// line that says the model is loaded (measured by a dry run), so that line's
+/// first write blocks until the test drains the pipe.
 struct HeldEngine {
     child: Child,
     stderr: Option<std::fs::File>,
+    /// The bytes of filler still in the pipe before the engine's own.
+    filler: usize,
     stdout: Option<std::thread::JoinHandle<String>>,
+    /// Its stderr once released (what it wrote after the filler).
+    said: Option<std::thread::JoinHandle<String>>,
 }
 
 /// The bytes `exe run …` writes to stderr before its "model loaded" line.
 fn stderr_before_load(exe: &Path, args: &[String]) -> usize {
-    let out = Command::new(exe).args(args).output().expect("engine dry run");
+    stderr_before(Command::new(exe).args(args), "dense weights")
+}
+
+/// The bytes `cmd` writes to stderr before the first line that contains `line` (a dry run).
+fn stderr_before(cmd: &mut Command, line: &str) -> usize {
+    let out = cmd.output().expect("engine dry run");
     assert!(out.status.success(), "engine dry run: {}", String::from_utf8_lossy(&out.stderr));
     let mut off = 0;
-    for line in out.stderr.split_inclusive(|b| *b == b'\n') {
-        if line.windows(13).any(|w| w == b"dense weights") {
+    for l in out.stderr.split_inclusive(|b| *b == b'\n') {
+        if l.windows(line.len()).any(|w| w == line.as_bytes()) {
             return off;
         }
-        off += line.len();
+        off += l.len();
     }
-    panic!("no model-loaded line in the engine's stderr:\n{}", String::from_utf8_lossy(&out.stderr));
+    panic!("no line with {line:?} in the engine's stderr:\n{}", String::from_utf8_lossy(&out.stderr));
 }
 
 impl HeldEngine {
     fn spawn(exe: &Path, args: &[String], before_load: usize) -> HeldEngine {
+        HeldEngine::spawn_cmd(Command::new(exe).args(args), before_load)
+    }
+
+    /// `cmd`, held at the write of its stderr that comes after `before` bytes.
+    fn spawn_cmd(cmd: &mut Command, before: usize) -> HeldEngine {
         use std::os::fd::{FromRawFd, OwnedFd};
         let mut fds = [0i32; 2];
         // SAFETY: pipe2 fills two descriptors we then own.
         assert_eq!(unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) }, 0);
         // SAFETY: fresh descriptors from pipe2, owned once each.
         let (rd, wr) = unsafe { (std::fs::File::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) };
+        // The smallest pipe (in pages) with room for more than `before` bytes.
+        let want = (before + 1).next_power_of_two().max(4096) as i32;
         // SAFETY: fcntl on our own pipe.
-        let size = unsafe { libc::fcntl(fds[1], libc::F_SETPIPE_SZ, 4096) };
-        assert!(size > 0, "F_SETPIPE_SZ: {}", std::io::Error::last_os_error());
+        let size = unsafe { libc::fcntl(fds[1], libc::F_SETPIPE_SZ, want) };
+        assert!(size > before as i32, "F_SETPIPE_SZ {want}: {size} {}", std::io::Error::last_os_error());
         let mut w = std::fs::File::from(wr);
-        w.write_all(&vec![b'#'; size as usize - before_load]).unwrap();
-        let mut child = Command::new(exe)
-            .args(args)
-            .stdout(Stdio::piped())
-            .stderr(Stdio::from(OwnedFd::from(w)))
-            .spawn()
-            .expect("engine");
+        let filler = size as usize - before;
+        w.write_all(&vec![b'#'; filler]).unwrap();
+        let mut child = cmd.stdout(Stdio::piped()).stderr(Stdio::from(OwnedFd::from(w))).spawn().expect("engine");
         let mut out = child.stdout.take().unwrap();
+        // llama.cpp's text may not be UTF-8 (a token is a piece of a character).
         let stdout = std::thread::spawn(move || {
-            let mut s = String::new();
-            out.read_to_string(&mut s).unwrap();
-            s
+            let mut s = Vec::new();
+            out.read_to_end(&mut s).unwrap();
+            String::from_utf8_lossy(&s).into_owned()
         });
-        HeldEngine { child, stderr: Some(rd), stdout: Some(stdout) }
+        HeldEngine { child, stderr: Some(rd), filler, stdout: Some(stdout), said: None }
+    }
+
+    /// Stop it (SIGSTOP) before it maps its model: true when it was stopped in time (no
+    /// `.gguf` mapped yet); [`HeldEngine::resume`] lets it go on.
+    fn stop_before_load(&self) -> bool {
+        let pid = self.pid();
+        // SAFETY: kill(2) of our own child.
+        unsafe { libc::kill(pid as i32, libc::SIGSTOP) };
+        let t0 = Instant::now();
+        loop {
+            let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+            if stat.rsplit_once(") ").is_some_and(|(_, r)| r.starts_with('T')) {
+                break;
+            }
+            assert!(t0.elapsed() < Duration::from_secs(30), "engine {pid} did not stop: {stat}");
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        !std::fs::read_to_string(format!("/proc/{pid}/maps")).unwrap().contains(".gguf")
+    }
+
+    fn resume(&self) {
+        // SAFETY: kill(2) of our own child.
+        unsafe { libc::kill(self.pid() as i32, libc::SIGCONT) };
     }
 
     fn pid(&self) -> u32 {
@@ -1069,10 +1107,20 @@ impl HeldEngine {
         }
     }
 
-    /// Let it run: drain its stderr from now on.
+    /// Let it run: drain its stderr from now on (kept, less the filler: [`HeldEngine::said`]).
     fn release(&mut self) {
         let mut rd = self.stderr.take().unwrap();
-        std::thread::spawn(move || std::io::copy(&mut rd, &mut std::io::sink()));
+        let filler = self.filler;
+        self.said = Some(std::thread::spawn(move || {
+            let mut all = Vec::new();
+            let _ = rd.read_to_end(&mut all);
+            String::from_utf8_lossy(&all[filler.min(all.len())..]).into_owned()
+        }));
+    }
+
+    /// What it wrote to stderr after its release, once it has ended.
+    fn said(&mut self) -> String {
+        self.said.take().expect("released").join().unwrap()
     }
 
     /// Once it has ended: its stdout, and (utime + stime, minflt) from its
@@ -1284,5 +1332,433 @@ fn serve_observes_a_target_without_its_token_symbol_and_says_what_is_degraded() 
     assert_eq!(val(&m, &format!("moe_observer_runs_total{{{l}}}")), 1.0);
     assert!(!m.keys().any(|k| k.starts_with("moe_observer_degraded{")), "its degradation ends with it: {m:#?}");
     assert!(!m.contains_key(&rss_key), "its gauges went stale");
+    assert!(obs.stop().success());
+}
+
+// ---- degradations ---------------------------------------------------------------
+
+/// A C program (built with `cc` on first use) that maps its first argument
+/// (a model file), waits until its second argument exists, calls `tok_step`
+/// as often as its third says (2 ms apart), prints that count and waits to be
+/// killed. `locked`: `tok_step` starts with a `lock`-prefixed instruction,
+/// which x86 uprobes refuse (the kernel's `uprobe_init_insn`: ENOTSUPP).
+fn tok_program(dir: &Path, locked: bool) -> PathBuf {
+    const SRC: &str = r#"
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#ifdef LOCKED
+__asm__(".text\n.globl tok_step\n.type tok_step,@function\ntok_step:\n lock addl $0,(%rsp)\n ret\n.size tok_step,.-tok_step\n");
+#else
+__asm__(".text\n.globl tok_step\n.type tok_step,@function\ntok_step:\n addl $0,(%rsp)\n ret\n.size tok_step,.-tok_step\n");
+#endif
+void tok_step(void);
+int main(int argc, char **argv) {
+    struct stat st;
+    int fd = open(argv[1], O_RDONLY);
+    if (argc != 4 || fd < 0 || fstat(fd, &st) != 0) { perror(argv[1]); return 2; }
+    if (mmap(0, st.st_size, PROT_READ, MAP_SHARED, fd, 0) == MAP_FAILED) { perror("mmap"); return 2; }
+    long n = atol(argv[3]);
+    while (access(argv[2], F_OK) != 0) usleep(10000);
+    for (long i = 0; i < n; i++) { tok_step(); usleep(2000); }
+    printf("%ld\n", n);
+    fflush(stdout);
+    pause();
+    return 0;
+}
+"#;
+    let sub = dir.join(if locked { "locked" } else { "plain" });
+    std::fs::create_dir_all(&sub).unwrap();
+    let src = sub.join("tok.c");
+    std::fs::write(&src, SRC).unwrap();
+    let exe = sub.join("refused-tok");
+    let tmp = sub.join("refused-tok.tmp");
+    let mut cc = Command::new("cc");
+    cc.args(["-O1", "-o"]).arg(&tmp).arg(&src);
+    if locked {
+        cc.arg("-DLOCKED");
+    }
+    let out = cc.output().expect("cc (Debian's gcc) builds the test program");
+    assert!(out.status.success(), "cc: {}", String::from_utf8_lossy(&out.stderr));
+    std::fs::rename(&tmp, &exe).unwrap();
+    exe
+}
+
+/// Wait until the observer's log says the probes of `pid` are attached.
+fn wait_attached(obs: &Observer, pid: u32) {
+    let t0 = Instant::now();
+    let line = format!("pid {pid}: ");
+    while !obs.stderr().lines().any(|l| l.contains(&line) && l.contains("probes attached")) {
+        assert!(t0.elapsed() < Duration::from_secs(60), "pid {pid} not attached:\n{}", obs.stderr());
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// A refused uprobe degrades one target, never the daemon: two programs, the
+/// same `--token-symbol` in each, and the kernel refuses the uprobe in one of
+/// them (its first instruction has a `lock` prefix). `serve --discover`
+/// observes that one without token records, says so in the log, in
+/// `/healthz` (naming the target, the file and what to do) and as
+/// `degraded{feature="tokens"}`, and serves its memory; the other target's
+/// calls are all counted (against the program's own count).
+#[test]
+fn serve_degrades_a_target_whose_token_uprobe_the_kernel_refuses_and_serves_the_other() {
+    let _l = machine_lock();
+    let dir = scratch_dir("refused-uprobe");
+    let go = dir.join("go");
+    let _ = std::fs::remove_file(&go);
+    let [plain, locked] = [false, true].map(|l| tok_program(&dir, l));
+    let models = ["plain-tok.gguf", "locked-tok.gguf"].map(|n| {
+        let p = dir.join(n);
+        std::fs::write(&p, [0u8; 8192]).unwrap();
+        p
+    });
+    let n_calls = 200;
+    let obs = Observer::start("serve", &["--discover", "--name", "refused-tok", "--token-symbol", "tok_step"]);
+    let mut kids: Vec<Child> = [&plain, &locked]
+        .iter()
+        .zip(&models)
+        .map(|(exe, m)| {
+            Command::new(exe).arg(m).arg(&go).arg(n_calls.to_string()).stdout(Stdio::piped()).spawn().unwrap()
+        })
+        .collect();
+    for k in &kids {
+        wait_attached(&obs, k.id());
+    }
+    std::fs::write(&go, b"").unwrap();
+    let mut line = String::new();
+    BufReader::new(kids[0].stdout.as_mut().unwrap()).read_line(&mut line).unwrap();
+    let made: f64 = line.trim().parse().unwrap_or_else(|_| panic!("the plain program printed {line:?}"));
+    let label = |m: &str| format!("engine=\"gguf\",model=\"{m}\",container=\"\"");
+    let (lp, ll) = (label("plain-tok.gguf"), label("locked-tok.gguf"));
+    let calls = format!("moe_observer_step_duration_seconds_count{{{lp},step=\"call\"}}");
+    let m = obs.scrape_until("every call of the plain program", Duration::from_secs(30), |m| {
+        m.get(&calls) == Some(&made) && m.contains_key(&format!("moe_observer_target_rss_bytes{{{ll}}}"))
+    });
+    let err = obs.stderr();
+    assert_eq!(val(&m, &format!("moe_observer_degraded{{{ll},feature=\"tokens\"}}")), 1.0, "{err}");
+    assert_eq!(val(&m, &format!("moe_observer_target_up{{{ll}}}")), 1.0, "the refused one is still observed");
+    assert!(!m.keys().any(|k| k.contains(&ll) && k.contains("step=")), "no step series for it: {m:#?}");
+    assert!(!m.keys().any(|k| k.starts_with("moe_observer_degraded{") && k.contains(&lp)), "{m:#?}");
+    let lk = locked.display().to_string();
+    let pid = kids[1].id();
+    assert!(
+        err.lines().any(|l| l.contains(&format!("pid {pid}: uprobe on `tok_step` in {lk}"))
+            && l.contains("observing it without token boundaries")),
+        "the log names the target and the file:\n{err}"
+    );
+    let (h, b) = get(obs.addr, "/healthz", TEXT);
+    assert!(h.starts_with("HTTP/1.1 200") && b.starts_with("ok\n"), "{h}\n{b}");
+    let said = b
+        .lines()
+        .find(|l| l.starts_with("degraded: gguf locked-tok.gguf: tokens: uprobe on `tok_step`"))
+        .unwrap_or_else(|| panic!("/healthz names the target:\n{b}"));
+    assert!(said.contains(&lk) && said.contains("lock") && said.contains("start the marker"), "what to do: {said}");
+    for mut k in kids {
+        k.kill().unwrap();
+        k.wait().unwrap();
+    }
+    let m = obs.scrape_until("both ends", Duration::from_secs(30), |m| {
+        [&lp, &ll].iter().all(|l| m.get(&format!("moe_observer_target_up{{{l}}}")) == Some(&0.0))
+    });
+    assert!(!m.keys().any(|k| k.starts_with("moe_observer_degraded{")), "its degradation ended with it: {m:#?}");
+    assert!(obs.stop().success());
+}
+
+/// The `--json` summary of one `serve` target lifetime.
+fn json_of(path: &Path) -> Value {
+    serde_json::from_str(&std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{}: {e}", path.display())))
+        .unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+}
+
+/// The procfs fallback is a degradation: `serve --fallback` as `nobody`
+/// (no capabilities, so no eBPF) serves the target from procfs and says
+/// `ebpf` is degraded in `/healthz`, as `degraded{feature="ebpf"}` while it
+/// runs, and in the target's `--json`.
+#[test]
+fn serve_says_the_procfs_fallback_is_degraded_in_healthz_the_metric_and_json() {
+    let _l = machine_lock();
+    // Where `nobody` may create a file.
+    let json = PathBuf::from(format!("/tmp/moe-observer-serve-fallback-{}.json", std::process::id()));
+    let _ = std::fs::remove_file(&json);
+    let (observer, wl) = (shared_copy(OBSERVER), shared_copy(workload()));
+    let mut cmd = Command::new("setpriv");
+    cmd.args(["--reuid=65534", "--regid=65534", "--clear-groups", "--inh-caps=-all", &observer, "serve"])
+        .args(["--metrics-addr", "127.0.0.1:0", "--fallback", "--json"])
+        .arg(&json)
+        .args(["--", &wl, "busy", "--ms", "4000"]);
+    let obs = Observer::spawn(cmd);
+    let feature = "moe_observer_degraded{feature=\"ebpf\"}";
+    let m = obs.scrape_until("the degraded gauge", Duration::from_secs(30), |m| m.contains_key(feature));
+    assert_eq!(val(&m, feature), 1.0);
+    assert_eq!(val(&m, "moe_observer_target_up"), 1.0);
+    let (_, b) = get(obs.addr, "/healthz", TEXT);
+    assert!(b.lines().any(|l| l.starts_with("degraded: ebpf: ")), "/healthz:\n{b}");
+    let m = obs.scrape_until("the target's end", Duration::from_secs(30), |m| {
+        m.get("moe_observer_runs_total") == Some(&1.0) && m.get("moe_observer_target_up") == Some(&0.0)
+    });
+    assert!(!m.contains_key(feature), "the gauge goes with the target");
+    let v = json_of(&json);
+    let _ = std::fs::remove_file(&json);
+    assert_eq!(v["mode"], "procfs");
+    let d: Vec<&str> = v["degraded"].as_array().unwrap().iter().filter_map(Value::as_str).collect();
+    assert!(d.iter().any(|x| x.starts_with("ebpf: ")), "the JSON says what is degraded: {d:?}");
+    assert!(obs.stop().success());
+}
+
+/// A missing probe is a degradation: in a mount namespace of its own, the
+/// observer's tracefs has no `vmscan` events (an empty directory is mounted
+/// over them, as on a kernel without them), so the reclaim tracepoints are not
+/// attached; `serve` says so for each in `/healthz`, as `degraded{feature}`
+/// and `probes_missing` while the target runs, and in the target's `--json`,
+/// and measures the rest.
+#[test]
+fn serve_says_a_missing_tracepoint_is_degraded_in_healthz_the_metric_and_json() {
+    let _l = machine_lock();
+    let dir = scratch_dir("serve-missing-probe");
+    let empty = dir.join("empty");
+    std::fs::create_dir_all(&empty).unwrap();
+    let json = dir.join("missing.json");
+    let _ = std::fs::remove_file(&json);
+    let mut cmd = Command::new("unshare");
+    // unshare(1) makes the new namespace's mounts private: the host's tracefs is untouched.
+    cmd.args(["--mount", "--propagation", "private", "sh", "-c"])
+        .arg("mount --bind \"$1\" /sys/kernel/tracing/events/vmscan && shift && exec \"$@\"")
+        .arg("sh")
+        .arg(&empty)
+        .args([OBSERVER, "serve", "--metrics-addr", "127.0.0.1:0", "--json"])
+        .arg(&json)
+        .args(["--", workload(), "tokens", "--n", "150", "--ms", "30", "--delay-ms", "200"]);
+    let obs = Observer::spawn(cmd);
+    let reclaim = ["mm_vmscan_direct_reclaim_begin", "mm_vmscan_memcg_reclaim_end"];
+    let key = |tp: &str| format!("moe_observer_degraded{{feature=\"vmscan:{tp}\"}}");
+    let m = obs.scrape_until("the degraded gauges", Duration::from_secs(30), |m| {
+        reclaim.iter().all(|tp| m.contains_key(&key(tp))) && m.contains_key("moe_observer_probes_missing")
+    });
+    for tp in reclaim {
+        assert_eq!(val(&m, &key(tp)), 1.0);
+    }
+    assert!(val(&m, "moe_observer_probes_missing") >= 4.0, "the four reclaim tracepoints");
+    let (_, b) = get(obs.addr, "/healthz", TEXT);
+    for tp in reclaim {
+        assert!(
+            b.lines().any(|l| l.starts_with(&format!("degraded: vmscan:{tp}: not on this kernel"))),
+            "/healthz:\n{b}"
+        );
+    }
+    let m = obs.scrape_until("the target's end", Duration::from_secs(30), |m| {
+        m.get("moe_observer_runs_total") == Some(&1.0) && m.get("moe_observer_target_up") == Some(&0.0)
+    });
+    assert_eq!(val(&m, "moe_observer_step_duration_seconds_count{step=\"generate\"}"), 150.0, "the rest works");
+    let v = json_of(&json);
+    let d: Vec<&str> = v["degraded"].as_array().unwrap().iter().filter_map(Value::as_str).collect();
+    for tp in reclaim {
+        assert!(d.iter().any(|x| x.starts_with(&format!("vmscan:{tp}: "))), "{d:?}");
+    }
+    let probes = v["probes"].to_string();
+    assert!(!probes.contains("vmscan") && probes.contains("sched_switch"), "{probes}");
+    // The host's tracefs still has them.
+    assert!(Path::new("/sys/kernel/tracing/events/vmscan/mm_vmscan_direct_reclaim_begin").is_dir());
+    assert!(obs.stop().success());
+}
+
+// ---- labels that change ------------------------------------------------------------
+
+/// A target found before it maps its model (our engine, found by its markers
+/// while it starts) is exported with `model=""`, then relabelled once the
+/// model is mapped: `target_up`, its gauges and every token go under the
+/// model's name, and nothing is left live under `model=""`. The engine is
+/// held twice: stopped (SIGSTOP) before it maps the model, then through its
+/// stderr after it has, before its first token.
+#[test]
+fn serve_discover_fills_in_the_model_label_once_the_model_is_mapped() {
+    let _l = machine_lock();
+    let dir = scratch_dir("relabel");
+    let exe = dir.join("engine-relabel");
+    let tmp = dir.join("engine-relabel.tmp");
+    std::fs::copy(engine_bin(), &tmp).expect("copy the engine");
+    std::fs::rename(&tmp, &exe).unwrap();
+    let model = dir.join("relabel.gguf");
+    std::fs::copy(tiny_model(), dir.join("relabel.gguf.tmp")).unwrap();
+    std::fs::rename(dir.join("relabel.gguf.tmp"), &model).unwrap();
+    let m_arg = model.to_str().unwrap();
+    let before_load = stderr_before_load(&exe, &["run", "-m", m_arg, "-p", "x", "-n", "1"].map(String::from));
+    let n = 200;
+    let args = ["run", "-m", m_arg, "-p", "The quick brown fox", "-n", &n.to_string(), "--ignore-eos", "--json"]
+        .map(String::from);
+    // Stopped right after exec, it has not mapped its model yet (else try again).
+    let mut e = (0..5)
+        .find_map(|_| {
+            let e = HeldEngine::spawn(&exe, &args, before_load);
+            if e.stop_before_load() {
+                return Some(e);
+            }
+            let mut c = e.child;
+            c.kill().unwrap();
+            c.wait().unwrap();
+            None
+        })
+        .expect("the engine mapped its model before SIGSTOP arrived, five times");
+    let obs = Observer::start("serve", &["--discover", "--name", "engine-relabel"]);
+    let (no_model, with_model) = (
+        "engine=\"moe-engine\",model=\"\",container=\"\"",
+        "engine=\"moe-engine\",model=\"relabel.gguf\",container=\"\"",
+    );
+    obs.scrape_until("the target without its model", Duration::from_secs(60), |m| {
+        m.get(&format!("moe_observer_target_up{{{no_model}}}")) == Some(&1.0)
+    });
+    // Let it load the model; it is held again before its first token.
+    e.resume();
+    e.wait_held("relabel.gguf");
+    let m = obs.scrape_until("the relabelled target", Duration::from_secs(30), |m| {
+        m.get(&format!("moe_observer_target_up{{{with_model}}}")) == Some(&1.0)
+            && m.contains_key(&format!("moe_observer_target_rss_bytes{{{with_model}}}"))
+    });
+    assert_eq!(val(&m, &format!("moe_observer_target_up{{{no_model}}}")), 0.0, "moved, not doubled");
+    assert!(!m.contains_key(&format!("moe_observer_target_rss_bytes{{{no_model}}}")), "its gauges moved");
+    e.release();
+    let pid = e.pid();
+    let (out, _, _) = e.finish();
+    let summary: Value =
+        serde_json::from_str(out.lines().rev().find(|l| l.contains("gen_tokens")).expect("engine summary")).unwrap();
+    let m = obs.scrape_until("the target's end", Duration::from_secs(30), |m| {
+        m.get(&format!("moe_observer_target_up{{{with_model}}}")) == Some(&0.0)
+    });
+    let err = obs.stderr();
+    assert!(err.contains(&format!("serve: pid {pid} mapped \"relabel.gguf\"")), "{err}");
+    assert_eq!(
+        val(&m, &format!("moe_observer_tokens_total{{{with_model},step=\"generate\"}}")),
+        u(&summary, "gen_steps") as f64,
+        "every token under the model's name\n{err}"
+    );
+    assert!(!m.keys().any(|k| k.contains(no_model) && k.contains("step=")), "no token under model=\"\": {m:#?}");
+    assert_eq!(val(&m, &format!("moe_observer_runs_total{{{with_model}}}")), 1.0);
+    assert!(obs.stop().success());
+}
+
+// ---- targets coming and going ---------------------------------------------------------
+
+/// `serve --discover` beside two of our engines and one llama.cpp
+/// (`llama-simple` of the cached build), started and stopped at different
+/// times, all three under one program name (copies) so that `--name` keeps
+/// other engines on this machine out. Each is held after loading its model
+/// until it is attached, so no step is missed. Every target's series appear
+/// with its labels (engine, model, container), its step counts are its own
+/// (our engine's summary; llama.cpp's `llama_perf_context_print` counts), and
+/// when it exits its gauges go stale and `target_up` drops, while the others'
+/// stay.
+#[test]
+fn serve_discover_follows_two_engines_and_llama_cpp_as_they_come_and_go() {
+    let _l = machine_lock();
+    let dir = scratch_dir("come-and-go");
+    let copy = |from: &Path, to: PathBuf| {
+        std::fs::create_dir_all(to.parent().unwrap()).unwrap();
+        let tmp = to.with_extension("tmp");
+        std::fs::copy(from, &tmp).unwrap_or_else(|e| panic!("copy {}: {e}", from.display()));
+        std::fs::rename(&tmp, &to).unwrap();
+        to
+    };
+    let ours = copy(&engine_bin(), dir.join("ours/engine-mix"));
+    let llama_bin = llama_build().join("build/bin");
+    let llama = copy(&llama_bin.join("llama-simple"), dir.join("llama/engine-mix"));
+    let names = ["mix-a.gguf", "mix-b.gguf", "mix-l.gguf"];
+    let models = names.map(|n| copy(&tiny_model(), dir.join(n)));
+    let ours_args = |i: usize, n: u32| -> Vec<String> {
+        let m = models[i].to_str().unwrap();
+        ["run", "-m", m, "-p", "The quick brown fox", "-n", &n.to_string(), "--ignore-eos", "--json", "-t", "1"]
+            .map(String::from)
+            .to_vec()
+    };
+    let llama_cmd = || {
+        let mut c = Command::new(&llama);
+        c.env("LD_LIBRARY_PATH", &llama_bin).args(["-m", models[2].to_str().unwrap(), "-n", "64", "hello world"]);
+        c
+    };
+    let before_load = stderr_before_load(&ours, &ours_args(0, 1));
+    // llama-simple's stderr before its context's last reservation line, after the model is
+    // mapped and before the first decode call (the same bytes in every run).
+    let llama_before = stderr_before(&mut llama_cmd(), "reserve took");
+    let label = |i: usize| {
+        let engine = if i == 2 { "llama.cpp" } else { "moe-engine" };
+        format!("engine=\"{engine}\",model=\"{}\",container=\"\"", names[i])
+    };
+    let up = |i: usize| format!("moe_observer_target_up{{{}}}", label(i));
+    let rss = |i: usize| format!("moe_observer_target_rss_bytes{{{}}}", label(i));
+    let obs = Observer::start("serve", &["--discover", "--name", "engine-mix"]);
+    let mut a = HeldEngine::spawn(&ours, &ours_args(0, 300), before_load);
+    a.wait_held(names[0]);
+    wait_attached(&obs, a.pid());
+    let mut b = HeldEngine::spawn(&ours, &ours_args(1, 600), before_load);
+    b.wait_held(names[1]);
+    wait_attached(&obs, b.pid());
+    obs.scrape_until("both engines up", Duration::from_secs(30), |m| {
+        (0..2).all(|i| m.get(&up(i)) == Some(&1.0) && m.contains_key(&rss(i)))
+    });
+
+    // A ends while B runs.
+    a.release();
+    let (out_a, _, _) = a.finish();
+    let m = obs.scrape_until("A's end", Duration::from_secs(30), |m| m.get(&up(0)) == Some(&0.0));
+    assert!(!m.contains_key(&rss(0)), "A's gauges went stale");
+    assert!(m.get(&up(1)) == Some(&1.0) && m.contains_key(&rss(1)), "B's stay: {m:#?}");
+    let check_ours = |m: &BTreeMap<String, f64>, i: usize, out: &str| {
+        let summary: Value =
+            serde_json::from_str(out.lines().rev().find(|l| l.contains("gen_tokens")).expect("engine summary"))
+                .unwrap();
+        let l = label(i);
+        assert_eq!(val(m, &format!("moe_observer_runs_total{{{l}}}")), 1.0);
+        assert_eq!(
+            val(m, &format!("moe_observer_tokens_total{{{l},step=\"prompt\"}}")),
+            u(&summary, "prompt_tokens") as f64
+        );
+        assert_eq!(
+            val(m, &format!("moe_observer_tokens_total{{{l},step=\"generate\"}}")),
+            u(&summary, "gen_steps") as f64
+        );
+    };
+    check_ours(&m, 0, &out_a);
+
+    // llama.cpp comes while B runs.
+    let mut l = HeldEngine::spawn_cmd(&mut llama_cmd(), llama_before);
+    l.wait_held(names[2]);
+    wait_attached(&obs, l.pid());
+    obs.scrape_until("llama.cpp up", Duration::from_secs(30), |m| {
+        m.get(&up(2)) == Some(&1.0) && m.contains_key(&rss(2))
+    });
+
+    // B ends while llama.cpp runs.
+    b.release();
+    let (out_b, _, _) = b.finish();
+    let m = obs.scrape_until("B's end", Duration::from_secs(30), |m| m.get(&up(1)) == Some(&0.0));
+    assert!(!m.contains_key(&rss(1)), "B's gauges went stale");
+    assert!(m.get(&up(2)) == Some(&1.0) && m.contains_key(&rss(2)), "llama.cpp's stay: {m:#?}");
+    check_ours(&m, 1, &out_b);
+
+    // llama.cpp ends.
+    l.release();
+    let said = l.said();
+    l.finish();
+    let (prompt, runs) = perf_counts(&said);
+    let m = obs.scrape_until("llama.cpp's end", Duration::from_secs(30), |m| m.get(&up(2)) == Some(&0.0));
+    let ll = label(2);
+    assert!(!m.contains_key(&rss(2)), "llama.cpp's gauges went stale");
+    assert_eq!(val(&m, &format!("moe_observer_runs_total{{{ll}}}")), 1.0);
+    assert_eq!(
+        val(&m, &format!("moe_observer_tokens_total{{{ll},step=\"prompt\"}}")),
+        prompt as f64,
+        "{}",
+        obs.stderr()
+    );
+    assert_eq!(val(&m, &format!("moe_observer_tokens_total{{{ll},step=\"generate\"}}")), runs as f64);
+    assert_eq!(val(&m, &format!("moe_observer_step_duration_seconds_count{{{ll},step=\"generate\"}}")), runs as f64);
+    // Every series of a target carries all three labels, and no other target's values.
+    for k in m.keys().filter(|k| k.contains("mix-")) {
+        assert!(k.contains("engine=\"") && k.contains("container=\"\""), "{k}");
+        let owners = (0..3).filter(|&i| k.contains(&label(i))).count();
+        assert_eq!(owners, 1, "{k}");
+    }
     assert!(obs.stop().success());
 }

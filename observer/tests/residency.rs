@@ -556,6 +556,7 @@ fn churn_rides_on_the_probes_of_a_run() {
         markers: Markers::None,
         follow_children: false,
         held: false,
+        markers_optional: false,
     })
     .expect("probes");
     let mut sampler = Sampler::new(&path, Some(target.id())).unwrap();

@@ -26,6 +26,7 @@ use anyhow::{Context, Result, bail};
 pub mod damon;
 pub mod help;
 pub mod kswapd;
+pub mod soak;
 pub mod svg;
 
 /// Serialises tests that load probes or measure the machine, across test

@@ -589,6 +589,7 @@ fn the_header_follows_marks_found_after_exec() {
         pid: 4250,
         tokens: "engine profile llama.cpp: llama_decode, llama_process in /opt/llama/libllama.so".into(),
         probes,
+        degraded: Vec::new(),
     }));
     let t = render(&mut app, 200, 20);
     let s = text(t.backend().buffer());

@@ -42,6 +42,7 @@ mod package;
 mod parity;
 mod pressure;
 mod setup;
+mod soak;
 mod test;
 mod ticklock;
 mod vmtest;
@@ -78,6 +79,8 @@ commands:
   fuzz [TARGET]      fuzz every parser of untrusted input with libFuzzer: each target 600 s, or one
                      without end (--time 60s bounds it; --mutate: the stable fuzzer, --replay FILE, --list)
   vmtest [..]        the eBPF and cgroup tests in QEMU guests: Debian 6.1 LTS, 6.12, arm64 (--smoke, --list)
+  soak [--minutes N] `observer serve --discover` while engines come and go (default 10 min): RSS, fds
+                     and series over time, failing if they grow past their bounds after the warm-up
 ";
 
 fn main() {
@@ -103,6 +106,7 @@ fn main() {
         ["experiment", ..] => experiment::main(&args[1..]),
         ["vmtest", ..] => vmtest::main(&args[1..]),
         ["fuzz", ..] => fuzz::main(&args[1..]),
+        ["soak", ..] => soak::main(&args[1..]),
         ["-h" | "--help" | "help"] | [] => {
             print!("{USAGE}");
             Ok(())

@@ -202,6 +202,9 @@ pub struct Summary {
     pub target: TargetInfo,
     pub duration_ns: u64,
     pub probes: Vec<String>,
+    /// What the run could not measure, and why (`RunHeader::degraded`, with
+    /// those found during the run): each `FEATURE: WHY`.
+    pub degraded: Vec<String>,
     /// Fault bracketing totals; `None` when faults were not probed (procfs fallback).
     pub totals: Option<FaultCounts>,
     pub majflt_hist: Option<Histogram>,
@@ -249,6 +252,7 @@ impl Summary {
             target: TargetInfo { pid: header.target_pid, command: header.target_command, exit_code: end.exit_code },
             duration_ns: end.mono_ns.saturating_sub(header.started_mono_ns),
             probes: header.probes,
+            degraded: header.degraded,
             totals: None,
             majflt_hist: None,
             minflt_hist: None,
@@ -737,9 +741,12 @@ mod tests {
             pid: 8,
             tokens: "engine profile llama.cpp: llama_process in /l/libllama.so".into(),
             probes: probes.clone(),
+            degraded: vec!["tokens: refused".into()],
         };
         assert_eq!(summarise(&[Event::Header(header.clone())]).probes, header.probes);
-        assert_eq!(summarise(&[Event::Header(header), Event::Marks(marks)]).probes, probes);
+        let s = summarise(&[Event::Header(header), Event::Marks(marks)]);
+        assert_eq!(s.probes, probes);
+        assert_eq!(s.degraded, ["tokens: refused"], "degradations found later are in the summary");
     }
 
     #[test]

@@ -13,7 +13,7 @@ use aya::{
     programs::{
         KProbe, PerfEvent, Program, ProgramError, TracePoint, UProbe,
         perf_event::{PerfEventConfig, PerfEventScope, SamplePolicy, SoftwareEvent},
-        uprobe::UProbeScope,
+        uprobe::{UProbeLinkId, UProbeScope},
     },
     util::online_cpus,
 };
@@ -51,12 +51,21 @@ pub enum ProbeError {
     Program { program: &'static str, source: Box<ProgramError> },
     #[error("run-time statistics of eBPF program `{program}`: {source}")]
     ProgramInfo { program: String, source: Box<ProgramError> },
-    #[error("uprobe on `{symbol}` in {path}: {source}")]
-    Uprobe { symbol: String, path: String, source: Box<ProgramError> },
+    #[error("uprobe on `{symbol}` in {path}: {source}: {hint}")]
+    Uprobe { symbol: String, path: String, source: Box<ProgramError>, hint: String },
     #[error("eBPF map `{map}`: {source}")]
     Map { map: &'static str, source: Box<MapError> },
     #[error("loading the eBPF object failed: {0}")]
     Load(Box<EbpfError>),
+}
+
+impl ProbeError {
+    /// The token boundaries asked for could not be probed (the kernel refused a
+    /// uprobe, or a marker cannot carry one): the target can still be observed
+    /// without tokens (`AttachOptions::markers_optional`).
+    pub fn is_markers_refused(&self) -> bool {
+        matches!(self, ProbeError::Uprobe { .. } | ProbeError::Markers(_))
+    }
 }
 
 fn is_permission(e: &io::Error) -> bool {
@@ -153,6 +162,10 @@ pub struct AttachOptions {
     /// The target is our child, held before `exec`: its thread is not seeded,
     /// so that the hold is charged to nothing (`seed` module doc).
     pub held: bool,
+    /// A refused token uprobe (`ProbeError::is_markers_refused`) leaves the
+    /// probes without markers (`Probes::markers_refused` says why) instead of
+    /// failing the attach (`observer serve`, which serves what works).
+    pub markers_optional: bool,
 }
 
 /// What marked the tokens, once attached.
@@ -179,6 +192,9 @@ pub struct Probes {
     /// Optional probes that could not be attached, with the reason.
     pub missing: Vec<String>,
     pub markers: Option<MarkerKind>,
+    /// Why the token markers asked for are not attached: the kernel refused
+    /// them (`AttachOptions::markers_optional`); nothing of them is left attached.
+    pub markers_refused: Option<String>,
     config: Config,
 }
 
@@ -444,7 +460,10 @@ impl Probes {
                         "this kernel has no tracepoint {category}:{name} (needs CONFIG_TRACEPOINTS and the {category} events)"
                     )));
                 }
-                missing.push(format!("{category}:{name} (not on this kernel)"));
+                missing.push(format!(
+                    "{category}:{name} (not on this kernel: no {}/events/{category}/{name})",
+                    preflight::TRACEFS
+                ));
                 continue;
             }
             let prog: &mut TracePoint = ebpf
@@ -463,11 +482,15 @@ impl Probes {
             }
         }
         attach_zram_rw_page(&mut ebpf, bd_dev.as_ref(), &mut attached, &mut missing);
-        let markers = attach_markers(&mut ebpf, opts, &mut attached)?;
+        let (markers, markers_refused) = match attach_markers(&mut ebpf, opts, &mut attached) {
+            Ok(m) => (m, None),
+            Err(e) if opts.markers_optional && e.is_markers_refused() => (None, Some(e.to_string())),
+            Err(e) => return Err(e),
+        };
         // Program run time for the observer's own cost (Linux >= 5.8); absent
         // stats are reported as not measured.
         let stats = aya::sys::enable_stats(aya::sys::Stats::RunTime).ok();
-        Ok(Self { ebpf, stats, attached, missing, markers, config })
+        Ok(Self { ebpf, stats, attached, missing, markers, markers_refused, config })
     }
 
     /// The loaded object, for modules that attach their own programs or
@@ -604,6 +627,7 @@ impl Probes {
             markers: Markers::Auto { exe: exe.to_path_buf(), engine, running: true },
             follow_children: self.config.follow_children != 0,
             held: false,
+            markers_optional: false,
         };
         let m = attach_markers(&mut self.ebpf, &opts, &mut self.attached)?;
         self.markers = m.clone();
@@ -639,8 +663,11 @@ fn seed_threads(ebpf: &mut Ebpf, pid: u32) -> Result<(), ProbeError> {
     set(ebpf, "SEQS", 0, states.len() as u64)
 }
 
+/// Attach `program` at `symbol` of `path` for `pid`; the link is pushed on
+/// `links` (so that a later failure can take back what was attached).
 fn uprobe(
     ebpf: &mut Ebpf,
+    links: &mut Vec<(&'static str, UProbeLinkId)>,
     program: &'static str,
     symbol: &str,
     path: &std::path::Path,
@@ -660,18 +687,83 @@ fn uprobe(
         None => UProbeScope::AllProcesses,
     };
     let point = aya::programs::uprobe::UProbeAttachPoint { location: symbol.into(), cookie };
-    prog.attach(point, path, scope).map_err(|source| ProbeError::Uprobe {
+    let id = prog.attach(point, path, scope).map_err(|source| ProbeError::Uprobe {
         symbol: symbol.into(),
         path: path.display().to_string(),
+        hint: uprobe_hint(&source, symbol, path),
         source: Box::new(source),
     })?;
+    links.push((program, id));
     Ok(())
 }
 
+/// The OS error at the root of `e`, if there is one.
+fn os_error(e: &ProgramError) -> Option<i32> {
+    let mut cur: Option<&(dyn std::error::Error + 'static)> = Some(e);
+    while let Some(x) = cur {
+        if let Some(code) = x.downcast_ref::<io::Error>().and_then(io::Error::raw_os_error) {
+            return Some(code);
+        }
+        if let Some(s) = x.downcast_ref::<aya::sys::SyscallError>() {
+            return s.io_error.raw_os_error();
+        }
+        cur = x.source();
+    }
+    None
+}
+
+/// What to do about a uprobe the kernel refused, by its errno.
+fn uprobe_hint(e: &ProgramError, symbol: &str, path: &std::path::Path) -> String {
+    /// The kernel's ENOTSUPP (not ENOTSUP): an instruction uprobes cannot step over.
+    const ENOTSUPP: i32 = 524;
+    let file = path.display();
+    if let Some(why) = elf_symbol_addr(path, symbol).and_then(|a| unprobeable_entry(path, a)) {
+        return format!("`{symbol}`: {why}");
+    }
+    match os_error(e) {
+        Some(libc::EPERM | libc::EACCES) => preflight::permission_hint().to_string(),
+        Some(ENOTSUPP) => format!(
+            "the kernel cannot probe the first instruction of `{symbol}` (see `objdump -d --disassemble={symbol} {file}`): give a function it can probe in --token-symbol"
+        ),
+        Some(libc::EIO) => format!(
+            "the filesystem holding {file} does not support uprobes: run the program from a file on ext4, xfs, btrfs or tmpfs"
+        ),
+        Some(libc::EINVAL) => format!(
+            "the kernel refused the probe point (an offset outside {file}, or not an instruction): check `nm -D {file}` for `{symbol}` and give a function in --token-symbol"
+        ),
+        _ => format!("check that `{symbol}` is a function of {file} and that {file} can be probed"),
+    }
+}
+
+/// Attach the token markers `opts` asks for, all or nothing: when one uprobe
+/// is refused, those already attached are detached again (no half of a
+/// begin/end pair is left to fire) and `attached` is left as it was.
 fn attach_markers(
     ebpf: &mut Ebpf,
     opts: &AttachOptions,
     attached: &mut Vec<String>,
+) -> Result<Option<MarkerKind>, ProbeError> {
+    let mut links = Vec::new();
+    let mut names = Vec::new();
+    let res = attach_each_marker(ebpf, opts, &mut names, &mut links);
+    if res.is_ok() {
+        attached.append(&mut names);
+        return res;
+    }
+    for (program, id) in links {
+        let prog: Option<&mut UProbe> = ebpf.program_mut(program).and_then(|p| p.try_into().ok());
+        if let Some(Err(e)) = prog.map(|p| p.detach(id)) {
+            log::warn!("detaching the uprobe of `{program}` after a refused marker: {e}");
+        }
+    }
+    res
+}
+
+fn attach_each_marker(
+    ebpf: &mut Ebpf,
+    opts: &AttachOptions,
+    attached: &mut Vec<String>,
+    links: &mut Vec<(&'static str, UProbeLinkId)>,
 ) -> Result<Option<MarkerKind>, ProbeError> {
     match &opts.markers {
         Markers::None => Ok(None),
@@ -687,8 +779,8 @@ fn attach_markers(
                 let Some(found) = profile::detect(&engine.profiles(), exe, pid) else { return Ok(None) };
                 for entry in &found.entries {
                     let cookie = Some(entry.n_tokens.cookie());
-                    uprobe(ebpf, "call_begin", entry.symbol, &found.path, opts.target, cookie)?;
-                    uprobe(ebpf, "call_end", entry.symbol, &found.path, opts.target, None)?;
+                    uprobe(ebpf, links, "call_begin", entry.symbol, &found.path, opts.target, cookie)?;
+                    uprobe(ebpf, links, "call_end", entry.symbol, &found.path, opts.target, None)?;
                     attached.push(format!("uprobe+uretprobe:{}:{}", found.path.display(), entry.symbol));
                 }
                 return Ok(Some(MarkerKind::Profile(found)));
@@ -706,14 +798,14 @@ fn attach_markers(
                     engine_abi::SYM_END
                 )));
             }
-            uprobe(ebpf, "mark_begin", engine_abi::SYM_BEGIN, exe, opts.target, None)?;
-            uprobe(ebpf, "mark_end", engine_abi::SYM_END, exe, opts.target, None)?;
+            uprobe(ebpf, links, "mark_begin", engine_abi::SYM_BEGIN, exe, opts.target, None)?;
+            uprobe(ebpf, links, "mark_end", engine_abi::SYM_END, exe, opts.target, None)?;
             attached.push(format!("uprobe:{}:{{{},{}}}", exe.display(), engine_abi::SYM_BEGIN, engine_abi::SYM_END));
             Ok(Some(MarkerKind::Engine { exe: exe.display().to_string() }))
         }
         Markers::Symbol { symbol, path } => {
-            uprobe(ebpf, "call_begin", symbol, path, opts.target, None)?;
-            uprobe(ebpf, "call_end", symbol, path, opts.target, None)?;
+            uprobe(ebpf, links, "call_begin", symbol, path, opts.target, None)?;
+            uprobe(ebpf, links, "call_end", symbol, path, opts.target, None)?;
             attached.push(format!("uprobe+uretprobe:{}:{symbol}", path.display()));
             Ok(Some(MarkerKind::Symbol { symbol: symbol.clone(), path: path.display().to_string() }))
         }

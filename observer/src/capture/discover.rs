@@ -23,14 +23,25 @@
 //!   new label set beyond that is not followed and is counted in
 //!   [`Discovery::dropped`].
 //! - Each process is classified once per lifetime (keyed by PID and start
-//!   time), so a scan costs a `/proc` listing plus the new processes.
+//!   time), so a scan costs a `/proc` listing plus the new processes; but a
+//!   target found before it mapped a `.gguf` file (an engine found by its
+//!   markers or profile while it loads) has its mappings read again at each
+//!   scan until one appears, and from then on carries that `model` label (a
+//!   new label set, within the limit; at the limit it keeps its old one).
+//!   So that a starting engine is not first labelled `model=""` for the few
+//!   milliseconds before it maps its model, a target without a model is only
+//!   reported once it is [`MODEL_GRACE`] old.
 
 use std::{
-    collections::{BTreeSet, HashMap},
+    collections::{BTreeSet, HashMap, hash_map::Entry},
     path::Path,
+    time::Duration,
 };
 
 use super::profile::{self, Profile};
+
+/// How old a target without a model must be to be reported (module spec).
+pub const MODEL_GRACE: Duration = Duration::from_millis(500);
 
 /// The labels of a discovered target.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -82,7 +93,26 @@ impl Discovery {
         self.dropped.retain(|k| alive.contains(k));
         let mut out = Vec::new();
         for (pid, start) in live {
-            let labels = self.seen.entry((pid, start)).or_insert_with(|| classify(pid)).clone();
+            let entry = match self.seen.entry((pid, start)) {
+                Entry::Occupied(e) => e.into_mut(),
+                Entry::Vacant(v) => {
+                    let labels = classify(pid);
+                    if labels.as_ref().is_some_and(|l| l.model.is_empty()) && age(start) < MODEL_GRACE {
+                        continue; // looked at again at the next scan
+                    }
+                    v.insert(labels)
+                }
+            };
+            if let Some(l) = entry.as_mut().filter(|l| l.model.is_empty()) {
+                let model = std::fs::read_to_string(format!("/proc/{pid}/maps")).ok().and_then(|m| gguf_of_maps(&m));
+                if let Some(model) = model {
+                    let new = Labels { model, ..l.clone() };
+                    if self.label_sets.contains(&new) || self.label_sets.len() < self.limit {
+                        *l = new;
+                    }
+                }
+            }
+            let labels = entry.clone();
             let Some(labels) = labels else { continue };
             if !self.label_sets.contains(&labels) {
                 if self.label_sets.len() >= self.limit {
@@ -108,6 +138,14 @@ impl Discovery {
     pub fn dropped(&self) -> usize {
         self.dropped.len()
     }
+}
+
+/// How long ago a process started, from its start time in clock ticks since boot.
+fn age(start_ticks: u64) -> Duration {
+    use procfs::Current;
+    let up = procfs::Uptime::current().map(|u| u.uptime).unwrap_or(f64::MAX);
+    let started = start_ticks as f64 / procfs::ticks_per_second() as f64;
+    Duration::try_from_secs_f64(up - started).unwrap_or(Duration::ZERO)
 }
 
 /// `/proc/PID/stat` field 22, for a live process (not a zombie).

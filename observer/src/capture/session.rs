@@ -378,19 +378,25 @@ impl Session {
         };
         let follow_children = s.opts.follow_children;
         let held = s.target.is_spawned();
-        let probes = match Probes::attach(&AttachOptions { target: pid, markers, follow_children, held }) {
-            Ok(p) => p,
-            Err(e @ (ProbeError::Permission(_) | ProbeError::Load(_))) if s.opts.mode == Mode::EbpfOrProcfs => {
-                s.degraded.push(format!("ebpf: {e}"));
-                s.capture = Capture::Procfs(e.to_string());
-                return Ok(s);
-            }
-            Err(e) => {
-                // A spawned child is still blocked before exec: end it.
-                s.target.signal(libc::SIGKILL);
-                return Err(e.into());
-            }
-        };
+        let markers_optional = s.opts.without_tokens_ok;
+        let probes =
+            match Probes::attach(&AttachOptions { target: pid, markers, follow_children, held, markers_optional }) {
+                Ok(p) => p,
+                Err(e @ (ProbeError::Permission(_) | ProbeError::Load(_))) if s.opts.mode == Mode::EbpfOrProcfs => {
+                    s.degraded.push(format!("ebpf: {e}"));
+                    s.capture = Capture::Procfs(e.to_string());
+                    return Ok(s);
+                }
+                Err(e) => {
+                    // A spawned child is still blocked before exec: end it.
+                    s.target.signal(libc::SIGKILL);
+                    return Err(e.into());
+                }
+            };
+        if let Some(e) = &probes.markers_refused {
+            log::warn!("pid {pid}: {e}: observing it without token boundaries");
+            s.degraded.push(format!("tokens: {e}"));
+        }
         // "NAME (why)": an optional probe this kernel lacks.
         for m in &probes.missing {
             let (name, why) = m.split_once(" (").unwrap_or((m, "not attached)"));
@@ -525,8 +531,8 @@ impl Session {
             // the new programs carry, then let a held one go on.
             for exec_pid in std::mem::take(&mut asm.execs) {
                 let before = probes.markers.is_some();
-                after_exec(&mut probes, exec_pid, self.opts.engine)?;
-                marks_found(before, &probes, exec_pid, sinks)?;
+                let refused = after_exec(&mut probes, exec_pid, self.opts.engine, self.opts.without_tokens_ok)?;
+                marks_found(before, refused, &probes, exec_pid, sinks)?;
                 asm.default_kind = step_kind(probes.markers.as_ref());
                 if stop_on_exec {
                     // The kernel side stopped it at exec; markers are in place now.
@@ -553,9 +559,14 @@ impl Session {
                 }
                 _ = sampler.tick() => {
                     // A library loaded later (dlopen) may bring an engine's entry points.
-                    if probes.markers.is_none() && self.opts.token_symbol.is_none() && !stop_on_exec {
-                        after_exec(&mut probes, pid, self.opts.engine)?;
-                        marks_found(false, &probes, pid, sinks)?;
+                    // Not again once the kernel refused them.
+                    if probes.markers.is_none()
+                        && probes.markers_refused.is_none()
+                        && self.opts.token_symbol.is_none()
+                        && !stop_on_exec
+                    {
+                        let refused = after_exec(&mut probes, pid, self.opts.engine, self.opts.without_tokens_ok)?;
+                        marks_found(false, refused, &probes, pid, sinks)?;
                     }
                     let now = seed::mono_ns();
                     let mut sample = procsample::sample(pid, now);
@@ -891,12 +902,15 @@ fn block_device_name(major: u32, minor: u32) -> Option<String> {
 }
 
 /// The target exec'd (or may have loaded a library): attach the markers of
-/// its program, or an engine profile's entry points, when it has them.
-fn after_exec(probes: &mut Probes, pid: u32, engine: EngineChoice) -> Result<()> {
-    if engine == EngineChoice::Off {
-        return Ok(());
+/// its program, or an engine profile's entry points, when it has them. With
+/// `tokens_optional` (`SessionOptions::without_tokens_ok`), markers whose
+/// uprobes the kernel refuses leave the run without tokens: returns the
+/// `degraded` entry that says so.
+fn after_exec(probes: &mut Probes, pid: u32, engine: EngineChoice, tokens_optional: bool) -> Result<Option<String>> {
+    if engine == EngineChoice::Off || probes.markers_refused.is_some() {
+        return Ok(None);
     }
-    let Ok(exe) = std::fs::read_link(format!("/proc/{pid}/exe")) else { return Ok(()) };
+    let Ok(exe) = std::fs::read_link(format!("/proc/{pid}/exe")) else { return Ok(None) };
     match probes.attach_after_exec(&exe, pid, engine) {
         Ok(Some(MarkerKind::Profile(found))) => log::info!("pid {pid}: engine profile {}", found.describe()),
         Ok(Some(_)) => log::info!("pid {pid} exec'd {}: engine markers attached", exe.display()),
@@ -905,15 +919,29 @@ fn after_exec(probes: &mut Probes, pid: u32, engine: EngineChoice) -> Result<()>
         Err(_) if std::fs::read_link(format!("/proc/{pid}/exe")).is_err() => {
             log::warn!("pid {pid} ended before its token markers were attached: its steps have no records");
         }
+        Err(e) if tokens_optional && e.is_markers_refused() => {
+            let why = e.to_string();
+            log::warn!("pid {pid}: {why}: observing it without token boundaries");
+            probes.markers_refused = Some(why.clone());
+            return Ok(Some(format!("tokens: {why}")));
+        }
         Err(e) => return Err(e.into()),
     }
-    Ok(())
+    Ok(None)
 }
 
 /// Restate the header's `tokens` and `probes` (`Event::Marks`) when markers were found that were
 /// not there `before` (a wrapper's child exec'd an engine, or a library was loaded later).
-fn marks_found(before: bool, probes: &Probes, pid: u32, sinks: &mut [Box<dyn Sink>]) -> Result<()> {
-    if before || probes.markers.is_none() {
+/// `refused`: the markers found were refused by the kernel (`after_exec`): said in the marks'
+/// `degraded`.
+fn marks_found(
+    before: bool,
+    refused: Option<String>,
+    probes: &Probes,
+    pid: u32,
+    sinks: &mut [Box<dyn Sink>],
+) -> Result<()> {
+    if refused.is_none() && (before || probes.markers.is_none()) {
         return Ok(());
     }
     let m = TokenMarks {
@@ -921,6 +949,7 @@ fn marks_found(before: bool, probes: &Probes, pid: u32, sinks: &mut [Box<dyn Sin
         pid,
         tokens: tokens_desc(probes.markers.as_ref(), false),
         probes: probes.attached.clone(),
+        degraded: refused.into_iter().collect(),
     };
     emit(sinks, &Event::Marks(m))
 }

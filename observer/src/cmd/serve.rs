@@ -16,8 +16,10 @@
 //!   labels (engine, model, container: `vocab::TARGET_LABELS`), so the targets
 //!   are exported side by side. `--name` narrows it to processes called NAME;
 //!   `--max-targets` bounds the label sets, and the targets left alone are
-//!   reported in the log and in `/healthz`. `--json` and `--record` name one
-//!   file, so they are refused here.
+//!   reported in the log and in `/healthz`. A target found before it mapped
+//!   its model is relabelled once it has (the `model` label is filled in:
+//!   `MetricsSink::follow_labels`). `--json` and `--record` name one file, so
+//!   they are refused here.
 //! - `--config FILE`: the same flags from a TOML file ([`super::config`]).
 //!
 //! Every `observer run` option applies to each target lifetime (`--json FILE`
@@ -30,12 +32,16 @@
 //! exporter's sink. SIGINT/SIGTERM end the session and this loop alike (one
 //! handler: `Stop`).
 
-use std::{collections::HashSet, sync::Arc, time::Duration};
+use std::{
+    collections::{HashMap, HashSet},
+    sync::Arc,
+    time::Duration,
+};
 
 use anyhow::{Result, bail};
 use observer::{
     capture::{discover::Discovery, session::Stop},
-    sinks::prometheus::{Endpoint, Exporter, target_labels},
+    sinks::prometheus::{Endpoint, Exporter, Labels, target_labels},
 };
 
 use super::run::{RunArgs, observe, observe_session};
@@ -162,29 +168,30 @@ async fn follow_discovered(limit: usize, name: Option<&str>, run: RunArgs, ex: &
 
 /// The outcome of one discovered target's session.
 type Done = ((u32, u64), &'static str, Result<i32>);
+/// The targets observed now, by (pid, start time), with where their sink takes its labels from.
+type Observing = HashMap<(u32, u64), tokio::sync::watch::Sender<Labels>>;
 
 async fn discover_loop(limit: usize, name: Option<&str>, run: RunArgs, ex: &Arc<Exporter>, stop: &Stop) {
     let mut discovery = Discovery::new(limit);
     // Targets observed now, and those that could not be (while they live).
-    let mut observing: HashSet<(u32, u64)> = HashSet::new();
+    let mut observing = Observing::new();
     let mut skip: HashSet<(u32, u64)> = HashSet::new();
     let mut sessions: tokio::task::JoinSet<Done> = tokio::task::JoinSet::new();
     let mut reported_drops = 0;
     log::info!("serve: discovering engines (processes mapping a .gguf file or carrying the token markers)");
-    let ended = |done: Result<Done, tokio::task::JoinError>,
-                 observing: &mut HashSet<(u32, u64)>,
-                 skip: &mut HashSet<(u32, u64)>| {
-        let Ok((key, engine, res)) = done else { return };
-        observing.remove(&key);
-        match res {
-            Ok(_) => log::info!("serve: pid {} ended", key.0),
-            Err(e) => {
-                log::warn!("serve: pid {}: {e:#}; skipping it", key.0);
-                ex.degrade(format!("a {engine} target could not be observed (see the log)"));
-                skip.insert(key);
+    let ended =
+        |done: Result<Done, tokio::task::JoinError>, observing: &mut Observing, skip: &mut HashSet<(u32, u64)>| {
+            let Ok((key, engine, res)) = done else { return };
+            observing.remove(&key);
+            match res {
+                Ok(_) => log::info!("serve: pid {} ended", key.0),
+                Err(e) => {
+                    log::warn!("serve: pid {}: {e:#}; skipping it", key.0);
+                    ex.degrade(format!("a {engine} target could not be observed (see the log)"));
+                    skip.insert(key);
+                }
             }
-        }
-    };
+        };
     while !stop.signalled() {
         let live = discovery.scan();
         if discovery.dropped() > reported_drops {
@@ -194,10 +201,23 @@ async fn discover_loop(limit: usize, name: Option<&str>, run: RunArgs, ex: &Arc<
         skip.retain(|k| live.iter().any(|t| (t.pid, t.start) == *k));
         for t in live {
             let key = (t.pid, t.start);
-            if observing.contains(&key) || skip.contains(&key) || !name.is_none_or(|n| is_called(t.pid, n)) {
+            let l = t.labels;
+            let labels = target_labels(l.engine, &l.model, &l.container);
+            if let Some(tx) = observing.get(&key) {
+                if *tx.borrow() != labels {
+                    log::info!(
+                        "serve: pid {} mapped {:?}: its series are labelled model={:?} from now on",
+                        t.pid,
+                        l.model,
+                        l.model
+                    );
+                    tx.send_replace(labels);
+                }
                 continue;
             }
-            let l = t.labels;
+            if skip.contains(&key) || !name.is_none_or(|n| is_called(t.pid, n)) {
+                continue;
+            }
             log::info!(
                 "serve: discovered pid {} (engine {}, model {:?}, container {:?}): observing it",
                 t.pid,
@@ -207,9 +227,10 @@ async fn discover_loop(limit: usize, name: Option<&str>, run: RunArgs, ex: &Arc<
             );
             let mut args = run.clone();
             args.pid = Some(t.pid);
-            let sink = ex.target_sink(target_labels(l.engine, &l.model, &l.container));
+            let (tx, rx) = tokio::sync::watch::channel(labels.clone());
+            let sink = ex.target_sink(labels).follow_labels(rx);
             let stop = stop.clone();
-            observing.insert(key);
+            observing.insert(key, tx);
             sessions.spawn_local(async move { (key, l.engine, observe(args, vec![Box::new(sink)], &stop).await) });
         }
         tokio::select! {

@@ -294,3 +294,40 @@ pub fn write_model_with(
     w.finish().expect("finish model");
     path.to_owned()
 }
+
+/// The cached llama.cpp build (avx2: the one every machine can run): its
+/// directory, with the binaries and libraries in `build/bin`.
+pub fn llama_build() -> PathBuf {
+    let cache = std::env::var_os("XDG_CACHE_HOME")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(std::env::var_os("HOME").expect("HOME is set")).join(".cache"));
+    let root = cache.join("moe-observer").join("llama.cpp");
+    let builds: Vec<PathBuf> = std::fs::read_dir(&root)
+        .map(|d| {
+            d.flatten().map(|e| e.path().join("avx2")).filter(|p| p.join("build/bin/llama-simple").exists()).collect()
+        })
+        .unwrap_or_default();
+    builds.into_iter().max().unwrap_or_else(|| {
+        panic!(
+            "no llama.cpp build under {}: build it with `cargo xtask parity` (or the whole `cargo xtask test`)",
+            root.display()
+        )
+    })
+}
+
+/// llama.cpp's own counts from `llama_perf_context_print`: the prompt's tokens
+/// ("prompt eval time = … / N tokens") and the single-token decode calls
+/// ("eval time = … / M runs").
+pub fn perf_counts(stderr: &str) -> (u64, u64) {
+    let count = |key: &str, unit: &str| -> u64 {
+        stderr
+            .lines()
+            .find_map(|l| {
+                let rest = l.split_once(key)?.1;
+                let before = rest.split_once(unit)?.0;
+                before.rsplit_once('/')?.1.trim().parse().ok()
+            })
+            .unwrap_or_else(|| panic!("no `{key}` … `{unit}` line from llama_perf_context_print:\n{stderr}"))
+    };
+    (count("prompt eval time =", " tokens"), count(":        eval time =", " runs"))
+}

@@ -94,7 +94,11 @@
 //! bounded by the caller (`serve --max-targets`). Processes that share a
 //! label set (two replicas of one model on the host) add into the same
 //! counters, `target_up` counts them, and a gauge shows the latest sample of
-//! either; its gauges go once the last of them ends.
+//! either; its gauges go once the last of them ends. A target's labels may
+//! change while it runs ([`MetricsSink::follow_labels`]: a model mapped after
+//! it was found): its gauges and `target_up` move to the new label set, which
+//! counts it as a run; its counters go on under the new set, and what they
+//! counted before stays under the old one.
 
 pub mod http;
 pub mod kernel;
@@ -405,6 +409,8 @@ impl Exporter {
         MetricsSink {
             ex: Arc::clone(self),
             target,
+            relabel: None,
+            running: false,
             degraded: Vec::new(),
             layers: Vec::new(),
             run: RunState::default(),
@@ -531,6 +537,10 @@ pub struct MetricsSink {
     ex: Arc<Exporter>,
     /// This target's labels (empty: none).
     target: Labels,
+    /// Where its labels may change during the run ([`MetricsSink::follow_labels`]).
+    relabel: Option<tokio::sync::watch::Receiver<Labels>>,
+    /// Between the run's header and its end.
+    running: bool,
     /// The features its run lacks (`RunHeader::degraded`), for the `degraded` gauge.
     degraded: Vec<String>,
     /// The layers of the `layer_experts_resident_ratio` series set for this target.
@@ -548,6 +558,41 @@ impl std::fmt::Debug for MetricsSink {
 }
 
 impl MetricsSink {
+    /// Take this target's labels from `labels` from now on (`serve --discover`:
+    /// a target found before it mapped its model gets its `model` label once
+    /// it has): see [`MetricsSink::relabel`].
+    pub fn follow_labels(mut self, labels: tokio::sync::watch::Receiver<Labels>) -> MetricsSink {
+        self.relabel = Some(labels);
+        self
+    }
+
+    /// The target's labels became `new` (module doc, "Several targets at
+    /// once"): from the next event on, its series carry `new`. A running
+    /// target moves: its gauges and `degraded` go from the old label set (as
+    /// at its end) to the new one, `target_up` with them, and it counts as a
+    /// run of the new set. What its counters counted before stays under the
+    /// old set (counters never go down).
+    fn relabel(&mut self, new: Labels) {
+        if new == self.target {
+            return;
+        }
+        let features = std::mem::take(&mut self.degraded);
+        if self.running {
+            if self.ex.target_up.get_or_create(&self.target).dec() <= 1 {
+                self.ex.clear_target_gauges(&self.target, &self.layers, &features);
+            }
+            self.ex.target_up.get_or_create(&new).inc();
+            self.ex.runs.get_or_create(&new).inc();
+            for f in &features {
+                self.ex.degraded_features.get_or_create(&feature_labels(&new, f)).set(Some(1.0));
+            }
+            self.degraded = features;
+        }
+        self.target = new;
+        self.layers.clear();
+        self.steps = Default::default();
+    }
+
     fn token(&mut self, t: &TokenRecord) {
         let ex = &self.ex;
         let target = &self.target;
@@ -702,6 +747,21 @@ impl MetricsSink {
         }
     }
 
+    /// The run lacks `entries` (`RunHeader::degraded`): said once in `/healthz` (the session
+    /// logged it), and as a gauge while it runs.
+    fn degrade(&mut self, entries: &[String]) {
+        let who: String =
+            self.target.iter().map(|(_, v)| v.as_str()).filter(|v| !v.is_empty()).collect::<Vec<_>>().join(" ");
+        for d in entries {
+            self.ex.degrade(if who.is_empty() { d.clone() } else { format!("{who}: {d}") });
+            let f = observer_common::model::degraded_feature(d).to_string();
+            self.ex.degraded_features.get_or_create(&feature_labels(&self.target, &f)).set(Some(1.0));
+            if !self.degraded.contains(&f) {
+                self.degraded.push(f);
+            }
+        }
+    }
+
     fn health(&mut self, h: &ObserverHealth) {
         self.run.health_seen = true;
         let (ex, target) = (&self.ex, &self.target);
@@ -719,21 +779,20 @@ impl MetricsSink {
 
 impl Sink for MetricsSink {
     fn event(&mut self, ev: &Event) -> anyhow::Result<()> {
+        if let Some(rx) = self.relabel.as_mut().filter(|rx| rx.has_changed().unwrap_or(false)) {
+            let new = rx.borrow_and_update().clone();
+            self.relabel(new);
+        }
         match ev {
             Event::Header(h) => {
                 self.run = RunState::default();
-                // Said once in /healthz (the session logged it), and as a gauge while it runs.
-                let who: String =
-                    self.target.iter().map(|(_, v)| v.as_str()).filter(|v| !v.is_empty()).collect::<Vec<_>>().join(" ");
-                for d in &h.degraded {
-                    self.ex.degrade(if who.is_empty() { d.clone() } else { format!("{who}: {d}") });
-                    let f = observer_common::model::degraded_feature(d).to_string();
-                    self.ex.degraded_features.get_or_create(&feature_labels(&self.target, &f)).set(Some(1.0));
-                    self.degraded.push(f);
-                }
+                self.running = true;
+                self.degrade(&h.degraded);
                 self.ex.runs.get_or_create(&self.target).inc();
                 self.ex.target_up.get_or_create(&self.target).inc();
             }
+            // Found during the run (markers refused after an exec or a dlopen).
+            Event::Marks(m) => self.degrade(&m.degraded),
             Event::Token(t) => self.token(t),
             Event::Process(p) => self.process(p),
             Event::Histograms(h) => self.histograms(h),
@@ -743,7 +802,6 @@ impl Sink for MetricsSink {
                     self.evicted_by_name(&t.evicted_by_process);
                 }
             }
-            Event::Marks(_) => {}
             Event::End(e) => {
                 // The run's final count; the procfs fallback measures no lost
                 // events (it sends no Health samples and reports 0 here).
@@ -756,6 +814,7 @@ impl Sink for MetricsSink {
                 }
                 self.layers.clear();
                 self.degraded.clear();
+                self.running = false;
             }
         }
         Ok(())

@@ -580,3 +580,43 @@ fn several_targets_at_once_each_with_its_labels() {
     assert_eq!(get(&m, &format!("moe_observer_target_rss_bytes{{{a_l}}}")), 1048576.0, "a's stay");
     assert_eq!(get(&m, &format!("moe_observer_tokens_total{{{b_l},step=\"generate\"}}")), 1.0, "counters stay");
 }
+
+#[test]
+fn a_relabelled_target_moves_its_gauges_and_counts_on_under_the_new_labels() {
+    let ex = Exporter::per_target();
+    let old = target_labels("moe-engine", "", "");
+    let new = target_labels("moe-engine", "m.gguf", "");
+    let (tx, rx) = tokio::sync::watch::channel(old.clone());
+    let mut s = ex.target_sink(old).follow_labels(rx);
+    let rss = |n| Event::Process(ProcessSample { mono_ns: 0, rss_bytes: Some(n), ..Default::default() });
+    let degraded = RunHeader { degraded: vec!["tokens: refused".into()], ..Default::default() };
+    feed(&mut s, &[Event::Header(degraded), rss(1 << 20), Event::Token(token(0, StepKind::Generate, 1000))]);
+    tx.send_replace(new);
+    feed(&mut s, &[rss(2 << 20), Event::Token(token(1, StepKind::Generate, 1000))]);
+    let m = samples(&ex.render(Format::Text).unwrap());
+    let (o, n) = (r#"engine="moe-engine",model="",container="""#, r#"engine="moe-engine",model="m.gguf",container="""#);
+    assert_eq!(get(&m, &format!("moe_observer_target_up{{{o}}}")), 0.0);
+    assert_eq!(get(&m, &format!("moe_observer_target_up{{{n}}}")), 1.0);
+    assert!(!m.contains_key(&format!("moe_observer_target_rss_bytes{{{o}}}")), "the gauge moved");
+    assert_eq!(get(&m, &format!("moe_observer_target_rss_bytes{{{n}}}")), 2097152.0);
+    assert!(!m.contains_key(&format!("moe_observer_degraded{{{o},feature=\"tokens\"}}")));
+    assert_eq!(get(&m, &format!("moe_observer_degraded{{{n},feature=\"tokens\"}}")), 1.0, "the degradation moved");
+    assert_eq!(get(&m, &format!("moe_observer_tokens_total{{{o},step=\"generate\"}}")), 1.0, "counted before");
+    assert_eq!(get(&m, &format!("moe_observer_tokens_total{{{n},step=\"generate\"}}")), 1.0, "counted after");
+    assert_eq!(get(&m, &format!("moe_observer_runs_total{{{n}}}")), 1.0);
+    feed(&mut s, &[Event::End(RunEnd { mono_ns: 0, exit_code: None, lost_events: 0 })]);
+    let m = samples(&ex.render(Format::Text).unwrap());
+    assert_eq!(get(&m, &format!("moe_observer_target_up{{{n}}}")), 0.0);
+    assert!(!m.keys().any(|k| k.starts_with("moe_observer_degraded{")), "{m:#?}");
+}
+
+#[test]
+fn marks_add_the_degradations_found_during_the_run() {
+    let ex = Exporter::new();
+    let mut s = ex.sink();
+    let marks = observer_common::model::TokenMarks { degraded: vec!["tokens: refused".into()], ..Default::default() };
+    feed(&mut s, &[Event::Header(RunHeader::default()), Event::Marks(marks)]);
+    let m = samples(&ex.render(Format::Text).unwrap());
+    assert_eq!(get(&m, "moe_observer_degraded{feature=\"tokens\"}"), 1.0);
+    assert_eq!(ex.health(), "ok\ndegraded: tokens: refused\n");
+}

@@ -113,6 +113,7 @@ pub(crate) fn stream(n: u64) -> Vec<Event> {
                 pid: 43,
                 tokens: "engine profile llama.cpp: llama_process in /l/libllama.so".into(),
                 probes: vec!["fault_entry".into(), "uprobe:/l/libllama.so:llama_process".into()],
+                degraded: Vec::new(),
             }));
         }
         if i % 2 == 1 {
