@@ -666,6 +666,7 @@ mod tests {
             lost_events: 0,
             evicted_by: None,
             refaults: None,
+            explicit_reads: None,
         })
     }
 

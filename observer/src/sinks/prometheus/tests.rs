@@ -54,6 +54,7 @@ fn token(seq: u64, kind: StepKind, wall: u64) -> TokenRecord {
         lost_events: 0,
         evicted_by: None,
         refaults: None,
+        explicit_reads: None,
     }
 }
 
