@@ -361,7 +361,8 @@ fn cache_reads_are_charged_per_region_to_the_experts_the_engine_loaded() {
     let bt = Bpftrace::start(&format!(
         "uprobe:{e}:moe_engine_token_begin {{ @tok[pid] = arg0; @in[pid] = 1; }} \
          uprobe:{e}:moe_engine_token_end {{ @in[pid] = 0; }} \
-         tracepoint:syscalls:sys_exit_pread64 /@in[pid] == 1 && args->ret > 0/ {{ @bytes[pid, @tok[pid]] = sum(args->ret); }}",
+         tracepoint:syscalls:sys_exit_pread64 /@in[pid] == 1 && args->ret > 0/ \
+         {{ @bytes[pid, @tok[pid], strncmp(comm, \"engine-io\", 9) == 0 ? 1 : 0] = sum(args->ret); }}",
         e = engine.display()
     ));
     let out = Command::new(OBSERVER)
@@ -376,14 +377,21 @@ fn cache_reads_are_charged_per_region_to_the_experts_the_engine_loaded() {
     assert!(out.status.success(), "observer run failed: {}", String::from_utf8_lossy(&out.stderr));
     let v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
     let pid = v["target"]["pid"].as_u64().unwrap_or_else(|| panic!("no target pid: {}", v["target"]));
-    // bpftrace: bytes per token index of this engine process.
-    let kernel: std::collections::BTreeMap<u64, u64> = bpftrace_map(&text, "bytes")
-        .into_iter()
-        .filter_map(|(k, b)| {
-            let (p, i) = k.split_once(", ")?;
-            (p.parse::<u64>().ok()? == pid).then(|| Some((i.parse().ok()?, b)))?
-        })
-        .collect();
+    // bpftrace: pread64 bytes per token index of this engine process, of its I/O workers (the
+    // cache's reads of the model) and of its other threads (the telemetry's reads of /proc files:
+    // other descriptors, which must not be charged to the model).
+    let (mut kernel, mut other_fds) = (std::collections::BTreeMap::<u64, u64>::new(), 0u64);
+    for (k, b) in bpftrace_map(&text, "bytes") {
+        let f: Vec<u64> = k.split(", ").map(|x| x.parse().unwrap()).collect();
+        if f[0] != pid {
+            continue;
+        }
+        if f[2] == 1 {
+            kernel.insert(f[1], b);
+        } else {
+            other_fds += b;
+        }
+    }
     // The engine's log: the experts it started reading, per step.
     let mut loaded: std::collections::BTreeMap<u64, std::collections::BTreeSet<(u64, u64)>> = Default::default();
     for l in std::fs::read_to_string(&log).unwrap().lines() {
@@ -409,6 +417,7 @@ fn cache_reads_are_charged_per_region_to_the_experts_the_engine_loaded() {
         let engine_bytes = u(&t["engine"], "read_bytes");
         // The cache reads routed experts only.
         assert_eq!((dense, other), (0, 0), "step {idx}: {x}");
+        // No other thread's preads (other descriptors) are in them: they equal the workers'.
         assert_eq!(experts, engine_bytes, "step {idx}: observer's expert bytes vs the engine's read_bytes: {x}");
         assert_eq!(
             experts,
@@ -436,9 +445,11 @@ fn cache_reads_are_charged_per_region_to_the_experts_the_engine_loaded() {
     }
     eprintln!(
         "{checked} steps checked, {with_reads} with expert reads, {unresolved_tokens} with unresolved reads; \
-         bpftrace steps {}",
+         bpftrace steps {}, other descriptors' pread64 bytes {other_fds}",
         kernel.len()
     );
     assert!(checked >= toks.len() - 3, "{checked} of {} steps checked", toks.len());
     assert!(with_reads >= 10, "a 1 MiB cache of the tiny model misses on most steps: {with_reads}");
+    // The same process read other files with pread64 during the steps, and none of it was charged.
+    assert!(other_fds > 0, "the engine's telemetry preads /proc files during its steps");
 }
