@@ -96,7 +96,7 @@ pub(crate) fn token(seq: u64) -> TokenRecord {
         evicted_by: None,
         refaults: None,
         // Every other record carries explicit reads: they round-trip, and their absence too.
-        explicit_reads: (seq % 2 == 0).then(|| ExplicitReads {
+        explicit_reads: seq.is_multiple_of(2).then(|| ExplicitReads {
             bytes: ReadKinds([4096, 3 << 20, 0]),
             ns: ReadKinds([1_000, 2_500_000, 0]),
             calls: ReadKinds([1, 6, 0]),
