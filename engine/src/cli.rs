@@ -215,6 +215,10 @@ pub struct ExpertArgs {
     /// Read the next layer's likely experts (its router on the current hidden state) ahead.
     #[arg(long)]
     pub prefetch: bool,
+    /// With `--experts cache`: append one line `STEP LAYER EXPERT` to FILE for every expert the
+    /// cache starts reading (STEP: the step's token-marker index), for checks against an observer.
+    #[arg(long, value_name = "FILE")]
+    pub cache_log: Option<std::path::PathBuf>,
     /// With `--experts mmap`: `random` = MADV_RANDOM on the expert pages (no read-ahead of
     /// neighbouring experts), `normal` = the kernel's default.
     #[arg(long, default_value = "normal")]

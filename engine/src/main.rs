@@ -55,6 +55,14 @@ fn setup_experts(model: &mut Model, a: &ExpertArgs, n_ctx: usize) -> Result<Opti
     };
     let cfg = CacheConfig { bytes, io_threads: a.io_threads.max(1), lock: a.cache_lock, prefetch: a.prefetch };
     let cache = ExpertCache::new(model, cfg)?;
+    if let Some(path) = &a.cache_log {
+        let f = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(path)
+            .with_context(|| format!("--cache-log {}", path.display()))?;
+        cache.set_load_log(f);
+    }
     eprintln!(
         "engine: expert cache: {} slots of {:.2} MiB ({:.1} MiB{}), {} I/O threads, prefetch {}, table {} in {}",
         cache.n_slots(),

@@ -571,6 +571,10 @@ pub const REC_THREAD: u32 = 1;
 pub const REC_MARK: u32 = 2;
 /// The target called `exec` (payload: `ExecRecord`).
 pub const REC_EXEC: u32 = 3;
+/// An explicit read charged to a routed expert (payload: `xread::ReadRecord`).
+pub const REC_READ: u32 = 4;
+/// The kernel asks for an fd's verdict (payload: `xread::FdQuery`).
+pub const REC_FD: u32 = 5;
 
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
@@ -629,6 +633,9 @@ pub struct MarkRecord {
     pub churn_refaulted_by: [u64; crate::evict::N_KINDS as usize],
     pub churn_refault_faults: [u64; crate::evict::N_KINDS as usize],
     pub churn_refault_io_ns: [u64; crate::evict::N_KINDS as usize],
+    /// The cumulative explicit reads of the model file (`xread::XREAD_TOTALS`, indices
+    /// `xread::T_*`); 0 while they are not attached.
+    pub xread: [u64; crate::xread::N_TOTALS],
     pub engine: [u8; ENGINE_REC_BYTES],
 }
 

@@ -27,6 +27,7 @@ pub mod model;
 #[cfg(feature = "user")]
 pub mod totals;
 pub mod vocab;
+pub mod xread;
 
 pub use faults::{Config, FaultTimes, GlobalCounter};
 pub use hist::HIST_BUCKETS;

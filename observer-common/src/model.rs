@@ -287,6 +287,71 @@ pub struct TokenRecord {
     /// they cost the observed threads, when eviction blame is measured.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub refaults: Option<Refaults>,
+    /// The step's explicit reads of the model file (`read`/`pread` family) per kind of region and
+    /// per routed expert, when they are measured (rule: `observer_common::xread`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub explicit_reads: Option<ExplicitReads>,
+}
+
+/// Per kind of region of explicit reads, in the order of `vocab::EXPLICIT_READS`; JSON: an object
+/// with every kind, e.g. `{"dense": 0, "experts": 418816, "other": 0}`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(from = "BTreeMap<String, u64>", into = "BTreeMap<String, u64>")]
+pub struct ReadKinds(pub [u64; crate::xread::N_KINDS]);
+
+impl ReadKinds {
+    pub fn total(&self) -> u64 {
+        self.0.iter().sum()
+    }
+    /// `(kind name, value)` of every kind, in vocabulary order.
+    pub fn iter(&self) -> impl Iterator<Item = (&'static str, u64)> + '_ {
+        crate::vocab::EXPLICIT_READS.iter().zip(self.0).map(|(r, v)| (r.name, v))
+    }
+}
+
+impl From<BTreeMap<String, u64>> for ReadKinds {
+    fn from(m: BTreeMap<String, u64>) -> Self {
+        let mut e = ReadKinds::default();
+        for (k, v) in m {
+            let i = crate::vocab::EXPLICIT_READS.iter().position(|r| r.name == k).unwrap_or(crate::xread::K_OTHER);
+            e.0[i] += v;
+        }
+        e
+    }
+}
+
+impl From<ReadKinds> for BTreeMap<String, u64> {
+    fn from(e: ReadKinds) -> Self {
+        e.iter().map(|(k, v)| (k.into(), v)).collect()
+    }
+}
+
+/// A step's explicit reads of the model file (rule: `observer_common::xread`).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct ExplicitReads {
+    /// Bytes the calls returned, per kind of region.
+    pub bytes: ReadKinds,
+    /// Time inside the calls (entry to exit, ns), per kind, summed over threads.
+    pub ns: ReadKinds,
+    /// Calls, per kind.
+    pub calls: ReadKinds,
+    /// Bytes and calls on a descriptor not resolved yet (not charged to any region).
+    pub unresolved_bytes: u64,
+    pub unresolved_calls: u64,
+    /// The routed experts read during the step, by layer then expert (the `experts` bytes but
+    /// `lost_bytes`).
+    pub experts: Vec<ExpertRead>,
+    /// `experts` bytes whose per-expert record the kernel could not send.
+    pub lost_bytes: u64,
+}
+
+/// Explicit read bytes of one routed expert in one step.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ExpertRead {
+    /// The block index (`blk.N`).
+    pub layer: u32,
+    pub expert: u32,
+    pub bytes: u64,
 }
 
 /// Refaults per actor kind (rule: `observer_common::evict`, "Refaults" and "Refault cost"):
@@ -630,6 +695,7 @@ mod tests {
             lost_events: 0,
             evicted_by: None,
             refaults: None,
+            explicit_reads: None,
         };
         t.counters.set(Counter::Minflt, Some(12));
         let j = serde_json::to_string(&Event::Token(t.clone())).unwrap();

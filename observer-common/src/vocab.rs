@@ -63,6 +63,8 @@ pub enum Class {
     Step,
     /// Who evicted model-file pages.
     EvictionActor,
+    /// A kind of region explicit reads of the model file are charged to.
+    ExplicitRead,
     /// Per-entity rows in the JSON and the whole-run table.
     Breakdown,
     /// The observer's own health.
@@ -312,6 +314,22 @@ pub const F_REFAULT_IO: Family = Family {
     labels: STEP_ACTOR,
     planned_labels: &[],
     help: "fault_io time of those faults, by the actor kind of the eviction they undid: what each kind of eviction cost the engine in waits for the disk",
+const STEP_REGION: &[&str] = &["step", "region"];
+pub const F_EXPLICIT_READ: Family = Family {
+    stem: "explicit_read",
+    unit: Some(Unit::Bytes),
+    metric: MetricType::Counter,
+    labels: STEP_REGION,
+    planned_labels: &[],
+    help: "Bytes the steps' read/pread system calls returned from the model file, by the region they read (label region: dense, experts, other), summed over threads",
+};
+pub const F_EXPLICIT_READ_TIME: Family = Family {
+    stem: "explicit_read_time",
+    unit: Some(Unit::Seconds),
+    metric: MetricType::Counter,
+    labels: STEP_REGION,
+    planned_labels: &[],
+    help: "Time inside those system calls (entry to exit), by region, summed over threads (overlapping reads can exceed the wall time)",
 };
 pub const F_CONTEXT_SWITCHES: Family = Family {
     stem: "context_switches",
@@ -503,7 +521,7 @@ impl Family {
 }
 
 /// Every family, in exposition order.
-pub static FAMILIES: [&Family; 36] = [
+pub static FAMILIES: [&Family; 38] = [
     &F_STEP_DURATION,
     &F_TOKENS,
     &F_TIME,
@@ -520,6 +538,8 @@ pub static FAMILIES: [&Family; 36] = [
     &F_REFAULT_FAULTS,
     &F_REFAULT_IO,
     &F_CONTEXT_SWITCHES,
+    &F_EXPLICIT_READ,
+    &F_EXPLICIT_READ_TIME,
     &F_DENSE_RESIDENT,
     &F_DENSE_SWAPPED,
     &F_EXPERTS_RESIDENT,
@@ -822,6 +842,28 @@ pub static EVICTION_ACTORS: [Row; 7] = [
     actor("other", "other", "anything else"),
 ];
 
+const fn explicit(name: &'static str, short: &'static str, help: &'static str) -> Row {
+    row(Class::ExplicitRead, name, name, short, help).prom(&F_EXPLICIT_READ, Some(("region", name)))
+}
+
+/// Kinds of region of explicit reads (rule: `xread`; token JSON `explicit_reads`, label `region`),
+/// in the order of `xread::K_*` (a compile-time check below).
+pub static EXPLICIT_READS: [Row; 3] = [
+    explicit("dense", "rd_dns", "read/pread bytes of dense tensors and shared experts"),
+    explicit("experts", "rd_exp", "read/pread bytes of routed experts (per expert: `explicit_reads.experts`)"),
+    explicit(
+        "other",
+        "rd_oth",
+        "read/pread bytes of the model file outside tensors, or at an offset the call does not give (`read`, `readv`)",
+    ),
+];
+const _: () = {
+    assert!(crate::xread::N_KINDS == EXPLICIT_READS.len());
+    assert!(str_eq(EXPLICIT_READS[crate::xread::K_DENSE].name, "dense"));
+    assert!(str_eq(EXPLICIT_READS[crate::xread::K_EXPERTS].name, "experts"));
+    assert!(str_eq(EXPLICIT_READS[crate::xread::K_OTHER].name, "other"));
+};
+
 /// Per-entity rows (JSON and the whole-run table; never Prometheus labels).
 pub static BREAKDOWNS: [Row; 2] = [
     row(
@@ -852,8 +894,19 @@ pub static HEALTH: [Row; 1] = [row(
 .prom(&F_LOST_EVENTS, None)];
 
 /// The whole table.
-pub static TABLE: [&[Row]; 10] =
-    [&COMPONENTS, &TIMES, &COUNTERS, &HISTOGRAMS, &RESIDENCY, &REGIONS, &STEPS, &EVICTION_ACTORS, &BREAKDOWNS, &HEALTH];
+pub static TABLE: [&[Row]; 11] = [
+    &COMPONENTS,
+    &TIMES,
+    &COUNTERS,
+    &HISTOGRAMS,
+    &RESIDENCY,
+    &REGIONS,
+    &STEPS,
+    &EVICTION_ACTORS,
+    &EXPLICIT_READS,
+    &BREAKDOWNS,
+    &HEALTH,
+];
 
 /// Every row.
 pub fn rows() -> impl Iterator<Item = &'static Row> {

@@ -55,7 +55,7 @@ fn total_add(i: u32, v: u64) {
 /// The interval holding page `page`: the last `i` with `start[i] <= page`. The position lives in
 /// the per-CPU scratch so that both outcomes of each step leave the verifier one state.
 #[inline(always)]
-fn find(s: *mut FilemapScratch, page: u64) {
+pub fn find(s: *mut FilemapScratch, page: u64) {
     // SAFETY: `s` is this CPU's scratch value; programs do not nest on one CPU.
     unsafe { write_volatile(&raw mut (*s).lo, 0) };
     for k in 0..SEARCH_STEPS {

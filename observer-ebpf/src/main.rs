@@ -17,6 +17,7 @@ mod marks;
 mod reclaim;
 mod sched;
 mod syscalls;
+mod xread;
 
 #[cfg(not(test))]
 #[panic_handler]

@@ -45,7 +45,9 @@ use crate::maps::{
 use crate::{
     evict::{EVICT_KIND_PAGES, EVICT_REFAULT_FAULTS, EVICT_REFAULT_IO, EVICT_REFAULTS},
     filemap::FILEMAP_TOTALS,
+    xread::XREAD_TOTALS,
 };
+use observer_common::xread::N_TOTALS as XREAD_N;
 
 /// Copy slot `i` into the ring buffer; false when it could not be sent.
 #[inline(always)]
@@ -215,6 +217,9 @@ fn mark_inner(phase: u32, index: u64, engine_rec: u64) -> u32 {
             (*r).churn_refault_io_ns[i] = EVICT_REFAULT_IO.get(k).map(|v| read_volatile(v)).unwrap_or(0);
         }
         (*r).churn_evicted = FILEMAP_TOTALS.get(T_DEL_PAGES).map(|v| read_volatile(v)).unwrap_or(0);
+        for i in 0..XREAD_N {
+            (*r).xread[i] = XREAD_TOTALS.get(i as u32).map(|v| read_volatile(v)).unwrap_or(0);
+        }
         // Exactly the engine's record (`ENGINE_REC_BYTES` is its size in `moe_abi`): a byte more
         // could lie on an unmapped page and fail the whole copy.
         if engine_rec != 0 && bpf_probe_read_user_buf(engine_rec as *const u8, &mut *addr_of_mut!((*r).engine)).is_ok()

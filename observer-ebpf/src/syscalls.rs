@@ -1,10 +1,14 @@
 //! Syscalls: `raw_syscalls:sys_enter/sys_exit` (Linux >= 2.6.37). I/O syscalls
 //! (a bitmap filled by user space per architecture) make blocked time
-//! `io_wait`; other blocked syscalls are `sleep`.
+//! `io_wait`; other blocked syscalls are `sleep`. Reads of the model file are also charged to
+//! its regions (`xread`).
 
 use aya_ebpf::{helpers::bpf_ktime_get_ns, macros::tracepoint, programs::TracePointContext};
 
-use crate::maps::{IO_SYSCALLS, current_state, offsets, target_tid, update};
+use crate::{
+    maps::{IO_SYSCALLS, current_state, offsets, target_tid, update},
+    xread,
+};
 
 #[inline(always)]
 fn is_io(id: i64) -> bool {
@@ -27,16 +31,18 @@ pub fn sys_enter(ctx: TracePointContext) -> u32 {
     if let Some(s) = current_state(tid, now) {
         update(s, |s| s.syscall_enter(now, io));
     }
+    xread::enter(&ctx, tid, id, now);
     0
 }
 
 #[tracepoint]
-pub fn sys_exit(_ctx: TracePointContext) -> u32 {
+pub fn sys_exit(ctx: TracePointContext) -> u32 {
     let Some(tid) = target_tid() else { return 0 };
     // SAFETY: helper without preconditions.
     let now = unsafe { bpf_ktime_get_ns() };
     if let Some(s) = current_state(tid, now) {
         update(s, |s| s.syscall_exit(now));
     }
+    xread::exit(&ctx, tid, now);
     0
 }

@@ -321,3 +321,51 @@ fn markers_are_found_after_a_wrapper_execs() {
     let (t, w) = single_token(&r);
     assert_within("token wall vs the workload's clock", u(t, "wall_ns"), u(w, "wall_ns"), 0.02);
 }
+
+/// Explicit reads of a file that is not the model are not charged to the model
+/// (`observer_common::xread`): the workload's worker `pread`s 64 MiB of its own file while the
+/// observer watches the model named by `--model`; the worker's reads are real (its own count, and
+/// `io_wait` in the observer), and the model's explicit reads stay zero in every kind.
+#[test]
+fn reads_of_another_file_are_not_charged_to_the_model() {
+    let _l = machine_lock();
+    let file = scratch_dir("pread-peer").join("not-the-model.bin");
+    let model = tiny_model();
+    let r = observe(
+        "xread-other.json",
+        &[
+            "--model",
+            model.to_str().unwrap(),
+            "--",
+            workload(),
+            "pread-peer",
+            "--size",
+            "64M",
+            "--block",
+            "256K",
+            "--path",
+            file.to_str().unwrap(),
+        ],
+    );
+    let toks = tokens(&r);
+    assert_eq!((toks.len(), r.workload.len()), (2, 2), "two marked phases: {toks:?}");
+    let (t, w) = (&toks[0], &r.workload[0]);
+    assert_eq!(w["kind"], "pread-peer");
+    let jobs = u(w, "jobs");
+    assert_eq!(jobs, 256);
+    assert!(ns(thread_named(t, "peer-io"), "io_wait") > 0, "the worker's reads are its io_wait: {t}");
+    let x = &t["explicit_reads"];
+    assert!(x.is_object(), "explicit reads are measured (the model is known): {t}");
+    for k in ["dense", "experts", "other"] {
+        assert_eq!(
+            (u(&x["bytes"], k), u(&x["calls"], k)),
+            (0, 0),
+            "{k}: another file's reads charged to the model: {x}"
+        );
+    }
+    assert_eq!(x["experts"].as_array().map(Vec::len), Some(0), "{x}");
+    // The descriptor is judged once user space answers the kernel's question (at the open); reads
+    // before the answer are unresolved, never charged. Some came after it: the verdict was
+    // "not the model", not a missing one.
+    assert!(u(x, "unresolved_calls") < jobs, "every read was unresolved: {x}");
+}

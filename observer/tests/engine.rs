@@ -344,3 +344,112 @@ fn cache_stalls_are_io_wait_peer_beside_the_engines_stall() {
         "io_wait_peer {peer} + runqueue {rq} + syscall {sys} vs stall {stall}"
     );
 }
+
+/// Explicit reads per region (`observer_common::xread`): the expert cache's `O_DIRECT` `pread64`s
+/// of the model, per token, against three sources on the same run: the engine's own `read_bytes`
+/// (its clock around the same calls), a bpftrace count of the engine's `pread64` returns between
+/// its token markers (the kernel's), and the experts the engine logged as loaded (`--cache-log`).
+#[test]
+fn cache_reads_are_charged_per_region_to_the_experts_the_engine_loaded() {
+    let _l = machine_lock();
+    let model = tiny_model();
+    let dir = scratch_dir("engine");
+    let json = dir.join("xread.json");
+    let log = dir.join("xread-loads.txt");
+    let _ = std::fs::remove_file(&log);
+    let engine = engine_bin();
+    let bt = Bpftrace::start(&format!(
+        "uprobe:{e}:moe_engine_token_begin {{ @tok[pid] = arg0; @in[pid] = 1; }} \
+         uprobe:{e}:moe_engine_token_end {{ @in[pid] = 0; }} \
+         tracepoint:syscalls:sys_exit_pread64 /@in[pid] == 1 && args->ret > 0/ \
+         {{ @bytes[pid, @tok[pid], strncmp(comm, \"engine-io\", 9) == 0 ? 1 : 0] = sum(args->ret); }}",
+        e = engine.display()
+    ));
+    let out = Command::new(OBSERVER)
+        .args(["run", "--every", "0", "--force", "--json", json.to_str().unwrap(), "--"])
+        .arg(&engine)
+        .args(["run", "-m", model.to_str().unwrap(), "-p", "The quick brown fox", "-n", "48"])
+        .args(["--ignore-eos", "-t", "2", "--dense", "anon", "--experts", "cache", "--cache-mib", "1"])
+        .args(["--cache-log", log.to_str().unwrap()])
+        .output()
+        .unwrap();
+    let text = bt.finish();
+    assert!(out.status.success(), "observer run failed: {}", String::from_utf8_lossy(&out.stderr));
+    let v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    let pid = v["target"]["pid"].as_u64().unwrap_or_else(|| panic!("no target pid: {}", v["target"]));
+    // bpftrace: pread64 bytes per token index of this engine process, of its I/O workers (the
+    // cache's reads of the model) and of its other threads (the telemetry's reads of /proc files:
+    // other descriptors, which must not be charged to the model).
+    let (mut kernel, mut other_fds) = (std::collections::BTreeMap::<u64, u64>::new(), 0u64);
+    for (k, b) in bpftrace_map(&text, "bytes") {
+        let f: Vec<u64> = k.split(", ").map(|x| x.parse().unwrap()).collect();
+        if f[0] != pid {
+            continue;
+        }
+        if f[2] == 1 {
+            kernel.insert(f[1], b);
+        } else {
+            other_fds += b;
+        }
+    }
+    // The engine's log: the experts it started reading, per step.
+    let mut loaded: std::collections::BTreeMap<u64, std::collections::BTreeSet<(u64, u64)>> = Default::default();
+    for l in std::fs::read_to_string(&log).unwrap().lines() {
+        let f: Vec<u64> = l.split(' ').map(|x| x.parse().unwrap()).collect();
+        loaded.entry(f[0]).or_default().insert((f[1], f[2]));
+    }
+    let toks: Vec<&serde_json::Value> = v["tokens"].as_array().unwrap().iter().collect();
+    assert!(toks.len() >= 45, "{} token records", toks.len());
+    let (mut checked, mut with_reads, mut unresolved_tokens) = (0, 0, 0);
+    for t in &toks {
+        let x = &t["explicit_reads"];
+        assert!(x.is_object(), "no explicit_reads in {t}");
+        let idx = u(t, "index");
+        let unresolved = u(x, "unresolved_bytes");
+        // A descriptor is resolved by user space after the kernel asks (at its open); reads before
+        // the answer are unresolved, never charged to a region. Only the first steps can have them.
+        if unresolved > 0 {
+            unresolved_tokens += 1;
+            assert!(idx <= 2, "unresolved reads at step {idx}: {x}");
+            continue;
+        }
+        let (dense, experts, other) = (u(&x["bytes"], "dense"), u(&x["bytes"], "experts"), u(&x["bytes"], "other"));
+        let engine_bytes = u(&t["engine"], "read_bytes");
+        // The cache reads routed experts only.
+        assert_eq!((dense, other), (0, 0), "step {idx}: {x}");
+        // No other thread's preads (other descriptors) are in them: they equal the workers'.
+        assert_eq!(experts, engine_bytes, "step {idx}: observer's expert bytes vs the engine's read_bytes: {x}");
+        assert_eq!(
+            experts,
+            kernel.get(&idx).copied().unwrap_or(0),
+            "step {idx}: observer's expert bytes vs bpftrace's pread64 returns"
+        );
+        // Per expert: the records add up to the kind's bytes, and name the experts the engine loaded.
+        let per_expert: Vec<&serde_json::Value> = x["experts"].as_array().unwrap().iter().collect();
+        let sum: u64 = per_expert.iter().map(|e| u(e, "bytes")).sum();
+        let lost = u(x, "lost_bytes");
+        assert_eq!(sum + lost, experts, "step {idx}: Σ per-expert bytes + lost vs experts bytes: {x}");
+        assert_eq!(lost, 0, "step {idx}: per-expert records lost: {x}");
+        let seen: std::collections::BTreeSet<(u64, u64)> =
+            per_expert.iter().map(|e| (u(e, "layer"), u(e, "expert"))).collect();
+        assert_eq!(seen, loaded.get(&idx).cloned().unwrap_or_default(), "step {idx}: experts read vs loaded");
+        // Every expert listed was read.
+        for e in &per_expert {
+            assert!(u(e, "bytes") > 0, "{e}");
+        }
+        // The time inside the calls was measured where there were calls.
+        assert_eq!(u(&x["calls"], "experts") > 0, experts > 0, "{x}");
+        assert_eq!(u(&x["ns"], "experts") > 0, experts > 0, "{x}");
+        checked += 1;
+        with_reads += (experts > 0) as u32;
+    }
+    eprintln!(
+        "{checked} steps checked, {with_reads} with expert reads, {unresolved_tokens} with unresolved reads; \
+         bpftrace steps {}, other descriptors' pread64 bytes {other_fds}",
+        kernel.len()
+    );
+    assert!(checked >= toks.len() - 3, "{checked} of {} steps checked", toks.len());
+    assert!(with_reads >= 10, "a 1 MiB cache of the tiny model misses on most steps: {with_reads}");
+    // The same process read other files with pread64 during the steps, and none of it was charged.
+    assert!(other_fds > 0, "the engine's telemetry preads /proc files during its steps");
+}

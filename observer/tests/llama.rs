@@ -11,7 +11,7 @@ mod common;
 use std::{
     io::{BufRead, BufReader, Read},
     path::{Path, PathBuf},
-    process::{Child, ChildStdout, Command, Stdio},
+    process::{Child, Command, Stdio},
 };
 
 use common::*;
@@ -38,58 +38,6 @@ fn llama() -> Llama {
         .unwrap_or_else(|| panic!("no parity harness in {}: run `cargo xtask parity`", dir.display()));
     let src = dir.parent().expect("<version>/avx2").join("src");
     Llama { bin: dir.join("build/bin"), src, harness }
-}
-
-/// A bpftrace script running beside the test, attached before `start` returns; `finish` stops it
-/// and returns what it printed (its maps).
-struct Bpftrace {
-    child: Child,
-    out: BufReader<ChildStdout>,
-}
-
-impl Bpftrace {
-    fn start(script: &str) -> Bpftrace {
-        let mut child = Command::new("bpftrace")
-            .args(["-e", script])
-            .stdout(Stdio::piped())
-            .spawn()
-            .expect("bpftrace not found: run `cargo xtask setup`");
-        let mut out = BufReader::new(child.stdout.take().expect("piped"));
-        // bpftrace says "Attaching N probes..." once they are in place.
-        let mut line = String::new();
-        loop {
-            line.clear();
-            let n = out.read_line(&mut line).expect("reading bpftrace");
-            assert!(n > 0, "bpftrace ended before attaching: {:?}", child.wait());
-            if line.starts_with("Attaching") {
-                break;
-            }
-        }
-        Bpftrace { child, out }
-    }
-
-    fn finish(mut self) -> String {
-        // SAFETY: kill(2) of our own child.
-        unsafe { libc::kill(self.child.id() as i32, libc::SIGINT) };
-        let mut text = String::new();
-        self.out.read_to_string(&mut text).expect("reading bpftrace");
-        assert!(self.child.wait().expect("bpftrace").success(), "bpftrace failed:\n{text}");
-        text
-    }
-}
-
-/// The entries of bpftrace map `@name[key]: value` in its output.
-fn bpftrace_map(text: &str, name: &str) -> Vec<(String, u64)> {
-    let prefix = format!("@{name}[");
-    let mut m: Vec<(String, u64)> = text
-        .lines()
-        .filter_map(|l| {
-            let (k, v) = l.strip_prefix(&prefix)?.split_once("]: ")?;
-            Some((k.to_string(), v.trim().parse().ok()?))
-        })
-        .collect();
-    m.sort();
-    m
 }
 
 /// bpftrace counting calls of `symbols` in `lib` by processes named `comm`

@@ -759,6 +759,7 @@ fn residency_metric_names_exist() {
         lost_events: 0,
         evicted_by: None,
         refaults: None,
+        explicit_reads: None,
     };
     s.event(&Event::Token(t)).unwrap();
     let text = ex.render(Format::Text).unwrap();

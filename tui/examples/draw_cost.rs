@@ -30,6 +30,7 @@ fn main() {
             lost_events: 0,
             evicted_by: None,
             refaults: None,
+            explicit_reads: None,
         }));
     }
     // Minimum of a few repetitions: the machine is shared.

@@ -761,6 +761,7 @@ mod tests {
             lost_events: 1,
             evicted_by: None,
             refaults: None,
+            explicit_reads: None,
         }
     }
 

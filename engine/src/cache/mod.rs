@@ -220,6 +220,8 @@ pub struct ExpertCache {
     mgmt_ns: AtomicU64,
     prefetched: AtomicU64,
     prefetch_used: AtomicU64,
+    /// `--cache-log`: a line per expert read started (see [`ExpertCache::set_load_log`]).
+    load_log: Mutex<Option<std::fs::File>>,
     pub config: CacheConfig,
     // Drop order: the workers are joined in `drop`, then the table is unpublished, then the
     // memory is unmapped (fields drop in declaration order).
@@ -378,6 +380,7 @@ impl ExpertCache {
             mgmt_ns: AtomicU64::new(0),
             prefetched: AtomicU64::new(0),
             prefetch_used: AtomicU64::new(0),
+            load_log: Mutex::new(None),
             config: cfg,
             workers: Some(workers),
             table,
@@ -505,6 +508,11 @@ impl ExpertCache {
             slot.state.store(STATE_LOADING, Ordering::SeqCst);
         });
         slot.last_use.store(self.step.load(Ordering::Relaxed), Ordering::Relaxed);
+        if let Some(f) = self.load_log.lock().unwrap_or_else(PoisonError::into_inner).as_mut() {
+            use std::io::Write;
+            // Best effort: a full disk loses log lines, never the step.
+            _ = writeln!(f, "{} {il} {e}", self.step.load(Ordering::Relaxed));
+        }
         let parts = self.layers[il].as_ref().expect("a MoE layer");
         for (p, off) in parts.iter().zip(self.part_off) {
             let (start, end) = p.range(e);
@@ -519,6 +527,12 @@ impl ExpertCache {
             });
         }
         Some(s as u32)
+    }
+
+    /// Log every expert read started from now on to `f`: one line `STEP LAYER EXPERT` (STEP: the
+    /// index of [`Self::begin_step`], the token markers' index), written unbuffered at the start.
+    pub fn set_load_log(&self, f: std::fs::File) {
+        *self.load_log.lock().unwrap_or_else(PoisonError::into_inner) = Some(f);
     }
 
     fn submit(&self, g: &mut Inner, prefetch: bool) {

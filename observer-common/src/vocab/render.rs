@@ -70,7 +70,7 @@ pub static METRIC_RENAMES: [(&str, &str); 29] = [
 
 /// The sections of the README rendered from this table, by marker name
 /// (`<!-- vocab:NAME -->` … `<!-- /vocab:NAME -->`).
-pub const README_SECTIONS: [&str; 10] = [
+pub const README_SECTIONS: [&str; 11] = [
     "components",
     "times",
     "counters",
@@ -78,6 +78,7 @@ pub const README_SECTIONS: [&str; 10] = [
     "histograms",
     "steps",
     "eviction_actors",
+    "explicit_reads",
     "breakdowns",
     "prometheus",
     "changes",
@@ -183,6 +184,10 @@ pub fn readme_section(name: &str) -> Option<String> {
         "eviction_actors" => table(
             &["actor (label `actor`)", "short", "who evicted"],
             EVICTION_ACTORS.iter().map(|r| Vec::from([code(r.name), code(r.short), what(r)])),
+        ),
+        "explicit_reads" => table(
+            &["region (label `region`)", "short", "Prometheus", "what it counts"],
+            EXPLICIT_READS.iter().map(|r| Vec::from([code(r.name), code(r.short), prom_cell(r), what(r)])),
         ),
         "breakdowns" => table(
             &["rows", "JSON", "what they are"],

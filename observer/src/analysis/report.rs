@@ -639,6 +639,7 @@ mod tests {
             lost_events: 0,
             evicted_by: None,
             refaults: None,
+            explicit_reads: None,
         })
     }
 

@@ -145,6 +145,7 @@ mod tests {
             churn: None,
             evicted_by: None,
             refaults: None,
+            xread: None,
             n_tokens: None,
         };
         let mut t = build(&s(0, a), &s(1000, b), 0, StepKind::Window);

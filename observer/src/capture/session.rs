@@ -492,6 +492,7 @@ impl Session {
         let mut resid = self.residency_sampler(&mut probes);
         asm.churn = resid.as_ref().is_some_and(|r| r.churn().is_some());
         asm.blame = resid.as_ref().and_then(|r| r.churn()).is_some_and(|c| c.blame.is_ok());
+        asm.xread = resid.as_ref().and_then(|r| r.xread()).map(|x| x.cells.clone());
         let marked_by = tokens_desc(probes.markers.as_ref(), self.opts.window.is_some());
         let model = self.model_file();
         let header = header::build(
@@ -530,6 +531,9 @@ impl Session {
             // Execs read by the last drain (either branch below): attach what
             // the new programs carry, then let a held one go on.
             for exec_pid in std::mem::take(&mut asm.execs) {
+                if let Some(x) = resid.as_mut().and_then(Sampler::xread_mut) {
+                    x.exec(exec_pid);
+                }
                 let before = probes.markers.is_some();
                 let refused = after_exec(&mut probes, exec_pid, self.opts.engine, self.opts.without_tokens_ok)?;
                 marks_found(before, refused, &probes, exec_pid, sinks)?;
@@ -651,6 +655,7 @@ impl Session {
                 evicted_by: None,
                 refaults: None,
                 n_tokens: None,
+                xread: None,
             })
         };
         snap(&mut asm);
@@ -724,6 +729,8 @@ impl Session {
         }
         if let Err(e) = s.enable_churn(probes.ebpf_mut()) {
             log::warn!("page-cache churn not measured: {e}");
+        } else if let Err(e) = s.enable_explicit_reads(probes.ebpf_mut(), self.target.pid()) {
+            log::warn!("explicit reads of the model not measured per region: {e}");
         }
         Some(s)
     }
@@ -812,6 +819,7 @@ fn window_snapshot_at(probes: &Probes, now: u64) -> Result<Snapshot> {
         evicted_by: None,
         refaults: None,
         n_tokens: None,
+        xread: None,
     })
 }
 
@@ -985,6 +993,13 @@ fn drain(
     while let Some(item) = ring.next() {
         if let Some(t) = asm.push(&item) {
             batch.push(t);
+        }
+    }
+    // The descriptors the kernel asked about: its reads on them are charged once they are known.
+    let queries = std::mem::take(&mut asm.fd_queries);
+    if let Some(x) = resid.as_mut().and_then(Sampler::xread_mut) {
+        for (tgid, fd) in queries {
+            x.resolve(tgid, fd);
         }
     }
     if batch.is_empty() { Ok(()) } else { tokens(batch, resid, sinks) }

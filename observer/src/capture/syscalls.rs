@@ -143,6 +143,9 @@ pub(crate) mod tests {
             "renameat" => libc::SYS_renameat,
             "renameat2" => libc::SYS_renameat2,
             "close" => libc::SYS_close,
+            "dup3" => libc::SYS_dup3,
+            #[cfg(target_arch = "x86_64")]
+            "dup2" => libc::SYS_dup2,
             #[cfg(target_arch = "x86_64")]
             "open" => libc::SYS_open,
             #[cfg(target_arch = "x86_64")]

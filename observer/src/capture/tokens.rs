@@ -8,13 +8,26 @@
 //! from its first sighting; its `residual_ns` says what is missing. The
 //! token-level components are the mean over the threads that were on a CPU
 //! during the token; counters are sums over all threads.
+//!
+//! Explicit reads (`observer_common::xread`): a token's per-kind bytes, times and calls are the
+//! difference of the cumulative totals its two marks carry; its per-expert bytes are the sum of
+//! the read records that arrive between its `begin` and `end` mark records.
+
+use std::collections::BTreeMap;
 
 use observer_common::{
     attrib::{
-        ExecRecord, F_EXITED, MarkRecord, N_CNT, N_TIME, PHASE_BEGIN, PHASE_END, REC_EXEC, REC_MARK, REC_THREAD,
-        ThreadRecord, ThreadState,
+        ExecRecord, F_EXITED, MarkRecord, N_CNT, N_TIME, PHASE_BEGIN, PHASE_END, REC_EXEC, REC_FD, REC_MARK, REC_READ,
+        REC_THREAD, ThreadRecord, ThreadState,
     },
-    model::{Component, Components, Counter, Counters, EvictedBy, Refaults, StepKind, ThreadToken, TokenRecord},
+    model::{
+        Component, Components, Counter, Counters, EvictedBy, ExpertRead, ExplicitReads, ReadKinds, Refaults, StepKind,
+        ThreadToken, TokenRecord,
+    },
+    xread::{
+        FdQuery, N_KINDS, N_TOTALS, ReadRecord, T_BYTES, T_CALLS, T_LOST_BYTES, T_NS, T_UNRESOLVED_BYTES,
+        T_UNRESOLVED_CALLS,
+    },
 };
 
 use crate::capture::{comm_str, engine_abi};
@@ -37,6 +50,8 @@ pub struct Snapshot {
     /// The step's token count read from the probed call's arguments (a
     /// `begin` mark of a profile's entry point that knows the layout).
     pub n_tokens: Option<u64>,
+    /// The cumulative explicit-read totals (`xread::T_*`) at this instant, when measured.
+    pub xread: Option<[u64; N_TOTALS]>,
 }
 
 /// Reassembles ring-buffer records into snapshots and pairs them into tokens.
@@ -57,6 +72,13 @@ pub struct Assembler {
     pub churn: bool,
     /// Its evictions are counted per actor kind too (marks carry them).
     pub blame: bool,
+    /// Explicit reads are measured: the routed expert `(layer, expert)` of each churn interval
+    /// (`None`: not an expert), to fold the read records into experts.
+    pub xread: Option<Vec<Option<(u32, u32)>>>,
+    /// Bytes per interval of the read records since the current token's `begin` mark.
+    reads: BTreeMap<u32, u64>,
+    /// `(tgid, fd)` of the descriptors the kernel asked about since this was last cleared.
+    pub fd_queries: Vec<(u32, u32)>,
 }
 
 fn read<T: Copy>(b: &[u8]) -> Option<T> {
@@ -79,6 +101,9 @@ impl Assembler {
             execs: Vec::new(),
             churn: false,
             blame: false,
+            xread: None,
+            reads: BTreeMap::new(),
+            fd_queries: Vec::new(),
         }
     }
 
@@ -126,15 +151,21 @@ impl Assembler {
                         fault_io_ns: EvictedBy(m.churn_refault_io_ns),
                     }),
                     n_tokens: (m.n_tokens_known != 0).then_some(m.n_tokens as u64),
+                    xread: self.xread.is_some().then_some(m.xread),
                 };
                 match m.phase {
                     PHASE_BEGIN => {
                         self.begin = Some(snap);
+                        self.reads.clear();
                         None
                     }
                     PHASE_END => {
+                        let reads = std::mem::take(&mut self.reads);
                         let begin = self.begin.take()?;
-                        let t = build(&begin, &snap, self.next_seq, self.default_kind);
+                        let mut t = build(&begin, &snap, self.next_seq, self.default_kind);
+                        if let (Some(cells), Some(b), Some(e)) = (&self.xread, begin.xread, snap.xread) {
+                            t.explicit_reads = Some(explicit_reads(&b, &e, &reads, cells));
+                        }
                         self.next_seq += 1;
                         Some(t)
                     }
@@ -143,6 +174,21 @@ impl Assembler {
                         None
                     }
                 }
+            }
+            REC_READ => {
+                match read::<ReadRecord>(bytes) {
+                    Some(r) if self.begin.is_some() => *self.reads.entry(r.interval).or_default() += r.bytes,
+                    Some(_) => {} // between tokens
+                    None => self.malformed += 1,
+                }
+                None
+            }
+            REC_FD => {
+                match read::<FdQuery>(bytes) {
+                    Some(q) => self.fd_queries.push((q.tgid, q.fd)),
+                    None => self.malformed += 1,
+                }
+                None
             }
             REC_EXEC => {
                 // After exec the caller is its process's only thread: its TID is the PID.
@@ -171,6 +217,33 @@ impl Assembler {
         let t = build(&begin, &snap, self.next_seq, StepKind::Window);
         self.next_seq += 1;
         Some(t)
+    }
+}
+
+/// A token's explicit reads: the difference of its marks' totals, and its read records folded
+/// into experts (`cells`: interval → `(layer, expert)`).
+fn explicit_reads(
+    b: &[u64; N_TOTALS],
+    e: &[u64; N_TOTALS],
+    reads: &BTreeMap<u32, u64>,
+    cells: &[Option<(u32, u32)>],
+) -> ExplicitReads {
+    let d = |i: usize| e[i].saturating_sub(b[i]);
+    let kinds = |base: usize| ReadKinds(std::array::from_fn::<u64, N_KINDS, _>(|k| d(base + k)));
+    let mut experts: BTreeMap<(u32, u32), u64> = BTreeMap::new();
+    for (&i, &bytes) in reads {
+        if let Some(Some(c)) = cells.get(i as usize) {
+            *experts.entry(*c).or_default() += bytes;
+        }
+    }
+    ExplicitReads {
+        bytes: kinds(T_BYTES),
+        ns: kinds(T_NS),
+        calls: kinds(T_CALLS),
+        unresolved_bytes: d(T_UNRESOLVED_BYTES),
+        unresolved_calls: d(T_UNRESOLVED_CALLS),
+        experts: experts.into_iter().map(|((layer, expert), bytes)| ExpertRead { layer, expert, bytes }).collect(),
+        lost_bytes: d(T_LOST_BYTES),
     }
 }
 
@@ -253,6 +326,7 @@ pub fn build(begin: &Snapshot, end: &Snapshot, seq: u64, default_kind: StepKind)
         lost_events: end.lost,
         evicted_by: begin.evicted_by.zip(end.evicted_by).map(|(b, e)| e.since(&b)),
         refaults: begin.refaults.zip(end.refaults).map(|(b, e)| e.since(&b)),
+        explicit_reads: None,
     }
 }
 
@@ -281,6 +355,7 @@ mod tests {
             evicted_by: None,
             refaults: None,
             n_tokens: None,
+            xread: None,
         }
     }
 

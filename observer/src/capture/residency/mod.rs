@@ -49,6 +49,7 @@ pub mod direct;
 pub mod evict;
 pub mod scan;
 pub mod slots;
+pub mod xread;
 
 use std::{
     path::{Path, PathBuf},
@@ -362,6 +363,7 @@ pub struct Sampler {
     dense: Option<anon::DenseCopy>,
     slots: Option<slots::SlotTable>,
     churn: Option<churn::Churn>,
+    xread: Option<xread::Xread>,
     last_counts: Option<Counts>,
     scan_interval: Duration,
     /// CPU time the last file scan took: with a budget, scans are spaced so
@@ -383,6 +385,7 @@ impl Sampler {
             dense: pid.map(anon::DenseCopy::new),
             slots: pid.map(|p| slots::SlotTable::new(p, &model.map.moe_layers, model.map.n_experts)),
             churn: None,
+            xread: None,
             last_counts: None,
             scan_interval: Duration::ZERO,
             last_scan_cost: Duration::ZERO,
@@ -411,6 +414,24 @@ impl Sampler {
         self.last_counts = Some(c.read());
         self.churn = Some(c);
         Ok(())
+    }
+
+    /// Charge the target's explicit reads of the model to its regions (`xread`), on the churn
+    /// intervals ([`Self::enable_churn`] first); `pid`'s descriptors open now are resolved at once.
+    pub fn enable_explicit_reads(&mut self, ebpf: &mut aya::Ebpf, pid: u32) -> Result<(), ResidencyError> {
+        let c = self.churn.as_ref().ok_or_else(|| ResidencyError::Churn("needs page-cache churn".into()))?;
+        let mut x = xread::Xread::attach(ebpf, &self.path, &self.model.map, &c.intervals, self.model.file.page)?;
+        x.seed(pid);
+        self.xread = Some(x);
+        Ok(())
+    }
+
+    pub fn xread(&self) -> Option<&xread::Xread> {
+        self.xread.as_ref()
+    }
+
+    pub fn xread_mut(&mut self) -> Option<&mut xread::Xread> {
+        self.xread.as_mut()
     }
 
     pub fn churn(&self) -> Option<&churn::Churn> {

@@ -53,6 +53,9 @@
 //! exactly (counters never go down: in the rare case that a named process leaves the bounded
 //! per-process list, evicts more and comes back, those pages are counted under `other` and again
 //! under its name).
+//! - `explicit_read_bytes_total{region}` and `explicit_read_time_seconds_total{region}`: the
+//!   steps' `read`/`pread` calls on the model file by kind of region (`vocab::EXPLICIT_READS`:
+//!   `dense`, `experts`, `other`; never per expert), when measured (`TokenRecord::explicit_reads`).
 //!
 //! Residency, from the latest token record that carries it (gauges):
 //! `dense_resident_ratio`, `dense_swapped_ratio`, `experts_resident_ratio`,
@@ -200,6 +203,9 @@ pub struct Exporter {
     /// Families of the vocabulary's components and counters, by stem.
     times: BTreeMap<&'static str, Times>,
     counts: BTreeMap<&'static str, Steps>,
+    /// Explicit reads of the model by region (`vocab::EXPLICIT_READS`): bytes and time.
+    explicit_read: Steps,
+    explicit_read_time: Times,
     engine_compute: Times,
     engine_steps: Steps,
     engine_steps_compute: Times,
@@ -273,6 +279,10 @@ impl Exporter {
                 counts.insert(f.stem, fam);
             }
         }
+        let explicit_read = Steps::default();
+        register(&mut r, &vocab::F_EXPLICIT_READ, explicit_read.clone());
+        let explicit_read_time = Times::default();
+        register(&mut r, &vocab::F_EXPLICIT_READ_TIME, explicit_read_time.clone());
         let engine_compute = Times::default();
         register(&mut r, &vocab::F_ENGINE_COMPUTE, engine_compute.clone());
         let engine_steps = Steps::default();
@@ -331,6 +341,8 @@ impl Exporter {
             duration,
             times,
             counts,
+            explicit_read,
+            explicit_read_time,
             engine_compute,
             engine_steps,
             engine_steps_compute,
@@ -429,6 +441,7 @@ impl Exporter {
             counters: Default::default(),
             evicted_by: Default::default(),
             refaults: Default::default(),
+            explicit: Default::default(),
             engine: None,
             step,
         }
@@ -506,6 +519,8 @@ struct StepHandles {
     evicted_by: [Option<Counter>; observer_common::model::N_EVICTION_ACTORS],
     /// Refaulted pages, refault faults and their `fault_io` per actor kind.
     refaults: [Option<(Counter, Counter, Seconds)>; observer_common::model::N_EVICTION_ACTORS],
+    /// Explicit read bytes and time per region kind (`vocab::EXPLICIT_READS`).
+    explicit: [Option<(Counter, Seconds)>; observer_common::xread::N_KINDS],
     engine: Option<(Seconds, Counter, Seconds)>,
 }
 
@@ -642,6 +657,17 @@ impl MetricsSink {
                 pages.inc_by(r.pages.0[i]);
                 faults.inc_by(r.faults.0[i]);
                 io.add_ns(r.fault_io_ns.0[i]);
+            }
+        }
+        if let Some(x) = &t.explicit_reads {
+            for (((row, b), ns), handle) in vocab::EXPLICIT_READS.iter().zip(x.bytes.0).zip(x.ns.0).zip(&mut h.explicit)
+            {
+                let (bytes, time) = handle.get_or_insert_with(|| {
+                    let l = Exporter::labels(&h.step, row);
+                    (ex.explicit_read.get_or_create_owned(&l), ex.explicit_read_time.get_or_create_owned(&l))
+                });
+                bytes.inc_by(b);
+                time.add_ns(ns);
             }
         }
         if let (Some(engine), Some(measured)) = (t.engine_compute_ns, t.components.get(Component::Compute)) {

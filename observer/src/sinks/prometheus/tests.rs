@@ -54,6 +54,7 @@ fn token(seq: u64, kind: StepKind, wall: u64) -> TokenRecord {
         lost_events: 0,
         evicted_by: None,
         refaults: None,
+        explicit_reads: None,
     }
 }
 
@@ -260,6 +261,11 @@ fn every_family_of_the_vocabulary_is_exported_under_its_name() {
     let ex = Exporter::new();
     let mut s = ex.sink();
     let mut t = token(0, StepKind::Generate, 1000);
+    t.explicit_reads = Some(observer_common::model::ExplicitReads {
+        bytes: observer_common::model::ReadKinds([1, 2, 3]),
+        ns: observer_common::model::ReadKinds([4, 5, 6]),
+        ..Default::default()
+    });
     for c in C::ALL {
         t.counters.set(c, Some(1));
     }

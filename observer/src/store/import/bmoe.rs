@@ -177,6 +177,7 @@ pub fn parse(path: &Path, text: &str) -> Result<(Vec<Event>, Vec<String>), Impor
             lost_events: 0,
             evicted_by: None,
             refaults: None,
+            explicit_reads: None,
         }));
         seq += 1;
         t = t

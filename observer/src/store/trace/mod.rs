@@ -38,6 +38,10 @@
 //!   (The packing lives inside the JSON rather than in a new `encoding`: older
 //!   readers skip a record whose encoding they do not know, and would lose
 //!   every token instead of only the grids.)
+//! - A token record's `explicit_reads` (explicit reads of the model file per kind of region and
+//!   per routed expert, `observer_common::xread`) is a newer key of the same `token` payload: no
+//!   new version or record kind (by the rule below: readers skip unknown keys, and a record
+//!   without it reads as "not measured").
 //! - Names in payloads are the vocabulary's (`observer_common::vocab`); older
 //!   names it lists as aliases (latency-histogram kinds before the renames)
 //!   read as the current ones.

@@ -9,8 +9,9 @@ use std::{
 };
 
 use observer_common::model::{
-    Component, Components, Counter, Counters, EngineTelemetry, Event, ExpertGrid, LatencyHistograms, ModelInfo,
-    ObserverHealth, ProcessSample, Residency, RunEnd, RunHeader, StepKind, ThreadToken, TokenMarks, TokenRecord,
+    Component, Components, Counter, Counters, EngineTelemetry, Event, ExpertGrid, ExpertRead, ExplicitReads,
+    LatencyHistograms, ModelInfo, ObserverHealth, ProcessSample, ReadKinds, Residency, RunEnd, RunHeader, StepKind,
+    ThreadToken, TokenMarks, TokenRecord,
 };
 
 use super::*;
@@ -99,6 +100,19 @@ pub(crate) fn token(seq: u64) -> TokenRecord {
         lost_events: seq % 2,
         evicted_by: None,
         refaults: None,
+        // Every other record carries explicit reads: they round-trip, and their absence too.
+        explicit_reads: seq.is_multiple_of(2).then(|| ExplicitReads {
+            bytes: ReadKinds([4096, 3 << 20, 0]),
+            ns: ReadKinds([1_000, 2_500_000, 0]),
+            calls: ReadKinds([1, 6, 0]),
+            unresolved_bytes: seq,
+            unresolved_calls: seq.min(1),
+            experts: vec![
+                ExpertRead { layer: 1, expert: 2, bytes: 1 << 20 },
+                ExpertRead { layer: 3, expert: 0, bytes: 2 << 20 },
+            ],
+            lost_bytes: 0,
+        }),
     }
 }
 

@@ -1,0 +1,189 @@
+//! Explicit reads of the model file per region (rule and layout: `observer_common::xread`).
+//!
+//! Driven from the syscall programs (`syscalls`): [`enter`] keeps a read's `fd` and offset,
+//! [`exit`] charges its returned bytes to the churn interval of its middle byte (the same
+//! `FILEMAP_STARTS` search as churn, `EVICT_CLASS` for its kind). Off (`XREAD_CONFIG.enabled`
+//! 0) until user space has the churn intervals in place. Per read: one array lookup at entry
+//! for the role, a hash update and delete, at exit a binary search of 16 steps for a model-file
+//! read; a ring-buffer record only for a read of a routed expert.
+
+use core::ptr::read_volatile;
+
+use aya_ebpf::{
+    helpers::bpf_get_current_pid_tgid,
+    macros::map,
+    maps::{Array, HashMap, PerCpuArray},
+    programs::TracePointContext,
+};
+use observer_common::{
+    attrib::{MAX_SLOTS, REC_FD, REC_READ},
+    filemap::{FilemapScratch, MAX_INTERVALS},
+    xread::{
+        FD_MODEL, FD_PENDING, FdQuery, K_EXPERTS, K_OTHER, MAX_FDS, MAX_SYSCALL, N_TOTALS, R_CLOSE, R_DUP, R_OPEN,
+        R_PREAD, R_READ, ReadOpen, ReadRecord, T_BYTES, T_CALLS, T_LOST_BYTES, T_LOST_EVENTS, T_NS, T_UNRESOLVED_BYTES,
+        T_UNRESOLVED_CALLS, XreadConfig, fd_key, kind_of_class,
+    },
+};
+
+use crate::{
+    evict::EVICT_CLASS,
+    filemap::find,
+    maps::{EVENTS, atomic_add},
+};
+
+/// No reader wakeup per read record (as the marks: user space polls) …
+const BPF_RB_NO_WAKEUP: u64 = 1;
+/// … but a question about an fd wakes it: its answer decides how the next reads are charged.
+const BPF_RB_FORCE_WAKEUP: u64 = 2;
+
+#[map]
+pub static XREAD_CONFIG: Array<XreadConfig> = Array::with_max_entries(1, 0);
+
+/// System call number → role (`R_*`, 0: none).
+#[map]
+pub static XREAD_ROLES: Array<u32> = Array::with_max_entries(MAX_SYSCALL, 0);
+
+/// `fd_key(tgid, fd)` → verdict (`FD_*`), written by user space (and `FD_PENDING` here).
+#[map]
+pub static XREAD_FDS: HashMap<u64, u32> = HashMap::with_max_entries(MAX_FDS, 0);
+
+/// TID → the read or open in progress.
+#[map]
+pub static XREAD_OPEN: HashMap<u32, ReadOpen> = HashMap::with_max_entries(MAX_SLOTS, 0);
+
+/// Per-CPU scratch of the interval search (its own: a churn event may run beside it).
+#[map]
+pub static XREAD_SCRATCH: PerCpuArray<FilemapScratch> = PerCpuArray::with_max_entries(1, 0);
+
+/// Cumulative totals (`xread::T_*`), copied by every mark.
+#[map]
+pub static XREAD_TOTALS: Array<u64> = Array::with_max_entries(N_TOTALS as u32, 0);
+
+#[inline(always)]
+fn total_add(i: usize, v: u64) {
+    if let Some(p) = XREAD_TOTALS.get_ptr_mut(i as u32) {
+        atomic_add(p, v);
+    }
+}
+
+#[inline(always)]
+fn config() -> Option<&'static XreadConfig> {
+    let c = XREAD_CONFIG.get(0)?;
+    if c.enabled == 0 { None } else { Some(c) }
+}
+
+#[inline(always)]
+fn arg(ctx: &TracePointContext, cfg: &XreadConfig, i: usize) -> u64 {
+    // SAFETY: offset of `args[i]` from the tracepoint's format file.
+    unsafe { ctx.read_at::<u64>(cfg.args_off as usize + 8 * i) }.unwrap_or(0)
+}
+
+/// Ask user space for the verdict of `fd` of the current process, once.
+#[inline(always)]
+fn query(tgid: u32, fd: u32) {
+    if XREAD_FDS.insert(&fd_key(tgid, fd), &FD_PENDING, 0).is_err() {
+        return;
+    }
+    if let Some(mut e) = EVENTS.reserve::<FdQuery>(0) {
+        // SAFETY: a reserved record of its type.
+        unsafe { e.as_mut_ptr().write(FdQuery { kind: REC_FD, tgid, fd, _pad: 0 }) };
+        e.submit(BPF_RB_FORCE_WAKEUP);
+    } else {
+        // Nobody will answer: forget it, so that the next read asks again.
+        _ = XREAD_FDS.remove(&fd_key(tgid, fd));
+    }
+}
+
+/// At `sys_enter` of system call `id` by `tid` (an observed thread).
+#[inline(always)]
+pub fn enter(ctx: &TracePointContext, tid: u32, id: i64, now: u64) {
+    if !(0..MAX_SYSCALL as i64).contains(&id) {
+        return;
+    }
+    let Some(cfg) = config() else { return };
+    let role = XREAD_ROLES.get(id as u32).copied().unwrap_or(0);
+    if role == 0 {
+        return;
+    }
+    let tgid = (bpf_get_current_pid_tgid() >> 32) as u32;
+    match role {
+        R_CLOSE => {
+            _ = XREAD_FDS.remove(&fd_key(tgid, arg(ctx, cfg, 0) as u32));
+        }
+        R_DUP => {
+            _ = XREAD_FDS.remove(&fd_key(tgid, arg(ctx, cfg, 1) as u32));
+        }
+        R_PREAD | R_READ | R_OPEN => {
+            let offset = if role == R_PREAD { arg(ctx, cfg, 3) } else { u64::MAX };
+            let open = ReadOpen { fd: arg(ctx, cfg, 0) as u32, role, offset, start: now };
+            _ = XREAD_OPEN.insert(&tid, &open, 0);
+        }
+        _ => {}
+    }
+}
+
+/// At `sys_exit` of an observed thread.
+#[inline(always)]
+pub fn exit(ctx: &TracePointContext, tid: u32, now: u64) {
+    let Some(cfg) = config() else { return };
+    // SAFETY: plain map lookup; the value is copied before the delete.
+    let Some(open) = (unsafe { XREAD_OPEN.get(&tid) }).copied() else { return };
+    _ = XREAD_OPEN.remove(&tid);
+    // SAFETY: offset of `ret` from the tracepoint's format file.
+    let ret: i64 = unsafe { ctx.read_at::<i64>(cfg.ret_off as usize) }.unwrap_or(-1);
+    if ret < 0 {
+        return;
+    }
+    let tgid = (bpf_get_current_pid_tgid() >> 32) as u32;
+    if open.role == R_OPEN {
+        // A new descriptor: any old verdict of its number is stale.
+        _ = XREAD_FDS.remove(&fd_key(tgid, ret as u32));
+        query(tgid, ret as u32);
+        return;
+    }
+    if ret == 0 {
+        return;
+    }
+    let bytes = ret as u64;
+    // SAFETY: plain map lookup.
+    match unsafe { XREAD_FDS.get(&fd_key(tgid, open.fd)) }.copied() {
+        Some(FD_MODEL) => {}
+        Some(FD_PENDING) => {
+            total_add(T_UNRESOLVED_BYTES, bytes);
+            total_add(T_UNRESOLVED_CALLS, 1);
+            return;
+        }
+        Some(_) => return,
+        None => {
+            total_add(T_UNRESOLVED_BYTES, bytes);
+            total_add(T_UNRESOLVED_CALLS, 1);
+            query(tgid, open.fd);
+            return;
+        }
+    }
+    let mut kind = K_OTHER;
+    let mut interval = 0u32;
+    if open.offset != u64::MAX
+        && let Some(s) = XREAD_SCRATCH.get_ptr_mut(0)
+    {
+        let middle = open.offset.saturating_add(bytes / 2);
+        find(s, middle >> (cfg.page_shift & 63));
+        // SAFETY: this CPU's scratch, just written by `find`.
+        interval = unsafe { read_volatile(&raw const (*s).lo) } as u32 & (MAX_INTERVALS - 1);
+        kind = kind_of_class(EVICT_CLASS.get(interval).copied().unwrap_or(u32::MAX));
+    }
+    let kind = kind.min(K_OTHER);
+    total_add(T_BYTES + kind, bytes);
+    total_add(T_NS + kind, now.saturating_sub(open.start));
+    total_add(T_CALLS + kind, 1);
+    if kind == K_EXPERTS {
+        if let Some(mut e) = EVENTS.reserve::<ReadRecord>(0) {
+            // SAFETY: a reserved record of its type.
+            unsafe { e.as_mut_ptr().write(ReadRecord { kind: REC_READ, tid, interval, _pad: 0, bytes }) };
+            e.submit(BPF_RB_NO_WAKEUP);
+        } else {
+            total_add(T_LOST_EVENTS, 1);
+            total_add(T_LOST_BYTES, bytes);
+        }
+    }
+}

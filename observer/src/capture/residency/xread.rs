@@ -1,0 +1,145 @@
+//! Explicit reads of the model file per region: the user side of `observer-ebpf/src/xread.rs`
+//! (rule and layout: `observer_common::xread`).
+//!
+//! It turns the kernel side on once the churn intervals it searches are in place (their classes
+//! in `EVICT_CLASS`), answers the kernel's questions about file descriptors (`(tgid, fd)` →
+//! model file or not, from `stat` of `/proc/PID/fd/N` against the model's device and inode), and
+//! knows which routed expert each interval is, to fold the per-read records into experts.
+
+use std::path::Path;
+
+use aya::{
+    Ebpf,
+    maps::{Array, HashMap, MapData},
+};
+use engine::regions::RegionMap;
+use observer_common::xread::{FD_MODEL, FD_OTHER, MAX_SYSCALL, XreadConfig, fd_key, sys};
+
+use super::{
+    ResidencyError,
+    churn::{Intervals, Owner},
+};
+use crate::capture::tracefs::Format;
+
+/// The kernel side, configured and on.
+pub struct Xread {
+    fds: HashMap<MapData, u64, u32>,
+    /// The model file's `st_dev` and `st_ino`.
+    dev: u64,
+    ino: u64,
+    /// Per churn interval: the routed expert `(layer, expert)` it belongs to.
+    pub cells: Vec<Option<(u32, u32)>>,
+}
+
+impl std::fmt::Debug for Xread {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Xread").field("dev", &self.dev).field("ino", &self.ino).finish_non_exhaustive()
+    }
+}
+
+fn err(what: &'static str) -> impl Fn(aya::maps::MapError) -> ResidencyError {
+    move |e| ResidencyError::Churn(format!("{what}: {e}"))
+}
+
+/// `(st_dev, st_ino)` of what `path` refers to.
+fn identity(path: &Path) -> Option<(u64, u64)> {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::metadata(path).ok().map(|m| (m.dev(), m.ino()))
+}
+
+impl Xread {
+    /// Configure the kernel side for the model at `path` (its churn `intervals` already in
+    /// `FILEMAP_STARTS` and `EVICT_CLASS`, with pages of `page` bytes) and turn it on.
+    pub fn attach(
+        ebpf: &mut Ebpf,
+        path: &Path,
+        map: &RegionMap,
+        intervals: &Intervals,
+        page: u64,
+    ) -> Result<Xread, ResidencyError> {
+        let (dev, ino) =
+            identity(path).ok_or_else(|| ResidencyError::Churn(format!("{}: cannot stat", path.display())))?;
+        let fmt = |name| Format::load("raw_syscalls", name).map_err(|e| ResidencyError::Churn(format!("{e:#}")));
+        let args_off = fmt("sys_enter")?.offset("args").map_err(|e| ResidencyError::Churn(format!("{e:#}")))?;
+        let ret_off = fmt("sys_exit")?.offset("ret").map_err(|e| ResidencyError::Churn(format!("{e:#}")))?;
+        {
+            let m = ebpf.map_mut("XREAD_ROLES").ok_or_else(|| ResidencyError::Churn("no map XREAD_ROLES".into()))?;
+            let mut a: Array<_, u32> = Array::try_from(m).map_err(err("XREAD_ROLES"))?;
+            for &(_, nr, role) in sys::ROLES {
+                debug_assert!(nr < MAX_SYSCALL);
+                a.set(nr, role, 0).map_err(err("XREAD_ROLES"))?;
+            }
+        }
+        let fds = ebpf.take_map("XREAD_FDS").ok_or_else(|| ResidencyError::Churn("no map XREAD_FDS".into()))?;
+        let fds = HashMap::try_from(fds).map_err(err("XREAD_FDS"))?;
+        {
+            let m = ebpf.map_mut("XREAD_CONFIG").ok_or_else(|| ResidencyError::Churn("no map XREAD_CONFIG".into()))?;
+            let mut a: Array<_, XreadConfig> = Array::try_from(m).map_err(err("XREAD_CONFIG"))?;
+            let config = XreadConfig { enabled: 1, page_shift: page.trailing_zeros(), args_off, ret_off };
+            a.set(0, config, 0).map_err(err("XREAD_CONFIG"))?;
+        }
+        let cells = intervals
+            .owners
+            .iter()
+            .map(|o| match *o {
+                Owner::Cell(c) => {
+                    let n = map.n_experts.max(1);
+                    map.moe_layers.get((c / n) as usize).map(|&layer| (layer, c % n))
+                }
+                _ => None,
+            })
+            .collect();
+        Ok(Xread { fds, dev, ino, cells })
+    }
+
+    /// Decide what descriptor `fd` of process `tgid` is, and tell the kernel side. A descriptor
+    /// that is gone (closed, or its process exited) is forgotten: its next read asks again.
+    pub fn resolve(&mut self, tgid: u32, fd: u32) {
+        let key = fd_key(tgid, fd);
+        match identity(Path::new(&format!("/proc/{tgid}/fd/{fd}"))) {
+            Some(id) => {
+                let verdict = if id == (self.dev, self.ino) { FD_MODEL } else { FD_OTHER };
+                if let Err(e) = self.fds.insert(key, verdict, 0) {
+                    log::warn!("explicit reads: cannot record fd {fd} of pid {tgid}: {e}");
+                }
+            }
+            None => {
+                _ = self.fds.remove(&key);
+            }
+        }
+    }
+
+    /// `tgid` called `exec`: the descriptors it closed there (`O_CLOEXEC`) were never `close`d,
+    /// so every verdict of the process is dropped and its open descriptors are resolved again.
+    pub fn exec(&mut self, tgid: u32) {
+        let keys: Vec<u64> = self.fds.keys().filter_map(Result::ok).filter(|k| (k >> 32) as u32 == tgid).collect();
+        for k in keys {
+            _ = self.fds.remove(&k);
+        }
+        self.seed(tgid);
+    }
+
+    /// Resolve the descriptors `tgid` has open now (a process that opened the model before the
+    /// probes were attached).
+    pub fn seed(&mut self, tgid: u32) {
+        let Ok(dir) = std::fs::read_dir(format!("/proc/{tgid}/fd")) else { return };
+        for e in dir.flatten() {
+            if let Some(fd) = e.file_name().to_str().and_then(|s| s.parse::<u32>().ok()) {
+                self.resolve(tgid, fd);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_role_number_is_this_architectures() {
+        assert!(!sys::ROLES.is_empty(), "no table for this architecture");
+        for &(name, nr, _) in sys::ROLES {
+            assert_eq!(crate::capture::syscalls::tests::libc_nr(name), Some(i64::from(nr)), "{name}");
+        }
+    }
+}
