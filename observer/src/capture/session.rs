@@ -636,6 +636,7 @@ impl Session {
                 evicted_by: None,
                 refaults: None,
                 n_tokens: None,
+                tid: None,
             })
         };
         snap(&mut asm);
@@ -797,6 +798,7 @@ fn window_snapshot_at(probes: &Probes, now: u64) -> Result<Snapshot> {
         evicted_by: None,
         refaults: None,
         n_tokens: None,
+        tid: None,
     })
 }
 
