@@ -838,7 +838,8 @@ fn llama_bench_is_found_through_its_impl_library_and_every_decode_call_is_a_reco
     assert_eq!(recs.len() as u64, total, "records vs bpftrace's count {calls:?}");
     assert!(recs.iter().all(|r| u(r, "n_tokens") == 1 && r["kind"] == "generate"), "one token per call");
     let test = run.workload.iter().find(|t| t["n_gen"] == n).unwrap_or_else(|| panic!("{:?}", run.workload));
-    let samples: Vec<u64> = test["samples_ns"].as_array().expect("samples_ns").iter().map(|v| v.as_u64().unwrap()).collect();
+    let samples: Vec<u64> =
+        test["samples_ns"].as_array().expect("samples_ns").iter().map(|v| v.as_u64().unwrap()).collect();
     assert_eq!(samples.len(), reps, "{test}");
     for (i, sample) in samples.iter().enumerate() {
         let rep = &recs[1 + i * n..1 + (i + 1) * n];
@@ -1010,7 +1011,8 @@ fn llama_server_idle_then_serving_charges_no_phantom_compute_and_records_each_de
             .collect()
     };
     let before: Vec<(u32, u64)> = tids(pid).into_iter().map(|t| (t, cpu_ticks_ns(pid, t))).collect();
-    let (idle, ()) = observe_pid(pid, "llama-server-idle.json", || std::thread::sleep(std::time::Duration::from_secs(3)));
+    let (idle, ()) =
+        observe_pid(pid, "llama-server-idle.json", || std::thread::sleep(std::time::Duration::from_secs(3)));
     let threads = idle["threads"].as_array().expect("threads");
     assert!(threads.len() >= 2, "the server's threads: {threads:?}");
     assert!(records(&idle).is_empty(), "no request, no decode call: {:?}", records(&idle));
@@ -1031,7 +1033,8 @@ fn llama_server_idle_then_serving_charges_no_phantom_compute_and_records_each_de
     // Serving.
     let lib = llama.bin.join("libllama.so").canonicalize().unwrap();
     let count = CallCount::start_pid(&lib, &["llama_process", "llama_decode", "llama_encode"], pid);
-    let prompts = ["the quick brown fox jumps over the lazy dog", "once upon a time there was", "hello world, said the"];
+    let prompts =
+        ["the quick brown fox jumps over the lazy dog", "once upon a time there was", "hello world, said the"];
     let n = 16;
     let (s, replies) = observe_pid(pid, "llama-server-serving.json", || {
         prompts.iter().map(|p| server.complete(p, n)).collect::<Vec<Value>>()

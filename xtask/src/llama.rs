@@ -563,7 +563,16 @@ mod tests {
         let on: Vec<&str> = args.iter().filter_map(|a| a.strip_suffix("=ON")?.strip_prefix("-D")).collect();
         assert_eq!(
             on,
-            ["LLAMA_BUILD_EXAMPLES", "LLAMA_BUILD_SERVER", "GGML_SSE42", "GGML_AVX", "GGML_AVX2", "GGML_BMI2", "GGML_FMA", "GGML_F16C"]
+            [
+                "LLAMA_BUILD_EXAMPLES",
+                "LLAMA_BUILD_SERVER",
+                "GGML_SSE42",
+                "GGML_AVX",
+                "GGML_AVX2",
+                "GGML_BMI2",
+                "GGML_FMA",
+                "GGML_F16C"
+            ]
         );
         assert_eq!(args.iter().filter(|a| a.starts_with("-DGGML_") && a.ends_with("=OFF")).count(), 3 + 8);
         // The server without its web UI: nothing is fetched or built with npm.

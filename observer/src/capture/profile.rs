@@ -422,7 +422,9 @@ mod tests {
         cc(&["-o", "prog", "main.c", "-L.", "-la", "-Wl,-rpath,$ORIGIN,-rpath-link,."]);
         let prog = dir.join("prog");
         let needed = needed_libraries(&prog);
-        let pos = |name: &str| needed.iter().position(|p| p == &dir.join(name)).unwrap_or_else(|| panic!("{name}: {needed:?}"));
+        let pos = |name: &str| {
+            needed.iter().position(|p| p == &dir.join(name)).unwrap_or_else(|| panic!("{name}: {needed:?}"))
+        };
         assert!(pos("liba.so") < pos("libb.so"), "breadth first: {needed:?}");
         let found = detect(&[&LLAMA_CPP], &prog, None).expect("the profile, in libb.so");
         assert_eq!(found.path, dir.join("libb.so").canonicalize().unwrap());
