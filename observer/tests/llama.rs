@@ -989,8 +989,8 @@ fn observe_pid<T>(pid: u32, json_name: &str, during: impl FnOnce() -> T) -> (Val
 ///   and `predicted_n − 1` one-token records (its first token comes from the prompt's logits);
 /// - the generation rate, steps over the span from the end of the prompt's call to the end of the
 ///   last call, against the server's own `timings.predicted_per_second` (steps over the span from
-///   after the first token's sampling to after the last one's): within 5 %, the two spans
-///   differing by the first token's sampling against the last one's;
+///   after the first token's sampling to after the last one's): the spans within 5 % plus 2 ms
+///   per request, as they differ by the first token's sampling against the last one's;
 /// - the server's other threads (HTTP, its queue) do not dilute the per-token means: the
 ///   components are the mean over the threads that ran the step (the decode thread and ggml's
 ///   workers), as the thread rows of each record show.
@@ -1035,7 +1035,7 @@ fn llama_server_idle_then_serving_charges_no_phantom_compute_and_records_each_de
     let count = CallCount::start_pid(&lib, &["llama_process", "llama_decode", "llama_encode"], pid);
     let prompts =
         ["the quick brown fox jumps over the lazy dog", "once upon a time there was", "hello world, said the"];
-    let n = 16;
+    let n = 64;
     let (s, replies) = observe_pid(pid, "llama-server-serving.json", || {
         prompts.iter().map(|p| server.complete(p, n)).collect::<Vec<Value>>()
     });
@@ -1082,7 +1082,15 @@ fn llama_server_idle_then_serving_charges_no_phantom_compute_and_records_each_de
     assert!(idle_rows > 0, "the server's idle threads are rows of its steps, outside their means");
     let (ours, theirs) = (steps as f64 / (span_ns as f64 / 1e9), steps as f64 / (server_ns / 1e9));
     let diff = (ours - theirs).abs() / theirs;
-    assert!(diff <= 0.05, "generation: observer {ours:.2} steps/s vs the server's {theirs:.2} ({:.2} %)", diff * 100.0);
+    // The spans differ by what lies at their ends (the first token's sampling against the last
+    // one's, and the bookkeeping after them), a fixed time per request that a preemption there
+    // lengthens: 5 % plus 2 ms per request.
+    let allowed = 0.05 * server_ns + 2e6 * prompts.len() as f64;
+    assert!(
+        (span_ns as f64 - server_ns).abs() <= allowed,
+        "generation: observer {ours:.2} steps/s vs the server's {theirs:.2} ({:.2} %; spans {span_ns} vs {server_ns:.0} ns)",
+        diff * 100.0
+    );
     eprintln!(
         "llama-server: {} requests, {} records = bpftrace {calls:?}; generation {ours:.2} steps/s vs the server's \
          predicted_per_second {theirs:.2} ({:.2} %)",
