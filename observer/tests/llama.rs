@@ -40,16 +40,33 @@ fn llama() -> Llama {
     Llama { bin: dir.join("build/bin"), src, harness }
 }
 
+impl Llama {
+    /// A program of the build, which must have been built.
+    fn program(&self, name: &str) -> PathBuf {
+        let p = self.bin.join(name);
+        assert!(p.is_file(), "{} missing: `cargo xtask parity` builds it (llama::TEST_TARGETS)", p.display());
+        p
+    }
+}
+
 /// bpftrace counting calls of `symbols` in `lib` by processes named `comm`
 /// (the kernel's 15-character comm).
 struct CallCount(Bpftrace);
 
 impl CallCount {
     fn start(lib: &Path, symbols: &[&str], comm: &str) -> CallCount {
-        let probes: Vec<String> = symbols.iter().map(|s| format!("uprobe:{}:{s}", lib.display())).collect();
         let comm: String = comm.chars().take(15).collect();
-        let script =
-            format!("{} /comm == \"{comm}\"/ {{ @calls[probe] = count(); @pids[pid] = count(); }}", probes.join(","));
+        CallCount::start_filtered(lib, symbols, &format!("comm == \"{comm}\""))
+    }
+
+    /// … by process `pid` (any of its threads, whatever their names).
+    fn start_pid(lib: &Path, symbols: &[&str], pid: u32) -> CallCount {
+        CallCount::start_filtered(lib, symbols, &format!("pid == {pid}"))
+    }
+
+    fn start_filtered(lib: &Path, symbols: &[&str], filter: &str) -> CallCount {
+        let probes: Vec<String> = symbols.iter().map(|s| format!("uprobe:{}:{s}", lib.display())).collect();
+        let script = format!("{} /{filter}/ {{ @calls[probe] = count(); @pids[pid] = count(); }}", probes.join(","));
         CallCount(Bpftrace::start(&script))
     }
 
@@ -239,6 +256,14 @@ fn a_shell_wrapper_is_followed_to_llama_simple_unless_told_not_to() {
     }
     assert_eq!(app.header.as_ref().map(|h| h.tokens.as_str()), Some(m.tokens.as_str()), "the TUI's header");
     let threads = run.summary["threads"].as_array().unwrap();
+    // The steps are llama-simple's: their thread rows (and so their means) are its threads only;
+    // sh, waiting for it, carries no step time.
+    let simple_pid = u(row("llama-simple"), "pid");
+    let simple_tids: Vec<u64> = threads.iter().filter(|t| u(t, "pid") == simple_pid).map(|t| u(t, "tid")).collect();
+    for r in records(&run.summary) {
+        let rows: Vec<u64> = r["threads"].as_array().unwrap().iter().map(|t| u(t, "tid")).collect();
+        assert!(!rows.is_empty() && rows.iter().all(|t| simple_tids.contains(t)), "{rows:?} vs {simple_tids:?}");
+    }
     for p in procs {
         let n = threads.iter().filter(|t| t["pid"] == p["pid"]).count() as u64;
         assert_eq!(u(p, "threads"), n, "{p}");
@@ -683,5 +708,311 @@ fn llama_simple_under_a_memory_limit_waits_on_fault_io() {
         cpu / 1e6,
         m("runqueue_ns") / 1e6,
         m("sleep_ns") / 1e6,
+    );
+}
+
+/// llama-bench reaches libllama only through its own `libllama-bench-impl.so` (the program needs
+/// that library, and only the library needs libllama): the profile is found in the libraries its
+/// libraries need, and every decode call is a record, as bpftrace counts them. Its generation
+/// test decodes one token per call: its warmup makes one call, each repetition `n`; each
+/// repetition's own time (`samples_ns`, its clock from before the first call to after the last)
+/// holds the span of its calls and exceeds it by at most 5 % (the work before and after the
+/// calls: a few microseconds, and what preemption adds on a loaded machine).
+#[test]
+fn llama_bench_is_found_through_its_impl_library_and_every_decode_call_is_a_record() {
+    let _l = machine_lock();
+    let llama = llama();
+    let bench = llama.program("llama-bench");
+    let model = tiny_model();
+    let lib = llama.bin.join("libllama.so").canonicalize().unwrap();
+    let count = CallCount::start(&lib, &["llama_process", "llama_decode"], "llama-bench");
+    let (n, reps) = (32usize, 2usize);
+    let run = observe(
+        "llama-bench.json",
+        &[
+            "--",
+            bench.to_str().unwrap(),
+            "-m",
+            model.to_str().unwrap(),
+            "-p",
+            "0",
+            "-n",
+            &n.to_string(),
+            "-r",
+            &reps.to_string(),
+            "-t",
+            "2",
+            "-o",
+            "jsonl",
+        ],
+    );
+    let calls = count.finish();
+    let probes = run.summary["probes"].to_string();
+    assert!(probes.contains("libllama.so") && probes.contains("llama_process"), "{probes}");
+    let total: u64 = calls.iter().map(|(_, n)| n).sum();
+    assert_eq!(total, (1 + reps * n) as u64, "bpftrace: the warmup's call and {reps} × {n}: {calls:?}");
+    let recs = records(&run.summary);
+    assert_eq!(recs.len() as u64, total, "records vs bpftrace's count {calls:?}");
+    assert!(recs.iter().all(|r| u(r, "n_tokens") == 1 && r["kind"] == "generate"), "one token per call");
+    let test = run.workload.iter().find(|t| t["n_gen"] == n).unwrap_or_else(|| panic!("{:?}", run.workload));
+    let samples: Vec<u64> =
+        test["samples_ns"].as_array().expect("samples_ns").iter().map(|v| v.as_u64().unwrap()).collect();
+    assert_eq!(samples.len(), reps, "{test}");
+    for (i, sample) in samples.iter().enumerate() {
+        let rep = &recs[1 + i * n..1 + (i + 1) * n];
+        let span = u(&rep[n - 1], "start_ns") + u(&rep[n - 1], "wall_ns") - u(&rep[0], "start_ns");
+        assert!(span <= *sample, "repetition {i}: its calls span {span} ns, more than its own {sample} ns");
+        assert!(*sample - span <= sample / 20, "repetition {i}: calls span {span} ns of its {sample} ns");
+        eprintln!("llama-bench repetition {i}: {n} records over {span} ns of its own {sample} ns");
+    }
+}
+
+/// A running `llama-server` on a loopback port, killed when dropped.
+struct Server {
+    child: Child,
+    port: u16,
+    log: PathBuf,
+}
+
+impl Server {
+    /// `llama-server` on `model` (2 threads, one slot), once its `/health` answers 200.
+    fn start(llama: &Llama, model: &Path) -> Server {
+        // A free port: bound by the kernel, released, taken by the server a moment later.
+        let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+        let log = scratch_dir("llama-server").join(format!("server-{port}.log"));
+        let out = std::fs::File::create(&log).unwrap();
+        let child = Command::new(llama.program("llama-server"))
+            .args(["-m", model.to_str().unwrap(), "--host", "127.0.0.1", "--port", &port.to_string()])
+            .args(["-t", "2", "-c", "1024", "-np", "1"])
+            .stdout(out.try_clone().unwrap())
+            .stderr(out)
+            .spawn()
+            .expect("llama-server");
+        let mut server = Server { child, port, log };
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(180);
+        loop {
+            if let Some(st) = server.child.try_wait().unwrap() {
+                panic!("llama-server exited ({st}) before it served:\n{}", server.log_text());
+            }
+            if http(port, "GET", "/health", "").is_ok_and(|(code, _)| code == 200) {
+                return server;
+            }
+            assert!(std::time::Instant::now() < deadline, "llama-server never became healthy:\n{}", server.log_text());
+            std::thread::sleep(std::time::Duration::from_millis(100));
+        }
+    }
+
+    fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// `POST /completion` of `prompt`, `n` tokens (greedy, end-of-text ignored, the prompt not
+    /// taken from the cache): the response's JSON.
+    fn complete(&self, prompt: &str, n: usize) -> Value {
+        let body = serde_json::json!({
+            "prompt": prompt, "n_predict": n, "ignore_eos": true, "temperature": 0.0, "cache_prompt": false,
+        });
+        let (code, text) = http(self.port, "POST", "/completion", &body.to_string()).expect("POST /completion");
+        assert_eq!(code, 200, "{text}");
+        serde_json::from_str(&text).unwrap_or_else(|e| panic!("{e}: {text}"))
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// One HTTP/1.1 request over loopback (`Connection: close`): the status code and the body.
+fn http(port: u16, method: &str, path: &str, body: &str) -> std::io::Result<(u16, String)> {
+    use std::io::Write;
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", port))?;
+    s.set_read_timeout(Some(std::time::Duration::from_secs(300)))?;
+    write!(
+        s,
+        "{method} {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nContent-Type: application/json\r\n\
+         Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    )?;
+    let mut resp = Vec::new();
+    s.read_to_end(&mut resp)?;
+    let text = String::from_utf8_lossy(&resp).into_owned();
+    let (head, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
+    let code = head.split_whitespace().nth(1).and_then(|c| c.parse().ok()).unwrap_or(0);
+    if !head.to_ascii_lowercase().contains("transfer-encoding: chunked") {
+        return Ok((code, body.to_string()));
+    }
+    // Chunked: `<hex size>\r\n<data>\r\n`, … , `0\r\n\r\n`.
+    let (mut rest, mut out) = (body, String::new());
+    while let Some((size, after)) = rest.split_once("\r\n") {
+        let n = usize::from_str_radix(size.trim(), 16).unwrap_or(0);
+        if n == 0 || after.len() < n {
+            break;
+        }
+        out.push_str(&after[..n]);
+        rest = after[n..].trim_start_matches("\r\n");
+    }
+    Ok((code, out))
+}
+
+/// A thread's CPU time as `/proc/PID/task/TID/stat` counts it: utime + stime, in ns (0 for a
+/// thread that does not exist, yet or any more).
+fn cpu_ticks_ns(pid: u32, tid: u32) -> u64 {
+    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/task/{tid}/stat")) else { return 0 };
+    let f: Vec<u64> =
+        stat.rsplit_once(')').unwrap().1.split_whitespace().skip(11).take(2).map(|v| v.parse().unwrap()).collect();
+    (f[0] + f[1]) * tick_ns()
+}
+
+/// One clock tick (`_SC_CLK_TCK`) in ns.
+fn tick_ns() -> u64 {
+    // SAFETY: sysconf has no preconditions.
+    1_000_000_000 / unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as u64
+}
+
+/// `observer run --pid PID --json FILE`, stopped with SIGINT once `during` returns (which runs
+/// once the probes are attached): the JSON summary and what `during` returned.
+fn observe_pid<T>(pid: u32, json_name: &str, during: impl FnOnce() -> T) -> (Value, T) {
+    let json = scratch_dir("json").join(json_name);
+    let _ = std::fs::remove_file(&json);
+    let mut obs = Command::new(OBSERVER)
+        .args(["run", "--pid", &pid.to_string(), "--json"])
+        .arg(&json)
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("observer");
+    let mut err = BufReader::new(obs.stderr.take().unwrap());
+    let mut seen = wait_attached(&mut err);
+    let out = during();
+    // SAFETY: kill(2) of our own child.
+    unsafe { libc::kill(obs.id() as i32, libc::SIGINT) };
+    err.read_to_string(&mut seen).unwrap();
+    assert!(obs.wait().unwrap().success(), "observer failed:\n{seen}");
+    let text = std::fs::read_to_string(&json).unwrap_or_else(|e| panic!("no JSON summary ({e}):\n{seen}"));
+    (serde_json::from_str(&text).expect("JSON"), out)
+}
+
+/// `observer run --pid` beside a llama-server that is idle, then serves requests:
+/// - idle for 3 s: no record, and no thread is charged more `compute` than its utime + stime
+///   grew over a span that holds the observation (plus two ticks: the counts are in ticks);
+/// - serving `N` completions: one record per decode call (bpftrace counts the calls of the
+///   server's process); each request is one prompt record of the server's own `prompt_n` tokens
+///   and `predicted_n − 1` one-token records (its first token comes from the prompt's logits);
+/// - the generation rate, steps over the span from the end of the prompt's call to the end of the
+///   last call, against the server's own `timings.predicted_per_second` (steps over the span from
+///   after the first token's sampling to after the last one's): the spans within 5 % plus 2 ms
+///   per request, as they differ by the first token's sampling against the last one's;
+/// - the server's other threads (HTTP, its queue) do not dilute the per-token means: the
+///   components are the mean over the threads that ran the step (the decode thread and ggml's
+///   workers), as the thread rows of each record show.
+#[test]
+fn llama_server_idle_then_serving_charges_no_phantom_compute_and_records_each_decode_call() {
+    let _l = machine_lock();
+    let llama = llama();
+    let model = tiny_model();
+    let server = Server::start(&llama, &model);
+    let pid = server.pid();
+
+    // Idle.
+    let tids = |pid: u32| -> Vec<u32> {
+        std::fs::read_dir(format!("/proc/{pid}/task"))
+            .unwrap()
+            .flatten()
+            .filter_map(|e| e.file_name().to_str()?.parse().ok())
+            .collect()
+    };
+    let before: Vec<(u32, u64)> = tids(pid).into_iter().map(|t| (t, cpu_ticks_ns(pid, t))).collect();
+    let (idle, ()) =
+        observe_pid(pid, "llama-server-idle.json", || std::thread::sleep(std::time::Duration::from_secs(3)));
+    let threads = idle["threads"].as_array().expect("threads");
+    assert!(threads.len() >= 2, "the server's threads: {threads:?}");
+    assert!(records(&idle).is_empty(), "no request, no decode call: {:?}", records(&idle));
+    let mut idle_compute = 0;
+    for t in threads {
+        let tid = u(t, "tid") as u32;
+        let grew = cpu_ticks_ns(pid, tid).saturating_sub(before.iter().find(|b| b.0 == tid).map_or(0, |b| b.1));
+        let compute = u(&t["attribution"], "compute_ns");
+        idle_compute += compute;
+        assert!(
+            compute <= grew + 2 * tick_ns(),
+            "thread {tid} ({}): compute {compute} ns while idle, its utime+stime grew {grew} ns: {t}",
+            t["comm"]
+        );
+    }
+    eprintln!("llama-server idle 3 s: {} threads, Σ compute {idle_compute} ns", threads.len());
+
+    // Serving.
+    let lib = llama.bin.join("libllama.so").canonicalize().unwrap();
+    let count = CallCount::start_pid(&lib, &["llama_process", "llama_decode", "llama_encode"], pid);
+    let prompts =
+        ["the quick brown fox jumps over the lazy dog", "once upon a time there was", "hello world, said the"];
+    let n = 64;
+    let (s, replies) = observe_pid(pid, "llama-server-serving.json", || {
+        prompts.iter().map(|p| server.complete(p, n)).collect::<Vec<Value>>()
+    });
+    let calls = count.finish();
+    let total: u64 = calls.iter().map(|(_, n)| n).sum();
+    let recs = records(&s);
+    assert_eq!(recs.len() as u64, total, "records vs bpftrace's count of the server's calls {calls:?}");
+    let timings: Vec<&Value> = replies.iter().map(|r| &r["timings"]).collect();
+    let mut expected = Vec::new();
+    for t in &timings {
+        expected.push(u(t, "prompt_n"));
+        expected.extend(std::iter::repeat_n(1, u(t, "predicted_n") as usize - 1));
+    }
+    let got: Vec<u64> = recs.iter().map(|r| u(r, "n_tokens")).collect();
+    assert_eq!(got, expected, "n_tokens per record vs the server's prompt_n and predicted_n − 1 per request");
+
+    let (mut steps, mut span_ns, mut server_ns) = (0u64, 0u64, 0f64);
+    let mut at = 0;
+    for t in &timings {
+        let steps_of = u(t, "predicted_n") as usize - 1;
+        let (prompt, last) = (&recs[at], &recs[at + steps_of]);
+        let end = |r: &Value| u(r, "start_ns") + u(r, "wall_ns");
+        steps += steps_of as u64;
+        span_ns += end(last) - end(prompt);
+        server_ns += steps_of as f64 / t["predicted_per_second"].as_f64().expect("predicted_per_second") * 1e9;
+        at += steps_of + 1;
+    }
+    // The means are over the threads that ran the step (rows with time on a CPU); the server's
+    // other threads are rows with none.
+    let on_cpu = |t: &Value| -> u64 {
+        ["compute_ns", "fault_minor_ns", "swapin_zram_ns", "reclaim_ns", "syscall_ns"].iter().map(|k| u(t, k)).sum()
+    };
+    let mut idle_rows = 0;
+    for r in recs {
+        let rows = r["threads"].as_array().unwrap();
+        let ran: Vec<&Value> = rows.iter().filter(|t| on_cpu(t) > 0).collect();
+        assert!(!ran.is_empty(), "a decode call runs on a CPU: {r}");
+        idle_rows += rows.len() - ran.len();
+        for k in ["compute_ns", "sleep_ns", "runqueue_ns"] {
+            let mean = ran.iter().map(|t| u(t, k)).sum::<u64>() / ran.len() as u64;
+            assert_eq!(u(r, k), mean, "{k}: the mean over the {} threads that ran: {r}", ran.len());
+        }
+    }
+    assert!(idle_rows > 0, "the server's idle threads are rows of its steps, outside their means");
+    let (ours, theirs) = (steps as f64 / (span_ns as f64 / 1e9), steps as f64 / (server_ns / 1e9));
+    let diff = (ours - theirs).abs() / theirs;
+    // The spans differ by what lies at their ends (the first token's sampling against the last
+    // one's, and the bookkeeping after them), a fixed time per request that a preemption there
+    // lengthens: 5 % plus 2 ms per request.
+    let allowed = 0.05 * server_ns + 2e6 * prompts.len() as f64;
+    assert!(
+        (span_ns as f64 - server_ns).abs() <= allowed,
+        "generation: observer {ours:.2} steps/s vs the server's {theirs:.2} ({:.2} %; spans {span_ns} vs {server_ns:.0} ns)",
+        diff * 100.0
+    );
+    eprintln!(
+        "llama-server: {} requests, {} records = bpftrace {calls:?}; generation {ours:.2} steps/s vs the server's \
+         predicted_per_second {theirs:.2} ({:.2} %)",
+        prompts.len(),
+        recs.len(),
+        diff * 100.0
     );
 }

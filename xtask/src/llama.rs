@@ -32,9 +32,13 @@
 //! executable's directory: choosing the avx2 one on an AVX-512 CPU would need separate
 //! directories anyway.)
 //!
-//! Only the targets a command uses are built ([`Target`]): the tests build `llama` and
-//! `llama-simple` ([`TEST_TARGETS`]); `llama-bench` (which pulls in llama-common) is built when
-//! `bench engine` first asks for it. A directory `build/` directly under the version directory
+//! Only the targets a command uses are built ([`Target`]): the tests build `llama`,
+//! `llama-simple`, `llama-bench` and `llama-server` ([`TEST_TARGETS`]: the programs
+//! `observer/tests/llama.rs` observes); `bench engine` builds `llama-bench`. Every build is
+//! configured with the server's targets (`LLAMA_BUILD_SERVER`, without its web UI, which would be
+//! fetched from Hugging Face or built with npm), so asking for `llama-server` never reconfigures
+//! a build; a cache entry configured without them (an older xtask) is reconfigured once, which
+//! recompiles nothing, and a missing program is built on the next `ensure`. A directory `build/` directly under the version directory
 //! is the old unkeyed `GGML_NATIVE` build: it is never used, and removed when found (unless a
 //! process uses it). cmake and ccache are installed with apt-get when absent.
 
@@ -58,6 +62,8 @@ pub enum Target {
     Simple,
     /// `llama-bench` (links llama-common too).
     Bench,
+    /// `llama-server` (llama-common, mtmd and the server's libraries; no web UI).
+    Server,
 }
 
 impl Target {
@@ -66,6 +72,7 @@ impl Target {
             Target::Llama => "llama",
             Target::Simple => "llama-simple",
             Target::Bench => "llama-bench",
+            Target::Server => "llama-server",
         }
     }
 
@@ -74,12 +81,13 @@ impl Target {
             Target::Llama => "libllama.so",
             Target::Simple => "llama-simple",
             Target::Bench => "llama-bench",
+            Target::Server => "llama-server",
         }
     }
 }
 
-/// What `cargo xtask test` and `parity` build.
-pub const TEST_TARGETS: &[Target] = &[Target::Llama, Target::Simple];
+/// What `cargo xtask test` and `parity` build: what `observer/tests/llama.rs` observes.
+pub const TEST_TARGETS: &[Target] = &[Target::Llama, Target::Simple, Target::Bench, Target::Server];
 
 /// Every ggml x86 ISA option; a build sets each explicitly, ON when listed in its [`Isa`].
 const ISA_OPTIONS: [&str; 14] = [
@@ -200,7 +208,11 @@ impl Isa {
             "-DLLAMA_OPENSSL=OFF",
             "-DLLAMA_BUILD_TESTS=OFF",
             "-DLLAMA_BUILD_EXAMPLES=ON",
-            "-DLLAMA_BUILD_SERVER=OFF",
+            // The server's targets exist (built only when asked for), without its web UI: the
+            // UI is fetched from Hugging Face or built with npm, and the tests need neither.
+            "-DLLAMA_BUILD_SERVER=ON",
+            "-DLLAMA_BUILD_UI=OFF",
+            "-DLLAMA_USE_PREBUILT_UI=OFF",
             "-DCMAKE_C_COMPILER_LAUNCHER=ccache",
             "-DCMAKE_CXX_COMPILER_LAUNCHER=ccache",
         ]
@@ -363,6 +375,11 @@ fn ccache_counts(ccache_dir: &Path) -> Option<(u64, u64)> {
     Some((get("direct_cache_hit") + get("preprocessed_cache_hit"), get("cache_miss")))
 }
 
+/// The cmake names of the `targets` whose file is not in `bin` (what a build must make).
+fn missing_targets(bin: &Path, targets: &[Target]) -> Vec<&'static str> {
+    targets.iter().filter(|t| !bin.join(t.file()).is_file()).map(|t| t.cmake_name()).collect()
+}
+
 /// Configures (when its options changed) and builds `targets` of one ISA level, and the parity
 /// runner against it.
 fn ensure_build(dir: &Path, src: &Path, isa: &Isa, targets: &[Target]) -> Result<Build> {
@@ -373,7 +390,7 @@ fn ensure_build(dir: &Path, src: &Path, isa: &Isa, targets: &[Target]) -> Result
     let stamp = own.join("configure-args");
     let configured = build.join("CMakeCache.txt").is_file()
         && std::fs::read_to_string(&stamp).is_ok_and(|s| s.lines().eq(args.iter().map(String::as_str)));
-    let missing: Vec<&str> = targets.iter().filter(|t| !bin.join(t.file()).is_file()).map(|t| t.cmake_name()).collect();
+    let missing = missing_targets(&bin, targets);
     if !configured || !missing.is_empty() {
         ensure_tool("cmake", "cmake")?;
         ensure_tool("ccache", "ccache")?;
@@ -546,9 +563,34 @@ mod tests {
         let on: Vec<&str> = args.iter().filter_map(|a| a.strip_suffix("=ON")?.strip_prefix("-D")).collect();
         assert_eq!(
             on,
-            ["LLAMA_BUILD_EXAMPLES", "GGML_SSE42", "GGML_AVX", "GGML_AVX2", "GGML_BMI2", "GGML_FMA", "GGML_F16C"]
+            [
+                "LLAMA_BUILD_EXAMPLES",
+                "LLAMA_BUILD_SERVER",
+                "GGML_SSE42",
+                "GGML_AVX",
+                "GGML_AVX2",
+                "GGML_BMI2",
+                "GGML_FMA",
+                "GGML_F16C"
+            ]
         );
         assert_eq!(args.iter().filter(|a| a.starts_with("-DGGML_") && a.ends_with("=OFF")).count(), 3 + 8);
+        // The server without its web UI: nothing is fetched or built with npm.
+        for off in ["-DLLAMA_BUILD_UI=OFF", "-DLLAMA_USE_PREBUILT_UI=OFF"] {
+            assert!(args.iter().any(|a| a == off), "{off}: {args:?}");
+        }
+    }
+
+    #[test]
+    fn a_target_whose_program_is_missing_is_built() {
+        let bin = std::env::temp_dir().join(format!("llama-missing-{}", std::process::id()));
+        std::fs::create_dir_all(&bin).unwrap();
+        for f in ["libllama.so", "llama-simple"] {
+            std::fs::write(bin.join(f), "").unwrap();
+        }
+        assert_eq!(missing_targets(&bin, TEST_TARGETS), ["llama-bench", "llama-server"]);
+        assert!(missing_targets(&bin, &[Target::Llama, Target::Simple]).is_empty());
+        std::fs::remove_dir_all(&bin).unwrap();
     }
 
     #[test]

@@ -147,6 +147,7 @@ mod tests {
             refaults: None,
             xread: None,
             n_tokens: None,
+            tid: None,
         };
         let mut t = build(&s(0, a), &s(1000, b), 0, StepKind::Window);
         mark_unmeasured(&mut t);

@@ -9,9 +9,10 @@
 //!   count is unknown (`NTokens::Unknown`), never a guess.
 //! - A target matches a profile when an ELF file it runs defines at least one
 //!   of the profile's symbols. The files looked at, in order: its executable,
-//!   the libraries the executable needs (`DT_NEEDED`, searched as the dynamic
-//!   loader does: `DT_RPATH`/`DT_RUNPATH` with `$ORIGIN`, `LD_LIBRARY_PATH`, the
-//!   system directories), and every file it has mapped (`/proc/PID/maps`, which
+//!   the libraries the executable needs, directly or through other libraries
+//!   (`DT_NEEDED`, breadth first and searched as the dynamic loader does:
+//!   `DT_RPATH`/`DT_RUNPATH` with `$ORIGIN`, `LD_LIBRARY_PATH`, the system
+//!   directories), and every file it has mapped (`/proc/PID/maps`, which
 //!   also holds a library loaded later with `dlopen`). The first file that
 //!   defines any of a profile's symbols is the profile's file; every entry
 //!   point defined there is probed.
@@ -231,24 +232,50 @@ const SYSTEM_LIB_DIRS: &[&str] =
 #[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
 const SYSTEM_LIB_DIRS: &[&str] = &["/lib64", "/usr/lib64", "/lib", "/usr/lib"];
 
-/// The shared libraries `exe` needs (`DT_NEEDED`), found as the dynamic
-/// loader finds them; those not found are left out (one level: what the
-/// libraries themselves need is not followed).
+/// At most this many libraries are looked at per executable ([`needed_libraries`]); a program
+/// needs a few dozen.
+const MAX_NEEDED: usize = 256;
+
+/// The shared libraries `exe` needs (`DT_NEEDED`), directly and through the libraries it needs,
+/// breadth first as the dynamic loader loads them, each once, at most [`MAX_NEEDED`]. A name is
+/// found as the loader finds it: in the needing object's `DT_RPATH`/`DT_RUNPATH` (with
+/// `$ORIGIN` its own directory), then the executable's, `LD_LIBRARY_PATH`, the system
+/// directories; names not found are left out. The whole tree matters: `llama-bench` needs
+/// `libllama-bench-impl.so`, and only that needs `libllama.so`, where the decode entry points
+/// are.
 pub fn needed_libraries(exe: &Path) -> Vec<PathBuf> {
     let Some((needed, search)) = dynamic_info(exe) else { return Vec::new() };
-    let origin = exe.parent().map(Path::to_path_buf).unwrap_or_default();
-    let expand = |d: &str| PathBuf::from(d.replace("$ORIGIN", &origin.to_string_lossy()));
-    let mut dirs: Vec<PathBuf> = search.iter().filter(|d| !d.is_empty()).map(|d| expand(d)).collect();
-    if let Ok(v) = std::env::var("LD_LIBRARY_PATH") {
-        dirs.extend(v.split(':').filter(|d| !d.is_empty()).map(PathBuf::from));
+    let exe_dirs = search_dirs(exe, &search);
+    let mut tail: Vec<PathBuf> = std::env::var("LD_LIBRARY_PATH")
+        .map(|v| v.split(':').filter(|d| !d.is_empty()).map(PathBuf::from).collect())
+        .unwrap_or_default();
+    tail.extend(SYSTEM_LIB_DIRS.iter().map(PathBuf::from));
+    let mut out: Vec<PathBuf> = Vec::new();
+    let mut queue = std::collections::VecDeque::from([(Vec::new(), needed)]);
+    while let Some((own_dirs, needed)) = queue.pop_front() {
+        for name in needed {
+            let found = if name.contains('/') {
+                Some(PathBuf::from(&name))
+            } else {
+                own_dirs.iter().chain(&exe_dirs).chain(&tail).map(|d| d.join(&name)).find(|p| p.is_file())
+            };
+            let Some(lib) = found else { continue };
+            if out.contains(&lib) || out.len() >= MAX_NEEDED {
+                continue;
+            }
+            if let Some((more, search)) = dynamic_info(&lib) {
+                queue.push_back((search_dirs(&lib, &search), more));
+            }
+            out.push(lib);
+        }
     }
-    dirs.extend(SYSTEM_LIB_DIRS.iter().map(PathBuf::from));
-    needed
-        .iter()
-        .filter_map(|n| {
-            if n.contains('/') { Some(PathBuf::from(n)) } else { dirs.iter().map(|d| d.join(n)).find(|p| p.is_file()) }
-        })
-        .collect()
+    out
+}
+
+/// An object's `DT_RPATH`/`DT_RUNPATH` directories, `$ORIGIN` expanded to its own directory.
+fn search_dirs(obj: &Path, dirs: &[String]) -> Vec<PathBuf> {
+    let origin = obj.parent().map(|p| p.to_string_lossy().into_owned()).unwrap_or_default();
+    dirs.iter().filter(|d| !d.is_empty()).map(|d| PathBuf::from(d.replace("$ORIGIN", &origin))).collect()
 }
 
 /// `DT_NEEDED` names and the `DT_RPATH`/`DT_RUNPATH` directories of an ELF64 file.
@@ -374,6 +401,35 @@ mod tests {
         let batch = LlamaBatch { n_tokens: N_TOKENS, ptrs: [0x11, 0x22, 0x33, 0x44, 0x55, 0x66] };
         assert_eq!(std::mem::size_of::<LlamaBatch>(), 56);
         assert_eq!(std::hint::black_box(llama_decode_like)(0x1234, batch), N_TOKENS);
+    }
+
+    /// `prog` needs `liba.so`, which needs `libb.so`, which defines `llama_decode` (the shape of
+    /// llama-bench, libllama-bench-impl and libllama), each found through its own `$ORIGIN` run
+    /// path: the profile is found before the program runs.
+    #[test]
+    fn a_profile_in_a_library_that_a_library_needs_is_found() {
+        let dir = std::env::temp_dir().join(format!("profile-needed-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let cc = |args: &[&str]| {
+            let out = std::process::Command::new("cc").current_dir(&dir).args(args).output().expect("cc");
+            assert!(out.status.success(), "cc {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+        };
+        std::fs::write(dir.join("b.c"), "int llama_decode(void) { return 0; }\n").unwrap();
+        std::fs::write(dir.join("a.c"), "int llama_decode(void);\nint a(void) { return llama_decode(); }\n").unwrap();
+        std::fs::write(dir.join("main.c"), "int a(void);\nint main(void) { return a(); }\n").unwrap();
+        cc(&["-shared", "-fPIC", "-o", "libb.so", "b.c"]);
+        cc(&["-shared", "-fPIC", "-o", "liba.so", "a.c", "-L.", "-lb", "-Wl,-rpath,$ORIGIN"]);
+        cc(&["-o", "prog", "main.c", "-L.", "-la", "-Wl,-rpath,$ORIGIN,-rpath-link,."]);
+        let prog = dir.join("prog");
+        let needed = needed_libraries(&prog);
+        let pos = |name: &str| {
+            needed.iter().position(|p| p == &dir.join(name)).unwrap_or_else(|| panic!("{name}: {needed:?}"))
+        };
+        assert!(pos("liba.so") < pos("libb.so"), "breadth first: {needed:?}");
+        let found = detect(&[&LLAMA_CPP], &prog, None).expect("the profile, in libb.so");
+        assert_eq!(found.path, dir.join("libb.so").canonicalize().unwrap());
+        assert_eq!(found.entries.iter().map(|e| e.symbol).collect::<Vec<_>>(), ["llama_decode"]);
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]

@@ -656,6 +656,7 @@ impl Session {
                 refaults: None,
                 n_tokens: None,
                 xread: None,
+                tid: None,
             })
         };
         snap(&mut asm);
@@ -820,6 +821,7 @@ fn window_snapshot_at(probes: &Probes, now: u64) -> Result<Snapshot> {
         refaults: None,
         n_tokens: None,
         xread: None,
+        tid: None,
     })
 }
 

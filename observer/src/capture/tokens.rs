@@ -5,9 +5,17 @@
 //! accumulators between the `begin` and the `end` snapshot (each closed at
 //! its mark's instant, so they add up to the token's wall time for a thread
 //! that lived through it). A thread first seen during the token contributes
-//! from its first sighting; its `residual_ns` says what is missing. The
-//! token-level components are the mean over the threads that were on a CPU
-//! during the token; counters are sums over all threads.
+//! from its first sighting; its `residual_ns` says what is missing.
+//!
+//! A marked step belongs to the process whose thread made its `begin` mark
+//! (the engine, the decode call's caller): its thread rows, its counters (sums)
+//! and its components are those of that process's threads only. Other observed
+//! processes (a wrapper that started the engine, a launcher's other children)
+//! carry no step time; their time is in the whole-run tables. The token-level
+//! components are the mean over the step's threads that were on a CPU during
+//! it (the decode thread and its workers), so the threads that did nothing in
+//! the step (a server's idle HTTP threads, a sleeping main thread) are not in
+//! the mean. A window has no caller: all observed threads are its threads.
 //!
 //! Explicit reads (`observer_common::xread`): a token's per-kind bytes, times and calls are the
 //! difference of the cumulative totals its two marks carry; its per-expert bytes are the sum of
@@ -52,6 +60,8 @@ pub struct Snapshot {
     pub n_tokens: Option<u64>,
     /// The cumulative explicit-read totals (`xread::T_*`) at this instant, when measured.
     pub xread: Option<[u64; N_TOTALS]>,
+    /// The thread that made the mark (none for a window snapshot).
+    pub tid: Option<u32>,
 }
 
 /// Reassembles ring-buffer records into snapshots and pairs them into tokens.
@@ -152,6 +162,7 @@ impl Assembler {
                     }),
                     n_tokens: (m.n_tokens_known != 0).then_some(m.n_tokens as u64),
                     xread: self.xread.is_some().then_some(m.xread),
+                    tid: Some(m.tid),
                 };
                 match m.phase {
                     PHASE_BEGIN => {
@@ -258,7 +269,10 @@ pub fn build(begin: &Snapshot, end: &Snapshot, seq: u64, default_kind: StepKind)
     let mut sum_active = [0u64; N_TIME];
     let mut n_active = 0u64;
     let mut counters = [0u64; N_CNT];
-    for e in &end.threads {
+    // The step's process (module rule): the caller's, from its thread's state at either mark.
+    let process = begin.tid.and_then(|tid| begin.threads.iter().chain(&end.threads).find(|t| t.tid == tid));
+    let process = process.map(|t| t.tgid);
+    for e in end.threads.iter().filter(|e| process.is_none_or(|p| e.tgid == p)) {
         let b = begin.threads.iter().find(|b| b.tid == e.tid);
         if let Some(b) = b
             && b.flags & F_EXITED != 0
@@ -356,6 +370,7 @@ mod tests {
             refaults: None,
             n_tokens: None,
             xread: None,
+            tid: None,
         }
     }
 
@@ -371,6 +386,21 @@ mod tests {
         assert_eq!(t.residual_ns, 0);
         assert_eq!(t.threads.len(), 3);
         assert!(t.threads.iter().all(|th| th.residual_ns == 0));
+    }
+
+    #[test]
+    fn a_step_is_its_callers_process_and_a_wrapper_carries_none_of_it() {
+        let of = |tid, tgid, compute, sleep| ThreadState { tgid, ..st(tid, compute, sleep) };
+        // The wrapper (process 1) ran during the step too; the caller is thread 10 of process 10.
+        let mut b = snap(1000, vec![of(1, 1, 0, 0), of(10, 10, 0, 0), of(11, 10, 0, 0)]);
+        let e = snap(2000, vec![of(1, 1, 100, 900), of(10, 10, 800, 200), of(11, 10, 600, 400)]);
+        let window = build(&b, &e, 0, StepKind::Window);
+        assert_eq!(window.components.get(Component::Compute), Some((100 + 800 + 600) / 3), "a window: every thread");
+        b.tid = Some(10);
+        let t = build(&b, &e, 0, StepKind::Generate);
+        assert_eq!(t.components.get(Component::Compute), Some((800 + 600) / 2));
+        assert_eq!(t.components.get(Component::Sleep), Some((200 + 400) / 2));
+        assert_eq!(t.threads.iter().map(|th| th.tid).collect::<Vec<_>>(), [10, 11], "the wrapper has no row");
     }
 
     #[test]
