@@ -314,6 +314,7 @@ pub const F_REFAULT_IO: Family = Family {
     labels: STEP_ACTOR,
     planned_labels: &[],
     help: "fault_io time of those faults, by the actor kind of the eviction they undid: what each kind of eviction cost the engine in waits for the disk",
+};
 const STEP_REGION: &[&str] = &["step", "region"];
 pub const F_EXPLICIT_READ: Family = Family {
     stem: "explicit_read",
