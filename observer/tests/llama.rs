@@ -44,7 +44,11 @@ impl Llama {
     /// A program of the build, which must have been built.
     fn program(&self, name: &str) -> PathBuf {
         let p = self.bin.join(name);
-        assert!(p.is_file(), "{} missing: `cargo xtask parity` builds it (llama::TEST_TARGETS)", p.display());
+        assert!(
+            p.is_file(),
+            "{} missing: `cargo xtask test` builds it in the avx2 build (xtask llama::TEST_TARGETS)",
+            p.display()
+        );
         p
     }
 }

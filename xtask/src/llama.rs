@@ -32,9 +32,10 @@
 //! executable's directory: choosing the avx2 one on an AVX-512 CPU would need separate
 //! directories anyway.)
 //!
-//! Only the targets a command uses are built ([`Target`]): the tests build `llama`,
-//! `llama-simple`, `llama-bench` and `llama-server` ([`TEST_TARGETS`]: the programs
-//! `observer/tests/llama.rs` observes); `bench engine` builds `llama-bench`. Every build is
+//! Only the targets a command uses are built ([`Target`]): `cargo xtask test` builds `llama`,
+//! `llama-simple`, `llama-bench` and `llama-server` in the `avx2` build ([`TEST_TARGETS`]: the
+//! programs `observer/tests/llama.rs` observes) and only what `parity` needs in the speed build
+//! ([`PARITY_TARGETS`]); `bench engine` builds `llama-bench` in both. Every build is
 //! configured with the server's targets (`LLAMA_BUILD_SERVER`, without its web UI, which would be
 //! fetched from Hugging Face or built with npm), so asking for `llama-server` never reconfigures
 //! a build; a cache entry configured without them (an older xtask) is reconfigured once, which
@@ -86,8 +87,11 @@ impl Target {
     }
 }
 
-/// What `cargo xtask test` and `parity` build: what `observer/tests/llama.rs` observes.
+/// What `cargo xtask test` builds in the `avx2` build: what `observer/tests/llama.rs` observes.
 pub const TEST_TARGETS: &[Target] = &[Target::Llama, Target::Simple, Target::Bench, Target::Server];
+/// What `parity` needs of a build (libllama, for its runner), and all `cargo xtask test` builds
+/// in the speed build: the observer's tests run only the `avx2` build's programs.
+pub const PARITY_TARGETS: &[Target] = &[Target::Llama, Target::Simple];
 
 /// Every ggml x86 ISA option; a build sets each explicitly, ON when listed in its [`Isa`].
 const ISA_OPTIONS: [&str; 14] = [
@@ -465,14 +469,19 @@ fn ensure_build(dir: &Path, src: &Path, isa: &Isa, targets: &[Target]) -> Result
 /// Builds (where needed) `targets` at the `avx2` level and, on a CPU with AVX-512, at the best
 /// level, each with its parity runner; returns them.
 pub fn ensure(targets: &[Target]) -> Result<Builds> {
+    ensure_for(targets, targets)
+}
+
+/// [`ensure`] with other targets for the speed build than for the `avx2` build.
+pub fn ensure_for(avx2_targets: &[Target], speed_targets: &[Target]) -> Result<Builds> {
     let dir = crate::cache::dir()?.join("llama.cpp").join(LLAMA_CPP_PYTHON);
     std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
     remove_old_layout(&dir);
     let flags = crate::detect::cpu_flags();
     let (avx2, best) = (Isa::avx2(&flags)?, Isa::best(&flags)?);
     let src = ensure_source(&dir)?;
-    let avx2 = ensure_build(&dir, &src, &avx2, targets)?;
-    let speed = if best == avx2.isa { None } else { Some(ensure_build(&dir, &src, &best, targets)?) };
+    let avx2 = ensure_build(&dir, &src, &avx2, avx2_targets)?;
+    let speed = if best == avx2.isa { None } else { Some(ensure_build(&dir, &src, &best, speed_targets)?) };
     Ok(Builds { avx2, speed })
 }
 

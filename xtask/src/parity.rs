@@ -394,7 +394,7 @@ pub fn main(args: &[String]) -> Result<()> {
     {
         bail!("parity: unknown architecture {bad:?}\n{usage}");
     }
-    let builds = llama::ensure(llama::TEST_TARGETS)?;
+    let builds = llama::ensure(llama::PARITY_TARGETS)?;
     llama::check_no_amx(&builds)?;
     let engine = llama::build_engine()?;
     let mut failed = Vec::new();
@@ -427,7 +427,7 @@ pub fn run_level(level: Level, build: &llama::Build, engine: &Path, threads: usi
 /// are written by the host's engine (the file is the same whoever writes it).
 pub fn run_aarch64(threads: usize) -> Result<()> {
     crate::cross::packages()?;
-    let build = llama::ensure_aarch64(llama::TEST_TARGETS)?;
+    let build = llama::ensure_aarch64(llama::PARITY_TARGETS)?;
     let host_engine = llama::build_engine()?;
     let engine = crate::cross::build_engine()?;
     run_archs(&ARM_PLAN, Level::Neon, &build, &engine, &host_engine, threads, None)

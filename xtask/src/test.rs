@@ -222,8 +222,11 @@ fn suite(root: &std::path::Path, args: &[String], phases: &mut Phases) -> Result
 
     // The reference llama.cpp builds come before the tests: `observer/tests/llama.rs` observes
     // its programs. A failed build is reported at the end, beside the tests it broke.
-    let builds =
-        if args.is_empty() { Some(phases.run("llama.cpp build", || llama::ensure(llama::TEST_TARGETS))) } else { None };
+    let builds = if args.is_empty() {
+        Some(phases.run("llama.cpp build", || llama::ensure_for(llama::TEST_TARGETS, llama::PARITY_TARGETS)))
+    } else {
+        None
+    };
     let (clock, test_ok) = cargo_test(root, args, &[])?;
     let counts = clock.counts;
     phases.0.extend(clock.phases);
