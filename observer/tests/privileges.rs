@@ -125,6 +125,12 @@ fn serve_runs_as_nobody_with_exactly_the_units_capabilities_and_each_proven_one_
     for cap in &proven {
         let fewer: Vec<String> = all.iter().filter(|c| *c != cap).cloned().collect();
         match serve_as_nobody(&fewer, &observer, &wl) {
+            // A refused token uprobe degrades the target instead of failing it (issue 22): the
+            // capability is still proven needed when the target's steps went unmeasured (the
+            // target's `degraded` series is gone with the target by the time of this scrape).
+            Ok(body) if !body.contains("moe_observer_step_duration_seconds_count") => {
+                println!("without {cap}: served, with no steps measured");
+            }
             Ok(body) => panic!("without {cap} the target was still observed: the unit's proof is wrong\n{body}"),
             Err(e) => println!("without {cap}: {}", e.lines().rev().find(|l| l.contains("error")).unwrap_or(&e)),
         }
