@@ -1024,6 +1024,17 @@ mod tests {
 
     #[tokio::test(flavor = "current_thread")]
     async fn a_spawned_target_gets_sigint_then_sigkill_and_an_attached_one_is_left() {
+        // A spawned target keeps an ignored SIGINT (a `nohup`-like launcher's intent), and a test
+        // run started in the background by a non-interactive shell has SIGINT ignored: give this
+        // process the default disposition, which the child then inherits, so that the test
+        // measures the stop sequence and not how it was launched.
+        // SAFETY: reading and setting a signal disposition.
+        unsafe {
+            let mut old: libc::sigaction = std::mem::zeroed();
+            if libc::sigaction(libc::SIGINT, std::ptr::null(), &mut old) == 0 && old.sa_sigaction == libc::SIG_IGN {
+                libc::signal(libc::SIGINT, libc::SIG_DFL);
+            }
+        }
         let cmd: Vec<OsString> = vec!["sleep".into(), "30".into()];
         let mut t = Target::spawn(&cmd).unwrap();
         t.release().unwrap();
