@@ -1702,7 +1702,8 @@ fn serve_discover_follows_two_engines_and_llama_cpp_as_they_come_and_go() {
     // A ends while B runs.
     a.release();
     let (out_a, _, _) = a.finish();
-    let m = obs.scrape_until("A's end", Duration::from_secs(30), |m| m.get(&up(0)) == Some(&0.0));
+    let m = obs
+        .scrape_until("A's end", Duration::from_secs(30), |m| m.get(&up(0)) == Some(&0.0) && !m.contains_key(&rss(0)));
     assert!(!m.contains_key(&rss(0)), "A's gauges went stale");
     assert!(m.get(&up(1)) == Some(&1.0) && m.contains_key(&rss(1)), "B's stay: {m:#?}");
     let check_ours = |m: &BTreeMap<String, f64>, i: usize, out: &str| {
@@ -1733,7 +1734,8 @@ fn serve_discover_follows_two_engines_and_llama_cpp_as_they_come_and_go() {
     // B ends while llama.cpp runs.
     b.release();
     let (out_b, _, _) = b.finish();
-    let m = obs.scrape_until("B's end", Duration::from_secs(30), |m| m.get(&up(1)) == Some(&0.0));
+    let m = obs
+        .scrape_until("B's end", Duration::from_secs(30), |m| m.get(&up(1)) == Some(&0.0) && !m.contains_key(&rss(1)));
     assert!(!m.contains_key(&rss(1)), "B's gauges went stale");
     assert!(m.get(&up(2)) == Some(&1.0) && m.contains_key(&rss(2)), "llama.cpp's stay: {m:#?}");
     check_ours(&m, 1, &out_b);
@@ -1743,7 +1745,9 @@ fn serve_discover_follows_two_engines_and_llama_cpp_as_they_come_and_go() {
     let said = l.said();
     l.finish();
     let (prompt, runs) = perf_counts(&said);
-    let m = obs.scrape_until("llama.cpp's end", Duration::from_secs(30), |m| m.get(&up(2)) == Some(&0.0));
+    let m = obs.scrape_until("llama.cpp's end", Duration::from_secs(30), |m| {
+        m.get(&up(2)) == Some(&0.0) && !m.contains_key(&rss(2))
+    });
     let ll = label(2);
     assert!(!m.contains_key(&rss(2)), "llama.cpp's gauges went stale");
     assert_eq!(val(&m, &format!("moe_observer_runs_total{{{ll}}}")), 1.0);
