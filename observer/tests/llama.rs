@@ -615,9 +615,11 @@ fn llama_simple_under_a_memory_limit_waits_on_fault_io() {
     let cg = testkit::MemCgroup::new("obs-llama-memlimit", MEMLIMIT).expect("memory cgroup");
     let dir = scratch_dir("llama-memlimit");
     let perf_out = dir.join("perf.csv");
-    let exits = Bpftrace::start(
-        "tracepoint:sched:sched_process_exit /comm == \"llama-simple\"/ { @majflt[tid] = curtask->maj_flt; }",
-    );
+    // Per thread, the kernel's `maj_flt` at its exit and the `major-faults` events it raised.
+    let exits = Bpftrace::start(concat!(
+        "tracepoint:sched:sched_process_exit /comm == \"llama-simple\"/ { @majflt[tid] = curtask->maj_flt; } ",
+        "software:major-faults:1 /comm == \"llama-simple\"/ { @events[tid] = count(); }",
+    ));
     let n = 16;
     let run = observe(
         "llama-memlimit.json",
@@ -651,20 +653,26 @@ fn llama_simple_under_a_memory_limit_waits_on_fault_io() {
     assert!(majflt.len() >= 2, "llama-simple's threads at exit: {text}");
     let thread = |tid: &str| threads.iter().find(|t| t["tid"].as_u64().map(|v| v.to_string()).as_deref() == Some(tid));
     // `maj_flt` also counts major faults taken for the thread inside the kernel (get_user_pages,
-    // e.g. populating a MAP_POPULATE mapping): `mm_account_fault` bumps it before it returns
-    // early for those (no regs), so they raise no `major-faults` event, the event the observer
-    // and perf stat count. Per thread it is an upper bound; the process total is checked against
-    // perf stat's count of the same event. (A CI run had one thread at 262 maj_flt and 0 events.)
+    // e.g. populating llama.cpp's MAP_POPULATE mapping of the model): `mm_account_fault` bumps it
+    // before it returns early for those (no regs), so they raise no `major-faults` event, the
+    // event the observer and perf stat count. Per thread, the observer's count is that event's
+    // (bpftrace counts it beside us) and `maj_flt` is an upper bound; the process total is also
+    // checked against perf stat's. (CI runs had threads at 262 and 215 maj_flt with 0 events,
+    // and one such thread with no row at all.)
+    let events = bpftrace_map(&text, "events");
+    let events_of = |tid: &str| events.iter().find(|(t, _)| t == tid).map_or(0, |(_, n)| *n);
     let mut ours = 0;
     for (tid, kernel) in &majflt {
+        let expected = events_of(tid);
         // A thread with no row (one that the fault probes never saw, e.g. a short-lived ggml
-        // worker) must be one the kernel charged no major fault either.
+        // worker) must be one that raised no major-fault event either.
         let Some(t) = thread(tid) else {
-            assert_eq!(*kernel, 0, "thread {tid} took {kernel} major faults and has no row: {threads:?}");
+            assert_eq!(expected, 0, "thread {tid} raised {expected} major-fault events and has no row: {threads:?}");
             continue;
         };
         let seen = u(t, "majflt");
         assert!(seen <= *kernel, "thread {tid}: {seen} major faults seen vs its maj_flt {kernel}");
+        assert_within(&format!("thread {tid}'s major faults vs bpftrace's event count"), seen, expected, 0.02);
         if seen != *kernel {
             eprintln!("thread {tid}: {seen} major-fault events, maj_flt {kernel} (the rest taken in the kernel)");
         }
@@ -702,7 +710,7 @@ fn llama_simple_under_a_memory_limit_waits_on_fault_io() {
     assert!((gen_ms - eval_ms).abs() <= 0.01 * eval_ms, "Σ wall {gen_ms:.1} ms vs llama's eval time {eval_ms:.1} ms");
     eprintln!(
         "llama-simple under {} ({} MiB limit): {} records; mean ms/token: wall {:.1}, fault_io {:.1}, compute {:.2}, \
-         CPU {:.2}, runqueue {:.1}, sleep {:.1}; major faults {ours} (perf stat {perf_maj}; per thread at most maj_flt); \
+         CPU {:.2}, runqueue {:.1}, sleep {:.1}; major faults {ours} (perf stat {perf_maj}; per thread as bpftrace counted, at most maj_flt); \
          Σ wall {gen_ms:.1} ms vs \
          eval {eval_ms:.1} ms",
         cg.describe(),
