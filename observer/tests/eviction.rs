@@ -895,148 +895,171 @@ fn kswapd_under_global_pressure_is_blamed_on_kswapd() {
     assert!(named <= steal1 - steal0, "blamed {named} pages on kswapd, more than it stole ({})", steal1 - steal0);
 }
 
-/// Global direct reclaim is not part of `cargo xtask test`: whether this machine direct-reclaims
-/// the model's pages depends on whether kswapd keeps up, and on an idle machine it does (a CI run:
-/// 0 model pages in 39 s, `pgsteal_direct` +15360 from one reclaim). It fails then, saying so,
-/// rather than pass. Run it with `cargo test --release -p observer --test eviction --features
-/// heavy-tests` (README, "Heavy checks").
-#[cfg(feature = "heavy-tests")]
-mod direct_reclaim {
-    use super::*;
+/// An ftrace instance of its own with one event on (removed on drop).
+struct TraceInstance(PathBuf);
 
-    /// An ftrace instance of its own with one event on (removed on drop).
-    struct TraceInstance(PathBuf);
-
-    impl TraceInstance {
-        fn new(name: &str, event: &str) -> TraceInstance {
-            let root = Path::new("/sys/kernel/tracing");
-            assert!(root.join("instances").is_dir(), "tracefs is not mounted at {}", root.display());
-            let dir = root.join("instances").join(name);
-            if dir.exists() {
-                let _ = std::fs::remove_dir(&dir);
-            }
-            std::fs::create_dir(&dir).unwrap_or_else(|e| panic!("creating {}: {e}", dir.display()));
-            let t = TraceInstance(dir);
-            std::fs::write(t.0.join("buffer_size_kb"), "8192").unwrap();
-            std::fs::write(t.0.join("events").join(event).join("enable"), "1")
-                .unwrap_or_else(|e| panic!("enabling {event}: {e}"));
-            t
+impl TraceInstance {
+    fn new(name: &str, event: &str) -> TraceInstance {
+        let root = Path::new("/sys/kernel/tracing");
+        assert!(root.join("instances").is_dir(), "tracefs is not mounted at {}", root.display());
+        let dir = root.join("instances").join(name);
+        if dir.exists() {
+            let _ = std::fs::remove_dir(&dir);
         }
-
-        /// The trace so far (events are not consumed).
-        fn text(&self) -> String {
-            std::fs::read_to_string(self.0.join("trace")).unwrap()
-        }
+        std::fs::create_dir(&dir).unwrap_or_else(|e| panic!("creating {}: {e}", dir.display()));
+        let t = TraceInstance(dir);
+        std::fs::write(t.0.join("buffer_size_kb"), "8192").unwrap();
+        std::fs::write(t.0.join("events").join(event).join("enable"), "1")
+            .unwrap_or_else(|e| panic!("enabling {event}: {e}"));
+        t
     }
 
-    impl Drop for TraceInstance {
-        fn drop(&mut self) {
-            let _ = std::fs::write(self.0.join("tracing_on"), "0");
-            let _ = std::fs::remove_dir(&self.0);
-        }
+    /// The trace so far (events are not consumed).
+    fn text(&self) -> String {
+        std::fs::read_to_string(self.0.join("trace")).unwrap()
     }
+}
 
-    /// `Σ nr_reclaimed` and the count of `vmscan:mm_vmscan_direct_reclaim_end` events of task `pid`
-    /// in an ftrace text (`dd-1234 [000] ..... 12.3: mm_vmscan_direct_reclaim_end: nr_reclaimed=32`).
-    fn direct_reclaimed_by(trace: &str, pid: u32) -> (u64, u64) {
-        let me = format!("-{pid} ");
-        let lines =
-            trace.lines().filter(|l| !l.starts_with('#') && l.contains(&me) && l.contains("direct_reclaim_end"));
-        lines.fold((0, 0), |(sum, n), l| {
-            let v = l.split("nr_reclaimed=").nth(1).and_then(|v| v.split_whitespace().next()?.parse::<u64>().ok());
-            (sum + v.unwrap_or_else(|| panic!("no nr_reclaimed in {l:?}")), n + 1)
+impl Drop for TraceInstance {
+    fn drop(&mut self) {
+        let _ = std::fs::write(self.0.join("tracing_on"), "0");
+        let _ = std::fs::remove_dir(&self.0);
+    }
+}
+
+/// `Σ nr_reclaimed` and the count of `vmscan:mm_vmscan_direct_reclaim_end` events of task `pid`
+/// in an ftrace text (`dd-1234 [000] ..... 12.3: mm_vmscan_direct_reclaim_end: nr_reclaimed=32`).
+fn direct_reclaimed_by(trace: &str, pid: u32) -> (u64, u64) {
+    let me = format!("-{pid} ");
+    let lines = trace.lines().filter(|l| !l.starts_with('#') && l.contains(&me) && l.contains("direct_reclaim_end"));
+    lines.fold((0, 0), |(sum, n), l| {
+        let v = l.split("nr_reclaimed=").nth(1).and_then(|v| v.split_whitespace().next()?.parse::<u64>().ok());
+        (sum + v.unwrap_or_else(|| panic!("no nr_reclaimed in {l:?}")), n + 1)
+    })
+}
+
+/// The cgroup v2 ID of a live process, from procfs and the cgroup2 mount alone: the inode of its
+/// directory (`0::PATH` of `/proc/PID/cgroup` under the `cgroup2` mount of `/proc/self/mountinfo`),
+/// which is what `bpf_get_current_cgroup_id` returns.
+fn cgroup_v2_id(pid: u32) -> u64 {
+    use std::os::unix::fs::MetadataExt;
+    let cg = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).unwrap();
+    let path = cg.lines().find_map(|l| l.strip_prefix("0::")).expect("a cgroup v2 line in /proc/PID/cgroup");
+    let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+    let mount = mounts
+        .lines()
+        .find_map(|l| {
+            let (pre, post) = l.split_once(" - ")?;
+            (post.split(' ').next() == Some("cgroup2")).then(|| pre.split(' ').nth(4).unwrap().to_string())
         })
-    }
+        .expect("a cgroup2 mount in /proc/self/mountinfo");
+    let dir = format!("{mount}{}", path.trim_end_matches('/'));
+    std::fs::metadata(&dir).unwrap_or_else(|e| panic!("{dir}: {e}")).ino()
+}
 
-    /// Global direct reclaim by another application, bounded and restored. The model is read into a
-    /// memory cgroup (no limit) whose soft limit is 0 (cgroup v1: global reclaim, kswapd's and direct
-    /// alike, takes from the groups over their soft limit first). kswapd is set to `SCHED_IDLE`
-    /// (`testkit::kswapd::Idle`, restored after, also after a SIGKILL) so that it does not keep up.
-    /// Then a `dd` outside that group reads a sparse file larger than the free memory (page cache of
-    /// holes, no disk I/O, all of it reclaimable): the zones fall under their min watermark and `dd`
-    /// reclaims for its own allocations, from the model's group first. It is stopped once it has
-    /// evicted half of the model (or when its file ends), and the sparse file is deleted.
-    ///
-    /// The `direct_reclaim` rows of `dd`'s pid and comm must be `fincore`'s delta less the other
-    /// actors' pages (kswapd still runs a little), within `/proc/vmstat`'s `pgsteal_direct` delta,
-    /// and within the pages `dd`'s own direct reclaims freed (ftrace
-    /// `vmscan:mm_vmscan_direct_reclaim_end`, `nr_reclaimed`, for its pid).
-    #[test]
-    fn global_direct_reclaim_is_blamed_on_the_allocating_process() {
-        let _l = machine_lock();
-        let dir = scratch_dir("evict");
-        let path = write_model(&dir.join("direct.gguf"), 8, 16, 512, 32);
-        drop_from_cache(&path);
-        let cg = testkit::MemCgroup::new("evict-direct", 64 << 30).expect("memory cgroup");
-        assert_eq!(
-            cg.group().version(),
-            memcg::Version::V1,
-            "this test steers global reclaim to the model with a cgroup v1 soft limit; this host has the memory \
-         controller on cgroup v2 (write a v2 variant, e.g. with memory.low on the other groups)"
-        );
-        std::fs::write(cg.dir().join("memory.soft_limit_in_bytes"), "0").unwrap();
-        let argv = cg.wrap(&["dd", &format!("if={}", path.display()), "of=/dev/null", "bs=1M", "status=none"]);
-        run(&argv.iter().map(String::as_str).collect::<Vec<_>>());
-        let sparse = dir.join("direct.sparse");
-        let size = mem_free() + (1 << 30);
-        std::fs::File::create(&sparse).unwrap().set_len(size).unwrap();
-        let b = Blame::attach(&path);
-        let m0 = b.mark();
-        assert!(m0.resident > 10_000, "the model should be cached: {} pages", m0.resident);
-        let ftrace = TraceInstance::new("moe-observer-evict-direct", "vmscan/mm_vmscan_direct_reclaim_end");
-        let steal0 = testkit::vmstat("pgsteal_direct").expect("pgsteal_direct in /proc/vmstat");
-        let idle = testkit::kswapd::Idle::new().expect("setting kswapd to SCHED_IDLE");
-        let mut reader = Command::new("dd")
-            .args([&format!("if={}", sparse.display()), "of=/dev/null", "bs=1M", "status=none"])
-            .spawn()
-            .expect("spawn dd");
-        let pid = reader.id();
-        let direct = |r: &ActorRow| r.kind == "direct_reclaim" && r.pid == pid && r.comm == "dd";
-        let t = Instant::now();
-        let (seen, ended) = loop {
-            std::thread::sleep(Duration::from_millis(50));
-            let seen = b.churn.blame().unwrap().unwrap().since(&m0.table).pages_where(direct);
-            if seen >= m0.resident / 2 {
-                break (seen, None);
-            }
-            if let Some(st) = reader.try_wait().unwrap() {
-                break (seen, Some(st));
-            }
-        };
-        let _ = reader.kill();
-        let _ = reader.wait();
-        drop(idle);
-        std::fs::remove_file(&sparse).unwrap();
-        let m1 = b.mark();
-        let steal1 = testkit::vmstat("pgsteal_direct").unwrap();
-        let trace = ftrace.text();
-        drop(ftrace);
-        drop(cg);
-        let (freed, calls) = direct_reclaimed_by(&trace, pid);
-        eprintln!(
-            "dd (pid {pid}) direct-reclaimed {seen} model pages in {:?} (reader {ended:?}); pgsteal_direct +{}; \
-         its {calls} direct reclaims freed {freed} pages (ftrace)",
-            t.elapsed(),
-            steal1 - steal0
-        );
-        assert!(
-            seen >= 1000,
-            "dd read {size} bytes of holes with kswapd at SCHED_IDLE and direct-reclaimed only {seen} of the model's {} \
-         pages (pgsteal_direct +{}, {calls} direct reclaims of dd in ftrace): the machine did not direct-reclaim the \
-         model, so direct reclaim blame is not tested here",
-            m0.resident,
-            steal1 - steal0
-        );
-        let named = b.check_rows(&m0, &m1, direct);
-        assert!(
-            named <= steal1 - steal0,
-            "blamed {named} pages on dd's direct reclaim, more than pgsteal_direct +{}",
-            steal1 - steal0
-        );
-        assert!(calls > 0, "ftrace saw no direct reclaim by dd (pid {pid})");
-        assert!(
-            named <= freed,
-            "blamed {named} pages on dd's direct reclaim, more than its reclaims freed ({freed}, ftrace)"
-        );
-    }
+/// Global direct reclaim by another application, bounded and restored, on cgroup v1 and v2 alike
+/// (global reclaim is not a cgroup matter; the group only makes the model's pages the oldest of
+/// one LRU). The model is read into a memory cgroup with no limit; then a `dd` in the same group
+/// reads a sparse file of the free memory plus 1 GB (page cache of holes: no disk I/O, all of it
+/// reclaimable). kswapd is starved for the read (`testkit::kswapd::Starved`: `SCHED_IDLE`, bound
+/// to a CPU that a nice −20 spinner keeps busy, restored after, also after a SIGKILL), and `dd`
+/// runs on the other CPUs at nice −20: the free memory falls from the low to the min watermark
+/// faster than kswapd reclaims, idle machine or loaded, and `dd` reclaims for its own allocations.
+/// Global reclaim scans each group's LRU in proportion to its size, and this group's (the largest
+/// on the machine once `dd` has filled it) has the model's pages at its tail: they go first. `dd`
+/// is stopped once it has evicted half of the model (or when its file ends), and the sparse file
+/// is deleted.
+///
+/// The `direct_reclaim` rows of `dd`'s pid and comm must be `fincore`'s delta less the other
+/// actors' pages (kswapd still runs a little, other processes reclaim too), within
+/// `/proc/vmstat`'s `pgsteal_direct` delta, and within the pages `dd`'s own direct reclaims freed
+/// (ftrace `vmscan:mm_vmscan_direct_reclaim_end`, `nr_reclaimed`, for its pid). While `dd` lives,
+/// its row's memory cgroup must be the group the test made (`/proc/PID/cgroup` as the test's own
+/// `cat` in the group reads it: the v1 `memory` line or the v2 line), and its cgroup v2 ID the
+/// inode of its v2 cgroup directory.
+#[test]
+fn global_direct_reclaim_is_blamed_on_the_allocating_process() {
+    let _l = machine_lock();
+    let dir = scratch_dir("evict");
+    let path = write_model(&dir.join("direct.gguf"), 8, 16, 512, 32);
+    drop_from_cache(&path);
+    let cg = testkit::MemCgroup::new("evict-direct", 64 << 30).expect("memory cgroup");
+    let (memcg_path, described) = (cg.proc_path().expect("the group's path in /proc/PID/cgroup"), cg.describe());
+    let argv = cg.wrap(&["dd", &format!("if={}", path.display()), "of=/dev/null", "bs=1M", "status=none"]);
+    run(&argv.iter().map(String::as_str).collect::<Vec<_>>());
+    let sparse = dir.join("direct.sparse");
+    let b = Blame::attach(&path);
+    let m0 = b.mark();
+    assert!(m0.resident > 10_000, "the model should be cached: {} pages", m0.resident);
+    let ftrace = TraceInstance::new("moe-observer-evict-direct", "vmscan/mm_vmscan_direct_reclaim_end");
+    let starved = testkit::kswapd::Starved::new().expect("starving kswapd");
+    let size = mem_free() + (1 << 30);
+    std::fs::File::create(&sparse).unwrap().set_len(size).unwrap();
+    let steal0 = testkit::vmstat("pgsteal_direct").expect("pgsteal_direct in /proc/vmstat");
+    let cpus = starved.allocator_cpus();
+    let argv = cg.wrap(&[
+        "taskset",
+        "-c",
+        &cpus,
+        "nice",
+        "-n",
+        "-20",
+        "dd",
+        &format!("if={}", sparse.display()),
+        "of=/dev/null",
+        "bs=1M",
+        "status=none",
+    ]);
+    let mut reader = Command::new(&argv[0]).args(&argv[1..]).spawn().expect("spawn dd");
+    let pid = reader.id();
+    let direct = |r: &ActorRow| r.kind == "direct_reclaim" && r.pid == pid && r.comm == "dd";
+    let t = Instant::now();
+    let mut live_row = None;
+    let (seen, ended) = loop {
+        std::thread::sleep(Duration::from_millis(50));
+        let d = b.churn.blame().unwrap().unwrap().since(&m0.table);
+        let seen = d.pages_where(direct);
+        if seen > 0 && live_row.is_none() {
+            // Its cgroups as procfs says while it lives, beside the row.
+            let row = d.rows.iter().find(|r| direct(r)).cloned().unwrap();
+            live_row = Some((row, cgroup_v2_id(pid)));
+        }
+        if seen >= m0.resident / 2 {
+            break (seen, None);
+        }
+        if let Some(st) = reader.try_wait().unwrap() {
+            break (seen, Some(st));
+        }
+    };
+    let _ = reader.kill();
+    let _ = reader.wait();
+    drop(starved);
+    std::fs::remove_file(&sparse).unwrap();
+    let m1 = b.mark();
+    let steal1 = testkit::vmstat("pgsteal_direct").unwrap();
+    let trace = ftrace.text();
+    drop(ftrace);
+    drop(cg);
+    let (freed, calls) = direct_reclaimed_by(&trace, pid);
+    eprintln!(
+        "dd (pid {pid}, CPUs {cpus}) direct-reclaimed {seen} model pages in {:?} (reader {ended:?}); pgsteal_direct \
+         +{}; its {calls} direct reclaims freed {freed} pages (ftrace)",
+        t.elapsed(),
+        steal1 - steal0
+    );
+    assert!(
+        seen >= 1000,
+        "dd read {size} bytes of holes with kswapd starved and direct-reclaimed only {seen} of the model's {} pages \
+         (pgsteal_direct +{}, {calls} direct reclaims of dd in ftrace): the machine did not direct-reclaim the model",
+        m0.resident,
+        steal1 - steal0
+    );
+    let named = b.check_rows(&m0, &m1, direct);
+    assert!(named <= steal1 - steal0, "blamed {named} pages on dd's direct reclaim, more than pgsteal_direct +{}", steal1 - steal0);
+    assert!(calls > 0, "ftrace saw no direct reclaim by dd (pid {pid})");
+    assert!(named <= freed, "blamed {named} pages on dd's direct reclaim, more than its reclaims freed ({freed}, ftrace)");
+    let (row, v2_id) = live_row.expect("dd's row while it lived");
+    eprintln!("dd's row: memcg {:?}, cgroup v2 id {}; the test's group {memcg_path:?}, id {v2_id}", row.memcg, row.cgroup_v2);
+    assert_eq!(row.memcg.as_deref(), Some(memcg_path.as_str()), "dd's memory cgroup ({described})");
+    assert_eq!(row.cgroup_v2, v2_id, "dd's cgroup v2 ID against the inode of its v2 cgroup directory");
 }

@@ -1,23 +1,35 @@
-//! kswapd slowed down for a test, and put back, also after a SIGKILL.
+//! kswapd kept off the CPU for a test, and put back, also after a SIGKILL.
 //!
 //! ## Rule
 //! Global *direct* reclaim happens when an allocation finds every zone it may use under its min
 //! watermark: the allocating task then reclaims for itself. On a machine where kswapd (woken at the
-//! low watermark) frees memory as fast as a reader fills the page cache, that never happens. A
-//! test that needs it takes [`Idle::new`]: every `kswapdN` thread is set to `SCHED_IDLE` (it runs
-//! only when no other task wants its CPU), so a busy allocator gets under the min watermark and
-//! reclaims directly. Nothing is filled for it: the allocator's memory is page cache, which
-//! reclaim frees.
+//! low watermark) frees memory as fast as a reader fills the page cache, that never happens.
+//! `SCHED_IDLE` alone is not enough: on an idle machine with a free CPU, an idle-class kswapd runs
+//! there at full speed and keeps up (a CI run: 0 model pages direct-reclaimed). A test that needs
+//! direct reclaim takes [`Starved::new`]:
+//! - every `kswapdN` thread is set to `SCHED_IDLE` and bound to one CPU, the *kswapd CPU* (the
+//!   highest of this process's CPUs);
+//! - a spinner thread of this process, bound to that CPU at nice −20 (weight 88761 against
+//!   `SCHED_IDLE`'s 3), keeps it busy, so kswapd gets a few thousandths of a CPU whether the rest
+//!   of the machine is idle or loaded;
+//! - the allocator runs on the other CPUs ([`Starved::allocator_cpus`]), where it drives the free
+//!   memory from the low watermark to the min watermark faster than kswapd can reclaim, and then
+//!   reclaims directly. Nothing is filled for it: its memory is page cache, which reclaim frees.
 //!
-//! Drop (a passing or a panicking test) puts each thread's saved policy, real-time priority and
-//! nice value back, and checks them.
+//! It needs two CPUs at least and says so otherwise. The spinner is a thread, so it dies with the
+//! process, SIGKILL included.
+//!
+//! Drop (a passing or a panicking test) stops the spinner and puts each thread's saved policy,
+//! real-time priority, nice value and CPU affinity back, and checks them.
 //!
 //! ## Surviving a SIGKILL
-//! Before it changes anything, [`Idle::new`] writes what it saved to [`STATE_FILE`] (under `/run`,
-//! a tmpfs: a reboot clears it and the change alike), one line per thread:
-//! `PID COMM POLICY PRIORITY NICE`. A restore that checked removes the file. A guard killed with
-//! SIGKILL leaves it, and [`recover`], which [`Idle::new`] calls first (and `cargo xtask setup`),
-//! puts the threads back from it (a thread whose PID now names another task is left alone).
+//! Before it changes anything, [`Starved::new`] writes what it saved to [`STATE_FILE`] (under
+//! `/run`, a tmpfs: a reboot clears it and the change alike), one line per thread:
+//! `PID COMM POLICY PRIORITY NICE CPUS` (`CPUS`: the allowed CPUs, comma-separated; a line of an
+//! older guard without it has its affinity left alone). A restore that checked removes the file. A
+//! guard killed with SIGKILL leaves it, and [`recover`], which [`Starved::new`] calls first (and
+//! `cargo xtask setup`), puts the threads back from it (a thread whose PID now names another task
+//! is left alone).
 
 use anyhow::{Context, Result, bail, ensure};
 
@@ -32,6 +44,8 @@ struct Sched {
     policy: i32,
     priority: i32,
     nice: i32,
+    /// Allowed CPUs; `None` when a state file of an older guard did not save them.
+    cpus: Option<Vec<usize>>,
 }
 
 fn comm(pid: i32) -> Option<String> {
@@ -65,7 +79,34 @@ fn read(pid: i32) -> Result<Sched> {
         }
         (policy, param.sched_priority, nice)
     };
-    Ok(Sched { pid, comm: comm(pid).unwrap_or_default(), policy, priority, nice })
+    Ok(Sched { pid, comm: comm(pid).unwrap_or_default(), policy, priority, nice, cpus: Some(affinity(pid)?) })
+}
+
+/// The CPUs task `pid` may run on (0 = the caller).
+pub(crate) fn affinity(pid: i32) -> Result<Vec<usize>> {
+    // SAFETY: `set` is a zeroed cpu_set_t we own, of the size we pass.
+    unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        if libc::sched_getaffinity(pid, std::mem::size_of::<libc::cpu_set_t>(), &mut set) != 0 {
+            bail!("reading the CPU affinity of pid {pid}: {}", std::io::Error::last_os_error());
+        }
+        Ok((0..libc::CPU_SETSIZE as usize).filter(|&c| libc::CPU_ISSET(c, &set)).collect())
+    }
+}
+
+/// Binds task `pid` (0 = the calling thread) to `cpus`.
+pub(crate) fn set_affinity(pid: i32, cpus: &[usize]) -> Result<()> {
+    // SAFETY: as in `affinity`.
+    unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        for &c in cpus {
+            libc::CPU_SET(c, &mut set);
+        }
+        if libc::sched_setaffinity(pid, std::mem::size_of::<libc::cpu_set_t>(), &set) != 0 {
+            bail!("binding pid {pid} to CPUs {cpus:?}: {}", std::io::Error::last_os_error());
+        }
+    }
+    Ok(())
 }
 
 fn write(s: &Sched) -> Result<()> {
@@ -76,20 +117,40 @@ fn write(s: &Sched) -> Result<()> {
             && (s.policy == libc::SCHED_IDLE || libc::setpriority(libc::PRIO_PROCESS, s.pid as libc::id_t, s.nice) == 0)
     };
     ensure!(ok, "setting the scheduling of {} (pid {}): {}", s.comm, s.pid, std::io::Error::last_os_error());
+    if let Some(cpus) = &s.cpus {
+        set_affinity(s.pid, cpus).with_context(|| s.comm.clone())?;
+    }
     Ok(())
 }
 
 fn encode(saved: &[Sched]) -> String {
-    saved.iter().map(|s| format!("{} {} {} {} {}\n", s.pid, s.comm, s.policy, s.priority, s.nice)).collect()
+    let list = |c: &[usize]| c.iter().map(usize::to_string).collect::<Vec<_>>().join(",");
+    saved
+        .iter()
+        .map(|s| {
+            let cpus = s.cpus.as_deref().map(|c| format!(" {}", list(c))).unwrap_or_default();
+            format!("{} {} {} {} {}{cpus}\n", s.pid, s.comm, s.policy, s.priority, s.nice)
+        })
+        .collect()
 }
 
 fn decode(text: &str) -> Result<Vec<Sched>> {
     text.lines()
         .map(|l| {
             let f: Vec<&str> = l.split(' ').collect();
-            ensure!(f.len() == 5, "{STATE_FILE}: bad line {l:?}");
+            ensure!(f.len() == 5 || f.len() == 6, "{STATE_FILE}: bad line {l:?}");
             let n = |i: usize| f[i].parse::<i32>().with_context(|| format!("{STATE_FILE}: bad number in {l:?}"));
-            Ok(Sched { pid: n(0)?, comm: f[1].to_string(), policy: n(2)?, priority: n(3)?, nice: n(4)? })
+            let cpus = f.get(5).map(|c| {
+                c.split(',').map(|x| x.parse::<usize>().with_context(|| format!("{STATE_FILE}: bad CPU in {l:?}"))).collect()
+            });
+            Ok(Sched {
+                pid: n(0)?,
+                comm: f[1].to_string(),
+                policy: n(2)?,
+                priority: n(3)?,
+                nice: n(4)?,
+                cpus: cpus.transpose()?,
+            })
         })
         .collect()
 }
@@ -102,6 +163,7 @@ fn restore(saved: &[Sched]) -> Result<()> {
         }
         write(s)?;
         let now = read(s.pid)?;
+        let now = Sched { cpus: s.cpus.as_ref().and(now.cpus.clone()), ..now };
         ensure!(now == *s, "{} (pid {}) reads {now:?} after restoring {s:?}", s.comm, s.pid);
     }
     match std::fs::remove_file(STATE_FILE) {
@@ -123,34 +185,76 @@ pub fn recover() -> Result<bool> {
     Ok(true)
 }
 
-/// kswapd at `SCHED_IDLE` while this lives (module doc). Take [`crate::machine_lock`] first.
+/// kswapd at `SCHED_IDLE` on a CPU kept busy, while this lives (module doc). Take
+/// [`crate::machine_lock`] first.
 #[derive(Debug)]
-pub struct Idle {
+pub struct Starved {
     saved: Vec<Sched>,
+    kswapd_cpu: usize,
+    allocator_cpus: Vec<usize>,
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    spinner: Option<std::thread::JoinHandle<Result<()>>>,
 }
 
-impl Idle {
-    pub fn new() -> Result<Idle> {
+impl Starved {
+    pub fn new() -> Result<Starved> {
         recover()?;
+        let mine = affinity(0)?;
+        let Some((&kswapd_cpu, rest)) = mine.split_last().filter(|(_, rest)| !rest.is_empty()) else {
+            bail!("starving kswapd needs two CPUs (one for kswapd and a spinner, one for the allocator); this process may run on {mine:?}");
+        };
         let saved = threads()?.into_iter().map(read).collect::<Result<Vec<_>>>()?;
         let dir = std::path::Path::new(STATE_FILE).parent().expect("a directory");
         std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
         std::fs::write(STATE_FILE, encode(&saved)).with_context(|| format!("writing {STATE_FILE}"))?;
-        let guard = Idle { saved };
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let mut guard = Starved { saved, kswapd_cpu, allocator_cpus: rest.to_vec(), stop: stop.clone(), spinner: None };
+        let (tx, rx) = std::sync::mpsc::channel();
+        guard.spinner = Some(std::thread::spawn(move || -> Result<()> {
+            let setup = (|| {
+                set_affinity(0, &[kswapd_cpu])?;
+                // SAFETY: a plain call on the calling thread (who = 0).
+                if unsafe { libc::setpriority(libc::PRIO_PROCESS, 0, -20) } != 0 {
+                    bail!("nice -20 for the spinner: {}", std::io::Error::last_os_error());
+                }
+                Ok(())
+            })();
+            let ok = setup.is_ok();
+            let _ = tx.send(setup);
+            while ok && !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                std::hint::spin_loop();
+            }
+            Ok(())
+        }));
+        rx.recv().context("the spinner thread ended before it started")??;
         for s in &guard.saved {
-            write(&Sched { policy: libc::SCHED_IDLE, priority: 0, ..s.clone() })?;
+            write(&Sched { policy: libc::SCHED_IDLE, priority: 0, cpus: Some(vec![kswapd_cpu]), ..s.clone() })?;
         }
         Ok(guard)
     }
 
-    /// The PIDs of the kswapd threads it slowed down.
+    /// The PIDs of the kswapd threads it starves.
     pub fn pids(&self) -> Vec<u32> {
         self.saved.iter().map(|s| s.pid as u32).collect()
     }
+
+    /// The CPU kswapd and the spinner are bound to.
+    pub fn kswapd_cpu(&self) -> usize {
+        self.kswapd_cpu
+    }
+
+    /// The CPUs for the allocator: this process's others, e.g. `"0"` for `taskset -c`.
+    pub fn allocator_cpus(&self) -> String {
+        self.allocator_cpus.iter().map(usize::to_string).collect::<Vec<_>>().join(",")
+    }
 }
 
-impl Drop for Idle {
+impl Drop for Starved {
     fn drop(&mut self) {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        if let Some(h) = self.spinner.take() {
+            let _ = h.join();
+        }
         if let Err(e) = restore(&self.saved) {
             // A test that panics here leaves the file: the next guard or `xtask setup` retries.
             panic!("testkit::kswapd: restoring kswapd's scheduling failed: {e:#} (state kept in {STATE_FILE})");
@@ -165,10 +269,11 @@ mod tests {
     #[test]
     fn the_state_file_round_trips() {
         let s = vec![
-            Sched { pid: 45, comm: "kswapd0".into(), policy: 0, priority: 0, nice: 0 },
-            Sched { pid: 46, comm: "kswapd1".into(), policy: 5, priority: 0, nice: -5 },
+            Sched { pid: 45, comm: "kswapd0".into(), policy: 0, priority: 0, nice: 0, cpus: Some(vec![0, 1, 5]) },
+            Sched { pid: 46, comm: "kswapd1".into(), policy: 5, priority: 0, nice: -5, cpus: None },
         ];
         assert_eq!(decode(&encode(&s)).unwrap(), s);
         assert!(decode("45 kswapd0 0 0").is_err());
+        assert!(decode("45 kswapd0 0 0 0 1,x").is_err());
     }
 }
