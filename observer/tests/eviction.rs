@@ -1055,11 +1055,21 @@ fn global_direct_reclaim_is_blamed_on_the_allocating_process() {
         steal1 - steal0
     );
     let named = b.check_rows(&m0, &m1, direct);
-    assert!(named <= steal1 - steal0, "blamed {named} pages on dd's direct reclaim, more than pgsteal_direct +{}", steal1 - steal0);
+    assert!(
+        named <= steal1 - steal0,
+        "blamed {named} pages on dd's direct reclaim, more than pgsteal_direct +{}",
+        steal1 - steal0
+    );
     assert!(calls > 0, "ftrace saw no direct reclaim by dd (pid {pid})");
-    assert!(named <= freed, "blamed {named} pages on dd's direct reclaim, more than its reclaims freed ({freed}, ftrace)");
+    assert!(
+        named <= freed,
+        "blamed {named} pages on dd's direct reclaim, more than its reclaims freed ({freed}, ftrace)"
+    );
     let (row, v2_id) = live_row.expect("dd's row while it lived");
-    eprintln!("dd's row: memcg {:?}, cgroup v2 id {}; the test's group {memcg_path:?}, id {v2_id}", row.memcg, row.cgroup_v2);
+    eprintln!(
+        "dd's row: memcg {:?}, cgroup v2 id {}; the test's group {memcg_path:?}, id {v2_id}",
+        row.memcg, row.cgroup_v2
+    );
     assert_eq!(row.memcg.as_deref(), Some(memcg_path.as_str()), "dd's memory cgroup ({described})");
     assert_eq!(row.cgroup_v2, v2_id, "dd's cgroup v2 ID against the inode of its v2 cgroup directory");
 }

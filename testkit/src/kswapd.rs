@@ -141,7 +141,9 @@ fn decode(text: &str) -> Result<Vec<Sched>> {
             ensure!(f.len() == 5 || f.len() == 6, "{STATE_FILE}: bad line {l:?}");
             let n = |i: usize| f[i].parse::<i32>().with_context(|| format!("{STATE_FILE}: bad number in {l:?}"));
             let cpus = f.get(5).map(|c| {
-                c.split(',').map(|x| x.parse::<usize>().with_context(|| format!("{STATE_FILE}: bad CPU in {l:?}"))).collect()
+                c.split(',')
+                    .map(|x| x.parse::<usize>().with_context(|| format!("{STATE_FILE}: bad CPU in {l:?}")))
+                    .collect()
             });
             Ok(Sched {
                 pid: n(0)?,
@@ -201,7 +203,9 @@ impl Starved {
         recover()?;
         let mine = affinity(0)?;
         let Some((&kswapd_cpu, rest)) = mine.split_last().filter(|(_, rest)| !rest.is_empty()) else {
-            bail!("starving kswapd needs two CPUs (one for kswapd and a spinner, one for the allocator); this process may run on {mine:?}");
+            bail!(
+                "starving kswapd needs two CPUs (one for kswapd and a spinner, one for the allocator); this process may run on {mine:?}"
+            );
         };
         let saved = threads()?.into_iter().map(read).collect::<Result<Vec<_>>>()?;
         let dir = std::path::Path::new(STATE_FILE).parent().expect("a directory");
