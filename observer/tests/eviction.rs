@@ -960,7 +960,7 @@ fn cgroup_v2_id(pid: u32) -> u64 {
 /// Global direct reclaim by another application, bounded and restored, on cgroup v1 and v2 alike
 /// (global reclaim is not a cgroup matter; the group only makes the model's pages the oldest of
 /// one LRU). The model is read into a memory cgroup with no limit; then a `dd` in the same group
-/// reads a sparse file of the free memory plus 1 GB (page cache of holes: no disk I/O, all of it
+/// reads a sparse file of the free memory plus 4 GB (page cache of holes: no disk I/O, all of it
 /// reclaimable). kswapd is starved for the read (`testkit::kswapd::Starved`: `SCHED_IDLE`, bound
 /// to a CPU that a nice −20 spinner keeps busy, restored after, also after a SIGKILL), and `dd`
 /// runs on the other CPUs at nice −20: the free memory falls from the low to the min watermark
@@ -993,7 +993,9 @@ fn global_direct_reclaim_is_blamed_on_the_allocating_process() {
     assert!(m0.resident > 10_000, "the model should be cached: {} pages", m0.resident);
     let ftrace = TraceInstance::new("moe-observer-evict-direct", "vmscan/mm_vmscan_direct_reclaim_end");
     let starved = testkit::kswapd::Starved::new().expect("starving kswapd");
-    let size = mem_free() + (1 << 30);
+    // 4 GB beyond the free memory: room for memory others free meanwhile (a run with 1 GB: dd's
+    // file ended after 4421 model pages).
+    let size = mem_free() + (4 << 30);
     std::fs::File::create(&sparse).unwrap().set_len(size).unwrap();
     let steal0 = testkit::vmstat("pgsteal_direct").expect("pgsteal_direct in /proc/vmstat");
     let cpus = starved.allocator_cpus();
@@ -1010,7 +1012,19 @@ fn global_direct_reclaim_is_blamed_on_the_allocating_process() {
         "bs=1M",
         "status=none",
     ]);
-    let mut reader = Command::new(&argv[0]).args(&argv[1..]).spawn().expect("spawn dd");
+    let mut reader = Command::new(&argv[0]);
+    reader.args(&argv[1..]);
+    // SAFETY: only an async-signal-safe prctl between fork and exec: dd dies with the test, also
+    // with a SIGKILL of it (the death signal is kept across the execs of sh, taskset and nice).
+    unsafe {
+        std::os::unix::process::CommandExt::pre_exec(&mut reader, || {
+            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    let mut reader = reader.spawn().expect("spawn dd");
     let pid = reader.id();
     let direct = |r: &ActorRow| r.kind == "direct_reclaim" && r.pid == pid && r.comm == "dd";
     let t = Instant::now();
