@@ -1824,7 +1824,9 @@ fn soak_serve_discover_returns_to_rest_after_each_wave_of_targets() {
     let (mut rests, mut observed) = (Vec::new(), 0.0);
     let args = |i: usize| -> Vec<String> {
         let (m, n) = (models[i].to_str().unwrap(), SOAK_TOKENS[i].to_string());
-        ["run", "-m", m, "-p", "The daemon keeps serving", "-n", &n, "--ignore-eos", "-t", "1"].map(String::from).to_vec()
+        ["run", "-m", m, "-p", "The daemon keeps serving", "-n", &n, "--ignore-eos", "-t", "1"]
+            .map(String::from)
+            .to_vec()
     };
     let before_load = stderr_before_load(&exe, &args(0));
     for wave in 0..SOAK_WAVES {
@@ -1856,7 +1858,10 @@ fn soak_serve_discover_returns_to_rest_after_each_wave_of_targets() {
         while soak::bpf_fds(pid).unwrap() > 0
             || !pids.iter().all(|p| obs.stderr().contains(&format!("serve: pid {p} ended")))
         {
-            assert!(t.elapsed() < Duration::from_secs(60), "serve still holds probes, or has not ended a session, 60 s after its targets ended");
+            assert!(
+                t.elapsed() < Duration::from_secs(60),
+                "serve still holds probes, or has not ended a session, 60 s after its targets ended"
+            );
             std::thread::sleep(Duration::from_millis(50));
         }
         let fds = (0..3)
@@ -1888,8 +1893,13 @@ fn soak_serve_discover_returns_to_rest_after_each_wave_of_targets() {
     let peak = peak.join().unwrap();
     eprintln!("soak: peak {peak:?} (hard cap {} B), {:.1} s", soak::RSS_HARD_CAP, t0.elapsed().as_secs_f64());
     let base = &rests[SOAK_WARMUP_WAVES - 1];
-    let violations: Vec<String> =
-        rests[SOAK_WARMUP_WAVES..].iter().enumerate().flat_map(|(i, r)| soak::check_rest(base, r).into_iter().map(move |v| format!("wave {}: {v}", i + SOAK_WARMUP_WAVES))).collect();
+    let violations: Vec<String> = rests[SOAK_WARMUP_WAVES..]
+        .iter()
+        .enumerate()
+        .flat_map(|(i, r)| {
+            soak::check_rest(base, r).into_iter().map(move |v| format!("wave {}: {v}", i + SOAK_WARMUP_WAVES))
+        })
+        .collect();
     assert!(violations.is_empty(), "{violations:#?}\n{}", obs.stderr());
     assert!(peak.rss <= soak::RSS_HARD_CAP, "RSS {peak:?} above the hard cap");
     assert!(obs.stop().success());
