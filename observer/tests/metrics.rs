@@ -1833,9 +1833,9 @@ fn soak_serve_discover_returns_to_rest_after_each_wave_of_targets() {
         // Each target is held once its model is mapped until serve has attached to it (so every
         // one is observed however slow the machine), and let go as the next one is held.
         let (mut running, mut pids): (Vec<HeldEngine>, Vec<u32>) = (Vec::new(), Vec::new());
-        for i in 0..3 {
+        for (i, name) in names.iter().enumerate() {
             let e = HeldEngine::spawn(&exe, &args(i), before_load);
-            e.wait_held(names[i]);
+            e.wait_held(name);
             wait_attached(&obs, e.pid());
             pids.push(e.pid());
             if let Some(prev) = running.last_mut() {
