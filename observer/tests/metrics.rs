@@ -1767,3 +1767,140 @@ fn serve_discover_follows_two_engines_and_llama_cpp_as_they_come_and_go() {
     }
     assert!(obs.stop().success());
 }
+
+// ---- soak -----------------------------------------------------------------------
+
+/// Waves of the in-suite soak, and how many of them warm up.
+const SOAK_WAVES: usize = 5;
+const SOAK_WARMUP_WAVES: usize = 2;
+/// Tokens of each wave's three targets (different lengths: their ends interleave with starts).
+const SOAK_TOKENS: [u32; 3] = [300, 200, 400];
+
+/// The short in-suite soak (`cargo xtask soak` runs the long one): `serve --discover` while
+/// waves of engine runs come and go, three per wave on three models, each held (its model
+/// mapped) until serve has attached to it and let go as the next one is held, so starts and
+/// ends interleave; every target is observed. After each wave the daemon is measured at rest (every target ended, its
+/// series stale, no BPF object or perf event held); from the rest after the warm-up waves on,
+/// RSS, open fds and series stay within `testkit::soak::check_rest`'s bounds (that module's
+/// spec says what RSS is made of and why it is judged at rest), every RSS sample taken
+/// throughout stays under `RSS_HARD_CAP`, and serve observed each target once.
+#[test]
+fn soak_serve_discover_returns_to_rest_after_each_wave_of_targets() {
+    use testkit::soak;
+    let _l = machine_lock();
+    let dir = scratch_dir("soak");
+    let copy = |from: &Path, name: &str| {
+        let (to, tmp) = (dir.join(name), dir.join(format!("{name}.tmp")));
+        std::fs::copy(from, &tmp).unwrap();
+        std::fs::rename(&tmp, &to).unwrap();
+        to
+    };
+    let exe = copy(&engine_bin(), "engine-soakt");
+    let names = ["soakt-a.gguf", "soakt-b.gguf", "soakt-c.gguf"];
+    let models = names.map(|n| copy(&tiny_model(), n));
+    let label = |i: usize| format!("engine=\"moe-engine\",model=\"{}\",container=\"\"", names[i]);
+    let t0 = Instant::now();
+    let obs = Observer::start("serve", &["--discover", "--name", "engine-soakt"]);
+    let pid = obs.child.id();
+    // RSS throughout, against the hard cap.
+    let sampling = Arc::new(std::sync::atomic::AtomicBool::new(true));
+    let peak = {
+        let sampling = Arc::clone(&sampling);
+        std::thread::spawn(move || {
+            let mut peak = soak::Memory::default();
+            while sampling.load(std::sync::atomic::Ordering::Relaxed) {
+                match soak::memory(pid) {
+                    Ok(m) if m.rss > peak.rss => peak = m,
+                    _ => {}
+                }
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            peak
+        })
+    };
+    let runs = |m: &BTreeMap<String, f64>| -> f64 {
+        (0..3).map(|i| m.get(&format!("moe_observer_runs_total{{{}}}", label(i))).copied().unwrap_or(0.0)).sum()
+    };
+    let (mut rests, mut observed) = (Vec::new(), 0.0);
+    let args = |i: usize| -> Vec<String> {
+        let (m, n) = (models[i].to_str().unwrap(), SOAK_TOKENS[i].to_string());
+        ["run", "-m", m, "-p", "The daemon keeps serving", "-n", &n, "--ignore-eos", "-t", "1"]
+            .map(String::from)
+            .to_vec()
+    };
+    let before_load = stderr_before_load(&exe, &args(0));
+    for wave in 0..SOAK_WAVES {
+        // Each target is held once its model is mapped until serve has attached to it (so every
+        // one is observed however slow the machine), and let go as the next one is held.
+        let (mut running, mut pids): (Vec<HeldEngine>, Vec<u32>) = (Vec::new(), Vec::new());
+        for (i, name) in names.iter().enumerate() {
+            let e = HeldEngine::spawn(&exe, &args(i), before_load);
+            e.wait_held(name);
+            wait_attached(&obs, e.pid());
+            pids.push(e.pid());
+            if let Some(prev) = running.last_mut() {
+                prev.release();
+            }
+            running.push(e);
+        }
+        if let Some(last) = running.last_mut() {
+            last.release();
+        }
+        for e in running {
+            e.finish();
+        }
+        // At rest: every target's series stale, then no probe left.
+        let m = obs.scrape_until("every target's end", Duration::from_secs(60), |m| {
+            !m.keys().any(|k| k.starts_with("moe_observer_target_rss_bytes{"))
+                && (0..3).all(|i| m.get(&format!("moe_observer_target_up{{{}}}", label(i))) != Some(&1.0))
+        });
+        let t = Instant::now();
+        while soak::bpf_fds(pid).unwrap() > 0
+            || !pids.iter().all(|p| obs.stderr().contains(&format!("serve: pid {p} ended")))
+        {
+            assert!(
+                t.elapsed() < Duration::from_secs(60),
+                "serve still holds probes, or has not ended a session, 60 s after its targets ended"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let fds = (0..3)
+            .map(|_| {
+                std::thread::sleep(Duration::from_millis(50));
+                soak::open_fds(pid).unwrap()
+            })
+            .min()
+            .unwrap();
+        let rest = soak::Rest {
+            memory: soak::memory(pid).unwrap(),
+            fds,
+            series: soak::series_of(&get(obs.addr, "/metrics", TEXT).1),
+        };
+        let now = runs(&m);
+        eprintln!(
+            "soak wave {wave} at {:.1} s: rest {:?}, {} fds, {} series; {} of 3 targets observed",
+            t0.elapsed().as_secs_f64(),
+            rest.memory,
+            rest.fds,
+            rest.series.len(),
+            now - observed
+        );
+        assert_eq!(now - observed, 3.0, "wave {wave}: serve observed each of its targets once\n{}", obs.stderr());
+        observed = now;
+        rests.push(rest);
+    }
+    sampling.store(false, std::sync::atomic::Ordering::Relaxed);
+    let peak = peak.join().unwrap();
+    eprintln!("soak: peak {peak:?} (hard cap {} B), {:.1} s", soak::RSS_HARD_CAP, t0.elapsed().as_secs_f64());
+    let base = &rests[SOAK_WARMUP_WAVES - 1];
+    let violations: Vec<String> = rests[SOAK_WARMUP_WAVES..]
+        .iter()
+        .enumerate()
+        .flat_map(|(i, r)| {
+            soak::check_rest(base, r).into_iter().map(move |v| format!("wave {}: {v}", i + SOAK_WARMUP_WAVES))
+        })
+        .collect();
+    assert!(violations.is_empty(), "{violations:#?}\n{}", obs.stderr());
+    assert!(peak.rss <= soak::RSS_HARD_CAP, "RSS {peak:?} above the hard cap");
+    assert!(obs.stop().success());
+}

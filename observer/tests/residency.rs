@@ -7,7 +7,7 @@ mod common;
 
 use std::{
     fs::File,
-    io::{BufRead, BufReader, Write},
+    io::{BufRead, BufReader, Read, Write},
     ops::Range,
     os::{fd::AsRawFd, unix::fs::FileExt},
     path::Path,
@@ -632,4 +632,123 @@ fn looking_at_a_model_leaves_its_page_cache_as_it_found_it() {
         before,
         "observer run with the model on its command line changed the page cache"
     );
+}
+
+/// What a late-mapping target's run gave: its records, the pages it touched, `fincore`'s bytes
+/// while it held them, and the observer's stderr.
+struct LateRun {
+    tokens: Vec<serde_json::Value>,
+    touched_pages: u64,
+    fincore: u64,
+    stderr: String,
+}
+
+/// `workload map-late --touch …` observed by `observer run` (spawned, or `--pid` once it runs):
+/// the model's path is given on its stdin once the probes are attached, so the session starts
+/// before the mapping (and its command line names no model). `fincore` is taken once the
+/// observer has said it samples the model and has printed a token after that (so a record
+/// drained while the target lived carries a sample), then stdin is closed and the target ends.
+fn late_mapping_run(path: &Path, touch: &[Range<u64>], attach: bool) -> LateRun {
+    let json = scratch_dir("resid").join(format!("late-{attach}.json"));
+    let _ = std::fs::remove_file(&json);
+    let touch: Vec<String> = touch.iter().map(|r| format!("{}:{}", r.start, r.end - r.start)).collect();
+    let mut wl = Command::new(common::workload());
+    wl.args(["map-late", "--ms", "20"]);
+    for t in &touch {
+        wl.args(["--touch", t]);
+    }
+    let mut obs = Command::new(OBSERVER);
+    obs.args(["run", "--every", "1", "--json", json.to_str().unwrap()]);
+    let mut workload = None;
+    if attach {
+        let w = wl.stdin(Stdio::piped()).stdout(Stdio::piped()).spawn().expect("start the workload");
+        obs.args(["--pid", &w.id().to_string()]).stdin(Stdio::null());
+        workload = Some(w);
+    } else {
+        obs.arg("--").arg(wl.get_program()).args(wl.get_args()).stdin(Stdio::piped());
+    }
+    let mut o = obs.stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().expect("start the observer");
+    let (mut stdin, stdout) = match workload.as_mut() {
+        Some(w) => (w.stdin.take().unwrap(), w.stdout.take().unwrap()),
+        None => (o.stdin.take().unwrap(), o.stdout.take().unwrap()),
+    };
+    let mut err = BufReader::new(o.stderr.take().unwrap());
+    let mut stderr = common::wait_attached(&mut err);
+    writeln!(stdin, "{}", path.display()).unwrap();
+    let mut out = BufReader::new(stdout);
+    let touched_pages = loop {
+        let mut line = String::new();
+        assert!(out.read_line(&mut line).unwrap() > 0, "the workload ended before mapping the model:\n{stderr}");
+        if let Ok(v) = serde_json::from_str::<serde_json::Value>(&line)
+            && v["kind"] == "map-late"
+        {
+            break v["touched_pages"].as_u64().unwrap();
+        }
+    };
+    // The observer's line saying it samples the model, then a token line printed after it.
+    let mut sampling = false;
+    loop {
+        let mut line = String::new();
+        assert!(err.read_line(&mut line).unwrap() > 0, "the observer ended early:\n{stderr}");
+        stderr.push_str(&line);
+        sampling |= line.contains("its residency is sampled from now on");
+        let is_token = line.split_whitespace().next().is_some_and(|w| w.parse::<u64>().is_ok());
+        if sampling && is_token {
+            break;
+        }
+    }
+    let fincore = fincore_bytes(path);
+    drop(stdin);
+    let drain = std::thread::spawn(move || std::io::copy(&mut out, &mut std::io::sink()));
+    let mut rest = String::new();
+    err.read_to_string(&mut rest).unwrap();
+    stderr.push_str(&rest);
+    let st = o.wait().unwrap();
+    let _ = drain.join();
+    if let Some(mut w) = workload {
+        assert!(w.wait().unwrap().success(), "the workload failed:\n{stderr}");
+    }
+    assert!(st.success(), "observer run failed: {st}\n{stderr}");
+    let v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    LateRun { tokens: v["tokens"].as_array().expect("tokens").clone(), touched_pages, fincore, stderr }
+}
+
+/// A target that maps its model after its session started (issue 22: it used to get no
+/// residency sampling at all): once the mapping appears the session samples it, spawned or
+/// attached (`--pid`, the session `serve --discover` runs per target). The workload touches one
+/// expert cell of an evicted model (page-aligned slices, `MADV_RANDOM`: no read-around); the
+/// records' numbers equal `fincore`'s on the same run: the expert bytes resident are the bytes
+/// fincore counts, the cell is wholly resident and every other cell and the dense part are not.
+#[test]
+fn residency_is_sampled_once_a_target_maps_its_model_after_its_session_started() {
+    let _l = machine_lock();
+    let path = write_model(&scratch_dir("resid").join("late.gguf"), 2, 8, 512, 4096);
+    let map = ModelFile::open(&path).unwrap().map;
+    let (layer, expert) = (1u32, 3u32);
+    let cell = map.row_of(layer).unwrap() * map.n_experts as usize + expert as usize;
+    let touch = map.expert_ranges(layer, expert);
+    let ps = scan::page_size();
+    assert!(touch.iter().all(|r| r.start % ps == 0 && r.end % ps == 0), "the test needs page-aligned slices");
+    let cell_pages: u64 = touch.iter().map(|r| (r.end - r.start) / ps).sum();
+    let expert_bytes = map.bytes_by_kind().2;
+    for attach in [false, true] {
+        evict_all(&path);
+        assert_eq!(settled_fincore_pages(&path), 0, "evicted");
+        let r = late_mapping_run(&path, &touch, attach);
+        let how = if attach { "--pid" } else { "spawned" };
+        let (tokens, e) = (&r.tokens, &r.stderr);
+        assert!(e.contains(&format!("mapped {}", path.display())), "{how}: the late mapping was not noticed:\n{e}");
+        assert_eq!(r.touched_pages, cell_pages, "{how}: the workload's own count");
+        assert_eq!(r.fincore, cell_pages * ps, "{how}: fincore: exactly the touched pages are cached");
+        assert!(tokens[0]["residency"].is_null(), "{how}: the first record came before the mapping: {}", tokens[0]);
+        let last = tokens.iter().rev().find(|t| t["residency"].is_object());
+        let res = &last.unwrap_or_else(|| panic!("{how}: no record carries residency:\n{e}"))["residency"];
+        let experts = (res["experts_resident_frac"].as_f64().unwrap() * expert_bytes as f64).round() as u64;
+        assert_eq!(experts, r.fincore, "{how}: resident expert bytes against fincore: {res}");
+        assert_eq!(res["dense_resident_frac"].as_f64(), Some(0.0), "{how}: {res}");
+        let grid: Vec<f64> = res["grid"]["resident"].as_array().unwrap().iter().map(|x| x.as_f64().unwrap()).collect();
+        for (i, f) in grid.iter().enumerate() {
+            assert_eq!(*f, if i == cell { 1.0 } else { 0.0 }, "{how}: cell {i} of {grid:?}");
+        }
+    }
 }

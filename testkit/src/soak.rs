@@ -23,6 +23,26 @@
 //!   sample (every label set has been seen by then, and a target's series are
 //!   bounded by its labels). A run beyond a bound fails, and so does a daemon
 //!   that exits on its own or fails to stop on SIGINT.
+//!
+//! ## At rest (the in-suite soak test)
+//! The short soak in `observer/tests/metrics.rs` runs waves of targets and measures
+//! the daemon at rest after each: every target has ended, its series are stale
+//! and the daemon holds no BPF program, map, link or perf event ([`bpf_fds`] is
+//! 0). What the daemon's memory is made of then ([`Memory`], from
+//! `/proc/PID/status`): `RssFile`, its binary's and libraries' pages read so far
+//! (bounded by their size); `RssAnon`, the heap and thread stacks, which glibc's
+//! allocator keeps after a peak (so it depends on how many sessions overlapped,
+//! not on how many came and went). A session's own memory is gone at rest: its
+//! 4 MiB ring buffer (mapped into the daemon, counted in RSS while it lives), its
+//! maps and its parsed kernel BTF and ELF object. That is why RSS is judged at
+//! rest and not at its peaks (a peak measures how many sessions were loading at
+//! that moment: 63 MB for one sample of a 45 s run against 34-43 MB around it).
+//! Bounds after the warm-up waves ([`check_rest`], against the warm-up's last
+//! rest): RSS at most [`rss_bound`] of it (a target that leaked its session
+//! would keep at least its 4 MiB ring: a wave of three adds 12 MiB); open fds at
+//! most [`REST_FD_SLACK`] more and series at most [`REST_SERIES_SLACK`] more
+//! (a leak of one per target adds a wave's target count each wave). Between
+//! rests, every sample's RSS stays under [`RSS_HARD_CAP`].
 
 use std::{
     io::{BufRead, BufReader, Read, Write},
@@ -45,6 +65,92 @@ pub const RSS_SLACK_FRACTION: f64 = 0.10;
 pub const RSS_SLACK_BYTES: u64 = 8 << 20;
 /// Open fds may exceed the warm-up maximum by this many.
 pub const FD_SLACK: u64 = 8;
+
+/// Open fds at rest may exceed the warm-up's rest by this many (a fd opened once, late).
+pub const REST_FD_SLACK: u64 = 2;
+/// Series at rest may exceed the warm-up's rest by this many (a counter of a rare event, such
+/// as a major fault of a kind not seen before, appears once it first happens).
+pub const REST_SERIES_SLACK: usize = 2;
+/// No sample's RSS may exceed this. The peak is the rest plus the sessions alive or detaching
+/// at that moment (each with a 4 MiB ring buffer, its maps, and a parsed kernel BTF of a few
+/// tens of MB while it loads); a few overlapping sessions stay far below it, a leak of a
+/// session per target or a runaway allocation does not.
+pub const RSS_HARD_CAP: u64 = 256 << 20;
+
+/// The daemon's memory, from `/proc/PID/status` (bytes).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Memory {
+    pub rss: u64,
+    pub anon: u64,
+    pub file: u64,
+}
+
+/// `VmRSS`, `RssAnon` and `RssFile` of `pid`.
+pub fn memory(pid: u32) -> Result<Memory> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
+    let kb = |key: &str| -> Result<u64> {
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix(key))
+            .and_then(|v| v.trim().trim_end_matches(" kB").parse::<u64>().ok())
+            .map(|k| k * 1024)
+            .with_context(|| format!("{key} of pid {pid}"))
+    };
+    Ok(Memory { rss: kb("VmRSS:")?, anon: kb("RssAnon:")?, file: kb("RssFile:")? })
+}
+
+/// The open fds of `pid`.
+pub fn open_fds(pid: u32) -> Result<u64> {
+    Ok(std::fs::read_dir(format!("/proc/{pid}/fd"))?.count() as u64)
+}
+
+/// The fds of `pid` that are BPF objects or perf events (a session's probes).
+pub fn bpf_fds(pid: u32) -> Result<u64> {
+    let mut n = 0;
+    for e in std::fs::read_dir(format!("/proc/{pid}/fd"))?.flatten() {
+        let Ok(l) = std::fs::read_link(e.path()) else { continue };
+        let l = l.to_string_lossy();
+        n += u64::from(l.starts_with("anon_inode:bpf") || l == "anon_inode:[perf_event]");
+    }
+    Ok(n)
+}
+
+/// The series of a Prometheus text body: each sample line's name and labels.
+pub fn series_of(body: &str) -> std::collections::BTreeSet<String> {
+    body.lines()
+        .filter(|l| !l.starts_with('#') && !l.is_empty())
+        .map(|l| l.rsplit_once(' ').map_or(l, |(k, _)| k).to_string())
+        .collect()
+}
+
+/// The daemon at rest (module spec).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Rest {
+    pub memory: Memory,
+    pub fds: u64,
+    pub series: std::collections::BTreeSet<String>,
+}
+
+/// The bounds a rest after the warm-up keeps against the warm-up's last rest (module spec).
+pub fn check_rest(base: &Rest, r: &Rest) -> Vec<String> {
+    let mut out = Vec::new();
+    let bound = rss_bound(base.memory.rss);
+    if r.memory.rss > bound {
+        out.push(format!("RSS at rest {:?} > bound {bound} B (warm-up rest {:?})", r.memory, base.memory));
+    }
+    if r.fds > base.fds + REST_FD_SLACK {
+        out.push(format!("{} open fds at rest > warm-up rest {} + {REST_FD_SLACK}", r.fds, base.fds));
+    }
+    if r.series.len() > base.series.len() + REST_SERIES_SLACK {
+        let new: Vec<&String> = r.series.difference(&base.series).collect();
+        out.push(format!(
+            "{} series at rest > warm-up rest {} + {REST_SERIES_SLACK}; new: {new:?}",
+            r.series.len(),
+            base.series.len()
+        ));
+    }
+    out
+}
 
 /// What to run.
 #[derive(Debug, Clone)]
@@ -346,5 +452,20 @@ mod tests {
         assert_eq!(rss_bound(100 << 20), 118 << 20);
         let spike = [s(40 << 20, 1, 1), s(63 << 20, 1, 1), s(41 << 20, 1, 1)];
         assert_eq!(median_rss(&spike), 41 << 20, "a one-sample spike does not move the median");
+    }
+
+    #[test]
+    fn a_rest_is_checked_against_the_warm_up_rest() {
+        let rest = |rss: u64, fds: u64, series: &[&str]| Rest {
+            memory: Memory { rss, anon: rss / 2, file: rss / 2 },
+            fds,
+            series: series.iter().map(|s| s.to_string()).collect(),
+        };
+        let base = rest(30 << 20, 40, &["a", "b"]);
+        assert!(check_rest(&base, &rest(41 << 20, 42, &["a", "b", "c", "d"])).is_empty(), "within the slack");
+        let v = check_rest(&base, &rest(42 << 20, 43, &["a", "b", "c", "d", "e"]));
+        assert_eq!(v.len(), 3, "{v:?}");
+        assert!(v[2].contains("\"e\""), "the new series are named: {v:?}");
+        assert_eq!(series_of("# HELP x y\nx{a=\"1\"} 2\nx{a=\"2\"} 3\n\ny 1\n").len(), 3);
     }
 }

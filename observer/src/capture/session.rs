@@ -8,7 +8,9 @@
 //! 1. one `Header`;
 //! 2. `Token`s as they complete (engine markers, `--token-symbol` calls, or
 //!    fixed windows), each batch's last one with a residency sample when the
-//!    model file is known; every `sample_interval` a `Process` sample and, with
+//!    model file is known (named by the options or the command line, else the
+//!    first GGUF file the target maps: looked for at every sample until one
+//!    appears, so a target that maps its model late is sampled from then on); every `sample_interval` a `Process` sample and, with
 //!    eBPF, `Histograms` and `Health`;
 //! 3. at the end: the tokens still in the kernel's ring buffer, a last
 //!    `Histograms` and `Health`, one `Totals` (per-thread and per-device totals,
@@ -247,7 +249,8 @@ pub struct SessionOptions {
     /// procfs fallback's window; default 1 s there).
     pub window: Option<Duration>,
     /// The model file (GGUF); default: the `--model`/`-m` argument or the
-    /// `*.gguf` file of the target's command line.
+    /// `*.gguf` file of the target's command line, else the first GGUF file
+    /// the target maps, once it does (module doc).
     pub model: Option<PathBuf>,
     /// Rescan the model file's residency at most this often; default every
     /// second within [`residency::SCAN_BUDGET`].
@@ -489,12 +492,14 @@ impl Session {
         let mut ring =
             unsafe { AsyncFd::register(ring) }.map_err(|e| e.into_parts().1).context("registering the ring buffer")?;
         let mut asm = Assembler::new(step_kind(probes.markers.as_ref()));
-        let mut resid = self.residency_sampler(&mut probes);
-        asm.churn = resid.as_ref().is_some_and(|r| r.churn().is_some());
-        asm.blame = resid.as_ref().and_then(|r| r.churn()).is_some_and(|c| c.blame.is_ok());
-        asm.xread = resid.as_ref().and_then(|r| r.xread()).map(|x| x.cells.clone());
-        let marked_by = tokens_desc(probes.markers.as_ref(), self.opts.window.is_some());
         let model = self.model_file();
+        let mut resid = model.as_deref().and_then(|m| self.residency_sampler(m, &mut probes));
+        measured_with(&mut asm, resid.as_ref());
+        // A target that names no model (attached before it mapped one, or started by a command
+        // line that does not name it): its mapping is looked for at every sample until one
+        // appears, and its residency is sampled from then on.
+        let mut awaiting_model = model.is_none();
+        let marked_by = tokens_desc(probes.markers.as_ref(), self.opts.window.is_some());
         let header = header::build(
             "ebpf",
             pid,
@@ -571,6 +576,12 @@ impl Session {
                     {
                         let refused = after_exec(&mut probes, pid, self.opts.engine, self.opts.without_tokens_ok)?;
                         marks_found(false, refused, &probes, pid, sinks)?;
+                    }
+                    if awaiting_model && let Some(m) = crate::capture::discover::mapped_gguf(pid) {
+                        awaiting_model = false;
+                        log::info!("pid {pid}: mapped {}: its residency is sampled from now on", m.display());
+                        resid = self.residency_sampler(&m, &mut probes);
+                        measured_with(&mut asm, resid.as_ref());
                     }
                     let now = seed::mono_ns();
                     let mut sample = procsample::sample(pid, now);
@@ -709,12 +720,11 @@ impl Session {
         if self.target.is_spawned() { None } else { crate::capture::discover::mapped_gguf(pid) }
     }
 
-    /// The residency sampler for the target's model file, when there is one (a
-    /// GGUF named by the options, on the command line or mapped), with page-cache churn
-    /// counted in the kernel. Problems are reported in one line, never fatal.
-    fn residency_sampler(&self, probes: &mut Probes) -> Option<Sampler> {
-        let model = self.model_file()?;
-        let mut s = match Sampler::new(&model, Some(self.target.pid())) {
+    /// The residency sampler for the target's model file (`model_file`, or the GGUF it
+    /// mapped later), with page-cache churn counted in the kernel. Problems are reported in one
+    /// line, never fatal.
+    fn residency_sampler(&self, model: &std::path::Path, probes: &mut Probes) -> Option<Sampler> {
+        let mut s = match Sampler::new(model, Some(self.target.pid())) {
             Ok(s) => s,
             Err(e) => {
                 log::warn!("residency not measured ({}): {e}", model.display());
@@ -962,6 +972,14 @@ fn marks_found(
         degraded: refused.into_iter().collect(),
     };
     emit(sinks, &Event::Marks(m))
+}
+
+/// Tell the assembler what the residency sampler measures in the kernel (its marks carry it).
+fn measured_with(asm: &mut Assembler, resid: Option<&Sampler>) {
+    let churn = resid.and_then(Sampler::churn);
+    asm.churn = churn.is_some();
+    asm.blame = churn.is_some_and(|c| c.blame.is_ok());
+    asm.xread = resid.and_then(Sampler::xread).map(|x| x.cells.clone());
 }
 
 /// Emit a batch of token records. With a residency sampler, the last record
