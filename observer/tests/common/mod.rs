@@ -342,8 +342,14 @@ pub struct Bpftrace {
 
 impl Bpftrace {
     pub fn start(script: &str) -> Bpftrace {
+        Bpftrace::start_env(script, &[])
+    }
+
+    /// [`Bpftrace::start`] with environment variables for bpftrace (e.g. `BPFTRACE_STRLEN`).
+    pub fn start_env(script: &str, env: &[(&str, &str)]) -> Bpftrace {
         let mut child = Command::new("bpftrace")
             .args(["-e", script])
+            .envs(env.iter().copied())
             .stdout(Stdio::piped())
             .spawn()
             .expect("bpftrace not found: run `cargo xtask setup`");
