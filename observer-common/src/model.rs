@@ -728,11 +728,15 @@ mod tests {
         }
         let shape = ["n_layers", "n_experts", "layers"];
         for k in keys {
-            assert!(shape.contains(&k) || crate::vocab::GRID_LAYERS.iter().any(|r| r.json == k), "{k} not in the vocabulary");
+            assert!(
+                shape.contains(&k) || crate::vocab::GRID_LAYERS.iter().any(|r| r.json == k),
+                "{k} not in the vocabulary"
+            );
         }
         // A grid written before the read layers existed reads back without them.
         let old: ExpertGrid =
-            serde_json::from_str(r#"{"n_layers":1,"n_experts":1,"resident":[1.0],"added":null,"evicted":null}"#).unwrap();
+            serde_json::from_str(r#"{"n_layers":1,"n_experts":1,"resident":[1.0],"added":null,"evicted":null}"#)
+                .unwrap();
         assert_eq!((old.read_bytes, old.read_calls), (None, None));
         let old: ExpertRead = serde_json::from_str(r#"{"layer":1,"expert":2,"bytes":3}"#).unwrap();
         assert_eq!(old.calls, 0);

@@ -875,7 +875,11 @@ const fn grid_layer(name: &'static str, short: &'static str, help: &'static str)
 /// key the name), as the token records, traces, the TUI heatmap and `observer heatmap` show them.
 /// Counts are over the steps since the previous grid. Never Prometheus labels (per expert).
 pub static GRID_LAYERS: [Row; 5] = [
-    grid_layer("resident", "res", "resident fraction of the expert's bytes (its slices of `ffn_*_exps`) in the page cache"),
+    grid_layer(
+        "resident",
+        "res",
+        "resident fraction of the expert's bytes (its slices of `ffn_*_exps`) in the page cache",
+    ),
     grid_layer("added", "pc_in", "the expert's page-cache pages added (churn; by anyone)"),
     grid_layer("evicted", "pc_out", "the expert's page-cache pages evicted (churn; by anyone)"),
     grid_layer(

@@ -506,10 +506,10 @@ fn records_per_expert<'a>(records: impl IntoIterator<Item = &'a serde_json::Valu
     m
 }
 
-/// The run's per-expert reads against the cache log's: equal, but for the reads made before the
-/// observer had identified the engine's descriptor (`unresolved_bytes`, charged to no expert),
-/// which are exactly what the observer lacks.
-fn assert_per_expert_matches_the_log(seen: &PerExpert, log: &PerExpert, unresolved: u64, what: &str) {
+/// The run's per-expert reads against the cache log's: no expert above the log, none the engine
+/// did not read; returns the bytes missing in all (reads made before the observer had identified
+/// the descriptor they were made on: `unresolved_bytes`, charged to no expert).
+fn shortfall_against_the_log(seen: &PerExpert, log: &PerExpert, what: &str) -> u64 {
     let mut short = 0;
     for (k, &want) in log {
         let got = seen.get(k).copied().unwrap_or(0);
@@ -519,7 +519,139 @@ fn assert_per_expert_matches_the_log(seen: &PerExpert, log: &PerExpert, unresolv
     for (k, &got) in seen {
         assert!(log.contains_key(k) || got == 0, "{what}: expert {k:?} ({got} bytes) was never read by the engine");
     }
-    assert_eq!(short, unresolved, "{what}: bytes missing per expert vs the run's unresolved bytes");
+    short
+}
+
+/// The model bytes bpftrace saw and the observer charged to no region lie within the unresolved
+/// bytes (which may also hold reads of other files: a descriptor is unresolved until identified).
+fn assert_uncharged_within_unresolved(charged: u64, bt: u64, unresolved: u64, what: &str) {
+    assert!(
+        charged <= bt && bt <= charged + unresolved,
+        "{what}: charged {charged}, bpftrace {bt}, unresolved {unresolved}"
+    );
+}
+
+/// `observer heatmap --trace TRACE --json` (and `extra` arguments): its JSON lines.
+fn heatmap_json(trace: &std::path::Path, extra: &[&str]) -> Vec<serde_json::Value> {
+    let o = Command::new(OBSERVER)
+        .args(["heatmap", "--trace", trace.to_str().unwrap(), "--json"])
+        .args(extra)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "observer heatmap --trace: {}", String::from_utf8_lossy(&o.stderr));
+    String::from_utf8_lossy(&o.stdout).lines().map(|l| serde_json::from_str(l).unwrap()).collect()
+}
+
+/// The per-expert bytes of `observer heatmap --trace --json`.
+fn listed_per_expert(v: &serde_json::Value) -> PerExpert {
+    v["experts"].as_array().unwrap().iter().map(|e| ((u(e, "layer"), u(e, "expert")), u(e, "read_bytes"))).collect()
+}
+
+/// While `rec` (`observer record -o trace` of the engine with `--cache-log log`) runs: for each of
+/// `steps`, stop the engine (SIGSTOP) once it reads experts for that step, and let it go on once
+/// the trace holds the steps before it. Each pause ends a batch of token records (so a grid),
+/// whatever the engine's speed. During each pause, `observer heatmap --trace` (which reads the
+/// trace being written) lists per expert what the cache log says the engine read in the steps
+/// the trace holds; at the first pause an `observer heatmap --trace --watch` is started, returned.
+fn pause_at_steps(
+    rec: &mut std::process::Child,
+    log: &std::path::Path,
+    trace: &std::path::Path,
+    steps: &[u64],
+) -> Watch {
+    /// Lets the engine go on (and stops the recorder) if the test fails while it is stopped.
+    struct Resume(u32, u32, bool);
+    impl Drop for Resume {
+        fn drop(&mut self) {
+            if self.2 {
+                // SAFETY: kill(2) of the engine and the recorder this test started.
+                unsafe {
+                    libc::kill(self.0 as i32, libc::SIGCONT);
+                    libc::kill(self.1 as i32, libc::SIGKILL);
+                }
+            }
+        }
+    }
+    let deadline = std::time::Instant::now() + Duration::from_secs(120);
+    let logged_step = || {
+        let text = std::fs::read_to_string(log).unwrap_or_default();
+        text.lines().filter_map(|l| l.split(' ').next()?.parse::<u64>().ok()).max()
+    };
+    let mut watch = None;
+    for &step in steps {
+        while logged_step().is_none_or(|s| s < step) {
+            assert!(std::time::Instant::now() < deadline, "the engine read no expert for step {step} in 120 s");
+            assert!(rec.try_wait().unwrap().is_none(), "observer record ended before step {step} read an expert");
+            std::thread::sleep(Duration::from_millis(2));
+        }
+        let engine = child_named(rec.id(), "engine").expect("the engine, a child of observer record");
+        let resume = Resume(engine, rec.id(), true);
+        // SAFETY: kill(2) of the engine this test started (through the observer).
+        unsafe { libc::kill(engine as i32, libc::SIGSTOP) };
+        // The observer drains and writes the steps that ended; wait for them in the trace.
+        let live = loop {
+            let v = heatmap_json(trace, &[]).pop().unwrap();
+            if v["last_index"].as_u64().is_some_and(|i| i + 1 >= step) {
+                break v;
+            }
+            assert!(std::time::Instant::now() < deadline, "step {} not in the trace: {v}", step - 1);
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        let last = u(&live, "last_index");
+        assert_eq!((&live["ended"], u(&live, "target_pid")), (&serde_json::json!(false), u64::from(engine)), "{live}");
+        let upto =
+            cache_log(log).range(..=last).flat_map(|(_, m)| m.clone()).fold(PerExpert::new(), |mut m, (k, b)| {
+                *m.entry(k).or_default() += b;
+                m
+            });
+        let short = shortfall_against_the_log(&listed_per_expert(&live), &upto, &format!("live, through step {last}"));
+        assert!(short <= u(&live, "unresolved_bytes"), "live: {short} bytes missing, more than unresolved: {live}");
+        if watch.is_none() {
+            let mut w = Command::new(OBSERVER)
+                .args(["heatmap", "--trace", trace.to_str().unwrap(), "--json", "--watch", "--interval", "50ms"])
+                .stdout(Stdio::piped())
+                .stderr(Stdio::null())
+                .spawn()
+                .unwrap();
+            // Its first refresh, while the engine is stopped: the trace has not ended.
+            let mut first = String::new();
+            let mut out = BufReader::new(w.stdout.take().unwrap());
+            out.read_line(&mut first).unwrap();
+            let first: serde_json::Value = serde_json::from_str(&first).unwrap();
+            assert_eq!(first["ended"], false, "{first}");
+            // The rest, read by a thread so that the pipe never fills.
+            let rest = std::thread::spawn(move || {
+                let mut s = String::new();
+                std::io::Read::read_to_string(&mut out, &mut s).unwrap();
+                s
+            });
+            watch = Some((w, first, rest));
+        }
+        let mut resume = resume;
+        resume.2 = false;
+        // SAFETY: as above.
+        unsafe { libc::kill(engine as i32, libc::SIGCONT) };
+    }
+    let (child, first, rest) = watch.unwrap();
+    Watch { child, first, rest }
+}
+
+/// An `observer heatmap --trace --watch --json` started during a run: its first refresh, and the
+/// rest of its output.
+struct Watch {
+    child: std::process::Child,
+    first: serde_json::Value,
+    rest: std::thread::JoinHandle<String>,
+}
+
+impl Watch {
+    /// Every refresh, once it exits (at the trace's end record).
+    fn refreshes(mut self) -> Vec<serde_json::Value> {
+        let st = self.child.wait().unwrap();
+        assert!(st.success(), "observer heatmap --watch: {st}");
+        let rest = self.rest.join().unwrap();
+        std::iter::once(self.first).chain(rest.lines().map(|l| serde_json::from_str(l).unwrap())).collect()
+    }
 }
 
 /// The per-expert explicit reads are wherever the per-expert residency is: the grid's
@@ -536,18 +668,32 @@ fn per_expert_explicit_reads_fill_the_grid_the_trace_and_the_heatmap() {
     for f in [&trace, &json, &log] {
         let _ = std::fs::remove_file(f);
     }
+    for f in std::fs::read_dir(&dir).unwrap().flatten() {
+        if f.file_name().to_string_lossy().starts_with("run.trace.partial-") {
+            let _ = std::fs::remove_file(f.path()); // left by a killed recorder
+        }
+    }
     let bt = model_preads(&model);
-    let out = Command::new(OBSERVER)
+    let mut rec = Command::new(OBSERVER)
         .args(["record", "-o", trace.to_str().unwrap(), "--json", json.to_str().unwrap(), "--every", "0", "--force"])
         .arg("--")
         .arg(engine_bin())
         .args(["run", "-m", model.to_str().unwrap(), "-p", "The quick brown fox", "-n", "48"])
         .args(["--ignore-eos", "-t", "2", "--dense", "anon", "--experts", "cache", "--cache-mib", "1"])
         .args(["--cache-log", log.to_str().unwrap()])
-        .output()
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
         .unwrap();
+    let watch = pause_at_steps(&mut rec, &log, &trace, &[4, 12, 24, 36]);
+    let out = rec.wait_with_output().unwrap();
     let text = bt.finish();
     assert!(out.status.success(), "observer record failed: {}", String::from_utf8_lossy(&out.stderr));
+    // `--watch`, started while the engine was stopped, followed the trace to its end record.
+    let refreshes = watch.refreshes();
+    assert_eq!(refreshes[0]["ended"], false, "{}", refreshes[0]);
+    assert_eq!(refreshes.last().unwrap()["ended"], true, "--watch stops at the end record");
+    assert!(refreshes.windows(2).all(|w| u(&w[1], "records") >= u(&w[0], "records")), "refreshes never go back");
     let v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
     let pid = u(&v["target"], "pid");
     let (bt_bytes, bt_calls) = model_pread_totals(&text, pid);
@@ -559,8 +705,10 @@ fn per_expert_explicit_reads_fill_the_grid_the_trace_and_the_heatmap() {
     let sum = |f: &dyn Fn(&serde_json::Value) -> u64| toks.iter().map(|t| f(&t["explicit_reads"])).sum::<u64>();
     let all = |x: &serde_json::Value, k: &str| ["dense", "experts", "other"].iter().map(|r| u(&x[k], r)).sum::<u64>();
     let unresolved = sum(&|x| u(x, "unresolved_bytes"));
-    assert_eq!(sum(&|x| all(x, "bytes")) + unresolved, bt_bytes, "explicit bytes vs bpftrace's pread64 returns");
-    assert_eq!(sum(&|x| all(x, "calls")) + sum(&|x| u(x, "unresolved_calls")), bt_calls, "calls vs bpftrace's");
+    let charged = sum(&|x| all(x, "bytes"));
+    assert_uncharged_within_unresolved(charged, bt_bytes, unresolved, "bytes vs bpftrace's pread64 returns");
+    let calls = sum(&|x| all(x, "calls"));
+    assert_uncharged_within_unresolved(calls, bt_calls, sum(&|x| u(x, "unresolved_calls")), "calls vs bpftrace's");
     assert_eq!(sum(&|x| u(x, "lost_bytes")), 0, "per-expert records lost");
     let log_total: u64 = log.values().flat_map(|m| m.values()).sum();
     assert_eq!(log_total, bt_bytes, "the cache log's bytes vs bpftrace's pread64 returns");
@@ -603,15 +751,19 @@ fn per_expert_explicit_reads_fill_the_grid_the_trace_and_the_heatmap() {
         grids += 1;
         with_reads += usize::from(!got.is_empty());
     }
-    eprintln!("{grids} grids checked, {with_reads} with reads; {bt_bytes} bytes in {bt_calls} preads, {unresolved} unresolved");
-    assert!(grids >= 5 && with_reads >= 3, "{grids} grids checked, {with_reads} with reads");
+    eprintln!(
+        "{grids} grids checked, {with_reads} with reads; {bt_bytes} bytes in {bt_calls} preads, {unresolved} unresolved"
+    );
+    // The pauses end 4 batches after the prompt's; the first holds the unresolved reads.
+    assert!(grids >= 3 && with_reads >= 2, "{grids} grids checked, {with_reads} with reads");
+    assert_eq!(refreshes.last().unwrap()["experts"], heatmap_json(&trace, &[])[0]["experts"]);
 
     // The trace holds the same grids (packed), and `observer heatmap --trace` lists the run's reads.
     let h = Command::new(OBSERVER).args(["heatmap", "--trace", trace.to_str().unwrap(), "--json"]).output().unwrap();
     assert!(h.status.success(), "observer heatmap --trace: {}", String::from_utf8_lossy(&h.stderr));
     let hv: serde_json::Value = serde_json::from_slice(&h.stdout).unwrap();
     assert_eq!(u(&hv, "records"), toks.len() as u64, "{hv}");
-    assert_eq!(u(&hv["bytes"], "experts") + u(&hv, "unresolved_bytes"), bt_bytes, "{hv}");
+    assert_eq!(u(&hv["bytes"], "experts"), sum(&|x| u(&x["bytes"], "experts")), "{hv}");
     let listed: PerExpert = hv["experts"]
         .as_array()
         .unwrap()
@@ -623,7 +775,12 @@ fn per_expert_explicit_reads_fill_the_grid_the_trace_and_the_heatmap() {
         *m.entry(*k).or_default() += b;
         m
     });
-    assert_per_expert_matches_the_log(&listed, &log_all, unresolved, "heatmap --trace");
+    let short = shortfall_against_the_log(&listed, &log_all, "heatmap --trace");
+    assert_eq!(
+        short,
+        bt_bytes - u(&hv["bytes"], "experts"),
+        "the experts' bytes missing vs bpftrace's uncharged bytes"
+    );
     let txt = Command::new(OBSERVER).args(["heatmap", "--trace", trace.to_str().unwrap()]).output().unwrap();
     let txt = String::from_utf8_lossy(&txt.stdout);
     for ((layer, expert), b) in &listed {
@@ -687,12 +844,29 @@ fn window_records_carry_explicit_reads_that_add_up_to_the_engines() {
         }
     }
     eprintln!("{} windows, {with_reads} with reads; {bt_bytes} bytes in {bt_calls} preads", wins.len());
-    assert_eq!(bytes + unresolved, bt_bytes, "windows' expert bytes vs bpftrace's pread64 returns");
-    assert_eq!(calls + unresolved_calls, bt_calls, "windows' expert calls vs bpftrace's");
+    assert_uncharged_within_unresolved(
+        bytes,
+        bt_bytes,
+        unresolved,
+        "windows' expert bytes vs bpftrace's pread64 returns",
+    );
+    assert_uncharged_within_unresolved(calls, bt_calls, unresolved_calls, "windows' expert calls vs bpftrace's");
     let log_all: PerExpert = log.values().flatten().fold(PerExpert::new(), |mut m, (k, b)| {
         *m.entry(*k).or_default() += b;
         m
     });
-    assert_per_expert_matches_the_log(&records_per_expert(wins.iter().copied()), &log_all, unresolved, "windows");
+    let short = shortfall_against_the_log(&records_per_expert(wins.iter().copied()), &log_all, "windows");
+    assert_eq!(short, bt_bytes - bytes, "the experts' bytes missing vs bpftrace's uncharged bytes");
     assert!(with_reads >= 2, "{with_reads} windows with expert reads");
+}
+
+/// The process whose parent is `parent` and whose name is `comm`, if any.
+fn child_named(parent: u32, comm: &str) -> Option<u32> {
+    std::fs::read_dir("/proc").ok()?.flatten().find_map(|e| {
+        let pid: u32 = e.file_name().to_str()?.parse().ok()?;
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+        let (name, rest) = stat.split_once(" (")?.1.rsplit_once(") ")?;
+        let ppid: u32 = rest.split(' ').nth(1)?.parse().ok()?;
+        (ppid == parent && name == comm).then_some(pid)
+    })
 }

@@ -278,7 +278,7 @@ fn heatmap_view_shows_the_explicit_reads_per_expert() {
     let s = text(buf);
     let (rb, rc) = (GRID_LAYERS[G_READ_BYTES].short, GRID_LAYERS[G_READ_CALLS].short);
     let head = format!(
-                "explicit reads ({rb}, {rc}) at step #{}: {} in {} calls · run {} in {} calls",
+        "explicit reads ({rb}, {rc}) at step #{}: {} in {} calls · run {} in {} calls",
         last.0,
         f::bytes(last.1 as f64),
         f::int(last.2),

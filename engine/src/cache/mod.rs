@@ -531,16 +531,18 @@ impl ExpertCache {
         }
         if let Some(f) = self.load_log.lock().unwrap_or_else(PoisonError::into_inner).as_mut() {
             use std::io::Write;
-            // Best effort: a full disk loses log lines, never the step.
-            _ = writeln!(f, "{} {il} {e} {bytes}", self.step.load(Ordering::Relaxed));
+            // One write per line (a reader never sees half of one); best effort: a full disk loses
+            // log lines, never the step.
+            let line = format!("{} {il} {e} {bytes}\n", self.step.load(Ordering::Relaxed));
+            _ = f.write_all(line.as_bytes());
         }
         Some(s as u32)
     }
 
     /// Log every expert read started from now on to `f`: one line `STEP LAYER EXPERT BYTES` (STEP:
     /// the index of [`Self::begin_step`], the token markers' index; BYTES: what the expert's
-    /// reads return, its three windows up to the end of the file), written unbuffered when its
-    /// reads are queued.
+    /// reads return, its three windows up to the end of the file), written unbuffered (one
+    /// `write` per line) when its reads are queued.
     pub fn set_load_log(&self, f: std::fs::File) {
         *self.load_log.lock().unwrap_or_else(PoisonError::into_inner) = Some(f);
     }

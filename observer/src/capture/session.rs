@@ -982,7 +982,8 @@ fn tokens(mut batch: Vec<TokenRecord>, resid: &mut Option<Sampler>, sinks: &mut 
     let reads = resid.as_ref().is_some_and(|s| s.xread().is_some());
     let mut grid_reads = observer_common::model::ExplicitReads::default();
     if reads {
-        grid_reads.experts = batch.iter().filter_map(|t| t.explicit_reads.as_ref()).flat_map(|x| x.experts.clone()).collect();
+        grid_reads.experts =
+            batch.iter().filter_map(|t| t.explicit_reads.as_ref()).flat_map(|x| x.experts.clone()).collect();
     }
     if let (Some(s), Some(last)) = (resid.as_mut(), batch.last_mut()) {
         match s.sample_after(generated) {

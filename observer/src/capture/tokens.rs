@@ -392,6 +392,45 @@ mod tests {
         }
     }
 
+    /// The bytes of a ring-buffer record.
+    fn raw<T: Copy>(r: &T) -> Vec<u8> {
+        // SAFETY: a repr(C) plain-data record, read as its bytes.
+        unsafe { std::slice::from_raw_parts((r as *const T).cast::<u8>(), std::mem::size_of::<T>()) }.to_vec()
+    }
+
+    #[test]
+    fn a_window_carries_the_explicit_reads_between_its_snapshots() {
+        let mut asm = Assembler::new(StepKind::Window);
+        // Intervals 0 and 2 are experts (layer 3, expert 1) and (layer 3, expert 5); 1 is not.
+        asm.xread = Some(vec![Some((3, 1)), None, Some((3, 5))]);
+        let totals = |experts: u64, calls: u64, unresolved: u64| {
+            let mut t = [0u64; N_TOTALS];
+            t[T_BYTES + observer_common::xread::K_EXPERTS] = experts;
+            t[T_CALLS + observer_common::xread::K_EXPERTS] = calls;
+            t[T_UNRESOLVED_BYTES] = unresolved;
+            t
+        };
+        let at = |ts, t| Snapshot { xread: Some(t), ..snap(ts, vec![st(1, 0, 0)]) };
+        let read = |interval, bytes| raw(&ReadRecord { kind: REC_READ, tid: 1, interval, _pad: 0, bytes });
+        assert!(asm.push(&read(0, 99)).is_none(), "before the first window: no window to charge");
+        assert!(asm.window(at(1000, totals(99, 1, 7))).is_none());
+        for r in [read(0, 4096), read(2, 100), read(0, 4096)] {
+            assert!(asm.push(&r).is_none());
+        }
+        let w = asm.window(at(2000, totals(99 + 8292, 4, 7))).expect("a window");
+        let x = w.explicit_reads.expect("explicit reads");
+        assert_eq!(
+            (x.bytes.0[observer_common::xread::K_EXPERTS], x.calls.0[observer_common::xread::K_EXPERTS]),
+            (8292, 3)
+        );
+        assert_eq!(x.unresolved_bytes, 0);
+        let e = |layer, expert, bytes, calls| ExpertRead { layer, expert, bytes, calls };
+        assert_eq!(x.experts, [e(3, 1, 8192, 2), e(3, 5, 100, 1)]);
+        // The next window starts empty.
+        let w = asm.window(at(3000, totals(99 + 8292, 4, 7))).expect("a window");
+        assert!(w.explicit_reads.expect("measured").experts.is_empty());
+    }
+
     #[test]
     fn token_is_the_difference_of_two_snapshots() {
         let b = snap(1000, vec![st(1, 100, 0), st(2, 0, 50), st(3, 0, 10)]);

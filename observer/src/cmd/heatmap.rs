@@ -44,8 +44,11 @@
 //! `--json`: one object, `{"trace", "model" (the header's model path or null), "records",
 //! "measured" (records with explicit reads), "bytes", "ns", "calls" (per kind: {"dense",
 //! "experts", "other"}), "unresolved_bytes", "unresolved_calls", "lost_bytes", "experts": [{"layer",
-//! "expert", "read_bytes", "read_calls"}]}`. A trace without explicit reads is an error that says
-//! so.
+//! "expert", "read_bytes", "read_calls"}], "sample", "ended" (the trace has its end record),
+//! "last_index" (the last record's step index), "target_pid"}`. With `--watch` the trace is read again at every
+//! refresh, so a run being recorded (`observer record` flushes each burst of records; until its end
+//! the trace is `FILE.partial-PID`, `engine::output`, which is read while `FILE` does not exist) is
+//! followed live, until its end record. A complete trace without explicit reads is an error that says so.
 
 use std::{io::Write, path::PathBuf, time::Duration};
 
@@ -66,7 +69,8 @@ pub struct HeatmapArgs {
     #[arg(required_unless_present = "trace")]
     pub model: Option<PathBuf>,
     /// List the explicit reads per expert of a recorded run (`observer record`) instead.
-    #[arg(long, value_name = "FILE", conflicts_with_all = ["model", "csv", "watch", "churn", "pid"])]
+    /// With `--watch`, the trace is read again at every refresh (a run being recorded) until it ends.
+    #[arg(long, value_name = "FILE", conflicts_with_all = ["model", "csv", "churn", "pid"])]
     pub trace: Option<PathBuf>,
     /// One JSON object per refresh (see the format in `observer heatmap --help`'s module docs).
     #[arg(long, conflicts_with = "csv")]
@@ -137,44 +141,91 @@ type ChurnState = (aya::Ebpf, Churn, Counts, Option<(Table, Table)>);
 
 pub fn run(mut args: HeatmapArgs) -> Result<i32> {
     if let Some(trace) = &args.trace {
-        return trace_reads(trace, args.json);
+        return trace_reads(trace, &args);
     }
     let path = args.model.take().context("observer heatmap: a model file (or --trace FILE) is needed")?;
     run_model(&path, &args)
 }
 
-/// `--trace`: the explicit reads of a recorded run (module doc).
-fn trace_reads(path: &std::path::Path, json: bool) -> Result<i32> {
-    use observer::analysis::reads::RunReads;
-    use observer_common::vocab::{EXPLICIT_READS, G_READ_BYTES, G_READ_CALLS, GRID_LAYERS};
-    let run = observer::store::import::load(path).with_context(|| format!("observer heatmap --trace {}", path.display()))?;
-    for n in &run.notes {
-        eprintln!("observer heatmap: {n}");
-    }
-    let r = RunReads::of(&run.tokens);
-    if r.measured == 0 {
-        bail!(
-            "{}: none of its {} records carries explicit reads (recorded before they were measured, without a model file, or without eBPF)",
-            path.display(),
-            r.records
-        );
-    }
-    let model = run.header.model.as_ref().map(|m| m.path.clone());
+/// `--trace`: the explicit reads of a recorded run (module doc); with `--watch`, of the trace as it
+/// grows (a run being recorded), until its end record or `--count` refreshes.
+fn trace_reads(path: &std::path::Path, args: &HeatmapArgs) -> Result<i32> {
+    use observer::{
+        analysis::reads::RunReads,
+        store::import::{LoadedRun, load_events},
+    };
+    let what = || format!("observer heatmap --trace {}", path.display());
     let mut out = std::io::stdout().lock();
-    if json {
-        let mut v = r.to_json();
-        v["trace"] = json!(path.display().to_string());
-        v["model"] = json!(model);
-        writeln!(out, "{v}")?;
-        return Ok(0);
+    let mut k = 0u64;
+    loop {
+        // A run being recorded is at its temporary name until its end (`engine::output`, rule 2).
+        let file = match engine::output::partial_paths(path).into_iter().next() {
+            Some(p) if !path.exists() => p,
+            _ => path.to_path_buf(),
+        };
+        let e = match load_events(&file) {
+            // Renamed into place between the look and the read: read it there.
+            Err(_) if file != path && path.exists() => load_events(path),
+            r => r,
+        }
+        .with_context(what)?;
+        let run = LoadedRun::from_events(path, e.format, e.events);
+        let ended = run.end.is_some();
+        if !args.watch || ended {
+            for n in e.notes.iter().chain(&run.notes) {
+                eprintln!("observer heatmap: {n}");
+            }
+        }
+        let r = RunReads::of(&run.tokens);
+        if r.measured == 0 && ended {
+            bail!(
+                "{}: none of its {} records carries explicit reads (recorded before they were measured, without a model file, or without eBPF)",
+                path.display(),
+                r.records
+            );
+        }
+        let model = run.header.model.as_ref().map(|m| m.path.clone());
+        let last_index = run.tokens.last().and_then(|t| t.index);
+        if args.json {
+            let mut v = r.to_json();
+            v["sample"] = json!(k);
+            v["trace"] = json!(path.display().to_string());
+            v["model"] = json!(model);
+            v["ended"] = json!(ended);
+            v["last_index"] = json!(last_index);
+            v["target_pid"] = json!(run.header.target_pid);
+            writeln!(out, "{v}")?;
+        } else {
+            if args.watch {
+                write!(out, "\x1b[H\x1b[2J")?;
+            }
+            render_reads(&mut out, path, model.as_deref(), &r, ended)?;
+        }
+        out.flush()?;
+        k += 1;
+        if !args.watch || ended || args.count.is_some_and(|c| k >= c) {
+            return Ok(0);
+        }
+        std::thread::sleep(args.interval);
     }
+}
+
+fn render_reads(
+    out: &mut impl Write,
+    path: &std::path::Path,
+    model: Option<&str>,
+    r: &observer::analysis::reads::RunReads,
+    ended: bool,
+) -> Result<()> {
+    use observer_common::vocab::{EXPLICIT_READS, G_READ_BYTES, G_READ_CALLS, GRID_LAYERS};
     writeln!(
         out,
-        "explicit reads of the model in {} ({}): {} of {} records measured them",
+        "explicit reads of the model in {} ({}): {} of {} records measured them{}",
         path.display(),
-        model.as_deref().unwrap_or("model unknown"),
+        model.unwrap_or("model unknown"),
         r.measured,
-        r.records
+        r.records,
+        if ended { "" } else { " (the run goes on, or was cut short)" }
     )?;
     for (k, row) in EXPLICIT_READS.iter().enumerate() {
         writeln!(
@@ -194,12 +245,20 @@ fn trace_reads(path: &std::path::Path, json: bool) -> Result<i32> {
         mib(r.lost_bytes)
     )?;
     let (rb, rc) = (&GRID_LAYERS[G_READ_BYTES], &GRID_LAYERS[G_READ_CALLS]);
-    writeln!(out, "{} experts read; per expert ({}: {}; {}: {}):", r.experts.len(), rb.name, rb.help, rc.name, rc.help)?;
+    writeln!(
+        out,
+        "{} experts read; per expert ({}: {}; {}: {}):",
+        r.experts.len(),
+        rb.name,
+        rb.help,
+        rc.name,
+        rc.help
+    )?;
     writeln!(out, "{:>6} {:>7} {:>14} {:>8}", "layer", "expert", rb.short, rc.short)?;
     for e in &r.experts {
         writeln!(out, "{:>6} {:>7} {:>14} {:>8}", e.layer, e.expert, e.read_bytes, e.read_calls)?;
     }
-    Ok(0)
+    Ok(())
 }
 
 fn mib(b: u64) -> String {

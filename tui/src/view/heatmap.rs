@@ -197,7 +197,10 @@ pub fn draw(app: &App, f: &mut Frame<'_>, area: Rect) {
     }
     // Reads layer: a (binned) cell's bytes over the run, against the largest cell's.
     let bin = |l0: usize, l1: usize, e0: usize, e1: usize| -> u64 {
-        (l0..l1).flat_map(|l| (e0..e1).map(move |e| l * ne + e)).map(|i| h.run_read_bytes.get(i).copied().unwrap_or(0)).sum()
+        (l0..l1)
+            .flat_map(|l| (e0..e1).map(move |e| l * ne + e))
+            .map(|i| h.run_read_bytes.get(i).copied().unwrap_or(0))
+            .sum()
     };
     let max_read = if reads {
         (0..rows)
