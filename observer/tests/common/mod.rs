@@ -377,6 +377,16 @@ impl Bpftrace {
     }
 }
 
+impl Drop for Bpftrace {
+    /// A test that fails before `finish` stops its bpftrace (which would otherwise outlive it).
+    fn drop(&mut self) {
+        if matches!(self.child.try_wait(), Ok(None)) {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
 /// The entries of bpftrace map `@name[key]: value` in its output.
 pub fn bpftrace_map(text: &str, name: &str) -> Vec<(String, u64)> {
     let prefix = format!("@{name}[");
