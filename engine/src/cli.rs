@@ -215,8 +215,9 @@ pub struct ExpertArgs {
     /// Read the next layer's likely experts (its router on the current hidden state) ahead.
     #[arg(long)]
     pub prefetch: bool,
-    /// With `--experts cache`: append one line `STEP LAYER EXPERT` to FILE for every expert the
-    /// cache starts reading (STEP: the step's token-marker index), for checks against an observer.
+    /// With `--experts cache`: append one line `STEP LAYER EXPERT BYTES` to FILE for every expert
+    /// the cache starts reading (STEP: the step's token-marker index; BYTES: what its reads
+    /// return), for checks against an observer.
     #[arg(long, value_name = "FILE")]
     pub cache_log: Option<std::path::PathBuf>,
     /// With `--experts mmap`: `random` = MADV_RANDOM on the expert pages (no read-ahead of

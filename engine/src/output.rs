@@ -57,6 +57,35 @@ pub struct Policy<'a> {
     pub inputs: &'a [PathBuf],
 }
 
+/// The temporary file `NAME.partial-PID` of `path` written by process `pid` (rule 2); `None` for a
+/// path without a file name.
+pub fn partial_path(path: &Path, pid: u32) -> Option<PathBuf> {
+    let mut name = path.file_name()?.to_os_string();
+    name.push(format!(".partial-{pid}"));
+    Some(path.with_file_name(name))
+}
+
+/// The temporary files of `path` (rule 2) that exist now, the most recently modified first: an
+/// output still being written (e.g. a trace of a run being recorded), or left by a killed writer.
+pub fn partial_paths(path: &Path) -> Vec<PathBuf> {
+    let (Some(name), Some(dir)) = (path.file_name().and_then(|n| n.to_str()), path.parent()) else {
+        return Vec::new();
+    };
+    let dir = if dir.as_os_str().is_empty() { Path::new(".") } else { dir };
+    let prefix = format!("{name}.partial-");
+    let mut found: Vec<(std::time::SystemTime, PathBuf)> = std::fs::read_dir(dir)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter(|e| {
+            e.file_name().to_str().and_then(|n| n.strip_prefix(&prefix)).is_some_and(|pid| pid.parse::<u32>().is_ok())
+        })
+        .filter_map(|e| Some((e.metadata().ok()?.modified().ok()?, path.with_file_name(e.file_name()))))
+        .collect();
+    found.sort_by_key(|f| std::cmp::Reverse(f.0));
+    found.into_iter().map(|(_, p)| p).collect()
+}
+
 /// An output file being written: see the module doc.
 #[derive(Debug)]
 pub struct Output {
@@ -111,11 +140,8 @@ impl Output {
             Err(e) if e.kind() == io::ErrorKind::NotFound => {}
             Err(e) => return Err(io("checking it", e)),
         }
-        let name =
-            path.file_name().ok_or_else(|| OutputError::NotAFile { path: path.to_path_buf(), kind: "a directory" })?;
-        let mut tmp_name = name.to_os_string();
-        tmp_name.push(format!(".partial-{}", std::process::id()));
-        let tmp = path.with_file_name(tmp_name);
+        let tmp = partial_path(path, std::process::id())
+            .ok_or_else(|| OutputError::NotAFile { path: path.to_path_buf(), kind: "a directory" })?;
         let file = std::fs::OpenOptions::new()
             .write(true)
             .create_new(true)
@@ -208,6 +234,22 @@ mod tests {
             std::fs::read_dir(d).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect();
         v.sort();
         v
+    }
+
+    #[test]
+    fn an_output_being_written_is_found_by_its_path() {
+        let d = dir("partial");
+        let p = d.join("run.trace");
+        assert!(partial_paths(&p).is_empty());
+        let o = Output::create(&p, Policy::default()).unwrap();
+        let tmp = partial_path(&p, std::process::id()).unwrap();
+        assert_eq!(partial_paths(&p), [tmp]);
+        // Not another file's, nor a name that only starts alike.
+        std::fs::write(d.join("run.trace2.partial-1"), "").unwrap();
+        std::fs::write(d.join("run.trace.partial-x"), "").unwrap();
+        assert_eq!(partial_paths(&p).len(), 1);
+        o.write_all_and_commit(b"t").unwrap();
+        assert!(partial_paths(&p).is_empty());
     }
 
     #[test]

@@ -227,7 +227,10 @@ pub struct EngineCache {
 }
 
 /// The layer × expert grid of a token: one row per layer with routed experts, `n_experts` columns,
-/// cells row-major (`row * n_experts + expert`).
+/// cells row-major (`row * n_experts + expert`). Its per-cell layers (the fields after `layers`)
+/// are the rows of `vocab::GRID_LAYERS`, their JSON keys its names. The counts (`added`,
+/// `evicted`, `read_bytes`, `read_calls`) are over the steps since the previous record that
+/// carried a grid, this one included.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct ExpertGrid {
     /// Rows: the layers with routed experts.
@@ -244,12 +247,50 @@ pub struct ExpertGrid {
     pub added: Option<Vec<u32>>,
     /// … and evicted.
     pub evicted: Option<Vec<u32>>,
+    /// Bytes of explicit reads (`read`/`pread` family) charged to each expert
+    /// ([`ExplicitReads::experts`] folded into cells), when explicit reads are measured. Absent in
+    /// records written before the field existed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub read_bytes: Option<Vec<u64>>,
+    /// … and the calls.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub read_calls: Option<Vec<u32>>,
 }
 
 impl ExpertGrid {
     /// The layer (block index) of row `row` ([`ExpertGrid::layers`]).
     pub fn layer(&self, row: usize) -> u32 {
         self.layers.get(row).copied().unwrap_or(row as u32)
+    }
+
+    /// The cell of expert `expert` of block `layer`, if the grid has it.
+    pub fn cell(&self, layer: u32, expert: u32) -> Option<usize> {
+        let row = if self.layers.is_empty() {
+            (layer < self.n_layers).then_some(layer as usize)
+        } else {
+            self.layers.binary_search(&layer).ok()
+        }?;
+        (expert < self.n_experts).then(|| row * self.n_experts as usize + expert as usize)
+    }
+
+    /// Add a step's per-expert explicit reads to the grid's read layers (which become measured);
+    /// returns the bytes of experts the grid has no cell for (none for reads of the same model).
+    pub fn add_reads(&mut self, reads: &ExplicitReads) -> u64 {
+        let n = self.n_layers as usize * self.n_experts as usize;
+        let cells: Vec<Option<usize>> = reads.experts.iter().map(|r| self.cell(r.layer, r.expert)).collect();
+        let bytes = self.read_bytes.get_or_insert_with(|| alloc::vec![0; n]);
+        let calls = self.read_calls.get_or_insert_with(|| alloc::vec![0; n]);
+        let mut outside = 0;
+        for (r, cell) in reads.experts.iter().zip(cells) {
+            match cell {
+                Some(i) if i < bytes.len() && i < calls.len() => {
+                    bytes[i] = bytes[i].saturating_add(r.bytes);
+                    calls[i] = calls[i].saturating_add(r.calls);
+                }
+                _ => outside += r.bytes,
+            }
+        }
+        outside
     }
 }
 
@@ -352,6 +393,9 @@ pub struct ExpertRead {
     pub layer: u32,
     pub expert: u32,
     pub bytes: u64,
+    /// The calls (one per-expert record each); 0 in records written before the field existed.
+    #[serde(default)]
+    pub calls: u32,
 }
 
 /// Refaults per actor kind (rule: `observer_common::evict`, "Refaults" and "Refault cost"):
@@ -657,6 +701,46 @@ pub enum Event {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_grid_layers_are_the_vocabularys_and_reads_fold_into_their_cells() {
+        let mut g = ExpertGrid {
+            n_layers: 2,
+            n_experts: 3,
+            layers: alloc::vec![1, 3],
+            resident: alloc::vec![0.5; 6],
+            added: Some(alloc::vec![0; 6]),
+            evicted: Some(alloc::vec![0; 6]),
+            ..Default::default()
+        };
+        let reads = |experts: Vec<ExpertRead>| ExplicitReads { experts, ..Default::default() };
+        let r = |layer, expert, bytes, calls| ExpertRead { layer, expert, bytes, calls };
+        // Two steps fold into one grid; a read of a block the grid has no row for stays outside.
+        assert_eq!(g.add_reads(&reads(alloc::vec![r(1, 2, 4096, 1), r(3, 0, 100, 2)])), 0);
+        assert_eq!(g.add_reads(&reads(alloc::vec![r(3, 0, 50, 1), r(2, 0, 7, 1), r(3, 3, 9, 1)])), 16);
+        assert_eq!(g.read_bytes, Some(alloc::vec![0, 0, 4096, 150, 0, 0]));
+        assert_eq!(g.read_calls, Some(alloc::vec![0, 0, 1, 3, 0, 0]));
+        // Every per-cell field after the shape is a row of the vocabulary, named by its JSON key.
+        let v = serde_json::to_value(&g).unwrap();
+        let keys: Vec<&str> = v.as_object().unwrap().keys().map(String::as_str).collect();
+        for row in crate::vocab::GRID_LAYERS.iter() {
+            assert!(keys.contains(&row.json), "{} is not a field of the grid", row.json);
+        }
+        let shape = ["n_layers", "n_experts", "layers"];
+        for k in keys {
+            assert!(
+                shape.contains(&k) || crate::vocab::GRID_LAYERS.iter().any(|r| r.json == k),
+                "{k} not in the vocabulary"
+            );
+        }
+        // A grid written before the read layers existed reads back without them.
+        let old: ExpertGrid =
+            serde_json::from_str(r#"{"n_layers":1,"n_experts":1,"resident":[1.0],"added":null,"evicted":null}"#)
+                .unwrap();
+        assert_eq!((old.read_bytes, old.read_calls), (None, None));
+        let old: ExpertRead = serde_json::from_str(r#"{"layer":1,"expert":2,"bytes":3}"#).unwrap();
+        assert_eq!(old.calls, 0);
+    }
 
     #[test]
     fn components_serialise_with_vocabulary_names_and_null_for_unmeasured() {

@@ -65,6 +65,8 @@ pub enum Class {
     EvictionActor,
     /// A kind of region explicit reads of the model file are charged to.
     ExplicitRead,
+    /// A per-expert layer of the layer × expert grid (`model::ExpertGrid`).
+    GridLayer,
     /// Per-entity rows in the JSON and the whole-run table.
     Breakdown,
     /// The observer's own health.
@@ -865,6 +867,42 @@ const _: () = {
     assert!(str_eq(EXPLICIT_READS[crate::xread::K_OTHER].name, "other"));
 };
 
+const fn grid_layer(name: &'static str, short: &'static str, help: &'static str) -> Row {
+    row(Class::GridLayer, name, name, short, help)
+}
+
+/// The per-expert layers of the layer × expert grid (`model::ExpertGrid`: one field each, its JSON
+/// key the name), as the token records, traces, the TUI heatmap and `observer heatmap` show them.
+/// Counts are over the steps since the previous grid. Never Prometheus labels (per expert).
+pub static GRID_LAYERS: [Row; 5] = [
+    grid_layer(
+        "resident",
+        "res",
+        "resident fraction of the expert's bytes (its slices of `ffn_*_exps`) in the page cache",
+    ),
+    grid_layer("added", "pc_in", "the expert's page-cache pages added (churn; by anyone)"),
+    grid_layer("evicted", "pc_out", "the expert's page-cache pages evicted (churn; by anyone)"),
+    grid_layer(
+        "read_bytes",
+        "rd_B",
+        "bytes of explicit reads (`read`/`pread` family) charged to the expert: `explicit_reads.experts` folded into cells",
+    ),
+    grid_layer("read_calls", "rd_n", "explicit read calls charged to the expert"),
+];
+/// Indices of [`GRID_LAYERS`].
+pub const G_RESIDENT: usize = 0;
+pub const G_ADDED: usize = 1;
+pub const G_EVICTED: usize = 2;
+pub const G_READ_BYTES: usize = 3;
+pub const G_READ_CALLS: usize = 4;
+const _: () = {
+    assert!(str_eq(GRID_LAYERS[G_RESIDENT].name, "resident"));
+    assert!(str_eq(GRID_LAYERS[G_ADDED].name, "added"));
+    assert!(str_eq(GRID_LAYERS[G_EVICTED].name, "evicted"));
+    assert!(str_eq(GRID_LAYERS[G_READ_BYTES].name, "read_bytes"));
+    assert!(str_eq(GRID_LAYERS[G_READ_CALLS].name, "read_calls"));
+};
+
 /// Per-entity rows (JSON and the whole-run table; never Prometheus labels).
 pub static BREAKDOWNS: [Row; 2] = [
     row(
@@ -895,7 +933,7 @@ pub static HEALTH: [Row; 1] = [row(
 .prom(&F_LOST_EVENTS, None)];
 
 /// The whole table.
-pub static TABLE: [&[Row]; 11] = [
+pub static TABLE: [&[Row]; 12] = [
     &COMPONENTS,
     &TIMES,
     &COUNTERS,
@@ -905,6 +943,7 @@ pub static TABLE: [&[Row]; 11] = [
     &STEPS,
     &EVICTION_ACTORS,
     &EXPLICIT_READS,
+    &GRID_LAYERS,
     &BREAKDOWNS,
     &HEALTH,
 ];

@@ -453,3 +453,420 @@ fn cache_reads_are_charged_per_region_to_the_experts_the_engine_loaded() {
     // The same process read other files with pread64 during the steps, and none of it was charged.
     assert!(other_fds > 0, "the engine's telemetry preads /proc files during its steps");
 }
+
+/// bpftrace, started before a run: the bytes and calls of the `pread64`s that returned data on a
+/// descriptor its process opened `model` with (`openat` of that path; `close` forgets it), per
+/// process. An independent count of the explicit reads of the model by any of its threads.
+fn model_preads(model: &std::path::Path) -> Bpftrace {
+    let path = model.to_str().unwrap();
+    // bpftrace compares at most BPFTRACE_STRLEN bytes of a string.
+    assert!(path.len() < 200 && !path.contains('"'), "a model path bpftrace can compare: {path}");
+    Bpftrace::start_env(
+        &format!(
+            "tracepoint:syscalls:sys_enter_openat /str(args->filename) == \"{path}\"/ {{ @opening[tid] = 1; }} \
+             tracepoint:syscalls:sys_exit_openat /@opening[tid] == 1/ \
+             {{ delete(@opening[tid]); if (args->ret >= 0) {{ @model[pid, (uint64)args->ret] = 1; }} }} \
+             tracepoint:syscalls:sys_enter_close /@model[pid, (uint64)args->fd] == 1/ \
+             {{ delete(@model[pid, (uint64)args->fd]); }} \
+             tracepoint:syscalls:sys_enter_pread64 /@model[pid, (uint64)args->fd] == 1/ {{ @inread[tid] = 1; }} \
+             tracepoint:syscalls:sys_exit_pread64 /@inread[tid] == 1/ \
+             {{ delete(@inread[tid]); if (args->ret > 0) {{ @bytes[pid] = sum(args->ret); @calls[pid] = count(); }} }}"
+        ),
+        &[("BPFTRACE_STRLEN", "200")],
+    )
+}
+
+/// `model_preads`' (bytes, calls) of process `pid`.
+fn model_pread_totals(text: &str, pid: u64) -> (u64, u64) {
+    let of = |name: &str| bpftrace_map(text, name).into_iter().find(|(k, _)| k == &pid.to_string()).map_or(0, |x| x.1);
+    (of("bytes"), of("calls"))
+}
+
+type PerExpert = std::collections::BTreeMap<(u64, u64), u64>;
+
+/// The engine's `--cache-log`: per step, the bytes of each expert it started reading.
+fn cache_log(path: &std::path::Path) -> std::collections::BTreeMap<u64, PerExpert> {
+    let mut steps: std::collections::BTreeMap<u64, PerExpert> = Default::default();
+    for l in std::fs::read_to_string(path).unwrap().lines() {
+        let f: Vec<u64> = l.split(' ').map(|x| x.parse().unwrap_or_else(|_| panic!("cache log line {l:?}"))).collect();
+        assert_eq!(f.len(), 4, "STEP LAYER EXPERT BYTES: {l:?}");
+        *steps.entry(f[0]).or_default().entry((f[1], f[2])).or_default() += f[3];
+    }
+    steps
+}
+
+/// The per-expert reads of records (`explicit_reads.experts`), summed.
+fn records_per_expert<'a>(records: impl IntoIterator<Item = &'a serde_json::Value>) -> PerExpert {
+    let mut m = PerExpert::new();
+    for t in records {
+        for e in t["explicit_reads"]["experts"].as_array().unwrap() {
+            *m.entry((u(e, "layer"), u(e, "expert"))).or_default() += u(e, "bytes");
+        }
+    }
+    m
+}
+
+/// The run's per-expert reads against the cache log's: no expert above the log, none the engine
+/// did not read; returns the bytes missing in all (reads made before the observer had identified
+/// the descriptor they were made on: `unresolved_bytes`, charged to no expert).
+fn shortfall_against_the_log(seen: &PerExpert, log: &PerExpert, what: &str) -> u64 {
+    let mut short = 0;
+    for (k, &want) in log {
+        let got = seen.get(k).copied().unwrap_or(0);
+        assert!(got <= want, "{what}: expert {k:?}: {got} bytes seen, the engine read {want}");
+        short += want - got;
+    }
+    for (k, &got) in seen {
+        assert!(log.contains_key(k) || got == 0, "{what}: expert {k:?} ({got} bytes) was never read by the engine");
+    }
+    short
+}
+
+/// The model bytes bpftrace saw and the observer charged to no region lie within the unresolved
+/// bytes (which may also hold reads of other files: a descriptor is unresolved until identified).
+fn assert_uncharged_within_unresolved(charged: u64, bt: u64, unresolved: u64, what: &str) {
+    assert!(
+        charged <= bt && bt <= charged + unresolved,
+        "{what}: charged {charged}, bpftrace {bt}, unresolved {unresolved}"
+    );
+}
+
+/// `observer heatmap --trace TRACE --json` (and `extra` arguments): its JSON lines.
+fn heatmap_json(trace: &std::path::Path, extra: &[&str]) -> Vec<serde_json::Value> {
+    let o = Command::new(OBSERVER)
+        .args(["heatmap", "--trace", trace.to_str().unwrap(), "--json"])
+        .args(extra)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "observer heatmap --trace: {}", String::from_utf8_lossy(&o.stderr));
+    String::from_utf8_lossy(&o.stdout).lines().map(|l| serde_json::from_str(l).unwrap()).collect()
+}
+
+/// The per-expert bytes of `observer heatmap --trace --json`.
+fn listed_per_expert(v: &serde_json::Value) -> PerExpert {
+    v["experts"].as_array().unwrap().iter().map(|e| ((u(e, "layer"), u(e, "expert")), u(e, "read_bytes"))).collect()
+}
+
+/// While `rec` (`observer record -o trace` of the engine with `--cache-log log`) runs: for each of
+/// `steps`, stop the engine (SIGSTOP) once it reads experts for that step, and let it go on once
+/// the trace holds the steps before it. Each pause ends a batch of token records (so a grid),
+/// whatever the engine's speed. During each pause, `observer heatmap --trace` (which reads the
+/// trace being written) lists per expert what the cache log says the engine read in the steps
+/// the trace holds; at the first pause an `observer heatmap --trace --watch` is started, returned.
+fn pause_at_steps(
+    rec: &mut std::process::Child,
+    log: &std::path::Path,
+    trace: &std::path::Path,
+    steps: &[u64],
+) -> Watch {
+    /// Lets the engine go on (and stops the recorder) if the test fails while it is stopped.
+    struct Resume(u32, u32, bool);
+    impl Drop for Resume {
+        fn drop(&mut self) {
+            if self.2 {
+                // SAFETY: kill(2) of the engine and the recorder this test started.
+                unsafe {
+                    libc::kill(self.0 as i32, libc::SIGCONT);
+                    libc::kill(self.1 as i32, libc::SIGKILL);
+                }
+            }
+        }
+    }
+    let deadline = std::time::Instant::now() + Duration::from_secs(120);
+    let logged_step = || {
+        let text = std::fs::read_to_string(log).unwrap_or_default();
+        text.lines().filter_map(|l| l.split(' ').next()?.parse::<u64>().ok()).max()
+    };
+    let mut watch = None;
+    for &step in steps {
+        while logged_step().is_none_or(|s| s < step) {
+            assert!(std::time::Instant::now() < deadline, "the engine read no expert for step {step} in 120 s");
+            assert!(rec.try_wait().unwrap().is_none(), "observer record ended before step {step} read an expert");
+            std::thread::sleep(Duration::from_millis(2));
+        }
+        let engine = child_named(rec.id(), "engine").expect("the engine, a child of observer record");
+        let resume = Resume(engine, rec.id(), true);
+        // SAFETY: kill(2) of the engine this test started (through the observer).
+        unsafe { libc::kill(engine as i32, libc::SIGSTOP) };
+        // The observer drains and writes the steps that ended; wait for them in the trace.
+        let live = loop {
+            let v = heatmap_json(trace, &[]).pop().unwrap();
+            if v["last_index"].as_u64().is_some_and(|i| i + 1 >= step) {
+                break v;
+            }
+            assert!(std::time::Instant::now() < deadline, "step {} not in the trace: {v}", step - 1);
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        let last = u(&live, "last_index");
+        assert_eq!((&live["ended"], u(&live, "target_pid")), (&serde_json::json!(false), u64::from(engine)), "{live}");
+        let upto =
+            cache_log(log).range(..=last).flat_map(|(_, m)| m.clone()).fold(PerExpert::new(), |mut m, (k, b)| {
+                *m.entry(k).or_default() += b;
+                m
+            });
+        let short = shortfall_against_the_log(&listed_per_expert(&live), &upto, &format!("live, through step {last}"));
+        assert!(short <= u(&live, "unresolved_bytes"), "live: {short} bytes missing, more than unresolved: {live}");
+        if watch.is_none() {
+            let mut w = Command::new(OBSERVER)
+                .args(["heatmap", "--trace", trace.to_str().unwrap(), "--json", "--watch", "--interval", "50ms"])
+                .stdout(Stdio::piped())
+                .stderr(Stdio::null())
+                .spawn()
+                .unwrap();
+            // Its first refresh, while the engine is stopped: the trace has not ended.
+            let mut first = String::new();
+            let mut out = BufReader::new(w.stdout.take().unwrap());
+            out.read_line(&mut first).unwrap();
+            let first: serde_json::Value = serde_json::from_str(&first).unwrap();
+            assert_eq!(first["ended"], false, "{first}");
+            // The rest, read by a thread so that the pipe never fills.
+            let rest = std::thread::spawn(move || {
+                let mut s = String::new();
+                std::io::Read::read_to_string(&mut out, &mut s).unwrap();
+                s
+            });
+            watch = Some((w, first, rest));
+        }
+        let mut resume = resume;
+        resume.2 = false;
+        // SAFETY: as above.
+        unsafe { libc::kill(engine as i32, libc::SIGCONT) };
+    }
+    let (child, first, rest) = watch.unwrap();
+    Watch { child, first, rest }
+}
+
+/// An `observer heatmap --trace --watch --json` started during a run: its first refresh, and the
+/// rest of its output.
+struct Watch {
+    child: std::process::Child,
+    first: serde_json::Value,
+    rest: std::thread::JoinHandle<String>,
+}
+
+impl Watch {
+    /// Every refresh, once it exits (at the trace's end record).
+    fn refreshes(mut self) -> Vec<serde_json::Value> {
+        let st = self.child.wait().unwrap();
+        assert!(st.success(), "observer heatmap --watch: {st}");
+        let rest = self.rest.join().unwrap();
+        std::iter::once(self.first).chain(rest.lines().map(|l| serde_json::from_str(l).unwrap())).collect()
+    }
+}
+
+/// The per-expert explicit reads are wherever the per-expert residency is: the grid's
+/// `read_bytes` / `read_calls` layers of the token records, the trace, and `observer heatmap
+/// --trace`. Per grid, each expert's bytes equal what the engine's cache log says it read of that
+/// expert in the steps since the previous grid; over the run, the bytes add up to a bpftrace sum
+/// of `pread64` returns on the model's descriptors (same run).
+#[test]
+fn per_expert_explicit_reads_fill_the_grid_the_trace_and_the_heatmap() {
+    let _l = machine_lock();
+    let model = tiny_model();
+    let dir = scratch_dir("engine-xgrid");
+    let (trace, json, log) = (dir.join("run.trace"), dir.join("run.json"), dir.join("loads.txt"));
+    for f in [&trace, &json, &log] {
+        let _ = std::fs::remove_file(f);
+    }
+    for f in std::fs::read_dir(&dir).unwrap().flatten() {
+        if f.file_name().to_string_lossy().starts_with("run.trace.partial-") {
+            let _ = std::fs::remove_file(f.path()); // left by a killed recorder
+        }
+    }
+    let bt = model_preads(&model);
+    let mut rec = Command::new(OBSERVER)
+        .args(["record", "-o", trace.to_str().unwrap(), "--json", json.to_str().unwrap(), "--every", "0", "--force"])
+        .arg("--")
+        .arg(engine_bin())
+        .args(["run", "-m", model.to_str().unwrap(), "-p", "The quick brown fox", "-n", "48"])
+        .args(["--ignore-eos", "-t", "2", "--dense", "anon", "--experts", "cache", "--cache-mib", "1"])
+        .args(["--cache-log", log.to_str().unwrap()])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let watch = pause_at_steps(&mut rec, &log, &trace, &[4, 12, 24, 36]);
+    let out = rec.wait_with_output().unwrap();
+    let text = bt.finish();
+    assert!(out.status.success(), "observer record failed: {}", String::from_utf8_lossy(&out.stderr));
+    // `--watch`, started while the engine was stopped, followed the trace to its end record.
+    let refreshes = watch.refreshes();
+    assert_eq!(refreshes[0]["ended"], false, "{}", refreshes[0]);
+    assert_eq!(refreshes.last().unwrap()["ended"], true, "--watch stops at the end record");
+    assert!(refreshes.windows(2).all(|w| u(&w[1], "records") >= u(&w[0], "records")), "refreshes never go back");
+    let v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    let pid = u(&v["target"], "pid");
+    let (bt_bytes, bt_calls) = model_pread_totals(&text, pid);
+    let log = cache_log(&log);
+    let toks: Vec<&serde_json::Value> = v["tokens"].as_array().unwrap().iter().collect();
+    assert!(toks.len() >= 45, "{} token records", toks.len());
+
+    // The run: every byte and call bpftrace saw is charged to a kind of region or unresolved.
+    let sum = |f: &dyn Fn(&serde_json::Value) -> u64| toks.iter().map(|t| f(&t["explicit_reads"])).sum::<u64>();
+    let all = |x: &serde_json::Value, k: &str| ["dense", "experts", "other"].iter().map(|r| u(&x[k], r)).sum::<u64>();
+    let unresolved = sum(&|x| u(x, "unresolved_bytes"));
+    let charged = sum(&|x| all(x, "bytes"));
+    assert_uncharged_within_unresolved(charged, bt_bytes, unresolved, "bytes vs bpftrace's pread64 returns");
+    let calls = sum(&|x| all(x, "calls"));
+    assert_uncharged_within_unresolved(calls, bt_calls, sum(&|x| u(x, "unresolved_calls")), "calls vs bpftrace's");
+    assert_eq!(sum(&|x| u(x, "lost_bytes")), 0, "per-expert records lost");
+    let log_total: u64 = log.values().flat_map(|m| m.values()).sum();
+    assert_eq!(log_total, bt_bytes, "the cache log's bytes vs bpftrace's pread64 returns");
+
+    // Per grid: its read layers are the steps since the previous grid.
+    let (mut span, mut grids, mut with_reads) = (Vec::new(), 0, 0);
+    for t in &toks {
+        span.push(*t);
+        let g = &t["residency"]["grid"];
+        if !g.is_object() {
+            continue;
+        }
+        let steps = std::mem::take(&mut span);
+        let (bytes, calls) = (g["read_bytes"].as_array().unwrap(), g["read_calls"].as_array().unwrap());
+        let ne = u(g, "n_experts");
+        let layers: Vec<u64> = g["layers"].as_array().unwrap().iter().map(|l| l.as_u64().unwrap()).collect();
+        assert_eq!(bytes.len() as u64, layers.len() as u64 * ne, "{g}");
+        if steps.iter().any(|s| u(&s["explicit_reads"], "unresolved_bytes") > 0) {
+            continue; // reads charged to no expert: the log has them, the grid cannot
+        }
+        let mut want = PerExpert::new();
+        for s in &steps {
+            for (k, b) in log.get(&u(s, "index")).into_iter().flatten() {
+                *want.entry(*k).or_default() += b;
+            }
+        }
+        let mut got = PerExpert::new();
+        for (row, &layer) in layers.iter().enumerate() {
+            for e in 0..ne {
+                let i = row * ne as usize + e as usize;
+                let (b, c) = (bytes[i].as_u64().unwrap(), calls[i].as_u64().unwrap());
+                assert_eq!(b > 0, c > 0, "layer {layer} expert {e}: {b} bytes in {c} calls");
+                if b > 0 {
+                    got.insert((layer, e), b);
+                }
+            }
+        }
+        let seqs: Vec<u64> = steps.iter().map(|s| u(s, "seq")).collect();
+        assert_eq!(got, want, "grid of record {:?} (steps {seqs:?}) vs the cache log", seqs.last());
+        grids += 1;
+        with_reads += usize::from(!got.is_empty());
+    }
+    eprintln!(
+        "{grids} grids checked, {with_reads} with reads; {bt_bytes} bytes in {bt_calls} preads, {unresolved} unresolved"
+    );
+    // The pauses end 4 batches after the prompt's; the first holds the unresolved reads.
+    assert!(grids >= 3 && with_reads >= 2, "{grids} grids checked, {with_reads} with reads");
+    assert_eq!(refreshes.last().unwrap()["experts"], heatmap_json(&trace, &[])[0]["experts"]);
+
+    // The trace holds the same grids (packed), and `observer heatmap --trace` lists the run's reads.
+    let h = Command::new(OBSERVER).args(["heatmap", "--trace", trace.to_str().unwrap(), "--json"]).output().unwrap();
+    assert!(h.status.success(), "observer heatmap --trace: {}", String::from_utf8_lossy(&h.stderr));
+    let hv: serde_json::Value = serde_json::from_slice(&h.stdout).unwrap();
+    assert_eq!(u(&hv, "records"), toks.len() as u64, "{hv}");
+    assert_eq!(u(&hv["bytes"], "experts"), sum(&|x| u(&x["bytes"], "experts")), "{hv}");
+    let listed: PerExpert = hv["experts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| ((u(e, "layer"), u(e, "expert")), u(e, "read_bytes")))
+        .collect();
+    assert_eq!(listed, records_per_expert(toks.iter().copied()), "heatmap --trace vs the JSON's records");
+    let log_all: PerExpert = log.values().flatten().fold(PerExpert::new(), |mut m, (k, b)| {
+        *m.entry(*k).or_default() += b;
+        m
+    });
+    let short = shortfall_against_the_log(&listed, &log_all, "heatmap --trace");
+    assert_eq!(
+        short,
+        bt_bytes - u(&hv["bytes"], "experts"),
+        "the experts' bytes missing vs bpftrace's uncharged bytes"
+    );
+    let txt = Command::new(OBSERVER).args(["heatmap", "--trace", trace.to_str().unwrap()]).output().unwrap();
+    let txt = String::from_utf8_lossy(&txt.stdout);
+    for ((layer, expert), b) in &listed {
+        let row = format!("{layer:>6} {expert:>7} {b:>14}");
+        assert!(txt.lines().any(|l| l.starts_with(&row)), "{row:?} in\n{txt}");
+    }
+}
+
+/// `--window` records carry explicit reads: summed over the windows of a run they equal a bpftrace
+/// sum of `pread64` returns on the model's descriptors, and per expert the engine's cache log
+/// (same run); a window with a grid has the window's reads in its read layers.
+#[test]
+fn window_records_carry_explicit_reads_that_add_up_to_the_engines() {
+    let _l = machine_lock();
+    let model = tiny_model();
+    let dir = scratch_dir("engine-xgrid");
+    let (json, log) = (dir.join("windows.json"), dir.join("windows-loads.txt"));
+    for f in [&json, &log] {
+        let _ = std::fs::remove_file(f);
+    }
+    let bt = model_preads(&model);
+    let out = Command::new(OBSERVER)
+        .args(["run", "--engine", "none", "--window", "50ms", "--every", "0", "--force"])
+        .args(["--json", json.to_str().unwrap(), "--"])
+        .arg(engine_bin())
+        .args(["run", "-m", model.to_str().unwrap(), "-p", "The quick brown fox", "-n", "48"])
+        .args(["--ignore-eos", "-t", "2", "--dense", "anon", "--experts", "cache", "--cache-mib", "1"])
+        .args(["--cache-log", log.to_str().unwrap()])
+        .output()
+        .unwrap();
+    let text = bt.finish();
+    assert!(out.status.success(), "observer run failed: {}", String::from_utf8_lossy(&out.stderr));
+    let v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    let (bt_bytes, bt_calls) = model_pread_totals(&text, u(&v["target"], "pid"));
+    let log = cache_log(&log);
+    let wins: Vec<&serde_json::Value> = v["tokens"].as_array().unwrap().iter().collect();
+    assert!(wins.len() >= 3, "{} windows", wins.len());
+    let (mut bytes, mut calls, mut unresolved, mut unresolved_calls, mut with_reads) = (0, 0, 0, 0, 0);
+    for w in &wins {
+        assert_eq!(w["kind"], "window", "{w}");
+        let x = &w["explicit_reads"];
+        assert!(x.is_object(), "a window without explicit_reads: {w}");
+        assert_eq!((u(&x["bytes"], "dense"), u(&x["bytes"], "other"), u(x, "lost_bytes")), (0, 0, 0), "{x}");
+        bytes += u(&x["bytes"], "experts");
+        calls += u(&x["calls"], "experts");
+        unresolved += u(x, "unresolved_bytes");
+        unresolved_calls += u(x, "unresolved_calls");
+        with_reads += usize::from(u(&x["bytes"], "experts") > 0);
+        // A window is its own batch: a grid it carries holds its reads.
+        let g = &w["residency"]["grid"];
+        if g.is_object() {
+            let ne = u(g, "n_experts") as usize;
+            let layers: Vec<u64> = g["layers"].as_array().unwrap().iter().map(|l| l.as_u64().unwrap()).collect();
+            let mut got = PerExpert::new();
+            for (i, b) in g["read_bytes"].as_array().unwrap().iter().enumerate() {
+                if b.as_u64().unwrap() > 0 {
+                    got.insert((layers[i / ne], (i % ne) as u64), b.as_u64().unwrap());
+                }
+            }
+            assert_eq!(got, records_per_expert([*w]), "window {}: grid vs its explicit_reads.experts", u(w, "seq"));
+        }
+    }
+    eprintln!("{} windows, {with_reads} with reads; {bt_bytes} bytes in {bt_calls} preads", wins.len());
+    assert_uncharged_within_unresolved(
+        bytes,
+        bt_bytes,
+        unresolved,
+        "windows' expert bytes vs bpftrace's pread64 returns",
+    );
+    assert_uncharged_within_unresolved(calls, bt_calls, unresolved_calls, "windows' expert calls vs bpftrace's");
+    let log_all: PerExpert = log.values().flatten().fold(PerExpert::new(), |mut m, (k, b)| {
+        *m.entry(*k).or_default() += b;
+        m
+    });
+    let short = shortfall_against_the_log(&records_per_expert(wins.iter().copied()), &log_all, "windows");
+    assert_eq!(short, bt_bytes - bytes, "the experts' bytes missing vs bpftrace's uncharged bytes");
+    assert!(with_reads >= 2, "{with_reads} windows with expert reads");
+}
+
+/// The process whose parent is `parent` and whose name is `comm`, if any.
+fn child_named(parent: u32, comm: &str) -> Option<u32> {
+    std::fs::read_dir("/proc").ok()?.flatten().find_map(|e| {
+        let pid: u32 = e.file_name().to_str()?.parse().ok()?;
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+        let (name, rest) = stat.split_once(" (")?.1.rsplit_once(") ")?;
+        let ppid: u32 = rest.split(' ').nth(1)?.parse().ok()?;
+        (ppid == parent && name == comm).then_some(pid)
+    })
+}

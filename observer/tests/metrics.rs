@@ -753,6 +753,8 @@ fn residency_metric_names_exist() {
                 resident: vec![1.0],
                 added: None,
                 evicted: None,
+                read_bytes: None,
+                read_calls: None,
             }),
             engine_cache: None,
         }),

@@ -6,6 +6,7 @@
 //! | `q`, `Esc`, `Ctrl-C` | quit (stops the observation if it still runs) |
 //! | `1`…`5`, `Tab`/`Shift-Tab`, `→`/`←` | views |
 //! | `p`, `Space` | pause / resume |
+//! | `r` | heatmap: residency / explicit reads |
 //! | `↑`/`k`, `↓`/`j`, `PgUp`, `PgDn`, `Home`/`g`, `End`/`G` | scroll |
 
 use ratatui::crossterm::event::{KeyCode, KeyEvent, KeyEventKind, KeyModifiers};
@@ -29,6 +30,7 @@ pub fn effect(key: KeyEvent) -> Option<Effect> {
         KeyCode::Tab | KeyCode::Right => Effect::NextView,
         KeyCode::BackTab | KeyCode::Left => Effect::PrevView,
         KeyCode::Char('p') | KeyCode::Char(' ') => Effect::TogglePause,
+        KeyCode::Char('r') => Effect::NextHeatLayer,
         KeyCode::Up | KeyCode::Char('k') => Effect::Scroll(Scroll::Up(1)),
         KeyCode::Down | KeyCode::Char('j') => Effect::Scroll(Scroll::Down(1)),
         KeyCode::PageUp => Effect::Scroll(Scroll::PageUp),
@@ -56,6 +58,7 @@ mod tests {
         assert_eq!(effect(k(KeyCode::Char('5'))), Some(Effect::SwitchView(View::Faults)));
         assert_eq!(effect(k(KeyCode::Char('6'))), None);
         assert_eq!(effect(k(KeyCode::Char(' '))), Some(Effect::TogglePause));
+        assert_eq!(effect(k(KeyCode::Char('r'))), Some(Effect::NextHeatLayer));
         assert_eq!(effect(k(KeyCode::PageUp)), Some(Effect::Scroll(Scroll::PageUp)));
         assert_eq!(effect(k(KeyCode::Char('G'))), Some(Effect::Scroll(Scroll::Bottom)));
         let mut rel = k(KeyCode::Char('q'));

@@ -140,6 +140,18 @@ pub enum Effect {
     PrevView,
     TogglePause,
     Scroll(Scroll),
+    /// The heatmap's next [`HeatLayer`].
+    NextHeatLayer,
+}
+
+/// What the heatmap's cells show (`vocab::GRID_LAYERS`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum HeatLayer {
+    /// Resident fraction, coloured by recent churn (`resident`, `added`, `evicted`).
+    #[default]
+    Residency,
+    /// Explicit-read bytes over the run, coloured where read recently (`read_bytes`, `read_calls`).
+    Reads,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -304,6 +316,18 @@ pub struct Heat {
     pub engine_hit_pct: Option<f64>,
     /// The observer's hit rates over the run: (sum, count) of the steps that measured one.
     pub hit_pct_sum: (f64, u64),
+    /// What the cells show.
+    pub layer: HeatLayer,
+    /// Any grid carried the read layers (else the reads layer says "not measured").
+    pub reads_measured: bool,
+    /// Per cell: explicit-read bytes and calls over the run (the grids' `read_bytes`, `read_calls`).
+    pub run_read_bytes: Vec<u64>,
+    pub run_read_calls: Vec<u64>,
+    /// Per cell: seq of the last step whose grid had a read of it.
+    pub last_read: Vec<Option<u64>>,
+    /// (bytes, calls) of the grid's last step, and over the run.
+    pub step_reads: Option<(u64, u64)>,
+    pub run_reads: (u64, u64),
 }
 
 impl Heat {
@@ -338,6 +362,9 @@ impl Heat {
         if !same_shape {
             self.last_added = vec![None; cells];
             self.last_evicted = vec![None; cells];
+            self.last_read = vec![None; cells];
+            self.run_read_bytes = vec![0; cells];
+            self.run_read_calls = vec![0; cells];
         }
         let mark = |last: &mut Vec<Option<u64>>, v: &Option<Vec<u32>>| -> Option<u64> {
             let v = v.as_ref()?;
@@ -354,8 +381,28 @@ impl Heat {
         self.step_evicted = mark(&mut self.last_evicted, &g.evicted);
         self.run_added += self.step_added.unwrap_or(0);
         self.run_evicted += self.step_evicted.unwrap_or(0);
+        self.step_reads = None;
+        if let (Some(b), Some(c)) = (&g.read_bytes, &g.read_calls) {
+            self.reads_measured = true;
+            let mut step = (0u64, 0u64);
+            for (i, (&b, &c)) in b.iter().zip(c).enumerate().take(cells) {
+                if b > 0 || c > 0 {
+                    self.last_read[i] = Some(seq);
+                }
+                self.run_read_bytes[i] += b;
+                self.run_read_calls[i] += u64::from(c);
+                step = (step.0 + b, step.1 + u64::from(c));
+            }
+            self.run_reads = (self.run_reads.0 + step.0, self.run_reads.1 + step.1);
+            self.step_reads = Some(step);
+        }
         self.grid = Some(g.clone());
         self.grid_seq = seq;
+    }
+
+    /// Whether cell `i` was read within [`CHURN_WINDOW`] steps of the grid.
+    pub fn read_recently(&self, i: usize) -> bool {
+        self.last_read.get(i).copied().flatten().is_some_and(|s| s + CHURN_WINDOW > self.grid_seq)
     }
 
     /// (added, evicted) recently, for cell `i` (within [`CHURN_WINDOW`] steps of the grid).
@@ -698,6 +745,12 @@ impl App {
                 }
             }
             Effect::Scroll(s) => self.scroll(s),
+            Effect::NextHeatLayer => {
+                self.heat.layer = match self.heat.layer {
+                    HeatLayer::Residency => HeatLayer::Reads,
+                    HeatLayer::Reads => HeatLayer::Residency,
+                }
+            }
         }
         Control::Continue
     }
@@ -878,6 +931,8 @@ mod tests {
             resident: vec![1.0, 0.5, 0.0],
             added: Some(added),
             evicted: Some(vec![0, 0, 4]),
+            read_bytes: None,
+            read_calls: None,
         };
         let mut t = token(0, StepKind::Generate, 10);
         t.residency = Some(Residency { grid: Some(grid(vec![2, 0, 0])), ..Default::default() });

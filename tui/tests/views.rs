@@ -240,6 +240,80 @@ fn heatmap_view_marks_the_engine_cache_and_its_hit_rates() {
     assert_eq!(marked, cache.ready.len());
 }
 
+/// `r` switches the heatmap to the explicit reads: every cell's shade is its bytes over the run
+/// against the most-read expert's, cyan exactly where it was read within the last 8 steps, and
+/// the header gives the last grid's and the run's bytes and calls, all recomputed here from the
+/// stream's records; the labels are the vocabulary's.
+#[test]
+fn heatmap_view_shows_the_explicit_reads_per_expert() {
+    use observer_common::vocab::{G_READ_BYTES, G_READ_CALLS, GRID_LAYERS};
+    use tui::view::{fmt as f, heatmap};
+    let o = Opts { reads: true, ..Default::default() };
+    let (nl, ne) = (o.grid.0 as usize, o.grid.1 as usize);
+    // From the records: per cell, bytes over the run and the last step with a read of it.
+    let (mut run, mut last_read) = (vec![0u64; nl * ne], vec![None::<u64>; nl * ne]);
+    let (mut run_calls, mut last) = (0u64, (0u64, 0u64, 0u64));
+    for e in fixture::events(&o) {
+        let Event::Token(t) = e else { continue };
+        let Some(g) = t.residency.as_ref().and_then(|r| r.grid.as_ref()) else { continue };
+        let (b, c) = (g.read_bytes.as_ref().unwrap(), g.read_calls.as_ref().unwrap());
+        for i in 0..nl * ne {
+            run[i] += b[i];
+            if b[i] > 0 {
+                last_read[i] = Some(t.seq);
+            }
+        }
+        run_calls += c.iter().map(|&c| u64::from(c)).sum::<u64>();
+        last = (t.seq, b.iter().sum(), c.iter().map(|&c| u64::from(c)).sum());
+    }
+    let max = *run.iter().max().unwrap();
+    assert!(max > 0 && run.contains(&0), "the fixture reads some experts, not all");
+
+    let mut app = app_with(&o);
+    let residency = text(show(&mut app, View::Heatmap, 100, 20).backend().buffer());
+    assert!(residency.contains("r: reads") && residency.contains("churn at step"), "{residency}");
+    app.apply(Effect::NextHeatLayer);
+    let t = render(&mut app, 100, 20);
+    let buf = t.backend().buffer();
+    let s = text(buf);
+    let (rb, rc) = (GRID_LAYERS[G_READ_BYTES].short, GRID_LAYERS[G_READ_CALLS].short);
+    let head = format!(
+        "explicit reads ({rb}, {rc}) at step #{}: {} in {} calls · run {} in {} calls",
+        last.0,
+        f::bytes(last.1 as f64),
+        f::int(last.2),
+        f::bytes(run.iter().sum::<u64>() as f64),
+        f::int(run_calls)
+    );
+    assert!(s.contains(&head), "{head:?} in\n{s}");
+    assert!(s.contains(&format!("{rb} over the run vs max")) && s.contains("r: residency"), "{s}");
+    assert!(!s.contains("churn at step"), "the reads layer replaces the churn line:\n{s}");
+    let ticks = find(buf, "layer").expect("the tick line").1;
+    for l in 0..nl {
+        let label = format!("{l:>4}  ");
+        let y = (ticks + 1..buf.area.height)
+            .find(|&y| (0..6).map(|x| buf[(x, y)].symbol()).collect::<String>() == label)
+            .unwrap_or_else(|| panic!("layer {l} has no row:\n{s}"));
+        for e in 0..ne {
+            let i = l * ne + e;
+            let cell = &buf[(6 + e as u16, y)];
+            let want = heatmap::shade((run[i] as f64 / max as f64) as f32).to_string();
+            assert_eq!(cell.symbol(), want, "layer {l} expert {e}: {} of {max} bytes", run[i]);
+            let recent = last_read[i].is_some_and(|r| r + tui::state::CHURN_WINDOW > last.0);
+            assert_eq!(cell.fg == heatmap::READ_RECENTLY, recent, "layer {l} expert {e}");
+        }
+    }
+    insta::assert_snapshot!(t.backend());
+    // Back to residency; and a stream without reads says so in the reads layer.
+    app.apply(Effect::NextHeatLayer);
+    assert!(text(render(&mut app, 100, 20).backend().buffer()).contains("churn at step"));
+    let mut none = app_with(&Opts::default());
+    none.apply(Effect::NextHeatLayer);
+    let s = text(show(&mut none, View::Heatmap, 100, 20).backend().buffer());
+    assert!(s.contains(&format!("explicit reads ({rb}, {rc}): not measured")), "{s}");
+    assert!(!s.contains("r: reads"), "no hint for a layer that is not measured:\n{s}");
+}
+
 #[test]
 fn heatmap_view_says_not_measured() {
     let mut app = app_with(&Opts { residency: false, ..Default::default() });

@@ -201,6 +201,8 @@ struct Inner {
 /// The expert cache (module docs). Serves the MoE blocks as their [`ExpertWeights`].
 pub struct ExpertCache {
     path: String,
+    /// The model file's length (a window past its end reads up to it).
+    file_len: u64,
     n_expert: usize,
     n_used: usize,
     /// Per layer: the three parts, for MoE layers.
@@ -292,6 +294,7 @@ impl ExpertCache {
         let file = Arc::new(
             DirectFile::open(model.gguf.path()).map_err(|source| CacheError::Open { path: path.clone(), source })?,
         );
+        let file_len = file.len;
         let len = n_slots * slot_bytes;
         // SAFETY: a fresh private anonymous mapping chosen by the kernel.
         let p = unsafe {
@@ -346,6 +349,7 @@ impl ExpertCache {
         let n_keys = layers.len() * c.n_expert;
         Ok(ExpertCache {
             path,
+            file_len,
             n_expert: c.n_expert,
             n_used: c.n_expert_used,
             layers,
@@ -508,29 +512,37 @@ impl ExpertCache {
             slot.state.store(STATE_LOADING, Ordering::SeqCst);
         });
         slot.last_use.store(self.step.load(Ordering::Relaxed), Ordering::Relaxed);
-        if let Some(f) = self.load_log.lock().unwrap_or_else(PoisonError::into_inner).as_mut() {
-            use std::io::Write;
-            // Best effort: a full disk loses log lines, never the step.
-            _ = writeln!(f, "{} {il} {e}", self.step.load(Ordering::Relaxed));
-        }
         let parts = self.layers[il].as_ref().expect("a MoE layer");
+        // The bytes the windows' reads return when they succeed (up to the end of the file).
+        let mut bytes = 0u64;
         for (p, off) in parts.iter().zip(self.part_off) {
             let (start, end) = p.range(e);
             let a = start / ALIGN as u64 * ALIGN as u64;
+            let len = (align_up(end) - a) as usize;
+            bytes += (a + len as u64).min(self.file_len).saturating_sub(a);
             g.jobs.push(Job {
                 slot: s as u32,
                 offset: a,
-                len: (align_up(end) - a) as usize,
+                len,
                 need: (end - a) as usize,
                 // SAFETY: inside slot s (the window fits its part's room, see `new`).
                 dst: unsafe { self.mem.ptr.add(s * self.slot_bytes + off) },
             });
         }
+        if let Some(f) = self.load_log.lock().unwrap_or_else(PoisonError::into_inner).as_mut() {
+            use std::io::Write;
+            // One write per line (a reader never sees half of one); best effort: a full disk loses
+            // log lines, never the step.
+            let line = format!("{} {il} {e} {bytes}\n", self.step.load(Ordering::Relaxed));
+            _ = f.write_all(line.as_bytes());
+        }
         Some(s as u32)
     }
 
-    /// Log every expert read started from now on to `f`: one line `STEP LAYER EXPERT` (STEP: the
-    /// index of [`Self::begin_step`], the token markers' index), written unbuffered at the start.
+    /// Log every expert read started from now on to `f`: one line `STEP LAYER EXPERT BYTES` (STEP:
+    /// the index of [`Self::begin_step`], the token markers' index; BYTES: what the expert's
+    /// reads return, its three windows up to the end of the file), written unbuffered (one
+    /// `write` per line) when its reads are queued.
     pub fn set_load_log(&self, f: std::fs::File) {
         *self.load_log.lock().unwrap_or_else(PoisonError::into_inner) = Some(f);
     }

@@ -70,11 +70,12 @@ pub static METRIC_RENAMES: [(&str, &str); 29] = [
 
 /// The sections of the README rendered from this table, by marker name
 /// (`<!-- vocab:NAME -->` … `<!-- /vocab:NAME -->`).
-pub const README_SECTIONS: [&str; 11] = [
+pub const README_SECTIONS: [&str; 12] = [
     "components",
     "times",
     "counters",
     "residency",
+    "grid",
     "histograms",
     "steps",
     "eviction_actors",
@@ -165,6 +166,10 @@ pub fn readme_section(name: &str) -> Option<String> {
             plain(&rs, ["counter", "JSON", "short", "Prometheus", "what it counts"])
         }
         "residency" => plain(&RESIDENCY, ["residency", "JSON", "short", "Prometheus", "what it is"]),
+        "grid" => table(
+            &["grid layer (JSON key)", "short", "what it is, per expert"],
+            GRID_LAYERS.iter().map(|r| Vec::from([code(r.json), code(r.short), what(r)])),
+        ),
         "histograms" => table(
             &["latency of", "short", "Prometheus", "what it times", "older name"],
             HISTOGRAMS.iter().map(|r| {

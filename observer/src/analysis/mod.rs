@@ -4,5 +4,6 @@
 pub mod attribution;
 pub mod diff;
 pub mod export;
+pub mod reads;
 pub mod report;
 pub mod stats;

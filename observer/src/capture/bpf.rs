@@ -519,6 +519,18 @@ impl Probes {
         (0..n.min(MAX_SLOTS as usize) as u32).map(|i| a.get(&i, 0).map_err(map_err("FAULT_TIMES"))).collect()
     }
 
+    /// The cumulative explicit-read totals (`observer_common::xread::T_*`) now, as a token mark
+    /// copies them (for window boundaries).
+    pub fn xread_totals(&self) -> Result<[u64; observer_common::xread::N_TOTALS], ProbeError> {
+        let map = self.ebpf.map("XREAD_TOTALS").ok_or_else(|| no_map("XREAD_TOTALS"))?;
+        let a: Array<_, u64> = Array::try_from(map).map_err(map_err("XREAD_TOTALS"))?;
+        let mut t = [0u64; observer_common::xread::N_TOTALS];
+        for (i, v) in t.iter_mut().enumerate() {
+            *v = a.get(&(i as u32), 0).map_err(map_err("XREAD_TOTALS"))?;
+        }
+        Ok(t)
+    }
+
     /// A global counter summed over CPUs.
     pub fn counter(&self, c: GlobalCounter) -> Result<u64, ProbeError> {
         let map = self.ebpf.map("COUNTERS").ok_or_else(|| no_map("COUNTERS"))?;

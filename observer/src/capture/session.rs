@@ -526,7 +526,7 @@ impl Session {
         self.target.release()?;
         if use_windows {
             ticker.tick().await; // the first tick is immediate
-            asm.window(window_snapshot(&probes)?);
+            asm.window(window_snapshot(&probes, &asm)?);
         }
 
         let mut silent = SilentMarkers::default();
@@ -562,7 +562,9 @@ impl Session {
                     guard.clear_ready();
                 }
                 _ = ticker.tick(), if use_windows => {
-                    if let Some(t) = asm.window(window_snapshot(&probes)?) {
+                    // The read records of the ending window first (see `Assembler::window`).
+                    drain(ring.get_mut(), &mut asm, &mut resid, sinks)?;
+                    if let Some(t) = asm.window(window_snapshot(&probes, &asm)?) {
                         tokens(vec![t], &mut resid, sinks)?;
                     }
                 }
@@ -600,7 +602,7 @@ impl Session {
         emit(sinks, &Event::Histograms(probes.histograms_event(now)?))?;
         emit(sinks, &Event::Health(health(&probes, asm.malformed, now)?))?;
         let end_ns = seed::mono_ns();
-        if use_windows && let Some(t) = asm.window(window_snapshot_at(&probes, end_ns)?) {
+        if use_windows && let Some(t) = asm.window(window_snapshot_at(&probes, &asm, end_ns)?) {
             tokens(vec![t], &mut late_resid, sinks)?;
         }
         let mut totals = run_totals(&probes, end_ns)?;
@@ -814,12 +816,17 @@ fn interval(d: Duration) -> tokio::time::Interval {
     i
 }
 
-/// Every thread's state now, as a window boundary.
-fn window_snapshot(probes: &Probes) -> Result<Snapshot> {
-    window_snapshot_at(probes, seed::mono_ns())
+/// Every thread's state now (and the explicit-read totals, when `asm` folds reads), as a window
+/// boundary.
+fn window_snapshot(probes: &Probes, asm: &Assembler) -> Result<Snapshot> {
+    window_snapshot_at(probes, asm, seed::mono_ns())
 }
 
-fn window_snapshot_at(probes: &Probes, now: u64) -> Result<Snapshot> {
+fn window_snapshot_at(probes: &Probes, asm: &Assembler, now: u64) -> Result<Snapshot> {
+    let xread = match asm.xread {
+        Some(_) => Some(probes.xread_totals()?),
+        None => None,
+    };
     Ok(Snapshot {
         ts: now,
         index: 0,
@@ -830,7 +837,7 @@ fn window_snapshot_at(probes: &Probes, now: u64) -> Result<Snapshot> {
         evicted_by: None,
         refaults: None,
         n_tokens: None,
-        xread: None,
+        xread,
         tid: None,
     })
 }
@@ -984,13 +991,27 @@ fn measured_with(asm: &mut Assembler, resid: Option<&Sampler>) {
 
 /// Emit a batch of token records. With a residency sampler, the last record
 /// of the batch carries a residency sample (taken now; the file scan is rate
-/// limited by the sampler), the others none: tokens are read in batches.
+/// limited by the sampler), the others none: tokens are read in batches. Its
+/// grid's churn is since the previous sample, and so are its read layers: the
+/// per-expert explicit reads of the batch's records (`ExpertGrid::add_reads`).
 fn tokens(mut batch: Vec<TokenRecord>, resid: &mut Option<Sampler>, sinks: &mut [Box<dyn Sink>]) -> Result<()> {
     // Generated tokens since the previous sample (the batch), for the engine cache's hit rate.
     let generated = batch.iter().all(|t| t.kind == StepKind::Generate).then_some(batch.len() as u64);
+    let reads = resid.as_ref().is_some_and(|s| s.xread().is_some());
+    let mut grid_reads = observer_common::model::ExplicitReads::default();
+    if reads {
+        grid_reads.experts =
+            batch.iter().filter_map(|t| t.explicit_reads.as_ref()).flat_map(|x| x.experts.clone()).collect();
+    }
     if let (Some(s), Some(last)) = (resid.as_mut(), batch.last_mut()) {
         match s.sample_after(generated) {
-            Ok(x) => last.residency = Some(x.residency),
+            Ok(mut x) => {
+                if let Some(g) = x.residency.grid.as_mut().filter(|_| reads) {
+                    let outside = g.add_reads(&grid_reads);
+                    debug_assert_eq!(outside, 0, "a read expert outside the model's grid");
+                }
+                last.residency = Some(x.residency)
+            }
             Err(e) => {
                 log::warn!("residency sampling stopped: {e}");
                 *resid = None;

@@ -18,8 +18,9 @@
 //! the mean. A window has no caller: all observed threads are its threads.
 //!
 //! Explicit reads (`observer_common::xread`): a token's per-kind bytes, times and calls are the
-//! difference of the cumulative totals its two marks carry; its per-expert bytes are the sum of
-//! the read records that arrive between its `begin` and `end` mark records.
+//! difference of the cumulative totals its two marks carry; its per-expert bytes and calls are the
+//! sums of the read records that arrive between its `begin` and `end` mark records (one call
+//! each). A window's come from its two snapshots in the same way ([`Assembler::window`]).
 
 use std::collections::BTreeMap;
 
@@ -85,8 +86,9 @@ pub struct Assembler {
     /// Explicit reads are measured: the routed expert `(layer, expert)` of each churn interval
     /// (`None`: not an expert), to fold the read records into experts.
     pub xread: Option<Vec<Option<(u32, u32)>>>,
-    /// Bytes per interval of the read records since the current token's `begin` mark.
-    reads: BTreeMap<u32, u64>,
+    /// Bytes and calls per interval of the read records since the current token's `begin` mark
+    /// (or the current window's start).
+    reads: BTreeMap<u32, (u64, u32)>,
     /// `(tgid, fd)` of the descriptors the kernel asked about since this was last cleared.
     pub fd_queries: Vec<(u32, u32)>,
 }
@@ -188,7 +190,11 @@ impl Assembler {
             }
             REC_READ => {
                 match read::<ReadRecord>(bytes) {
-                    Some(r) if self.begin.is_some() => *self.reads.entry(r.interval).or_default() += r.bytes,
+                    Some(r) if self.begin.is_some() => {
+                        let e = self.reads.entry(r.interval).or_default();
+                        e.0 += r.bytes;
+                        e.1 += 1;
+                    }
                     Some(_) => {} // between tokens
                     None => self.malformed += 1,
                 }
@@ -221,11 +227,18 @@ impl Assembler {
         self.next_seq
     }
 
-    /// Window mode: `snap` ends the current window (if any) and begins the next.
+    /// Window mode: `snap` ends the current window (if any) and begins the next. A window's
+    /// explicit reads are, per kind, the difference of its snapshots' totals (exact); per expert,
+    /// the read records drained since the previous snapshot (a record still in the ring at a
+    /// window's end counts in the next window, so only the sums over the run are exact there).
     pub fn window(&mut self, snap: Snapshot) -> Option<TokenRecord> {
         let prev = self.begin.replace(snap.clone());
+        let reads = std::mem::take(&mut self.reads);
         let begin = prev?;
-        let t = build(&begin, &snap, self.next_seq, StepKind::Window);
+        let mut t = build(&begin, &snap, self.next_seq, StepKind::Window);
+        if let (Some(cells), Some(b), Some(e)) = (&self.xread, begin.xread, snap.xread) {
+            t.explicit_reads = Some(explicit_reads(&b, &e, &reads, cells));
+        }
         self.next_seq += 1;
         Some(t)
     }
@@ -236,15 +249,17 @@ impl Assembler {
 fn explicit_reads(
     b: &[u64; N_TOTALS],
     e: &[u64; N_TOTALS],
-    reads: &BTreeMap<u32, u64>,
+    reads: &BTreeMap<u32, (u64, u32)>,
     cells: &[Option<(u32, u32)>],
 ) -> ExplicitReads {
     let d = |i: usize| e[i].saturating_sub(b[i]);
     let kinds = |base: usize| ReadKinds(std::array::from_fn::<u64, N_KINDS, _>(|k| d(base + k)));
-    let mut experts: BTreeMap<(u32, u32), u64> = BTreeMap::new();
-    for (&i, &bytes) in reads {
+    let mut experts: BTreeMap<(u32, u32), (u64, u32)> = BTreeMap::new();
+    for (&i, &(bytes, calls)) in reads {
         if let Some(Some(c)) = cells.get(i as usize) {
-            *experts.entry(*c).or_default() += bytes;
+            let x = experts.entry(*c).or_default();
+            x.0 += bytes;
+            x.1 += calls;
         }
     }
     ExplicitReads {
@@ -253,7 +268,10 @@ fn explicit_reads(
         calls: kinds(T_CALLS),
         unresolved_bytes: d(T_UNRESOLVED_BYTES),
         unresolved_calls: d(T_UNRESOLVED_CALLS),
-        experts: experts.into_iter().map(|((layer, expert), bytes)| ExpertRead { layer, expert, bytes }).collect(),
+        experts: experts
+            .into_iter()
+            .map(|((layer, expert), (bytes, calls))| ExpertRead { layer, expert, bytes, calls })
+            .collect(),
         lost_bytes: d(T_LOST_BYTES),
     }
 }
@@ -372,6 +390,45 @@ mod tests {
             xread: None,
             tid: None,
         }
+    }
+
+    /// The bytes of a ring-buffer record.
+    fn raw<T: Copy>(r: &T) -> Vec<u8> {
+        // SAFETY: a repr(C) plain-data record, read as its bytes.
+        unsafe { std::slice::from_raw_parts((r as *const T).cast::<u8>(), std::mem::size_of::<T>()) }.to_vec()
+    }
+
+    #[test]
+    fn a_window_carries_the_explicit_reads_between_its_snapshots() {
+        let mut asm = Assembler::new(StepKind::Window);
+        // Intervals 0 and 2 are experts (layer 3, expert 1) and (layer 3, expert 5); 1 is not.
+        asm.xread = Some(vec![Some((3, 1)), None, Some((3, 5))]);
+        let totals = |experts: u64, calls: u64, unresolved: u64| {
+            let mut t = [0u64; N_TOTALS];
+            t[T_BYTES + observer_common::xread::K_EXPERTS] = experts;
+            t[T_CALLS + observer_common::xread::K_EXPERTS] = calls;
+            t[T_UNRESOLVED_BYTES] = unresolved;
+            t
+        };
+        let at = |ts, t| Snapshot { xread: Some(t), ..snap(ts, vec![st(1, 0, 0)]) };
+        let read = |interval, bytes| raw(&ReadRecord { kind: REC_READ, tid: 1, interval, _pad: 0, bytes });
+        assert!(asm.push(&read(0, 99)).is_none(), "before the first window: no window to charge");
+        assert!(asm.window(at(1000, totals(99, 1, 7))).is_none());
+        for r in [read(0, 4096), read(2, 100), read(0, 4096)] {
+            assert!(asm.push(&r).is_none());
+        }
+        let w = asm.window(at(2000, totals(99 + 8292, 4, 7))).expect("a window");
+        let x = w.explicit_reads.expect("explicit reads");
+        assert_eq!(
+            (x.bytes.0[observer_common::xread::K_EXPERTS], x.calls.0[observer_common::xread::K_EXPERTS]),
+            (8292, 3)
+        );
+        assert_eq!(x.unresolved_bytes, 0);
+        let e = |layer, expert, bytes, calls| ExpertRead { layer, expert, bytes, calls };
+        assert_eq!(x.experts, [e(3, 1, 8192, 2), e(3, 5, 100, 1)]);
+        // The next window starts empty.
+        let w = asm.window(at(3000, totals(99 + 8292, 4, 7))).expect("a window");
+        assert!(w.explicit_reads.expect("measured").experts.is_empty());
     }
 
     #[test]

@@ -36,6 +36,19 @@
 //! - `--csv`: `sample,kind,layer,expert,bytes,resident_bytes,resident_frac,added_pages,evicted_pages`
 //!   with one row per kind `file`, `dense_tensors`, `shared_experts`, `routed_experts` (layer,
 //!   expert empty) and one per expert (`expert`); unmeasured values are empty.
+//!
+//! `observer heatmap --trace RUN.trace` (no model needed) lists the explicit reads of a recorded
+//! run (rule: `observer::analysis::reads`): a line per kind of region (bytes, calls, time in the
+//! calls), the unresolved and lost bytes, then one row per expert read, by layer then expert,
+//! with its `read_bytes` and `read_calls` (`vocab::GRID_LAYERS`' names and short labels). With
+//! `--json`: one object, `{"trace", "model" (the header's model path or null), "records",
+//! "measured" (records with explicit reads), "bytes", "ns", "calls" (per kind: {"dense",
+//! "experts", "other"}), "unresolved_bytes", "unresolved_calls", "lost_bytes", "experts": [{"layer",
+//! "expert", "read_bytes", "read_calls"}], "sample", "ended" (the trace has its end record),
+//! "last_index" (the last record's step index), "target_pid"}`. With `--watch` the trace is read again at every
+//! refresh, so a run being recorded (`observer record` flushes each burst of records; until its end
+//! the trace is `FILE.partial-PID`, `engine::output`, which is read while `FILE` does not exist) is
+//! followed live, until its end record. A complete trace without explicit reads is an error that says so.
 
 use std::{io::Write, path::PathBuf, time::Duration};
 
@@ -53,7 +66,12 @@ use serde_json::{Value, json};
 #[derive(Debug, clap::Args)]
 pub struct HeatmapArgs {
     /// The GGUF model file.
-    pub model: PathBuf,
+    #[arg(required_unless_present = "trace")]
+    pub model: Option<PathBuf>,
+    /// List the explicit reads per expert of a recorded run (`observer record`) instead.
+    /// With `--watch`, the trace is read again at every refresh (a run being recorded) until it ends.
+    #[arg(long, value_name = "FILE", conflicts_with_all = ["model", "csv", "churn", "pid"])]
+    pub trace: Option<PathBuf>,
     /// One JSON object per refresh (see the format in `observer heatmap --help`'s module docs).
     #[arg(long, conflicts_with = "csv")]
     json: bool,
@@ -121,19 +139,145 @@ fn delta(now: &Counts, last: &Counts) -> ChurnDelta {
 /// The object, the counters, the last counts, and who evicted at the start and at the last refresh.
 type ChurnState = (aya::Ebpf, Churn, Counts, Option<(Table, Table)>);
 
-pub fn run(args: HeatmapArgs) -> Result<i32> {
+pub fn run(mut args: HeatmapArgs) -> Result<i32> {
+    if let Some(trace) = &args.trace {
+        return trace_reads(trace, &args);
+    }
+    let path = args.model.take().context("observer heatmap: a model file (or --trace FILE) is needed")?;
+    run_model(&path, &args)
+}
+
+/// `--trace`: the explicit reads of a recorded run (module doc); with `--watch`, of the trace as it
+/// grows (a run being recorded), until its end record or `--count` refreshes.
+fn trace_reads(path: &std::path::Path, args: &HeatmapArgs) -> Result<i32> {
+    use observer::{
+        analysis::reads::RunReads,
+        store::import::{LoadedRun, load_events},
+    };
+    let what = || format!("observer heatmap --trace {}", path.display());
+    let mut out = std::io::stdout().lock();
+    let mut k = 0u64;
+    loop {
+        // A run being recorded is at its temporary name until its end (`engine::output`, rule 2).
+        let file = match engine::output::partial_paths(path).into_iter().next() {
+            Some(p) if !path.exists() => p,
+            _ => path.to_path_buf(),
+        };
+        let e = match load_events(&file) {
+            // Renamed into place between the look and the read: read it there.
+            Err(_) if file != path && path.exists() => load_events(path),
+            r => r,
+        }
+        .with_context(what)?;
+        let run = LoadedRun::from_events(path, e.format, e.events);
+        let ended = run.end.is_some();
+        if !args.watch || ended {
+            for n in e.notes.iter().chain(&run.notes) {
+                eprintln!("observer heatmap: {n}");
+            }
+        }
+        let r = RunReads::of(&run.tokens);
+        if r.measured == 0 && ended {
+            bail!(
+                "{}: none of its {} records carries explicit reads (recorded before they were measured, without a model file, or without eBPF)",
+                path.display(),
+                r.records
+            );
+        }
+        let model = run.header.model.as_ref().map(|m| m.path.clone());
+        let last_index = run.tokens.last().and_then(|t| t.index);
+        if args.json {
+            let mut v = r.to_json();
+            v["sample"] = json!(k);
+            v["trace"] = json!(path.display().to_string());
+            v["model"] = json!(model);
+            v["ended"] = json!(ended);
+            v["last_index"] = json!(last_index);
+            v["target_pid"] = json!(run.header.target_pid);
+            writeln!(out, "{v}")?;
+        } else {
+            if args.watch {
+                write!(out, "\x1b[H\x1b[2J")?;
+            }
+            render_reads(&mut out, path, model.as_deref(), &r, ended)?;
+        }
+        out.flush()?;
+        k += 1;
+        if !args.watch || ended || args.count.is_some_and(|c| k >= c) {
+            return Ok(0);
+        }
+        std::thread::sleep(args.interval);
+    }
+}
+
+fn render_reads(
+    out: &mut impl Write,
+    path: &std::path::Path,
+    model: Option<&str>,
+    r: &observer::analysis::reads::RunReads,
+    ended: bool,
+) -> Result<()> {
+    use observer_common::vocab::{EXPLICIT_READS, G_READ_BYTES, G_READ_CALLS, GRID_LAYERS};
+    writeln!(
+        out,
+        "explicit reads of the model in {} ({}): {} of {} records measured them{}",
+        path.display(),
+        model.unwrap_or("model unknown"),
+        r.measured,
+        r.records,
+        if ended { "" } else { " (the run goes on, or was cut short)" }
+    )?;
+    for (k, row) in EXPLICIT_READS.iter().enumerate() {
+        writeln!(
+            out,
+            "  {:<8} {:>12} in {:>8} calls, {:>10.3} ms in the calls",
+            row.name,
+            mib(r.bytes.0[k]),
+            r.calls.0[k],
+            r.ns.0[k] as f64 / 1e6
+        )?;
+    }
+    writeln!(
+        out,
+        "  unresolved {} in {} calls (a descriptor not identified yet) · lost per-expert records: {}",
+        mib(r.unresolved_bytes),
+        r.unresolved_calls,
+        mib(r.lost_bytes)
+    )?;
+    let (rb, rc) = (&GRID_LAYERS[G_READ_BYTES], &GRID_LAYERS[G_READ_CALLS]);
+    writeln!(
+        out,
+        "{} experts read; per expert ({}: {}; {}: {}):",
+        r.experts.len(),
+        rb.name,
+        rb.help,
+        rc.name,
+        rc.help
+    )?;
+    writeln!(out, "{:>6} {:>7} {:>14} {:>8}", "layer", "expert", rb.short, rc.short)?;
+    for e in &r.experts {
+        writeln!(out, "{:>6} {:>7} {:>14} {:>8}", e.layer, e.expert, e.read_bytes, e.read_calls)?;
+    }
+    Ok(())
+}
+
+fn mib(b: u64) -> String {
+    format!("{:.3} MiB", b as f64 / (1u64 << 20) as f64)
+}
+
+fn run_model(model_path: &std::path::Path, args: &HeatmapArgs) -> Result<i32> {
     let mut model =
-        ModelFile::open(&args.model).with_context(|| format!("observer heatmap {}", args.model.display()))?;
+        ModelFile::open(model_path).with_context(|| format!("observer heatmap {}", model_path.display()))?;
     let mut churn_state: Option<ChurnState> = None;
     if args.churn {
         observer::capture::preflight::check_privileges()?;
         let mut ebpf = observer::capture::residency::churn::load_standalone()?;
-        let c = Churn::attach(&mut ebpf, &args.model, &model.map, model.file.page)
-            .with_context(|| format!("page-cache churn of {}", args.model.display()))?;
+        let c = Churn::attach(&mut ebpf, model_path, &model.map, model.file.page)
+            .with_context(|| format!("page-cache churn of {}", model_path.display()))?;
         let base = c.read();
         let blame = match c.blame() {
             Some(Ok(t)) => Some((t.clone(), t)),
-            Some(Err(e)) => bail!("eviction blame of {}: {e}", args.model.display()),
+            Some(Err(e)) => bail!("eviction blame of {}: {e}", model_path.display()),
             None => {
                 if let Err(e) = &c.blame {
                     eprintln!("observer heatmap: who evicted is not measured: {e}");
@@ -149,7 +293,7 @@ pub fn run(args: HeatmapArgs) -> Result<i32> {
     let mut out = std::io::stdout().lock();
     let mut k = 0u64;
     loop {
-        let snap = model.scan().with_context(|| format!("scanning {}", args.model.display()))?;
+        let snap = model.scan().with_context(|| format!("scanning {}", model_path.display()))?;
         let cache = match slots.as_mut() {
             None => None,
             Some((pid, t)) => Some((*pid, t.sample().with_context(|| format!("the expert cache of process {pid}"))?)),
@@ -161,7 +305,7 @@ pub fn run(args: HeatmapArgs) -> Result<i32> {
                 let mut d = delta(&now, last);
                 *last = now;
                 if let (Some((base, prev)), Some(t)) = (blame.as_mut(), c.blame()) {
-                    let t = t.with_context(|| format!("eviction blame of {}", args.model.display()))?;
+                    let t = t.with_context(|| format!("eviction blame of {}", model_path.display()))?;
                     d.evicted_by = Some((t.since(prev), t.since(base)));
                     *prev = t;
                 }
@@ -199,7 +343,7 @@ pub fn run(args: HeatmapArgs) -> Result<i32> {
         if n.other_dev_events > 0 && n.add_pages + n.del_pages == 0 {
             bail!(
                 "page-cache churn of {}: {} events matched the file's inode on device {:#x} instead of {:#x} (btrfs subvolume or overlayfs?): churn not measured",
-                args.model.display(),
+                model_path.display(),
                 n.other_dev_events,
                 n.other_dev_last,
                 c.dev

@@ -342,8 +342,14 @@ pub struct Bpftrace {
 
 impl Bpftrace {
     pub fn start(script: &str) -> Bpftrace {
+        Bpftrace::start_env(script, &[])
+    }
+
+    /// [`Bpftrace::start`] with environment variables for bpftrace (e.g. `BPFTRACE_STRLEN`).
+    pub fn start_env(script: &str, env: &[(&str, &str)]) -> Bpftrace {
         let mut child = Command::new("bpftrace")
             .args(["-e", script])
+            .envs(env.iter().copied())
             .stdout(Stdio::piped())
             .spawn()
             .expect("bpftrace not found: run `cargo xtask setup`");
@@ -368,6 +374,16 @@ impl Bpftrace {
         self.out.read_to_string(&mut text).expect("reading bpftrace");
         assert!(self.child.wait().expect("bpftrace").success(), "bpftrace failed:\n{text}");
         text
+    }
+}
+
+impl Drop for Bpftrace {
+    /// A test that fails before `finish` stops its bpftrace (which would otherwise outlive it).
+    fn drop(&mut self) {
+        if matches!(self.child.try_wait(), Ok(None)) {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
     }
 }
 

@@ -14,6 +14,13 @@
 //! snapshot: the observer's (from the slot table's version counter;
 //! `observer::capture::residency::slots`) beside the engine's own `cache_hit_pct`, and the
 //! observer's mean over the run.
+//!
+//! `r` switches the cells to the explicit reads (`read_bytes` and `read_calls` of the grids,
+//! `vocab::GRID_LAYERS`, whose short labels the header and the legend use): a cell's shade is the
+//! bytes read of that expert over the run relative to the most-read expert's (`·` none, `░` < 25 %,
+//! … `█` from 75 %; a binned cell: the sum of its experts against the largest such sum), cyan
+//! where it was read within the last [`CHURN_WINDOW`] steps. The line above the grid gives the
+//! bytes and calls of the grid's last step and of the run.
 
 use ratatui::{
     Frame,
@@ -23,8 +30,13 @@ use ratatui::{
     widgets::Paragraph,
 };
 
+use observer_common::vocab::{G_READ_BYTES, G_READ_CALLS, GRID_LAYERS};
+
 use super::fmt;
-use crate::state::{App, CHURN_WINDOW};
+use crate::state::{App, CHURN_WINDOW, Heat, HeatLayer};
+
+/// The colour of a cell read within the last [`CHURN_WINDOW`] steps (reads layer).
+pub const READ_RECENTLY: Color = Color::Cyan;
 
 /// The background of a cell whose expert is in the engine's own cache.
 pub const ENGINE_CACHE_BG: Color = Color::Blue;
@@ -55,6 +67,40 @@ fn churn_style(added: bool, evicted: bool) -> Style {
     }
 }
 
+/// The reads layer's header line and its legend (with the hint), or why it has none.
+fn reads_lines(h: &Heat, w: usize) -> (Line<'static>, Line<'static>) {
+    let (rb, rc) = (GRID_LAYERS[G_READ_BYTES].short, GRID_LAYERS[G_READ_CALLS].short);
+    if !h.reads_measured {
+        return (
+            Line::raw(fmt::fit(&format!("explicit reads ({rb}, {rc}): not measured · r: residency"), w)),
+            Line::styled(
+                fmt::fit("no grid carried per-expert reads (the target read no model bytes with read/pread)", w),
+                fmt::dim(),
+            ),
+        );
+    }
+    let (sb, sc) = h.step_reads.unwrap_or_default();
+    let (b, c) = h.run_reads;
+    (
+        Line::raw(fmt::fit(
+            &format!(
+                "explicit reads ({rb}, {rc}) at step #{}: {} in {} calls · run {} in {} calls",
+                h.grid_seq,
+                fmt::bytes(sb as f64),
+                fmt::int(sc),
+                fmt::bytes(b as f64),
+                fmt::int(c)
+            ),
+            w,
+        )),
+        Line::from(vec![
+            Span::raw(format!("{rb} over the run vs max: · 0 ░ <25% ▒ <50% ▓ <75% █ ≥75%  ")),
+            Span::styled("■ read", Style::new().fg(READ_RECENTLY).add_modifier(Modifier::BOLD)),
+            Span::raw(format!(" (last {CHURN_WINDOW} steps) · r: residency")),
+        ]),
+    )
+}
+
 pub fn draw(app: &App, f: &mut Frame<'_>, area: Rect) {
     let w = area.width as usize;
     let h = &app.heat;
@@ -83,32 +129,40 @@ pub fn draw(app: &App, f: &mut Frame<'_>, area: Rect) {
         f.render_widget(Paragraph::new(lines), area);
         return;
     };
-    let churn = match (h.step_added, h.step_evicted) {
-        (None, None) => "churn: not measured".to_string(),
-        (a, e) => format!(
-            "churn at step #{}: +{} / −{} pages · run +{} / −{}",
-            h.grid_seq,
-            a.map_or_else(|| fmt::NA.into(), |v| v.to_string()),
-            e.map_or_else(|| fmt::NA.into(), |v| v.to_string()),
-            h.run_added,
-            h.run_evicted
-        ),
-    };
-    lines.push(Line::raw(fmt::fit(&churn, w)));
-    if let Some((seq, c)) = &h.engine_cache {
-        let hit = |v: Option<f64>| v.map_or_else(|| fmt::NA.into(), |v| format!("{v:.1} %"));
-        lines.push(Line::raw(fmt::fit(
-            &format!(
-                "engine cache at step #{seq}: {} slots, {} ready, {} loading · hit rate: observer {} (run {}), engine {}",
-                c.slots,
-                c.ready.len(),
-                c.loading,
-                hit(c.hit_pct),
-                hit(h.run_hit_pct()),
-                hit(h.engine_hit_pct)
+    let reads = h.layer == HeatLayer::Reads;
+    let mut reads_legend = None;
+    if reads {
+        let (head, legend) = reads_lines(h, w);
+        lines.push(head);
+        reads_legend = Some(legend);
+    } else {
+        let churn = match (h.step_added, h.step_evicted) {
+            (None, None) => "churn: not measured".to_string(),
+            (a, e) => format!(
+                "churn at step #{}: +{} / −{} pages · run +{} / −{}",
+                h.grid_seq,
+                a.map_or_else(|| fmt::NA.into(), |v| v.to_string()),
+                e.map_or_else(|| fmt::NA.into(), |v| v.to_string()),
+                h.run_added,
+                h.run_evicted
             ),
-            w,
-        )));
+        };
+        lines.push(Line::raw(fmt::fit(&churn, w)));
+        if let Some((seq, c)) = &h.engine_cache {
+            let hit = |v: Option<f64>| v.map_or_else(|| fmt::NA.into(), |v| format!("{v:.1} %"));
+            lines.push(Line::raw(fmt::fit(
+                &format!(
+                    "engine cache at step #{seq}: {} slots, {} ready, {} loading · hit rate: observer {} (run {}), engine {}",
+                    c.slots,
+                    c.ready.len(),
+                    c.loading,
+                    hit(c.hit_pct),
+                    hit(h.run_hit_pct()),
+                    hit(h.engine_hit_pct)
+                ),
+                w,
+            )));
+        }
     }
 
     let (nl, ne) = (g.n_layers as usize, g.n_experts as usize);
@@ -121,27 +175,51 @@ pub fn draw(app: &App, f: &mut Frame<'_>, area: Rect) {
     let per_row = nl.div_ceil(grid_rows).max(1);
     let (cols, rows) = (ne.div_ceil(per_col), nl.div_ceil(per_row));
 
-    let mut legend = vec![
-        Span::raw("· 0 ░ <25% ▒ <50% ▓ <75% █ ≥75%  "),
-        Span::styled("■ added ", churn_style(true, false)),
-        Span::styled("■ evicted ", churn_style(false, true)),
-        Span::styled("■ both", churn_style(true, true)),
-        Span::raw(format!(" (last {CHURN_WINDOW} steps)")),
-    ];
-    if h.engine_cache.is_some() {
-        legend.push(Span::raw("  "));
-        legend.push(Span::styled("█", churn_style(false, false).bg(ENGINE_CACHE_BG)));
-        legend.push(Span::raw(" in the engine's cache"));
+    if let Some(legend) = reads_legend {
+        lines.push(legend);
+    } else {
+        let mut legend = vec![
+            Span::raw("· 0 ░ <25% ▒ <50% ▓ <75% █ ≥75%  "),
+            Span::styled("■ added ", churn_style(true, false)),
+            Span::styled("■ evicted ", churn_style(false, true)),
+            Span::styled("■ both", churn_style(true, true)),
+            Span::raw(format!(" (last {CHURN_WINDOW} steps)")),
+        ];
+        if h.engine_cache.is_some() {
+            legend.push(Span::raw("  "));
+            legend.push(Span::styled("█", churn_style(false, false).bg(ENGINE_CACHE_BG)));
+            legend.push(Span::raw(" in the engine's cache"));
+        }
+        if h.reads_measured {
+            legend.push(Span::raw(" · r: reads"));
+        }
+        lines.push(Line::from(legend));
     }
-    lines.push(Line::from(legend));
+    // Reads layer: a (binned) cell's bytes over the run, against the largest cell's.
+    let bin = |l0: usize, l1: usize, e0: usize, e1: usize| -> u64 {
+        (l0..l1)
+            .flat_map(|l| (e0..e1).map(move |e| l * ne + e))
+            .map(|i| h.run_read_bytes.get(i).copied().unwrap_or(0))
+            .sum()
+    };
+    let max_read = if reads {
+        (0..rows)
+            .flat_map(|r| (0..cols).map(move |c| (r, c)))
+            .map(|(r, c)| bin(r * per_row, ((r + 1) * per_row).min(nl), c * per_col, ((c + 1) * per_col).min(ne)))
+            .max()
+            .unwrap_or(0)
+    } else {
+        0
+    };
     if per_col > 1 || per_row > 1 {
         let s = |n: usize, one: &str, many: &str| format!("{n} {}", if n == 1 { one } else { many });
         lines.push(Line::styled(
             fmt::fit(
                 &format!(
-                    "one cell = {} × {} (mean residency, any churn)",
+                    "one cell = {} × {} ({})",
                     s(per_row, "layer", "layers"),
-                    s(per_col, "expert", "experts")
+                    s(per_col, "expert", "experts"),
+                    if reads { "their reads summed, any recent read" } else { "mean residency, any churn" }
                 ),
                 w,
             ),
@@ -169,6 +247,18 @@ pub fn draw(app: &App, f: &mut Frame<'_>, area: Rect) {
         let mut spans = vec![Span::styled(format!("{:>4}  ", g.layer(l0)), fmt::dim())];
         for c in 0..cols {
             let (e0, e1) = (c * per_col, ((c + 1) * per_col).min(ne));
+            if reads {
+                let b = bin(l0, l1, e0, e1);
+                let recent = (l0..l1).any(|l| (e0..e1).any(|e| h.read_recently(l * ne + e)));
+                let ch = if max_read == 0 { shade(0.0) } else { shade((b as f64 / max_read as f64) as f32) };
+                let style = if recent {
+                    Style::new().fg(READ_RECENTLY).add_modifier(Modifier::BOLD)
+                } else {
+                    churn_style(false, false)
+                };
+                spans.push(Span::styled(ch.to_string(), style));
+                continue;
+            }
             let (mut sum, mut n, mut added, mut evicted, mut cached) = (0.0f32, 0u32, false, false, false);
             for l in l0..l1 {
                 for e in e0..e1 {

@@ -522,6 +522,8 @@ impl Sampler {
             resident: snapshot.cell_fracs(),
             added,
             evicted,
+            read_bytes: None,
+            read_calls: None,
         });
         let (dense_resident_frac, dense_swapped_frac) = match anon {
             Some(a) => (a.resident_frac(), a.swapped_frac()),

@@ -152,6 +152,8 @@ fn residency_process_and_health_gauges_live_while_the_target_runs() {
             resident: vec![1.0, 1.0, 0.0, 0.0, 0.25, 0.25, 0.25, 0.25],
             added: None,
             evicted: None,
+            read_bytes: None,
+            read_calls: None,
         }),
         engine_cache: None,
     });
@@ -281,6 +283,8 @@ fn every_family_of_the_vocabulary_is_exported_under_its_name() {
             resident: vec![1.0],
             added: None,
             evicted: None,
+            read_bytes: None,
+            read_calls: None,
         }),
         engine_cache: None,
     });

@@ -11,9 +11,14 @@
 //!                                       null: a key frame, complete in itself
 //!   "resident": "<runs>",               resident fractions (f32)
 //!   "added": "<runs>" | null,           page-cache pages added per expert (u32), if measured
-//!   "evicted": "<runs>" | null          … evicted
+//!   "evicted": "<runs>" | null,         … evicted
+//!   "read_bytes": "<runs>",             explicit-read bytes per expert (u64), if measured
+//!   "read_calls": "<runs>"              … calls (u32)
 //! }
 //! ```
+//! The key names after `base` are the grid layers of `vocab::GRID_LAYERS`. `read_bytes` and
+//! `read_calls` are absent when not measured (and in traces written before they existed): new
+//! keys, no new version.
 //! and the record's `residency.grid` is `null`, so that a reader that does not
 //! know `grid_packed` (they skip unknown keys) reads every record, without the grid.
 //!
@@ -53,6 +58,10 @@ pub struct Packed {
     pub resident: String,
     pub added: Option<String>,
     pub evicted: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub read_bytes: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub read_calls: Option<String>,
 }
 
 fn put_varint(out: &mut Vec<u8>, mut v: u64) {
@@ -81,10 +90,10 @@ fn get_varint(b: &[u8], at: &mut usize) -> Result<u64, String> {
 }
 
 /// Cell classes of one value: the run op it belongs to.
-fn op_of(v: u32, base: Option<u32>, one: Option<u32>) -> u8 {
+fn op_of<T: Copy + Eq + Default>(v: T, base: Option<T>, one: Option<T>) -> u8 {
     if base == Some(v) {
         OP_SAME
-    } else if v == 0 {
+    } else if v == T::default() {
         OP_ZERO
     } else if one == Some(v) {
         OP_ONE
@@ -95,7 +104,12 @@ fn op_of(v: u32, base: Option<u32>, one: Option<u32>) -> u8 {
 
 /// Runs of `vals` (bits), against `base` (same length) if any. `one`: the bits
 /// of the value op 1 stands for (fractions only). `literal` writes one value.
-fn runs(vals: &[u32], base: Option<&[u32]>, one: Option<u32>, literal: fn(&mut Vec<u8>, u32)) -> Vec<u8> {
+fn runs<T: Copy + Eq + Default>(
+    vals: &[T],
+    base: Option<&[T]>,
+    one: Option<T>,
+    literal: fn(&mut Vec<u8>, T),
+) -> Vec<u8> {
     let mut out = Vec::new();
     let mut i = 0;
     while i < vals.len() {
@@ -116,13 +130,13 @@ fn runs(vals: &[u32], base: Option<&[u32]>, one: Option<u32>, literal: fn(&mut V
     out
 }
 
-fn unruns(
+fn unruns<T: Copy + Default>(
     b: &[u8],
     n: usize,
-    base: Option<&[u32]>,
-    one: Option<u32>,
-    literal: fn(&[u8], &mut usize) -> Result<u32, String>,
-) -> Result<Vec<u32>, String> {
+    base: Option<&[T]>,
+    one: Option<T>,
+    literal: fn(&[u8], &mut usize) -> Result<T, String>,
+) -> Result<Vec<T>, String> {
     let mut out = Vec::with_capacity(n);
     let mut at = 0;
     while out.len() < n {
@@ -133,7 +147,7 @@ fn unruns(
             return Err(format!("a run of {count} cells where {} remain", n - out.len()));
         }
         match op {
-            OP_ZERO => out.extend(std::iter::repeat_n(0, count)),
+            OP_ZERO => out.extend(std::iter::repeat_n(T::default(), count)),
             OP_ONE => out.extend(std::iter::repeat_n(one.ok_or("run of ones in counts")?, count)),
             OP_SAME => {
                 let base = base.ok_or("a run of unchanged cells in a key frame")?;
@@ -169,6 +183,14 @@ fn count_literal(out: &mut Vec<u8>, v: u32) {
 
 fn count_read(b: &[u8], at: &mut usize) -> Result<u32, String> {
     u32::try_from(get_varint(b, at)?).map_err(|_| "a count beyond u32".to_string())
+}
+
+fn count64_literal(out: &mut Vec<u8>, v: u64) {
+    put_varint(out, v);
+}
+
+fn count64_read(b: &[u8], at: &mut usize) -> Result<u64, String> {
+    get_varint(b, at)
 }
 
 const ONE_BITS: u32 = 0x3f80_0000;
@@ -208,6 +230,8 @@ impl Packer {
             resident: STANDARD.encode(runs(&resident, base.map(|(_, b)| b), Some(ONE_BITS), f32_literal)),
             added: counts(&g.added),
             evicted: counts(&g.evicted),
+            read_bytes: g.read_bytes.as_ref().map(|v| STANDARD.encode(runs(v, None, None, count64_literal))),
+            read_calls: counts(&g.read_calls),
         };
         self.last = Some((seq, g.n_layers, g.n_experts, resident));
         p
@@ -239,6 +263,11 @@ impl Unpacker {
                 .map(|s| unruns(&decode(s)?, n, None, None, count_read).map_err(|e| format!("expert grid churn: {e}")))
                 .transpose()
         };
+        let read_bytes = p
+            .read_bytes
+            .as_ref()
+            .map(|s| unruns(&decode(s)?, n, None, None, count64_read).map_err(|e| format!("expert grid reads: {e}")))
+            .transpose()?;
         if !p.layers.is_empty() && p.layers.len() != p.n_layers as usize {
             return Err(format!("expert grid: {} layer indices for {} rows", p.layers.len(), p.n_layers));
         }
@@ -249,6 +278,8 @@ impl Unpacker {
             resident: resident.iter().map(|b| f32::from_bits(*b)).collect(),
             added: counts(&p.added)?,
             evicted: counts(&p.evicted)?,
+            read_bytes,
+            read_calls: counts(&p.read_calls)?,
         };
         self.last = Some((seq, resident));
         Ok(g)
@@ -269,6 +300,9 @@ mod tests {
             resident: (0..n).map(f).collect(),
             added: Some((0..n).map(|i| if i % 7 == 0 { i as u32 * 1000 } else { 0 }).collect()),
             evicted: None,
+            // Explicit-read bytes beyond u32 in some cells.
+            read_bytes: Some((0..n).map(|i| if i % 11 == 0 { (i as u64) << 30 } else { 0 }).collect()),
+            read_calls: Some((0..n).map(|i| if i % 11 == 0 { i as u32 } else { 0 }).collect()),
         }
     }
 
@@ -287,6 +321,7 @@ mod tests {
             assert_eq!(bits(&back.resident), bits(&g.resident), "token {seq}");
             assert_eq!(back.added, g.added);
             assert_eq!(back.evicted, None);
+            assert_eq!((&back.read_bytes, &back.read_calls), (&g.read_bytes, &g.read_calls));
             assert_eq!((back.layers.len(), back.layer(0), back.layer(l as usize - 1)), (l as usize, 1, l));
         }
     }
@@ -334,5 +369,22 @@ mod tests {
         let g = Unpacker::default().unpack(0, &old).unwrap();
         assert!(g.layers.is_empty());
         assert_eq!((0..3).map(|r| g.layer(r)).collect::<Vec<_>>(), [0, 1, 2]);
+    }
+
+    #[test]
+    fn a_grid_of_a_trace_without_read_layers_reads_them_as_not_measured() {
+        let mut packed = serde_json::to_value(Packer::default().pack(0, &grid(3, 2, |_| 1.0))).unwrap();
+        assert!(packed["read_bytes"].is_string() && packed["read_calls"].is_string(), "{packed}");
+        packed.as_object_mut().unwrap().remove("read_bytes");
+        packed.as_object_mut().unwrap().remove("read_calls");
+        let old: Packed = serde_json::from_value(packed).unwrap();
+        let g = Unpacker::default().unpack(0, &old).unwrap();
+        assert_eq!((g.read_bytes, g.read_calls), (None, None));
+        // And a grid without them is written without the keys.
+        let mut none = grid(3, 2, |_| 1.0);
+        none.read_bytes = None;
+        none.read_calls = None;
+        let v = serde_json::to_value(Packer::default().pack(0, &none)).unwrap();
+        assert!(v.get("read_bytes").is_none() && v.get("read_calls").is_none(), "{v}");
     }
 }

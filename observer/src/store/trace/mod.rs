@@ -41,7 +41,8 @@
 //! - A token record's `explicit_reads` (explicit reads of the model file per kind of region and
 //!   per routed expert, `observer_common::xread`) is a newer key of the same `token` payload: no
 //!   new version or record kind (by the rule below: readers skip unknown keys, and a record
-//!   without it reads as "not measured").
+//!   without it reads as "not measured"). So are its `calls` per expert (0 when absent), and the
+//!   grid's read layers `read_bytes` / `read_calls` (in `grid_packed`; absent: not measured).
 //! - Names in payloads are the vocabulary's (`observer_common::vocab`); older
 //!   names it lists as aliases (latency-histogram kinds before the renames)
 //!   read as the current ones.

@@ -94,6 +94,8 @@ pub(crate) fn token(seq: u64) -> TokenRecord {
                 resident: vec![0.0, 1.0, 0.1, 1.0 / 3.0, 2.0 / 3.0, 1e-7],
                 added: Some(vec![1, 2, 3, 4, 5, 6]),
                 evicted: None,
+                read_bytes: Some(vec![0, 0, 1 << 33, 0, 5, 0]),
+                read_calls: Some(vec![0, 0, 2, 0, 1, 0]),
             }),
             engine_cache: None,
         }),
@@ -108,8 +110,8 @@ pub(crate) fn token(seq: u64) -> TokenRecord {
             unresolved_bytes: seq,
             unresolved_calls: seq.min(1),
             experts: vec![
-                ExpertRead { layer: 1, expert: 2, bytes: 1 << 20 },
-                ExpertRead { layer: 3, expert: 0, bytes: 2 << 20 },
+                ExpertRead { layer: 1, expert: 2, bytes: 1 << 20, calls: 3 },
+                ExpertRead { layer: 3, expert: 0, bytes: 2 << 20, calls: 1 },
             ],
             lost_bytes: 0,
         }),
@@ -429,6 +431,8 @@ fn a_lost_grid_costs_the_deltas_until_the_next_key_frame() {
             resident: (0..15).map(|i| if (i + seq / 4) % 3 == 0 { 0.5 } else { 1.0 }).collect(),
             added: Some(vec![seq as u32; 15]),
             evicted: None,
+            read_bytes: None,
+            read_calls: None,
         };
         g.resident[0] = seq as f32 / 100.0;
         r.grid = Some(g);
