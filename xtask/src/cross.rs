@@ -4,10 +4,14 @@
 //!
 //! 1. Packages (idempotent, as root): the `arm64` dpkg architecture, Debian's Rust std for
 //!    aarch64 (`libstd-rust-web-dev:arm64`, rustc 1.96), the cross linker and C library
-//!    (`gcc-aarch64-linux-gnu`, `libc6-dev-arm64-cross`) and `qemu-user`.
+//!    (`gcc-aarch64-linux-gnu`, `libc6-dev-arm64-cross`), `qemu-user` and Debian's clippy for
+//!    that compiler (`rust-web-clippy`).
 //! 2. Build with Debian's compiler (`RUSTC=/usr/bin/rustc`, the only one here with an aarch64
 //!    std), linked by `aarch64-linux-gnu-gcc`, in its own target directory (`target/cross`), so
 //!    that the host build's artifacts are never touched.
+//!    Then clippy on the engine for aarch64, warnings as errors ([`clippy`]: Debian's
+//!    `cargo-clippy`, package `rust-web-clippy`, built for that compiler), which is what lints
+//!    `quant/neon.rs` and everything else behind `cfg(target_arch = "aarch64")`.
 //! 3. Run: cargo runs each test binary with plain `qemu-aarch64` (never `-L
 //!    /usr/aarch64-linux-gnu`: that sysroot mixes a second glibc build into the process and
 //!    thread creation then hangs; the `arm64` libraries installed in `/` are found without it).
@@ -47,10 +51,14 @@ const PACKAGES: &[(&str, &str)] = &[
     ("gcc-aarch64-linux-gnu", "the cross linker"),
     ("libc6-dev-arm64-cross", "the aarch64 C library to link against"),
     ("qemu-user", "qemu-aarch64, which runs the tests"),
+    ("rust-web-clippy", "Debian's clippy for rustc 1.96, which lints the aarch64 code"),
 ];
 
 /// Debian's compiler, the one with an aarch64 std.
 const RUSTC: &str = "/usr/bin/rustc";
+/// Debian's `cargo-clippy` (`rust-web-clippy`), whose `clippy-driver` is built against that
+/// compiler (rustup's clippy is another rustc's, which cannot read Debian's aarch64 std).
+const CLIPPY: &str = "/usr/bin/cargo-clippy";
 const LINKER: &str = "aarch64-linux-gnu-gcc";
 pub(crate) const QEMU: &str = "/usr/bin/qemu-aarch64";
 
@@ -152,9 +160,10 @@ pub const NOT_RUN: &[(&str, &str)] = &[
     ),
     (
         "parity with llama.cpp on aarch64",
-        "a command of its own, `cargo xtask parity --target aarch64` (llama.cpp's aarch64 cross build, cached; \
-         both programs under qemu-aarch64, minutes per model); here the NEON kernels are checked bit for bit \
-         against a model of ggml's NEON order, and against the reference dequantizers",
+        "a command of its own, `cargo xtask parity --target aarch64` (llama.cpp's aarch64 cross builds for the \
+         neon, dotprod and i8mm levels, cached; both programs under qemu-aarch64, minutes per model); here the \
+         NEON kernels are checked bit for bit against models of ggml's NEON and repacked orders, and against the \
+         reference dequantizers",
     ),
     ("speed", "emulated code runs tens of times slower than native: emulation checks correctness, not speed"),
 ];
@@ -262,6 +271,17 @@ fn cargo_args(extra: &[String]) -> Vec<String> {
     a
 }
 
+/// Clippy on the engine for aarch64, warnings as errors, with the root manifest's lints: the code
+/// behind `cfg(target_arch = "aarch64")` (`quant/neon.rs`, its dispatch and tests), which the
+/// host's clippy never compiles.
+pub(crate) fn clippy(root: &Path, env: &[(&'static str, String)]) -> Result<()> {
+    eprintln!("cross: clippy on the engine for {TRIPLE} ({CLIPPY}, -D warnings)");
+    let mut c = Command::new(CLIPPY);
+    c.current_dir(root).envs(env.iter().cloned());
+    c.args(["clippy", "--release", "-p", "engine", "--all-targets", "--target", TRIPLE, "--", "-D", "warnings"]);
+    cmd::run(&mut c).context("clippy found warnings in the engine's aarch64 build")
+}
+
 /// The cross run's own target directory.
 pub(crate) fn target_dir() -> PathBuf {
     cache::target_dir().join("cross")
@@ -287,6 +307,7 @@ pub fn run(args: &[String]) -> Result<()> {
     check_arm64_ebpf(&root)?;
     let env = cargo_env(&target_dir());
     build_engine()?;
+    clippy(&root, &env)?;
 
     let (clock, ok) = {
         let _binfmt = Binfmt::register()?;
