@@ -22,7 +22,9 @@
 //! 4. Run the engine's kernel tests (`quant::`) a second time on an emulated CPU without
 //!    `dotprod` ([`NO_DOTPROD_CPU`]), where the `neon` level runs its emulated-`sdot` kernels
 //!    through the dispatch (qemu's default CPU has `dotprod`; both variants are also compared
-//!    directly in the first pass).
+//!    directly in the first pass), and a third time on one with `dotprod` but without `i8mm`
+//!    ([`DOTPROD_CPU`]), where the dispatch picks llama.cpp's `dotprod` repacked orders (the
+//!    default CPU, `max`, has `i8mm`: the `i8mm` orders).
 //!
 //! 5. The observer's eBPF object for an arm64 kernel: `observer-ebpf` built for `bpfel` with
 //!    `AYA_BPF_TARGET_ARCH=aarch64` (as `observer/build.rs` does for an aarch64 observer), and
@@ -130,6 +132,9 @@ fn ctx_load_offsets(data: &[u8], func: &str) -> Result<Vec<i16>> {
 
 /// An ARMv8.0 CPU model of qemu: NEON without `dotprod`, `i8mm` or SVE.
 const NO_DOTPROD_CPU: &str = "cortex-a72";
+/// An ARMv8.2 CPU model of qemu with `dotprod` but without `i8mm` (qemu's default, `max`, has
+/// both): the `neon` level's `dotprod` repacked orders.
+const DOTPROD_CPU: &str = "cortex-a76";
 
 /// The engine's test targets that run under `qemu-aarch64` (besides its library tests).
 const ENGINE_TESTS: &[&str] =
@@ -324,13 +329,18 @@ pub fn run(args: &[String]) -> Result<()> {
     let mut c3 = clock3.counts;
     c3.passed += clock4.counts.passed;
     c3.failed += clock4.counts.failed;
+    let nd_args: Vec<String> =
+        ["-p", "engine", "--target", TRIPLE, "--lib", "--", "quant::"].map(String::from).to_vec();
     eprintln!("cross: the kernel tests again on qemu's {NO_DOTPROD_CPU} (no dotprod)");
     let mut env2 = env.clone();
     env2.push(("QEMU_CPU", NO_DOTPROD_CPU.to_owned()));
-    let nd_args: Vec<String> =
-        ["-p", "engine", "--target", TRIPLE, "--lib", "--", "quant::"].map(String::from).to_vec();
     let (clock2, ok2) = test::cargo_test(&root, &nd_args, &env2)?;
     let c2 = clock2.counts;
+    eprintln!("cross: the kernel tests again on qemu's {DOTPROD_CPU} (dotprod, no i8mm)");
+    let mut env5 = env.clone();
+    env5.push(("QEMU_CPU", DOTPROD_CPU.to_owned()));
+    let (clock5, ok5) = test::cargo_test(&root, &nd_args, &env5)?;
+    let c5 = clock5.counts;
     println!("\ncross: not run under emulation:");
     for (what, why) in NOT_RUN {
         println!("  - {what}: {why}");
@@ -351,12 +361,18 @@ pub fn run(args: &[String]) -> Result<()> {
         c2.failed
     );
     println!(
+        "cross: {} kernel tests ran on qemu's {DOTPROD_CPU} (dotprod, no i8mm): {} passed, {} failed",
+        c5.passed + c5.failed,
+        c5.passed,
+        c5.failed
+    );
+    println!(
         "cross: {} observer tests (its aarch64 rules; observer-common whole) ran: {} passed, {} failed",
         c3.passed + c3.failed,
         c3.passed,
         c3.failed
     );
-    if !ok || c.failed > 0 || !ok2 || c2.failed > 0 || !ok3 || c3.failed > 0 {
+    if !ok || c.failed > 0 || !ok2 || c2.failed > 0 || !ok5 || c5.failed > 0 || !ok3 || c3.failed > 0 {
         bail!("aarch64 tests failed under qemu-aarch64");
     }
     if c3.passed == 0 {
@@ -364,6 +380,9 @@ pub fn run(args: &[String]) -> Result<()> {
     }
     if c2.passed == 0 {
         bail!("no kernel test ran on the CPU without dotprod");
+    }
+    if c5.passed == 0 {
+        bail!("no kernel test ran on the CPU with dotprod but without i8mm");
     }
     if c.ignored > 0 {
         bail!("{} tests are #[ignore]d: this project does not skip tests silently", c.ignored);

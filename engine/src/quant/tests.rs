@@ -1320,10 +1320,15 @@ fn q8k_bsum(y: &[u8], g: usize) -> i32 {
 }
 
 /// The dot product in the float order of the kernel a llama.cpp build of ISA level `level`
-/// runs for one token (`Avx2` or `Avx512`).
+/// runs for one token (`Avx2`, `Avx512`, or `Neon` on this CPU).
 fn ggml_order_dot(level: Backend, ty: GgmlType, w: &[u8], x: &[u8], n: usize) -> f32 {
     use GgmlType::*;
     if level == Backend::Neon {
+        // The order of the layout llama.cpp gives the weights on this CPU.
+        #[cfg(target_arch = "aarch64")]
+        if let Some(v) = ggml_neon_repacked_dot(ty, w, x, super::neon::layout()) {
+            return v;
+        }
         return ggml_neon_dot(ty, w, x, neon_sdot());
     }
     let ts = ty.type_size();
