@@ -467,8 +467,10 @@ mod tests {
     #[test]
     fn ggml_neon_exp_is_the_lane_emulation() {
         use std::arch::aarch64::*;
-        // SAFETY: NEON is part of every aarch64 target; registers only.
+        /// # Safety
+        /// None beyond NEON, which every aarch64 target has.
         unsafe fn expf4(x: float32x4_t) -> float32x4_t {
+            // SAFETY: NEON is part of every aarch64 target; registers only.
             unsafe {
                 let r = vdupq_n_f32(R);
                 let z = vfmaq_f32(r, x, vdupq_n_f32(LOG2E));

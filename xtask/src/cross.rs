@@ -4,10 +4,14 @@
 //!
 //! 1. Packages (idempotent, as root): the `arm64` dpkg architecture, Debian's Rust std for
 //!    aarch64 (`libstd-rust-web-dev:arm64`, rustc 1.96), the cross linker and C library
-//!    (`gcc-aarch64-linux-gnu`, `libc6-dev-arm64-cross`) and `qemu-user`.
+//!    (`gcc-aarch64-linux-gnu`, `libc6-dev-arm64-cross`), `qemu-user` and Debian's clippy for
+//!    that compiler (`rust-web-clippy`).
 //! 2. Build with Debian's compiler (`RUSTC=/usr/bin/rustc`, the only one here with an aarch64
 //!    std), linked by `aarch64-linux-gnu-gcc`, in its own target directory (`target/cross`), so
 //!    that the host build's artifacts are never touched.
+//!    Then clippy on the engine for aarch64, warnings as errors ([`clippy`]: Debian's
+//!    `cargo-clippy`, package `rust-web-clippy`, built for that compiler), which is what lints
+//!    `quant/neon.rs` and everything else behind `cfg(target_arch = "aarch64")`.
 //! 3. Run: cargo runs each test binary with plain `qemu-aarch64` (never `-L
 //!    /usr/aarch64-linux-gnu`: that sysroot mixes a second glibc build into the process and
 //!    thread creation then hangs; the `arm64` libraries installed in `/` are found without it).
@@ -18,7 +22,9 @@
 //! 4. Run the engine's kernel tests (`quant::`) a second time on an emulated CPU without
 //!    `dotprod` ([`NO_DOTPROD_CPU`]), where the `neon` level runs its emulated-`sdot` kernels
 //!    through the dispatch (qemu's default CPU has `dotprod`; both variants are also compared
-//!    directly in the first pass).
+//!    directly in the first pass), and a third time on one with `dotprod` but without `i8mm`
+//!    ([`DOTPROD_CPU`]), where the dispatch picks llama.cpp's `dotprod` repacked orders (the
+//!    default CPU, `max`, has `i8mm`: the `i8mm` orders).
 //!
 //! 5. The observer's eBPF object for an arm64 kernel: `observer-ebpf` built for `bpfel` with
 //!    `AYA_BPF_TARGET_ARCH=aarch64` (as `observer/build.rs` does for an aarch64 observer), and
@@ -47,10 +53,14 @@ const PACKAGES: &[(&str, &str)] = &[
     ("gcc-aarch64-linux-gnu", "the cross linker"),
     ("libc6-dev-arm64-cross", "the aarch64 C library to link against"),
     ("qemu-user", "qemu-aarch64, which runs the tests"),
+    ("rust-web-clippy", "Debian's clippy for rustc 1.96, which lints the aarch64 code"),
 ];
 
 /// Debian's compiler, the one with an aarch64 std.
 const RUSTC: &str = "/usr/bin/rustc";
+/// Debian's `cargo-clippy` (`rust-web-clippy`), whose `clippy-driver` is built against that
+/// compiler (rustup's clippy is another rustc's, which cannot read Debian's aarch64 std).
+const CLIPPY: &str = "/usr/bin/cargo-clippy";
 const LINKER: &str = "aarch64-linux-gnu-gcc";
 pub(crate) const QEMU: &str = "/usr/bin/qemu-aarch64";
 
@@ -122,6 +132,9 @@ fn ctx_load_offsets(data: &[u8], func: &str) -> Result<Vec<i16>> {
 
 /// An ARMv8.0 CPU model of qemu: NEON without `dotprod`, `i8mm` or SVE.
 const NO_DOTPROD_CPU: &str = "cortex-a72";
+/// An ARMv8.2 CPU model of qemu with `dotprod` but without `i8mm` (qemu's default, `max`, has
+/// both): the `neon` level's `dotprod` repacked orders.
+const DOTPROD_CPU: &str = "cortex-a76";
 
 /// The engine's test targets that run under `qemu-aarch64` (besides its library tests).
 const ENGINE_TESTS: &[&str] =
@@ -152,9 +165,10 @@ pub const NOT_RUN: &[(&str, &str)] = &[
     ),
     (
         "parity with llama.cpp on aarch64",
-        "a command of its own, `cargo xtask parity --target aarch64` (llama.cpp's aarch64 cross build, cached; \
-         both programs under qemu-aarch64, minutes per model); here the NEON kernels are checked bit for bit \
-         against a model of ggml's NEON order, and against the reference dequantizers",
+        "a command of its own, `cargo xtask parity --target aarch64` (llama.cpp's aarch64 cross builds for the \
+         neon, dotprod and i8mm levels, cached; both programs under qemu-aarch64, minutes per model); here the \
+         NEON kernels are checked bit for bit against models of ggml's NEON and repacked orders, and against the \
+         reference dequantizers",
     ),
     ("speed", "emulated code runs tens of times slower than native: emulation checks correctness, not speed"),
 ];
@@ -262,6 +276,17 @@ fn cargo_args(extra: &[String]) -> Vec<String> {
     a
 }
 
+/// Clippy on the engine for aarch64, warnings as errors, with the root manifest's lints: the code
+/// behind `cfg(target_arch = "aarch64")` (`quant/neon.rs`, its dispatch and tests), which the
+/// host's clippy never compiles.
+pub(crate) fn clippy(root: &Path, env: &[(&'static str, String)]) -> Result<()> {
+    eprintln!("cross: clippy on the engine for {TRIPLE} ({CLIPPY}, -D warnings)");
+    let mut c = Command::new(CLIPPY);
+    c.current_dir(root).envs(env.iter().cloned());
+    c.args(["clippy", "--release", "-p", "engine", "--all-targets", "--target", TRIPLE, "--", "-D", "warnings"]);
+    cmd::run(&mut c).context("clippy found warnings in the engine's aarch64 build")
+}
+
 /// The cross run's own target directory.
 pub(crate) fn target_dir() -> PathBuf {
     cache::target_dir().join("cross")
@@ -287,6 +312,7 @@ pub fn run(args: &[String]) -> Result<()> {
     check_arm64_ebpf(&root)?;
     let env = cargo_env(&target_dir());
     build_engine()?;
+    clippy(&root, &env)?;
 
     let (clock, ok) = {
         let _binfmt = Binfmt::register()?;
@@ -303,13 +329,18 @@ pub fn run(args: &[String]) -> Result<()> {
     let mut c3 = clock3.counts;
     c3.passed += clock4.counts.passed;
     c3.failed += clock4.counts.failed;
+    let nd_args: Vec<String> =
+        ["-p", "engine", "--target", TRIPLE, "--lib", "--", "quant::"].map(String::from).to_vec();
     eprintln!("cross: the kernel tests again on qemu's {NO_DOTPROD_CPU} (no dotprod)");
     let mut env2 = env.clone();
     env2.push(("QEMU_CPU", NO_DOTPROD_CPU.to_owned()));
-    let nd_args: Vec<String> =
-        ["-p", "engine", "--target", TRIPLE, "--lib", "--", "quant::"].map(String::from).to_vec();
     let (clock2, ok2) = test::cargo_test(&root, &nd_args, &env2)?;
     let c2 = clock2.counts;
+    eprintln!("cross: the kernel tests again on qemu's {DOTPROD_CPU} (dotprod, no i8mm)");
+    let mut env5 = env.clone();
+    env5.push(("QEMU_CPU", DOTPROD_CPU.to_owned()));
+    let (clock5, ok5) = test::cargo_test(&root, &nd_args, &env5)?;
+    let c5 = clock5.counts;
     println!("\ncross: not run under emulation:");
     for (what, why) in NOT_RUN {
         println!("  - {what}: {why}");
@@ -330,12 +361,18 @@ pub fn run(args: &[String]) -> Result<()> {
         c2.failed
     );
     println!(
+        "cross: {} kernel tests ran on qemu's {DOTPROD_CPU} (dotprod, no i8mm): {} passed, {} failed",
+        c5.passed + c5.failed,
+        c5.passed,
+        c5.failed
+    );
+    println!(
         "cross: {} observer tests (its aarch64 rules; observer-common whole) ran: {} passed, {} failed",
         c3.passed + c3.failed,
         c3.passed,
         c3.failed
     );
-    if !ok || c.failed > 0 || !ok2 || c2.failed > 0 || !ok3 || c3.failed > 0 {
+    if !ok || c.failed > 0 || !ok2 || c2.failed > 0 || !ok5 || c5.failed > 0 || !ok3 || c3.failed > 0 {
         bail!("aarch64 tests failed under qemu-aarch64");
     }
     if c3.passed == 0 {
@@ -343,6 +380,9 @@ pub fn run(args: &[String]) -> Result<()> {
     }
     if c2.passed == 0 {
         bail!("no kernel test ran on the CPU without dotprod");
+    }
+    if c5.passed == 0 {
+        bail!("no kernel test ran on the CPU with dotprod but without i8mm");
     }
     if c.ignored > 0 {
         bail!("{} tests are #[ignore]d: this project does not skip tests silently", c.ignored);

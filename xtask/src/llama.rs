@@ -19,9 +19,10 @@
 //!   lists, keyed by what it has on (`avx512-vbmi-vnni-bf16-avxvnni` on a Sapphire Rapids).
 //!   ggml has no option for AVX512-FP16 (only `-march=native` reaches it), so no build uses it.
 //!   On a CPU without AVX-512 the speed build is the `avx2` build.
-//! - `aarch64-armv8-a` (`cargo xtask parity --target aarch64`): a cross build with Debian's
-//!   `aarch64-linux-gnu` compilers, ggml-cpu at `-march=armv8-a` (`GGML_CPU_ARM_ARCH`: NEON,
-//!   no `dotprod`), its parity runner cross-compiled too; both run under `qemu-aarch64`.
+//! - `aarch64-<arch>` (`cargo xtask parity --target aarch64`): cross builds with Debian's
+//!   `aarch64-linux-gnu` compilers, ggml-cpu at `-march=<arch>` (`GGML_CPU_ARM_ARCH`), one per
+//!   ARM level ([`AARCH64_ARCHS`]: `armv8-a`, `armv8.2-a+dotprod`, `armv8.2-a+dotprod+i8mm`),
+//!   each with its parity runner cross-compiled too; all run under `qemu-aarch64`.
 //!
 //! Sharing: the two builds configure separate trees from one source tree; only ggml-cpu's
 //! compile commands differ between them (the ISA flags are ggml-cpu's private options), so the
@@ -141,10 +142,17 @@ pub struct Isa {
     arm_arch: Option<&'static str>,
 }
 
-/// The aarch64 cross build's level: ARMv8.0 NEON, without `dotprod` (so ggml runs its
-/// `ggml_vdotq_s32` emulation and never repacks weights, whose interleaved kernels the engine
-/// does not reproduce), the level of the engine's `neon` kernels on such a CPU.
-pub const AARCH64_ARCH: &str = "armv8-a";
+/// The aarch64 cross builds' levels (ggml-cpu's `-march`, `GGML_CPU_ARM_ARCH`), one build each:
+/// - `armv8-a`: NEON without `dotprod`: ggml runs its `ggml_vdotq_s32` emulation and never
+///   repacks weights;
+/// - `armv8.2-a+dotprod`: `sdot`; ggml repacks `Q4_0`, `Q4_K`, `Q5_K`, `Q6_K`, `Q8_0`, `MXFP4`
+///   (and `IQ4_NL`) into its 4- and 8-row interleaved `dotprod` layouts;
+/// - `armv8.2-a+dotprod+i8mm`: `smmla` too; the `Q4_K`, `Q5_K`, `Q6_K`, `Q8_0` layouts become the
+///   `i8mm` ones (`MXFP4` keeps its `dotprod` layout).
+///
+/// Never `+fp16` or `+bf16` (nor an ARMv8.6 `-march`, which implies BF16): the engine reproduces
+/// ggml's `F16` and `BF16` dot products without FP16 vector arithmetic or BF16 instructions.
+pub const AARCH64_ARCHS: [&str; 3] = ["armv8-a", "armv8.2-a+dotprod", "armv8.2-a+dotprod+i8mm"];
 
 /// The cmake options of a cross build for aarch64 (Debian's `g++-aarch64-linux-gnu`).
 const AARCH64_CROSS: [&str; 4] = [
@@ -186,9 +194,9 @@ impl Isa {
         Ok(isa)
     }
 
-    /// The aarch64 cross build ([`AARCH64_ARCH`]).
-    pub fn aarch64() -> Isa {
-        Isa { key: format!("aarch64-{AARCH64_ARCH}"), on: Vec::new(), arm_arch: Some(AARCH64_ARCH) }
+    /// The aarch64 cross build for `arch` (one of [`AARCH64_ARCHS`]).
+    pub fn aarch64(arch: &'static str) -> Isa {
+        Isa { key: format!("aarch64-{arch}"), on: Vec::new(), arm_arch: Some(arch) }
     }
 
     /// The C++ compiler of this build's programs (the parity runner).
@@ -485,14 +493,14 @@ pub fn ensure_for(avx2_targets: &[Target], speed_targets: &[Target]) -> Result<B
     Ok(Builds { avx2, speed })
 }
 
-/// The aarch64 cross build of `targets` ([`Isa::aarch64`]) and its parity runner, built where
-/// needed; its programs run under `qemu-aarch64` with the arm64 libraries installed in `/`
-/// (`cross.rs` installs them).
-pub fn ensure_aarch64(targets: &[Target]) -> Result<Build> {
+/// The aarch64 cross build for `arch` ([`Isa::aarch64`]) of `targets` and its parity runner,
+/// built where needed; its programs run under `qemu-aarch64` with the arm64 libraries installed
+/// in `/` (`cross.rs` installs them).
+pub fn ensure_aarch64(arch: &'static str, targets: &[Target]) -> Result<Build> {
     let dir = crate::cache::dir()?.join("llama.cpp").join(LLAMA_CPP_PYTHON);
     std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
     let src = ensure_source(&dir)?;
-    ensure_build(&dir, &src, &Isa::aarch64(), targets)
+    ensure_build(&dir, &src, &Isa::aarch64(arch), targets)
 }
 
 /// The AMX check (`amx.rs`) over every build.
@@ -622,14 +630,19 @@ mod tests {
 
     #[test]
     fn the_aarch64_build_is_a_cross_build_at_an_explicit_arm_level() {
-        let isa = Isa::aarch64();
-        assert_eq!(isa.key, "aarch64-armv8-a");
-        let args = isa.configure_args();
-        for a in ["-DGGML_NATIVE=OFF", "-DGGML_CPU_ARM_ARCH=armv8-a", "-DCMAKE_CXX_COMPILER=aarch64-linux-gnu-g++"] {
-            assert!(args.iter().any(|x| x == a), "{a}: {args:?}");
+        for arch in AARCH64_ARCHS {
+            let isa = Isa::aarch64(arch);
+            assert_eq!(isa.key, format!("aarch64-{arch}"));
+            let args = isa.configure_args();
+            let march = format!("-DGGML_CPU_ARM_ARCH={arch}");
+            for a in ["-DGGML_NATIVE=OFF", &march, "-DCMAKE_CXX_COMPILER=aarch64-linux-gnu-g++"] {
+                assert!(args.iter().any(|x| x == a), "{a}: {args:?}");
+            }
+            assert!(!args.iter().any(|a| a.contains("AVX") || a.contains("AMX")), "x86 options: {args:?}");
+            assert_eq!(isa.cxx(), "aarch64-linux-gnu-g++");
         }
-        assert!(!args.iter().any(|a| a.contains("AVX") || a.contains("AMX")), "x86 options: {args:?}");
-        assert_eq!(isa.cxx(), "aarch64-linux-gnu-g++");
+        assert_eq!(Isa::aarch64(AARCH64_ARCHS[0]).key, "aarch64-armv8-a", "the cached NEON build keeps its key");
+        assert!(AARCH64_ARCHS.iter().all(|a| !a.contains("fp16") && !a.contains("bf16") && !a.contains("8.6")));
     }
 
     #[test]

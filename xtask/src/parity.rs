@@ -8,9 +8,11 @@
 //! - `avx512` (CPUs with AVX-512 F, CD, BW, DQ, VL): the engine with `ENGINE_ISA=avx512` against
 //!   the speed build (AVX-512 and the VNNI/BF16/VBMI the CPU has, never AMX).
 //!
-//! `--target aarch64` runs [`ARM_PLAN`] instead: the engine cross-built for aarch64 (`neon`
-//! level) against llama.cpp's aarch64 cross build, both under `qemu-aarch64`; emulation checks
-//! correctness only, on a small set.
+//! `--target aarch64` runs [`ARM_PLAN`] instead, at each ARM level ([`ARM_LEVELS`]: `neon`,
+//! `dotprod`, `i8mm`; `--level` picks one): the engine cross-built for aarch64 against llama.cpp's
+//! aarch64 cross build for that level, both under `qemu-aarch64` on a CPU model of that level
+//! (where llama.cpp repacks weights with `dotprod` and `i8mm`, and the engine follows its repacked
+//! orders); emulation checks correctness only, on a small set.
 //!
 //! Each level prints its environment and build. Before any level, the AMX check (`amx.rs`)
 //! runs on every build. At each level, for each model: the greedy continuation of three prompts
@@ -245,17 +247,32 @@ struct Plan {
 /// The x86-64 levels: every architecture, all prompts, natively.
 const X86_PLAN: Plan = Plan { cases: &CASES, prompts: &PROMPTS, n_gen: N_GEN, long_prompts: true, qemu_cpu: None };
 
-/// The aarch64 level under emulation, which runs tens of times slower: the tiny qwen3moe model
+/// The aarch64 levels under emulation, which runs tens of times slower: the tiny qwen3moe model
 /// in `Q8_0` and `Q4_K_M` (the `Q8_0`, `Q4_K` and `Q6_K` kernels) and the tiny gpt-oss model in
-/// `MXFP4`, the two short prompts, 16 tokens; on qemu's `cortex-a72` (ARMv8.0: NEON without
-/// `dotprod`, as the llama.cpp build).
-const ARM_PLAN: Plan = Plan {
-    cases: &ARM_CASES,
-    prompts: &[PROMPTS[0], PROMPTS[1]],
-    n_gen: 16,
-    long_prompts: false,
-    qemu_cpu: Some("cortex-a72"),
-};
+/// `MXFP4`, the two short prompts, 16 tokens; on the qemu CPU of each level ([`ARM_LEVELS`]).
+const ARM_PLAN: Plan =
+    Plan { cases: &ARM_CASES, prompts: &[PROMPTS[0], PROMPTS[1]], n_gen: 16, long_prompts: false, qemu_cpu: None };
+
+/// An aarch64 level: the qemu CPU both programs run on and the llama.cpp cross build for it
+/// (`llama::AARCH64_ARCHS`). The engine runs `ENGINE_ISA=neon` at each: its kernels follow the
+/// CPU's `dotprod` and `i8mm` at run time, as llama.cpp's repacking does.
+struct ArmLevel {
+    level: Level,
+    qemu_cpu: &'static str,
+    arch: &'static str,
+}
+
+const ARM_LEVELS: [ArmLevel; 3] = [
+    // ARMv8.0: NEON without `dotprod`; ggml repacks nothing.
+    ArmLevel { level: Level::Neon, qemu_cpu: "cortex-a72", arch: llama::AARCH64_ARCHS[0] },
+    // ARMv8.2 with `dotprod`, without `i8mm`: ggml's `dotprod` layouts (`Q8_0` 4x4, `Q4_K`,
+    // `Q5_K`, `Q6_K` 8x4, `MXFP4` 4x4).
+    ArmLevel { level: Level::Dotprod, qemu_cpu: "cortex-a76", arch: llama::AARCH64_ARCHS[1] },
+    // qemu's `max` is its one CPU with `i8mm` (it has SVE, BF16 and FP16 too, which neither
+    // program's build uses): ggml's `i8mm` layouts (`Q8_0` 4x8, `Q4_K`, `Q5_K`, `Q6_K` 8x8;
+    // `MXFP4` 4x4).
+    ArmLevel { level: Level::I8mm, qemu_cpu: "max", arch: llama::AARCH64_ARCHS[2] },
+];
 
 const ARM_CASES: [Case; 2] = [
     Case {
@@ -321,9 +338,15 @@ pub enum Level {
     Avx2,
     /// The engine's AVX-512 level, against the speed build (which has AVX-512 on).
     Avx512,
-    /// The engine's aarch64 NEON kernels, cross-built, against the aarch64 cross build, both under
-    /// `qemu-aarch64` on a CPU without `dotprod` ([`ARM_PLAN`]).
+    /// The engine's aarch64 NEON kernels, cross-built, against the `armv8-a` cross build, both
+    /// under `qemu-aarch64` on a CPU without `dotprod` ([`ARM_LEVELS`]).
     Neon,
+    /// The same engine on a CPU with `dotprod` (its `sdot` kernels in ggml's repacked orders),
+    /// against the `armv8.2-a+dotprod` cross build.
+    Dotprod,
+    /// The same engine on a CPU with `dotprod` and `i8mm` (ggml's `i8mm` repacked orders),
+    /// against the `armv8.2-a+dotprod+i8mm` cross build.
+    I8mm,
 }
 
 impl Level {
@@ -332,13 +355,19 @@ impl Level {
             Level::Avx2 => "avx2",
             Level::Avx512 => "avx512",
             Level::Neon => "neon",
+            Level::Dotprod => "dotprod",
+            Level::I8mm => "i8mm",
         }
     }
 
     /// The engine's environment at this level: `ENGINE_ISA` selects its kernels and the
-    /// numerics of the llama.cpp build it reproduces (`engine/src/quant/mod.rs`).
+    /// numerics of the llama.cpp build it reproduces (`engine/src/quant/mod.rs`); the aarch64
+    /// levels are all `neon`, whose kernels follow the (emulated) CPU.
     fn env(self) -> (&'static str, &'static str) {
-        ("ENGINE_ISA", self.name())
+        match self {
+            Level::Dotprod | Level::I8mm => ("ENGINE_ISA", Level::Neon.name()),
+            _ => ("ENGINE_ISA", self.name()),
+        }
     }
 
     fn describe_env(self) -> String {
@@ -358,7 +387,7 @@ pub fn levels(builds: &llama::Builds) -> Vec<(Level, &llama::Build)> {
 }
 
 pub fn main(args: &[String]) -> Result<()> {
-    let usage = "usage: cargo xtask parity [--threads N] [--arch A[,B…]] [--level avx2|avx512] [--target aarch64] (architectures: qwen3moe, olmoe, qwen35moe, gpt-oss)";
+    let usage = "usage: cargo xtask parity [--threads N] [--arch A[,B…]] [--level avx2|avx512] [--target aarch64 [--level neon|dotprod|i8mm]] (architectures: qwen3moe, olmoe, qwen35moe, gpt-oss)";
     let mut threads = 2;
     let mut archs: Option<Vec<String>> = None;
     let mut only: Option<String> = None;
@@ -375,11 +404,10 @@ pub fn main(args: &[String]) -> Result<()> {
     }
     match target.as_deref() {
         None => {}
-        Some("aarch64") if only.is_none() && archs.is_none() => return run_aarch64(threads),
+        Some("aarch64") if archs.is_none() => return run_aarch64(threads, only.as_deref()),
         Some("aarch64") => {
             bail!(
-                "parity --target aarch64 runs its own set ({} level, tiny qwen3moe and gpt-oss)\n{usage}",
-                Level::Neon.name()
+                "parity --target aarch64 runs its own set (tiny qwen3moe and gpt-oss; --level picks a level)\n{usage}"
             )
         }
         Some(t) => bail!("parity: unknown target {t:?} (aarch64 is the one cross target)\n{usage}"),
@@ -422,15 +450,33 @@ pub fn run_level(level: Level, build: &llama::Build, engine: &Path, threads: usi
     run_archs(&X86_PLAN, level, build, engine, engine, threads, None)
 }
 
-/// `cargo xtask parity --target aarch64`: the engine cross-built for aarch64 at the `neon` level
-/// against llama.cpp's aarch64 cross build, both under `qemu-aarch64` ([`ARM_PLAN`]). The models
-/// are written by the host's engine (the file is the same whoever writes it).
-pub fn run_aarch64(threads: usize) -> Result<()> {
+/// `cargo xtask parity --target aarch64 [--level L]`: the engine cross-built for aarch64 against
+/// llama.cpp's aarch64 cross build of each level ([`ARM_LEVELS`], or the one named), both under
+/// `qemu-aarch64` on that level's CPU ([`ARM_PLAN`]). The models are written by the host's engine
+/// (the file is the same whoever writes it).
+pub fn run_aarch64(threads: usize, only: Option<&str>) -> Result<()> {
+    let names: Vec<&str> = ARM_LEVELS.iter().map(|l| l.level.name()).collect();
+    if let Some(l) = only
+        && !names.contains(&l)
+    {
+        bail!("parity --target aarch64: unknown level {l:?} (levels: {})", names.join(", "));
+    }
     crate::cross::packages()?;
-    let build = llama::ensure_aarch64(llama::PARITY_TARGETS)?;
     let host_engine = llama::build_engine()?;
     let engine = crate::cross::build_engine()?;
-    run_archs(&ARM_PLAN, Level::Neon, &build, &engine, &host_engine, threads, None)
+    let mut failed = Vec::new();
+    for arm in ARM_LEVELS.iter().filter(|l| only.is_none_or(|o| o == l.level.name())) {
+        let build = llama::ensure_aarch64(arm.arch, llama::PARITY_TARGETS)?;
+        let plan = Plan { qemu_cpu: Some(arm.qemu_cpu), ..ARM_PLAN };
+        if let Err(e) = run_archs(&plan, arm.level, &build, &engine, &host_engine, threads, None) {
+            println!("parity at the {} level: {e:#}", arm.level.name());
+            failed.push(arm.level.name());
+        }
+    }
+    if !failed.is_empty() {
+        bail!("aarch64 parity failed at the {} level(s)", failed.join(", "));
+    }
+    Ok(())
 }
 
 /// [`run_level`] by `plan` on the architectures named in `archs` (all when `None`); `synth` is an

@@ -20,7 +20,7 @@
 //! | `scalar` | any | none (portable kernels, own summation order) |
 //! | `avx2` | AVX2, FMA, F16C | AVX2+FMA+F16C, no AVX-512, no VNNI |
 //! | `avx512` | + AVX-512 F, BW, DQ, VL (VNNI, BF16 used where present) | AVX-512 with VNNI and BF16 as the CPU has them; never AMX, never AVX512-FP16 |
-//! | `neon` (aarch64) | ASIMD (`sdot` used where the CPU has `dotprod`) | ARMv8 NEON (with `dotprod` as the CPU has it), run with `--no-repack` |
+//! | `neon` (aarch64) | ASIMD (`sdot` used where the CPU has `dotprod`) | ARMv8 NEON with `dotprod` and `i8mm` as the CPU has them (the weights repacked as that build repacks them on it) |
 //!
 //! # Numerics (why results match llama.cpp)
 //! * `vec_dot` follows ggml's integer arithmetic exactly: per block the integer dot
@@ -75,14 +75,15 @@
 //!   activations per pass for `Q4_K`, 8 for the others); everything else (and the integer
 //!   kernels on a CPU without VNNI) from `avx2`, whose numerics are the same there.
 //!
-//! On aarch64, `neon`: `Q8_0`, `Q4_0`, `Q2_K`..`Q6_K` and multi-activation kernels for those
-//! (8 activations per pass), with `sdot` when the CPU has `dotprod` and ggml's emulation of it
-//! otherwise, and `F32`/`F16`, in the float order of ggml's NEON `ggml_vec_dot_*` kernels (the
-//! `neon` module's docs; checked bit for bit against a model of that order in the tests, under
-//! `qemu-aarch64`); its scalar `BF16` kernel is ggml's NEON order too.
+//! On aarch64, `neon`: `Q8_0`, `Q4_0`, `Q2_K`..`Q6_K`, `MXFP4` and multi-activation kernels for
+//! those (8 activations per pass), with `sdot` when the CPU has `dotprod` and ggml's emulation of
+//! it otherwise, and `F32`/`F16`, in the float order of ggml's NEON `ggml_vec_dot_*` kernels, or,
+//! on a CPU with `dotprod` (and `i8mm`), for the types llama.cpp then repacks, in the order of its
+//! repacked GEMVs (the `neon` module's docs; checked bit for bit against models of those orders
+//! in the tests, under `qemu-aarch64`); its scalar `BF16` kernel is ggml's NEON order too.
 //!
 //! The other supported types use the scalar kernels at every level. The `Q8_K`, `F16` and
-//! x86 `Q8_0` activation quantizers have AVX2 versions (same bytes; [`quantize_row_on`] picks
+//! x86 `Q8_0` activation quantizers have AVX2 versions, `Q8_K` a NEON one (same bytes; [`quantize_row_on`] picks
 //! a backend). Per CPU-second on the development machine (Intel Xeon, Sapphire/Emerald Rapids
 //! class, 2 vCPUs; `examples/quant_speed.rs` with `QS_LOOP`, cache-resident matrix of 2048
 //! columns, a shared and noisy machine), the `avx512` kernels do about 1.2x (`Q4_K`), 1.25x
@@ -452,7 +453,8 @@ pub fn quantize_row(ty: GgmlType, src: &[f32], dst: &mut [u8]) -> Result<(), Qua
 }
 
 /// [`quantize_row`] on a specific backend (for tests and benchmarks). Only the
-/// `Q8_K` and `F16` quantizers have AVX2 versions; they give the same bytes.
+/// `Q8_K` and `F16` quantizers have AVX2 versions, and `Q8_K` a NEON one; they give the same
+/// bytes.
 pub fn quantize_row_on(backend: Backend, ty: GgmlType, src: &[f32], dst: &mut [u8]) -> Result<(), QuantError> {
     if !backend.is_available() {
         return Err(QuantError::BackendUnavailable(backend));
@@ -466,8 +468,10 @@ fn simd_quantizer(backend: Backend, ty: GgmlType) -> Option<QuantizeFn> {
         // The AVX2 quantizers give the reference bytes; AVX-512 has nothing to add there.
         #[cfg(target_arch = "x86_64")]
         Backend::Avx2 | Backend::Avx512 => avx2::quantizer(ty),
-        // The NEON level quantizes with the scalar code (ggml's ARM `Q8_0` flavour is chosen by
-        // `quantize_activation`, the others are the reference bytes).
+        // NEON: `Q8_K` (the reference bytes); the other types with the scalar code (ggml's ARM
+        // `Q8_0` flavour is chosen by `quantize_activation`, the others are the reference bytes).
+        #[cfg(target_arch = "aarch64")]
+        Backend::Neon => neon::quantizer(ty),
         _ => {
             let _ = ty;
             None
@@ -584,8 +588,8 @@ pub enum Backend {
     /// them: a llama.cpp build for AVX-512 with VNNI and BF16 as this CPU has them.
     Avx512,
     /// aarch64 NEON (ASIMD), with `sdot` where the CPU has `dotprod`: ggml's NEON
-    /// `ggml_vec_dot_*` kernels (a llama.cpp build for ARMv8 NEON, with `dotprod` as the CPU has
-    /// it, run without weight repacking).
+    /// `ggml_vec_dot_*` kernels, and with `dotprod` (and `i8mm`) the orders of its repacked
+    /// GEMVs (a llama.cpp build for ARMv8 NEON with `dotprod` and `i8mm` as the CPU has them).
     Neon,
 }
 
@@ -755,7 +759,11 @@ pub fn isa_report() -> Result<String, QuantError> {
     };
     #[cfg(target_arch = "aarch64")]
     let extras: Vec<&str> = if level == Backend::Neon {
-        vec![if neon::dotprod() { "sdot kernels (dotprod)" } else { "no dotprod: emulated sdot" }]
+        vec![match neon::layout() {
+            neon::Layout::Plain => "no dotprod: emulated sdot",
+            neon::Layout::Dotprod => "sdot kernels (dotprod), llama.cpp's dotprod repacked orders",
+            neon::Layout::I8mm => "sdot kernels (dotprod), llama.cpp's i8mm repacked orders",
+        }]
     } else {
         Vec::new()
     };

@@ -43,11 +43,39 @@
 //! activations and then run, per activation, exactly the operations above (bit-identical to
 //! one `matvec` per activation).
 //!
-//! llama.cpp uses these kernels for one token when it does not repack the weights: a build
-//! without `dotprod`, or any build run with `--no-repack`. With `dotprod` (or `i8mm`) it repacks
-//! `Q4_K`, `Q5_K`, `Q6_K` and `Q8_0` matrices whose row count is a multiple of 8 (4 for `Q8_0`)
-//! (and `MXFP4`) into interleaved blocks with other float orders, which this module does not
-//! reproduce.
+//! # Repacked orders (`dotprod`, `i8mm`)
+//! llama.cpp uses the kernels above for one token when it does not repack the weights: a build
+//! without `dotprod`, or any build run with `--no-repack`. Built with `dotprod` (and run on a CPU
+//! with it), it repacks `Q8_0` and `MXFP4` matrices whose row count is a multiple of 4 and
+//! `Q4_K`, `Q5_K`, `Q6_K` ones with a multiple of 8 into interleaved blocks, and one token runs
+//! its GEMVs (`ggml_gemv_*` in `arch/arm/repack.cpp`), whose integers are the same but whose
+//! float order is not; with `i8mm` too, other GEMVs. The CPU's [`Layout`] (run-time detection)
+//! selects kernels that follow them row by row (`d = d_w * d_x`, `dmin = dmin_w * d_x`):
+//! - `Q8_0`, `Q4_0` (4x4 at `dotprod`, 4x8 at `i8mm`, the same per row): per block
+//!   `sum = fma(f32(isum), d_x * d_w, sum)`;
+//! - `MXFP4` (4x4 at both): per block `sum = sum + (d_x * E(e)) * f32(isum)`, a multiply then an
+//!   add (`vmlaq_f32`, which GCC 12 never fuses);
+//! - `Q4_K`, `Q5_K` (8x4 at `dotprod`): per pair of sub-blocks `(2p, 2p+1)`
+//!   `sum = fma(d, f32(sc_2p * i_2p + sc_2p+1 * i_2p+1), sum)`, then per block
+//!   `sum = sum - f32(Σ_j min_j * bsum_j) * dmin` (`vmlsq_f32`: multiply, then subtract);
+//! - `Q4_K` (8x8 at `i8mm`): as 8x4 with two fused multiply-adds per pair (`sc_2p * i_2p` first);
+//!   `Q5_K` (8x8): the same, with each pair's `f32(min_2p * bsum_2p + min_2p+1 * bsum_2p+1) *
+//!   dmin` subtracted after its two (multiply, then subtract);
+//! - `Q6_K` (8x4 at `dotprod`): per block `sum = fma(f32(isum - 32 * imin), d, sum)`
+//!   (`vmulq_f32` and `vaddq_f32` contracted by GCC into one `fmla`), the same as its `vec_dot`
+//!   above, whose kernel serves it; (8x8 at `i8mm`) `sum = sum + f32(isum - 32 * imin) * d`,
+//!   multiply then add (the two-lane `vmul_f32` goes through `vcombine_f32`, which GCC does not
+//!   contract).
+//!
+//! Which products are fused was read off the object code of the `armv8.2-a+dotprod` build's
+//! `arch/arm/repack.cpp.o` (GCC 12.2, `-O3`; the 8x8 GEMVs are compiled there too, under
+//! `__ARM_FEATURE_DOTPROD`).
+//!
+//! Not reproduced: a matrix whose row count is not a multiple of the layout's 4 or 8 (llama.cpp
+//! keeps the plain layout for it and the kernels here still follow the repacked order; the
+//! parity models have none), and the repacked GEMMs llama.cpp runs for 4 or more tokens at once
+//! (prompt processing; parity compares one token at a time, and the multi-activation kernels
+//! here run the one-token order per activation). `IQ4_NL`, repacked too, has no kernel here.
 
 use std::arch::aarch64::*;
 use std::arch::asm;
@@ -66,6 +94,31 @@ pub(super) fn available() -> bool {
 /// Whether the CPU has `sdot` (`dotprod`, `asimddp` in `/proc/cpuinfo`); the kernels use it then.
 pub(super) fn dotprod() -> bool {
     std::arch::is_aarch64_feature_detected!("dotprod")
+}
+
+/// The weight layout llama.cpp's CPU backend, built for this CPU, gives the `Q8_0`, `Q4_0`, `Q4_K`,
+/// `Q5_K`, `Q6_K` and `MXFP4` matrices, and so the float order the kernels follow (module docs).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub(super) enum Layout {
+    /// No `dotprod`: ggml's `ggml_vec_dot_*` on the GGUF layout.
+    Plain,
+    /// `dotprod` without `i8mm`: the `dotprod` repacked GEMVs (`Q8_0`, `Q4_0` 4x4,
+    /// `Q4_K`/`Q5_K`/`Q6_K` 8x4, `MXFP4` 4x4).
+    Dotprod,
+    /// `dotprod` and `i8mm`: the `i8mm` repacked GEMVs (`Q8_0`, `Q4_0` 4x8, `Q4_K`/`Q5_K`/`Q6_K` 8x8;
+    /// `MXFP4` keeps 4x4).
+    I8mm,
+}
+
+/// This CPU's [`Layout`], from its `dotprod` and `i8mm` (`/proc/cpuinfo`'s `asimddp`, `i8mm`).
+pub(super) fn layout() -> Layout {
+    if !dotprod() {
+        Layout::Plain
+    } else if std::arch::is_aarch64_feature_detected!("i8mm") {
+        Layout::I8mm
+    } else {
+        Layout::Dotprod
+    }
 }
 
 // ---------------------------------------------------------------------------
@@ -281,10 +334,16 @@ fn k4_scales<const N: usize>(a: &[u8; N]) -> ([i32; 8], [i32; 8]) {
     (sc, mn)
 }
 
-/// `Σ_j min_j * (bsums[2j] + bsums[2j+1])`.
+/// The activation's sum over the 32 elements of sub-block `j`: `bsums[2j] + bsums[2j+1]`.
+#[inline(always)]
+fn bsum32(y: &[u8; Q8_K_BYTES], j: usize) -> i32 {
+    bsum(y, 2 * j) + bsum(y, 2 * j + 1)
+}
+
+/// `Σ_j min_j * bsum32_j`.
 #[inline(always)]
 fn k4_imin(mn: &[i32; 8], y: &[u8; Q8_K_BYTES]) -> i32 {
-    (0..8).map(|j| mn[j] * (bsum(y, 2 * j) + bsum(y, 2 * j + 1))).sum()
+    (0..8).map(|j| mn[j] * bsum32(y, j)).sum()
 }
 
 /// A `Q4_K`/`Q5_K` block's quants as 16 vectors: sub-block `j` is vectors `2j` and `2j+1`.
@@ -448,6 +507,17 @@ const Q6_K_GROUPS: Groups16<Q6_K_BYTES> = Groups16 {
     },
 };
 
+/// `Q6_K` in the order of `ggml_gemv_q6_K_8x8_q8_K` (the `i8mm` layout): the same integer,
+/// but `sum = sum + f32(isum - 32 * imin) * d`, a multiply then an add (GCC does not contract
+/// its two-lane `vmul_f32` across the `vcombine_f32` into the `vaddq_f32`).
+const Q6_K_8X8_GROUPS: Groups16<Q6_K_BYTES> = Groups16 {
+    acc: |sum, isum, a, y| {
+        let imin: i32 = (0..16).map(|s| bsum(y, s) * (a[192 + s] as i8 as i32)).sum();
+        sum + (isum - 32 * imin) as f32 * (f16_at(a, 208) * f32_at(y, 0))
+    },
+    ..Q6_K_GROUPS
+};
+
 const Q2_K_GROUPS: Groups16<Q2_K_BYTES> = Groups16 {
     quants: q2k_quants,
     scales: |a| std::array::from_fn(|s| (a[s] & 0xf) as i32),
@@ -591,6 +661,204 @@ fn rows_mxfp4<const SD: bool>(w: &[u8], row_bytes: usize, xs: &[&[u8]], outs: &m
 }
 
 // ---------------------------------------------------------------------------
+// The repacked orders: ggml's aarch64 GEMVs (`arch/arm/repack.cpp`), row by row
+// ---------------------------------------------------------------------------
+
+/// Rows of a [`Pairwise`] type (`Q8_0`, `Q4_0`) in the order of ggml's repacked GEMVs
+/// (`ggml_gemv_q8_0_4x4_q8_0`/`_4x8_`, `ggml_gemv_q4_0_4x4_q8_0`/`_4x8_`, the same per row;
+/// `Q4_0`'s integer is 16 times the sum, its nibbles kept in the high half, and
+/// `vcvtq_n_f32_s32(.., 4)` divides it back exactly): per block
+/// `sum = fma(f32(isum), d_x * d_w, sum)`.
+#[inline(always)]
+fn pair_rows_rp<const SD: bool, const N: usize>(
+    p: &Pairwise<N>,
+    w: &[u8],
+    row_bytes: usize,
+    xs: &[&[u8]],
+    outs: &mut [&mut [f32]],
+) {
+    let nt = xs.len().min(MAX_MULTI);
+    let xb: [&[[u8; Q8_0_BYTES]]; MAX_MULTI] = std::array::from_fn(|t| xs.get(t).map_or(&[][..], |x| x.as_chunks().0));
+    for (r, row) in w.chunks_exact(row_bytes).enumerate() {
+        let (wb, _) = row.as_chunks::<N>();
+        let mut sum = [0f32; MAX_MULTI];
+        for (i, a) in wb.iter().enumerate() {
+            let (q, dw) = ((p.quants)(a), f16_at(a, 0));
+            for t in 0..nt {
+                let b = &xb[t][i];
+                sum[t] = (addv(pair_lanes::<SD>(q, b)) as f32).mul_add(f16_at(b, 0) * dw, sum[t]);
+            }
+        }
+        for t in 0..nt {
+            outs[t][r] = sum[t];
+        }
+    }
+}
+
+/// `MXFP4` rows in the order of `ggml_gemv_mxfp4_4x4_q8_0`: per block
+/// `sum = sum + (d_x * E(e)) * f32(isum)`, multiply then add (`vmlaq_f32`).
+#[inline(always)]
+fn rows_mxfp4_rp<const SD: bool>(w: &[u8], row_bytes: usize, xs: &[&[u8]], outs: &mut [&mut [f32]]) {
+    let nt = xs.len().min(MAX_MULTI);
+    let xb: [&[[u8; Q8_0_BYTES]]; MAX_MULTI] = std::array::from_fn(|t| xs.get(t).map_or(&[][..], |x| x.as_chunks().0));
+    for (r, row) in w.chunks_exact(row_bytes).enumerate() {
+        let (wb, _) = row.as_chunks::<MXFP4_BYTES>();
+        let mut sum = [0f32; MAX_MULTI];
+        for (i, a) in wb.iter().enumerate() {
+            let (q, e) = (mxfp4_quants(a), e8m0_half(a[0]));
+            for t in 0..nt {
+                let b = &xb[t][i];
+                sum[t] += (f16_at(b, 0) * e) * mxfp4_isum::<SD>(q, b) as f32;
+            }
+        }
+        for t in 0..nt {
+            outs[t][r] = sum[t];
+        }
+    }
+}
+
+/// `Σ` over the 32 quants of sub-block `j` of a `Q4_K`/`Q5_K` block times the activation.
+#[inline(always)]
+fn k4_sub<const SD: bool>(q: &Quants, j: usize, y: &[u8; Q8_K_BYTES]) -> i32 {
+    addv(vdot::<SD>(vdot::<SD>(zero(), q[2 * j], ld(y, 4 + 32 * j)), q[2 * j + 1], ld(y, 20 + 32 * j)))
+}
+
+/// The repacked `Q4_K`/`Q5_K` GEMVs' orders ([`k4_rows_rp`]).
+const K4_8X4: u8 = 0;
+const Q4_K_8X8: u8 = 1;
+const Q5_K_8X8: u8 = 2;
+
+/// `Q4_K` or `Q5_K` rows in the order of ggml's repacked GEMVs: per block, with `d = d_w * d_x`
+/// and `dmin = dmin_w * d_x`, per pair of sub-blocks `(2p, 2p+1)`:
+/// - [`K4_8X4`] (`ggml_gemv_q4_K_8x4_q8_K`, `ggml_gemv_q5_K_8x4_q8_K`):
+///   `sum = fma(d, f32(sc_2p * i_2p + sc_2p+1 * i_2p+1), sum)`;
+/// - [`Q4_K_8X8`], [`Q5_K_8X8`] (`ggml_gemv_q4_K_8x8_q8_K`, `ggml_gemv_q5_K_8x8_q8_K`): two fused
+///   multiply-adds, `sc_2p * i_2p` first; `Q5_K` then subtracts that pair's
+///   `f32(min_2p * bsum_2p + min_2p+1 * bsum_2p+1) * dmin` (multiply, then subtract: `vmlsq_f32`);
+///
+/// and at the end of the block (the others) `sum = sum - f32(Σ_j min_j * bsum_j) * dmin`, multiply
+/// then subtract (`bsum_j`: the activation's sum over sub-block `j`).
+#[inline(always)]
+fn k4_rows_rp<const SD: bool, const MODE: u8, const N: usize>(
+    w: &[u8],
+    row_bytes: usize,
+    xs: &[&[u8]],
+    outs: &mut [&mut [f32]],
+    quants: impl Fn(&[u8; N]) -> Quants,
+) {
+    let nt = xs.len().min(MAX_MULTI);
+    let xb: [&[[u8; Q8_K_BYTES]]; MAX_MULTI] = std::array::from_fn(|t| xs.get(t).map_or(&[][..], |x| x.as_chunks().0));
+    for (r, row) in w.chunks_exact(row_bytes).enumerate() {
+        let (wb, _) = row.as_chunks::<N>();
+        let mut sum = [0f32; MAX_MULTI];
+        for (i, a) in wb.iter().enumerate() {
+            let (sc, mn) = k4_scales(a);
+            let q = quants(a);
+            let (dw, dminw) = (f16_at(a, 0), f16_at(a, 2));
+            for t in 0..nt {
+                let y = &xb[t][i];
+                let dy = f32_at(y, 0);
+                let (d, dmin) = (dw * dy, dminw * dy);
+                let mut s = sum[t];
+                for p in 0..4 {
+                    let (lo, hi) =
+                        (sc[2 * p] * k4_sub::<SD>(&q, 2 * p, y), sc[2 * p + 1] * k4_sub::<SD>(&q, 2 * p + 1, y));
+                    if MODE == K4_8X4 {
+                        s = ((lo + hi) as f32).mul_add(d, s);
+                    } else {
+                        s = (lo as f32).mul_add(d, s);
+                        s = (hi as f32).mul_add(d, s);
+                    }
+                    if MODE == Q5_K_8X8 {
+                        let bias = mn[2 * p] * bsum32(y, 2 * p) + mn[2 * p + 1] * bsum32(y, 2 * p + 1);
+                        s -= bias as f32 * dmin;
+                    }
+                }
+                sum[t] = if MODE == Q5_K_8X8 { s } else { s - k4_imin(&mn, y) as f32 * dmin };
+            }
+        }
+        for t in 0..nt {
+            outs[t][r] = sum[t];
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Q8_K activation quantizer
+// ---------------------------------------------------------------------------
+
+/// `quantize_row_q8_K_ref` (ggml-cpu's `Q8_K` quantizer on aarch64 too), bit for bit, four
+/// lanes at a time: the same steps as the scalar `q8::quantize_q8_k` (the first element of
+/// largest magnitude, `iscale = -127/max`, `q = min(127, nearest_int(iscale * x))` by the same
+/// `1.5 * 2^23` addition, `d = 1/iscale`). Blocks holding NaN or whose inverse scale overflows
+/// (magnitudes below ~1e-37) go to the scalar code, which reproduces ggml's garbage for them.
+fn quantize_q8_k(src: &[f32], dst: &mut [u8]) {
+    let (xs, _) = src.as_chunks::<{ super::QK_K }>();
+    let (ys, _) = dst.as_chunks_mut::<Q8_K_BYTES>();
+    for (x, y) in xs.iter().zip(ys.iter_mut()) {
+        let ld = |i: usize| -> float32x4_t {
+            let c: &[f32; 4] = x[4 * i..4 * i + 4].try_into().expect("4 lanes");
+            // SAFETY: `c` is 4 in-bounds f32; `ld1` has no alignment requirement.
+            unsafe { vld1q_f32(c.as_ptr()) }
+        };
+        // SAFETY: NEON, registers only (the loads are `ld`'s).
+        let (amax, nan) = unsafe {
+            let (mut vmax, mut nan) = (vdupq_n_f32(0.0), vdupq_n_u32(0));
+            for i in 0..64 {
+                let v = ld(i);
+                vmax = vmaxq_f32(vmax, vabsq_f32(v));
+                nan = vorrq_u32(nan, vmvnq_u32(vceqq_f32(v, v)));
+            }
+            (vmaxvq_f32(vmax), vmaxvq_u32(nan) != 0)
+        };
+        if nan {
+            super::q8::quantize_q8_k(x, y);
+            continue;
+        }
+        if amax == 0.0 {
+            y.fill(0);
+            continue;
+        }
+        // ggml keeps the first element of largest magnitude, with its sign.
+        let max = *x.iter().find(|v| v.abs() == amax).expect("amax is one of the magnitudes");
+        let iscale = -127.0 / max;
+        if !iscale.is_finite() {
+            super::q8::quantize_q8_k(x, y);
+            continue;
+        }
+        let q = |i: usize| -> int32x4_t {
+            // SAFETY: NEON, registers only (the load is `ld`'s).
+            unsafe {
+                let t =
+                    vreinterpretq_u32_f32(vaddq_f32(vmulq_f32(vdupq_n_f32(iscale), ld(i)), vdupq_n_f32(12_582_912.0)));
+                let r =
+                    vsubq_s32(vreinterpretq_s32_u32(vandq_u32(t, vdupq_n_u32(0x007f_ffff))), vdupq_n_s32(0x0040_0000));
+                vminq_s32(r, vdupq_n_s32(127))
+            }
+        };
+        for g in 0..16 {
+            let (q0, q1, q2, q3) = (q(4 * g), q(4 * g + 1), q(4 * g + 2), q(4 * g + 3));
+            let out: &mut [u8; 16] = (&mut y[4 + 16 * g..20 + 16 * g]).try_into().expect("16 bytes");
+            // SAFETY: NEON; `out` is 16 in-bounds bytes, `st1` has no alignment requirement. The
+            // narrowing keeps the low bits, as the scalar code's `as i8` does.
+            let bsum = unsafe {
+                let lo = vcombine_s16(vmovn_s32(q0), vmovn_s32(q1));
+                let hi = vcombine_s16(vmovn_s32(q2), vmovn_s32(q3));
+                vst1q_s8(out.as_mut_ptr().cast(), vcombine_s8(vmovn_s16(lo), vmovn_s16(hi)));
+                vaddvq_s32(vaddq_s32(vaddq_s32(q0, q1), vaddq_s32(q2, q3)))
+            };
+            y[260 + 2 * g..262 + 2 * g].copy_from_slice(&(bsum as i16).to_le_bytes());
+        }
+        y[0..4].copy_from_slice(&(1.0 / iscale).to_le_bytes());
+    }
+}
+
+/// The `neon` level's quantizer for `ty`: `Q8_K` (the others are the scalar code).
+pub(super) fn quantizer(ty: GgmlType) -> Option<super::QuantizeFn> {
+    (ty == GgmlType::Q8_K && available()).then_some(quantize_q8_k as super::QuantizeFn)
+}
+
+// ---------------------------------------------------------------------------
 // F32 and F16: ggml_vec_dot_f32 and ggml_vec_dot_f16
 // ---------------------------------------------------------------------------
 
@@ -720,6 +988,11 @@ fn rows_q6_k<const SD: bool>(w: &[u8], rb: usize, xs: &[&[u8]], outs: &mut [&mut
 }
 
 #[inline(always)]
+fn rows_q6_k_mm<const SD: bool>(w: &[u8], rb: usize, xs: &[&[u8]], outs: &mut [&mut [f32]]) {
+    groups16_rows::<SD, Q6_K_BYTES>(&Q6_K_8X8_GROUPS, w, rb, xs, outs)
+}
+
+#[inline(always)]
 fn rows_q4_k<const SD: bool>(w: &[u8], rb: usize, xs: &[&[u8]], outs: &mut [&mut [f32]]) {
     k4_rows::<SD, false, Q4_K_BYTES>(w, rb, xs, outs, q4k_quants)
 }
@@ -727,6 +1000,36 @@ fn rows_q4_k<const SD: bool>(w: &[u8], rb: usize, xs: &[&[u8]], outs: &mut [&mut
 #[inline(always)]
 fn rows_q5_k<const SD: bool>(w: &[u8], rb: usize, xs: &[&[u8]], outs: &mut [&mut [f32]]) {
     k4_rows::<SD, true, Q5_K_BYTES>(w, rb, xs, outs, q5k_quants)
+}
+
+#[inline(always)]
+fn rows_q8_0_rp<const SD: bool>(w: &[u8], rb: usize, xs: &[&[u8]], outs: &mut [&mut [f32]]) {
+    pair_rows_rp::<SD, Q8_0_BYTES>(&Q8_0_PAIRWISE, w, rb, xs, outs)
+}
+
+#[inline(always)]
+fn rows_q4_0_rp<const SD: bool>(w: &[u8], rb: usize, xs: &[&[u8]], outs: &mut [&mut [f32]]) {
+    pair_rows_rp::<SD, Q4_0_BYTES>(&Q4_0_PAIRWISE, w, rb, xs, outs)
+}
+
+#[inline(always)]
+fn rows_q4_k_dp<const SD: bool>(w: &[u8], rb: usize, xs: &[&[u8]], outs: &mut [&mut [f32]]) {
+    k4_rows_rp::<SD, K4_8X4, Q4_K_BYTES>(w, rb, xs, outs, q4k_quants)
+}
+
+#[inline(always)]
+fn rows_q4_k_mm<const SD: bool>(w: &[u8], rb: usize, xs: &[&[u8]], outs: &mut [&mut [f32]]) {
+    k4_rows_rp::<SD, Q4_K_8X8, Q4_K_BYTES>(w, rb, xs, outs, q4k_quants)
+}
+
+#[inline(always)]
+fn rows_q5_k_dp<const SD: bool>(w: &[u8], rb: usize, xs: &[&[u8]], outs: &mut [&mut [f32]]) {
+    k4_rows_rp::<SD, K4_8X4, Q5_K_BYTES>(w, rb, xs, outs, q5k_quants)
+}
+
+#[inline(always)]
+fn rows_q5_k_mm<const SD: bool>(w: &[u8], rb: usize, xs: &[&[u8]], outs: &mut [&mut [f32]]) {
+    k4_rows_rp::<SD, Q5_K_8X8, Q5_K_BYTES>(w, rb, xs, outs, q5k_quants)
 }
 
 /// A one-row dot product through a rows body (an empty row is 0).
@@ -750,6 +1053,14 @@ dot_of_rows!(dot_q4_k, rows_q4_k);
 dot_of_rows!(dot_q5_k, rows_q5_k);
 dot_of_rows!(dot_q6_k, rows_q6_k);
 dot_of_rows!(dot_mxfp4, rows_mxfp4);
+dot_of_rows!(dot_q8_0_rp, rows_q8_0_rp);
+dot_of_rows!(dot_q4_0_rp, rows_q4_0_rp);
+dot_of_rows!(dot_mxfp4_rp, rows_mxfp4_rp);
+dot_of_rows!(dot_q4_k_dp, rows_q4_k_dp);
+dot_of_rows!(dot_q4_k_mm, rows_q4_k_mm);
+dot_of_rows!(dot_q5_k_dp, rows_q5_k_dp);
+dot_of_rows!(dot_q5_k_mm, rows_q5_k_mm);
+dot_of_rows!(dot_q6_k_mm, rows_q6_k_mm);
 
 // ---------------------------------------------------------------------------
 // Entry points
@@ -805,12 +1116,21 @@ entries!(e_q4_k, dot_q4_k, rows_q4_k);
 entries!(e_q5_k, dot_q5_k, rows_q5_k);
 entries!(e_q6_k, dot_q6_k, rows_q6_k);
 entries!(e_mxfp4, dot_mxfp4, rows_mxfp4);
+entries!(e_q8_0_rp, dot_q8_0_rp, rows_q8_0_rp);
+entries!(e_q4_0_rp, dot_q4_0_rp, rows_q4_0_rp);
+entries!(e_mxfp4_rp, dot_mxfp4_rp, rows_mxfp4_rp);
+entries!(e_q4_k_dp, dot_q4_k_dp, rows_q4_k_dp);
+entries!(e_q4_k_mm, dot_q4_k_mm, rows_q4_k_mm);
+entries!(e_q5_k_dp, dot_q5_k_dp, rows_q5_k_dp);
+entries!(e_q5_k_mm, dot_q5_k_mm, rows_q5_k_mm);
+entries!(e_q6_k_mm, dot_q6_k_mm, rows_q6_k_mm);
 
-/// The NEON kernel for `ty`, `sdot` inside when `sd`.
+/// The NEON kernel for `ty` in the float order of `layout`, `sdot` inside when `sd` (the
+/// integers are the same either way: a test runs every layout's order without `dotprod`).
 ///
 /// # Panics
 /// When `sd` is asked for on a CPU without `dotprod`.
-pub(super) fn kernel_with(ty: GgmlType, sd: bool) -> Option<Kernel> {
+pub(super) fn kernel_with(ty: GgmlType, sd: bool, layout: Layout) -> Option<Kernel> {
     assert!(!sd || dotprod(), "sdot kernels on a CPU without dotprod");
     use GgmlType::*;
     macro_rules! k {
@@ -822,9 +1142,18 @@ pub(super) fn kernel_with(ty: GgmlType, sd: bool) -> Option<Kernel> {
             }
         };
     }
+    let repacked = layout != Layout::Plain;
     Some(match ty {
         F32 => Kernel { vec_dot: dot_f32, matvec: matvec_f32 },
         F16 => Kernel { vec_dot: dot_f16, matvec: matvec_f16 },
+        Q8_0 if repacked => k!(e_q8_0_rp),
+        Q4_0 if repacked => k!(e_q4_0_rp),
+        MXFP4 if repacked => k!(e_mxfp4_rp),
+        Q4_K if layout == Layout::Dotprod => k!(e_q4_k_dp),
+        Q4_K if layout == Layout::I8mm => k!(e_q4_k_mm),
+        Q5_K if layout == Layout::Dotprod => k!(e_q5_k_dp),
+        Q5_K if layout == Layout::I8mm => k!(e_q5_k_mm),
+        Q6_K if layout == Layout::I8mm => k!(e_q6_k_mm),
         Q8_0 => k!(e_q8_0),
         Q4_0 => k!(e_q4_0),
         Q2_K => k!(e_q2_k),
@@ -837,11 +1166,12 @@ pub(super) fn kernel_with(ty: GgmlType, sd: bool) -> Option<Kernel> {
     })
 }
 
-/// The NEON multi-activation kernel for `ty`, `sdot` inside when `sd`.
+/// The NEON multi-activation kernel for `ty` in the float order of `layout`, `sdot` inside when
+/// `sd`.
 ///
 /// # Panics
 /// When `sd` is asked for on a CPU without `dotprod`.
-pub(super) fn multi_kernel_with(ty: GgmlType, sd: bool) -> Option<Multi> {
+pub(super) fn multi_kernel_with(ty: GgmlType, sd: bool, layout: Layout) -> Option<Multi> {
     assert!(!sd || dotprod(), "sdot kernels on a CPU without dotprod");
     use GgmlType::*;
     macro_rules! m {
@@ -849,7 +1179,16 @@ pub(super) fn multi_kernel_with(ty: GgmlType, sd: bool) -> Option<Multi> {
             Multi { f: if sd { $m::multi_sd } else { $m::multi_nd }, group: MAX_MULTI }
         };
     }
+    let repacked = layout != Layout::Plain;
     Some(match ty {
+        Q8_0 if repacked => m!(e_q8_0_rp),
+        Q4_0 if repacked => m!(e_q4_0_rp),
+        MXFP4 if repacked => m!(e_mxfp4_rp),
+        Q4_K if layout == Layout::Dotprod => m!(e_q4_k_dp),
+        Q4_K if layout == Layout::I8mm => m!(e_q4_k_mm),
+        Q5_K if layout == Layout::Dotprod => m!(e_q5_k_dp),
+        Q5_K if layout == Layout::I8mm => m!(e_q5_k_mm),
+        Q6_K if layout == Layout::I8mm => m!(e_q6_k_mm),
         Q8_0 => m!(e_q8_0),
         Q4_0 => m!(e_q4_0),
         Q2_K => m!(e_q2_k),
@@ -862,12 +1201,13 @@ pub(super) fn multi_kernel_with(ty: GgmlType, sd: bool) -> Option<Multi> {
     })
 }
 
-/// The kernel of the `neon` level for `ty`: with `sdot` when the CPU has `dotprod`.
+/// The kernel of the `neon` level for `ty`: with `sdot` when the CPU has `dotprod`, in the order
+/// of the CPU's [`layout`].
 pub(super) fn kernel(ty: GgmlType) -> Option<Kernel> {
     if !available() {
         return None;
     }
-    kernel_with(ty, dotprod())
+    kernel_with(ty, dotprod(), layout())
 }
 
 /// The multi-activation kernel of the `neon` level for `ty`.
@@ -875,5 +1215,5 @@ pub(super) fn multi_kernel(ty: GgmlType) -> Option<Multi> {
     if !available() {
         return None;
     }
-    multi_kernel_with(ty, dotprod())
+    multi_kernel_with(ty, dotprod(), layout())
 }

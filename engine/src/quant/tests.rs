@@ -912,6 +912,37 @@ fn quantize_q8_0_known_vector() {
     assert_eq!(&q1[..4], &[0x00, 0x3c, 0x00, 0x42]);
 }
 
+/// The NEON `Q8_K` quantizer gives the scalar reference's bytes (`q8::quantize_q8_k`, itself
+/// checked against ggml's algorithm above) on many blocks: random scales, the grid's exact
+/// halves, ties of opposite sign for the largest magnitude, a largest magnitude in every lane
+/// position, and the blocks it hands to the scalar code (NaN, overflowing inverse scale).
+#[cfg(target_arch = "aarch64")]
+#[test]
+fn neon_q8_k_quantizer_gives_the_scalar_bytes() {
+    let mut rng = Rng::new(29);
+    let mut vectors = activation_vectors(&mut rng);
+    for pos in 0..QK_K {
+        let mut x: Vec<f32> = (0..QK_K).map(|_| rng.normal()).collect();
+        x[pos] = if pos % 2 == 0 { 9.0 } else { -9.0 };
+        x[(pos + 97) % QK_K] = -x[pos];
+        vectors.push(x);
+    }
+    let (mut neon_blocks, mut total) = (0, 0);
+    for x in vectors {
+        let mut want = vec![0u8; GgmlType::Q8_K.row_bytes(x.len()).unwrap()];
+        super::q8::quantize_q8_k(&x, &mut want);
+        let mut got = vec![0u8; want.len()];
+        quantize_row_on(Backend::Neon, GgmlType::Q8_K, &x, &mut got).unwrap();
+        assert_eq!(got, want, "{:?}", &x[..4]);
+        total += x.len() / QK_K;
+        neon_blocks += x
+            .chunks_exact(QK_K)
+            .filter(|b| b.iter().all(|v| v.is_finite()) && b.iter().any(|v| v.abs() > 1e-30))
+            .count();
+    }
+    assert!(neon_blocks > 256 && total > neon_blocks, "{neon_blocks} of {total} blocks on the NEON path");
+}
+
 #[test]
 fn quantize_q8_k_bit_exact_with_ggml_algorithm() {
     let mut rng = Rng::new(8);
@@ -1289,10 +1320,15 @@ fn q8k_bsum(y: &[u8], g: usize) -> i32 {
 }
 
 /// The dot product in the float order of the kernel a llama.cpp build of ISA level `level`
-/// runs for one token (`Avx2` or `Avx512`).
+/// runs for one token (`Avx2`, `Avx512`, or `Neon` on this CPU).
 fn ggml_order_dot(level: Backend, ty: GgmlType, w: &[u8], x: &[u8], n: usize) -> f32 {
     use GgmlType::*;
     if level == Backend::Neon {
+        // The order of the layout llama.cpp gives the weights on this CPU.
+        #[cfg(target_arch = "aarch64")]
+        if let Some(v) = ggml_neon_repacked_dot(ty, w, x, super::neon::layout()) {
+            return v;
+        }
         return ggml_neon_dot(ty, w, x, neon_sdot());
     }
     let ts = ty.type_size();
@@ -1717,6 +1753,96 @@ fn ggml_neon_dot(ty: GgmlType, w: &[u8], x: &[u8], sdot: bool) -> f32 {
     }
 }
 
+/// The dot product in the float order of ggml's aarch64 repacked GEMV for `ty` in `layout`
+/// (`arch/arm/repack.cpp` as GCC compiles it: `vfmaq_f32` fused, `vmlaq_f32`/`vmlsq_f32` a
+/// multiply then an add, read off the object code), or `None` where that layout keeps ggml's
+/// `ggml_vec_dot_*` order ([`ggml_neon_dot`]): every type at `Plain`, and `Q6_K` at `Dotprod`,
+/// whose 8x4 GEMV sums each block's whole integer into one fused multiply-add, as its `vec_dot`
+/// does.
+#[cfg(target_arch = "aarch64")]
+fn ggml_neon_repacked_dot(ty: GgmlType, w: &[u8], x: &[u8], layout: super::neon::Layout) -> Option<f32> {
+    use super::neon::Layout;
+    use GgmlType::*;
+    if layout == Layout::Plain {
+        return None;
+    }
+    let ts = ty.type_size();
+    let xs = ty.vec_dot_type().type_size();
+    let blocks = w.chunks_exact(ts).zip(x.chunks_exact(xs));
+    let mut sum = 0f32;
+    match ty {
+        // ggml_gemv_q{8,4}_0_4x4_q8_0 and _4x8_: per block sum = fma(f32(isum), d_x * d_w, sum).
+        Q8_0 | Q4_0 => {
+            let quant = |a: &[u8], e: usize| if ty == Q8_0 { i8at(a, 2 + e) } else { q4_0_elem(a, e) };
+            for (a, b) in blocks {
+                let isum: i32 = (0..32).map(|e| quant(a, e) * i8at(b, 2 + e)).sum();
+                sum = (isum as f32).mul_add(h(b, 0) * h(a, 0), sum);
+            }
+        }
+        // ggml_gemv_mxfp4_4x4_q8_0 (both layouts): sum = sum + (d_x * E(e)) * f32(isum), unfused.
+        MXFP4 => {
+            use super::mxfp4::{KVALUES, e8m0_half};
+            for (a, b) in blocks {
+                let isum: i32 = (0..32)
+                    .map(|e| {
+                        let q = if e < 16 { a[1 + e] & 0xf } else { a[1 + e - 16] >> 4 };
+                        i32::from(KVALUES[usize::from(q)]) * i8at(b, 2 + e)
+                    })
+                    .sum();
+                sum += (h(b, 0) * e8m0_half(a[0])) * isum as f32;
+            }
+        }
+        // ggml_gemv_q{4,5}_K_8x4_q8_K and _8x8_: per pair of sub-blocks one fused multiply-add
+        // (8x4) or two (8x8); the mins' correction per block, for Q5_K 8x8 per pair.
+        Q4_K | Q5_K => {
+            for (a, y) in blocks {
+                let sub = |j: usize| -> (i32, i32) {
+                    let (_, sc, mn) = k4_elem(ty, a, 32 * j);
+                    let i: i32 = (32 * j..32 * j + 32).map(|e| k4_elem(ty, a, e).0 * i8at(y, 4 + e)).sum();
+                    (sc * i, mn * (q8k_bsum(y, 2 * j) + q8k_bsum(y, 2 * j + 1)))
+                };
+                let dy = q8k_d(y);
+                let (d, dmin) = (h(a, 0) * dy, h(a, 2) * dy);
+                let per_pair_mins = ty == Q5_K && layout == Layout::I8mm;
+                let mut imin = 0;
+                for p in 0..4 {
+                    let ((lo, mlo), (hi, mhi)) = (sub(2 * p), sub(2 * p + 1));
+                    if layout == Layout::Dotprod {
+                        sum = ((lo + hi) as f32).mul_add(d, sum);
+                    } else {
+                        sum = (lo as f32).mul_add(d, sum);
+                        sum = (hi as f32).mul_add(d, sum);
+                    }
+                    if per_pair_mins {
+                        sum -= (mlo + mhi) as f32 * dmin;
+                    }
+                    imin += mlo + mhi;
+                }
+                if !per_pair_mins {
+                    sum -= imin as f32 * dmin;
+                }
+            }
+        }
+        // ggml_gemv_q6_K_8x8_q8_K: the block's whole integer, multiplied, then added (unfused).
+        Q6_K if layout == Layout::I8mm => {
+            for (a, y) in blocks {
+                let sc = |s: usize| a[192 + s] as i8 as i32;
+                let qu = |e: usize| {
+                    let (hf, k, l) = (e / 128, (e % 128) / 32, e % 32);
+                    let ql = a[64 * hf + 32 * (k & 1) + l];
+                    let low = if k < 2 { ql & 0xf } else { ql >> 4 };
+                    (low | (((a[128 + 32 * hf + l] >> (2 * k)) & 3) << 4)) as i32
+                };
+                let isum: i32 = (0..QK_K).map(|e| sc(e / 16) * qu(e) * i8at(y, 4 + e)).sum();
+                let imin: i32 = (0..16).map(|s| sc(s) * q8k_bsum(y, s)).sum();
+                sum += (isum - 32 * imin) as f32 * (h(a, 208) * q8k_d(y));
+            }
+        }
+        _ => return None,
+    }
+    Some(sum)
+}
+
 /// Both variants of the `neon` kernels (`sdot` and its emulation, which put other quants in each
 /// lane) against ggml's order, so the one this CPU does not select is checked too (qemu's default
 /// CPU has `dotprod`; `cargo xtask test --target aarch64` also runs with a CPU without it).
@@ -1728,10 +1854,15 @@ fn neon_kernels_follow_ggml_order_with_and_without_sdot() {
     let variants: Vec<bool> = if neon_sdot() { vec![false, true] } else { vec![false] };
     // Cases where the two lane layouts give different Q8_0 bits (the check can tell them apart).
     let mut lanes_differ = 0;
-    for sd in variants {
+    // Per repacked type, cases where its repacked order gives other bits than `vec_dot`'s.
+    let mut orders_differ = std::collections::HashMap::new();
+    use super::neon::Layout;
+    for (sd, layout) in
+        variants.into_iter().flat_map(|sd| [Layout::Plain, Layout::Dotprod, Layout::I8mm].map(|l| (sd, l)))
+    {
         for ty in NEON_TYPES {
-            let k = super::neon::kernel_with(ty, sd).unwrap();
-            let m = super::neon::multi_kernel_with(ty, sd).unwrap();
+            let k = super::neon::kernel_with(ty, sd, layout).unwrap();
+            let m = super::neon::multi_kernel_with(ty, sd, layout).unwrap();
             for nblocks in [1usize, 2, 3, 8, 17] {
                 let cols = nblocks * ty.block_size();
                 let rows = 5;
@@ -1747,11 +1878,19 @@ fn neon_kernels_follow_ggml_order_with_and_without_sdot() {
                     (k.matvec)(&w, rb, cols, x, &mut mv);
                     for r in 0..rows {
                         let row = &w[r * rb..(r + 1) * rb];
-                        let want = ggml_neon_dot(ty, row, x, sd).to_bits();
-                        if ty == GgmlType::Q8_0 && sd && ggml_neon_dot(ty, row, x, false).to_bits() != want {
+                        let plain = ggml_neon_dot(ty, row, x, sd).to_bits();
+                        let want = ggml_neon_repacked_dot(ty, row, x, layout).map_or(plain, f32::to_bits);
+                        if ty == GgmlType::Q8_0
+                            && sd
+                            && layout == Layout::Plain
+                            && ggml_neon_dot(ty, row, x, false).to_bits() != want
+                        {
                             lanes_differ += 1;
                         }
-                        let what = format!("sdot {sd} {ty} {nblocks} blocks act {t} row {r}");
+                        if want != plain {
+                            *orders_differ.entry((ty, layout)).or_insert(0) += 1;
+                        }
+                        let what = format!("sdot {sd} {layout:?} {ty} {nblocks} blocks act {t} row {r}");
                         assert_eq!((k.vec_dot)(cols, row, x).to_bits(), want, "vec_dot {what}");
                         assert_eq!(mv[r].to_bits(), want, "matvec {what}");
                         assert_eq!(outs[t][r].to_bits(), want, "multi {what}");
@@ -1761,6 +1900,19 @@ fn neon_kernels_follow_ggml_order_with_and_without_sdot() {
         }
     }
     assert!(!neon_sdot() || lanes_differ > 0, "no Q8_0 case tells sdot's lanes from the emulation's");
+    // Each repacked order is told apart from `vec_dot`'s by some case (the check has teeth).
+    for ty in [GgmlType::Q8_0, GgmlType::Q4_0, GgmlType::MXFP4, GgmlType::Q4_K, GgmlType::Q5_K] {
+        for layout in [Layout::Dotprod, Layout::I8mm] {
+            assert!(
+                orders_differ.get(&(ty, layout)).is_some_and(|&n| n > 0),
+                "{ty} {layout:?}: no case differs from vec_dot"
+            );
+        }
+    }
+    assert!(
+        orders_differ.get(&(GgmlType::Q6_K, Layout::I8mm)).is_some_and(|&n| n > 0),
+        "Q6_K I8mm: no case differs from vec_dot"
+    );
 }
 
 /// The `neon` level's float dot products against ggml's NEON order for every length up to 70
