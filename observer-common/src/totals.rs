@@ -223,6 +223,40 @@ mod tests {
     }
 
     #[test]
+    fn threads_without_a_slot_keep_their_faults_and_the_rest_is_counted_without_time() {
+        use crate::{attrib::Hist, hist::bucket_of};
+        let mut o = OverflowFaults {
+            fault_start: 0,
+            tgid: 7,
+            _pad: 0,
+            comm: [0; 16],
+            majflt: 0,
+            minflt: 0,
+            unmatched_entries: 0,
+            unmatched_exits: 0,
+            times: FaultTimes { majflt: Hist::zeroed(), minflt: Hist::zeroed() },
+        };
+        // As the exit program does: the entry counts, the latency goes into its histogram.
+        for (enter, exit, major) in [(100, 350, false), (400, 1400, true)] {
+            o.enter(enter);
+            let lat = o.exit(exit, major);
+            let h = if major { &mut o.times.majflt } else { &mut o.times.minflt };
+            h.add_in(bucket_of(lat), lat);
+        }
+        assert_eq!(o.exit(2000, false), 0, "an exit without an entry has no time");
+        o.enter(3000);
+        o.enter(3100);
+        let f = FaultTotals::from_overflow(&o);
+        assert_eq!((f.majflt, f.minflt, f.majflt_ns, f.minflt_ns), (1, 2, 1000, 250));
+        assert_eq!((f.unmatched_entries, f.unmatched_exits), (1, 1));
+        assert_eq!(f.minflt_hist.iter().sum::<u64>(), 1);
+        assert_eq!(FaultTotals::other(0, 0), None);
+        let other = FaultTotals::other(2, 5).expect("faults counted");
+        assert_eq!((other.majflt, other.minflt, other.unmatched_exits, other.minflt_ns), (2, 5, 7, 0));
+        assert_eq!(other.minflt_hist.len(), crate::hist::HIST_BUCKETS);
+    }
+
+    #[test]
     fn totals_round_trip_with_vocabulary_names() {
         let mut time = ThreadTime { wall_ns: 10, read_ios: 2, exited: true, ..Default::default() };
         time.components.set(Component::Compute, Some(7));
