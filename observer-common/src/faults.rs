@@ -15,8 +15,80 @@
 //! `cnt[C_FAULT_UNMATCHED_*]`); the latencies of its completed faults are
 //! [`FaultTimes`], at the same slot. Every fault is counted and timed: nothing
 //! here is sampled.
+//!
+//! Threads without a slot (all `attrib::MAX_SLOTS` given out: a server with
+//! more threads) keep their faults in [`OverflowFaults`], the value of the
+//! `OVERFLOW_FAULTS` hash map keyed by TID, at most [`MAX_OVERFLOW_THREADS`]
+//! entries, made at a thread's first fault event and never removed. Their
+//! fault latencies are timed the same way; a major fault there is not split
+//! into file and swap (that needs the attribution state), so only their minor
+//! faults enter the global latency histograms. When that table is full too,
+//! a further thread's completed faults are counted in the per-CPU
+//! `OTHER_FAULTS` ([`OTHER_MAJFLT`], [`OTHER_MINFLT`]): every fault exit still
+//! counted, none timed (one "other" row, `totals::OTHER_TID`). The slot path
+//! never touches either map.
 
 use crate::{attrib::Hist, hist::HIST_BUCKETS};
+
+/// Entries of `OVERFLOW_FAULTS`: threads beyond the attribution slots whose faults keep a row.
+pub const MAX_OVERFLOW_THREADS: u32 = 8192;
+
+/// Index in the per-CPU `OTHER_FAULTS` array: major fault exits of threads with no row.
+pub const OTHER_MAJFLT: u32 = 0;
+/// Index in the per-CPU `OTHER_FAULTS` array: minor fault exits of threads with no row.
+pub const OTHER_MINFLT: u32 = 1;
+
+/// The faults of a thread without an attribution slot (module spec): counts, the open fault and
+/// the latencies of its completed faults, as a slotted thread's state and [`FaultTimes`] keep them.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct OverflowFaults {
+    /// Kernel time of the entry of the open fault, 0 when none.
+    pub fault_start: u64,
+    /// The thread's process.
+    pub tgid: u32,
+    pub _pad: u32,
+    /// Thread name at its first fault event, NUL padded.
+    pub comm: [u8; 16],
+    pub majflt: u64,
+    pub minflt: u64,
+    /// An entry while another fault was still open (the earlier one failed).
+    pub unmatched_entries: u64,
+    /// An exit with no open entry (counted in `majflt`/`minflt`, no time).
+    pub unmatched_exits: u64,
+    pub times: FaultTimes,
+}
+const _: () = assert!(core::mem::size_of::<OverflowFaults>() == 8 * 8 + core::mem::size_of::<FaultTimes>());
+
+impl OverflowFaults {
+    /// A fault entry at `now` (the same rule as `ThreadState::fault_enter`).
+    #[inline(always)]
+    pub fn enter(&mut self, now: u64) {
+        if self.fault_start != 0 {
+            self.unmatched_entries += 1;
+        }
+        self.fault_start = now;
+    }
+
+    /// A fault exit at `now`: counted; returns its latency, 0 when its entry was not seen (the
+    /// same rule as `ThreadState::fault_exit`), which the caller adds to [`Self::times`].
+    #[inline(always)]
+    pub fn exit(&mut self, now: u64, major: bool) -> u64 {
+        if major {
+            self.majflt += 1;
+        } else {
+            self.minflt += 1;
+        }
+        let lat = if self.fault_start == 0 || now < self.fault_start {
+            self.unmatched_exits += 1;
+            0
+        } else {
+            now - self.fault_start
+        };
+        self.fault_start = 0;
+        lat
+    }
+}
 
 /// Filter and options, written by user space into the `CONFIG` array (index 0)
 /// before the programs are attached.
@@ -70,4 +142,6 @@ mod pod {
     unsafe impl aya::Pod for super::Config {}
     // SAFETY: as above.
     unsafe impl aya::Pod for super::FaultTimes {}
+    // SAFETY: as above.
+    unsafe impl aya::Pod for super::OverflowFaults {}
 }

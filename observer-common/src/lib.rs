@@ -29,5 +29,5 @@ pub mod totals;
 pub mod vocab;
 pub mod xread;
 
-pub use faults::{Config, FaultTimes, GlobalCounter};
+pub use faults::{Config, FaultTimes, GlobalCounter, OverflowFaults};
 pub use hist::HIST_BUCKETS;

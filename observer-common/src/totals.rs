@@ -15,7 +15,12 @@
 //!     between entry and exit (`*_ns`), entries and exits that could not be
 //!     paired, and per-bucket log2 latency histograms (bucket `i` counts
 //!     latencies in `(2^(i-1), 2^i]` ns, the last is +Inf: `observer_common::hist`).
-//!     `None` when no fault of the thread was seen.
+//!     `None` when no fault of the thread was seen. A thread beyond the
+//!     attribution slots has its faults here too (the overflow table of
+//!     `observer_common::faults`) and `time` `None`; the faults of threads
+//!     beyond that table's room are one row of their own, `tid`
+//!     [`OTHER_TID`] (0), `pid` 0, `comm` [`OTHER_COMM`]: their counts, every
+//!     exit unmatched (no time), never a silent drop.
 //!   - `time`: where the thread's time went since it was first seen (or
 //!     seeded at attach): `wall_ns` accounted, the time components and the
 //!     counters of the vocabulary (`<component>_ns`, `majflt_file`, …), and the
@@ -38,7 +43,7 @@ use alloc::{string::String, vec::Vec};
 use serde::{Deserialize, Serialize};
 
 use crate::{
-    FaultTimes,
+    FaultTimes, OverflowFaults,
     attrib::{C_FAULT_UNMATCHED_ENTRY, C_FAULT_UNMATCHED_EXIT, C_MAJFLT_FILE, C_MAJFLT_SWAP, C_MINFLT, ThreadState},
     model::{Components, Counters},
 };
@@ -101,7 +106,39 @@ impl FaultTotals {
         let seen = f.majflt + f.minflt + f.unmatched_entries + f.unmatched_exits > 0 || s.fault_start != 0;
         seen.then_some(f)
     }
+
+    /// The fault totals of a thread without a slot, from its overflow entry.
+    pub fn from_overflow(o: &OverflowFaults) -> Self {
+        FaultTotals {
+            majflt: o.majflt,
+            minflt: o.minflt,
+            majflt_ns: o.times.majflt.sum,
+            minflt_ns: o.times.minflt.sum,
+            unmatched_entries: o.unmatched_entries,
+            unmatched_exits: o.unmatched_exits,
+            majflt_hist: o.times.majflt.b.to_vec(),
+            minflt_hist: o.times.minflt.b.to_vec(),
+        }
+    }
+
+    /// The [`OTHER_TID`] row's faults: exits counted without an entry, so without time; `None`
+    /// when there were none.
+    pub fn other(majflt: u64, minflt: u64) -> Option<Self> {
+        (majflt + minflt > 0).then(|| FaultTotals {
+            majflt,
+            minflt,
+            unmatched_exits: majflt + minflt,
+            majflt_hist: alloc::vec![0; crate::hist::HIST_BUCKETS],
+            minflt_hist: alloc::vec![0; crate::hist::HIST_BUCKETS],
+            ..Default::default()
+        })
+    }
 }
+
+/// The `tid` of the row that counts the faults of threads with no row of their own (module spec).
+pub const OTHER_TID: u32 = 0;
+/// That row's `comm`.
+pub const OTHER_COMM: &str = "(other threads)";
 
 /// Where one thread's time went over the run (module spec).
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
@@ -183,6 +220,40 @@ mod tests {
         assert_eq!((f.unmatched_entries, f.unmatched_exits), (1, 0));
         assert_eq!(f.minflt_hist.iter().sum::<u64>(), 2);
         assert_eq!((f.majflt_hist[10], f.minflt_hist[8], f.minflt_hist[0]), (1, 1, 1));
+    }
+
+    #[test]
+    fn threads_without_a_slot_keep_their_faults_and_the_rest_is_counted_without_time() {
+        use crate::{attrib::Hist, hist::bucket_of};
+        let mut o = OverflowFaults {
+            fault_start: 0,
+            tgid: 7,
+            _pad: 0,
+            comm: [0; 16],
+            majflt: 0,
+            minflt: 0,
+            unmatched_entries: 0,
+            unmatched_exits: 0,
+            times: FaultTimes { majflt: Hist::zeroed(), minflt: Hist::zeroed() },
+        };
+        // As the exit program does: the entry counts, the latency goes into its histogram.
+        for (enter, exit, major) in [(100, 350, false), (400, 1400, true)] {
+            o.enter(enter);
+            let lat = o.exit(exit, major);
+            let h = if major { &mut o.times.majflt } else { &mut o.times.minflt };
+            h.add_in(bucket_of(lat), lat);
+        }
+        assert_eq!(o.exit(2000, false), 0, "an exit without an entry has no time");
+        o.enter(3000);
+        o.enter(3100);
+        let f = FaultTotals::from_overflow(&o);
+        assert_eq!((f.majflt, f.minflt, f.majflt_ns, f.minflt_ns), (1, 2, 1000, 250));
+        assert_eq!((f.unmatched_entries, f.unmatched_exits), (1, 1));
+        assert_eq!(f.minflt_hist.iter().sum::<u64>(), 1);
+        assert_eq!(FaultTotals::other(0, 0), None);
+        let other = FaultTotals::other(2, 5).expect("faults counted");
+        assert_eq!((other.majflt, other.minflt, other.unmatched_exits, other.minflt_ns), (2, 5, 7, 0));
+        assert_eq!(other.minflt_hist.len(), crate::hist::HIST_BUCKETS);
     }
 
     #[test]

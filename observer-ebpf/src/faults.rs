@@ -15,6 +15,10 @@
 //! and latencies in arrays, so a fault of an observed thread takes no hash
 //! lookup; the refault record (`evict::fault_closed`) is looked up only when
 //! the fault opened one (`F_FAULT_REFAULT`). Every fault is counted and timed.
+//!
+//! A thread without a slot (all given out) takes the overflow path
+//! ([`overflow_enter`], [`overflow_exit`]: `observer_common::faults`), reached
+//! only when the slot lookup has failed, so it costs the slot path nothing.
 
 use aya_ebpf::{
     helpers::bpf_ktime_get_ns,
@@ -22,19 +26,82 @@ use aya_ebpf::{
     programs::{PerfEventContext, TracePointContext},
 };
 use observer_common::{
+    OverflowFaults,
     attrib::{F_FAULT_FILE, F_FAULT_REFAULT, H_MAJFLT_FILE, H_MAJFLT_SWAP, H_MINFLT, T_FAULT_IO},
+    faults::{OTHER_MAJFLT, OTHER_MINFLT},
     hist::bucket_of,
 };
 
-use crate::maps::{FAULT_TIMES, HISTS, THREADS, current_slot, current_state, target_tid, update};
+use crate::maps::{
+    FAULT_TIMES, HISTS, OTHER_FAULTS, OVERFLOW_FAULTS, OVERFLOW_TEMPLATE, THREADS, current_slot, current_state,
+    target_tid, update,
+};
 
 #[perf_event]
 pub fn fault_entry(_ctx: PerfEventContext) -> u32 {
     let Some(tid) = target_tid() else { return 0 };
     // SAFETY: helper without preconditions.
     let now = unsafe { bpf_ktime_get_ns() };
-    if let Some(s) = current_state(tid, now) {
-        update(s, |s| s.fault_enter(now));
+    match current_state(tid, now) {
+        Some(s) => update(s, |s| s.fault_enter(now)),
+        None => overflow_enter(tid, now),
+    }
+    0
+}
+
+/// The overflow entry of thread `tid` (no slot), made at its first fault event; `None` when the
+/// table is full.
+#[inline(always)]
+fn overflow_faults(tid: u32) -> Option<*mut OverflowFaults> {
+    if let Some(p) = OVERFLOW_FAULTS.get_ptr_mut(&tid) {
+        return Some(p);
+    }
+    let tmpl = OVERFLOW_TEMPLATE.get_ptr_mut(0)?;
+    // SAFETY: per-CPU scratch value; only `tgid` and `comm` are ever written, the rest stays zero.
+    unsafe {
+        (*tmpl).tgid = (aya_ebpf::helpers::bpf_get_current_pid_tgid() >> 32) as u32;
+        (*tmpl).comm = aya_ebpf::helpers::bpf_get_current_comm().unwrap_or([0; 16]);
+        OVERFLOW_FAULTS.insert(&tid, &*tmpl, 0).ok()?;
+    }
+    OVERFLOW_FAULTS.get_ptr_mut(&tid)
+}
+
+/// A fault entry of a thread without a slot; with the overflow table full nothing is kept (its
+/// exit is counted in `OTHER_FAULTS`).
+#[inline(always)]
+fn overflow_enter(tid: u32, now: u64) {
+    if let Some(f) = overflow_faults(tid) {
+        // SAFETY: map value; only this thread's own fault events write it.
+        unsafe { (*f).enter(now) };
+    }
+}
+
+/// A fault exit of a thread without a slot: counted in its overflow entry and timed, or, with the
+/// table full, counted in `OTHER_FAULTS`.
+#[inline(always)]
+fn overflow_exit(tid: u32, now: u64, major: bool) -> u32 {
+    let Some(f) = overflow_faults(tid) else {
+        if let Some(c) = OTHER_FAULTS.get_ptr_mut(if major { OTHER_MAJFLT } else { OTHER_MINFLT }) {
+            // SAFETY: per-CPU value; programs do not nest on one CPU for these hooks.
+            unsafe { *c += 1 };
+        }
+        return 0;
+    };
+    // SAFETY: map value; only this thread's own fault events write it.
+    unsafe {
+        let lat = (*f).exit(now, major);
+        if lat == 0 {
+            return 0;
+        }
+        let b = bucket_of(lat);
+        if major {
+            (*f).times.majflt.add_in(b, lat);
+        } else {
+            (*f).times.minflt.add_in(b, lat);
+            if let Some(p) = HISTS.get_ptr_mut(H_MINFLT) {
+                (*p).add_in(b, lat);
+            }
+        }
     }
     0
 }
@@ -44,7 +111,7 @@ fn fault_exit(major: bool) -> u32 {
     let Some(tid) = target_tid() else { return 0 };
     // SAFETY: helper without preconditions.
     let now = unsafe { bpf_ktime_get_ns() };
-    let Some(slot) = current_slot(tid, now) else { return 0 };
+    let Some(slot) = current_slot(tid, now) else { return overflow_exit(tid, now, major) };
     let Some(s) = THREADS.get_ptr_mut(slot) else { return 0 };
     let (mut lat, mut class, mut refault) = (0u64, 0usize, None);
     update(s, |s| {

@@ -8,7 +8,7 @@ use aya_ebpf::{
 use observer_common::{
     Config, FaultTimes, GlobalCounter,
     attrib::{BioInflight, BioKey, DevIo, F_ON_CPU, Hist, MAX_SLOTS, N_HIST, ThreadState, TpOffsets},
-    faults::GLOBAL_COUNTERS,
+    faults::{GLOBAL_COUNTERS, MAX_OVERFLOW_THREADS, OverflowFaults},
 };
 
 #[map]
@@ -47,6 +47,21 @@ pub static THREADS: Array<ThreadState> = Array::with_max_entries(MAX_SLOTS, 0);
 /// Latencies of each thread's completed faults, at its slot in `THREADS`.
 #[map]
 pub static FAULT_TIMES: Array<FaultTimes> = Array::with_max_entries(MAX_SLOTS, 0);
+
+/// TID → the faults of a thread without a slot in `THREADS` (`observer_common::faults`: the
+/// overflow path, which the fault programs take only when `current_slot` finds none).
+#[map]
+pub static OVERFLOW_FAULTS: HashMap<u32, OverflowFaults> = HashMap::with_max_entries(MAX_OVERFLOW_THREADS, 0);
+
+/// Per-CPU: a zeroed `OverflowFaults` to insert new entries from (too large for the BPF stack);
+/// only `tgid` and `comm` are ever written.
+#[map]
+pub static OVERFLOW_TEMPLATE: PerCpuArray<OverflowFaults> = PerCpuArray::with_max_entries(1, 0);
+
+/// Per-CPU fault exits of threads with neither a slot nor room in `OVERFLOW_FAULTS`
+/// (`faults::OTHER_MAJFLT`, `faults::OTHER_MINFLT`).
+#[map]
+pub static OTHER_FAULTS: PerCpuArray<u64> = PerCpuArray::with_max_entries(2, 0);
 
 /// Index 0: slots handed out so far. Index 1: marks emitted so far.
 #[map]

@@ -262,3 +262,66 @@ fn json_uses_the_design_vocabulary() {
     }
     assert_eq!(s["target"]["exit_code"], 0);
 }
+
+/// Fault rows of a server with more threads than the attribution slots (256) and than the
+/// overflow table (8192; `observer_common::faults`): 300 threads at a time, 30 rounds, 9000
+/// threads that each write 16 fresh pages. Against a bpftrace count of the same perf software
+/// events per TID and `perf stat` of the process, over the same span (all attached before the
+/// workload's `exec`): every thread with a row has exactly bpftrace's minor and major faults, the
+/// threads beyond the overflow table are the one `(other threads)` row (TID 0) with exactly the
+/// rest, and the total is perf stat's.
+#[test]
+fn threads_beyond_the_slots_keep_exact_fault_rows_and_the_rest_is_one_counted_row() {
+    let _l = machine_lock();
+    let dir = scratch_dir("manythreads");
+    let (perf_text, v, traced) = beside_perf_stat_and_bpftrace(
+        &dir,
+        &format!("{} anon --threads 300 --repeat 30 --size 19200K", workload()),
+        Some(
+            "software:minor-faults:1 /pid == $PID/ { @min[tid] = count(); } \
+             software:major-faults:1 /pid == $PID/ { @maj[tid] = count(); }",
+        ),
+    );
+    let traced = traced.expect("bpftrace output");
+    let counts = |name: &str| -> std::collections::BTreeMap<u64, u64> {
+        bpftrace_map(&traced, name).into_iter().map(|(k, n)| (k.parse().expect("a TID key"), n)).collect()
+    };
+    let (bt_min, bt_maj) = (counts("min"), counts("maj"));
+    assert!(bt_min.len() >= 9000, "bpftrace saw {} faulting threads, expected the 9000 workers", bt_min.len());
+    let rows = v["threads"].as_array().expect("threads in the summary");
+    let mut with_row = std::collections::BTreeSet::new();
+    let (mut slotted, mut overflow, mut other) = (0usize, 0usize, None);
+    for r in rows {
+        let tid = u(r, "tid");
+        if tid == 0 {
+            assert_eq!(r["comm"], "(other threads)", "{r}");
+            other = Some(r);
+            continue;
+        }
+        with_row.insert(tid);
+        if r["attribution"].is_null() {
+            overflow += 1
+        } else {
+            slotted += 1
+        }
+        let bt = |m: &std::collections::BTreeMap<u64, u64>| m.get(&tid).copied().unwrap_or(0);
+        assert_eq!(u(r, "minflt"), bt(&bt_min), "thread {tid}: minor faults, observer vs bpftrace: {r}");
+        assert_eq!(u(r, "majflt"), bt(&bt_maj), "thread {tid}: major faults, observer vs bpftrace: {r}");
+    }
+    eprintln!("rows: {slotted} with a slot, {overflow} in the overflow table; bpftrace threads {}", bt_min.len());
+    assert!(slotted <= 256, "{slotted} rows with attribution, more than the 256 slots");
+    assert_eq!(overflow, 8192, "threads beyond the slots each have a row until the overflow table is full");
+    let other = other.expect("the threads beyond the overflow table are one (other threads) row");
+    let rest = |m: &std::collections::BTreeMap<u64, u64>| {
+        m.iter().filter(|(t, _)| !with_row.contains(t)).map(|(_, n)| n).sum::<u64>()
+    };
+    assert!(rest(&bt_min) > 0, "bpftrace saw no faults of threads without a row");
+    assert_eq!(u(other, "minflt"), rest(&bt_min), "the other row's minor faults: the rest of bpftrace's");
+    assert_eq!(u(other, "majflt"), rest(&bt_maj), "the other row's major faults: the rest of bpftrace's");
+    assert_eq!(u(other, "unmatched_exits"), u(other, "minflt") + u(other, "majflt"), "counted without time: {other}");
+    let totals = &v["totals"];
+    let (perf_min, perf_maj) = (perf_count(&perf_text, "minor-faults"), perf_count(&perf_text, "major-faults"));
+    assert_eq!(bt_min.values().sum::<u64>(), perf_min, "bpftrace and perf stat count the same events");
+    assert_eq!(u(totals, "minflt"), perf_min, "the process's minor faults vs perf stat");
+    assert_eq!(u(totals, "majflt"), perf_maj, "the process's major faults vs perf stat");
+}

@@ -15,6 +15,17 @@
 //! per workload fault and ns per workload fault (the programs run for every process's events,
 //! so the other processes' faults are in the counts too). Beside them, the budget the slowdown
 //! goal leaves: `0.1 ×` the alone run's time per fault, measured in the same run.
+//!
+//! `--kind pread`: a storm of explicit reads instead (issue 17: the per-syscall cost of charging
+//! reads of the model to its regions). The target is the workload's `pread-storm` (`--calls`
+//! `pread64`s of 4 KiB, page-cache hits, striding through the file) on the cached 3-layer
+//! `cliff-small` model, run alone (A), under `observer run` without a model (C: the syscall
+//! programs run, the explicit-read work does not) and under `observer run --model` on that file
+//! (B), in A-C-B / B-C-A order over the rounds. The model is passed through a link without the
+//! `.gguf` suffix, so that C finds no model on the command line. Printed: every round, the
+//! slowdowns B / A and C / A of the median times, each program's ns per run and runs per read
+//! for B and C (the explicit-read work is in `sys_enter` and `sys_exit`, so B − C per read is
+//! its cost), and the reads B charged to the model's regions against the workload's calls.
 
 use std::{
     collections::BTreeMap,
@@ -31,32 +42,39 @@ use crate::{bench_util, cache, cmd};
 /// The slowdown goal; what is above 1 of it is the budget for the observer's work per fault.
 const GOAL: f64 = 1.1;
 
-/// The workload's phase: wall time (ns) and minor faults, by its own account.
-fn phase(stdout: &str) -> Result<(u64, u64)> {
+/// The workload's phase of `kind`: wall time (ns) and its events (`minflt` for `anon`, `calls`
+/// for `pread`), by its own account.
+fn phase(stdout: &str, kind: &str) -> Result<(u64, u64)> {
+    let events = if kind == "anon" { "minflt" } else { "calls" };
     stdout
         .lines()
         .filter_map(|l| serde_json::from_str::<Value>(l).ok())
-        .find(|v| v["kind"] == "anon")
-        .and_then(|v| Some((v["wall_ns"].as_u64()?, v["minflt"].as_u64()?)))
-        .context("the workload printed no `anon` phase")
+        .find(|v| v["kind"] == kind)
+        .and_then(|v| Some((v["wall_ns"].as_u64()?, v[events].as_u64()?)))
+        .with_context(|| format!("the workload printed no `{kind}` phase"))
 }
 
 /// Per program: (runs, run time ns).
 type Programs = BTreeMap<String, (u64, u64)>;
 
-/// The observer's programs' cost at the end of a run, from its `--json` summary.
-fn programs(summary: &Path) -> Result<Programs> {
-    let text = std::fs::read_to_string(summary).with_context(|| format!("reading {}", summary.display()))?;
-    let v: Value = serde_json::from_str(&text).with_context(|| format!("parsing {}", summary.display()))?;
+/// The observer's `--json` summary of a run.
+fn summary(path: &Path) -> Result<Value> {
+    let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+    serde_json::from_str(&text).with_context(|| format!("parsing {}", path.display()))
+}
+
+/// The observer's programs' cost at the end of a run, from its `--json` summary, added to `total`.
+fn add_programs(v: &Value, total: &mut Programs) -> Result<()> {
     let list = v["bpf_programs"].as_array().context(
         "the observer's summary has no bpf_programs: the kernel refused BPF_ENABLE_STATS (Linux >= 5.8, run as root)",
     )?;
-    list.iter()
-        .map(|p| {
-            let name = p["name"].as_str().context("bpf_programs: a program without a name")?;
-            Ok((name.to_string(), (p["runs"].as_u64().unwrap_or(0), p["run_ns"].as_u64().unwrap_or(0))))
-        })
-        .collect()
+    for p in list {
+        let name = p["name"].as_str().context("bpf_programs: a program without a name")?;
+        let e = total.entry(name.to_string()).or_default();
+        e.0 += p["runs"].as_u64().unwrap_or(0);
+        e.1 += p["run_ns"].as_u64().unwrap_or(0);
+    }
+    Ok(())
 }
 
 /// Runs `c` to its end; returns its stdout.
@@ -68,9 +86,65 @@ fn run(c: &mut Command) -> Result<String> {
     Ok(String::from_utf8_lossy(&out.stdout).into_owned())
 }
 
+/// One observed run of `workload wl_args` (with `--model model` when given): its phase, its
+/// summary (the programs' cost added to `progs`).
+struct Observed<'a> {
+    observer: &'a Path,
+    workload: &'a Path,
+    wl_args: &'a [String],
+    kind: &'a str,
+    scratch: &'a Path,
+    n: usize,
+}
+
+impl Observed<'_> {
+    fn run(&mut self, model: Option<&Path>, progs: &mut Programs) -> Result<((u64, u64), Value)> {
+        self.n += 1;
+        let json = self.scratch.join(format!("run-{}.json", self.n));
+        let _ = std::fs::remove_file(&json);
+        let mut c = Command::new(self.observer);
+        c.args(["run", "--every", "0", "--json"]).arg(&json);
+        if let Some(m) = model {
+            c.arg("--model").arg(m);
+        }
+        let out = run(c.arg("--").arg(self.workload).args(self.wl_args))?;
+        let v = summary(&json)?;
+        add_programs(&v, progs)?;
+        Ok((phase(&out, self.kind)?, v))
+    }
+}
+
+/// The programs that ran, most expensive first: per program, runs, ns per run, runs per event and
+/// ns per event (`events`: the workload's faults or reads over the observed runs).
+fn print_programs(progs: &Programs, events: u64, event: &str) {
+    let per = |x: u64| x as f64 / events.max(1) as f64;
+    println!(
+        "  {:<20} {:>12} {:>10} {:>12} {:>14}",
+        "program",
+        "runs",
+        "ns/run",
+        format!("runs/{event}"),
+        format!("ns per {event}")
+    );
+    let mut ran: Vec<_> = progs.iter().filter(|(_, (n, _))| *n > 0).collect();
+    ran.sort_by_key(|(_, (_, ns))| std::cmp::Reverse(*ns));
+    for (name, (n, ns)) in &ran {
+        println!("  {name:<20} {n:>12} {:>10.1} {:>12.3} {:>14.1}", *ns as f64 / *n as f64, per(*n), per(*ns));
+    }
+}
+
+/// The sum of the numbers in `v` (an object or array of counts per kind, or a number).
+fn sum_counts(v: &Value) -> u64 {
+    match v {
+        Value::Object(m) => m.values().map(sum_counts).sum(),
+        Value::Array(a) => a.iter().map(sum_counts).sum(),
+        v => v.as_u64().unwrap_or(0),
+    }
+}
+
 pub fn main(args: &[String]) -> Result<()> {
-    let (mut rounds, mut size) = (4usize, "512M".to_string());
-    let mut repeat = 8u32;
+    let (mut rounds, mut size, mut kind) = (4usize, "512M".to_string(), "anon".to_string());
+    let (mut repeat, mut calls) = (8u32, 400_000u64);
     let mut it = args.iter();
     while let Some(a) = it.next() {
         let mut val = |name: &str| it.next().with_context(|| format!("{name} needs a value")).cloned();
@@ -78,8 +152,15 @@ pub fn main(args: &[String]) -> Result<()> {
             "--rounds" => rounds = val("--rounds")?.parse()?,
             "--size" => size = val("--size")?,
             "--repeat" => repeat = val("--repeat")?.parse()?,
-            _ => bail!("usage: cargo xtask bench storm [--rounds N] [--size 512M] [--repeat R]"),
+            "--kind" => kind = val("--kind")?,
+            "--calls" => calls = val("--calls")?.parse()?,
+            _ => bail!(
+                "usage: cargo xtask bench storm [--rounds N] [--kind anon|pread] [--size 512M] [--repeat R] [--calls N]"
+            ),
         }
+    }
+    if kind != "anon" && kind != "pread" {
+        bail!("--kind {kind}: the storms are `anon` (minor faults) and `pread` (explicit reads of the model)");
     }
     let bin = bench_util::build()?;
     cmd::run(Command::new("cargo").current_dir(cache::workspace_root()).args([
@@ -93,29 +174,21 @@ pub fn main(args: &[String]) -> Result<()> {
     let (observer, workload) = (bin.join("observer"), bin.join("workload"));
     let scratch = cache::target_dir().join("bench-storm");
     std::fs::create_dir_all(&scratch).with_context(|| format!("creating {}", scratch.display()))?;
+    if kind == "pread" {
+        let model = crate::bench_cliff::small_model(&bin.join("engine"))?;
+        let _lock = testkit::machine_lock();
+        return pread_storm(&observer, &workload, &scratch, &model, rounds, calls);
+    }
     let _lock = testkit::machine_lock();
     let wl_args = ["anon".to_string(), "--size".into(), size.clone(), "--repeat".into(), repeat.to_string()];
-    let plain = || -> Result<(u64, u64)> { phase(&run(Command::new(&workload).args(&wl_args))?) };
+    let plain = || -> Result<(u64, u64)> { phase(&run(Command::new(&workload).args(&wl_args))?, "anon") };
     let mut progs_total = Programs::new();
     let mut observed_faults = 0u64;
-    let mut n_observed = 0usize;
+    let mut obs =
+        Observed { observer: &observer, workload: &workload, wl_args: &wl_args, kind: "anon", scratch: &scratch, n: 0 };
     let mut observed = || -> Result<(u64, u64)> {
-        n_observed += 1;
-        let summary = scratch.join(format!("run-{n_observed}.json"));
-        let _ = std::fs::remove_file(&summary);
-        let out = run(Command::new(&observer)
-            .args(["run", "--every", "0", "--json"])
-            .arg(&summary)
-            .arg("--")
-            .arg(&workload)
-            .args(&wl_args))?;
-        let p = phase(&out)?;
+        let (p, _) = obs.run(None, &mut progs_total)?;
         observed_faults += p.1;
-        for (name, (n, ns)) in programs(&summary)? {
-            let e = progs_total.entry(name).or_default();
-            e.0 += n;
-            e.1 += ns;
-        }
         Ok(p)
     };
     println!(
@@ -139,6 +212,7 @@ pub fn main(args: &[String]) -> Result<()> {
         alone_ns += a.0;
         alone_faults += a.1;
     }
+    let n_observed = obs.n;
     let (ma, mb) = (median(&mut a_ns), median(&mut b_ns));
     println!("median: alone {:.3} s, observed {:.3} s", ma / 1e9, mb / 1e9);
     println!(
@@ -152,17 +226,7 @@ pub fn main(args: &[String]) -> Result<()> {
         "kernel-side cost per program (kernel BPF statistics over the {n_observed} observed runs, {observed_faults} \
          workload faults; every process's events run the programs):"
     );
-    println!("  {:<20} {:>12} {:>10} {:>12} {:>14}", "program", "runs", "ns/run", "runs/fault", "ns per fault");
-    let mut ran: Vec<_> = progs_total.iter().filter(|(_, (n, _))| *n > 0).collect();
-    ran.sort_by_key(|(_, (_, ns))| std::cmp::Reverse(*ns));
-    for (name, (n, ns)) in &ran {
-        println!(
-            "  {name:<20} {n:>12} {:>10.1} {:>12.3} {:>14.1}",
-            *ns as f64 / *n as f64,
-            per_fault(*n),
-            per_fault(*ns)
-        );
-    }
+    print_programs(&progs_total, observed_faults, "fault");
     let total: u64 = progs_total.values().map(|v| v.1).sum();
     println!(
         "  all programs: {:.1} ns per workload fault; budget at the {GOAL}x goal: {budget:.1} ns per fault ({:.1} % of \
@@ -171,6 +235,90 @@ pub fn main(args: &[String]) -> Result<()> {
         (GOAL - 1.0) * 100.0,
         alone_ns as f64 / alone_faults.max(1) as f64,
         if per_fault(total) <= budget { "" } else { " — over budget" }
+    );
+    Ok(())
+}
+
+/// `--kind pread` (module spec).
+fn pread_storm(
+    observer: &Path,
+    workload: &Path,
+    scratch: &Path,
+    model: &Path,
+    rounds: usize,
+    calls: u64,
+) -> Result<()> {
+    // The model under a name without `.gguf`: without `--model` the observer finds none.
+    let link = scratch.join("pread-storm-model.bin");
+    let _ = std::fs::remove_file(&link);
+    std::os::unix::fs::symlink(model, &link).with_context(|| format!("linking {}", link.display()))?;
+    let wl_args: Vec<String> =
+        vec!["pread-storm".into(), "--path".into(), link.display().to_string(), "--calls".into(), calls.to_string()];
+    println!(
+        "workload pread-storm --calls {calls} (4 KiB pread64s of {}, page-cache hits) alone (A), under `observer run` \
+         without a model (C) and with it as --model (B), {rounds} rounds A-C-B / B-C-A",
+        model.display()
+    );
+    let mut obs = Observed { observer, workload, wl_args: &wl_args, kind: "pread", scratch, n: 0 };
+    let (mut progs_b, mut progs_c) = (Programs::new(), Programs::new());
+    let (mut a_ns, mut b_ns, mut c_ns) = (Vec::new(), Vec::new(), Vec::new());
+    let (mut reads_b, mut reads_c, mut charged) = (0u64, 0u64, 0u64);
+    for r in 0..rounds {
+        let order: [char; 3] = if r.is_multiple_of(2) { ['A', 'C', 'B'] } else { ['B', 'C', 'A'] };
+        let (mut a, mut b, mut c) = (0u64, 0u64, 0u64);
+        for side in order {
+            match side {
+                'A' => a = phase(&run(Command::new(workload).args(&wl_args))?, "pread")?.0,
+                'B' => {
+                    let ((ns, n), v) = obs.run(Some(link.as_path()), &mut progs_b)?;
+                    b = ns;
+                    reads_b += n;
+                    // The reads charged to the model's regions (and unresolved ones), from the token.
+                    for t in v["tokens"].as_array().into_iter().flatten() {
+                        let x = &t["explicit_reads"];
+                        charged += sum_counts(&x["calls"]) + x["unresolved_calls"].as_u64().unwrap_or(0);
+                    }
+                }
+                _ => {
+                    let ((ns, n), _) = obs.run(None, &mut progs_c)?;
+                    c = ns;
+                    reads_c += n;
+                }
+            }
+        }
+        println!(
+            "round {r}: alone {:.3} s ({:.0} ns/read), no model {:.3} s ({:.3}x), model {:.3} s ({:.3}x)",
+            a as f64 / 1e9,
+            a as f64 / calls as f64,
+            c as f64 / 1e9,
+            c as f64 / a as f64,
+            b as f64 / 1e9,
+            b as f64 / a as f64
+        );
+        a_ns.push(a as f64);
+        b_ns.push(b as f64);
+        c_ns.push(c as f64);
+    }
+    let (ma, mb, mc) = (median(&mut a_ns), median(&mut b_ns), median(&mut c_ns));
+    println!(
+        "median: alone {:.3} s, no model {:.3} s, model {:.3} s; slowdown without a model {:.3}, with it {:.3}",
+        ma / 1e9,
+        mc / 1e9,
+        mb / 1e9,
+        mc / ma,
+        mb / ma
+    );
+    println!("reads charged to the model (explicit_reads calls of the tokens): {charged} of the workload's {reads_b}");
+    println!("with the model (B), kernel BPF statistics over its runs:");
+    print_programs(&progs_b, reads_b, "read");
+    println!("without a model (C):");
+    print_programs(&progs_c, reads_c, "read");
+    let per = |p: &Programs, name: &str, reads: u64| p.get(name).map_or(0.0, |v| v.1 as f64 / reads.max(1) as f64);
+    let xread: f64 =
+        ["sys_enter", "sys_exit"].iter().map(|n| per(&progs_b, n, reads_b) - per(&progs_c, n, reads_c)).sum();
+    println!(
+        "explicit-read work (sys_enter + sys_exit, B − C): {xread:.1} ns per read; the alone run's time per read: {:.1} ns",
+        ma / calls as f64
     );
     Ok(())
 }

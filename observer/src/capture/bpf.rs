@@ -18,9 +18,9 @@ use aya::{
     util::online_cpus,
 };
 use observer_common::{
-    Config, FaultTimes, GlobalCounter,
+    Config, FaultTimes, GlobalCounter, OverflowFaults,
     attrib::{DEV_SWAP, DevIo, Hist, MAX_SLOTS, N_HIST, ThreadState, TpOffsets},
-    faults::GLOBAL_COUNTERS,
+    faults::{GLOBAL_COUNTERS, OTHER_MAJFLT, OTHER_MINFLT},
     filemap::NO_FIELD,
     model::ProgramCost,
 };
@@ -529,6 +529,20 @@ impl Probes {
             *v = a.get(&(i as u32), 0).map_err(map_err("XREAD_TOTALS"))?;
         }
         Ok(t)
+    }
+
+    /// The faults of threads without a slot (`observer_common::faults`), sorted by TID.
+    pub fn overflow_faults(&self) -> Result<Vec<(u32, OverflowFaults)>, ProbeError> {
+        self.entries("OVERFLOW_FAULTS")
+    }
+
+    /// Fault exits of threads with neither a slot nor an overflow entry, summed over CPUs:
+    /// (major, minor).
+    pub fn other_faults(&self) -> Result<(u64, u64), ProbeError> {
+        let map = self.ebpf.map("OTHER_FAULTS").ok_or_else(|| no_map("OTHER_FAULTS"))?;
+        let a: PerCpuArray<_, u64> = PerCpuArray::try_from(map).map_err(map_err("OTHER_FAULTS"))?;
+        let sum = |i: u32| a.get(&i, 0).map(|v| v.iter().sum::<u64>()).map_err(map_err("OTHER_FAULTS"));
+        Ok((sum(OTHER_MAJFLT)?, sum(OTHER_MINFLT)?))
     }
 
     /// A global counter summed over CPUs.

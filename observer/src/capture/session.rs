@@ -54,6 +54,7 @@ use observer_common::{
         Components, DeviceReads, Event, FaultTotals, MAX_EVICTING_PROCESSES, ObserverHealth, ProcessEvictions,
         ProgramCost, RunEnd, RunTotals, StepKind, ThreadTime, ThreadTotals, TokenMarks, TokenRecord,
     },
+    totals::{OTHER_COMM, OTHER_TID},
 };
 use tokio::{io::unix::AsyncFd, sync::watch};
 
@@ -900,6 +901,26 @@ fn run_totals(probes: &Probes, now: u64) -> Result<RunTotals> {
             }),
         })
         .collect();
+    // Threads beyond the slots: their faults only (`observer_common::totals`).
+    for (tid, o) in probes.overflow_faults()? {
+        threads.push(ThreadTotals {
+            tid,
+            pid: o.tgid,
+            comm: comm_str(&o.comm),
+            faults: Some(FaultTotals::from_overflow(&o)),
+            time: None,
+        });
+    }
+    let (other_maj, other_min) = probes.other_faults()?;
+    if let Some(faults) = FaultTotals::other(other_maj, other_min) {
+        threads.push(ThreadTotals {
+            tid: OTHER_TID,
+            pid: 0,
+            comm: OTHER_COMM.to_string(),
+            faults: Some(faults),
+            time: None,
+        });
+    }
     threads.sort_by_key(|t| t.tid);
     let devices = probes
         .devices()?

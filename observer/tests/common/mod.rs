@@ -177,8 +177,19 @@ pub fn wait_attached(err: &mut impl std::io::BufRead) -> String {
 /// before the `exec`, so that both count the same process over the same span, until it exits.
 /// Returns perf's CSV text and the observer's `--json` summary; panics naming what failed.
 pub fn beside_perf_stat(dir: &std::path::Path, command: &str) -> (String, Value) {
-    use std::io::{Read, Write};
-    use std::process::Stdio;
+    let (perf, summary, _) = beside_perf_stat_and_bpftrace(dir, command, None);
+    (perf, summary)
+}
+
+/// [`beside_perf_stat`], with a bpftrace script also attached before the `exec` and stopped after
+/// the observer has ended (every `$PID` in `script` is the target's PID); its output is the third
+/// value.
+pub fn beside_perf_stat_and_bpftrace(
+    dir: &std::path::Path,
+    command: &str,
+    script: Option<&str>,
+) -> (String, Value, Option<String>) {
+    use std::io::Write;
     let (perf_out, json) = (dir.join("perf.csv"), dir.join("obs.json"));
     let _ = std::fs::remove_file(&json);
     let mut target = Command::new("/bin/sh")
@@ -188,6 +199,7 @@ pub fn beside_perf_stat(dir: &std::path::Path, command: &str) -> (String, Value)
         .spawn()
         .expect("spawn target shell");
     let pid = target.id().to_string();
+    let bpftrace = script.map(|s| Bpftrace::start(&s.replace("$PID", &pid)));
     let mut perf = Command::new("perf")
         .args(["stat", "-x,", "-e", "major-faults,minor-faults", "-o"])
         .arg(&perf_out)
@@ -208,9 +220,10 @@ pub fn beside_perf_stat(dir: &std::path::Path, command: &str) -> (String, Value)
     err.read_to_string(&mut seen).unwrap();
     assert!(obs.wait().unwrap().success(), "observer failed: {seen}");
     assert!(perf.wait().unwrap().success(), "perf failed");
+    let traced = bpftrace.map(Bpftrace::finish);
     let perf_text = std::fs::read_to_string(&perf_out).unwrap();
     let summary = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
-    (perf_text, summary)
+    (perf_text, summary, traced)
 }
 
 /// IDs of the BPF programs a process holds open (from /proc/PID/fdinfo).
@@ -349,6 +362,8 @@ impl Bpftrace {
     pub fn start_env(script: &str, env: &[(&str, &str)]) -> Bpftrace {
         let mut child = Command::new("bpftrace")
             .args(["-e", script])
+            // Room for a key per thread of a workload with thousands (bpftrace's default: 4096).
+            .env("BPFTRACE_MAP_KEYS_MAX", "65536")
             .envs(env.iter().copied())
             .stdout(Stdio::piped())
             .spawn()
