@@ -1172,10 +1172,17 @@ fn app_of(events: &[Event]) -> tui::App {
     app
 }
 
-/// The sequence number of the newest step on a Tokens view (its last bar row).
+/// The sequence number of the newest step on a Tokens view: its last row, `   seq k  wall ms
+/// hidden │…` (a step much shorter than the longest on screen has an empty bar).
 fn last_seq(screen: &str) -> Option<u64> {
-    let rows: Vec<&str> = ['P', 'g', 'c', 'w'].iter().flat_map(|&k| bar_rows(screen, k)).collect();
-    rows.iter().filter_map(|r| r.split_whitespace().next()?.parse().ok()).max()
+    screen
+        .lines()
+        .filter_map(|l| {
+            let mut it = l.split_whitespace();
+            let seq = it.next()?.parse().ok()?;
+            (["P", "g", "c", "w"].contains(&it.next()?) && l.contains('│')).then_some(seq)
+        })
+        .max()
 }
 
 /// The same server under `observer tui --pid`, as a user would watch it: the idle screen shows no
