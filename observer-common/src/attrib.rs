@@ -529,8 +529,10 @@ pub struct TpOffsets {
     /// Not a tracepoint's: `struct block_device`'s `bd_dev` from the kernel's BTF, read by the
     /// `zram_rw_page` kprobe (its first argument) for the per-device row; `NO_FIELD` when unknown.
     pub bdev_dev: u32,
+    /// `sched:sched_process_free`: the freed task's `pid` (its TID).
+    pub free_pid: u32,
 }
-const _: () = assert!(core::mem::size_of::<TpOffsets>() == 19 * 4);
+const _: () = assert!(core::mem::size_of::<TpOffsets>() == 20 * 4);
 
 /// `DEVICES` map values: what a block device is to us.
 pub const DEV_ZRAM: u32 = 1;

@@ -117,7 +117,7 @@ pub fn config() -> Option<&'static Config> {
 pub const MAX_FOLLOWED: u32 = 256;
 
 /// Followed descendants of the target: tgid → 1 (`Config::follow_children`;
-/// added at fork by `sched::new_task`, removed when their leader exits).
+/// added at fork by `sched::new_task`, removed when their leader is freed: `sched::process_free`).
 #[map]
 pub static TARGETS: HashMap<u32, u32> = HashMap::with_max_entries(MAX_FOLLOWED, 0);
 

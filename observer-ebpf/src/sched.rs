@@ -2,7 +2,8 @@
 //! `sched:sched_waking` (blocked → runnable, at the moment the waker decides;
 //! `sched_wakeup` fires later, after any cross-CPU IPI; the waker's own state decides
 //! whether the wait was for its I/O, `attrib`'s `io_wait_peer` rule), `sched:sched_process_exit`.
-//! `task:task_newtask` grows the set of observed processes (`maps::TARGETS`).
+//! `task:task_newtask` grows the set of observed processes (`maps::TARGETS`),
+//! `sched:sched_process_free` of a followed process's leader shrinks it.
 //! Field offsets come from tracefs (`OFFSETS`). Minimum kernel: 4.7.
 //!
 //! `sched_switch` runs as the *previous* task; the next task is known only by
@@ -10,7 +11,7 @@
 //! runs in the waker's context (any process): the wakee is looked up by TID.
 
 use aya_ebpf::{
-    helpers::{bpf_get_current_comm, bpf_get_current_pid_tgid, bpf_ktime_get_ns, bpf_send_signal},
+    helpers::{bpf_get_current_comm, bpf_ktime_get_ns, bpf_send_signal},
     macros::tracepoint,
     programs::TracePointContext,
 };
@@ -82,16 +83,31 @@ pub fn sched_wakeup(ctx: TracePointContext) -> u32 {
 pub fn sched_exit(_ctx: TracePointContext) -> u32 {
     // Runs in the exiting task.
     let Some(tid) = target_tid() else { return 0 };
-    // A followed descendant's leader leaves the set (its id may be reused).
-    if (bpf_get_current_pid_tgid() >> 32) as u32 == tid {
-        let _ = TARGETS.remove(&tid);
-    }
     // SAFETY: helper without preconditions.
     let now = unsafe { bpf_ktime_get_ns() };
     if let Some(s) = state_of(tid) {
         update(s, |s| s.exit(now));
     } else if let Some(s) = current_state(tid, now) {
         update(s, |s| s.exit(now));
+    }
+    0
+}
+
+/// `sched:sched_process_free` (an RCU callback, in no particular task): a followed process
+/// leaves the set when its leader's task is freed, so that its ID can be reused by another.
+/// Not at the leader's exit: in an `exit_group` the leader usually exits first and its other
+/// threads after it, and their events (their last switch, their exit, a first event that makes
+/// a thread's row) still belong to the process. A leader is freed only once reaped, which is
+/// after every thread of its group has exited; a non-leader's TID is never a key of the set.
+/// The ID is given back a grace period before this runs: reusing it in that window takes the
+/// kernel's PID allocator wrapping around, which this rule does not guard against.
+#[tracepoint]
+pub fn process_free(ctx: TracePointContext) -> u32 {
+    let Some(o) = offsets() else { return 0 };
+    // SAFETY: offset from the tracepoint's format file.
+    let pid: i32 = unsafe { ctx.read_at(o.free_pid as usize) }.unwrap_or(0);
+    if pid > 0 {
+        let _ = TARGETS.remove(&(pid as u32));
     }
     0
 }

@@ -217,10 +217,14 @@ fn a_shell_wrapper_is_followed_to_llama_simple_unless_told_not_to() {
         model.display()
     );
     let count = CallCount::start(&lib, &["llama_process", "llama_decode"], "llama-simple");
+    let lives = ThreadLives::start("llama-simple", "sh");
     let trace = scratch_dir("traces").join("llama-wrapped.trace");
     let _ = std::fs::remove_file(&trace);
     let run = observe("llama-wrapped.json", &["--record", trace.to_str().unwrap(), "--", "sh", "-c", &script]);
     let (calls, pids) = count.finish_with_pids();
+    let lives = lives.finish(u(&run.summary["target"], "pid") as u32);
+    assert_every_exited_thread_has_a_row(&lives, &run.summary);
+    assert!(lives.iter().all(|l| vec![l.pid] == pids), "{lives:?} vs the caller {pids:?}");
     let total: u64 = calls.iter().map(|(_, n)| n).sum();
     assert!(total > 0, "bpftrace counted no call: {calls:?}");
     assert_eq!(records(&run.summary).len() as u64, total, "records behind sh vs bpftrace {calls:?}");
@@ -563,6 +567,93 @@ fn llama_simple_faults_match_perf_stat() {
     assert_within("minor faults vs perf stat", u(&v["totals"], "minflt"), min, 0.02);
 }
 
+/// One thread of a process that bpftrace saw exit ([`ThreadLives`]).
+#[derive(Debug)]
+struct ThreadLife {
+    pid: u32,
+    tid: u32,
+    /// When it was made (`task:task_newtask`, in the forking task) and when it exited, by the
+    /// kernel's monotonic clock, the one the observer's timestamps read.
+    born_ns: u64,
+    exit_ns: u64,
+    /// The kernel's `maj_flt` of the thread at its exit.
+    maj_flt: u64,
+    /// The `software:major-faults` events it raised (the event the observer counts).
+    events: u64,
+}
+
+/// bpftrace beside a run whose engine is a child of the observer's target (a wrapper: `sh`, `perf`):
+/// every thread of the processes named `comm` that exits, with its parent process, so that the
+/// threads of the run's own child are told from those of any other process of that name.
+struct ThreadLives(Bpftrace);
+
+impl ThreadLives {
+    fn start(comm: &str, wrapper: &str) -> ThreadLives {
+        let comm: String = comm.chars().take(15).collect();
+        ThreadLives(Bpftrace::start(&format!(
+            "tracepoint:task:task_newtask /comm == \"{comm}\" || comm == \"{wrapper}\"/ {{ @born[args->pid] = nsecs; }} \
+             tracepoint:sched:sched_process_exit /comm == \"{comm}\"/ {{ \
+               @exit[curtask->real_parent->tgid, pid, tid] = nsecs; @majflt[pid, tid] = curtask->maj_flt; }} \
+             software:major-faults:1 /comm == \"{comm}\"/ {{ @events[pid, tid] = count(); }}"
+        )))
+    }
+
+    /// Stop bpftrace: the threads that exited of the processes whose parent is `parent`.
+    fn finish(self, parent: u32) -> Vec<ThreadLife> {
+        let text = self.0.finish();
+        let keys = |k: &str| -> Vec<u64> { k.split(", ").map(|v| v.parse().unwrap()).collect() };
+        let of = |map: &str, pid: u64, tid: u64| {
+            bpftrace_map(&text, map).iter().find(|(k, _)| keys(k) == [pid, tid]).map(|(_, v)| *v)
+        };
+        let born = bpftrace_map(&text, "born");
+        let lives: Vec<ThreadLife> = bpftrace_map(&text, "exit")
+            .iter()
+            .map(|(k, exit_ns)| (keys(k), *exit_ns))
+            .filter(|(k, _)| k[0] == parent as u64)
+            .map(|(k, exit_ns)| ThreadLife {
+                pid: k[1] as u32,
+                tid: k[2] as u32,
+                born_ns: born
+                    .iter()
+                    .find(|(t, _)| t.parse::<u64>().ok() == Some(k[2]))
+                    .unwrap_or_else(|| panic!("thread {} exited unborn: {text}", k[2]))
+                    .1,
+                exit_ns,
+                maj_flt: of("majflt", k[1], k[2]).unwrap_or_else(|| panic!("no maj_flt of {k:?}: {text}")),
+                events: of("events", k[1], k[2]).unwrap_or(0),
+            })
+            .collect();
+        // The engine runs ggml's worker threads beside its main one.
+        assert!(lives.len() >= 2, "bpftrace saw {} thread(s) of {parent}'s children exit:\n{text}", lives.len());
+        lives
+    }
+}
+
+/// Every thread the kernel saw exit in the target's child processes has a row of its process in the
+/// summary, marked exited, whose time ends at its exit: its wall is at most its life (bpftrace's
+/// birth to exit) plus 1 ms (the observer's timestamp of the same exit is read beside bpftrace's).
+/// In an `exit_group` the leader exits first and the other threads after it: their exits, and a
+/// thread's first event, still count. The rows of the threads, by TID.
+fn assert_every_exited_thread_has_a_row<'a>(lives: &[ThreadLife], summary: &'a Value) -> Vec<&'a Value> {
+    assert!(!lives.is_empty(), "bpftrace saw no thread of the child exit");
+    let threads = summary["threads"].as_array().expect("threads");
+    lives
+        .iter()
+        .map(|l| {
+            let row = threads
+                .iter()
+                .find(|t| u(t, "tid") == l.tid as u64)
+                .unwrap_or_else(|| panic!("thread {} of process {} exited without a row: {threads:?}", l.tid, l.pid));
+            assert_eq!(u(row, "pid"), l.pid as u64, "{row}");
+            let a = &row["attribution"];
+            assert_eq!(a["exited"], true, "thread {} exited (at {} ns): {row}", l.tid, l.exit_ns);
+            let life = l.exit_ns - l.born_ns;
+            assert!(u(a, "wall_ns") <= life + 1_000_000, "thread {}'s wall vs its life {life} ns: {row}", l.tid);
+            row
+        })
+        .collect()
+}
+
 /// A model llama.cpp runs, twice the size of [`MEMLIMIT`]: 8 layers of 32 experts, 2 used.
 fn memlimit_model() -> PathBuf {
     let path = scratch_dir("models").join("llama-memlimit-8l-32x512.gguf");
@@ -600,9 +691,10 @@ fn llama_eval(stderr: &str) -> (f64, u64) {
 /// llama-simple on a model twice the size of its memory cgroup's limit (v1 or v2, whichever this
 /// machine has), the model's pages evicted first: the weights are read back from the disk at
 /// every token, and `fault_io` is the largest of the threads' own costs. On the same run:
-/// - each thread's major faults are at most the kernel's own count (`maj_flt` at its exit,
-///   bpftrace), and the process's equal `perf stat`'s (2 %), perf being the wrapper llama-simple
-///   runs under;
+/// - every thread of llama-simple that the kernel saw exit has its row, closed at its exit;
+/// - each thread's major faults equal bpftrace's count of the same event and are at most the
+///   kernel's own count (`maj_flt` at its exit), and the process's equal `perf stat`'s (2 %), perf
+///   being the wrapper llama-simple runs under;
 /// - the records' components add up to their wall time, and the generated tokens' wall adds up
 ///   to llama.cpp's own "eval time" (1 %).
 #[test]
@@ -615,11 +707,9 @@ fn llama_simple_under_a_memory_limit_waits_on_fault_io() {
     let cg = testkit::MemCgroup::new("obs-llama-memlimit", MEMLIMIT).expect("memory cgroup");
     let dir = scratch_dir("llama-memlimit");
     let perf_out = dir.join("perf.csv");
-    // Per thread, the kernel's `maj_flt` at its exit and the `major-faults` events it raised.
-    let exits = Bpftrace::start(concat!(
-        "tracepoint:sched:sched_process_exit /comm == \"llama-simple\"/ { @majflt[tid] = curtask->maj_flt; } ",
-        "software:major-faults:1 /comm == \"llama-simple\"/ { @events[tid] = count(); }",
-    ));
+    // Per thread of llama-simple (perf's child), its life, its `maj_flt` at exit and the
+    // `major-faults` events it raised.
+    let lives = ThreadLives::start("llama-simple", "perf");
     let n = 16;
     let run = observe(
         "llama-memlimit.json",
@@ -643,38 +733,29 @@ fn llama_simple_under_a_memory_limit_waits_on_fault_io() {
             "hello",
         ],
     );
-    let text = exits.finish();
+    let lives = lives.finish(u(&run.summary["target"], "pid") as u32);
     let stderr = String::from_utf8_lossy(&run.output.stderr);
     let s = &run.summary;
 
-    // Major faults: per thread against the kernel's count, per process against perf stat.
-    let threads = s["threads"].as_array().expect("threads");
-    let majflt = bpftrace_map(&text, "majflt");
-    assert!(majflt.len() >= 2, "llama-simple's threads at exit: {text}");
-    let thread = |tid: &str| threads.iter().find(|t| t["tid"].as_u64().map(|v| v.to_string()).as_deref() == Some(tid));
+    // Major faults: per thread against the kernel's count, per process against perf stat. Every
+    // thread of llama-simple has its row, its exit included (ggml's workers exit after the leader).
+    let rows = assert_every_exited_thread_has_a_row(&lives, s);
     // `maj_flt` also counts major faults taken for the thread inside the kernel (get_user_pages,
     // e.g. populating llama.cpp's MAP_POPULATE mapping of the model): `mm_account_fault` bumps it
     // before it returns early for those (no regs), so they raise no `major-faults` event, the
     // event the observer and perf stat count. Per thread, the observer's count is that event's
     // (bpftrace counts it beside us) and `maj_flt` is an upper bound; the process total is also
-    // checked against perf stat's. (CI runs had threads at 262 and 215 maj_flt with 0 events,
-    // and one such thread with no row at all.)
-    let events = bpftrace_map(&text, "events");
-    let events_of = |tid: &str| events.iter().find(|(t, _)| t == tid).map_or(0, |(_, n)| *n);
+    // checked against perf stat's.
     let mut ours = 0;
-    for (tid, kernel) in &majflt {
-        let expected = events_of(tid);
-        // A thread with no row (one that the fault probes never saw, e.g. a short-lived ggml
-        // worker) must be one that raised no major-fault event either.
-        let Some(t) = thread(tid) else {
-            assert_eq!(expected, 0, "thread {tid} raised {expected} major-fault events and has no row: {threads:?}");
-            continue;
-        };
+    for (l, t) in lives.iter().zip(rows) {
         let seen = u(t, "majflt");
-        assert!(seen <= *kernel, "thread {tid}: {seen} major faults seen vs its maj_flt {kernel}");
-        assert_within(&format!("thread {tid}'s major faults vs bpftrace's event count"), seen, expected, 0.02);
-        if seen != *kernel {
-            eprintln!("thread {tid}: {seen} major-fault events, maj_flt {kernel} (the rest taken in the kernel)");
+        assert!(seen <= l.maj_flt, "thread {}: {seen} major faults seen vs its maj_flt {}", l.tid, l.maj_flt);
+        assert_within(&format!("thread {}'s major faults vs bpftrace's event count", l.tid), seen, l.events, 0.02);
+        if seen != l.maj_flt {
+            eprintln!(
+                "thread {}: {seen} major-fault events, maj_flt {} (the rest taken in the kernel)",
+                l.tid, l.maj_flt
+            );
         }
         ours += seen;
     }
@@ -912,41 +993,23 @@ fn observe_pid<T>(pid: u32, json_name: &str, during: impl FnOnce() -> T) -> (Val
     (serde_json::from_str(&text).expect("JSON"), out)
 }
 
-/// `observer run --pid` beside a llama-server that is idle, then serves requests:
-/// - idle for 3 s: no record, and no thread is charged more `compute` than its utime + stime
-///   grew over a span that holds the observation (plus two ticks: the counts are in ticks);
-/// - serving `N` completions: one record per decode call (bpftrace counts the calls of the
-///   server's process); each request is one prompt record of the server's own `prompt_n` tokens
-///   and `predicted_n − 1` one-token records (its first token comes from the prompt's logits);
-/// - the generation rate, steps over the span from the end of the prompt's call to the end of the
-///   last call, against the server's own `timings.predicted_per_second` (steps over the span from
-///   after the first token's sampling to after the last one's): the spans within 5 % plus 2 ms
-///   per request, as they differ by the first token's sampling against the last one's;
-/// - the server's other threads (HTTP, its queue) do not dilute the per-token means: the
-///   components are the mean over the threads that ran the step (the decode thread and ggml's
-///   workers), as the thread rows of each record show.
-#[test]
-fn llama_server_idle_then_serving_charges_no_phantom_compute_and_records_each_decode_call() {
-    let _l = machine_lock();
-    let llama = llama();
-    let model = tiny_model();
-    let server = Server::start(&llama, &model);
-    let pid = server.pid();
+/// The threads of process `pid` and their CPU time now ([`cpu_ticks_ns`]).
+fn cpu_times(pid: u32) -> Vec<(u32, u64)> {
+    std::fs::read_dir(format!("/proc/{pid}/task"))
+        .unwrap()
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse().ok())
+        .map(|t| (t, cpu_ticks_ns(pid, t)))
+        .collect()
+}
 
-    // Idle.
-    let tids = |pid: u32| -> Vec<u32> {
-        std::fs::read_dir(format!("/proc/{pid}/task"))
-            .unwrap()
-            .flatten()
-            .filter_map(|e| e.file_name().to_str()?.parse().ok())
-            .collect()
-    };
-    let before: Vec<(u32, u64)> = tids(pid).into_iter().map(|t| (t, cpu_ticks_ns(pid, t))).collect();
-    let (idle, ()) =
-        observe_pid(pid, "llama-server-idle.json", || std::thread::sleep(std::time::Duration::from_secs(3)));
-    let threads = idle["threads"].as_array().expect("threads");
+/// The observation of an idle server (`summary`, CPU times taken `before` it): no record, and no
+/// thread is charged more `compute` than its utime + stime grew over a span that holds the
+/// observation (plus two ticks: the counts are in ticks).
+fn check_idle_server(pid: u32, summary: &Value, before: &[(u32, u64)]) {
+    let threads = summary["threads"].as_array().expect("threads");
     assert!(threads.len() >= 2, "the server's threads: {threads:?}");
-    assert!(records(&idle).is_empty(), "no request, no decode call: {:?}", records(&idle));
+    assert!(records(summary).is_empty(), "no request, no decode call: {:?}", records(summary));
     let mut idle_compute = 0;
     for t in threads {
         let tid = u(t, "tid") as u32;
@@ -959,20 +1022,28 @@ fn llama_server_idle_then_serving_charges_no_phantom_compute_and_records_each_de
             t["comm"]
         );
     }
-    eprintln!("llama-server idle 3 s: {} threads, Σ compute {idle_compute} ns", threads.len());
+    eprintln!("llama-server idle: {} threads, Σ compute {idle_compute} ns", threads.len());
+}
 
-    // Serving.
-    let lib = llama.bin.join("libllama.so").canonicalize().unwrap();
-    let count = CallCount::start_pid(&lib, &["llama_process", "llama_decode", "llama_encode"], pid);
-    let prompts =
-        ["the quick brown fox jumps over the lazy dog", "once upon a time there was", "hello world, said the"];
-    let n = 64;
-    let (s, replies) = observe_pid(pid, "llama-server-serving.json", || {
-        prompts.iter().map(|p| server.complete(p, n)).collect::<Vec<Value>>()
-    });
-    let calls = count.finish();
+/// The prompts a server test sends, each for [`SERVED_TOKENS`] tokens.
+const PROMPTS: [&str; 3] =
+    ["the quick brown fox jumps over the lazy dog", "once upon a time there was", "hello world, said the"];
+const SERVED_TOKENS: usize = 64;
+
+/// The observation of a server serving [`PROMPTS`] (`summary`; the server's `replies`; bpftrace's
+/// count of its decode `calls`):
+/// - one record per decode call; each request is one prompt record of the server's own `prompt_n`
+///   tokens and `predicted_n − 1` one-token records (its first token comes from the prompt's logits);
+/// - the generation rate, steps over the span from the end of the prompt's call to the end of the
+///   last call, against the server's own `timings.predicted_per_second` (steps over the span from
+///   after the first token's sampling to after the last one's): the spans within 5 % plus 2 ms
+///   per request, as they differ by the first token's sampling against the last one's;
+/// - the server's other threads (HTTP, its queue) do not dilute the per-token means: the
+///   components are the mean over the threads that ran the step (the decode thread and ggml's
+///   workers), as the thread rows of each record show.
+fn check_serving_server(s: &Value, replies: &[Value], calls: &[(String, u64)]) {
     let total: u64 = calls.iter().map(|(_, n)| n).sum();
-    let recs = records(&s);
+    let recs = records(s);
     assert_eq!(recs.len() as u64, total, "records vs bpftrace's count of the server's calls {calls:?}");
     let timings: Vec<&Value> = replies.iter().map(|r| &r["timings"]).collect();
     let mut expected = Vec::new();
@@ -1016,7 +1087,7 @@ fn llama_server_idle_then_serving_charges_no_phantom_compute_and_records_each_de
     // The spans differ by what lies at their ends (the first token's sampling against the last
     // one's, and the bookkeeping after them), a fixed time per request that a preemption there
     // lengthens: 5 % plus 2 ms per request.
-    let allowed = 0.05 * server_ns + 2e6 * prompts.len() as f64;
+    let allowed = 0.05 * server_ns + 2e6 * replies.len() as f64;
     assert!(
         (span_ns as f64 - server_ns).abs() <= allowed,
         "generation: observer {ours:.2} steps/s vs the server's {theirs:.2} ({:.2} %; spans {span_ns} vs {server_ns:.0} ns)",
@@ -1025,8 +1096,145 @@ fn llama_server_idle_then_serving_charges_no_phantom_compute_and_records_each_de
     eprintln!(
         "llama-server: {} requests, {} records = bpftrace {calls:?}; generation {ours:.2} steps/s vs the server's \
          predicted_per_second {theirs:.2} ({:.2} %)",
-        prompts.len(),
+        replies.len(),
         recs.len(),
         diff * 100.0
     );
+}
+
+/// `observer run --pid` beside a llama-server that is idle for 3 s ([`check_idle_server`]), then
+/// serves [`PROMPTS`] ([`check_serving_server`]; bpftrace counts the calls of the server's process).
+#[test]
+fn llama_server_idle_then_serving_charges_no_phantom_compute_and_records_each_decode_call() {
+    let _l = machine_lock();
+    let llama = llama();
+    let model = tiny_model();
+    let server = Server::start(&llama, &model);
+    let pid = server.pid();
+
+    let before = cpu_times(pid);
+    let (idle, ()) =
+        observe_pid(pid, "llama-server-idle.json", || std::thread::sleep(std::time::Duration::from_secs(3)));
+    check_idle_server(pid, &idle, &before);
+
+    let lib = llama.bin.join("libllama.so").canonicalize().unwrap();
+    let count = CallCount::start_pid(&lib, &["llama_process", "llama_decode", "llama_encode"], pid);
+    let (s, replies) = observe_pid(pid, "llama-server-serving.json", || {
+        PROMPTS.iter().map(|p| server.complete(p, SERVED_TOKENS)).collect::<Vec<Value>>()
+    });
+    check_serving_server(&s, &replies, &count.finish());
+}
+
+/// `observer tui --pid PID` on a terminal (tmux), with `--json` and `--record`: the TUI's live
+/// path, and the stream it drew, recorded.
+struct TuiPid {
+    tmux: Tmux,
+    json: PathBuf,
+    trace: PathBuf,
+}
+
+impl TuiPid {
+    /// Started, once its header says RUNNING (the probes are attached before the run's header).
+    fn start(pid: u32, name: &str) -> TuiPid {
+        let json = scratch_dir("json").join(format!("{name}.json"));
+        let trace = scratch_dir("traces").join(format!("{name}.trace"));
+        let _ = std::fs::remove_file(&json);
+        let _ = std::fs::remove_file(&trace);
+        let cmd = format!(
+            "{OBSERVER} tui --pid {pid} --json {} --record {}; echo OBSERVER_EXIT=$?; sleep 600",
+            json.display(),
+            trace.display()
+        );
+        let tmux = Tmux::start(name, 140, 40, &cmd);
+        tmux.wait("the probes attached", std::time::Duration::from_secs(60), |s| s.contains("RUNNING"));
+        TuiPid { tmux, json, trace }
+    }
+
+    /// Quit with `q`: the JSON summary and the recorded stream, once the observer exited 0.
+    fn quit(self) -> (Value, Vec<Event>) {
+        self.tmux.keys("q");
+        let after =
+            self.tmux.wait("observer to exit", std::time::Duration::from_secs(30), |s| s.contains("OBSERVER_EXIT="));
+        assert!(after.contains("OBSERVER_EXIT=0"), "{}", self.tmux.history());
+        let text = std::fs::read_to_string(&self.json).unwrap_or_else(|e| panic!("no JSON summary ({e})"));
+        let bytes = std::fs::read(&self.trace).unwrap();
+        let events: Vec<Event> =
+            observer::store::trace::Reader::new(&bytes[..], &self.trace).expect("a trace").collect();
+        (serde_json::from_str(&text).expect("JSON"), events)
+    }
+}
+
+/// The TUI's state (`tui::App`) fed a recorded stream, as `observer tui --replay` and the live
+/// screen feed it.
+fn app_of(events: &[Event]) -> tui::App {
+    let mut app = tui::App::new();
+    for e in events {
+        app.push(e.clone());
+    }
+    app
+}
+
+/// The sequence number of the newest step on a Tokens view: its last row, `   seq k  wall ms
+/// hidden │…` (a step much shorter than the longest on screen has an empty bar).
+fn last_seq(screen: &str) -> Option<u64> {
+    screen
+        .lines()
+        .filter_map(|l| {
+            let mut it = l.split_whitespace();
+            let seq = it.next()?.parse().ok()?;
+            (["P", "g", "c", "w"].contains(&it.next()?) && l.contains('│')).then_some(seq)
+        })
+        .max()
+}
+
+/// The same server under `observer tui --pid`, as a user would watch it: the idle screen shows no
+/// step and the idle run charges no phantom compute ([`check_idle_server`]); serving, the screen
+/// follows every decode call to the last (its newest row is the step bpftrace's count ends at), the
+/// TUI's state holds one step per call with the server's token counts, and the run's summary passes
+/// [`check_serving_server`]. Nothing is dropped between the run and the screen.
+#[test]
+fn llama_server_under_the_tui_shows_no_step_while_idle_and_each_decode_call_while_serving() {
+    let _l = machine_lock();
+    let llama = llama();
+    let model = tiny_model();
+    let server = Server::start(&llama, &model);
+    let pid = server.pid();
+
+    let before = cpu_times(pid);
+    let tui = TuiPid::start(pid, "llama-server-tui-idle");
+    std::thread::sleep(std::time::Duration::from_secs(3));
+    let screen = tui
+        .tmux
+        .wait("the idle screen", std::time::Duration::from_secs(10), |s| s.contains("waiting for the first token"));
+    assert_eq!(last_seq(&screen), None, "no step while idle:\n{screen}");
+    assert!(!screen.lines().next().unwrap_or("").contains("tok/s"), "no rate before a step:\n{screen}");
+    assert!(screen.contains("lost 0") && screen.contains("dropped 0"), "{screen}");
+    let (idle, events) = tui.quit();
+    check_idle_server(pid, &idle, &before);
+    let app = app_of(&events);
+    assert_eq!(app.steps_seen, 0, "the TUI's state while idle");
+    let tokens = app.header.as_ref().map(|h| h.tokens.clone()).unwrap_or_default();
+    assert!(tokens.starts_with("engine profile llama.cpp"), "the TUI's header names what marks the steps: {tokens}");
+
+    let lib = llama.bin.join("libllama.so").canonicalize().unwrap();
+    let count = CallCount::start_pid(&lib, &["llama_process", "llama_decode", "llama_encode"], pid);
+    let tui = TuiPid::start(pid, "llama-server-tui-serving");
+    let replies: Vec<Value> = PROMPTS.iter().map(|p| server.complete(p, SERVED_TOKENS)).collect();
+    let calls = count.finish();
+    let total: u64 = calls.iter().map(|(_, n)| n).sum();
+    let screen = tui.tmux.wait("the last decode call on the screen", std::time::Duration::from_secs(30), |s| {
+        last_seq(s) == Some(total - 1)
+    });
+    assert!(screen.contains("dropped 0"), "{screen}");
+    // The header's live rate, on the Tokens view; llama.cpp reports no compute of its own, so no
+    // hidden cost is shown (never a guess).
+    let header = screen.lines().next().unwrap_or("");
+    assert!(header.contains(" tok/s") && !header.contains("hidden"), "{screen}");
+    let (s, events) = tui.quit();
+    check_serving_server(&s, &replies, &calls);
+    let app = app_of(&events);
+    assert_eq!(app.steps_seen, total, "the TUI's steps vs bpftrace's count {calls:?}");
+    let shown: Vec<(u64, u64)> = app.rows.iter().map(|r| (r.seq, r.n_tokens)).collect();
+    let recorded: Vec<(u64, u64)> = records(&s).iter().map(|r| (u(r, "seq"), u(r, "n_tokens"))).collect();
+    assert_eq!(shown, recorded, "the TUI's steps (seq, n_tokens) vs the run's records");
 }

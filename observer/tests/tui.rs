@@ -9,96 +9,15 @@
 mod common;
 
 use std::{
-    process::{Command, Output},
+    process::Command,
     time::{Duration, Instant},
 };
 
-use common::{OBSERVER, machine_lock, workload};
-
-/// A private tmux server (own socket), killed on drop.
-struct Tmux {
-    socket: String,
-}
-
-impl Tmux {
-    fn start(name: &str, w: u16, h: u16, shell_cmd: &str) -> Tmux {
-        let v = Command::new("tmux").arg("-V").output();
-        assert!(
-            v.as_ref().is_ok_and(|o| o.status.success()),
-            "tmux is needed for the TUI's end-to-end tests: run `cargo xtask setup` ({v:?})"
-        );
-        let t = Tmux { socket: format!("observer-{name}-{}", std::process::id()) };
-        let out = t.run(&["new-session", "-d", "-s", "t", "-x", &w.to_string(), "-y", &h.to_string(), shell_cmd]);
-        assert!(out.status.success(), "tmux new-session: {}", String::from_utf8_lossy(&out.stderr));
-        t
-    }
-
-    fn run(&self, args: &[&str]) -> Output {
-        Command::new("tmux").arg("-L").arg(&self.socket).args(args).output().expect("run tmux")
-    }
-
-    fn screen(&self) -> String {
-        String::from_utf8_lossy(&self.run(&["capture-pane", "-p", "-t", "t"]).stdout).into_owned()
-    }
-
-    /// The normal screen with all its scrollback (a long end-of-run report
-    /// scrolls its first lines off a small pane).
-    fn history(&self) -> String {
-        String::from_utf8_lossy(&self.run(&["capture-pane", "-p", "-S", "-", "-t", "t"]).stdout).into_owned()
-    }
-
-    /// The observer process started by the pane's shell.
-    fn observer_pid(&self) -> i32 {
-        let shell =
-            String::from_utf8_lossy(&self.run(&["display", "-p", "-t", "t", "#{pane_pid}"]).stdout).trim().to_string();
-        let children =
-            std::fs::read_to_string(format!("/proc/{shell}/task/{shell}/children")).expect("children of the shell");
-        children
-            .split_whitespace()
-            .filter_map(|p| p.parse().ok())
-            .find(|p: &i32| std::fs::read_to_string(format!("/proc/{p}/comm")).is_ok_and(|c| c.trim() == "observer"))
-            .unwrap_or_else(|| panic!("no observer among {children:?}"))
-    }
-
-    fn keys(&self, keys: &str) {
-        let out = self.run(&["send-keys", "-t", "t", keys]);
-        assert!(out.status.success(), "tmux send-keys {keys}");
-    }
-
-    /// Poll the screen until `pred` holds on a settled screen (the same in two
-    /// captures 50 ms apart: a capture can land in the middle of a redraw);
-    /// panic with the last screen after `timeout`.
-    fn wait(&self, what: &str, timeout: Duration, pred: impl Fn(&str) -> bool) -> String {
-        let t0 = Instant::now();
-        loop {
-            let s = self.screen();
-            if pred(&s) {
-                std::thread::sleep(Duration::from_millis(50));
-                if self.screen() == s {
-                    return s;
-                }
-            }
-            assert!(t0.elapsed() < timeout, "timed out after {timeout:?} waiting for {what}; screen:\n{s}");
-            std::thread::sleep(Duration::from_millis(100));
-        }
-    }
-}
-
-impl Drop for Tmux {
-    fn drop(&mut self) {
-        let _ = self.run(&["kill-server"]);
-    }
-}
+use common::{OBSERVER, Tmux, machine_lock, workload};
 
 /// Token rows of the Tokens view: `   seq g  wall ms  hidden │███…`.
 fn bar_rows(screen: &str) -> Vec<&str> {
-    screen
-        .lines()
-        .filter(|l| {
-            let mut it = l.split_whitespace();
-            it.next().is_some_and(|s| s.parse::<u64>().is_ok()) && it.next() == Some("g") && l.contains("│█")
-        })
-        .collect()
+    common::bar_rows(screen, 'g')
 }
 
 /// The number just before `tok/s` on the first line that starts (after
@@ -373,8 +292,16 @@ fn the_engine_under_the_tui_shows_its_hidden_cost_and_its_own_rate() {
     let tui_rate = rate_after(&fin, "run ").unwrap_or_else(|| panic!("no run tok/s:\n{fin}"));
     assert!(fin.contains("engine_compute") && fin.contains("hidden in it"), "{fin}");
     assert!(!fin.contains("where the time went"), "{fin}");
+    let hidden = fin.lines().find(|l| l.trim_start().starts_with("hidden in it")).expect("hidden in it");
+    let hidden = hidden.split_whitespace().nth(3).expect("its figure").to_string();
     tmux.keys("1");
     let bars = tmux.wait("the engine's token bars", Duration::from_secs(10), |s| bar_rows(s).len() >= 5);
+    // The header says the run's rate and the hidden cost on every view: the Summary's figures.
+    let header = bars.lines().next().unwrap_or("");
+    assert!(
+        header.contains(&format!("{tui_rate:.2} tok/s · hidden {hidden} ms/token")),
+        "the header vs the Summary's run rate {tui_rate:.2} and hidden {hidden}:\n{bars}"
+    );
     // The engine reports its own compute: every bar carries the ┃ marker and a hidden-cost figure.
     for row in bar_rows(&bars) {
         assert!(row.contains('┃'), "no engine-compute marker: {row}");

@@ -315,6 +315,7 @@ const TRACEPOINTS: &[(&str, &str, &str, bool)] = &[
     ("filemap_fault", "filemap", "mm_filemap_fault", false),
     ("sched_exec", "sched", "sched_process_exec", false),
     ("new_task", "task", "task_newtask", false),
+    ("process_free", "sched", "sched_process_free", false),
 ];
 
 /// Field offsets the programs need, from tracefs.
@@ -349,6 +350,9 @@ fn tp_offsets() -> Result<TpOffsets, ProbeError> {
     if let Ok(t) = Format::load("task", "task_newtask") {
         o.newtask_pid = t.offset("pid").unwrap_or(0);
         o.newtask_clone_flags = t.offset("clone_flags").unwrap_or(0);
+    }
+    if let Ok(f) = Format::load("sched", "sched_process_free") {
+        o.free_pid = f.offset("pid").unwrap_or(0);
     }
     if let Ok(c) = Format::load("block", "block_rq_complete") {
         o.rqd_dev = c.offset("dev").unwrap_or(0);

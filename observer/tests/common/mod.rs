@@ -8,6 +8,7 @@ use std::{
     io::{BufRead, BufReader, Read},
     path::PathBuf,
     process::{Child, ChildStdout, Command, Output, Stdio},
+    time::{Duration, Instant},
 };
 
 use serde_json::Value;
@@ -414,4 +415,93 @@ pub fn bpftrace_map(text: &str, name: &str) -> Vec<(String, u64)> {
         .collect();
     m.sort();
     m
+}
+
+/// A private tmux server (own socket), killed on drop: the terminal the TUI's end-to-end tests draw on.
+pub struct Tmux {
+    socket: String,
+}
+
+impl Tmux {
+    pub fn start(name: &str, w: u16, h: u16, shell_cmd: &str) -> Tmux {
+        let v = Command::new("tmux").arg("-V").output();
+        assert!(
+            v.as_ref().is_ok_and(|o| o.status.success()),
+            "tmux is needed for the TUI's end-to-end tests: run `cargo xtask setup` ({v:?})"
+        );
+        let t = Tmux { socket: format!("observer-{name}-{}", std::process::id()) };
+        let out = t.run(&["new-session", "-d", "-s", "t", "-x", &w.to_string(), "-y", &h.to_string(), shell_cmd]);
+        assert!(out.status.success(), "tmux new-session: {}", String::from_utf8_lossy(&out.stderr));
+        t
+    }
+
+    pub fn run(&self, args: &[&str]) -> Output {
+        Command::new("tmux").arg("-L").arg(&self.socket).args(args).output().expect("run tmux")
+    }
+
+    pub fn screen(&self) -> String {
+        String::from_utf8_lossy(&self.run(&["capture-pane", "-p", "-t", "t"]).stdout).into_owned()
+    }
+
+    /// The normal screen with all its scrollback (a long end-of-run report
+    /// scrolls its first lines off a small pane).
+    pub fn history(&self) -> String {
+        String::from_utf8_lossy(&self.run(&["capture-pane", "-p", "-S", "-", "-t", "t"]).stdout).into_owned()
+    }
+
+    /// The observer process started by the pane's shell.
+    pub fn observer_pid(&self) -> i32 {
+        let shell =
+            String::from_utf8_lossy(&self.run(&["display", "-p", "-t", "t", "#{pane_pid}"]).stdout).trim().to_string();
+        let children =
+            std::fs::read_to_string(format!("/proc/{shell}/task/{shell}/children")).expect("children of the shell");
+        children
+            .split_whitespace()
+            .filter_map(|p| p.parse().ok())
+            .find(|p: &i32| std::fs::read_to_string(format!("/proc/{p}/comm")).is_ok_and(|c| c.trim() == "observer"))
+            .unwrap_or_else(|| panic!("no observer among {children:?}"))
+    }
+
+    pub fn keys(&self, keys: &str) {
+        let out = self.run(&["send-keys", "-t", "t", keys]);
+        assert!(out.status.success(), "tmux send-keys {keys}");
+    }
+
+    /// Poll the screen until `pred` holds on a settled screen (the same in two
+    /// captures 50 ms apart: a capture can land in the middle of a redraw);
+    /// panic with the last screen after `timeout`.
+    pub fn wait(&self, what: &str, timeout: Duration, pred: impl Fn(&str) -> bool) -> String {
+        let t0 = Instant::now();
+        loop {
+            let s = self.screen();
+            if pred(&s) {
+                std::thread::sleep(Duration::from_millis(50));
+                if self.screen() == s {
+                    return s;
+                }
+            }
+            assert!(t0.elapsed() < timeout, "timed out after {timeout:?} waiting for {what}; screen:\n{s}");
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+}
+
+impl Drop for Tmux {
+    fn drop(&mut self) {
+        let _ = self.run(&["kill-server"]);
+    }
+}
+
+/// Rows of the TUI's Tokens view for steps of kind `kind` (`P`, `g`, `c`, `w`):
+/// `   seq k  wall ms  hidden │███…`.
+pub fn bar_rows(screen: &str, kind: char) -> Vec<&str> {
+    screen
+        .lines()
+        .filter(|l| {
+            let mut it = l.split_whitespace();
+            it.next().is_some_and(|s| s.parse::<u64>().is_ok())
+                && it.next() == Some(kind.encode_utf8(&mut [0; 4]))
+                && l.contains("│█")
+        })
+        .collect()
 }

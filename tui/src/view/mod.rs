@@ -1,5 +1,6 @@
 //! Drawing: a pure function of the state ([`draw`]). Layout, top to bottom:
-//! a two-line header (target, kernel, probes, lost/dropped events in red),
+//! a two-line header (target, live tok/s and hidden cost ([`header_figures`]), status;
+//! kernel, probes, lost/dropped events in red),
 //! the view tabs, the current view, and a help line. Below
 //! [`MIN_WIDTH`]×[`MIN_HEIGHT`] a compact view shows only the essentials.
 
@@ -18,6 +19,8 @@ use ratatui::{
     text::{Line, Span},
     widgets::{Paragraph, Tabs},
 };
+
+use observer_common::model::StepKind;
 
 use crate::{
     input,
@@ -91,11 +94,31 @@ fn status(app: &App) -> Span<'static> {
     }
 }
 
+/// The header's figures, on every view: tok/s (over the last steps while the run goes on, the
+/// whole run's once it ended: the Summary's `now` and `run`), and the mean time per step that the
+/// engine's own compute hides (the Summary's `hidden in it`), when the engine reports its compute.
+/// Empty before the first step and for fixed windows.
+pub fn header_figures(app: &App) -> String {
+    let kind = app.main_kind();
+    if kind == StepKind::Window {
+        return String::new();
+    }
+    let rate = if app.ended() { app.rate_run() } else { app.rate_now() };
+    let mut s = rate.map(|r| format!("{r:.2} tok/s")).unwrap_or_default();
+    if let Some(h) = app.agg(kind).hidden_ns.mean() {
+        s.push_str(&format!(" · hidden {} ms/{}", fmt::signed_ms(h), summary::per(kind)));
+    }
+    s
+}
+
 fn draw_header(app: &App, f: &mut Frame<'_>, area: Rect) {
     let [l1, l2] = Layout::vertical([Constraint::Length(1), Constraint::Length(1)]).areas(area);
-    // Line 1: target … status.
+    // Line 1: target … rate, hidden cost, status.
+    let figures = header_figures(app);
+    let figures = if figures.is_empty() { figures } else { format!("{figures} · ") };
     let st = status(app);
-    let st_w = st.content.chars().count() as u16 + 1;
+    let st_w = (figures.chars().count() + st.content.chars().count()) as u16 + 1;
+    let st = Line::from(vec![Span::styled(figures, Style::new().fg(Color::Magenta).add_modifier(Modifier::BOLD)), st]);
     let [left, right] = Layout::horizontal([Constraint::Min(0), Constraint::Length(st_w)]).areas(l1);
     let target = match &app.header {
         Some(h) => format!(
@@ -109,7 +132,7 @@ fn draw_header(app: &App, f: &mut Frame<'_>, area: Rect) {
     let name = Span::styled(" observer ", Style::new().fg(Color::Black).bg(Color::Cyan).add_modifier(Modifier::BOLD));
     let w = left.width.saturating_sub(11) as usize;
     f.render_widget(Paragraph::new(Line::from(vec![name, Span::raw(" "), Span::raw(fmt::fit(&target, w))])), left);
-    f.render_widget(Paragraph::new(Line::from(st)), right);
+    f.render_widget(Paragraph::new(st), right);
 
     // Line 2: kernel, mode, probes … lost, dropped (red when not zero).
     let lost = app.lost();

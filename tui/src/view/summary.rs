@@ -37,7 +37,7 @@ fn heading(s: &str) -> Line<'static> {
     Line::styled(s.to_string(), fmt::title())
 }
 
-fn per(kind: StepKind) -> &'static str {
+pub(super) fn per(kind: StepKind) -> &'static str {
     match kind {
         StepKind::Prompt => "prompt",
         StepKind::Generate => "token",
