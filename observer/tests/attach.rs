@@ -143,7 +143,6 @@ fn attaching_mid_life_charges_nothing_unknown_to_compute() {
 /// does not have yet) measures it.
 #[test]
 fn the_hold_before_exec_is_not_charged_to_the_spawned_program() {
-    use std::io::{BufRead, Read};
     let _l = machine_lock();
     assert_root();
     let ids: Vec<String> =
@@ -155,23 +154,9 @@ fn the_hold_before_exec_is_not_charged_to_the_spawned_program() {
          END {{ clear(@s); clear(@io_nr); }}",
         ids.join(" ")
     );
-    let mut bt = Command::new("bpftrace")
-        .args(["-e", &script])
-        .stdout(std::process::Stdio::piped())
-        .spawn()
-        .expect("bpftrace not found: run `cargo xtask setup`");
-    let mut out = std::io::BufReader::new(bt.stdout.take().unwrap());
-    let mut line = String::new();
-    while !line.starts_with("Attaching") {
-        line.clear();
-        assert!(out.read_line(&mut line).unwrap() > 0, "bpftrace ended before attaching: {:?}", bt.wait());
-    }
+    let bt = Bpftrace::start(&script);
     let run = observe("held.json", &["--", workload(), "sleep", "--ms", "200"]);
-    // SAFETY: kill(2) of our own child.
-    unsafe { libc::kill(bt.id() as i32, libc::SIGINT) };
-    let mut text = String::new();
-    out.read_to_string(&mut text).unwrap();
-    assert!(bt.wait().unwrap().success(), "bpftrace: {text}");
+    let text = bt.finish();
     let io_ns: u64 = text
         .lines()
         .find_map(|l| l.strip_prefix("@io: ")?.trim().parse().ok())

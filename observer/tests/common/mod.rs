@@ -351,7 +351,7 @@ pub fn perf_counts(stderr: &str) -> (u64, u64) {
 /// and returns what it printed (its maps).
 pub struct Bpftrace {
     child: Child,
-    out: BufReader<ChildStdout>,
+    out: Option<BufReader<ChildStdout>>,
 }
 
 impl Bpftrace {
@@ -380,17 +380,44 @@ impl Bpftrace {
                 break;
             }
         }
-        Bpftrace { child, out }
+        Bpftrace { child, out: Some(out) }
     }
 
     pub fn finish(mut self) -> String {
-        // SAFETY: kill(2) of our own child.
-        unsafe { libc::kill(self.child.id() as i32, libc::SIGINT) };
-        let mut text = String::new();
-        self.out.read_to_string(&mut text).expect("reading bpftrace");
-        assert!(self.child.wait().expect("bpftrace").success(), "bpftrace failed:\n{text}");
-        text
+        let out = self.out.take().expect("bpftrace's output, taken once");
+        stop_bpftrace(&mut self.child, out)
     }
+}
+
+/// Stop a bpftrace `child` with SIGINT and return what it printed to `out` (its maps). bpftrace 0.17
+/// can miss one SIGINT (a CI run hung here: bpftrace alive in `epoll_wait`, its pipe empty), so the
+/// signal is sent again every 2 s; after 60 s it is killed and the test fails saying so.
+pub fn stop_bpftrace(child: &mut Child, mut out: impl Read + Send + 'static) -> String {
+    let reader = std::thread::spawn(move || {
+        let mut text = String::new();
+        out.read_to_string(&mut text).map(|_| text)
+    });
+    let start = std::time::Instant::now();
+    let mut signalled = None;
+    let status = loop {
+        if let Some(status) = child.try_wait().expect("waiting for bpftrace") {
+            break status;
+        }
+        if start.elapsed() > std::time::Duration::from_secs(60) {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("bpftrace did not stop within 60 s of SIGINT (sent every 2 s); killed");
+        }
+        if signalled.is_none_or(|t: std::time::Instant| t.elapsed() >= std::time::Duration::from_secs(2)) {
+            // SAFETY: kill(2) of our own child, which has not been reaped (try_wait said so).
+            unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
+            signalled = Some(std::time::Instant::now());
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    };
+    let text = reader.join().expect("bpftrace reader").expect("reading bpftrace");
+    assert!(status.success(), "bpftrace failed ({status}):\n{text}");
+    text
 }
 
 impl Drop for Bpftrace {
