@@ -99,10 +99,12 @@ pub struct Config {
     pub target_tgid: u32,
     /// Block major number of zram devices (from /proc/devices), 0 when none.
     pub zram_major: u32,
-    /// Non-zero: stop the target (SIGSTOP) when it `exec`s, so that user
-    /// space can attach the new program's token markers before it runs on;
-    /// user space continues it. Only ever set for a target the observer
-    /// spawned (an attached process's parent would see it stop).
+    /// Non-zero: the process (TGID) to stop (SIGSTOP) when it `exec`s, so
+    /// that user space can attach the new program's token markers before it
+    /// runs on; user space continues it. Only the process the observer
+    /// spawned (its parent is the observer) or one the user asked to hold:
+    /// any other's parent would see it stop (`perf stat` ends when its
+    /// child stops, a shell with job control reports it).
     pub stop_on_exec: u32,
     /// Non-zero: a process the target (or a followed descendant) forks is
     /// observed too (`TARGETS`, bounded; `GlobalCounter::FollowOverflow`

@@ -11,7 +11,7 @@
 //! runs in the waker's context (any process): the wakee is looked up by TID.
 
 use aya_ebpf::{
-    helpers::{bpf_get_current_comm, bpf_ktime_get_ns, bpf_send_signal},
+    helpers::{bpf_get_current_comm, bpf_get_current_pid_tgid, bpf_ktime_get_ns, bpf_send_signal},
     macros::tracepoint,
     programs::TracePointContext,
 };
@@ -122,7 +122,8 @@ pub fn sched_exec(_ctx: TracePointContext) -> u32 {
         let comm = bpf_get_current_comm().unwrap_or([0; 16]);
         update(s, |s| s.comm = comm);
     }
-    if config().map(|c| c.stop_on_exec != 0).unwrap_or(false) {
+    let held = config().map(|c| c.stop_on_exec).unwrap_or(0);
+    if held != 0 && (bpf_get_current_pid_tgid() >> 32) as u32 == held {
         // SAFETY: signals the current (exec'ing) process; user space sends SIGCONT.
         unsafe { bpf_send_signal(SIGSTOP) };
     }

@@ -204,45 +204,55 @@ fn thread_comms(summary: &Value) -> Vec<String> {
     summary["threads"].as_array().expect("threads").iter().map(|t| t["comm"].as_str().unwrap().to_string()).collect()
 }
 
-#[test]
-fn a_shell_wrapper_is_followed_to_llama_simple_unless_told_not_to() {
-    let _l = machine_lock();
+/// How a wrapped llama-simple's markers were found (the session's module doc).
+#[derive(Clone, Copy, PartialEq, Debug)]
+enum MarkedBy {
+    /// The wrapper's command line names it: its markers are in the header, before it runs.
+    CommandLine,
+    /// Named nowhere the observer looks (a script file): its markers are attached at its exec
+    /// and restated by one `marks` event naming its PID.
+    Exec,
+}
+
+/// llama-simple run by a wrapper under `observer run --record`, bpftrace counting its calls of
+/// llama.cpp's entry points beside: every call is a record, its steps are llama-simple's threads
+/// only, each of its exited threads has its row, and the markers were found as `marked_by` says.
+/// `wrappers`: the processes between the target and llama-simple, the target first; llama-simple
+/// is a child of the last (checked at its exit: a wrapper that sees its child stop must not take
+/// that for its end). Returns the summary.
+fn wrapped_llama_simple(name: &str, command: &[&str], wrappers: &[&str], marked_by: MarkedBy) -> Value {
     let llama = llama();
-    let model = tiny_model();
     let lib = llama.bin.join("libllama.so").canonicalize().unwrap();
-    // sh forks llama-simple (no exec in place: `; echo done` keeps sh alive).
-    let script = format!(
-        "{} -m {} -n 24 hello >/dev/null 2>&1; echo done",
-        llama.bin.join("llama-simple").display(),
-        model.display()
-    );
     let count = CallCount::start(&lib, &["llama_process", "llama_decode"], "llama-simple");
-    let lives = ThreadLives::start("llama-simple", "sh");
-    let trace = scratch_dir("traces").join("llama-wrapped.trace");
+    let lives = ThreadLives::start("llama-simple", wrappers.last().unwrap());
+    let trace = scratch_dir("traces").join(format!("{name}.trace"));
     let _ = std::fs::remove_file(&trace);
-    let run = observe("llama-wrapped.json", &["--record", trace.to_str().unwrap(), "--", "sh", "-c", &script]);
+    let mut args = vec!["--record", trace.to_str().unwrap(), "--"];
+    args.extend(command);
+    let run = observe(&format!("{name}.json"), &args);
     let (calls, pids) = count.finish_with_pids();
-    let lives = lives.finish(u(&run.summary["target"], "pid") as u32);
+    let stderr = String::from_utf8_lossy(&run.output.stderr);
+    let procs = run.summary["processes"].as_array().expect("per-process rows");
+    let row = |comm: &str| procs.iter().find(|p| p["comm"] == comm).unwrap_or_else(|| panic!("{comm}: {procs:?}"));
+    let lives = lives.finish(u(row(wrappers.last().unwrap()), "pid") as u32, &stderr);
     assert_every_exited_thread_has_a_row(&lives, &run.summary);
     assert!(lives.iter().all(|l| vec![l.pid] == pids), "{lives:?} vs the caller {pids:?}");
     let total: u64 = calls.iter().map(|(_, n)| n).sum();
     assert!(total > 0, "bpftrace counted no call: {calls:?}");
-    assert_eq!(records(&run.summary).len() as u64, total, "records behind sh vs bpftrace {calls:?}");
-    let comms = thread_comms(&run.summary);
-    assert!(comms.iter().any(|c| c == "sh") && comms.iter().any(|c| c == "llama-simple"), "{comms:?}");
-    // One row per process: sh (the target) and llama-simple, whose PID is the
-    // one bpftrace saw calling.
-    let procs = run.summary["processes"].as_array().expect("per-process rows");
-    let row = |comm: &str| procs.iter().find(|p| p["comm"] == comm).unwrap_or_else(|| panic!("{comm}: {procs:?}"));
-    assert_eq!(u(row("sh"), "pid"), u(&run.summary["target"], "pid"), "sh is the spawned target");
+    assert_eq!(
+        records(&run.summary).len() as u64,
+        total,
+        "records behind {wrappers:?} vs bpftrace {calls:?}\n{stderr}"
+    );
+    // One row per process: the wrappers (the first is the spawned target) and llama-simple, whose
+    // PID is the one bpftrace saw calling.
+    assert_eq!(u(row(wrappers[0]), "pid"), u(&run.summary["target"], "pid"), "{} is the spawned target", wrappers[0]);
     assert_eq!(pids, vec![u(row("llama-simple"), "pid") as u32], "llama-simple's PID vs bpftrace's caller");
-    assert_eq!(procs.len(), 2, "{procs:?}");
-    // What marks the tokens: nothing while sh runs; llama.cpp's profile from llama-simple's exec
-    // on, restated by one `marks` event (before the first record), which the TUI's header shows.
+    assert_eq!(procs.len(), wrappers.len() + 1, "{procs:?}");
+    // What marks the tokens, as the trace (and so the TUI's header) says.
     let bytes = std::fs::read(&trace).unwrap();
     let events: Vec<Event> = observer::store::trace::Reader::new(&bytes[..], &trace).expect("a trace").collect();
     let Some(Event::Header(h)) = events.first() else { panic!("no header: {:?}", events.first()) };
-    assert!(h.tokens.starts_with("none"), "sh carries no markers: {}", h.tokens);
     let marks: Vec<(usize, &TokenMarks)> = events
         .iter()
         .enumerate()
@@ -251,21 +261,34 @@ fn a_shell_wrapper_is_followed_to_llama_simple_unless_told_not_to() {
             _ => None,
         })
         .collect();
-    assert_eq!(marks.len(), 1, "{marks:?}");
-    let (at, m) = marks[0];
-    assert_eq!(vec![m.pid], pids, "the marks name llama-simple, the process bpftrace saw calling");
-    assert!(m.tokens.starts_with("engine profile llama.cpp: ") && m.tokens.contains("llama_process"), "{}", m.tokens);
-    assert!(m.probes.iter().any(|p| p.contains("llama_process")) && m.probes.len() > h.probes.len(), "{m:?}");
     let first_token = events.iter().position(|e| matches!(e, Event::Token(_))).expect("a token record");
-    assert!(at < first_token, "the marks come before the first record ({at} vs {first_token})");
+    let profile = |tokens: &str| tokens.starts_with("engine profile llama.cpp: ") && tokens.contains("llama_process");
+    let shown = match marked_by {
+        MarkedBy::CommandLine => {
+            assert!(profile(&h.tokens), "the command names llama-simple: {}\n{stderr}", h.tokens);
+            assert!(marks.is_empty(), "{marks:?}");
+            h.tokens.clone()
+        }
+        MarkedBy::Exec => {
+            assert!(h.tokens.starts_with("none"), "{wrappers:?} carry no markers: {}", h.tokens);
+            assert_eq!(marks.len(), 1, "{marks:?}");
+            let (at, m) = marks[0];
+            assert_eq!(vec![m.pid], pids, "the marks name llama-simple, the process bpftrace saw calling");
+            assert!(profile(&m.tokens), "{}", m.tokens);
+            assert!(m.probes.iter().any(|p| p.contains("llama_process")) && m.probes.len() > h.probes.len(), "{m:?}");
+            assert!(at < first_token, "the marks come before the first record ({at} vs {first_token})");
+            assert!(stderr.contains("ms after its exec)"), "the log says how long after its exec: {stderr}");
+            m.tokens.clone()
+        }
+    };
     let mut app = tui::App::new();
     for e in &events {
         app.push(e.clone());
     }
-    assert_eq!(app.header.as_ref().map(|h| h.tokens.as_str()), Some(m.tokens.as_str()), "the TUI's header");
+    assert_eq!(app.header.as_ref().map(|h| h.tokens.as_str()), Some(shown.as_str()), "the TUI's header");
     let threads = run.summary["threads"].as_array().unwrap();
     // The steps are llama-simple's: their thread rows (and so their means) are its threads only;
-    // sh, waiting for it, carries no step time.
+    // the wrappers, waiting for it, carry no step time.
     let simple_pid = u(row("llama-simple"), "pid");
     let simple_tids: Vec<u64> = threads.iter().filter(|t| u(t, "pid") == simple_pid).map(|t| u(t, "tid")).collect();
     for r in records(&run.summary) {
@@ -278,11 +301,74 @@ fn a_shell_wrapper_is_followed_to_llama_simple_unless_told_not_to() {
         let wall: u64 = threads.iter().filter(|t| t["pid"] == p["pid"]).map(|t| u(&t["attribution"], "wall_ns")).sum();
         assert_eq!(u(&p["attribution"], "wall_ns"), wall, "a process's wall is the sum of its threads'");
     }
+    run.summary
+}
+
+#[test]
+fn a_shell_wrapper_is_followed_to_llama_simple_unless_told_not_to() {
+    let _l = machine_lock();
+    let llama = llama();
+    let model = tiny_model();
+    // sh forks llama-simple (no exec in place: `; echo done` keeps sh alive).
+    let script = format!(
+        "{} -m {} -n 24 hello >/dev/null 2>&1; echo done",
+        llama.bin.join("llama-simple").display(),
+        model.display()
+    );
+    wrapped_llama_simple("llama-wrapped", &["sh", "-c", &script], &["sh"], MarkedBy::CommandLine);
 
     let run = observe("llama-no-children.json", &["--no-children", "--", "sh", "-c", &script]);
     assert!(records(&run.summary).is_empty(), "--no-children: the child's calls are not observed");
     let comms = thread_comms(&run.summary);
     assert!(!comms.iter().any(|c| c == "llama-simple"), "--no-children: {comms:?}");
+}
+
+/// A script file runs `perf stat -- llama-simple`: the engine is named nowhere on the observer's
+/// command line, so its markers are attached at its exec, without holding it (perf stat, its
+/// parent, exits at its child's first SIGCHLD, a stop included). Its model is evicted first, so
+/// that loading it (read from the disk) outlasts the attaching: a call before it would be
+/// unmarked (the session's module doc). perf survives to its child's end (its parent at exit),
+/// and its counts of llama-simple's major and minor faults equal the observer's (2 %).
+#[test]
+fn a_program_named_only_in_a_script_gets_its_markers_at_exec_and_its_parent_is_not_disturbed() {
+    let _l = machine_lock();
+    assert_root();
+    let llama = llama();
+    let model = memlimit_model();
+    evict(&model);
+    let dir = scratch_dir("llama-script");
+    let perf_out = dir.join("perf.csv");
+    let script = dir.join("run.sh");
+    std::fs::write(
+        &script,
+        format!(
+            "perf stat -x, -e major-faults,minor-faults -o {} -- {} -m {} -n 8 hello >/dev/null 2>&1; echo done\n",
+            perf_out.display(),
+            llama.bin.join("llama-simple").display(),
+            model.display()
+        ),
+    )
+    .unwrap();
+    // perf counts from the exec on (`enable_on_exec`); the observer from the fork, so the faults
+    // of perf's child before it exec'd (named `perf` then) are counted beside, per process.
+    let before_exec = Bpftrace::start("software:minor-faults:1 /comm == \"perf\"/ { @n[pid] = count(); }");
+    let summary =
+        wrapped_llama_simple("llama-script", &["sh", script.to_str().unwrap()], &["sh", "perf"], MarkedBy::Exec);
+    let before_exec = before_exec.finish();
+    let perf_text = std::fs::read_to_string(&perf_out).unwrap();
+    let (maj, min) = (perf_count(&perf_text, "major-faults"), perf_count(&perf_text, "minor-faults"));
+    let procs = summary["processes"].as_array().unwrap();
+    let simple = procs.iter().find(|p| p["comm"] == "llama-simple").unwrap();
+    let pre =
+        bpftrace_map(&before_exec, "n").iter().find(|(k, _)| *k == u(simple, "pid").to_string()).map_or(0, |e| e.1);
+    assert!(min >= 1000, "loading a model faults: {perf_text}");
+    assert_within("llama-simple's major faults vs perf stat", u(simple, "majflt"), maj, 0.02);
+    assert_within(
+        "llama-simple's minor faults vs perf stat's and those before its exec",
+        u(simple, "minflt"),
+        min + pre,
+        0.02,
+    );
 }
 
 #[test]
@@ -583,48 +669,69 @@ struct ThreadLife {
 }
 
 /// bpftrace beside a run whose engine is a child of the observer's target (a wrapper: `sh`, `perf`):
-/// every thread of the processes named `comm` that exits, with its parent process, so that the
-/// threads of the run's own child are told from those of any other process of that name.
+/// every thread of the processes named `comm` that exits, keyed by the process that made it (its
+/// parent at birth, `task:task_newtask` running in the forking task), so that the threads of the
+/// run's own child are told from those of any other process of that name. The wrapper's own exits
+/// are kept too: a child whose parent at exit is not the wrapper was orphaned by it.
 struct ThreadLives(Bpftrace);
 
 impl ThreadLives {
     fn start(comm: &str, wrapper: &str) -> ThreadLives {
         let comm: String = comm.chars().take(15).collect();
         ThreadLives(Bpftrace::start(&format!(
-            "tracepoint:task:task_newtask /comm == \"{comm}\" || comm == \"{wrapper}\"/ {{ @born[args->pid] = nsecs; }} \
+            "tracepoint:task:task_newtask /comm == \"{comm}\" || comm == \"{wrapper}\"/ {{ \
+               @born[args->pid] = nsecs; @maker[args->pid] = pid; }} \
              tracepoint:sched:sched_process_exit /comm == \"{comm}\"/ {{ \
-               @exit[curtask->real_parent->tgid, pid, tid] = nsecs; @majflt[pid, tid] = curtask->maj_flt; }} \
+               @exit[pid, tid] = nsecs; @majflt[pid, tid] = curtask->maj_flt; \
+               @parent_at_exit[pid, tid] = curtask->real_parent->tgid; }} \
+             tracepoint:sched:sched_process_exit /comm == \"{wrapper}\" && pid == tid/ {{ \
+               @wrapper_exit[pid] = nsecs; @wrapper_code[pid] = curtask->exit_code; }} \
              software:major-faults:1 /comm == \"{comm}\"/ {{ @events[pid, tid] = count(); }}"
         )))
     }
 
-    /// Stop bpftrace: the threads that exited of the processes whose parent is `parent`.
-    fn finish(self, parent: u32) -> Vec<ThreadLife> {
+    /// Stop bpftrace: the threads that exited of the processes `parent` made. `context` (the
+    /// observer's output) is shown when they are not what a run of the engine leaves.
+    fn finish(self, parent: u32, context: &str) -> Vec<ThreadLife> {
         let text = self.0.finish();
         let keys = |k: &str| -> Vec<u64> { k.split(", ").map(|v| v.parse().unwrap()).collect() };
         let of = |map: &str, pid: u64, tid: u64| {
             bpftrace_map(&text, map).iter().find(|(k, _)| keys(k) == [pid, tid]).map(|(_, v)| *v)
         };
-        let born = bpftrace_map(&text, "born");
+        let one = |map: &str, id: u64| bpftrace_map(&text, map).iter().find(|(k, _)| keys(k) == [id]).map(|(_, v)| *v);
         let lives: Vec<ThreadLife> = bpftrace_map(&text, "exit")
             .iter()
             .map(|(k, exit_ns)| (keys(k), *exit_ns))
-            .filter(|(k, _)| k[0] == parent as u64)
+            .filter(|(k, _)| one("maker", k[0]) == Some(parent as u64))
             .map(|(k, exit_ns)| ThreadLife {
-                pid: k[1] as u32,
-                tid: k[2] as u32,
-                born_ns: born
-                    .iter()
-                    .find(|(t, _)| t.parse::<u64>().ok() == Some(k[2]))
-                    .unwrap_or_else(|| panic!("thread {} exited unborn: {text}", k[2]))
-                    .1,
+                pid: k[0] as u32,
+                tid: k[1] as u32,
+                born_ns: one("born", k[1]).unwrap_or_else(|| panic!("thread {} exited unborn: {text}", k[1])),
                 exit_ns,
-                maj_flt: of("majflt", k[1], k[2]).unwrap_or_else(|| panic!("no maj_flt of {k:?}: {text}")),
-                events: of("events", k[1], k[2]).unwrap_or(0),
+                maj_flt: of("majflt", k[0], k[1]).unwrap_or_else(|| panic!("no maj_flt of {k:?}: {text}")),
+                events: of("events", k[0], k[1]).unwrap_or(0),
             })
             .collect();
+        // The wrapper stays until its child has exited (it waits for it): a child orphaned by it
+        // was cut short, or outlived the observation of its wrapper.
+        for l in &lives {
+            let at_exit = of("parent_at_exit", l.pid as u64, l.tid as u64).unwrap_or_default();
+            assert!(
+                at_exit == parent as u64,
+                "process {} exited with parent {at_exit}, not its maker {parent}: the wrapper exited first \
+                 (its exit code {:?} at {:?} ns, the child's exit at {} ns)\nbpftrace:\n{text}\nobserver:\n{context}",
+                l.pid,
+                one("wrapper_code", parent as u64),
+                one("wrapper_exit", parent as u64),
+                l.exit_ns
+            );
+        }
         // The engine runs ggml's worker threads beside its main one.
-        assert!(lives.len() >= 2, "bpftrace saw {} thread(s) of {parent}'s children exit:\n{text}", lives.len());
+        assert!(
+            lives.len() >= 2,
+            "bpftrace saw {} thread(s) of {parent}'s children exit:\n{text}\nobserver:\n{context}",
+            lives.len()
+        );
         lives
     }
 }
@@ -733,8 +840,9 @@ fn llama_simple_under_a_memory_limit_waits_on_fault_io() {
             "hello",
         ],
     );
-    let lives = lives.finish(u(&run.summary["target"], "pid") as u32);
     let stderr = String::from_utf8_lossy(&run.output.stderr);
+    assert_eq!(run.summary["target"]["exit_code"], 0, "perf stat (the target) failed:\n{stderr}");
+    let lives = lives.finish(u(&run.summary["target"], "pid") as u32, &stderr);
     let s = &run.summary;
 
     // Major faults: per thread against the kernel's count, per process against perf stat. Every

@@ -145,8 +145,11 @@ pub const MAX_FOLLOWED: u32 = 256;
 pub enum Markers {
     /// The engine's marker symbols in the target executable, when present,
     /// else an engine profile's entry points (`engine`); `running`: the
-    /// target runs `exe` now, so its mapped files are looked at too.
-    Auto { exe: PathBuf, engine: EngineChoice, running: bool },
+    /// target runs `exe` now, so its mapped files are looked at too;
+    /// `any_process`: the uprobes are attached for every process, the kernel
+    /// side keeping the followed ones' calls (a program named on a spawned
+    /// command line, marked before a descendant runs it).
+    Auto { exe: PathBuf, engine: EngineChoice, running: bool, any_process: bool },
     /// uprobe/uretprobe on a function (`--token-symbol SYM[:LIB]`).
     Symbol { symbol: String, path: PathBuf },
     /// No markers.
@@ -491,6 +494,14 @@ impl Probes {
             Err(e) if opts.markers_optional && e.is_markers_refused() => (None, Some(e.to_string())),
             Err(e) => return Err(e),
         };
+        // Markers may come later (a descendant exec'ing an engine, a library loaded by dlopen),
+        // attached while that process runs on: the verifier's hundreds of milliseconds (on a
+        // busy machine) are spent now, so that attaching then takes a few.
+        if markers.is_none() && !matches!(opts.markers, Markers::None) {
+            for program in MARKER_PROGRAMS {
+                loaded_uprobe(&mut ebpf, program)?;
+            }
+        }
         // Program run time for the observer's own cost (Linux >= 5.8); absent
         // stats are reported as not measured.
         let stats = aya::sys::enable_stats(aya::sys::Stats::RunTime).ok();
@@ -635,9 +646,9 @@ impl Probes {
         self.entries("DEV_IO")
     }
 
-    /// Stop an observed process at its next `exec` (see `Config::stop_on_exec`).
-    pub fn set_stop_on_exec(&mut self, on: bool) -> Result<(), ProbeError> {
-        self.config.stop_on_exec = on as u32;
+    /// Stop process `pid` at its next `exec`, or none (see `Config::stop_on_exec`).
+    pub fn set_stop_on_exec(&mut self, pid: Option<u32>) -> Result<(), ProbeError> {
+        self.config.stop_on_exec = pid.unwrap_or(0);
         set(&mut self.ebpf, "CONFIG", 0, self.config)
     }
 
@@ -654,7 +665,7 @@ impl Probes {
         }
         let opts = AttachOptions {
             target: pid,
-            markers: Markers::Auto { exe: exe.to_path_buf(), engine, running: true },
+            markers: Markers::Auto { exe: exe.to_path_buf(), engine, running: true, any_process: false },
             follow_children: self.config.follow_children != 0,
             held: false,
             markers_optional: false,
@@ -693,6 +704,22 @@ fn seed_threads(ebpf: &mut Ebpf, pid: u32) -> Result<(), ProbeError> {
     set(ebpf, "SEQS", 0, states.len() as u64)
 }
 
+/// The uprobe programs of token markers (engine markers and entry points).
+const MARKER_PROGRAMS: [&str; 4] = ["mark_begin", "mark_end", "call_begin", "call_end"];
+
+/// Uprobe `program`, loaded (verified) once.
+fn loaded_uprobe<'a>(ebpf: &'a mut Ebpf, program: &'static str) -> Result<&'a mut UProbe, ProbeError> {
+    let prog: &mut UProbe = ebpf
+        .program_mut(program)
+        .ok_or_else(|| program_error(program, ProgramError::UnexpectedProgramType))?
+        .try_into()
+        .map_err(|e| program_error(program, e))?;
+    if prog.fd().is_err() {
+        prog.load().map_err(|e| program_error(program, e))?;
+    }
+    Ok(prog)
+}
+
 /// Attach `program` at `symbol` of `path` for `pid`; the link is pushed on
 /// `links` (so that a later failure can take back what was attached).
 fn uprobe(
@@ -704,14 +731,7 @@ fn uprobe(
     pid: u32,
     cookie: Option<u64>,
 ) -> Result<(), ProbeError> {
-    let prog: &mut UProbe = ebpf
-        .program_mut(program)
-        .ok_or_else(|| program_error(program, ProgramError::UnexpectedProgramType))?
-        .try_into()
-        .map_err(|e| program_error(program, e))?;
-    if prog.fd().is_err() {
-        prog.load().map_err(|e| program_error(program, e))?;
-    }
+    let prog = loaded_uprobe(ebpf, program)?;
     let scope = match NonZeroU32::new(pid) {
         Some(p) => UProbeScope::OneProcess(p),
         None => UProbeScope::AllProcesses,
@@ -797,7 +817,8 @@ fn attach_each_marker(
 ) -> Result<Option<MarkerKind>, ProbeError> {
     match &opts.markers {
         Markers::None => Ok(None),
-        Markers::Auto { exe, engine, running } => {
+        Markers::Auto { exe, engine, running, any_process } => {
+            let scope = if *any_process { 0 } else { opts.target };
             let ours = match engine {
                 EngineChoice::Auto => {
                     (elf_symbol_addr(exe, engine_abi::SYM_BEGIN)).zip(elf_symbol_addr(exe, engine_abi::SYM_END))
@@ -809,8 +830,8 @@ fn attach_each_marker(
                 let Some(found) = profile::detect(&engine.profiles(), exe, pid) else { return Ok(None) };
                 for entry in &found.entries {
                     let cookie = Some(entry.n_tokens.cookie());
-                    uprobe(ebpf, links, "call_begin", entry.symbol, &found.path, opts.target, cookie)?;
-                    uprobe(ebpf, links, "call_end", entry.symbol, &found.path, opts.target, None)?;
+                    uprobe(ebpf, links, "call_begin", entry.symbol, &found.path, scope, cookie)?;
+                    uprobe(ebpf, links, "call_end", entry.symbol, &found.path, scope, None)?;
                     attached.push(format!("uprobe+uretprobe:{}:{}", found.path.display(), entry.symbol));
                 }
                 return Ok(Some(MarkerKind::Profile(found)));
@@ -828,8 +849,8 @@ fn attach_each_marker(
                     engine_abi::SYM_END
                 )));
             }
-            uprobe(ebpf, links, "mark_begin", engine_abi::SYM_BEGIN, exe, opts.target, None)?;
-            uprobe(ebpf, links, "mark_end", engine_abi::SYM_END, exe, opts.target, None)?;
+            uprobe(ebpf, links, "mark_begin", engine_abi::SYM_BEGIN, exe, scope, None)?;
+            uprobe(ebpf, links, "mark_end", engine_abi::SYM_END, exe, scope, None)?;
             attached.push(format!("uprobe:{}:{{{},{}}}", exe.display(), engine_abi::SYM_BEGIN, engine_abi::SYM_END));
             Ok(Some(MarkerKind::Engine { exe: exe.display().to_string() }))
         }
@@ -840,6 +861,13 @@ fn attach_each_marker(
             Ok(Some(MarkerKind::Symbol { symbol: symbol.clone(), path: path.display().to_string() }))
         }
     }
+}
+
+/// Whether `exe` (or a library it needs) carries token markers: the engine's marker symbols
+/// or an engine profile's entry points.
+pub fn carries_markers(exe: &std::path::Path, engine: EngineChoice) -> bool {
+    (engine == EngineChoice::Auto && elf_has_symbol(exe, engine_abi::SYM_BEGIN))
+        || profile::detect(&engine.profiles(), exe, None).is_some()
 }
 
 /// Why the first instruction at `addr` cannot carry a uprobe, when we can

@@ -28,12 +28,26 @@
 //! the end of the grace period, kills it. An attached process is left alone
 //! and the session ends at once.
 //!
-//! ## One process today, a set later
-//! A session follows one process: all its threads, and its `exec`s (to attach
-//! the new program's markers). What is per process is kept together (the
-//! [`Target`], its command line, the kernel's target filter set by
-//! [`Probes::attach`]), so that following descendants or several processes
-//! means a set of those in [`Session`] and a wait over the set, not a new loop.
+//! ## The processes followed, and the markers of a program started later
+//! A session follows one target: all its threads, its `exec`s, and (spawned,
+//! or `--children`) the processes it forks and theirs, in the kernel's bounded
+//! set. Token markers are attached where the engine runs:
+//! - in the target's program, when it carries them;
+//! - else, for a spawned command, in the first program its words name that
+//!   carries them (`sh -c "llama-cli …"`, `perf stat -- engine …`: a word is a
+//!   path or a name found in `PATH`), attached before the command starts and
+//!   for any process, the kernel side keeping the followed ones' calls;
+//! - else at each `exec` in the followed set (`after_exec`), as soon as the
+//!   exec is read (a forced wakeup; the uprobe programs are verified at start,
+//!   so attaching takes milliseconds). Only the process whose parent is the
+//!   observer (the spawned command itself, `env …` or `nice …` exec'ing the
+//!   engine in its place) or a process attached with `--follow-exec` is held
+//!   at its exec (SIGSTOP from the kernel side, SIGCONT once markers are in
+//!   place), so that not even its first call is missed. A descendant is never
+//!   held: its parent would see it stop, and some parents take that for an
+//!   end (`perf stat` exits at its child's first SIGCHLD, stopped or not). A
+//!   descendant that makes a call within those milliseconds of its exec has
+//!   that call unmarked.
 
 use std::{
     ffi::OsString,
@@ -64,7 +78,7 @@ use crate::{
         comm_str, header, preflight, procfs, procsample,
         residency::{self, Sampler},
         seed,
-        target::{CHILD_GRACE, Ending, Target},
+        target::{CHILD_GRACE, Ending, Target, named_programs},
         tokens::{Assembler, Snapshot},
     },
     sinks::{Sink, emit},
@@ -476,10 +490,22 @@ impl Session {
         if self.opts.engine == EngineChoice::Off {
             return Ok(Markers::None);
         }
-        Ok(match self.target.exe() {
-            Some(exe) => Markers::Auto { exe, engine: self.opts.engine, running: !self.target.is_spawned() },
-            None => Markers::None,
-        })
+        let Some(exe) = self.target.exe() else { return Ok(Markers::None) };
+        let engine = self.opts.engine;
+        let spawned = self.target.is_spawned();
+        // A wrapper (`sh -c "llama-cli …"`, `perf stat -- engine …`) that names the engine on its
+        // command line: the engine's markers are attached now, for any process (the kernel keeps
+        // the followed ones'), so that its first call is seen without holding the descendant at
+        // its exec (module doc).
+        if let TargetSpec::Spawn { command, .. } = &self.opts.target
+            && self.opts.follow_children
+            && !bpf::carries_markers(&exe, engine)
+            && let Some(named) = named_programs(command).into_iter().find(|p| bpf::carries_markers(p, engine))
+        {
+            log::info!("the command names {}: its token markers are attached before it runs", named.display());
+            return Ok(Markers::Auto { exe: named, engine, running: false, any_process: true });
+        }
+        Ok(Markers::Auto { exe, engine, running: !spawned, any_process: false })
     }
 
     /// The eBPF session; returns the probes, still attached, for the caller
@@ -517,13 +543,19 @@ impl Session {
         let use_windows = self.opts.window.is_some() && probes.markers.is_none();
         let mut ticker = interval(self.opts.window.unwrap_or(Duration::from_secs(3600)));
 
-        // A spawned wrapper (sh -c, env, …) without markers: stop it at each
-        // exec until a program with markers runs, so no token is missed. An
+        // A spawned command without markers (`env`, `nice`, … that exec the
+        // engine in its place): stop it at each exec until a program with
+        // markers runs, so no token is missed; its parent is the observer. An
         // attached process is only held when asked (its parent sees it stop).
+        // A descendant is never held: its parent would see it stop (`perf
+        // stat` ends when its child stops); its markers are attached as soon
+        // as its exec is read (a forced wakeup), before the engine has loaded
+        // a model and decodes.
         let follow_exec = matches!(self.opts.target, TargetSpec::Attach { follow_exec: true, .. });
         let mut stop_on_exec =
             (self.target.is_spawned() || follow_exec) && probes.markers.is_none() && self.opts.token_symbol.is_none();
-        probes.set_stop_on_exec(stop_on_exec)?;
+        let held = pid;
+        probes.set_stop_on_exec(stop_on_exec.then_some(held))?;
         self.target.release()?;
         if use_windows {
             ticker.tick().await; // the first tick is immediate
@@ -536,20 +568,23 @@ impl Session {
             silent.check(probes.markers.as_ref(), asm.records(), false);
             // Execs read by the last drain (either branch below): attach what
             // the new programs carry, then let a held one go on.
-            for exec_pid in std::mem::take(&mut asm.execs) {
+            for (exec_pid, exec_ns) in std::mem::take(&mut asm.execs) {
                 if let Some(x) = resid.as_mut().and_then(Sampler::xread_mut) {
                     x.exec(exec_pid);
                 }
                 let before = probes.markers.is_some();
-                let refused = after_exec(&mut probes, exec_pid, self.opts.engine, self.opts.without_tokens_ok)?;
+                let refused =
+                    after_exec(&mut probes, exec_pid, Some(exec_ns), self.opts.engine, self.opts.without_tokens_ok)?;
                 marks_found(before, refused, &probes, exec_pid, sinks)?;
                 asm.default_kind = step_kind(probes.markers.as_ref());
-                if stop_on_exec {
+                if stop_on_exec && exec_pid == held {
                     // The kernel side stopped it at exec; markers are in place now.
                     // SAFETY: plain kill(2) of a process we are observing.
                     unsafe { libc::kill(exec_pid as libc::pid_t, libc::SIGCONT) };
-                    stop_on_exec = probes.markers.is_none();
-                    probes.set_stop_on_exec(stop_on_exec)?;
+                }
+                if stop_on_exec && probes.markers.is_some() {
+                    stop_on_exec = false;
+                    probes.set_stop_on_exec(None)?;
                 }
             }
             tokio::select! {
@@ -577,7 +612,7 @@ impl Session {
                         && self.opts.token_symbol.is_none()
                         && !stop_on_exec
                     {
-                        let refused = after_exec(&mut probes, pid, self.opts.engine, self.opts.without_tokens_ok)?;
+                        let refused = after_exec(&mut probes, pid, None, self.opts.engine, self.opts.without_tokens_ok)?;
                         marks_found(false, refused, &probes, pid, sinks)?;
                     }
                     if awaiting_model && let Some(m) = crate::capture::discover::mapped_gguf(pid) {
@@ -954,18 +989,29 @@ fn block_device_name(major: u32, minor: u32) -> Option<String> {
 /// `tokens_optional` (`SessionOptions::without_tokens_ok`), markers whose
 /// uprobes the kernel refuses leave the run without tokens: returns the
 /// `degraded` entry that says so.
-fn after_exec(probes: &mut Probes, pid: u32, engine: EngineChoice, tokens_optional: bool) -> Result<Option<String>> {
+fn after_exec(
+    probes: &mut Probes,
+    pid: u32,
+    exec_ns: Option<u64>,
+    engine: EngineChoice,
+    tokens_optional: bool,
+) -> Result<Option<String>> {
     if engine == EngineChoice::Off || probes.markers_refused.is_some() {
         return Ok(None);
     }
     let Ok(exe) = std::fs::read_link(format!("/proc/{pid}/exe")) else { return Ok(None) };
+    // How long after its exec the markers are in place: a call the process made before is unmarked.
+    let since = || match exec_ns {
+        Some(t) => format!(" ({:.1} ms after its exec)", seed::mono_ns().saturating_sub(t) as f64 / 1e6),
+        None => String::new(),
+    };
     match probes.attach_after_exec(&exe, pid, engine) {
-        Ok(Some(MarkerKind::Profile(found))) => log::info!("pid {pid}: engine profile {}", found.describe()),
-        Ok(Some(_)) => log::info!("pid {pid} exec'd {}: engine markers attached", exe.display()),
+        Ok(Some(MarkerKind::Profile(found))) => log::info!("pid {pid}: engine profile {}{}", found.describe(), since()),
+        Ok(Some(_)) => log::info!("pid {pid} exec'd {}: engine markers attached{}", exe.display(), since()),
         Ok(None) => {}
         // It ended before its markers could be attached (a short program): nothing to mark.
-        Err(_) if std::fs::read_link(format!("/proc/{pid}/exe")).is_err() => {
-            log::warn!("pid {pid} ended before its token markers were attached: its steps have no records");
+        Err(e) if std::fs::read_link(format!("/proc/{pid}/exe")).is_err() => {
+            log::warn!("pid {pid} ended before its token markers were attached: its steps have no records ({e})");
         }
         Err(e) if tokens_optional && e.is_markers_refused() => {
             let why = e.to_string();

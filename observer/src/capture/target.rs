@@ -96,8 +96,7 @@ fn pipe() -> Result<(OwnedFd, OwnedFd)> {
 /// async-signal-safe calls are allowed).
 fn resolve_program(prog: &OsStr) -> Result<CString> {
     let bytes = prog.as_bytes();
-    let executable =
-        |p: &std::path::Path| p.metadata().map(|m| m.is_file() && m.permissions().mode() & 0o111 != 0).unwrap_or(false);
+    let executable = is_executable;
     let found = if bytes.contains(&b'/') {
         let p = std::path::PathBuf::from(prog);
         match p.metadata() {
@@ -126,6 +125,43 @@ fn resolve_program(prog: &OsStr) -> Result<CString> {
     };
     CString::new(path.into_os_string().into_vec())
         .with_context(|| format!("command `{}` contains a NUL byte", prog.to_string_lossy()))
+}
+
+/// The programs a command line names, in order: every word of its arguments (split at blanks
+/// and shell punctuation, an assignment's value after `=`) that is a path to an executable file,
+/// or a name found in `PATH`. At most [`MAX_NAMED`] words are looked at.
+pub fn named_programs(cmd: &[OsString]) -> Vec<std::path::PathBuf> {
+    let path_dirs: Vec<std::path::PathBuf> =
+        std::env::var_os("PATH").map(|p| std::env::split_paths(&p).collect()).unwrap_or_default();
+    let mut out: Vec<std::path::PathBuf> = Vec::new();
+    let words = cmd.iter().skip(1).flat_map(|a| {
+        a.as_bytes()
+            .split(|b| b.is_ascii_whitespace() || b";|&()<>'\"`=$".contains(b))
+            .filter(|w| !w.is_empty() && !w.starts_with(b"-"))
+            .map(|w| std::path::PathBuf::from(OsStr::from_bytes(w)))
+            .collect::<Vec<_>>()
+    });
+    for w in words.take(MAX_NAMED) {
+        let found = if w.as_os_str().as_bytes().contains(&b'/') {
+            is_executable(&w).then_some(w)
+        } else {
+            path_dirs.iter().map(|d| d.join(&w)).find(|p| is_executable(p))
+        };
+        if let Some(p) = found
+            && !out.contains(&p)
+        {
+            out.push(p);
+        }
+    }
+    out
+}
+
+/// The words of a command line [`named_programs`] looks at.
+const MAX_NAMED: usize = 64;
+
+/// A regular file with an execute bit.
+fn is_executable(p: &std::path::Path) -> bool {
+    p.metadata().map(|m| m.is_file() && m.permissions().mode() & 0o111 != 0).unwrap_or(false)
 }
 
 impl Target {
@@ -372,3 +408,38 @@ fn n_is_go(b: u8) -> bool {
 
 /// Grace period between forwarding SIGINT and giving up on a child.
 pub const CHILD_GRACE: Duration = Duration::from_secs(5);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn words(args: &[&str]) -> Vec<std::path::PathBuf> {
+        named_programs(&args.iter().map(OsString::from).collect::<Vec<_>>())
+    }
+
+    #[test]
+    fn named_programs_are_the_executable_words_of_a_command_line() {
+        let sh = std::path::PathBuf::from("/bin/sh").canonicalize().unwrap();
+        let dir = std::env::temp_dir().join(format!("named-programs-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let (exe, data) = (dir.join("engine"), dir.join("model.gguf"));
+        std::fs::write(&exe, "").unwrap();
+        std::fs::write(&data, "").unwrap();
+        std::fs::set_permissions(&exe, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let (e, d) = (exe.to_str().unwrap(), data.to_str().unwrap());
+        // The program itself (the first word) is not looked at; a script's words, an assignment's
+        // value and a perf-style `--` command are; a data file, an option and a missing path are not.
+        assert_eq!(words(&[e, "-m", d]), Vec::<std::path::PathBuf>::new());
+        assert_eq!(words(&["sh", "-c", &format!("{e} -m {d} >/dev/null 2>&1; echo done")]).first(), Some(&exe));
+        assert_eq!(words(&["env", &format!("X={e}")]), vec![exe.clone()]);
+        // (`stat` is a program in PATH too: a candidate, which the caller checks for markers.)
+        assert_eq!(words(&["perf", "stat", "-e", "major-faults", "--", e, "-m", d]).last(), Some(&exe));
+        assert_eq!(words(&["sh", "-c", &format!("'{e}'|cat;({e})")]).iter().filter(|p| **p == exe).count(), 1);
+        assert!(words(&["x", "/nonexistent/engine", "--flag"]).is_empty());
+        // A name is looked up in PATH, like the shell does.
+        let found = words(&["x", "sh"]);
+        assert_eq!(found.len(), 1, "{found:?}");
+        assert_eq!(found[0].canonicalize().unwrap(), sh);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}

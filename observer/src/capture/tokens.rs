@@ -77,8 +77,8 @@ pub struct Assembler {
     /// Records that could not be parsed (never expected; counted, not hidden).
     pub malformed: u64,
     /// The observed processes (by PID) that called `exec` since this was
-    /// last cleared, in order.
-    pub execs: Vec<u32>,
+    /// last cleared, in order, with the kernel's time of the exec.
+    pub execs: Vec<(u32, u64)>,
     /// Page-cache churn of the model file is counted (marks carry it).
     pub churn: bool,
     /// Its evictions are counted per actor kind too (marks carry them).
@@ -210,7 +210,7 @@ impl Assembler {
             REC_EXEC => {
                 // After exec the caller is its process's only thread: its TID is the PID.
                 match read::<ExecRecord>(bytes) {
-                    Some(e) => self.execs.push(e.tid),
+                    Some(e) => self.execs.push((e.tid, e.ts)),
                     None => self.malformed += 1,
                 }
                 None

@@ -63,7 +63,8 @@ pub struct RunArgs {
     pub cgroup: Option<PathBuf>,
     /// With --pid: hold the process at its next exec (SIGSTOP from the kernel
     /// side, SIGCONT once the new program's token markers are attached), as is
-    /// always done for a spawned command. Its parent will see it stop briefly.
+    /// done for a spawned command's own process. Its parent will see it stop
+    /// briefly (some parents, like `perf stat`, take a child's stop for its end).
     #[arg(long, requires = "pid")]
     pub follow_exec: bool,
     /// Do not observe the processes a spawned command starts (by default its
