@@ -554,7 +554,7 @@ impl RunHeader {
 
 /// What marks the tokens changed during the run: a process that exec'd (the child of a wrapper
 /// such as `sh -c`) or a library loaded later brought our engine's markers or an engine profile
-/// (or markers whose uprobes the kernel refused: `degraded`).
+/// (or markers whose uprobes the kernel refused, or that were never called: `degraded`).
 /// It restates the header's `tokens` and `probes` from `mono_ns` on ([`RunHeader::apply`]); the
 /// header itself keeps what was known when the run started.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]

@@ -415,6 +415,12 @@ fn a_token_symbol_that_never_fires_is_reported_with_the_candidates() {
     let err = String::from_utf8_lossy(&run.output.stderr);
     let line = err.lines().find(|l| l.contains("no call of `llama_decode`")).unwrap_or_else(|| panic!("{err}"));
     assert!(line.contains("llama_process"), "the warning names the entry point that runs: {line}");
+    // … and the summary (from the stream: a trace and the TUI's header have it too).
+    let degraded = run.summary["degraded"].as_array().expect("degraded");
+    assert!(
+        degraded.iter().any(|d| d.as_str().is_some_and(|d| d.starts_with("tokens: no call of `llama_decode`"))),
+        "{degraded:?}"
+    );
 }
 
 #[test]

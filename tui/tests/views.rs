@@ -672,3 +672,29 @@ fn the_header_follows_marks_found_after_exec() {
     assert!(first.contains("tokens: engine profile llama.cpp: llama_decode, llama_process"), "{s}");
     assert!(lines.next().unwrap().contains(&format!("probes {}", h.probes.len() + 1)), "{s}");
 }
+
+/// Token markers that are never called: the session restates them with a `degraded` entry
+/// (`Event::Marks`), which the header's second line shows first, in the alarm style.
+#[test]
+fn the_header_warns_of_markers_never_called() {
+    let h = fixture::header();
+    let mut app = App::new();
+    app.push(Event::Header(h.clone()));
+    let t = show(&mut app, View::Summary, 200, 20);
+    assert!(!text(t.backend().buffer()).contains('⚠'), "nothing degraded yet");
+    let warning = "tokens: no call of `llama_decode` in 5 s: no token records";
+    app.push(Event::Marks(observer_common::model::TokenMarks {
+        mono_ns: h.started_mono_ns + 5_000_000_000,
+        pid: 4250,
+        tokens: "calls of llama_decode in /opt/llama/libllama.so".into(),
+        probes: h.probes.clone(),
+        degraded: vec![warning.into()],
+    }));
+    let t = render(&mut app, 200, 20);
+    let buf = t.backend().buffer();
+    let second = text(buf).lines().nth(1).unwrap().to_string();
+    assert!(second.contains(&format!("⚠ {warning}")), "{second}");
+    assert!(second.contains("kernel "), "the run's facts follow: {second}");
+    let (x, y) = find(buf, "no call of").unwrap();
+    assert_eq!(buf[(x, y)].fg, Color::Red, "the warning is in the alarm style");
+}

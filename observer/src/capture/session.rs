@@ -565,7 +565,7 @@ impl Session {
         let mut silent = SilentMarkers::default();
         let mut stopper = Stopper::default();
         let ending = loop {
-            silent.check(probes.markers.as_ref(), asm.records(), false);
+            silent.check(&probes, asm.records(), false, pid, sinks)?;
             // Execs read by the last drain (either branch below): attach what
             // the new programs carry, then let a held one go on.
             for (exec_pid, exec_ns) in std::mem::take(&mut asm.execs) {
@@ -647,7 +647,7 @@ impl Session {
         drop(resid);
         emit(sinks, &Event::Totals(totals))?;
         let lost = probes.counter(GlobalCounter::LostEvents)? + asm.malformed;
-        silent.check(probes.markers.as_ref(), asm.records(), true);
+        silent.check(&probes, asm.records(), true, pid, sinks)?;
         let unfollowed = probes.counter(GlobalCounter::FollowOverflow)?;
         if unfollowed > 0 {
             log::warn!(
@@ -787,8 +787,10 @@ impl Session {
 
 /// The warning for token markers that never fire: when a probed token
 /// function has not been called [`SILENT_AFTER`] after it was attached (or by
-/// the end of the run), say so on stderr once, naming the engine entry points
-/// the probed file defines (e.g. `llama_process` beside `llama_decode`).
+/// the end of the run), say so once, naming the engine entry points the probed
+/// file defines (e.g. `llama_process` beside `llama_decode`): on stderr, and in
+/// the stream as an `Event::Marks` whose `degraded` carries it (so the JSON
+/// summary's `degraded`, a trace and the TUI's header have it too).
 #[derive(Debug, Default)]
 struct SilentMarkers {
     since: Option<Instant>,
@@ -799,11 +801,18 @@ struct SilentMarkers {
 const SILENT_AFTER: Duration = Duration::from_secs(5);
 
 impl SilentMarkers {
-    fn check(&mut self, markers: Option<&MarkerKind>, records: u64, at_end: bool) {
-        let Some(m) = markers else { return };
+    fn check(
+        &mut self,
+        probes: &Probes,
+        records: u64,
+        at_end: bool,
+        pid: u32,
+        sinks: &mut [Box<dyn Sink>],
+    ) -> Result<()> {
+        let Some(m) = probes.markers.as_ref() else { return Ok(()) };
         let since = *self.since.get_or_insert_with(Instant::now);
         if self.warned || records > 0 || !(at_end || since.elapsed() >= SILENT_AFTER) {
-            return;
+            return Ok(());
         }
         self.warned = true;
         let (what, path) = match m {
@@ -826,7 +835,16 @@ impl SilentMarkers {
             )
         })
         .unwrap_or_default();
-        log::warn!("no call of {what} {when}: no token records{candidates}");
+        let warning = format!("no call of {what} {when}: no token records{candidates}");
+        log::warn!("{warning}");
+        let m = TokenMarks {
+            mono_ns: seed::mono_ns(),
+            pid,
+            tokens: tokens_desc(Some(m), false),
+            probes: probes.attached.clone(),
+            degraded: vec![format!("tokens: {warning}")],
+        };
+        emit(sinks, &Event::Marks(m))
     }
 }
 

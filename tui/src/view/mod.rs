@@ -157,7 +157,16 @@ fn draw_header(app: &App, f: &mut Frame<'_>, area: Rect) {
         }
         None => String::new(),
     };
-    f.render_widget(Paragraph::new(fmt::fit(&facts, left.width as usize)).style(fmt::dim()), left);
+    // What the run cannot measure (the header's `degraded`, with what marks the tokens restated
+    // later: markers refused, or never called), first and in the alarm style.
+    let warn = match &app.header {
+        Some(h) if !h.degraded.is_empty() => format!(" ⚠ {} ·", h.degraded.join(" · ")),
+        _ => String::new(),
+    };
+    let warn = fmt::fit(&warn, left.width as usize);
+    let rest = fmt::fit(&facts, (left.width as usize).saturating_sub(warn.chars().count()));
+    let line = Line::from(vec![Span::styled(warn, fmt::alarm()), Span::styled(rest, fmt::dim())]);
+    f.render_widget(Paragraph::new(line), left);
     f.render_widget(Paragraph::new(Line::from(counts)), right);
 }
 
