@@ -986,13 +986,25 @@ struct Server {
 impl Server {
     /// `llama-server` on `model` (2 threads, one slot), once its `/health` answers 200.
     fn start(llama: &Llama, model: &Path) -> Server {
+        Server::start_in(llama, model, None)
+    }
+
+    /// [`Server::start`] in the memory cgroup `cg` (joined before its exec, same PID).
+    fn start_in(llama: &Llama, model: &Path, cg: Option<&testkit::MemCgroup>) -> Server {
         // A free port: bound by the kernel, released, taken by the server a moment later.
         let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
         let log = scratch_dir("llama-server").join(format!("server-{port}.log"));
         let out = std::fs::File::create(&log).unwrap();
-        let child = Command::new(llama.program("llama-server"))
-            .args(["-m", model.to_str().unwrap(), "--host", "127.0.0.1", "--port", &port.to_string()])
-            .args(["-t", "2", "-c", "1024", "-np", "1"])
+        let program = llama.program("llama-server");
+        let port_s = port.to_string();
+        let mut args = vec![program.to_str().unwrap(), "-m", model.to_str().unwrap(), "--host", "127.0.0.1"];
+        args.extend(["--port", &port_s, "-t", "2", "-c", "1024", "-np", "1"]);
+        let args: Vec<String> = match cg {
+            Some(cg) => cg.wrap(&args),
+            None => args.iter().map(|a| a.to_string()).collect(),
+        };
+        let child = Command::new(&args[0])
+            .args(&args[1..])
             .stdout(out.try_clone().unwrap())
             .stderr(out)
             .spawn()
@@ -1214,6 +1226,56 @@ fn check_serving_server(s: &Value, replies: &[Value], calls: &[(String, u64)]) {
         recs.len(),
         diff * 100.0
     );
+}
+
+/// `observer heatmap --pid` of a llama-server, no model given: the GGUF is the one the server
+/// has mapped, and its page-cache residency is that of fincore. The model is twice the size of the
+/// server's memory cgroup limit and evicted before the server loads it, so that only part of it
+/// stays in the page cache (the test fails on a fully resident file); fincore is read just before
+/// and just after the heatmap, and the two readings bound it (1 page of slack).
+#[test]
+fn llama_server_heatmap_of_its_mapped_model_matches_fincore() {
+    let _l = machine_lock();
+    assert_root();
+    let llama = llama();
+    let model = memlimit_model().canonicalize().unwrap();
+    evict(&model);
+    let cg = testkit::MemCgroup::new("obs-llama-heatmap", MEMLIMIT).expect("memory cgroup");
+    let server = Server::start_in(&llama, &model, Some(&cg));
+    let before = fincore_pages(&model);
+    let out = Command::new(OBSERVER)
+        .args(["heatmap", "--pid", &server.pid().to_string(), "--json"])
+        .output()
+        .expect("observer heatmap");
+    let after = fincore_pages(&model);
+    drop(server);
+    assert!(out.status.success(), "observer heatmap --pid failed: {}", String::from_utf8_lossy(&out.stderr));
+    let v: Value = serde_json::from_slice(out.stdout.split(|b| *b == b'\n').next().unwrap()).expect("a JSON line");
+    assert_eq!(v["file"].as_str().map(Path::new), Some(model.as_path()), "the model found from the server's maps");
+    let pages = u(&v, "file_resident_pages");
+    let size = u(&v, "file_pages");
+    assert!(
+        before > 0 && before + 1000 < size,
+        "the test needs a partly resident model: fincore says {before} of {size} pages before"
+    );
+    let (lo, hi) = (before.min(after), before.max(after));
+    assert!(
+        pages + 1 >= lo && pages <= hi + 1,
+        "heatmap {pages} resident pages vs fincore {before} before and {after} after (of {size})"
+    );
+    // The expert cells (layers × experts) are the same scan: fractions in 0..=1 whose mean is the
+    // routed experts' resident fraction (the experts of this model are all of one size; cells share
+    // at most their edge pages).
+    let rows = v["resident"].as_array().expect("resident rows");
+    assert_eq!(rows.len() as u64, u(&v, "n_layers"));
+    let cells: Vec<f64> = rows.iter().flat_map(|r| r.as_array().unwrap().iter().map(|c| c.as_f64().unwrap())).collect();
+    assert_eq!(cells.len() as u64, u(&v, "n_layers") * u(&v, "n_experts"));
+    assert!(cells.iter().all(|f| (0.0..=1.0).contains(f)), "{cells:?}");
+    let mean = cells.iter().sum::<f64>() / cells.len() as f64;
+    let experts = v["experts_resident_frac"].as_f64().unwrap();
+    assert!((mean - experts).abs() < 0.01, "mean cell {mean} vs experts_resident_frac {experts}");
+    assert!(cells.iter().any(|f| *f < 0.5), "some experts are cold under the limit: {cells:?}");
+    eprintln!("llama-server heatmap: {pages} of {size} pages resident; fincore {before} before, {after} after");
 }
 
 /// `observer run --pid` beside a llama-server that is idle for 3 s ([`check_idle_server`]), then

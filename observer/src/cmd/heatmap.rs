@@ -65,8 +65,8 @@ use serde_json::{Value, json};
 
 #[derive(Debug, clap::Args)]
 pub struct HeatmapArgs {
-    /// The GGUF model file.
-    #[arg(required_unless_present = "trace")]
+    /// The GGUF model file (with `--pid`, the one that process has mapped when not given).
+    #[arg(required_unless_present_any = ["trace", "pid"])]
     pub model: Option<PathBuf>,
     /// List the explicit reads per expert of a recorded run (`observer record`) instead.
     /// With `--watch`, the trace is read again at every refresh (a run being recorded) until it ends.
@@ -90,7 +90,8 @@ pub struct HeatmapArgs {
     /// Also count page-cache adds/evictions per expert between refreshes (eBPF, root).
     #[arg(long)]
     churn: bool,
-    /// Also show the expert cache of this engine process (its published slot table).
+    /// Also show the expert cache of this engine process (its published slot table); without
+    /// MODEL, the GGUF it has mapped is the model (an engine such as llama.cpp found by its PID).
     #[arg(long)]
     pid: Option<u32>,
     /// Grid width in columns (default: the terminal's, or 120).
@@ -143,7 +144,16 @@ pub fn run(mut args: HeatmapArgs) -> Result<i32> {
     if let Some(trace) = &args.trace {
         return trace_reads(trace, &args);
     }
-    let path = args.model.take().context("observer heatmap: a model file (or --trace FILE) is needed")?;
+    let path = match (args.model.take(), args.pid) {
+        (Some(p), _) => p,
+        (None, Some(pid)) => observer::capture::discover::mapped_gguf(pid).with_context(|| {
+            format!(
+                "observer heatmap --pid {pid}: process {pid} has no GGUF file mapped (is it running, and does it \
+                 load its model with mmap?); give the model file"
+            )
+        })?,
+        (None, None) => bail!("observer heatmap: a model file (or --trace FILE, or --pid PID) is needed"),
+    };
     run_model(&path, &args)
 }
 
