@@ -155,6 +155,16 @@ fn delta(now: &Counts, last: &Counts) -> ChurnDelta {
 /// The object, the counters, the last counts, and who evicted at the start and at the last refresh.
 type ChurnState = (aya::Ebpf, Churn, Counts, Option<(Table, Table)>);
 
+/// What a refresh shows beside residency: `--churn`'s deltas, and `--pid`'s engine cache and reads.
+struct More<'a> {
+    churn: Option<&'a ChurnDelta>,
+    cache: Option<&'a (u32, Option<EngineCache>)>,
+    reads: Option<&'a PidReads<'a>>,
+}
+
+/// A grid of the terminal view: one cell's value (0..=1) by grid index, one row's label by row.
+type Grid<'a> = dyn Fn(&mut dyn Write, &dyn Fn(usize) -> Option<f64>, &dyn Fn(usize) -> String) -> Result<()> + 'a;
+
 /// `--pid`'s explicit reads at one refresh.
 struct PidReads<'a> {
     pid: u32,
@@ -394,7 +404,8 @@ fn run_model(model_path: &std::path::Path, args: &HeatmapArgs) -> Result<i32> {
             if args.watch {
                 write!(out, "\x1b[H\x1b[2J")?;
             }
-            render(&mut out, &model, &snap, churn.as_ref(), cache.as_ref(), reads.as_ref(), width, color)?;
+            let more = More { churn: churn.as_ref(), cache: cache.as_ref(), reads: reads.as_ref() };
+            render(&mut out, &model, &snap, &more, width, color)?;
         }
         out.flush()?;
         k += 1;
@@ -583,16 +594,8 @@ fn pct(f: Option<f64>) -> String {
     f.map(|f| format!("{:5.1} %", 100.0 * f)).unwrap_or_else(|| "    -  ".into())
 }
 
-fn render(
-    out: &mut impl Write,
-    m: &ModelFile,
-    s: &Snapshot,
-    churn: Option<&ChurnDelta>,
-    cache: Option<&(u32, Option<EngineCache>)>,
-    reads: Option<&PidReads<'_>>,
-    width: usize,
-    color: bool,
-) -> Result<()> {
+fn render(out: &mut impl Write, m: &ModelFile, s: &Snapshot, more: &More<'_>, width: usize, color: bool) -> Result<()> {
+    let More { churn, cache, reads } = *more;
     let reset = if color { "\x1b[0m" } else { "" };
     let n_rows = m.map.moe_layers.len();
     let n_e = m.map.n_experts as usize;
@@ -742,12 +745,7 @@ fn render(
 
 /// `--pid`'s explicit reads: per kind since the start and the last refresh, then a grid of
 /// `read_bytes` per expert since the start (shade against the most-read expert).
-fn render_pid_reads(
-    out: &mut impl Write,
-    m: &ModelFile,
-    r: &PidReads<'_>,
-    grid: &dyn Fn(&mut dyn Write, &dyn Fn(usize) -> Option<f64>, &dyn Fn(usize) -> String) -> Result<()>,
-) -> Result<()> {
+fn render_pid_reads(out: &mut impl Write, m: &ModelFile, r: &PidReads<'_>, grid: &Grid<'_>) -> Result<()> {
     use observer_common::vocab::{EXPLICIT_READS, G_READ_BYTES, G_READ_CALLS, GRID_LAYERS};
     writeln!(
         out,
@@ -785,13 +783,7 @@ fn render_pid_reads(
     }
     let max = bytes.iter().copied().max().unwrap_or(0).max(1);
     let (rb, rc) = (&GRID_LAYERS[G_READ_BYTES], &GRID_LAYERS[G_READ_CALLS]);
-    writeln!(
-        out,
-        "  {} per expert ({}; shade against the most-read expert, {}; 1 column as above):",
-        rb.name,
-        rb.help,
-        mib(max)
-    )?;
+    writeln!(out, "  {} per expert (shade against the most-read expert, {}; 1 column as above):", rb.name, mib(max))?;
     let val = |i: usize| Some(bytes[i] as f64 / max as f64);
     let label = |row: usize| mib(bytes[row * n_e..(row + 1) * n_e].iter().sum());
     grid(out, &val, &label)?;
