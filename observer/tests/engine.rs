@@ -964,7 +964,8 @@ fn heatmap_of_a_live_pid_lists_its_explicit_reads_per_expert() {
         .sum();
     assert_eq!(spans, u(&last["bytes"], "experts"), "the refreshes' spans vs the run");
     eprintln!(
-        "{} refreshes; {bt_bytes} bytes in {bt_calls} preads (bpftrace), {} experts listed, {unresolved} unresolved",
+        "{} refreshes; {bt_bytes} bytes in {bt_calls} preads (bpftrace), {} experts listed, {short} bytes short of \
+         the log, {unresolved} unresolved",
         refreshes.len(),
         listed.len()
     );
