@@ -18,15 +18,30 @@
 //! Per kind the kernel adds the bytes, the call's duration (entry to exit: what the thread waited
 //! for, `io_wait` and any run-queue time inside the call; summed over threads, so overlapping
 //! reads of several I/O workers can add up to more than a token's wall time) and the calls, to
-//! the cumulative array `XREAD_TOTALS` ([`N_TOTALS`] entries, indices `T_*`). A token mark copies
-//! the array into its record (`attrib::MarkRecord::xread`), so a token's explicit reads are the
-//! difference of its two marks, exact for the calls that returned between them.
+//! the cumulative array `XREAD_TOTALS` ([`N_TOTALS`] entries, indices `T_*`). A read charged to
+//! a routed expert also sends one ring-buffer record ([`ReadRecord`]: the interval and the bytes).
+//! A record that cannot be reserved is counted ([`T_LOST_EVENTS`], its bytes in
+//! [`T_LOST_BYTES`]), never silently dropped.
 //!
-//! Per expert: a read charged to a routed expert also sends one ring-buffer record
-//! ([`ReadRecord`]: the interval and the bytes); user space adds the records that arrive between a
-//! token's two mark records (the ring keeps the order of reservation) to that token's experts. A
-//! record that cannot be reserved is counted ([`T_LOST_EVENTS`], its bytes in [`T_LOST_BYTES`]),
-//! never silently dropped: per token, `Σ experts' bytes + lost bytes == experts bytes`.
+//! ## Spans: token records, `--window` records, heatmap refreshes
+//! Explicit reads are reported per *span*, between two readings of the totals:
+//! - per kind (and unresolved, lost): the difference of the totals at the span's two ends, exact
+//!   for the calls that returned between them;
+//! - per expert: the read records user space takes from the ring between the span's two ends,
+//!   folded into `(layer, expert)` by their interval.
+//!
+//! The ends differ in how they meet the ring:
+//! - **a token** (`begin` and `end` mark): the mark copies the totals into its own ring record
+//!   (`attrib::MarkRecord::xread`), and the ring keeps the order of reservation, so a token's
+//!   records are those between its two mark records: exact per token,
+//!   `Σ experts' bytes + lost bytes == experts bytes`. Records between an `end` and the next
+//!   `begin` are in no token.
+//! - **a window** (`--window`, and each refresh of `observer heatmap --pid`): user space takes
+//!   every record in the ring, then reads the totals. A read that returns in between is in this
+//!   window's totals and the next window's records, so per expert only the sums over the run
+//!   are exact (every window adds up, after the process has exited and the ring is empty).
+//!   `observer heatmap --pid` attaches to a running process: a read that entered its call before
+//!   the programs were attached is not counted; its open descriptors are resolved at once.
 //!
 //! File descriptors: the kernel does not resolve an fd to a file here (no BTF-relocated struct
 //! reads on this project's kernels). User space does, once per `(tgid, fd)`, from

@@ -860,6 +860,118 @@ fn window_records_carry_explicit_reads_that_add_up_to_the_engines() {
     assert!(with_reads >= 2, "{with_reads} windows with expert reads");
 }
 
+/// `observer heatmap MODEL --pid PID --watch --json` on a running engine that reads its experts
+/// through its cache (`pread64`): attached while the engine is stopped before its start, it ends
+/// once the engine has exited, and its last refresh lists, per expert, the bytes the engine's
+/// `--cache-log` says it read (short only by the unresolved bytes), and per kind what a bpftrace
+/// sum of `pread64` returns on the model's descriptors counted (same run).
+#[test]
+fn heatmap_of_a_live_pid_lists_its_explicit_reads_per_expert() {
+    let _l = machine_lock();
+    let model = tiny_model();
+    let dir = scratch_dir("engine-xheat");
+    let log = dir.join("live-loads.txt");
+    let _ = std::fs::remove_file(&log);
+    let bt = model_preads(&model);
+    // A shell that stops itself, then becomes the engine (same PID): the heatmap attaches while
+    // it is stopped, so it sees every read the engine makes, whatever the machine's speed.
+    let script = format!(
+        "kill -STOP $$; exec {} run -m {} -p 'The quick brown fox' -n 24 --ignore-eos -t 2 --dense anon \
+         --experts cache --cache-mib 1 --cache-log {}",
+        engine_bin().display(),
+        model.display(),
+        log.display()
+    );
+    let mut target = Command::new("/bin/sh").args(["-c", &script]).stdout(Stdio::null()).spawn().unwrap();
+    let pid = target.id();
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while state(pid) != 'T' {
+        assert!(std::time::Instant::now() < deadline, "the target did not stop itself: state {}", state(pid));
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    /// Lets the engine go on if the test fails while it is stopped (and ends it).
+    struct Resume(u32);
+    impl Drop for Resume {
+        fn drop(&mut self) {
+            // SAFETY: kill(2) of the process this test started.
+            unsafe {
+                libc::kill(self.0 as i32, libc::SIGCONT);
+                libc::kill(self.0 as i32, libc::SIGKILL);
+            }
+        }
+    }
+    let resume = Resume(pid);
+    let mut h = Command::new(OBSERVER)
+        .args(["heatmap", model.to_str().unwrap(), "--pid", &pid.to_string(), "--json", "--watch"])
+        .args(["--interval", "100ms"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut out = BufReader::new(h.stdout.take().unwrap());
+    let mut first = String::new();
+    out.read_line(&mut first).unwrap();
+    assert!(!first.is_empty(), "observer heatmap --pid ended at once: {:?}", h.wait_with_output().unwrap());
+    let first: serde_json::Value = serde_json::from_str(&first).unwrap();
+    let r0 = &first["reads"];
+    assert_eq!((u(r0, "pid"), &r0["exited"]), (u64::from(pid), &serde_json::json!(false)), "{r0}");
+    assert_eq!(r0["experts"], serde_json::json!([]), "nothing read while stopped: {r0}");
+    // Its probes are attached (the first refresh is after them): let the engine start.
+    std::mem::forget(resume);
+    // SAFETY: kill(2) of the process this test started.
+    unsafe { libc::kill(pid as i32, libc::SIGCONT) };
+    let st = target.wait().unwrap();
+    assert!(st.success(), "the engine failed: {st}");
+    let mut rest = String::new();
+    std::io::Read::read_to_string(&mut out, &mut rest).unwrap();
+    let hst = h.wait_with_output().unwrap();
+    assert!(hst.status.success(), "observer heatmap --pid: {}", String::from_utf8_lossy(&hst.stderr));
+    let text = bt.finish();
+    let refreshes: Vec<serde_json::Value> =
+        std::iter::once(first).chain(rest.lines().map(|l| serde_json::from_str(l).unwrap())).collect();
+    let last = &refreshes.last().unwrap()["reads"];
+    // It ended by itself, at the first refresh that found the engine gone.
+    assert_eq!(last["exited"], true, "{last}");
+    assert!(refreshes[..refreshes.len() - 1].iter().all(|v| v["reads"]["exited"] == false));
+    assert_eq!(u(last, "records"), refreshes.len() as u64, "one span per refresh");
+
+    let (bt_bytes, bt_calls) = model_pread_totals(&text, u64::from(pid));
+    let log = cache_log(&log);
+    let log_total: u64 = log.values().flat_map(|m| m.values()).sum();
+    assert_eq!(log_total, bt_bytes, "the cache log's bytes vs bpftrace's pread64 returns");
+    let all = |k: &str| ["dense", "experts", "other"].iter().map(|r| u(&last[k], r)).sum::<u64>();
+    let unresolved = u(last, "unresolved_bytes");
+    assert_uncharged_within_unresolved(all("bytes"), bt_bytes, unresolved, "bytes vs bpftrace's pread64 returns");
+    assert_uncharged_within_unresolved(all("calls"), bt_calls, u(last, "unresolved_calls"), "calls vs bpftrace's");
+    assert_eq!(u(last, "lost_bytes"), 0, "per-expert records lost: {last}");
+    // Per expert: the engine's log, short only by what was charged to no region.
+    let listed = listed_per_expert(last);
+    let log_all: PerExpert = log.values().flatten().fold(PerExpert::new(), |mut m, (k, b)| {
+        *m.entry(*k).or_default() += b;
+        m
+    });
+    let short = shortfall_against_the_log(&listed, &log_all, "heatmap --pid");
+    assert_eq!(short, bt_bytes - u(&last["bytes"], "experts"), "the experts' bytes missing vs bpftrace's uncharged");
+    assert_eq!(listed.values().sum::<u64>(), u(&last["bytes"], "experts"), "per expert vs the experts kind");
+    let calls: u64 = last["experts"].as_array().unwrap().iter().map(|e| u(e, "read_calls")).sum();
+    assert_eq!(calls, u(&last["calls"], "experts"), "read_calls per expert vs the experts kind's calls");
+    // Each refresh's own span (`last`) adds up to the run's.
+    let spans: u64 = refreshes
+        .iter()
+        .map(|v| &v["reads"]["last"])
+        .filter(|x| x.is_object())
+        .map(|x| u(&x["bytes"], "experts"))
+        .sum();
+    assert_eq!(spans, u(&last["bytes"], "experts"), "the refreshes' spans vs the run");
+    eprintln!(
+        "{} refreshes; {bt_bytes} bytes in {bt_calls} preads (bpftrace), {} experts listed, {short} bytes short of \
+         the log, {unresolved} unresolved",
+        refreshes.len(),
+        listed.len()
+    );
+    assert!(listed.len() >= 8 && u(&last["bytes"], "experts") > 0, "a 1 MiB cache misses often: {last}");
+}
+
 /// The process whose parent is `parent` and whose name is `comm`, if any.
 fn child_named(parent: u32, comm: &str) -> Option<u32> {
     std::fs::read_dir("/proc").ok()?.flatten().find_map(|e| {

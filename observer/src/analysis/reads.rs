@@ -1,5 +1,5 @@
 //! A run's explicit reads of the model file, per kind of region and per routed expert
-//! (`observer heatmap --trace`).
+//! (`observer heatmap --trace`, and `--pid` over its refreshes).
 //!
 //! Rule: the sums, over the run's token (or window) records that carry `explicit_reads` (rule of
 //! the field: `observer_common::xread`), of its per-kind bytes, times and calls, its unresolved
@@ -11,7 +11,7 @@
 use std::collections::BTreeMap;
 
 use observer_common::{
-    model::{ReadKinds, TokenRecord},
+    model::{ExplicitReads, ReadKinds, TokenRecord},
     vocab::{G_READ_BYTES, G_READ_CALLS, GRID_LAYERS},
 };
 use serde_json::{Value, json};
@@ -50,11 +50,17 @@ fn add(a: &mut ReadKinds, b: &ReadKinds) {
 
 impl RunReads {
     pub fn of<'a>(tokens: impl IntoIterator<Item = &'a TokenRecord>) -> RunReads {
+        RunReads::of_spans(tokens.into_iter().map(|t| t.explicit_reads.as_ref()))
+    }
+
+    /// The same sums over spans (`observer_common::xread`, "Spans"; `None`: a span that did not
+    /// measure them), e.g. the refreshes of `observer heatmap --pid`.
+    pub fn of_spans<'a>(spans: impl IntoIterator<Item = Option<&'a ExplicitReads>>) -> RunReads {
         let mut r = RunReads::default();
         let mut experts: BTreeMap<(u32, u32), (u64, u64)> = BTreeMap::new();
-        for t in tokens {
+        for x in spans {
             r.records += 1;
-            let Some(x) = &t.explicit_reads else { continue };
+            let Some(x) = x else { continue };
             r.measured += 1;
             add(&mut r.bytes, &x.bytes);
             add(&mut r.ns, &x.ns);
@@ -107,7 +113,7 @@ impl RunReads {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use observer_common::model::{ExpertRead, ExplicitReads};
+    use observer_common::model::ExpertRead;
 
     fn rec(seq: u64, reads: Option<ExplicitReads>) -> TokenRecord {
         let mut t = crate::store::trace::tests::token(seq);

@@ -282,6 +282,44 @@ pub fn detach_tracepoints(ebpf: &mut Ebpf) {
     });
 }
 
+/// The cumulative explicit-read totals (`observer_common::xread::T_*`) of a loaded object now.
+pub fn xread_totals(ebpf: &Ebpf) -> Result<[u64; observer_common::xread::N_TOTALS], ProbeError> {
+    let map = ebpf.map("XREAD_TOTALS").ok_or_else(|| no_map("XREAD_TOTALS"))?;
+    let a: Array<_, u64> = Array::try_from(map).map_err(map_err("XREAD_TOTALS"))?;
+    let mut t = [0u64; observer_common::xread::N_TOTALS];
+    for (i, v) in t.iter_mut().enumerate() {
+        *v = a.get(&(i as u32), 0).map_err(map_err("XREAD_TOTALS"))?;
+    }
+    Ok(t)
+}
+
+/// Point a standalone object (`residency::churn::load_standalone`) at process `pid` (its threads
+/// only, no descendants) and attach only the system-call programs and `sched_process_exec`: what
+/// its explicit reads need (`residency::xread::Live`), without the attribution of [`Probes`].
+pub fn attach_syscalls(ebpf: &mut Ebpf, pid: u32) -> Result<(), ProbeError> {
+    preflight::ensure_tracefs().map_err(|e| ProbeError::MissingTracepoint(format!("{e:#}")))?;
+    let config = Config { target_tgid: pid, zram_major: 0, stop_on_exec: 0, follow_children: 0 };
+    set(ebpf, "CONFIG", 0, config)?;
+    set(ebpf, "OFFSETS", 0, tp_offsets()?)?;
+    for &(program, category, name, _) in
+        TRACEPOINTS.iter().filter(|t| matches!(t.0, "sys_enter" | "sys_exit" | "sched_exec"))
+    {
+        if !preflight::tracepoint_exists(category, name) {
+            return Err(ProbeError::MissingTracepoint(format!(
+                "this kernel has no tracepoint {category}:{name} (needs CONFIG_TRACEPOINTS and the {category} events)"
+            )));
+        }
+        let prog: &mut TracePoint = ebpf
+            .program_mut(program)
+            .ok_or_else(|| program_error(program, ProgramError::UnexpectedProgramType))?
+            .try_into()
+            .map_err(|e| program_error(program, e))?;
+        prog.load().map_err(|e| program_error(program, e))?;
+        prog.attach(category, name).map_err(|e| program_error(program, e))?;
+    }
+    Ok(())
+}
+
 impl std::fmt::Debug for Probes {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Probes").field("attached", &self.attached).finish_non_exhaustive()
@@ -537,13 +575,7 @@ impl Probes {
     /// The cumulative explicit-read totals (`observer_common::xread::T_*`) now, as a token mark
     /// copies them (for window boundaries).
     pub fn xread_totals(&self) -> Result<[u64; observer_common::xread::N_TOTALS], ProbeError> {
-        let map = self.ebpf.map("XREAD_TOTALS").ok_or_else(|| no_map("XREAD_TOTALS"))?;
-        let a: Array<_, u64> = Array::try_from(map).map_err(map_err("XREAD_TOTALS"))?;
-        let mut t = [0u64; observer_common::xread::N_TOTALS];
-        for (i, v) in t.iter_mut().enumerate() {
-            *v = a.get(&(i as u32), 0).map_err(map_err("XREAD_TOTALS"))?;
-        }
-        Ok(t)
+        xread_totals(&self.ebpf)
     }
 
     /// The faults of threads without a slot (`observer_common::faults`), sorted by TID.

@@ -17,10 +17,8 @@
 //! the step (a server's idle HTTP threads, a sleeping main thread) are not in
 //! the mean. A window has no caller: all observed threads are its threads.
 //!
-//! Explicit reads (`observer_common::xread`): a token's per-kind bytes, times and calls are the
-//! difference of the cumulative totals its two marks carry; its per-expert bytes and calls are the
-//! sums of the read records that arrive between its `begin` and `end` mark records (one call
-//! each). A window's come from its two snapshots in the same way ([`Assembler::window`]).
+//! Explicit reads: a token or window is a span of `observer_common::xread`'s rule ("Spans"):
+//! [`Assembler::span_reads`].
 
 use std::collections::BTreeMap;
 
@@ -173,12 +171,12 @@ impl Assembler {
                         None
                     }
                     PHASE_END => {
-                        let reads = std::mem::take(&mut self.reads);
-                        let begin = self.begin.take()?;
+                        let Some(begin) = self.begin.take() else {
+                            self.reads.clear();
+                            return None;
+                        };
                         let mut t = build(&begin, &snap, self.next_seq, self.default_kind);
-                        if let (Some(cells), Some(b), Some(e)) = (&self.xread, begin.xread, snap.xread) {
-                            t.explicit_reads = Some(explicit_reads(&b, &e, &reads, cells));
-                        }
+                        t.explicit_reads = self.span_reads(&begin, &snap);
                         self.next_seq += 1;
                         Some(t)
                     }
@@ -227,25 +225,31 @@ impl Assembler {
         self.next_seq
     }
 
-    /// Window mode: `snap` ends the current window (if any) and begins the next. A window's
-    /// explicit reads are, per kind, the difference of its snapshots' totals (exact); per expert,
-    /// the read records drained since the previous snapshot (a record still in the ring at a
-    /// window's end counts in the next window, so only the sums over the run are exact there).
+    /// Window mode: `snap` ends the current window (if any) and begins the next. The caller
+    /// drains the ring before it takes `snap` (a window's end in the rule's "Spans").
     pub fn window(&mut self, snap: Snapshot) -> Option<TokenRecord> {
-        let prev = self.begin.replace(snap.clone());
-        let reads = std::mem::take(&mut self.reads);
-        let begin = prev?;
+        let Some(begin) = self.begin.replace(snap.clone()) else {
+            self.reads.clear();
+            return None;
+        };
         let mut t = build(&begin, &snap, self.next_seq, StepKind::Window);
-        if let (Some(cells), Some(b), Some(e)) = (&self.xread, begin.xread, snap.xread) {
-            t.explicit_reads = Some(explicit_reads(&b, &e, &reads, cells));
-        }
+        t.explicit_reads = self.span_reads(&begin, &snap);
         self.next_seq += 1;
         Some(t)
     }
+
+    /// The explicit reads of the span from `begin` to `end` (`observer_common::xread`, "Spans"):
+    /// per kind the difference of their totals, per expert the read records taken since `begin`
+    /// (which starts the next span empty). `None` when reads are not measured.
+    fn span_reads(&mut self, begin: &Snapshot, end: &Snapshot) -> Option<ExplicitReads> {
+        let records = std::mem::take(&mut self.reads);
+        let (cells, b, e) = (self.xread.as_ref()?, begin.xread?, end.xread?);
+        Some(explicit_reads(&b, &e, &records, cells))
+    }
 }
 
-/// A token's explicit reads: the difference of its marks' totals, and its read records folded
-/// into experts (`cells`: interval → `(layer, expert)`).
+/// A span's explicit reads: the difference of the totals at its ends `b` and `e`, and its read
+/// records folded into experts (`cells`: interval → `(layer, expert)`).
 fn explicit_reads(
     b: &[u64; N_TOTALS],
     e: &[u64; N_TOTALS],

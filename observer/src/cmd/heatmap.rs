@@ -11,7 +11,11 @@
 //!   engine's own cache (anonymous memory, not the page cache), with its slots and the expert
 //!   reads since the previous refresh (rules: `observer::capture::residency::slots`). A hit rate
 //!   needs the engine's token boundaries, which this command does not see: `observer run` and
-//!   the TUI show it.
+//!   the TUI show it. `--pid` also measures the process's explicit reads of the model (eBPF;
+//!   rule: `observer_common::xread`, each refresh a span like a `--window`): per kind since the
+//!   heatmap attached and since the previous refresh, then a grid of `read_bytes` per expert
+//!   since it attached. `--no-reads` goes without (no eBPF). With `--pid` the heatmap ends after
+//!   the first refresh that finds the process gone (that refresh holds every read it made).
 //! - `--json`: one JSON object per refresh, on one line:
 //!   `{"sample", "file", "architecture", "size_bytes", "page_size", "source" ("mincore" |
 //!   "cachestat"), "scan_ns", "scan_cpu_ns" (wall and CPU time of the scan), "mincore_pages" (pages the scan asked `mincore` about; chunks that
@@ -31,7 +35,11 @@
 //!   "engine_cache" (with `--pid`: the token records' `residency.engine_cache`
 //!   object, `{"version", "slots", "loading", "ready" (grid cells `row * n_experts + expert`),
 //!   "reads" (since the previous refresh), "hit_pct" (null here)}`, plus `"pid"`; null when the
-//!   process publishes no cache, or without `--pid`)}`. The terminal view adds the same table and
+//!   process publishes no cache, or without `--pid`), "reads" (with `--pid`: the explicit reads
+//!   since the heatmap attached, in `--trace`'s format below, "records" counting refreshes, plus
+//!   `"pid"`, `"exited"` (the process had exited before this refresh) and `"last"` (the reads
+//!   since the previous refresh, as a token record's `explicit_reads`); null with `--no-reads`
+//!   or without `--pid`)}`. The terminal view shows the same eviction table (since the last refresh) and
 //!   the one since the start.
 //! - `--csv`: `sample,kind,layer,expert,bytes,resident_bytes,resident_frac,added_pages,evicted_pages`
 //!   with one row per kind `file`, `dense_tensors`, `shared_experts`, `routed_experts` (layer,
@@ -53,13 +61,17 @@
 use std::{io::Write, path::PathBuf, time::Duration};
 
 use anyhow::{Context, Result, bail};
-use observer::capture::residency::{
-    Counts, ModelFile, Part, Snapshot, Source,
-    churn::Churn,
-    evict::{self, Table},
-    slots::SlotTable,
+use observer::{
+    analysis::reads::RunReads,
+    capture::residency::{
+        Counts, ModelFile, Part, Snapshot, Source,
+        churn::Churn,
+        evict::{self, Table},
+        slots::SlotTable,
+        xread::Live,
+    },
 };
-use observer_common::model::EngineCache;
+use observer_common::model::{EngineCache, ExplicitReads};
 use observer_common::vocab::{Region, ResidencyField};
 use serde_json::{Value, json};
 
@@ -90,10 +102,14 @@ pub struct HeatmapArgs {
     /// Also count page-cache adds/evictions per expert between refreshes (eBPF, root).
     #[arg(long)]
     churn: bool,
-    /// Also show the expert cache of this engine process (its published slot table); without
+    /// Also show the expert cache of this engine process (its published slot table) and its
+    /// explicit reads of the model per expert (eBPF, root); ends when the process exits. Without
     /// MODEL, the GGUF it has mapped is the model (an engine such as llama.cpp found by its PID).
     #[arg(long)]
     pid: Option<u32>,
+    /// With `--pid`: do not measure its explicit reads (no eBPF needed).
+    #[arg(long, requires = "pid")]
+    no_reads: bool,
     /// Grid width in columns (default: the terminal's, or 120).
     #[arg(long)]
     width: Option<usize>,
@@ -140,6 +156,33 @@ fn delta(now: &Counts, last: &Counts) -> ChurnDelta {
 /// The object, the counters, the last counts, and who evicted at the start and at the last refresh.
 type ChurnState = (aya::Ebpf, Churn, Counts, Option<(Table, Table)>);
 
+/// What a refresh shows beside residency: `--churn`'s deltas, and `--pid`'s engine cache and reads.
+struct More<'a> {
+    churn: Option<&'a ChurnDelta>,
+    cache: Option<&'a (u32, Option<EngineCache>)>,
+    reads: Option<&'a PidReads<'a>>,
+}
+
+/// A grid of the terminal view: one cell's value (0..=1) by grid index, one row's label by row.
+type Grid<'a> = dyn Fn(&mut dyn Write, &dyn Fn(usize) -> Option<f64>, &dyn Fn(usize) -> String) -> Result<()> + 'a;
+
+/// `--pid`'s explicit reads at one refresh.
+struct PidReads<'a> {
+    pid: u32,
+    /// The process had exited before this refresh (its last: every read it made is in).
+    exited: bool,
+    /// Since the heatmap attached (its refreshes are the spans).
+    run: RunReads,
+    /// Since the previous refresh.
+    last: Option<&'a ExplicitReads>,
+}
+
+/// Whether process `pid` still runs (not gone, not a zombie).
+fn alive(pid: u32) -> bool {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    stat.rsplit_once(") ").and_then(|(_, r)| r.chars().next()).is_some_and(|s| !matches!(s, 'Z' | 'X'))
+}
+
 pub fn run(mut args: HeatmapArgs) -> Result<i32> {
     if let Some(trace) = &args.trace {
         return trace_reads(trace, &args);
@@ -160,10 +203,7 @@ pub fn run(mut args: HeatmapArgs) -> Result<i32> {
 /// `--trace`: the explicit reads of a recorded run (module doc); with `--watch`, of the trace as it
 /// grows (a run being recorded), until its end record or `--count` refreshes.
 fn trace_reads(path: &std::path::Path, args: &HeatmapArgs) -> Result<i32> {
-    use observer::{
-        analysis::reads::RunReads,
-        store::import::{LoadedRun, load_events},
-    };
+    use observer::store::import::{LoadedRun, load_events};
     let what = || format!("observer heatmap --trace {}", path.display());
     let mut out = std::io::stdout().lock();
     let mut k = 0u64;
@@ -279,7 +319,9 @@ fn run_model(model_path: &std::path::Path, args: &HeatmapArgs) -> Result<i32> {
     let mut model =
         ModelFile::open(model_path).with_context(|| format!("observer heatmap {}", model_path.display()))?;
     let mut churn_state: Option<ChurnState> = None;
-    if args.churn {
+    // Explicit reads are charged on the churn intervals: the churn programs come with them.
+    let reads_wanted = args.pid.is_some() && !args.no_reads;
+    if args.churn || reads_wanted {
         observer::capture::preflight::check_privileges()?;
         let mut ebpf = observer::capture::residency::churn::load_standalone()?;
         let c = Churn::attach(&mut ebpf, model_path, &model.map, model.file.page)
@@ -297,20 +339,42 @@ fn run_model(model_path: &std::path::Path, args: &HeatmapArgs) -> Result<i32> {
         };
         churn_state = Some((ebpf, c, base, blame));
     }
+    let mut live: Option<(Live, Vec<Option<ExplicitReads>>)> = match (args.pid, churn_state.as_mut()) {
+        (Some(pid), Some((ebpf, c, _, _))) if reads_wanted => {
+            let l = Live::attach(ebpf, pid, model_path, &model.map, &c.intervals, model.file.page)
+                .with_context(|| format!("explicit reads of process {pid} (--no-reads goes without)"))?;
+            Some((l, Vec::new()))
+        }
+        _ => None,
+    };
     let mut slots = args.pid.map(|pid| (pid, SlotTable::new(pid, &model.map.moe_layers, model.map.n_experts)));
     let color = !args.no_color && observer::style::colour(observer::style::Stream::Stdout);
     let width = args.width.unwrap_or_else(terminal_width);
     let mut out = std::io::stdout().lock();
     let mut k = 0u64;
     loop {
+        // A process gone before this refresh makes it the last one, with every read it made.
+        let exited = args.pid.is_some_and(|p| !alive(p));
         let snap = model.scan().with_context(|| format!("scanning {}", model_path.display()))?;
         let cache = match slots.as_mut() {
-            None => None,
-            Some((pid, t)) => Some((*pid, t.sample().with_context(|| format!("the expert cache of process {pid}"))?)),
+            Some((pid, t)) if !exited => match t.sample() {
+                Ok(c) => Some((*pid, c)),
+                // Gone since the look above: the next refresh is the last.
+                Err(_) if !alive(*pid) => None,
+                Err(e) => return Err(e).with_context(|| format!("the expert cache of process {pid}")),
+            },
+            _ => None,
+        };
+        let reads = match (live.as_mut(), churn_state.as_ref()) {
+            (Some((l, spans)), Some((ebpf, ..))) => {
+                spans.push(l.span(ebpf).with_context(|| format!("explicit reads of process {}", l.pid))?);
+                let run = RunReads::of_spans(spans.iter().map(Option::as_ref));
+                Some(PidReads { pid: l.pid, exited, run, last: spans.last().and_then(Option::as_ref) })
+            }
+            _ => None,
         };
         let churn = match churn_state.as_mut() {
-            None => None,
-            Some((_, c, last, blame)) => {
+            Some((_, c, last, blame)) if args.churn => {
                 let now = c.read();
                 let mut d = delta(&now, last);
                 *last = now;
@@ -321,6 +385,7 @@ fn run_model(model_path: &std::path::Path, args: &HeatmapArgs) -> Result<i32> {
                 }
                 Some(d)
             }
+            _ => None,
         };
         if args.json {
             let mut v = json_line(k, &model, &snap, churn.as_ref());
@@ -332,6 +397,16 @@ fn run_model(model_path: &std::path::Path, args: &HeatmapArgs) -> Result<i32> {
                 }
                 _ => Value::Null,
             };
+            v["reads"] = match &reads {
+                Some(r) => {
+                    let mut j = r.run.to_json();
+                    j["pid"] = json!(r.pid);
+                    j["exited"] = json!(r.exited);
+                    j["last"] = serde_json::to_value(r.last)?;
+                    j
+                }
+                None => Value::Null,
+            };
             writeln!(out, "{v}")?;
         } else if args.csv {
             write_csv(&mut out, k, &model, &snap, churn.as_ref())?;
@@ -339,16 +414,21 @@ fn run_model(model_path: &std::path::Path, args: &HeatmapArgs) -> Result<i32> {
             if args.watch {
                 write!(out, "\x1b[H\x1b[2J")?;
             }
-            render(&mut out, &model, &snap, churn.as_ref(), cache.as_ref(), width, color)?;
+            let more = More { churn: churn.as_ref(), cache: cache.as_ref(), reads: reads.as_ref() };
+            render(&mut out, &model, &snap, &more, width, color)?;
         }
         out.flush()?;
         k += 1;
-        if !args.watch || args.count.is_some_and(|c| k >= c) {
+        if !args.watch || exited || args.count.is_some_and(|c| k >= c) {
             break;
         }
-        std::thread::sleep(args.interval);
+        match live.as_mut() {
+            // Answers the kernel's questions about descriptors as they come.
+            Some((l, _)) => l.wait(args.interval),
+            None => std::thread::sleep(args.interval),
+        }
     }
-    if let Some((_, c, _, _)) = &churn_state {
+    if let Some((_, c, _, _)) = churn_state.as_ref().filter(|_| args.churn) {
         let n = c.read();
         if n.other_dev_events > 0 && n.add_pages + n.del_pages == 0 {
             bail!(
@@ -524,15 +604,8 @@ fn pct(f: Option<f64>) -> String {
     f.map(|f| format!("{:5.1} %", 100.0 * f)).unwrap_or_else(|| "    -  ".into())
 }
 
-fn render(
-    out: &mut impl Write,
-    m: &ModelFile,
-    s: &Snapshot,
-    churn: Option<&ChurnDelta>,
-    cache: Option<&(u32, Option<EngineCache>)>,
-    width: usize,
-    color: bool,
-) -> Result<()> {
+fn render(out: &mut impl Write, m: &ModelFile, s: &Snapshot, more: &More<'_>, width: usize, color: bool) -> Result<()> {
+    let More { churn, cache, reads } = *more;
     let reset = if color { "\x1b[0m" } else { "" };
     let n_rows = m.map.moe_layers.len();
     let n_e = m.map.n_experts as usize;
@@ -674,5 +747,56 @@ fn render(
             grid(out, &val, &label)?;
         }
     }
+    if let Some(r) = reads {
+        render_pid_reads(out, m, r, &grid)?;
+    }
+    Ok(())
+}
+
+/// `--pid`'s explicit reads: per kind since the start and the last refresh, then a grid of
+/// `read_bytes` per expert since the start (shade against the most-read expert).
+fn render_pid_reads(out: &mut impl Write, m: &ModelFile, r: &PidReads<'_>, grid: &Grid<'_>) -> Result<()> {
+    use observer_common::vocab::{EXPLICIT_READS, G_READ_BYTES, G_READ_CALLS, GRID_LAYERS};
+    writeln!(
+        out,
+        "\n  explicit reads of the model by process {} since the heatmap attached{}:",
+        r.pid,
+        if r.exited { " (the process has exited: all of them)" } else { "" }
+    )?;
+    for (k, row) in EXPLICIT_READS.iter().enumerate() {
+        let last = r.last.map_or((0, 0), |x| (x.bytes.0[k], x.calls.0[k]));
+        writeln!(
+            out,
+            "  {:<8} {:>12} in {:>8} calls ({} in {} since the last refresh)",
+            row.name,
+            mib(r.run.bytes.0[k]),
+            r.run.calls.0[k],
+            mib(last.0),
+            last.1
+        )?;
+    }
+    writeln!(
+        out,
+        "  unresolved {} in {} calls (a descriptor not identified yet) · lost per-expert records: {}",
+        mib(r.run.unresolved_bytes),
+        r.run.unresolved_calls,
+        mib(r.run.lost_bytes)
+    )?;
+    let n_e = m.map.n_experts as usize;
+    let mut bytes = vec![0u64; m.map.moe_layers.len() * n_e];
+    for e in &r.run.experts {
+        if let Some(row) = m.map.moe_layers.iter().position(|&l| l == e.layer)
+            && (e.expert as usize) < n_e
+        {
+            bytes[row * n_e + e.expert as usize] += e.read_bytes;
+        }
+    }
+    let max = bytes.iter().copied().max().unwrap_or(0).max(1);
+    let (rb, rc) = (&GRID_LAYERS[G_READ_BYTES], &GRID_LAYERS[G_READ_CALLS]);
+    writeln!(out, "  {} per expert (shade against the most-read expert, {}; 1 column as above):", rb.name, mib(max))?;
+    let val = |i: usize| Some(bytes[i] as f64 / max as f64);
+    let label = |row: usize| mib(bytes[row * n_e..(row + 1) * n_e].iter().sum());
+    grid(out, &val, &label)?;
+    writeln!(out, "  ({} per expert: `observer heatmap --pid {} --json`)", rc.name, r.pid)?;
     Ok(())
 }

@@ -6,20 +6,30 @@
 //! model file or not, from `stat` of `/proc/PID/fd/N` against the model's device and inode), and
 //! knows which routed expert each interval is, to fold the per-read records into experts.
 
-use std::path::Path;
+use std::{
+    os::fd::AsRawFd,
+    path::Path,
+    time::{Duration, Instant},
+};
 
 use aya::{
     Ebpf,
-    maps::{Array, HashMap, MapData},
+    maps::{Array, HashMap, MapData, RingBuf},
 };
 use engine::regions::RegionMap;
-use observer_common::xread::{FD_MODEL, FD_OTHER, MAX_SYSCALL, XreadConfig, fd_key, sys};
+use observer_common::{
+    model::{ExplicitReads, StepKind},
+    xread::{FD_MODEL, FD_OTHER, MAX_SYSCALL, XreadConfig, fd_key, sys},
+};
 
 use super::{
     ResidencyError,
     churn::{Intervals, Owner},
 };
-use crate::capture::tracefs::Format;
+use crate::capture::{
+    tokens::{Assembler, Snapshot},
+    tracefs::Format,
+};
 
 /// The kernel side, configured and on.
 pub struct Xread {
@@ -128,6 +138,100 @@ impl Xread {
                 self.resolve(tgid, fd);
             }
         }
+    }
+}
+
+/// `observer heatmap --pid`: the explicit reads of one running process, without the rest of the
+/// observer (no token marks, no attribution). A span between two calls of [`Live::span`] is a
+/// `--window` of the rule (`observer_common::xread`, "Spans"): the same [`Assembler`] folds it.
+pub struct Live {
+    pub pid: u32,
+    xread: Xread,
+    ring: RingBuf<MapData>,
+    asm: Assembler,
+}
+
+impl std::fmt::Debug for Live {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Live").field("pid", &self.pid).field("xread", &self.xread).finish_non_exhaustive()
+    }
+}
+
+impl Live {
+    /// On a standalone object whose churn intervals for the model at `path` are in place (`churn::
+    /// Churn::attach`): target `pid`, turn the reads on, resolve its open descriptors, and open the
+    /// first span.
+    pub fn attach(
+        ebpf: &mut Ebpf,
+        pid: u32,
+        path: &Path,
+        map: &RegionMap,
+        intervals: &Intervals,
+        page: u64,
+    ) -> Result<Live, ResidencyError> {
+        let probe =
+            |e: crate::capture::bpf::ProbeError| ResidencyError::Churn(format!("explicit reads of pid {pid}: {e}"));
+        let ring = ebpf.take_map("EVENTS").ok_or_else(|| ResidencyError::Churn("no map EVENTS".into()))?;
+        let ring = RingBuf::try_from(ring).map_err(err("EVENTS"))?;
+        let mut xread = Xread::attach(ebpf, path, map, intervals, page)?;
+        crate::capture::bpf::attach_syscalls(ebpf, pid).map_err(probe)?;
+        xread.seed(pid);
+        let mut asm = Assembler::new(StepKind::Window);
+        asm.xread = Some(xread.cells.clone());
+        let mut live = Live { pid, xread, ring, asm };
+        live.span(ebpf).map_err(probe)?;
+        Ok(live)
+    }
+
+    /// Take the records in the ring, and answer the kernel's questions about descriptors (and an
+    /// `exec`'s, whose `O_CLOEXEC` descriptors were closed without `close`).
+    fn drain(&mut self) {
+        while let Some(item) = self.ring.next() {
+            self.asm.push(&item);
+        }
+        for (tgid, fd) in std::mem::take(&mut self.asm.fd_queries) {
+            self.xread.resolve(tgid, fd);
+        }
+        for (tid, _) in std::mem::take(&mut self.asm.execs) {
+            self.xread.exec(tid);
+        }
+    }
+
+    /// Wait `d`, draining the ring whenever the kernel wakes it (a question about a descriptor:
+    /// the sooner it is answered, the fewer reads stay unresolved).
+    pub fn wait(&mut self, d: Duration) {
+        let end = Instant::now() + d;
+        loop {
+            self.drain();
+            let left = end.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return;
+            }
+            let mut p = libc::pollfd { fd: self.ring.as_raw_fd(), events: libc::POLLIN, revents: 0 };
+            // SAFETY: one pollfd we own; the ring's descriptor stays open for the call.
+            unsafe { libc::poll(&mut p, 1, left.as_millis().clamp(1, i32::MAX as u128) as i32) };
+        }
+    }
+
+    /// End the current span and begin the next: its explicit reads (the ring drained first, then
+    /// the totals read, as at a window's end).
+    pub fn span(&mut self, ebpf: &Ebpf) -> Result<Option<ExplicitReads>, crate::capture::bpf::ProbeError> {
+        self.drain();
+        let totals = crate::capture::bpf::xread_totals(ebpf)?;
+        let snap = Snapshot {
+            ts: crate::capture::seed::mono_ns(),
+            index: 0,
+            threads: Vec::new(),
+            engine: None,
+            lost: 0,
+            churn: None,
+            evicted_by: None,
+            refaults: None,
+            n_tokens: None,
+            xread: Some(totals),
+            tid: None,
+        };
+        Ok(self.asm.window(snap).and_then(|t| t.explicit_reads))
     }
 }
 
