@@ -229,8 +229,8 @@ pub struct EngineCache {
 /// The layer × expert grid of a token: one row per layer with routed experts, `n_experts` columns,
 /// cells row-major (`row * n_experts + expert`). Its per-cell layers (the fields after `layers`)
 /// are the rows of `vocab::GRID_LAYERS`, their JSON keys its names. The counts (`added`,
-/// `evicted`, `read_bytes`, `read_calls`) are over the steps since the previous record that
-/// carried a grid, this one included.
+/// `evicted`, `read_bytes`, `read_calls`, `refault_faults`, `refault_io_ns`) are over the steps
+/// since the previous record that carried a grid, this one included.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct ExpertGrid {
     /// Rows: the layers with routed experts.
@@ -255,6 +255,14 @@ pub struct ExpertGrid {
     /// … and the calls.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub read_calls: Option<Vec<u32>>,
+    /// Refault faults of the observed threads charged to each expert (`evict`'s refault cost per
+    /// region: the fault's first page brought back after an eviction is the expert's), when
+    /// eviction blame is measured. Absent in records written before the field existed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub refault_faults: Option<Vec<u32>>,
+    /// … and their `fault_io` time (ns).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub refault_io_ns: Option<Vec<u64>>,
 }
 
 impl ExpertGrid {
