@@ -719,6 +719,8 @@ mod tests {
             resident: alloc::vec![0.5; 6],
             added: Some(alloc::vec![0; 6]),
             evicted: Some(alloc::vec![0; 6]),
+            refault_faults: Some(alloc::vec![0; 6]),
+            refault_io_ns: Some(alloc::vec![0; 6]),
             ..Default::default()
         };
         let reads = |experts: Vec<ExpertRead>| ExplicitReads { experts, ..Default::default() };
@@ -746,6 +748,7 @@ mod tests {
             serde_json::from_str(r#"{"n_layers":1,"n_experts":1,"resident":[1.0],"added":null,"evicted":null}"#)
                 .unwrap();
         assert_eq!((old.read_bytes, old.read_calls), (None, None));
+        assert_eq!((old.refault_faults, old.refault_io_ns), (None, None));
         let old: ExpertRead = serde_json::from_str(r#"{"layer":1,"expert":2,"bytes":3}"#).unwrap();
         assert_eq!(old.calls, 0);
     }

@@ -317,7 +317,8 @@ fn heatmap_view_shows_the_explicit_reads_per_expert() {
 /// `f` switches the heatmap to the refault cost: every cell's shade is its refault `fault_io` over
 /// the run against the costliest expert's, red exactly where it was refaulted within the last 8
 /// steps, and the header gives the last grid's and the run's faults and time and the run's evicted
-/// pages, all recomputed here from the stream's records; `f` again goes back to residency.
+/// pages (on a 120-column terminal: the line is cut to fit narrower ones), all recomputed here
+/// from the stream's records; `f` again goes back to residency.
 #[test]
 fn heatmap_view_shows_the_refault_cost_per_expert() {
     use observer_common::vocab::{G_REFAULT_FAULTS, G_REFAULT_IO, GRID_LAYERS};
@@ -344,10 +345,10 @@ fn heatmap_view_shows_the_refault_cost_per_expert() {
     assert!(max > 0 && run.contains(&0), "the fixture refaults some experts, not all");
 
     let mut app = app_with(&o);
-    let residency = text(show(&mut app, View::Heatmap, 100, 20).backend().buffer());
+    let residency = text(show(&mut app, View::Heatmap, 120, 20).backend().buffer());
     assert!(residency.contains("f: refault cost") && residency.contains("churn at step"), "{residency}");
     app.apply(Effect::ToggleRefaultLayer);
-    let t = render(&mut app, 100, 20);
+    let t = render(&mut app, 120, 20);
     let buf = t.backend().buffer();
     let s = text(buf);
     let (rf, rio) = (GRID_LAYERS[G_REFAULT_FAULTS].short, GRID_LAYERS[G_REFAULT_IO].short);
@@ -378,7 +379,7 @@ fn heatmap_view_shows_the_refault_cost_per_expert() {
         }
     }
     app.apply(Effect::ToggleRefaultLayer);
-    assert!(text(render(&mut app, 100, 20).backend().buffer()).contains("churn at step"));
+    assert!(text(render(&mut app, 120, 20).backend().buffer()).contains("churn at step"));
     // A stream without refault costs says so, and the residency legend has no hint for it.
     let mut none = app_with(&Opts::default());
     assert!(!text(show(&mut none, View::Heatmap, 100, 20).backend().buffer()).contains("f: refault cost"));

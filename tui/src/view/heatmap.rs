@@ -140,7 +140,7 @@ fn refault_lines(h: &Heat, w: usize) -> (Line<'static>, Line<'static>) {
         )),
         Line::from(vec![
             Span::raw(format!("{rio} over the run vs max: · 0 ░ <25% ▒ <50% ▓ <75% █ ≥75%  ")),
-            Span::styled("■ refaulted", Style::new().fg(REFAULTED_RECENTLY).add_modifier(Modifier::BOLD)),
+            Span::styled("■ refault", Style::new().fg(REFAULTED_RECENTLY).add_modifier(Modifier::BOLD)),
             Span::raw(format!(" (last {CHURN_WINDOW} steps) · f: residency")),
         ]),
     )
