@@ -764,7 +764,8 @@ fn the_heatmap_shows_the_refault_cost_of_each_expert() {
     for e in observer::store::trace::Reader::new(&bytes[..], &trace).unwrap() {
         let Event::Token(t) = e else { continue };
         let Some(g) = t.residency.as_ref().and_then(|r| r.grid.as_ref()) else { continue };
-        let (f, x) = (g.refault_faults.as_ref().expect("refault_faults"), g.refault_io_ns.as_ref().expect("refault_io_ns"));
+        let (f, x) =
+            (g.refault_faults.as_ref().expect("refault_faults"), g.refault_io_ns.as_ref().expect("refault_io_ns"));
         grids += 1;
         for c in 0..want.len() {
             faults[c] += u64::from(f[c]);
@@ -783,7 +784,11 @@ fn the_heatmap_shows_the_refault_cost_of_each_expert() {
         assert_eq!(faults[c], n * want[c], "cell {c}: refault faults vs its pages touched × {n} tokens");
         assert_eq!(io[c] > 0, want[c] > 0, "cell {c}: fault_io {} ns for {} pages touched", io[c], want[c]);
     }
-    assert_eq!(io.iter().sum::<u64>(), tokens_io, "Σ cells' refault fault_io vs Σ tokens' (every refault is an expert's)");
+    assert_eq!(
+        io.iter().sum::<u64>(),
+        tokens_io,
+        "Σ cells' refault fault_io vs Σ tokens' (every refault is an expert's)"
+    );
     // The heatmap of the trace: the same cells, costliest first.
     let o = Command::new(common::OBSERVER)
         .args(["heatmap", "--json", "--trace", trace.to_str().unwrap()])

@@ -102,7 +102,9 @@ impl RunRefaults {
             })
             .collect();
         r.experts.sort_by(|a, b| {
-            (b.refault_io_ns, b.evicted).cmp(&(a.refault_io_ns, a.evicted)).then((a.layer, a.expert).cmp(&(b.layer, b.expert)))
+            (b.refault_io_ns, b.evicted)
+                .cmp(&(a.refault_io_ns, a.evicted))
+                .then((a.layer, a.expert).cmp(&(b.layer, b.expert)))
         });
         r
     }
@@ -152,9 +154,14 @@ impl RunRefaults {
             "evictions of the model and what they cost ({} of {} records measured them, {} grids):",
             self.measured, self.records, self.grids
         );
-        let _ = writeln!(s, "  {:<14} {:>10} {:>10} {:>9} {:>12}", "evicted by", "pages", "refaulted", "faults", "fault_io");
+        let _ = writeln!(
+            s,
+            "  {:<14} {:>10} {:>10} {:>9} {:>12}",
+            "evicted by", "pages", "refaulted", "faults", "fault_io"
+        );
         for (k, row) in EVICTION_ACTORS.iter().enumerate() {
-            let v = [self.evicted_by.0[k], self.refaulted_pages.0[k], self.refault_faults.0[k], self.refault_io_ns.0[k]];
+            let v =
+                [self.evicted_by.0[k], self.refaulted_pages.0[k], self.refault_faults.0[k], self.refault_io_ns.0[k]];
             if v.iter().all(|&x| x == 0) {
                 continue;
             }
@@ -249,7 +256,10 @@ mod tests {
         assert_eq!(r.experts, [e(3, 1, 0, 2, 500), e(3, 0, 1, 1, 200), e(4, 0, 9, 0, 0)]);
         assert_eq!(r.experts_total(), (3, 700));
         let v = r.to_json();
-        assert_eq!(v["experts"][0], json!({"layer": 3, "expert": 1, "evicted": 0, "refault_faults": 2, "refault_io_ns": 500}));
+        assert_eq!(
+            v["experts"][0],
+            json!({"layer": 3, "expert": 1, "evicted": 0, "refault_faults": 2, "refault_io_ns": 500})
+        );
         assert_eq!(v["refault_io_ns_by"]["fadvise"], 700);
         let text = r.render(2);
         assert!(text.contains("fadvise") && text.contains("… 1 more"), "{text}");

@@ -146,6 +146,10 @@ fn refault_lines(h: &Heat, w: usize) -> (Line<'static>, Line<'static>) {
     )
 }
 
+/// A layer of per-cell totals over the run: the values, whether a cell changed recently, and the
+/// colour of a recent cell.
+type TotalsLayer<'a> = (&'a [u64], &'a dyn Fn(usize) -> bool, Color);
+
 pub fn draw(app: &App, f: &mut Frame<'_>, area: Rect) {
     let w = area.width as usize;
     let h = &app.heat;
@@ -175,7 +179,7 @@ pub fn draw(app: &App, f: &mut Frame<'_>, area: Rect) {
         return;
     };
     // A layer of per-cell run totals (reads, refault cost): its values and its recent test.
-    let totals: Option<(&[u64], &dyn Fn(usize) -> bool, Color)> = match h.layer {
+    let totals: Option<TotalsLayer<'_>> = match h.layer {
         HeatLayer::Residency => None,
         HeatLayer::Reads => Some((&h.run_read_bytes, &|i| h.read_recently(i), READ_RECENTLY)),
         HeatLayer::Refaults => Some((&h.run_refault_io, &|i| h.refaulted_recently(i), REFAULTED_RECENTLY)),

@@ -134,17 +134,6 @@ pub struct RefaultCells {
     pub not_experts: (u64, u64),
 }
 
-impl RefaultCells {
-    /// (faults, `fault_io` ns) over the whole file: the per-kind totals, at a read that saw no
-    /// fault closing.
-    pub fn total(&self) -> (u64, u64) {
-        (
-            self.faults.iter().sum::<u64>() + self.not_experts.0,
-            self.io_ns.iter().sum::<u64>() + self.not_experts.1,
-        )
-    }
-}
-
 impl Counts {
     /// Sum of the per-owner counts plus spill: equals `(add_pages, del_pages)` by construction
     /// of the kernel side (a test checks it).

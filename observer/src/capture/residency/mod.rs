@@ -516,7 +516,11 @@ impl Sampler {
                 let before = last.refault.unwrap_or_default();
                 refault_faults = Some(d(&r.faults, &before.faults));
                 refault_io_ns = Some(
-                    r.io_ns.iter().enumerate().map(|(i, &x)| x.saturating_sub(before.io_ns.get(i).copied().unwrap_or(0))).collect(),
+                    r.io_ns
+                        .iter()
+                        .enumerate()
+                        .map(|(i, &x)| x.saturating_sub(before.io_ns.get(i).copied().unwrap_or(0)))
+                        .collect(),
                 );
             }
             self.last_counts = Some(now_counts);

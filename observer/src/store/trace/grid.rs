@@ -228,8 +228,7 @@ impl Packer {
             }
         };
         let counts = |v: &Option<Vec<u32>>| v.as_ref().map(|v| STANDARD.encode(runs(v, None, None, count_literal)));
-        let counts64 =
-            |v: &Option<Vec<u64>>| v.as_ref().map(|v| STANDARD.encode(runs(v, None, None, count64_literal)));
+        let counts64 = |v: &Option<Vec<u64>>| v.as_ref().map(|v| STANDARD.encode(runs(v, None, None, count64_literal)));
         let p = Packed {
             n_layers: g.n_layers,
             n_experts: g.n_experts,
@@ -275,7 +274,9 @@ impl Unpacker {
         };
         let counts64 = |s: &Option<String>, what: &str| -> Result<Option<Vec<u64>>, String> {
             s.as_ref()
-                .map(|s| unruns(&decode(s)?, n, None, None, count64_read).map_err(|e| format!("expert grid {what}: {e}")))
+                .map(|s| {
+                    unruns(&decode(s)?, n, None, None, count64_read).map_err(|e| format!("expert grid {what}: {e}"))
+                })
                 .transpose()
         };
         if !p.layers.is_empty() && p.layers.len() != p.n_layers as usize {
