@@ -54,10 +54,18 @@
 //! three per-kind arrays into its record, so a step's refaults and their cost are differences of
 //! its two marks (`model::TokenRecord::refaulted_by`, `refault_io_ns`).
 //!
+//! Refault cost per region: the same fault, with the same `fault_io` time, is also charged to the
+//! churn interval (`filemap`) of that first remembered page (`RefaultFault::interval`) in
+//! `EVICT_REFAULT_CELLS[interval]` ([`RefaultCost`], an mmapable array), in the same exit, so
+//! `Σ_interval == Σ_kind` for faults and `fault_io` at any read that sees no fault closing. User
+//! space folds intervals into expert cells (the grid layers `refault_faults`, `refault_io_ns`).
+//!
 //! Memcg: `bpf_get_current_cgroup_id` is the actor's cgroup on the v2 hierarchy. On a host whose
 //! memory controller is on cgroup v1 (this VM) that is the v2 root for every task, and the memcg
 //! of the reclaim is not in the tracepoints: user space reads the actor's memory cgroup from
-//! `/proc/PID/cgroup` while the actor lives, and says "not known" otherwise.
+//! `/proc/PID/cgroup` while the actor lives; once it has exited, on a host whose memory controller
+//! is on cgroup v2 the group is the cgroup2 directory whose inode is that ID (while the group
+//! exists); otherwise it says "not known".
 
 /// Actor kinds, in the order of `vocab::EVICTION_ACTORS` (a compile-time check in `vocab`).
 pub const K_KSWAPD: u32 = 0;
@@ -101,9 +109,20 @@ pub struct RefaultFault {
     pub io_at: u64,
     /// Kind of the eviction of that page.
     pub kind: u32,
-    pub _pad: u32,
+    /// The churn interval (`filemap`) of that page.
+    pub interval: u32,
 }
 const _: () = assert!(core::mem::size_of::<RefaultFault>() == 24);
+
+/// Value of `EVICT_REFAULT_CELLS` (per churn interval, cumulative): refault faults whose first
+/// refaulted page lies in the interval, and their `fault_io` ns.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RefaultCost {
+    pub faults: u64,
+    pub io_ns: u64,
+}
+const _: () = assert!(core::mem::size_of::<RefaultCost>() == 16);
 
 /// Pages per block of `EVICT_REMEMBER`.
 pub const BLOCK_PAGES: u64 = 64;

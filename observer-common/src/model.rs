@@ -229,8 +229,8 @@ pub struct EngineCache {
 /// The layer × expert grid of a token: one row per layer with routed experts, `n_experts` columns,
 /// cells row-major (`row * n_experts + expert`). Its per-cell layers (the fields after `layers`)
 /// are the rows of `vocab::GRID_LAYERS`, their JSON keys its names. The counts (`added`,
-/// `evicted`, `read_bytes`, `read_calls`) are over the steps since the previous record that
-/// carried a grid, this one included.
+/// `evicted`, `read_bytes`, `read_calls`, `refault_faults`, `refault_io_ns`) are over the steps
+/// since the previous record that carried a grid, this one included.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct ExpertGrid {
     /// Rows: the layers with routed experts.
@@ -255,6 +255,14 @@ pub struct ExpertGrid {
     /// … and the calls.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub read_calls: Option<Vec<u32>>,
+    /// Refault faults of the observed threads charged to each expert (`evict`'s refault cost per
+    /// region: the fault's first page brought back after an eviction is the expert's), when
+    /// eviction blame is measured. Absent in records written before the field existed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub refault_faults: Option<Vec<u32>>,
+    /// … and their `fault_io` time (ns).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub refault_io_ns: Option<Vec<u64>>,
 }
 
 impl ExpertGrid {
@@ -711,6 +719,8 @@ mod tests {
             resident: alloc::vec![0.5; 6],
             added: Some(alloc::vec![0; 6]),
             evicted: Some(alloc::vec![0; 6]),
+            refault_faults: Some(alloc::vec![0; 6]),
+            refault_io_ns: Some(alloc::vec![0; 6]),
             ..Default::default()
         };
         let reads = |experts: Vec<ExpertRead>| ExplicitReads { experts, ..Default::default() };
@@ -738,6 +748,7 @@ mod tests {
             serde_json::from_str(r#"{"n_layers":1,"n_experts":1,"resident":[1.0],"added":null,"evicted":null}"#)
                 .unwrap();
         assert_eq!((old.read_bytes, old.read_calls), (None, None));
+        assert_eq!((old.refault_faults, old.refault_io_ns), (None, None));
         let old: ExpertRead = serde_json::from_str(r#"{"layer":1,"expert":2,"bytes":3}"#).unwrap();
         assert_eq!(old.calls, 0);
     }

@@ -874,7 +874,7 @@ const fn grid_layer(name: &'static str, short: &'static str, help: &'static str)
 /// The per-expert layers of the layer × expert grid (`model::ExpertGrid`: one field each, its JSON
 /// key the name), as the token records, traces, the TUI heatmap and `observer heatmap` show them.
 /// Counts are over the steps since the previous grid. Never Prometheus labels (per expert).
-pub static GRID_LAYERS: [Row; 5] = [
+pub static GRID_LAYERS: [Row; 7] = [
     grid_layer(
         "resident",
         "res",
@@ -888,6 +888,16 @@ pub static GRID_LAYERS: [Row; 5] = [
         "bytes of explicit reads (`read`/`pread` family) charged to the expert: `explicit_reads.experts` folded into cells",
     ),
     grid_layer("read_calls", "rd_n", "explicit read calls charged to the expert"),
+    grid_layer(
+        "refault_faults",
+        "rf_n",
+        "page faults of the observed threads that brought back the expert's pages after an eviction (refault faults; a fault is the expert's whose first refaulted page it holds)",
+    ),
+    grid_layer(
+        "refault_io_ns",
+        "rf_io",
+        "`fault_io` time of those refault faults (ns): what the evictions of the expert cost the engine",
+    ),
 ];
 /// Indices of [`GRID_LAYERS`].
 pub const G_RESIDENT: usize = 0;
@@ -895,12 +905,16 @@ pub const G_ADDED: usize = 1;
 pub const G_EVICTED: usize = 2;
 pub const G_READ_BYTES: usize = 3;
 pub const G_READ_CALLS: usize = 4;
+pub const G_REFAULT_FAULTS: usize = 5;
+pub const G_REFAULT_IO: usize = 6;
 const _: () = {
     assert!(str_eq(GRID_LAYERS[G_RESIDENT].name, "resident"));
     assert!(str_eq(GRID_LAYERS[G_ADDED].name, "added"));
     assert!(str_eq(GRID_LAYERS[G_EVICTED].name, "evicted"));
     assert!(str_eq(GRID_LAYERS[G_READ_BYTES].name, "read_bytes"));
     assert!(str_eq(GRID_LAYERS[G_READ_CALLS].name, "read_calls"));
+    assert!(str_eq(GRID_LAYERS[G_REFAULT_FAULTS].name, "refault_faults"));
+    assert!(str_eq(GRID_LAYERS[G_REFAULT_IO].name, "refault_io_ns"));
 };
 
 /// Per-entity rows (JSON and the whole-run table; never Prometheus labels).

@@ -7,7 +7,7 @@
 //! calls it, so it needs the same kernel.
 
 use aya_ebpf::{
-    bindings::BPF_NOEXIST,
+    bindings::{BPF_F_MMAPABLE, BPF_NOEXIST},
     helpers::{
         bpf_get_current_cgroup_id, bpf_get_current_comm, bpf_get_current_pid_tgid, bpf_get_current_task_btf,
         bpf_ktime_get_ns, bpf_probe_read_kernel, bpf_task_pt_regs,
@@ -20,13 +20,16 @@ use observer_common::{
     attrib::{F_FAULT_REFAULT, T_FAULT_IO},
     evict::{
         ActorKey, ActorPages, BLOCK_PAGES, EvictConfig, K_DIRECT, K_KSWAPD, K_MEMCG, K_OTHER, K_PROACTIVE, MAX_ACTORS,
-        MAX_REMEMBERED, MAX_SYSCALL, MAX_WINDOWS, N_CLASSES, N_KINDS, N_STATS, NO_SYSCALL, RefaultFault, Remembered,
-        S_NOT_REMEMBERED, S_REFAULT_FAULT_LOST, S_WINDOW_LOST,
+        MAX_REMEMBERED, MAX_SYSCALL, MAX_WINDOWS, N_CLASSES, N_KINDS, N_STATS, NO_SYSCALL, RefaultCost, RefaultFault,
+        Remembered, S_NOT_REMEMBERED, S_REFAULT_FAULT_LOST, S_WINDOW_LOST,
     },
     filemap::{MAX_INTERVALS, NO_FIELD},
 };
 
-use crate::maps::{atomic_add, atomic_fetch_and, atomic_fetch_or, state_of, target_tid, update};
+use crate::{
+    filemap::{FILEMAP_SCRATCH, find},
+    maps::{atomic_add, atomic_fetch_and, atomic_fetch_or, state_of, target_tid, update},
+};
 
 /// `BPF_F_NO_PREALLOC`: the remembered blocks are allocated as they are used.
 const NO_PREALLOC: u32 = 1;
@@ -80,6 +83,10 @@ pub static EVICT_REFAULT_OPEN: HashMap<u32, RefaultFault> = HashMap::with_max_en
 pub static EVICT_REFAULT_FAULTS: Array<u64> = Array::with_max_entries(N_KINDS, 0);
 #[map]
 pub static EVICT_REFAULT_IO: Array<u64> = Array::with_max_entries(N_KINDS, 0);
+
+/// Per churn interval: refault faults whose first refaulted page is in it, and their `fault_io`.
+#[map]
+pub static EVICT_REFAULT_CELLS: Array<RefaultCost> = Array::with_max_entries(MAX_INTERVALS, BPF_F_MMAPABLE);
 
 /// Bits `lo..hi` of a u64 (`hi <= 64`).
 #[inline(always)]
@@ -177,6 +184,7 @@ pub fn refault(index: u64, pages: u64) {
     let end = index.saturating_add(pages);
     let mut b = index / BLOCK_PAGES;
     let mut first = N_KINDS;
+    let mut first_page = 0;
     for _ in 0..MAX_FOLIO_BLOCKS {
         if b * BLOCK_PAGES >= end {
             break;
@@ -197,6 +205,8 @@ pub fn refault(index: u64, pages: u64) {
                     let n = popcount(of_k);
                     if n > 0 && first == N_KINDS {
                         first = k;
+                        // Its lowest page of this kind: the bits below the lowest set bit.
+                        first_page = b * BLOCK_PAGES + popcount((of_k & of_k.wrapping_neg()) - 1);
                     }
                     if n > 0
                         && let Some(c) = EVICT_REFAULTS.get_ptr_mut(k)
@@ -209,14 +219,15 @@ pub fn refault(index: u64, pages: u64) {
         b += 1;
     }
     if first < N_KINDS {
-        refault_in_fault(first);
+        refault_in_fault(first, first_page);
     }
 }
 
-/// A page evicted by `kind` came back: when the current task is an observed thread inside a page
-/// fault, that fault is a refault fault of `kind` (its first one; rule in `observer_common::evict`).
+/// Page `page`, evicted by `kind`, came back: when the current task is an observed thread inside a
+/// page fault, that fault is a refault fault of `kind` and of `page`'s churn interval (its first
+/// one; rule in `observer_common::evict`).
 #[inline(always)]
-fn refault_in_fault(kind: u32) {
+fn refault_in_fault(kind: u32, page: u64) {
     let Some(tid) = target_tid() else { return };
     let Some(s) = state_of(tid) else { return };
     // SAFETY: helper without preconditions.
@@ -237,7 +248,11 @@ fn refault_in_fault(kind: u32) {
     {
         return;
     }
-    let v = RefaultFault { fault_start: start, io_at, kind, _pad: 0 };
+    let Some(scratch) = FILEMAP_SCRATCH.get_ptr_mut(0) else { return };
+    find(scratch, page);
+    // SAFETY: this CPU's scratch, just written by `find`.
+    let interval = unsafe { core::ptr::read_volatile(&raw const (*scratch).lo) } as u32 & (MAX_INTERVALS - 1);
+    let v = RefaultFault { fault_start: start, io_at, kind, interval };
     if EVICT_REFAULT_OPEN.insert(&tid, &v, 0).is_err() {
         if let Some(s) = EVICT_STATS.get_ptr_mut(S_REFAULT_FAULT_LOST) {
             atomic_add(s, 1);
@@ -254,18 +269,28 @@ fn refault_in_fault(kind: u32) {
 pub fn fault_closed(tid: u32, start: u64, io_now: u64) {
     // SAFETY: plain map lookup.
     let Some(o) = (unsafe { EVICT_REFAULT_OPEN.get(&tid) }) else { return };
-    let (fs, at, kind) = (o.fault_start, o.io_at, o.kind);
+    let (fs, at, kind, interval) = (o.fault_start, o.io_at, o.kind, o.interval);
     let _ = EVICT_REFAULT_OPEN.remove(&tid);
     if fs != start || start == 0 {
         return;
     }
+    let io = io_now.saturating_sub(at);
     if let Some(c) = EVICT_REFAULT_FAULTS.get_ptr_mut(kind) {
         atomic_add(c, 1);
     }
-    if io_now > at
+    if io > 0
         && let Some(c) = EVICT_REFAULT_IO.get_ptr_mut(kind)
     {
-        atomic_add(c, io_now - at);
+        atomic_add(c, io);
+    }
+    if let Some(c) = EVICT_REFAULT_CELLS.get_ptr_mut(interval) {
+        // SAFETY: aligned u64 fields of a map value, updated from any CPU.
+        unsafe {
+            atomic_add(&raw mut (*c).faults, 1);
+            if io > 0 {
+                atomic_add(&raw mut (*c).io_ns, io);
+            }
+        }
     }
 }
 

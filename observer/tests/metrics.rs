@@ -755,6 +755,8 @@ fn residency_metric_names_exist() {
                 evicted: None,
                 read_bytes: None,
                 read_calls: None,
+                refault_faults: None,
+                refault_io_ns: None,
             }),
             engine_cache: None,
         }),

@@ -31,6 +31,7 @@ pub fn effect(key: KeyEvent) -> Option<Effect> {
         KeyCode::BackTab | KeyCode::Left => Effect::PrevView,
         KeyCode::Char('p') | KeyCode::Char(' ') => Effect::TogglePause,
         KeyCode::Char('r') => Effect::NextHeatLayer,
+        KeyCode::Char('f') => Effect::ToggleRefaultLayer,
         KeyCode::Up | KeyCode::Char('k') => Effect::Scroll(Scroll::Up(1)),
         KeyCode::Down | KeyCode::Char('j') => Effect::Scroll(Scroll::Down(1)),
         KeyCode::PageUp => Effect::Scroll(Scroll::PageUp),
@@ -59,6 +60,7 @@ mod tests {
         assert_eq!(effect(k(KeyCode::Char('6'))), None);
         assert_eq!(effect(k(KeyCode::Char(' '))), Some(Effect::TogglePause));
         assert_eq!(effect(k(KeyCode::Char('r'))), Some(Effect::NextHeatLayer));
+        assert_eq!(effect(k(KeyCode::Char('f'))), Some(Effect::ToggleRefaultLayer));
         assert_eq!(effect(k(KeyCode::PageUp)), Some(Effect::Scroll(Scroll::PageUp)));
         assert_eq!(effect(k(KeyCode::Char('G'))), Some(Effect::Scroll(Scroll::Bottom)));
         let mut rel = k(KeyCode::Char('q'));

@@ -140,8 +140,10 @@ pub enum Effect {
     PrevView,
     TogglePause,
     Scroll(Scroll),
-    /// The heatmap's next [`HeatLayer`].
+    /// The heatmap's next [`HeatLayer`] of residency and reads.
     NextHeatLayer,
+    /// The heatmap's refault-cost layer, or back to residency from it.
+    ToggleRefaultLayer,
 }
 
 /// What the heatmap's cells show (`vocab::GRID_LAYERS`).
@@ -152,6 +154,9 @@ pub enum HeatLayer {
     Residency,
     /// Explicit-read bytes over the run, coloured where read recently (`read_bytes`, `read_calls`).
     Reads,
+    /// Refault `fault_io` over the run, coloured where refaulted recently (`refault_faults`,
+    /// `refault_io_ns`).
+    Refaults,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -328,6 +333,16 @@ pub struct Heat {
     /// (bytes, calls) of the grid's last step, and over the run.
     pub step_reads: Option<(u64, u64)>,
     pub run_reads: (u64, u64),
+    /// Any grid carried the refault layers.
+    pub refaults_measured: bool,
+    /// Per cell: refault faults and their `fault_io` ns over the run (the grids' `refault_faults`,
+    /// `refault_io_ns`), and the seq of the last step whose grid had a refault fault of it.
+    pub run_refault_faults: Vec<u64>,
+    pub run_refault_io: Vec<u64>,
+    pub last_refault: Vec<Option<u64>>,
+    /// (faults, `fault_io` ns) of the grid's last step, and over the run.
+    pub step_refaults: Option<(u64, u64)>,
+    pub run_refaults: (u64, u64),
 }
 
 impl Heat {
@@ -365,6 +380,9 @@ impl Heat {
             self.last_read = vec![None; cells];
             self.run_read_bytes = vec![0; cells];
             self.run_read_calls = vec![0; cells];
+            self.last_refault = vec![None; cells];
+            self.run_refault_faults = vec![0; cells];
+            self.run_refault_io = vec![0; cells];
         }
         let mark = |last: &mut Vec<Option<u64>>, v: &Option<Vec<u32>>| -> Option<u64> {
             let v = v.as_ref()?;
@@ -396,6 +414,21 @@ impl Heat {
             self.run_reads = (self.run_reads.0 + step.0, self.run_reads.1 + step.1);
             self.step_reads = Some(step);
         }
+        self.step_refaults = None;
+        if let (Some(f), Some(io)) = (&g.refault_faults, &g.refault_io_ns) {
+            self.refaults_measured = true;
+            let mut step = (0u64, 0u64);
+            for (i, (&f, &io)) in f.iter().zip(io).enumerate().take(cells) {
+                if f > 0 {
+                    self.last_refault[i] = Some(seq);
+                }
+                self.run_refault_faults[i] += u64::from(f);
+                self.run_refault_io[i] += io;
+                step = (step.0 + u64::from(f), step.1 + io);
+            }
+            self.run_refaults = (self.run_refaults.0 + step.0, self.run_refaults.1 + step.1);
+            self.step_refaults = Some(step);
+        }
         self.grid = Some(g.clone());
         self.grid_seq = seq;
     }
@@ -403,6 +436,11 @@ impl Heat {
     /// Whether cell `i` was read within [`CHURN_WINDOW`] steps of the grid.
     pub fn read_recently(&self, i: usize) -> bool {
         self.last_read.get(i).copied().flatten().is_some_and(|s| s + CHURN_WINDOW > self.grid_seq)
+    }
+
+    /// Whether cell `i` had a refault fault within [`CHURN_WINDOW`] steps of the grid.
+    pub fn refaulted_recently(&self, i: usize) -> bool {
+        self.last_refault.get(i).copied().flatten().is_some_and(|s| s + CHURN_WINDOW > self.grid_seq)
     }
 
     /// (added, evicted) recently, for cell `i` (within [`CHURN_WINDOW`] steps of the grid).
@@ -748,7 +786,13 @@ impl App {
             Effect::NextHeatLayer => {
                 self.heat.layer = match self.heat.layer {
                     HeatLayer::Residency => HeatLayer::Reads,
-                    HeatLayer::Reads => HeatLayer::Residency,
+                    HeatLayer::Reads | HeatLayer::Refaults => HeatLayer::Residency,
+                }
+            }
+            Effect::ToggleRefaultLayer => {
+                self.heat.layer = match self.heat.layer {
+                    HeatLayer::Refaults => HeatLayer::Residency,
+                    HeatLayer::Residency | HeatLayer::Reads => HeatLayer::Refaults,
                 }
             }
         }
@@ -933,6 +977,8 @@ mod tests {
             evicted: Some(vec![0, 0, 4]),
             read_bytes: None,
             read_calls: None,
+            refault_faults: None,
+            refault_io_ns: None,
         };
         let mut t = token(0, StepKind::Generate, 10);
         t.residency = Some(Residency { grid: Some(grid(vec![2, 0, 0])), ..Default::default() });

@@ -314,6 +314,80 @@ fn heatmap_view_shows_the_explicit_reads_per_expert() {
     assert!(!s.contains("r: reads"), "no hint for a layer that is not measured:\n{s}");
 }
 
+/// `f` switches the heatmap to the refault cost: every cell's shade is its refault `fault_io` over
+/// the run against the costliest expert's, red exactly where it was refaulted within the last 8
+/// steps, and the header gives the last grid's and the run's faults and time and the run's evicted
+/// pages (on a 120-column terminal: the line is cut to fit narrower ones), all recomputed here
+/// from the stream's records; `f` again goes back to residency.
+#[test]
+fn heatmap_view_shows_the_refault_cost_per_expert() {
+    use observer_common::vocab::{G_REFAULT_FAULTS, G_REFAULT_IO, GRID_LAYERS};
+    use tui::view::{fmt as f, heatmap};
+    let o = Opts { refaults: true, ..Default::default() };
+    let (nl, ne) = (o.grid.0 as usize, o.grid.1 as usize);
+    let (mut run, mut last_refault) = (vec![0u64; nl * ne], vec![None::<u64>; nl * ne]);
+    let (mut run_faults, mut evicted, mut last) = (0u64, 0u64, (0u64, 0u64, 0u64));
+    for e in fixture::events(&o) {
+        let Event::Token(t) = e else { continue };
+        let Some(g) = t.residency.as_ref().and_then(|r| r.grid.as_ref()) else { continue };
+        let (fl, io) = (g.refault_faults.as_ref().unwrap(), g.refault_io_ns.as_ref().unwrap());
+        for i in 0..nl * ne {
+            run[i] += io[i];
+            if fl[i] > 0 {
+                last_refault[i] = Some(t.seq);
+            }
+        }
+        run_faults += fl.iter().map(|&c| u64::from(c)).sum::<u64>();
+        evicted += g.evicted.as_ref().unwrap().iter().map(|&c| u64::from(c)).sum::<u64>();
+        last = (t.seq, fl.iter().map(|&c| u64::from(c)).sum(), io.iter().sum());
+    }
+    let max = *run.iter().max().unwrap();
+    assert!(max > 0 && run.contains(&0), "the fixture refaults some experts, not all");
+
+    let mut app = app_with(&o);
+    let residency = text(show(&mut app, View::Heatmap, 120, 20).backend().buffer());
+    assert!(residency.contains("f: refault cost") && residency.contains("churn at step"), "{residency}");
+    app.apply(Effect::ToggleRefaultLayer);
+    let t = render(&mut app, 120, 20);
+    let buf = t.backend().buffer();
+    let s = text(buf);
+    let (rf, rio) = (GRID_LAYERS[G_REFAULT_FAULTS].short, GRID_LAYERS[G_REFAULT_IO].short);
+    let ms = |ns: u64| format!("{:.3} ms", ns as f64 / 1e6);
+    let head = format!(
+        "refault cost ({rf}, {rio}) at step #{}: {} faults, {} · run {} faults, {} · run evicted {evicted} pages",
+        last.0,
+        f::int(last.1),
+        ms(last.2),
+        f::int(run_faults),
+        ms(run.iter().sum())
+    );
+    assert!(s.contains(&head), "{head:?} in\n{s}");
+    assert!(s.contains(&format!("{rio} over the run vs max")) && s.contains("f: residency"), "{s}");
+    let ticks = find(buf, "layer").expect("the tick line").1;
+    for l in 0..nl {
+        let label = format!("{l:>4}  ");
+        let y = (ticks + 1..buf.area.height)
+            .find(|&y| (0..6).map(|x| buf[(x, y)].symbol()).collect::<String>() == label)
+            .unwrap_or_else(|| panic!("layer {l} has no row:\n{s}"));
+        for e in 0..ne {
+            let i = l * ne + e;
+            let cell = &buf[(6 + e as u16, y)];
+            let want = heatmap::shade((run[i] as f64 / max as f64) as f32).to_string();
+            assert_eq!(cell.symbol(), want, "layer {l} expert {e}: {} of {max} ns", run[i]);
+            let recent = last_refault[i].is_some_and(|r| r + tui::state::CHURN_WINDOW > last.0);
+            assert_eq!(cell.fg == heatmap::REFAULTED_RECENTLY, recent, "layer {l} expert {e}");
+        }
+    }
+    app.apply(Effect::ToggleRefaultLayer);
+    assert!(text(render(&mut app, 120, 20).backend().buffer()).contains("churn at step"));
+    // A stream without refault costs says so, and the residency legend has no hint for it.
+    let mut none = app_with(&Opts::default());
+    assert!(!text(show(&mut none, View::Heatmap, 100, 20).backend().buffer()).contains("f: refault cost"));
+    none.apply(Effect::ToggleRefaultLayer);
+    let s = text(render(&mut none, 100, 20).backend().buffer());
+    assert!(s.contains(&format!("refault cost ({rf}, {rio}): not measured")), "{s}");
+}
+
 #[test]
 fn heatmap_view_says_not_measured() {
     let mut app = app_with(&Opts { residency: false, ..Default::default() });

@@ -5,5 +5,6 @@ pub mod attribution;
 pub mod diff;
 pub mod export;
 pub mod reads;
+pub mod refaults;
 pub mod report;
 pub mod stats;

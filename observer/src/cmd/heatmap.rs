@@ -48,12 +48,18 @@
 //! `observer heatmap --trace RUN.trace` (no model needed) lists the explicit reads of a recorded
 //! run (rule: `observer::analysis::reads`): a line per kind of region (bytes, calls, time in the
 //! calls), the unresolved and lost bytes, then one row per expert read, by layer then expert,
-//! with its `read_bytes` and `read_calls` (`vocab::GRID_LAYERS`' names and short labels). With
+//! with its `read_bytes` and `read_calls` (`vocab::GRID_LAYERS`' names and short labels). When the
+//! run measured eviction blame, it then lists what the evictions cost (rule:
+//! `observer::analysis::refaults`): per kind of eviction its pages, refaulted pages, refault faults
+//! and their `fault_io`; who evicted (processes); and the experts, costliest `fault_io` first, with
+//! their evicted pages (`evicted`, `refault_faults`, `refault_io_ns`). With
 //! `--json`: one object, `{"trace", "model" (the header's model path or null), "records",
 //! "measured" (records with explicit reads), "bytes", "ns", "calls" (per kind: {"dense",
 //! "experts", "other"}), "unresolved_bytes", "unresolved_calls", "lost_bytes", "experts": [{"layer",
 //! "expert", "read_bytes", "read_calls"}], "sample", "ended" (the trace has its end record),
-//! "last_index" (the last record's step index), "target_pid"}`. With `--watch` the trace is read again at every
+//! "last_index" (the last record's step index), "target_pid", "refaults" (`RunRefaults::to_json`,
+//! or null when not measured)}`. The refault cost needs the run's threads (the attribution
+//! programs time each fault), so the model mode below (no target) does not show it. With `--watch` the trace is read again at every
 //! refresh, so a run being recorded (`observer record` flushes each burst of records; until its end
 //! the trace is `FILE.partial-PID`, `engine::output`, which is read while `FILE` does not exist) is
 //! followed live, until its end record. A complete trace without explicit reads is an error that says so.
@@ -203,7 +209,10 @@ pub fn run(mut args: HeatmapArgs) -> Result<i32> {
 /// `--trace`: the explicit reads of a recorded run (module doc); with `--watch`, of the trace as it
 /// grows (a run being recorded), until its end record or `--count` refreshes.
 fn trace_reads(path: &std::path::Path, args: &HeatmapArgs) -> Result<i32> {
-    use observer::store::import::{LoadedRun, load_events};
+    use observer::{
+        analysis::refaults::RunRefaults,
+        store::import::{LoadedRun, load_events},
+    };
     let what = || format!("observer heatmap --trace {}", path.display());
     let mut out = std::io::stdout().lock();
     let mut k = 0u64;
@@ -227,9 +236,11 @@ fn trace_reads(path: &std::path::Path, args: &HeatmapArgs) -> Result<i32> {
             }
         }
         let r = RunReads::of(&run.tokens);
-        if r.measured == 0 && ended {
+        let last_process = run.process.iter().rev().find(|p| !p.evicted_by_process.is_empty());
+        let rf = RunRefaults::of(&run.tokens, last_process.map(|p| p.evicted_by_process.as_slice()));
+        if r.measured == 0 && rf.grids == 0 && rf.measured == 0 && ended {
             bail!(
-                "{}: none of its {} records carries explicit reads (recorded before they were measured, without a model file, or without eBPF)",
+                "{}: none of its {} records carries explicit reads or refault costs (recorded before they were measured, without a model file, or without eBPF)",
                 path.display(),
                 r.records
             );
@@ -244,12 +255,21 @@ fn trace_reads(path: &std::path::Path, args: &HeatmapArgs) -> Result<i32> {
             v["ended"] = json!(ended);
             v["last_index"] = json!(last_index);
             v["target_pid"] = json!(run.header.target_pid);
+            v["refaults"] = if rf.grids + rf.measured > 0 { rf.to_json() } else { Value::Null };
             writeln!(out, "{v}")?;
         } else {
             if args.watch {
                 write!(out, "\x1b[H\x1b[2J")?;
             }
-            render_reads(&mut out, path, model.as_deref(), &r, ended)?;
+            if r.measured > 0 || rf.grids + rf.measured == 0 {
+                render_reads(&mut out, path, model.as_deref(), &r, ended)?;
+            }
+            if rf.grids + rf.measured > 0 {
+                if r.measured > 0 {
+                    writeln!(out)?;
+                }
+                write!(out, "{}", rf.render(TOP_REFAULTED))?;
+            }
         }
         out.flush()?;
         k += 1;
@@ -259,6 +279,9 @@ fn trace_reads(path: &std::path::Path, args: &HeatmapArgs) -> Result<i32> {
         std::thread::sleep(args.interval);
     }
 }
+
+/// Experts listed in the terminal's refault-cost table (`--json` lists all).
+const TOP_REFAULTED: usize = 32;
 
 fn render_reads(
     out: &mut impl Write,

@@ -21,6 +21,12 @@
 //! … `█` from 75 %; a binned cell: the sum of its experts against the largest such sum), cyan
 //! where it was read within the last [`CHURN_WINDOW`] steps. The line above the grid gives the
 //! bytes and calls of the grid's last step and of the run.
+//!
+//! `f` switches the cells to the refault cost (`refault_faults` and `refault_io_ns` of the grids):
+//! a cell's shade is the `fault_io` time its refault faults cost over the run relative to the
+//! costliest expert's (binned cells: sums, as for reads), red where it was refaulted within the last
+//! [`CHURN_WINDOW`] steps. The line above the grid gives the faults and time of the grid's last
+//! step and of the run, beside the run's evicted pages; the Summary's "who evicted" table names the actors.
 
 use ratatui::{
     Frame,
@@ -30,13 +36,16 @@ use ratatui::{
     widgets::Paragraph,
 };
 
-use observer_common::vocab::{G_READ_BYTES, G_READ_CALLS, GRID_LAYERS};
+use observer_common::vocab::{G_READ_BYTES, G_READ_CALLS, G_REFAULT_FAULTS, G_REFAULT_IO, GRID_LAYERS};
 
 use super::fmt;
 use crate::state::{App, CHURN_WINDOW, Heat, HeatLayer};
 
 /// The colour of a cell read within the last [`CHURN_WINDOW`] steps (reads layer).
 pub const READ_RECENTLY: Color = Color::Cyan;
+
+/// The colour of a cell refaulted within the last [`CHURN_WINDOW`] steps (refault-cost layer).
+pub const REFAULTED_RECENTLY: Color = Color::Red;
 
 /// The background of a cell whose expert is in the engine's own cache.
 pub const ENGINE_CACHE_BG: Color = Color::Blue;
@@ -101,6 +110,46 @@ fn reads_lines(h: &Heat, w: usize) -> (Line<'static>, Line<'static>) {
     )
 }
 
+/// The refault-cost layer's header line and its legend, or why it has none.
+fn refault_lines(h: &Heat, w: usize) -> (Line<'static>, Line<'static>) {
+    let (rf, rio) = (GRID_LAYERS[G_REFAULT_FAULTS].short, GRID_LAYERS[G_REFAULT_IO].short);
+    if !h.refaults_measured {
+        return (
+            Line::raw(fmt::fit(&format!("refault cost ({rf}, {rio}): not measured · f: residency"), w)),
+            Line::styled(
+                fmt::fit("no grid carried refault costs (eviction blame needs a model file and eBPF)", w),
+                fmt::dim(),
+            ),
+        );
+    }
+    let (sf, sio) = h.step_refaults.unwrap_or_default();
+    let (rf_n, rf_io) = h.run_refaults;
+    let ms = |ns: u64| format!("{:.3} ms", ns as f64 / 1e6);
+    (
+        Line::raw(fmt::fit(
+            &format!(
+                "refault cost ({rf}, {rio}) at step #{}: {} faults, {} · run {} faults, {} · run evicted {} pages",
+                h.grid_seq,
+                fmt::int(sf),
+                ms(sio),
+                fmt::int(rf_n),
+                ms(rf_io),
+                h.run_evicted
+            ),
+            w,
+        )),
+        Line::from(vec![
+            Span::raw(format!("{rio} over the run vs max: · 0 ░ <25% ▒ <50% ▓ <75% █ ≥75%  ")),
+            Span::styled("■ refault", Style::new().fg(REFAULTED_RECENTLY).add_modifier(Modifier::BOLD)),
+            Span::raw(format!(" (last {CHURN_WINDOW} steps) · f: residency")),
+        ]),
+    )
+}
+
+/// A layer of per-cell totals over the run: the values, whether a cell changed recently, and the
+/// colour of a recent cell.
+type TotalsLayer<'a> = (&'a [u64], &'a dyn Fn(usize) -> bool, Color);
+
 pub fn draw(app: &App, f: &mut Frame<'_>, area: Rect) {
     let w = area.width as usize;
     let h = &app.heat;
@@ -129,10 +178,15 @@ pub fn draw(app: &App, f: &mut Frame<'_>, area: Rect) {
         f.render_widget(Paragraph::new(lines), area);
         return;
     };
-    let reads = h.layer == HeatLayer::Reads;
+    // A layer of per-cell run totals (reads, refault cost): its values and its recent test.
+    let totals: Option<TotalsLayer<'_>> = match h.layer {
+        HeatLayer::Residency => None,
+        HeatLayer::Reads => Some((&h.run_read_bytes, &|i| h.read_recently(i), READ_RECENTLY)),
+        HeatLayer::Refaults => Some((&h.run_refault_io, &|i| h.refaulted_recently(i), REFAULTED_RECENTLY)),
+    };
     let mut reads_legend = None;
-    if reads {
-        let (head, legend) = reads_lines(h, w);
+    if totals.is_some() {
+        let (head, legend) = if h.layer == HeatLayer::Reads { reads_lines(h, w) } else { refault_lines(h, w) };
         lines.push(head);
         reads_legend = Some(legend);
     } else {
@@ -193,16 +247,17 @@ pub fn draw(app: &App, f: &mut Frame<'_>, area: Rect) {
         if h.reads_measured {
             legend.push(Span::raw(" · r: reads"));
         }
+        if h.refaults_measured {
+            legend.push(Span::raw(" · f: refault cost"));
+        }
         lines.push(Line::from(legend));
     }
-    // Reads layer: a (binned) cell's bytes over the run, against the largest cell's.
+    // Reads and refault layers: a (binned) cell's total over the run, against the largest cell's.
+    let vals: &[u64] = totals.map_or(&[], |t| t.0);
     let bin = |l0: usize, l1: usize, e0: usize, e1: usize| -> u64 {
-        (l0..l1)
-            .flat_map(|l| (e0..e1).map(move |e| l * ne + e))
-            .map(|i| h.run_read_bytes.get(i).copied().unwrap_or(0))
-            .sum()
+        (l0..l1).flat_map(|l| (e0..e1).map(move |e| l * ne + e)).map(|i| vals.get(i).copied().unwrap_or(0)).sum()
     };
-    let max_read = if reads {
+    let max_read = if totals.is_some() {
         (0..rows)
             .flat_map(|r| (0..cols).map(move |c| (r, c)))
             .map(|(r, c)| bin(r * per_row, ((r + 1) * per_row).min(nl), c * per_col, ((c + 1) * per_col).min(ne)))
@@ -219,7 +274,11 @@ pub fn draw(app: &App, f: &mut Frame<'_>, area: Rect) {
                     "one cell = {} × {} ({})",
                     s(per_row, "layer", "layers"),
                     s(per_col, "expert", "experts"),
-                    if reads { "their reads summed, any recent read" } else { "mean residency, any churn" }
+                    match h.layer {
+                        HeatLayer::Reads => "their reads summed, any recent read",
+                        HeatLayer::Refaults => "their refault cost summed, any recent refault",
+                        HeatLayer::Residency => "mean residency, any churn",
+                    }
                 ),
                 w,
             ),
@@ -247,12 +306,12 @@ pub fn draw(app: &App, f: &mut Frame<'_>, area: Rect) {
         let mut spans = vec![Span::styled(format!("{:>4}  ", g.layer(l0)), fmt::dim())];
         for c in 0..cols {
             let (e0, e1) = (c * per_col, ((c + 1) * per_col).min(ne));
-            if reads {
+            if let Some((_, recently, colour)) = totals {
                 let b = bin(l0, l1, e0, e1);
-                let recent = (l0..l1).any(|l| (e0..e1).any(|e| h.read_recently(l * ne + e)));
+                let recent = (l0..l1).any(|l| (e0..e1).any(|e| recently(l * ne + e)));
                 let ch = if max_read == 0 { shade(0.0) } else { shade((b as f64 / max_read as f64) as f32) };
                 let style = if recent {
-                    Style::new().fg(READ_RECENTLY).add_modifier(Modifier::BOLD)
+                    Style::new().fg(colour).add_modifier(Modifier::BOLD)
                 } else {
                     churn_style(false, false)
                 };

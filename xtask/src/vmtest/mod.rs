@@ -364,11 +364,13 @@ impl Run {
     }
 }
 
-/// Programs the tests run that busybox lacks or has with fewer options (`swapon -p`): util-linux's,
-/// and perf (the tests' independent fault counter). A guest of this machine's architecture gets
-/// this machine's; another architecture's guest gets them from the Debian package named here.
-const TOOLS: [(&str, &str); 5] = [
+/// Programs the tests run that busybox lacks or has with fewer options (`swapon -p`, `dd
+/// iflag=nocache`): util-linux's, coreutils' `dd`, and perf (the tests' independent fault
+/// counter). A guest of this machine's architecture gets this machine's; another architecture's
+/// guest gets them from the Debian package named here.
+const TOOLS: [(&str, &str); 6] = [
     ("fincore", "util-linux-extra"),
+    ("dd", "coreutils"),
     ("mkswap", "util-linux"),
     ("swapon", "mount"),
     ("swapoff", "mount"),

@@ -130,7 +130,7 @@ impl GuestTest {
     }
 }
 
-use Feature::{Build, Cachestat, Cgroup2Memory, Zram};
+use Feature::{Btf, Build, Cachestat, Cgroup2Memory, Zram};
 
 const fn t(suite: Suite, test: &'static str, needs: &'static [Feature], timeout_s: u32, smoke: bool) -> GuestTest {
     GuestTest { suite, test, needs, timeout_s, smoke }
@@ -143,6 +143,7 @@ const RESID: Suite = Suite::Observer("residency");
 const PERF: Suite = Suite::Observer("perf_stat");
 const ENGINE: Suite = Suite::Observer("engine");
 const MEMCG: Suite = Suite::Memcg("real");
+const EVICTION: Suite = Suite::Observer("eviction");
 
 /// The guest suite. Each test compares the observer (or the memcg crate) with an independent
 /// source on the same run; they are the repository's own tests, run unchanged.
@@ -197,8 +198,14 @@ pub const TESTS: &[GuestTest] = &[
     // decodes a token in about a second, a 70 MiB one in 7.5 s, too slow for the residency tests
     // of `dense_copy`.)
     t(ENGINE, "engine_tokens_components_and_perf_stat", &[Build], 900, false),
-    // Hook for the eviction-blame cases (a later issue): they need a real cgroup v2 memory
-    // controller (`Cgroup2Memory`) and go here, with `Build`.
+    // Eviction blame on cgroup v2 (this repository's development VM has memory on v1): the
+    // reclaim of a memcg at its limit, by the engine itself (its row's cgroup v2 ID and memcg path
+    // against the group's directory and /proc/PID/cgroup), by a shell lowering `memory.max`, and
+    // `memory.reclaim`; each against fincore. The kernel side reads the actor's system call
+    // through BTF (`bpf_task_pt_regs`).
+    t(EVICTION, "the_engines_own_memcg_limit_blames_the_engine", &[Build, Btf, Cgroup2Memory], 900, false),
+    t(EVICTION, "lowering_a_memcg_limit_blames_the_process_that_wrote_it", &[Build, Btf, Cgroup2Memory], 900, false),
+    t(EVICTION, "proactive_reclaim_of_a_memcg_blames_the_writer", &[Build, Btf, Cgroup2Memory], 900, false),
 ];
 
 /// The plan's lines for `tests`, each running `command(test)`.

@@ -119,6 +119,19 @@ pub struct Counts {
     /// Events on the model's inode number but another device (see `T_OTHER_DEV`).
     pub other_dev_events: u64,
     pub other_dev_last: u64,
+    /// Refault faults and their `fault_io` per owner (`observer_common::evict`, refault cost per
+    /// region), when eviction blame is measured.
+    pub refault: Option<RefaultCells>,
+}
+
+/// Cumulative refault cost (faults, `fault_io` ns) folded from the kernel's per-interval counts.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct RefaultCells {
+    /// Per grid cell.
+    pub faults: Vec<u64>,
+    pub io_ns: Vec<u64>,
+    /// The dense tensors, shared experts and the rest of the file (header, padding), together.
+    pub not_experts: (u64, u64),
 }
 
 impl Counts {
@@ -214,6 +227,8 @@ pub struct Churn {
     n_cells: usize,
     churn: MapMem,
     totals: MapMem,
+    /// `EVICT_REFAULT_CELLS`, when eviction blame is attached.
+    refault: Option<MapMem>,
     /// The kernel `dev_t` the filter uses.
     pub dev: u32,
     pub ino: u64,
@@ -303,10 +318,17 @@ impl Churn {
             prog.attach("filemap", tp).map_err(|e| ResidencyError::Churn(format!("attaching filemap:{tp}: {e}")))?;
             attached.push(format!("tp:filemap:{tp}"));
         }
+        let mut refault = None;
         if let Ok(b) = &blame {
             attached.extend(b.attached.iter().cloned());
+            refault = Some(MapMem::new(
+                array_data(ebpf, "EVICT_REFAULT_CELLS")?,
+                round_page(MAX_INTERVALS as usize * 16),
+                false,
+                "EVICT_REFAULT_CELLS",
+            )?);
         }
-        Ok(Churn { intervals, n_cells: map.n_cells(), churn, totals, dev, ino, attached, blame })
+        Ok(Churn { intervals, n_cells: map.n_cells(), churn, totals, refault, dev, ino, attached, blame })
     }
 
     /// Who evicted the file's pages so far (cumulative), when blame is attached.
@@ -348,6 +370,24 @@ impl Churn {
         c.del_spill = t(T_DEL_SPILL);
         c.other_dev_events = t(T_OTHER_DEV);
         c.other_dev_last = t(T_OTHER_DEV_LAST);
+        c.refault = self.refault.as_ref().map(|m| {
+            let mut r =
+                RefaultCells { faults: vec![0; self.n_cells], io_ns: vec![0; self.n_cells], not_experts: (0, 0) };
+            for (i, owner) in self.intervals.owners.iter().enumerate() {
+                let (f, io) = (m.u64_at(2 * i), m.u64_at(2 * i + 1));
+                match *owner {
+                    Owner::Cell(k) if (k as usize) < self.n_cells => {
+                        r.faults[k as usize] += f;
+                        r.io_ns[k as usize] += io;
+                    }
+                    _ => {
+                        r.not_experts.0 += f;
+                        r.not_experts.1 += io;
+                    }
+                }
+            }
+            r
+        });
         c
     }
 }

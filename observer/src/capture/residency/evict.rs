@@ -60,6 +60,8 @@ pub struct Attached {
     overflow: Array<MapData, ActorPages>,
     stats: Array<MapData, u64>,
     refaults: Array<MapData, u64>,
+    /// [`v2_memcg_of`] per cgroup v2 ID, once looked up (an ID is never reused).
+    v2_memcgs: std::sync::Mutex<std::collections::HashMap<u64, Option<String>>>,
 }
 
 impl std::fmt::Debug for Attached {
@@ -131,6 +133,7 @@ pub fn attach(ebpf: &mut Ebpf, intervals: &Intervals) -> Result<Attached, Reside
         overflow: take(ebpf, "EVICT_OVERFLOW")?,
         stats: take(ebpf, "EVICT_STATS")?,
         refaults: take(ebpf, "EVICT_REFAULTS")?,
+        v2_memcgs: Default::default(),
     })
 }
 
@@ -147,7 +150,8 @@ pub struct ActorRow {
     pub syscall: Option<String>,
     /// cgroup v2 ID (`bpf_get_current_cgroup_id`).
     pub cgroup_v2: u64,
-    /// Memory cgroup path from `/proc/PID/cgroup` at read time; `None` when the process is gone.
+    /// Memory cgroup path from `/proc/PID/cgroup` at read time; when the process is gone, its
+    /// cgroup v2 group's path if memory is on v2 and the group exists ([`v2_memcg_of`]); else `None`.
     pub memcg: Option<String>,
     pub events: u64,
     pub pages: u64,
@@ -285,6 +289,39 @@ pub fn memcg_of(pid: u32) -> Option<String> {
     v1.or_else(|| groups.iter().find(|g| g.controllers.is_empty())).map(|g| g.pathname.clone())
 }
 
+/// Directories of a cgroup2 hierarchy walked to find a group by its ID, at most.
+const MAX_V2_WALK: usize = 65536;
+
+/// The memory cgroup whose cgroup v2 ID (`bpf_get_current_cgroup_id`: the inode of its directory)
+/// is `id`, as `/proc/PID/cgroup` names it (`/a/b`), when the memory controller is on cgroup v2 and
+/// the group still exists; `None` on a v1 host (there the v2 ID says nothing of the memcg).
+pub fn v2_memcg_of(id: u64) -> Option<String> {
+    use std::os::unix::fs::MetadataExt;
+    let mountinfo = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
+    let root = mountinfo.lines().find_map(|l| {
+        let (left, right) = l.split_once(" - ")?;
+        let point = std::path::PathBuf::from(left.split(' ').nth(4)?);
+        let memory = std::fs::read_to_string(point.join("cgroup.controllers")).ok()?;
+        (right.split(' ').next() == Some("cgroup2") && memory.split_whitespace().any(|c| c == "memory"))
+            .then_some(point)
+    })?;
+    let mut stack = vec![root.clone()];
+    let mut seen = 0;
+    while let Some(dir) = stack.pop() {
+        seen += 1;
+        if seen > MAX_V2_WALK {
+            return None;
+        }
+        if std::fs::metadata(&dir).is_ok_and(|m| m.ino() == id) {
+            let rel = dir.strip_prefix(&root).ok()?;
+            return Some(format!("/{}", rel.display()));
+        }
+        let Ok(entries) = std::fs::read_dir(&dir) else { continue };
+        stack.extend(entries.flatten().filter(|e| e.file_type().is_ok_and(|t| t.is_dir())).map(|e| e.path()));
+    }
+    None
+}
+
 fn row(kind: u32, pid: u32, comm: String, syscall: Option<String>, cgroup_v2: u64, p: &ActorPages) -> ActorRow {
     ActorRow {
         kind: EVICTION_ACTORS.get(kind as usize).map_or("other", |r| r.name),
@@ -319,7 +356,11 @@ fn read(m: &Attached) -> Result<Table, ResidencyError> {
             .map(str::to_string)
             .or_else(|| (k.syscall != observer_common::evict::NO_SYSCALL).then(|| format!("syscall {}", k.syscall)));
         let mut r = row(k.kind, k.tgid, comm(&k.comm), sc, k.cgroup, &v);
-        r.memcg = memcg_of(k.tgid);
+        // A process that exited: its v2 group, where memory is on v2 and the group still exists.
+        r.memcg = memcg_of(k.tgid).or_else(|| {
+            let mut known = m.v2_memcgs.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+            known.entry(k.cgroup).or_insert_with(|| v2_memcg_of(k.cgroup)).clone()
+        });
         rows.push(r);
     }
     for kind in 0..N_KINDS {

@@ -498,6 +498,7 @@ impl Sampler {
         };
 
         let (mut added, mut evicted, mut total_added, mut total_evicted) = (None, None, None, None);
+        let (mut refault_faults, mut refault_io_ns) = (None, None);
         if let Some(c) = &self.churn {
             let now_counts = c.read();
             let last = self.last_counts.take().unwrap_or_default();
@@ -511,6 +512,17 @@ impl Sampler {
             evicted = Some(d(&now_counts.cell_evicted, &last.cell_evicted));
             total_added = Some(now_counts.add_pages.saturating_sub(last.add_pages));
             total_evicted = Some(now_counts.del_pages.saturating_sub(last.del_pages));
+            if let Some(r) = &now_counts.refault {
+                let before = last.refault.unwrap_or_default();
+                refault_faults = Some(d(&r.faults, &before.faults));
+                refault_io_ns = Some(
+                    r.io_ns
+                        .iter()
+                        .enumerate()
+                        .map(|(i, &x)| x.saturating_sub(before.io_ns.get(i).copied().unwrap_or(0)))
+                        .collect(),
+                );
+            }
             self.last_counts = Some(now_counts);
         }
 
@@ -524,6 +536,8 @@ impl Sampler {
             evicted,
             read_bytes: None,
             read_calls: None,
+            refault_faults,
+            refault_io_ns,
         });
         let (dense_resident_frac, dense_swapped_frac) = match anon {
             Some(a) => (a.resident_frac(), a.swapped_frac()),

@@ -154,6 +154,8 @@ fn residency_process_and_health_gauges_live_while_the_target_runs() {
             evicted: None,
             read_bytes: None,
             read_calls: None,
+            refault_faults: None,
+            refault_io_ns: None,
         }),
         engine_cache: None,
     });
@@ -285,6 +287,8 @@ fn every_family_of_the_vocabulary_is_exported_under_its_name() {
             evicted: None,
             read_bytes: None,
             read_calls: None,
+            refault_faults: None,
+            refault_io_ns: None,
         }),
         engine_cache: None,
     });

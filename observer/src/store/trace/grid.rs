@@ -13,12 +13,14 @@
 //!   "added": "<runs>" | null,           page-cache pages added per expert (u32), if measured
 //!   "evicted": "<runs>" | null,         … evicted
 //!   "read_bytes": "<runs>",             explicit-read bytes per expert (u64), if measured
-//!   "read_calls": "<runs>"              … calls (u32)
+//!   "read_calls": "<runs>",             … calls (u32)
+//!   "refault_faults": "<runs>",         refault faults per expert (u32), if measured
+//!   "refault_io_ns": "<runs>"           … their fault_io ns (u64)
 //! }
 //! ```
-//! The key names after `base` are the grid layers of `vocab::GRID_LAYERS`. `read_bytes` and
-//! `read_calls` are absent when not measured (and in traces written before they existed): new
-//! keys, no new version.
+//! The key names after `base` are the grid layers of `vocab::GRID_LAYERS`. `read_bytes`,
+//! `read_calls`, `refault_faults` and `refault_io_ns` are absent when not measured (and in traces
+//! written before they existed): new keys, no new version.
 //! and the record's `residency.grid` is `null`, so that a reader that does not
 //! know `grid_packed` (they skip unknown keys) reads every record, without the grid.
 //!
@@ -62,6 +64,10 @@ pub struct Packed {
     pub read_bytes: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub read_calls: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub refault_faults: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub refault_io_ns: Option<String>,
 }
 
 fn put_varint(out: &mut Vec<u8>, mut v: u64) {
@@ -222,6 +228,7 @@ impl Packer {
             }
         };
         let counts = |v: &Option<Vec<u32>>| v.as_ref().map(|v| STANDARD.encode(runs(v, None, None, count_literal)));
+        let counts64 = |v: &Option<Vec<u64>>| v.as_ref().map(|v| STANDARD.encode(runs(v, None, None, count64_literal)));
         let p = Packed {
             n_layers: g.n_layers,
             n_experts: g.n_experts,
@@ -230,8 +237,10 @@ impl Packer {
             resident: STANDARD.encode(runs(&resident, base.map(|(_, b)| b), Some(ONE_BITS), f32_literal)),
             added: counts(&g.added),
             evicted: counts(&g.evicted),
-            read_bytes: g.read_bytes.as_ref().map(|v| STANDARD.encode(runs(v, None, None, count64_literal))),
+            read_bytes: counts64(&g.read_bytes),
             read_calls: counts(&g.read_calls),
+            refault_faults: counts(&g.refault_faults),
+            refault_io_ns: counts64(&g.refault_io_ns),
         };
         self.last = Some((seq, g.n_layers, g.n_experts, resident));
         p
@@ -263,11 +272,13 @@ impl Unpacker {
                 .map(|s| unruns(&decode(s)?, n, None, None, count_read).map_err(|e| format!("expert grid churn: {e}")))
                 .transpose()
         };
-        let read_bytes = p
-            .read_bytes
-            .as_ref()
-            .map(|s| unruns(&decode(s)?, n, None, None, count64_read).map_err(|e| format!("expert grid reads: {e}")))
-            .transpose()?;
+        let counts64 = |s: &Option<String>, what: &str| -> Result<Option<Vec<u64>>, String> {
+            s.as_ref()
+                .map(|s| {
+                    unruns(&decode(s)?, n, None, None, count64_read).map_err(|e| format!("expert grid {what}: {e}"))
+                })
+                .transpose()
+        };
         if !p.layers.is_empty() && p.layers.len() != p.n_layers as usize {
             return Err(format!("expert grid: {} layer indices for {} rows", p.layers.len(), p.n_layers));
         }
@@ -278,8 +289,10 @@ impl Unpacker {
             resident: resident.iter().map(|b| f32::from_bits(*b)).collect(),
             added: counts(&p.added)?,
             evicted: counts(&p.evicted)?,
-            read_bytes,
+            read_bytes: counts64(&p.read_bytes, "reads")?,
             read_calls: counts(&p.read_calls)?,
+            refault_faults: counts(&p.refault_faults)?,
+            refault_io_ns: counts64(&p.refault_io_ns, "refault cost")?,
         };
         self.last = Some((seq, resident));
         Ok(g)
@@ -303,6 +316,9 @@ mod tests {
             // Explicit-read bytes beyond u32 in some cells.
             read_bytes: Some((0..n).map(|i| if i % 11 == 0 { (i as u64) << 30 } else { 0 }).collect()),
             read_calls: Some((0..n).map(|i| if i % 11 == 0 { i as u32 } else { 0 }).collect()),
+            refault_faults: Some((0..n).map(|i| if i % 13 == 0 { i as u32 } else { 0 }).collect()),
+            // Refault time beyond u32 in some cells.
+            refault_io_ns: Some((0..n).map(|i| if i % 13 == 0 { (i as u64) << 33 } else { 0 }).collect()),
         }
     }
 
@@ -322,6 +338,7 @@ mod tests {
             assert_eq!(back.added, g.added);
             assert_eq!(back.evicted, None);
             assert_eq!((&back.read_bytes, &back.read_calls), (&g.read_bytes, &g.read_calls));
+            assert_eq!((&back.refault_faults, &back.refault_io_ns), (&g.refault_faults, &g.refault_io_ns));
             assert_eq!((back.layers.len(), back.layer(0), back.layer(l as usize - 1)), (l as usize, 1, l));
         }
     }
@@ -375,16 +392,21 @@ mod tests {
     fn a_grid_of_a_trace_without_read_layers_reads_them_as_not_measured() {
         let mut packed = serde_json::to_value(Packer::default().pack(0, &grid(3, 2, |_| 1.0))).unwrap();
         assert!(packed["read_bytes"].is_string() && packed["read_calls"].is_string(), "{packed}");
-        packed.as_object_mut().unwrap().remove("read_bytes");
-        packed.as_object_mut().unwrap().remove("read_calls");
+        const NEW: [&str; 4] = ["read_bytes", "read_calls", "refault_faults", "refault_io_ns"];
+        for k in NEW {
+            packed.as_object_mut().unwrap().remove(k);
+        }
         let old: Packed = serde_json::from_value(packed).unwrap();
         let g = Unpacker::default().unpack(0, &old).unwrap();
         assert_eq!((g.read_bytes, g.read_calls), (None, None));
+        assert_eq!((g.refault_faults, g.refault_io_ns), (None, None));
         // And a grid without them is written without the keys.
         let mut none = grid(3, 2, |_| 1.0);
         none.read_bytes = None;
         none.read_calls = None;
+        none.refault_faults = None;
+        none.refault_io_ns = None;
         let v = serde_json::to_value(Packer::default().pack(0, &none)).unwrap();
-        assert!(v.get("read_bytes").is_none() && v.get("read_calls").is_none(), "{v}");
+        assert!(NEW.iter().all(|k| v.get(k).is_none()), "{v}");
     }
 }

@@ -96,6 +96,8 @@ pub(crate) fn token(seq: u64) -> TokenRecord {
                 evicted: None,
                 read_bytes: Some(vec![0, 0, 1 << 33, 0, 5, 0]),
                 read_calls: Some(vec![0, 0, 2, 0, 1, 0]),
+                refault_faults: None,
+                refault_io_ns: None,
             }),
             engine_cache: None,
         }),
@@ -433,6 +435,8 @@ fn a_lost_grid_costs_the_deltas_until_the_next_key_frame() {
             evicted: None,
             read_bytes: None,
             read_calls: None,
+            refault_faults: None,
+            refault_io_ns: None,
         };
         g.resident[0] = seq as f32 / 100.0;
         r.grid = Some(g);
