@@ -247,6 +247,37 @@ fn zram_swapins_are_measured_and_not_compute() {
     assert!(u(d, "completed") * 100 >= u(d, "read_ios") * 95, "latency matched for most zram reads: {d}");
 }
 
+/// Assert `inner·(1 − tol) ≤ observed ≤ outer·(1 + tol)`: a measure of a call lies between the
+/// workload's timing of it from inside the called function and its timing of the marked token
+/// around the call.
+fn assert_bracketed(what: &str, observed: u64, inner: u64, outer: u64, tol: f64, w: &Value) {
+    let (lo, hi) = (inner as f64 * (1.0 - tol), outer as f64 * (1.0 + tol));
+    assert!(
+        lo <= observed as f64 && observed as f64 <= hi,
+        "{what}: observer {observed} not within [inner {inner} − {:.0} %, outer {outer} + {:.0} %]; workload: {w}",
+        tol * 100.0,
+        tol * 100.0
+    );
+}
+
+/// A call token is the call, not the marked token around it. The workload times the call from
+/// inside (`call_wall_ns`, `call_cpu_ns`: the clocks read first and last in `workload_phase`)
+/// and from outside (`wall_ns`, `sched_cpu_ns`: around the token's markers, which enclose the
+/// call); the observer's call lies between the two. With the machine busy the two differ by
+/// what happened between a bracket and the call: a run-queue wait at a preemption point (a
+/// probe's trap or a system call returning) is in the outer wall only, and the CPU time of the
+/// markers and of the workload's own `/proc` reads in the outer CPU time only. A tolerance on
+/// the outer numbers alone charged these to the observer: with a nice −20 spinner on the
+/// workload's CPU the call got 3–8 ms of CPU, and the ~0.2 ms around it in the schedstat window
+/// failed 2 % (the observer agreed with ftrace's `sched_switch` events to 10 µs).
+/// The on-CPU bound also takes in time the thread was current but its virtual CPU was not running
+/// (steal, on a guest with `PARAVIRT_TIME_ACCOUNTING`): the scheduler's clocks leave it out, the
+/// observer's wall-clock intervals do not. The busy phase never blocks, so that time is what the
+/// outer window's wall has beyond the thread's on-CPU time and run-queue wait.
+/// Known, not fixed: on this host's kernel a context switch now and then emits no
+/// `sched_switch` (ftrace saw the workload run 1.6 ms on a CPU whose last switch named another
+/// task, which then switched in on the other CPU); the observer then charges that run to
+/// `runqueue` and this test fails below the inner bound, as it should.
 #[test]
 fn token_symbol_marks_calls_of_any_function() {
     let _l = machine_lock();
@@ -255,8 +286,10 @@ fn token_symbol_marks_calls_of_any_function() {
     assert_components_add_up(&r);
     let (t, w) = single_token(&r);
     assert_eq!(t["kind"], "call");
-    assert_within("call wall vs the workload's clock", u(t, "wall_ns"), u(w, "wall_ns"), 0.02);
-    assert_within("compute vs schedstat on-CPU time", ns(t, "compute"), u(w, "sched_cpu_ns"), 0.02);
+    assert_bracketed("call wall", u(t, "wall_ns"), u(w, "call_wall_ns"), u(w, "wall_ns"), 0.02, w);
+    let (cpu, wait, wall) = (u(w, "sched_cpu_ns"), u(w, "sched_wait_ns"), u(w, "wall_ns"));
+    let stolen = wall.saturating_sub(cpu + wait);
+    assert_bracketed("call compute vs on-CPU time", ns(t, "compute"), u(w, "call_cpu_ns"), cpu + stolen, 0.02, w);
     // A function of a shared library: glibc's clock_nanosleep (std's sleep).
     let libc_path = ["/lib/x86_64-linux-gnu/libc.so.6", "/usr/lib/x86_64-linux-gnu/libc.so.6", "/lib64/libc.so.6"]
         .into_iter()
