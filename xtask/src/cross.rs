@@ -32,6 +32,16 @@
 //!    arm64's ([`ARM64_ARG_OFFSETS`]). qemu-user cannot load it; reading the instructions needs
 //!    no arm64 kernel.
 //!
+//! 6. The negative control of `cargo xtask parity --target aarch64`
+//!    (`parity::negative_control_aarch64`): the engine cross-built once more with its test-only
+//!    feature `parity-negative-control` ([`build_perturbed_engine`]), which changes the float order
+//!    of the plain `Q8_0` kernel; on qemu's `cortex-a72` against llama.cpp's cached `armv8-a`
+//!    cross build (one model, one prompt), the engine as built must pass and the perturbed one
+//!    must fail.
+//!
+//! Each step is a timed phase (a table at the end); the test phases all run, and the command
+//! fails after them if any failed.
+//!
 //! What cannot run under emulation is printed with the reason ([`NOT_RUN`]), never skipped
 //! silently. Emulation checks correctness only: emulated code runs tens of times slower than
 //! native, so no speed is measured here.
@@ -168,7 +178,7 @@ pub const NOT_RUN: &[(&str, &str)] = &[
         "a command of its own, `cargo xtask parity --target aarch64` (llama.cpp's aarch64 cross builds for the \
          neon, dotprod and i8mm levels, cached; both programs under qemu-aarch64, minutes per model); here the \
          NEON kernels are checked bit for bit against models of ggml's NEON and repacked orders, and against the \
-         reference dequantizers",
+         reference dequantizers, and the parity check's negative control runs (one model and prompt, neon level)",
     ),
     ("speed", "emulated code runs tens of times slower than native: emulation checks correctness, not speed"),
 ];
@@ -292,6 +302,30 @@ pub(crate) fn target_dir() -> PathBuf {
     cache::target_dir().join("cross")
 }
 
+/// The engine's test-only feature that perturbs the float order of its plain `Q8_0` NEON kernel
+/// (`engine/Cargo.toml`): the parity check's negative control.
+const CONTROL_FEATURE: &str = "parity-negative-control";
+
+/// Cross-builds the engine with [`CONTROL_FEATURE`], copies it to
+/// `target/cross/negative-control/engine` and returns that copy; then builds the normal engine
+/// again (cargo keeps both builds' artifacts, so this only puts the normal binary back in place),
+/// so that nothing else ever runs the perturbed one.
+pub(crate) fn build_perturbed_engine() -> Result<PathBuf> {
+    eprintln!("cross: building the engine for {TRIPLE} with the test-only feature {CONTROL_FEATURE}");
+    let mut build = Command::new("cargo");
+    build.current_dir(cache::workspace_root()).envs(cargo_env(&target_dir()));
+    build.args(["build", "--release", "-p", "engine", "--bin", "engine", "--target", TRIPLE, "--features"]);
+    build.arg(CONTROL_FEATURE);
+    cmd::run(&mut build).context("cross-building the engine with its negative-control feature")?;
+    let dir = target_dir().join("negative-control");
+    std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+    let dst = dir.join("engine");
+    let src = target_dir().join(TRIPLE).join("release/engine");
+    std::fs::copy(&src, &dst).with_context(|| format!("copying {} to {}", src.display(), dst.display()))?;
+    build_engine()?;
+    Ok(dst)
+}
+
 /// Cross-builds the engine's programs for aarch64 and returns the `engine` binary.
 pub(crate) fn build_engine() -> Result<PathBuf> {
     eprintln!("cross: building the engine for {TRIPLE} with {RUSTC} and {LINKER}");
@@ -307,88 +341,96 @@ pub fn run(args: &[String]) -> Result<()> {
     if !cfg!(all(target_os = "linux", target_arch = "x86_64")) {
         bail!("`cargo xtask test --target aarch64` cross-builds from an x86-64 Linux host");
     }
-    packages()?;
-    let root = cache::workspace_root();
-    check_arm64_ebpf(&root)?;
-    let env = cargo_env(&target_dir());
-    build_engine()?;
-    clippy(&root, &env)?;
+    let mut phases = test::Phases::default();
+    let result = phases_run(args, &mut phases, t0);
+    println!("\ncross: wall time per phase\n{}", phases.table(t0.elapsed()));
+    result
+}
 
-    let (clock, ok) = {
-        let _binfmt = Binfmt::register()?;
-        test::cargo_test(&root, &cargo_args(args), &env)?
-    };
+/// How many of one `cargo test` run's tests passed and failed, and whether cargo succeeded.
+fn tally(what: &str, (clock, ok): (test::TestClock, bool)) -> Result<test::Counts> {
     let c = clock.counts;
-    eprintln!("cross: the observer's user-side rules for aarch64");
-    let mut obs_args: Vec<String> = ["-p", "observer", "--target", TRIPLE, "--lib", "--"].map(String::from).to_vec();
-    obs_args.extend(OBSERVER_TESTS.iter().map(|t| (*t).to_owned()));
-    let (clock3, ok3a) = test::cargo_test(&root, &obs_args, &env)?;
-    let common_args = ["-p", "observer-common", "--target", TRIPLE, "--lib"].map(String::from);
-    let (clock4, ok3b) = test::cargo_test(&root, &common_args, &env)?;
-    let ok3 = ok3a && ok3b;
-    let mut c3 = clock3.counts;
-    c3.passed += clock4.counts.passed;
-    c3.failed += clock4.counts.failed;
+    if !ok || c.failed > 0 {
+        bail!("{what}: {} of {} failed", c.failed, c.passed + c.failed);
+    }
+    if c.passed == 0 {
+        bail!("{what}: no test ran");
+    }
+    if c.ignored > 0 {
+        bail!("{what}: {} tests are #[ignore]d: this project does not skip tests silently", c.ignored);
+    }
+    Ok(c)
+}
+
+fn phases_run(args: &[String], phases: &mut test::Phases, t0: Instant) -> Result<()> {
+    phases.run("packages", packages)?;
+    let root = cache::workspace_root();
+    phases.run("ebpf object for arm64", || check_arm64_ebpf(&root))?;
+    let env = cargo_env(&target_dir());
+    let engine = phases.run("cross build of the engine", build_engine)?;
+    phases.run("clippy (aarch64)", || clippy(&root, &env))?;
+
+    // Each test phase runs to its end; the command fails after all of them if any failed.
+    let mut failed = Vec::new();
+    let binfmt = Binfmt::register()?;
+    let c = phases.run("engine tests (qemu max)", || {
+        tally("engine tests under qemu-aarch64", test::cargo_test(&root, &cargo_args(args), &env)?)
+    });
+    let observer = phases.run("observer rules (qemu max)", || {
+        let mut obs_args: Vec<String> =
+            ["-p", "observer", "--target", TRIPLE, "--lib", "--"].map(String::from).to_vec();
+        obs_args.extend(OBSERVER_TESTS.iter().map(|t| (*t).to_owned()));
+        let mut c = tally("observer tests", test::cargo_test(&root, &obs_args, &env)?)?;
+        let common_args = ["-p", "observer-common", "--target", TRIPLE, "--lib"].map(String::from);
+        let c2 = tally("observer-common tests", test::cargo_test(&root, &common_args, &env)?)?;
+        c.passed += c2.passed;
+        Ok(c)
+    });
     let nd_args: Vec<String> =
         ["-p", "engine", "--target", TRIPLE, "--lib", "--", "quant::"].map(String::from).to_vec();
-    eprintln!("cross: the kernel tests again on qemu's {NO_DOTPROD_CPU} (no dotprod)");
-    let mut env2 = env.clone();
-    env2.push(("QEMU_CPU", NO_DOTPROD_CPU.to_owned()));
-    let (clock2, ok2) = test::cargo_test(&root, &nd_args, &env2)?;
-    let c2 = clock2.counts;
-    eprintln!("cross: the kernel tests again on qemu's {DOTPROD_CPU} (dotprod, no i8mm)");
-    let mut env5 = env.clone();
-    env5.push(("QEMU_CPU", DOTPROD_CPU.to_owned()));
-    let (clock5, ok5) = test::cargo_test(&root, &nd_args, &env5)?;
-    let c5 = clock5.counts;
+    let mut on_cpu = |cpu: &str, what: &str| {
+        let mut env2 = env.clone();
+        env2.push(("QEMU_CPU", cpu.to_owned()));
+        phases.run(&format!("kernel tests (qemu {cpu})"), || {
+            tally(&format!("kernel tests on {cpu} ({what})"), test::cargo_test(&root, &nd_args, &env2)?)
+        })
+    };
+    let c2 = on_cpu(NO_DOTPROD_CPU, "no dotprod");
+    let c5 = on_cpu(DOTPROD_CPU, "dotprod, no i8mm");
+    let control = phases.run("parity negative control", || {
+        let perturbed = build_perturbed_engine()?;
+        // The models are written by the aarch64 engine (binfmt runs it): the file is the same
+        // whoever writes it, and the host's engine is not built by this command.
+        crate::parity::negative_control_aarch64(&engine, &perturbed, &engine, 2)
+    });
+    drop(binfmt);
+
     println!("\ncross: not run under emulation:");
     for (what, why) in NOT_RUN {
         println!("  - {what}: {why}");
     }
-    println!(
-        "\ncross: {} tests ran under qemu-aarch64 in {} test binaries: {} passed, {} failed, {} ignored ({:.1} min)",
-        c.passed + c.failed,
-        c.binaries,
-        c.passed,
-        c.failed,
-        c.ignored,
-        t0.elapsed().as_secs_f64() / 60.0
-    );
-    println!(
-        "cross: {} kernel tests ran on qemu's {NO_DOTPROD_CPU} (no dotprod): {} passed, {} failed",
-        c2.passed + c2.failed,
-        c2.passed,
-        c2.failed
-    );
-    println!(
-        "cross: {} kernel tests ran on qemu's {DOTPROD_CPU} (dotprod, no i8mm): {} passed, {} failed",
-        c5.passed + c5.failed,
-        c5.passed,
-        c5.failed
-    );
-    println!(
-        "cross: {} observer tests (its aarch64 rules; observer-common whole) ran: {} passed, {} failed",
-        c3.passed + c3.failed,
-        c3.passed,
-        c3.failed
-    );
-    if !ok || c.failed > 0 || !ok2 || c2.failed > 0 || !ok5 || c5.failed > 0 || !ok3 || c3.failed > 0 {
-        bail!("aarch64 tests failed under qemu-aarch64");
+    println!();
+    let mut report = |name: &str, r: &Result<test::Counts>| match r {
+        Ok(c) => println!("cross: {name}: {} passed", c.passed),
+        Err(e) => {
+            println!("cross: {name}: FAILED: {e:#}");
+            failed.push(name.to_owned());
+        }
+    };
+    report("engine tests under qemu-aarch64 (library and integration tests)", &c);
+    report(&format!("kernel tests (quant::) on qemu's {NO_DOTPROD_CPU}, no dotprod"), &c2);
+    report(&format!("kernel tests (quant::) on qemu's {DOTPROD_CPU}, dotprod without i8mm"), &c5);
+    report("observer tests (its aarch64 rules; observer-common whole)", &observer);
+    match &control {
+        Ok(()) => println!("cross: parity negative control: ok"),
+        Err(e) => {
+            println!("cross: parity negative control: FAILED: {e:#}");
+            failed.push("parity negative control".to_owned());
+        }
     }
-    if c3.passed == 0 {
-        bail!("no observer test ran under qemu-aarch64");
-    }
-    if c2.passed == 0 {
-        bail!("no kernel test ran on the CPU without dotprod");
-    }
-    if c5.passed == 0 {
-        bail!("no kernel test ran on the CPU with dotprod but without i8mm");
-    }
-    if c.ignored > 0 {
-        bail!("{} tests are #[ignore]d: this project does not skip tests silently", c.ignored);
-    }
-    if c.passed == 0 {
-        bail!("no aarch64 test ran");
+    println!("cross: {:.1} min in all", t0.elapsed().as_secs_f64() / 60.0);
+    if !failed.is_empty() {
+        bail!("aarch64 checks failed: {}", failed.join("; "));
     }
     Ok(())
 }

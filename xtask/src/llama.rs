@@ -527,14 +527,19 @@ pub fn build_engine() -> Result<PathBuf> {
 /// A synthetic model in the cache, generated when missing. `args` are `engine synth` options;
 /// the file is keyed by the configuration the engine resolves them to (and its synth format).
 pub fn synth_model(engine: &Path, name: &str, args: &[&str]) -> Result<PathBuf> {
-    let cfg = crate::cmd::output(Command::new(engine).arg("synth").args(["-o", "/dev/null", "--dry-run"]).args(args))?;
+    synth_model_by(|| Command::new(engine), name, args)
+}
+
+/// [`synth_model`] with the engine run by `engine()` (e.g. an aarch64 engine under `qemu-aarch64`).
+pub fn synth_model_by(engine: impl Fn() -> Command, name: &str, args: &[&str]) -> Result<PathBuf> {
+    let cfg = crate::cmd::output(engine().arg("synth").args(["-o", "/dev/null", "--dry-run"]).args(args))?;
     let hash = cfg.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3));
     let dir = crate::cache::dir()?.join("models");
     std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
     let path = dir.join(format!("{name}-{hash:016x}.gguf"));
     if !path.is_file() {
         // synth writes aside and renames into place: the path never holds a part of a model.
-        crate::cmd::run(Command::new(engine).arg("synth").arg("-o").arg(&path).args(args))?;
+        crate::cmd::run(engine().arg("synth").arg("-o").arg(&path).args(args))?;
     }
     Ok(path)
 }

@@ -6,6 +6,8 @@
 //! - `demo`: setup, build, observe a workload and print the observer's table.
 //! - `parity`: the engine against llama.cpp on synthetic models, at each ISA level.
 //! - `bench engine`: engine vs llama.cpp decode/prompt speed, same file, same run.
+//! - `bench neon`: the aarch64 engine's `neon` vs `scalar` level, both under qemu (a sanity check
+//!   that the SIMD path is taken, not a speed).
 //! - `package`: the Debian package of the observer (dpkg-deb), built then checked as installed;
 //!   `man`: its man pages and completions. Separate heavy commands (`package.rs`).
 //! - `pressure`: run a command under a cgroup memory limit, optional zram and balloon.
@@ -23,6 +25,7 @@ mod bench_cliff;
 mod bench_engine;
 mod bench_heatmap;
 mod bench_metrics;
+mod bench_neon;
 mod bench_observer;
 mod bench_storm;
 mod bench_trace;
@@ -57,8 +60,11 @@ commands:
   test --target aarch64  cross-build the engine for aarch64 and run its tests under qemu-aarch64
                      (installs ~700 MB of Debian packages; not part of `test`)
   demo               setup, then run the observer on a demo workload
-  parity [OPTIONS]   engine vs llama.cpp: tokens, greedy continuations, logits (--arch A,B)
+  parity [OPTIONS]   engine vs llama.cpp: tokens, greedy continuations, logits (--arch A,B;
+                     --target aarch64 [--level L | --negative-control] under qemu-aarch64)
   bench engine [..]  engine vs llama.cpp decode and prompt tok/s, printed as ratios (--arch A)
+  bench neon [..]    aarch64 engine, neon vs scalar level, both under qemu-aarch64: tok/s ratio
+                     (emulated: a check that the SIMD path is taken, not ARM speed)
   bench observer     engine decode tok/s with and without the observer, as a ratio
   bench tui          what `observer tui` costs the engine: decode speed around its ticks, as a ratio
   package            the Debian package (dpkg-deb): observer, its systemd unit, serve.toml, LICENSE,
@@ -92,6 +98,7 @@ fn main() {
         ["demo", ..] => demo::run(&args[1..]),
         ["parity", ..] => parity::main(&args[1..]),
         ["bench", "engine", ..] => bench_engine::main(&args[2..]),
+        ["bench", "neon", ..] => bench_neon::main(&args[2..]),
         ["bench", "observer", ..] => bench_observer::main(&args[2..]),
         ["bench", "tui", ..] => bench_tui::main(&args[2..]),
         ["pressure", ..] => pressure::main(&args[1..]),

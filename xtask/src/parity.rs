@@ -12,7 +12,12 @@
 //! `dotprod`, `i8mm`; `--level` picks one): the engine cross-built for aarch64 against llama.cpp's
 //! aarch64 cross build for that level, both under `qemu-aarch64` on a CPU model of that level
 //! (where llama.cpp repacks weights with `dotprod` and `i8mm`, and the engine follows its repacked
-//! orders); emulation checks correctness only, on a small set.
+//! orders); emulation checks correctness only, on a small set. There every kernel follows
+//! llama.cpp's float order, so the final logits must be bit-identical (any other bits are a
+//! mismatch). `--target aarch64 --negative-control` shows that this check can fail
+//! ([`negative_control_aarch64`]): at the `neon` level an engine built with the test-only feature
+//! `parity-negative-control` (its plain `Q8_0` kernel adds the same products in another float
+//! order) must fail where the engine as built passes; `cargo xtask test --target aarch64` runs it.
 //!
 //! Each level prints its environment and build. Before any level, the AMX check (`amx.rs`)
 //! runs on every build. At each level, for each model: the greedy continuation of three prompts
@@ -242,16 +247,36 @@ struct Plan {
     long_prompts: bool,
     /// Run the engine and the runner under `qemu-aarch64` with this `QEMU_CPU`.
     qemu_cpu: Option<&'static str>,
+    /// Final logits that are not bit-identical count as a mismatch (whatever their error).
+    bits: bool,
 }
 
 /// The x86-64 levels: every architecture, all prompts, natively.
-const X86_PLAN: Plan = Plan { cases: &CASES, prompts: &PROMPTS, n_gen: N_GEN, long_prompts: true, qemu_cpu: None };
+const X86_PLAN: Plan =
+    Plan { cases: &CASES, prompts: &PROMPTS, n_gen: N_GEN, long_prompts: true, qemu_cpu: None, bits: false };
 
 /// The aarch64 levels under emulation, which runs tens of times slower: the tiny qwen3moe model
 /// in `Q8_0` and `Q4_K_M` (the `Q8_0`, `Q4_K` and `Q6_K` kernels) and the tiny gpt-oss model in
 /// `MXFP4`, the two short prompts, 16 tokens; on the qemu CPU of each level ([`ARM_LEVELS`]).
-const ARM_PLAN: Plan =
-    Plan { cases: &ARM_CASES, prompts: &[PROMPTS[0], PROMPTS[1]], n_gen: 16, long_prompts: false, qemu_cpu: None };
+/// Every kernel of this set follows llama.cpp's float order at every level, so the final logits
+/// must be bit-identical: any other bits are a mismatch.
+const ARM_PLAN: Plan = Plan {
+    cases: &ARM_CASES,
+    prompts: &[PROMPTS[0], PROMPTS[1]],
+    n_gen: 16,
+    long_prompts: false,
+    qemu_cpu: None,
+    bits: true,
+};
+
+/// The negative control's set ([`negative_control_aarch64`]): the tiny qwen3moe model in `Q8_0`,
+/// one prompt, 16 tokens, at the `neon` level (where the engine runs the plain `Q8_0` kernel
+/// that the test-only feature perturbs).
+const CONTROL_PLAN: Plan = Plan { cases: &CONTROL_CASES, prompts: &[PROMPTS[0]], ..ARM_PLAN };
+const CONTROL_CASES: [Case; 1] = [Case { quants: &["q8_0"], ..ARM_CASES[0] }];
+// The ARM plans require bit-identical logits (the control would show nothing otherwise); x86-64's
+// counts them.
+const _: () = assert!(ARM_PLAN.bits && CONTROL_PLAN.bits && !X86_PLAN.bits);
 
 /// An aarch64 level: the qemu CPU both programs run on and the llama.cpp cross build for it
 /// (`llama::AARCH64_ARCHS`). The engine runs `ENGINE_ISA=neon` at each: its kernels follow the
@@ -387,11 +412,12 @@ pub fn levels(builds: &llama::Builds) -> Vec<(Level, &llama::Build)> {
 }
 
 pub fn main(args: &[String]) -> Result<()> {
-    let usage = "usage: cargo xtask parity [--threads N] [--arch A[,B…]] [--level avx2|avx512] [--target aarch64 [--level neon|dotprod|i8mm]] (architectures: qwen3moe, olmoe, qwen35moe, gpt-oss)";
+    let usage = "usage: cargo xtask parity [--threads N] [--arch A[,B…]] [--level avx2|avx512] [--target aarch64 [--level neon|dotprod|i8mm | --negative-control]] (architectures: qwen3moe, olmoe, qwen35moe, gpt-oss)";
     let mut threads = 2;
     let mut archs: Option<Vec<String>> = None;
     let mut only: Option<String> = None;
     let mut target: Option<String> = None;
+    let mut control = false;
     let mut it = args.iter();
     while let Some(a) = it.next() {
         match a.as_str() {
@@ -399,11 +425,17 @@ pub fn main(args: &[String]) -> Result<()> {
             "--arch" => archs = Some(it.next().context(usage)?.split(',').map(str::to_owned).collect()),
             "--level" => only = Some(it.next().context(usage)?.clone()),
             "--target" => target = Some(it.next().context(usage)?.clone()),
+            "--negative-control" => control = true,
             _ => bail!("{usage}"),
         }
     }
     match target.as_deref() {
+        None if control => bail!("--negative-control is a check of the aarch64 parity (--target aarch64)\n{usage}"),
         None => {}
+        Some("aarch64") if control && (archs.is_some() || only.is_some()) => {
+            bail!("--negative-control runs its own case (tiny qwen3moe Q8_0 at the neon level)\n{usage}")
+        }
+        Some("aarch64") if control => return control_aarch64(threads),
         Some("aarch64") if archs.is_none() => return run_aarch64(threads, only.as_deref()),
         Some("aarch64") => {
             bail!(
@@ -479,8 +511,19 @@ pub fn run_aarch64(threads: usize, only: Option<&str>) -> Result<()> {
     Ok(())
 }
 
+/// `cargo xtask parity --target aarch64 --negative-control`: [`negative_control_aarch64`] with the
+/// engine and its perturbed build cross-built here (`cargo xtask test --target aarch64` runs it
+/// too).
+fn control_aarch64(threads: usize) -> Result<()> {
+    crate::cross::packages()?;
+    let host_engine = llama::build_engine()?;
+    let perturbed = crate::cross::build_perturbed_engine()?;
+    let engine = crate::cross::build_engine()?;
+    negative_control_aarch64(&engine, &perturbed, &host_engine, threads)
+}
+
 /// [`run_level`] by `plan` on the architectures named in `archs` (all when `None`); `synth` is an
-/// engine binary that runs here, to write the models.
+/// engine binary that runs here, to write the models. An error on any mismatch.
 fn run_archs(
     plan: &Plan,
     level: Level,
@@ -490,6 +533,24 @@ fn run_archs(
     threads: usize,
     archs: Option<&[String]>,
 ) -> Result<()> {
+    let failures = compare(plan, level, build, engine, synth, threads, archs)?;
+    if failures > 0 {
+        bail!("{failures} mismatches against the {}", build.describe());
+    }
+    Ok(())
+}
+
+/// The comparisons of [`run_archs`], printed; the number of mismatches (an error only when a
+/// program cannot be run or its output read).
+fn compare(
+    plan: &Plan,
+    level: Level,
+    build: &llama::Build,
+    engine: &Path,
+    synth: &Path,
+    threads: usize,
+    archs: Option<&[String]>,
+) -> Result<usize> {
     let (t0, cpu0) = (std::time::Instant::now(), crate::cmd::children_cpu());
     let emulated = plan.qemu_cpu.map_or(String::new(), |cpu| format!(", both under qemu-aarch64 (QEMU_CPU={cpu})"));
     println!(
@@ -626,6 +687,7 @@ fn run_archs(
                     && ours == theirs
                     && ours.len() == n_gen
                     && rel < case.max_rel_err
+                    && (identical || !plan.bits)
                     && (batch_same || !batch_required);
                 println!(
                     "  prompt {pi} ({} tokens): {}/{} generated tokens identical, final logits {} (max rel err {rel:.2e}) -> {}",
@@ -634,7 +696,7 @@ fn run_archs(
                     n_gen,
                     if identical { "bit-identical" } else { "differ" },
                     if !ok {
-                        "MISMATCH"
+                        if plan.bits && !identical { "MISMATCH (bit-identical logits required)" } else { "MISMATCH" }
                     } else if rel < AIM_REL_ERR {
                         "ok"
                     } else {
@@ -667,16 +729,66 @@ fn run_archs(
         "{} level: final logits bit-identical in {bit_identical}/{compared} runs; worst relative error: {worst:.2e} (aim {AIM_REL_ERR:.0e})",
         level.name()
     );
+    let (wall, cpu) = (t0.elapsed().as_secs_f64(), crate::cmd::children_cpu() - cpu0);
     if failures > 0 {
-        bail!("{failures} mismatches against the {}", build.describe());
+        println!("parity at the {} level: {failures} mismatches; {wall:.0} s wall, {cpu:.0} s CPU", level.name());
+    } else {
+        println!(
+            "parity at the {} level: engine matches the {} (llama-cpp-python {} sources); {wall:.0} s wall, {cpu:.0} s CPU",
+            level.name(),
+            build.describe(),
+            llama::LLAMA_CPP_PYTHON,
+        );
+    }
+    Ok(failures)
+}
+
+/// The negative control of the aarch64 check: at the `neon` level ([`CONTROL_PLAN`]: the tiny
+/// qwen3moe `Q8_0` model, one prompt), `engine` must pass and `perturbed` (the same engine built
+/// with the test-only feature `parity-negative-control`, whose plain `Q8_0` kernel adds the same
+/// products in another float order) must fail, so that "bit-identical" cannot pass vacuously.
+/// `synth` writes the model. Both programs run under `qemu-aarch64`.
+pub fn negative_control_aarch64(engine: &Path, perturbed: &Path, synth: &Path, threads: usize) -> Result<()> {
+    let arm = &ARM_LEVELS[0];
+    let build = llama::ensure_aarch64(arm.arch, llama::PARITY_TARGETS)?;
+    let plan = Plan { qemu_cpu: Some(arm.qemu_cpu), ..CONTROL_PLAN };
+    println!("== negative control: the engine as built, then with its Q8_0 kernel's float order perturbed");
+    let normal = compare(&plan, arm.level, &build, engine, synth, threads, None)?;
+    if normal > 0 {
+        bail!("negative control: the engine as built mismatches on the control's case, so the control shows nothing");
+    }
+    let perturbed = compare(&plan, arm.level, &build, perturbed, synth, threads, None)?;
+    if perturbed == 0 {
+        bail!(
+            "negative control: the parity check passed an engine whose Q8_0 kernel sums in another float order: \
+             it does not check the bits"
+        );
     }
     println!(
-        "parity at the {} level: engine matches the {} (llama-cpp-python {} sources); {:.0} s wall, {:.0} s CPU",
-        level.name(),
-        build.describe(),
-        llama::LLAMA_CPP_PYTHON,
-        t0.elapsed().as_secs_f64(),
-        crate::cmd::children_cpu() - cpu0
+        "negative control: ok (the engine as built passes; with its Q8_0 kernel's order perturbed, the check fails \
+         with {perturbed} mismatch(es))"
     );
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The feature perturbs the plain layout's `Q8_0` kernel, which only the `neon` level (a CPU
+    /// without `dotprod`) runs: the control must run there, on a `Q8_0` model.
+    #[test]
+    fn the_negative_control_runs_a_q8_0_model_at_the_plain_neon_level() {
+        assert_eq!(ARM_LEVELS[0].level, Level::Neon);
+        assert_eq!(ARM_LEVELS[0].qemu_cpu, "cortex-a72");
+        assert_eq!(CONTROL_PLAN.cases.len(), 1);
+        assert_eq!(CONTROL_PLAN.cases[0].quants, ["q8_0"]);
+        assert_eq!(CONTROL_PLAN.cases[0].shape, ARM_CASES[0].shape);
+    }
+
+    #[test]
+    fn rel_err_is_relative_to_the_reference_scale_and_infinite_on_a_length_mismatch() {
+        assert_eq!(rel_err(&[1.0, 2.0], &[1.0, 4.0]), 0.5);
+        assert_eq!(rel_err(&[1.0], &[1.0, 2.0]), f64::INFINITY);
+    }
 }

@@ -141,11 +141,11 @@ impl TestClock {
 
 /// The suite's phases so far.
 #[derive(Default)]
-struct Phases(Vec<Phase>);
+pub(crate) struct Phases(Vec<Phase>);
 
 impl Phases {
     /// Runs one phase, timed; its result is recorded and returned.
-    fn run<T>(&mut self, name: &str, f: impl FnOnce() -> Result<T>) -> Result<T> {
+    pub(crate) fn run<T>(&mut self, name: &str, f: impl FnOnce() -> Result<T>) -> Result<T> {
         eprintln!("xtask test: == phase: {name}");
         let t0 = Instant::now();
         let r = f();
@@ -163,7 +163,7 @@ impl Phases {
         self.0.push(Phase { name: name.to_owned(), time: Duration::ZERO, outcome: format!("not run: {why}") });
     }
 
-    fn table(&self, total: Duration) -> String {
+    pub(crate) fn table(&self, total: Duration) -> String {
         let width = self.0.iter().map(|p| p.name.chars().count()).max().unwrap_or(5).max(5);
         let mut s = format!("{:<width$} {:>9}  outcome\n", "phase", "wall s");
         for p in &self.0 {

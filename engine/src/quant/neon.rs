@@ -274,6 +274,20 @@ fn fzero() -> float32x4_t {
     unsafe { vdupq_n_f32(0.0) }
 }
 
+/// `hadd(even) + hadd(odd)`: ggml's two sums of the pairwise loop. Built with the test-only
+/// feature `parity-negative-control`, `hadd(even + odd)` instead: the same products in another
+/// float order, which the aarch64 parity check must reject (its negative control); without the
+/// feature the branch is compiled out.
+#[inline(always)]
+fn pair_sum(even: float32x4_t, odd: float32x4_t) -> f32 {
+    if cfg!(feature = "parity-negative-control") {
+        // SAFETY: NEON, registers only.
+        hadd_f32(unsafe { vaddq_f32(even, odd) })
+    } else {
+        hadd_f32(even) + hadd_f32(odd)
+    }
+}
+
 /// Rows of a [`Pairwise`] type against up to [`MAX_MULTI`] activations, each weight block
 /// decoded once: blocks in pairs, even blocks into one 4-lane sum and odd blocks into another,
 /// `hadd(even) + hadd(odd)`, then the last odd block by the type's `tail`.
@@ -305,7 +319,7 @@ fn pair_rows<const SD: bool, const N: usize>(
             ib += 2;
         }
         for t in 0..nt {
-            let mut sum = hadd_f32(s0[t]) + hadd_f32(s1[t]);
+            let mut sum = pair_sum(s0[t], s1[t]);
             if ib < nb {
                 let (a, b) = (&wb[ib], &xb[t][ib]);
                 let sumi = addv(pair_lanes::<SD>((p.quants)(a), b));
