@@ -534,10 +534,14 @@ impl Probes {
         };
         // Markers may come later (a descendant exec'ing an engine, a library loaded by dlopen),
         // attached while that process runs on: the verifier's hundreds of milliseconds (on a
-        // busy machine) are spent now, so that attaching then takes a few.
+        // busy machine) are spent now, so that attaching then takes a few. Best effort: a program
+        // this kernel refuses is the run's concern only when markers are found (the attach then
+        // loads it again and says why), never for a run that has none (Debian's 6.1 refused one).
         if markers.is_none() && !matches!(opts.markers, Markers::None) {
             for program in MARKER_PROGRAMS {
-                loaded_uprobe(&mut ebpf, program)?;
+                if let Err(e) = loaded_uprobe(&mut ebpf, program) {
+                    log::debug!("preloading {program}: {e}");
+                }
             }
         }
         // Program run time for the observer's own cost (Linux >= 5.8); absent
