@@ -136,19 +136,7 @@ mod tests {
         b.time[T_COMPUTE] = 600;
         b.time[T_RUNQUEUE] = 100;
         b.cnt[C_MINFLT] = 5;
-        let s = |ts, t| Snapshot {
-            ts,
-            index: 0,
-            threads: vec![t],
-            engine: None,
-            lost: 0,
-            churn: None,
-            evicted_by: None,
-            refaults: None,
-            xread: None,
-            n_tokens: None,
-            tid: None,
-        };
+        let s = |ts, t| Snapshot::of_threads(ts, vec![t]);
         let mut t = build(&s(0, a), &s(1000, b), 0, StepKind::Window);
         mark_unmeasured(&mut t);
         assert_eq!(t.components.get(Component::Compute), Some(600));

@@ -692,22 +692,7 @@ impl Session {
         let mut sampler = interval(self.opts.sample_interval);
         self.target.release()?;
         ticker.tick().await;
-        let snap = |asm: &mut Assembler| {
-            let now = seed::mono_ns();
-            asm.window(Snapshot {
-                ts: now,
-                index: 0,
-                threads: procfs::snapshot(pid),
-                engine: None,
-                lost: 0,
-                churn: None,
-                evicted_by: None,
-                refaults: None,
-                n_tokens: None,
-                xread: None,
-                tid: None,
-            })
-        };
+        let snap = |asm: &mut Assembler| asm.window(Snapshot::of_threads(seed::mono_ns(), procfs::snapshot(pid)));
         snap(&mut asm);
         let mut stopper = Stopper::default();
         let ending = loop {
@@ -881,19 +866,7 @@ fn window_snapshot_at(probes: &Probes, asm: &Assembler, now: u64) -> Result<Snap
         Some(_) => Some(probes.xread_totals()?),
         None => None,
     };
-    Ok(Snapshot {
-        ts: now,
-        index: 0,
-        threads: probes.snapshot(now)?,
-        engine: None,
-        lost: 0,
-        churn: None,
-        evicted_by: None,
-        refaults: None,
-        n_tokens: None,
-        xread,
-        tid: None,
-    })
+    Ok(Snapshot { xread, ..Snapshot::of_threads(now, probes.snapshot(now)?) })
 }
 
 fn health(probes: &Probes, malformed: u64, mono_ns: u64) -> Result<ObserverHealth> {

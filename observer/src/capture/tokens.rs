@@ -63,6 +63,26 @@ pub struct Snapshot {
     pub tid: Option<u32>,
 }
 
+impl Snapshot {
+    /// The threads' states at `ts`, with nothing else measured (a window's end, before the
+    /// caller fills in what it has).
+    pub fn of_threads(ts: u64, threads: Vec<ThreadState>) -> Snapshot {
+        Snapshot {
+            ts,
+            index: 0,
+            threads,
+            engine: None,
+            lost: 0,
+            churn: None,
+            evicted_by: None,
+            refaults: None,
+            n_tokens: None,
+            xread: None,
+            tid: None,
+        }
+    }
+}
+
 /// Reassembles ring-buffer records into snapshots and pairs them into tokens.
 #[derive(Debug)]
 pub struct Assembler {
@@ -381,19 +401,7 @@ mod tests {
     }
 
     fn snap(ts: u64, threads: Vec<ThreadState>) -> Snapshot {
-        Snapshot {
-            ts,
-            index: 0,
-            threads,
-            engine: None,
-            lost: 0,
-            churn: None,
-            evicted_by: None,
-            refaults: None,
-            n_tokens: None,
-            xread: None,
-            tid: None,
-        }
+        Snapshot::of_threads(ts, threads)
     }
 
     /// The bytes of a ring-buffer record.

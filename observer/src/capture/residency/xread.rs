@@ -218,19 +218,8 @@ impl Live {
     pub fn span(&mut self, ebpf: &Ebpf) -> Result<Option<ExplicitReads>, crate::capture::bpf::ProbeError> {
         self.drain();
         let totals = crate::capture::bpf::xread_totals(ebpf)?;
-        let snap = Snapshot {
-            ts: crate::capture::seed::mono_ns(),
-            index: 0,
-            threads: Vec::new(),
-            engine: None,
-            lost: 0,
-            churn: None,
-            evicted_by: None,
-            refaults: None,
-            n_tokens: None,
-            xread: Some(totals),
-            tid: None,
-        };
+        let snap =
+            Snapshot { xread: Some(totals), ..Snapshot::of_threads(crate::capture::seed::mono_ns(), Vec::new()) };
         Ok(self.asm.window(snap).and_then(|t| t.explicit_reads))
     }
 }
