@@ -151,6 +151,10 @@ pub struct ThreadTime {
     pub read_ios: u64,
     pub disk_read_ns: u64,
     pub zram_read_ns: u64,
+    /// Switch-ins the kernel did without a `sched_switch`, repaired from `sched_stat_runtime`
+    /// (`attrib`'s spec); absent from traces written before it was counted.
+    #[serde(default)]
+    pub missed_switch_ins: u64,
     pub exited: bool,
 }
 
@@ -172,6 +176,7 @@ impl ThreadTime {
         self.read_ios += other.read_ios;
         self.disk_read_ns += other.disk_read_ns;
         self.zram_read_ns += other.zram_read_ns;
+        self.missed_switch_ins += other.missed_switch_ins;
         self.exited &= other.exited;
     }
 

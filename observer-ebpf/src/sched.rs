@@ -18,7 +18,7 @@ use aya_ebpf::{
 
 use observer_common::{
     GlobalCounter,
-    attrib::{ExecRecord, REC_EXEC},
+    attrib::{ExecRecord, F_ON_CPU, REC_EXEC},
 };
 
 use crate::maps::{EVENTS, TARGETS, bump, config, current_state, offsets, state_of, target_tid, update};
@@ -54,6 +54,30 @@ pub fn sched_switch(ctx: TracePointContext) -> u32 {
     {
         update(s, |s| s.switch_in(now));
     }
+    0
+}
+
+/// `sched:sched_stat_runtime`: the scheduler charged a task CPU time; the event names the
+/// task (not always the current one). A tracked thread that our events have off the CPU had a
+/// switch-in without `sched_switch` (`attrib`'s spec, `ThreadState::ran`).
+#[tracepoint]
+pub fn sched_runtime(ctx: TracePointContext) -> u32 {
+    let Some(o) = offsets() else { return 0 };
+    // SAFETY: offset from the tracepoint's format file.
+    let pid: i32 = unsafe { ctx.read_at(o.runtime_pid as usize) }.unwrap_or(0);
+    if pid <= 0 {
+        return 0;
+    }
+    let Some(s) = state_of(pid as u32) else { return 0 };
+    // SAFETY: map value; a racing update on the thread's own CPU is redone by its next event.
+    if unsafe { (*s).flags } & F_ON_CPU != 0 {
+        return 0;
+    }
+    // SAFETY: offset from the tracepoint's format file.
+    let runtime: u64 = unsafe { ctx.read_at(o.runtime_ns as usize) }.unwrap_or(0);
+    // SAFETY: helper without preconditions.
+    let now = unsafe { bpf_ktime_get_ns() };
+    update(s, |s| s.ran(now, runtime));
     0
 }
 

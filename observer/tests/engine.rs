@@ -803,10 +803,12 @@ fn window_records_carry_explicit_reads_that_add_up_to_the_engines() {
     }
     let bt = model_preads(&model);
     let out = Command::new(OBSERVER)
-        .args(["run", "--engine", "none", "--window", "50ms", "--every", "0", "--force"])
+        // 20 ms windows over 200 tokens (about 0.5 s here: 384 tok/s): at least 3 windows on a
+        // machine 8× faster (48 tokens in 50 ms windows made 2 on an idle run here).
+        .args(["run", "--engine", "none", "--window", "20ms", "--every", "0", "--force"])
         .args(["--json", json.to_str().unwrap(), "--"])
         .arg(engine_bin())
-        .args(["run", "-m", model.to_str().unwrap(), "-p", "The quick brown fox", "-n", "48"])
+        .args(["run", "-m", model.to_str().unwrap(), "-p", "The quick brown fox", "-n", "200"])
         .args(["--ignore-eos", "-t", "2", "--dense", "anon", "--experts", "cache", "--cache-mib", "1"])
         .args(["--cache-log", log.to_str().unwrap()])
         .output()

@@ -1803,6 +1803,15 @@ fn soak_serve_discover_returns_to_rest_after_each_wave_of_targets() {
     let names = ["soakt-a.gguf", "soakt-b.gguf", "soakt-c.gguf"];
     let models = names.map(|n| copy(&tiny_model(), n));
     let label = |i: usize| format!("engine=\"moe-engine\",model=\"{}\",container=\"\"", names[i]);
+    let args = |i: usize| -> Vec<String> {
+        let (m, n) = (models[i].to_str().unwrap(), SOAK_TOKENS[i].to_string());
+        ["run", "-m", m, "-p", "The daemon keeps serving", "-n", &n, "--ignore-eos", "-t", "1"]
+            .map(String::from)
+            .to_vec()
+    };
+    // The dry run before serve starts: serve would discover it too (an empty-cache CI run saw
+    // it discovered and end 9 ms later, before its markers were attached).
+    let before_load = stderr_before_load(&exe, &args(0));
     let t0 = Instant::now();
     let obs = Observer::start("serve", &["--discover", "--name", "engine-soakt"]);
     let pid = obs.child.id();
@@ -1826,13 +1835,6 @@ fn soak_serve_discover_returns_to_rest_after_each_wave_of_targets() {
         (0..3).map(|i| m.get(&format!("moe_observer_runs_total{{{}}}", label(i))).copied().unwrap_or(0.0)).sum()
     };
     let (mut rests, mut observed) = (Vec::new(), 0.0);
-    let args = |i: usize| -> Vec<String> {
-        let (m, n) = (models[i].to_str().unwrap(), SOAK_TOKENS[i].to_string());
-        ["run", "-m", m, "-p", "The daemon keeps serving", "-n", &n, "--ignore-eos", "-t", "1"]
-            .map(String::from)
-            .to_vec()
-    };
-    let before_load = stderr_before_load(&exe, &args(0));
     for wave in 0..SOAK_WAVES {
         // Each target is held once its model is mapped until serve has attached to it (so every
         // one is observed however slow the machine), and let go as the next one is held.

@@ -357,6 +357,7 @@ const TRACEPOINTS: &[(&str, &str, &str, bool)] = &[
     ("sched_exec", "sched", "sched_process_exec", false),
     ("new_task", "task", "task_newtask", false),
     ("process_free", "sched", "sched_process_free", false),
+    ("sched_runtime", "sched", "sched_stat_runtime", false),
 ];
 
 /// Field offsets the programs need, from tracefs.
@@ -394,6 +395,10 @@ fn tp_offsets() -> Result<TpOffsets, ProbeError> {
     }
     if let Ok(f) = Format::load("sched", "sched_process_free") {
         o.free_pid = f.offset("pid").unwrap_or(0);
+    }
+    if let Ok(r) = Format::load("sched", "sched_stat_runtime") {
+        o.runtime_pid = r.offset("pid").unwrap_or(0);
+        o.runtime_ns = r.offset("runtime").unwrap_or(0);
     }
     if let Ok(c) = Format::load("block", "block_rq_complete") {
         o.rqd_dev = c.offset("dev").unwrap_or(0);

@@ -63,7 +63,7 @@ use anyhow::{Context, Result, bail};
 use aya::maps::{MapData, RingBuf};
 use observer_common::{
     GlobalCounter,
-    attrib::{C_DISK_READ_NS, C_READ_IOS, C_ZRAM_READ_NS, F_EXITED},
+    attrib::{C_DISK_READ_NS, C_MISSED_SWITCH_IN, C_READ_IOS, C_ZRAM_READ_NS, F_EXITED},
     model::{
         Components, DeviceReads, Event, FaultTotals, MAX_EVICTING_PROCESSES, ObserverHealth, ProcessEvictions,
         ProgramCost, RunEnd, RunTotals, StepKind, ThreadTime, ThreadTotals, TokenMarks, TokenRecord,
@@ -923,6 +923,7 @@ fn run_totals(probes: &Probes, now: u64) -> Result<RunTotals> {
                 read_ios: s.cnt[C_READ_IOS],
                 disk_read_ns: s.cnt[C_DISK_READ_NS],
                 zram_read_ns: s.cnt[C_ZRAM_READ_NS],
+                missed_switch_ins: s.cnt[C_MISSED_SWITCH_IN],
                 exited: s.flags & F_EXITED != 0,
             }),
         })
