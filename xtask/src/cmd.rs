@@ -24,6 +24,32 @@ pub fn run(c: &mut Command) -> Result<()> {
     Ok(())
 }
 
+/// [`run`], returning the CPU time (s) of the command and every descendant it waited for, from
+/// its own `wait4` rusage: right even while other children of this process run beside it.
+pub fn run_cpu(c: &mut Command) -> Result<f64> {
+    let d = describe(c);
+    eprintln!("+ {d}");
+    let child = c.spawn().with_context(|| format!("cannot run `{d}`"))?;
+    let (mut status, pid) = (0i32, child.id() as libc::pid_t);
+    // SAFETY: zeroed rusage is a valid out-parameter.
+    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
+    let r = loop {
+        // SAFETY: waits for our own child, filling the status and rusage we own.
+        let r = unsafe { libc::wait4(pid, &mut status, 0, &mut ru) };
+        if r >= 0 || std::io::Error::last_os_error().kind() != std::io::ErrorKind::Interrupted {
+            break r;
+        }
+    };
+    if r < 0 {
+        bail!("waiting for `{d}`: {}", std::io::Error::last_os_error());
+    }
+    if !libc::WIFEXITED(status) || libc::WEXITSTATUS(status) != 0 {
+        bail!("`{d}` failed (wait status {status:#x})");
+    }
+    let tv = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 * 1e-6;
+    Ok(tv(ru.ru_utime) + tv(ru.ru_stime))
+}
+
 /// Run and capture stdout+stderr; returns the output even on failure.
 pub fn capture(c: &mut Command) -> Result<Output> {
     let d = describe(c);

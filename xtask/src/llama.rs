@@ -410,7 +410,7 @@ fn ensure_build(dir: &Path, src: &Path, isa: &Isa, targets: &[Target]) -> Result
             ensure_tool("aarch64-linux-gnu-g++", "g++-aarch64-linux-gnu")?;
         }
         let ccache_dir = dir.join("ccache");
-        let (t0, cpu0) = (Instant::now(), crate::cmd::children_cpu());
+        let t0 = Instant::now();
         if !configured {
             std::fs::create_dir_all(&own).with_context(|| format!("creating {}", own.display()))?;
             crate::cmd::run(Command::new("cmake").arg("-S").arg(src).arg("-B").arg(&build).args(&args))?;
@@ -425,7 +425,7 @@ fn ensure_build(dir: &Path, src: &Path, isa: &Isa, targets: &[Target]) -> Result
         );
         let before = ccache_counts(&ccache_dir);
         let jobs = std::thread::available_parallelism().map_or(1, |n| n.get()).to_string();
-        crate::cmd::run(
+        let cpu = crate::cmd::run_cpu(
             Command::new("cmake")
                 .env("CCACHE_DIR", &ccache_dir)
                 .env("CCACHE_BASEDIR", dir)
@@ -440,10 +440,10 @@ fn ensure_build(dir: &Path, src: &Path, isa: &Isa, targets: &[Target]) -> Result
             _ => String::new(),
         };
         eprintln!(
-            "xtask: llama.cpp {} built in {:.0} s wall, {:.0} s CPU{cache}",
+            "xtask: llama.cpp {} built in {:.0} s wall, {:.0} s CPU in `cmake --build`{cache}",
             isa.key,
             t0.elapsed().as_secs_f64(),
-            crate::cmd::children_cpu() - cpu0
+            cpu
         );
     }
     for t in targets {

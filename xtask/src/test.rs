@@ -1,7 +1,8 @@
 //! `cargo xtask test`: the whole suite, in phases, each timed by the wall clock:
 //!
 //! 1. `setup` (`cargo xtask setup`, which first prints what this machine is: `detect.rs`);
-//! 2. `build`: every binary of the workspace in release mode;
+//! 2. `build`: every binary of the workspace in release mode, then `test build`: the test
+//!    binaries (`cargo test --no-run`); beside both (the whole suite only, not with arguments),
 //! 3. `llama.cpp build`: the `avx2` and speed builds of the reference (`llama.rs`; taken from
 //!    the cache when there), before the tests, which observe its programs (`observer/tests/llama.rs`);
 //! 4. the tests: `cargo test --release --workspace --no-fail-fast` (arguments are passed on;
@@ -149,14 +150,18 @@ impl Phases {
         eprintln!("xtask test: == phase: {name}");
         let t0 = Instant::now();
         let r = f();
-        let time = t0.elapsed();
-        let outcome = match &r {
+        self.record(name, t0.elapsed(), &r);
+        r
+    }
+
+    /// Records a phase that ran for `time` with result `r` (one timed elsewhere).
+    pub(crate) fn record<T>(&mut self, name: &str, time: Duration, r: &Result<T>) {
+        let outcome = match r {
             Ok(_) => "ok".to_owned(),
             Err(e) => format!("FAILED: {}", format!("{e:#}").lines().next().unwrap_or_default()),
         };
         eprintln!("xtask test: phase {name}: {:.1} s, {outcome}", time.as_secs_f64());
         self.0.push(Phase { name: name.to_owned(), time, outcome });
-        r
     }
 
     fn skipped(&mut self, name: &str, why: &str) {
@@ -180,17 +185,12 @@ impl Phases {
 pub(crate) fn cargo_test(root: &std::path::Path, args: &[String], env: &[(&str, String)]) -> Result<(TestClock, bool)> {
     let (reader, writer) = std::io::pipe().context("creating a pipe for cargo test")?;
     let mut c = Command::new("cargo");
-    // `--workspace` would override a package selection (`-p NAME`) given in the arguments.
-    let packages = args.iter().take_while(|a| *a != "--").any(|a| a.starts_with("-p") || a.starts_with("--package"));
-    let scope: &[&str] = if packages { &[] } else { &["--workspace"] };
     c.current_dir(root)
-        .args(["test", "--release", "--no-fail-fast"])
-        .args(scope)
-        .args(args)
+        .args(test_args(args))
         .envs(env.iter().map(|(k, v)| (k, v)))
         .stdout(writer.try_clone().context("duplicating a pipe")?)
         .stderr(writer);
-    eprintln!("+ cargo test --release --no-fail-fast {} {}", scope.join(" "), args.join(" "));
+    eprintln!("+ cargo {}", test_args(args).join(" "));
     let start = Instant::now();
     let mut child = c.spawn().context("cannot run cargo test")?;
     drop(c); // closes our copies of the pipe's write end, so that the read end sees the end
@@ -205,6 +205,19 @@ pub(crate) fn cargo_test(root: &std::path::Path, args: &[String], env: &[(&str, 
     Ok((clock, status.success()))
 }
 
+/// `cargo`'s arguments for the suite's tests: `test --release --no-fail-fast`, the whole workspace
+/// unless the arguments select packages (`--workspace` would override a `-p NAME`), then `args`.
+fn test_args(args: &[String]) -> Vec<String> {
+    let packages = args.iter().take_while(|a| *a != "--").any(|a| a.starts_with("-p") || a.starts_with("--package"));
+    let scope: &[&str] = if packages { &[] } else { &["--workspace"] };
+    ["test", "--release", "--no-fail-fast"]
+        .iter()
+        .chain(scope)
+        .map(|s| s.to_string())
+        .chain(args.iter().cloned())
+        .collect()
+}
+
 pub fn run(args: &[String]) -> Result<()> {
     let t0 = Instant::now();
     let mut phases = Phases::default();
@@ -216,15 +229,32 @@ pub fn run(args: &[String]) -> Result<()> {
 
 fn suite(root: &std::path::Path, args: &[String], phases: &mut Phases) -> Result<()> {
     phases.run("setup", || setup::run(setup::Scope::All))?;
-    phases.run("build", || {
-        cmd::run(Command::new("cargo").current_dir(root).args(["build", "--release", "--workspace", "--bins"]))
-    })?;
-
+    let build =
+        || cmd::run(Command::new("cargo").current_dir(root).args(["build", "--release", "--workspace", "--bins"]));
     // The reference llama.cpp builds come before the tests: `observer/tests/llama.rs` observes
-    // its programs. A failed build is reported at the end, beside the tests it broke.
+    // its programs. A failed build is reported at the end, beside the tests it broke. The whole
+    // suite builds them beside the workspace's build and its test binaries (`cargo test
+    // --no-run`, the same units the tests then run): C++ compiles fill the cores in the serial
+    // tails of the Rust build (its last crates and links), 3–4 minutes less from an empty cache
+    // on 2 cores. Their output is interleaved; each phase's wall time is its own.
     let builds = if args.is_empty() {
-        Some(phases.run("llama.cpp build", || llama::ensure_for(llama::TEST_TARGETS, llama::PARITY_TARGETS)))
+        let (llama, time) = std::thread::scope(|s| -> Result<_> {
+            let llama = s.spawn(|| {
+                let t0 = Instant::now();
+                (llama::ensure_for(llama::TEST_TARGETS, llama::PARITY_TARGETS), t0.elapsed())
+            });
+            let rust = phases.run("build", build).and_then(|()| {
+                phases.run("test build (cargo test --no-run)", || {
+                    cmd::run(Command::new("cargo").current_dir(root).args(test_args(args)).arg("--no-run"))
+                })
+            });
+            let llama = llama.join().map_err(|_| anyhow::anyhow!("the llama.cpp build thread panicked"))?;
+            rust.map(|()| llama)
+        })?;
+        phases.record("llama.cpp build (beside the two above)", time, &llama);
+        Some(llama)
     } else {
+        phases.run("build", build)?;
         None
     };
     let (clock, test_ok) = cargo_test(root, args, &[])?;
