@@ -1,8 +1,7 @@
 //! `cargo xtask test`: the whole suite, in phases, each timed by the wall clock:
 //!
 //! 1. `setup` (`cargo xtask setup`, which first prints what this machine is: `detect.rs`);
-//! 2. `build`: every binary of the workspace in release mode, then `test build`: the test
-//!    binaries (`cargo test --no-run`); beside both (the whole suite only, not with arguments),
+//! 2. `build`: every binary of the workspace in release mode;
 //! 3. `llama.cpp build`: the `avx2` and speed builds of the reference (`llama.rs`; taken from
 //!    the cache when there), before the tests, which observe its programs (`observer/tests/llama.rs`);
 //! 4. the tests: `cargo test --release --workspace --no-fail-fast` (arguments are passed on;
@@ -150,18 +149,14 @@ impl Phases {
         eprintln!("xtask test: == phase: {name}");
         let t0 = Instant::now();
         let r = f();
-        self.record(name, t0.elapsed(), &r);
-        r
-    }
-
-    /// Records a phase that ran for `time` with result `r` (one timed elsewhere).
-    pub(crate) fn record<T>(&mut self, name: &str, time: Duration, r: &Result<T>) {
-        let outcome = match r {
+        let time = t0.elapsed();
+        let outcome = match &r {
             Ok(_) => "ok".to_owned(),
             Err(e) => format!("FAILED: {}", format!("{e:#}").lines().next().unwrap_or_default()),
         };
         eprintln!("xtask test: phase {name}: {:.1} s, {outcome}", time.as_secs_f64());
         self.0.push(Phase { name: name.to_owned(), time, outcome });
+        r
     }
 
     fn skipped(&mut self, name: &str, why: &str) {
@@ -229,32 +224,18 @@ pub fn run(args: &[String]) -> Result<()> {
 
 fn suite(root: &std::path::Path, args: &[String], phases: &mut Phases) -> Result<()> {
     phases.run("setup", || setup::run(setup::Scope::All))?;
-    let build =
-        || cmd::run(Command::new("cargo").current_dir(root).args(["build", "--release", "--workspace", "--bins"]));
+    phases.run("build", || {
+        cmd::run(Command::new("cargo").current_dir(root).args(["build", "--release", "--workspace", "--bins"]))
+    })?;
+
     // The reference llama.cpp builds come before the tests: `observer/tests/llama.rs` observes
-    // its programs. A failed build is reported at the end, beside the tests it broke. The whole
-    // suite builds them beside the workspace's build and its test binaries (`cargo test
-    // --no-run`, the same units the tests then run): C++ compiles fill the cores in the serial
-    // tails of the Rust build (its last crates and links), 3–4 minutes less from an empty cache
-    // on 2 cores. Their output is interleaved; each phase's wall time is its own.
+    // its programs. A failed build is reported at the end, beside the tests it broke. (Built
+    // beside the workspace's build and test build instead, the three took 1015 s from an empty
+    // cache on 2 idle cores against 981 s one after the other: the C++ and Rust compiles share
+    // the same two cores, so they stay apart.)
     let builds = if args.is_empty() {
-        let (llama, time) = std::thread::scope(|s| -> Result<_> {
-            let llama = s.spawn(|| {
-                let t0 = Instant::now();
-                (llama::ensure_for(llama::TEST_TARGETS, llama::PARITY_TARGETS), t0.elapsed())
-            });
-            let rust = phases.run("build", build).and_then(|()| {
-                phases.run("test build (cargo test --no-run)", || {
-                    cmd::run(Command::new("cargo").current_dir(root).args(test_args(args)).arg("--no-run"))
-                })
-            });
-            let llama = llama.join().map_err(|_| anyhow::anyhow!("the llama.cpp build thread panicked"))?;
-            rust.map(|()| llama)
-        })?;
-        phases.record("llama.cpp build (beside the two above)", time, &llama);
-        Some(llama)
+        Some(phases.run("llama.cpp build", || llama::ensure_for(llama::TEST_TARGETS, llama::PARITY_TARGETS)))
     } else {
-        phases.run("build", build)?;
         None
     };
     let (clock, test_ok) = cargo_test(root, args, &[])?;
