@@ -63,6 +63,10 @@ const PACKAGES: &[(&str, &str)] = &[
     ("gcc-aarch64-linux-gnu", "the cross linker"),
     ("libc6-dev-arm64-cross", "the aarch64 C library to link against"),
     ("qemu-user", "qemu-aarch64, which runs the tests"),
+    // The aarch64 llama.cpp programs' runtime libraries (the parity runner, llama-simple): a fresh
+    // machine has no libgomp1:arm64, and the runner failed to load without it.
+    ("libstdc++6:arm64", "the C++ runtime of the aarch64 llama.cpp build"),
+    ("libgomp1:arm64", "the OpenMP runtime of the aarch64 llama.cpp build (ggml's threads)"),
     ("rust-web-clippy", "Debian's clippy for rustc 1.96, which lints the aarch64 code"),
 ];
 

@@ -630,9 +630,16 @@ impl Session {
                 }
             }
         };
-        // The records still in the ring: when the target has exited, a residency
-        // sample now would describe a process that is gone, so they carry none.
-        let mut late_resid = if ending.is_some() { None } else { resid.take() };
+        // The records still in the ring: when the target has exited, their sample reads nothing
+        // of the process (`Sampler::process_ended`) but still closes the grid's counters, which
+        // hold what its last tokens did (an empty-cache run lost one token of three from the
+        // per-expert refault grids when these records carried no sample).
+        if ending.is_some()
+            && let Some(s) = resid.as_mut()
+        {
+            s.process_ended();
+        }
+        let mut late_resid = resid.take();
         drain(ring.get_mut(), &mut asm, &mut late_resid, sinks)?;
         let now = seed::mono_ns();
         emit(sinks, &Event::Histograms(probes.histograms_event(now)?))?;

@@ -396,6 +396,15 @@ impl Sampler {
         })
     }
 
+    /// The process has exited: later samples keep its last reading of the anonymous dense copy
+    /// and carry no engine cache (nothing of the process is read again), while the file's
+    /// residency and the kernel's counters since the previous sample (per-expert churn,
+    /// refaults, reads) go on: they hold what the process's last tokens did.
+    pub fn process_ended(&mut self) {
+        self.dense = None;
+        self.slots = None;
+    }
+
     /// Rescan residency (mincore, pagemap) at most this often; churn is read at every sample.
     /// Default: every sample.
     pub fn set_scan_interval(&mut self, d: Duration) {
