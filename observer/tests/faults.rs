@@ -224,7 +224,9 @@ fn sigint_ends_cleanly_with_summary() {
 fn attach_sees_target_exit() {
     let _l = machine_lock();
     let mut target = Command::new(workload())
-        .args(["anon", "--size", "64M", "--delay-ms", "1000"])
+        // The observer attaches during the delay: 3 s, as attaching took more than 1 s in a
+        // suite run (the workload had exited before the token uprobe was opened: ESRCH).
+        .args(["anon", "--size", "64M", "--delay-ms", "3000"])
         .stdout(Stdio::piped())
         .spawn()
         .expect("spawn workload");

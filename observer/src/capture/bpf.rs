@@ -822,6 +822,11 @@ fn uprobe_hint(e: &ProgramError, symbol: &str, path: &std::path::Path) -> String
         Some(libc::EINVAL) => format!(
             "the kernel refused the probe point (an offset outside {file}, or not an instruction): check `nm -D {file}` for `{symbol}` and give a function in --token-symbol"
         ),
+        Some(libc::ESRCH) => {
+            "the process the probe was for exited while the observer was attaching (a uprobe for one process \
+             needs it alive): observe a program that runs longer, or start it under `observer run -- …`"
+                .to_string()
+        }
         _ => format!("check that `{symbol}` is a function of {file} and that {file} can be probed"),
     }
 }
