@@ -201,9 +201,7 @@ fn waiting_on_a_peers_reads_is_io_wait_peer() {
                     peer + rq_beyond >= blocked - blocked / 10,
                     "io_wait_peer {peer} (+ {rq_beyond} run queue beyond schedstat's) is most of blocked {blocked}: {main}"
                 );
-                // Only waits for the lock are `sleep` here (a handoff: the token thread blocks on it when
-                // the worker is preempted between taking it and waiting; 2.3 % of the wall in one run).
-                assert!(sleep < wall / 20, "waiting on reads is not sleep: {main}");
+                assert!(sleep < wall / 50, "waiting on reads is not sleep: {main}");
                 // The worker's reads: its io_wait, and the wakeups after them its run-queue time.
                 let (io, job) = (ns(worker, "io_wait"), u(w, "job_ns"));
                 assert!(io <= job + job / 50, "worker io_wait {io} within its reads' clock {job}: {worker}");
