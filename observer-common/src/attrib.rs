@@ -45,14 +45,21 @@
 //! A blocked wait outside faults, reclaim and I/O syscalls (a futex, a
 //! condvar, `poll`, …) is `sleep` unless the wakeup shows that it waited for
 //! I/O. At `sched_waking` the program runs in the waker's context, so:
-//! - a thread *did I/O* at the instant it was woken from a blocked explicit
-//!   I/O syscall or from a fault's disk read (`ThreadState::io_done`): the I/O
-//!   it waited for completed then. Non-blocking I/O (a `write` to the page
-//!   cache, a `read` of cached data) is not I/O in this sense.
+//! - a thread *did I/O* in an explicit I/O syscall or a fault that read from a
+//!   device: it was woken from blocking on the read, or it queued a read bio
+//!   (a read can complete before its thread blocks: on this project's VM the
+//!   host sometimes completes a virtio read within the submission, and the
+//!   thread never sleeps). Its I/O *ended* when that syscall or fault returned,
+//!   which is when the data reached its code (`ThreadState::io_done`; the
+//!   wakeup's instant until then; `F_DEVICE_IO` while in between). A `write` to
+//!   the page cache or a `read` of cached data is not I/O in this sense.
 //! - a wakeup is *by a peer's I/O* when the waker is a thread of the observed
 //!   process, is inside a syscall (user code wakes another thread only through
-//!   one: `futex`, `write` to an eventfd or pipe, …), and did I/O at or after
-//!   the instant the wakee blocked (`ThreadState::wait_start`). Then the
+//!   one: `futex`, `write` to an eventfd or pipe, …), and its I/O ended at or
+//!   after the instant the wakee blocked (`ThreadState::wait_start`). The end,
+//!   not the completion: a wakee that checked for the result, was delayed (or
+//!   its vCPU stolen) and blocked after the disk completed but before the peer
+//!   ran again still waited for that I/O's result. Then the
 //!   wakee's wait is `io_wait_peer`: it waited for that I/O, including the
 //!   peer's time to pick up the request and signal its end.
 //! - Interrupt context: `sched_waking` in a hard or soft interrupt runs as the
@@ -165,6 +172,9 @@ pub const F_UNKNOWN: u32 = 1 << 11;
 /// The open fault brought back an evicted page (`observer_common::evict`: its
 /// refault record is open and is closed with the fault).
 pub const F_FAULT_REFAULT: u32 = 1 << 12;
+/// The open syscall or fault read from a device (woken from blocked I/O, or queued a read
+/// bio): its exit moves `io_done`.
+pub const F_DEVICE_IO: u32 = 1 << 13;
 /// The flags that describe the open fault, cleared when a fault enters or exits.
 pub const F_FAULT_ANY: u32 = F_FAULT_ZRAM | F_FAULT_SWAP | F_FAULT_FILE | F_FAULT_DISK | F_FAULT_REFAULT;
 
@@ -190,8 +200,9 @@ pub struct ThreadState {
     pub _pad: u32,
     /// When the thread last blocked (switched out not runnable); 0 before it first did.
     pub wait_start: u64,
-    /// When the thread was last woken from blocked I/O (an explicit I/O syscall or
-    /// a fault's disk read): the I/O it waited for completed then. 0: never.
+    /// When the thread's last blocked I/O (an explicit I/O syscall or a fault's disk read)
+    /// ended: the syscall's or fault's exit, and until then (`F_DEVICE_IO`) the wakeup that
+    /// completed it (module spec). 0: never.
     pub io_done: u64,
     pub time: [u64; N_TIME],
     pub cnt: [u64; N_CNT],
@@ -309,7 +320,7 @@ impl ThreadState {
             self.cnt[C_FAULT_UNMATCHED_ENTRY] += 1;
         }
         self.fault_start = now;
-        self.flags &= !F_FAULT_ANY;
+        self.flags &= !(F_FAULT_ANY | F_DEVICE_IO);
     }
 
     /// Returns the fault's latency (0 when its entry was not seen) and its
@@ -335,15 +346,20 @@ impl ThreadState {
         };
         self.fault_start = 0;
         self.flags &= !F_FAULT_ANY;
+        self.io_ended(now);
         (lat, class)
     }
 
     /// A read bio queued by this thread while in a fault: from now on the
     /// fault's on-CPU time is zram decompression (zram) or I/O (a disk).
     /// `swap`: the device is a swap device (classifies a major fault as swap).
+    /// Outside a fault, a read queued in an explicit I/O syscall is device I/O (module spec).
     #[inline(always)]
     pub fn fault_read(&mut self, now: u64, zram: bool, swap: bool) {
         if self.fault_start == 0 {
+            if self.flags & (F_IN_SYSCALL | F_IO_SYSCALL) == F_IN_SYSCALL | F_IO_SYSCALL {
+                self.flags |= F_DEVICE_IO;
+            }
             return;
         }
         self.event(now);
@@ -407,6 +423,7 @@ impl ThreadState {
             && ((f & F_IN_SYSCALL != 0 && f & F_IO_SYSCALL != 0) || (self.fault_start != 0 && f & F_FAULT_DISK != 0))
         {
             self.io_done = now;
+            self.flags |= F_DEVICE_IO;
         }
         self.account_waiting(now, peer_io);
         self.flags &= !F_UNKNOWN;
@@ -417,7 +434,7 @@ impl ThreadState {
     pub fn syscall_enter(&mut self, now: u64, io: bool) {
         self.event(now);
         self.cnt[C_SYSCALLS] += 1;
-        self.flags |= F_IN_SYSCALL | F_ON_CPU;
+        self.flags = (self.flags | F_IN_SYSCALL | F_ON_CPU) & !F_DEVICE_IO;
         if io {
             self.flags |= F_IO_SYSCALL;
         } else {
@@ -428,7 +445,17 @@ impl ThreadState {
     #[inline(always)]
     pub fn syscall_exit(&mut self, now: u64) {
         self.event(now);
+        self.io_ended(now);
         self.flags = (self.flags | F_ON_CPU) & !(F_IN_SYSCALL | F_IO_SYSCALL);
+    }
+
+    /// The exit of a syscall or fault: if it was woken from blocked I/O, that I/O ends now.
+    #[inline(always)]
+    fn io_ended(&mut self, now: u64) {
+        if self.flags & F_DEVICE_IO != 0 {
+            self.io_done = now;
+            self.flags &= !F_DEVICE_IO;
+        }
     }
 
     #[inline(always)]
@@ -1008,6 +1035,7 @@ mod tests {
         assert_eq!(worker.io_done, 1500);
         worker.switch_in(1510);
         worker.syscall_exit(1520);
+        assert_eq!(worker.io_done, 1520, "the I/O ends when its result reaches the worker's code");
         worker.syscall_enter(1530, false); // futex wake
         assert!(worker.wakes_with_io(&waiter));
         waiter.wakeup(1540, worker.wakes_with_io(&waiter)); // 430 io_wait_peer
@@ -1052,6 +1080,50 @@ mod tests {
         w.switch_out(1070, false);
         w.wakeup(1090, false);
         assert_eq!(w.io_done, 1090);
+        w.switch_in(1095);
+        w.fault_exit(1100, true);
+        assert_eq!(w.io_done, 1100);
+    }
+
+    #[test]
+    fn a_wait_that_began_after_the_disk_completed_but_before_the_peer_ran_is_io_wait_peer() {
+        // The read completes (1500) while the waiter, delayed, has not blocked yet; it blocks
+        // at 1505, before the worker is back from pread (1520) with the result.
+        let (mut waiter, mut worker) = (thread(), thread());
+        worker.syscall_enter(1100, true);
+        worker.switch_out(1110, false);
+        waiter.syscall_enter(1200, false);
+        worker.wakeup(1500, false);
+        waiter.switch_out(1505, false);
+        worker.switch_in(1510);
+        worker.syscall_exit(1520);
+        worker.syscall_enter(1530, false); // futex wake
+        assert!(worker.wakes_with_io(&waiter));
+        waiter.wakeup(1540, true);
+        assert_eq!(waiter.time[T_IO_WAIT_PEER], 35);
+        // A later non-I/O syscall does not move the end of that I/O.
+        worker.syscall_exit(1550);
+        worker.syscall_enter(1560, false);
+        worker.syscall_exit(1570);
+        assert_eq!(worker.io_done, 1520);
+    }
+
+    #[test]
+    fn a_read_that_completes_before_its_thread_blocks_is_io_done_at_the_syscalls_exit() {
+        let mut w = thread();
+        w.syscall_enter(1000, true);
+        w.fault_read(1010, false, false); // its bio, queued outside any fault
+        w.syscall_exit(1200); // done without blocking
+        assert_eq!(w.io_done, 1200);
+        // A cached read queues nothing: no I/O.
+        w.syscall_enter(1300, true);
+        w.syscall_exit(1310);
+        assert_eq!(w.io_done, 1200);
+        // Nor does a bio queued in a non-I/O syscall (say, readahead by `madvise`).
+        w.syscall_enter(1400, false);
+        w.fault_read(1410, false, false);
+        w.syscall_exit(1420);
+        assert_eq!(w.io_done, 1200);
     }
 
     #[test]
