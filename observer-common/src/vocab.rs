@@ -610,7 +610,7 @@ pub static COMPONENTS: [Row; 11] = [
         "io_wait_peer",
         "io_wait_peer_ns",
         "io_peer",
-        "blocked (futex, condvar, …) until another thread of the process woke it in a syscall after its own blocked I/O completed during the wait, e.g. an expert cache's I/O worker",
+        "blocked (futex, condvar, …) until another thread of the process woke it in a syscall after one of its own device reads returned during the wait, e.g. an expert cache's I/O worker",
     )
     .slot(10)
     .cpu(Cpu::No),
