@@ -300,7 +300,7 @@ pub fn attach_syscalls(ebpf: &mut Ebpf, pid: u32) -> Result<(), ProbeError> {
     preflight::ensure_tracefs().map_err(|e| ProbeError::MissingTracepoint(format!("{e:#}")))?;
     let config = Config { target_tgid: pid, zram_major: 0, stop_on_exec: 0, follow_children: 0 };
     set(ebpf, "CONFIG", 0, config)?;
-    set(ebpf, "OFFSETS", 0, tp_offsets()?)?;
+    set(ebpf, "OFFSETS", 0, tp_offsets()?.0)?;
     for &(program, category, name, _) in
         TRACEPOINTS.iter().filter(|t| matches!(t.0, "sys_enter" | "sys_exit" | "sched_exec"))
     {
@@ -360,8 +360,10 @@ const TRACEPOINTS: &[(&str, &str, &str, bool)] = &[
     ("sched_runtime", "sched", "sched_stat_runtime", false),
 ];
 
-/// Field offsets the programs need, from tracefs.
-fn tp_offsets() -> Result<TpOffsets, ProbeError> {
+/// Field offsets the programs need, from tracefs, and the optional tracepoints whose format
+/// lacks a field their program reads (by name, with why): those are left unattached, since
+/// their program would read offset 0 instead.
+fn tp_offsets() -> Result<(TpOffsets, Vec<(&'static str, String)>), ProbeError> {
     let miss = |e: anyhow::Error| ProbeError::MissingTracepoint(format!("{e:#}"));
     let sw = Format::load("sched", "sched_switch").map_err(miss)?;
     let wk = Format::load("sched", "sched_waking").map_err(miss)?;
@@ -377,34 +379,38 @@ fn tp_offsets() -> Result<TpOffsets, ProbeError> {
         sys_id: se.offset("id").map_err(miss)?,
         ..TpOffsets::default()
     };
-    // Block tracepoints are optional; their offsets are only used when attached.
-    if let Ok(q) = Format::load("block", "block_bio_queue") {
-        o.bio_dev = q.offset("dev").unwrap_or(0);
-        o.bio_sector = q.offset("sector").unwrap_or(0);
-        o.bio_nr_sector = q.offset("nr_sector").unwrap_or(0);
-        o.bio_rwbs = q.offset("rwbs").unwrap_or(0);
+    // Optional tracepoints: all of a tracepoint's fields, or it is not attached. One that does
+    // not exist at all is reported as absent by the attach loop, not here.
+    let mut unusable = Vec::new();
+    let mut fields = |category: &'static str, name: &'static str, names: &[&str]| -> Option<Vec<u32>> {
+        if !preflight::tracepoint_exists(category, name) {
+            return None;
+        }
+        let r = Format::load(category, name).and_then(|f| f.offsets(names));
+        r.map_err(|e| unusable.push((name, format!("{e:#}")))).ok()
+    };
+    if let Some(&[dev, sector, nr, rwbs]) =
+        fields("block", "block_bio_queue", &["dev", "sector", "nr_sector", "rwbs"]).as_deref()
+    {
+        (o.bio_dev, o.bio_sector, o.bio_nr_sector, o.bio_rwbs) = (dev, sector, nr, rwbs);
     }
-    if let Ok(c) = Format::load("block", "block_bio_complete") {
-        o.biod_dev = c.offset("dev").unwrap_or(0);
-        o.biod_sector = c.offset("sector").unwrap_or(0);
-        o.biod_nr_sector = c.offset("nr_sector").unwrap_or(0);
+    if let Some(&[dev, sector, nr]) = fields("block", "block_bio_complete", &["dev", "sector", "nr_sector"]).as_deref()
+    {
+        (o.biod_dev, o.biod_sector, o.biod_nr_sector) = (dev, sector, nr);
     }
-    if let Ok(t) = Format::load("task", "task_newtask") {
-        o.newtask_pid = t.offset("pid").unwrap_or(0);
-        o.newtask_clone_flags = t.offset("clone_flags").unwrap_or(0);
+    if let Some(&[pid, flags]) = fields("task", "task_newtask", &["pid", "clone_flags"]).as_deref() {
+        (o.newtask_pid, o.newtask_clone_flags) = (pid, flags);
     }
-    if let Ok(f) = Format::load("sched", "sched_process_free") {
-        o.free_pid = f.offset("pid").unwrap_or(0);
+    if let Some(&[pid]) = fields("sched", "sched_process_free", &["pid"]).as_deref() {
+        o.free_pid = pid;
     }
-    if let Ok(r) = Format::load("sched", "sched_stat_runtime") {
-        o.runtime_pid = r.offset("pid").unwrap_or(0);
-        o.runtime_ns = r.offset("runtime").unwrap_or(0);
+    if let Some(&[pid, runtime]) = fields("sched", "sched_stat_runtime", &["pid", "runtime"]).as_deref() {
+        (o.runtime_pid, o.runtime_ns) = (pid, runtime);
     }
-    if let Ok(c) = Format::load("block", "block_rq_complete") {
-        o.rqd_dev = c.offset("dev").unwrap_or(0);
-        o.rqd_sector = c.offset("sector").unwrap_or(0);
+    if let Some(&[dev, sector]) = fields("block", "block_rq_complete", &["dev", "sector"]).as_deref() {
+        (o.rqd_dev, o.rqd_sector) = (dev, sector);
     }
-    Ok(o)
+    Ok((o, unusable))
 }
 
 /// Block major of zram devices, from /proc/devices (never hard-coded).
@@ -446,9 +452,10 @@ impl Probes {
     pub fn attach(opts: &AttachOptions) -> Result<Self, ProbeError> {
         preflight::ensure_tracefs().map_err(|e| ProbeError::MissingTracepoint(format!("{e:#}")))?;
         let bd_dev = zram_rw_page_bd_dev();
+        let (offsets, unusable) = tp_offsets()?;
         let offsets = TpOffsets {
             bdev_dev: bd_dev.as_ref().and_then(|r| r.as_ref().ok()).copied().unwrap_or(NO_FIELD),
-            ..tp_offsets()?
+            ..offsets
         };
         let mut ebpf = Ebpf::load(OBJECT).map_err(classify_load)?;
         let target = opts.target;
@@ -514,6 +521,10 @@ impl Probes {
                     "{category}:{name} (not on this kernel: no {}/events/{category}/{name})",
                     preflight::TRACEFS
                 ));
+                continue;
+            }
+            if let Some((_, why)) = unusable.iter().find(|(n, _)| *n == name) {
+                missing.push(format!("{category}:{name} (its format lacks a field the program reads: {why})"));
                 continue;
             }
             let prog: &mut TracePoint = ebpf

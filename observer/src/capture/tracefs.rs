@@ -79,6 +79,11 @@ impl Format {
     pub fn offset(&self, field: &str) -> Result<u32> {
         Ok(self.field(field)?.offset)
     }
+
+    /// The offsets of all of `fields`, in order, or an error naming the first one missing.
+    pub fn offsets(&self, fields: &[&str]) -> Result<Vec<u32>> {
+        fields.iter().map(|f| self.offset(f)).collect()
+    }
 }
 
 #[cfg(test)]
@@ -93,6 +98,15 @@ mod tests {
         let f = Format { category: "sched".into(), name: "sched_switch".into(), fields: parse_format("") };
         let msg = format!("{:#}", f.field("prev_state").unwrap_err());
         assert!(msg.contains("sched:sched_switch has no field `prev_state`"), "{msg}");
+    }
+
+    #[test]
+    fn offsets_are_all_or_an_error_naming_the_missing_field() {
+        let text = "format:\n\tfield:pid_t pid;\toffset:8;\tsize:4;\tsigned:1;\n\tfield:u64 runtime;\toffset:16;\tsize:8;\tsigned:0;\n";
+        let f = Format { category: "sched".into(), name: "sched_stat_runtime".into(), fields: parse_format(text) };
+        assert_eq!(f.offsets(&["pid", "runtime"]).unwrap(), vec![8, 16]);
+        let msg = format!("{:#}", f.offsets(&["pid", "vruntime", "runtime"]).unwrap_err());
+        assert!(msg.contains("sched:sched_stat_runtime has no field `vruntime`"), "{msg}");
     }
 
     #[test]
