@@ -10,7 +10,10 @@
 //!    `Running …` / `Doc-tests …` line to the binary's `test result:` line; it says how many
 //!    tests ran;
 //! 5. `vmtest smoke`: `cargo xtask vmtest --smoke`, the smoke subset on Debian 12's 6.1 kernel
-//!    under QEMU (`vmtest/`), its packages and QEMU from the vmtest cache;
+//!    under QEMU (`vmtest/`), its packages and QEMU from the vmtest cache. It runs as a child
+//!    process *beside* phases 6–8 (its output in a log file, printed when it ends): QEMU's TCG
+//!    keeps one core busy and the package fetch waits on the network, and none of the three
+//!    measures time, so they share the machine (about 110 s saved of 360 s on 2 cores);
 //! 6. `AMX check`: no AMX instruction in either build's ggml libraries (`amx.rs`);
 //! 7. `parity <level>`: the engine against llama.cpp at each ISA level (`parity.rs`);
 //! 8. `lints`: rustfmt check, clippy with warnings as errors.
@@ -159,6 +162,16 @@ impl Phases {
         r
     }
 
+    /// A phase that ran elsewhere (a [`Beside`] child), with its own wall time.
+    fn record(&mut self, name: &str, time: Duration, outcome: &Result<()>) {
+        let outcome = match outcome {
+            Ok(()) => "ok".to_owned(),
+            Err(e) => format!("FAILED: {}", format!("{e:#}").lines().next().unwrap_or_default()),
+        };
+        eprintln!("xtask test: phase {name}: {:.1} s, {outcome}", time.as_secs_f64());
+        self.0.push(Phase { name: name.to_owned(), time, outcome });
+    }
+
     fn skipped(&mut self, name: &str, why: &str) {
         self.0.push(Phase { name: name.to_owned(), time: Duration::ZERO, outcome: format!("not run: {why}") });
     }
@@ -171,6 +184,52 @@ impl Phases {
         }
         s += &format!("{:<width$} {:>9.1}  ({:.1} min)\n", "total", total.as_secs_f64(), total.as_secs_f64() / 60.0);
         s
+    }
+}
+
+/// A phase run as a child `xtask` process beside the phases that follow it: its stdout and
+/// stderr go to a log file, printed whole when it is joined.
+struct Beside {
+    name: String,
+    log: std::path::PathBuf,
+    child: std::process::Child,
+    start: Instant,
+}
+
+impl Beside {
+    fn start(name: &str, xtask_args: &[&str]) -> Result<Beside> {
+        let dir = cache::target_dir().join("xtask");
+        std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+        let log = dir.join(format!("{}.log", xtask_args.join("-").replace("--", "")));
+        let file = std::fs::File::create(&log).with_context(|| format!("creating {}", log.display()))?;
+        let exe = std::env::current_exe().context("finding the xtask executable")?;
+        eprintln!("xtask test: == phase: {name} (beside the next phases; its output in {})", log.display());
+        let child = Command::new(exe)
+            .args(xtask_args)
+            .stdin(std::process::Stdio::null())
+            .stdout(file.try_clone().context("duplicating a file handle")?)
+            .stderr(file)
+            .spawn()
+            .with_context(|| format!("starting xtask {}", xtask_args.join(" ")))?;
+        Ok(Beside { name: name.to_owned(), log, child, start: Instant::now() })
+    }
+
+    /// Waits for the child, prints its log and records its phase.
+    fn join(mut self, phases: &mut Phases) -> Result<()> {
+        let status = self.child.wait().context("waiting for a phase run beside the others");
+        let time = self.start.elapsed();
+        eprintln!("xtask test: == output of {} ({})", self.name, self.log.display());
+        match std::fs::read_to_string(&self.log) {
+            Ok(text) => print!("{text}"),
+            Err(e) => eprintln!("xtask test: cannot read {}: {e}", self.log.display()),
+        }
+        let r = match status {
+            Ok(s) if s.success() => Ok(()),
+            Ok(s) => Err(anyhow::anyhow!("xtask exited with {s} (its output above, and in {})", self.log.display())),
+            Err(e) => Err(e),
+        };
+        phases.record(&self.name, time, &r);
+        r
     }
 }
 
@@ -254,19 +313,29 @@ fn suite(root: &std::path::Path, args: &[String], phases: &mut Phases) -> Result
     // kernel under QEMU (boot, attach/detach, a fault count against getrusage, a cgroup v2
     // limit). Its kernel and QEMU packages come from the vmtest cache (fetched once); when they
     // cannot be had, the phase fails and says why.
-    if args.is_empty() {
-        if let Err(e) = phases.run("vmtest smoke (debian-6.1 guest)", || crate::vmtest::main(&["--smoke".to_owned()])) {
-            late.push(e.context("the vmtest smoke subset (`cargo xtask vmtest --smoke`)"));
+    const SMOKE: &str = "vmtest smoke (debian-6.1 guest, beside the phases below)";
+    let smoke = if args.is_empty() {
+        match Beside::start(SMOKE, &["vmtest", "--smoke"]) {
+            Ok(b) => Some(b),
+            Err(e) => {
+                late.push(e.context("the vmtest smoke subset (`cargo xtask vmtest --smoke`)"));
+                None
+            }
         }
     } else {
-        phases.skipped("vmtest smoke (debian-6.1 guest)", "arguments select tests");
-    }
+        phases.skipped(SMOKE, "arguments select tests");
+        None
+    };
     if let Some(builds) = builds {
         match builds {
             Ok(builds) => {
                 let amx = phases.run("AMX check", || llama::check_no_amx(&builds));
-                let engine = llama::build_engine()?;
-                for (level, build) in parity::levels(&builds) {
+                // (No early return: the smoke beside must be joined.)
+                let engine = llama::build_engine().unwrap_or_else(|e| {
+                    late.push(e.context("building the engine for parity"));
+                    std::path::PathBuf::new()
+                });
+                for (level, build) in parity::levels(&builds).into_iter().filter(|_| !engine.as_os_str().is_empty()) {
                     if let Err(e) =
                         phases.run(&format!("parity {}", level.name()), || parity::run_level(level, build, &engine, 2))
                     {
@@ -286,7 +355,13 @@ fn suite(root: &std::path::Path, args: &[String], phases: &mut Phases) -> Result
         if let Err(e) = phases.run("lints", || lint(root)) {
             late.push(e);
         }
-    } else {
+    }
+    if let Some(smoke) = smoke
+        && let Err(e) = smoke.join(phases)
+    {
+        late.push(e.context("the vmtest smoke subset (`cargo xtask vmtest --smoke`)"));
+    }
+    if !args.is_empty() {
         eprintln!(
             "xtask test: arguments select tests, so the llama.cpp build, the AMX check, parity and the lints are not \
              run (run `cargo xtask parity`)"
