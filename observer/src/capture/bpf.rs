@@ -360,10 +360,13 @@ const TRACEPOINTS: &[(&str, &str, &str, bool)] = &[
     ("sched_runtime", "sched", "sched_stat_runtime", false),
 ];
 
+/// An optional tracepoint left unattached: its name, and why (the field its format lacks).
+type Unusable = (&'static str, String);
+
 /// Field offsets the programs need, from tracefs, and the optional tracepoints whose format
 /// lacks a field their program reads (by name, with why): those are left unattached, since
 /// their program would read offset 0 instead.
-fn tp_offsets() -> Result<(TpOffsets, Vec<(&'static str, String)>), ProbeError> {
+fn tp_offsets() -> Result<(TpOffsets, Vec<Unusable>), ProbeError> {
     let miss = |e: anyhow::Error| ProbeError::MissingTracepoint(format!("{e:#}"));
     let sw = Format::load("sched", "sched_switch").map_err(miss)?;
     let wk = Format::load("sched", "sched_waking").map_err(miss)?;
