@@ -202,7 +202,10 @@ impl Beside {
         std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
         let log = dir.join(format!("{}.log", xtask_args.join("-").replace("--", "")));
         let file = std::fs::File::create(&log).with_context(|| format!("creating {}", log.display()))?;
-        let exe = std::env::current_exe().context("finding the xtask executable")?;
+        // The running executable through `/proc/self/exe`, not by its path: the suite's own
+        // `cargo build` replaces `target/release/xtask` while it runs (a fresh clone's first run
+        // did), and the old path then names nothing.
+        let exe = "/proc/self/exe";
         eprintln!("xtask test: == phase: {name} (beside the next phases; its output in {})", log.display());
         let child = Command::new(exe)
             .args(xtask_args)
@@ -472,6 +475,18 @@ mod tests {
         .map(|(n, s, o)| (n.to_owned(), s, o.to_owned()));
         assert_eq!(got, want);
         assert_eq!(clock.counts, Counts { passed: 4, failed: 1, ignored: 0, binaries: 2 });
+    }
+
+    #[test]
+    fn a_phase_beside_runs_this_executable_and_is_recorded_with_its_outcome() {
+        // The test harness is this executable: `--list` succeeds, an unknown flag fails.
+        let mut p = Phases::default();
+        Beside::start("listing", &["--list"]).unwrap().join(&mut p).unwrap();
+        let e = Beside::start("refusing", &["--no-such-flag"]).unwrap().join(&mut p).unwrap_err();
+        assert!(format!("{e:#}").contains("exited with"), "{e:#}");
+        let table = p.table(Duration::from_secs(1));
+        assert!(table.lines().any(|l| l.starts_with("listing") && l.ends_with("ok")), "{table}");
+        assert!(table.lines().any(|l| l.starts_with("refusing") && l.contains("FAILED")), "{table}");
     }
 
     #[test]
