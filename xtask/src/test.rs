@@ -13,7 +13,8 @@
 //!    under QEMU (`vmtest/`), its packages and QEMU from the vmtest cache. It runs as a child
 //!    process *beside* phases 6–8 (its output in a log file, printed when it ends): QEMU's TCG
 //!    keeps one core busy and the package fetch waits on the network, and none of the three
-//!    measures time, so they share the machine (about 110 s saved of 360 s on 2 cores);
+//!    measures time, so they share the machine and the smoke's 150 s (alone, empty cache)
+//!    overlap the 225 s of parity and lints;
 //! 6. `AMX check`: no AMX instruction in either build's ggml libraries (`amx.rs`);
 //! 7. `parity <level>`: the engine against llama.cpp at each ISA level (`parity.rs`);
 //! 8. `lints`: rustfmt check, clippy with warnings as errors.
