@@ -200,9 +200,9 @@ pub struct ThreadState {
     pub _pad: u32,
     /// When the thread last blocked (switched out not runnable); 0 before it first did.
     pub wait_start: u64,
-    /// When the thread's last blocked I/O (an explicit I/O syscall or a fault's disk read)
-    /// ended: the syscall's or fault's exit, and until then (`F_DEVICE_IO`) the wakeup that
-    /// completed it (module spec). 0: never.
+    /// When the thread's last device I/O (an explicit I/O syscall or a fault that read from a
+    /// device) ended: the syscall's or fault's exit; between a wakeup from that read and the exit
+    /// (`F_DEVICE_IO`), the wakeup (module spec). 0: never.
     pub io_done: u64,
     pub time: [u64; N_TIME],
     pub cnt: [u64; N_CNT],
@@ -449,7 +449,7 @@ impl ThreadState {
         self.flags = (self.flags | F_ON_CPU) & !(F_IN_SYSCALL | F_IO_SYSCALL);
     }
 
-    /// The exit of a syscall or fault: if it was woken from blocked I/O, that I/O ends now.
+    /// The exit of a syscall or fault: if it read from a device (`F_DEVICE_IO`), that I/O ends now.
     #[inline(always)]
     fn io_ended(&mut self, now: u64) {
         if self.flags & F_DEVICE_IO != 0 {
