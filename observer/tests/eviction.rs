@@ -1215,6 +1215,13 @@ fn global_direct_reclaim_is_blamed_on_the_allocating_process() {
         t.elapsed(),
         steal1 - steal0
     );
+    if let Some(st) = ended {
+        assert!(
+            st.success(),
+            "the reader `{}` failed ({st}) before direct reclaim took half the model",
+            argv.join(" ")
+        );
+    }
     assert!(
         seen >= 1000,
         "dd read {size} bytes of holes with kswapd starved and direct-reclaimed only {seen} of the model's {} pages \

@@ -13,6 +13,10 @@
 //! also counts the one-time cost of loading and verifying the eBPF programs
 //! (about 0.4 s of CPU here, spent while the target is held before `exec`),
 //! so for short runs it is well below the decode ratio.
+//!
+//! Then the steady-state cost within runs ([`crate::bench_within`]: the observer attached and
+//! detached in alternating windows of one decode, against an A/A control; goal >= 0.995 with a
+//! lower 95 % bound >= 0.99). `--only between|within` runs one of the two.
 
 use std::process::Command;
 
@@ -52,6 +56,15 @@ pub fn main(args: &[String]) -> Result<()> {
     let mut n_gen = 256usize;
     let mut threads = std::thread::available_parallelism().map_or(1, |n| n.get());
     let mut preset = "small".to_string();
+    let mut only = None::<String>;
+    let mut within = crate::bench_within::Options {
+        rounds: 4,
+        cycles: 6,
+        window: std::time::Duration::from_secs(3),
+        threads,
+        preset: String::new(),
+        tokens: 4000,
+    };
     let mut it = args.iter();
     while let Some(a) = it.next() {
         let mut val = |name: &str| it.next().with_context(|| format!("{name} needs a value")).cloned();
@@ -60,13 +73,36 @@ pub fn main(args: &[String]) -> Result<()> {
             "-n" => n_gen = val("-n")?.parse()?,
             "--threads" => threads = val("--threads")?.parse()?,
             "--preset" => preset = val("--preset")?,
-            _ => bail!("usage: cargo xtask bench observer [--rounds N] [-n TOKENS] [--threads T] [--preset small]"),
+            "--only" => only = Some(val("--only")?),
+            "--within-rounds" => within.rounds = val("--within-rounds")?.parse()?,
+            "--cycles" => within.cycles = val("--cycles")?.parse()?,
+            "--window" => within.window = std::time::Duration::from_secs_f64(val("--window")?.parse()?),
+            "--within-tokens" => within.tokens = val("--within-tokens")?.parse()?,
+            _ => bail!(
+                "usage: cargo xtask bench observer [--rounds N] [-n TOKENS] [--threads T] [--preset small] \
+                 [--only between|within] [--within-rounds R] [--cycles C] [--window SECONDS] [--within-tokens N]"
+            ),
         }
     }
+    within.threads = threads;
+    within.preset = preset.clone();
+    match only.as_deref() {
+        None => {
+            between(rounds, n_gen, threads, &preset)?;
+            crate::bench_within::main(&within)
+        }
+        Some("between") => between(rounds, n_gen, threads, &preset),
+        Some("within") => crate::bench_within::main(&within),
+        Some(o) => bail!("--only {o:?}: between or within"),
+    }
+}
+
+/// The between-run comparison (module doc).
+fn between(rounds: usize, n_gen: usize, threads: usize, preset: &str) -> Result<()> {
     let bin = bench_util::build()?;
     let engine = bin.join("engine");
     let observer = bin.join("observer");
-    let engine_args = bench_util::engine_args(&engine, &preset, n_gen, threads)?;
+    let engine_args = bench_util::engine_args(&engine, preset, n_gen, threads)?;
     let model = &engine_args[2];
     println!("model {model} ({threads} threads, {n_gen} tokens), {rounds} rounds in A-B-B-A order");
     let run_plain = || -> Result<(f64, u64)> {

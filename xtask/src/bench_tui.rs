@@ -45,7 +45,7 @@ use moe_stats::{SplitMix64, median};
 
 use crate::{
     bench_util::{self, gen_tok_s, paired_ratio_ci},
-    cache, cmd, displace, ticklock,
+    cache, cmd, displace, ftrace, ticklock,
 };
 
 /// Random phases of the control's ticks per `observer run` run: each moves
@@ -114,9 +114,9 @@ impl Drop for Session {
 /// engine's output (printed by the TUI after it restores the terminal) goes
 /// to `out`. The engine's end is watched through /proc, not `tmux
 /// capture-pane`: a tmux client every half second would load the TUI side only.
-fn in_tmux(tui: bool, observer: &Path, engine_cmd: &[String], marker: &Marker, out: &Path) -> Result<Sample> {
+fn in_tmux(tui: bool, observer: &Path, engine_cmd: &[String], marker: &ftrace::Marker, out: &Path) -> Result<Sample> {
     let _ = std::fs::remove_file(out);
-    let sched = SchedRecord::start(marker)?;
+    let sched = ftrace::Record::start("bench-tui", &ftrace::SCHED_EVENTS, marker)?;
     let session = Session::start(
         format!("bench-tui-{}", std::process::id()),
         tui,
@@ -127,7 +127,7 @@ fn in_tmux(tui: bool, observer: &Path, engine_cmd: &[String], marker: &Marker, o
     let result = watch(tui, engine_cmd, &session.socket, &|a| session.tmux(a));
     drop(session);
     let (wall, screen_ns, terminal_ns, steal) = result?;
-    let displaced = sched.finish()?;
+    let displaced = displaced(sched)?;
     let csv = out.with_extension("csv");
     let clock = std::fs::read_to_string(&csv).with_context(|| format!("reading {}", csv.display()))?;
     let spans_vs_clock = spans_against_the_engines_clock(&displaced.tokens, &clock)?;
@@ -165,116 +165,17 @@ fn spans_against_the_engines_clock(tokens: &[displace::TokenSpan], csv: &str) ->
     Ok(diff)
 }
 
-/// The scheduler's events of every CPU over one run, and the engine's token
-/// begins (an ftrace uprobe on its `moe_engine_token_begin` marker), in an
-/// ftrace instance of our own (removed again), read by [`displace`].
-struct SchedRecord {
-    dir: std::path::PathBuf,
-    /// The uprobe event's `group/name`, once defined.
-    uprobe: Option<String>,
-}
-
-const TRACEFS: &str = "/sys/kernel/tracing";
-/// The scheduler's events recorded (under `events/` of the instance).
-const SCHED_EVENTS: [&str; 3] = ["sched/sched_switch", "sched/sched_migrate_task", "sched/sched_wakeup"];
-
-/// The engine binary and its token-begin marker's file offset ([`marker_file_offset`]).
-struct Marker {
-    engine: std::path::PathBuf,
-    offset: u64,
-}
-
-impl SchedRecord {
-    fn start(marker: &Marker) -> Result<SchedRecord> {
-        let dir = Path::new(TRACEFS).join(format!("instances/bench-tui-{}", std::process::id()));
-        std::fs::create_dir(&dir).with_context(|| {
-            format!("creating the ftrace instance {} (tracefs; `cargo xtask setup` mounts it)", dir.display())
-        })?;
-        let mut rec = SchedRecord { dir, uprobe: None };
-        // 2 x 32 MiB: about 10 minutes of a busy 2-core machine's switches.
-        rec.write("buffer_size_kb", "32768")?;
-        rec.write("trace_clock", "mono")?;
-        for e in SCHED_EVENTS {
-            rec.write(&format!("events/{e}/enable"), "1")?;
-        }
-        let event = format!("bench_tui_{}/token_begin", std::process::id());
-        // Appended: a plain write would delete every other uprobe event defined through tracefs.
-        append_uprobe_event(&format!("p:{event} {}:{:#x} index=%di:u64", marker.engine.display(), marker.offset))?;
-        rec.uprobe = Some(event.clone());
-        rec.write(&format!("events/{event}/enable"), "1")?;
-        Ok(rec)
+/// Who kept the engine off a CPU over a record ([`displace`]), which must hold the engine's
+/// switches and its tokens.
+fn displaced(rec: ftrace::Record) -> Result<displace::Displaced> {
+    let d = displace::read(rec.finish()?.as_bytes())?;
+    if d.span_s <= 0.0 {
+        bail!("ftrace recorded no scheduler switch of the engine's threads");
     }
-
-    fn write(&self, file: &str, v: &str) -> Result<()> {
-        let p = self.dir.join(file);
-        std::fs::write(&p, v).with_context(|| format!("writing {v} to {}", p.display()))
+    if d.tokens.is_empty() {
+        bail!("ftrace recorded no token_begin of the engine (the uprobe on moe_engine_token_begin)");
     }
-
-    fn finish(self) -> Result<displace::Displaced> {
-        self.write("tracing_on", "0")?;
-        let p = self.dir.join("trace");
-        let text = std::fs::read_to_string(&p).with_context(|| format!("reading {}", p.display()))?;
-        // `# entries-in-buffer/entries-written: 1234/1234`: fewer in the buffer means lost events.
-        if let Some(counts) = text.lines().find_map(|l| l.strip_prefix("# entries-in-buffer/entries-written: "))
-            && let Some((kept, written)) = counts.split_whitespace().next().and_then(|c| c.split_once('/'))
-            && kept != written
-        {
-            bail!("the ftrace buffer overflowed ({kept} of {written} scheduler events kept)");
-        }
-        let d = displace::read(text.as_bytes())?;
-        if d.span_s <= 0.0 {
-            bail!("ftrace recorded no scheduler switch of the engine's threads ({})", p.display());
-        }
-        if d.tokens.is_empty() {
-            bail!(
-                "ftrace recorded no token_begin of the engine (the uprobe on moe_engine_token_begin; {})",
-                p.display()
-            );
-        }
-        Ok(d)
-    }
-}
-
-impl Drop for SchedRecord {
-    fn drop(&mut self) {
-        for e in SCHED_EVENTS.iter().copied().chain(self.uprobe.as_deref()) {
-            let _ = std::fs::write(self.dir.join(format!("events/{e}/enable")), "0");
-        }
-        let _ = std::fs::remove_dir(&self.dir);
-        if let Some(event) = &self.uprobe {
-            let _ = append_uprobe_event(&format!("-:{event}"));
-        }
-    }
-}
-
-fn append_uprobe_event(line: &str) -> Result<()> {
-    use std::io::Write;
-    let p = Path::new(TRACEFS).join("uprobe_events");
-    std::fs::OpenOptions::new()
-        .append(true)
-        .open(&p)
-        .and_then(|mut f| f.write_all(format!("{line}\n").as_bytes()))
-        .with_context(|| format!("writing `{line}` to {} (a kernel with CONFIG_UPROBE_EVENTS)", p.display()))
-}
-
-/// Where `symbol`'s first instruction is in the ELF file `path` (the offset
-/// an ftrace uprobe takes).
-fn marker_file_offset(path: &Path, symbol: &str) -> Result<u64> {
-    use object::{Object, ObjectSegment, ObjectSymbol};
-    let data = std::fs::read(path).with_context(|| format!("reading {}", path.display()))?;
-    let file = object::File::parse(&*data).with_context(|| format!("{} is not an ELF file", path.display()))?;
-    let addr = file
-        .symbols()
-        .chain(file.dynamic_symbols())
-        .find(|s| s.name() == Ok(symbol) && s.is_definition())
-        .map(|s| s.address())
-        .with_context(|| format!("{} does not define {symbol}", path.display()))?;
-    file.segments()
-        .find_map(|s| {
-            let (a, size) = (s.address(), s.size());
-            (addr >= a && addr < a + size).then(|| s.file_range().0 + (addr - a))
-        })
-        .with_context(|| format!("{symbol} of {} is in no loaded segment", path.display()))
+    Ok(d)
 }
 
 /// Wait for the engine's start and end, taking the screen's and terminal's
@@ -420,7 +321,7 @@ pub fn main(args: &[String]) -> Result<()> {
         "--metrics-csv".to_string(),
         out.with_extension("csv").display().to_string(),
     ]);
-    let marker = Marker { engine: engine.clone(), offset: marker_file_offset(&engine, "moe_engine_token_begin")? };
+    let marker = ftrace::Marker::token_begin(&engine)?;
     // A seeded random pause (0–3 s) before every run: periodic work of other
     // tasks (on the development VM, its agent's) would otherwise keep the
     // same phase against the rounds and fall on one side more often (the

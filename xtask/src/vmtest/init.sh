@@ -119,6 +119,13 @@ probe_bpf() {
         return 1
     fi
 }
+# DAMON's sysfs interface with operation filters (6.3+): a scheme can be kept to one memcg.
+probe_damon_filters() {
+    [ -d /sys/kernel/mm/damon/admin ] || { echo "no /sys/kernel/mm/damon/admin (CONFIG_DAMON_SYSFS)"; return 1; }
+    grep -qw damos_new_filter /proc/kallsyms || { echo "DAMON without operation filters (Linux 6.3+)"; return 1; }
+    grep -qw damon_pa_apply_scheme /proc/kallsyms || { echo "DAMON without physical-address operations (CONFIG_DAMON_PADDR)"; return 1; }
+    echo "DAMON sysfs admin tree, operation filters, paddr pageout"
+}
 while read -r name ok detail; do
     if [ "$ok" = yes ]; then FEATURES="$FEATURES$name "; fi
     echo "VMFEATURE $name $ok $detail"
@@ -132,6 +139,7 @@ feature cachestat probe_cachestat
 feature mm_filemap_fault probe_filemap_fault
 feature kprobe probe_bpf kprobe
 feature fentry probe_bpf fentry
+feature damon-filters probe_damon_filters
 
 # ---- what a test leaves behind ------------------------------------------------------------
 leftovers() {

@@ -365,12 +365,13 @@ impl Run {
 }
 
 /// Programs the tests run that busybox lacks or has with fewer options (`swapon -p`, `dd
-/// iflag=nocache`): util-linux's, coreutils' `dd`, and perf (the tests' independent fault
+/// iflag=nocache`, `nice`): util-linux's, coreutils' `dd` and `nice`, and perf (the tests' independent fault
 /// counter). A guest of this machine's architecture gets this machine's; another architecture's
 /// guest gets them from the Debian package named here.
-const TOOLS: [(&str, &str); 6] = [
+const TOOLS: [(&str, &str); 7] = [
     ("fincore", "util-linux-extra"),
     ("dd", "coreutils"),
+    ("nice", "coreutils"),
     ("mkswap", "util-linux"),
     ("swapon", "mount"),
     ("swapoff", "mount"),

@@ -43,10 +43,13 @@ pub enum Feature {
     Kprobe,
     /// A BPF fentry program attaches and runs.
     Fentry,
+    /// DAMON's sysfs admin tree with operation filters (a scheme restricted to a memory cgroup;
+    /// Linux 6.3+).
+    DamonFilters,
 }
 
 impl Feature {
-    pub const ALL: [Feature; 10] = [
+    pub const ALL: [Feature; 11] = [
         Feature::Build,
         Feature::Btf,
         Feature::Cgroup2Memory,
@@ -57,6 +60,7 @@ impl Feature {
         Feature::MmFilemapFault,
         Feature::Kprobe,
         Feature::Fentry,
+        Feature::DamonFilters,
     ];
 
     /// The name on the console and in the plan.
@@ -72,6 +76,7 @@ impl Feature {
             Feature::MmFilemapFault => "mm_filemap_fault",
             Feature::Kprobe => "kprobe",
             Feature::Fentry => "fentry",
+            Feature::DamonFilters => "damon-filters",
         }
     }
 }
@@ -130,7 +135,7 @@ impl GuestTest {
     }
 }
 
-use Feature::{Btf, Build, Cachestat, Cgroup2Memory, Zram};
+use Feature::{Btf, Build, Cachestat, Cgroup2Memory, DamonFilters, Zram};
 
 const fn t(suite: Suite, test: &'static str, needs: &'static [Feature], timeout_s: u32, smoke: bool) -> GuestTest {
     GuestTest { suite, test, needs, timeout_s, smoke }
@@ -206,6 +211,19 @@ pub const TESTS: &[GuestTest] = &[
     t(EVICTION, "the_engines_own_memcg_limit_blames_the_engine", &[Build, Btf, Cgroup2Memory], 900, false),
     t(EVICTION, "lowering_a_memcg_limit_blames_the_process_that_wrote_it", &[Build, Btf, Cgroup2Memory], 900, false),
     t(EVICTION, "proactive_reclaim_of_a_memcg_blames_the_writer", &[Build, Btf, Cgroup2Memory], 900, false),
+    // The other actors, each against fincore and its own count: fadvise and drop_caches by a named
+    // process; kswapd under global pressure (pgsteal_kswapd); another process's direct reclaim
+    // (pgsteal_direct, ftrace's vmscan events; kswapd starved on one of the guest's two CPUs); a
+    // DAMON pageout kdamond of the test's own (DAMON's sz_applied), restricted to the test's
+    // cgroup v2 group.
+    t(EVICTION, "fadvise_dontneed_by_a_named_process_is_blamed_on_it", &[Build, Btf], 600, false),
+    t(EVICTION, "drop_caches_by_a_shell_is_blamed_as_truncation_by_its_write", &[Build, Btf], 600, false),
+    t(EVICTION, "kswapd_under_global_pressure_is_blamed_on_kswapd", &[Build, Btf, Cgroup2Memory], 900, false),
+    t(EVICTION, "global_direct_reclaim_is_blamed_on_the_allocating_process", &[Build, Btf, Cgroup2Memory], 900, false),
+    t(EVICTION, "damon_pageout_is_blamed_on_kdamond", &[Build, Btf, Cgroup2Memory, DamonFilters], 900, false),
+    // Refaults closed into the loop, per actor and per token, with their fault_io.
+    t(EVICTION, "pages_read_again_after_an_eviction_are_refaults_of_its_actor", &[Build, Btf], 600, false),
+    t(EVICTION, "each_token_carries_its_refaults_and_their_fault_io", &[Build, Btf], 900, false),
 ];
 
 /// The plan's lines for `tests`, each running `command(test)`.
