@@ -676,7 +676,10 @@ mod tests {
         let panic = "[    2.1] Oops: int3: 0000 [#1] PREEMPT SMP NOPTI\n[    2.2] Kernel panic - not syncing: Fatal exception\n";
         assert!(panicked_before_init(panic, &plan::Report::parse(panic)));
         let later = format!("VMTEST boot pass 6.12 up, init at 4.5 s\n{panic}");
-        assert!(!panicked_before_init(&later, &plan::Report::parse(&later)), "a panic in a test is that test's failure");
+        assert!(
+            !panicked_before_init(&later, &plan::Report::parse(&later)),
+            "a panic in a test is that test's failure"
+        );
         let silent = "[    2.1] random: crng init done\n";
         assert!(!panicked_before_init(silent, &plan::Report::parse(silent)));
     }
