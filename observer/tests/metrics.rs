@@ -1928,9 +1928,7 @@ fn soak_serve_discover_returns_to_rest_after_each_wave_of_targets() {
     assert!(obs.stop().success());
 }
 
-/// The machine's stolen time so far, in clock ticks (`/proc/stat`'s `cpu` line, all CPUs).
+/// The machine's stolen time so far, in clock ticks; the test fails without it.
 fn machine_steal_ticks() -> u64 {
-    let stat = std::fs::read_to_string("/proc/stat").expect("/proc/stat");
-    let cpu = stat.lines().find(|l| l.starts_with("cpu ")).expect("the cpu line of /proc/stat");
-    cpu.split_whitespace().nth(8).and_then(|v| v.parse().ok()).expect("steal in /proc/stat")
+    testkit::steal_ticks().expect("steal (the 8th number of the cpu line) in /proc/stat")
 }

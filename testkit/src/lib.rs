@@ -439,6 +439,14 @@ pub fn drop_caches() -> Result<()> {
     write("/proc/sys/vm/drop_caches", "3")
 }
 
+/// The machine's stolen time so far (`steal` of `/proc/stat`'s `cpu` line, all CPUs, in clock
+/// ticks): time the hypervisor ran something else on this machine's virtual CPUs, invisible to
+/// its scheduler and left out of every task's utime and stime.
+pub fn steal_ticks() -> Option<u64> {
+    let stat = std::fs::read_to_string("/proc/stat").ok()?;
+    stat.lines().find(|l| l.starts_with("cpu "))?.split_whitespace().nth(8)?.parse().ok()
+}
+
 /// A field of /proc/vmstat.
 pub fn vmstat(key: &str) -> Option<u64> {
     let s = std::fs::read_to_string("/proc/vmstat").ok()?;

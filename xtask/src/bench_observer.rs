@@ -57,14 +57,8 @@ pub fn main(args: &[String]) -> Result<()> {
     let mut threads = std::thread::available_parallelism().map_or(1, |n| n.get());
     let mut preset = "small".to_string();
     let mut only = None::<String>;
-    let mut within = crate::bench_within::Options {
-        rounds: 4,
-        cycles: 6,
-        window: std::time::Duration::from_secs(3),
-        threads,
-        preset: String::new(),
-        tokens: 4000,
-    };
+    let (mut w_rounds, mut cycles, mut window, mut w_tokens) =
+        (4usize, 6usize, std::time::Duration::from_secs(3), 4000usize);
     let mut it = args.iter();
     while let Some(a) = it.next() {
         let mut val = |name: &str| it.next().with_context(|| format!("{name} needs a value")).cloned();
@@ -74,18 +68,24 @@ pub fn main(args: &[String]) -> Result<()> {
             "--threads" => threads = val("--threads")?.parse()?,
             "--preset" => preset = val("--preset")?,
             "--only" => only = Some(val("--only")?),
-            "--within-rounds" => within.rounds = val("--within-rounds")?.parse()?,
-            "--cycles" => within.cycles = val("--cycles")?.parse()?,
-            "--window" => within.window = std::time::Duration::from_secs_f64(val("--window")?.parse()?),
-            "--within-tokens" => within.tokens = val("--within-tokens")?.parse()?,
+            "--within-rounds" => w_rounds = val("--within-rounds")?.parse()?,
+            "--cycles" => cycles = val("--cycles")?.parse()?,
+            "--window" => window = std::time::Duration::from_secs_f64(val("--window")?.parse()?),
+            "--within-tokens" => w_tokens = val("--within-tokens")?.parse()?,
             _ => bail!(
                 "usage: cargo xtask bench observer [--rounds N] [-n TOKENS] [--threads T] [--preset small] \
                  [--only between|within] [--within-rounds R] [--cycles C] [--window SECONDS] [--within-tokens N]"
             ),
         }
     }
-    within.threads = threads;
-    within.preset = preset.clone();
+    let within = crate::bench_within::Options {
+        rounds: w_rounds,
+        cycles,
+        window,
+        threads,
+        preset: preset.clone(),
+        tokens: w_tokens,
+    };
     match only.as_deref() {
         None => {
             between(rounds, n_gen, threads, &preset)?;

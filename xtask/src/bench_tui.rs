@@ -201,7 +201,7 @@ fn watch(
         std::thread::sleep(Duration::from_millis(20));
     };
     let start = Instant::now();
-    let steal0 = steal_ticks();
+    let steal0 = testkit::steal_ticks();
     let observer = parent(pid).context("the engine's parent (the observer)")?;
     let server = find_process(|comm, cmdline| {
         comm == "tmux: server" && cmdline.split(|&b| b == 0).any(|a| a == socket.as_bytes())
@@ -218,7 +218,7 @@ fn watch(
         std::thread::sleep(Duration::from_millis(200));
     }
     let wall = start.elapsed();
-    let steal = steal_ticks().zip(steal0).map_or(f64::NAN, |(b, a)| {
+    let steal = testkit::steal_ticks().zip(steal0).map_or(f64::NAN, |(b, a)| {
         // SAFETY: sysconf has no preconditions.
         let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
         (b - a) as f64 / hz / wall.as_secs_f64()
@@ -230,14 +230,6 @@ fn watch(
     }
     wait_gone(observer, "the observer")?;
     Ok((wall, screen - screen0, terminal - terminal0, steal))
-}
-
-/// Time the hypervisor ran something else on this machine's virtual CPUs
-/// (`steal` of /proc/stat, all CPUs, clock ticks): invisible to the guest's
-/// scheduler, it slows the engine all the same.
-fn steal_ticks() -> Option<u64> {
-    let stat = std::fs::read_to_string("/proc/stat").ok()?;
-    stat.lines().next()?.split_whitespace().nth(8)?.parse().ok()
 }
 
 /// Whether `pid` runs (exists and is not a zombie).

@@ -76,7 +76,7 @@ pub fn units(tokens: &[displace::TokenSpan], marks: &[(f64, String)]) -> Result<
     for (t, m) in marks {
         let kind = m.split_whitespace().next().unwrap_or("");
         match (kind, open) {
-            ("off" | "on", None) => open = Some((if kind == "off" { "off" } else { "on" }, *t)),
+            ("off" | "on", None) => open = Some((kind, *t)),
             ("end", Some((k, b))) => {
                 windows.push((k, b, *t));
                 open = None;
@@ -85,8 +85,7 @@ pub fn units(tokens: &[displace::TokenSpan], marks: &[(f64, String)]) -> Result<
         }
     }
     let sum = |b: f64, e: f64| {
-        let w: Vec<f64> = tokens.iter().filter(|s| s.begin_s >= b && s.begin_s < e).map(|s| s.dur_s).collect();
-        (w.len(), w.iter().sum::<f64>())
+        tokens.iter().filter(|s| s.begin_s >= b && s.begin_s < e).fold((0usize, 0.0), |(n, d), s| (n + 1, d + s.dur_s))
     };
     let mut out = Vec::new();
     for i in 1..windows.len().saturating_sub(1) {
