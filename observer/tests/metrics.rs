@@ -445,6 +445,9 @@ fn prometheus_scrapes_a_run_and_every_dashboard_expression_returns_data() {
             model.to_str().unwrap(),
             "--residency-interval",
             "100ms",
+            // The observer's own kernel cost (`moe_observer_bpf_run_seconds_total`) is measured
+            // only with the kernel's BPF statistics on.
+            "--bpf-stats",
         ],
     );
     let prom = Prometheus::start(obs.addr, "prom-dash");

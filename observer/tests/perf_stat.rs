@@ -24,11 +24,20 @@ fn fault_counts_match_perf_stat() {
     assert_within("attributed minor faults vs perf stat", u(a, "minflt"), min, 0.02);
 }
 
+/// Whether this kernel has the raw tracepoints the observer opens faults with (x86's
+/// `exceptions:page_fault_user` / `page_fault_kernel`); the perf event `page-faults` otherwise.
+fn raw_fault_entries() -> bool {
+    ["page_fault_user", "page_fault_kernel"]
+        .iter()
+        .all(|tp| std::path::Path::new("/sys/kernel/tracing/events/exceptions").join(tp).exists())
+}
+
 /// The kernel's own run counts of the fault programs (`bpf_programs` in the summary, from
 /// `BPF_ENABLE_STATS` and each program's `bpf_prog_info`) against two independent counts of
-/// the same perf software events: at least the faults the workload counted itself
-/// (getrusage around its phase, all taken while the programs were attached), at most what
-/// `perf stat -a` counted on every CPU over a span that encloses the observer's whole run.
+/// the same events: at least the faults the workload counted itself (getrusage around its
+/// phase, all taken while the programs were attached), at most what `perf stat -a` counted on
+/// every CPU over a span that encloses the observer's whole run (the perf software events, and
+/// the `exceptions` tracepoints where the observer opens faults with them).
 #[test]
 fn per_program_bpf_run_counts_lie_between_the_workloads_faults_and_perf_stat_system_wide() {
     let _l = machine_lock();
@@ -36,10 +45,15 @@ fn per_program_bpf_run_counts_lie_between_the_workloads_faults_and_perf_stat_sys
     let perf_out = dir.join("perf-a.csv");
     let json = dir.join("programs.json");
     let _ = std::fs::remove_file(&json);
+    let raw = raw_fault_entries();
+    let mut events = "page-faults,minor-faults,major-faults".to_string();
+    if raw {
+        events += ",exceptions:page_fault_user,exceptions:page_fault_kernel";
+    }
     let out = Command::new("perf")
-        .args(["stat", "-a", "-x,", "-e", "page-faults,minor-faults,major-faults", "-o"])
+        .args(["stat", "-a", "-x,", "-e", &events, "-o"])
         .arg(&perf_out)
-        .args(["--", OBSERVER, "run", "--every", "0", "--json"])
+        .args(["--", OBSERVER, "run", "--bpf-stats", "--every", "0", "--json"])
         .arg(&json)
         .args(["--", workload(), "anon", "--size", "128M"])
         .output()
@@ -58,11 +72,21 @@ fn per_program_bpf_run_counts_lie_between_the_workloads_faults_and_perf_stat_sys
     let prog = |name: &str| {
         progs.iter().find(|p| p["name"] == name).unwrap_or_else(|| panic!("no program {name} in {progs:?}"))
     };
-    for (program, event, lower) in [
-        ("fault_entry", "page-faults", own),
-        ("fault_exit_min", "minor-faults", own),
-        ("fault_exit_maj", "major-faults", 0),
-    ] {
+    let probes: Vec<&str> = v["probes"].as_array().unwrap().iter().filter_map(|p| p.as_str()).collect();
+    let mut checks = vec![("fault_exit_min", "minor-faults", own), ("fault_exit_maj", "major-faults", 0)];
+    if raw {
+        // The user-mode entries; kernel-mode ones run for kernel addresses too (and return).
+        checks.push(("fault_entry_user", "exceptions:page_fault_user", own));
+        checks.push(("fault_entry_kernel", "exceptions:page_fault_kernel", 0));
+        assert!(probes.contains(&"raw_tp:exceptions:page_fault_user"), "{probes:?}");
+        assert!(!probes.contains(&"perf:page-faults"), "both entries attached: {probes:?}");
+        let perf_entry = progs.iter().find(|p| p["name"] == "fault_entry");
+        assert!(perf_entry.is_none(), "the perf-event entry loaded beside the raw tracepoints: {perf_entry:?}");
+    } else {
+        checks.push(("fault_entry", "page-faults", own));
+        assert!(probes.contains(&"perf:page-faults"), "{probes:?}");
+    }
+    for (program, event, lower) in checks {
         let p = prog(program);
         let (runs, ns) = (u(p, "runs"), u(p, "run_ns"));
         let system = perf_count(&perf_text, event);
@@ -77,4 +101,95 @@ fn per_program_bpf_run_counts_lie_between_the_workloads_faults_and_perf_stat_sys
     let sum = |k: &str| progs.iter().map(|p| u(p, k)).sum::<u64>();
     assert_eq!(u(&v, "bpf_run_count"), sum("runs"));
     assert_eq!(u(&v, "bpf_run_ns"), sum("run_ns"));
+}
+
+/// Faults taken in kernel mode on the target's memory (`dd` reading `/dev/zero` into its fresh
+/// 64 MiB buffer: the kernel's copy faults every page) are opened and timed like user-mode ones:
+/// every exit finds its entry. On x86 `perf stat` counts them as `exceptions:page_fault_kernel`
+/// for the same process, the tracepoint whose raw program opens them.
+#[test]
+fn kernel_mode_faults_on_user_memory_are_opened_and_timed() {
+    let _l = machine_lock();
+    let dir = scratch_dir("perfstat");
+    let perf_out = dir.join("perf-kernel-mode.csv");
+    let json = dir.join("kernel-mode.json");
+    let _ = std::fs::remove_file(&json);
+    let dd = ["dd", "if=/dev/zero", "of=/dev/null", "bs=64M", "count=1", "status=none"];
+    let mut c = Command::new(OBSERVER);
+    c.args(["run", "--every", "0", "--json"]).arg(&json).arg("--");
+    if raw_fault_entries() {
+        c.args(["perf", "stat", "-x,", "-e", "exceptions:page_fault_kernel", "-o"]).arg(&perf_out).arg("--");
+    }
+    let out = c.args(dd).output().expect("run observer");
+    assert!(out.status.success(), "observer run -- dd: {}", String::from_utf8_lossy(&out.stderr));
+    let v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    let t = &v["totals"];
+    let pages = 64 << 20 >> 12;
+    assert!(u(t, "minflt") >= pages, "{t}");
+    assert_eq!(u(t, "unmatched_exits"), 0, "faults closed without an entry: {t}");
+    assert!(u(t, "minflt_ns") > 0, "{t}");
+    if raw_fault_entries() {
+        let kernel_mode = perf_count(&std::fs::read_to_string(&perf_out).unwrap(), "exceptions:page_fault_kernel");
+        assert!(
+            kernel_mode >= pages,
+            "perf stat counted {kernel_mode} kernel-mode faults of dd, not its buffer's {pages}"
+        );
+    }
+}
+
+/// Sets `kernel.bpf_stats_enabled` for a test and puts the host's value back when dropped.
+struct StatsSysctl(String);
+
+const STATS_SYSCTL: &str = "/proc/sys/kernel/bpf_stats_enabled";
+
+impl StatsSysctl {
+    fn set(v: &str) -> Self {
+        let old = std::fs::read_to_string(STATS_SYSCTL).expect("reading kernel.bpf_stats_enabled (Linux >= 5.8)");
+        std::fs::write(STATS_SYSCTL, v).expect("writing kernel.bpf_stats_enabled (root)");
+        StatsSysctl(old.trim().to_string())
+    }
+}
+
+impl Drop for StatsSysctl {
+    fn drop(&mut self) {
+        let _ = std::fs::write(STATS_SYSCTL, &self.0);
+    }
+}
+
+/// The kernel's BPF statistics cost every program run two clock reads, so `observer run` turns
+/// them on only with `--bpf-stats` (or reads them when the host has them on). The target, the
+/// observer's child, looks while observed: how many `bpf-stats` descriptors (`BPF_ENABLE_STATS`)
+/// its parent holds, and `kernel.bpf_stats_enabled`: none without the flag (and no cost in the
+/// summary), one with it (and the cost there), none and the host's 1 when the host has them on.
+#[test]
+fn bpf_statistics_are_on_only_with_bpf_stats_or_when_the_host_has_them_on() {
+    let _l = machine_lock();
+    let _host = StatsSysctl::set("0");
+    let target =
+        format!("ls -l /proc/$PPID/fd | grep -c bpf-stats; cat {STATS_SYSCTL}; exec {} anon --size 16M", workload());
+    // (descriptors held by the observer, the sysctl) as the target saw them.
+    let seen = |r: &ObserverRun| {
+        let out = String::from_utf8_lossy(&r.output.stdout).into_owned();
+        let mut l = out.lines().map(str::to_string);
+        (l.next().unwrap_or_default(), l.next().unwrap_or_default())
+    };
+    let pair = |a: &str, b: &str| (a.to_string(), b.to_string());
+
+    let off = observe("stats-off.json", &["--every", "0", "--", "sh", "-c", &target]);
+    assert_eq!(seen(&off), pair("0", "0"), "without --bpf-stats the statistics were on during the run");
+    for k in ["bpf_run_ns", "bpf_run_count"] {
+        assert!(off.summary[k].is_null(), "{k} without the statistics: {}", off.summary[k]);
+    }
+    assert!(off.summary["bpf_programs"].as_array().is_none_or(|a| a.is_empty()), "{}", off.summary["bpf_programs"]);
+
+    let on = observe("stats-on.json", &["--bpf-stats", "--every", "0", "--", "sh", "-c", &target]);
+    assert_eq!(seen(&on), pair("1", "0"), "--bpf-stats did not turn the statistics on");
+    assert!(u(&on.summary, "bpf_run_count") > 0 && u(&on.summary, "bpf_run_ns") > 0, "{}", on.summary);
+
+    // On for the host: read, and left on.
+    let _on = StatsSysctl::set("1");
+    let host = observe("stats-host.json", &["--every", "0", "--", "sh", "-c", &target]);
+    assert_eq!(seen(&host), pair("0", "1"));
+    assert!(u(&host.summary, "bpf_run_count") > 0, "the host's statistics were not read: {}", host.summary);
+    assert_eq!(std::fs::read_to_string(STATS_SYSCTL).unwrap().trim(), "1", "the host's setting was changed");
 }

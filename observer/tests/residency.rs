@@ -557,6 +557,7 @@ fn churn_rides_on_the_probes_of_a_run() {
         follow_children: false,
         held: false,
         markers_optional: false,
+        bpf_stats: false,
     })
     .expect("probes");
     let mut sampler = Sampler::new(&path, Some(target.id())).unwrap();

@@ -1,17 +1,19 @@
 //! `cargo xtask bench storm`: what the observer costs a target in a minor-fault storm.
 //!
 //! The target is the workload's `anon` phase (fresh anonymous memory, one write per page, so
-//! one minor fault per page: about a million faults per second here), run alone (A) and under
-//! `observer run` (B) in A-B-B-A order over several rounds, on the same machine in the same run.
-//! The time compared is the workload's own clock around its phase (the observer's start-up,
-//! program loading included, is outside it). Printed: every round, the medians, and the
-//! slowdown `B / A` (goal: at most 1.1).
+//! one minor fault per page; by default 64 MiB mapped, touched and unmapped 64 times, a million
+//! faults in memory the guest reuses, so that the host's own faults on fresh guest memory do
+//! not swamp the comparison), run alone (A), under `observer run` (B) and under `observer run
+//! --bpf-stats` (S), in A-B-S / S-B-A order over several rounds, on the same machine in the
+//! same run. The time compared is the workload's own clock around its phase (the observer's
+//! start-up, program loading included, is outside it). Printed: every round, the medians, and
+//! the slowdown `B / A` (goal: at most 1.1), and `S / A` beside it (what the statistics add).
 //!
-//! The kernel-side cost per event, from the kernel's BPF run-time statistics: `observer run`
-//! turns them on while its programs are loaded (`BPF_ENABLE_STATS`, whose descriptor keeps them
-//! on while held and restores the host's setting when closed) and writes each program's
-//! cumulative `run_time_ns` and `run_cnt` at the end of the run into its `--json` summary
-//! (`bpf_programs`). Summed over the observed runs, printed per program: runs, ns per run, runs
+//! The kernel-side cost per event, from the kernel's BPF run-time statistics of the S runs:
+//! `observer run --bpf-stats` turns them on while its programs are loaded (`BPF_ENABLE_STATS`,
+//! whose descriptor keeps them on while held) and writes each program's cumulative
+//! `run_time_ns` and `run_cnt` at the end of the run into its `--json` summary
+//! (`bpf_programs`). They are not on in B: they cost every program run two clock reads. Summed over the observed runs, printed per program: runs, ns per run, runs
 //! per workload fault and ns per workload fault (the programs run for every process's events,
 //! so the other processes' faults are in the counts too). Beside them, the budget the slowdown
 //! goal leaves: `0.1 ×` the alone run's time per fault, measured in the same run.
@@ -98,18 +100,24 @@ struct Observed<'a> {
 }
 
 impl Observed<'_> {
-    fn run(&mut self, model: Option<&Path>, progs: &mut Programs) -> Result<((u64, u64), Value)> {
+    /// With `stats`, under `--bpf-stats`: the programs' cost is added to `progs`.
+    fn run(&mut self, model: Option<&Path>, stats: bool, progs: &mut Programs) -> Result<((u64, u64), Value)> {
         self.n += 1;
         let json = self.scratch.join(format!("run-{}.json", self.n));
         let _ = std::fs::remove_file(&json);
         let mut c = Command::new(self.observer);
         c.args(["run", "--every", "0", "--json"]).arg(&json);
+        if stats {
+            c.arg("--bpf-stats");
+        }
         if let Some(m) = model {
             c.arg("--model").arg(m);
         }
         let out = run(c.arg("--").arg(self.workload).args(self.wl_args))?;
         let v = summary(&json)?;
-        add_programs(&v, progs)?;
+        if stats {
+            add_programs(&v, progs)?;
+        }
         Ok((phase(&out, self.kind)?, v))
     }
 }
@@ -143,8 +151,8 @@ fn sum_counts(v: &Value) -> u64 {
 }
 
 pub fn main(args: &[String]) -> Result<()> {
-    let (mut rounds, mut size, mut kind) = (4usize, "512M".to_string(), "anon".to_string());
-    let (mut repeat, mut calls) = (8u32, 400_000u64);
+    let (mut rounds, mut size, mut kind) = (4usize, "64M".to_string(), "anon".to_string());
+    let (mut repeat, mut calls) = (64u32, 400_000u64);
     let mut it = args.iter();
     while let Some(a) = it.next() {
         let mut val = |name: &str| it.next().with_context(|| format!("{name} needs a value")).cloned();
@@ -155,7 +163,7 @@ pub fn main(args: &[String]) -> Result<()> {
             "--kind" => kind = val("--kind")?,
             "--calls" => calls = val("--calls")?.parse()?,
             _ => bail!(
-                "usage: cargo xtask bench storm [--rounds N] [--kind anon|pread] [--size 512M] [--repeat R] [--calls N]"
+                "usage: cargo xtask bench storm [--rounds N] [--kind anon|pread] [--size 64M] [--repeat R] [--calls N]"
             ),
         }
     }
@@ -181,50 +189,64 @@ pub fn main(args: &[String]) -> Result<()> {
     }
     let _lock = testkit::machine_lock();
     let wl_args = ["anon".to_string(), "--size".into(), size.clone(), "--repeat".into(), repeat.to_string()];
-    let plain = || -> Result<(u64, u64)> { phase(&run(Command::new(&workload).args(&wl_args))?, "anon") };
     let mut progs_total = Programs::new();
-    let mut observed_faults = 0u64;
+    let mut stats_faults = 0u64;
     let mut obs =
         Observed { observer: &observer, workload: &workload, wl_args: &wl_args, kind: "anon", scratch: &scratch, n: 0 };
-    let mut observed = || -> Result<(u64, u64)> {
-        let (p, _) = obs.run(None, &mut progs_total)?;
-        observed_faults += p.1;
-        Ok(p)
-    };
     println!(
-        "workload anon --size {size} --repeat {repeat} alone (A) and under `observer run` (B), {rounds} rounds A-B-B-A"
+        "workload anon --size {size} --repeat {repeat} alone (A), under `observer run` (B) and under `observer run \
+         --bpf-stats` (S: the programs' cost), {rounds} rounds A-B-S / S-B-A"
     );
-    let (mut a_ns, mut b_ns, mut ratios) = (Vec::new(), Vec::new(), Vec::new());
+    let (mut a_ns, mut b_ns, mut s_ns, mut ratios) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
     let (mut alone_ns, mut alone_faults) = (0u64, 0u64);
     for r in 0..rounds {
-        let (a, b) = bench_util::abba_round(r, plain, &mut observed)?;
+        let order: [char; 3] = if r.is_multiple_of(2) { ['A', 'B', 'S'] } else { ['S', 'B', 'A'] };
+        let (mut a, mut b, mut st) = ((0u64, 0u64), (0u64, 0u64), (0u64, 0u64));
+        for side in order {
+            match side {
+                'A' => a = phase(&run(Command::new(&workload).args(&wl_args))?, "anon")?,
+                'B' => b = obs.run(None, false, &mut progs_total)?.0,
+                _ => {
+                    st = obs.run(None, true, &mut progs_total)?.0;
+                    stats_faults += st.1;
+                }
+            }
+        }
         let ratio = b.0 as f64 / a.0 as f64;
+        let rate = |p: (u64, u64)| p.1 as f64 / p.0 as f64 * 1e3;
         println!(
-            "round {r}: alone {:.3} s ({:.2} M faults/s), observed {:.3} s ({:.2} M faults/s), slowdown {ratio:.3}",
+            "round {r}: alone {:.3} s ({:.2} M faults/s), observed {:.3} s ({:.2} M faults/s), slowdown {ratio:.3}; \
+             with statistics {:.3} s ({:.3}x)",
             a.0 as f64 / 1e9,
-            a.1 as f64 / a.0 as f64 * 1e3,
+            rate(a),
             b.0 as f64 / 1e9,
-            b.1 as f64 / b.0 as f64 * 1e3
+            rate(b),
+            st.0 as f64 / 1e9,
+            st.0 as f64 / a.0 as f64
         );
         a_ns.push(a.0 as f64);
         b_ns.push(b.0 as f64);
+        s_ns.push(st.0 as f64);
         ratios.push(ratio);
         alone_ns += a.0;
         alone_faults += a.1;
     }
-    let n_observed = obs.n;
-    let (ma, mb) = (median(&mut a_ns), median(&mut b_ns));
-    println!("median: alone {:.3} s, observed {:.3} s", ma / 1e9, mb / 1e9);
+    let (ma, mb, ms) = (median(&mut a_ns), median(&mut b_ns), median(&mut s_ns));
+    println!("median: alone {:.3} s, observed {:.3} s, observed with statistics {:.3} s", ma / 1e9, mb / 1e9, ms / 1e9);
     println!(
-        "slowdown under the observer (observed / alone): {:.3} (goal <= {GOAL}); median of rounds {:.3}",
+        "slowdown under the observer (observed / alone): {:.3} (goal <= {GOAL}); median of rounds {:.3}; \
+         with --bpf-stats {:.3}",
         mb / ma,
-        median(&mut ratios)
+        median(&mut ratios),
+        ms / ma
     );
+    let observed_faults = stats_faults;
+    let n_observed = rounds;
     let per_fault = |x: u64| x as f64 / observed_faults.max(1) as f64;
     let budget = (GOAL - 1.0) * alone_ns as f64 / alone_faults.max(1) as f64;
     println!(
-        "kernel-side cost per program (kernel BPF statistics over the {n_observed} observed runs, {observed_faults} \
-         workload faults; every process's events run the programs):"
+        "kernel-side cost per program (kernel BPF statistics over the {n_observed} runs with statistics, \
+         {observed_faults} workload faults; every process's events run the programs):"
     );
     print_programs(&progs_total, observed_faults, "fault");
     let total: u64 = progs_total.values().map(|v| v.1).sum();
@@ -270,7 +292,7 @@ fn pread_storm(
             match side {
                 'A' => a = phase(&run(Command::new(workload).args(&wl_args))?, "pread")?.0,
                 'B' => {
-                    let ((ns, n), v) = obs.run(Some(link.as_path()), &mut progs_b)?;
+                    let ((ns, n), v) = obs.run(Some(link.as_path()), true, &mut progs_b)?;
                     b = ns;
                     reads_b += n;
                     // The reads charged to the model's regions (and unresolved ones), from the token.
@@ -280,7 +302,7 @@ fn pread_storm(
                     }
                 }
                 _ => {
-                    let ((ns, n), _) = obs.run(None, &mut progs_c)?;
+                    let ((ns, n), _) = obs.run(None, true, &mut progs_c)?;
                     c = ns;
                     reads_c += n;
                 }

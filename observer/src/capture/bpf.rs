@@ -11,7 +11,7 @@ use aya::{
     Ebpf, EbpfError, Pod,
     maps::{Array, HashMap, Map, MapData, MapError, PerCpuArray, RingBuf},
     programs::{
-        KProbe, PerfEvent, Program, ProgramError, TracePoint, UProbe,
+        KProbe, PerfEvent, Program, ProgramError, RawTracePoint, TracePoint, UProbe,
         perf_event::{PerfEventConfig, PerfEventScope, SamplePolicy, SoftwareEvent},
         uprobe::{UProbeLinkId, UProbeScope},
     },
@@ -169,6 +169,8 @@ pub struct AttachOptions {
     /// probes without markers (`Probes::markers_refused` says why) instead of
     /// failing the attach (`observer serve`, which serves what works).
     pub markers_optional: bool,
+    /// Turn the kernel's BPF run-time statistics on while attached ([`Probes::bpf_stats`]).
+    pub bpf_stats: bool,
 }
 
 /// What marked the tokens, once attached.
@@ -185,11 +187,44 @@ pub enum MarkerKind {
     },
 }
 
+/// The kernel's BPF run-time statistics (`run_time_ns`, `run_cnt`: Linux >= 5.8), the
+/// observer's own kernel-side cost. On, every program run reads the clock twice more (about
+/// 80 ns per run on the development VM, a fifth of the observer's overhead in a fault storm),
+/// so they are on only when asked for (`--bpf-stats`) or already on for the host
+/// (`kernel.bpf_stats_enabled=1`); absent, the cost is reported as not measured.
+enum Stats {
+    /// Turned on by this process (`BPF_ENABLE_STATS`): on while the descriptor is held, the
+    /// host's setting restored when it is closed.
+    Ours(#[allow(dead_code, reason = "held for its lifetime")] std::os::fd::OwnedFd),
+    /// On for the host (`kernel.bpf_stats_enabled`).
+    Host,
+}
+
+impl Stats {
+    fn get(ask: bool) -> Option<Stats> {
+        let host = std::fs::read_to_string("/proc/sys/kernel/bpf_stats_enabled").is_ok_and(|s| s.trim() == "1");
+        match (host, ask) {
+            // Held even when on already: another holder may close its descriptor first.
+            (_, true) => match aya::sys::enable_stats(aya::sys::Stats::RunTime) {
+                Ok(fd) => Some(Stats::Ours(fd)),
+                Err(e) => {
+                    log::warn!(
+                        "--bpf-stats: the kernel refused BPF_ENABLE_STATS ({e}; Linux >= 5.8, CAP_SYS_ADMIN): the programs' cost is not measured"
+                    );
+                    host.then_some(Stats::Host)
+                }
+            },
+            (true, false) => Some(Stats::Host),
+            (false, false) => None,
+        }
+    }
+}
+
 /// The loaded and attached programs with their maps.
 pub struct Probes {
     ebpf: Ebpf,
-    /// Keeps the kernel's BPF run-time statistics on while held.
-    stats: Option<std::os::fd::OwnedFd>,
+    /// The kernel's BPF run-time statistics, when they are on ([`Stats`]).
+    stats: Option<Stats>,
     /// What is attached, for headers and JSON.
     pub attached: Vec<String>,
     /// Optional probes that could not be attached, with the reason.
@@ -339,6 +374,31 @@ const FAULT_PROBES: [PerfProbe; 3] = [
     PerfProbe { program: "fault_exit_min", event: SoftwareEvent::PageFaultsMin, event_name: "minor-faults" },
 ];
 
+/// The raw tracepoints that open a fault where the kernel has them (x86), before the perf event
+/// `page-faults` (`observer-ebpf/src/faults.rs`: the same entry at a fraction of the cost):
+/// (program, tracepoint in `exceptions`).
+const RAW_FAULT_ENTRIES: [(&str, &str); 2] =
+    [("fault_entry_user", "page_fault_user"), ("fault_entry_kernel", "page_fault_kernel")];
+
+/// Attaches [`RAW_FAULT_ENTRIES`] when this kernel has both tracepoints; `false` when it has not
+/// (the perf event `page-faults` opens faults then).
+fn attach_raw_fault_entry(ebpf: &mut Ebpf, attached: &mut Vec<String>) -> Result<bool, ProbeError> {
+    if !RAW_FAULT_ENTRIES.iter().all(|(_, tp)| preflight::tracepoint_exists("exceptions", tp)) {
+        return Ok(false);
+    }
+    for (program, tp) in RAW_FAULT_ENTRIES {
+        let prog: &mut RawTracePoint = ebpf
+            .program_mut(program)
+            .ok_or_else(|| program_error(program, ProgramError::UnexpectedProgramType))?
+            .try_into()
+            .map_err(|e| program_error(program, e))?;
+        prog.load().map_err(|e| program_error(program, e))?;
+        prog.attach(tp).map_err(|e| program_error(program, e))?;
+        attached.push(format!("raw_tp:exceptions:{tp}"));
+    }
+    Ok(true)
+}
+
 /// Tracepoints: (program, category, name, required).
 const TRACEPOINTS: &[(&str, &str, &str, bool)] = &[
     ("sched_switch", "sched", "sched_switch", true),
@@ -487,7 +547,11 @@ impl Probes {
         let cpus = online_cpus().map_err(|(path, source)| ProbeError::Cpus { path, source })?;
         let mut attached = Vec::new();
         let mut missing = Vec::new();
+        let raw_entry = attach_raw_fault_entry(&mut ebpf, &mut attached)?;
         for probe in &FAULT_PROBES {
+            if raw_entry && probe.program == "fault_entry" {
+                continue;
+            }
             let prog: &mut PerfEvent = ebpf
                 .program_mut(probe.program)
                 .ok_or_else(|| program_error(probe.program, ProgramError::UnexpectedProgramType))?
@@ -563,9 +627,7 @@ impl Probes {
                 }
             }
         }
-        // Program run time for the observer's own cost (Linux >= 5.8); absent
-        // stats are reported as not measured.
-        let stats = aya::sys::enable_stats(aya::sys::Stats::RunTime).ok();
+        let stats = Stats::get(opts.bpf_stats);
         Ok(Self { ebpf, stats, attached, missing, markers, markers_refused, config })
     }
 
@@ -724,6 +786,7 @@ impl Probes {
             follow_children: self.config.follow_children != 0,
             held: false,
             markers_optional: false,
+            bpf_stats: false,
         };
         let m = attach_markers(&mut self.ebpf, &opts, &mut self.attached)?;
         self.markers = m.clone();

@@ -278,6 +278,8 @@ pub struct SessionOptions {
     /// (a `--token-symbol` it does not define): without tokens, said in the
     /// header's `degraded` (`observer serve`, which serves what works).
     pub without_tokens_ok: bool,
+    /// Turn the kernel's BPF run-time statistics on while attached (`--bpf-stats`).
+    pub bpf_stats: bool,
 }
 
 impl SessionOptions {
@@ -296,6 +298,7 @@ impl SessionOptions {
             sample_interval: Duration::from_secs(1),
             poll: Duration::from_millis(100),
             without_tokens_ok: false,
+            bpf_stats: false,
         }
     }
 }
@@ -396,21 +399,21 @@ impl Session {
         };
         let follow_children = s.opts.follow_children;
         let held = s.target.is_spawned();
-        let markers_optional = s.opts.without_tokens_ok;
-        let probes =
-            match Probes::attach(&AttachOptions { target: pid, markers, follow_children, held, markers_optional }) {
-                Ok(p) => p,
-                Err(e @ (ProbeError::Permission(_) | ProbeError::Load(_))) if s.opts.mode == Mode::EbpfOrProcfs => {
-                    s.degraded.push(format!("ebpf: {e}"));
-                    s.capture = Capture::Procfs(e.to_string());
-                    return Ok(s);
-                }
-                Err(e) => {
-                    // A spawned child is still blocked before exec: end it.
-                    s.target.signal(libc::SIGKILL);
-                    return Err(e.into());
-                }
-            };
+        let (markers_optional, bpf_stats) = (s.opts.without_tokens_ok, s.opts.bpf_stats);
+        let opts = AttachOptions { target: pid, markers, follow_children, held, markers_optional, bpf_stats };
+        let probes = match Probes::attach(&opts) {
+            Ok(p) => p,
+            Err(e @ (ProbeError::Permission(_) | ProbeError::Load(_))) if s.opts.mode == Mode::EbpfOrProcfs => {
+                s.degraded.push(format!("ebpf: {e}"));
+                s.capture = Capture::Procfs(e.to_string());
+                return Ok(s);
+            }
+            Err(e) => {
+                // A spawned child is still blocked before exec: end it.
+                s.target.signal(libc::SIGKILL);
+                return Err(e.into());
+            }
+        };
         if let Some(e) = &probes.markers_refused {
             log::warn!("pid {pid}: {e}: observing it without token boundaries");
             s.degraded.push(format!("tokens: {e}"));

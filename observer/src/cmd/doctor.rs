@@ -128,8 +128,8 @@ pub fn doctor(args: DoctorArgs) -> Result<i32> {
     r.check(
         "bpf_stats_enabled",
         stats == "1" || eff & (1 << 21) != 0,
-        format!("{stats} (the observer's own eBPF cost, bpf_run_seconds_total)"),
-        "set kernel.bpf_stats_enabled=1 in the node's setup, or the metric is absent",
+        format!("{stats} (the observer's own eBPF cost, bpf_run_seconds_total, measured with --bpf-stats)"),
+        "run as root with --bpf-stats, or set kernel.bpf_stats_enabled=1 in the node's setup, or the metric is absent",
     );
     let zram: Vec<String> = std::fs::read_dir("/sys/block")
         .map(|d| {

@@ -88,6 +88,13 @@ pub struct RunArgs {
     /// How often to read token records from the kernel.
     #[arg(long, default_value = "100ms", value_name = "DURATION", value_parser = parse_duration)]
     pub poll: Duration,
+    /// Turn the kernel's BPF run-time statistics on while attached: each program's kernel-side
+    /// cost (`bpf_programs` in the summary, `moe_observer_bpf_run_seconds_total`). They cost
+    /// every run of every program two clock reads (a fifth of the observer's overhead in a
+    /// fault storm), so they are off unless asked for here or already on
+    /// (`kernel.bpf_stats_enabled=1`, then they are read).
+    #[arg(long)]
+    pub bpf_stats: bool,
     /// Print every Nth token line while running (0: none).
     #[arg(long, default_value_t = 1, value_name = "N")]
     pub every: u64,
@@ -133,6 +140,7 @@ impl RunArgs {
             sample_interval: self.sample_interval,
             poll: self.poll,
             without_tokens_ok: self.without_tokens_ok,
+            bpf_stats: self.bpf_stats,
         })
     }
 }
