@@ -468,7 +468,7 @@ pub const F_BPF_RUN: Family = Family {
     metric: MetricType::Counter,
     labels: &[],
     planned_labels: &[],
-    help: "Run time of the observer's eBPF programs (kernel BPF statistics)",
+    help: "Run time of the observer's eBPF programs (kernel BPF statistics: with `--bpf-stats`, or when the host has `kernel.bpf_stats_enabled=1`)",
 };
 pub const F_BPF_RUNS: Family = Family {
     stem: "bpf_runs",
