@@ -187,6 +187,9 @@ pub const TESTS: &[GuestTest] = &[
     ),
     // Fault counts against perf stat on the same process and span.
     t(PERF, "fault_counts_match_perf_stat", &[Build], 600, false),
+    // Kernel-mode faults on user memory opened and timed: on x86 by the raw tracepoint
+    // `exceptions:page_fault_kernel` (against perf stat's count of it), on arm64 by `page-faults`.
+    t(PERF, "kernel_mode_faults_on_user_memory_are_opened_and_timed", &[Build], 600, false),
     // Residency against fincore (and cachestat, which the test also checks), mincore, and the
     // filemap tracepoints' churn.
     t(RESID, "whole_file_residency_equals_fincore", &[Build, Cachestat], 600, false),
