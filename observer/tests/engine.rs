@@ -401,16 +401,20 @@ fn cache_reads_are_charged_per_region_to_the_experts_the_engine_loaded() {
     let toks: Vec<&serde_json::Value> = v["tokens"].as_array().unwrap().iter().collect();
     assert!(toks.len() >= 45, "{} token records", toks.len());
     let (mut checked, mut with_reads, mut unresolved_tokens) = (0, 0, 0);
-    for t in &toks {
+    for (i, t) in toks.iter().enumerate() {
         let x = &t["explicit_reads"];
         assert!(x.is_object(), "no explicit_reads in {t}");
         let idx = u(t, "index");
         let unresolved = u(x, "unresolved_bytes");
         // A descriptor is resolved by user space after the kernel asks (at its open); reads before
-        // the answer are unresolved, never charged to a region. Only the first steps can have them.
+        // the answer are unresolved, never charged to a region. Every step preads the same
+        // descriptors (the engine's telemetry, its cache's model fd), so once answered they stay
+        // answered: only a run of first steps can have unresolved reads (how many depends on how
+        // soon the observer runs after the open: 3 steps of this tiny model on a loaded CI
+        // machine).
         if unresolved > 0 {
+            assert_eq!(unresolved_tokens, i, "unresolved reads at step {idx} after resolved steps: {x}");
             unresolved_tokens += 1;
-            assert!(idx <= 2, "unresolved reads at step {idx}: {x}");
             continue;
         }
         let (dense, experts, other) = (u(&x["bytes"], "dense"), u(&x["bytes"], "experts"), u(&x["bytes"], "other"));
@@ -448,7 +452,8 @@ fn cache_reads_are_charged_per_region_to_the_experts_the_engine_loaded() {
          bpftrace steps {}, other descriptors' pread64 bytes {other_fds}",
         kernel.len()
     );
-    assert!(checked >= toks.len() - 3, "{checked} of {} steps checked", toks.len());
+    assert!(unresolved_tokens <= toks.len() / 4, "{unresolved_tokens} of {} steps with unresolved reads", toks.len());
+    assert_eq!(checked, toks.len() - unresolved_tokens);
     assert!(with_reads >= 10, "a 1 MiB cache of the tiny model misses on most steps: {with_reads}");
     // The same process read other files with pread64 during the steps, and none of it was charged.
     assert!(other_fds > 0, "the engine's telemetry preads /proc files during its steps");
