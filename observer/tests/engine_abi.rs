@@ -96,9 +96,13 @@ pub static moe_engine_dense_regions: DenseRegions = DenseRegions::new();
 /// The engine's placement publishes its copy, the observer's reader finds it in this process
 /// (symbol, load bias, `/proc/self/mem`, seqlock) with the same entries, `/proc/self/pagemap`
 /// covers exactly the copy's pages, and dropping the model unpublishes it.
+/// The tests that publish dense ranges (one process-wide table) run one at a time.
+static PUBLISHING: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
 #[test]
 fn observer_reads_what_the_engine_placement_publishes() {
     use engine::{model::Model, placement::DensePolicy};
+    let _one = PUBLISHING.lock().unwrap_or_else(|e| e.into_inner());
     dr::export(&moe_engine_dense_regions);
     let path = tiny_model();
     let mut reader = DenseCopy::new(std::process::id());
@@ -127,6 +131,77 @@ fn observer_reads_what_the_engine_placement_publishes() {
 
     drop(m);
     assert_eq!(reader.ranges().unwrap(), Some(Vec::new()), "unpublished when the model is dropped");
+}
+
+/// An engine unpublishes a copy before it unmaps it (`AnonCopy`'s drop), but the observer reads
+/// the table, then the copy's pages: a copy that goes in between was read as 0 resident and 0
+/// swapped (CI saw it at an engine's last token). Here a thread maps, touches and publishes a
+/// 64-page copy, keeps it up to 350 µs, then unpublishes and unmaps it, while the reader samples:
+/// every reading that stands has every page resident.
+#[test]
+fn a_copy_unmapped_while_its_pages_are_read_is_never_read_as_gone() {
+    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
+    let _one = PUBLISHING.lock().unwrap_or_else(|e| e.into_inner());
+    dr::export(&moe_engine_dense_regions);
+    let page = engine::placement::page_size();
+    let len = 64 * page;
+    let (stop, cycles) = (AtomicBool::new(false), AtomicU64::new(0));
+    let (mut stood, mut gone, mut changing) = (0u64, Vec::new(), 0u64);
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            while !stop.load(Relaxed) {
+                // SAFETY: a fresh private anonymous mapping, touched, published, unpublished,
+                // then unmapped; nothing else uses it.
+                unsafe {
+                    let p = libc::mmap(
+                        std::ptr::null_mut(),
+                        len,
+                        libc::PROT_READ | libc::PROT_WRITE,
+                        libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                        -1,
+                        0,
+                    );
+                    assert_ne!(p, libc::MAP_FAILED);
+                    for i in 0..64 {
+                        p.cast::<u8>().add(i * page).write_volatile(1);
+                    }
+                    let publication =
+                        dr::publish(vec![dr::DenseRange { addr: p as u64, len: len as u64, file_offset: 0 }]);
+                    // Published for 0 to 350 µs, so that reads start at every point of its life.
+                    let until =
+                        std::time::Instant::now() + std::time::Duration::from_micros(50 * (cycles.load(Relaxed) % 8));
+                    while std::time::Instant::now() < until {
+                        std::hint::spin_loop();
+                    }
+                    drop(publication);
+                    libc::munmap(p, len);
+                }
+                cycles.fetch_add(1, Relaxed);
+            }
+        });
+        let mut reader = DenseCopy::new(std::process::id());
+        let end = std::time::Instant::now() + std::time::Duration::from_secs(3);
+        while std::time::Instant::now() < end {
+            match reader.sample() {
+                Ok(Some(a)) => {
+                    stood += 1;
+                    if a.present != a.pages {
+                        gone.push(a);
+                    }
+                }
+                Ok(None) => {}
+                Err(e) if e.to_string().contains("kept changing") => changing += 1,
+                Err(e) => panic!("{e}"),
+            }
+        }
+        stop.store(true, Relaxed);
+    });
+    eprintln!(
+        "{} copies came and went; {stood} readings stood, {changing} gave up on a changing table",
+        cycles.load(Relaxed)
+    );
+    assert!(gone.is_empty(), "{} of {stood} readings counted pages already gone, e.g. {:?}", gone.len(), gone[0]);
+    assert!(stood >= 100, "only {stood} readings stood in 3 s");
 }
 
 /// The slot table, exported like `moe_engine_dense_regions` above.

@@ -13,7 +13,9 @@
 //! For every page of the published ranges, `/proc/PID/pagemap` says *present* (bit 63: in RAM)
 //! or *swapped* (bit 62: in swap, zram included) or neither (never touched, or dropped).
 //! `dense_resident_frac = present / pages`, `dense_swapped_frac = swapped / pages`. Reading the
-//! present/swapped bits needs no privilege beyond reading the file; PFNs are not used.
+//! present/swapped bits needs no privilege beyond reading the file; PFNs are not used. A reading
+//! stands only if the table's version (`seq`) is the same after the pagemap read as before it
+//! (the engine unpublishes a range before unmapping it).
 
 use std::{
     fs::File,
@@ -51,6 +53,15 @@ impl AnonResidency {
     pub fn swapped_frac(&self) -> Option<f64> {
         (self.pages > 0).then(|| self.swapped as f64 / self.pages as f64)
     }
+}
+
+/// A published table as read: the process's memory, the table header's address, its version
+/// (`seq`) and its ranges.
+struct Published {
+    mem: File,
+    addr: u64,
+    seq: u64,
+    ranges: Vec<DenseRange>,
 }
 
 /// Finds and reads the table of one process.
@@ -118,12 +129,18 @@ impl DenseCopy {
 
     /// The published ranges now; `None` when the process does not export the symbol.
     pub fn ranges(&mut self) -> Result<Option<Vec<DenseRange>>, ResidencyError> {
+        Ok(self.ranges_at()?.map(|t| t.ranges))
+    }
+
+    /// The table's ranges, where and at which version they were read.
+    fn ranges_at(&mut self) -> Result<Option<Published>, ResidencyError> {
         let Some(addr) = self.symbol.addr()? else { return Ok(None) };
         let pid = self.symbol.pid;
         let mem = self.symbol.mem()?;
-        let (_, table) = read_published(&mem, pid, addr, SYMBOL, HEADER_SIZE, DenseRegions::parse_header)?;
+        let (header, table) = read_published(&mem, pid, addr, SYMBOL, HEADER_SIZE, DenseRegions::parse_header)?;
         let ranges = table.chunks_exact(ENTRY_SIZE).map(DenseRange::from_bytes).collect::<Result<_, _>>();
-        ranges.map(Some).map_err(|e| ResidencyError::Abi { pid, what: e.to_string() })
+        let ranges = ranges.map_err(|e| ResidencyError::Abi { pid, what: e.to_string() })?;
+        Ok(Some(Published { mem, addr, seq: header.seq, ranges }))
     }
 
     /// Present/swapped pages of `ranges` from `/proc/PID/pagemap`.
@@ -156,12 +173,27 @@ impl DenseCopy {
         Ok(r)
     }
 
-    /// Resolve, read and measure in one go; `None` when the process publishes nothing.
+    /// Resolve, read and measure in one go; `None` when the process publishes nothing. A
+    /// measurement counts only if the table is the same version after the pagemap read: an
+    /// engine unpublishes its ranges before it unmaps them, so a changed table means the pages
+    /// read may have been going away (an engine at its end read 0 present and 0 swapped).
     pub fn sample(&mut self) -> Result<Option<AnonResidency>, ResidencyError> {
-        match self.ranges()? {
-            Some(r) if !r.is_empty() => Ok(Some(self.pagemap(&r)?)),
-            _ => Ok(None),
+        let pid = self.symbol.pid;
+        for _ in 0..SEQLOCK_TRIES {
+            let Some(t) = self.ranges_at()? else { return Ok(None) };
+            if t.ranges.is_empty() {
+                return Ok(None);
+            }
+            let r = self.pagemap(&t.ranges)?;
+            let mut seq = [0u8; 8];
+            t.mem
+                .read_exact_at(&mut seq, t.addr + moe_abi::SEQ_OFFSET)
+                .map_err(proc_err(pid, "reading a published table's header"))?;
+            if u64::from_le_bytes(seq) == t.seq {
+                return Ok(Some(r));
+            }
         }
+        Err(ResidencyError::Abi { pid, what: format!("{SYMBOL} kept changing while its pages were read") })
     }
 }
 
