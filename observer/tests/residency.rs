@@ -591,6 +591,37 @@ fn settled_fincore_pages(path: &Path) -> u64 {
     fincore_bytes(path) / scan::page_size()
 }
 
+/// Which pages of `path` are in the page cache (`mincore` over a shared read-only mapping, which
+/// brings no page in).
+fn resident_pages(path: &Path) -> Vec<bool> {
+    let f = File::open(path).unwrap();
+    let len = f.metadata().unwrap().len() as usize;
+    let n = len.div_ceil(scan::page_size() as usize);
+    let mut v = vec![0u8; n];
+    // SAFETY: a fresh mapping of our own descriptor, only passed to mincore and unmapped.
+    unsafe {
+        let p = libc::mmap(std::ptr::null_mut(), len, libc::PROT_READ, libc::MAP_SHARED, f.as_raw_fd(), 0);
+        assert_ne!(p, libc::MAP_FAILED, "mmap of {}", path.display());
+        assert_eq!(libc::mincore(p, len, v.as_mut_ptr()), 0, "mincore of {}", path.display());
+        libc::munmap(p, len);
+    }
+    v.iter().map(|b| b & 1 != 0).collect()
+}
+
+/// No page of `path` joined the page cache since `before` (once reads in flight have landed).
+/// Pages may have left it meanwhile: this VM's DAMON `pageout` scheme pages out page cache left
+/// untouched (a CI run lost 3 of 273 here); they are said, and none counts as added.
+fn assert_no_page_added(path: &Path, before: &[bool], what: &str) {
+    std::thread::sleep(Duration::from_millis(300));
+    let after = resident_pages(path);
+    let added: Vec<usize> = (0..after.len()).filter(|&i| after[i] && !before[i]).collect();
+    let left = (0..after.len()).filter(|&i| before[i] && !after[i]).count();
+    if left > 0 {
+        eprintln!("{what}: {left} pages left the page cache meanwhile (DAMON pageout or reclaim)");
+    }
+    assert!(added.is_empty(), "{what} brought {} pages into the page cache, e.g. page {}", added.len(), added[0]);
+}
+
 /// Looking at a model does not warm it (issue 19): `observer heatmap` on an evicted model used
 /// to leave the kernel's read-ahead around its header parse in the page cache (fincore: 0 pages
 /// before, up to 1792 after, while it reported 0). The header (a 4 MiB vocabulary here, as real
@@ -623,16 +654,15 @@ fn looking_at_a_model_leaves_its_page_cache_as_it_found_it() {
     read_range(&path, len - (1 << 20)..len);
     let before = settled_fincore_pages(&path);
     assert!(before >= 16 + 256, "the test needs resident pages: fincore {before}");
+    let resident = resident_pages(&path);
+    assert_eq!(resident.iter().filter(|&&r| r).count() as u64, before, "mincore vs fincore");
     let j = &heatmap_json(&[p])[0];
-    assert_eq!(j["file_resident_pages"].as_u64(), Some(before), "{j}");
-    assert_eq!(settled_fincore_pages(&path), before, "the heatmap changed the page cache");
+    let seen = j["file_resident_pages"].as_u64().unwrap();
+    assert!(seen <= before && seen + 16 >= before, "heatmap {seen} vs fincore {before} resident pages: {j}");
+    assert_no_page_added(&path, &resident, "the heatmap");
     let out = Command::new(OBSERVER).args(["run", "--every", "0", "--", "/bin/true", p]).output().unwrap();
     assert!(out.status.success(), "observer run: {}", String::from_utf8_lossy(&out.stderr));
-    assert_eq!(
-        settled_fincore_pages(&path),
-        before,
-        "observer run with the model on its command line changed the page cache"
-    );
+    assert_no_page_added(&path, &resident, "observer run with the model on its command line");
 }
 
 /// What a late-mapping target's run gave: its records, the pages it touched, `fincore`'s bytes
