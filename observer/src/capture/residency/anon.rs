@@ -185,16 +185,20 @@ impl DenseCopy {
                 return Ok(None);
             }
             let r = self.pagemap(&t.ranges)?;
-            let mut seq = [0u8; 8];
-            t.mem
-                .read_exact_at(&mut seq, t.addr + moe_abi::SEQ_OFFSET)
-                .map_err(proc_err(pid, "reading a published table's header"))?;
-            if u64::from_le_bytes(seq) == t.seq {
+            if seq_now(&t.mem, pid, t.addr)? == t.seq {
                 return Ok(Some(r));
             }
         }
         Err(ResidencyError::Abi { pid, what: format!("{SYMBOL} kept changing while its pages were read") })
     }
+}
+
+/// The version (`seq`) of the published table whose header is at `addr`, as it is now.
+fn seq_now(mem: &File, pid: u32, addr: u64) -> Result<u64, ResidencyError> {
+    let mut seq = [0u8; 8];
+    mem.read_exact_at(&mut seq, addr + moe_abi::SEQ_OFFSET)
+        .map_err(proc_err(pid, "reading a published table's header"))?;
+    Ok(u64::from_le_bytes(seq))
 }
 
 /// The table of the published-table header `symbol` at `addr` of process `pid`, read through
@@ -223,10 +227,7 @@ pub(super) fn read_published(
         }
         let mut table = vec![0u8; header.table_bytes() as usize];
         mem.read_exact_at(&mut table, header.table).map_err(proc_err(pid, "reading a published table"))?;
-        let mut again = [0u8; 8];
-        mem.read_exact_at(&mut again, addr + moe_abi::SEQ_OFFSET)
-            .map_err(proc_err(pid, "reading a published table's header"))?;
-        if u64::from_le_bytes(again) == header.seq {
+        if seq_now(mem, pid, addr)? == header.seq {
             return Ok((header, table));
         }
     }
