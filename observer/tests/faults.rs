@@ -51,7 +51,15 @@ fn anonymous_minor_faults_match_getrusage() {
     assert!(u(w, "minflt") >= 65_000, "one minor fault per 4 KiB page expected: {w}");
     assert_within("minor faults", u(totals, "minflt"), u(w, "minflt"), 0.02);
     assert!(u(totals, "minflt_ns") > 0);
-    assert_eq!(u(totals, "majflt"), 0, "fresh anonymous memory takes no major faults");
+    // Fresh anonymous memory takes no major fault. The process may still take one on its own
+    // file pages at start-up (a library's or its program's, which the VM's DAMON pageout
+    // evicts now and then: a fresh-clone run saw one, 313 µs, on the main thread, and failed a
+    // check that allowed none). So: every major fault is a file fault, none a swap-in, and
+    // getrusage's count over the workload's window is among the observer's over the run.
+    let classes = &r.summary["attribution_totals"];
+    assert_eq!(u(classes, "majflt_swap"), 0, "swap-in faults in an anonymous-memory run: {classes}");
+    assert_eq!(u(classes, "majflt_file"), u(totals, "majflt"), "every major fault is a file fault: {classes}");
+    assert!(u(w, "majflt") <= u(totals, "majflt"), "getrusage's window {w} vs the observer's run {totals}");
 }
 
 #[test]
