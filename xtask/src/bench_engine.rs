@@ -11,9 +11,9 @@
 //! (flash attention `auto`, f16 KV cache); the engine at its default ISA level.
 //!
 //! The machine is shared and its speed drifts, so they are measured in rounds (`--rounds`, each
-//! with `-r` repetitions of every program), the order alternating: even rounds run the llama.cpp
-//! builds then the engine, odd rounds the engine then the builds (a drift within a round favours
-//! neither side). A ratio is paired: engine / build within each round, and the median of those
+//! with `-r` repetitions of every program) in A-B-B-A order (`bench_util::abba_round`): even
+//! rounds run the llama.cpp builds then the engine, odd rounds the engine then the builds (a
+//! drift within a round favours neither side). A ratio is paired: engine / build within each round, and the median of those
 //! per-round ratios is the result, with the rounds the engine was the faster in. Every round's
 //! numbers are printed, and the medians of each program's speeds beside.
 
@@ -75,26 +75,25 @@ pub fn main(args: &[String]) -> Result<()> {
     let mut en: Vec<(f64, f64)> = Vec::new();
     let mut e = Value::Null;
     let sizes = ["-t", &threads.to_string(), "-p", &n_prompt.to_string(), "-n", &n_gen.to_string()].map(str::to_owned);
+    let engine_run = || -> Result<Value> {
+        let out =
+            crate::cmd::output(Command::new(&engine).arg("bench").arg("--model").arg(&model).args(&sizes).args([
+                "-r",
+                &reps.to_string(),
+                "--json",
+            ]))?;
+        serde_json::from_str(out.trim()).context("parsing engine bench --json")
+    };
+    let peers_run = || -> Result<Vec<(f64, f64)>> {
+        peers.iter().map(|b| llama_bench(&b.program(llama::Target::Bench), &model, &sizes, reps)).collect()
+    };
     for round in 0..rounds.max(1) {
-        let engine_run = || -> Result<Value> {
-            let out =
-                crate::cmd::output(Command::new(&engine).arg("bench").arg("--model").arg(&model).args(&sizes).args([
-                    "-r",
-                    &reps.to_string(),
-                    "--json",
-                ]))?;
-            serde_json::from_str(out.trim()).context("parsing engine bench --json")
-        };
-        let engine_first = round % 2 == 1;
-        if engine_first {
-            e = engine_run()?;
+        // A-B-B-A: the llama.cpp builds then the engine in even rounds, the engine first in odd ones.
+        let (theirs, ours) = crate::bench_util::abba_round(round, peers_run, engine_run)?;
+        for (v, t) in ll.iter_mut().zip(theirs) {
+            v.push(t);
         }
-        for (b, v) in peers.iter().zip(&mut ll) {
-            v.push(llama_bench(&b.program(llama::Target::Bench), &model, &sizes, reps)?);
-        }
-        if !engine_first {
-            e = engine_run()?;
-        }
+        e = ours;
         en.push((e["pp_tok_s"].as_f64().unwrap_or(0.0), e["tg_tok_s"].as_f64().unwrap_or(0.0)));
         let theirs: Vec<String> = peers
             .iter()
@@ -103,7 +102,7 @@ pub fn main(args: &[String]) -> Result<()> {
             .collect();
         println!(
             "round {round} ({}): pp / tg tok/s: engine {:.1} / {:.1}, {}",
-            if engine_first { "engine first" } else { "engine last" },
+            if round % 2 == 1 { "engine first" } else { "engine last" },
             en[round].0,
             en[round].1,
             theirs.join(", ")
