@@ -153,14 +153,7 @@ fn a_copy_unmapped_while_its_pages_are_read_is_never_read_as_gone() {
                 // SAFETY: a fresh private anonymous mapping, touched, published, unpublished,
                 // then unmapped; nothing else uses it.
                 unsafe {
-                    let p = libc::mmap(
-                        std::ptr::null_mut(),
-                        len,
-                        libc::PROT_READ | libc::PROT_WRITE,
-                        libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
-                        -1,
-                        0,
-                    );
+                    let p = testkit::map_anon(len);
                     assert_ne!(p, libc::MAP_FAILED);
                     for i in 0..64 {
                         p.cast::<u8>().add(i * page).write_volatile(1);

@@ -284,6 +284,22 @@ impl Drop for Balloon {
     }
 }
 
+/// A fresh private anonymous read-write mapping of `len` bytes, `MAP_FAILED` when refused. One
+/// `mmap` system call and nothing else, so a forked child may call it too.
+pub fn map_anon(len: usize) -> *mut libc::c_void {
+    // SAFETY: a new mapping placed by the kernel; no existing memory is touched.
+    unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            len,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+            -1,
+            0,
+        )
+    }
+}
+
 /// The balloon's body after `fork`: only raw system calls, then `_exit`.
 ///
 /// # Safety
@@ -302,14 +318,7 @@ unsafe fn balloon_child(join: &memcg::ChildJoin, len: usize, touch: Duration, wr
         if join.join().is_err() {
             fail(b'C');
         }
-        let p = libc::mmap(
-            std::ptr::null_mut(),
-            len,
-            libc::PROT_READ | libc::PROT_WRITE,
-            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
-            -1,
-            0,
-        );
+        let p = map_anon(len);
         if p == libc::MAP_FAILED {
             fail(b'M');
         }

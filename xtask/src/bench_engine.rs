@@ -13,9 +13,10 @@
 //! The machine is shared and its speed drifts, so they are measured in rounds (`--rounds`, each
 //! with `-r` repetitions of every program) in A-B-B-A order (`bench_util::abba_round`): even
 //! rounds run the llama.cpp builds then the engine, odd rounds the engine then the builds (a
-//! drift within a round favours neither side). A ratio is paired: engine / build within each round, and the median of those
-//! per-round ratios is the result, with the rounds the engine was the faster in. Every round's
-//! numbers are printed, and the medians of each program's speeds beside.
+//! drift within a round favours neither side). A ratio is paired: engine / build within each
+//! round, and the median of those per-round ratios is the result, with the rounds the engine
+//! was the faster in. Every round's numbers are printed, and the medians of each program's
+//! speeds beside.
 
 use std::path::Path;
 use std::process::Command;
@@ -108,11 +109,10 @@ pub fn main(args: &[String]) -> Result<()> {
             theirs.join(", ")
         );
     }
-    let med = |v: &[(f64, f64)]| {
-        let (mut a, mut b): (Vec<f64>, Vec<f64>) = v.iter().copied().unzip();
-        (moe_stats::median(&mut a), moe_stats::median(&mut b))
-    };
-    let (en_pp, en_tg) = med(&en);
+    // One column of (pp, tg) rows: 0 pp, 1 tg.
+    let column =
+        |v: &[(f64, f64)], i: usize| -> Vec<f64> { v.iter().map(|r| if i == 0 { r.0 } else { r.1 }).collect() };
+    let (en_pp, en_tg) = (moe_stats::median(&mut column(&en, 0)), moe_stats::median(&mut column(&en, 1)));
     println!(
         "{arch}, preset {preset}, {rounds} rounds (engine at its default ISA level): median tok/s, and the median \
          of the per-round ratios engine / build [rounds the engine was faster]:"
@@ -123,8 +123,6 @@ pub fn main(args: &[String]) -> Result<()> {
     }
     println!();
     let rows = [(format!("pp{n_prompt}"), en_pp, 0), (format!("tg{n_gen}"), en_tg, 1)];
-    let column =
-        |v: &[(f64, f64)], i: usize| -> Vec<f64> { v.iter().map(|r| if i == 0 { r.0 } else { r.1 }).collect() };
     for (name, ours, i) in &rows {
         print!("{name:<8} {ours:>14.2}");
         for v in &ll {
