@@ -335,7 +335,7 @@ fn a_program_named_only_in_a_script_gets_its_markers_at_exec_and_its_parent_is_n
     assert_root();
     let llama = llama();
     let model = memlimit_model();
-    evict(&model);
+    testkit::evict(&model).unwrap();
     let dir = scratch_dir("llama-script");
     let perf_out = dir.join("perf.csv");
     let script = dir.join("run.sh");
@@ -624,17 +624,6 @@ fn discovery_finds_an_engine_profile_loaded_with_dlopen() {
     assert_eq!(found[0].labels.model, "", "no GGUF mapped");
 }
 
-/// Drop a file's pages from the page cache (`POSIX_FADV_DONTNEED`).
-fn evict(path: &Path) {
-    use std::os::fd::AsRawFd;
-    let f = std::fs::File::open(path).unwrap();
-    // SAFETY: fdatasync and posix_fadvise on a file we opened.
-    unsafe {
-        libc::fdatasync(f.as_raw_fd());
-        assert_eq!(libc::posix_fadvise(f.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED), 0);
-    }
-}
-
 /// Beside llama-simple (its model evicted first, so that loading it reads the
 /// disk), the observer's fault counts equal `perf stat`'s, attached to the
 /// same process for the same span (before its `exec`, until it exits).
@@ -644,7 +633,7 @@ fn llama_simple_faults_match_perf_stat() {
     assert_root();
     let llama = llama();
     let model = tiny_model();
-    evict(&model);
+    testkit::evict(&model).unwrap();
     let command =
         format!("{} -m {} -n 16 hello >/dev/null 2>&1", llama.bin.join("llama-simple").display(), model.display());
     let (perf_text, v) = beside_perf_stat(&scratch_dir("llama-perf"), &command);
@@ -816,7 +805,7 @@ fn llama_simple_under_a_memory_limit_waits_on_fault_io() {
     assert_root();
     let llama = llama();
     let model = memlimit_model();
-    evict(&model);
+    testkit::evict(&model).unwrap();
     let cg = testkit::MemCgroup::new("obs-llama-memlimit", MEMLIMIT).expect("memory cgroup");
     let dir = scratch_dir("llama-memlimit");
     let perf_out = dir.join("perf.csv");
@@ -1239,7 +1228,7 @@ fn llama_server_heatmap_of_its_mapped_model_matches_fincore() {
     assert_root();
     let llama = llama();
     let model = memlimit_model().canonicalize().unwrap();
-    evict(&model);
+    testkit::evict(&model).unwrap();
     let cg = testkit::MemCgroup::new("obs-llama-heatmap", MEMLIMIT).expect("memory cgroup");
     let server = Server::start_in(&llama, &model, Some(&cg));
     let before = fincore_pages(&model);

@@ -34,10 +34,6 @@ fn evict(path: &Path, r: Range<u64>) {
     fadvise(path, r, libc::POSIX_FADV_DONTNEED);
 }
 
-fn evict_all(path: &Path) {
-    evict(path, 0..std::fs::metadata(path).unwrap().len());
-}
-
 /// Read exactly `r` (no read-ahead beyond it: FADV_RANDOM).
 fn read_range(path: &Path, r: Range<u64>) {
     let f = File::open(path).expect("open model");
@@ -81,7 +77,7 @@ fn whole_file_residency_equals_fincore() {
     let _l = machine_lock();
     let path = write_model(&scratch_dir("resid").join("fincore.gguf"), 6, 16, 512, 32);
     let mut m = ModelFile::open(&path).unwrap();
-    evict_all(&path);
+    testkit::evict(&path).unwrap();
     // A pattern with partial pages at region edges: every third expert, and one dense tensor.
     for (i, r) in m.map.regions.iter().enumerate() {
         if matches!(r.kind, RegionKind::Expert { expert, .. } if expert % 3 == 0) || i == 0 {
@@ -111,7 +107,7 @@ fn evicting_experts_makes_exactly_those_cells_cold_and_touching_one_makes_only_i
     let path = write_model(&scratch_dir("resid").join("aligned.gguf"), 2, 8, 256, 4096);
     let mut m = ModelFile::open(&path).unwrap();
     let n_e = m.map.n_experts as usize;
-    evict_all(&path);
+    testkit::evict(&path).unwrap();
     read_regions(&m);
     let s = m.scan().unwrap();
     assert!(s.cell_fracs().iter().all(|&f| f == 1.0), "after reading the whole file: {:?}", s.cell_fracs());
@@ -130,7 +126,7 @@ fn evicting_experts_makes_exactly_those_cells_cold_and_touching_one_makes_only_i
     }
     assert_eq!(s.dense.frac(), Some(1.0), "dense weights were not evicted");
 
-    evict_all(&path);
+    testkit::evict(&path).unwrap();
     for r in m.map.expert_ranges(1, 3) {
         read_range(&path, r);
     }
@@ -162,7 +158,7 @@ fn unaligned_experts_share_at_most_their_edge_pages() {
     let path = write_model(&scratch_dir("resid").join("unaligned.gguf"), 2, 8, 256, 32);
     let mut m = ModelFile::open(&path).unwrap();
     let n_e = m.map.n_experts as usize;
-    evict_all(&path);
+    testkit::evict(&path).unwrap();
     read_regions(&m);
     let (l, e) = (1u32, 4u32);
     for r in m.map.expert_ranges(l, e) {
@@ -241,7 +237,7 @@ fn churn_matches_mincore(path: &Path, work: impl FnOnce(&ModelFile)) -> churn::C
 /// mmap faults with the kernel's read-around.
 fn mixed_work(m: &ModelFile) {
     let path = m.file.path.clone();
-    evict_all(&path);
+    testkit::evict(&path).unwrap();
     read_all(&path);
     for r in m.map.regions.iter().filter(|r| matches!(r.kind, RegionKind::Expert { expert, .. } if expert % 2 == 1)) {
         evict(&path, r.range.clone());
@@ -284,7 +280,7 @@ fn churn_spill_keeps_totals_when_folios_span_many_tiny_regions() {
     let c = Churn::attach(&mut ebpf, &path, &m.map, m.file.page).unwrap();
     let c0 = c.read();
     let n0 = m.scan().unwrap().file_resident_pages;
-    evict_all(&path);
+    testkit::evict(&path).unwrap();
     read_all(&path);
     let n1 = settled(&mut m).total();
     let c1 = c.read();
@@ -308,7 +304,7 @@ fn thrashing_under_a_cgroup_limit_shows_evictions_of_the_cycled_experts() {
     // 6 layers × 16 experts × 3 × 272 KiB ≈ 78 MiB; the stand-in cycles 12 of 16 experts
     // (≈ 59 MiB) under a 32 MiB limit.
     let path = write_model(&scratch_dir("resid").join("thrash.gguf"), 6, 16, 512, 32);
-    evict_all(&path);
+    testkit::evict(&path).unwrap();
     let mut sampler = Sampler::new(&path, None).unwrap();
     let mut ebpf = churn::load_standalone().unwrap();
     sampler.enable_churn(&mut ebpf).unwrap();
@@ -464,7 +460,7 @@ fn without_permission_for_mincore_the_heatmap_refuses_instead_of_reporting_zero(
     std::os::unix::fs::chown(&path, Some(0), Some(0)).unwrap();
     let p = path.to_str().unwrap();
     let observer = shared_copy(OBSERVER);
-    evict_all(&path);
+    testkit::evict(&path).unwrap();
     assert_eq!(fincore_bytes(&path), 0, "file should be evicted");
 
     // Why the check exists: fincore (mincore) run as nobody reports the evicted file as fully
@@ -563,7 +559,7 @@ fn churn_rides_on_the_probes_of_a_run() {
     let mut sampler = Sampler::new(&path, Some(target.id())).unwrap();
     sampler.set_scan_interval(Duration::from_secs(3600));
     sampler.enable_churn(probes.ebpf_mut()).expect("churn on the run's eBPF object");
-    evict_all(&path);
+    testkit::evict(&path).unwrap();
     let first = sampler.sample().unwrap();
     read_all(&path);
     let second = sampler.sample().unwrap();
@@ -640,7 +636,7 @@ fn looking_at_a_model_leaves_its_page_cache_as_it_found_it() {
     let header = engine::gguf::Gguf::open(&path).unwrap().data_offset;
     assert!(header > 4 << 20, "the test needs a header of real size: {header} bytes");
     for round in 0..3 {
-        evict_all(&path);
+        testkit::evict(&path).unwrap();
         assert_eq!(settled_fincore_pages(&path), 0, "evicted");
         let j = &heatmap_json(&[p])[0];
         assert_eq!(j["file_resident_pages"].as_u64(), Some(0), "{j}");
@@ -648,7 +644,7 @@ fn looking_at_a_model_leaves_its_page_cache_as_it_found_it() {
         assert_eq!(j["header_pages_dropped"].as_u64(), Some(0), "the header parse added pages: {j}");
     }
     // Partly resident: the first 64 KiB of the header and the last MiB; they stay, nothing joins them.
-    evict_all(&path);
+    testkit::evict(&path).unwrap();
     let len = std::fs::metadata(&path).unwrap().len();
     read_range(&path, 0..64 << 10);
     read_range(&path, len - (1 << 20)..len);
@@ -763,7 +759,7 @@ fn residency_is_sampled_once_a_target_maps_its_model_after_its_session_started()
     let cell_pages: u64 = touch.iter().map(|r| (r.end - r.start) / ps).sum();
     let expert_bytes = map.bytes_by_kind().2;
     for attach in [false, true] {
-        evict_all(&path);
+        testkit::evict(&path).unwrap();
         assert_eq!(settled_fincore_pages(&path), 0, "evicted");
         let r = late_mapping_run(&path, &touch, attach);
         let how = if attach { "--pid" } else { "spawned" };

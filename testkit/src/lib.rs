@@ -441,6 +441,25 @@ pub fn vmstat_snapshot() -> VmstatSnapshot {
     VmstatSnapshot { pswpin: vmstat("pswpin"), pswpout: vmstat("pswpout"), pgmajfault: vmstat("pgmajfault") }
 }
 
+/// Drops a file's pages from the page cache: `fdatasync` (dirty pages are not dropped), then
+/// `POSIX_FADV_DONTNEED` over the whole file. The next read of any page goes to the disk, and the
+/// page cache it fills is charged to the memory cgroup of whoever reads it.
+pub fn evict(path: &Path) -> Result<()> {
+    let f = File::open(path).with_context(|| format!("opening {} to evict it from the page cache", path.display()))?;
+    // SAFETY: fdatasync and advice on a descriptor we own.
+    let (sync, rc) = unsafe {
+        (libc::fdatasync(f.as_raw_fd()), libc::posix_fadvise(f.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED))
+    };
+    if sync != 0 {
+        return Err(std::io::Error::last_os_error()).with_context(|| format!("fdatasync of {}", path.display()));
+    }
+    if rc != 0 {
+        return Err(std::io::Error::from_raw_os_error(rc))
+            .with_context(|| format!("posix_fadvise(DONTNEED) on {}", path.display()));
+    }
+    Ok(())
+}
+
 /// `sync; echo 3 > /proc/sys/vm/drop_caches`.
 pub fn drop_caches() -> Result<()> {
     // SAFETY: no preconditions.

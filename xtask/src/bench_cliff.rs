@@ -107,17 +107,6 @@ pub(crate) struct Setup {
     pub json: Option<PathBuf>,
 }
 
-fn evict(path: &Path) -> Result<()> {
-    use std::os::fd::AsRawFd;
-    let f = std::fs::File::open(path).with_context(|| format!("opening {}", path.display()))?;
-    // SAFETY: advice on a valid fd.
-    let rc = unsafe { libc::posix_fadvise(f.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED) };
-    if rc != 0 {
-        bail!("posix_fadvise(DONTNEED) on {}: error {rc}", path.display());
-    }
-    Ok(())
-}
-
 fn warm(path: &Path) -> Result<()> {
     use std::io::Read;
     let mut f = std::fs::File::open(path).with_context(|| format!("opening {}", path.display()))?;
@@ -159,7 +148,7 @@ fn run_cell(s: &Setup, sys: System, limit: Option<f64>, round: usize) -> Result<
     if sys == System::Warm {
         warm(&s.model)?;
     } else {
-        evict(&s.model)?;
+        testkit::evict(&s.model)?;
     }
     let cg = match limit {
         Some(l) => Some(testkit::MemCgroup::new("bench-cliff", (s.file_bytes as f64 * l) as u64)?),

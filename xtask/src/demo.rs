@@ -5,9 +5,10 @@
 //! `observer tui -- engine run -m small.gguf …`. With `--pressure` the engine runs with its
 //! dense weights in anonymous memory (`--dense anon`) inside a memory cgroup smaller than the
 //! model, with zram swap on and a balloon beside it, so the zram swap-ins that the engine's own
-//! `compute` hides show up as `swapin_zram` and as the hidden cost; the machine is restored
-//! afterwards. Without a terminal (CI, a pipe) or with `--no-tui` it runs `observer run`,
-//! which prints per-token lines and the summary instead.
+//! `compute` hides show up as `swapin_zram` and as the hidden cost (the model is evicted from
+//! the page cache first, so that its pages are read in, and charged, inside that cgroup); the
+//! machine is restored afterwards. Without a terminal (CI, a pipe) or with `--no-tui` it runs
+//! `observer run`, which prints per-token lines and the summary instead.
 
 use std::{io::IsTerminal, process::Command, time::Duration};
 
@@ -65,6 +66,12 @@ pub fn run(args: &[String]) -> Result<()> {
     };
     if let Some(p) = &guard {
         eprintln!("demo: memory cgroup {}, {}", p.cgroup.dir().display(), p.cgroup.describe());
+        // Page cache is charged to the cgroup of the process that reads it in. The model was
+        // just written or read outside the group, so its pages would stay charged to the
+        // machine's root and never count against the limit: evict them, and the engine's own
+        // reads fill (and refault) the group's page cache.
+        testkit::evict(&model)?;
+        eprintln!("demo: {} evicted from the page cache", model.display());
     }
     let mut c = Command::new(bin.join("observer"));
     c.arg(if tui { "tui" } else { "run" });
