@@ -95,7 +95,7 @@ pub fn main(args: &[String]) -> Result<()> {
             v.push(t);
         }
         e = ours;
-        en.push((e["pp_tok_s"].as_f64().unwrap_or(0.0), e["tg_tok_s"].as_f64().unwrap_or(0.0)));
+        en.push((engine_field(&e, "pp_tok_s")?, engine_field(&e, "tg_tok_s")?));
         let theirs: Vec<String> = peers
             .iter()
             .zip(&ll)
@@ -139,9 +139,9 @@ pub fn main(args: &[String]) -> Result<()> {
     }
     println!(
         "engine tg time per token (last round): attention {:.3} ms, experts {:.3} ms, output {:.3} ms (wall {:.3} ms)",
-        e["tg_attention_ms_per_tok"].as_f64().unwrap_or(0.0),
-        e["tg_experts_ms_per_tok"].as_f64().unwrap_or(0.0),
-        e["tg_output_ms_per_tok"].as_f64().unwrap_or(0.0),
+        engine_field(&e, "tg_attention_ms_per_tok")?,
+        engine_field(&e, "tg_experts_ms_per_tok")?,
+        engine_field(&e, "tg_output_ms_per_tok")?,
         1e3 / en_tg
     );
     let best = builds.best();
@@ -163,6 +163,11 @@ pub fn main(args: &[String]) -> Result<()> {
 /// the architectures added after it (issue 23).
 fn decode_goal(arch: &str) -> f64 {
     if arch == "qwen3moe" { 1.15 } else { 1.0 }
+}
+
+/// A number of `engine bench --json`'s output; an error naming it when it is missing (never 0).
+fn engine_field(e: &Value, name: &str) -> Result<f64> {
+    e[name].as_f64().with_context(|| format!("engine bench --json: no number {name:?} in {e}"))
 }
 
 /// A paired comparison over rounds: the median of `ours[r] / theirs[r]`, and in how many rounds
@@ -203,6 +208,17 @@ fn llama_bench(bench: &Path, model: &Path, sizes: &[String], reps: usize) -> Res
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A number missing from the engine's output is an error that names it, never a 0 tok/s.
+    #[test]
+    fn a_missing_engine_number_is_an_error_naming_it() {
+        let e = serde_json::json!({"pp_tok_s": 812.5, "tg_tok_s": null});
+        assert_eq!(engine_field(&e, "pp_tok_s").unwrap(), 812.5);
+        for name in ["tg_tok_s", "tg_output_ms_per_tok"] {
+            let err = engine_field(&e, name).unwrap_err().to_string();
+            assert!(err.contains(name), "{err}");
+        }
+    }
 
     /// A drift that slows both sides alike in later rounds moves each side's median, not the
     /// per-round ratio: the paired ratio holds the engine's 5 % lead in every round.
