@@ -175,8 +175,15 @@ pub const F_FAULT_REFAULT: u32 = 1 << 12;
 /// The open syscall or fault read from a device (woken from blocked I/O, or queued a read
 /// bio): its exit moves `io_done`.
 pub const F_DEVICE_IO: u32 = 1 << 13;
+/// The open fault counted `PGMAJFAULT` (the memcg close, `observer_common::faults`): it read its
+/// page from a file or swap, and closes as a major fault.
+pub const F_FAULT_MAJOR: u32 = 1 << 14;
+/// The thread's last fault was closed as minor by the memcg close, and no fault has opened since:
+/// a `major-faults` event now says the kernel counted it major ([`ThreadState::retried_major`]).
+pub const F_CLOSED_MINOR: u32 = 1 << 15;
 /// The flags that describe the open fault, cleared when a fault enters or exits.
-pub const F_FAULT_ANY: u32 = F_FAULT_ZRAM | F_FAULT_SWAP | F_FAULT_FILE | F_FAULT_DISK | F_FAULT_REFAULT;
+pub const F_FAULT_ANY: u32 =
+    F_FAULT_ZRAM | F_FAULT_SWAP | F_FAULT_FILE | F_FAULT_DISK | F_FAULT_REFAULT | F_FAULT_MAJOR;
 
 /// One thread's attribution state and cumulative accumulators (nanoseconds).
 /// Lives in the `THREADS` array map, one slot per thread of the target.
@@ -320,7 +327,38 @@ impl ThreadState {
             self.cnt[C_FAULT_UNMATCHED_ENTRY] += 1;
         }
         self.fault_start = now;
-        self.flags &= !(F_FAULT_ANY | F_DEVICE_IO);
+        self.flags &= !(F_FAULT_ANY | F_DEVICE_IO | F_CLOSED_MINOR);
+    }
+
+    /// The memcg close (`observer_common::faults`): the kernel accounted the current thread's
+    /// fault at `now`. With a fault open, it exits as [`Self::fault_exit`] does, major when it
+    /// counted `PGMAJFAULT`; `None` without one (a `get_user_pages` fault, or one in progress at
+    /// attach: not counted).
+    #[inline(always)]
+    pub fn fault_close(&mut self, now: u64) -> Option<(u64, usize)> {
+        if self.fault_start == 0 {
+            return None;
+        }
+        let major = self.flags & F_FAULT_MAJOR != 0;
+        let closed = self.fault_exit(now, major);
+        if !major {
+            self.flags |= F_CLOSED_MINOR;
+        }
+        Some(closed)
+    }
+
+    /// A `major-faults` event under the memcg close: when the fault just closed as minor, the
+    /// kernel counted it major (a fault it retried twice, `FAULT_FLAG_TRIED`, without reading
+    /// in it): its count moves from minor to major file. Returns whether it moved.
+    #[inline(always)]
+    pub fn retried_major(&mut self) -> bool {
+        if self.flags & F_CLOSED_MINOR == 0 {
+            return false;
+        }
+        self.flags &= !F_CLOSED_MINOR;
+        self.cnt[C_MINFLT] = self.cnt[C_MINFLT].saturating_sub(1);
+        self.cnt[C_MAJFLT_FILE] += 1;
+        true
     }
 
     /// Returns the fault's latency (0 when its entry was not seen) and its
@@ -999,6 +1037,33 @@ mod tests {
         t.fault_read(1001, false, true);
         assert_eq!(t.fault_exit(1002, true).1, 2);
         assert_eq!(t.cnt[C_MAJFLT_SWAP], 1);
+    }
+
+    /// The memcg close (`faults` module spec): major when `PGMAJFAULT` was counted inside the
+    /// fault; a close with no open fault counts nothing; a `major-faults` event right after a
+    /// minor close moves its count; one after the next entry does not.
+    #[test]
+    fn the_memcg_close_classifies_by_pgmajfault_and_moves_retried_faults() {
+        let mut t = thread();
+        assert_eq!(t.fault_close(1000), None, "a get_user_pages fault: nothing open");
+        t.fault_enter(1000);
+        t.flags |= F_FAULT_MAJOR; // PGMAJFAULT
+        t.fault_read(1010, false, false);
+        assert_eq!(t.fault_close(1100), Some((100, 1)));
+        assert!(!t.retried_major(), "a major close: its major-faults event moves nothing");
+        t.fault_enter(1200);
+        assert_eq!(t.fault_close(1250), Some((50, 0)));
+        assert_eq!((t.cnt[C_MINFLT], t.cnt[C_MAJFLT_FILE]), (1, 1));
+        assert!(t.retried_major(), "a minor close the kernel counted major");
+        assert_eq!((t.cnt[C_MINFLT], t.cnt[C_MAJFLT_FILE]), (0, 2));
+        assert!(!t.retried_major(), "moved once");
+        t.fault_enter(1300);
+        assert_eq!(t.fault_close(1310), Some((10, 0)));
+        t.fault_enter(1400);
+        assert!(!t.retried_major(), "an entry since the minor close");
+        assert_eq!(t.fault_close(1450), Some((50, 0)));
+        assert_eq!((t.cnt[C_MINFLT], t.cnt[C_MAJFLT_FILE], t.cnt[C_FAULT_UNMATCHED_EXIT]), (2, 2, 0));
+        assert_eq!(t.flags & F_FAULT_MAJOR, 0, "the major mark ends with its fault");
     }
 
     #[test]

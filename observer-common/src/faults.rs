@@ -1,14 +1,32 @@
 //! Page-fault bracketing: per-thread accumulators.
 //!
-//! Measurement rule (see `observer-ebpf/src/faults.rs` for the probes):
-//! a fault *enters* when the perf software event `page-faults` fires (in
-//! `do_user_addr_fault`, for user- and kernel-mode faults on user addresses) and
-//! *exits* when `major-faults` or `minor-faults` fires (in `mm_account_fault`,
-//! once per completed fault, after any retry). The time between the two, on or
-//! off CPU, is the fault's latency; the exit event says major or minor. Faults
-//! that fail (SIGSEGV) have an entry and no exit; faults taken through
-//! `get_user_pages` (no `pt_regs`) have neither — both are counted by the
-//! kernel's `getrusage` but not here (`unmatched_*` counts what was seen).
+//! Measurement rule (see `observer-ebpf/src/faults.rs` for the probes): a fault *opens* where
+//! it starts, in `do_user_addr_fault` (x86: the raw tracepoints `exceptions:page_fault_user` and
+//! `page_fault_kernel` for a user address; elsewhere the perf software event `page-faults`), and
+//! *closes* where the kernel accounts it, in `mm_account_fault` (once per fault, after any
+//! retry). The time between the two, on or off CPU, is the fault's latency. Faults that fail
+//! before the kernel handles them (SIGSEGV on no mapping) open and never close (`unmatched_entries`
+//! counts an entry while one is open). One of two closes is chosen at attach:
+//!
+//! - **The memcg close** (Linux >= 6.14 with the memory controller on, unless `--fault-close
+//!   perf`): the tracepoint `memcg:count_memcg_events` with item `PGFAULT`, which
+//!   `mm_account_fault` raises just before the perf events, taken as a raw tracepoint: it spares
+//!   every fault perf's overflow path (issue 19's fault storm). The fault is major when
+//!   `PGMAJFAULT` was counted inside it (the kernel counts it where it returns `VM_FAULT_MAJOR`:
+//!   the page was read from a file or swap). `getrusage` and perf also call major a fault the
+//!   kernel retried twice (`FAULT_FLAG_TRIED`) without reading in it (it waited for a page another
+//!   thread was reading): the perf event `major-faults` stays attached (it fires only for major
+//!   faults), and moves such a fault's count from minor to major file; its latency stays in the
+//!   minor histogram. `PGFAULT` is raised also for faults the handler failed (SIGBUS, a hardware
+//!   poisoned page): counted here as minor, not by perf. It is raised as well for faults taken
+//!   through `get_user_pages` (exec copying its arguments, `mlock`, `MAP_POPULATE`), which open
+//!   nothing: a close without an open fault is not counted (perf does not count those either; a
+//!   fault in progress at attach, which perf would count, is left out the same way).
+//! - **The perf close** (other kernels, or `--fault-close perf`): the perf software events
+//!   `major-faults` / `minor-faults`, raised in `mm_account_fault` for faults taken with user
+//!   registers (not through `get_user_pages`) that did not fail, which say major or minor. An
+//!   exit without an open fault (one in progress at attach) is counted, without a time
+//!   (`unmatched_exits`).
 //!
 //! The counts and the open fault are the thread's attribution state
 //! (`attrib::ThreadState`: `fault_start`, `cnt[C_MINFLT]`, `cnt[C_MAJFLT_*]`,
@@ -24,8 +42,9 @@
 //! into file and swap (that needs the attribution state), so only their minor
 //! faults enter the global latency histograms. When that table is full too,
 //! a further thread's completed faults are counted in the per-CPU
-//! `OTHER_FAULTS` ([`OTHER_MAJFLT`], [`OTHER_MINFLT`]): every fault exit still
-//! counted, none timed (one "other" row, `totals::OTHER_TID`). The slot path
+//! `OTHER_FAULTS` ([`OTHER_MAJFLT`], [`OTHER_MINFLT`]; under the memcg close,
+//! every close in [`OTHER_CLOSES`], majors included, a close without an open fault
+//! too): every fault exit still counted, none timed (one "other" row, `totals::OTHER_TID`). The slot path
 //! never touches either map.
 
 use crate::{attrib::Hist, hist::HIST_BUCKETS};
@@ -37,6 +56,9 @@ pub const MAX_OVERFLOW_THREADS: u32 = 8192;
 pub const OTHER_MAJFLT: u32 = 0;
 /// Index in the per-CPU `OTHER_FAULTS` array: minor fault exits of threads with no row.
 pub const OTHER_MINFLT: u32 = 1;
+/// Index in the per-CPU `OTHER_FAULTS` array, under the memcg close: fault closes of threads with
+/// no row, major ones included (their minor faults are these less `OTHER_MAJFLT`).
+pub const OTHER_CLOSES: u32 = 2;
 
 /// The faults of a thread without an attribution slot (module spec): counts, the open fault and
 /// the latencies of its completed faults, as a slotted thread's state and [`FaultTimes`] keep them.
@@ -47,7 +69,8 @@ pub struct OverflowFaults {
     pub fault_start: u64,
     /// The thread's process.
     pub tgid: u32,
-    pub _pad: u32,
+    /// `OVF_*` bits: the memcg close's state of the open and the last fault.
+    pub flags: u32,
     /// Thread name at its first fault event, NUL padded.
     pub comm: [u8; 16],
     pub majflt: u64,
@@ -60,6 +83,12 @@ pub struct OverflowFaults {
 }
 const _: () = assert!(core::mem::size_of::<OverflowFaults>() == 8 * 8 + core::mem::size_of::<FaultTimes>());
 
+/// `OverflowFaults::flags`: the open fault counted `PGMAJFAULT` (as `attrib::F_FAULT_MAJOR`).
+pub const OVF_MAJOR: u32 = 1 << 0;
+/// `OverflowFaults::flags`: the last fault closed as minor, none opened since (as
+/// `attrib::F_CLOSED_MINOR`).
+pub const OVF_CLOSED_MINOR: u32 = 1 << 1;
+
 impl OverflowFaults {
     /// A fault entry at `now` (the same rule as `ThreadState::fault_enter`).
     #[inline(always)]
@@ -68,6 +97,34 @@ impl OverflowFaults {
             self.unmatched_entries += 1;
         }
         self.fault_start = now;
+        self.flags = 0;
+    }
+
+    /// The memcg close at `now` (the same rule as `ThreadState::fault_close`): with a fault open,
+    /// [`Self::exit`] it, major when it counted `PGMAJFAULT`, and return (its latency, major);
+    /// `None` without one.
+    #[inline(always)]
+    pub fn close(&mut self, now: u64) -> Option<(u64, bool)> {
+        if self.fault_start == 0 {
+            return None;
+        }
+        let major = self.flags & OVF_MAJOR != 0;
+        let lat = self.exit(now, major);
+        self.flags = if major { 0 } else { OVF_CLOSED_MINOR };
+        Some((lat, major))
+    }
+
+    /// A `major-faults` event under the memcg close (as `ThreadState::retried_major`): the count
+    /// of the fault just closed as minor moves to major. Returns whether it moved.
+    #[inline(always)]
+    pub fn retried_major(&mut self) -> bool {
+        if self.flags & OVF_CLOSED_MINOR == 0 {
+            return false;
+        }
+        self.flags = 0;
+        self.minflt = self.minflt.saturating_sub(1);
+        self.majflt += 1;
+        true
     }
 
     /// A fault exit at `now`: counted; returns its latency, 0 when its entry was not seen (the
@@ -110,8 +167,16 @@ pub struct Config {
     /// observed too (`TARGETS`, bounded; `GlobalCounter::FollowOverflow`
     /// counts the processes not followed for want of room).
     pub follow_children: u32,
+    /// Non-zero: faults are closed by the tracepoint `memcg:count_memcg_events` (module spec:
+    /// the memcg close), whose `item` is compared with the two values below.
+    pub memcg_close: u32,
+    /// `enum vm_event_item`'s `PGFAULT` in this kernel (from its BTF).
+    pub pgfault_item: u32,
+    /// `enum vm_event_item`'s `PGMAJFAULT` in this kernel (from its BTF).
+    pub pgmajfault_item: u32,
+    pub _pad: u32,
 }
-const _: () = assert!(core::mem::size_of::<Config>() == 16);
+const _: () = assert!(core::mem::size_of::<Config>() == 32);
 
 /// The latencies of one thread's completed faults (entry seen): the value of
 /// the `FAULT_TIMES` array map at the thread's slot in `THREADS`. Each

@@ -227,13 +227,40 @@ mod tests {
         assert_eq!((f.majflt_hist[10], f.minflt_hist[8], f.minflt_hist[0]), (1, 1, 1));
     }
 
+    /// The overflow entry's memcg close follows `ThreadState::fault_close`.
+    #[test]
+    fn overflow_entries_close_by_memcg_as_slotted_threads_do() {
+        use crate::faults::{OVF_MAJOR, OverflowFaults};
+        let zero = crate::attrib::Hist { b: [0; crate::hist::HIST_BUCKETS], sum: 0 };
+        let mut o = OverflowFaults {
+            fault_start: 0,
+            tgid: 7,
+            flags: 0,
+            comm: [0; 16],
+            majflt: 0,
+            minflt: 0,
+            unmatched_entries: 0,
+            unmatched_exits: 0,
+            times: FaultTimes { majflt: zero, minflt: zero },
+        };
+        assert_eq!(o.close(100), None);
+        o.enter(100);
+        o.flags |= OVF_MAJOR;
+        assert_eq!(o.close(300), Some((200, true)));
+        assert!(!o.retried_major());
+        o.enter(400);
+        assert_eq!(o.close(410), Some((10, false)));
+        assert!(o.retried_major());
+        assert_eq!((o.minflt, o.majflt, o.unmatched_exits), (0, 2, 0));
+    }
+
     #[test]
     fn threads_without_a_slot_keep_their_faults_and_the_rest_is_counted_without_time() {
         use crate::{attrib::Hist, hist::bucket_of};
         let mut o = OverflowFaults {
             fault_start: 0,
             tgid: 7,
-            _pad: 0,
+            flags: 0,
             comm: [0; 16],
             majflt: 0,
             minflt: 0,

@@ -10,15 +10,21 @@
 //! - `fault_entry`: perf software event `page-faults` (PERF_COUNT_SW_PAGE_FAULTS), raised in
 //!   the fault handler for faults on user addresses: the entry where the raw tracepoints are
 //!   missing (arm64, which has no `exceptions` events).
+//! - `fault_memcg`: the raw tracepoint `memcg:count_memcg_events`, the memcg close (Linux >=
+//!   6.14): `PGMAJFAULT` marks the open fault major, `PGFAULT` (raised in `mm_account_fault`)
+//!   closes it. A raw tracepoint, so the close, like the entry, costs no perf overflow path.
 //! - `fault_exit_maj` / `fault_exit_min`: `major-faults` / `minor-faults`, which
-//!   the kernel raises from `mm_account_fault` when a fault completes.
+//!   the kernel raises from `mm_account_fault` when a fault completes: the perf close, where the
+//!   memcg close is not used. Under the memcg close only `major-faults` is attached, and
+//!   `fault_exit_maj` only moves a retried fault's count to major
+//!   (`observer_common::faults`).
 //! - `filemap_fault`: tracepoint `filemap:mm_filemap_fault` marks the open
 //!   fault as a file fault (optional, Linux >= 6.8).
 //!
 //! All run synchronously in the faulting task, so the current TID is the
 //! faulting thread. Minimum kernel: 4.9 (BPF on perf events).
 //!
-//! Cost (issue 19: about 100 ns of kernel work per fault): a fault's two
+//! Cost (issue 19: about 100 ns of kernel work per fault): a fault's
 //! programs find the thread's slot in the per-CPU `SLOT_CACHE` and its state
 //! and latencies in arrays, so a fault of an observed thread takes no hash
 //! lookup; the refault record (`evict::fault_closed`) is looked up only when
@@ -36,14 +42,17 @@ use aya_ebpf::{
 };
 use observer_common::{
     OverflowFaults,
-    attrib::{F_FAULT_FILE, F_FAULT_REFAULT, H_MAJFLT_FILE, H_MAJFLT_SWAP, H_MINFLT, T_FAULT_IO},
-    faults::{OTHER_MAJFLT, OTHER_MINFLT},
+    attrib::{
+        F_CLOSED_MINOR, F_FAULT_FILE, F_FAULT_MAJOR, F_FAULT_REFAULT, H_MAJFLT_FILE, H_MAJFLT_SWAP, H_MINFLT,
+        T_FAULT_IO,
+    },
+    faults::{OTHER_CLOSES, OTHER_MAJFLT, OTHER_MINFLT, OVF_CLOSED_MINOR, OVF_MAJOR},
     hist::bucket_of,
 };
 
 use crate::maps::{
-    FAULT_TIMES, HISTS, OTHER_FAULTS, OVERFLOW_FAULTS, OVERFLOW_TEMPLATE, THREADS, current_slot, current_state,
-    target_tid, update,
+    FAULT_TIMES, HISTS, OTHER_FAULTS, OVERFLOW_FAULTS, OVERFLOW_TEMPLATE, THREADS, config, current_slot, current_state,
+    state_of, target_tid, update,
 };
 
 #[perf_event]
@@ -107,24 +116,39 @@ fn overflow_enter(tid: u32, now: u64) {
     }
 }
 
+/// Count one fault of a thread with no row in `OTHER_FAULTS[i]`.
+#[inline(always)]
+fn count_other(i: u32) {
+    if let Some(c) = OTHER_FAULTS.get_ptr_mut(i) {
+        // SAFETY: per-CPU value; programs do not nest on one CPU for these hooks.
+        unsafe { *c += 1 };
+    }
+}
+
 /// A fault exit of a thread without a slot: counted in its overflow entry and timed, or, with the
 /// table full, counted in `OTHER_FAULTS`.
 #[inline(always)]
 fn overflow_exit(tid: u32, now: u64, major: bool) -> u32 {
     let Some(f) = overflow_faults(tid) else {
-        if let Some(c) = OTHER_FAULTS.get_ptr_mut(if major { OTHER_MAJFLT } else { OTHER_MINFLT }) {
-            // SAFETY: per-CPU value; programs do not nest on one CPU for these hooks.
-            unsafe { *c += 1 };
-        }
+        count_other(if major { OTHER_MAJFLT } else { OTHER_MINFLT });
         return 0;
     };
     // SAFETY: map value; only this thread's own fault events write it.
+    let lat = unsafe { (*f).exit(now, major) };
+    overflow_time(f, lat, major);
+    0
+}
+
+/// Add a completed fault's latency (0: not timed) to an overflow entry's times (minor ones to
+/// the global histogram too: `observer_common::faults`).
+#[inline(always)]
+fn overflow_time(f: *mut OverflowFaults, lat: u64, major: bool) {
+    if lat == 0 {
+        return;
+    }
+    let b = bucket_of(lat);
+    // SAFETY: map value; only this thread's own fault events write it.
     unsafe {
-        let lat = (*f).exit(now, major);
-        if lat == 0 {
-            return 0;
-        }
-        let b = bucket_of(lat);
         if major {
             (*f).times.majflt.add_in(b, lat);
         } else {
@@ -134,9 +158,9 @@ fn overflow_exit(tid: u32, now: u64, major: bool) -> u32 {
             }
         }
     }
-    0
 }
 
+/// The perf close: a `major-faults` / `minor-faults` event of the current thread.
 #[inline(always)]
 fn fault_exit(major: bool) -> u32 {
     let Some(tid) = target_tid() else { return 0 };
@@ -153,12 +177,21 @@ fn fault_exit(major: bool) -> u32 {
             refault = Some((start, s.time[T_FAULT_IO]));
         }
     });
+    closed(tid, slot, lat, class, refault);
+    0
+}
+
+/// After a fault of thread `tid` (at `slot`) closed: its refault record, if it opened one, and
+/// its latency (`lat`, 0 when not timed) in the histograms of its class (0 minor, 1 major file,
+/// 2 major swap).
+#[inline(always)]
+fn closed(tid: u32, slot: u32, lat: u64, class: usize, refault: Option<(u64, u64)>) {
     if let Some((start, io)) = refault {
         crate::evict::fault_closed(tid, start, io);
     }
     if lat == 0 {
         // The entry was not seen: counted, without a time.
-        return 0;
+        return;
     }
     let b = bucket_of(lat);
     let h = match class {
@@ -173,18 +206,120 @@ fn fault_exit(major: bool) -> u32 {
     if let Some(t) = FAULT_TIMES.get_ptr_mut(slot) {
         // SAFETY: map value; only this thread's own fault exits write it.
         unsafe {
-            if major {
+            if class != 0 {
                 (*t).majflt.add_in(b, lat);
             } else {
                 (*t).minflt.add_in(b, lat);
             }
         }
     }
+}
+
+/// `memcg:count_memcg_events` (raw: `TP_PROTO(struct mem_cgroup *memcg, int item, unsigned long
+/// val)`), the memcg close (`observer_common::faults`): `PGMAJFAULT` marks the current thread's
+/// open fault major, `PGFAULT` closes it. Raised for every memcg event counted (on cgroup v1 also
+/// `PGPGIN` per charged page), so the item is compared first.
+#[raw_tracepoint(tracepoint = "count_memcg_events")]
+pub fn fault_memcg(ctx: RawTracePointContext) -> i32 {
+    // SAFETY: the tracepoint's second argument, `item` (an `int` in a u64 slot).
+    let item = unsafe { *(ctx.as_ptr() as *const u64).add(1) } as u32;
+    let Some(cfg) = config() else { return 0 };
+    if item == cfg.pgfault_item {
+        memcg_close();
+    } else if item == cfg.pgmajfault_item {
+        memcg_major();
+    }
     0
+}
+
+/// `PGFAULT`: the kernel accounts the current thread's fault.
+#[inline(always)]
+fn memcg_close() {
+    let Some(tid) = target_tid() else { return };
+    // SAFETY: helper without preconditions.
+    let now = unsafe { bpf_ktime_get_ns() };
+    let Some(slot) = current_slot(tid, now) else { return overflow_close(tid, now) };
+    let Some(s) = THREADS.get_ptr_mut(slot) else { return };
+    // SAFETY: map value; only this thread's own events write its open fault.
+    if unsafe { (*s).fault_start } == 0 {
+        // A `get_user_pages` fault, or one in progress at attach: not counted.
+        return;
+    }
+    let (mut lat, mut class, mut refault) = (0u64, 0usize, None);
+    update(s, |s| {
+        let start = s.fault_start;
+        let opened = s.flags & F_FAULT_REFAULT != 0;
+        if let Some(c) = s.fault_close(now) {
+            (lat, class) = c;
+        }
+        if opened {
+            refault = Some((start, s.time[T_FAULT_IO]));
+        }
+    });
+    closed(tid, slot, lat, class, refault);
+}
+
+/// The memcg close of a thread without a slot: in its overflow entry, or, with the table full,
+/// counted in `OTHER_FAULTS[OTHER_CLOSES]`.
+#[inline(always)]
+fn overflow_close(tid: u32, now: u64) {
+    let Some(f) = overflow_faults(tid) else { return count_other(OTHER_CLOSES) };
+    // SAFETY: map value; only this thread's own fault events write it.
+    if let Some((lat, major)) = unsafe { (*f).close(now) } {
+        overflow_time(f, lat, major);
+    }
+}
+
+/// `PGMAJFAULT`: the current thread's open fault reads its page (from a file or swap).
+#[inline(always)]
+fn memcg_major() {
+    let Some(tid) = target_tid() else { return };
+    if let Some(s) = state_of(tid) {
+        // SAFETY: map value; only this thread's own events write its open fault.
+        if unsafe { (*s).fault_start } != 0 {
+            update(s, |s| s.flags |= F_FAULT_MAJOR);
+        }
+    } else if let Some(f) = OVERFLOW_FAULTS.get_ptr_mut(&tid) {
+        // SAFETY: map value; only this thread's own fault events write it.
+        unsafe {
+            if (*f).fault_start != 0 {
+                (*f).flags |= OVF_MAJOR;
+            }
+        }
+    }
+}
+
+/// A `major-faults` event under the memcg close: the fault it counts closed already; if it closed
+/// as minor, the kernel counted it major (`ThreadState::retried_major`). A thread with no row
+/// counts it in `OTHER_FAULTS[OTHER_MAJFLT]` (its closes are in `OTHER_CLOSES`).
+#[inline(always)]
+fn memcg_major_exit() {
+    let Some(tid) = target_tid() else { return };
+    if let Some(s) = state_of(tid) {
+        // SAFETY: map value; only this thread's own events write its flags.
+        if unsafe { (*s).flags } & F_CLOSED_MINOR != 0 {
+            update(s, |s| {
+                s.retried_major();
+            });
+        }
+    } else if let Some(f) = OVERFLOW_FAULTS.get_ptr_mut(&tid) {
+        // SAFETY: map value; only this thread's own fault events write it.
+        unsafe {
+            if (*f).flags & OVF_CLOSED_MINOR != 0 {
+                (*f).retried_major();
+            }
+        }
+    } else {
+        count_other(OTHER_MAJFLT);
+    }
 }
 
 #[perf_event]
 pub fn fault_exit_maj(_ctx: PerfEventContext) -> u32 {
+    if config().is_some_and(|c| c.memcg_close != 0) {
+        memcg_major_exit();
+        return 0;
+    }
     fault_exit(true)
 }
 

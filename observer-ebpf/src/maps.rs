@@ -59,9 +59,9 @@ pub static OVERFLOW_FAULTS: HashMap<u32, OverflowFaults> = HashMap::with_max_ent
 pub static OVERFLOW_TEMPLATE: PerCpuArray<OverflowFaults> = PerCpuArray::with_max_entries(1, 0);
 
 /// Per-CPU fault exits of threads with neither a slot nor room in `OVERFLOW_FAULTS`
-/// (`faults::OTHER_MAJFLT`, `faults::OTHER_MINFLT`).
+/// (`faults::OTHER_MAJFLT`, `faults::OTHER_MINFLT`, `faults::OTHER_CLOSES`).
 #[map]
-pub static OTHER_FAULTS: PerCpuArray<u64> = PerCpuArray::with_max_entries(2, 0);
+pub static OTHER_FAULTS: PerCpuArray<u64> = PerCpuArray::with_max_entries(3, 0);
 
 /// Index 0: slots handed out so far. Index 1: marks emitted so far.
 #[map]

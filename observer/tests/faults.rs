@@ -300,6 +300,7 @@ fn threads_beyond_the_slots_keep_exact_fault_rows_and_the_rest_is_one_counted_ro
             "software:minor-faults:1 /pid == $PID/ { @min[tid] = count(); } \
              software:major-faults:1 /pid == $PID/ { @maj[tid] = count(); }",
         ),
+        &[],
     );
     let traced = traced.expect("bpftrace output");
     let counts = |name: &str| -> std::collections::BTreeMap<u64, u64> {
@@ -343,4 +344,70 @@ fn threads_beyond_the_slots_keep_exact_fault_rows_and_the_rest_is_one_counted_ro
     assert_eq!(bt_min.values().sum::<u64>(), perf_min, "bpftrace and perf stat count the same events");
     assert_eq!(u(totals, "minflt"), perf_min, "the process's minor faults vs perf stat");
     assert_eq!(u(totals, "majflt"), perf_maj, "the process's major faults vs perf stat");
+}
+
+/// Whether this kernel can close faults with `memcg:count_memcg_events` (`observer_common::faults`:
+/// the tracepoint, and the memory controller on).
+fn kernel_has_the_memcg_close() -> bool {
+    let on = std::fs::read_to_string("/proc/cgroups").unwrap().lines().any(|l| {
+        let f: Vec<&str> = l.split_whitespace().collect();
+        f.first() == Some(&"memory") && f.last() == Some(&"1")
+    });
+    on && std::path::Path::new("/sys/kernel/tracing/events/memcg/count_memcg_events").exists()
+}
+
+/// Both fault closes (`--fault-close perf` and `memcg`, `observer_common::faults`) count each
+/// thread's minor and major faults exactly as a bpftrace count of the perf software events of the
+/// same TIDs over the same span (a file read through a mapping after eviction: a major fault per
+/// page, and minor ones), and time them. Where the kernel has no memcg close, asking for it fails
+/// with an error that names the tracepoint.
+#[test]
+fn both_fault_closes_count_each_threads_faults_as_perf_does() {
+    let _l = machine_lock();
+    let dir = scratch_dir("closes");
+    let file = dir.join("closes.bin");
+    let mut closes = vec!["perf"];
+    if kernel_has_the_memcg_close() {
+        closes.push("memcg");
+    } else {
+        let out =
+            Command::new(OBSERVER).args(["run", "--fault-close", "memcg", "--", "true"]).output().expect("observer");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success() && err.contains("memcg:count_memcg_events"), "{err}");
+    }
+    for close in closes {
+        let (perf_text, v, traced) = beside_perf_stat_and_bpftrace(
+            &dir,
+            &format!("{} demo --size 32M --path {}", workload(), file.display()),
+            Some(
+                "software:minor-faults:1 /pid == $PID/ { @min[tid] = count(); } \
+                 software:major-faults:1 /pid == $PID/ { @maj[tid] = count(); }",
+            ),
+            &["--fault-close", close],
+        );
+        let probes: Vec<&str> = v["probes"].as_array().unwrap().iter().filter_map(|p| p.as_str()).collect();
+        let memcg = probes.contains(&"raw_tp:memcg:count_memcg_events");
+        assert_eq!(memcg, close == "memcg", "--fault-close {close}: {probes:?}");
+        assert_eq!(probes.contains(&"perf:minor-faults"), close == "perf", "--fault-close {close}: {probes:?}");
+        let traced = traced.expect("bpftrace output");
+        let counts = |name: &str| -> std::collections::BTreeMap<u64, u64> {
+            bpftrace_map(&traced, name).into_iter().map(|(k, n)| (k.parse().expect("a TID key"), n)).collect()
+        };
+        let (bt_min, bt_maj) = (counts("min"), counts("maj"));
+        let rows = v["threads"].as_array().expect("threads in the summary");
+        for r in rows {
+            let tid = u(r, "tid");
+            let bt = |m: &std::collections::BTreeMap<u64, u64>| m.get(&tid).copied().unwrap_or(0);
+            assert_eq!(u(r, "minflt"), bt(&bt_min), "--fault-close {close}, thread {tid}: minor faults: {r}");
+            assert_eq!(u(r, "majflt"), bt(&bt_maj), "--fault-close {close}, thread {tid}: major faults: {r}");
+        }
+        let totals = &v["totals"];
+        let (min, maj) = (perf_count(&perf_text, "minor-faults"), perf_count(&perf_text, "major-faults"));
+        assert!(maj >= 4_000, "--fault-close {close}: the evicted file faults a page at a time: {perf_text}");
+        assert_eq!((u(totals, "minflt"), u(totals, "majflt")), (min, maj), "--fault-close {close} vs perf stat");
+        assert_eq!(u(totals, "unmatched_exits"), 0, "--fault-close {close}: {totals}");
+        // Every fault was opened, so every one is timed.
+        assert_eq!(u(&v["majflt_hist"], "count"), maj, "--fault-close {close}");
+        assert!(u(totals, "majflt_ns") > 0 && u(totals, "minflt_ns") > 0, "--fault-close {close}: {totals}");
+    }
 }

@@ -32,6 +32,16 @@ fn raw_fault_entries() -> bool {
         .all(|tp| std::path::Path::new("/sys/kernel/tracing/events/exceptions").join(tp).exists())
 }
 
+/// Whether this kernel closes faults with `memcg:count_memcg_events` (`observer_common::faults`:
+/// the tracepoint exists and the memory controller is on, as `observer run` decides by default).
+fn memcg_close() -> bool {
+    let on = std::fs::read_to_string("/proc/cgroups").unwrap().lines().any(|l| {
+        let f: Vec<&str> = l.split_whitespace().collect();
+        f.first() == Some(&"memory") && f.last() == Some(&"1")
+    });
+    on && std::path::Path::new("/sys/kernel/tracing/events/memcg/count_memcg_events").exists()
+}
+
 /// The kernel's own run counts of the fault programs (`bpf_programs` in the summary, from
 /// `BPF_ENABLE_STATS` and each program's `bpf_prog_info`) against two independent counts of
 /// the same events: at least the faults the workload counted itself (getrusage around its
@@ -46,9 +56,13 @@ fn per_program_bpf_run_counts_lie_between_the_workloads_faults_and_perf_stat_sys
     let json = dir.join("programs.json");
     let _ = std::fs::remove_file(&json);
     let raw = raw_fault_entries();
+    let memcg = memcg_close();
     let mut events = "page-faults,minor-faults,major-faults".to_string();
     if raw {
         events += ",exceptions:page_fault_user,exceptions:page_fault_kernel";
+    }
+    if memcg {
+        events += ",memcg:count_memcg_events";
     }
     let out = Command::new("perf")
         .args(["stat", "-a", "-x,", "-e", &events, "-o"])
@@ -73,7 +87,17 @@ fn per_program_bpf_run_counts_lie_between_the_workloads_faults_and_perf_stat_sys
         progs.iter().find(|p| p["name"] == name).unwrap_or_else(|| panic!("no program {name} in {progs:?}"))
     };
     let probes: Vec<&str> = v["probes"].as_array().unwrap().iter().filter_map(|p| p.as_str()).collect();
-    let mut checks = vec![("fault_exit_min", "minor-faults", own), ("fault_exit_maj", "major-faults", 0)];
+    let mut checks = vec![("fault_exit_maj", "major-faults", 0)];
+    if memcg {
+        // The memcg close runs for every memcg event counted (PGPGIN too on cgroup v1), each
+        // fault's PGFAULT among them; the perf close is not attached.
+        checks.push(("fault_memcg", "memcg:count_memcg_events", own));
+        assert!(probes.contains(&"raw_tp:memcg:count_memcg_events"), "{probes:?}");
+        assert!(!probes.contains(&"perf:minor-faults"), "both closes attached: {probes:?}");
+    } else {
+        checks.push(("fault_exit_min", "minor-faults", own));
+        assert!(probes.contains(&"perf:minor-faults"), "{probes:?}");
+    }
     if raw {
         // The user-mode entries; kernel-mode ones run for kernel addresses too (and return).
         checks.push(("fault_entry_user", "exceptions:page_fault_user", own));

@@ -20,7 +20,7 @@ use aya::{
 use observer_common::{
     Config, FaultTimes, GlobalCounter, OverflowFaults,
     attrib::{DEV_SWAP, DevIo, Hist, MAX_SLOTS, N_HIST, ThreadState, TpOffsets},
-    faults::{GLOBAL_COUNTERS, OTHER_MAJFLT, OTHER_MINFLT},
+    faults::{GLOBAL_COUNTERS, OTHER_CLOSES, OTHER_MAJFLT, OTHER_MINFLT},
     filemap::NO_FIELD,
     model::ProgramCost,
 };
@@ -171,6 +171,78 @@ pub struct AttachOptions {
     pub markers_optional: bool,
     /// Turn the kernel's BPF run-time statistics on while attached ([`Probes::bpf_stats`]).
     pub bpf_stats: bool,
+    /// Which event closes a fault (`observer_common::faults`).
+    pub fault_close: FaultClose,
+}
+
+/// Which event closes a fault (`observer_common::faults`: the memcg close and the perf close).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
+pub enum FaultClose {
+    /// The memcg close where the kernel has it (Linux >= 6.14, memory controller on), else perf.
+    #[default]
+    Auto,
+    /// The tracepoint `memcg:count_memcg_events`; an error where the kernel lacks it.
+    Memcg,
+    /// The perf software events `minor-faults` / `major-faults`.
+    Perf,
+}
+
+/// The `vm_event_item` values of `PGFAULT` and `PGMAJFAULT` when this kernel can close faults
+/// with `memcg:count_memcg_events`, else why not.
+fn memcg_close_items() -> Result<(u32, u32), String> {
+    if !preflight::tracepoint_exists("memcg", "count_memcg_events") {
+        return Err("this kernel has no tracepoint memcg:count_memcg_events (Linux >= 6.14)".into());
+    }
+    if !memory_controller_enabled() {
+        return Err("the memory controller is off (/proc/cgroups; cgroup_disable=memory?): \
+                    memcg:count_memcg_events never fires"
+            .into());
+    }
+    let item = |name| -> Result<u32, String> {
+        let v = btf::kernel_enum_value("vm_event_item", name)?;
+        u32::try_from(v).map_err(|_| format!("vm_event_item {name} = {v} in this kernel's BTF"))
+    };
+    Ok((item("PGFAULT")?, item("PGMAJFAULT")?))
+}
+
+/// Whether `/proc/cgroups` lists the memory controller as enabled.
+fn memory_controller_enabled() -> bool {
+    std::fs::read_to_string("/proc/cgroups").is_ok_and(|t| {
+        t.lines().any(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            f.first() == Some(&"memory") && f.last() == Some(&"1")
+        })
+    })
+}
+
+/// Attaches the memcg close (`fault_memcg` on `memcg:count_memcg_events`) as `close` asks;
+/// returns the `vm_event_item` values it compares, `None` when faults are closed by perf.
+fn attach_memcg_close(
+    ebpf: &mut Ebpf,
+    close: FaultClose,
+    attached: &mut Vec<String>,
+) -> Result<Option<(u32, u32)>, ProbeError> {
+    let items = match (close, memcg_close_items()) {
+        (FaultClose::Perf, _) => return Ok(None),
+        (FaultClose::Auto, Err(why)) => {
+            log::debug!("faults closed by perf events: {why}");
+            return Ok(None);
+        }
+        (FaultClose::Memcg, Err(why)) => {
+            return Err(ProbeError::MissingTracepoint(format!("--fault-close memcg: {why}")));
+        }
+        (_, Ok(items)) => items,
+    };
+    let program = "fault_memcg";
+    let prog: &mut RawTracePoint = ebpf
+        .program_mut(program)
+        .ok_or_else(|| program_error(program, ProgramError::UnexpectedProgramType))?
+        .try_into()
+        .map_err(|e| program_error(program, e))?;
+    prog.load().map_err(|e| program_error(program, e))?;
+    prog.attach("count_memcg_events").map_err(|e| program_error(program, e))?;
+    attached.push("raw_tp:memcg:count_memcg_events".into());
+    Ok(Some(items))
 }
 
 /// What marked the tokens, once attached.
@@ -333,7 +405,7 @@ pub fn xread_totals(ebpf: &Ebpf) -> Result<[u64; observer_common::xread::N_TOTAL
 /// its explicit reads need (`residency::xread::Live`), without the attribution of [`Probes`].
 pub fn attach_syscalls(ebpf: &mut Ebpf, pid: u32) -> Result<(), ProbeError> {
     preflight::ensure_tracefs().map_err(|e| ProbeError::MissingTracepoint(format!("{e:#}")))?;
-    let config = Config { target_tgid: pid, zram_major: 0, stop_on_exec: 0, follow_children: 0 };
+    let config = Config { target_tgid: pid, ..Config::default() };
     set(ebpf, "CONFIG", 0, config)?;
     set(ebpf, "OFFSETS", 0, tp_offsets()?.0)?;
     for &(program, category, name, _) in
@@ -522,12 +594,18 @@ impl Probes {
         };
         let mut ebpf = Ebpf::load(OBJECT).map_err(classify_load)?;
         let target = opts.target;
-        let config = Config {
+        let mut config = Config {
             target_tgid: target,
             zram_major: zram_major(),
-            stop_on_exec: 0,
             follow_children: opts.follow_children as u32,
+            ..Config::default()
         };
+        let mut attached = Vec::new();
+        // The memcg close is chosen (and its item values read) before `CONFIG` is written; its
+        // program runs from the attach on, returning until the target is set.
+        if let Some((pgfault, pgmajfault)) = attach_memcg_close(&mut ebpf, opts.fault_close, &mut attached)? {
+            (config.memcg_close, config.pgfault_item, config.pgmajfault_item) = (1, pgfault, pgmajfault);
+        }
         set(&mut ebpf, "CONFIG", 0, config)?;
         set(&mut ebpf, "OFFSETS", 0, offsets)?;
         for (i, w) in syscalls::io_bitmap().into_iter().enumerate() {
@@ -545,11 +623,12 @@ impl Probes {
         }
 
         let cpus = online_cpus().map_err(|(path, source)| ProbeError::Cpus { path, source })?;
-        let mut attached = Vec::new();
         let mut missing = Vec::new();
         let raw_entry = attach_raw_fault_entry(&mut ebpf, &mut attached)?;
         for probe in &FAULT_PROBES {
-            if raw_entry && probe.program == "fault_entry" {
+            if raw_entry && probe.program == "fault_entry"
+                || config.memcg_close != 0 && probe.program == "fault_exit_min"
+            {
                 continue;
             }
             let prog: &mut PerfEvent = ebpf
@@ -669,12 +748,15 @@ impl Probes {
     }
 
     /// Fault exits of threads with neither a slot nor an overflow entry, summed over CPUs:
-    /// (major, minor).
+    /// (major, minor). Under the memcg close the minor ones are the closes less the majors.
     pub fn other_faults(&self) -> Result<(u64, u64), ProbeError> {
         let map = self.ebpf.map("OTHER_FAULTS").ok_or_else(|| no_map("OTHER_FAULTS"))?;
         let a: PerCpuArray<_, u64> = PerCpuArray::try_from(map).map_err(map_err("OTHER_FAULTS"))?;
         let sum = |i: u32| a.get(&i, 0).map(|v| v.iter().sum::<u64>()).map_err(map_err("OTHER_FAULTS"));
-        Ok((sum(OTHER_MAJFLT)?, sum(OTHER_MINFLT)?))
+        let maj = sum(OTHER_MAJFLT)?;
+        let min =
+            if self.config.memcg_close != 0 { sum(OTHER_CLOSES)?.saturating_sub(maj) } else { sum(OTHER_MINFLT)? };
+        Ok((maj, min))
     }
 
     /// A global counter summed over CPUs.
@@ -787,6 +869,7 @@ impl Probes {
             held: false,
             markers_optional: false,
             bpf_stats: false,
+            fault_close: FaultClose::Auto,
         };
         let m = attach_markers(&mut self.ebpf, &opts, &mut self.attached)?;
         self.markers = m.clone();

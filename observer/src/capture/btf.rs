@@ -1,5 +1,6 @@
-//! Offsets of kernel structure members from the kernel's BTF (`/sys/kernel/btf/vmlinux`), for
-//! kprobes that read a kernel structure (Rust eBPF has no CO-RE relocations).
+//! Offsets of kernel structure members and values of kernel enums from the kernel's BTF
+//! (`/sys/kernel/btf/vmlinux`), for programs that read a kernel structure or compare a
+//! tracepoint's enum argument (Rust eBPF has no CO-RE relocations).
 //!
 //! The format (Linux, `Documentation/bpf/btf.rst`), in the kernel's byte order:
 //! - a header: `u16 magic` (0xeB9F), `u8 version`, `u8 flags`, `u32 hdr_len`, then `u32`
@@ -12,14 +13,19 @@
 //!   `kind_flag` set, bits 0–23 the bit offset and bits 24–31 a bitfield's size);
 //! - the string section: NUL-terminated names, `name_off` counting from its start.
 //!
+//! An enum's data is one 8-byte entry per `vlen` (`u32 name_off`, `u32 val`; signed when the
+//! enum's `kind_flag` is set).
+//!
 //! [`member_offset`] gives a named member's byte offset in the first struct of that name that
-//! has it; a bitfield member has none.
+//! has it; a bitfield member has none. [`enum_value`] gives a named value of the first enum of
+//! that name that has it.
 
 /// The kernel's BTF of its own types.
 pub const VMLINUX: &str = "/sys/kernel/btf/vmlinux";
 
 const MAGIC: u16 = 0xeb9f;
 const KIND_STRUCT: u32 = 4;
+const KIND_ENUM: u32 = 6;
 
 /// Bytes of kind-specific data after a `btf_type` of `kind` with `vlen` entries, `None` for a kind
 /// this reader does not know (a newer kernel's: the rest cannot be walked).
@@ -34,59 +40,147 @@ fn extra_bytes(kind: u32, vlen: usize) -> Option<usize> {
     })
 }
 
+/// One type of a BTF blob: its name, kind, `vlen`, `kind_flag` and where its kind-specific data
+/// starts.
+struct Type<'a> {
+    name: &'a [u8],
+    kind: u32,
+    vlen: usize,
+    kind_flag: bool,
+    data: usize,
+}
+
+/// A BTF blob, checked: the type section's bounds and the string section.
+struct Blob<'a> {
+    btf: &'a [u8],
+    types: std::ops::Range<usize>,
+    strings: std::ops::Range<usize>,
+}
+
+fn truncated() -> String {
+    "BTF truncated".to_string()
+}
+
+impl<'a> Blob<'a> {
+    fn new(btf: &'a [u8]) -> Result<Self, String> {
+        let b = Blob { btf, types: 0..0, strings: 0..0 };
+        if b.u16_at(0) != Some(MAGIC) {
+            return Err("not BTF of this machine's byte order (bad magic)".into());
+        }
+        let hdr_len = b.u32_at(4).ok_or_else(truncated)? as usize;
+        let [type_off, type_len, str_off, str_len] =
+            [8, 12, 16, 20].map(|o| b.u32_at(o).map(|v| v as usize).ok_or_else(truncated));
+        let (type_start, str_start) = (hdr_len + type_off?, hdr_len + str_off?);
+        let (type_end, str_end) = (type_start + type_len?, str_start + str_len?);
+        if type_end > btf.len() || str_end > btf.len() {
+            return Err(truncated());
+        }
+        Ok(Blob { btf, types: type_start..type_end, strings: str_start..str_end })
+    }
+
+    fn u16_at(&self, o: usize) -> Option<u16> {
+        self.btf.get(o..o + 2).map(|b| u16::from_ne_bytes([b[0], b[1]]))
+    }
+
+    fn u32_at(&self, o: usize) -> Option<u32> {
+        self.btf.get(o..o + 4).map(|b| u32::from_ne_bytes([b[0], b[1], b[2], b[3]]))
+    }
+
+    /// The name at `off` in the string section.
+    fn name(&self, off: u32) -> &'a [u8] {
+        let s = self.btf.get(self.strings.start + off as usize..self.strings.end).unwrap_or_default();
+        &s[..s.iter().position(|b| *b == 0).unwrap_or(s.len())]
+    }
+
+    /// The first type of `kind` named `name` for which `f` returns something, and that.
+    fn find<T>(
+        &self,
+        kind: u32,
+        name: &str,
+        mut f: impl FnMut(&Type<'a>) -> Result<Option<T>, String>,
+    ) -> Result<Option<T>, String> {
+        let mut at = self.types.start;
+        while at + 12 <= self.types.end {
+            let (name_off, info) = (self.u32_at(at).ok_or_else(truncated)?, self.u32_at(at + 4).ok_or_else(truncated)?);
+            let (vlen, k, kind_flag) = ((info & 0xffff) as usize, (info >> 24) & 0x1f, info >> 31 == 1);
+            let extra = extra_bytes(k, vlen).ok_or_else(|| format!("BTF kind {k} unknown to this reader"))?;
+            let t = Type { name: self.name(name_off), kind: k, vlen, kind_flag, data: at + 12 };
+            if t.kind == kind
+                && t.name == name.as_bytes()
+                && let Some(v) = f(&t)?
+            {
+                return Ok(Some(v));
+            }
+            at += 12 + extra;
+        }
+        Ok(None)
+    }
+}
+
 /// The byte offset of member `member` of `struct strukt` in the BTF blob `btf`.
 pub fn member_offset(btf: &[u8], strukt: &str, member: &str) -> Result<u32, String> {
-    let u16_at = |o: usize| btf.get(o..o + 2).map(|b| u16::from_ne_bytes([b[0], b[1]]));
-    let u32_at = |o: usize| btf.get(o..o + 4).map(|b| u32::from_ne_bytes([b[0], b[1], b[2], b[3]]));
-    if u16_at(0) != Some(MAGIC) {
-        return Err("not BTF of this machine's byte order (bad magic)".into());
-    }
-    let short = || "BTF truncated".to_string();
-    let hdr_len = u32_at(4).ok_or_else(short)? as usize;
-    let [type_off, type_len, str_off, str_len] =
-        [8, 12, 16, 20].map(|o| u32_at(o).map(|v| v as usize).ok_or_else(short));
-    let (type_start, str_start) = (hdr_len + type_off?, hdr_len + str_off?);
-    let (type_end, str_len) = (type_start + type_len?, str_len?);
-    if type_end > btf.len() || str_start + str_len > btf.len() {
-        return Err(short());
-    }
-    let name = |off: u32| -> &[u8] {
-        let s = btf.get(str_start + off as usize..str_start + str_len).unwrap_or_default();
-        &s[..s.iter().position(|b| *b == 0).unwrap_or(s.len())]
-    };
-    let mut at = type_start;
+    let b = Blob::new(btf)?;
     let mut found_struct = false;
-    while at + 12 <= type_end {
-        let (name_off, info) = (u32_at(at).ok_or_else(short)?, u32_at(at + 4).ok_or_else(short)?);
-        let (vlen, kind, kind_flag) = ((info & 0xffff) as usize, (info >> 24) & 0x1f, info >> 31 == 1);
-        let extra = extra_bytes(kind, vlen).ok_or_else(|| format!("BTF kind {kind} unknown to this reader"))?;
-        if kind == KIND_STRUCT && name(name_off) == strukt.as_bytes() {
-            found_struct = true;
-            for m in (0..vlen).map(|i| at + 12 + 12 * i) {
-                if name(u32_at(m).ok_or_else(short)?) != member.as_bytes() {
-                    continue;
-                }
-                let off = u32_at(m + 8).ok_or_else(short)?;
-                let (bits, bitfield) = if kind_flag { (off & 0xff_ffff, off >> 24 != 0) } else { (off, false) };
-                if bitfield || !bits.is_multiple_of(8) {
-                    return Err(format!("struct {strukt}.{member} is a bitfield"));
-                }
-                return Ok(bits / 8);
+    let off = b.find(KIND_STRUCT, strukt, |t| {
+        found_struct = true;
+        for m in (0..t.vlen).map(|i| t.data + 12 * i) {
+            if b.name(b.u32_at(m).ok_or_else(truncated)?) != member.as_bytes() {
+                continue;
+            }
+            let off = b.u32_at(m + 8).ok_or_else(truncated)?;
+            let (bits, bitfield) = if t.kind_flag { (off & 0xff_ffff, off >> 24 != 0) } else { (off, false) };
+            if bitfield || !bits.is_multiple_of(8) {
+                return Err(format!("struct {strukt}.{member} is a bitfield"));
+            }
+            return Ok(Some(bits / 8));
+        }
+        Ok(None)
+    })?;
+    off.ok_or_else(|| {
+        if found_struct {
+            format!("struct {strukt} has no member {member} in this kernel's BTF")
+        } else {
+            format!("no struct {strukt} in this kernel's BTF")
+        }
+    })
+}
+
+/// The value of `name` in `enum en` (a 32-bit `BTF_KIND_ENUM`) in the BTF blob `btf`.
+pub fn enum_value(btf: &[u8], en: &str, name: &str) -> Result<i64, String> {
+    let b = Blob::new(btf)?;
+    let mut found_enum = false;
+    let v = b.find(KIND_ENUM, en, |t| {
+        found_enum = true;
+        for e in (0..t.vlen).map(|i| t.data + 8 * i) {
+            if b.name(b.u32_at(e).ok_or_else(truncated)?) == name.as_bytes() {
+                let v = b.u32_at(e + 4).ok_or_else(truncated)?;
+                // `kind_flag` set: the enum is signed.
+                return Ok(Some(if t.kind_flag { v as i32 as i64 } else { v as i64 }));
             }
         }
-        at += 12 + extra;
-    }
-    Err(if found_struct {
-        format!("struct {strukt} has no member {member} in this kernel's BTF")
-    } else {
-        format!("no struct {strukt} in this kernel's BTF")
+        Ok(None)
+    })?;
+    v.ok_or_else(|| {
+        if found_enum {
+            format!("enum {en} has no value {name} in this kernel's BTF")
+        } else {
+            format!("no enum {en} in this kernel's BTF")
+        }
     })
+}
+
+fn kernel_btf() -> Result<Vec<u8>, String> {
+    std::fs::read(VMLINUX).map_err(|e| format!("{VMLINUX}: {e} (the kernel needs CONFIG_DEBUG_INFO_BTF)"))
+}
+
+/// [`enum_value`] in this kernel's BTF ([`VMLINUX`]).
+pub fn kernel_enum_value(en: &str, name: &str) -> Result<i64, String> {
+    enum_value(&kernel_btf()?, en, name)
 }
 
 /// [`member_offset`] in this kernel's BTF ([`VMLINUX`]).
 pub fn kernel_member_offset(strukt: &str, member: &str) -> Result<u32, String> {
-    let btf = std::fs::read(VMLINUX).map_err(|e| format!("{VMLINUX}: {e} (the kernel needs CONFIG_DEBUG_INFO_BTF)"))?;
-    member_offset(&btf, strukt, member)
+    member_offset(&kernel_btf()?, strukt, member)
 }
 
 #[cfg(test)]
@@ -128,6 +222,49 @@ mod tests {
         assert_eq!(member_offset(&b, "t", "a"), Err("no struct t in this kernel's BTF".into()));
         assert!(member_offset(&b[..30], "s", "a").is_err());
         assert!(member_offset(b"not btf at all", "s", "a").is_err());
+        // The enum: no name, so not found by name; the values of a named one below.
+        assert_eq!(enum_value(&b, "e", "x"), Err("no enum e in this kernel's BTF".into()));
+    }
+
+    #[test]
+    fn finds_an_enum_value_signed_or_not() {
+        // Strings: 0 "", 1 "e", 3 "A", 5 "B", 7 "f".
+        let strings = b"\0e\0A\0B\0f\0";
+        #[rustfmt::skip]
+        let types = [
+            1, 6 << 24 | 2, 4, 3, 23, 5, 24, // enum e { A = 23, B = 24 }
+            7, 1 << 31 | 6 << 24 | 1, 4, 3, (-2i32) as u32, // signed enum f { A = -2 }
+        ];
+        let b = blob(&types, strings);
+        assert_eq!(enum_value(&b, "e", "A"), Ok(23));
+        assert_eq!(enum_value(&b, "e", "B"), Ok(24));
+        assert_eq!(enum_value(&b, "f", "A"), Ok(-2));
+        assert_eq!(enum_value(&b, "e", "C"), Err("enum e has no value C in this kernel's BTF".into()));
+    }
+
+    /// This kernel's `vm_event_item` values of `PGFAULT` and `PGMAJFAULT` (what the memcg fault
+    /// close compares) against bpftool's dump of the same BTF.
+    #[test]
+    fn vm_event_items_match_bpftool() {
+        let out = std::process::Command::new("bpftool")
+            .args(["btf", "dump", "file", VMLINUX, "format", "raw"])
+            .output()
+            .expect("bpftool (cargo xtask setup installs it)");
+        let text = String::from_utf8_lossy(&out.stdout);
+        for name in ["PGFAULT", "PGMAJFAULT"] {
+            let v = kernel_enum_value("vm_event_item", name).expect("this kernel has BTF with enum vm_event_item");
+            let mut in_enum = false;
+            let mut dumped = None;
+            for l in text.lines() {
+                if l.starts_with('[') {
+                    in_enum = l.contains("ENUM 'vm_event_item'");
+                } else if in_enum && l.trim_start().starts_with(&format!("'{name}' ")) {
+                    dumped = l.split("val=").nth(1).and_then(|v| v.trim().parse::<i64>().ok());
+                    break;
+                }
+            }
+            assert_eq!(Some(v), dumped, "bpftool's value of {name}");
+        }
     }
 
     /// This kernel's `block_device.bd_dev` against bpftool's dump of the same BTF.

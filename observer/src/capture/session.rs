@@ -74,7 +74,7 @@ use tokio::{io::unix::AsyncFd, sync::watch};
 
 use crate::{
     capture::{
-        bpf::{self, AttachOptions, EngineChoice, MarkerKind, Markers, ProbeError, Probes},
+        bpf::{self, AttachOptions, EngineChoice, FaultClose, MarkerKind, Markers, ProbeError, Probes},
         comm_str, header, preflight, procfs, procsample,
         residency::{self, Sampler},
         seed,
@@ -280,6 +280,8 @@ pub struct SessionOptions {
     pub without_tokens_ok: bool,
     /// Turn the kernel's BPF run-time statistics on while attached (`--bpf-stats`).
     pub bpf_stats: bool,
+    /// Which event closes a fault (`--fault-close`).
+    pub fault_close: FaultClose,
 }
 
 impl SessionOptions {
@@ -299,6 +301,7 @@ impl SessionOptions {
             poll: Duration::from_millis(100),
             without_tokens_ok: false,
             bpf_stats: false,
+            fault_close: FaultClose::Auto,
         }
     }
 }
@@ -400,7 +403,9 @@ impl Session {
         let follow_children = s.opts.follow_children;
         let held = s.target.is_spawned();
         let (markers_optional, bpf_stats) = (s.opts.without_tokens_ok, s.opts.bpf_stats);
-        let opts = AttachOptions { target: pid, markers, follow_children, held, markers_optional, bpf_stats };
+        let fault_close = s.opts.fault_close;
+        let opts =
+            AttachOptions { target: pid, markers, follow_children, held, markers_optional, bpf_stats, fault_close };
         let probes = match Probes::attach(&opts) {
             Ok(p) => p,
             Err(e @ (ProbeError::Permission(_) | ProbeError::Load(_))) if s.opts.mode == Mode::EbpfOrProcfs => {

@@ -9,7 +9,7 @@ use super::parse_duration;
 use anyhow::{Context, Result, bail};
 use observer::{
     capture::{
-        bpf::EngineChoice,
+        bpf::{EngineChoice, FaultClose},
         session::{Mode, Outcome, Session, SessionOptions, Stop, TargetSpec, TokenSymbol},
     },
     output::{Output, Policy},
@@ -95,6 +95,12 @@ pub struct RunArgs {
     /// (`kernel.bpf_stats_enabled=1`, then they are read).
     #[arg(long)]
     pub bpf_stats: bool,
+    /// Which kernel event closes a page fault: `memcg` (the tracepoint
+    /// `memcg:count_memcg_events`, Linux >= 6.14: no perf overflow path per fault), `perf` (the
+    /// perf software events `minor-faults`/`major-faults`), or `auto` (memcg where the kernel has
+    /// it). They count the same faults but for rare edge cases (README, "How a fault is timed").
+    #[arg(long, value_enum, default_value_t = FaultClose::Auto, value_name = "EVENT")]
+    pub fault_close: FaultClose,
     /// Print every Nth token line while running (0: none).
     #[arg(long, default_value_t = 1, value_name = "N")]
     pub every: u64,
@@ -141,6 +147,7 @@ impl RunArgs {
             poll: self.poll,
             without_tokens_ok: self.without_tokens_ok,
             bpf_stats: self.bpf_stats,
+            fault_close: self.fault_close,
         })
     }
 }

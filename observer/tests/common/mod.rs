@@ -178,17 +178,18 @@ pub fn wait_attached(err: &mut impl std::io::BufRead) -> String {
 /// before the `exec`, so that both count the same process over the same span, until it exits.
 /// Returns perf's CSV text and the observer's `--json` summary; panics naming what failed.
 pub fn beside_perf_stat(dir: &std::path::Path, command: &str) -> (String, Value) {
-    let (perf, summary, _) = beside_perf_stat_and_bpftrace(dir, command, None);
+    let (perf, summary, _) = beside_perf_stat_and_bpftrace(dir, command, None, &[]);
     (perf, summary)
 }
 
 /// [`beside_perf_stat`], with a bpftrace script also attached before the `exec` and stopped after
 /// the observer has ended (every `$PID` in `script` is the target's PID); its output is the third
-/// value.
+/// value. `observer_args` go to `observer run` before `--pid`.
 pub fn beside_perf_stat_and_bpftrace(
     dir: &std::path::Path,
     command: &str,
     script: Option<&str>,
+    observer_args: &[&str],
 ) -> (String, Value, Option<String>) {
     use std::io::Write;
     let (perf_out, json) = (dir.join("perf.csv"), dir.join("obs.json"));
@@ -209,7 +210,9 @@ pub fn beside_perf_stat_and_bpftrace(
         .spawn()
         .expect("perf not found: run `cargo xtask setup` (installs linux-perf)");
     let mut obs = Command::new(OBSERVER)
-        .args(["run", "--json", json.to_str().unwrap(), "--pid", &pid])
+        .args(["run", "--json", json.to_str().unwrap()])
+        .args(observer_args)
+        .args(["--pid", &pid])
         .stderr(Stdio::piped())
         .spawn()
         .expect("spawn observer");
