@@ -90,6 +90,22 @@ pub const OVF_MAJOR: u32 = 1 << 0;
 pub const OVF_CLOSED_MINOR: u32 = 1 << 1;
 
 impl OverflowFaults {
+    /// No faults yet, of a thread of process `tgid`.
+    pub const fn zeroed(tgid: u32) -> Self {
+        let h = Hist { b: [0; HIST_BUCKETS], sum: 0 };
+        OverflowFaults {
+            fault_start: 0,
+            tgid,
+            flags: 0,
+            comm: [0; 16],
+            majflt: 0,
+            minflt: 0,
+            unmatched_entries: 0,
+            unmatched_exits: 0,
+            times: FaultTimes { majflt: h, minflt: h },
+        }
+    }
+
     /// A fault entry at `now` (the same rule as `ThreadState::fault_enter`).
     #[inline(always)]
     pub fn enter(&mut self, now: u64) {

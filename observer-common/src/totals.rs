@@ -231,18 +231,7 @@ mod tests {
     #[test]
     fn overflow_entries_close_by_memcg_as_slotted_threads_do() {
         use crate::faults::{OVF_MAJOR, OverflowFaults};
-        let zero = crate::attrib::Hist { b: [0; crate::hist::HIST_BUCKETS], sum: 0 };
-        let mut o = OverflowFaults {
-            fault_start: 0,
-            tgid: 7,
-            flags: 0,
-            comm: [0; 16],
-            majflt: 0,
-            minflt: 0,
-            unmatched_entries: 0,
-            unmatched_exits: 0,
-            times: FaultTimes { majflt: zero, minflt: zero },
-        };
+        let mut o = OverflowFaults::zeroed(7);
         assert_eq!(o.close(100), None);
         o.enter(100);
         o.flags |= OVF_MAJOR;
@@ -256,18 +245,8 @@ mod tests {
 
     #[test]
     fn threads_without_a_slot_keep_their_faults_and_the_rest_is_counted_without_time() {
-        use crate::{attrib::Hist, hist::bucket_of};
-        let mut o = OverflowFaults {
-            fault_start: 0,
-            tgid: 7,
-            flags: 0,
-            comm: [0; 16],
-            majflt: 0,
-            minflt: 0,
-            unmatched_entries: 0,
-            unmatched_exits: 0,
-            times: FaultTimes { majflt: Hist::zeroed(), minflt: Hist::zeroed() },
-        };
+        use crate::hist::bucket_of;
+        let mut o = OverflowFaults::zeroed(7);
         // As the exit program does: the entry counts, the latency goes into its histogram.
         for (enter, exit, major) in [(100, 350, false), (400, 1400, true)] {
             o.enter(enter);

@@ -346,16 +346,6 @@ fn threads_beyond_the_slots_keep_exact_fault_rows_and_the_rest_is_one_counted_ro
     assert_eq!(u(totals, "majflt"), perf_maj, "the process's major faults vs perf stat");
 }
 
-/// Whether this kernel can close faults with `memcg:count_memcg_events` (`observer_common::faults`:
-/// the tracepoint, and the memory controller on).
-fn kernel_has_the_memcg_close() -> bool {
-    let on = std::fs::read_to_string("/proc/cgroups").unwrap().lines().any(|l| {
-        let f: Vec<&str> = l.split_whitespace().collect();
-        f.first() == Some(&"memory") && f.last() == Some(&"1")
-    });
-    on && std::path::Path::new("/sys/kernel/tracing/events/memcg/count_memcg_events").exists()
-}
-
 /// Both fault closes (`--fault-close perf` and `memcg`, `observer_common::faults`) count each
 /// thread's minor and major faults exactly as a bpftrace count of the perf software events of the
 /// same TIDs over the same span (a file read through a mapping after eviction: a major fault per

@@ -32,16 +32,6 @@ fn raw_fault_entries() -> bool {
         .all(|tp| std::path::Path::new("/sys/kernel/tracing/events/exceptions").join(tp).exists())
 }
 
-/// Whether this kernel closes faults with `memcg:count_memcg_events` (`observer_common::faults`:
-/// the tracepoint exists and the memory controller is on, as `observer run` decides by default).
-fn memcg_close() -> bool {
-    let on = std::fs::read_to_string("/proc/cgroups").unwrap().lines().any(|l| {
-        let f: Vec<&str> = l.split_whitespace().collect();
-        f.first() == Some(&"memory") && f.last() == Some(&"1")
-    });
-    on && std::path::Path::new("/sys/kernel/tracing/events/memcg/count_memcg_events").exists()
-}
-
 /// The kernel's own run counts of the fault programs (`bpf_programs` in the summary, from
 /// `BPF_ENABLE_STATS` and each program's `bpf_prog_info`) against two independent counts of
 /// the same events: at least the faults the workload counted itself (getrusage around its
@@ -56,7 +46,7 @@ fn per_program_bpf_run_counts_lie_between_the_workloads_faults_and_perf_stat_sys
     let json = dir.join("programs.json");
     let _ = std::fs::remove_file(&json);
     let raw = raw_fault_entries();
-    let memcg = memcg_close();
+    let memcg = kernel_has_the_memcg_close();
     let mut events = "page-faults,minor-faults,major-faults".to_string();
     if raw {
         events += ",exceptions:page_fault_user,exceptions:page_fault_kernel";

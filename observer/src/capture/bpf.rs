@@ -233,16 +233,21 @@ fn attach_memcg_close(
         }
         (_, Ok(items)) => items,
     };
-    let program = "fault_memcg";
+    attach_raw_tracepoint(ebpf, "fault_memcg", "count_memcg_events")?;
+    attached.push("raw_tp:memcg:count_memcg_events".into());
+    Ok(Some(items))
+}
+
+/// Load `program` and attach it to the raw tracepoint `tp`.
+fn attach_raw_tracepoint(ebpf: &mut Ebpf, program: &'static str, tp: &str) -> Result<(), ProbeError> {
     let prog: &mut RawTracePoint = ebpf
         .program_mut(program)
         .ok_or_else(|| program_error(program, ProgramError::UnexpectedProgramType))?
         .try_into()
         .map_err(|e| program_error(program, e))?;
     prog.load().map_err(|e| program_error(program, e))?;
-    prog.attach("count_memcg_events").map_err(|e| program_error(program, e))?;
-    attached.push("raw_tp:memcg:count_memcg_events".into());
-    Ok(Some(items))
+    prog.attach(tp).map_err(|e| program_error(program, e))?;
+    Ok(())
 }
 
 /// What marked the tokens, once attached.
@@ -459,13 +464,7 @@ fn attach_raw_fault_entry(ebpf: &mut Ebpf, attached: &mut Vec<String>) -> Result
         return Ok(false);
     }
     for (program, tp) in RAW_FAULT_ENTRIES {
-        let prog: &mut RawTracePoint = ebpf
-            .program_mut(program)
-            .ok_or_else(|| program_error(program, ProgramError::UnexpectedProgramType))?
-            .try_into()
-            .map_err(|e| program_error(program, e))?;
-        prog.load().map_err(|e| program_error(program, e))?;
-        prog.attach(tp).map_err(|e| program_error(program, e))?;
+        attach_raw_tracepoint(ebpf, program, tp)?;
         attached.push(format!("raw_tp:exceptions:{tp}"));
     }
     Ok(true)

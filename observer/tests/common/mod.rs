@@ -535,3 +535,14 @@ pub fn bar_rows(screen: &str, kind: char) -> Vec<&str> {
         })
         .collect()
 }
+
+/// Whether this kernel closes faults with `memcg:count_memcg_events` by default
+/// (`observer_common::faults`: the tracepoint exists and `/proc/cgroups` has the memory
+/// controller on, as `observer run --fault-close auto` decides).
+pub fn kernel_has_the_memcg_close() -> bool {
+    let on = std::fs::read_to_string("/proc/cgroups").expect("/proc/cgroups").lines().any(|l| {
+        let f: Vec<&str> = l.split_whitespace().collect();
+        f.first() == Some(&"memory") && f.last() == Some(&"1")
+    });
+    on && std::path::Path::new("/sys/kernel/tracing/events/memcg/count_memcg_events").exists()
+}
