@@ -1526,12 +1526,14 @@ fn serve_says_the_procfs_fallback_is_degraded_in_healthz_the_metric_and_json() {
         m.get("moe_observer_runs_total") == Some(&1.0) && m.get("moe_observer_target_up") == Some(&0.0)
     });
     assert!(!m.contains_key(feature), "the gauge goes with the target");
+    // The summary sink has the end last (after the exporter shows the target down): the JSON is
+    // in place once `serve` has stopped (a suite run read it between the two and found none).
+    assert!(obs.stop().success());
     let v = json_of(&json);
     let _ = std::fs::remove_file(&json);
     assert_eq!(v["mode"], "procfs");
     let d: Vec<&str> = v["degraded"].as_array().unwrap().iter().filter_map(Value::as_str).collect();
     assert!(d.iter().any(|x| x.starts_with("ebpf: ")), "the JSON says what is degraded: {d:?}");
-    assert!(obs.stop().success());
 }
 
 /// A missing probe is a degradation: in a mount namespace of its own, the
@@ -1578,6 +1580,8 @@ fn serve_says_a_missing_tracepoint_is_degraded_in_healthz_the_metric_and_json() 
         m.get("moe_observer_runs_total") == Some(&1.0) && m.get("moe_observer_target_up") == Some(&0.0)
     });
     assert_eq!(val(&m, "moe_observer_step_duration_seconds_count{step=\"generate\"}"), 150.0, "the rest works");
+    // The JSON is in place once `serve` has stopped (the summary sink has the end last).
+    assert!(obs.stop().success());
     let v = json_of(&json);
     let d: Vec<&str> = v["degraded"].as_array().unwrap().iter().filter_map(Value::as_str).collect();
     for tp in reclaim {
@@ -1587,7 +1591,6 @@ fn serve_says_a_missing_tracepoint_is_degraded_in_healthz_the_metric_and_json() 
     assert!(!probes.contains("vmscan") && probes.contains("sched_switch"), "{probes}");
     // The host's tracefs still has them.
     assert!(Path::new("/sys/kernel/tracing/events/vmscan/mm_vmscan_direct_reclaim_begin").is_dir());
-    assert!(obs.stop().success());
 }
 
 // ---- labels that change ------------------------------------------------------------
