@@ -193,7 +193,7 @@ fn memcg_close_items() -> Result<(u32, u32), String> {
     if !preflight::tracepoint_exists("memcg", "count_memcg_events") {
         return Err("this kernel has no tracepoint memcg:count_memcg_events (Linux >= 6.14)".into());
     }
-    if !memory_controller_enabled() {
+    if !memory_controller_enabled()? {
         return Err("the memory controller is off (/proc/cgroups; cgroup_disable=memory?): \
                     memcg:count_memcg_events never fires"
             .into());
@@ -205,14 +205,14 @@ fn memcg_close_items() -> Result<(u32, u32), String> {
     Ok((item("PGFAULT")?, item("PGMAJFAULT")?))
 }
 
-/// Whether `/proc/cgroups` lists the memory controller as enabled.
-fn memory_controller_enabled() -> bool {
-    std::fs::read_to_string("/proc/cgroups").is_ok_and(|t| {
-        t.lines().any(|l| {
-            let f: Vec<&str> = l.split_whitespace().collect();
-            f.first() == Some(&"memory") && f.last() == Some(&"1")
-        })
-    })
+/// Whether `/proc/cgroups` lists the memory controller as enabled; an error naming the file when
+/// it cannot be read (not taken for "off").
+fn memory_controller_enabled() -> Result<bool, String> {
+    let t = std::fs::read_to_string("/proc/cgroups").map_err(|e| format!("/proc/cgroups: {e}"))?;
+    Ok(t.lines().any(|l| {
+        let f: Vec<&str> = l.split_whitespace().collect();
+        f.first() == Some(&"memory") && f.last() == Some(&"1")
+    }))
 }
 
 /// Attaches the memcg close (`fault_memcg` on `memcg:count_memcg_events`) as `close` asks;
