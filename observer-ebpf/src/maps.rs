@@ -1,5 +1,7 @@
 //! Maps shared by the programs, and the helpers that find a thread's state.
 
+use core::sync::atomic::{Ordering, compiler_fence};
+
 use aya_ebpf::{
     helpers::{bpf_get_current_comm, bpf_get_current_pid_tgid},
     macros::map,
@@ -245,9 +247,29 @@ pub fn update(p: *mut ThreadState, f: impl FnOnce(&mut ThreadState)) {
     // SAFETY: `p` is a map value; `seq` is its first, 8-byte aligned field.
     unsafe {
         let seq = &raw mut (*p).seq;
-        atomic_add(seq, 1);
+        seq_bump(seq);
         f(&mut *p);
-        atomic_add(seq, 1);
+        seq_bump(seq);
+    }
+}
+
+/// `observer_common::attrib::STORES_IN_ORDER`, set by the loader.
+#[unsafe(no_mangle)]
+static STORES_IN_ORDER: u8 = 0;
+
+/// One step of an update sequence (`ThreadState::seq`): plain stores kept in order by the
+/// compiler where the host keeps them in order, else an atomic fetch-and-add.
+#[inline(always)]
+fn seq_bump(seq: *mut u64) {
+    // SAFETY: a read-only global; `seq` points to an aligned u64 inside a map value.
+    unsafe {
+        if core::ptr::read_volatile(&STORES_IN_ORDER) != 0 {
+            compiler_fence(Ordering::SeqCst);
+            core::ptr::write_volatile(seq, core::ptr::read_volatile(seq) + 1);
+            compiler_fence(Ordering::SeqCst);
+        } else {
+            atomic_fetch_add(seq, 1);
+        }
     }
 }
 

@@ -16,7 +16,10 @@
 //! mark's instant (`ThreadState::account`) and subtracts consecutive marks.
 //! Minimum kernel: 5.8 (ring buffer).
 
-use core::ptr::{addr_of, addr_of_mut, read_volatile};
+use core::{
+    ptr::{addr_of, addr_of_mut, read_volatile},
+    sync::atomic::{Ordering, compiler_fence},
+};
 
 use aya_ebpf::{
     EbpfContext,
@@ -61,7 +64,9 @@ fn emit_thread(i: u32, phase: u32, mark_seq: u64) -> bool {
         // SAFETY: `t` is a map value, `r` a reserved ring-buffer record of the right size.
         unsafe {
             let s1 = read_volatile(addr_of!((*t).seq));
+            compiler_fence(Ordering::SeqCst);
             core::ptr::copy_nonoverlapping(t, addr_of_mut!((*r).state), 1);
+            compiler_fence(Ordering::SeqCst);
             let s2 = read_volatile(addr_of!((*t).seq));
             if s1 == s2 && s1 & 1 == 0 {
                 ok = true;
@@ -102,7 +107,9 @@ fn emit_current(i: u32, phase: u32, mark_seq: u64) -> Option<u64> {
         // SAFETY: `t` is a map value and `r` a reserved record of its type.
         unsafe {
             let s1 = read_volatile(addr_of!((*t).seq));
+            compiler_fence(Ordering::SeqCst);
             core::ptr::copy_nonoverlapping(t, addr_of_mut!((*r).state), 1);
+            compiler_fence(Ordering::SeqCst);
             let now = bpf_ktime_get_ns();
             let s2 = read_volatile(addr_of!((*t).seq));
             if s1 == s2 && s1 & 1 == 0 {

@@ -401,3 +401,39 @@ fn both_fault_closes_count_each_threads_faults_as_perf_does() {
         assert!(u(totals, "majflt_ns") > 0 && u(totals, "minflt_ns") > 0, "--fault-close {close}: {totals}");
     }
 }
+
+/// Issue 19: on x86 (stores kept in program order) the update sequence of a thread's state is
+/// bumped with plain stores, so a fault's entry program takes no locked instruction for it. Read
+/// from the kernel's translation of the loaded `fault_entry_user` (bpftool): the only atomic
+/// instruction left is the slot allocation's fetch-and-add; where stores are not kept in order,
+/// the sequence's two fetch-and-adds are there too. This proves the loader set the read-only
+/// global `STORES_IN_ORDER` and the verifier dropped the other branch.
+#[test]
+fn the_update_sequence_takes_no_atomic_where_stores_stay_in_order() {
+    let _l = machine_lock();
+    assert_root();
+    let mut child = Command::new(OBSERVER)
+        .args(["run", "--", "sleep", "2"])
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn observer");
+    let mut err = std::io::BufReader::new(child.stderr.take().expect("stderr"));
+    wait_attached(&mut err);
+    let entry = prog_ids_of(child.id()).into_iter().find(|id| {
+        let out = Command::new("bpftool").args(["prog", "show", "id", &id.to_string(), "--json"]).output();
+        let v: serde_json::Value = out.ok().and_then(|o| serde_json::from_slice(&o.stdout).ok()).unwrap_or_default();
+        // The kernel keeps 15 characters of a program's name.
+        v["name"] == "fault_entry_use"
+    });
+    let entry = entry.expect("the observer holds fault_entry_user (x86 has exceptions:page_fault_user)");
+    let xlated = Command::new("bpftool")
+        .args(["prog", "dump", "xlated", "id", &entry.to_string()])
+        .output()
+        .expect("bpftool (cargo xtask setup installs it)");
+    let text = String::from_utf8_lossy(&xlated.stdout);
+    let atomics = text.lines().filter(|l| l.contains("atomic")).count();
+    std::io::copy(&mut err, &mut std::io::sink()).ok();
+    assert!(child.wait().expect("wait observer").success());
+    let expected = if cfg!(target_arch = "x86_64") { 1 } else { 3 };
+    assert_eq!(atomics, expected, "atomic instructions in fault_entry_user:\n{text}");
+}

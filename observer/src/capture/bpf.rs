@@ -8,7 +8,7 @@
 use std::{io, num::NonZeroU32, path::PathBuf};
 
 use aya::{
-    Ebpf, EbpfError, Pod,
+    Ebpf, EbpfError, EbpfLoader, Pod,
     maps::{Array, HashMap, Map, MapData, MapError, PerCpuArray, RingBuf},
     programs::{
         KProbe, PerfEvent, Program, ProgramError, RawTracePoint, TracePoint, UProbe,
@@ -19,7 +19,7 @@ use aya::{
 };
 use observer_common::{
     Config, FaultTimes, GlobalCounter, OverflowFaults,
-    attrib::{DEV_SWAP, DevIo, Hist, MAX_SLOTS, N_HIST, ThreadState, TpOffsets},
+    attrib::{DEV_SWAP, DevIo, HOST_STORES_IN_ORDER, Hist, MAX_SLOTS, N_HIST, STORES_IN_ORDER, ThreadState, TpOffsets},
     faults::{GLOBAL_COUNTERS, OTHER_CLOSES, OTHER_MAJFLT, OTHER_MINFLT},
     filemap::NO_FIELD,
     model::ProgramCost,
@@ -591,7 +591,9 @@ impl Probes {
             bdev_dev: bd_dev.as_ref().and_then(|r| r.as_ref().ok()).copied().unwrap_or(NO_FIELD),
             ..offsets
         };
-        let mut ebpf = Ebpf::load(OBJECT).map_err(classify_load)?;
+        let in_order = HOST_STORES_IN_ORDER as u8;
+        let mut ebpf =
+            EbpfLoader::new().override_global(STORES_IN_ORDER, &in_order, true).load(OBJECT).map_err(classify_load)?;
         let target = opts.target;
         let mut config = Config {
             target_tgid: target,
@@ -775,23 +777,23 @@ impl Probes {
         for i in 0..N_HIST {
             let per_cpu = a.get(&i, 0).map_err(map_err("HISTS"))?;
             let mut h = Hist::zeroed();
-            for v in per_cpu.iter() {
-                for (d, s) in h.b.iter_mut().zip(v.b.iter()) {
-                    *d += s;
-                }
-                h.sum = h.sum.wrapping_add(v.sum);
-            }
+            per_cpu.iter().for_each(|v| h.merge(v));
             out.push(h);
         }
         Ok(out)
     }
 
+    /// Slots of `THREADS` given out so far.
+    fn slots_used(&self) -> Result<u32, ProbeError> {
+        let seqs = self.ebpf.map("SEQS").ok_or_else(|| no_map("SEQS"))?;
+        let seqs: Array<_, u64> = Array::try_from(seqs).map_err(map_err("SEQS"))?;
+        Ok(seqs.get(&0, 0).map_err(map_err("SEQS"))?.min(MAX_SLOTS as u64) as u32)
+    }
+
     /// Every tracked thread's state now, closed at `now` (user-space twin of a
     /// mark, for `--window` and end-of-run totals). Torn copies are retried.
     pub fn snapshot(&self, now: u64) -> Result<Vec<ThreadState>, ProbeError> {
-        let seqs = self.ebpf.map("SEQS").ok_or_else(|| no_map("SEQS"))?;
-        let seqs: Array<_, u64> = Array::try_from(seqs).map_err(map_err("SEQS"))?;
-        let used = seqs.get(&0, 0).map_err(map_err("SEQS"))?.min(MAX_SLOTS as u64) as u32;
+        let used = self.slots_used()?;
         let map = self.ebpf.map("THREADS").ok_or_else(|| no_map("THREADS"))?;
         let a: Array<_, ThreadState> = Array::try_from(map).map_err(map_err("THREADS"))?;
         let mut out = Vec::with_capacity(used as usize);
