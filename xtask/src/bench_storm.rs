@@ -9,7 +9,10 @@
 //! order over several rounds, on the same machine in the same run. The time compared is the workload's own clock around its phase (the observer's
 //! start-up, program loading included, is outside it). Printed: every round, the medians, and
 //! the slowdown `B / A` (goal: at most 1.1), and `P / A` and `S / A` beside it (what the perf
-//! close and the statistics add), and which close B used.
+//! close and the statistics add), and which close B used. The slowdown is the ratio of the
+//! medians; beside it, the rounds' own ratios paired (`B / A` and `B / P` of each round, whose
+//! runs are adjacent, so that the host's drift over the run cancels): their geometric mean with
+//! a 95 % bootstrap interval over the rounds (`bench_util::paired_ratio_ci`).
 //!
 //! The kernel-side cost per event, from the kernel's BPF run-time statistics of the S runs:
 //! `observer run --bpf-stats` turns them on while its programs are loaded (`BPF_ENABLE_STATS`,
@@ -220,6 +223,8 @@ pub fn main(args: &[String]) -> Result<()> {
     let (mut a_ns, mut b_ns, mut p_ns, mut s_ns, mut ratios) =
         (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
     let (mut alone_ns, mut alone_faults) = (0u64, 0u64);
+    // Per round (alone, observed) and (perf close, observed), for the paired intervals.
+    let (mut pairs_ab, mut pairs_pb) = (Vec::new(), Vec::new());
     let mut closes = Vec::new();
     for r in 0..rounds {
         let order: [char; 4] = if r.is_multiple_of(2) { ['A', 'B', 'P', 'S'] } else { ['S', 'P', 'B', 'A'] };
@@ -258,6 +263,8 @@ pub fn main(args: &[String]) -> Result<()> {
         p_ns.push(p.0 as f64);
         s_ns.push(st.0 as f64);
         ratios.push(ratio);
+        pairs_ab.push((a.0 as f64, b.0 as f64));
+        pairs_pb.push((p.0 as f64, b.0 as f64));
         alone_ns += a.0;
         alone_faults += a.1;
     }
@@ -278,6 +285,16 @@ pub fn main(args: &[String]) -> Result<()> {
         median(&mut ratios),
         mp / ma,
         ms / ma
+    );
+    let ci = |pairs: &[(f64, f64)]| match bench_util::paired_ratio_ci(pairs) {
+        Some((g, lo, hi)) => format!("{g:.3} [{lo:.3}, {hi:.3}]"),
+        None => "n/a (fewer than two rounds)".to_string(),
+    };
+    println!(
+        "paired by round, geometric mean with a 95 % bootstrap interval over the rounds: observed / alone {}; \
+         memcg close / perf close {}",
+        ci(&pairs_ab),
+        ci(&pairs_pb)
     );
     let observed_faults = stats_faults;
     let n_observed = rounds;
