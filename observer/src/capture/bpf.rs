@@ -187,6 +187,12 @@ pub enum FaultClose {
     Perf,
 }
 
+/// Whether `--fault-close auto` closes faults with `memcg:count_memcg_events` on this host, else
+/// why not (`observer doctor`).
+pub fn memcg_close_available() -> Result<(), String> {
+    memcg_close_items().map(|_| ())
+}
+
 /// The `vm_event_item` values of `PGFAULT` and `PGMAJFAULT` when this kernel can close faults
 /// with `memcg:count_memcg_events`, else why not.
 fn memcg_close_items() -> Result<(u32, u32), String> {

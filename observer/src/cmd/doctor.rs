@@ -7,6 +7,9 @@
 //!   (`packaging/moe-observer.service` says why each is needed);
 //! - tracefs mounted and readable, the tracepoints the probes attach to, the
 //!   uprobe PMU (tracepoints only when tracefs is readable), kernel BTF, BPF ring buffers (kernel ≥ 5.8);
+//! - which event closes a fault under `observer run --fault-close auto` (an `info` line: the
+//!   memcg close where the kernel has it, else the perf close and why; `observer_common::faults`),
+//!   judged only when tracefs is readable;
 //! - cgroup v2 and its controllers, `perf_event_paranoid`,
 //!   `kernel.bpf_stats_enabled` (the observer's own cost metric);
 //! - zram devices (swap experiments) and, with `--model FILE`, how much of the
@@ -84,6 +87,15 @@ pub fn doctor(args: DoctorArgs) -> Result<i32> {
             id.exists(),
             tp,
             "a kernel without this tracepoint: the observer cannot attribute that time",
+        );
+    }
+    if readable {
+        println!(
+            "info fault close: {}",
+            match observer::capture::bpf::memcg_close_available() {
+                Ok(()) => "memcg:count_memcg_events (a raw tracepoint, the cheaper close)".to_string(),
+                Err(why) => format!("perf events minor-faults/major-faults (no memcg close: {why})"),
+            }
         );
     }
     r.check(
