@@ -882,9 +882,10 @@ pub const MAX_SLOTS: u32 = 256;
 
 /// Name of the programs' read-only global (a `u8`, 0 unless the loader sets it) that says the
 /// host's CPUs make plain stores visible in program order (x86-64: TSO), so that
-/// [`ThreadState::seq`] needs no atomic read-modify-write around an update (a locked
-/// instruction costs about 7 ns, four per fault; issue 19). It is fixed before the verifier
-/// sees the programs, which drops the branch not taken.
+/// [`ThreadState::seq`] needs no atomic read-modify-write around an update (the two locked
+/// instructions of an update cost about 7 ns per program run under the kernel's statistics, in a
+/// fault storm; issue 19). It is fixed before the verifier sees the programs, which drops the
+/// branch not taken.
 pub const STORES_IN_ORDER: &str = "STORES_IN_ORDER";
 
 /// Whether this build's CPUs keep plain stores in program order (the value the loader gives
