@@ -420,8 +420,12 @@ fn the_update_sequence_takes_no_atomic_where_stores_stay_in_order() {
     let mut err = std::io::BufReader::new(child.stderr.take().expect("stderr"));
     wait_attached(&mut err);
     let entry = prog_ids_of(child.id()).into_iter().find(|id| {
-        let out = Command::new("bpftool").args(["prog", "show", "id", &id.to_string(), "--json"]).output();
-        let v: serde_json::Value = out.ok().and_then(|o| serde_json::from_slice(&o.stdout).ok()).unwrap_or_default();
+        let out = Command::new("bpftool")
+            .args(["prog", "show", "id", &id.to_string(), "--json"])
+            .output()
+            .expect("bpftool (cargo xtask setup installs it)");
+        // A program released since the listing has no JSON: not the one looked for.
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_default();
         // The kernel keeps 15 characters of a program's name.
         v["name"] == "fault_entry_use"
     });

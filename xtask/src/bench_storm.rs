@@ -223,8 +223,6 @@ pub fn main(args: &[String]) -> Result<()> {
     let (mut a_ns, mut b_ns, mut p_ns, mut s_ns, mut ratios) =
         (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
     let (mut alone_ns, mut alone_faults) = (0u64, 0u64);
-    // Per round (alone, observed) and (perf close, observed), for the paired intervals.
-    let (mut pairs_ab, mut pairs_pb) = (Vec::new(), Vec::new());
     let mut closes = Vec::new();
     for r in 0..rounds {
         let order: [char; 4] = if r.is_multiple_of(2) { ['A', 'B', 'P', 'S'] } else { ['S', 'P', 'B', 'A'] };
@@ -263,12 +261,19 @@ pub fn main(args: &[String]) -> Result<()> {
         p_ns.push(p.0 as f64);
         s_ns.push(st.0 as f64);
         ratios.push(ratio);
-        pairs_ab.push((a.0 as f64, b.0 as f64));
-        pairs_pb.push((p.0 as f64, b.0 as f64));
         alone_ns += a.0;
         alone_faults += a.1;
     }
     closes.dedup();
+    // The paired intervals, from each round's times (before the medians sort them).
+    let paired = |x: &[f64], y: &[f64]| {
+        let pairs: Vec<(f64, f64)> = x.iter().copied().zip(y.iter().copied()).collect();
+        match bench_util::paired_ratio_ci(&pairs) {
+            Some((g, lo, hi)) => format!("{g:.3} [{lo:.3}, {hi:.3}]"),
+            None => "n/a (fewer than two rounds)".to_string(),
+        }
+    };
+    let (ci_ab, ci_pb) = (paired(&a_ns, &b_ns), paired(&p_ns, &b_ns));
     let (ma, mb, mp, ms) = (median(&mut a_ns), median(&mut b_ns), median(&mut p_ns), median(&mut s_ns));
     println!(
         "median: alone {:.3} s, observed {:.3} s, with the perf close {:.3} s, observed with statistics {:.3} s",
@@ -286,15 +291,9 @@ pub fn main(args: &[String]) -> Result<()> {
         mp / ma,
         ms / ma
     );
-    let ci = |pairs: &[(f64, f64)]| match bench_util::paired_ratio_ci(pairs) {
-        Some((g, lo, hi)) => format!("{g:.3} [{lo:.3}, {hi:.3}]"),
-        None => "n/a (fewer than two rounds)".to_string(),
-    };
     println!(
-        "paired by round, geometric mean with a 95 % bootstrap interval over the rounds: observed / alone {}; \
-         memcg close / perf close {}",
-        ci(&pairs_ab),
-        ci(&pairs_pb)
+        "paired by round, geometric mean with a 95 % bootstrap interval over the rounds: observed / alone {ci_ab}; \
+         memcg close / perf close {ci_pb}"
     );
     let observed_faults = stats_faults;
     let n_observed = rounds;
