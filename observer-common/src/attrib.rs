@@ -128,9 +128,12 @@ pub const C_SWAPINS: usize = counter_slot(Counter::Swapins);
 /// Bytes of read bios this thread queued, any block device.
 pub const C_READ_BYTES: usize = counter_slot(Counter::ReadBytes);
 /// Switch-ins the kernel did without a `sched_switch` event, repaired by
-/// [`ThreadState::ran`] (module spec). Observer-internal: slots 5 and 6 are no vocabulary
-/// counter's (page-cache churn is counted per file, not per thread); 6 is unused.
+/// [`ThreadState::ran`] (module spec). Observer-internal: slot 5 is no vocabulary counter's
+/// (page-cache churn is counted per file, not per thread).
 pub const C_MISSED_SWITCH_IN: usize = 5;
+/// Minor faults taken untimed in a fault storm (`observer_common::faults`, storm sampling): counted
+/// in `cnt[C_MINFLT]`, their time estimated from the sample that stood for them.
+pub const C_FAULT_UNTIMED: usize = counter_slot(Counter::MinfltUntimed);
 /// All switches away from the CPU.
 pub const C_CTX_SWITCHES: usize = counter_slot(Counter::CtxSwitches);
 /// … of which the thread was still runnable (involuntary).
@@ -181,19 +184,46 @@ pub const F_FAULT_MAJOR: u32 = 1 << 14;
 /// The thread's last fault was closed as minor by the memcg close, and no fault has opened since:
 /// a `major-faults` event now says the kernel counted it major ([`ThreadState::retried_major`]).
 pub const F_CLOSED_MINOR: u32 = 1 << 15;
+/// The open fault is *untimed* (storm sampling, `observer_common::faults`): entered without a
+/// clock read, `fault_start` 0, its time left in the context it interrupted (compute) until it
+/// closes, or until something slow happens in it ([`ThreadState::slow`]) and it is timed from then.
+pub const F_FAULT_UNTIMED: u32 = 1 << 16;
+/// The thread is in a fault storm: the last window of faults came fast and all were plain minor
+/// faults, so 1 in [`STORM_SAMPLE`] of its user-mode faults is timed.
+pub const F_STORM: u32 = 1 << 17;
+/// A fault of the current window did something slow (module spec of `faults`): the window ends
+/// out of storm.
+pub const F_WINDOW_SLOW: u32 = 1 << 18;
+/// The open fault did something slow: no sample of a storm's plain minor faults.
+pub const F_FAULT_SLOW: u32 = 1 << 19;
 /// The flags that describe the open fault, cleared when a fault enters or exits.
-pub const F_FAULT_ANY: u32 =
-    F_FAULT_ZRAM | F_FAULT_SWAP | F_FAULT_FILE | F_FAULT_DISK | F_FAULT_REFAULT | F_FAULT_MAJOR;
+pub const F_FAULT_ANY: u32 = F_FAULT_ZRAM
+    | F_FAULT_SWAP
+    | F_FAULT_FILE
+    | F_FAULT_DISK
+    | F_FAULT_REFAULT
+    | F_FAULT_MAJOR
+    | F_FAULT_UNTIMED
+    | F_FAULT_SLOW;
+
+/// Storm sampling (`observer_common::faults`): faults per window, at whose end the thread's
+/// storm state is decided again.
+pub const STORM_WINDOW: u32 = 64;
+/// In a storm, 1 user-mode fault in this many is timed, on average.
+pub const STORM_SAMPLE: u32 = 8;
+/// A window is a storm when its faults came faster than this on average (ns per fault, the
+/// time between faults included) and none was slow.
+pub const STORM_NS_PER_FAULT: u64 = 4_000;
 
 /// One thread's attribution state and cumulative accumulators (nanoseconds).
 /// Lives in the `THREADS` array map, one slot per thread of the target.
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
 pub struct ThreadState {
-    /// Incremented before and after every update by the owning program
-    /// (odd = update in progress), so a reader on another CPU can tell a torn copy. Where the
-    /// host keeps stores in program order (x86's TSO: [`STORES_IN_ORDER`]) with plain stores,
-    /// elsewhere with a fetch-and-add (a full barrier on every BPF JIT).
+    /// Odd while an update is in progress, moved to a later even value after it, so a reader
+    /// on another CPU can tell a torn copy. Where the host keeps stores in program order (x86's
+    /// TSO: [`STORES_IN_ORDER`]) with plain stores ([`seq_begin`], [`seq_end`]: safe with two
+    /// writers), elsewhere with a fetch-and-add at each end (a full barrier on every BPF JIT).
     pub seq: u64,
     pub tid: u32,
     pub flags: u32,
@@ -206,7 +236,9 @@ pub struct ThreadState {
     pub comm: [u8; 16],
     /// The thread's process (thread group) ID.
     pub tgid: u32,
-    pub _pad: u32,
+    /// Storm sampling (`observer_common::faults`): untimed faults still to come before the next
+    /// timed one.
+    pub storm_skip: u32,
     /// When the thread last blocked (switched out not runnable); 0 before it first did.
     pub wait_start: u64,
     /// When the thread's last device I/O (an explicit I/O syscall or a fault that read from a
@@ -217,6 +249,30 @@ pub struct ThreadState {
     pub cnt: [u64; N_CNT],
 }
 const _: () = assert!(core::mem::size_of::<ThreadState>() == 8 * 7 + 16 + 8 + 8 * (N_TIME + N_CNT));
+
+/// A thread's storm-sampling bookkeeping (`observer_common::faults`), beside its [`ThreadState`]
+/// at the same slot (the `STORMS` array) and not in it: marks copy every thread's state, and what
+/// they copy is kept as small as it was (the verifier of older kernels walks that copy once per
+/// slot).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Storm {
+    /// When the current window of faults began (0: the thread's first window).
+    pub window_ts: u64,
+    /// `time[T_COMPUTE]` when the last timed fault closed with no untimed fault waiting (the most
+    /// a sample's estimate may move from compute: the untimed faults' real time is in there).
+    pub compute_mark: u64,
+    /// The faults entered in the current window.
+    pub window_n: u32,
+    /// The untimed faults since the last sample that stood for them.
+    pub untimed: u32,
+}
+
+impl Storm {
+    pub const fn zeroed() -> Self {
+        Storm { window_ts: 0, compute_mark: 0, window_n: 0, untimed: 0 }
+    }
+}
 
 impl ThreadState {
     pub const fn zeroed() -> Self {
@@ -229,7 +285,7 @@ impl ThreadState {
             fault_start: 0,
             comm: [0; 16],
             tgid: 0,
-            _pad: 0,
+            storm_skip: 0,
             wait_start: 0,
             io_done: 0,
             time: [0; N_TIME],
@@ -322,31 +378,127 @@ impl ThreadState {
         s
     }
 
+    /// Whether a fault is open, timed or not.
     #[inline(always)]
-    pub fn fault_enter(&mut self, now: u64) {
+    pub fn fault_open(&self) -> bool {
+        self.fault_start != 0 || self.flags & F_FAULT_UNTIMED != 0
+    }
+
+    /// A fault enters from user mode, before any clock read: in a storm, all but 1 in
+    /// [`STORM_SAMPLE`] faults enter untimed (`observer_common::faults`). Returns whether this one
+    /// did; otherwise the caller reads the clock and calls [`Self::fault_enter`].
+    #[inline(always)]
+    pub fn fault_enter_untimed(&mut self, st: &mut Storm) -> bool {
+        if self.flags & F_STORM == 0 || self.storm_skip == 0 || self.fault_open() {
+            return false;
+        }
+        self.storm_skip -= 1;
+        st.window_n += 1;
+        self.flags = (self.flags & !(F_FAULT_ANY | F_DEVICE_IO | F_CLOSED_MINOR)) | F_FAULT_UNTIMED;
+        true
+    }
+
+    /// A timed fault enters at `now`. Ends the storm window when it is full: the next one is a
+    /// storm when `sampling` (the memcg close is in use) and this one's faults came fast and none
+    /// was slow. In a storm, `random` (any u32) draws how many untimed faults come before the
+    /// next timed one: 0 to `2 × STORM_SAMPLE − 2`, 1 in `STORM_SAMPLE` timed on average, at no
+    /// fixed stride (a fixed one would keep timing the same kind of fault: with 8 page-table
+    /// entries per cache line, every 8th page of a sequential storm is the one that misses).
+    #[inline(always)]
+    pub fn fault_enter(&mut self, now: u64, st: &mut Storm, sampling: bool, random: u32) {
         self.event(now);
-        if self.fault_start != 0 {
+        if self.fault_open() {
             self.cnt[C_FAULT_UNMATCHED_ENTRY] += 1;
         }
         self.fault_start = now;
         self.flags &= !(F_FAULT_ANY | F_DEVICE_IO | F_CLOSED_MINOR);
+        if st.window_n >= STORM_WINDOW {
+            // (The thread's first window has no start: no storm.)
+            let fast = st.window_ts != 0 && now.saturating_sub(st.window_ts) < STORM_WINDOW as u64 * STORM_NS_PER_FAULT;
+            if sampling && fast && self.flags & F_WINDOW_SLOW == 0 {
+                self.flags |= F_STORM;
+            } else {
+                self.flags &= !F_STORM;
+            }
+            self.flags &= !F_WINDOW_SLOW;
+            st.window_ts = now;
+            st.window_n = 0;
+        }
+        st.window_n += 1;
+        self.storm_skip = if self.flags & F_STORM != 0 { random % (2 * STORM_SAMPLE - 1) } else { 0 };
+    }
+
+    /// Something slow happens in the thread's open fault at `now` (it blocks or is preempted,
+    /// reclaims, reads, counts `PGMAJFAULT`, goes through `filemap_fault`, brings back an evicted
+    /// page): an untimed fault is timed from now on (its time before stays in compute), the fault
+    /// stands for no storm's plain minor faults, and the storm ends at once (its window ends out
+    /// of storm).
+    #[inline(always)]
+    pub fn slow(&mut self, now: u64) {
+        if self.flags & F_FAULT_UNTIMED != 0 {
+            self.account(now);
+            self.fault_start = now.max(1);
+            self.flags &= !F_FAULT_UNTIMED;
+        }
+        if self.fault_start != 0 {
+            self.flags = (self.flags | F_FAULT_SLOW | F_WINDOW_SLOW) & !F_STORM;
+        }
+    }
+
+    /// The memcg close of an untimed fault, with no clock read: nothing slow happened in it, so it
+    /// is a minor fault; counted, and left for the next sample to stand for. False (nothing done)
+    /// when the open fault is not untimed.
+    #[inline(always)]
+    pub fn fault_close_untimed(&mut self, st: &mut Storm) -> bool {
+        if self.flags & F_FAULT_UNTIMED == 0 {
+            return false;
+        }
+        self.flags = (self.flags & !F_FAULT_ANY) | F_CLOSED_MINOR;
+        self.cnt[C_MINFLT] += 1;
+        self.cnt[C_FAULT_UNTIMED] += 1;
+        st.untimed += 1;
+        true
     }
 
     /// The memcg close (`observer_common::faults`): the kernel accounted the current thread's
-    /// fault at `now`. With a fault open, it exits as [`Self::fault_exit`] does, major when it
-    /// counted `PGMAJFAULT`; `None` without one (a `get_user_pages` fault, or one in progress at
-    /// attach: not counted).
+    /// timed fault at `now`. With a fault open, it exits as [`Self::fault_exit`] does, major when
+    /// it counted `PGMAJFAULT`, and returns (latency, class, weight): the number of faults its
+    /// latency stands for in the histograms ([`Self::sample`]). `None` without one (a
+    /// `get_user_pages` fault, or one in progress at attach: not counted).
     #[inline(always)]
-    pub fn fault_close(&mut self, now: u64) -> Option<(u64, usize)> {
+    pub fn fault_close(&mut self, now: u64, st: &mut Storm) -> Option<(u64, usize, u64)> {
         if self.fault_start == 0 {
             return None;
         }
         let major = self.flags & F_FAULT_MAJOR != 0;
-        let closed = self.fault_exit(now, major);
+        let plain = self.flags & F_FAULT_ANY == 0;
+        let (lat, class) = self.fault_exit(now, major);
         if !major {
             self.flags |= F_CLOSED_MINOR;
         }
-        Some(closed)
+        Some((lat, class, self.sample(st, lat, plain && class == 0)))
+    }
+
+    /// A timed fault closed with latency `lat`; `plain`: a minor fault in which nothing slow
+    /// happened. A plain fault stands for itself and the untimed faults since the last sample
+    /// (its weight, returned); their estimated time, `untimed × lat` but at most the compute time
+    /// since the last timed fault closed with none waiting (which holds their real time), moves
+    /// from compute to `fault_minor`. Any other fault stands for itself.
+    #[inline(always)]
+    fn sample(&mut self, st: &mut Storm, lat: u64, plain: bool) -> u64 {
+        let mut weight = 1;
+        if plain && st.untimed != 0 && lat != 0 {
+            let since = self.time[T_COMPUTE].saturating_sub(st.compute_mark);
+            let est = (st.untimed as u64 * lat).min(since);
+            self.time[T_COMPUTE] -= est;
+            self.time[T_FAULT_MINOR] += est;
+            weight += st.untimed as u64;
+            st.untimed = 0;
+        }
+        if st.untimed == 0 {
+            st.compute_mark = self.time[T_COMPUTE];
+        }
+        weight
     }
 
     /// A `major-faults` event under the memcg close: when the fault just closed as minor, the
@@ -396,6 +548,7 @@ impl ThreadState {
     /// Outside a fault, a read queued in an explicit I/O syscall is device I/O (module spec).
     #[inline(always)]
     pub fn fault_read(&mut self, now: u64, zram: bool, swap: bool) {
+        self.slow(now);
         if self.fault_start == 0 {
             if self.flags & (F_IN_SYSCALL | F_IO_SYSCALL) == F_IN_SYSCALL | F_IO_SYSCALL {
                 self.flags |= F_DEVICE_IO;
@@ -413,8 +566,27 @@ impl ThreadState {
         }
     }
 
+    /// `filemap_fault` at `now`: the open fault is a file fault.
+    #[inline(always)]
+    pub fn file_fault(&mut self, now: u64) {
+        self.slow(now);
+        if self.fault_start != 0 {
+            self.flags |= F_FAULT_FILE;
+        }
+    }
+
+    /// `PGMAJFAULT` at `now` (the memcg close): the open fault reads its page from a file or swap.
+    #[inline(always)]
+    pub fn fault_major(&mut self, now: u64) {
+        self.slow(now);
+        if self.fault_start != 0 {
+            self.flags |= F_FAULT_MAJOR;
+        }
+    }
+
     #[inline(always)]
     pub fn switch_out(&mut self, now: u64, runnable: bool) {
+        self.slow(now);
         self.event(now);
         self.flags &= !F_ON_CPU;
         self.cnt[C_CTX_SWITCHES] += 1;
@@ -500,6 +672,7 @@ impl ThreadState {
 
     #[inline(always)]
     pub fn reclaim(&mut self, now: u64, begin: bool) {
+        self.slow(now);
         self.event(now);
         if begin {
             self.flags |= F_IN_RECLAIM;
@@ -567,7 +740,9 @@ const _: () = {
 };
 
 /// One log2 histogram (see `hist`) and the exact sum of its values (one add
-/// per event), so that Prometheus' `_sum` and `_count` are measured.
+/// per event), so that Prometheus' `_sum` and `_count` are measured; except in a fault storm,
+/// where a minor-fault sample stands for the untimed faults before it
+/// ([`Hist::add_weighted`], `observer_common::faults`).
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
 pub struct Hist {
@@ -589,10 +764,17 @@ impl Hist {
     /// Count `v` in bucket `b`, which is `bucket_of(v)` (computed once for several histograms).
     #[inline(always)]
     pub fn add_in(&mut self, b: usize, v: u64) {
+        self.add_weighted(b, v, 1);
+    }
+
+    /// Count `w` values of `v` in bucket `b` (`bucket_of(v)`): a storm's sample standing for the
+    /// untimed faults before it (`observer_common::faults`).
+    #[inline(always)]
+    pub fn add_weighted(&mut self, b: usize, v: u64, w: u64) {
         if let Some(c) = self.b.get_mut(b) {
-            *c += 1;
+            *c += w;
         }
-        self.sum = self.sum.wrapping_add(v);
+        self.sum = self.sum.wrapping_add(v.wrapping_mul(w));
     }
 
     /// Add every count of `other` (user space: per-CPU and per-thread histograms summed).
@@ -880,6 +1062,31 @@ pub mod call_arg {
 /// Upper bound on threads tracked per target.
 pub const MAX_SLOTS: u32 = 256;
 
+/// The update sequence with plain stores ([`STORES_IN_ORDER`]): the value an update writes to
+/// [`ThreadState::seq`] before it changes anything, given the value it read: always odd.
+///
+/// A thread's state has more than one writer: its own events on its CPU, and `sched_waking`
+/// on the waker's CPU, which the scheduler runs under the wakee's `pi_lock` only, so at the same
+/// time as the wakee's own `sched_switch` (under its run queue's lock). Two plain
+/// read-modify-writes can lose one of their stores; with `seq + 1` at both ends a lost store
+/// left the sequence odd for good, and every later mark then found the copy torn and lost the
+/// thread (a token with no threads: `lost_events`, all components 0). Writing "odd" at the begin
+/// and "the next even" at the end keeps every lost store harmless: the last store of any update
+/// is even, so once the writers are done the sequence is even again. (A lost begin can let a
+/// reader take one copy during the other writer's update: torn fields, as any two writers of the
+/// same fields can give, never a thread lost for the rest of the run.)
+#[inline(always)]
+pub const fn seq_begin(read: u64) -> u64 {
+    read | 1
+}
+
+/// The update sequence with plain stores: the value an update writes to [`ThreadState::seq`]
+/// when it is done, given the value it read then: the even number after it ([`seq_begin`]).
+#[inline(always)]
+pub const fn seq_end(read: u64) -> u64 {
+    seq_begin(read) + 1
+}
+
 /// Name of the programs' read-only global (a `u8`, 0 unless the loader sets it) that says the
 /// host's CPUs make plain stores visible in program order (x86-64: TSO), so that
 /// [`ThreadState::seq`] needs no atomic read-modify-write around an update (the two locked
@@ -1005,7 +1212,7 @@ mod tests {
         t.wakeup(1400, false); // 250 io_wait
         t.switch_in(1420); // 20 runqueue
         t.syscall_exit(1430); // 10 io_wait
-        t.fault_enter(1500); // 70 compute
+        t.fault_enter(1500, &mut Storm::zeroed(), false, 0); // 70 compute
         t.switch_out(1510, false); // 10 fault_minor (on cpu, no zram)
         t.wakeup(1600, false); // 90 fault_io
         t.switch_in(1605); // 5 runqueue
@@ -1025,10 +1232,182 @@ mod tests {
         assert_eq!(t.cnt[C_CTX_INVOLUNTARY], 1);
     }
 
+    /// One user-mode fault at `at`, `lat` ns long, as the probes take it under the memcg close
+    /// (`sampling`): untimed when the thread is in a storm and it is not a sample. The draw for
+    /// the gap to the next sample is the one that makes it 7 faults (a stride of 8).
+    /// Returns the close's (latency, class, weight), `None` for an untimed fault.
+    fn user_fault(t: &mut ThreadState, st: &mut Storm, at: u64, lat: u64, sampling: bool) -> Option<(u64, usize, u64)> {
+        user_fault_drawing(t, st, at, lat, sampling, STORM_SAMPLE - 1)
+    }
+
+    fn user_fault_drawing(
+        t: &mut ThreadState,
+        st: &mut Storm,
+        at: u64,
+        lat: u64,
+        sampling: bool,
+        random: u32,
+    ) -> Option<(u64, usize, u64)> {
+        if t.fault_enter_untimed(st) {
+            assert!(t.fault_close_untimed(st));
+            return None;
+        }
+        t.fault_enter(at, st, sampling, random);
+        t.fault_close(at + lat, st)
+    }
+
+    /// Every interleaving of two writers' plain-store updates of the sequence (each: read, store
+    /// the begin value, read, store the end value) leaves it even, so no mark loses the thread
+    /// for good. The `+ 1` at both ends that it replaced leaves it odd in some.
+    #[test]
+    fn two_writers_of_the_update_sequence_always_leave_it_even() {
+        fn run(order: &[usize], begin: fn(u64) -> u64, end: fn(u64) -> u64) -> u64 {
+            let (mut seq, mut step, mut read) = (10u64, [0usize; 2], [0u64; 2]);
+            for &w in order {
+                match step[w] {
+                    0 | 2 => read[w] = seq,
+                    1 => seq = begin(read[w]),
+                    _ => seq = end(read[w]),
+                }
+                step[w] += 1;
+            }
+            seq
+        }
+        // Bit b of m: which writer takes the (b + 1)th step; each takes four.
+        let order = |m: u32| -> [usize; 8] { core::array::from_fn(|b| (m >> b & 1) as usize) };
+        let orders = || (0u32..256).filter(|m| m.count_ones() == 4).map(order);
+        assert_eq!(orders().count(), 70);
+        for o in orders() {
+            let seq = run(&o, seq_begin, seq_end);
+            assert_eq!(seq % 2, 0, "writers in order {o:?} left {seq}");
+            assert!(seq > 10);
+        }
+        let old_odd = orders().filter(|o| run(o, |s| s + 1, |s| s + 1) % 2 == 1).count();
+        assert!(old_odd > 0, "read + 1 at both ends loses a store in some orders");
+    }
+
+    /// Storm sampling: the gaps between samples are drawn (0 to 14 untimed faults, 7 on average);
+    /// whatever the draws, every fault is counted once and stands in exactly one sample.
+    #[test]
+    fn drawn_gaps_keep_every_fault_in_one_sample() {
+        let mut t = thread();
+        let mut st = Storm::zeroed();
+        let (mut weights, mut timed, mut x) = (0, 0u64, 12345u32);
+        let n = 100_000u64;
+        for i in 0..n {
+            x = x.wrapping_mul(1_103_515_245).wrapping_add(12345);
+            if let Some((_, _, w)) = user_fault_drawing(&mut t, &mut st, 2000 + i * 1000, 600, true, x >> 8) {
+                weights += w;
+                timed += 1;
+            }
+        }
+        assert_eq!(t.cnt[C_MINFLT], n);
+        assert_eq!(weights + st.untimed as u64, n);
+        assert_eq!(t.cnt[C_FAULT_UNTIMED] + timed, n);
+        let stride = n as f64 / timed as f64;
+        assert!((stride - STORM_SAMPLE as f64).abs() < 0.3, "1 in {stride:.2} timed");
+    }
+
+    /// Storm sampling (`faults` module spec): a window of 64 fast plain minor faults starts a storm
+    /// in which 1 fault in 8 is timed and stands for the 7 before it; counts stay exact, and with
+    /// faults all alike the estimate is the measured time.
+    #[test]
+    fn a_fast_window_of_plain_minor_faults_is_sampled_one_in_eight() {
+        let mut t = thread();
+        let mut st = Storm::zeroed();
+        let (mut weights, mut timed) = (0, 0);
+        // Two windows decide nothing (the first has no start), then 8 samples of 8 faults.
+        let n = 2 * STORM_WINDOW as u64 + 64;
+        for i in 0..n {
+            if let Some((lat, class, w)) = user_fault(&mut t, &mut st, 2000 + i * 1000, 600, true) {
+                assert_eq!((lat, class), (600, 0));
+                weights += w;
+                timed += 1;
+            }
+        }
+        assert_eq!(t.cnt[C_MINFLT], n, "every fault counted");
+        assert_eq!(timed, 2 * STORM_WINDOW as u64 + 8, "the first two windows timed in full, then 1 in 8");
+        assert_eq!(t.cnt[C_FAULT_UNTIMED], 56);
+        // The last fault was untimed (its window's eighth): 7 faults wait for the next sample.
+        assert_eq!(st.untimed, 7);
+        assert_eq!(weights + st.untimed as u64, n, "each fault stands in one sample, but those waiting");
+        t.account(2000 + n * 1000);
+        assert_eq!(t.accounted(), 1000 + n * 1000);
+        assert_eq!(t.time[T_FAULT_MINOR], (n - 7) * 600, "estimates equal to the faults' time");
+        // The next fault is the sample of those 7.
+        assert_eq!(user_fault(&mut t, &mut st, 2000 + n * 1000, 600, true), Some((600, 0, 8)));
+        assert_eq!(t.time[T_FAULT_MINOR], (n + 1) * 600);
+        assert_eq!(t.time[T_FAULT_MINOR] + t.time[T_COMPUTE], t.accounted());
+    }
+
+    /// Storm sampling: no storm without the memcg close, nor when the faults come slower than
+    /// `STORM_NS_PER_FAULT`; the estimate moves no more than the compute time since the last
+    /// timed fault.
+    #[test]
+    fn only_fast_windows_under_the_memcg_close_are_storms() {
+        for (sampling, every) in [(false, 1000), (true, STORM_NS_PER_FAULT + 100)] {
+            let mut t = thread();
+            let mut st = Storm::zeroed();
+            for i in 0..4 * STORM_WINDOW as u64 {
+                assert!(user_fault(&mut t, &mut st, 2000 + i * every, 600, sampling).is_some(), "{sampling} {every}");
+            }
+            assert_eq!((t.cnt[C_FAULT_UNTIMED], t.flags & F_STORM), (0, 0));
+        }
+        let mut t = thread();
+        let mut st = Storm::zeroed();
+        t.flags |= F_STORM;
+        t.storm_skip = 2;
+        st.compute_mark = t.time[T_COMPUTE];
+        assert!(t.fault_enter_untimed(&mut st) && t.fault_close_untimed(&mut st));
+        assert!(t.fault_enter_untimed(&mut st) && t.fault_close_untimed(&mut st));
+        t.account(1100); // 100 compute, untimed faults included
+        // A sample of 80 ns: 2 × 80 estimated, at most the 100 of compute since the mark.
+        assert_eq!(user_fault(&mut t, &mut st, 1100, 80, true), Some((80, 0, 3)));
+        assert_eq!((t.time[T_COMPUTE], t.time[T_FAULT_MINOR]), (0, 180));
+    }
+
+    /// Storm sampling: an untimed fault in which something slow happens is timed from then, the
+    /// slow part attributed as any fault's; it stands for no untimed faults, and its window ends
+    /// out of storm.
+    #[test]
+    fn a_slow_untimed_fault_is_timed_from_the_slow_event_and_ends_the_storm() {
+        for slow in 0..5 {
+            let mut t = thread();
+            let mut st = Storm::zeroed();
+            t.flags |= F_STORM;
+            t.storm_skip = 1;
+            st.untimed = 3;
+            assert!(t.fault_enter_untimed(&mut st));
+            t.account(1010); // 10 compute: the untimed fault's start
+            match slow {
+                0 => {
+                    t.switch_out(1010, false);
+                    t.wakeup(1050, false); // 40 fault_io
+                    t.switch_in(1050);
+                }
+                1 => t.fault_read(1010, true, true),
+                2 => t.reclaim(1010, true),
+                3 => t.fault_major(1010),
+                _ => t.file_fault(1010),
+            }
+            assert!(!t.fault_close_untimed(&mut st), "timed since the slow event ({slow})");
+            let (lat, _, weight) = t.fault_close(1060, &mut st).unwrap();
+            assert_eq!((lat, weight), (50, 1), "{slow}");
+            assert_eq!(t.time[T_COMPUTE], 10, "{slow}");
+            assert_eq!(t.accounted(), 60, "{slow}");
+            assert_eq!(st.untimed, 3, "the untimed faults wait for a plain sample ({slow})");
+            assert_eq!(t.flags & (F_WINDOW_SLOW | F_STORM), F_WINDOW_SLOW, "the storm ends at once ({slow})");
+            assert!(!t.fault_enter_untimed(&mut st), "the next fault is timed ({slow})");
+            st.window_n = STORM_WINDOW;
+            t.fault_enter(1070, &mut st, true, STORM_SAMPLE - 1);
+            assert_eq!(t.flags & (F_STORM | F_WINDOW_SLOW), 0, "the window ends out of storm ({slow})");
+        }
+    }
+
     #[test]
     fn zram_swapin_splits_the_fault() {
         let mut t = thread();
-        t.fault_enter(1010);
+        t.fault_enter(1010, &mut Storm::zeroed(), false, 0);
         t.account(1012); // 2 fault_minor before the zram read
         t.fault_read(1012, true, true);
         let (lat, class) = t.fault_exit(1015, true); // 3 swapin_zram
@@ -1042,7 +1421,7 @@ mod tests {
     #[test]
     fn a_disk_read_turns_the_rest_of_the_fault_into_fault_io() {
         let mut t = thread();
-        t.fault_enter(1000);
+        t.fault_enter(1000, &mut Storm::zeroed(), false, 0);
         t.fault_read(1004, false, false); // 4 fault_minor (setting up)
         t.switch_out(1006, false); // 2 fault_io (on CPU, read in flight)
         t.wakeup(1050, false); // 44 fault_io (blocked)
@@ -1055,7 +1434,7 @@ mod tests {
         assert_eq!(t.cnt[C_MAJFLT_FILE], 1);
         // A disk swap device classifies the fault as swap.
         let mut t = thread();
-        t.fault_enter(1000);
+        t.fault_enter(1000, &mut Storm::zeroed(), false, 0);
         t.fault_read(1001, false, true);
         assert_eq!(t.fault_exit(1002, true).1, 2);
         assert_eq!(t.cnt[C_MAJFLT_SWAP], 1);
@@ -1067,23 +1446,23 @@ mod tests {
     #[test]
     fn the_memcg_close_classifies_by_pgmajfault_and_moves_retried_faults() {
         let mut t = thread();
-        assert_eq!(t.fault_close(1000), None, "a get_user_pages fault: nothing open");
-        t.fault_enter(1000);
+        assert_eq!(t.fault_close(1000, &mut Storm::zeroed()), None, "a get_user_pages fault: nothing open");
+        t.fault_enter(1000, &mut Storm::zeroed(), false, 0);
         t.flags |= F_FAULT_MAJOR; // PGMAJFAULT
         t.fault_read(1010, false, false);
-        assert_eq!(t.fault_close(1100), Some((100, 1)));
+        assert_eq!(t.fault_close(1100, &mut Storm::zeroed()), Some((100, 1, 1)));
         assert!(!t.retried_major(), "a major close: its major-faults event moves nothing");
-        t.fault_enter(1200);
-        assert_eq!(t.fault_close(1250), Some((50, 0)));
+        t.fault_enter(1200, &mut Storm::zeroed(), false, 0);
+        assert_eq!(t.fault_close(1250, &mut Storm::zeroed()), Some((50, 0, 1)));
         assert_eq!((t.cnt[C_MINFLT], t.cnt[C_MAJFLT_FILE]), (1, 1));
         assert!(t.retried_major(), "a minor close the kernel counted major");
         assert_eq!((t.cnt[C_MINFLT], t.cnt[C_MAJFLT_FILE]), (0, 2));
         assert!(!t.retried_major(), "moved once");
-        t.fault_enter(1300);
-        assert_eq!(t.fault_close(1310), Some((10, 0)));
-        t.fault_enter(1400);
+        t.fault_enter(1300, &mut Storm::zeroed(), false, 0);
+        assert_eq!(t.fault_close(1310, &mut Storm::zeroed()), Some((10, 0, 1)));
+        t.fault_enter(1400, &mut Storm::zeroed(), false, 0);
         assert!(!t.retried_major(), "an entry since the minor close");
-        assert_eq!(t.fault_close(1450), Some((50, 0)));
+        assert_eq!(t.fault_close(1450, &mut Storm::zeroed()), Some((50, 0, 1)));
         assert_eq!((t.cnt[C_MINFLT], t.cnt[C_MAJFLT_FILE], t.cnt[C_FAULT_UNMATCHED_EXIT]), (2, 2, 0));
         assert_eq!(t.flags & F_FAULT_MAJOR, 0, "the major mark ends with its fault");
     }
@@ -1096,7 +1475,7 @@ mod tests {
         t.wakeup(1500, false);
         t.switch_in(1500);
         t.syscall_exit(1500);
-        t.fault_enter(1500);
+        t.fault_enter(1500, &mut Storm::zeroed(), false, 0);
         t.reclaim(1500, true);
         t.switch_out(1600, false);
         t.switch_in(1700);
@@ -1157,7 +1536,7 @@ mod tests {
         let mut w = thread();
         w.syscall_enter(1000, true);
         w.syscall_exit(1010);
-        w.fault_enter(1020);
+        w.fault_enter(1020, &mut Storm::zeroed(), false, 0);
         w.switch_out(1030, false);
         w.wakeup(1040, false);
         assert_eq!(w.io_done, 0);

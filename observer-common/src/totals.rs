@@ -44,7 +44,10 @@ use serde::{Deserialize, Serialize};
 
 use crate::{
     FaultTimes, OverflowFaults,
-    attrib::{C_FAULT_UNMATCHED_ENTRY, C_FAULT_UNMATCHED_EXIT, C_MAJFLT_FILE, C_MAJFLT_SWAP, C_MINFLT, ThreadState},
+    attrib::{
+        C_FAULT_UNMATCHED_ENTRY, C_FAULT_UNMATCHED_EXIT, C_FAULT_UNTIMED, C_MAJFLT_FILE, C_MAJFLT_SWAP, C_MINFLT,
+        ThreadState,
+    },
     model::{Components, Counters},
 };
 
@@ -84,6 +87,11 @@ pub struct FaultTotals {
     pub unmatched_entries: u64,
     /// A fault exit with no open entry (counted, without time).
     pub unmatched_exits: u64,
+    /// Minor faults taken untimed in fault storms (`observer_common::faults`, storm sampling):
+    /// counted in `minflt`; their time in `minflt_ns` and the histogram is estimated from the
+    /// sample that stood for them.
+    #[serde(default)]
+    pub minflt_untimed: u64,
     pub majflt_hist: Vec<u64>,
     pub minflt_hist: Vec<u64>,
 }
@@ -100,10 +108,11 @@ impl FaultTotals {
             minflt_ns: t.minflt.sum,
             unmatched_entries: s.cnt[C_FAULT_UNMATCHED_ENTRY],
             unmatched_exits: s.cnt[C_FAULT_UNMATCHED_EXIT],
+            minflt_untimed: s.cnt[C_FAULT_UNTIMED],
             majflt_hist: t.majflt.b.to_vec(),
             minflt_hist: t.minflt.b.to_vec(),
         };
-        let seen = f.majflt + f.minflt + f.unmatched_entries + f.unmatched_exits > 0 || s.fault_start != 0;
+        let seen = f.majflt + f.minflt + f.unmatched_entries + f.unmatched_exits > 0 || s.fault_open();
         seen.then_some(f)
     }
 
@@ -116,6 +125,7 @@ impl FaultTotals {
             minflt_ns: o.times.minflt.sum,
             unmatched_entries: o.unmatched_entries,
             unmatched_exits: o.unmatched_exits,
+            minflt_untimed: 0,
             majflt_hist: o.times.majflt.b.to_vec(),
             minflt_hist: o.times.minflt.b.to_vec(),
         }
@@ -213,13 +223,13 @@ mod tests {
         assert_eq!(FaultTotals::from_kernel(&s, &t), None, "no fault seen");
         // As the exit program does: the state counts, the fault times keep the latency.
         for (enter, exit, major) in [(100, 350, false), (400, 1400, true), (2000, 2001, false)] {
-            s.fault_enter(enter);
+            s.fault_enter(enter, &mut crate::attrib::Storm::zeroed(), false, 0);
             let (lat, _) = s.fault_exit(exit, major);
             let h = if major { &mut t.majflt } else { &mut t.minflt };
             h.add_in(bucket_of(lat), lat);
         }
-        s.fault_enter(3000);
-        s.fault_enter(3100);
+        s.fault_enter(3000, &mut crate::attrib::Storm::zeroed(), false, 0);
+        s.fault_enter(3100, &mut crate::attrib::Storm::zeroed(), false, 0);
         let f = FaultTotals::from_kernel(&s, &t).expect("faults seen");
         assert_eq!((f.majflt, f.minflt, f.majflt_ns, f.minflt_ns), (1, 2, 1000, 251));
         assert_eq!((f.unmatched_entries, f.unmatched_exits), (1, 0));

@@ -17,7 +17,7 @@ use aya_ebpf::{
     programs::TracePointContext,
 };
 use observer_common::{
-    attrib::{F_FAULT_REFAULT, T_FAULT_IO},
+    attrib::{F_FAULT_REFAULT, F_FAULT_UNTIMED, T_FAULT_IO},
     evict::{
         ActorKey, ActorPages, BLOCK_PAGES, EvictConfig, K_DIRECT, K_KSWAPD, K_MEMCG, K_OTHER, K_PROACTIVE, MAX_ACTORS,
         MAX_REMEMBERED, MAX_SYSCALL, MAX_WINDOWS, N_CLASSES, N_KINDS, N_STATS, NO_SYSCALL, RefaultCost, RefaultFault,
@@ -232,6 +232,11 @@ fn refault_in_fault(kind: u32, page: u64) {
     let Some(s) = state_of(tid) else { return };
     // SAFETY: helper without preconditions.
     let now = unsafe { bpf_ktime_get_ns() };
+    // SAFETY: as below.
+    if unsafe { (*s).flags } & F_FAULT_UNTIMED != 0 {
+        // Bringing back an evicted page is no plain minor fault: timed from here.
+        update(s, |s| s.slow(now));
+    }
     // SAFETY: the current thread's own state, read in its own context (only its events and marks
     // write it; a mark only closes the interval, which the pending part below counts the same).
     let (start, io_at) = unsafe {

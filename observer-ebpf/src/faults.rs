@@ -28,7 +28,9 @@
 //! programs find the thread's slot in the per-CPU `SLOT_CACHE` and its state
 //! and latencies in arrays, so a fault of an observed thread takes no hash
 //! lookup; the refault record (`evict::fault_closed`) is looked up only when
-//! the fault opened one (`F_FAULT_REFAULT`). Every fault is counted and timed.
+//! the fault opened one (`F_FAULT_REFAULT`). Every fault is counted; in a fault storm most
+//! user-mode faults are not timed (`observer_common::faults`, storm sampling): their entry and
+//! close read no clock.
 //!
 //! A thread without a slot (all given out) takes the overflow path
 //! ([`overflow_enter`], [`overflow_exit`]: `observer_common::faults`), reached
@@ -36,23 +38,22 @@
 
 use aya_ebpf::{
     EbpfContext,
-    helpers::bpf_ktime_get_ns,
+    helpers::{bpf_get_prandom_u32, bpf_ktime_get_ns},
     macros::{perf_event, raw_tracepoint, tracepoint},
     programs::{PerfEventContext, RawTracePointContext, TracePointContext},
 };
 use observer_common::{
     OverflowFaults,
     attrib::{
-        F_CLOSED_MINOR, F_FAULT_FILE, F_FAULT_MAJOR, F_FAULT_REFAULT, H_MAJFLT_FILE, H_MAJFLT_SWAP, H_MINFLT,
-        T_FAULT_IO,
+        F_CLOSED_MINOR, F_FAULT_REFAULT, F_FAULT_UNTIMED, F_STORM, H_MAJFLT_FILE, H_MAJFLT_SWAP, H_MINFLT, T_FAULT_IO,
     },
     faults::{OTHER_CLOSES, OTHER_MAJFLT, OTHER_MINFLT, OVF_CLOSED_MINOR, OVF_MAJOR},
     hist::bucket_of,
 };
 
 use crate::maps::{
-    FAULT_TIMES, HISTS, OTHER_FAULTS, OVERFLOW_FAULTS, OVERFLOW_TEMPLATE, THREADS, config, current_slot, current_state,
-    state_of, target_tid, update,
+    FAULT_TIMES, HISTS, OTHER_FAULTS, OVERFLOW_FAULTS, OVERFLOW_TEMPLATE, STORMS, THREADS, config, current_slot,
+    current_state, known_slot, state_of, target_tid, update,
 };
 
 #[perf_event]
@@ -63,7 +64,23 @@ pub fn fault_entry(_ctx: PerfEventContext) -> u32 {
 
 #[raw_tracepoint(tracepoint = "page_fault_user")]
 pub fn fault_entry_user(_ctx: RawTracePointContext) -> i32 {
-    enter();
+    let Some(tid) = target_tid() else { return 0 };
+    // Storm sampling (`observer_common::faults`): in a storm, most user-mode faults enter untimed,
+    // before any clock read.
+    if let Some(slot) = known_slot(tid)
+        && let Some(s) = THREADS.get_ptr_mut(slot)
+        // SAFETY: map value; only this thread's own events write its flags.
+        && unsafe { (*s).flags } & F_STORM != 0
+        && let Some(st) = STORMS.get_ptr_mut(slot)
+    {
+        let mut untimed = false;
+        // SAFETY: map value at the thread's slot; only its own fault events write it.
+        update(s, |s| untimed = s.fault_enter_untimed(unsafe { &mut *st }));
+        if untimed {
+            return 0;
+        }
+    }
+    enter_timed(tid);
     0
 }
 
@@ -80,13 +97,23 @@ pub fn fault_entry_kernel(ctx: RawTracePointContext) -> i32 {
 /// A fault of the current thread begins.
 #[inline(always)]
 fn enter() {
-    let Some(tid) = target_tid() else { return };
+    if let Some(tid) = target_tid() {
+        enter_timed(tid);
+    }
+}
+
+/// A timed fault of the current thread `tid` begins.
+#[inline(always)]
+fn enter_timed(tid: u32) {
     // SAFETY: helper without preconditions.
     let now = unsafe { bpf_ktime_get_ns() };
-    match current_state(tid, now) {
-        Some(s) => update(s, |s| s.fault_enter(now)),
-        None => overflow_enter(tid, now),
-    }
+    let sampling = config().is_some_and(|c| c.memcg_close != 0 && c.storm_sampling != 0);
+    let Some(slot) = current_slot(tid, now) else { return overflow_enter(tid, now) };
+    let (Some(s), Some(st)) = (THREADS.get_ptr_mut(slot), STORMS.get_ptr_mut(slot)) else { return };
+    // SAFETY: helper without preconditions.
+    let random = unsafe { bpf_get_prandom_u32() };
+    // SAFETY: map value at the thread's slot; only its own fault events write it.
+    update(s, |s| s.fault_enter(now, unsafe { &mut *st }, sampling, random));
 }
 
 /// The overflow entry of thread `tid` (no slot), made at its first fault event; `None` when the
@@ -177,15 +204,15 @@ fn fault_exit(major: bool) -> u32 {
             refault = Some((start, s.time[T_FAULT_IO]));
         }
     });
-    closed(tid, slot, lat, class, refault);
+    closed(tid, slot, lat, class, 1, refault);
     0
 }
 
 /// After a fault of thread `tid` (at `slot`) closed: its refault record, if it opened one, and
 /// its latency (`lat`, 0 when not timed) in the histograms of its class (0 minor, 1 major file,
-/// 2 major swap).
+/// 2 major swap), `weight` times (a storm's sample: `ThreadState::fault_close`).
 #[inline(always)]
-fn closed(tid: u32, slot: u32, lat: u64, class: usize, refault: Option<(u64, u64)>) {
+fn closed(tid: u32, slot: u32, lat: u64, class: usize, weight: u64, refault: Option<(u64, u64)>) {
     if let Some((start, io)) = refault {
         crate::evict::fault_closed(tid, start, io);
     }
@@ -201,15 +228,15 @@ fn closed(tid: u32, slot: u32, lat: u64, class: usize, refault: Option<(u64, u64
     };
     if let Some(p) = HISTS.get_ptr_mut(h) {
         // SAFETY: per-CPU value; programs do not nest on one CPU for these hooks.
-        unsafe { (*p).add_in(b, lat) };
+        unsafe { (*p).add_weighted(b, lat, weight) };
     }
     if let Some(t) = FAULT_TIMES.get_ptr_mut(slot) {
         // SAFETY: map value; only this thread's own fault exits write it.
         unsafe {
             if class != 0 {
-                (*t).majflt.add_in(b, lat);
+                (*t).majflt.add_weighted(b, lat, weight);
             } else {
-                (*t).minflt.add_in(b, lat);
+                (*t).minflt.add_weighted(b, lat, weight);
             }
         }
     }
@@ -236,27 +263,45 @@ pub fn fault_memcg(ctx: RawTracePointContext) -> i32 {
 #[inline(always)]
 fn memcg_close() {
     let Some(tid) = target_tid() else { return };
-    // SAFETY: helper without preconditions.
-    let now = unsafe { bpf_ktime_get_ns() };
-    let Some(slot) = current_slot(tid, now) else { return overflow_close(tid, now) };
-    let Some(s) = THREADS.get_ptr_mut(slot) else { return };
-    // SAFETY: map value; only this thread's own events write its open fault.
-    if unsafe { (*s).fault_start } == 0 {
+    let Some(slot) = known_slot(tid) else {
+        // No slot: none given yet (so no fault open; one is given now, as to any thread the
+        // probes see), or none left (the overflow table).
+        // SAFETY: helper without preconditions.
+        let now = unsafe { bpf_ktime_get_ns() };
+        if current_slot(tid, now).is_none() {
+            overflow_close(tid, now);
+        }
+        return;
+    };
+    let (Some(s), Some(st)) = (THREADS.get_ptr_mut(slot), STORMS.get_ptr_mut(slot)) else { return };
+    // SAFETY: map values at the thread's slot; only its own events write its open fault and its
+    // storm bookkeeping.
+    let (flags, start, st) = unsafe { ((*s).flags, (*s).fault_start, &mut *st) };
+    if flags & F_FAULT_UNTIMED != 0 {
+        // A storm's untimed fault: counted, no clock read.
+        update(s, |s| {
+            s.fault_close_untimed(st);
+        });
+        return;
+    }
+    if start == 0 {
         // A `get_user_pages` fault, or one in progress at attach: not counted.
         return;
     }
-    let (mut lat, mut class, mut refault) = (0u64, 0usize, None);
+    // SAFETY: helper without preconditions.
+    let now = unsafe { bpf_ktime_get_ns() };
+    let (mut lat, mut class, mut weight, mut refault) = (0u64, 0usize, 1u64, None);
     update(s, |s| {
         let start = s.fault_start;
         let opened = s.flags & F_FAULT_REFAULT != 0;
-        if let Some(c) = s.fault_close(now) {
-            (lat, class) = c;
+        if let Some(c) = s.fault_close(now, st) {
+            (lat, class, weight) = c;
         }
         if opened {
             refault = Some((start, s.time[T_FAULT_IO]));
         }
     });
-    closed(tid, slot, lat, class, refault);
+    closed(tid, slot, lat, class, weight, refault);
 }
 
 /// The memcg close of a thread without a slot: in its overflow entry, or, with the table full,
@@ -276,8 +321,10 @@ fn memcg_major() {
     let Some(tid) = target_tid() else { return };
     if let Some(s) = state_of(tid) {
         // SAFETY: map value; only this thread's own events write its open fault.
-        if unsafe { (*s).fault_start } != 0 {
-            update(s, |s| s.flags |= F_FAULT_MAJOR);
+        if unsafe { (*s).fault_open() } {
+            // SAFETY: helper without preconditions.
+            let now = unsafe { bpf_ktime_get_ns() };
+            update(s, |s| s.fault_major(now));
         }
     } else if let Some(f) = OVERFLOW_FAULTS.get_ptr_mut(&tid) {
         // SAFETY: map value; only this thread's own fault events write it.
@@ -334,11 +381,7 @@ pub fn filemap_fault(_ctx: TracePointContext) -> u32 {
     // SAFETY: helper without preconditions.
     let now = unsafe { bpf_ktime_get_ns() };
     if let Some(s) = current_state(tid, now) {
-        update(s, |s| {
-            if s.fault_start != 0 {
-                s.flags |= F_FAULT_FILE;
-            }
-        });
+        update(s, |s| s.file_fault(now));
     }
     0
 }

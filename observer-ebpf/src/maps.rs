@@ -9,7 +9,10 @@ use aya_ebpf::{
 };
 use observer_common::{
     Config, FaultTimes, GlobalCounter,
-    attrib::{BioInflight, BioKey, DevIo, F_ON_CPU, Hist, MAX_SLOTS, N_HIST, ThreadState, TpOffsets},
+    attrib::{
+        BioInflight, BioKey, DevIo, F_ON_CPU, Hist, MAX_SLOTS, N_HIST, Storm, ThreadState, TpOffsets, seq_begin,
+        seq_end,
+    },
     faults::{GLOBAL_COUNTERS, MAX_OVERFLOW_THREADS, OverflowFaults},
 };
 
@@ -45,6 +48,10 @@ const CACHED: u64 = 1 << 31;
 /// Attribution state, one slot per thread of the target.
 #[map]
 pub static THREADS: Array<ThreadState> = Array::with_max_entries(MAX_SLOTS, 0);
+
+/// Each thread's storm-sampling bookkeeping (`observer_common::faults`), at its slot in `THREADS`.
+#[map]
+pub static STORMS: Array<Storm> = Array::with_max_entries(MAX_SLOTS, 0);
 
 /// Latencies of each thread's completed faults, at its slot in `THREADS`.
 #[map]
@@ -189,6 +196,18 @@ pub fn slot_of(tid: u32) -> Option<u32> {
     unsafe { SLOTS.get(&tid).copied() }
 }
 
+/// The slot of the current thread when it has one (no allocation), remembered in `SLOT_CACHE`.
+#[inline(always)]
+pub fn known_slot(tid: u32) -> Option<u32> {
+    if let Some(slot) = cached_slot(tid) {
+        return Some(slot);
+    }
+    // SAFETY: plain map lookup.
+    let slot = unsafe { SLOTS.get(&tid).copied() }?;
+    remember_slot(tid, slot);
+    Some(slot)
+}
+
 /// The state of a tracked thread (no allocation).
 #[inline(always)]
 pub fn state_of(tid: u32) -> Option<*mut ThreadState> {
@@ -199,12 +218,7 @@ pub fn state_of(tid: u32) -> Option<*mut ThreadState> {
 /// as "on CPU, user mode, accounting from now"; remembered in `SLOT_CACHE`.
 #[inline(always)]
 pub fn current_slot(tid: u32, now: u64) -> Option<u32> {
-    if let Some(slot) = cached_slot(tid) {
-        return Some(slot);
-    }
-    // SAFETY: plain map lookup.
-    if let Some(slot) = unsafe { SLOTS.get(&tid).copied() } {
-        remember_slot(tid, slot);
+    if let Some(slot) = known_slot(tid) {
         return Some(slot);
     }
     let next = SEQS.get_ptr_mut(0)?;
@@ -247,9 +261,9 @@ pub fn update(p: *mut ThreadState, f: impl FnOnce(&mut ThreadState)) {
     // SAFETY: `p` is a map value; `seq` is its first, 8-byte aligned field.
     unsafe {
         let seq = &raw mut (*p).seq;
-        seq_bump(seq);
+        seq_bump::<false>(seq);
         f(&mut *p);
-        seq_bump(seq);
+        seq_bump::<true>(seq);
     }
 }
 
@@ -257,15 +271,18 @@ pub fn update(p: *mut ThreadState, f: impl FnOnce(&mut ThreadState)) {
 #[unsafe(no_mangle)]
 static STORES_IN_ORDER: u8 = 0;
 
-/// One step of an update sequence (`ThreadState::seq`): plain stores kept in order by the
-/// compiler where the host keeps them in order, else an atomic fetch-and-add.
+/// One end (`END`: the end, else the begin) of an update sequence (`ThreadState::seq`): where
+/// the host keeps stores in order, a plain store of `attrib::seq_end` or `seq_begin` of the value
+/// read (safe with a second writer on another CPU), kept in order by the compiler; else an atomic
+/// fetch-and-add.
 #[inline(always)]
-fn seq_bump(seq: *mut u64) {
+fn seq_bump<const END: bool>(seq: *mut u64) {
     // SAFETY: a read-only global; `seq` points to an aligned u64 inside a map value.
     unsafe {
         if core::ptr::read_volatile(&STORES_IN_ORDER) != 0 {
             compiler_fence(Ordering::SeqCst);
-            core::ptr::write_volatile(seq, core::ptr::read_volatile(seq) + 1);
+            let read = core::ptr::read_volatile(seq);
+            core::ptr::write_volatile(seq, if END { seq_end(read) } else { seq_begin(read) });
             compiler_fence(Ordering::SeqCst);
         } else {
             atomic_fetch_add(seq, 1);

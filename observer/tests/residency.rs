@@ -555,6 +555,7 @@ fn churn_rides_on_the_probes_of_a_run() {
         markers_optional: false,
         bpf_stats: false,
         fault_close: FaultClose::Auto,
+        time_every_fault: false,
     })
     .expect("probes");
     let mut sampler = Sampler::new(&path, Some(target.id())).unwrap();

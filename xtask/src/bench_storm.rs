@@ -3,14 +3,16 @@
 //! The target is the workload's `anon` phase (fresh anonymous memory, one write per page, so
 //! one minor fault per page; by default 64 MiB mapped, touched and unmapped 64 times, a million
 //! faults in memory the guest reuses, so that the host's own faults on fresh guest memory do
-//! not swamp the comparison), run alone (A), under `observer run` (B), under `observer run
+//! not swamp the comparison), run alone (A), under `observer run` (B: storms sampled, the
+//! default), under `observer run --time-every-fault` (E: every fault timed), under `observer run
 //! --fault-close perf` (P: faults closed by the perf events, for comparison with the memcg close
-//! B uses where the kernel has it) and under `observer run --bpf-stats` (S), in A-B-P-S / S-P-B-A
-//! order over several rounds, on the same machine in the same run. The time compared is the workload's own clock around its phase (the observer's
+//! B uses where the kernel has it) and under `observer run --bpf-stats` (S), in A-B-E-P-S /
+//! S-P-E-B-A order over several rounds, on the same machine in the same run. The time compared is the workload's own clock around its phase (the observer's
 //! start-up, program loading included, is outside it). Printed: every round, the medians, and
-//! the slowdown `B / A` (goal: at most 1.1), and `P / A` and `S / A` beside it (what the perf
-//! close and the statistics add), and which close B used. The slowdown is the ratio of the
-//! medians; beside it, the rounds' own ratios paired (`B / A` and `B / P` of each round, whose
+//! the slowdown `B / A` (goal: at most 1.1), and `E / A`, `P / A` and `S / A` beside it (what
+//! timing every fault, the perf close and the statistics add), which close B used, and how many
+//! of B's faults were untimed (`minflt_untimed`: storm sampling, `observer_common::faults`). The slowdown is the ratio of the
+//! medians; beside it, the rounds' own ratios paired (`B / A`, `E / A`, `B / E` and `B / P` of each round, whose
 //! runs are adjacent, so that the host's drift over the run cancels): their geometric mean with
 //! a 95 % bootstrap interval over the rounds (`bench_util::paired_ratio_ci`).
 //!
@@ -216,17 +218,20 @@ pub fn main(args: &[String]) -> Result<()> {
     let mut obs =
         Observed { observer: &observer, workload: &workload, wl_args: &wl_args, kind: "anon", scratch: &scratch, n: 0 };
     println!(
-        "workload anon --size {size} --repeat {repeat} alone (A), under `observer run` (B), under `observer run \
-         --fault-close perf` (P: faults closed by perf events, the close before the memcg one) and under \
-         `observer run --bpf-stats` (S: the programs' cost), {rounds} rounds A-B-P-S / S-P-B-A"
+        "workload anon --size {size} --repeat {repeat} alone (A), under `observer run` (B: fault storms sampled), \
+         under `observer run --time-every-fault` (E), under `observer run --fault-close perf` (P: faults closed \
+         by perf events, the close before the memcg one) and under `observer run --bpf-stats` (S: the programs' \
+         cost), {rounds} rounds A-B-E-P-S / S-P-E-B-A"
     );
-    let (mut a_ns, mut b_ns, mut p_ns, mut s_ns, mut ratios) =
-        (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    let (mut a_ns, mut b_ns, mut e_ns, mut p_ns, mut s_ns, mut ratios) =
+        (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
     let (mut alone_ns, mut alone_faults) = (0u64, 0u64);
+    let (mut b_minflt, mut b_untimed) = (0u64, 0u64);
     let mut closes = Vec::new();
     for r in 0..rounds {
-        let order: [char; 4] = if r.is_multiple_of(2) { ['A', 'B', 'P', 'S'] } else { ['S', 'P', 'B', 'A'] };
-        let (mut a, mut b, mut p, mut st) = ((0u64, 0u64), (0u64, 0u64), (0u64, 0u64), (0u64, 0u64));
+        let order: [char; 5] = if r.is_multiple_of(2) { ['A', 'B', 'E', 'P', 'S'] } else { ['S', 'P', 'E', 'B', 'A'] };
+        let (mut a, mut b, mut e, mut p, mut st) =
+            ((0u64, 0u64), (0u64, 0u64), (0u64, 0u64), (0u64, 0u64), (0u64, 0u64));
         for side in order {
             match side {
                 'A' => a = phase(&run(Command::new(&workload).args(&wl_args))?, "anon")?,
@@ -234,7 +239,10 @@ pub fn main(args: &[String]) -> Result<()> {
                     let (ph, v) = obs.run(None, false, &[], &mut progs_total)?;
                     b = ph;
                     closes.push(fault_close(&v));
+                    b_minflt += v["totals"]["minflt"].as_u64().unwrap_or(0);
+                    b_untimed += v["totals"]["minflt_untimed"].as_u64().unwrap_or(0);
                 }
+                'E' => e = obs.run(None, false, &["--time-every-fault"], &mut progs_total)?.0,
                 'P' => p = obs.run(None, false, &["--fault-close", "perf"], &mut progs_total)?.0,
                 _ => {
                     st = obs.run(None, true, &[], &mut progs_total)?.0;
@@ -246,11 +254,13 @@ pub fn main(args: &[String]) -> Result<()> {
         let rate = |p: (u64, u64)| p.1 as f64 / p.0 as f64 * 1e3;
         println!(
             "round {r}: alone {:.3} s ({:.2} M faults/s), observed {:.3} s ({:.2} M faults/s), slowdown {ratio:.3}; \
-             perf close {:.3} s ({:.3}x); with statistics {:.3} s ({:.3}x)",
+             every fault timed {:.3} s ({:.3}x); perf close {:.3} s ({:.3}x); with statistics {:.3} s ({:.3}x)",
             a.0 as f64 / 1e9,
             rate(a),
             b.0 as f64 / 1e9,
             rate(b),
+            e.0 as f64 / 1e9,
+            e.0 as f64 / a.0 as f64,
             p.0 as f64 / 1e9,
             p.0 as f64 / a.0 as f64,
             st.0 as f64 / 1e9,
@@ -258,6 +268,7 @@ pub fn main(args: &[String]) -> Result<()> {
         );
         a_ns.push(a.0 as f64);
         b_ns.push(b.0 as f64);
+        e_ns.push(e.0 as f64);
         p_ns.push(p.0 as f64);
         s_ns.push(st.0 as f64);
         ratios.push(ratio);
@@ -273,27 +284,36 @@ pub fn main(args: &[String]) -> Result<()> {
             None => "n/a (fewer than two rounds)".to_string(),
         }
     };
-    let (ci_ab, ci_pb) = (paired(&a_ns, &b_ns), paired(&p_ns, &b_ns));
-    let (ma, mb, mp, ms) = (median(&mut a_ns), median(&mut b_ns), median(&mut p_ns), median(&mut s_ns));
+    let (ci_ab, ci_ae, ci_eb, ci_pb) =
+        (paired(&a_ns, &b_ns), paired(&a_ns, &e_ns), paired(&e_ns, &b_ns), paired(&p_ns, &b_ns));
+    let (ma, mb, me, mp, ms) =
+        (median(&mut a_ns), median(&mut b_ns), median(&mut e_ns), median(&mut p_ns), median(&mut s_ns));
     println!(
-        "median: alone {:.3} s, observed {:.3} s, with the perf close {:.3} s, observed with statistics {:.3} s",
+        "median: alone {:.3} s, observed {:.3} s, every fault timed {:.3} s, with the perf close {:.3} s, observed \
+         with statistics {:.3} s",
         ma / 1e9,
         mb / 1e9,
+        me / 1e9,
         mp / 1e9,
         ms / 1e9
     );
     println!("faults closed in B by: {}", closes.join(", "));
     println!(
+        "untimed in B (storm sampling): {b_untimed} of {b_minflt} minor faults ({:.1} %)",
+        100.0 * b_untimed as f64 / b_minflt.max(1) as f64
+    );
+    println!(
         "slowdown under the observer (observed / alone): {:.3} (goal <= {GOAL}); median of rounds {:.3}; \
-         with the perf close {:.3}; with --bpf-stats {:.3}",
+         every fault timed {:.3}; with the perf close {:.3}; with --bpf-stats {:.3}",
         mb / ma,
         median(&mut ratios),
+        me / ma,
         mp / ma,
         ms / ma
     );
     println!(
         "paired by round, geometric mean with a 95 % bootstrap interval over the rounds: observed / alone {ci_ab}; \
-         memcg close / perf close {ci_pb}"
+         every fault timed / alone {ci_ae}; observed / every fault timed {ci_eb}; memcg close / perf close {ci_pb}"
     );
     let observed_faults = stats_faults;
     let n_observed = rounds;

@@ -43,9 +43,24 @@ pub struct FaultCounts {
     pub unmatched_entries: u64,
     /// Fault exits with no recorded entry (counted, without time).
     pub unmatched_exits: u64,
+    /// Minor faults taken untimed in fault storms (`observer_common::faults`): in `minflt`, their
+    /// time estimated.
+    pub minflt_untimed: u64,
 }
 
 impl FaultCounts {
+    /// Add another row's counts (a process's threads summed).
+    fn merge(&mut self, o: &FaultCounts) {
+        self.majflt += o.majflt;
+        self.minflt += o.minflt;
+        self.fault_ns += o.fault_ns;
+        self.majflt_ns += o.majflt_ns;
+        self.minflt_ns += o.minflt_ns;
+        self.unmatched_entries += o.unmatched_entries;
+        self.unmatched_exits += o.unmatched_exits;
+        self.minflt_untimed += o.minflt_untimed;
+    }
+
     fn add(&mut self, t: &FaultTotals) {
         self.majflt += t.majflt;
         self.minflt += t.minflt;
@@ -54,6 +69,7 @@ impl FaultCounts {
         self.fault_ns += t.majflt_ns + t.minflt_ns;
         self.unmatched_entries += t.unmatched_entries;
         self.unmatched_exits += t.unmatched_exits;
+        self.minflt_untimed += t.minflt_untimed;
     }
 }
 
@@ -105,13 +121,7 @@ impl ProcessRow {
             if t.tid == t.pid {
                 p.comm = t.comm.clone();
             }
-            p.counts.majflt += t.counts.majflt;
-            p.counts.minflt += t.counts.minflt;
-            p.counts.fault_ns += t.counts.fault_ns;
-            p.counts.majflt_ns += t.counts.majflt_ns;
-            p.counts.minflt_ns += t.counts.minflt_ns;
-            p.counts.unmatched_entries += t.counts.unmatched_entries;
-            p.counts.unmatched_exits += t.counts.unmatched_exits;
+            p.counts.merge(&t.counts);
             if let Some(a) = &t.attribution {
                 match &mut p.attribution {
                     None => p.attribution = Some(a.clone()),
@@ -373,6 +383,16 @@ impl Summary {
                 }
                 writeln!(out, "{name}-fault latency ({} faults):", h.count)?;
                 print_hist(out, h)?;
+            }
+            if totals.minflt_untimed > 0 {
+                writeln!(
+                    out,
+                    "sampled: {} of {} minor faults came in fault storms and were counted but not timed \
+                     (1 in {} timed; their time and histogram counts are estimated from those)",
+                    totals.minflt_untimed,
+                    totals.minflt,
+                    observer_common::attrib::STORM_SAMPLE
+                )?;
             }
             if totals.unmatched_entries + totals.unmatched_exits > 0 {
                 writeln!(

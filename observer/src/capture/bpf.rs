@@ -173,6 +173,8 @@ pub struct AttachOptions {
     pub bpf_stats: bool,
     /// Which event closes a fault (`observer_common::faults`).
     pub fault_close: FaultClose,
+    /// No storm sampling (`observer_common::faults`): every fault timed.
+    pub time_every_fault: bool,
 }
 
 /// Which event closes a fault (`observer_common::faults`: the memcg close and the perf close).
@@ -612,6 +614,7 @@ impl Probes {
         // program runs from the attach on, returning until the target is set.
         if let Some((pgfault, pgmajfault)) = attach_memcg_close(&mut ebpf, opts.fault_close, &mut attached)? {
             (config.memcg_close, config.pgfault_item, config.pgmajfault_item) = (1, pgfault, pgmajfault);
+            config.storm_sampling = !opts.time_every_fault as u32;
         }
         set(&mut ebpf, "CONFIG", 0, config)?;
         set(&mut ebpf, "OFFSETS", 0, offsets)?;
@@ -877,6 +880,7 @@ impl Probes {
             markers_optional: false,
             bpf_stats: false,
             fault_close: FaultClose::Auto,
+            time_every_fault: false,
         };
         let m = attach_markers(&mut self.ebpf, &opts, &mut self.attached)?;
         self.markers = m.clone();

@@ -282,6 +282,8 @@ pub struct SessionOptions {
     pub bpf_stats: bool,
     /// Which event closes a fault (`--fault-close`).
     pub fault_close: FaultClose,
+    /// No storm sampling: every fault timed (`--time-every-fault`).
+    pub time_every_fault: bool,
 }
 
 impl SessionOptions {
@@ -302,6 +304,7 @@ impl SessionOptions {
             without_tokens_ok: false,
             bpf_stats: false,
             fault_close: FaultClose::Auto,
+            time_every_fault: false,
         }
     }
 }
@@ -403,9 +406,17 @@ impl Session {
         let follow_children = s.opts.follow_children;
         let held = s.target.is_spawned();
         let (markers_optional, bpf_stats) = (s.opts.without_tokens_ok, s.opts.bpf_stats);
-        let fault_close = s.opts.fault_close;
-        let opts =
-            AttachOptions { target: pid, markers, follow_children, held, markers_optional, bpf_stats, fault_close };
+        let (fault_close, time_every_fault) = (s.opts.fault_close, s.opts.time_every_fault);
+        let opts = AttachOptions {
+            target: pid,
+            markers,
+            follow_children,
+            held,
+            markers_optional,
+            bpf_stats,
+            fault_close,
+            time_every_fault,
+        };
         let probes = match Probes::attach(&opts) {
             Ok(p) => p,
             Err(e @ (ProbeError::Permission(_) | ProbeError::Load(_))) if s.opts.mode == Mode::EbpfOrProcfs => {
