@@ -22,9 +22,14 @@
 //! - [`Discovery`] keeps at most `limit` distinct label sets; a target with a
 //!   new label set beyond that is not followed and is counted in
 //!   [`Discovery::dropped`].
-//! - Each process is classified once per lifetime (keyed by PID and start
-//!   time), so a scan costs a `/proc` listing plus the new processes; but a
-//!   target found before it mapped a `.gguf` file (an engine found by its
+//! - A process is classified when first seen (keyed by PID and start time),
+//!   so a scan costs a `/proc` listing, each process's `stat`, and the
+//!   classification of the new ones. A process found not to be a target is
+//!   classified again when its `comm` changed (an `exec`: a wrapper such as
+//!   `sh -c`, `env` or `taskset` that becomes the engine keeps its PID and
+//!   start time) or, at most every [`RECLASSIFY_EVERY`], when its virtual size
+//!   changed (it mapped something: a Python program that loads an engine
+//!   library and then its model). A target found before it mapped a `.gguf` file (an engine found by its
 //!   markers or profile while it loads) has its mappings read again at each
 //!   scan until one appears, and from then on carries that `model` label (a
 //!   new label set, within the limit; at the limit it keeps its old one).
@@ -42,6 +47,8 @@ use super::profile::{self, Profile};
 
 /// How old a target without a model must be to be reported (module spec).
 pub const MODEL_GRACE: Duration = Duration::from_millis(500);
+/// How often a non-target whose virtual size keeps changing is classified again (module spec).
+pub const RECLASSIFY_EVERY: Duration = Duration::from_secs(1);
 
 /// The labels of a discovered target.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -60,12 +67,41 @@ pub struct Target {
     pub labels: Labels,
 }
 
+/// A process as its `/proc/PID/stat` shows it at a scan.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Stat {
+    /// Start time in clock ticks since boot: with the PID, the process.
+    start: u64,
+    /// Its name: changes at `exec`.
+    comm: String,
+    /// Virtual size in bytes: changes with its mappings.
+    vsize: u64,
+}
+
+/// A classified process: its labels (None if it is not a target), and what it was when classified.
+#[derive(Debug)]
+struct Seen {
+    labels: Option<Labels>,
+    comm: String,
+    vsize: u64,
+    at: std::time::Instant,
+}
+
+impl Seen {
+    /// A non-target to classify again (module spec): it `exec`ed, or it mapped something and was
+    /// last classified [`RECLASSIFY_EVERY`] ago.
+    fn stale(&self, now: &Stat) -> bool {
+        self.labels.is_none()
+            && (self.comm != now.comm || (self.vsize != now.vsize && self.at.elapsed() >= RECLASSIFY_EVERY))
+    }
+}
+
 /// The state kept between scans.
 #[derive(Debug)]
 pub struct Discovery {
     limit: usize,
-    /// (pid, start) → its labels, or None if it is not a target.
-    seen: HashMap<(u32, u64), Option<Labels>>,
+    /// (pid, start) → what it was when classified, and its labels.
+    seen: HashMap<(u32, u64), Seen>,
     label_sets: BTreeSet<Labels>,
     dropped: BTreeSet<(u32, u64)>,
 }
@@ -78,32 +114,40 @@ impl Discovery {
     /// The live targets, oldest first (within the cardinality limit).
     pub fn scan(&mut self) -> Vec<Target> {
         let me = std::process::id();
-        let mut live: Vec<(u32, u64)> = Vec::new();
+        let mut live: Vec<(u32, Stat)> = Vec::new();
         let Ok(dir) = std::fs::read_dir("/proc") else { return Vec::new() };
         for e in dir.flatten() {
             let Some(pid) = e.file_name().to_str().and_then(|s| s.parse::<u32>().ok()) else { continue };
             if pid == me {
                 continue;
             }
-            let Some(start) = start_time(pid) else { continue };
-            live.push((pid, start));
+            let Some(stat) = stat(pid) else { continue };
+            live.push((pid, stat));
         }
-        let alive: BTreeSet<(u32, u64)> = live.iter().copied().collect();
+        let alive: BTreeSet<(u32, u64)> = live.iter().map(|(pid, s)| (*pid, s.start)).collect();
         self.seen.retain(|k, _| alive.contains(k));
         self.dropped.retain(|k| alive.contains(k));
         let mut out = Vec::new();
-        for (pid, start) in live {
+        for (pid, now) in live {
+            let start = now.start;
             let entry = match self.seen.entry((pid, start)) {
-                Entry::Occupied(e) => e.into_mut(),
-                Entry::Vacant(v) => {
+                Entry::Occupied(e) if !e.get().stale(&now) => e.into_mut(),
+                e => {
                     let labels = classify(pid);
                     if labels.as_ref().is_some_and(|l| l.model.is_empty()) && age(start) < MODEL_GRACE {
                         continue; // looked at again at the next scan
                     }
-                    v.insert(labels)
+                    let seen = Seen { labels, comm: now.comm, vsize: now.vsize, at: std::time::Instant::now() };
+                    match e {
+                        Entry::Occupied(mut o) => {
+                            o.insert(seen);
+                            o.into_mut()
+                        }
+                        Entry::Vacant(v) => v.insert(seen),
+                    }
                 }
             };
-            if let Some(l) = entry.as_mut().filter(|l| l.model.is_empty()) {
+            if let Some(l) = entry.labels.as_mut().filter(|l| l.model.is_empty()) {
                 let model = std::fs::read_to_string(format!("/proc/{pid}/maps")).ok().and_then(|m| gguf_of_maps(&m));
                 if let Some(model) = model {
                     let new = Labels { model, ..l.clone() };
@@ -112,8 +156,7 @@ impl Discovery {
                     }
                 }
             }
-            let labels = entry.clone();
-            let Some(labels) = labels else { continue };
+            let Some(labels) = entry.labels.clone() else { continue };
             if !self.label_sets.contains(&labels) {
                 if self.label_sets.len() >= self.limit {
                     if self.dropped.insert((pid, start)) {
@@ -148,10 +191,10 @@ fn age(start_ticks: u64) -> Duration {
     Duration::try_from_secs_f64(up - started).unwrap_or(Duration::ZERO)
 }
 
-/// `/proc/PID/stat` field 22, for a live process (not a zombie).
-fn start_time(pid: u32) -> Option<u64> {
-    let stat = procfs::process::Process::new(pid as i32).and_then(|p| p.stat()).ok()?;
-    (!matches!(stat.state, 'Z' | 'X')).then_some(stat.starttime)
+/// `/proc/PID/stat` of a live process (not a zombie).
+fn stat(pid: u32) -> Option<Stat> {
+    let s = procfs::process::Process::new(pid as i32).and_then(|p| p.stat()).ok()?;
+    (!matches!(s.state, 'Z' | 'X')).then_some(Stat { start: s.starttime, comm: s.comm, vsize: s.vsize })
 }
 
 /// This process's labels if it is a target.
@@ -356,6 +399,57 @@ mod tests {
             c.wait().unwrap();
         }
         assert!(mine(&Discovery::new(100).scan()).is_empty(), "ended processes are gone");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// A process seen before it was a target is found once it is one: a wrapper that `exec`s the
+    /// engine (same PID and start time, new `comm`), and a program that maps its model later
+    /// (same `comm`, new mapping).
+    #[test]
+    fn a_process_that_becomes_a_target_later_is_discovered() {
+        use std::io::{BufRead, BufReader, Write};
+        let dir = std::env::temp_dir().join(format!("observer-discover-later-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let f = dir.join("later.gguf");
+        std::fs::write(&f, [0u8; 4096]).unwrap();
+        // Prints a line, waits for one, then maps the file, prints again and waits.
+        let python = "import mmap,sys,time; print(flush=True); sys.stdin.readline(); f=open(sys.argv[1],'rb'); \
+                      m=mmap.mmap(f.fileno(),0,prot=mmap.PROT_READ); print(flush=True); time.sleep(60)";
+        let script = format!("read x; exec python3 -c \"{python}\" \"$1\"");
+        let cases: [(&str, Vec<&str>); 2] =
+            [("exec", vec!["sh", "-c", &script, "sh"]), ("a later mapping", vec!["python3", "-c", python])];
+        for (case, argv) in cases {
+            let mut child = std::process::Command::new(argv[0])
+                .args(&argv[1..])
+                .arg(&f)
+                .stdin(std::process::Stdio::piped())
+                .stdout(std::process::Stdio::piped())
+                .spawn()
+                .expect("sh and python3");
+            let pid = child.id();
+            let mut stdin = child.stdin.take().unwrap();
+            let mut out = BufReader::new(child.stdout.take().unwrap());
+            let mut line = String::new();
+            let mine = |ts: Vec<Target>| ts.into_iter().find(|t| t.pid == pid);
+            let mut d = Discovery::new(100);
+            if case == "exec" {
+                // sh waits for its line: not a target.
+                std::thread::sleep(Duration::from_millis(100));
+                assert_eq!(mine(d.scan()), None, "{case}: sh is not a target");
+                writeln!(stdin).unwrap();
+                out.read_line(&mut line).unwrap();
+            } else {
+                out.read_line(&mut line).unwrap();
+                assert_eq!(mine(d.scan()), None, "{case}: python without the file is not a target");
+            }
+            std::thread::sleep(RECLASSIFY_EVERY);
+            writeln!(stdin).unwrap();
+            out.read_line(&mut line).unwrap();
+            let found = mine(d.scan());
+            assert_eq!(found.map(|t| t.labels.model), Some("later.gguf".to_string()), "{case}");
+            child.kill().unwrap();
+            child.wait().unwrap();
+        }
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }
