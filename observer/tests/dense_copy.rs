@@ -36,6 +36,9 @@ const BALLOON_MIB: u64 = 64;
 /// How long after a token's end the observer's sample of it may be taken (it polls every
 /// 10 ms here; slack for a busy machine).
 const WINDOW_NS: u64 = 250_000_000;
+/// How old a residency sample the observer may reuse for a token (the test's
+/// `--residency-interval`).
+const REUSE_NS: u64 = 1_000_000;
 /// |observer − smaps| allowed for a fraction of the copy's pages (1 % of ~11 500 pages).
 const TOL: f64 = 0.01;
 
@@ -315,7 +318,6 @@ fn anon_copy_swapped_to_zram_is_measured_and_agrees_with_smaps() {
     for s in &o.smaps {
         assert!(s.rss + s.swap <= c.pages + 1, "smaps {}+{} pages in a copy of {}", s.rss, s.swap, c.pages);
     }
-    const REUSE_NS: u64 = 1_000_000;
     let mut compared = 0;
     for t in &anon {
         let end = end_ns(t);

@@ -29,8 +29,9 @@
 //!   `sh -c`, `env` or `taskset` that becomes the engine keeps its PID and
 //!   start time) or, at most every [`RECLASSIFY_EVERY`], when its virtual size
 //!   changed (it mapped something: a Python program that loads an engine
-//!   library and then its model). A target found before it mapped a `.gguf` file (an engine found by its
-//!   markers or profile while it loads) has its mappings read again at each
+//!   library and then its model). A target found before it mapped a `.gguf`
+//!   file (an engine found by its markers or profile while it loads) has its
+//!   mappings read again at each
 //!   scan until one appears, and from then on carries that `model` label (a
 //!   new label set, within the limit; at the limit it keeps its old one).
 //!   So that a starting engine is not first labelled `model=""` for the few
@@ -68,7 +69,7 @@ pub struct Target {
 }
 
 /// A process as its `/proc/PID/stat` shows it at a scan.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug)]
 struct Stat {
     /// Start time in clock ticks since boot: with the PID, the process.
     start: u64,
@@ -82,8 +83,7 @@ struct Stat {
 #[derive(Debug)]
 struct Seen {
     labels: Option<Labels>,
-    comm: String,
-    vsize: u64,
+    was: Stat,
     at: std::time::Instant,
 }
 
@@ -92,7 +92,7 @@ impl Seen {
     /// last classified [`RECLASSIFY_EVERY`] ago.
     fn stale(&self, now: &Stat) -> bool {
         self.labels.is_none()
-            && (self.comm != now.comm || (self.vsize != now.vsize && self.at.elapsed() >= RECLASSIFY_EVERY))
+            && (self.was.comm != now.comm || (self.was.vsize != now.vsize && self.at.elapsed() >= RECLASSIFY_EVERY))
     }
 }
 
@@ -137,14 +137,7 @@ impl Discovery {
                     if labels.as_ref().is_some_and(|l| l.model.is_empty()) && age(start) < MODEL_GRACE {
                         continue; // looked at again at the next scan
                     }
-                    let seen = Seen { labels, comm: now.comm, vsize: now.vsize, at: std::time::Instant::now() };
-                    match e {
-                        Entry::Occupied(mut o) => {
-                            o.insert(seen);
-                            o.into_mut()
-                        }
-                        Entry::Vacant(v) => v.insert(seen),
-                    }
+                    e.insert_entry(Seen { labels, was: now, at: std::time::Instant::now() }).into_mut()
                 }
             };
             if let Some(l) = entry.labels.as_mut().filter(|l| l.model.is_empty()) {
