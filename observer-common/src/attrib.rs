@@ -212,8 +212,12 @@ pub const STORM_WINDOW: u32 = 64;
 /// In a storm, 1 user-mode fault in this many is timed, on average.
 pub const STORM_SAMPLE: u32 = 8;
 /// A window is a storm when its faults came faster than this on average (ns per fault, the
-/// time between faults included) and none was slow.
-pub const STORM_NS_PER_FAULT: u64 = 4_000;
+/// time between faults included) and none was slow. Timing a fault costs its thread about
+/// 0.15–0.2 µs more than leaving it untimed, over 1 % of the thread's time below this rate; a
+/// plain minor fault takes 1.3–2.5 µs from one to the next on this project's VMs and 5 µs on a
+/// busier host (the CI's, two threads of one process faulting), so a lower bound (4 µs, the first
+/// one) missed whole storms there.
+pub const STORM_NS_PER_FAULT: u64 = 16_000;
 
 /// One thread's attribution state and cumulative accumulators (nanoseconds).
 /// Lives in the `THREADS` array map, one slot per thread of the target.

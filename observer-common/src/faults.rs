@@ -39,8 +39,9 @@
 //! Under the memcg close (unless `observer run --time-every-fault`), a thread whose faults come
 //! in a *storm* has most of its user-mode faults counted but not timed:
 //! - A thread's faults are taken in *windows* of `attrib::STORM_WINDOW` (64) faults. When a window
-//!   is full, the next one is a storm if this one lasted less than `STORM_NS_PER_FAULT` (4 µs)
-//!   per fault and none of its faults was *slow*: blocked or was preempted (`sched_switch`),
+//!   is full, the next one is a storm if this one lasted less than `STORM_NS_PER_FAULT` (16 µs)
+//!   per fault (where timing every fault would cost the thread over 1 % of its time) and none of
+//!   its faults was *slow*: blocked or was preempted (`sched_switch`),
 //!   reclaimed, queued a read bio, counted `PGMAJFAULT`, went through `filemap_fault`, or brought
 //!   back an evicted page. The thread's first window is never a storm.
 //! - In a storm, a user-mode fault enters *untimed* (no clock read, `attrib::F_FAULT_UNTIMED`)

@@ -182,9 +182,13 @@ pub fn beside_perf_stat(dir: &std::path::Path, command: &str) -> (String, Value)
     (perf, summary)
 }
 
+/// The file in its `dir` where [`beside_perf_stat_and_bpftrace`] keeps the target's stdout.
+pub const TARGET_OUT: &str = "target.out";
+
 /// [`beside_perf_stat`], with a bpftrace script also attached before the `exec` and stopped after
 /// the observer has ended (every `$PID` in `script` is the target's PID); its output is the third
-/// value. `observer_args` go to `observer run` before `--pid`.
+/// value. `observer_args` go to `observer run` before `--pid`. The target's stdout is kept in
+/// `dir`'s [`TARGET_OUT`].
 pub fn beside_perf_stat_and_bpftrace(
     dir: &std::path::Path,
     command: &str,
@@ -197,7 +201,7 @@ pub fn beside_perf_stat_and_bpftrace(
     let mut target = Command::new("/bin/sh")
         .args(["-c", &format!("read go; exec {command}")])
         .stdin(Stdio::piped())
-        .stdout(Stdio::null())
+        .stdout(std::fs::File::create(dir.join(TARGET_OUT)).expect("the target's stdout file"))
         .spawn()
         .expect("spawn target shell");
     let pid = target.id().to_string();
