@@ -615,8 +615,12 @@ fn discovery_finds_an_engine_profile_loaded_with_dlopen() {
     let pid = child.id();
     // A process without a model is reported once it is MODEL_GRACE old.
     std::thread::sleep(observer::capture::discover::MODEL_GRACE + std::time::Duration::from_millis(200));
-    let found: Vec<_> =
-        observer::capture::discover::Discovery::new(100).scan().into_iter().filter(|t| t.pid == pid).collect();
+    let found: Vec<_> = observer::capture::discover::Discovery::new(100)
+        .scan()
+        .expect("/proc lists")
+        .into_iter()
+        .filter(|t| t.pid == pid)
+        .collect();
     let _ = child.kill();
     let _ = child.wait();
     assert_eq!(found.len(), 1, "the dlopen'ed libllama makes it a target");

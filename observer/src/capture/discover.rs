@@ -37,6 +37,8 @@
 //!   So that a starting engine is not first labelled `model=""` for the few
 //!   milliseconds before it maps its model, a target without a model is only
 //!   reported once it is [`MODEL_GRACE`] old.
+//! - A `/proc` that cannot be listed is an error naming it (not a host without
+//!   engines); what was seen is kept for the next scan.
 
 use std::{
     collections::{BTreeSet, HashMap, hash_map::Entry},
@@ -111,11 +113,19 @@ impl Discovery {
         Discovery { limit, seen: HashMap::new(), label_sets: BTreeSet::new(), dropped: BTreeSet::new() }
     }
 
-    /// The live targets, oldest first (within the cardinality limit).
-    pub fn scan(&mut self) -> Vec<Target> {
+    /// The live targets, oldest first (within the cardinality limit); an error naming `/proc`
+    /// when it cannot be listed (nothing is forgotten then).
+    pub fn scan(&mut self) -> std::io::Result<Vec<Target>> {
+        self.scan_listing(Path::new("/proc"))
+    }
+
+    /// [`Self::scan`], with the processes listed from `proc` (a test lists a directory that
+    /// cannot be read; each process's files are read from `/proc`).
+    fn scan_listing(&mut self, proc: &Path) -> std::io::Result<Vec<Target>> {
         let me = std::process::id();
         let mut live: Vec<(u32, Stat)> = Vec::new();
-        let Ok(dir) = std::fs::read_dir("/proc") else { return Vec::new() };
+        let dir = std::fs::read_dir(proc)
+            .map_err(|e| std::io::Error::new(e.kind(), format!("cannot list {}: {e}", proc.display())))?;
         for e in dir.flatten() {
             let Some(pid) = e.file_name().to_str().and_then(|s| s.parse::<u32>().ok()) else { continue };
             if pid == me {
@@ -167,7 +177,7 @@ impl Discovery {
             out.push(Target { pid, start, labels });
         }
         out.sort_by_key(|t| (t.start, t.pid));
-        out
+        Ok(out)
     }
 
     /// Targets not followed because of the limit, among the live ones.
@@ -378,21 +388,34 @@ mod tests {
         }
         let pids: Vec<u32> = children.iter().map(|c| c.id()).collect();
         let mine = |ts: &[Target]| ts.iter().filter(|t| pids.contains(&t.pid)).cloned().collect::<Vec<_>>();
-        let found = mine(&Discovery::new(100).scan());
+        let found = mine(&Discovery::new(100).scan().unwrap());
         assert_eq!(found.len(), 2, "{found:?}");
         assert_eq!(found[0].labels, Labels { engine: "gguf", model: "a.gguf".into(), container: String::new() });
         assert_eq!(found[1].labels.model, "b.gguf");
         // A limit of one label set: the second model is not followed, and counted.
         let mut d = Discovery::new(1);
-        let found = mine(&d.scan());
-        let others = d.scan().len();
+        let found = mine(&d.scan().unwrap());
+        let others = d.scan().unwrap().len();
         assert!(found.len() <= 1 && others <= 1 && d.dropped() >= 1, "{found:?} dropped {}", d.dropped());
         for mut c in children {
             c.kill().unwrap();
             c.wait().unwrap();
         }
-        assert!(mine(&Discovery::new(100).scan()).is_empty(), "ended processes are gone");
+        assert!(mine(&Discovery::new(100).scan().unwrap()).is_empty(), "ended processes are gone");
         std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// A listing that cannot be read is an error naming it, not a host without engines, and what
+    /// was seen is kept for the next scan.
+    #[test]
+    fn a_proc_that_cannot_be_listed_is_an_error_naming_it() {
+        let mut d = Discovery::new(100);
+        d.scan().unwrap();
+        let seen = d.seen.len();
+        assert!(seen > 0, "this test's own process tree is on the host");
+        let e = d.scan_listing(Path::new("/nonexistent/proc")).unwrap_err();
+        assert!(e.to_string().starts_with("cannot list /nonexistent/proc: "), "{e}");
+        assert_eq!(d.seen.len(), seen);
     }
 
     /// A process seen before it was a target is found once it is one: a wrapper that `exec`s the
@@ -428,17 +451,17 @@ mod tests {
             if case == "exec" {
                 // sh waits for its line: not a target.
                 std::thread::sleep(Duration::from_millis(100));
-                assert_eq!(mine(d.scan()), None, "{case}: sh is not a target");
+                assert_eq!(mine(d.scan().unwrap()), None, "{case}: sh is not a target");
                 writeln!(stdin).unwrap();
                 out.read_line(&mut line).unwrap();
             } else {
                 out.read_line(&mut line).unwrap();
-                assert_eq!(mine(d.scan()), None, "{case}: python without the file is not a target");
+                assert_eq!(mine(d.scan().unwrap()), None, "{case}: python without the file is not a target");
             }
             std::thread::sleep(RECLASSIFY_EVERY);
             writeln!(stdin).unwrap();
             out.read_line(&mut line).unwrap();
-            let found = mine(d.scan());
+            let found = mine(d.scan().unwrap());
             assert_eq!(found.map(|t| t.labels.model), Some("later.gguf".to_string()), "{case}");
             child.kill().unwrap();
             child.wait().unwrap();

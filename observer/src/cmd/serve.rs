@@ -192,13 +192,31 @@ async fn discover_loop(limit: usize, name: Option<&str>, run: RunArgs, ex: &Arc<
                 }
             }
         };
+    // Whether the last scan could not list the processes (said once, until one can).
+    let mut unlisted = false;
     while !stop.signalled() {
-        let live = discovery.scan();
+        let live = match discovery.scan() {
+            Ok(live) => {
+                if std::mem::take(&mut unlisted) {
+                    log::info!("serve: discovery lists the processes again");
+                }
+                live
+            }
+            Err(e) => {
+                if !std::mem::replace(&mut unlisted, true) {
+                    log::warn!("serve: discovery: {e}; no engine can be found until it can (is procfs mounted here?)");
+                }
+                ex.degrade(format!("discovery: {e}"));
+                Vec::new()
+            }
+        };
         if discovery.dropped() > reported_drops {
             reported_drops = discovery.dropped();
             ex.degrade(format!("discovery: {reported_drops} target(s) beyond --max-targets {limit} not followed"));
         }
-        skip.retain(|k| live.iter().any(|t| (t.pid, t.start) == *k));
+        if !unlisted {
+            skip.retain(|k| live.iter().any(|t| (t.pid, t.start) == *k));
+        }
         for t in live {
             let key = (t.pid, t.start);
             let l = t.labels;
