@@ -419,8 +419,8 @@ fn both_fault_closes_count_each_threads_faults_as_perf_does() {
 /// `perf stat`. The untimed faults are said (`minflt_untimed`); each is in the minor-fault
 /// histogram but the few still waiting for a sample when the thread ended. `--time-every-fault`
 /// times every fault. The storm's estimated fault time, as a share of the workload's own time per
-/// fault, agrees with timing every fault, in runs alternated in this test. A run the workload's own clock says was a storm is mostly untimed.
-/// Without the memcg close nothing is sampled.
+/// fault, agrees with timing every fault, in runs alternated in this test. A run the workload's
+/// own clock says was a storm is mostly untimed. Without the memcg close nothing is sampled.
 #[test]
 fn a_fault_storm_is_sampled_with_exact_counts_and_its_time_estimated() {
     let _l = machine_lock();
@@ -485,12 +485,12 @@ fn a_fault_storm_is_sampled_with_exact_counts_and_its_time_estimated() {
             }
             let untimed = u(t, "minflt_untimed");
             assert!(in_tokens <= untimed && in_tokens * 10 >= untimed * 9, "tokens {in_tokens} vs run {untimed}");
+            let m = pace(r.workload.first().expect("the storm's JSON line"));
             if !every {
-                sampled.push((format!("pair {round}"), pace(&r.workload[0]), untimed, n));
+                sampled.push((format!("pair {round}"), m, untimed, n));
             }
             let per_fault = |ns: u64| ns as f64 / n as f64;
-            pair[every as usize] =
-                [per_fault(u(a, "fault_minor_ns")), per_fault(u(t, "minflt_ns")), pace(&r.workload[0])];
+            pair[every as usize] = [per_fault(u(a, "fault_minor_ns")), per_fault(u(t, "minflt_ns")), m];
         }
         pairs.push(pair);
     }

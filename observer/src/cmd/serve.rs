@@ -205,8 +205,8 @@ async fn discover_loop(limit: usize, name: Option<&str>, run: RunArgs, ex: &Arc<
             Err(e) => {
                 if !std::mem::replace(&mut unlisted, true) {
                     log::warn!("serve: discovery: {e}; no engine can be found until it can (is procfs mounted here?)");
+                    ex.degrade(format!("discovery: {e}"));
                 }
-                ex.degrade(format!("discovery: {e}"));
                 Vec::new()
             }
         };
