@@ -20,6 +20,9 @@
 //!   (`observer_common::faults`).
 //! - `filemap_fault`: tracepoint `filemap:mm_filemap_fault` marks the open
 //!   fault as a file fault (optional, Linux >= 6.8).
+//! - `fault_floor`: returns at once. `observer run --fault-dispatch-only` attaches it to the
+//!   fault hooks in place of the programs above (the raw entries and the memcg close): what the
+//!   kernel's dispatch of those hooks costs a fault with no work in them (`bench storm`'s floor).
 //!
 //! All run synchronously in the faulting task, so the current TID is the
 //! faulting thread. Minimum kernel: 4.9 (BPF on perf events).
@@ -81,6 +84,13 @@ pub fn fault_entry_user(_ctx: RawTracePointContext) -> i32 {
         }
     }
     enter_timed(tid);
+    0
+}
+
+/// The dispatch floor (module doc): no work, so a run under it costs what the kernel's calls of
+/// the fault hooks cost.
+#[raw_tracepoint]
+pub fn fault_floor(_ctx: RawTracePointContext) -> i32 {
     0
 }
 

@@ -38,20 +38,19 @@ fn raw_fault_entries() -> bool {
 /// phase, all taken while the programs were attached), at most what `perf stat -a` counted on
 /// every CPU over a span that encloses the observer's whole run (the perf software events, and
 /// the `exceptions` tracepoints where the observer opens faults with them).
-#[test]
-fn per_program_bpf_run_counts_lie_between_the_workloads_faults_and_perf_stat_system_wide() {
-    let _l = machine_lock();
+/// `perf stat -a` (the fault events, and the tracepoints the fault programs use where the kernel
+/// has them) around `observer run --bpf-stats … extra -- workload anon --size 128M`: perf's text,
+/// the workload's own fault count (getrusage around its phase) and the observer's summary.
+fn observed_beside_perf_stat_system_wide(name: &str, extra: &[&str]) -> (String, u64, serde_json::Value) {
     let dir = scratch_dir("perfstat");
-    let perf_out = dir.join("perf-a.csv");
-    let json = dir.join("programs.json");
+    let perf_out = dir.join(format!("{name}-perf-a.csv"));
+    let json = dir.join(format!("{name}.json"));
     let _ = std::fs::remove_file(&json);
-    let raw = raw_fault_entries();
-    let memcg = kernel_has_the_memcg_close();
     let mut events = "page-faults,minor-faults,major-faults".to_string();
-    if raw {
+    if raw_fault_entries() {
         events += ",exceptions:page_fault_user,exceptions:page_fault_kernel";
     }
-    if memcg {
+    if kernel_has_the_memcg_close() {
         events += ",memcg:count_memcg_events";
     }
     let out = Command::new("perf")
@@ -59,6 +58,7 @@ fn per_program_bpf_run_counts_lie_between_the_workloads_faults_and_perf_stat_sys
         .arg(&perf_out)
         .args(["--", OBSERVER, "run", "--bpf-stats", "--every", "0", "--json"])
         .arg(&json)
+        .args(extra)
         .args(["--", workload(), "anon", "--size", "128M"])
         .output()
         .expect("perf not found: run `cargo xtask setup` (installs linux-perf)");
@@ -72,6 +72,14 @@ fn per_program_bpf_run_counts_lie_between_the_workloads_faults_and_perf_stat_sys
     let own = u(&phase, "minflt");
     assert!(own >= 32_000, "128 MiB of fresh pages fault at least 32768 times: {phase}");
     let v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    (perf_text, own, v)
+}
+
+#[test]
+fn per_program_bpf_run_counts_lie_between_the_workloads_faults_and_perf_stat_system_wide() {
+    let _l = machine_lock();
+    let (raw, memcg) = (raw_fault_entries(), kernel_has_the_memcg_close());
+    let (perf_text, own, v) = observed_beside_perf_stat_system_wide("programs", &[]);
     let progs = v["bpf_programs"].as_array().expect("bpf_programs in the summary (BPF_ENABLE_STATS refused?)");
     let prog = |name: &str| {
         progs.iter().find(|p| p["name"] == name).unwrap_or_else(|| panic!("no program {name} in {progs:?}"))
@@ -115,6 +123,45 @@ fn per_program_bpf_run_counts_lie_between_the_workloads_faults_and_perf_stat_sys
     let sum = |k: &str| progs.iter().map(|p| u(p, k)).sum::<u64>();
     assert_eq!(u(&v, "bpf_run_count"), sum("runs"));
     assert_eq!(u(&v, "bpf_run_ns"), sum("run_ns"));
+}
+
+/// `bench storm`'s floor (`observer run --fault-dispatch-only`): the fault hooks (x86's raw
+/// entries, and the memcg close where the kernel has it) run `fault_floor`, a program that
+/// returns at once, and none of the fault programs is loaded. Its run count is each hook's: at
+/// least once per fault of the workload per hook (getrusage), at most what `perf stat -a` counted
+/// of those events over the whole run; and the observer counts no fault.
+#[test]
+fn the_dispatch_floor_runs_an_empty_program_on_every_fault_hook_and_counts_nothing() {
+    let _l = machine_lock();
+    assert!(
+        raw_fault_entries(),
+        "--fault-dispatch-only measures x86's raw fault entries; this kernel has no exceptions:page_fault_user"
+    );
+    let memcg = kernel_has_the_memcg_close();
+    let (perf_text, own, v) = observed_beside_perf_stat_system_wide("floor", &["--fault-dispatch-only"]);
+    let probes: Vec<&str> = v["probes"].as_array().unwrap().iter().filter_map(|p| p.as_str()).collect();
+    let mut hooks = vec![("exceptions:page_fault_user", own), ("exceptions:page_fault_kernel", 0)];
+    if memcg {
+        hooks.push(("memcg:count_memcg_events", own));
+    }
+    for (event, _) in &hooks {
+        let probe = format!("raw_tp:{event} (dispatch only)");
+        assert!(probes.contains(&probe.as_str()), "{probe} not in {probes:?}");
+    }
+    let progs = v["bpf_programs"].as_array().expect("bpf_programs in the summary (BPF_ENABLE_STATS refused?)");
+    for name in ["fault_entry_user", "fault_entry_kernel", "fault_memcg", "fault_entry", "fault_exit_min"] {
+        assert!(progs.iter().all(|p| p["name"] != name), "{name} loaded under the floor: {progs:?}");
+    }
+    let floor =
+        progs.iter().find(|p| p["name"] == "fault_floor").unwrap_or_else(|| panic!("no fault_floor in {progs:?}"));
+    let runs = u(floor, "runs");
+    let (lower, upper): (u64, u64) =
+        hooks.iter().fold((0, 0), |(lo, hi), (event, own)| (lo + own, hi + perf_count(&perf_text, event)));
+    eprintln!("fault_floor: {runs} runs; the workload's faults × hooks {lower}, perf stat -a {upper}");
+    assert!(runs >= lower, "fault_floor ran {runs} times, fewer than the workload's faults on each hook ({lower})");
+    assert!(runs <= upper, "fault_floor ran {runs} times, more than perf stat -a counted on its hooks ({upper})");
+    let totals = &v["totals"];
+    assert_eq!(u(totals, "minflt") + u(totals, "majflt"), 0, "faults counted under the floor: {totals}");
 }
 
 /// Faults taken in kernel mode on the target's memory (`dd` reading `/dev/zero` into its fresh

@@ -6,15 +6,24 @@
 //! not swamp the comparison), run alone (A), under `observer run` (B: storms sampled, the
 //! default), under `observer run --time-every-fault` (E: every fault timed), under `observer run
 //! --fault-close perf` (P: faults closed by the perf events, for comparison with the memcg close
-//! B uses where the kernel has it) and under `observer run --bpf-stats` (S), in A-B-E-P-S /
-//! S-P-E-B-A order over several rounds, on the same machine in the same run. The time compared is the workload's own clock around its phase (the observer's
-//! start-up, program loading included, is outside it). Printed: every round, the medians, and
-//! the slowdown `B / A` (goal: at most 1.1), and `E / A`, `P / A` and `S / A` beside it (what
-//! timing every fault, the perf close and the statistics add), which close B used, and how many
+//! B uses where the kernel has it), under `observer run --bpf-stats` (S) and under `observer run
+//! --fault-dispatch-only` (D, the floor: the same fault hooks run a program that returns at once,
+//! so D / A is what the kernel's dispatch of those hooks costs a fault, and B / D what the
+//! observer's programs add to it), in A-B-E-P-S-D / D-S-P-E-B-A order over several rounds, on the
+//! same machine in the same run. The time compared is the workload's own clock around its phase (the observer's
+//! start-up, program loading included, is outside it). Printed first: the host's mitigations of
+//! indirect calls and returns (`/sys/devices/system/cpu/vulnerabilities`), which set what a
+//! dispatch costs. Then every round, the medians, and
+//! the slowdown `B / A` (goal: at most 1.1), and `E / A`, `P / A`, `S / A` and `D / A` beside it (what
+//! timing every fault, the perf close, the statistics and the bare dispatch cost), which close B used, and how many
 //! of B's faults were untimed (`minflt_untimed`: storm sampling, `observer_common::faults`). The slowdown is the ratio of the
-//! medians; beside it, the rounds' own ratios paired (`B / A`, `E / A`, `B / E` and `B / P` of each round, whose
+//! medians; beside it, the rounds' own ratios paired (`B / A`, `E / A`, `B / E`, `B / P`, `D / A` and `B / D` of each round, whose
 //! runs are adjacent, so that the host's drift over the run cancels): their geometric mean with
-//! a 95 % bootstrap interval over the rounds (`bench_util::paired_ratio_ci`).
+//! a 95 % bootstrap interval over the rounds (`bench_util::paired_ratio_ci`), and the paired
+//! ratios as ns per fault of the alone run (the dispatch's and the programs' share of the budget).
+//! Each round also runs the floor under the statistics (F, not timed): `fault_floor`'s ns per run
+//! there is what the statistics themselves add to any program run (their two clock reads), which
+//! the per-program table subtracts in its `net ns/run` column.
 //!
 //! The kernel-side cost per event, from the kernel's BPF run-time statistics of the S runs:
 //! `observer run --bpf-stats` turns them on while its programs are loaded (`BPF_ENABLE_STATS`,
@@ -50,6 +59,21 @@ use crate::{bench_util, cache, cmd};
 
 /// The slowdown goal; what is above 1 of it is the budget for the observer's work per fault.
 const GOAL: f64 = 1.1;
+
+/// The host's mitigations that make a kernel call or return dearer (a tracepoint's dispatch is a
+/// few of each): `spectre_v2` (retpolines: indirect calls) and `spec_rstack_overflow` ("Safe
+/// RET": every return), as the kernel reports them.
+fn mitigations() -> String {
+    let dir = Path::new("/sys/devices/system/cpu/vulnerabilities");
+    ["spectre_v2", "spec_rstack_overflow", "retbleed"]
+        .iter()
+        .map(|f| {
+            let v = std::fs::read_to_string(dir.join(f));
+            format!("{f}: {}", v.as_deref().map(str::trim).unwrap_or("(not reported by this kernel)"))
+        })
+        .collect::<Vec<_>>()
+        .join("; ")
+}
 
 /// The workload's phase of `kind`: wall time (ns) and its events (`minflt` for `anon`, `calls`
 /// for `pread`), by its own account.
@@ -137,21 +161,35 @@ impl Observed<'_> {
 }
 
 /// The programs that ran, most expensive first: per program, runs, ns per run, runs per event and
-/// ns per event (`events`: the workload's faults or reads over the observed runs).
-fn print_programs(progs: &Programs, events: u64, event: &str) {
-    let per = |x: u64| x as f64 / events.max(1) as f64;
+/// ns per event (`events`: the workload's faults or reads over the observed runs); with
+/// `stats_ns` (what the statistics add to a run), ns per run and per event net of it too.
+fn print_programs(progs: &Programs, events: u64, event: &str, stats_ns: Option<f64>) {
+    let per = |x: f64| x / events.max(1) as f64;
+    let net = |w: usize, v: f64| stats_ns.map(|_| format!(" {v:>w$.1}")).unwrap_or_default();
+    let head = |w: usize, t: &str| stats_ns.map(|_| format!(" {t:>w$}")).unwrap_or_default();
     println!(
-        "  {:<20} {:>12} {:>10} {:>12} {:>14}",
+        "  {:<20} {:>12} {:>10}{} {:>12} {:>14}{}",
         "program",
         "runs",
         "ns/run",
+        head(12, "net ns/run"),
         format!("runs/{event}"),
-        format!("ns per {event}")
+        format!("ns per {event}"),
+        head(14, &format!("net per {event}"))
     );
     let mut ran: Vec<_> = progs.iter().filter(|(_, (n, _))| *n > 0).collect();
     ran.sort_by_key(|(_, (_, ns))| std::cmp::Reverse(*ns));
     for (name, (n, ns)) in &ran {
-        println!("  {name:<20} {n:>12} {:>10.1} {:>12.3} {:>14.1}", *ns as f64 / *n as f64, per(*n), per(*ns));
+        let (n, ns) = (*n as f64, *ns as f64);
+        let net_ns = ns - n * stats_ns.unwrap_or(0.0);
+        println!(
+            "  {name:<20} {n:>12} {:>10.1}{} {:>12.3} {:>14.1}{}",
+            ns / n,
+            net(12, net_ns / n),
+            per(n),
+            per(ns),
+            net(14, per(net_ns))
+        );
     }
 }
 
@@ -213,25 +251,30 @@ pub fn main(args: &[String]) -> Result<()> {
     }
     let _lock = testkit::machine_lock();
     let wl_args = ["anon".to_string(), "--size".into(), size.clone(), "--repeat".into(), repeat.to_string()];
-    let mut progs_total = Programs::new();
+    let (mut progs_total, mut progs_floor) = (Programs::new(), Programs::new());
     let mut stats_faults = 0u64;
     let mut obs =
         Observed { observer: &observer, workload: &workload, wl_args: &wl_args, kind: "anon", scratch: &scratch, n: 0 };
     println!(
         "workload anon --size {size} --repeat {repeat} alone (A), under `observer run` (B: fault storms sampled), \
          under `observer run --time-every-fault` (E), under `observer run --fault-close perf` (P: faults closed \
-         by perf events, the close before the memcg one) and under `observer run --bpf-stats` (S: the programs' \
-         cost), {rounds} rounds A-B-E-P-S / S-P-E-B-A"
+         by perf events, the close before the memcg one), under `observer run --bpf-stats` (S: the programs' \
+         cost) and under `observer run --fault-dispatch-only` (D: the fault hooks' dispatch, programs that \
+         return at once), {rounds} rounds A-B-E-P-S-D / D-S-P-E-B-A"
     );
-    let (mut a_ns, mut b_ns, mut e_ns, mut p_ns, mut s_ns, mut ratios) =
-        (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    println!("host mitigations: {}", mitigations());
+    let (mut a_ns, mut b_ns, mut e_ns, mut p_ns, mut s_ns, mut d_ns, mut ratios) =
+        (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
     let (mut alone_ns, mut alone_faults) = (0u64, 0u64);
     let (mut b_minflt, mut b_untimed) = (0u64, 0u64);
     let mut closes = Vec::new();
     for r in 0..rounds {
-        let order: [char; 5] = if r.is_multiple_of(2) { ['A', 'B', 'E', 'P', 'S'] } else { ['S', 'P', 'E', 'B', 'A'] };
-        let (mut a, mut b, mut e, mut p, mut st) =
-            ((0u64, 0u64), (0u64, 0u64), (0u64, 0u64), (0u64, 0u64), (0u64, 0u64));
+        let mut order = ['A', 'B', 'E', 'P', 'S', 'D', 'F'];
+        if !r.is_multiple_of(2) {
+            order.reverse();
+        }
+        let (mut a, mut b, mut e, mut p, mut st, mut d) =
+            ((0u64, 0u64), (0u64, 0u64), (0u64, 0u64), (0u64, 0u64), (0u64, 0u64), (0u64, 0u64));
         for side in order {
             match side {
                 'A' => a = phase(&run(Command::new(&workload).args(&wl_args))?, "anon")?,
@@ -244,6 +287,8 @@ pub fn main(args: &[String]) -> Result<()> {
                 }
                 'E' => e = obs.run(None, false, &["--time-every-fault"], &mut progs_total)?.0,
                 'P' => p = obs.run(None, false, &["--fault-close", "perf"], &mut progs_total)?.0,
+                'D' => d = obs.run(None, false, &["--fault-dispatch-only"], &mut progs_total)?.0,
+                'F' => _ = obs.run(None, true, &["--fault-dispatch-only"], &mut progs_floor)?,
                 _ => {
                     st = obs.run(None, true, &[], &mut progs_total)?.0;
                     stats_faults += st.1;
@@ -254,7 +299,8 @@ pub fn main(args: &[String]) -> Result<()> {
         let rate = |p: (u64, u64)| p.1 as f64 / p.0 as f64 * 1e3;
         println!(
             "round {r}: alone {:.3} s ({:.2} M faults/s), observed {:.3} s ({:.2} M faults/s), slowdown {ratio:.3}; \
-             every fault timed {:.3} s ({:.3}x); perf close {:.3} s ({:.3}x); with statistics {:.3} s ({:.3}x)",
+             every fault timed {:.3} s ({:.3}x); perf close {:.3} s ({:.3}x); with statistics {:.3} s ({:.3}x); \
+             dispatch floor {:.3} s ({:.3}x)",
             a.0 as f64 / 1e9,
             rate(a),
             b.0 as f64 / 1e9,
@@ -264,38 +310,50 @@ pub fn main(args: &[String]) -> Result<()> {
             p.0 as f64 / 1e9,
             p.0 as f64 / a.0 as f64,
             st.0 as f64 / 1e9,
-            st.0 as f64 / a.0 as f64
+            st.0 as f64 / a.0 as f64,
+            d.0 as f64 / 1e9,
+            d.0 as f64 / a.0 as f64
         );
         a_ns.push(a.0 as f64);
         b_ns.push(b.0 as f64);
         e_ns.push(e.0 as f64);
         p_ns.push(p.0 as f64);
         s_ns.push(st.0 as f64);
+        d_ns.push(d.0 as f64);
         ratios.push(ratio);
         alone_ns += a.0;
         alone_faults += a.1;
     }
     closes.dedup();
     // The paired intervals, from each round's times (before the medians sort them).
-    let paired = |x: &[f64], y: &[f64]| {
+    let ratio_ci = |x: &[f64], y: &[f64]| {
         let pairs: Vec<(f64, f64)> = x.iter().copied().zip(y.iter().copied()).collect();
-        match bench_util::paired_ratio_ci(&pairs) {
-            Some((g, lo, hi)) => format!("{g:.3} [{lo:.3}, {hi:.3}]"),
-            None => "n/a (fewer than two rounds)".to_string(),
-        }
+        bench_util::paired_ratio_ci(&pairs)
+    };
+    let paired = |x: &[f64], y: &[f64]| match ratio_ci(x, y) {
+        Some((g, lo, hi)) => format!("{g:.3} [{lo:.3}, {hi:.3}]"),
+        None => "n/a (fewer than two rounds)".to_string(),
     };
     let (ci_ab, ci_ae, ci_eb, ci_pb) =
         (paired(&a_ns, &b_ns), paired(&a_ns, &e_ns), paired(&e_ns, &b_ns), paired(&p_ns, &b_ns));
-    let (ma, mb, me, mp, ms) =
-        (median(&mut a_ns), median(&mut b_ns), median(&mut e_ns), median(&mut p_ns), median(&mut s_ns));
+    let (ci_ad, ci_db) = (ratio_ci(&a_ns, &d_ns), ratio_ci(&d_ns, &b_ns));
+    let (ma, mb, me, mp, ms, md) = (
+        median(&mut a_ns),
+        median(&mut b_ns),
+        median(&mut e_ns),
+        median(&mut p_ns),
+        median(&mut s_ns),
+        median(&mut d_ns),
+    );
     println!(
         "median: alone {:.3} s, observed {:.3} s, every fault timed {:.3} s, with the perf close {:.3} s, observed \
-         with statistics {:.3} s",
+         with statistics {:.3} s, dispatch floor {:.3} s",
         ma / 1e9,
         mb / 1e9,
         me / 1e9,
         mp / 1e9,
-        ms / 1e9
+        ms / 1e9,
+        md / 1e9
     );
     println!("faults closed in B by: {}", closes.join(", "));
     println!(
@@ -304,16 +362,37 @@ pub fn main(args: &[String]) -> Result<()> {
     );
     println!(
         "slowdown under the observer (observed / alone): {:.3} (goal <= {GOAL}); median of rounds {:.3}; \
-         every fault timed {:.3}; with the perf close {:.3}; with --bpf-stats {:.3}",
+         every fault timed {:.3}; with the perf close {:.3}; with --bpf-stats {:.3}; dispatch floor {:.3}",
         mb / ma,
         median(&mut ratios),
         me / ma,
         mp / ma,
-        ms / ma
+        ms / ma,
+        md / ma
     );
     println!(
         "paired by round, geometric mean with a 95 % bootstrap interval over the rounds: observed / alone {ci_ab}; \
          every fault timed / alone {ci_ae}; observed / every fault timed {ci_eb}; memcg close / perf close {ci_pb}"
+    );
+    // The floor splits B's cost: the kernel's dispatch of the fault hooks (D / A, times the alone
+    // run's time per fault) and what the observer's programs add to it (B / D, times D's).
+    let alone_fault = alone_ns as f64 / alone_faults.max(1) as f64;
+    let floor_fault = alone_fault * md / ma;
+    let share = |ci: Option<(f64, f64, f64)>, base: f64| match ci {
+        Some((g, lo, hi)) => format!(
+            "{g:.3} [{lo:.3}, {hi:.3}]: {:.0} [{:.0}, {:.0}] ns per fault",
+            (g - 1.0) * base,
+            (lo - 1.0) * base,
+            (hi - 1.0) * base
+        ),
+        None => "n/a (fewer than two rounds)".to_string(),
+    };
+    println!(
+        "split at the dispatch floor (paired, as above): the kernel's dispatch of the fault hooks, floor / alone {} \
+         (of the alone run's {alone_fault:.0} ns per fault); the observer's programs, observed / floor {} (of the \
+         floor's {floor_fault:.0})",
+        share(ci_ad, alone_fault),
+        share(ci_db, floor_fault)
     );
     let observed_faults = stats_faults;
     let n_observed = rounds;
@@ -323,11 +402,29 @@ pub fn main(args: &[String]) -> Result<()> {
         "kernel-side cost per program (kernel BPF statistics over the {n_observed} runs with statistics, \
          {observed_faults} workload faults; every process's events run the programs):"
     );
-    print_programs(&progs_total, observed_faults, "fault");
+    // What the statistics add to a run: the floor's ns per run under them.
+    let stats_ns = progs_floor.get("fault_floor").filter(|(n, _)| *n > 0).map(|(n, ns)| *ns as f64 / *n as f64);
+    match stats_ns {
+        Some(x) => println!(
+            "  (the statistics' own cost per program run: {x:.1} ns, fault_floor's ns/run under them in the F runs; \
+             net ns/run = ns/run less that)"
+        ),
+        None => println!("  (the F runs' summaries name no fault_floor runs: no net ns/run)"),
+    }
+    print_programs(&progs_total, observed_faults, "fault", stats_ns);
     let total: u64 = progs_total.values().map(|v| v.1).sum();
+    let runs: u64 = progs_total.values().map(|v| v.0).sum();
+    let net_total = stats_ns
+        .map(|x| {
+            format!(
+                " ({:.1} net of the statistics)",
+                per_fault(total) - x * runs as f64 / observed_faults.max(1) as f64
+            )
+        })
+        .unwrap_or_default();
     println!(
-        "  all programs: {:.1} ns per workload fault; budget at the {GOAL}x goal: {budget:.1} ns per fault ({:.1} % of \
-         the alone run's {:.1} ns per fault){}",
+        "  all programs: {:.1} ns per workload fault{net_total}; budget at the {GOAL}x goal: {budget:.1} ns per fault \
+         ({:.1} % of the alone run's {:.1} ns per fault){}",
         per_fault(total),
         (GOAL - 1.0) * 100.0,
         alone_ns as f64 / alone_faults.max(1) as f64,
@@ -407,9 +504,9 @@ fn pread_storm(
     );
     println!("reads charged to the model (explicit_reads calls of the tokens): {charged} of the workload's {reads_b}");
     println!("with the model (B), kernel BPF statistics over its runs:");
-    print_programs(&progs_b, reads_b, "read");
+    print_programs(&progs_b, reads_b, "read", None);
     println!("without a model (C):");
-    print_programs(&progs_c, reads_c, "read");
+    print_programs(&progs_c, reads_c, "read", None);
     let per = |p: &Programs, name: &str, reads: u64| p.get(name).map_or(0.0, |v| v.1 as f64 / reads.max(1) as f64);
     let xread: f64 =
         ["sys_enter", "sys_exit"].iter().map(|n| per(&progs_b, n, reads_b) - per(&progs_c, n, reads_c)).sum();

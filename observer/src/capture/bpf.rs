@@ -173,8 +173,22 @@ pub struct AttachOptions {
     pub bpf_stats: bool,
     /// Which event closes a fault (`observer_common::faults`).
     pub fault_close: FaultClose,
-    /// No storm sampling (`observer_common::faults`): every fault timed.
-    pub time_every_fault: bool,
+    /// How the fault programs time faults (`observer_common::faults`).
+    pub fault_timing: FaultTiming,
+}
+
+/// How the fault programs time faults (`observer_common::faults`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum FaultTiming {
+    /// Storm sampling: in a fault storm 1 user-mode minor fault in 8 is timed (the default).
+    #[default]
+    Sampled,
+    /// Every fault timed (`--time-every-fault`).
+    EveryFault,
+    /// The fault hooks (the raw entries and the memcg close) run `fault_floor`, which returns at
+    /// once: no fault is counted or timed, and a run costs what the kernel's dispatch of those
+    /// hooks costs (`--fault-dispatch-only`, the floor of `cargo xtask bench storm`).
+    DispatchOnly,
 }
 
 /// Which event closes a fault (`observer_common::faults`: the memcg close and the perf close).
@@ -223,11 +237,22 @@ fn memory_controller_enabled() -> Result<bool, String> {
     }))
 }
 
-/// Attaches the memcg close (`fault_memcg` on `memcg:count_memcg_events`) as `close` asks;
-/// returns the `vm_event_item` values it compares, `None` when faults are closed by perf.
+/// The program a fault hook runs under `timing`: `program`, or under
+/// [`FaultTiming::DispatchOnly`] `fault_floor` (named so in the probes list).
+fn fault_hook(timing: FaultTiming, program: &'static str, probe: String) -> (&'static str, String) {
+    match timing {
+        FaultTiming::DispatchOnly => ("fault_floor", format!("{probe} (dispatch only)")),
+        _ => (program, probe),
+    }
+}
+
+/// Attaches the memcg close (`fault_memcg` on `memcg:count_memcg_events`, or the floor under
+/// `timing`) as `close` asks; returns the `vm_event_item` values it compares, `None` when faults
+/// are closed by perf.
 fn attach_memcg_close(
     ebpf: &mut Ebpf,
     close: FaultClose,
+    timing: FaultTiming,
     attached: &mut Vec<String>,
 ) -> Result<Option<(u32, u32)>, ProbeError> {
     let items = match (close, memcg_close_items()) {
@@ -241,19 +266,23 @@ fn attach_memcg_close(
         }
         (_, Ok(items)) => items,
     };
-    attach_raw_tracepoint(ebpf, "fault_memcg", "count_memcg_events")?;
-    attached.push("raw_tp:memcg:count_memcg_events".into());
+    let (program, probe) = fault_hook(timing, "fault_memcg", "raw_tp:memcg:count_memcg_events".into());
+    attach_raw_tracepoint(ebpf, program, "count_memcg_events")?;
+    attached.push(probe);
     Ok(Some(items))
 }
 
-/// Load `program` and attach it to the raw tracepoint `tp`.
+/// Load `program` (once: the floor is attached to several) and attach it to the raw tracepoint
+/// `tp`.
 fn attach_raw_tracepoint(ebpf: &mut Ebpf, program: &'static str, tp: &str) -> Result<(), ProbeError> {
     let prog: &mut RawTracePoint = ebpf
         .program_mut(program)
         .ok_or_else(|| program_error(program, ProgramError::UnexpectedProgramType))?
         .try_into()
         .map_err(|e| program_error(program, e))?;
-    prog.load().map_err(|e| program_error(program, e))?;
+    if prog.fd().is_err() {
+        prog.load().map_err(|e| program_error(program, e))?;
+    }
     prog.attach(tp).map_err(|e| program_error(program, e))?;
     Ok(())
 }
@@ -465,15 +494,20 @@ const FAULT_PROBES: [PerfProbe; 3] = [
 const RAW_FAULT_ENTRIES: [(&str, &str); 2] =
     [("fault_entry_user", "page_fault_user"), ("fault_entry_kernel", "page_fault_kernel")];
 
-/// Attaches [`RAW_FAULT_ENTRIES`] when this kernel has both tracepoints; `false` when it has not
-/// (the perf event `page-faults` opens faults then).
-fn attach_raw_fault_entry(ebpf: &mut Ebpf, attached: &mut Vec<String>) -> Result<bool, ProbeError> {
+/// Attaches [`RAW_FAULT_ENTRIES`] (or the floor under `timing`) when this kernel has both
+/// tracepoints; `false` when it has not (the perf event `page-faults` opens faults then).
+fn attach_raw_fault_entry(
+    ebpf: &mut Ebpf,
+    timing: FaultTiming,
+    attached: &mut Vec<String>,
+) -> Result<bool, ProbeError> {
     if !RAW_FAULT_ENTRIES.iter().all(|(_, tp)| preflight::tracepoint_exists("exceptions", tp)) {
         return Ok(false);
     }
     for (program, tp) in RAW_FAULT_ENTRIES {
+        let (program, probe) = fault_hook(timing, program, format!("raw_tp:exceptions:{tp}"));
         attach_raw_tracepoint(ebpf, program, tp)?;
-        attached.push(format!("raw_tp:exceptions:{tp}"));
+        attached.push(probe);
     }
     Ok(true)
 }
@@ -612,9 +646,11 @@ impl Probes {
         let mut attached = Vec::new();
         // The memcg close is chosen (and its item values read) before `CONFIG` is written; its
         // program runs from the attach on, returning until the target is set.
-        if let Some((pgfault, pgmajfault)) = attach_memcg_close(&mut ebpf, opts.fault_close, &mut attached)? {
+        if let Some((pgfault, pgmajfault)) =
+            attach_memcg_close(&mut ebpf, opts.fault_close, opts.fault_timing, &mut attached)?
+        {
             (config.memcg_close, config.pgfault_item, config.pgmajfault_item) = (1, pgfault, pgmajfault);
-            config.storm_sampling = !opts.time_every_fault as u32;
+            config.storm_sampling = (opts.fault_timing == FaultTiming::Sampled) as u32;
         }
         set(&mut ebpf, "CONFIG", 0, config)?;
         set(&mut ebpf, "OFFSETS", 0, offsets)?;
@@ -634,7 +670,20 @@ impl Probes {
 
         let cpus = online_cpus().map_err(|(path, source)| ProbeError::Cpus { path, source })?;
         let mut missing = Vec::new();
-        let raw_entry = attach_raw_fault_entry(&mut ebpf, &mut attached)?;
+        let raw_entry = attach_raw_fault_entry(&mut ebpf, opts.fault_timing, &mut attached)?;
+        if opts.fault_timing == FaultTiming::DispatchOnly {
+            if !raw_entry {
+                return Err(ProbeError::MissingTracepoint(
+                    "--fault-dispatch-only: this kernel has no exceptions:page_fault_user (x86's raw fault entry), \
+                     the hook whose dispatch it measures"
+                        .into(),
+                ));
+            }
+            log::warn!(
+                "--fault-dispatch-only: the fault hooks run a program that returns at once; no fault is counted or \
+                 timed in this run"
+            );
+        }
         for probe in &FAULT_PROBES {
             if raw_entry && probe.program == "fault_entry"
                 || config.memcg_close != 0 && probe.program == "fault_exit_min"
@@ -880,7 +929,7 @@ impl Probes {
             markers_optional: false,
             bpf_stats: false,
             fault_close: FaultClose::Auto,
-            time_every_fault: false,
+            fault_timing: FaultTiming::Sampled,
         };
         let m = attach_markers(&mut self.ebpf, &opts, &mut self.attached)?;
         self.markers = m.clone();

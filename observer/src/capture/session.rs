@@ -74,7 +74,7 @@ use tokio::{io::unix::AsyncFd, sync::watch};
 
 use crate::{
     capture::{
-        bpf::{self, AttachOptions, EngineChoice, FaultClose, MarkerKind, Markers, ProbeError, Probes},
+        bpf::{self, AttachOptions, EngineChoice, FaultClose, FaultTiming, MarkerKind, Markers, ProbeError, Probes},
         comm_str, header, preflight, procfs, procsample,
         residency::{self, Sampler},
         seed,
@@ -282,8 +282,8 @@ pub struct SessionOptions {
     pub bpf_stats: bool,
     /// Which event closes a fault (`--fault-close`).
     pub fault_close: FaultClose,
-    /// No storm sampling: every fault timed (`--time-every-fault`).
-    pub time_every_fault: bool,
+    /// How faults are timed (`--time-every-fault`, `--fault-dispatch-only`).
+    pub fault_timing: FaultTiming,
 }
 
 impl SessionOptions {
@@ -304,7 +304,7 @@ impl SessionOptions {
             without_tokens_ok: false,
             bpf_stats: false,
             fault_close: FaultClose::Auto,
-            time_every_fault: false,
+            fault_timing: FaultTiming::Sampled,
         }
     }
 }
@@ -406,7 +406,7 @@ impl Session {
         let follow_children = s.opts.follow_children;
         let held = s.target.is_spawned();
         let (markers_optional, bpf_stats) = (s.opts.without_tokens_ok, s.opts.bpf_stats);
-        let (fault_close, time_every_fault) = (s.opts.fault_close, s.opts.time_every_fault);
+        let (fault_close, fault_timing) = (s.opts.fault_close, s.opts.fault_timing);
         let opts = AttachOptions {
             target: pid,
             markers,
@@ -415,7 +415,7 @@ impl Session {
             markers_optional,
             bpf_stats,
             fault_close,
-            time_every_fault,
+            fault_timing,
         };
         let probes = match Probes::attach(&opts) {
             Ok(p) => p,
