@@ -30,7 +30,8 @@
 //! Cost (issue 19: about 100 ns of kernel work per fault): a fault's
 //! programs find the thread's slot in the per-CPU `SLOT_CACHE` and its state
 //! and latencies in arrays, so a fault of an observed thread takes no hash
-//! lookup; the refault record (`evict::fault_closed`) is looked up only when
+//! lookup, and, after the first fault since the thread came on the CPU, no helper call to know
+//! which thread it is (`maps::current_known`; `sched::switch_forget` forgets it at each switch); the refault record (`evict::fault_closed`) is looked up only when
 //! the fault opened one (`F_FAULT_REFAULT`). Every fault is counted; in a fault storm most
 //! user-mode faults are not timed (`observer_common::faults`, storm sampling): their entry and
 //! close read no clock.
@@ -55,8 +56,8 @@ use observer_common::{
 };
 
 use crate::maps::{
-    FAULT_TIMES, HISTS, OTHER_FAULTS, OVERFLOW_FAULTS, OVERFLOW_TEMPLATE, STORMS, THREADS, config, current_slot,
-    current_state, known_slot, state_of, target_tid, update,
+    FAULT_TIMES, HISTS, OTHER_FAULTS, OVERFLOW_FAULTS, OVERFLOW_TEMPLATE, STORMS, THREADS, config, current_known,
+    current_slot, current_state, known_slot, mark_current, state_of, target_tid, update,
 };
 
 #[perf_event]
@@ -65,12 +66,27 @@ pub fn fault_entry(_ctx: PerfEventContext) -> u32 {
     0
 }
 
+/// The current thread of the target and its slot (`None` before it has one): known since this
+/// CPU's last context switch, or named now (`maps::current_known`); `None` for any other task.
+#[inline(always)]
+fn current_target() -> Option<(u32, Option<u32>)> {
+    if let Some((tid, slot)) = current_known() {
+        return Some((tid, Some(slot)));
+    }
+    let tid = target_tid()?;
+    let slot = known_slot(tid);
+    if slot.is_some() {
+        mark_current(tid);
+    }
+    Some((tid, slot))
+}
+
 #[raw_tracepoint(tracepoint = "page_fault_user")]
 pub fn fault_entry_user(_ctx: RawTracePointContext) -> i32 {
-    let Some(tid) = target_tid() else { return 0 };
+    let Some((tid, slot)) = current_target() else { return 0 };
     // Storm sampling (`observer_common::faults`): in a storm, most user-mode faults enter untimed,
     // before any clock read.
-    if let Some(slot) = known_slot(tid)
+    if let Some(slot) = slot
         && let Some(s) = THREADS.get_ptr_mut(slot)
         // SAFETY: map value; only this thread's own events write its flags.
         && unsafe { (*s).flags } & F_STORM != 0
@@ -119,6 +135,7 @@ fn enter_timed(tid: u32) {
     let now = unsafe { bpf_ktime_get_ns() };
     let sampling = config().is_some_and(|c| c.memcg_close != 0 && c.storm_sampling != 0);
     let Some(slot) = current_slot(tid, now) else { return overflow_enter(tid, now) };
+    mark_current(tid);
     let (Some(s), Some(st)) = (THREADS.get_ptr_mut(slot), STORMS.get_ptr_mut(slot)) else { return };
     // SAFETY: helper without preconditions.
     let random = unsafe { bpf_get_prandom_u32() };
@@ -272,8 +289,8 @@ pub fn fault_memcg(ctx: RawTracePointContext) -> i32 {
 /// `PGFAULT`: the kernel accounts the current thread's fault.
 #[inline(always)]
 fn memcg_close() {
-    let Some(tid) = target_tid() else { return };
-    let Some(slot) = known_slot(tid) else {
+    let Some((tid, slot)) = current_target() else { return };
+    let Some(slot) = slot else {
         // No slot: none given yet (so no fault open; one is given now, as to any thread the
         // probes see), or none left (the overflow table).
         // SAFETY: helper without preconditions.

@@ -35,15 +35,30 @@ pub static COUNTERS: PerCpuArray<u64> = PerCpuArray::with_max_entries(GLOBAL_COU
 pub static SLOTS: HashMap<u32, u32> = HashMap::with_max_entries(MAX_SLOTS, 0);
 
 /// Per-CPU: the last `SLOTS` entry a thread's own event looked up or made,
-/// `tid << 32 | CACHED | slot` (one 8-byte word, so a program that interrupts
+/// `tid << 32 | CACHED | [CURRENT |] slot` (one 8-byte word, so a program that interrupts
 /// another on this CPU reads either the old pair or the new one, never half of
 /// each), 0 when none. A fault storm is one thread faulting on one CPU: its
-/// events find their slot here without a hash lookup.
+/// events find their slot here without a hash lookup, and, while the thread stays on the CPU,
+/// know that it is the current task without asking (`CURRENT`).
 #[map]
 pub static SLOT_CACHE: PerCpuArray<u64> = PerCpuArray::with_max_entries(1, 0);
 
 /// `SLOT_CACHE`'s mark of a valid entry (slots are below `MAX_SLOTS`).
 const CACHED: u64 = 1 << 31;
+
+/// `SLOT_CACHE`'s mark that its thread is this CPU's current task. Set by a fault program
+/// running in the task once `target_tid` has named it ([`mark_current`]); cleared at every
+/// context switch on the CPU (`sched::switch_forget`, a raw tracepoint: skipped only when it is
+/// already running on the CPU, never because another BPF program is, so no switch is missed).
+/// Until then the fault programs take the current thread of the target and its slot from here
+/// ([`current_known`]), without `bpf_get_current_pid_tgid` (a helper call: 11–14 ns a fault
+/// program run on the development VM) and the target check. Only the fault programs set it: they
+/// never run inside a context switch, while `sched_switch`'s own program (which caches the
+/// previous task) may run after the clearing.
+const CURRENT: u64 = 1 << 30;
+
+/// The slot bits of a `SLOT_CACHE` word.
+const SLOT_BITS: u64 = CURRENT - 1;
 
 /// Attribution state, one slot per thread of the target.
 #[map]
@@ -174,7 +189,47 @@ fn cached_slot(tid: u32) -> Option<u32> {
     let c = SLOT_CACHE.get_ptr_mut(0)?;
     // SAFETY: per-CPU map value, read in one 8-byte load.
     let v = unsafe { core::ptr::read_volatile(c) };
-    if v >> 32 == tid as u64 && v & CACHED != 0 { Some((v & (CACHED - 1)) as u32) } else { None }
+    if v >> 32 == tid as u64 && v & CACHED != 0 { Some((v & SLOT_BITS) as u32) } else { None }
+}
+
+/// The current task's TID and slot when a fault program on this CPU named it since the CPU's
+/// last context switch ([`CURRENT`]).
+#[inline(always)]
+pub fn current_known() -> Option<(u32, u32)> {
+    let c = SLOT_CACHE.get_ptr_mut(0)?;
+    // SAFETY: per-CPU map value, read in one 8-byte load.
+    let v = unsafe { core::ptr::read_volatile(c) };
+    if v & CURRENT != 0 { Some(((v >> 32) as u32, (v & SLOT_BITS) as u32)) } else { None }
+}
+
+/// Mark `SLOT_CACHE`'s entry as this CPU's current task when it is `tid`'s: called in the task by
+/// a fault program, after `target_tid` named it and its slot was cached ([`CURRENT`]).
+#[inline(always)]
+pub fn mark_current(tid: u32) {
+    if let Some(c) = SLOT_CACHE.get_ptr_mut(0) {
+        // SAFETY: per-CPU map value, read and written in one 8-byte access each; programs on
+        // this CPU do not run inside a context switch's clearing.
+        unsafe {
+            let v = core::ptr::read_volatile(c);
+            if v >> 32 == tid as u64 && v & CACHED != 0 {
+                core::ptr::write_volatile(c, v | CURRENT);
+            }
+        }
+    }
+}
+
+/// A context switch on this CPU: its current task is no longer known ([`CURRENT`]).
+#[inline(always)]
+pub fn forget_current() {
+    if let Some(c) = SLOT_CACHE.get_ptr_mut(0) {
+        // SAFETY: per-CPU map value, read and written in one 8-byte access each.
+        unsafe {
+            let v = core::ptr::read_volatile(c);
+            if v & CURRENT != 0 {
+                core::ptr::write_volatile(c, v & !CURRENT);
+            }
+        }
+    }
 }
 
 #[inline(always)]

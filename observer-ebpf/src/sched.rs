@@ -7,13 +7,15 @@
 //! Field offsets come from tracefs (`OFFSETS`). Minimum kernel: 4.7.
 //!
 //! `sched_switch` runs as the *previous* task; the next task is known only by
-//! its TID, so only threads already tracked are switched in. `sched_waking`
+//! its TID, so only threads already tracked are switched in. `switch_forget`, a raw tracepoint
+//! on the same event, clears what the fault programs know of the CPU's current task
+//! (`maps::SLOT_CACHE`'s `CURRENT`). `sched_waking`
 //! runs in the waker's context (any process): the wakee is looked up by TID.
 
 use aya_ebpf::{
     helpers::{bpf_get_current_comm, bpf_get_current_pid_tgid, bpf_ktime_get_ns, bpf_send_signal},
-    macros::tracepoint,
-    programs::TracePointContext,
+    macros::{raw_tracepoint, tracepoint},
+    programs::{RawTracePointContext, TracePointContext},
 };
 
 use observer_common::{
@@ -21,7 +23,17 @@ use observer_common::{
     attrib::{ExecRecord, F_ON_CPU, REC_EXEC},
 };
 
-use crate::maps::{EVENTS, TARGETS, bump, config, current_state, offsets, state_of, target_tid, update};
+use crate::maps::{
+    EVENTS, TARGETS, bump, config, current_state, forget_current, offsets, state_of, target_tid, update,
+};
+
+/// `sched_switch` as a raw tracepoint, for one thing: this CPU's current task changes, so the
+/// fault programs no longer know it (`maps::forget_current`). Attached before any fault program.
+#[raw_tracepoint(tracepoint = "sched_switch")]
+pub fn switch_forget(_ctx: RawTracePointContext) -> i32 {
+    forget_current();
+    0
+}
 
 #[tracepoint]
 pub fn sched_switch(ctx: TracePointContext) -> u32 {

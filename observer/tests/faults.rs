@@ -105,6 +105,44 @@ fn other_processes_are_not_counted() {
     assert_within("minor faults of the target only", u(&r.summary["totals"], "minflt"), u(w, "minflt"), 0.02);
 }
 
+/// The fault programs know the current thread of the target without asking while it stays on its
+/// CPU (`observer-ebpf/src/maps.rs`, `SLOT_CACHE`'s `CURRENT`), and forget it at every context
+/// switch. Here another process's fault storm takes turns with the target's on one CPU (both
+/// pinned to CPU 0), thousands of switches: had a switch been missed, the other process's
+/// faults of that time slice (about a thousand) would have been counted as the target's. The
+/// target's count is its own (getrusage around its phase) plus the few faults of its start-up
+/// and exit outside the phase, and no more.
+#[test]
+fn a_process_taking_turns_with_the_target_on_its_cpu_is_not_counted() {
+    let _l = machine_lock();
+    let mut noise = Command::new("taskset")
+        .args(["-c", "0", workload(), "anon", "--size", "64M", "--repeat", "1000000"])
+        .stdout(Stdio::null())
+        .spawn()
+        .expect("spawn taskset (util-linux)");
+    let minflt = |pid: u32| -> u64 {
+        let s = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+        s.rsplit_once(')').and_then(|(_, r)| r.split_whitespace().nth(7)?.parse().ok()).unwrap_or(0)
+    };
+    std::thread::sleep(Duration::from_millis(200));
+    let noise_before = minflt(noise.id());
+    let r = observe("turns.json", &["--", "taskset", "-c", "0", workload(), "anon", "--size", "256M", "--repeat", "2"]);
+    let noise_during = minflt(noise.id()) - noise_before;
+    noise.kill().ok();
+    noise.wait().ok();
+    assert!(noise_during > 50_000, "the noise process must fault while the target runs: {noise_during}");
+    let own = u(&r.workload[0], "minflt");
+    let observed = u(&r.summary["totals"], "minflt");
+    eprintln!("target: {observed} minor faults observed, {own} in its phase; the other process: {noise_during}");
+    assert!(observed >= own, "the observer counted {observed} minor faults, fewer than the phase's own {own}");
+    assert!(
+        observed - own < 1_000,
+        "the observer counted {observed} minor faults, {} more than the target's phase ({own}): another \
+         process's faults counted as the target's?",
+        observed - own
+    );
+}
+
 #[test]
 fn nothing_stays_loaded_after_exit() {
     let _l = machine_lock();

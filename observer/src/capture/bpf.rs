@@ -644,6 +644,10 @@ impl Probes {
             ..Config::default()
         };
         let mut attached = Vec::new();
+        // Before any fault program: what they know of a CPU's current task is forgotten at each
+        // context switch from the first (`observer-ebpf/src/maps.rs`, `SLOT_CACHE`'s `CURRENT`).
+        attach_raw_tracepoint(&mut ebpf, "switch_forget", "sched_switch")?;
+        attached.push("raw_tp:sched:sched_switch".into());
         // The memcg close is chosen (and its item values read) before `CONFIG` is written; its
         // program runs from the attach on, returning until the target is set.
         if let Some((pgfault, pgmajfault)) =
