@@ -80,27 +80,33 @@ fn per_thread_rows_add_up() {
     assert_within("minor faults", sum, u(&r.workload[0], "minflt"), 0.02);
 }
 
-#[test]
-fn other_processes_are_not_counted() {
-    let _l = machine_lock();
-    // A second process faulting anonymous memory over and over at the same
-    // time, not observed (it runs until killed).
-    let mut noise = Command::new(workload())
-        .args(["anon", "--size", "64M", "--repeat", "1000000"])
-        .stdout(Stdio::null())
-        .spawn()
-        .expect("spawn noise");
+/// Observe `target` (the `observer run` arguments after `--`) while another process, not
+/// observed, faults anonymous memory over and over (`prefix`: what runs it, such as `taskset -c
+/// 0`); returns the run and the other process's minor faults during it.
+fn observed_beside_another_storm(json: &str, prefix: &[&str], target: &[&str]) -> (ObserverRun, u64) {
+    let storm = ["anon", "--size", "64M", "--repeat", "1000000"];
+    let cmd: Vec<&str> = prefix.iter().copied().chain([workload()]).chain(storm).collect();
+    let mut noise = Command::new(cmd[0]).args(&cmd[1..]).stdout(Stdio::null()).spawn().expect("spawn noise");
     let minflt = |pid: u32| -> u64 {
         let s = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
         s.rsplit_once(')').and_then(|(_, r)| r.split_whitespace().nth(7)?.parse().ok()).unwrap_or(0)
     };
     std::thread::sleep(Duration::from_millis(200));
     let noise_before = minflt(noise.id());
-    let r = observe("filter.json", &["--", workload(), "anon", "--size", "256M", "--repeat", "2"]);
+    let args: Vec<&str> = ["--"].into_iter().chain(target.iter().copied()).collect();
+    let r = observe(json, &args);
     let noise_during = minflt(noise.id()) - noise_before;
     noise.kill().ok();
     noise.wait().ok();
     assert!(noise_during > 50_000, "the noise process must fault while the target runs: {noise_during}");
+    (r, noise_during)
+}
+
+#[test]
+fn other_processes_are_not_counted() {
+    let _l = machine_lock();
+    let (r, _) =
+        observed_beside_another_storm("filter.json", &[], &[workload(), "anon", "--size", "256M", "--repeat", "2"]);
     let w = &r.workload[0];
     assert_within("minor faults of the target only", u(&r.summary["totals"], "minflt"), u(w, "minflt"), 0.02);
 }
@@ -115,22 +121,9 @@ fn other_processes_are_not_counted() {
 #[test]
 fn a_process_taking_turns_with_the_target_on_its_cpu_is_not_counted() {
     let _l = machine_lock();
-    let mut noise = Command::new("taskset")
-        .args(["-c", "0", workload(), "anon", "--size", "64M", "--repeat", "1000000"])
-        .stdout(Stdio::null())
-        .spawn()
-        .expect("spawn taskset (util-linux)");
-    let minflt = |pid: u32| -> u64 {
-        let s = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-        s.rsplit_once(')').and_then(|(_, r)| r.split_whitespace().nth(7)?.parse().ok()).unwrap_or(0)
-    };
-    std::thread::sleep(Duration::from_millis(200));
-    let noise_before = minflt(noise.id());
-    let r = observe("turns.json", &["--", "taskset", "-c", "0", workload(), "anon", "--size", "256M", "--repeat", "2"]);
-    let noise_during = minflt(noise.id()) - noise_before;
-    noise.kill().ok();
-    noise.wait().ok();
-    assert!(noise_during > 50_000, "the noise process must fault while the target runs: {noise_during}");
+    let pin = ["taskset", "-c", "0"];
+    let target = [&pin[..], &[workload(), "anon", "--size", "256M", "--repeat", "2"]].concat();
+    let (r, noise_during) = observed_beside_another_storm("turns.json", &pin, &target);
     let own = u(&r.workload[0], "minflt");
     let observed = u(&r.summary["totals"], "minflt");
     eprintln!("target: {observed} minor faults observed, {own} in its phase; the other process: {noise_during}");
