@@ -30,8 +30,9 @@
 //! Cost (issue 19: about 100 ns of kernel work per fault): a fault's
 //! programs find the thread's slot in the per-CPU `SLOT_CACHE` and its state
 //! and latencies in arrays, so a fault of an observed thread takes no hash
-//! lookup, and, after the first fault since the thread came on the CPU, no helper call to know
-//! which thread it is (`maps::current_known`; `sched::switch_forget` forgets it at each switch); the refault record (`evict::fault_closed`) is looked up only when
+//! lookup, and, after the first fault since the thread came on the CPU, no helper call to
+//! know which thread it is (`maps::current_known`; `sched::switch_forget` forgets it at each
+//! switch); the refault record (`evict::fault_closed`) is looked up only when
 //! the fault opened one (`F_FAULT_REFAULT`). Every fault is counted; in a fault storm most
 //! user-mode faults are not timed (`observer_common::faults`, storm sampling): their entry and
 //! close read no clock.

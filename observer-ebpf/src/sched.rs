@@ -9,8 +9,8 @@
 //! `sched_switch` runs as the *previous* task; the next task is known only by
 //! its TID, so only threads already tracked are switched in. `switch_forget`, a raw tracepoint
 //! on the same event, clears what the fault programs know of the CPU's current task
-//! (`maps::SLOT_CACHE`'s `CURRENT`). `sched_waking`
-//! runs in the waker's context (any process): the wakee is looked up by TID.
+//! (`maps::SLOT_CACHE`'s `CURRENT`). `sched_waking` runs in the waker's context (any
+//! process): the wakee is looked up by TID.
 
 use aya_ebpf::{
     helpers::{bpf_get_current_comm, bpf_get_current_pid_tgid, bpf_ktime_get_ns, bpf_send_signal},

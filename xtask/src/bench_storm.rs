@@ -3,36 +3,44 @@
 //! The target is the workload's `anon` phase (fresh anonymous memory, one write per page, so
 //! one minor fault per page; by default 64 MiB mapped, touched and unmapped 64 times, a million
 //! faults in memory the guest reuses, so that the host's own faults on fresh guest memory do
-//! not swamp the comparison), run alone (A), under `observer run` (B: storms sampled, the
-//! default), under `observer run --time-every-fault` (E: every fault timed), under `observer run
-//! --fault-close perf` (P: faults closed by the perf events, for comparison with the memcg close
-//! B uses where the kernel has it), under `observer run --bpf-stats` (S) and under `observer run
-//! --fault-dispatch-only` (D, the floor: the same fault hooks run a program that returns at once,
-//! so D / A is what the kernel's dispatch of those hooks costs a fault, and B / D what the
-//! observer's programs add to it), in A-B-E-P-S-D / D-S-P-E-B-A order over several rounds, on the
-//! same machine in the same run. The time compared is the workload's own clock around its phase (the observer's
-//! start-up, program loading included, is outside it). Printed first: the host's mitigations of
-//! indirect calls and returns (`/sys/devices/system/cpu/vulnerabilities`), which set what a
-//! dispatch costs. Then every round, the medians, and
-//! the slowdown `B / A` (goal: at most 1.1), and `E / A`, `P / A`, `S / A` and `D / A` beside it (what
-//! timing every fault, the perf close, the statistics and the bare dispatch cost), which close B used, and how many
-//! of B's faults were untimed (`minflt_untimed`: storm sampling, `observer_common::faults`). The slowdown is the ratio of the
-//! medians; beside it, the rounds' own ratios paired (`B / A`, `E / A`, `B / E`, `B / P`, `D / A` and `B / D` of each round, whose
-//! runs are adjacent, so that the host's drift over the run cancels): their geometric mean with
-//! a 95 % bootstrap interval over the rounds (`bench_util::paired_ratio_ci`), and the paired
-//! ratios as ns per fault of the alone run (the dispatch's and the programs' share of the budget).
-//! Each round also runs the floor under the statistics (F, not timed): `fault_floor`'s ns per run
-//! there is what the statistics themselves add to any program run (their two clock reads), which
-//! the per-program table subtracts in its `net ns/run` column.
+//! not swamp the comparison), run
+//! - alone (A),
+//! - under `observer run` (B: storms sampled, the default),
+//! - under `observer run --time-every-fault` (E: every fault timed),
+//! - under `observer run --fault-close perf` (P: faults closed by the perf events, for
+//!   comparison with the memcg close B uses where the kernel has it),
+//! - under `observer run --bpf-stats` (S: the kernel's statistics, below),
+//! - under `observer run --fault-dispatch-only` (D, the floor: the same fault hooks run a
+//!   program that returns at once, so `D / A` is what the kernel's dispatch of those hooks costs
+//!   a fault, and `B / D` what the observer's programs add to it),
+//! - and D under the statistics (F, not timed: `fault_floor`'s ns per run there is what the
+//!   statistics themselves add to any program run, their two clock reads),
+//!
+//! in A-B-E-P-S-D-F / F-D-S-P-E-B-A order over several rounds, on the same machine in the same
+//! run. The time compared is the workload's own clock around its phase (the observer's start-up,
+//! program loading included, is outside it).
+//!
+//! Printed first: the host's mitigations of indirect calls and returns
+//! (`/sys/devices/system/cpu/vulnerabilities`), which set what a dispatch costs. Then every
+//! round, the medians, the slowdown `B / A` (goal: at most 1.1) with `E / A`, `P / A`, `S / A`
+//! and `D / A` beside it, which close B used, and how many of B's faults were untimed
+//! (`minflt_untimed`: storm sampling, `observer_common::faults`). The slowdown is the ratio of the
+//! medians; beside it, the rounds' own ratios paired (`B / A`, `E / A`, `B / E`, `B / P`, `D / A`
+//! and `B / D` of each round, whose runs are adjacent, so that the host's drift over the run
+//! cancels): their geometric mean with a 95 % bootstrap interval over the rounds
+//! (`bench_util::paired_ratio_ci`), and `D / A` and `B / D` also as ns per fault (the dispatch's
+//! and the programs' share of the budget).
 //!
 //! The kernel-side cost per event, from the kernel's BPF run-time statistics of the S runs:
 //! `observer run --bpf-stats` turns them on while its programs are loaded (`BPF_ENABLE_STATS`,
 //! whose descriptor keeps them on while held) and writes each program's cumulative
 //! `run_time_ns` and `run_cnt` at the end of the run into its `--json` summary
-//! (`bpf_programs`). They are not on in B: they cost every program run two clock reads. Summed over the observed runs, printed per program: runs, ns per run, runs
-//! per workload fault and ns per workload fault (the programs run for every process's events,
-//! so the other processes' faults are in the counts too). Beside them, the budget the slowdown
-//! goal leaves: `0.1 ×` the alone run's time per fault, measured in the same run.
+//! (`bpf_programs`). They are not on in B: they cost every program run two clock reads. Summed
+//! over the observed runs, printed per program: runs, ns per run, runs per workload fault and ns
+//! per workload fault, each also net of the statistics' own cost (F) (the programs run for every
+//! process's events, so the other processes' faults are in the counts too). Beside them, the
+//! budget the slowdown goal leaves: `0.1 ×` the alone run's time per fault, measured in the same
+//! run.
 //!
 //! `--kind pread`: a storm of explicit reads instead (issue 17: the per-syscall cost of charging
 //! reads of the model to its regions). The target is the workload's `pread-storm` (`--calls`
@@ -260,7 +268,8 @@ pub fn main(args: &[String]) -> Result<()> {
          under `observer run --time-every-fault` (E), under `observer run --fault-close perf` (P: faults closed \
          by perf events, the close before the memcg one), under `observer run --bpf-stats` (S: the programs' \
          cost) and under `observer run --fault-dispatch-only` (D: the fault hooks' dispatch, programs that \
-         return at once), {rounds} rounds A-B-E-P-S-D / D-S-P-E-B-A"
+         return at once; F: D under the statistics, their own cost), {rounds} rounds A-B-E-P-S-D-F / \
+         F-D-S-P-E-B-A"
     );
     println!("host mitigations: {}", mitigations());
     let (mut a_ns, mut b_ns, mut e_ns, mut p_ns, mut s_ns, mut d_ns, mut ratios) =
