@@ -32,12 +32,6 @@ fn raw_fault_entries() -> bool {
         .all(|tp| std::path::Path::new("/sys/kernel/tracing/events/exceptions").join(tp).exists())
 }
 
-/// The kernel's own run counts of the fault programs (`bpf_programs` in the summary, from
-/// `BPF_ENABLE_STATS` and each program's `bpf_prog_info`) against two independent counts of
-/// the same events: at least the faults the workload counted itself (getrusage around its
-/// phase, all taken while the programs were attached), at most what `perf stat -a` counted on
-/// every CPU over a span that encloses the observer's whole run (the perf software events, and
-/// the `exceptions` tracepoints where the observer opens faults with them).
 /// `perf stat -a` (the fault events, and the tracepoints the fault programs use where the kernel
 /// has them) around `observer run --bpf-stats … extra -- workload anon --size 128M`: perf's text,
 /// the workload's own fault count (getrusage around its phase) and the observer's summary.
@@ -75,6 +69,12 @@ fn observed_beside_perf_stat_system_wide(name: &str, extra: &[&str]) -> (String,
     (perf_text, own, v)
 }
 
+/// The kernel's own run counts of the fault programs (`bpf_programs` in the summary, from
+/// `BPF_ENABLE_STATS` and each program's `bpf_prog_info`) against two independent counts of
+/// the same events: at least the faults the workload counted itself (getrusage around its
+/// phase, all taken while the programs were attached), at most what `perf stat -a` counted on
+/// every CPU over a span that encloses the observer's whole run (the perf software events, and
+/// the `exceptions` tracepoints where the observer opens faults with them).
 #[test]
 fn per_program_bpf_run_counts_lie_between_the_workloads_faults_and_perf_stat_system_wide() {
     let _l = machine_lock();

@@ -70,14 +70,20 @@ const GOAL: f64 = 1.1;
 
 /// The host's mitigations that make a kernel call or return dearer (a tracepoint's dispatch is a
 /// few of each): `spectre_v2` (retpolines: indirect calls) and `spec_rstack_overflow` ("Safe
-/// RET": every return), as the kernel reports them.
+/// RET": every return), as the kernel reports them; a file the kernel does not have is said so,
+/// one it has but that cannot be read gives its error.
 fn mitigations() -> String {
     let dir = Path::new("/sys/devices/system/cpu/vulnerabilities");
     ["spectre_v2", "spec_rstack_overflow", "retbleed"]
         .iter()
         .map(|f| {
-            let v = std::fs::read_to_string(dir.join(f));
-            format!("{f}: {}", v.as_deref().map(str::trim).unwrap_or("(not reported by this kernel)"))
+            let path = dir.join(f);
+            let v = match std::fs::read_to_string(&path) {
+                Ok(v) => v.trim().to_string(),
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => "(not reported by this kernel)".into(),
+                Err(e) => format!("(cannot read {}: {e})", path.display()),
+            };
+            format!("{f}: {v}")
         })
         .collect::<Vec<_>>()
         .join("; ")
