@@ -45,8 +45,9 @@
 //!   reclaimed, queued a read bio, counted `PGMAJFAULT`, went through `filemap_fault`, or brought
 //!   back an evicted page. The thread's first window is never a storm.
 //! - In a storm, a user-mode fault enters *untimed* (no clock read, `attrib::F_FAULT_UNTIMED`)
-//!   but about 1 in `STORM_SAMPLE` (8), at gaps drawn from 0 to 14 (a fixed stride would keep
-//!   timing the same kind of fault), which is timed. Kernel-mode faults (on user addresses, in
+//!   but about 1 in `STORM_SAMPLE` (8), at gaps drawn from 0 to 14 by the thread's own generator
+//!   (`attrib::Storm::draw`; a fixed stride would keep timing the same kind of fault), which is
+//!   timed. Kernel-mode faults (on user addresses, in
 //!   syscalls) are always timed, and so are faults opened by the perf event `page-faults` (arm64:
 //!   the sampling needs the x86 raw tracepoint `exceptions:page_fault_user`).
 //! - An untimed fault's time stays in the context it interrupted, `compute`. If something slow

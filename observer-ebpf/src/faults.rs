@@ -43,7 +43,7 @@
 
 use aya_ebpf::{
     EbpfContext,
-    helpers::{bpf_get_prandom_u32, bpf_ktime_get_ns},
+    helpers::bpf_ktime_get_ns,
     macros::{perf_event, raw_tracepoint, tracepoint},
     programs::{PerfEventContext, RawTracePointContext, TracePointContext},
 };
@@ -138,10 +138,10 @@ fn enter_timed(tid: u32) {
     let Some(slot) = current_slot(tid, now) else { return overflow_enter(tid, now) };
     mark_current(tid);
     let (Some(s), Some(st)) = (THREADS.get_ptr_mut(slot), STORMS.get_ptr_mut(slot)) else { return };
-    // SAFETY: helper without preconditions.
-    let random = unsafe { bpf_get_prandom_u32() };
     // SAFETY: map value at the thread's slot; only its own fault events write it.
-    update(s, |s| s.fault_enter(now, unsafe { &mut *st }, sampling, random));
+    let st = unsafe { &mut *st };
+    let random = st.draw(now);
+    update(s, |s| s.fault_enter(now, st, sampling, random));
 }
 
 /// The overflow entry of thread `tid` (no slot), made at its first fault event; `None` when the
