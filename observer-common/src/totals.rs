@@ -145,6 +145,29 @@ impl FaultTotals {
     }
 }
 
+impl RunTotals {
+    /// What a live session says when threads of the target had no attribution slot (module spec:
+    /// the overflow table's rows, `time` `None`, and the [`OTHER_TID`] row); `None` when every
+    /// thread had one.
+    pub fn slotless_warning(&self) -> Option<String> {
+        let other = self.threads.iter().any(|t| t.tid == OTHER_TID);
+        let rows = self.threads.iter().filter(|t| t.tid != OTHER_TID && t.time.is_none()).count();
+        if rows == 0 && !other {
+            return None;
+        }
+        Some(alloc::format!(
+            "{rows} thread(s) of the target{} had no attribution slot: the first {} threads seen get one, \
+             and a slot is not given again when its thread exits. Their faults are counted (in rows \
+             without time{}), their time is in no component and their events count as lost. An engine \
+             that starts new worker threads for each decode does this (llama.cpp built without OpenMP \
+             and with no threadpool attached starts them in every graph compute)",
+            if other { ", and more without a row of their own," } else { "" },
+            crate::attrib::MAX_SLOTS,
+            if other { alloc::format!(", the last ones in the `{OTHER_COMM}` row") } else { String::new() },
+        ))
+    }
+}
+
 /// The `tid` of the row that counts the faults of threads with no row of their own (module spec).
 pub const OTHER_TID: u32 = 0;
 /// That row's `comm`.
@@ -213,6 +236,28 @@ pub struct DeviceReads {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Threads without a slot (overflow rows: no `time`; the other row) are said, with how many;
+    /// a run whose threads all had one says nothing.
+    #[test]
+    fn threads_without_a_slot_are_said() {
+        let row = |tid, time: bool| ThreadTotals {
+            tid,
+            time: time.then(ThreadTime::default),
+            faults: Some(FaultTotals::default()),
+            ..Default::default()
+        };
+        let mut t = RunTotals { threads: alloc::vec![row(7, true), row(8, true)], ..Default::default() };
+        assert_eq!(t.slotless_warning(), None);
+        t.threads.extend([row(9, false), row(10, false)]);
+        let w = t.slotless_warning().expect("overflow rows are said");
+        assert!(w.starts_with("2 thread(s) of the target had no attribution slot: the first 256"), "{w}");
+        assert!(!w.contains(OTHER_COMM), "{w}");
+        t.threads.push(row(OTHER_TID, false));
+        let w = t.slotless_warning().expect("the other row is said");
+        assert!(w.starts_with("2 thread(s) of the target, and more without a row of their own,"), "{w}");
+        assert!(w.contains("the last ones in the `(other threads)` row"), "{w}");
+    }
     use crate::model::{Component, Counter, Event};
 
     #[test]

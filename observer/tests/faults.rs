@@ -386,6 +386,10 @@ fn threads_beyond_the_slots_keep_exact_fault_rows_and_the_rest_is_one_counted_ro
     assert_eq!(bt_min.values().sum::<u64>(), perf_min, "bpftrace and perf stat count the same events");
     assert_eq!(u(totals, "minflt"), perf_min, "the process's minor faults vs perf stat");
     assert_eq!(u(totals, "majflt"), perf_maj, "the process's major faults vs perf stat");
+    let err = std::fs::read_to_string(dir.join(OBSERVER_ERR)).expect("the observer's stderr");
+    let said =
+        format!("{overflow} thread(s) of the target, and more without a row of their own, had no attribution slot");
+    assert!(err.contains(&said), "the observer says which threads had no slot: {err}");
 }
 
 /// Both fault closes (`--fault-close perf` and `memcg`, `observer_common::faults`) count each

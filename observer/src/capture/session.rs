@@ -671,6 +671,9 @@ impl Session {
         totals.evicted_by_process = evicted_by_process(if late_resid.is_some() { &late_resid } else { &resid })?;
         drop(late_resid);
         drop(resid);
+        if let Some(w) = totals.slotless_warning() {
+            log::warn!("{w}");
+        }
         emit(sinks, &Event::Totals(totals))?;
         let lost = probes.counter(GlobalCounter::LostEvents)? + asm.malformed;
         silent.check(&probes, asm.records(), true, pid, sinks)?;

@@ -184,11 +184,13 @@ pub fn beside_perf_stat(dir: &std::path::Path, command: &str) -> (String, Value)
 
 /// The file in its `dir` where [`beside_perf_stat_and_bpftrace`] keeps the target's stdout.
 pub const TARGET_OUT: &str = "target.out";
+/// The file in its `dir` where [`beside_perf_stat_and_bpftrace`] keeps the observer's stderr.
+pub const OBSERVER_ERR: &str = "observer.err";
 
 /// [`beside_perf_stat`], with a bpftrace script also attached before the `exec` and stopped after
 /// the observer has ended (every `$PID` in `script` is the target's PID); its output is the third
 /// value. `observer_args` go to `observer run` before `--pid`. The target's stdout is kept in
-/// `dir`'s [`TARGET_OUT`].
+/// `dir`'s [`TARGET_OUT`], the observer's stderr in its [`OBSERVER_ERR`].
 pub fn beside_perf_stat_and_bpftrace(
     dir: &std::path::Path,
     command: &str,
@@ -227,6 +229,7 @@ pub fn beside_perf_stat_and_bpftrace(
     assert!(target.wait().unwrap().success(), "the target failed: {command}");
     err.read_to_string(&mut seen).unwrap();
     assert!(obs.wait().unwrap().success(), "observer failed: {seen}");
+    std::fs::write(dir.join(OBSERVER_ERR), &seen).expect("the observer's stderr file");
     assert!(perf.wait().unwrap().success(), "perf failed");
     let traced = bpftrace.map(Bpftrace::finish);
     let perf_text = std::fs::read_to_string(&perf_out).unwrap();
