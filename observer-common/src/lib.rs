@@ -18,6 +18,7 @@ extern crate std;
 pub mod attrib;
 #[cfg(feature = "serde")]
 pub mod bench_cliff;
+pub mod budget;
 pub mod evict;
 pub mod faults;
 pub mod filemap;

@@ -38,9 +38,11 @@
 //! (`bpf_programs`). They are not on in B: they cost every program run two clock reads. Summed
 //! over the observed runs, printed per program: runs, ns per run, runs per workload fault and ns
 //! per workload fault, each also net of the statistics' own cost (F) (the programs run for every
-//! process's events, so the other processes' faults are in the counts too). Beside them, the
-//! budget the slowdown goal leaves: `0.1 ×` the alone run's time per fault, measured in the same
-//! run.
+//! process's events, so the other processes' faults are in the counts too), and each program's
+//! kernel-side budget (`observer_common::budget`, ns per run net of the statistics) with whether
+//! it is within it: judged for a program that runs at least once per 100 events of the storm
+//! (rarer ones run cold, "rare"). Beside them, the budget the slowdown goal leaves: `0.1 ×` the
+//! alone run's time per fault, measured in the same run.
 //!
 //! `--kind pread`: a storm of explicit reads instead (issue 17: the per-syscall cost of charging
 //! reads of the model to its regions). The target is the workload's `pread-storm` (`--calls`
@@ -182,27 +184,41 @@ fn print_programs(progs: &Programs, events: u64, event: &str, stats_ns: Option<f
     let net = |w: usize, v: f64| stats_ns.map(|_| format!(" {v:>w$.1}")).unwrap_or_default();
     let head = |w: usize, t: &str| stats_ns.map(|_| format!(" {t:>w$}")).unwrap_or_default();
     println!(
-        "  {:<20} {:>12} {:>10}{} {:>12} {:>14}{}",
+        "  (budget: `observer_common::budget`, ns per run net of the statistics, against {}; judged only for a \
+         program on the storm's path, at least 1 run per 100 {event}s: a rarer one runs cold)",
+        if stats_ns.is_some() { "the net ns/run" } else { "ns/run, the statistics' own cost not measured here" }
+    );
+    println!(
+        "  {:<20} {:>12} {:>10}{} {:>12} {:>14}{} {:>8}  within",
         "program",
         "runs",
         "ns/run",
         head(12, "net ns/run"),
         format!("runs/{event}"),
         format!("ns per {event}"),
-        head(14, &format!("net per {event}"))
+        head(14, &format!("net per {event}")),
+        "budget"
     );
     let mut ran: Vec<_> = progs.iter().filter(|(_, (n, _))| *n > 0).collect();
     ran.sort_by_key(|(_, (_, ns))| std::cmp::Reverse(*ns));
     for (name, (n, ns)) in &ran {
         let (n, ns) = (*n as f64, *ns as f64);
         let net_ns = ns - n * stats_ns.unwrap_or(0.0);
+        let budget = observer_common::budget::budget(name).map(|b| b.ns_per_run as f64);
+        let within = match budget {
+            None => "NO BUDGET",
+            Some(_) if per(n) < 0.01 => "rare",
+            Some(b) if net_ns / n <= b => "yes",
+            Some(_) => "OVER",
+        };
         println!(
-            "  {name:<20} {n:>12} {:>10.1}{} {:>12.3} {:>14.1}{}",
+            "  {name:<20} {n:>12} {:>10.1}{} {:>12.3} {:>14.1}{} {:>8}  {within}",
             ns / n,
             net(12, net_ns / n),
             per(n),
             per(ns),
-            net(14, per(net_ns))
+            net(14, per(net_ns)),
+            budget.map(|b| format!("{b:.0}")).unwrap_or_else(|| "–".into())
         );
     }
 }
