@@ -32,7 +32,8 @@ pub struct ProgramBudget {
 }
 
 const FAULT: &str = "the fault path: 100 ns a fault (10 % of a 1 µs fault), entry 55 + close 22 × 2 (cgroup v1)";
-const SYSCALL: &str = "10 % of a 4 KiB page-cache pread64 (3.4 µs here, `bench storm --kind pread`), for the pair";
+const SYSCALL: &str =
+    "10 % of a 4 KiB page-cache pread64 (0.9 µs here, `bench storm --kind pread` alone), for the pair";
 const SWITCH: &str = "10 % of a context switch with its wakeup and runtime update: 2.5 µs here \
      (`taskset -c 0 perf bench sched pipe`: 5.0 µs an exchange, two switches), 250 ns for the four";
 const TASK: &str = "10 % of the shortest thread's life, creation to exit (15 µs or more)";
@@ -85,8 +86,8 @@ pub const BUDGETS: &[ProgramBudget] = &[
     b("process_free", "a process is freed", 1500, TASK),
     b("sched_exec", "a process execs", 50_000, "10 % of an exec (0.5 ms or more)"),
     b("new_task", "a thread or process is created", 1500, TASK),
-    b("sys_enter", "a syscall enters (any process)", 170, SYSCALL),
-    b("sys_exit", "a syscall returns (any process)", 170, SYSCALL),
+    b("sys_enter", "a syscall enters (any process)", 45, SYSCALL),
+    b("sys_exit", "a syscall returns (any process)", 45, SYSCALL),
 ];
 
 const fn b(program: &'static str, event: &'static str, ns_per_run: u32, basis: &'static str) -> ProgramBudget {
