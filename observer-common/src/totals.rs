@@ -236,6 +236,7 @@ pub struct DeviceReads {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::model::{Component, Counter, Event};
 
     /// Threads without a slot (overflow rows: no `time`; the other row) are said, with how many;
     /// a run whose threads all had one says nothing.
@@ -258,7 +259,6 @@ mod tests {
         assert!(w.starts_with("2 thread(s) of the target, and more without a row of their own,"), "{w}");
         assert!(w.contains("the last ones in the `(other threads)` row"), "{w}");
     }
-    use crate::model::{Component, Counter, Event};
 
     #[test]
     fn fault_totals_come_from_the_thread_state_and_its_fault_times() {

@@ -183,52 +183,56 @@ pub fn hist_add(h: u32, v: u64) {
     }
 }
 
+/// This CPU's `SLOT_CACHE` word and where it lives, read in one 8-byte load.
+#[inline(always)]
+fn slot_cache() -> Option<(*mut u64, u64)> {
+    let c = SLOT_CACHE.get_ptr_mut(0)?;
+    // SAFETY: per-CPU map value, read in one 8-byte load.
+    Some((c, unsafe { core::ptr::read_volatile(c) }))
+}
+
+/// Whether `SLOT_CACHE` word `v` is a valid entry of thread `tid`.
+#[inline(always)]
+fn caches(v: u64, tid: u32) -> bool {
+    v >> 32 == tid as u64 && v & CACHED != 0
+}
+
 /// The slot `SLOT_CACHE` remembers for `tid` on this CPU.
 #[inline(always)]
 fn cached_slot(tid: u32) -> Option<u32> {
-    let c = SLOT_CACHE.get_ptr_mut(0)?;
-    // SAFETY: per-CPU map value, read in one 8-byte load.
-    let v = unsafe { core::ptr::read_volatile(c) };
-    if v >> 32 == tid as u64 && v & CACHED != 0 { Some((v & SLOT_BITS) as u32) } else { None }
+    let (_, v) = slot_cache()?;
+    caches(v, tid).then_some((v & SLOT_BITS) as u32)
 }
 
 /// The current task's TID and slot when a fault program on this CPU named it since the CPU's
 /// last context switch ([`CURRENT`]).
 #[inline(always)]
 pub fn current_known() -> Option<(u32, u32)> {
-    let c = SLOT_CACHE.get_ptr_mut(0)?;
-    // SAFETY: per-CPU map value, read in one 8-byte load.
-    let v = unsafe { core::ptr::read_volatile(c) };
-    if v & CURRENT != 0 { Some(((v >> 32) as u32, (v & SLOT_BITS) as u32)) } else { None }
+    let (_, v) = slot_cache()?;
+    (v & CURRENT != 0).then_some(((v >> 32) as u32, (v & SLOT_BITS) as u32))
 }
 
 /// Mark `SLOT_CACHE`'s entry as this CPU's current task when it is `tid`'s: called in the task by
 /// a fault program, after `target_tid` named it and its slot was cached ([`CURRENT`]).
 #[inline(always)]
 pub fn mark_current(tid: u32) {
-    if let Some(c) = SLOT_CACHE.get_ptr_mut(0) {
-        // SAFETY: per-CPU map value, read and written in one 8-byte access each; programs on
-        // this CPU do not run inside a context switch's clearing.
-        unsafe {
-            let v = core::ptr::read_volatile(c);
-            if v >> 32 == tid as u64 && v & CACHED != 0 {
-                core::ptr::write_volatile(c, v | CURRENT);
-            }
-        }
+    if let Some((c, v)) = slot_cache()
+        && caches(v, tid)
+    {
+        // SAFETY: per-CPU map value, written in one 8-byte store; programs on this CPU do not run
+        // inside a context switch's clearing.
+        unsafe { core::ptr::write_volatile(c, v | CURRENT) };
     }
 }
 
 /// A context switch on this CPU: its current task is no longer known ([`CURRENT`]).
 #[inline(always)]
 pub fn forget_current() {
-    if let Some(c) = SLOT_CACHE.get_ptr_mut(0) {
-        // SAFETY: per-CPU map value, read and written in one 8-byte access each.
-        unsafe {
-            let v = core::ptr::read_volatile(c);
-            if v & CURRENT != 0 {
-                core::ptr::write_volatile(c, v & !CURRENT);
-            }
-        }
+    if let Some((c, v)) = slot_cache()
+        && v & CURRENT != 0
+    {
+        // SAFETY: per-CPU map value, written in one 8-byte store.
+        unsafe { core::ptr::write_volatile(c, v & !CURRENT) };
     }
 }
 
