@@ -829,7 +829,6 @@ pub struct TpOffsets {
     pub biod_dev: u32,
     pub biod_sector: u32,
     pub biod_nr_sector: u32,
-    pub sys_id: u32,
     /// Size in bytes of `prev_state` (4 or 8 depending on the kernel).
     pub switch_prev_state_size: u32,
     pub rqd_dev: u32,
@@ -846,8 +845,26 @@ pub struct TpOffsets {
     /// and its `runtime` (u64, ns).
     pub runtime_pid: u32,
     pub runtime_ns: u32,
+    /// Not a tracepoint's: `struct task_struct`'s `pid` from the kernel's BTF, read by the raw
+    /// `sched_switch` program from its `next` argument ([`switch_runnable`]); 0 until user space
+    /// has written it (never a real offset: `pid` is not a task's first member).
+    pub task_pid: u32,
+    /// `task:task_rename`: the renamed task's `pid` and its `newcomm` (16 bytes).
+    pub rename_pid: u32,
+    pub rename_newcomm: u32,
 }
-const _: () = assert!(core::mem::size_of::<TpOffsets>() == 22 * 4);
+const _: () = assert!(core::mem::size_of::<TpOffsets>() == 24 * 4);
+
+/// Whether a task that `sched_switch` takes off the CPU stays runnable (a preemption: an
+/// involuntary switch) rather than blocking, from the raw tracepoint's `preempt` and
+/// `prev_state` arguments (Linux >= 5.18; the state `__schedule` read before deciding): the
+/// kernel's own rule for counting the switch in `nivcsw` rather than `nvcsw`, preempted or
+/// still `TASK_RUNNING` (0). A sleep cut short by a signal is voluntary there (the state was
+/// not 0) and blocked here, as `sched_switch`'s reported `prev_state` also has it.
+#[inline(always)]
+pub fn switch_runnable(preempt: u64, prev_state: u64) -> bool {
+    preempt & 0xff != 0 || prev_state as u32 == 0
+}
 
 /// `DEVICES` map values: what a block device is to us.
 pub const DEV_ZRAM: u32 = 1;
@@ -1144,6 +1161,22 @@ mod pod {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_switch_is_runnable_when_preempted_or_still_running() {
+        // (preempt, prev_state): TASK_RUNNING 0, TASK_INTERRUPTIBLE 1, TASK_UNINTERRUPTIBLE 2,
+        // TASK_DEAD 0x80, TASK_IDLE 0x402, TASK_FROZEN 0x8000.
+        assert!(switch_runnable(0, 0));
+        assert!(switch_runnable(1, 1));
+        assert!(switch_runnable(1, 2));
+        for blocked in [1, 2, 0x80, 0x402, 0x8000] {
+            assert!(!switch_runnable(0, blocked), "prev_state {blocked:#x}");
+        }
+        // `preempt` is a `bool` in a u64 slot, `prev_state` an `unsigned int`: the bytes above are
+        // not the argument's.
+        assert!(!switch_runnable(0x100, 1));
+        assert!(switch_runnable(0, 1 << 32));
+    }
 
     #[test]
     fn a_seeded_thread_is_unattributed_until_its_first_event() {

@@ -110,11 +110,11 @@ pub struct XreadConfig {
     pub enabled: u32,
     /// log2 of the page size of the churn intervals.
     pub page_shift: u32,
-    /// Offset of `args[0]` in `raw_syscalls:sys_enter`, of `ret` in `sys_exit` (tracefs).
-    pub args_off: u32,
-    pub ret_off: u32,
+    /// Byte offsets in `struct pt_regs` of a system call's first four arguments
+    /// (`sys::ARG_REGS`), read from the raw `sys_enter`'s `regs`.
+    pub arg_regs: [u32; 4],
 }
-const _: () = assert!(core::mem::size_of::<XreadConfig>() == 16);
+const _: () = assert!(core::mem::size_of::<XreadConfig>() == 24);
 
 /// A read (or open) in progress, `XREAD_OPEN[tid]`.
 #[repr(C)]
@@ -197,6 +197,16 @@ pub mod sys {
     ];
     #[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
     pub const ROLES: &[(&str, u32, u32)] = &[];
+
+    /// Where the kernel keeps a system call's first four arguments: byte offsets in `struct
+    /// pt_regs` of the registers the architecture's system-call ABI passes them in (x86-64:
+    /// `di`, `si`, `dx`, `r10`; arm64: `regs[0..4]`).
+    #[cfg(target_arch = "x86_64")]
+    pub const ARG_REGS: [u32; 4] = [14 * 8, 13 * 8, 12 * 8, 7 * 8];
+    #[cfg(target_arch = "aarch64")]
+    pub const ARG_REGS: [u32; 4] = [0, 8, 16, 24];
+    #[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
+    pub const ARG_REGS: [u32; 4] = [0; 4];
 }
 
 #[cfg(feature = "user")]

@@ -31,8 +31,8 @@
 //! programs find the thread's slot in the per-CPU `SLOT_CACHE` and its state
 //! and latencies in arrays, so a fault of an observed thread takes no hash
 //! lookup, and, after the first fault since the thread came on the CPU, no helper call to
-//! know which thread it is (`maps::current_known`; `sched::switch_forget` forgets it at each
-//! switch); the refault record (`evict::fault_closed`) is looked up only when
+//! know which thread it is (`maps::current_known`: set at the switch that put a tracked thread on
+//! the CPU, or by its first fault since, and forgotten at the next switch); the refault record (`evict::fault_closed`) is looked up only when
 //! the fault opened one (`F_FAULT_REFAULT`). Every fault is counted; in a fault storm most
 //! user-mode faults are not timed (`observer_common::faults`, storm sampling): their entry and
 //! close read no clock.
@@ -57,29 +57,14 @@ use observer_common::{
 };
 
 use crate::maps::{
-    FAULT_TIMES, HISTS, OTHER_FAULTS, OVERFLOW_FAULTS, OVERFLOW_TEMPLATE, STORMS, THREADS, config, current_known,
-    current_slot, current_state, known_slot, mark_current, state_of, target_tid, update,
+    FAULT_TIMES, HISTS, OTHER_FAULTS, OVERFLOW_FAULTS, OVERFLOW_TEMPLATE, STORMS, THREADS, config, current_slot,
+    current_state, current_target, mark_current, state_of, target_tid, update,
 };
 
 #[perf_event]
 pub fn fault_entry(_ctx: PerfEventContext) -> u32 {
     enter();
     0
-}
-
-/// The current thread of the target and its slot (`None` before it has one): known since this
-/// CPU's last context switch, or named now (`maps::current_known`); `None` for any other task.
-#[inline(always)]
-fn current_target() -> Option<(u32, Option<u32>)> {
-    if let Some((tid, slot)) = current_known() {
-        return Some((tid, Some(slot)));
-    }
-    let tid = target_tid()?;
-    let slot = known_slot(tid);
-    if slot.is_some() {
-        mark_current(tid);
-    }
-    Some((tid, slot))
 }
 
 #[raw_tracepoint(tracepoint = "page_fault_user")]

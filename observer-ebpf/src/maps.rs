@@ -46,15 +46,18 @@ pub static SLOT_CACHE: PerCpuArray<u64> = PerCpuArray::with_max_entries(1, 0);
 /// `SLOT_CACHE`'s mark of a valid entry (slots are below `MAX_SLOTS`).
 const CACHED: u64 = 1 << 31;
 
-/// `SLOT_CACHE`'s mark that its thread is this CPU's current task. Set by a fault program
-/// running in the task once `target_tid` has named it ([`mark_current`]); cleared at every
-/// context switch on the CPU (`sched::switch_forget`, a raw tracepoint: skipped only when it is
-/// already running on the CPU, never because another BPF program is, so no switch is missed).
-/// Until then the fault programs take the current thread of the target and its slot from here
-/// ([`current_known`]), without `bpf_get_current_pid_tgid` (a helper call: 11–14 ns a fault
-/// program run on the development VM) and the target check. Only the fault programs set it: they
-/// never run inside a context switch, while `sched_switch`'s own program (which caches the
-/// previous task) may run after the clearing.
+/// `SLOT_CACHE`'s mark that its thread is this CPU's current task. Set at every context switch
+/// on the CPU that puts a tracked thread on it, and cleared at every other one, by the raw
+/// `sched_switch` program (`sched::switch_raw`, [`switched_in`]; a raw tracepoint is skipped only
+/// when it is already running on the CPU, never because another BPF program is, so no switch is
+/// missed); where that program cannot run (no BTF) cleared at every switch (`sched::switch_forget`)
+/// and set by a fault program running in the task once `target_tid` has named it
+/// ([`mark_current`]). While it is set, the programs that run in the task take the current thread
+/// of the target and its slot from here ([`current_known`]), without `bpf_get_current_pid_tgid` (a
+/// helper call: 11–14 ns a fault program run on the development VM) and the target check. No
+/// other program sets it: the fault programs never run inside a context switch, while the
+/// tracepoint `sched_switch`'s program (which caches the previous task) may run after the
+/// clearing.
 const CURRENT: u64 = 1 << 30;
 
 /// The slot bits of a `SLOT_CACHE` word.
@@ -233,6 +236,42 @@ pub fn forget_current() {
     {
         // SAFETY: per-CPU map value, written in one 8-byte store.
         unsafe { core::ptr::write_volatile(c, v & !CURRENT) };
+    }
+}
+
+/// The current thread of the target and its slot (`None` before it has one): known since this
+/// CPU's last context switch, or named now ([`current_known`]); `None` for any other task. For
+/// programs that run in the task, never inside a context switch ([`CURRENT`]).
+#[inline(always)]
+pub fn current_target() -> Option<(u32, Option<u32>)> {
+    if let Some((tid, slot)) = current_known() {
+        return Some((tid, Some(slot)));
+    }
+    let tid = target_tid()?;
+    let slot = known_slot(tid);
+    if slot.is_some() {
+        mark_current(tid);
+    }
+    Some((tid, slot))
+}
+
+/// The state of the current thread of the target ([`current_target`]), at `slot`, or at a slot
+/// given now ([`current_slot`]).
+#[inline(always)]
+pub fn target_state(tid: u32, slot: Option<u32>, now: u64) -> Option<*mut ThreadState> {
+    THREADS.get_ptr_mut(match slot {
+        Some(slot) => slot,
+        None => current_slot(tid, now)?,
+    })
+}
+
+/// A context switch puts tracked thread `tid` (at `slot`) on this CPU: it is the current task
+/// until the next switch ([`CURRENT`]).
+#[inline(always)]
+pub fn switched_in(tid: u32, slot: u32) {
+    if let Some(c) = SLOT_CACHE.get_ptr_mut(0) {
+        // SAFETY: per-CPU map value, written in one 8-byte store.
+        unsafe { core::ptr::write_volatile(c, (tid as u64) << 32 | CACHED | CURRENT | slot as u64) };
     }
 }
 

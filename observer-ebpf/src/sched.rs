@@ -7,28 +7,96 @@
 //! Field offsets come from tracefs (`OFFSETS`). Minimum kernel: 4.7.
 //!
 //! `sched_switch` runs as the *previous* task; the next task is known only by
-//! its TID, so only threads already tracked are switched in. `switch_forget`, a raw tracepoint
-//! on the same event, clears what the fault programs know of the CPU's current task
-//! (`maps::SLOT_CACHE`'s `CURRENT`). `sched_waking` runs in the waker's context (any
-//! process): the wakee is looked up by TID.
+//! its TID, so only threads already tracked are switched in. Where the kernel passes the
+//! previous task's state to the raw tracepoint (Linux >= 5.18) and its BTF gives
+//! `task_struct.pid`, one raw program (`switch_raw`) does the whole switch and tells the programs
+//! that run in a task which one is current (`maps::SLOT_CACHE`'s `CURRENT`): no record is built
+//! for every switch on the host, and no field is read from one. Elsewhere the tracepoint's
+//! program (`sched_switch`) does, with `switch_forget`, a raw tracepoint on the same event, to
+//! clear `CURRENT`. A thread's name is taken at its first event and again when it changes
+//! (`task:task_rename`: `prctl(PR_SET_NAME)`, exec), not at every switch.
+//! `sched_waking` runs in the waker's context (any process): the wakee is looked up by TID.
 
 use aya_ebpf::{
-    helpers::{bpf_get_current_comm, bpf_get_current_pid_tgid, bpf_ktime_get_ns, bpf_send_signal},
+    EbpfContext,
+    helpers::{
+        bpf_get_current_comm, bpf_get_current_pid_tgid, bpf_ktime_get_ns, bpf_probe_read_kernel, bpf_send_signal,
+    },
     macros::{raw_tracepoint, tracepoint},
     programs::{RawTracePointContext, TracePointContext},
 };
 
 use observer_common::{
     GlobalCounter,
-    attrib::{ExecRecord, F_ON_CPU, REC_EXEC},
+    attrib::{ExecRecord, F_ON_CPU, REC_EXEC, switch_runnable},
 };
 
 use crate::maps::{
-    EVENTS, TARGETS, bump, config, current_state, forget_current, offsets, state_of, target_tid, update,
+    EVENTS, TARGETS, THREADS, bump, config, current_known, current_slot, current_state, forget_current, offsets,
+    slot_of, state_of, switched_in, target_tid, update,
 };
 
+#[inline(always)]
+fn clock() -> u64 {
+    // SAFETY: helper without preconditions.
+    unsafe { bpf_ktime_get_ns() }
+}
+
+/// `sched_switch` as a raw tracepoint (`TP_PROTO(bool preempt, struct task_struct *prev, struct
+/// task_struct *next, unsigned int prev_state)`, Linux >= 5.18), attached where the kernel's BTF
+/// gives `task_struct.pid` (module doc), before any fault program. The previous task is the
+/// current one: known since the CPU's last switch (`CURRENT`), or named now. The next one is
+/// read from its task; a tracked one is this CPU's current task from now on (`CURRENT` set),
+/// any other is not known (cleared). The clock is read only when a tracked thread switches.
+#[raw_tracepoint(tracepoint = "sched_switch")]
+pub fn switch_raw(ctx: RawTracePointContext) -> i32 {
+    let args = ctx.as_ptr() as *const u64;
+    // SAFETY: the tracepoint's arguments, one per u64 slot.
+    let (preempt, next, prev_state) = unsafe { (*args, *args.add(2), *args.add(3)) };
+    let mut now = 0;
+    let prev = match current_known() {
+        Some((_, slot)) => Some(slot),
+        None => target_tid().and_then(|tid| {
+            now = clock();
+            current_slot(tid, now)
+        }),
+    };
+    if let Some(s) = prev.and_then(|slot| THREADS.get_ptr_mut(slot)) {
+        if now == 0 {
+            now = clock();
+        }
+        update(s, |s| s.switch_out(now, switch_runnable(preempt, prev_state)));
+    }
+    let Some((tid, slot)) = task_tid(next).and_then(|tid| Some((tid, slot_of(tid)?))) else {
+        forget_current();
+        return 0;
+    };
+    switched_in(tid, slot);
+    if let Some(s) = THREADS.get_ptr_mut(slot) {
+        if now == 0 {
+            now = clock();
+        }
+        update(s, |s| s.switch_in(now));
+    }
+    0
+}
+
+/// The TID of the task at `task` (a `struct task_struct *` argument), when user space has given
+/// the member's offset (`TpOffsets::task_pid`).
+#[inline(always)]
+fn task_tid(task: u64) -> Option<u32> {
+    let off = offsets()?.task_pid;
+    if off == 0 || task == 0 {
+        return None;
+    }
+    // SAFETY: reads a kernel address through the helper, which fails cleanly on a bad one.
+    let pid: i32 = unsafe { bpf_probe_read_kernel((task + off as u64) as *const i32) }.ok()?;
+    (pid > 0).then_some(pid as u32)
+}
+
 /// `sched_switch` as a raw tracepoint, for one thing: this CPU's current task changes, so the
-/// fault programs no longer know it (`maps::forget_current`). Attached before any fault program.
+/// fault programs no longer know it (`maps::forget_current`). Attached before any fault program,
+/// beside the tracepoint's `sched_switch`, where `switch_raw` cannot be (module doc).
 #[raw_tracepoint(tracepoint = "sched_switch")]
 pub fn switch_forget(_ctx: RawTracePointContext) -> i32 {
     forget_current();
@@ -38,8 +106,7 @@ pub fn switch_forget(_ctx: RawTracePointContext) -> i32 {
 #[tracepoint]
 pub fn sched_switch(ctx: TracePointContext) -> u32 {
     let Some(o) = offsets() else { return 0 };
-    // SAFETY: helper without preconditions.
-    let now = unsafe { bpf_ktime_get_ns() };
+    let now = clock();
     // The previous task is the current one.
     if let Some(tid) = target_tid() {
         let state: u64 = if o.switch_prev_state_size == 8 {
@@ -51,12 +118,7 @@ pub fn sched_switch(ctx: TracePointContext) -> u32 {
         };
         let runnable = state & 0xff == 0;
         if let Some(s) = current_state(tid, now) {
-            // The name now: a thread first seen before `exec` (a held child) takes its program's.
-            let comm = bpf_get_current_comm().unwrap_or([0; 16]);
-            update(s, |s| {
-                s.switch_out(now, runnable);
-                s.comm = comm;
-            });
+            update(s, |s| s.switch_out(now, runnable));
         }
     }
     // SAFETY: offset from the tracepoint's format file.
@@ -77,20 +139,37 @@ pub fn sched_runtime(ctx: TracePointContext) -> u32 {
     let Some(o) = offsets() else { return 0 };
     // SAFETY: offset from the tracepoint's format file.
     let pid: i32 = unsafe { ctx.read_at(o.runtime_pid as usize) }.unwrap_or(0);
-    if pid <= 0 {
-        return 0;
+    if pid > 0 {
+        // SAFETY: offset from the tracepoint's format file.
+        on_runtime(pid as u32, || unsafe { ctx.read_at(o.runtime_ns as usize) }.unwrap_or(0));
     }
-    let Some(s) = state_of(pid as u32) else { return 0 };
+    0
+}
+
+/// `sched_stat_runtime` as a raw tracepoint (`TP_PROTO(struct task_struct *tsk, u64 runtime, …)`),
+/// beside `switch_raw`.
+#[raw_tracepoint(tracepoint = "sched_stat_runtime")]
+pub fn runtime_raw(ctx: RawTracePointContext) -> i32 {
+    let args = ctx.as_ptr() as *const u64;
+    // SAFETY: the tracepoint's arguments, one per u64 slot.
+    let (task, runtime) = unsafe { (*args, *args.add(1)) };
+    if let Some(pid) = task_tid(task) {
+        on_runtime(pid, || runtime);
+    }
+    0
+}
+
+/// Task `pid` was charged `runtime()` ns of CPU time up to now (`sched_runtime`).
+#[inline(always)]
+fn on_runtime(pid: u32, runtime: impl FnOnce() -> u64) {
+    let Some(s) = state_of(pid) else { return };
     // SAFETY: map value; a racing update on the thread's own CPU is redone by its next event.
     if unsafe { (*s).flags } & F_ON_CPU != 0 {
-        return 0;
+        return;
     }
-    // SAFETY: offset from the tracepoint's format file.
-    let runtime: u64 = unsafe { ctx.read_at(o.runtime_ns as usize) }.unwrap_or(0);
-    // SAFETY: helper without preconditions.
-    let now = unsafe { bpf_ktime_get_ns() };
+    let runtime = runtime();
+    let now = clock();
     update(s, |s| s.ran(now, runtime));
-    0
 }
 
 #[tracepoint]
@@ -98,20 +177,57 @@ pub fn sched_wakeup(ctx: TracePointContext) -> u32 {
     let Some(o) = offsets() else { return 0 };
     // SAFETY: offset from the tracepoint's format file.
     let pid: i32 = unsafe { ctx.read_at(o.wakeup_pid as usize) }.unwrap_or(0);
-    if pid <= 0 {
-        return 0;
+    if pid > 0 {
+        on_waking(pid as u32);
     }
-    let Some(s) = state_of(pid as u32) else { return 0 };
-    // SAFETY: helper without preconditions.
-    let now = unsafe { bpf_ktime_get_ns() };
+    0
+}
+
+/// `sched_waking` as a raw tracepoint (`TP_PROTO(struct task_struct *p)`), beside `switch_raw`.
+#[raw_tracepoint(tracepoint = "sched_waking")]
+pub fn waking_raw(ctx: RawTracePointContext) -> i32 {
+    // SAFETY: the tracepoint's argument.
+    let task = unsafe { *(ctx.as_ptr() as *const u64) };
+    if let Some(pid) = task_tid(task) {
+        on_waking(pid);
+    }
+    0
+}
+
+/// Task `pid` is woken, by the current task (`sched_wakeup`).
+#[inline(always)]
+fn on_waking(pid: u32) {
+    let Some(s) = state_of(pid) else { return };
+    let now = clock();
     // The current task: the waker when it is a thread of the target in a syscall
-    // (`attrib`'s rule for `io_wait_peer`, interrupt context included).
-    let peer_io = match target_tid().filter(|&t| t != pid as u32).and_then(state_of) {
+    // (`attrib`'s rule for `io_wait_peer`, interrupt context included). Known since the CPU's
+    // last switch, or looked up (not marked current: a wakeup may come inside a switch).
+    let waker = match current_known() {
+        Some(known) => Some(known),
+        None => target_tid().and_then(|t| Some((t, slot_of(t)?))),
+    };
+    let peer_io = match waker.filter(|&(t, _)| t != pid).and_then(|(_, slot)| THREADS.get_ptr_mut(slot)) {
         // SAFETY: map values; the waker's fields are read once, a torn read only misjudges this wait.
         Some(w) => unsafe { (*w).wakes_with_io(&*s) },
         None => false,
     };
     update(s, |s| s.wakeup(now, peer_io));
+}
+
+/// `task:task_rename`: a task's name changes (`prctl(PR_SET_NAME)`, a write to its `comm` file,
+/// exec), in any task: a tracked thread's row takes the new one.
+#[tracepoint]
+pub fn task_rename(ctx: TracePointContext) -> u32 {
+    let Some(o) = offsets() else { return 0 };
+    // SAFETY: offset from the tracepoint's format file.
+    let pid: i32 = unsafe { ctx.read_at(o.rename_pid as usize) }.unwrap_or(0);
+    if pid <= 0 {
+        return 0;
+    }
+    let Some(s) = state_of(pid as u32) else { return 0 };
+    // SAFETY: offset from the tracepoint's format file (`char newcomm[16]`).
+    let Ok(comm) = (unsafe { ctx.read_at::<[u8; 16]>(o.rename_newcomm as usize) }) else { return 0 };
+    update(s, |s| s.comm = comm);
     0
 }
 

@@ -1,12 +1,15 @@
-//! Syscalls: `raw_syscalls:sys_enter/sys_exit` (Linux >= 2.6.37). I/O syscalls
+//! Syscalls: the raw tracepoints `sys_enter(struct pt_regs *regs, long id)` and
+//! `sys_exit(struct pt_regs *regs, long ret)` (Linux >= 4.17: no record built for every
+//! syscall on the host; the number and the return value are arguments, the call's own
+//! arguments are read from `regs` only for the explicit reads). I/O syscalls
 //! (a bitmap filled by user space per architecture) make blocked time
 //! `io_wait`; other blocked syscalls are `sleep`. Reads of the model file are also charged to
 //! its regions (`xread`).
 
-use aya_ebpf::{helpers::bpf_ktime_get_ns, macros::tracepoint, programs::TracePointContext};
+use aya_ebpf::{EbpfContext, helpers::bpf_ktime_get_ns, macros::raw_tracepoint, programs::RawTracePointContext};
 
 use crate::{
-    maps::{IO_SYSCALLS, current_state, offsets, target_tid, update},
+    maps::{IO_SYSCALLS, current_target, target_state, update},
     xread,
 };
 
@@ -19,30 +22,36 @@ fn is_io(id: i64) -> bool {
     word & (1u64 << (id % 64)) != 0
 }
 
-#[tracepoint]
-pub fn sys_enter(ctx: TracePointContext) -> u32 {
-    let Some(tid) = target_tid() else { return 0 };
-    let Some(o) = offsets() else { return 0 };
-    // SAFETY: offset from the tracepoint's format file.
-    let id: i64 = unsafe { ctx.read_at(o.sys_id as usize) }.unwrap_or(-1);
+/// The tracepoint's two arguments: `regs` and the number (enter) or return value (exit).
+#[inline(always)]
+fn args(ctx: &RawTracePointContext) -> (u64, i64) {
+    let a = ctx.as_ptr() as *const u64;
+    // SAFETY: the tracepoint's arguments, one per u64 slot.
+    unsafe { (*a, *a.add(1) as i64) }
+}
+
+#[raw_tracepoint(tracepoint = "sys_enter")]
+pub fn sys_enter(ctx: RawTracePointContext) -> i32 {
+    let Some((tid, slot)) = current_target() else { return 0 };
+    let (regs, id) = args(&ctx);
     // SAFETY: helper without preconditions.
     let now = unsafe { bpf_ktime_get_ns() };
-    let io = is_io(id);
-    if let Some(s) = current_state(tid, now) {
-        update(s, |s| s.syscall_enter(now, io));
+    if let Some(s) = target_state(tid, slot, now) {
+        update(s, |s| s.syscall_enter(now, is_io(id)));
     }
-    xread::enter(&ctx, tid, id, now);
+    xread::enter(regs, tid, id, now);
     0
 }
 
-#[tracepoint]
-pub fn sys_exit(ctx: TracePointContext) -> u32 {
-    let Some(tid) = target_tid() else { return 0 };
+#[raw_tracepoint(tracepoint = "sys_exit")]
+pub fn sys_exit(ctx: RawTracePointContext) -> i32 {
+    let Some((tid, slot)) = current_target() else { return 0 };
+    let (_, ret) = args(&ctx);
     // SAFETY: helper without preconditions.
     let now = unsafe { bpf_ktime_get_ns() };
-    if let Some(s) = current_state(tid, now) {
+    if let Some(s) = target_state(tid, slot, now) {
         update(s, |s| s.syscall_exit(now));
     }
-    xread::exit(&ctx, tid, now);
+    xread::exit(ret, tid, now);
     0
 }

@@ -1,6 +1,7 @@
 //! Explicit reads of the model file per region (rule and layout: `observer_common::xread`).
 //!
-//! Driven from the syscall programs (`syscalls`): [`enter`] keeps a read's `fd` and offset,
+//! Driven from the syscall programs (`syscalls`): [`enter`] keeps a read's `fd` and offset (read
+//! from the call's registers),
 //! [`exit`] charges its returned bytes to the churn interval of its middle byte (the same
 //! `FILEMAP_STARTS` search as churn, `EVICT_CLASS` for its kind). Off (`XREAD_CONFIG.enabled`
 //! 0) until user space has the churn intervals in place. Per read: one array lookup at entry
@@ -10,10 +11,9 @@
 use core::ptr::read_volatile;
 
 use aya_ebpf::{
-    helpers::bpf_get_current_pid_tgid,
+    helpers::{bpf_get_current_pid_tgid, bpf_probe_read_kernel},
     macros::map,
     maps::{Array, HashMap, PerCpuArray},
-    programs::TracePointContext,
 };
 use observer_common::{
     attrib::{MAX_SLOTS, REC_FD, REC_READ},
@@ -72,10 +72,12 @@ fn config() -> Option<&'static XreadConfig> {
     if c.enabled == 0 { None } else { Some(c) }
 }
 
+/// Argument `i` (0–3) of the system call whose registers are at `regs` (`XreadConfig::arg_regs`).
 #[inline(always)]
-fn arg(ctx: &TracePointContext, cfg: &XreadConfig, i: usize) -> u64 {
-    // SAFETY: offset of `args[i]` from the tracepoint's format file.
-    unsafe { ctx.read_at::<u64>(cfg.args_off as usize + 8 * i) }.unwrap_or(0)
+fn arg(regs: u64, cfg: &XreadConfig, i: usize) -> u64 {
+    let off = cfg.arg_regs[i & 3] as u64;
+    // SAFETY: reads a kernel address through the helper, which fails cleanly on a bad one.
+    unsafe { bpf_probe_read_kernel((regs + off) as *const u64) }.unwrap_or(0)
 }
 
 /// Ask user space for the verdict of `fd` of the current process, once.
@@ -96,7 +98,7 @@ fn query(tgid: u32, fd: u32) {
 
 /// At `sys_enter` of system call `id` by `tid` (an observed thread).
 #[inline(always)]
-pub fn enter(ctx: &TracePointContext, tid: u32, id: i64, now: u64) {
+pub fn enter(regs: u64, tid: u32, id: i64, now: u64) {
     if !(0..MAX_SYSCALL as i64).contains(&id) {
         return;
     }
@@ -108,14 +110,14 @@ pub fn enter(ctx: &TracePointContext, tid: u32, id: i64, now: u64) {
     let tgid = (bpf_get_current_pid_tgid() >> 32) as u32;
     match role {
         R_CLOSE => {
-            _ = XREAD_FDS.remove(&fd_key(tgid, arg(ctx, cfg, 0) as u32));
+            _ = XREAD_FDS.remove(&fd_key(tgid, arg(regs, cfg, 0) as u32));
         }
         R_DUP => {
-            _ = XREAD_FDS.remove(&fd_key(tgid, arg(ctx, cfg, 1) as u32));
+            _ = XREAD_FDS.remove(&fd_key(tgid, arg(regs, cfg, 1) as u32));
         }
         R_PREAD | R_READ | R_OPEN => {
-            let offset = if role == R_PREAD { arg(ctx, cfg, 3) } else { u64::MAX };
-            let open = ReadOpen { fd: arg(ctx, cfg, 0) as u32, role, offset, start: now };
+            let offset = if role == R_PREAD { arg(regs, cfg, 3) } else { u64::MAX };
+            let open = ReadOpen { fd: arg(regs, cfg, 0) as u32, role, offset, start: now };
             _ = XREAD_OPEN.insert(&tid, &open, 0);
         }
         _ => {}
@@ -124,13 +126,11 @@ pub fn enter(ctx: &TracePointContext, tid: u32, id: i64, now: u64) {
 
 /// At `sys_exit` of an observed thread.
 #[inline(always)]
-pub fn exit(ctx: &TracePointContext, tid: u32, now: u64) {
+pub fn exit(ret: i64, tid: u32, now: u64) {
     let Some(cfg) = config() else { return };
     // SAFETY: plain map lookup; the value is copied before the delete.
     let Some(open) = (unsafe { XREAD_OPEN.get(&tid) }).copied() else { return };
     _ = XREAD_OPEN.remove(&tid);
-    // SAFETY: offset of `ret` from the tracepoint's format file.
-    let ret: i64 = unsafe { ctx.read_at::<i64>(cfg.ret_off as usize) }.unwrap_or(-1);
     if ret < 0 {
         return;
     }

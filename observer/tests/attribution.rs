@@ -48,8 +48,20 @@ fn single_token(r: &ObserverRun) -> (&Value, &Value) {
 
 #[test]
 fn busy_loop_is_compute() {
+    busy_loop_is_compute_with(&[]);
+}
+
+/// The same through the scheduler's tracepoints (`--sched-hooks tracepoint`: the programs of
+/// kernels without BTF or before 5.18, which `auto` chooses there).
+#[test]
+fn busy_loop_is_compute_through_sched_tracepoints() {
+    busy_loop_is_compute_with(&["--sched-hooks", "tracepoint"]);
+}
+
+/// `busy_loop_is_compute`, with `observer run` arguments `hooks`.
+fn busy_loop_is_compute_with(hooks: &[&str]) {
     let _l = machine_lock();
-    let r = observe("busy.json", &["--", workload(), "busy", "--ms", "1500"]);
+    let r = observe("busy.json", &[hooks, &["--", workload(), "busy", "--ms", "1500"]].concat());
     assert_components_add_up(&r);
     let (t, w) = single_token(&r);
     let compute = ns(t, "compute");
@@ -145,14 +157,25 @@ fn thread_named<'a>(t: &'a Value, comm: &str) -> &'a Value {
 /// token thread's blocked time by the scheduler (schedstat) and bounded by its own clock around
 /// its waits; the same waits on a worker that only sleeps are
 /// `sleep` (the rule follows the waker's I/O, not the wait). The worker's reads are its `io_wait`.
+/// (The threads are found by the names they give themselves after their first event: a rename
+/// must reach their rows.)
 #[test]
 fn waiting_on_a_peers_reads_is_io_wait_peer() {
+    waiting_on_a_peers_reads_with(&[]);
+}
+
+/// The same through the scheduler's tracepoints (`--sched-hooks tracepoint`).
+#[test]
+fn waiting_on_a_peers_reads_is_io_wait_peer_through_sched_tracepoints() {
+    waiting_on_a_peers_reads_with(&["--sched-hooks", "tracepoint"]);
+}
+
+/// `waiting_on_a_peers_reads_is_io_wait_peer`, with `observer run` arguments `hooks`.
+fn waiting_on_a_peers_reads_with(hooks: &[&str]) {
     let _l = machine_lock();
     let file = scratch_dir("pread-peer").join("peer.bin");
-    let r = observe(
-        "pread-peer.json",
-        &["--", workload(), "pread-peer", "--size", "64M", "--block", "256K", "--path", file.to_str().unwrap()],
-    );
+    let target = ["--", workload(), "pread-peer", "--size", "64M", "--block", "256K", "--path", file.to_str().unwrap()];
+    let r = observe("pread-peer.json", &[hooks, &target].concat());
     assert_components_add_up(&r);
     let toks = tokens(&r);
     assert_eq!((toks.len(), r.workload.len()), (2, 2), "two marked phases: {toks:?}");

@@ -82,8 +82,9 @@ fn per_thread_rows_add_up() {
 
 /// Observe `target` (the `observer run` arguments after `--`) while another process, not
 /// observed, faults anonymous memory over and over (`prefix`: what runs it, such as `taskset -c
-/// 0`); returns the run and the other process's minor faults during it.
-fn observed_beside_another_storm(json: &str, prefix: &[&str], target: &[&str]) -> (ObserverRun, u64) {
+/// 0`), with `observer run` arguments `hooks` before the `--`; returns the run and the other
+/// process's minor faults during it.
+fn observed_beside_another_storm(json: &str, prefix: &[&str], hooks: &[&str], target: &[&str]) -> (ObserverRun, u64) {
     let storm = ["anon", "--size", "64M", "--repeat", "1000000"];
     let cmd: Vec<&str> = prefix.iter().copied().chain([workload()]).chain(storm).collect();
     let mut noise = Command::new(cmd[0]).args(&cmd[1..]).stdout(Stdio::null()).spawn().expect("spawn noise");
@@ -93,7 +94,7 @@ fn observed_beside_another_storm(json: &str, prefix: &[&str], target: &[&str]) -
     };
     std::thread::sleep(Duration::from_millis(200));
     let noise_before = minflt(noise.id());
-    let args: Vec<&str> = ["--"].into_iter().chain(target.iter().copied()).collect();
+    let args: Vec<&str> = hooks.iter().copied().chain(["--"]).chain(target.iter().copied()).collect();
     let r = observe(json, &args);
     let noise_during = minflt(noise.id()) - noise_before;
     noise.kill().ok();
@@ -105,8 +106,12 @@ fn observed_beside_another_storm(json: &str, prefix: &[&str], target: &[&str]) -
 #[test]
 fn other_processes_are_not_counted() {
     let _l = machine_lock();
-    let (r, _) =
-        observed_beside_another_storm("filter.json", &[], &[workload(), "anon", "--size", "256M", "--repeat", "2"]);
+    let (r, _) = observed_beside_another_storm(
+        "filter.json",
+        &[],
+        &[],
+        &[workload(), "anon", "--size", "256M", "--repeat", "2"],
+    );
     let w = &r.workload[0];
     assert_within("minor faults of the target only", u(&r.summary["totals"], "minflt"), u(w, "minflt"), 0.02);
 }
@@ -120,10 +125,23 @@ fn other_processes_are_not_counted() {
 /// and exit outside the phase, and no more.
 #[test]
 fn a_process_taking_turns_with_the_target_on_its_cpu_is_not_counted() {
+    taking_turns_with(&[]);
+}
+
+/// The same through the scheduler's tracepoints (`--sched-hooks tracepoint`), where the fault
+/// programs learn the current thread themselves and `switch_forget` clears it.
+#[test]
+fn a_process_taking_turns_with_the_target_is_not_counted_through_sched_tracepoints() {
+    taking_turns_with(&["--sched-hooks", "tracepoint"]);
+}
+
+/// `a_process_taking_turns_with_the_target_on_its_cpu_is_not_counted`, with `observer run`
+/// arguments `hooks`.
+fn taking_turns_with(hooks: &[&str]) {
     let _l = machine_lock();
     let pin = ["taskset", "-c", "0"];
     let target = [&pin[..], &[workload(), "anon", "--size", "256M", "--repeat", "2"]].concat();
-    let (r, noise_during) = observed_beside_another_storm("turns.json", &pin, &target);
+    let (r, noise_during) = observed_beside_another_storm("turns.json", &pin, hooks, &target);
     let own = u(&r.workload[0], "minflt");
     let observed = u(&r.summary["totals"], "minflt");
     eprintln!("target: {observed} minor faults observed, {own} in its phase; the other process: {noise_during}");

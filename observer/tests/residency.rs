@@ -544,7 +544,7 @@ fn heatmap_formats_watch_and_errors() {
 fn churn_rides_on_the_probes_of_a_run() {
     let _l = machine_lock();
     common::assert_root();
-    use observer::capture::bpf::{AttachOptions, FaultClose, FaultTiming, Markers, Probes};
+    use observer::capture::bpf::{AttachOptions, FaultClose, FaultTiming, Markers, Probes, SchedHooks};
     let path = write_model(&scratch_dir("resid").join("probes.gguf"), 2, 8, 256, 32);
     let mut target = Command::new("sleep").arg("30").spawn().unwrap();
     let mut probes = Probes::attach(&AttachOptions {
@@ -556,6 +556,7 @@ fn churn_rides_on_the_probes_of_a_run() {
         bpf_stats: false,
         fault_close: FaultClose::Auto,
         fault_timing: FaultTiming::Sampled,
+        sched_hooks: SchedHooks::Auto,
     })
     .expect("probes");
     let mut sampler = Sampler::new(&path, Some(target.id())).unwrap();

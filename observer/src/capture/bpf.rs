@@ -175,6 +175,44 @@ pub struct AttachOptions {
     pub fault_close: FaultClose,
     /// How the fault programs time faults (`observer_common::faults`).
     pub fault_timing: FaultTiming,
+    /// Which programs follow the scheduler (`observer-ebpf/src/sched.rs`).
+    pub sched_hooks: SchedHooks,
+}
+
+/// Which programs follow the scheduler's switches, wakeups and runtime updates
+/// (`observer-ebpf/src/sched.rs`'s module doc).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
+pub enum SchedHooks {
+    /// The raw tracepoints where the kernel allows them ([`raw_sched_available`]), else the
+    /// tracepoints.
+    #[default]
+    Auto,
+    /// The raw tracepoints ([`RAW_SCHED`]); an error where the kernel does not allow them.
+    Raw,
+    /// The tracepoints `sched:sched_switch` (with `switch_forget`), `sched:sched_waking` and
+    /// `sched:sched_stat_runtime`.
+    Tracepoint,
+}
+
+/// The scheduler's raw tracepoints, where the kernel allows them ([`raw_sched_available`]):
+/// (program, tracepoint, the tracepoint program it replaces, required). `switch_raw` first.
+const RAW_SCHED: [(&str, &str, &str, bool); 3] = [
+    ("switch_raw", "sched_switch", "sched_switch", true),
+    ("waking_raw", "sched_waking", "sched_wakeup", true),
+    ("runtime_raw", "sched_stat_runtime", "sched_runtime", false),
+];
+
+/// The offset of `task_struct.pid` when the raw scheduler programs ([`RAW_SCHED`]) can run on
+/// this kernel (its raw `sched_switch` passes `prev_state`, Linux >= 5.18, and its BTF names the
+/// member), else why not (`observer doctor`).
+pub fn raw_sched_available() -> Result<u32, String> {
+    let args = btf::kernel_raw_tracepoint_args("sched_switch")?;
+    if args < 4 {
+        return Err(format!(
+            "this kernel's raw sched_switch passes {args} arguments, not the previous task's state (Linux >= 5.18)"
+        ));
+    }
+    btf::kernel_member_offset("task_struct", "pid")
 }
 
 /// How the fault programs time faults (`observer_common::faults`).
@@ -442,17 +480,32 @@ pub fn xread_totals(ebpf: &Ebpf) -> Result<[u64; observer_common::xread::N_TOTAL
     Ok(t)
 }
 
+/// The raw tracepoints of system calls (`observer-ebpf/src/syscalls.rs`): (program, tracepoint).
+const RAW_SYSCALLS: [(&str, &str); 2] = [("sys_enter", "sys_enter"), ("sys_exit", "sys_exit")];
+
+/// Attach [`RAW_SYSCALLS`].
+fn attach_raw_syscalls(ebpf: &mut Ebpf, attached: &mut Vec<String>) -> Result<(), ProbeError> {
+    for (program, tp) in RAW_SYSCALLS {
+        attach_raw_tracepoint(ebpf, program, tp)?;
+        attached.push(format!("raw_tp:raw_syscalls:{tp}"));
+    }
+    Ok(())
+}
+
 /// Point a standalone object (`residency::churn::load_standalone`) at process `pid` (its threads
-/// only, no descendants) and attach only the system-call programs and `sched_process_exec`: what
+/// only, no descendants) and attach only the system-call programs, `switch_forget` and
+/// `sched_process_exec`: what
 /// its explicit reads need (`residency::xread::Live`), without the attribution of [`Probes`].
 pub fn attach_syscalls(ebpf: &mut Ebpf, pid: u32) -> Result<(), ProbeError> {
     preflight::ensure_tracefs().map_err(|e| ProbeError::MissingTracepoint(format!("{e:#}")))?;
     let config = Config { target_tgid: pid, ..Config::default() };
     set(ebpf, "CONFIG", 0, config)?;
     set(ebpf, "OFFSETS", 0, tp_offsets()?.0)?;
-    for &(program, category, name, _) in
-        TRACEPOINTS.iter().filter(|t| matches!(t.0, "sys_enter" | "sys_exit" | "sched_exec"))
-    {
+    // Before the system-call programs, which remember the current thread of the target until
+    // the CPU's next switch (`observer-ebpf/src/maps.rs`, `SLOT_CACHE`'s `CURRENT`).
+    attach_raw_tracepoint(ebpf, "switch_forget", "sched_switch")?;
+    attach_raw_syscalls(ebpf, &mut Vec::new())?;
+    for &(program, category, name, _) in TRACEPOINTS.iter().filter(|t| t.0 == "sched_exec") {
         if !preflight::tracepoint_exists(category, name) {
             return Err(ProbeError::MissingTracepoint(format!(
                 "this kernel has no tracepoint {category}:{name} (needs CONFIG_TRACEPOINTS and the {category} events)"
@@ -517,8 +570,6 @@ const TRACEPOINTS: &[(&str, &str, &str, bool)] = &[
     ("sched_switch", "sched", "sched_switch", true),
     ("sched_wakeup", "sched", "sched_waking", true),
     ("sched_exit", "sched", "sched_process_exit", true),
-    ("sys_enter", "raw_syscalls", "sys_enter", true),
-    ("sys_exit", "raw_syscalls", "sys_exit", true),
     ("reclaim_begin", "vmscan", "mm_vmscan_direct_reclaim_begin", false),
     ("reclaim_end", "vmscan", "mm_vmscan_direct_reclaim_end", false),
     ("reclaim_begin", "vmscan", "mm_vmscan_memcg_reclaim_begin", false),
@@ -531,6 +582,7 @@ const TRACEPOINTS: &[(&str, &str, &str, bool)] = &[
     ("new_task", "task", "task_newtask", false),
     ("process_free", "sched", "sched_process_free", false),
     ("sched_runtime", "sched", "sched_stat_runtime", false),
+    ("task_rename", "task", "task_rename", false),
 ];
 
 /// An optional tracepoint left unattached: its name, and why (the field its format lacks).
@@ -544,7 +596,6 @@ fn tp_offsets() -> Result<(TpOffsets, Vec<Unusable>), ProbeError> {
     let sw = Format::load("sched", "sched_switch").map_err(miss)?;
     let wk = Format::load("sched", "sched_waking").map_err(miss)?;
     let ex = Format::load("sched", "sched_process_exit").map_err(miss)?;
-    let se = Format::load("raw_syscalls", "sys_enter").map_err(miss)?;
     let mut o = TpOffsets {
         switch_prev_pid: sw.offset("prev_pid").map_err(miss)?,
         switch_prev_state: sw.offset("prev_state").map_err(miss)?,
@@ -552,7 +603,6 @@ fn tp_offsets() -> Result<(TpOffsets, Vec<Unusable>), ProbeError> {
         switch_prev_state_size: sw.field("prev_state").map_err(miss)?.size,
         wakeup_pid: wk.offset("pid").map_err(miss)?,
         exit_pid: ex.offset("pid").map_err(miss)?,
-        sys_id: se.offset("id").map_err(miss)?,
         ..TpOffsets::default()
     };
     // Optional tracepoints: all of a tracepoint's fields, or it is not attached. One that does
@@ -585,6 +635,9 @@ fn tp_offsets() -> Result<(TpOffsets, Vec<Unusable>), ProbeError> {
     }
     if let Some(&[dev, sector]) = fields("block", "block_rq_complete", &["dev", "sector"]).as_deref() {
         (o.rqd_dev, o.rqd_sector) = (dev, sector);
+    }
+    if let Some(&[pid, newcomm]) = fields("task", "task_rename", &["pid", "newcomm"]).as_deref() {
+        (o.rename_pid, o.rename_newcomm) = (pid, newcomm);
     }
     Ok((o, unusable))
 }
@@ -644,10 +697,34 @@ impl Probes {
             ..Config::default()
         };
         let mut attached = Vec::new();
-        // Before any fault program: what they know of a CPU's current task is forgotten at each
-        // context switch from the first (`observer-ebpf/src/maps.rs`, `SLOT_CACHE`'s `CURRENT`).
-        attach_raw_tracepoint(&mut ebpf, "switch_forget", "sched_switch")?;
-        attached.push("raw_tp:sched:sched_switch".into());
+        // Before any fault program: what they know of a CPU's current task is set or forgotten at
+        // each context switch from the first (`observer-ebpf/src/maps.rs`, `SLOT_CACHE`'s
+        // `CURRENT`). The raw programs read nothing before `OFFSETS` and `CONFIG` are written.
+        let raw_sched = match (opts.sched_hooks, raw_sched_available()) {
+            (SchedHooks::Tracepoint, _) => None,
+            (_, Ok(task_pid)) => Some(task_pid),
+            (SchedHooks::Raw, Err(why)) => {
+                return Err(ProbeError::MissingTracepoint(format!("--sched-hooks raw: {why}")));
+            }
+            (SchedHooks::Auto, Err(why)) => {
+                log::info!("the scheduler's events through its tracepoints (sched:*): {why}");
+                None
+            }
+        };
+        let mut missing = Vec::new();
+        if raw_sched.is_some() {
+            for (program, tp, _, required) in RAW_SCHED {
+                match attach_raw_tracepoint(&mut ebpf, program, tp) {
+                    Ok(()) => attached.push(format!("raw_tp:sched:{tp}")),
+                    Err(e) if required => return Err(e),
+                    Err(e) => missing.push(format!("raw_tp:sched:{tp} ({e})")),
+                }
+            }
+        } else {
+            attach_raw_tracepoint(&mut ebpf, "switch_forget", "sched_switch")?;
+            attached.push("raw_tp:sched:sched_switch (forget)".into());
+        }
+        let offsets = TpOffsets { task_pid: raw_sched.unwrap_or(0), ..offsets };
         // The memcg close is chosen (and its item values read) before `CONFIG` is written; its
         // program runs from the attach on, returning until the target is set.
         if let Some((pgfault, pgmajfault)) =
@@ -673,7 +750,6 @@ impl Probes {
         }
 
         let cpus = online_cpus().map_err(|(path, source)| ProbeError::Cpus { path, source })?;
-        let mut missing = Vec::new();
         let raw_entry = attach_raw_fault_entry(&mut ebpf, opts.fault_timing, &mut attached)?;
         if opts.fault_timing == FaultTiming::DispatchOnly {
             if !raw_entry {
@@ -719,7 +795,11 @@ impl Probes {
             }
             attached.push(format!("perf:{}", probe.event_name));
         }
+        attach_raw_syscalls(&mut ebpf, &mut attached)?;
         for &(program, category, name, required) in TRACEPOINTS {
+            if raw_sched.is_some() && RAW_SCHED.iter().any(|r| r.2 == program) {
+                continue;
+            }
             if !preflight::tracepoint_exists(category, name) {
                 if required {
                     return Err(ProbeError::MissingTracepoint(format!(
@@ -934,6 +1014,7 @@ impl Probes {
             bpf_stats: false,
             fault_close: FaultClose::Auto,
             fault_timing: FaultTiming::Sampled,
+            sched_hooks: SchedHooks::Auto,
         };
         let m = attach_markers(&mut self.ebpf, &opts, &mut self.attached)?;
         self.markers = m.clone();

@@ -16,16 +16,25 @@
 //! An enum's data is one 8-byte entry per `vlen` (`u32 name_off`, `u32 val`; signed when the
 //! enum's `kind_flag` is set).
 //!
+//! A typedef's `type` (the `u32` after `info`) is the ID of the type it names, types numbered
+//! from 1 in the order of the type section; a pointer's the same; a function prototype's data is
+//! one 8-byte parameter per `vlen` (`u32 name_off`, `u32 type`).
+//!
 //! [`member_offset`] gives a named member's byte offset in the first struct of that name that
 //! has it; a bitfield member has none. [`enum_value`] gives a named value of the first enum of
-//! that name that has it.
+//! that name that has it. [`pointer_params`] gives how many parameters the function a typedef of
+//! a function pointer points to takes (a raw tracepoint's `btf_trace_<name>`: its context, then
+//! the tracepoint's arguments).
 
 /// The kernel's BTF of its own types.
 pub const VMLINUX: &str = "/sys/kernel/btf/vmlinux";
 
 const MAGIC: u16 = 0xeb9f;
+const KIND_PTR: u32 = 2;
 const KIND_STRUCT: u32 = 4;
 const KIND_ENUM: u32 = 6;
+const KIND_TYPEDEF: u32 = 8;
+const KIND_FUNC_PROTO: u32 = 13;
 
 /// Bytes of kind-specific data after a `btf_type` of `kind` with `vlen` entries, `None` for a kind
 /// this reader does not know (a newer kernel's: the rest cannot be walked).
@@ -92,6 +101,22 @@ impl<'a> Blob<'a> {
         &s[..s.iter().position(|b| *b == 0).unwrap_or(s.len())]
     }
 
+    /// Each type in order, with its ID, until `f` returns something, and that.
+    fn walk<T>(&self, mut f: impl FnMut(u32, &Type<'a>) -> Result<Option<T>, String>) -> Result<Option<T>, String> {
+        let (mut at, mut id) = (self.types.start, 1);
+        while at + 12 <= self.types.end {
+            let (name_off, info) = (self.u32_at(at).ok_or_else(truncated)?, self.u32_at(at + 4).ok_or_else(truncated)?);
+            let (vlen, k, kind_flag) = ((info & 0xffff) as usize, (info >> 24) & 0x1f, info >> 31 == 1);
+            let extra = extra_bytes(k, vlen).ok_or_else(|| format!("BTF kind {k} unknown to this reader"))?;
+            let t = Type { name: self.name(name_off), kind: k, vlen, kind_flag, data: at + 12 };
+            if let Some(v) = f(id, &t)? {
+                return Ok(Some(v));
+            }
+            (at, id) = (at + 12 + extra, id + 1);
+        }
+        Ok(None)
+    }
+
     /// The first type of `kind` named `name` for which `f` returns something, and that.
     fn find<T>(
         &self,
@@ -99,21 +124,18 @@ impl<'a> Blob<'a> {
         name: &str,
         mut f: impl FnMut(&Type<'a>) -> Result<Option<T>, String>,
     ) -> Result<Option<T>, String> {
-        let mut at = self.types.start;
-        while at + 12 <= self.types.end {
-            let (name_off, info) = (self.u32_at(at).ok_or_else(truncated)?, self.u32_at(at + 4).ok_or_else(truncated)?);
-            let (vlen, k, kind_flag) = ((info & 0xffff) as usize, (info >> 24) & 0x1f, info >> 31 == 1);
-            let extra = extra_bytes(k, vlen).ok_or_else(|| format!("BTF kind {k} unknown to this reader"))?;
-            let t = Type { name: self.name(name_off), kind: k, vlen, kind_flag, data: at + 12 };
-            if t.kind == kind
-                && t.name == name.as_bytes()
-                && let Some(v) = f(&t)?
-            {
-                return Ok(Some(v));
+        self.walk(|_, t| if t.kind == kind && t.name == name.as_bytes() { f(t) } else { Ok(None) })
+    }
+
+    /// The kind, `vlen` and `type` of the type with ID `id`.
+    fn by_id(&self, id: u32) -> Result<(u32, usize, u32), String> {
+        self.walk(|i, t| {
+            if i != id {
+                return Ok(None);
             }
-            at += 12 + extra;
-        }
-        Ok(None)
+            Ok(Some((t.kind, t.vlen, self.u32_at(t.data - 4).ok_or_else(truncated)?)))
+        })?
+        .ok_or_else(|| format!("BTF type {id} is out of range"))
     }
 }
 
@@ -169,6 +191,22 @@ pub fn enum_value(btf: &[u8], en: &str, name: &str) -> Result<i64, String> {
     })
 }
 
+/// How many parameters the function that typedef `name` points to takes (module doc).
+pub fn pointer_params(btf: &[u8], name: &str) -> Result<usize, String> {
+    let b = Blob::new(btf)?;
+    let target = b.find(KIND_TYPEDEF, name, |t| b.u32_at(t.data - 4).ok_or_else(truncated).map(Some))?;
+    let target = target.ok_or_else(|| format!("no typedef {name} in this kernel's BTF"))?;
+    let not_fn = || format!("typedef {name} is not a function pointer in this kernel's BTF");
+    let (kind, _, pointee) = b.by_id(target)?;
+    if kind != KIND_PTR {
+        return Err(not_fn());
+    }
+    match b.by_id(pointee)? {
+        (KIND_FUNC_PROTO, vlen, _) => Ok(vlen),
+        _ => Err(not_fn()),
+    }
+}
+
 fn kernel_btf() -> Result<Vec<u8>, String> {
     std::fs::read(VMLINUX).map_err(|e| format!("{VMLINUX}: {e} (the kernel needs CONFIG_DEBUG_INFO_BTF)"))
 }
@@ -181,6 +219,12 @@ pub fn kernel_enum_value(en: &str, name: &str) -> Result<i64, String> {
 /// [`member_offset`] in this kernel's BTF ([`VMLINUX`]).
 pub fn kernel_member_offset(strukt: &str, member: &str) -> Result<u32, String> {
     member_offset(&kernel_btf()?, strukt, member)
+}
+
+/// How many arguments raw tracepoint `tracepoint` passes on this kernel ([`pointer_params`] of
+/// its `btf_trace_<tracepoint>`, less the context).
+pub fn kernel_raw_tracepoint_args(tracepoint: &str) -> Result<usize, String> {
+    Ok(pointer_params(&kernel_btf()?, &format!("btf_trace_{tracepoint}"))?.saturating_sub(1))
 }
 
 #[cfg(test)]
@@ -240,6 +284,51 @@ mod tests {
         assert_eq!(enum_value(&b, "e", "B"), Ok(24));
         assert_eq!(enum_value(&b, "f", "A"), Ok(-2));
         assert_eq!(enum_value(&b, "e", "C"), Err("enum e has no value C in this kernel's BTF".into()));
+    }
+
+    #[test]
+    fn counts_the_parameters_of_a_function_pointer_typedef() {
+        // Strings: 0 "", 1 "int", 5 "fp", 8 "ip".
+        let strings = b"\0int\0fp\0ip\0";
+        #[rustfmt::skip]
+        let types = [
+            1, 1 << 24, 4, 0x20, // [1] INT "int"
+            0, 13 << 24 | 3, 0, 0, 1, 0, 1, 0, 1, // [2] FUNC_PROTO void (int, int, int)
+            0, 2 << 24, 2, // [3] PTR to [2]
+            5, 8 << 24, 3, // [4] TYPEDEF "fp" = [3]
+            8, 8 << 24, 1, // [5] TYPEDEF "ip" = [1]
+            0, 2 << 24, 1, // [6] PTR to [1]
+            8, 8 << 24, 6, // [7] TYPEDEF "ip" = [6] (the first "ip" is what is found)
+        ];
+        let b = blob(&types, strings);
+        assert_eq!(pointer_params(&b, "fp"), Ok(3));
+        assert_eq!(pointer_params(&b, "ip"), Err("typedef ip is not a function pointer in this kernel's BTF".into()));
+        assert_eq!(pointer_params(&b, "gp"), Err("no typedef gp in this kernel's BTF".into()));
+        // A typedef naming a type that is not there.
+        let b = blob(&[5, 8 << 24, 9], strings);
+        assert_eq!(pointer_params(&b, "fp"), Err("BTF type 9 is out of range".into()));
+    }
+
+    /// This kernel's `sched_switch` raw tracepoint (what `switch_raw` reads) against bpftool's
+    /// dump of the same BTF: its `btf_trace_sched_switch` points to a prototype of as many
+    /// parameters as `kernel_raw_tracepoint_args` says, plus the context.
+    #[test]
+    fn sched_switch_arguments_match_bpftool() {
+        let n = kernel_raw_tracepoint_args("sched_switch").expect("this kernel has BTF");
+        let out = std::process::Command::new("bpftool")
+            .args(["btf", "dump", "file", VMLINUX, "format", "raw"])
+            .output()
+            .expect("bpftool (cargo xtask setup installs it)");
+        let text = String::from_utf8_lossy(&out.stdout);
+        let id_of = |l: &str| l.strip_prefix('[')?.split(']').next()?.parse::<u32>().ok();
+        let type_of = |l: &str| l.split("type_id=").nth(1)?.split_whitespace().next()?.parse::<u32>().ok();
+        let line = |id: u32| text.lines().find(|l| id_of(l) == Some(id)).unwrap_or_default();
+        let typedef = text.lines().find(|l| l.contains("TYPEDEF 'btf_trace_sched_switch'")).expect("bpftool's typedef");
+        let ptr = line(type_of(typedef).expect("typedef's type_id"));
+        let proto = line(type_of(ptr).expect("pointer's type_id"));
+        assert!(proto.contains("FUNC_PROTO"), "{proto}");
+        let vlen = proto.split("vlen=").nth(1).and_then(|v| v.split_whitespace().next()?.parse::<usize>().ok());
+        assert_eq!(vlen, Some(n + 1), "bpftool: {proto}");
     }
 
     /// This kernel's `vm_event_item` values of `PGFAULT` and `PGMAJFAULT` (what the memcg fault

@@ -74,7 +74,10 @@ use tokio::{io::unix::AsyncFd, sync::watch};
 
 use crate::{
     capture::{
-        bpf::{self, AttachOptions, EngineChoice, FaultClose, FaultTiming, MarkerKind, Markers, ProbeError, Probes},
+        bpf::{
+            self, AttachOptions, EngineChoice, FaultClose, FaultTiming, MarkerKind, Markers, ProbeError, Probes,
+            SchedHooks,
+        },
         comm_str, header, preflight, procfs, procsample,
         residency::{self, Sampler},
         seed,
@@ -284,6 +287,8 @@ pub struct SessionOptions {
     pub fault_close: FaultClose,
     /// How faults are timed (`--time-every-fault`, `--fault-dispatch-only`).
     pub fault_timing: FaultTiming,
+    /// Which program follows context switches (`--switch-hook`).
+    pub sched_hooks: SchedHooks,
 }
 
 impl SessionOptions {
@@ -305,6 +310,7 @@ impl SessionOptions {
             bpf_stats: false,
             fault_close: FaultClose::Auto,
             fault_timing: FaultTiming::Sampled,
+            sched_hooks: SchedHooks::Auto,
         }
     }
 }
@@ -406,7 +412,7 @@ impl Session {
         let follow_children = s.opts.follow_children;
         let held = s.target.is_spawned();
         let (markers_optional, bpf_stats) = (s.opts.without_tokens_ok, s.opts.bpf_stats);
-        let (fault_close, fault_timing) = (s.opts.fault_close, s.opts.fault_timing);
+        let (fault_close, fault_timing, sched_hooks) = (s.opts.fault_close, s.opts.fault_timing, s.opts.sched_hooks);
         let opts = AttachOptions {
             target: pid,
             markers,
@@ -416,6 +422,7 @@ impl Session {
             bpf_stats,
             fault_close,
             fault_timing,
+            sched_hooks,
         };
         let probes = match Probes::attach(&opts) {
             Ok(p) => p,

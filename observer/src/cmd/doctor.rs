@@ -97,6 +97,13 @@ pub fn doctor(args: DoctorArgs) -> Result<i32> {
                 Err(why) => format!("perf events minor-faults/major-faults (no memcg close: {why})"),
             }
         );
+        println!(
+            "info scheduler events: {}",
+            match observer::capture::bpf::raw_sched_available() {
+                Ok(_) => "raw tracepoints (no record built per switch or wakeup)".to_string(),
+                Err(why) => format!("the sched:* tracepoints (no raw ones: {why})"),
+            }
+        );
     }
     r.check(
         "uprobes",

@@ -9,7 +9,7 @@ use super::parse_duration;
 use anyhow::{Context, Result, bail};
 use observer::{
     capture::{
-        bpf::{EngineChoice, FaultClose, FaultTiming},
+        bpf::{EngineChoice, FaultClose, FaultTiming, SchedHooks},
         session::{Mode, Outcome, Session, SessionOptions, Stop, TargetSpec, TokenSymbol},
     },
     output::{Output, Policy},
@@ -101,6 +101,12 @@ pub struct RunArgs {
     /// it). They count the same faults but for rare edge cases (README, "How a fault is timed").
     #[arg(long, value_enum, default_value_t = FaultClose::Auto, value_name = "EVENT")]
     pub fault_close: FaultClose,
+    /// Which programs follow the scheduler (switches, wakeups, runtime updates): `raw` (raw
+    /// tracepoints, Linux >= 5.18 with BTF: no record built for every event on the host),
+    /// `tracepoint` (the `sched:*` tracepoints), or `auto` (raw where the kernel allows it;
+    /// `observer doctor` says).
+    #[arg(long, value_enum, default_value_t = SchedHooks::Auto, value_name = "HOOKS")]
+    pub sched_hooks: SchedHooks,
     /// Time every page fault, also in fault storms, where by default 1 user-mode minor fault in 8
     /// is timed and stands for the others (counts stay exact; README, "Fault storms").
     #[arg(long)]
@@ -157,6 +163,7 @@ impl RunArgs {
             without_tokens_ok: self.without_tokens_ok,
             bpf_stats: self.bpf_stats,
             fault_close: self.fault_close,
+            sched_hooks: self.sched_hooks,
             fault_timing: match (self.time_every_fault, self.fault_dispatch_only) {
                 (_, true) => FaultTiming::DispatchOnly,
                 (true, false) => FaultTiming::EveryFault,

@@ -26,10 +26,7 @@ use super::{
     ResidencyError,
     churn::{Intervals, Owner},
 };
-use crate::capture::{
-    tokens::{Assembler, Snapshot},
-    tracefs::Format,
-};
+use crate::capture::tokens::{Assembler, Snapshot};
 
 /// The kernel side, configured and on.
 pub struct Xread {
@@ -69,9 +66,6 @@ impl Xread {
     ) -> Result<Xread, ResidencyError> {
         let (dev, ino) =
             identity(path).ok_or_else(|| ResidencyError::Churn(format!("{}: cannot stat", path.display())))?;
-        let fmt = |name| Format::load("raw_syscalls", name).map_err(|e| ResidencyError::Churn(format!("{e:#}")));
-        let args_off = fmt("sys_enter")?.offset("args").map_err(|e| ResidencyError::Churn(format!("{e:#}")))?;
-        let ret_off = fmt("sys_exit")?.offset("ret").map_err(|e| ResidencyError::Churn(format!("{e:#}")))?;
         {
             let m = ebpf.map_mut("XREAD_ROLES").ok_or_else(|| ResidencyError::Churn("no map XREAD_ROLES".into()))?;
             let mut a: Array<_, u32> = Array::try_from(m).map_err(err("XREAD_ROLES"))?;
@@ -85,7 +79,7 @@ impl Xread {
         {
             let m = ebpf.map_mut("XREAD_CONFIG").ok_or_else(|| ResidencyError::Churn("no map XREAD_CONFIG".into()))?;
             let mut a: Array<_, XreadConfig> = Array::try_from(m).map_err(err("XREAD_CONFIG"))?;
-            let config = XreadConfig { enabled: 1, page_shift: page.trailing_zeros(), args_off, ret_off };
+            let config = XreadConfig { enabled: 1, page_shift: page.trailing_zeros(), arg_regs: sys::ARG_REGS };
             a.set(0, config, 0).map_err(err("XREAD_CONFIG"))?;
         }
         let cells = intervals
@@ -233,6 +227,16 @@ mod tests {
         assert!(!sys::ROLES.is_empty(), "no table for this architecture");
         for &(name, nr, _) in sys::ROLES {
             assert_eq!(crate::capture::syscalls::tests::libc_nr(name), Some(i64::from(nr)), "{name}");
+        }
+    }
+
+    /// The argument registers the raw `sys_enter` reads against this kernel's BTF of `struct
+    /// pt_regs` (x86-64's registers are named members; arm64's are an array, `regs[i]` at `8 i`).
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn argument_registers_are_the_kernels() {
+        for (reg, off) in ["di", "si", "dx", "r10"].iter().zip(sys::ARG_REGS) {
+            assert_eq!(crate::capture::btf::kernel_member_offset("pt_regs", reg), Ok(off), "pt_regs.{reg}");
         }
     }
 }
