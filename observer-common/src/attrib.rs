@@ -845,13 +845,10 @@ pub struct TpOffsets {
     /// and its `runtime` (u64, ns).
     pub runtime_pid: u32,
     pub runtime_ns: u32,
-    /// Not a tracepoint's: `struct task_struct`'s `pid` from the kernel's BTF, read by the raw
-    /// `sched_switch` program from its `next` argument ([`switch_runnable`]); 0 until user space
-    /// has written it (never a real offset: `pid` is not a task's first member).
-    pub task_pid: u32,
     /// `task:task_rename`: the renamed task's `pid` and its `newcomm` (16 bytes).
     pub rename_pid: u32,
     pub rename_newcomm: u32,
+    pub _pad: u32,
 }
 const _: () = assert!(core::mem::size_of::<TpOffsets>() == 24 * 4);
 
@@ -1137,6 +1134,14 @@ pub const fn seq_end(read: u64) -> u64 {
 /// fault storm; issue 19). It is fixed before the verifier sees the programs, which drops the
 /// branch not taken.
 pub const STORES_IN_ORDER: &str = "STORES_IN_ORDER";
+
+/// Name of the programs' read-only global (a `u32`, 0 unless the loader sets it) that holds
+/// `struct task_struct`'s `pid` offset from the kernel's BTF, for the scheduler's BTF tracepoint
+/// programs (`observer-ebpf/src/sched.rs`). Fixed before the verifier sees them, so it is a
+/// constant to the verifier, which then lets them load the member from the tracepoint's task
+/// pointer directly (checked against the BTF), where a raw tracepoint pays a
+/// `bpf_probe_read_kernel` call.
+pub const TASK_PID: &str = "TASK_PID";
 
 /// Whether this build's CPUs keep plain stores in program order (the value the loader gives
 /// [`STORES_IN_ORDER`]).

@@ -34,6 +34,18 @@ pub static COUNTERS: PerCpuArray<u64> = PerCpuArray::with_max_entries(GLOBAL_COU
 #[map]
 pub static SLOTS: HashMap<u32, u32> = HashMap::with_max_entries(MAX_SLOTS, 0);
 
+/// `SLOTS` again, direct-mapped: entry `tid % TID_SLOTS_N` is `tid << 32 | CACHED | slot` for
+/// the last thread of that remainder whose slot a program looked up or made (0: none). An
+/// array lookup, not a hash one (about 50 ns on the development VM: the scheduler's programs
+/// look up a thread other than the current one at every switch, wakeup and runtime update).
+/// One 8-byte word, checked against the TID, so a thread sharing the remainder only costs the
+/// hash lookup; only found entries are kept (a thread without a slot may get one at any time).
+#[map]
+pub static TID_SLOTS: Array<u64> = Array::with_max_entries(TID_SLOTS_N, 0);
+
+/// Entries of `TID_SLOTS` (a power of two: the threads of a process have TIDs close together).
+const TID_SLOTS_N: u32 = 1024;
+
 /// Per-CPU: the last `SLOTS` entry a thread's own event looked up or made,
 /// `tid << 32 | CACHED | [CURRENT |] slot` (one 8-byte word, so a program that interrupts
 /// another on this CPU reads either the old pair or the new one, never half of
@@ -275,6 +287,36 @@ pub fn switched_in(tid: u32, slot: u32) {
     }
 }
 
+/// `tid`'s slot in `TID_SLOTS`, when its entry is there.
+#[inline(always)]
+fn table_slot(tid: u32) -> Option<u32> {
+    let p = TID_SLOTS.get_ptr(tid & (TID_SLOTS_N - 1))?;
+    // SAFETY: map value, read in one 8-byte load.
+    let v = unsafe { core::ptr::read_volatile(p) };
+    caches(v, tid).then_some((v & SLOT_BITS) as u32)
+}
+
+/// `SLOTS` has `tid` at `slot`: keep it in `TID_SLOTS`.
+#[inline(always)]
+fn table_remember(tid: u32, slot: u32) {
+    if let Some(p) = TID_SLOTS.get_ptr_mut(tid & (TID_SLOTS_N - 1)) {
+        // SAFETY: map value, written in one 8-byte store.
+        unsafe { core::ptr::write_volatile(p, (tid as u64) << 32 | CACHED | slot as u64) };
+    }
+}
+
+/// `tid`'s slot from `TID_SLOTS`, else from `SLOTS` (then kept in `TID_SLOTS`).
+#[inline(always)]
+fn lookup_slot(tid: u32) -> Option<u32> {
+    if let Some(slot) = table_slot(tid) {
+        return Some(slot);
+    }
+    // SAFETY: plain map lookup.
+    let slot = unsafe { SLOTS.get(&tid).copied() }?;
+    table_remember(tid, slot);
+    Some(slot)
+}
+
 #[inline(always)]
 fn remember_slot(tid: u32, slot: u32) {
     if let Some(c) = SLOT_CACHE.get_ptr_mut(0) {
@@ -290,8 +332,7 @@ pub fn slot_of(tid: u32) -> Option<u32> {
     if let Some(slot) = cached_slot(tid) {
         return Some(slot);
     }
-    // SAFETY: plain map lookup.
-    unsafe { SLOTS.get(&tid).copied() }
+    lookup_slot(tid)
 }
 
 /// The slot of the current thread when it has one (no allocation), remembered in `SLOT_CACHE`.
@@ -300,8 +341,7 @@ pub fn known_slot(tid: u32) -> Option<u32> {
     if let Some(slot) = cached_slot(tid) {
         return Some(slot);
     }
-    // SAFETY: plain map lookup.
-    let slot = unsafe { SLOTS.get(&tid).copied() }?;
+    let slot = lookup_slot(tid)?;
     remember_slot(tid, slot);
     Some(slot)
 }
@@ -342,6 +382,7 @@ pub fn current_slot(tid: u32, now: u64) -> Option<u32> {
         bump(GlobalCounter::LostEvents);
         return None;
     }
+    table_remember(tid, slot);
     remember_slot(tid, slot);
     Some(slot)
 }

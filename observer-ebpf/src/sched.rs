@@ -8,10 +8,12 @@
 //!
 //! `sched_switch` runs as the *previous* task; the next task is known only by
 //! its TID, so only threads already tracked are switched in. Where the kernel passes the
-//! previous task's state to the raw tracepoint (Linux >= 5.18) and its BTF gives
-//! `task_struct.pid`, one raw program (`switch_raw`) does the whole switch and tells the programs
-//! that run in a task which one is current (`maps::SLOT_CACHE`'s `CURRENT`): no record is built
-//! for every switch on the host, and no field is read from one. Elsewhere the tracepoint's
+//! previous task's state to the raw tracepoint (Linux >= 5.18) and has BTF, the scheduler's
+//! events run BTF tracepoint programs (`tp_btf`: a raw tracepoint whose task pointers the
+//! verifier knows, so a task's `pid` is a plain load at the offset the loader fixes,
+//! `observer_common::attrib::TASK_PID`), and one of them (`switch_raw`) does the whole switch
+//! and tells the programs that run in a task which one is current (`maps::SLOT_CACHE`'s
+//! `CURRENT`): no record is built for every event on the host, and no helper reads a field. Elsewhere the tracepoint's
 //! program (`sched_switch`) does, with `switch_forget`, a raw tracepoint on the same event, to
 //! clear `CURRENT`. A thread's name is taken at its first event and again when it changes
 //! (`task:task_rename`: `prctl(PR_SET_NAME)`, exec), not at every switch.
@@ -19,11 +21,9 @@
 
 use aya_ebpf::{
     EbpfContext,
-    helpers::{
-        bpf_get_current_comm, bpf_get_current_pid_tgid, bpf_ktime_get_ns, bpf_probe_read_kernel, bpf_send_signal,
-    },
-    macros::{raw_tracepoint, tracepoint},
-    programs::{RawTracePointContext, TracePointContext},
+    helpers::{bpf_get_current_comm, bpf_get_current_pid_tgid, bpf_ktime_get_ns, bpf_send_signal},
+    macros::{btf_tracepoint, raw_tracepoint, tracepoint},
+    programs::{BtfTracePointContext, RawTracePointContext, TracePointContext},
 };
 
 use observer_common::{
@@ -42,14 +42,14 @@ fn clock() -> u64 {
     unsafe { bpf_ktime_get_ns() }
 }
 
-/// `sched_switch` as a raw tracepoint (`TP_PROTO(bool preempt, struct task_struct *prev, struct
-/// task_struct *next, unsigned int prev_state)`, Linux >= 5.18), attached where the kernel's BTF
-/// gives `task_struct.pid` (module doc), before any fault program. The previous task is the
+/// `sched_switch` as a BTF tracepoint (`TP_PROTO(bool preempt, struct task_struct *prev, struct
+/// task_struct *next, unsigned int prev_state)`, Linux >= 5.18; module doc), attached before any
+/// fault program. The previous task is the
 /// current one: known since the CPU's last switch (`CURRENT`), or named now. The next one is
 /// read from its task; a tracked one is this CPU's current task from now on (`CURRENT` set),
 /// any other is not known (cleared). The clock is read only when a tracked thread switches.
-#[raw_tracepoint(tracepoint = "sched_switch")]
-pub fn switch_raw(ctx: RawTracePointContext) -> i32 {
+#[btf_tracepoint(function = "sched_switch")]
+pub fn switch_raw(ctx: BtfTracePointContext) -> i32 {
     let args = ctx.as_ptr() as *const u64;
     // SAFETY: the tracepoint's arguments, one per u64 slot.
     let (preempt, next, prev_state) = unsafe { (*args, *args.add(2), *args.add(3)) };
@@ -81,16 +81,23 @@ pub fn switch_raw(ctx: RawTracePointContext) -> i32 {
     0
 }
 
-/// The TID of the task at `task` (a `struct task_struct *` argument), when user space has given
-/// the member's offset (`TpOffsets::task_pid`).
+/// `observer_common::attrib::TASK_PID`, set by the loader.
+#[unsafe(no_mangle)]
+static TASK_PID: u32 = 0;
+
+/// The TID of the task at `task` (a `struct task_struct *` argument of a BTF tracepoint): its
+/// `pid`, loaded directly (module doc).
 #[inline(always)]
 fn task_tid(task: u64) -> Option<u32> {
-    let off = offsets()?.task_pid;
-    if off == 0 || task == 0 {
+    if task == 0 {
         return None;
     }
-    // SAFETY: reads a kernel address through the helper, which fails cleanly on a bad one.
-    let pid: i32 = unsafe { bpf_probe_read_kernel((task + off as u64) as *const i32) }.ok()?;
+    // SAFETY: a read-only global; the verifier knows its value, and checks the load below
+    // against the kernel's BTF of the task (a faulting load reads 0).
+    let pid = unsafe {
+        let off = core::ptr::read_volatile(&TASK_PID);
+        core::ptr::read_volatile((task as *const u8).add(off as usize) as *const i32)
+    };
     (pid > 0).then_some(pid as u32)
 }
 
@@ -146,10 +153,10 @@ pub fn sched_runtime(ctx: TracePointContext) -> u32 {
     0
 }
 
-/// `sched_stat_runtime` as a raw tracepoint (`TP_PROTO(struct task_struct *tsk, u64 runtime, …)`),
+/// `sched_stat_runtime` as a BTF tracepoint (`TP_PROTO(struct task_struct *tsk, u64 runtime, …)`),
 /// beside `switch_raw`.
-#[raw_tracepoint(tracepoint = "sched_stat_runtime")]
-pub fn runtime_raw(ctx: RawTracePointContext) -> i32 {
+#[btf_tracepoint(function = "sched_stat_runtime")]
+pub fn runtime_raw(ctx: BtfTracePointContext) -> i32 {
     let args = ctx.as_ptr() as *const u64;
     // SAFETY: the tracepoint's arguments, one per u64 slot.
     let (task, runtime) = unsafe { (*args, *args.add(1)) };
@@ -183,9 +190,9 @@ pub fn sched_wakeup(ctx: TracePointContext) -> u32 {
     0
 }
 
-/// `sched_waking` as a raw tracepoint (`TP_PROTO(struct task_struct *p)`), beside `switch_raw`.
-#[raw_tracepoint(tracepoint = "sched_waking")]
-pub fn waking_raw(ctx: RawTracePointContext) -> i32 {
+/// `sched_waking` as a BTF tracepoint (`TP_PROTO(struct task_struct *p)`), beside `switch_raw`.
+#[btf_tracepoint(function = "sched_waking")]
+pub fn waking_raw(ctx: BtfTracePointContext) -> i32 {
     // SAFETY: the tracepoint's argument.
     let task = unsafe { *(ctx.as_ptr() as *const u64) };
     if let Some(pid) = task_tid(task) {

@@ -54,6 +54,17 @@
 //! slowdowns B / A and C / A of the median times, each program's ns per run and runs per read
 //! for B and C (the explicit-read work is in `sys_enter` and `sys_exit`, so B − C per read is
 //! its cost), and the reads B charged to the model's regions against the workload's calls.
+//!
+//! `--kind switch`: a storm of the scheduler's events. The target is the workload's
+//! `switch-storm` (`--exchanges` round trips of a byte between two threads over pipes) pinned to
+//! one CPU, so that each round trip is two context switches, two wakeups and four system calls,
+//! run alone (A), under `observer run` with the scheduler's raw tracepoints (R, `--sched-hooks
+//! raw`) and with its tracepoints (T, `--sched-hooks tracepoint`: the programs of kernels
+//! without BTF or before 5.18), in A-R-T / T-R-A order over the rounds. Printed: every round,
+//! the medians with the added ns per round trip, the paired ratios with their intervals, then R
+//! and T once each under `--bpf-stats`: each program's ns per run (gross and net of the
+//! statistics, whose cost per run is measured once as `fault_floor`'s under a short fault storm
+//! with `--fault-dispatch-only`), runs per round trip, and its budget.
 
 use std::{
     collections::BTreeMap,
@@ -91,10 +102,14 @@ fn mitigations() -> String {
         .join("; ")
 }
 
-/// The workload's phase of `kind`: wall time (ns) and its events (`minflt` for `anon`, `calls`
+/// The workload's phase of `kind`: wall time (ns) and its events (`minflt` for `anon`, `exchanges` for `switch`, `calls`
 /// for `pread`), by its own account.
 fn phase(stdout: &str, kind: &str) -> Result<(u64, u64)> {
-    let events = if kind == "anon" { "minflt" } else { "calls" };
+    let events = match kind {
+        "anon" => "minflt",
+        "switch" => "exchanges",
+        _ => "calls",
+    };
     stdout
         .lines()
         .filter_map(|l| serde_json::from_str::<Value>(l).ok())
@@ -244,7 +259,7 @@ fn sum_counts(v: &Value) -> u64 {
 
 pub fn main(args: &[String]) -> Result<()> {
     let (mut rounds, mut size, mut kind) = (4usize, "64M".to_string(), "anon".to_string());
-    let (mut repeat, mut calls) = (64u32, 400_000u64);
+    let (mut repeat, mut calls, mut exchanges) = (64u32, 400_000u64, 200_000u64);
     let mut it = args.iter();
     while let Some(a) = it.next() {
         let mut val = |name: &str| it.next().with_context(|| format!("{name} needs a value")).cloned();
@@ -254,13 +269,18 @@ pub fn main(args: &[String]) -> Result<()> {
             "--repeat" => repeat = val("--repeat")?.parse()?,
             "--kind" => kind = val("--kind")?,
             "--calls" => calls = val("--calls")?.parse()?,
+            "--exchanges" => exchanges = val("--exchanges")?.parse()?,
             _ => bail!(
-                "usage: cargo xtask bench storm [--rounds N] [--kind anon|pread] [--size 64M] [--repeat R] [--calls N]"
+                "usage: cargo xtask bench storm [--rounds N] [--kind anon|pread|switch] [--size 64M] [--repeat R] \
+                 [--calls N] [--exchanges N]"
             ),
         }
     }
-    if kind != "anon" && kind != "pread" {
-        bail!("--kind {kind}: the storms are `anon` (minor faults) and `pread` (explicit reads of the model)");
+    if !matches!(kind.as_str(), "anon" | "pread" | "switch") {
+        bail!(
+            "--kind {kind}: the storms are `anon` (minor faults), `pread` (explicit reads of the model) and `switch` \
+             (context switches)"
+        );
     }
     let bin = bench_util::build()?;
     cmd::run(Command::new("cargo").current_dir(cache::workspace_root()).args([
@@ -278,6 +298,10 @@ pub fn main(args: &[String]) -> Result<()> {
         let model = crate::bench_cliff::small_model(&bin.join("engine"))?;
         let _lock = testkit::machine_lock();
         return pread_storm(&observer, &workload, &scratch, &model, rounds, calls);
+    }
+    if kind == "switch" {
+        let _lock = testkit::machine_lock();
+        return switch_storm(&observer, &workload, &scratch, rounds, exchanges);
     }
     let _lock = testkit::machine_lock();
     let wl_args = ["anon".to_string(), "--size".into(), size.clone(), "--repeat".into(), repeat.to_string()];
@@ -545,5 +569,112 @@ fn pread_storm(
         "explicit-read work (sys_enter + sys_exit, B − C): {xread:.1} ns per read; the alone run's time per read: {:.1} ns",
         ma / calls as f64
     );
+    Ok(())
+}
+
+/// `--kind switch` (module spec).
+fn switch_storm(observer: &Path, workload: &Path, scratch: &Path, rounds: usize, exchanges: u64) -> Result<()> {
+    let wl_args: Vec<String> = ["-c", "0"]
+        .into_iter()
+        .map(String::from)
+        .chain([workload.display().to_string(), "switch-storm".into(), "--exchanges".into(), exchanges.to_string()])
+        .collect();
+    let taskset = Path::new("taskset");
+    println!(
+        "taskset -c 0 workload switch-storm --exchanges {exchanges} (round trips of a byte between two threads on \
+         one CPU: 2 switches, 2 wakeups, 4 syscalls each) alone (A), under `observer run` with the scheduler's raw \
+         tracepoints (R) and with its tracepoints (`--sched-hooks tracepoint`, T), {rounds} rounds A-R-T / T-R-A, \
+         then each observed arm once under --bpf-stats; the statistics' own cost from one fault storm under \
+         --fault-dispatch-only --bpf-stats (F)"
+    );
+    println!("host mitigations: {}", mitigations());
+    let mut obs = Observed { observer, workload: taskset, wl_args: &wl_args, kind: "switch", scratch, n: 0 };
+    let raw: &[&str] = &["--sched-hooks", "raw"];
+    let tp: &[&str] = &["--sched-hooks", "tracepoint"];
+    let mut none = Programs::new();
+    let (mut a_ns, mut r_ns, mut t_ns, mut pairs_r, mut pairs_t, mut pairs_rt) =
+        (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    let mut alone_ex = 0u64;
+    for r in 0..rounds {
+        let order: [char; 3] = if r.is_multiple_of(2) { ['A', 'R', 'T'] } else { ['T', 'R', 'A'] };
+        let (mut a, mut rw, mut t) = (0u64, 0u64, 0u64);
+        for side in order {
+            match side {
+                'A' => {
+                    let (ns, n) = phase(&run(Command::new(taskset).args(&wl_args))?, "switch")?;
+                    (a, alone_ex) = (ns, n);
+                }
+                'R' => rw = obs.run(None, false, raw, &mut none)?.0.0,
+                _ => t = obs.run(None, false, tp, &mut none)?.0.0,
+            }
+        }
+        let per = |ns: u64| ns as f64 / exchanges.max(1) as f64;
+        println!(
+            "round {r}: alone {:.3} s ({:.0} ns/exchange), raw {:.3} s ({:.3}x), tracepoints {:.3} s ({:.3}x)",
+            a as f64 / 1e9,
+            per(a),
+            rw as f64 / 1e9,
+            rw as f64 / a as f64,
+            t as f64 / 1e9,
+            t as f64 / a as f64
+        );
+        a_ns.push(a as f64);
+        r_ns.push(rw as f64);
+        t_ns.push(t as f64);
+        pairs_r.push((a as f64, rw as f64));
+        pairs_t.push((a as f64, t as f64));
+        pairs_rt.push((t as f64, rw as f64));
+    }
+    let (ma, mr, mt) = (median(&mut a_ns), median(&mut r_ns), median(&mut t_ns));
+    let ci = |p: &[(f64, f64)]| match bench_util::paired_ratio_ci(p) {
+        Some((g, lo, hi)) => format!("{g:.3} [{lo:.3}, {hi:.3}]"),
+        None => "n/a (fewer than two rounds)".into(),
+    };
+    let per_ex = |ns: f64| ns / alone_ex.max(1) as f64;
+    println!(
+        "median: alone {:.3} s ({:.0} ns an exchange), raw {:.3} s (+{:.0} ns an exchange), tracepoints {:.3} s \
+         (+{:.0} ns)",
+        ma / 1e9,
+        per_ex(ma),
+        mr / 1e9,
+        per_ex(mr - ma),
+        mt / 1e9,
+        per_ex(mt - ma)
+    );
+    println!(
+        "paired by round, geometric mean with a 95 % bootstrap interval over the rounds: raw / alone {}; \
+         tracepoints / alone {}; raw / tracepoints {}",
+        ci(&pairs_r),
+        ci(&pairs_t),
+        ci(&pairs_rt)
+    );
+    // The statistics' own cost per run: an empty program's (fault_floor) under them.
+    let mut floor = Programs::new();
+    let fwl = ["anon".to_string(), "--size".into(), "64M".into(), "--repeat".into(), "4".into()];
+    let mut fobs = Observed { observer, workload, wl_args: &fwl, kind: "anon", scratch, n: 100 };
+    fobs.run(None, true, &["--fault-dispatch-only"], &mut floor)?;
+    let stats_ns = floor.get("fault_floor").filter(|(n, _)| *n > 0).map(|(n, ns)| *ns as f64 / *n as f64);
+    match stats_ns {
+        Some(x) => println!("the statistics' own cost per program run: {x:.1} ns (fault_floor under them, F)"),
+        None => println!("F named no fault_floor runs: no net ns/run"),
+    }
+    for (name, extra) in [("raw tracepoints (R)", raw), ("tracepoints (T)", tp)] {
+        let mut progs = Programs::new();
+        let ((ns, n), _) = obs.run(None, true, extra, &mut progs)?;
+        println!(
+            "{name} under --bpf-stats: {:.3} s, {n} exchanges; kernel BPF statistics of the run:",
+            ns as f64 / 1e9
+        );
+        print_programs(&progs, n, "exchange", stats_ns);
+        let total: u64 = progs.values().map(|v| v.1).sum();
+        let runs: u64 = progs.values().map(|v| v.0).sum();
+        println!(
+            "  all programs: {:.0} ns per exchange{}",
+            total as f64 / n.max(1) as f64,
+            stats_ns
+                .map(|x| format!(" ({:.0} net of the statistics)", (total as f64 - x * runs as f64) / n.max(1) as f64))
+                .unwrap_or_default()
+        );
+    }
     Ok(())
 }

@@ -8,10 +8,10 @@
 use std::{io, num::NonZeroU32, path::PathBuf};
 
 use aya::{
-    Ebpf, EbpfError, EbpfLoader, Pod,
+    Btf, Ebpf, EbpfError, EbpfLoader, Pod,
     maps::{Array, HashMap, Map, MapData, MapError, PerCpuArray, RingBuf},
     programs::{
-        KProbe, PerfEvent, Program, ProgramError, RawTracePoint, TracePoint, UProbe,
+        BtfTracePoint, KProbe, PerfEvent, Program, ProgramError, RawTracePoint, TracePoint, UProbe,
         perf_event::{PerfEventConfig, PerfEventScope, SamplePolicy, SoftwareEvent},
         uprobe::{UProbeLinkId, UProbeScope},
     },
@@ -19,7 +19,10 @@ use aya::{
 };
 use observer_common::{
     Config, FaultTimes, GlobalCounter, OverflowFaults,
-    attrib::{DEV_SWAP, DevIo, HOST_STORES_IN_ORDER, Hist, MAX_SLOTS, N_HIST, STORES_IN_ORDER, ThreadState, TpOffsets},
+    attrib::{
+        DEV_SWAP, DevIo, HOST_STORES_IN_ORDER, Hist, MAX_SLOTS, N_HIST, STORES_IN_ORDER, TASK_PID, ThreadState,
+        TpOffsets,
+    },
     faults::{GLOBAL_COUNTERS, OTHER_CLOSES, OTHER_MAJFLT, OTHER_MINFLT},
     filemap::NO_FIELD,
     model::ProgramCost,
@@ -183,18 +186,18 @@ pub struct AttachOptions {
 /// (`observer-ebpf/src/sched.rs`'s module doc).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
 pub enum SchedHooks {
-    /// The raw tracepoints where the kernel allows them ([`raw_sched_available`]), else the
+    /// The BTF (raw) tracepoints where the kernel allows them ([`raw_sched_available`]), else the
     /// tracepoints.
     #[default]
     Auto,
-    /// The raw tracepoints ([`RAW_SCHED`]); an error where the kernel does not allow them.
+    /// The BTF (raw) tracepoints ([`RAW_SCHED`]); an error where the kernel does not allow them.
     Raw,
     /// The tracepoints `sched:sched_switch` (with `switch_forget`), `sched:sched_waking` and
     /// `sched:sched_stat_runtime`.
     Tracepoint,
 }
 
-/// The scheduler's raw tracepoints, where the kernel allows them ([`raw_sched_available`]):
+/// The scheduler's BTF tracepoints, where the kernel allows them ([`raw_sched_available`]):
 /// (program, tracepoint, the tracepoint program it replaces, required). `switch_raw` first.
 const RAW_SCHED: [(&str, &str, &str, bool); 3] = [
     ("switch_raw", "sched_switch", "sched_switch", true),
@@ -322,6 +325,20 @@ fn attach_raw_tracepoint(ebpf: &mut Ebpf, program: &'static str, tp: &str) -> Re
         prog.load().map_err(|e| program_error(program, e))?;
     }
     prog.attach(tp).map_err(|e| program_error(program, e))?;
+    Ok(())
+}
+
+/// Load `program` (a BTF tracepoint) for `tp` where it is not loaded yet, and attach it.
+fn attach_btf_tracepoint(ebpf: &mut Ebpf, program: &'static str, tp: &str, btf: &Btf) -> Result<(), ProbeError> {
+    let prog: &mut BtfTracePoint = ebpf
+        .program_mut(program)
+        .ok_or_else(|| program_error(program, ProgramError::UnexpectedProgramType))?
+        .try_into()
+        .map_err(|e| program_error(program, e))?;
+    if prog.fd().is_err() {
+        prog.load(tp, btf).map_err(|e| program_error(program, e))?;
+    }
+    prog.attach().map_err(|e| program_error(program, e))?;
     Ok(())
 }
 
@@ -686,20 +703,6 @@ impl Probes {
             bdev_dev: bd_dev.as_ref().and_then(|r| r.as_ref().ok()).copied().unwrap_or(NO_FIELD),
             ..offsets
         };
-        let in_order = HOST_STORES_IN_ORDER as u8;
-        let mut ebpf =
-            EbpfLoader::new().override_global(STORES_IN_ORDER, &in_order, true).load(OBJECT).map_err(classify_load)?;
-        let target = opts.target;
-        let mut config = Config {
-            target_tgid: target,
-            zram_major: zram_major(),
-            follow_children: opts.follow_children as u32,
-            ..Config::default()
-        };
-        let mut attached = Vec::new();
-        // Before any fault program: what they know of a CPU's current task is set or forgotten at
-        // each context switch from the first (`observer-ebpf/src/maps.rs`, `SLOT_CACHE`'s
-        // `CURRENT`). The raw programs read nothing before `OFFSETS` and `CONFIG` are written.
         let raw_sched = match (opts.sched_hooks, raw_sched_available()) {
             (SchedHooks::Tracepoint, _) => None,
             (_, Ok(task_pid)) => Some(task_pid),
@@ -711,20 +714,39 @@ impl Probes {
                 None
             }
         };
+        let in_order = HOST_STORES_IN_ORDER as u8;
+        let task_pid = raw_sched.unwrap_or(0);
+        let mut ebpf = EbpfLoader::new()
+            .override_global(STORES_IN_ORDER, &in_order, true)
+            .override_global(TASK_PID, &task_pid, true)
+            .load(OBJECT)
+            .map_err(classify_load)?;
+        let target = opts.target;
+        let mut config = Config {
+            target_tgid: target,
+            zram_major: zram_major(),
+            follow_children: opts.follow_children as u32,
+            ..Config::default()
+        };
+        let mut attached = Vec::new();
+        // Before any fault program: what they know of a CPU's current task is set or forgotten at
+        // each context switch from the first (`observer-ebpf/src/maps.rs`, `SLOT_CACHE`'s
+        // `CURRENT`). The BTF programs do nothing before `CONFIG` is written.
         let mut missing = Vec::new();
         if raw_sched.is_some() {
+            let btf =
+                Btf::from_sys_fs().map_err(|e| ProbeError::MissingTracepoint(format!("{}: {e}", btf::VMLINUX)))?;
             for (program, tp, _, required) in RAW_SCHED {
-                match attach_raw_tracepoint(&mut ebpf, program, tp) {
-                    Ok(()) => attached.push(format!("raw_tp:sched:{tp}")),
+                match attach_btf_tracepoint(&mut ebpf, program, tp, &btf) {
+                    Ok(()) => attached.push(format!("tp_btf:sched:{tp}")),
                     Err(e) if required => return Err(e),
-                    Err(e) => missing.push(format!("raw_tp:sched:{tp} ({e})")),
+                    Err(e) => missing.push(format!("tp_btf:sched:{tp} ({e})")),
                 }
             }
         } else {
             attach_raw_tracepoint(&mut ebpf, "switch_forget", "sched_switch")?;
             attached.push("raw_tp:sched:sched_switch (forget)".into());
         }
-        let offsets = TpOffsets { task_pid: raw_sched.unwrap_or(0), ..offsets };
         // The memcg close is chosen (and its item values read) before `CONFIG` is written; its
         // program runs from the attach on, returning until the target is set.
         if let Some((pgfault, pgmajfault)) =
