@@ -267,14 +267,15 @@ pub fn current_target() -> Option<(u32, Option<u32>)> {
     Some((tid, slot))
 }
 
-/// The state of the current thread of the target ([`current_target`]), at `slot`, or at a slot
-/// given now ([`current_slot`]).
+/// The slot and state of the current thread of the target ([`current_target`]): at `slot`, or
+/// at a slot given now ([`current_slot`]).
 #[inline(always)]
-pub fn target_state(tid: u32, slot: Option<u32>, now: u64) -> Option<*mut ThreadState> {
-    THREADS.get_ptr_mut(match slot {
+pub fn target_state(tid: u32, slot: Option<u32>, now: u64) -> Option<(u32, *mut ThreadState)> {
+    let slot = match slot {
         Some(slot) => slot,
         None => current_slot(tid, now)?,
-    })
+    };
+    Some((slot, THREADS.get_ptr_mut(slot)?))
 }
 
 /// A context switch puts tracked thread `tid` (at `slot`) on this CPU: it is the current task

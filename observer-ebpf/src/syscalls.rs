@@ -36,10 +36,10 @@ pub fn sys_enter(ctx: RawTracePointContext) -> i32 {
     let (regs, id) = args(&ctx);
     // SAFETY: helper without preconditions.
     let now = unsafe { bpf_ktime_get_ns() };
-    if let Some(s) = target_state(tid, slot, now) {
-        update(s, |s| s.syscall_enter(now, is_io(id)));
-    }
-    xread::enter(regs, tid, id, now);
+    let Some((slot, s)) = target_state(tid, slot, now) else { return 0 };
+    update(s, |s| s.syscall_enter(now, is_io(id)));
+    // SAFETY: map value; a thread's process does not change.
+    xread::enter(regs, slot, unsafe { (*s).tgid }, id, now);
     0
 }
 
@@ -49,9 +49,9 @@ pub fn sys_exit(ctx: RawTracePointContext) -> i32 {
     let (_, ret) = args(&ctx);
     // SAFETY: helper without preconditions.
     let now = unsafe { bpf_ktime_get_ns() };
-    if let Some(s) = target_state(tid, slot, now) {
-        update(s, |s| s.syscall_exit(now));
-    }
-    xread::exit(ret, tid, now);
+    let Some((slot, s)) = target_state(tid, slot, now) else { return 0 };
+    update(s, |s| s.syscall_exit(now));
+    // SAFETY: map value; a thread's process does not change.
+    xread::exit(ret, tid, slot, unsafe { (*s).tgid }, now);
     0
 }

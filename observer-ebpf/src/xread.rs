@@ -11,7 +11,7 @@
 use core::ptr::read_volatile;
 
 use aya_ebpf::{
-    helpers::{bpf_get_current_pid_tgid, bpf_probe_read_kernel},
+    helpers::bpf_probe_read_kernel,
     macros::map,
     maps::{Array, HashMap, PerCpuArray},
 };
@@ -47,9 +47,9 @@ pub static XREAD_ROLES: Array<u32> = Array::with_max_entries(MAX_SYSCALL, 0);
 #[map]
 pub static XREAD_FDS: HashMap<u64, u32> = HashMap::with_max_entries(MAX_FDS, 0);
 
-/// TID → the read or open in progress.
+/// The read or open in progress of the thread at each slot of `THREADS` (`role` 0: none).
 #[map]
-pub static XREAD_OPEN: HashMap<u32, ReadOpen> = HashMap::with_max_entries(MAX_SLOTS, 0);
+pub static XREAD_OPEN: Array<ReadOpen> = Array::with_max_entries(MAX_SLOTS, 0);
 
 /// Per-CPU scratch of the interval search (its own: a churn event may run beside it).
 #[map]
@@ -96,9 +96,10 @@ fn query(tgid: u32, fd: u32) {
     }
 }
 
-/// At `sys_enter` of system call `id` by `tid` (an observed thread).
+/// At `sys_enter` of system call `id` by the observed thread at `slot` of `THREADS`, of process
+/// `tgid`.
 #[inline(always)]
-pub fn enter(regs: u64, tid: u32, id: i64, now: u64) {
+pub fn enter(regs: u64, slot: u32, tgid: u32, id: i64, now: u64) {
     if !(0..MAX_SYSCALL as i64).contains(&id) {
         return;
     }
@@ -107,7 +108,6 @@ pub fn enter(regs: u64, tid: u32, id: i64, now: u64) {
     if role == 0 {
         return;
     }
-    let tgid = (bpf_get_current_pid_tgid() >> 32) as u32;
     match role {
         R_CLOSE => {
             _ = XREAD_FDS.remove(&fd_key(tgid, arg(regs, cfg, 0) as u32));
@@ -117,24 +117,32 @@ pub fn enter(regs: u64, tid: u32, id: i64, now: u64) {
         }
         R_PREAD | R_READ | R_OPEN => {
             let offset = if role == R_PREAD { arg(regs, cfg, 3) } else { u64::MAX };
-            let open = ReadOpen { fd: arg(regs, cfg, 0) as u32, role, offset, start: now };
-            _ = XREAD_OPEN.insert(&tid, &open, 0);
+            if let Some(p) = XREAD_OPEN.get_ptr_mut(slot) {
+                let open = ReadOpen { fd: arg(regs, cfg, 0) as u32, role, offset, start: now };
+                // SAFETY: map value at the thread's slot; only its own syscall events write it.
+                unsafe { *p = open };
+            }
         }
         _ => {}
     }
 }
 
-/// At `sys_exit` of an observed thread.
+/// At `sys_exit` of observed thread `tid`, at `slot` of `THREADS`, of process `tgid`.
 #[inline(always)]
-pub fn exit(ret: i64, tid: u32, now: u64) {
+pub fn exit(ret: i64, tid: u32, slot: u32, tgid: u32, now: u64) {
     let Some(cfg) = config() else { return };
-    // SAFETY: plain map lookup; the value is copied before the delete.
-    let Some(open) = (unsafe { XREAD_OPEN.get(&tid) }).copied() else { return };
-    _ = XREAD_OPEN.remove(&tid);
+    let Some(p) = XREAD_OPEN.get_ptr_mut(slot) else { return };
+    // SAFETY: map value at the thread's slot; only its own syscall events write it. Copied, then
+    // closed.
+    let open = unsafe { *p };
+    if open.role == 0 {
+        return;
+    }
+    // SAFETY: as above.
+    unsafe { (*p).role = 0 };
     if ret < 0 {
         return;
     }
-    let tgid = (bpf_get_current_pid_tgid() >> 32) as u32;
     if open.role == R_OPEN {
         // A new descriptor: any old verdict of its number is stale.
         _ = XREAD_FDS.remove(&fd_key(tgid, ret as u32));
