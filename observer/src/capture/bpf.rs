@@ -328,16 +328,36 @@ fn attach_raw_tracepoint(ebpf: &mut Ebpf, program: &'static str, tp: &str) -> Re
     Ok(())
 }
 
-/// Load `program` (a BTF tracepoint) for `tp` where it is not loaded yet, and attach it.
-fn attach_btf_tracepoint(ebpf: &mut Ebpf, program: &'static str, tp: &str, btf: &Btf) -> Result<(), ProbeError> {
+/// The scheduler's BTF programs ([`RAW_SCHED`]) loaded: (program, tracepoint) of each, and why
+/// each optional one that was not (a required one's refusal is the error).
+type BtfSched = (Vec<(&'static str, &'static str)>, Vec<String>);
+
+/// Load the scheduler's BTF programs ([`BtfSched`]).
+fn load_btf_sched(ebpf: &mut Ebpf) -> Result<BtfSched, ProbeError> {
+    let btf = Btf::from_sys_fs().map_err(|e| ProbeError::MissingTracepoint(format!("{}: {e}", btf::VMLINUX)))?;
+    let (mut loaded, mut missing) = (Vec::new(), Vec::new());
+    for (program, tp, _, required) in RAW_SCHED {
+        let prog: &mut BtfTracePoint = ebpf
+            .program_mut(program)
+            .ok_or_else(|| program_error(program, ProgramError::UnexpectedProgramType))?
+            .try_into()
+            .map_err(|e| program_error(program, e))?;
+        match prog.load(tp, &btf) {
+            Ok(()) => loaded.push((program, tp)),
+            Err(e) if required => return Err(program_error(program, e)),
+            Err(e) => missing.push(format!("tp_btf:sched:{tp} ({})", program_error(program, e))),
+        }
+    }
+    Ok((loaded, missing))
+}
+
+/// Attach BTF tracepoint `program`, loaded ([`load_btf_sched`]).
+fn attach_btf_tracepoint(ebpf: &mut Ebpf, program: &'static str) -> Result<(), ProbeError> {
     let prog: &mut BtfTracePoint = ebpf
         .program_mut(program)
         .ok_or_else(|| program_error(program, ProgramError::UnexpectedProgramType))?
         .try_into()
         .map_err(|e| program_error(program, e))?;
-    if prog.fd().is_err() {
-        prog.load(tp, btf).map_err(|e| program_error(program, e))?;
-    }
     prog.attach().map_err(|e| program_error(program, e))?;
     Ok(())
 }
@@ -733,20 +753,36 @@ impl Probes {
         // each context switch from the first (`observer-ebpf/src/maps.rs`, `SLOT_CACHE`'s
         // `CURRENT`). The BTF programs do nothing before `CONFIG` is written.
         let mut missing = Vec::new();
-        if raw_sched.is_some() {
-            let btf =
-                Btf::from_sys_fs().map_err(|e| ProbeError::MissingTracepoint(format!("{}: {e}", btf::VMLINUX)))?;
-            for (program, tp, _, required) in RAW_SCHED {
-                match attach_btf_tracepoint(&mut ebpf, program, tp, &btf) {
-                    Ok(()) => attached.push(format!("tp_btf:sched:{tp}")),
-                    Err(e) if required => return Err(e),
-                    Err(e) => missing.push(format!("tp_btf:sched:{tp} ({e})")),
-                }
+        // Loaded first, all of them, so that a kernel that refuses one leaves `auto` on the
+        // tracepoints with nothing attached.
+        let btf_sched = match raw_sched.map(|_| load_btf_sched(&mut ebpf)) {
+            None => None,
+            Some(Ok(loaded)) => Some(loaded),
+            Some(Err(e)) if opts.sched_hooks == SchedHooks::Auto => {
+                log::warn!("the scheduler's BTF programs could not be loaded, its events go through sched:* ({e})");
+                None
             }
-        } else {
-            attach_raw_tracepoint(&mut ebpf, "switch_forget", "sched_switch")?;
-            attached.push("raw_tp:sched:sched_switch (forget)".into());
+            Some(Err(e)) => return Err(e),
+        };
+        match &btf_sched {
+            Some((loaded, why)) => {
+                for &(program, tp) in loaded {
+                    attach_btf_tracepoint(&mut ebpf, program)?;
+                    attached.push(format!("tp_btf:sched:{tp}"));
+                }
+                missing.extend(why.iter().cloned());
+            }
+            None => {
+                attach_raw_tracepoint(&mut ebpf, "switch_forget", "sched_switch")?;
+                attached.push("raw_tp:sched:sched_switch (forget)".into());
+            }
         }
+        // A tracepoint program runs unless a BTF program that replaces it is loaded.
+        let replaced = |program: &str| {
+            btf_sched.as_ref().is_some_and(|(loaded, _)| {
+                RAW_SCHED.iter().any(|r| r.2 == program && loaded.iter().any(|l| l.0 == r.0))
+            })
+        };
         // The memcg close is chosen (and its item values read) before `CONFIG` is written; its
         // program runs from the attach on, returning until the target is set.
         if let Some((pgfault, pgmajfault)) =
@@ -819,7 +855,7 @@ impl Probes {
         }
         attach_raw_syscalls(&mut ebpf, &mut attached)?;
         for &(program, category, name, required) in TRACEPOINTS {
-            if raw_sched.is_some() && RAW_SCHED.iter().any(|r| r.2 == program) {
+            if replaced(program) {
                 continue;
             }
             if !preflight::tracepoint_exists(category, name) {
