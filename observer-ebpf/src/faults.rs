@@ -31,9 +31,10 @@
 //! programs find the thread's slot in the per-CPU `SLOT_CACHE` and its state
 //! and latencies in arrays, so a fault of an observed thread takes no hash
 //! lookup, and, after the first fault since the thread came on the CPU, no helper call to
-//! know which thread it is (`maps::current_known`: set at the switch that put a tracked thread on
-//! the CPU, or by its first fault since, and forgotten at the next switch); the refault record (`evict::fault_closed`) is looked up only when
-//! the fault opened one (`F_FAULT_REFAULT`). Every fault is counted; in a fault storm most
+//! know which thread it is (`maps::current_known`: set at the switch that put a tracked thread
+//! on the CPU, or by its first fault since, and forgotten at the next switch); the refault
+//! record (`evict::fault_closed`) is looked up only when the fault opened one
+//! (`F_FAULT_REFAULT`). Every fault is counted; in a fault storm most
 //! user-mode faults are not timed (`observer_common::faults`, storm sampling): their entry and
 //! close read no clock.
 //!

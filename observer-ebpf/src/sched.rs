@@ -13,10 +13,11 @@
 //! verifier knows, so a task's `pid` is a plain load at the offset the loader fixes,
 //! `observer_common::attrib::TASK_PID`), and one of them (`switch_raw`) does the whole switch
 //! and tells the programs that run in a task which one is current (`maps::SLOT_CACHE`'s
-//! `CURRENT`): no record is built for every event on the host, and no helper reads a field. Elsewhere the tracepoint's
-//! program (`sched_switch`) does, with `switch_forget`, a raw tracepoint on the same event, to
-//! clear `CURRENT`. A thread's name is taken at its first event and again when it changes
-//! (`task:task_rename`: `prctl(PR_SET_NAME)`, exec), not at every switch.
+//! `CURRENT`): no record is built for every event on the host, and no helper reads a field.
+//! Elsewhere the tracepoint's program (`sched_switch`) does, with `switch_forget`, a raw
+//! tracepoint on the same event, to clear `CURRENT`. A thread's name is taken at its first event
+//! and again when it changes (`task:task_rename`: `prctl(PR_SET_NAME)`, exec), not at every
+//! switch.
 //! `sched_waking` runs in the waker's context (any process): the wakee is looked up by TID.
 
 use aya_ebpf::{
@@ -44,10 +45,10 @@ fn clock() -> u64 {
 
 /// `sched_switch` as a BTF tracepoint (`TP_PROTO(bool preempt, struct task_struct *prev, struct
 /// task_struct *next, unsigned int prev_state)`, Linux >= 5.18; module doc), attached before any
-/// fault program. The previous task is the
-/// current one: known since the CPU's last switch (`CURRENT`), or named now. The next one is
-/// read from its task; a tracked one is this CPU's current task from now on (`CURRENT` set),
-/// any other is not known (cleared). The clock is read only when a tracked thread switches.
+/// fault program. The previous task is the current one: known since the CPU's last switch
+/// (`CURRENT`), or named now. The next one is read from its task; a tracked one is this CPU's
+/// current task from now on (`CURRENT` set), any other is not known (cleared). The clock is read
+/// only when a tracked thread switches.
 #[btf_tracepoint(function = "sched_switch")]
 pub fn switch_raw(ctx: BtfTracePointContext) -> i32 {
     let args = ctx.as_ptr() as *const u64;

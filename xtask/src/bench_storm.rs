@@ -102,8 +102,8 @@ fn mitigations() -> String {
         .join("; ")
 }
 
-/// The workload's phase of `kind`: wall time (ns) and its events (`minflt` for `anon`, `exchanges` for `switch`, `calls`
-/// for `pread`), by its own account.
+/// The workload's phase of `kind`: wall time (ns) and its events (`minflt` for `anon`,
+/// `exchanges` for `switch`, `calls` for `pread`), by its own account.
 fn phase(stdout: &str, kind: &str) -> Result<(u64, u64)> {
     let events = match kind {
         "anon" => "minflt",

@@ -531,8 +531,8 @@ fn attach_raw_syscalls(ebpf: &mut Ebpf, attached: &mut Vec<String>) -> Result<()
 
 /// Point a standalone object (`residency::churn::load_standalone`) at process `pid` (its threads
 /// only, no descendants) and attach only the system-call programs, `switch_forget` and
-/// `sched_process_exec`: what
-/// its explicit reads need (`residency::xread::Live`), without the attribution of [`Probes`].
+/// `sched_process_exec`: what its explicit reads need (`residency::xread::Live`), without the
+/// attribution of [`Probes`].
 pub fn attach_syscalls(ebpf: &mut Ebpf, pid: u32) -> Result<(), ProbeError> {
     preflight::ensure_tracefs().map_err(|e| ProbeError::MissingTracepoint(format!("{e:#}")))?;
     let config = Config { target_tgid: pid, ..Config::default() };
