@@ -93,6 +93,9 @@ pub struct SynthArgs {
     /// Sliding window of every other layer (gpt-oss).
     #[arg(long)]
     pub sliding_window: Option<usize>,
+    /// Context length the model says it was trained for (`context_length`; the engine's cap).
+    #[arg(long)]
+    pub context: Option<usize>,
     /// Router skew exponent: expert of popularity rank r gets router rows scaled by (r+1)^-skew.
     #[arg(long)]
     pub router_skew: Option<f32>,

@@ -248,7 +248,7 @@ fn synth(a: SynthArgs) -> Result<()> {
         ($($f:ident),*) => { $( if let Some(v) = a.$f { c.$f = v; } )* };
     }
     set!(layers, hidden, heads, kv_heads, head_dim, experts, experts_used, expert_ffn, vocab, router_skew, output_skew);
-    set!(rope_dims, shared_ffn, full_attn_interval, ssm_state, ssm_k_heads, ssm_v_heads, sliding_window);
+    set!(rope_dims, shared_ffn, full_attn_interval, ssm_state, ssm_k_heads, ssm_v_heads, sliding_window, context);
     if let Some(v) = &a.rope_sections {
         c.rope_sections = v.as_slice().try_into().context("--rope-sections takes four values: t,h,w,e")?;
     }

@@ -70,7 +70,12 @@ pub fn build() -> Result<std::path::PathBuf> {
 /// `engine run` arguments (without the binary) on the cached synthetic model
 /// of `preset`, greedy, `n` tokens, `threads` threads, JSON summary.
 pub fn engine_args(engine: &Path, preset: &str, n: usize, threads: usize) -> Result<Vec<String>> {
-    let model = llama::synth_model(engine, &format!("bench-{preset}"), &["--preset", preset])?;
+    engine_args_for(engine, &format!("bench-{preset}"), &["--preset", preset], n, threads)
+}
+
+/// [`engine_args`] on the model `engine synth SYNTH` makes (cached under `name`).
+pub fn engine_args_for(engine: &Path, name: &str, synth: &[&str], n: usize, threads: usize) -> Result<Vec<String>> {
+    let model = llama::synth_model(engine, name, synth)?;
     Ok(vec![
         "run".into(),
         "-m".into(),
