@@ -315,12 +315,19 @@ fn attach_memcg_close(
 
 /// Load `program` (once: the floor is attached to several) and attach it to the raw tracepoint
 /// `tp`.
-fn attach_raw_tracepoint(ebpf: &mut Ebpf, program: &'static str, tp: &str) -> Result<(), ProbeError> {
-    let prog: &mut RawTracePoint = ebpf
-        .program_mut(program)
-        .ok_or_else(|| program_error(program, ProgramError::UnexpectedProgramType))?
+/// Program `name` of `ebpf` as its kind `T` (`&mut RawTracePoint`, …).
+fn program_of<'a, T>(ebpf: &'a mut Ebpf, name: &'static str) -> Result<T, ProbeError>
+where
+    T: TryFrom<&'a mut Program, Error = ProgramError>,
+{
+    ebpf.program_mut(name)
+        .ok_or_else(|| program_error(name, ProgramError::UnexpectedProgramType))?
         .try_into()
-        .map_err(|e| program_error(program, e))?;
+        .map_err(|e| program_error(name, e))
+}
+
+fn attach_raw_tracepoint(ebpf: &mut Ebpf, program: &'static str, tp: &str) -> Result<(), ProbeError> {
+    let prog: &mut RawTracePoint = program_of(ebpf, program)?;
     if prog.fd().is_err() {
         prog.load().map_err(|e| program_error(program, e))?;
     }
@@ -337,11 +344,7 @@ fn load_btf_sched(ebpf: &mut Ebpf) -> Result<BtfSched, ProbeError> {
     let btf = Btf::from_sys_fs().map_err(|e| ProbeError::MissingTracepoint(format!("{}: {e}", btf::VMLINUX)))?;
     let (mut loaded, mut missing) = (Vec::new(), Vec::new());
     for (program, tp, _, required) in RAW_SCHED {
-        let prog: &mut BtfTracePoint = ebpf
-            .program_mut(program)
-            .ok_or_else(|| program_error(program, ProgramError::UnexpectedProgramType))?
-            .try_into()
-            .map_err(|e| program_error(program, e))?;
+        let prog: &mut BtfTracePoint = program_of(ebpf, program)?;
         match prog.load(tp, &btf) {
             Ok(()) => loaded.push((program, tp)),
             Err(e) if required => return Err(program_error(program, e)),
@@ -353,11 +356,7 @@ fn load_btf_sched(ebpf: &mut Ebpf) -> Result<BtfSched, ProbeError> {
 
 /// Attach BTF tracepoint `program`, loaded ([`load_btf_sched`]).
 fn attach_btf_tracepoint(ebpf: &mut Ebpf, program: &'static str) -> Result<(), ProbeError> {
-    let prog: &mut BtfTracePoint = ebpf
-        .program_mut(program)
-        .ok_or_else(|| program_error(program, ProgramError::UnexpectedProgramType))?
-        .try_into()
-        .map_err(|e| program_error(program, e))?;
+    let prog: &mut BtfTracePoint = program_of(ebpf, program)?;
     prog.attach().map_err(|e| program_error(program, e))?;
     Ok(())
 }
@@ -457,11 +456,7 @@ fn attach_zram_rw_page(
 ) {
     let Some(bd_dev) = bd_dev else { return };
     let mut attach = |program: &'static str| -> Result<(), ProbeError> {
-        let prog: &mut KProbe = ebpf
-            .program_mut(program)
-            .ok_or_else(|| program_error(program, ProgramError::UnexpectedProgramType))?
-            .try_into()
-            .map_err(|e| program_error(program, e))?;
+        let prog: &mut KProbe = program_of(ebpf, program)?;
         prog.load().map_err(|e| program_error(program, e))?;
         prog.attach(ZRAM_RW_PAGE, 0).map_err(|e| program_error(program, e))?;
         Ok(())
@@ -548,11 +543,7 @@ pub fn attach_syscalls(ebpf: &mut Ebpf, pid: u32) -> Result<(), ProbeError> {
                 "this kernel has no tracepoint {category}:{name} (needs CONFIG_TRACEPOINTS and the {category} events)"
             )));
         }
-        let prog: &mut TracePoint = ebpf
-            .program_mut(program)
-            .ok_or_else(|| program_error(program, ProgramError::UnexpectedProgramType))?
-            .try_into()
-            .map_err(|e| program_error(program, e))?;
+        let prog: &mut TracePoint = program_of(ebpf, program)?;
         prog.load().map_err(|e| program_error(program, e))?;
         prog.attach(category, name).map_err(|e| program_error(program, e))?;
     }
@@ -828,11 +819,7 @@ impl Probes {
             {
                 continue;
             }
-            let prog: &mut PerfEvent = ebpf
-                .program_mut(probe.program)
-                .ok_or_else(|| program_error(probe.program, ProgramError::UnexpectedProgramType))?
-                .try_into()
-                .map_err(|e| program_error(probe.program, e))?;
+            let prog: &mut PerfEvent = program_of(&mut ebpf, probe.program)?;
             prog.load().map_err(|e| program_error(probe.program, e))?;
             for &cpu in &cpus {
                 prog.attach(
@@ -874,11 +861,7 @@ impl Probes {
                 missing.push(format!("{category}:{name} (its format lacks a field the program reads: {why})"));
                 continue;
             }
-            let prog: &mut TracePoint = ebpf
-                .program_mut(program)
-                .ok_or_else(|| program_error(program, ProgramError::UnexpectedProgramType))?
-                .try_into()
-                .map_err(|e| program_error(program, e))?;
+            let prog: &mut TracePoint = program_of(&mut ebpf, program)?;
             // The same program may serve several tracepoints: load it once.
             if prog.fd().is_err() {
                 prog.load().map_err(|e| program_error(program, e))?;
@@ -1113,11 +1096,7 @@ const MARKER_PROGRAMS: [&str; 4] = ["mark_begin", "mark_end", "call_begin", "cal
 
 /// Uprobe `program`, loaded (verified) once.
 fn loaded_uprobe<'a>(ebpf: &'a mut Ebpf, program: &'static str) -> Result<&'a mut UProbe, ProbeError> {
-    let prog: &mut UProbe = ebpf
-        .program_mut(program)
-        .ok_or_else(|| program_error(program, ProgramError::UnexpectedProgramType))?
-        .try_into()
-        .map_err(|e| program_error(program, e))?;
+    let prog: &mut UProbe = program_of(ebpf, program)?;
     if prog.fd().is_err() {
         prog.load().map_err(|e| program_error(program, e))?;
     }
