@@ -257,6 +257,75 @@ fn sum_counts(v: &Value) -> u64 {
     }
 }
 
+/// A storm's arms, each a letter (the module spec's) and a name, the first the target alone, with
+/// each arm's time (ns) in every round: printed per round as their times and their ratios to the
+/// first, and as the ratios between named arms paired by round.
+struct Arms {
+    arms: Vec<(char, &'static str)>,
+    ns: Vec<Vec<f64>>,
+}
+
+impl Arms {
+    fn new(arms: &[(char, &'static str)]) -> Self {
+        Arms { arms: arms.to_vec(), ns: vec![Vec::new(); arms.len()] }
+    }
+
+    /// Adds a round: each arm's time (ns), in the arms' order.
+    fn push(&mut self, times: &[u64]) {
+        for (ns, t) in self.ns.iter_mut().zip(times) {
+            ns.push(*t as f64);
+        }
+    }
+
+    /// Adds round `r` and prints it: the first arm's time and ns per `event` (`events` of them a
+    /// run), then each other arm's time and its ratio to the first's.
+    fn round(&mut self, r: usize, times: &[u64], events: u64, event: &str) {
+        self.push(times);
+        let alone = times[0] as f64;
+        let others: String = self.arms[1..]
+            .iter()
+            .zip(&times[1..])
+            .map(|((_, name), &t)| format!(", {name} {:.3} s ({:.3}x)", t as f64 / 1e9, t as f64 / alone))
+            .collect();
+        println!(
+            "round {r}: {} {:.3} s ({:.0} ns/{event}){others}",
+            self.arms[0].1,
+            alone / 1e9,
+            alone / events.max(1) as f64
+        );
+    }
+
+    /// The times of `arm` (its letter), one a round.
+    fn times(&self, arm: char) -> &[f64] {
+        let i = self.arms.iter().position(|(c, _)| *c == arm).unwrap_or_else(|| panic!("no arm {arm}"));
+        &self.ns[i]
+    }
+
+    /// The median time of `arm` over the rounds.
+    fn median(&self, arm: char) -> f64 {
+        median(&mut self.times(arm).to_vec())
+    }
+
+    /// `y / x` paired by round: their geometric mean with its 95 % bootstrap interval over the
+    /// rounds (`bench_util::paired_ratio_ci`), `None` for fewer than two rounds (or a time of 0).
+    fn ratio(&self, x: char, y: char) -> Option<(f64, f64, f64)> {
+        let pairs: Vec<(f64, f64)> = self.times(x).iter().copied().zip(self.times(y).iter().copied()).collect();
+        bench_util::paired_ratio_ci(&pairs)
+    }
+
+    /// Prints the paired ratios `(label, x, y)`, each `y / x` (`ratio`), on one line.
+    fn print_ratios(&self, ratios: &[(&str, char, char)]) {
+        let each: Vec<String> = ratios
+            .iter()
+            .map(|&(label, x, y)| match self.ratio(x, y) {
+                Some((g, lo, hi)) => format!("{label} {g:.3} [{lo:.3}, {hi:.3}]"),
+                None => format!("{label} n/a (fewer than two rounds)"),
+            })
+            .collect();
+        println!("paired by round, geometric mean with a 95 % bootstrap interval over the rounds: {}", each.join("; "));
+    }
+}
+
 pub fn main(args: &[String]) -> Result<()> {
     let (mut rounds, mut size, mut kind) = (4usize, "64M".to_string(), "anon".to_string());
     let (mut repeat, mut calls, mut exchanges) = (64u32, 400_000u64, 200_000u64);
@@ -318,8 +387,15 @@ pub fn main(args: &[String]) -> Result<()> {
          F-D-S-P-E-B-A"
     );
     println!("host mitigations: {}", mitigations());
-    let (mut a_ns, mut b_ns, mut e_ns, mut p_ns, mut s_ns, mut d_ns, mut ratios) =
-        (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    let mut arms = Arms::new(&[
+        ('A', "alone"),
+        ('B', "observed"),
+        ('E', "every fault timed"),
+        ('P', "perf close"),
+        ('S', "with statistics"),
+        ('D', "dispatch floor"),
+    ]);
+    let mut ratios = Vec::new();
     let (mut alone_ns, mut alone_faults) = (0u64, 0u64);
     let (mut b_minflt, mut b_untimed) = (0u64, 0u64);
     let mut closes = Vec::new();
@@ -369,37 +445,14 @@ pub fn main(args: &[String]) -> Result<()> {
             d.0 as f64 / 1e9,
             d.0 as f64 / a.0 as f64
         );
-        a_ns.push(a.0 as f64);
-        b_ns.push(b.0 as f64);
-        e_ns.push(e.0 as f64);
-        p_ns.push(p.0 as f64);
-        s_ns.push(st.0 as f64);
-        d_ns.push(d.0 as f64);
+        arms.push(&[a.0, b.0, e.0, p.0, st.0, d.0]);
         ratios.push(ratio);
         alone_ns += a.0;
         alone_faults += a.1;
     }
     closes.dedup();
-    // The paired intervals, from each round's times (before the medians sort them).
-    let ratio_ci = |x: &[f64], y: &[f64]| {
-        let pairs: Vec<(f64, f64)> = x.iter().copied().zip(y.iter().copied()).collect();
-        bench_util::paired_ratio_ci(&pairs)
-    };
-    let paired = |x: &[f64], y: &[f64]| match ratio_ci(x, y) {
-        Some((g, lo, hi)) => format!("{g:.3} [{lo:.3}, {hi:.3}]"),
-        None => "n/a (fewer than two rounds)".to_string(),
-    };
-    let (ci_ab, ci_ae, ci_eb, ci_pb) =
-        (paired(&a_ns, &b_ns), paired(&a_ns, &e_ns), paired(&e_ns, &b_ns), paired(&p_ns, &b_ns));
-    let (ci_ad, ci_db) = (ratio_ci(&a_ns, &d_ns), ratio_ci(&d_ns, &b_ns));
-    let (ma, mb, me, mp, ms, md) = (
-        median(&mut a_ns),
-        median(&mut b_ns),
-        median(&mut e_ns),
-        median(&mut p_ns),
-        median(&mut s_ns),
-        median(&mut d_ns),
-    );
+    let (ma, mb, me, mp, ms, md) =
+        (arms.median('A'), arms.median('B'), arms.median('E'), arms.median('P'), arms.median('S'), arms.median('D'));
     println!(
         "median: alone {:.3} s, observed {:.3} s, every fault timed {:.3} s, with the perf close {:.3} s, observed \
          with statistics {:.3} s, dispatch floor {:.3} s",
@@ -425,10 +478,12 @@ pub fn main(args: &[String]) -> Result<()> {
         ms / ma,
         md / ma
     );
-    println!(
-        "paired by round, geometric mean with a 95 % bootstrap interval over the rounds: observed / alone {ci_ab}; \
-         every fault timed / alone {ci_ae}; observed / every fault timed {ci_eb}; memcg close / perf close {ci_pb}"
-    );
+    arms.print_ratios(&[
+        ("observed / alone", 'A', 'B'),
+        ("every fault timed / alone", 'A', 'E'),
+        ("observed / every fault timed", 'E', 'B'),
+        ("memcg close / perf close", 'P', 'B'),
+    ]);
     // The floor splits B's cost: the kernel's dispatch of the fault hooks (D / A, times the alone
     // run's time per fault) and what the observer's programs add to it (B / D, times D's).
     let alone_fault = alone_ns as f64 / alone_faults.max(1) as f64;
@@ -446,8 +501,8 @@ pub fn main(args: &[String]) -> Result<()> {
         "split at the dispatch floor (paired, as above): the kernel's dispatch of the fault hooks, floor / alone {} \
          (of the alone run's {alone_fault:.0} ns per fault); the observer's programs, observed / floor {} (of the \
          floor's {floor_fault:.0})",
-        share(ci_ad, alone_fault),
-        share(ci_db, floor_fault)
+        share(arms.ratio('A', 'D'), alone_fault),
+        share(arms.ratio('D', 'B'), floor_fault)
     );
     let observed_faults = stats_faults;
     let n_observed = rounds;
@@ -510,7 +565,7 @@ fn pread_storm(
     );
     let mut obs = Observed { observer, workload, wl_args: &wl_args, kind: "pread", scratch, n: 0 };
     let (mut progs_b, mut progs_c) = (Programs::new(), Programs::new());
-    let (mut a_ns, mut b_ns, mut c_ns) = (Vec::new(), Vec::new(), Vec::new());
+    let mut arms = Arms::new(&[('A', "alone"), ('C', "no model"), ('B', "model")]);
     let (mut reads_b, mut reads_c, mut charged) = (0u64, 0u64, 0u64);
     for r in 0..rounds {
         let order: [char; 3] = if r.is_multiple_of(2) { ['A', 'C', 'B'] } else { ['B', 'C', 'A'] };
@@ -535,20 +590,9 @@ fn pread_storm(
                 }
             }
         }
-        println!(
-            "round {r}: alone {:.3} s ({:.0} ns/read), no model {:.3} s ({:.3}x), model {:.3} s ({:.3}x)",
-            a as f64 / 1e9,
-            a as f64 / calls as f64,
-            c as f64 / 1e9,
-            c as f64 / a as f64,
-            b as f64 / 1e9,
-            b as f64 / a as f64
-        );
-        a_ns.push(a as f64);
-        b_ns.push(b as f64);
-        c_ns.push(c as f64);
+        arms.round(r, &[a, c, b], calls, "read");
     }
-    let (ma, mb, mc) = (median(&mut a_ns), median(&mut b_ns), median(&mut c_ns));
+    let (ma, mb, mc) = (arms.median('A'), arms.median('B'), arms.median('C'));
     println!(
         "median: alone {:.3} s, no model {:.3} s, model {:.3} s; slowdown without a model {:.3}, with it {:.3}",
         ma / 1e9,
@@ -592,8 +636,7 @@ fn switch_storm(observer: &Path, workload: &Path, scratch: &Path, rounds: usize,
     let raw: &[&str] = &["--sched-hooks", "raw"];
     let tp: &[&str] = &["--sched-hooks", "tracepoint"];
     let mut none = Programs::new();
-    let (mut a_ns, mut r_ns, mut t_ns, mut pairs_r, mut pairs_t, mut pairs_rt) =
-        (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    let mut arms = Arms::new(&[('A', "alone"), ('R', "raw"), ('T', "tracepoints")]);
     let mut alone_ex = 0u64;
     for r in 0..rounds {
         let order: [char; 3] = if r.is_multiple_of(2) { ['A', 'R', 'T'] } else { ['T', 'R', 'A'] };
@@ -608,28 +651,9 @@ fn switch_storm(observer: &Path, workload: &Path, scratch: &Path, rounds: usize,
                 _ => t = obs.run(None, false, tp, &mut none)?.0.0,
             }
         }
-        let per = |ns: u64| ns as f64 / exchanges.max(1) as f64;
-        println!(
-            "round {r}: alone {:.3} s ({:.0} ns/exchange), raw {:.3} s ({:.3}x), tracepoints {:.3} s ({:.3}x)",
-            a as f64 / 1e9,
-            per(a),
-            rw as f64 / 1e9,
-            rw as f64 / a as f64,
-            t as f64 / 1e9,
-            t as f64 / a as f64
-        );
-        a_ns.push(a as f64);
-        r_ns.push(rw as f64);
-        t_ns.push(t as f64);
-        pairs_r.push((a as f64, rw as f64));
-        pairs_t.push((a as f64, t as f64));
-        pairs_rt.push((t as f64, rw as f64));
+        arms.round(r, &[a, rw, t], exchanges, "exchange");
     }
-    let (ma, mr, mt) = (median(&mut a_ns), median(&mut r_ns), median(&mut t_ns));
-    let ci = |p: &[(f64, f64)]| match bench_util::paired_ratio_ci(p) {
-        Some((g, lo, hi)) => format!("{g:.3} [{lo:.3}, {hi:.3}]"),
-        None => "n/a (fewer than two rounds)".into(),
-    };
+    let (ma, mr, mt) = (arms.median('A'), arms.median('R'), arms.median('T'));
     let per_ex = |ns: f64| ns / alone_ex.max(1) as f64;
     println!(
         "median: alone {:.3} s ({:.0} ns an exchange), raw {:.3} s (+{:.0} ns an exchange), tracepoints {:.3} s \
@@ -641,13 +665,7 @@ fn switch_storm(observer: &Path, workload: &Path, scratch: &Path, rounds: usize,
         mt / 1e9,
         per_ex(mt - ma)
     );
-    println!(
-        "paired by round, geometric mean with a 95 % bootstrap interval over the rounds: raw / alone {}; \
-         tracepoints / alone {}; raw / tracepoints {}",
-        ci(&pairs_r),
-        ci(&pairs_t),
-        ci(&pairs_rt)
-    );
+    arms.print_ratios(&[("raw / alone", 'A', 'R'), ("tracepoints / alone", 'A', 'T'), ("raw / tracepoints", 'T', 'R')]);
     // The statistics' own cost per run: an empty program's (fault_floor) under them.
     let mut floor = Programs::new();
     let fwl = ["anon".to_string(), "--size".into(), "64M".into(), "--repeat".into(), "4".into()];
