@@ -880,10 +880,12 @@ pub struct BioKey {
 #[derive(Clone, Copy, Debug, Default)]
 pub struct BioInflight {
     pub ts: u64,
+    /// The queueing thread's slot, and its TID: the slot is charged the read's latency only
+    /// while it is still that thread's (slots are given back: [`MAX_SLOTS`]).
     pub slot: u32,
     pub zram: u32,
     pub dev: u32,
-    pub _pad: u32,
+    pub tid: u32,
 }
 
 /// Per-device totals of the target's reads (`DEV_IO` map, key: kernel dev_t).
@@ -906,6 +908,19 @@ pub const REC_EXEC: u32 = 3;
 pub const REC_READ: u32 = 4;
 /// The kernel asks for an fd's verdict (payload: `xread::FdQuery`).
 pub const REC_FD: u32 = 5;
+/// A thread's task was freed and its slot given back (payload: [`RetiredRecord`]; [`MAX_SLOTS`]).
+pub const REC_RETIRED: u32 = 6;
+
+/// The final state of a thread whose slot is given back ([`MAX_SLOTS`]): its attribution state
+/// and its fault latencies, as they were when its task was freed.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct RetiredRecord {
+    pub kind: u32,
+    pub _pad: u32,
+    pub state: ThreadState,
+    pub faults: crate::faults::FaultTimes,
+}
 
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
@@ -1099,8 +1114,44 @@ pub mod call_arg {
     }
 }
 
-/// Upper bound on threads tracked per target.
+/// Threads tracked at once: slots of the `THREADS` array and the arrays beside it.
+///
+/// ## Slots
+/// A thread gets a slot at its first event (or at attach, seeded from `/proc`), taken from the
+/// queue of slots given back (`FREE_SLOTS`) when it has one, else the next never used
+/// (`SEQS[0]`, the high-water mark that marks and snapshots read up to). A slot is given back
+/// when its thread's task is freed (`sched:sched_process_free`, program `thread_free`): the
+/// kernel frees a task only after its last context switch and a grace period, so no event of the
+/// thread can come after it. There, in this order: the thread's final state and fault latencies
+/// are sent to user space ([`RetiredRecord`]; when the ring buffer has no room the slot is kept,
+/// as it was, and read at the run's end); its `SLOTS`, `TID_SLOTS` and `CALL_DEPTH` entries and
+/// every CPU's `SLOT_CACHE` word naming it are removed; its state (inside its update sequence),
+/// storm bookkeeping, fault latencies and read in progress are zeroed; the slot joins the queue.
+/// A zeroed slot has TID 0, which user space skips in marks and snapshots. User space keeps each
+/// retired thread's final state: a later mark or window that no longer finds it in the slots
+/// takes it from there (`observer::capture::tokens`), and so does the run's table.
+///
+/// A thread has a slot for all of its observed life or never: one that started before the last
+/// time a thread found no slot (`SEQS[2]`, [`SEQ_LAST_MISS`]: it may have had events then, and
+/// its faults went to the overflow table or the other row) gets none later (its task's
+/// `start_time`, at the offset the loader fixes from BTF, [`TASK_START_TIME`]; without BTF any
+/// thread may get one late, and its row then holds only what came after). Seeding sets that
+/// instant to the attach when the target has more threads than slots.
+///
+/// Approximate: a TID reused by a new thread before the old one's task is freed (the kernel's PID
+/// allocator wrapping around within a grace period) shares the old thread's slot; an overflow
+/// row's TID reused later keeps the new thread in that row. Where the kernel lacks
+/// `bpf_map_lookup_percpu_elem` (Linux < 5.19) `thread_free` is not loaded and slots are never
+/// given back: the threads beyond them get fault rows only (`observer_common::faults`).
 pub const MAX_SLOTS: u32 = 256;
+
+/// Index of `SEQS` (an array of u64) that holds when a thread last found no slot (ns,
+/// CLOCK_MONOTONIC; 0: never) ([`MAX_SLOTS`], "Slots").
+pub const SEQ_LAST_MISS: u32 = 2;
+
+/// Name of the programs' read-only global (a `u32`, 0 unless the loader sets it) that holds
+/// `struct task_struct`'s `start_time` offset from the kernel's BTF ([`MAX_SLOTS`], "Slots").
+pub const TASK_START_TIME: &str = "TASK_START_TIME";
 
 /// The update sequence with plain stores ([`STORES_IN_ORDER`]): the value an update writes to
 /// [`ThreadState::seq`] before it changes anything, given the value it read: always odd.
@@ -1151,6 +1202,8 @@ pub const HOST_STORES_IN_ORDER: bool = cfg!(any(target_arch = "x86_64", target_a
 mod pod {
     // SAFETY: repr(C), integer fields and arrays only, size asserted in the tests.
     unsafe impl aya::Pod for super::ThreadState {}
+    // SAFETY: repr(C), integer fields and arrays only.
+    unsafe impl aya::Pod for super::RetiredRecord {}
     // SAFETY: repr(C), integer fields and arrays only, size asserted in the tests.
     unsafe impl aya::Pod for super::Hist {}
     // SAFETY: repr(C), integer fields and arrays only, size asserted in the tests.

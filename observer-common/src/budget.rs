@@ -96,6 +96,7 @@ pub const BUDGETS: &[ProgramBudget] = &[
     ),
     b("sched_exit", "a thread exits", 1500, TASK),
     b("process_free", "a process is freed", 1500, TASK),
+    b("thread_free", "a task is freed (a tracked thread's slot is given back)", 1500, TASK),
     b("sched_exec", "a process execs", 50_000, "10 % of an exec (0.5 ms or more)"),
     b("new_task", "a thread or process is created", 1500, TASK),
     b("sys_enter", "a syscall enters (any process)", 45, SYSCALL),

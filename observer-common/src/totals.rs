@@ -27,6 +27,12 @@
 //!     thread's block reads: bios issued (`read_ios`) and the summed
 //!     queue→complete latency of those on disks and on zram. `exited` once the
 //!     thread has exited. `None` when the attribution probes never saw the thread.
+//!   - Threads that exited and gave their slot back (`attrib::MAX_SLOTS`, "Slots") keep a row
+//!     each, up to [`MAX_RETIRED_ROWS`] of them; each later one is added to the row of the last
+//!     retired thread of its process and name (from [`MAX_RETIRED_ROWS`] × 2 rows on, of its
+//!     process: `comm` [`EXITED_COMM`]). `folded` counts the threads added to a row besides the
+//!     one its `tid` names (absent when 0): an engine that starts threads for every token
+//!     (llama.cpp without OpenMP) has a bounded table over any length of run.
 //! - `devices`: block reads the target caused, per device (`major:minor`, and
 //!   the kernel name when known): bytes, requests, and the summed
 //!   queue→complete latency over the `completed` requests whose completion was seen.
@@ -45,8 +51,8 @@ use serde::{Deserialize, Serialize};
 use crate::{
     FaultTimes, OverflowFaults,
     attrib::{
-        C_FAULT_UNMATCHED_ENTRY, C_FAULT_UNMATCHED_EXIT, C_FAULT_UNTIMED, C_MAJFLT_FILE, C_MAJFLT_SWAP, C_MINFLT,
-        ThreadState,
+        C_DISK_READ_NS, C_FAULT_UNMATCHED_ENTRY, C_FAULT_UNMATCHED_EXIT, C_FAULT_UNTIMED, C_MAJFLT_FILE, C_MAJFLT_SWAP,
+        C_MINFLT, C_MISSED_SWITCH_IN, C_READ_IOS, C_ZRAM_READ_NS, F_EXITED, ThreadState,
     },
     model::{Components, Counters},
 };
@@ -74,6 +80,90 @@ pub struct ThreadTotals {
     pub comm: String,
     pub faults: Option<FaultTotals>,
     pub time: Option<ThreadTime>,
+    /// Exited threads added to this row besides the one `tid` names (module spec).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub folded: u32,
+}
+
+fn is_zero(v: &u32) -> bool {
+    *v == 0
+}
+
+impl ThreadTotals {
+    /// A thread's row from its attribution state and the fault latencies at its slot.
+    pub fn from_kernel(s: &ThreadState, f: &FaultTimes) -> Self {
+        ThreadTotals {
+            tid: s.tid,
+            pid: s.tgid,
+            comm: comm_str(&s.comm),
+            faults: FaultTotals::from_kernel(s, f),
+            time: Some(ThreadTime {
+                wall_ns: s.accounted(),
+                components: Components::from_kernel(&s.time),
+                counters: Counters::from_kernel(&s.cnt),
+                read_ios: s.cnt[C_READ_IOS],
+                disk_read_ns: s.cnt[C_DISK_READ_NS],
+                zram_read_ns: s.cnt[C_ZRAM_READ_NS],
+                missed_switch_ins: s.cnt[C_MISSED_SWITCH_IN],
+                exited: s.flags & F_EXITED != 0,
+            }),
+            folded: 0,
+        }
+    }
+
+    /// Add another thread's row to this one (module spec: `folded`).
+    pub fn absorb(&mut self, other: &ThreadTotals) {
+        match (&mut self.faults, &other.faults) {
+            (Some(f), Some(o)) => f.add(o),
+            (f @ None, Some(o)) => *f = Some(o.clone()),
+            _ => {}
+        }
+        match (&mut self.time, &other.time) {
+            (Some(t), Some(o)) => t.add(o),
+            (t @ None, Some(o)) => *t = Some(o.clone()),
+            _ => {}
+        }
+        self.folded += 1 + other.folded;
+    }
+}
+
+/// A kernel `comm` (NUL-padded, at most 16 bytes) as a string.
+pub fn comm_str(c: &[u8; 16]) -> String {
+    let end = c.iter().position(|&b| b == 0).unwrap_or(c.len());
+    String::from_utf8_lossy(&c[..end]).into_owned()
+}
+
+/// Rows kept one per retired thread before they are added together (module spec).
+pub const MAX_RETIRED_ROWS: usize = 4096;
+/// The `comm` of a process's row of retired threads beyond `2 × MAX_RETIRED_ROWS` rows.
+pub const EXITED_COMM: &str = "(exited threads)";
+
+/// The rows of the threads that gave their slot back, bounded (module spec).
+#[derive(Clone, Debug, Default)]
+pub struct RetiredRows {
+    rows: Vec<ThreadTotals>,
+    /// (process, name) → the row a later thread of that process and name is added to.
+    last: alloc::collections::BTreeMap<(u32, String), usize>,
+}
+
+impl RetiredRows {
+    pub fn add(&mut self, row: ThreadTotals) {
+        let mut key = (row.pid, row.comm.clone());
+        if self.rows.len() >= 2 * MAX_RETIRED_ROWS && !self.last.contains_key(&key) {
+            key.1 = String::from(EXITED_COMM);
+        }
+        match self.last.get(&key) {
+            Some(&i) if self.rows.len() >= MAX_RETIRED_ROWS => self.rows[i].absorb(&row),
+            _ => {
+                self.last.insert(key.clone(), self.rows.len());
+                self.rows.push(ThreadTotals { comm: key.1, ..row });
+            }
+        }
+    }
+
+    pub fn rows(&self) -> &[ThreadTotals] {
+        &self.rows
+    }
 }
 
 /// Fault bracketing totals of one thread (module spec).
@@ -97,6 +187,23 @@ pub struct FaultTotals {
 }
 
 impl FaultTotals {
+    /// Add another thread's faults.
+    pub fn add(&mut self, o: &FaultTotals) {
+        self.majflt += o.majflt;
+        self.minflt += o.minflt;
+        self.majflt_ns += o.majflt_ns;
+        self.minflt_ns += o.minflt_ns;
+        self.unmatched_entries += o.unmatched_entries;
+        self.unmatched_exits += o.unmatched_exits;
+        self.minflt_untimed += o.minflt_untimed;
+        let add = |a: &mut Vec<u64>, b: &Vec<u64>| {
+            a.resize(a.len().max(b.len()), 0);
+            a.iter_mut().zip(b).for_each(|(x, y)| *x += y);
+        };
+        add(&mut self.majflt_hist, &o.majflt_hist);
+        add(&mut self.minflt_hist, &o.minflt_hist);
+    }
+
     /// A thread's fault totals from the kernel: its counts and open fault in its attribution
     /// state, the latencies of its completed faults at the same slot (`observer_common::faults`).
     /// `None` when no fault of the thread was seen.
@@ -156,11 +263,12 @@ impl RunTotals {
             return None;
         }
         Some(alloc::format!(
-            "{rows} thread(s) of the target{} had no attribution slot: the first {} threads seen get one, \
-             and a slot is not given again when its thread exits. Their faults are counted (in rows \
-             without time{}), their time is in no component and their events count as lost. An engine \
-             that starts new worker threads for each decode does this (llama.cpp built without OpenMP \
-             and with no threadpool attached starts them in every graph compute)",
+            "{rows} thread(s) of the target{} had no attribution slot: {} threads at a time get one, and \
+             a slot is given back only once its thread's task is freed (never where the kernel refused \
+             program thread_free: see the probes missing). Their faults are counted (in rows without \
+             time{}), their time is in no component and their events count as lost. An engine that \
+             starts new worker threads for each decode on such a kernel does this (llama.cpp built \
+             without OpenMP and with no threadpool attached starts them in every graph compute)",
             if other { ", and more without a row of their own," } else { "" },
             crate::attrib::MAX_SLOTS,
             if other { alloc::format!(", the last ones in the `{OTHER_COMM}` row") } else { String::new() },
@@ -252,7 +360,7 @@ mod tests {
         assert_eq!(t.slotless_warning(), None);
         t.threads.extend([row(9, false), row(10, false)]);
         let w = t.slotless_warning().expect("overflow rows are said");
-        assert!(w.starts_with("2 thread(s) of the target had no attribution slot: the first 256"), "{w}");
+        assert!(w.starts_with("2 thread(s) of the target had no attribution slot: 256 threads at a time"), "{w}");
         assert!(!w.contains(OTHER_COMM), "{w}");
         t.threads.push(row(OTHER_TID, false));
         let w = t.slotless_warning().expect("the other row is said");
@@ -322,6 +430,51 @@ mod tests {
         assert_eq!(other.minflt_hist.len(), crate::hist::HIST_BUCKETS);
     }
 
+    /// Module spec: a row per retired thread up to `MAX_RETIRED_ROWS`, then added to the last row
+    /// of the same process and name, then of the same process; faults and time add up.
+    #[test]
+    fn retired_threads_keep_a_row_each_up_to_a_bound_then_add_up() {
+        let row = |tid: u32, pid: u32, comm: &str| {
+            let mut time = ThreadTime { wall_ns: 10, exited: true, ..Default::default() };
+            time.components.set(Component::Compute, Some(4));
+            ThreadTotals {
+                tid,
+                pid,
+                comm: comm.into(),
+                faults: Some(FaultTotals { minflt: 3, minflt_hist: alloc::vec![1, 2], ..Default::default() }),
+                time: Some(time),
+                folded: 0,
+            }
+        };
+        let mut r = RetiredRows::default();
+        for i in 0..MAX_RETIRED_ROWS as u32 {
+            r.add(row(1000 + i, 7, "worker"));
+        }
+        assert_eq!(r.rows().len(), MAX_RETIRED_ROWS);
+        r.add(row(90_000, 7, "worker"));
+        r.add(row(90_001, 7, "worker"));
+        assert_eq!(r.rows().len(), MAX_RETIRED_ROWS, "added to the last worker's row");
+        let last = &r.rows()[MAX_RETIRED_ROWS - 1];
+        assert_eq!((last.tid, last.folded), (1000 + MAX_RETIRED_ROWS as u32 - 1, 2));
+        assert_eq!(last.faults.as_ref().map(|f| (f.minflt, f.minflt_hist.clone())), Some((9, alloc::vec![3, 6])));
+        let t = last.time.as_ref().unwrap();
+        assert_eq!((t.wall_ns, t.components.get(Component::Compute), t.exited), (30, Some(12), true));
+        // New names still get rows, up to twice the bound; then one row per process.
+        for i in 0..MAX_RETIRED_ROWS as u32 {
+            r.add(row(200_000 + i, 8, &alloc::format!("w{i}")));
+        }
+        assert_eq!(r.rows().len(), 2 * MAX_RETIRED_ROWS);
+        r.add(row(300_000, 8, "fresh"));
+        r.add(row(300_001, 8, "fresher"));
+        r.add(row(300_002, 7, "worker"));
+        assert_eq!(r.rows().len(), 2 * MAX_RETIRED_ROWS + 1);
+        let exited = r.rows().last().unwrap();
+        assert_eq!((exited.tid, exited.comm.as_str(), exited.folded), (300_000, EXITED_COMM, 1));
+        assert_eq!(r.rows()[MAX_RETIRED_ROWS - 1].folded, 3, "a known name still goes to its row");
+        let j = serde_json::to_string(&r.rows()[0]).unwrap();
+        assert!(!j.contains("folded"), "absent when 0: {j}");
+    }
+
     #[test]
     fn totals_round_trip_with_vocabulary_names() {
         let mut time = ThreadTime { wall_ns: 10, read_ios: 2, exited: true, ..Default::default() };
@@ -335,6 +488,7 @@ mod tests {
                 comm: "engine".into(),
                 faults: Some(FaultTotals { majflt: 3, majflt_hist: alloc::vec![0, 3], ..Default::default() }),
                 time: Some(time),
+                folded: 0,
             }],
             devices: alloc::vec![DeviceReads { dev: "253:0".into(), read_bytes: 4096, ..Default::default() }],
             evicted_by_process: alloc::vec![crate::model::ProcessEvictions {

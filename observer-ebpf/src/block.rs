@@ -77,7 +77,7 @@ pub fn bio_queue(ctx: TracePointContext) -> u32 {
     // SAFETY: plain map lookup.
     let slot = unsafe { SLOTS.get(&tid).copied().unwrap_or(u32::MAX) };
     let key = BioKey { dev, _pad: 0, sector };
-    let _ = INFLIGHT.insert(&key, &BioInflight { ts: now, slot, zram: zram as u32, dev, _pad: 0 }, 0);
+    let _ = INFLIGHT.insert(&key, &BioInflight { ts: now, slot, zram: zram as u32, dev, tid }, 0);
     device_read(dev, bytes);
     0
 }
@@ -135,8 +135,13 @@ fn complete(ctx: &TracePointContext, rq: bool) -> u32 {
     device_done(inf.dev, lat);
     if let Some(t) = THREADS.get_ptr_mut(inf.slot) {
         let idx = if inf.zram != 0 { C_ZRAM_READ_NS } else { C_DISK_READ_NS };
-        // SAFETY: map value; completion may run on another CPU than the owner.
+        // SAFETY: map value; completion may run on another CPU than the owner. The slot may have
+        // been given back since the read was queued (`attrib::MAX_SLOTS`): charged only while it
+        // is the queueing thread's.
         unsafe {
+            if (*t).tid != inf.tid {
+                return 0;
+            }
             if let Some(c) = (*t).cnt.get_mut(idx) {
                 atomic_add(c, lat);
             }

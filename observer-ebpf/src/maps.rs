@@ -5,13 +5,13 @@ use core::sync::atomic::{Ordering, compiler_fence};
 use aya_ebpf::{
     helpers::{bpf_get_current_comm, bpf_get_current_pid_tgid},
     macros::map,
-    maps::{Array, HashMap, LruHashMap, PerCpuArray, RingBuf},
+    maps::{Array, HashMap, LruHashMap, PerCpuArray, Queue, RingBuf},
 };
 use observer_common::{
     Config, FaultTimes, GlobalCounter,
     attrib::{
-        BioInflight, BioKey, DevIo, F_ON_CPU, Hist, MAX_SLOTS, N_HIST, Storm, ThreadState, TpOffsets, seq_begin,
-        seq_end,
+        BioInflight, BioKey, DevIo, F_ON_CPU, Hist, MAX_SLOTS, N_HIST, REC_RETIRED, RetiredRecord, SEQ_LAST_MISS,
+        Storm, ThreadState, TpOffsets, seq_begin, seq_end,
     },
     faults::{GLOBAL_COUNTERS, MAX_OVERFLOW_THREADS, OverflowFaults},
 };
@@ -29,10 +29,27 @@ pub static IO_SYSCALLS: Array<u64> = Array::with_max_entries(8, 0);
 #[map]
 pub static COUNTERS: PerCpuArray<u64> = PerCpuArray::with_max_entries(GLOBAL_COUNTERS, 0);
 
-/// TID → slot in `THREADS`. An entry never changes once made (a slot is never
-/// given back), which is what lets `SLOT_CACHE` remember it.
+/// TID → slot in `THREADS`. An entry never changes while its thread lives; it is removed when
+/// the slot is given back ([`retire`]), with every copy of it in `TID_SLOTS` and `SLOT_CACHE`.
 #[map]
 pub static SLOTS: HashMap<u32, u32> = HashMap::with_max_entries(MAX_SLOTS, 0);
+
+/// Slots given back ([`retire`]), taken before a never-used one (`attrib::MAX_SLOTS`, "Slots").
+#[map]
+pub static FREE_SLOTS: Queue<u32> = Queue::with_max_entries(MAX_SLOTS, 0);
+
+/// What a slot holds before its first thread, in each of the arrays indexed by slot; never
+/// written, copied over a slot given back.
+#[repr(C)]
+pub struct BlankSlot {
+    pub state: ThreadState,
+    pub faults: FaultTimes,
+    pub storm: Storm,
+    pub open: observer_common::xread::ReadOpen,
+}
+
+#[map]
+pub static BLANK_SLOT: Array<BlankSlot> = Array::with_max_entries(1, 0);
 
 /// `SLOTS` again, direct-mapped: entry `tid % TID_SLOTS_N` is `tid << 32 | CACHED | slot` for
 /// the last thread of that remainder whose slot a program looked up or made (0: none). An
@@ -102,9 +119,10 @@ pub static OVERFLOW_TEMPLATE: PerCpuArray<OverflowFaults> = PerCpuArray::with_ma
 #[map]
 pub static OTHER_FAULTS: PerCpuArray<u64> = PerCpuArray::with_max_entries(3, 0);
 
-/// Index 0: slots handed out so far. Index 1: marks emitted so far.
+/// Index 0: slots handed out so far (the high-water mark). Index 1: marks emitted so far.
+/// Index 2 (`attrib::SEQ_LAST_MISS`): when a thread last found no slot.
 #[map]
-pub static SEQS: Array<u64> = Array::with_max_entries(2, 0);
+pub static SEQS: Array<u64> = Array::with_max_entries(3, 0);
 
 #[map]
 pub static HISTS: PerCpuArray<Hist> = PerCpuArray::with_max_entries(N_HIST, 0);
@@ -206,17 +224,29 @@ fn slot_cache() -> Option<(*mut u64, u64)> {
     Some((c, unsafe { core::ptr::read_volatile(c) }))
 }
 
-/// Whether `SLOT_CACHE` word `v` is a valid entry of thread `tid`.
+/// The word of `SLOT_CACHE` or `TID_SLOTS` that says thread `tid` has `slot`: `tid << 32 | CACHED
+/// | marks | slot` (`marks`: [`CURRENT`] or none).
+#[inline(always)]
+fn slot_word(tid: u32, slot: u32, marks: u64) -> u64 {
+    (tid as u64) << 32 | CACHED | marks | slot as u64
+}
+
+/// Whether word `v` ([`slot_word`]) is a valid entry of thread `tid`.
 #[inline(always)]
 fn caches(v: u64, tid: u32) -> bool {
     v >> 32 == tid as u64 && v & CACHED != 0
 }
 
+/// The slot word `v` ([`slot_word`]) gives thread `tid`, if it names it.
+#[inline(always)]
+fn slot_in(v: u64, tid: u32) -> Option<u32> {
+    caches(v, tid).then_some((v & SLOT_BITS) as u32)
+}
+
 /// The slot `SLOT_CACHE` remembers for `tid` on this CPU.
 #[inline(always)]
 fn cached_slot(tid: u32) -> Option<u32> {
-    let (_, v) = slot_cache()?;
-    caches(v, tid).then_some((v & SLOT_BITS) as u32)
+    slot_in(slot_cache()?.1, tid)
 }
 
 /// The current task's TID and slot when a fault program on this CPU named it since the CPU's
@@ -284,7 +314,7 @@ pub fn target_state(tid: u32, slot: Option<u32>, now: u64) -> Option<(u32, *mut 
 pub fn switched_in(tid: u32, slot: u32) {
     if let Some(c) = SLOT_CACHE.get_ptr_mut(0) {
         // SAFETY: per-CPU map value, written in one 8-byte store.
-        unsafe { core::ptr::write_volatile(c, (tid as u64) << 32 | CACHED | CURRENT | slot as u64) };
+        unsafe { core::ptr::write_volatile(c, slot_word(tid, slot, CURRENT)) };
     }
 }
 
@@ -293,8 +323,7 @@ pub fn switched_in(tid: u32, slot: u32) {
 fn table_slot(tid: u32) -> Option<u32> {
     let p = TID_SLOTS.get_ptr(tid & (TID_SLOTS_N - 1))?;
     // SAFETY: map value, read in one 8-byte load.
-    let v = unsafe { core::ptr::read_volatile(p) };
-    caches(v, tid).then_some((v & SLOT_BITS) as u32)
+    slot_in(unsafe { core::ptr::read_volatile(p) }, tid)
 }
 
 /// `SLOTS` has `tid` at `slot`: keep it in `TID_SLOTS`.
@@ -302,7 +331,7 @@ fn table_slot(tid: u32) -> Option<u32> {
 fn table_remember(tid: u32, slot: u32) {
     if let Some(p) = TID_SLOTS.get_ptr_mut(tid & (TID_SLOTS_N - 1)) {
         // SAFETY: map value, written in one 8-byte store.
-        unsafe { core::ptr::write_volatile(p, (tid as u64) << 32 | CACHED | slot as u64) };
+        unsafe { core::ptr::write_volatile(p, slot_word(tid, slot, 0)) };
     }
 }
 
@@ -322,7 +351,7 @@ fn lookup_slot(tid: u32) -> Option<u32> {
 fn remember_slot(tid: u32, slot: u32) {
     if let Some(c) = SLOT_CACHE.get_ptr_mut(0) {
         // SAFETY: per-CPU map value, written in one 8-byte store.
-        unsafe { core::ptr::write_volatile(c, (tid as u64) << 32 | CACHED | slot as u64) };
+        unsafe { core::ptr::write_volatile(c, slot_word(tid, slot, 0)) };
     }
 }
 
@@ -353,6 +382,40 @@ pub fn state_of(tid: u32) -> Option<*mut ThreadState> {
     THREADS.get_ptr_mut(slot_of(tid)?)
 }
 
+/// `observer_common::attrib::TASK_START_TIME`, set by the loader.
+#[unsafe(no_mangle)]
+static TASK_START_TIME: u32 = 0;
+
+/// Whether the current task started before a thread last found no slot (`attrib::MAX_SLOTS`,
+/// "Slots": then it gets none). False where its start is not known.
+#[inline(always)]
+fn started_before_a_miss() -> bool {
+    // SAFETY: a read-only global.
+    let off = unsafe { core::ptr::read_volatile(&TASK_START_TIME) };
+    let miss = SEQS.get(SEQ_LAST_MISS).copied().unwrap_or(0);
+    if off == 0 || miss == 0 {
+        return false;
+    }
+    // SAFETY: the current task's `start_time`, read with the helper (a faulting read fails).
+    let start = unsafe {
+        let task = aya_ebpf::helpers::bpf_get_current_task() as *const u8;
+        aya_ebpf::helpers::bpf_probe_read_kernel(task.add(off as usize) as *const u64).unwrap_or(0)
+    };
+    start != 0 && start < miss
+}
+
+/// A slot nobody has: one given back, else the next never used (`attrib::MAX_SLOTS`, "Slots").
+#[inline(always)]
+fn free_slot() -> Option<u32> {
+    if let Ok(Some(slot)) = FREE_SLOTS.pop() {
+        return Some(slot);
+    }
+    let next = SEQS.get_ptr_mut(0)?;
+    // SAFETY: aligned map value; atomic so that two CPUs never get one slot.
+    let slot = unsafe { atomic_fetch_add(next, 1) };
+    (slot < MAX_SLOTS as u64).then_some(slot as u32)
+}
+
 /// The slot of the current thread of the target, allocated on first sight
 /// as "on CPU, user mode, accounting from now"; remembered in `SLOT_CACHE`.
 #[inline(always)]
@@ -360,25 +423,35 @@ pub fn current_slot(tid: u32, now: u64) -> Option<u32> {
     if let Some(slot) = known_slot(tid) {
         return Some(slot);
     }
-    let next = SEQS.get_ptr_mut(0)?;
-    // SAFETY: aligned map value; atomic so that two CPUs never get one slot.
-    let slot = unsafe { atomic_fetch_add(next, 1) };
-    if slot >= MAX_SLOTS as u64 {
+    // A thread that once found none keeps its faults where they are (`observer_common::faults`,
+    // the overflow path), never in two rows.
+    // SAFETY: plain map lookup.
+    if unsafe { OVERFLOW_FAULTS.get(&tid) }.is_some() || started_before_a_miss() {
         bump(GlobalCounter::LostEvents);
         return None;
     }
-    let slot = slot as u32;
+    let Some(slot) = free_slot() else {
+        if let Some(miss) = SEQS.get_ptr_mut(SEQ_LAST_MISS) {
+            // SAFETY: map value, one 8-byte store (any CPU's recent instant will do).
+            unsafe { core::ptr::write_volatile(miss, now) };
+        }
+        bump(GlobalCounter::LostEvents);
+        return None;
+    };
     let p = THREADS.get_ptr_mut(slot)?;
-    // SAFETY: a fresh slot nobody else has been given.
-    unsafe {
-        (*p).tid = tid;
-        (*p).flags = F_ON_CPU;
-        (*p).last_ts = now;
-        (*p).first_ts = now;
-        (*p).fault_start = 0;
-        (*p).comm = bpf_get_current_comm().unwrap_or([0; 16]);
-        (*p).tgid = (bpf_get_current_pid_tgid() >> 32) as u32;
-    }
+    let comm = bpf_get_current_comm().unwrap_or([0; 16]);
+    let tgid = (bpf_get_current_pid_tgid() >> 32) as u32;
+    // A slot nobody else has been given (a blank one: never used, or zeroed when given back);
+    // inside its update sequence, for a mark copying it from another CPU.
+    update(p, |s| {
+        s.tid = tid;
+        s.flags = F_ON_CPU;
+        s.last_ts = now;
+        s.first_ts = now;
+        s.fault_start = 0;
+        s.comm = comm;
+        s.tgid = tgid;
+    });
     if SLOTS.insert(&tid, &slot, 0).is_err() {
         bump(GlobalCounter::LostEvents);
         return None;
@@ -386,6 +459,100 @@ pub fn current_slot(tid: u32, now: u64) -> Option<u32> {
     table_remember(tid, slot);
     remember_slot(tid, slot);
     Some(slot)
+}
+
+/// Give back thread `tid`'s slot, its task freed (`attrib::MAX_SLOTS`, "Slots", which this
+/// follows step by step). Nothing is done for a thread without one, or when the ring buffer has
+/// no room for its final state (the slot is then kept, and counted as a lost event).
+#[inline(always)]
+pub fn retire(tid: u32) {
+    let Some(slot) = slot_of(tid) else { return };
+    let (Some(p), Some(blank)) = (THREADS.get_ptr_mut(slot), BLANK_SLOT.get_ptr(0)) else { return };
+    // SAFETY: map value.
+    if unsafe { (*p).tid } != tid {
+        return;
+    }
+    let Some(mut e) = EVENTS.reserve::<RetiredRecord>(0) else {
+        bump(GlobalCounter::LostEvents);
+        return;
+    };
+    let r = e.as_mut_ptr();
+    // SAFETY: `r` is a reserved record of its type; `p` and the fault times are map values no
+    // program writes any more but a read's completion (one atomic add of its latency).
+    unsafe {
+        (*r).kind = REC_RETIRED;
+        (*r)._pad = 0;
+        core::ptr::copy_nonoverlapping(p, &raw mut (*r).state, 1);
+        match FAULT_TIMES.get_ptr(slot) {
+            Some(f) => core::ptr::copy_nonoverlapping(f, &raw mut (*r).faults, 1),
+            None => core::ptr::copy_nonoverlapping(&raw const (*blank).faults, &raw mut (*r).faults, 1),
+        }
+    }
+    // No wakeup: user space polls (`marks`).
+    e.submit(1 /* BPF_RB_NO_WAKEUP */);
+    forget_everywhere(tid);
+    if let Some(w) = TID_SLOTS.get_ptr_mut(tid & (TID_SLOTS_N - 1)) {
+        // SAFETY: map value, read and written in one 8-byte access each.
+        unsafe {
+            if caches(core::ptr::read_volatile(w), tid) {
+                core::ptr::write_volatile(w, 0);
+            }
+        }
+    }
+    let _ = SLOTS.remove(&tid);
+    // A call it was in never returns (a reused TID must not start nested in it).
+    let _ = CALL_DEPTH.remove(&tid);
+    // The state but its update sequence (the first field), which goes on.
+    update(p, |s| {
+        const SEQ: usize = core::mem::size_of::<u64>();
+        // SAFETY: both are map values of the state's type; the sequence is left alone.
+        unsafe {
+            core::ptr::copy_nonoverlapping(
+                (&raw const (*blank).state).cast::<u8>().add(SEQ),
+                (s as *mut ThreadState).cast::<u8>().add(SEQ),
+                core::mem::size_of::<ThreadState>() - SEQ,
+            )
+        }
+    });
+    // SAFETY: map values of the arrays' types.
+    unsafe {
+        let _ = FAULT_TIMES.set(slot, &(*blank).faults, 0);
+        let _ = STORMS.set(slot, &(*blank).storm, 0);
+        let _ = crate::xread::XREAD_OPEN.set(slot, &(*blank).open, 0);
+    }
+    if FREE_SLOTS.push(slot, 0).is_err() {
+        bump(GlobalCounter::LostEvents);
+    }
+}
+
+/// Upper bound on the CPUs whose `SLOT_CACHE` word [`forget_everywhere`] visits.
+const MAX_CPUS: u32 = 1024;
+
+/// Remove every CPU's `SLOT_CACHE` word that names thread `tid` (its slot is given back; no
+/// other writer can name it again: the thread is gone).
+#[inline(always)]
+fn forget_everywhere(tid: u32) {
+    let key = 0u32;
+    for cpu in 0..MAX_CPUS {
+        // SAFETY: the map and a key of its type; the helper returns null past the last CPU.
+        let c = unsafe {
+            aya_ebpf::helpers::generated::bpf_map_lookup_percpu_elem(
+                (&raw const SLOT_CACHE).cast_mut().cast(),
+                (&raw const key).cast(),
+                cpu,
+            )
+        }
+        .cast::<u64>();
+        if c.is_null() {
+            break;
+        }
+        // SAFETY: a CPU's map value, read and written in one 8-byte access each.
+        unsafe {
+            if caches(core::ptr::read_volatile(c), tid) {
+                core::ptr::write_volatile(c, 0);
+            }
+        }
+    }
 }
 
 /// The state of the current thread of the target ([`current_slot`]).

@@ -34,7 +34,7 @@ use observer_common::{
 
 use crate::maps::{
     EVENTS, TARGETS, THREADS, bump, config, current_known, current_slot, current_state, forget_current, offsets,
-    slot_of, state_of, switched_in, target_tid, update,
+    retire, slot_of, state_of, switched_in, target_tid, update,
 };
 
 #[inline(always)]
@@ -263,11 +263,27 @@ pub fn sched_exit(_ctx: TracePointContext) -> u32 {
 /// kernel's PID allocator wrapping around, which this rule does not guard against.
 #[tracepoint]
 pub fn process_free(ctx: TracePointContext) -> u32 {
-    let Some(o) = offsets() else { return 0 };
+    if let Some(pid) = freed_pid(&ctx) {
+        let _ = TARGETS.remove(&pid);
+    }
+    0
+}
+
+/// The TID of the task `sched:sched_process_free` frees.
+#[inline(always)]
+fn freed_pid(ctx: &TracePointContext) -> Option<u32> {
+    let o = offsets()?;
     // SAFETY: offset from the tracepoint's format file.
     let pid: i32 = unsafe { ctx.read_at(o.free_pid as usize) }.unwrap_or(0);
-    if pid > 0 {
-        let _ = TARGETS.remove(&(pid as u32));
+    (pid > 0).then_some(pid as u32)
+}
+
+/// `sched:sched_process_free` again (any task's, in no particular task): a tracked thread's task
+/// is freed, after its last event, so its slot is given back (`maps::retire`; Linux >= 5.19).
+#[tracepoint]
+pub fn thread_free(ctx: TracePointContext) -> u32 {
+    if let Some(tid) = freed_pid(&ctx) {
+        retire(tid);
     }
     0
 }

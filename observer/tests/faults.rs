@@ -342,9 +342,34 @@ fn json_uses_the_design_vocabulary() {
     assert_eq!(s["target"]["exit_code"], 0);
 }
 
-/// Fault rows of a server with more threads than the attribution slots (256) and than the
-/// overflow table (8192; `observer_common::faults`): 300 threads at a time, 30 rounds, 9000
-/// threads that each write 16 fresh pages. Against a bpftrace count of the same perf software
+/// Minor and major faults per TID: the run of `command` beside `perf stat` and a bpftrace count of
+/// the perf software events per TID (`beside_perf_stat_and_bpftrace`): perf's text, the observer's
+/// summary, bpftrace's minor and major faults by TID.
+fn beside_fault_counts(
+    dir: &std::path::Path,
+    command: &str,
+    observer_args: &[&str],
+) -> (String, Value, std::collections::BTreeMap<u64, u64>, std::collections::BTreeMap<u64, u64>) {
+    let (perf_text, v, traced) = beside_perf_stat_and_bpftrace(
+        dir,
+        command,
+        Some(
+            "software:minor-faults:1 /pid == $PID/ { @min[tid] = count(); } \
+             software:major-faults:1 /pid == $PID/ { @maj[tid] = count(); }",
+        ),
+        observer_args,
+    );
+    let traced = traced.expect("bpftrace output");
+    let counts = |name: &str| -> std::collections::BTreeMap<u64, u64> {
+        bpftrace_map(&traced, name).into_iter().map(|(k, n)| (k.parse().expect("a TID key"), n)).collect()
+    };
+    (perf_text, v, counts("min"), counts("maj"))
+}
+
+/// Fault rows of a server with more threads at once than the attribution slots (256) and than the
+/// overflow table (8192; `observer_common::faults`): 9000 threads that each write 16 fresh pages
+/// and live until all have (`--hold`), so no slot is given back before all have faulted; a thread
+/// that found none never gets one later (`observer_common::attrib::MAX_SLOTS`, "Slots"). Against a bpftrace count of the same perf software
 /// events per TID and `perf stat` of the process, over the same span (all attached before the
 /// workload's `exec`): every thread with a row has exactly bpftrace's minor and major faults, the
 /// threads beyond the overflow table are the one `(other threads)` row (TID 0) with exactly the
@@ -353,20 +378,8 @@ fn json_uses_the_design_vocabulary() {
 fn threads_beyond_the_slots_keep_exact_fault_rows_and_the_rest_is_one_counted_row() {
     let _l = machine_lock();
     let dir = scratch_dir("manythreads");
-    let (perf_text, v, traced) = beside_perf_stat_and_bpftrace(
-        &dir,
-        &format!("{} anon --threads 300 --repeat 30 --size 19200K", workload()),
-        Some(
-            "software:minor-faults:1 /pid == $PID/ { @min[tid] = count(); } \
-             software:major-faults:1 /pid == $PID/ { @maj[tid] = count(); }",
-        ),
-        &[],
-    );
-    let traced = traced.expect("bpftrace output");
-    let counts = |name: &str| -> std::collections::BTreeMap<u64, u64> {
-        bpftrace_map(&traced, name).into_iter().map(|(k, n)| (k.parse().expect("a TID key"), n)).collect()
-    };
-    let (bt_min, bt_maj) = (counts("min"), counts("maj"));
+    let (perf_text, v, bt_min, bt_maj) =
+        beside_fault_counts(&dir, &format!("{} anon --threads 9000 --hold --size 576000K", workload()), &[]);
     assert!(bt_min.len() >= 9000, "bpftrace saw {} faulting threads, expected the 9000 workers", bt_min.len());
     let rows = v["threads"].as_array().expect("threads in the summary");
     let mut with_row = std::collections::BTreeSet::new();
@@ -410,6 +423,68 @@ fn threads_beyond_the_slots_keep_exact_fault_rows_and_the_rest_is_one_counted_ro
     assert!(err.contains(&said), "the observer says which threads had no slot: {err}");
 }
 
+/// A target that starts new threads all the time (an engine whose thread pool is made for each
+/// step: llama.cpp without OpenMP) keeps attribution for every one of them: 200 rounds of 4
+/// threads that each write 256 fresh pages and exit, 800 threads, never more than 5 at once, over
+/// 256 slots, which are given back as the threads' tasks are freed
+/// (`observer_common::attrib::MAX_SLOTS`, "Slots"). Against a bpftrace count of the perf software
+/// events per TID, `perf stat` of the process and the workload's own clock and `getrusage` over
+/// its marked span: every thread has a row with attribution and exactly bpftrace's faults, no
+/// thread is without a slot, the workers' attributed time covers their touch loops' time by the
+/// workload's clock, and the marked span's token holds the span's faults as the workload counted
+/// them (the threads gone before its end included).
+#[test]
+fn threads_that_come_and_go_each_keep_a_slot_as_slots_are_given_back() {
+    let _l = machine_lock();
+    let dir = scratch_dir("threadchurn");
+    let (perf_text, v, bt_min, bt_maj) = beside_fault_counts(
+        &dir,
+        &format!("{} anon --threads 4 --repeat 200 --size 4M --delay-ms 300", workload()),
+        &[],
+    );
+    assert!(bt_min.len() >= 800, "bpftrace saw {} faulting threads, expected the 800 workers", bt_min.len());
+    let rows = v["threads"].as_array().expect("threads in the summary");
+    let pid = rows.iter().map(|r| u(r, "pid")).min().expect("rows");
+    let mut worker_wall = 0;
+    for r in rows {
+        let tid = u(r, "tid");
+        assert_ne!(tid, 0, "no thread is in the (other threads) row: {r}");
+        assert!(!r["attribution"].is_null(), "thread {tid} has a row with attribution: {r}");
+        let bt = |m: &std::collections::BTreeMap<u64, u64>| m.get(&tid).copied().unwrap_or(0);
+        assert_eq!(u(r, "minflt"), bt(&bt_min), "thread {tid}: minor faults, observer vs bpftrace: {r}");
+        assert_eq!(u(r, "majflt"), bt(&bt_maj), "thread {tid}: major faults, observer vs bpftrace: {r}");
+        assert_eq!(r["folded"], Value::Null, "800 threads keep a row each: {r}");
+        if tid != pid {
+            worker_wall += u(&r["attribution"], "wall_ns");
+        }
+    }
+    let with_row: std::collections::BTreeSet<u64> = rows.iter().map(|r| u(r, "tid")).collect();
+    let without: Vec<_> = bt_min.keys().filter(|t| !with_row.contains(t)).collect();
+    assert!(without.is_empty(), "threads that faulted with no row: {without:?}");
+    assert!(rows.len() > 800, "{} rows, more than the 256 slots: they were given back", rows.len());
+    let (perf_min, perf_maj) = (perf_count(&perf_text, "minor-faults"), perf_count(&perf_text, "major-faults"));
+    assert_eq!(u(&v["totals"], "minflt"), perf_min, "the process's minor faults vs perf stat");
+    assert_eq!(u(&v["totals"], "majflt"), perf_maj, "the process's major faults vs perf stat");
+    assert_eq!(u(&v, "lost_events"), 0, "no event of a thread without a slot");
+    let err = std::fs::read_to_string(dir.join(OBSERVER_ERR)).expect("the observer's stderr");
+    assert!(!err.contains("had no attribution slot"), "every thread had one: {err}");
+    // The workload's own measurements of its marked span.
+    let target_out = std::fs::read_to_string(dir.join(TARGET_OUT)).expect("the workload's stdout");
+    let w: Value = serde_json::from_str(target_out.trim()).expect("the workload's JSON line");
+    let touch = u(&w, "touch_ns");
+    eprintln!("workers' attributed wall {worker_wall} ns, their touch loops {touch} ns by the workload's clock");
+    assert!(
+        worker_wall as f64 >= 0.95 * touch as f64 && worker_wall <= 4 * u(&w, "wall_ns") + touch,
+        "the workers' attributed time {worker_wall} ns vs their touch loops' {touch} ns: {w}"
+    );
+    let tokens = v["tokens"].as_array().expect("the marked span's token");
+    assert_eq!(tokens.len(), 1, "{tokens:?}");
+    let (tok, own) = (u(&tokens[0], "minflt") as f64, u(&w, "minflt") as f64);
+    eprintln!("the span's minor faults: token {tok}, the workload's getrusage {own}");
+    assert!((tok - own).abs() <= 0.001 * own, "the span's token has {tok} minor faults, the workload counted {own}");
+    assert!(tokens[0]["threads"].as_array().unwrap().len() >= 800, "every worker is a thread of the span's token");
+}
+
 /// Both fault closes (`--fault-close perf` and `memcg`, `observer_common::faults`) count each
 /// thread's minor and major faults exactly as a bpftrace count of the perf software events of the
 /// same TIDs over the same span (a file read through a mapping after eviction: a major fault per
@@ -430,24 +505,15 @@ fn both_fault_closes_count_each_threads_faults_as_perf_does() {
         assert!(!out.status.success() && err.contains("memcg:count_memcg_events"), "{err}");
     }
     for close in closes {
-        let (perf_text, v, traced) = beside_perf_stat_and_bpftrace(
+        let (perf_text, v, bt_min, bt_maj) = beside_fault_counts(
             &dir,
             &format!("{} demo --size 32M --path {}", workload(), file.display()),
-            Some(
-                "software:minor-faults:1 /pid == $PID/ { @min[tid] = count(); } \
-                 software:major-faults:1 /pid == $PID/ { @maj[tid] = count(); }",
-            ),
             &["--fault-close", close],
         );
         let probes: Vec<&str> = v["probes"].as_array().unwrap().iter().filter_map(|p| p.as_str()).collect();
         let memcg = probes.contains(&"raw_tp:memcg:count_memcg_events");
         assert_eq!(memcg, close == "memcg", "--fault-close {close}: {probes:?}");
         assert_eq!(probes.contains(&"perf:minor-faults"), close == "perf", "--fault-close {close}: {probes:?}");
-        let traced = traced.expect("bpftrace output");
-        let counts = |name: &str| -> std::collections::BTreeMap<u64, u64> {
-            bpftrace_map(&traced, name).into_iter().map(|(k, n)| (k.parse().expect("a TID key"), n)).collect()
-        };
-        let (bt_min, bt_maj) = (counts("min"), counts("maj"));
         let rows = v["threads"].as_array().expect("threads in the summary");
         for r in rows {
             let tid = u(r, "tid");

@@ -685,7 +685,14 @@ mod tests {
             t.components.set(Component::Sleep, Some(100 - compute));
             Some(t)
         };
-        let th = |tid, pid, comm: &str, c| ThreadTotals { tid, pid, comm: comm.into(), faults: None, time: time(c) };
+        let th = |tid, pid, comm: &str, c| ThreadTotals {
+            tid,
+            pid,
+            comm: comm.into(),
+            faults: None,
+            time: time(c),
+            folded: 0,
+        };
         let totals = RunTotals {
             mono_ns: 5_000,
             // The wrapper `sh` (pid 5) and the engine it started (pid 7, two threads).
@@ -730,8 +737,15 @@ mod tests {
         let totals = RunTotals {
             mono_ns: 5_000,
             threads: vec![
-                ThreadTotals { tid: 9, pid: 7, comm: "worker".into(), faults: None, time: Some(ThreadTime::default()) },
-                ThreadTotals { tid: 7, pid: 7, comm: "engine".into(), faults: Some(f), time: None },
+                ThreadTotals {
+                    tid: 9,
+                    pid: 7,
+                    comm: "worker".into(),
+                    faults: None,
+                    time: Some(ThreadTime::default()),
+                    folded: 0,
+                },
+                ThreadTotals { tid: 7, pid: 7, comm: "engine".into(), faults: Some(f), time: None, folded: 0 },
             ],
             devices: Vec::new(),
             evicted_by_process: Default::default(),

@@ -20,8 +20,8 @@ use aya::{
 use observer_common::{
     Config, FaultTimes, GlobalCounter, OverflowFaults,
     attrib::{
-        DEV_SWAP, DevIo, HOST_STORES_IN_ORDER, Hist, MAX_SLOTS, N_HIST, STORES_IN_ORDER, TASK_PID, ThreadState,
-        TpOffsets,
+        DEV_SWAP, DevIo, HOST_STORES_IN_ORDER, Hist, MAX_SLOTS, N_HIST, SEQ_LAST_MISS, STORES_IN_ORDER, TASK_PID,
+        TASK_START_TIME, ThreadState, TpOffsets,
     },
     faults::{GLOBAL_COUNTERS, OTHER_CLOSES, OTHER_MAJFLT, OTHER_MINFLT},
     filemap::NO_FIELD,
@@ -609,6 +609,8 @@ const TRACEPOINTS: &[(&str, &str, &str, bool)] = &[
     ("sched_exec", "sched", "sched_process_exec", false),
     ("new_task", "task", "task_newtask", false),
     ("process_free", "sched", "sched_process_free", false),
+    // Gives slots back (`observer_common::attrib::MAX_SLOTS`, "Slots"); Linux >= 5.19.
+    ("thread_free", "sched", "sched_process_free", false),
     ("sched_runtime", "sched", "sched_stat_runtime", false),
     ("task_rename", "task", "task_rename", false),
 ];
@@ -727,9 +729,15 @@ impl Probes {
         };
         let in_order = HOST_STORES_IN_ORDER as u8;
         let task_pid = raw_sched.unwrap_or(0);
+        // Without it a thread may get a slot late (`observer_common::attrib::MAX_SLOTS`, "Slots").
+        let task_start = btf::kernel_member_offset("task_struct", "start_time").unwrap_or_else(|e| {
+            log::debug!("task_struct.start_time: {e}");
+            0
+        });
         let mut ebpf = EbpfLoader::new()
             .override_global(STORES_IN_ORDER, &in_order, true)
             .override_global(TASK_PID, &task_pid, true)
+            .override_global(TASK_START_TIME, &task_start, true)
             .load(OBJECT)
             .map_err(classify_load)?;
         let target = opts.target;
@@ -864,10 +872,32 @@ impl Probes {
             let prog: &mut TracePoint = program_of(&mut ebpf, program)?;
             // The same program may serve several tracepoints: load it once.
             if prog.fd().is_err() {
-                prog.load().map_err(|e| program_error(program, e))?;
+                match prog.load() {
+                    Ok(()) => {}
+                    Err(e) if required => return Err(program_error(program, e)),
+                    Err(e) => {
+                        log::debug!("loading {program}: {e}");
+                        let why = match e {
+                            ProgramError::LoadError { io_error, .. } => io_error.to_string(),
+                            other => other.to_string(),
+                        };
+                        let hint = if program == "thread_free" {
+                            "; slots are not given back when threads exit (needs bpf_map_lookup_percpu_elem, Linux >= 5.19)"
+                        } else {
+                            ""
+                        };
+                        missing.push(format!("{category}:{name} (the kernel refused program {program}: {why}{hint})"));
+                        continue;
+                    }
+                }
             }
+            // A tracepoint with a second program is named with it.
+            let probe = match TRACEPOINTS.iter().find(|t| t.2 == name).map(|t| t.0) {
+                Some(first) if first != program => format!("tp:{category}:{name}:{program}"),
+                _ => format!("tp:{category}:{name}"),
+            };
             match prog.attach(category, name) {
-                Ok(_) => attached.push(format!("tp:{category}:{name}")),
+                Ok(_) => attached.push(probe),
                 Err(e) if required => return Err(program_error(program, e)),
                 Err(e) => missing.push(format!("{category}:{name} ({e})")),
             }
@@ -911,13 +941,6 @@ impl Probes {
         let mut rows = h.iter().collect::<Result<Vec<_>, _>>().map_err(map_err(name))?;
         rows.sort_by_key(|(k, _)| *k);
         Ok(rows)
-    }
-
-    /// The fault latencies of the first `n` slots of `THREADS` (as [`Self::snapshot`] returns them).
-    pub fn fault_times(&self, n: usize) -> Result<Vec<FaultTimes>, ProbeError> {
-        let map = self.ebpf.map("FAULT_TIMES").ok_or_else(|| no_map("FAULT_TIMES"))?;
-        let a: Array<_, FaultTimes> = Array::try_from(map).map_err(map_err("FAULT_TIMES"))?;
-        (0..n.min(MAX_SLOTS as usize) as u32).map(|i| a.get(&i, 0).map_err(map_err("FAULT_TIMES"))).collect()
     }
 
     /// The cumulative explicit-read totals (`observer_common::xread::T_*`) now, as a token mark
@@ -974,11 +997,18 @@ impl Probes {
     }
 
     /// Every tracked thread's state now, closed at `now` (user-space twin of a
-    /// mark, for `--window` and end-of-run totals). Torn copies are retried.
+    /// mark, for `--window`). Torn copies are retried; slots given back are skipped.
     pub fn snapshot(&self, now: u64) -> Result<Vec<ThreadState>, ProbeError> {
+        Ok(self.slots(now)?.into_iter().map(|(s, _)| s).collect())
+    }
+
+    /// [`Self::snapshot`], each state with the fault latencies at its slot (the run's table).
+    pub fn slots(&self, now: u64) -> Result<Vec<(ThreadState, FaultTimes)>, ProbeError> {
         let used = self.slots_used()?;
         let map = self.ebpf.map("THREADS").ok_or_else(|| no_map("THREADS"))?;
         let a: Array<_, ThreadState> = Array::try_from(map).map_err(map_err("THREADS"))?;
+        let map = self.ebpf.map("FAULT_TIMES").ok_or_else(|| no_map("FAULT_TIMES"))?;
+        let faults: Array<_, FaultTimes> = Array::try_from(map).map_err(map_err("FAULT_TIMES"))?;
         let mut out = Vec::with_capacity(used as usize);
         for i in 0..used {
             let mut s = a.get(&i, 0).map_err(map_err("THREADS"))?;
@@ -988,8 +1018,11 @@ impl Probes {
                 }
                 s = a.get(&i, 0).map_err(map_err("THREADS"))?;
             }
+            if s.tid == 0 {
+                continue; // given back (`observer_common::attrib::MAX_SLOTS`, "Slots")
+            }
             s.account(now);
-            out.push(s);
+            out.push((s, faults.get(&i, 0).map_err(map_err("FAULT_TIMES"))?));
         }
         Ok(out)
     }
@@ -1072,8 +1105,13 @@ impl Probes {
 /// Seed the target's existing threads into slots 0..n.
 fn seed_threads(ebpf: &mut Ebpf, pid: u32) -> Result<(), ProbeError> {
     let now = seed::mono_ns();
-    let states: Vec<ThreadState> =
-        seed::tids(pid).into_iter().filter_map(|tid| seed::seed(pid, tid, now)).take(MAX_SLOTS as usize).collect();
+    let mut states: Vec<ThreadState> =
+        seed::tids(pid).into_iter().filter_map(|tid| seed::seed(pid, tid, now)).collect();
+    if states.len() > MAX_SLOTS as usize {
+        // The others find none (`observer_common::attrib::MAX_SLOTS`, "Slots").
+        states.truncate(MAX_SLOTS as usize);
+        set(ebpf, "SEQS", SEQ_LAST_MISS, now)?;
+    }
     {
         let map = ebpf.map_mut("THREADS").ok_or_else(|| no_map("THREADS"))?;
         let mut a: Array<_, ThreadState> = Array::try_from(map).map_err(map_err("THREADS"))?;

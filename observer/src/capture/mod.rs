@@ -20,8 +20,4 @@ pub mod target;
 pub mod tokens;
 pub mod tracefs;
 
-/// A kernel `comm` (NUL-padded, at most 16 bytes) as a string.
-pub fn comm_str(c: &[u8; 16]) -> String {
-    let end = c.iter().position(|&b| b == 0).unwrap_or(c.len());
-    String::from_utf8_lossy(&c[..end]).into_owned()
-}
+pub use observer_common::totals::comm_str;

@@ -62,11 +62,11 @@ use std::{
 use anyhow::{Context, Result, bail};
 use aya::maps::{MapData, RingBuf};
 use observer_common::{
-    GlobalCounter,
-    attrib::{C_DISK_READ_NS, C_MISSED_SWITCH_IN, C_READ_IOS, C_ZRAM_READ_NS, F_EXITED},
+    FaultTimes, GlobalCounter,
+    attrib::ThreadState,
     model::{
-        Components, DeviceReads, Event, FaultTotals, MAX_EVICTING_PROCESSES, ObserverHealth, ProcessEvictions,
-        ProgramCost, RunEnd, RunTotals, StepKind, ThreadTime, ThreadTotals, TokenMarks, TokenRecord,
+        DeviceReads, Event, FaultTotals, MAX_EVICTING_PROCESSES, ObserverHealth, ProcessEvictions, ProgramCost, RunEnd,
+        RunTotals, StepKind, ThreadTotals, TokenMarks, TokenRecord,
     },
     totals::{OTHER_COMM, OTHER_TID},
 };
@@ -624,9 +624,12 @@ impl Session {
                     guard.clear_ready();
                 }
                 _ = ticker.tick(), if use_windows => {
-                    // The read records of the ending window first (see `Assembler::window`).
+                    // The read records of the ending window first, and the final states of threads
+                    // gone before its snapshot after it (see `Assembler::window`).
                     drain(ring.get_mut(), &mut asm, &mut resid, sinks)?;
-                    if let Some(t) = asm.window(window_snapshot(&probes, &asm)?) {
+                    let snap = window_snapshot(&probes, &asm)?;
+                    drain(ring.get_mut(), &mut asm, &mut resid, sinks)?;
+                    if let Some(t) = asm.window(snap) {
                         tokens(vec![t], &mut resid, sinks)?;
                     }
                 }
@@ -671,10 +674,14 @@ impl Session {
         emit(sinks, &Event::Histograms(probes.histograms_event(now)?))?;
         emit(sinks, &Event::Health(health(&probes, asm.malformed, now)?))?;
         let end_ns = seed::mono_ns();
-        if use_windows && let Some(t) = asm.window(window_snapshot_at(&probes, &asm, end_ns)?) {
+        let slots = probes.slots(end_ns)?;
+        let last = if use_windows { Some(window_snapshot_at(&probes, &asm, end_ns)?) } else { None };
+        // The final states of threads whose slots were given back before the slots were read.
+        drain(ring.get_mut(), &mut asm, &mut late_resid, sinks)?;
+        if let Some(t) = last.and_then(|last| asm.window(last)) {
             tokens(vec![t], &mut late_resid, sinks)?;
         }
-        let mut totals = run_totals(&probes, end_ns)?;
+        let mut totals = run_totals(&probes, &asm, slots, end_ns)?;
         totals.evicted_by_process = evicted_by_process(if late_resid.is_some() { &late_resid } else { &resid })?;
         drop(late_resid);
         drop(resid);
@@ -941,29 +948,14 @@ fn evicted_by_process(resid: &Option<Sampler>) -> Result<Vec<ProcessEvictions>> 
     }
 }
 
-fn run_totals(probes: &Probes, now: u64) -> Result<RunTotals> {
-    let states = probes.snapshot(now)?;
-    let faults = probes.fault_times(states.len())?;
-    let mut threads: Vec<ThreadTotals> = states
-        .iter()
-        .zip(&faults)
-        .map(|(s, f)| ThreadTotals {
-            tid: s.tid,
-            pid: s.tgid,
-            comm: comm_str(&s.comm),
-            faults: FaultTotals::from_kernel(s, f),
-            time: Some(ThreadTime {
-                wall_ns: s.accounted(),
-                components: Components::from_kernel(&s.time),
-                counters: observer_common::model::Counters::from_kernel(&s.cnt),
-                read_ios: s.cnt[C_READ_IOS],
-                disk_read_ns: s.cnt[C_DISK_READ_NS],
-                zram_read_ns: s.cnt[C_ZRAM_READ_NS],
-                missed_switch_ins: s.cnt[C_MISSED_SWITCH_IN],
-                exited: s.flags & F_EXITED != 0,
-            }),
-        })
-        .collect();
+/// The run's totals from `slots`, the threads in the slots read before the ring buffer's last
+/// drain, and the threads that gave theirs back (`observer_common::attrib::MAX_SLOTS`, "Slots"): a
+/// slot read as its thread's was being given back is counted once, from its final state.
+fn run_totals(probes: &Probes, asm: &Assembler, slots: Vec<(ThreadState, FaultTimes)>, now: u64) -> Result<RunTotals> {
+    let mut threads: Vec<ThreadTotals> = asm.retired_rows.rows().to_vec();
+    for (s, f) in slots.iter().filter(|(s, _)| !asm.retired_since_begin(s)) {
+        threads.push(ThreadTotals::from_kernel(s, f));
+    }
     // Threads beyond the slots: their faults only (`observer_common::totals`).
     for (tid, o) in probes.overflow_faults()? {
         threads.push(ThreadTotals {
@@ -972,6 +964,7 @@ fn run_totals(probes: &Probes, now: u64) -> Result<RunTotals> {
             comm: comm_str(&o.comm),
             faults: Some(FaultTotals::from_overflow(&o)),
             time: None,
+            folded: 0,
         });
     }
     let (other_maj, other_min) = probes.other_faults()?;
@@ -982,6 +975,7 @@ fn run_totals(probes: &Probes, now: u64) -> Result<RunTotals> {
             comm: OTHER_COMM.to_string(),
             faults: Some(faults),
             time: None,
+            folded: 0,
         });
     }
     threads.sort_by_key(|t| t.tid);

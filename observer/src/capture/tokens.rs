@@ -19,18 +19,30 @@
 //!
 //! Explicit reads: a token or window is a span of `observer_common::xread`'s rule ("Spans"):
 //! [`Assembler::span_reads`].
+//!
+//! Threads whose slots were given back (`observer_common::attrib::MAX_SLOTS`, "Slots"): the
+//! kernel sends a thread's final state before it zeroes its slot, so a snapshot that follows
+//! that record in the ring no longer finds the thread in the slots. Every snapshot therefore
+//! takes the final states received so far of the threads it does not hold (by TID), until a
+//! snapshot that begins a span (a `begin` mark, a window) has taken them: a token pairs a
+//! thread's state at its `begin` with its final state, and a thread gone before a `begin` is
+//! skipped (exited). Slots given back and not reused yet (TID 0) are skipped. Approximate: at
+//! most [`MAX_PENDING_RETIRED`] final states wait for a `begin`; a span over more thread exits
+//! than that (or a window's snapshot taken after a slot was given back, whose record was
+//! drained before it) would count the oldest ones' whole lives in the span.
 
 use std::collections::BTreeMap;
 
 use observer_common::{
     attrib::{
         ExecRecord, F_EXITED, MarkRecord, N_CNT, N_TIME, PHASE_BEGIN, PHASE_END, REC_EXEC, REC_FD, REC_MARK, REC_READ,
-        REC_THREAD, ThreadRecord, ThreadState,
+        REC_RETIRED, REC_THREAD, RetiredRecord, ThreadRecord, ThreadState,
     },
     model::{
         Component, Components, Counter, Counters, EvictedBy, ExpertRead, ExplicitReads, ReadKinds, Refaults, StepKind,
         ThreadToken, TokenRecord,
     },
+    totals::{RetiredRows, ThreadTotals},
     xread::{
         FdQuery, N_KINDS, N_TOTALS, ReadRecord, T_BYTES, T_CALLS, T_LOST_BYTES, T_NS, T_UNRESOLVED_BYTES,
         T_UNRESOLVED_CALLS,
@@ -83,10 +95,17 @@ impl Snapshot {
     }
 }
 
+/// Final states of retired threads kept for the snapshots at most (module spec).
+pub const MAX_PENDING_RETIRED: usize = 4096;
+
 /// Reassembles ring-buffer records into snapshots and pairs them into tokens.
 #[derive(Debug)]
 pub struct Assembler {
     pending: Vec<ThreadState>,
+    /// Final states of retired threads that no `begin` snapshot has taken yet (module spec).
+    retired: std::collections::VecDeque<ThreadState>,
+    /// Every retired thread's row, for the run's table.
+    pub retired_rows: RetiredRows,
     pending_seq: u64,
     begin: Option<Snapshot>,
     next_seq: u64,
@@ -123,6 +142,8 @@ impl Assembler {
     pub fn new(default_kind: StepKind) -> Self {
         Assembler {
             pending: Vec::new(),
+            retired: Default::default(),
+            retired_rows: RetiredRows::default(),
             pending_seq: 0,
             begin: None,
             next_seq: 0,
@@ -163,6 +184,8 @@ impl Assembler {
                 };
                 let mut threads =
                     if m.mark_seq == self.pending_seq { std::mem::take(&mut self.pending) } else { Vec::new() };
+                threads.retain(|t| t.tid != 0);
+                self.add_retired(&mut threads);
                 // The kernel sends raw copies: close them at the mark's instant.
                 for t in &mut threads {
                     t.account(m.ts);
@@ -186,6 +209,7 @@ impl Assembler {
                 };
                 match m.phase {
                     PHASE_BEGIN => {
+                        self.retired.clear();
                         self.begin = Some(snap);
                         self.reads.clear();
                         None
@@ -225,6 +249,18 @@ impl Assembler {
                 }
                 None
             }
+            REC_RETIRED => {
+                let Some(r) = read::<RetiredRecord>(bytes) else {
+                    self.malformed += 1;
+                    return None;
+                };
+                if self.retired.len() == MAX_PENDING_RETIRED {
+                    self.retired.pop_front();
+                }
+                self.retired.push_back(r.state);
+                self.retired_rows.add(ThreadTotals::from_kernel(&r.state, &r.faults));
+                None
+            }
             REC_EXEC => {
                 // After exec the caller is its process's only thread: its TID is the PID.
                 match read::<ExecRecord>(bytes) {
@@ -245,9 +281,24 @@ impl Assembler {
         self.next_seq
     }
 
+    /// The final states of retired threads that `threads` does not hold (module spec).
+    fn add_retired(&self, threads: &mut Vec<ThreadState>) {
+        let missing: Vec<ThreadState> = self.retired.iter().filter(|r| !holds(threads.iter(), r)).copied().collect();
+        threads.extend(missing);
+    }
+
+    /// Whether `s` is the state of a thread whose final state came since the last `begin`
+    /// snapshot (module spec).
+    pub fn retired_since_begin(&self, s: &ThreadState) -> bool {
+        holds(self.retired.iter(), s)
+    }
+
     /// Window mode: `snap` ends the current window (if any) and begins the next. The caller
-    /// drains the ring before it takes `snap` (a window's end in the rule's "Spans").
-    pub fn window(&mut self, snap: Snapshot) -> Option<TokenRecord> {
+    /// drains the ring before it takes `snap` (a window's end in the rule's "Spans"), and again
+    /// after it (the final states of threads whose slots were given back before it: module spec).
+    pub fn window(&mut self, mut snap: Snapshot) -> Option<TokenRecord> {
+        self.add_retired(&mut snap.threads);
+        self.retired.clear();
         let Some(begin) = self.begin.replace(snap.clone()) else {
             self.reads.clear();
             return None;
@@ -266,6 +317,12 @@ impl Assembler {
         let (cells, b, e) = (self.xread.as_ref()?, begin.xread?, end.xread?);
         Some(explicit_reads(&b, &e, &records, cells))
     }
+}
+
+/// Whether `states` hold a state of the thread of `s`: the same TID, first seen at the same instant
+/// (a TID is reused once its thread is gone).
+fn holds<'a>(states: impl IntoIterator<Item = &'a ThreadState>, s: &ThreadState) -> bool {
+    states.into_iter().any(|t| t.tid == s.tid && t.first_ts == s.first_ts)
 }
 
 /// A span's explicit reads: the difference of the totals at its ends `b` and `e`, and its read
@@ -490,6 +547,60 @@ mod tests {
         let t = a.window(snap(300, vec![st(1, 250, 50)])).unwrap();
         assert_eq!(t.seq, 1);
         assert_eq!(t.components.get(Component::Compute), Some(150));
+    }
+
+    /// A retired thread's final-state record, as `thread_free` sends it.
+    fn retired(s: ThreadState) -> Vec<u8> {
+        // SAFETY: plain data; zero is a valid value of every field.
+        let mut r: RetiredRecord = unsafe { std::mem::zeroed() };
+        r.kind = REC_RETIRED;
+        r.state = s;
+        raw(&r)
+    }
+
+    fn exited(s: ThreadState) -> ThreadState {
+        ThreadState { flags: F_EXITED, ..s }
+    }
+
+    /// A mark's records: a thread record per state (a zeroed slot has TID 0), each accounted up to
+    /// the mark, then the mark.
+    fn mark(asm: &mut Assembler, seq: u64, phase: u32, ts: u64, states: &[ThreadState]) -> Option<TokenRecord> {
+        for &state in states {
+            let state = ThreadState { last_ts: ts, ..state };
+            assert!(asm.push(&raw(&ThreadRecord { kind: REC_THREAD, phase, mark_seq: seq, state })).is_none());
+        }
+        // SAFETY: plain data; zero is a valid value of every field.
+        let mut m: MarkRecord = unsafe { std::mem::zeroed() };
+        (m.kind, m.phase, m.mark_seq, m.ts, m.tid) = (REC_MARK, phase, seq, ts, 1);
+        asm.push(&raw(&m))
+    }
+
+    /// Module spec, "Threads whose slots were given back": a thread gone during a token is in it
+    /// from its final state, once, and not in the next; a slot given back (TID 0) is no thread.
+    #[test]
+    fn a_thread_whose_slot_was_given_back_is_in_its_last_token_from_its_final_state() {
+        let mut asm = Assembler::new(StepKind::Generate);
+        assert!(mark(&mut asm, 1, PHASE_BEGIN, 1000, &[st(1, 0, 0), st(2, 100, 0)]).is_none());
+        assert!(asm.push(&retired(exited(st(2, 400, 0)))).is_none());
+        let t = mark(&mut asm, 2, PHASE_END, 2000, &[st(1, 1000, 0), ThreadState::zeroed()]).expect("a token");
+        let tids: Vec<u32> = t.threads.iter().map(|t| t.tid).collect();
+        assert_eq!(tids, [1, 2], "the gone thread from its final state, no row for the blank slot");
+        assert_eq!(t.threads[1].components.get(Component::Compute), Some(300));
+        assert!(mark(&mut asm, 3, PHASE_BEGIN, 3000, &[st(1, 1000, 0)]).is_none());
+        let t = mark(&mut asm, 4, PHASE_END, 4000, &[st(1, 2000, 0)]).expect("a token");
+        assert_eq!(t.threads.iter().map(|t| t.tid).collect::<Vec<_>>(), [1], "gone before the token");
+        let rows = asm.retired_rows.rows();
+        assert_eq!((rows.len(), rows[0].tid), (1, 2), "the run's table keeps its row");
+        assert_eq!(rows[0].time.as_ref().map(|t| t.exited), Some(true));
+        // A thread that lived its whole life within a window.
+        let mut w = Assembler::new(StepKind::Window);
+        assert!(w.window(snap(0, vec![st(1, 0, 0)])).is_none());
+        assert!(w.push(&retired(exited(ThreadState { first_ts: 10, ..st(5, 70, 0) }))).is_none());
+        let t = w.window(snap(100, vec![st(1, 100, 0)])).expect("a window");
+        let five = t.threads.iter().find(|t| t.tid == 5).expect("the short-lived thread");
+        assert_eq!(five.components.get(Component::Compute), Some(70));
+        let t = w.window(snap(200, vec![st(1, 200, 0)])).expect("a window");
+        assert!(t.threads.iter().all(|t| t.tid != 5), "not again");
     }
 
     #[test]

@@ -104,6 +104,16 @@ pub fn doctor(args: DoctorArgs) -> Result<i32> {
                 Err(why) => format!("the sched:* tracepoints (no raw ones: {why})"),
             }
         );
+        let give_back = procfs::KernelVersion::current().is_ok_and(|v| v >= procfs::KernelVersion::new(5, 19, 0));
+        println!(
+            "info attribution slots: {} threads at a time, {}",
+            observer_common::attrib::MAX_SLOTS,
+            if give_back {
+                "a slot given back when its thread's task is freed"
+            } else {
+                "never given back (Linux >= 5.19 gives them back): a target that starts threads for every step runs out"
+            }
+        );
     }
     r.check(
         "uprobes",
