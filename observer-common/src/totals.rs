@@ -85,7 +85,8 @@ pub struct ThreadTotals {
     pub folded: u32,
 }
 
-fn is_zero(v: &u32) -> bool {
+/// For `serde(skip_serializing_if)`: a count of 0 is left out.
+pub fn is_zero(v: &u32) -> bool {
     *v == 0
 }
 

@@ -266,3 +266,67 @@ fn bpf_statistics_are_on_only_with_bpf_stats_or_when_the_host_has_them_on() {
     assert!(u(&host.summary, "bpf_run_count") > 0, "the host's statistics were not read: {}", host.summary);
     assert_eq!(std::fs::read_to_string(STATS_SYSCTL).unwrap().trim(), "1", "the host's setting was changed");
 }
+
+/// perf beside the observer (README, "While the observer runs, …"): `perf stat -a` of
+/// `sched:sched_switch`, `raw_syscalls:sys_enter` and `sched:sched_process_exit` over a switch
+/// storm (20 000 round trips between two threads: 2 switches and 4 syscalls each) run while
+/// `observer run` is attached to another process. The events the observer takes through raw or
+/// BTF tracepoints reach perf too (at least the storm's own), and one it takes through a perf
+/// tracepoint does not (a BPF program on it that returns 0 keeps the event from every perf
+/// listener: `sched_process_exit`, the storm's own exit among them; under `--sched-hooks
+/// tracepoint` the switches too). Which way each goes is read from the run's own list of probes.
+#[test]
+fn perf_sees_the_events_the_observer_takes_through_raw_tracepoints_and_not_its_perf_tracepoints() {
+    let _l = machine_lock();
+    let dir = scratch_dir("perfbeside");
+    const EXCHANGES: u64 = 20_000;
+    for hooks in ["auto", "tracepoint"] {
+        let json = dir.join(format!("{hooks}.json"));
+        let mut obs = Command::new(OBSERVER)
+            .args(["run", "--sched-hooks", hooks, "--force", "--json"])
+            .arg(&json)
+            .args(["--", workload(), "sleep", "--ms", "60000"])
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .expect("observer");
+        let mut err = std::io::BufReader::new(obs.stderr.take().unwrap());
+        let mut seen = wait_attached(&mut err);
+        let perf_out = dir.join(format!("{hooks}-perf-a.csv"));
+        let perf = Command::new("perf")
+            .args(["stat", "-a", "-x,", "-e", "sched:sched_switch,raw_syscalls:sys_enter,sched:sched_process_exit"])
+            .arg("-o")
+            .arg(&perf_out)
+            .args(["--", workload(), "switch-storm", "--exchanges", &EXCHANGES.to_string()])
+            .output()
+            .expect("perf not found: run `cargo xtask setup` (installs linux-perf)");
+        // SAFETY: kill(2) of our own child.
+        unsafe { libc::kill(obs.id() as i32, libc::SIGINT) };
+        std::io::Read::read_to_string(&mut err, &mut seen).unwrap();
+        // Its status is the interrupted target's; the summary is written either way.
+        let _ = obs.wait().unwrap();
+        assert!(perf.status.success(), "perf stat -a failed: {}", String::from_utf8_lossy(&perf.stderr));
+        let perf_text = std::fs::read_to_string(&perf_out).unwrap();
+        let summary =
+            std::fs::read_to_string(&json).unwrap_or_else(|e| panic!("{}: {e}; observer: {seen}", json.display()));
+        let v: serde_json::Value = serde_json::from_str(&summary).unwrap();
+        let probes: Vec<&str> = v["probes"].as_array().unwrap().iter().filter_map(|p| p.as_str()).collect();
+        // Taken through perf tracepoints (hidden from perf) or not, by the observer's own list.
+        let hidden = |event: &str| probes.contains(&format!("tp:{event}").as_str());
+        assert!(hidden("sched:sched_process_exit"), "--sched-hooks {hooks}: {probes:?}");
+        assert!(!hidden("raw_syscalls:sys_enter"), "syscalls go through raw tracepoints: {probes:?}");
+        assert_eq!(hidden("sched:sched_switch"), hooks == "tracepoint", "--sched-hooks {hooks}: {probes:?}");
+        for (event, at_least) in [
+            ("sched:sched_switch", 2 * EXCHANGES),
+            ("raw_syscalls:sys_enter", 4 * EXCHANGES),
+            ("sched:sched_process_exit", 1),
+        ] {
+            let n = perf_count(&perf_text, event);
+            eprintln!("--sched-hooks {hooks}: perf counted {n} {event}");
+            if hidden(event) {
+                assert_eq!(n, 0, "--sched-hooks {hooks}: {event} is hidden from perf while observed: {perf_text}");
+            } else {
+                assert!(n >= at_least, "--sched-hooks {hooks}: perf sees {event}: {n} < {at_least}: {perf_text}");
+            }
+        }
+    }
+}

@@ -85,6 +85,20 @@ pub struct ThreadRow {
     pub minflt_hist: Histogram,
     /// Where this thread's time went since it was first seen (see `attrib`).
     pub attribution: Option<ThreadTime>,
+    /// Exited threads added to this row besides the one `tid` names
+    /// (`observer_common::totals`, `folded`).
+    #[serde(skip_serializing_if = "observer_common::totals::is_zero")]
+    pub folded: u32,
+}
+
+impl ThreadRow {
+    /// The row's name: its thread's, and how many more it holds.
+    fn name(&self) -> String {
+        match self.folded {
+            0 => self.comm.clone(),
+            n => format!("{} (+{n} exited)", self.comm),
+        }
+    }
 }
 
 /// One process's threads, summed (module rule).
@@ -117,7 +131,7 @@ impl ProcessRow {
                 }
             };
             let p = &mut rows[i];
-            p.threads += 1;
+            p.threads += 1 + t.folded;
             if t.tid == t.pid {
                 p.comm = t.comm.clone();
             }
@@ -326,6 +340,7 @@ impl Summary {
                 majflt_hist: hist(t.faults.as_ref().map(|f| &f.majflt_hist)),
                 minflt_hist: hist(t.faults.as_ref().map(|f| &f.minflt_hist)),
                 attribution,
+                folded: t.folded,
             });
         }
         self.threads.sort_by_key(|r| r.tid);
@@ -373,7 +388,7 @@ impl Summary {
                 )
             };
             for t in self.threads.iter().filter(|t| t.counts.majflt + t.counts.minflt > 0) {
-                line(out, &t.tid.to_string(), &t.comm, &t.counts)?;
+                line(out, &t.tid.to_string(), &t.name(), &t.counts)?;
             }
             line(out, "total", "", totals)?;
             for (name, h) in [("major", &self.majflt_hist), ("minor", &self.minflt_hist)] {
@@ -428,7 +443,7 @@ impl Summary {
             };
             for t in &with_attr {
                 if let Some(a) = &t.attribution {
-                    row(out, &t.tid.to_string(), &t.comm, a)?;
+                    row(out, &t.tid.to_string(), &t.name(), a)?;
                 }
             }
             if self.processes.len() > 1 {
@@ -695,8 +710,14 @@ mod tests {
         };
         let totals = RunTotals {
             mono_ns: 5_000,
-            // The wrapper `sh` (pid 5) and the engine it started (pid 7, two threads).
-            threads: vec![th(9, 7, "worker", 60), th(5, 5, "sh", 1), th(7, 7, "llama-simple", 30)],
+            // The wrapper `sh` (pid 5) and the engine it started (pid 7, two threads and a row of
+            // four exited workers: one and three folded into it).
+            threads: vec![
+                th(9, 7, "worker", 60),
+                th(5, 5, "sh", 1),
+                th(7, 7, "llama-simple", 30),
+                ThreadTotals { folded: 3, ..th(11, 7, "worker", 10) },
+            ],
             devices: Vec::new(),
             evicted_by_process: Default::default(),
         };
@@ -709,17 +730,20 @@ mod tests {
                 (p.pid, p.comm.as_str(), p.threads, compute)
             })
             .collect();
-        assert_eq!(rows, [(5, "sh", 1, Some(1)), (7, "llama-simple", 2, Some(90))]);
+        assert_eq!(rows, [(5, "sh", 1, Some(1)), (7, "llama-simple", 6, Some(100))]);
         let json = serde_json::to_value(&s).unwrap();
         assert_eq!(json["processes"][1]["wall_ns"], serde_json::Value::Null, "wall is inside attribution");
-        assert_eq!(json["processes"][1]["attribution"]["wall_ns"], 200);
+        assert_eq!(json["processes"][1]["attribution"]["wall_ns"], 300);
         let mut out = Vec::new();
         s.print(&mut out).unwrap();
         let text = String::from_utf8(out).unwrap();
         assert!(
-            text.contains("per process") && text.contains("pid 7") && text.contains("llama-simple (2 thr)"),
+            text.contains("per process") && text.contains("pid 7") && text.contains("llama-simple (6 thr)"),
             "{text}"
         );
+        assert!(text.contains("worker (+3 exited)"), "a folded row says how many it holds: {text}");
+        assert_eq!(json["threads"][3]["folded"], 3, "{json}");
+        assert_eq!(json["threads"][0].get("folded"), None, "absent when 0");
     }
 
     #[test]
