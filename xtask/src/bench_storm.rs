@@ -65,6 +65,16 @@
 //! and T once each under `--bpf-stats`: each program's ns per run (gross and net of the
 //! statistics, whose cost per run is measured once as `fault_floor`'s under a short fault storm
 //! with `--fault-dispatch-only`), runs per round trip, and its budget.
+//!
+//! `--kind threads`: a storm of threads that start and end (an engine that makes its thread pool
+//! for every step). The target is the workload's `anon` phase with 4 threads at a time, each
+//! writing 256 fresh pages (4 MiB a round) and exiting, `--thread-rounds` times (250: 1000
+//! threads, four times the attribution slots, which are given back as the threads' tasks are
+//! freed: `observer_common::attrib::MAX_SLOTS`), alone (A) and under `observer run` (B), in
+//! A-B / B-A order over the rounds. Printed: every round, the medians, the paired ratio with its
+//! interval, then B once under `--bpf-stats`: how many thread rows its summary has, and each
+//! program's cost per run and per thread (`thread_free`, `new_task`, `sched_exit` and
+//! `process_free` run once a thread) against its budget.
 
 use std::{
     collections::BTreeMap,
@@ -329,6 +339,7 @@ impl Arms {
 pub fn main(args: &[String]) -> Result<()> {
     let (mut rounds, mut size, mut kind) = (4usize, "64M".to_string(), "anon".to_string());
     let (mut repeat, mut calls, mut exchanges) = (64u32, 400_000u64, 200_000u64);
+    let mut threads_repeat = 250u32;
     let mut it = args.iter();
     while let Some(a) = it.next() {
         let mut val = |name: &str| it.next().with_context(|| format!("{name} needs a value")).cloned();
@@ -339,16 +350,17 @@ pub fn main(args: &[String]) -> Result<()> {
             "--kind" => kind = val("--kind")?,
             "--calls" => calls = val("--calls")?.parse()?,
             "--exchanges" => exchanges = val("--exchanges")?.parse()?,
+            "--thread-rounds" => threads_repeat = val("--thread-rounds")?.parse()?,
             _ => bail!(
-                "usage: cargo xtask bench storm [--rounds N] [--kind anon|pread|switch] [--size 64M] [--repeat R] \
-                 [--calls N] [--exchanges N]"
+                "usage: cargo xtask bench storm [--rounds N] [--kind anon|pread|switch|threads] [--size 64M] \
+                 [--repeat R] [--calls N] [--exchanges N] [--thread-rounds N]"
             ),
         }
     }
-    if !matches!(kind.as_str(), "anon" | "pread" | "switch") {
+    if !matches!(kind.as_str(), "anon" | "pread" | "switch" | "threads") {
         bail!(
-            "--kind {kind}: the storms are `anon` (minor faults), `pread` (explicit reads of the model) and `switch` \
-             (context switches)"
+            "--kind {kind}: the storms are `anon` (minor faults), `pread` (explicit reads of the model), `switch` \
+             (context switches) and `threads` (threads started and ended)"
         );
     }
     let bin = bench_util::build()?;
@@ -371,6 +383,10 @@ pub fn main(args: &[String]) -> Result<()> {
     if kind == "switch" {
         let _lock = testkit::machine_lock();
         return switch_storm(&observer, &workload, &scratch, rounds, exchanges);
+    }
+    if kind == "threads" {
+        let _lock = testkit::machine_lock();
+        return thread_storm(&observer, &workload, &scratch, rounds, threads_repeat);
     }
     let _lock = testkit::machine_lock();
     let wl_args = ["anon".to_string(), "--size".into(), size.clone(), "--repeat".into(), repeat.to_string()];
@@ -666,7 +682,22 @@ fn switch_storm(observer: &Path, workload: &Path, scratch: &Path, rounds: usize,
         per_ex(mt - ma)
     );
     arms.print_ratios(&[("raw / alone", 'A', 'R'), ("tracepoints / alone", 'A', 'T'), ("raw / tracepoints", 'T', 'R')]);
-    // The statistics' own cost per run: an empty program's (fault_floor) under them.
+    let stats_ns = statistics_cost(observer, workload, scratch)?;
+    for (name, extra) in [("raw tracepoints (R)", raw), ("tracepoints (T)", tp)] {
+        let mut progs = Programs::new();
+        let ((ns, n), _) = obs.run(None, true, extra, &mut progs)?;
+        println!(
+            "{name} under --bpf-stats: {:.3} s, {n} exchanges; kernel BPF statistics of the run:",
+            ns as f64 / 1e9
+        );
+        print_all_programs(&progs, n, "exchange", stats_ns);
+    }
+    Ok(())
+}
+
+/// The statistics' own cost per program run, printed: an empty program's (`fault_floor`) under
+/// them, in a short fault storm under `--fault-dispatch-only --bpf-stats` (F).
+fn statistics_cost(observer: &Path, workload: &Path, scratch: &Path) -> Result<Option<f64>> {
     let mut floor = Programs::new();
     let fwl = ["anon".to_string(), "--size".into(), "64M".into(), "--repeat".into(), "4".into()];
     let mut fobs = Observed { observer, workload, wl_args: &fwl, kind: "anon", scratch, n: 100 };
@@ -676,23 +707,66 @@ fn switch_storm(observer: &Path, workload: &Path, scratch: &Path, rounds: usize,
         Some(x) => println!("the statistics' own cost per program run: {x:.1} ns (fault_floor under them, F)"),
         None => println!("F named no fault_floor runs: no net ns/run"),
     }
-    for (name, extra) in [("raw tracepoints (R)", raw), ("tracepoints (T)", tp)] {
-        let mut progs = Programs::new();
-        let ((ns, n), _) = obs.run(None, true, extra, &mut progs)?;
-        println!(
-            "{name} under --bpf-stats: {:.3} s, {n} exchanges; kernel BPF statistics of the run:",
-            ns as f64 / 1e9
-        );
-        print_programs(&progs, n, "exchange", stats_ns);
-        let total: u64 = progs.values().map(|v| v.1).sum();
-        let runs: u64 = progs.values().map(|v| v.0).sum();
-        println!(
-            "  all programs: {:.0} ns per exchange{}",
-            total as f64 / n.max(1) as f64,
-            stats_ns
-                .map(|x| format!(" ({:.0} net of the statistics)", (total as f64 - x * runs as f64) / n.max(1) as f64))
-                .unwrap_or_default()
-        );
+    Ok(stats_ns)
+}
+
+/// [`print_programs`], then their sum per event (net of the statistics with `stats_ns`).
+fn print_all_programs(progs: &Programs, n: u64, event: &str, stats_ns: Option<f64>) {
+    print_programs(progs, n, event, stats_ns);
+    let total: u64 = progs.values().map(|v| v.1).sum();
+    let runs: u64 = progs.values().map(|v| v.0).sum();
+    println!(
+        "  all programs: {:.0} ns per {event}{}",
+        total as f64 / n.max(1) as f64,
+        stats_ns
+            .map(|x| format!(" ({:.0} net of the statistics)", (total as f64 - x * runs as f64) / n.max(1) as f64))
+            .unwrap_or_default()
+    );
+}
+
+/// Threads started and ended at once by `--kind threads` (module spec).
+const STORM_THREADS: u32 = 4;
+
+/// `--kind threads` (module spec).
+fn thread_storm(observer: &Path, workload: &Path, scratch: &Path, rounds: usize, repeat: u32) -> Result<()> {
+    let wl_args: Vec<String> =
+        ["anon", "--threads", &STORM_THREADS.to_string(), "--repeat", &repeat.to_string(), "--size", "4M"]
+            .into_iter()
+            .map(String::from)
+            .collect();
+    let threads = (STORM_THREADS * repeat) as u64;
+    println!(
+        "workload anon --threads {STORM_THREADS} --repeat {repeat} --size 4M ({threads} threads, {STORM_THREADS} \
+         at a time, each writing 256 fresh pages and exiting) alone (A) and under `observer run` (B), {rounds} \
+         rounds A-B / B-A, then B once under --bpf-stats; the statistics' own cost from one fault storm under \
+         --fault-dispatch-only --bpf-stats (F)"
+    );
+    println!("host mitigations: {}", mitigations());
+    let mut obs = Observed { observer, workload, wl_args: &wl_args, kind: "anon", scratch, n: 0 };
+    let mut none = Programs::new();
+    let mut arms = Arms::new(&[('A', "alone"), ('B', "observed")]);
+    for r in 0..rounds {
+        let order: [char; 2] = if r.is_multiple_of(2) { ['A', 'B'] } else { ['B', 'A'] };
+        let (mut a, mut b) = (0u64, 0u64);
+        for side in order {
+            match side {
+                'A' => a = phase(&run(Command::new(workload).args(&wl_args))?, "anon")?.0,
+                _ => b = obs.run(None, false, &[], &mut none)?.0.0,
+            }
+        }
+        arms.round(r, &[a, b], threads, "thread");
     }
+    println!("median: alone {:.3} s, observed {:.3} s", arms.median('A') / 1e9, arms.median('B') / 1e9);
+    arms.print_ratios(&[("observed / alone", 'A', 'B')]);
+    let stats_ns = statistics_cost(observer, workload, scratch)?;
+    let mut progs = Programs::new();
+    let ((ns, _), v) = obs.run(None, true, &[], &mut progs)?;
+    let rows = v["threads"].as_array().map(|t| t.len()).unwrap_or(0);
+    println!(
+        "B under --bpf-stats: {:.3} s, {rows} thread rows in its summary for {threads} threads and the main one; \
+         kernel BPF statistics of the run:",
+        ns as f64 / 1e9
+    );
+    print_all_programs(&progs, threads, "thread", stats_ns);
     Ok(())
 }
