@@ -446,16 +446,6 @@ impl Session {
             let (name, why) = m.split_once(" (").unwrap_or((m, "not attached)"));
             s.degraded.push(format!("{name}: {}", why.strip_suffix(')').unwrap_or(why)));
         }
-        let marker_desc = tokens_desc(probes.markers.as_ref(), s.opts.window.is_some());
-        log::info!(
-            "pid {pid}: {} probes attached; tokens: {marker_desc}{}",
-            probes.attached.len(),
-            if probes.missing.is_empty() {
-                String::new()
-            } else {
-                format!("; not attached: {}", probes.missing.join(", "))
-            }
-        );
         s.capture = Capture::Ebpf(Box::new(probes));
         Ok(s)
     }
@@ -548,6 +538,19 @@ impl Session {
         let model = self.model_file();
         let mut resid = model.as_deref().and_then(|m| self.residency_sampler(m, &mut probes));
         measured_with(&mut asm, resid.as_ref());
+        // Said once everything is attached, the residency sampler's programs included (their
+        // verification takes a core for about half a second on the development VM): a caller
+        // that waits for this line (a test, a bench's window) starts after it.
+        log::info!(
+            "pid {pid}: {} probes attached; tokens: {}{}",
+            probes.attached.len(),
+            tokens_desc(probes.markers.as_ref(), self.opts.window.is_some()),
+            if probes.missing.is_empty() {
+                String::new()
+            } else {
+                format!("; not attached: {}", probes.missing.join(", "))
+            }
+        );
         // A target that names no model (attached before it mapped one, or started by a command
         // line that does not name it): its mapping is looked for at every sample until one
         // appears, and its residency is sampled from then on.
