@@ -834,8 +834,16 @@ impl Sink for MetricsSink {
                 if self.run.health_seen {
                     self.ex.lost_events.get_or_create(&self.target).add(delta(&mut self.run.lost, e.lost_events));
                 }
-                // Another live target with the same labels keeps the gauges.
-                if self.ex.target_up.get_or_create(&self.target).dec() <= 1 {
+                // Another live target with the same labels keeps the gauges. They go before
+                // `target_up` drops, so that no scrape sees an ended target's gauges beside
+                // `target_up` 0 (a scrape runs on another thread); the decrement's own answer
+                // decides when two targets of those labels end at once.
+                let up = self.ex.target_up.get_or_create(&self.target);
+                let cleared = up.get() <= 1;
+                if cleared {
+                    self.ex.clear_target_gauges(&self.target, &self.layers, &self.degraded);
+                }
+                if up.dec() <= 1 && !cleared {
                     self.ex.clear_target_gauges(&self.target, &self.layers, &self.degraded);
                 }
                 self.layers.clear();
