@@ -731,7 +731,10 @@ impl Probes {
         let task_pid = raw_sched.unwrap_or(0);
         // Without it a thread may get a slot late (`observer_common::attrib::MAX_SLOTS`, "Slots").
         let task_start = btf::kernel_member_offset("task_struct", "start_time").unwrap_or_else(|e| {
-            log::debug!("task_struct.start_time: {e}");
+            log::warn!(
+                "no task_struct.start_time in the kernel's BTF ({e}): a thread that once found no attribution \
+                 slot may get one later, and its row then holds only what came after"
+            );
             0
         });
         let mut ebpf = EbpfLoader::new()
