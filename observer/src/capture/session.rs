@@ -678,7 +678,10 @@ impl Session {
         emit(sinks, &Event::Health(health(&probes, asm.malformed, now)?))?;
         let end_ns = seed::mono_ns();
         let slots = probes.slots(end_ns)?;
-        let last = if use_windows { Some(window_snapshot_at(&probes, &asm, end_ns)?) } else { None };
+        let last = match use_windows {
+            true => Some(window_snapshot_of(&probes, &asm, end_ns, slots.iter().map(|(s, _)| *s).collect())?),
+            false => None,
+        };
         // The final states of threads whose slots were given back before the slots were read.
         drain(ring.get_mut(), &mut asm, &mut late_resid, sinks)?;
         if let Some(t) = last.and_then(|last| asm.window(last)) {
@@ -904,15 +907,17 @@ fn interval(d: Duration) -> tokio::time::Interval {
 /// Every thread's state now (and the explicit-read totals, when `asm` folds reads), as a window
 /// boundary.
 fn window_snapshot(probes: &Probes, asm: &Assembler) -> Result<Snapshot> {
-    window_snapshot_at(probes, asm, seed::mono_ns())
+    let now = seed::mono_ns();
+    window_snapshot_of(probes, asm, now, probes.snapshot(now)?)
 }
 
-fn window_snapshot_at(probes: &Probes, asm: &Assembler, now: u64) -> Result<Snapshot> {
+/// [`window_snapshot`] at `now` of `threads`, the states read then.
+fn window_snapshot_of(probes: &Probes, asm: &Assembler, now: u64, threads: Vec<ThreadState>) -> Result<Snapshot> {
     let xread = match asm.xread {
         Some(_) => Some(probes.xread_totals()?),
         None => None,
     };
-    Ok(Snapshot { xread, ..Snapshot::of_threads(now, probes.snapshot(now)?) })
+    Ok(Snapshot { xread, ..Snapshot::of_threads(now, threads) })
 }
 
 fn health(probes: &Probes, malformed: u64, mono_ns: u64) -> Result<ObserverHealth> {
