@@ -1124,10 +1124,12 @@ pub mod call_arg {
 /// kernel frees a task only after its last context switch and a grace period, so no event of the
 /// thread can come after it. There, in this order: the thread's final state and fault latencies
 /// are sent to user space ([`RetiredRecord`]; when the ring buffer has no room the slot is kept,
-/// as it was, and read at the run's end); its `SLOTS`, `TID_SLOTS` and `CALL_DEPTH` entries and
-/// every CPU's `SLOT_CACHE` word naming it are removed; its state (inside its update sequence),
-/// storm bookkeeping, fault latencies and read in progress are zeroed; the slot joins the queue.
-/// A zeroed slot has TID 0, which user space skips in marks and snapshots. User space keeps each
+/// as it was, and read at the run's end); its `SLOTS`, `TID_SLOTS` and `CALL_DEPTH` entries are
+/// removed; its state (inside its update sequence), storm bookkeeping, fault latencies and read in
+/// progress are zeroed; the slot joins the queue. A CPU's `SLOT_CACHE` word that still names the
+/// thread is left where it is and believed only while the slot's state names the same TID (one
+/// load where it is read), so giving a slot back costs the same on 2 CPUs as on 256. A zeroed
+/// slot has TID 0, which user space skips in marks and snapshots. User space keeps each
 /// retired thread's final state: a later mark or window that no longer finds it in the slots
 /// takes it from there (`observer::capture::tokens`), and so does the run's table.
 ///
@@ -1140,9 +1142,9 @@ pub mod call_arg {
 ///
 /// Approximate: a TID reused by a new thread before the old one's task is freed (the kernel's PID
 /// allocator wrapping around within a grace period) shares the old thread's slot; an overflow
-/// row's TID reused later keeps the new thread in that row. Where the kernel lacks
-/// `bpf_map_lookup_percpu_elem` (Linux < 5.19) `thread_free` is not loaded and slots are never
-/// given back: the threads beyond them get fault rows only (`observer_common::faults`).
+/// row's TID reused later keeps the new thread in that row. Where the kernel refuses
+/// `thread_free` (listed among the probes missing) slots are never given back: the threads
+/// beyond them get fault rows only (`observer_common::faults`).
 pub const MAX_SLOTS: u32 = 256;
 
 /// Index of `SEQS` (an array of u64) that holds when a thread last found no slot (ns,

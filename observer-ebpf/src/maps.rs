@@ -30,7 +30,9 @@ pub static IO_SYSCALLS: Array<u64> = Array::with_max_entries(8, 0);
 pub static COUNTERS: PerCpuArray<u64> = PerCpuArray::with_max_entries(GLOBAL_COUNTERS, 0);
 
 /// TID → slot in `THREADS`. An entry never changes while its thread lives; it is removed when
-/// the slot is given back ([`retire`]), with every copy of it in `TID_SLOTS` and `SLOT_CACHE`.
+/// the slot is given back ([`retire`]), with its copy in `TID_SLOTS`. Copies in other CPUs'
+/// `SLOT_CACHE` words may outlive it: such a word is believed only while the slot's state still
+/// names its thread ([`cached_slot`]).
 #[map]
 pub static SLOTS: HashMap<u32, u32> = HashMap::with_max_entries(MAX_SLOTS, 0);
 
@@ -68,7 +70,10 @@ const TID_SLOTS_N: u32 = 1024;
 /// another on this CPU reads either the old pair or the new one, never half of
 /// each), 0 when none. A fault storm is one thread faulting on one CPU: its
 /// events find their slot here without a hash lookup, and, while the thread stays on the CPU,
-/// know that it is the current task without asking (`CURRENT`).
+/// know that it is the current task without asking (`CURRENT`). A word may outlive its thread's
+/// slot (given back on another CPU, [`retire`]): it is believed only while the slot's state still
+/// names the thread ([`cached_slot`]), and with `CURRENT` only until the CPU's next switch, which
+/// a freed thread never reaches.
 #[map]
 pub static SLOT_CACHE: PerCpuArray<u64> = PerCpuArray::with_max_entries(1, 0);
 
@@ -243,10 +248,16 @@ fn slot_in(v: u64, tid: u32) -> Option<u32> {
     caches(v, tid).then_some((v & SLOT_BITS) as u32)
 }
 
-/// The slot `SLOT_CACHE` remembers for `tid` on this CPU.
+/// The slot `SLOT_CACHE` remembers for `tid` on this CPU, while that slot's state still names
+/// `tid`: the word may be older than the slot's last giving back ([`retire`] leaves other CPUs'
+/// words alone), after which the slot is blank (TID 0) or another thread's.
 #[inline(always)]
 fn cached_slot(tid: u32) -> Option<u32> {
-    slot_in(slot_cache()?.1, tid)
+    let slot = slot_in(slot_cache()?.1, tid)?;
+    let p = THREADS.get_ptr(slot)?;
+    // SAFETY: map value; the TID is one aligned 4-byte load (written when the slot is given or
+    // given back).
+    (unsafe { core::ptr::read_volatile(&raw const (*p).tid) } == tid).then_some(slot)
 }
 
 /// The current task's TID and slot when a fault program on this CPU named it since the CPU's
@@ -490,7 +501,8 @@ pub fn retire(tid: u32) {
     }
     // No wakeup: user space polls (`marks`).
     e.submit(1 /* BPF_RB_NO_WAKEUP */);
-    forget_everywhere(tid);
+    // Other CPUs' `SLOT_CACHE` words naming it stay: zeroing the state below makes them stale
+    // (`cached_slot`), without a walk over every CPU.
     if let Some(w) = TID_SLOTS.get_ptr_mut(tid & (TID_SLOTS_N - 1)) {
         // SAFETY: map value, read and written in one 8-byte access each.
         unsafe {
@@ -529,36 +541,6 @@ pub fn retire(tid: u32) {
     }
     if FREE_SLOTS.push(slot, 0).is_err() {
         bump(GlobalCounter::LostEvents);
-    }
-}
-
-/// Upper bound on the CPUs whose `SLOT_CACHE` word [`forget_everywhere`] visits.
-const MAX_CPUS: u32 = 1024;
-
-/// Remove every CPU's `SLOT_CACHE` word that names thread `tid` (its slot is given back; no
-/// other writer can name it again: the thread is gone).
-#[inline(always)]
-fn forget_everywhere(tid: u32) {
-    let key = 0u32;
-    for cpu in 0..MAX_CPUS {
-        // SAFETY: the map and a key of its type; the helper returns null past the last CPU.
-        let c = unsafe {
-            aya_ebpf::helpers::generated::bpf_map_lookup_percpu_elem(
-                (&raw const SLOT_CACHE).cast_mut().cast(),
-                (&raw const key).cast(),
-                cpu,
-            )
-        }
-        .cast::<u64>();
-        if c.is_null() {
-            break;
-        }
-        // SAFETY: a CPU's map value, read and written in one 8-byte access each.
-        unsafe {
-            if caches(core::ptr::read_volatile(c), tid) {
-                core::ptr::write_volatile(c, 0);
-            }
-        }
     }
 }
 

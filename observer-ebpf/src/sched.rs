@@ -279,7 +279,7 @@ fn freed_pid(ctx: &TracePointContext) -> Option<u32> {
 }
 
 /// `sched:sched_process_free` again (any task's, in no particular task): a tracked thread's task
-/// is freed, after its last event, so its slot is given back (`maps::retire`; Linux >= 5.19).
+/// is freed, after its last event, so its slot is given back (`maps::retire`).
 #[tracepoint]
 pub fn thread_free(ctx: TracePointContext) -> u32 {
     if let Some(tid) = freed_pid(&ctx) {

@@ -609,7 +609,7 @@ const TRACEPOINTS: &[(&str, &str, &str, bool)] = &[
     ("sched_exec", "sched", "sched_process_exec", false),
     ("new_task", "task", "task_newtask", false),
     ("process_free", "sched", "sched_process_free", false),
-    // Gives slots back (`observer_common::attrib::MAX_SLOTS`, "Slots"); Linux >= 5.19.
+    // Gives slots back (`observer_common::attrib::MAX_SLOTS`, "Slots").
     ("thread_free", "sched", "sched_process_free", false),
     ("sched_runtime", "sched", "sched_stat_runtime", false),
     ("task_rename", "task", "task_rename", false),
@@ -884,11 +884,8 @@ impl Probes {
                             ProgramError::LoadError { io_error, .. } => io_error.to_string(),
                             other => other.to_string(),
                         };
-                        let hint = if program == "thread_free" {
-                            "; slots are not given back when threads exit (needs bpf_map_lookup_percpu_elem, Linux >= 5.19)"
-                        } else {
-                            ""
-                        };
+                        let hint =
+                            if program == "thread_free" { "; slots are not given back when threads exit" } else { "" };
                         missing.push(format!("{category}:{name} (the kernel refused program {program}: {why}{hint})"));
                         continue;
                     }

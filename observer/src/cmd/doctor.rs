@@ -104,15 +104,10 @@ pub fn doctor(args: DoctorArgs) -> Result<i32> {
                 Err(why) => format!("the sched:* tracepoints (no raw ones: {why})"),
             }
         );
-        let give_back = procfs::KernelVersion::current().is_ok_and(|v| v >= procfs::KernelVersion::new(5, 19, 0));
         println!(
-            "info attribution slots: {} threads at a time, {}",
+            "info attribution slots: {} threads at a time, a slot given back when its thread's task is freed \
+             (program thread_free; a kernel that refuses it is named among a run's probes missing)",
             observer_common::attrib::MAX_SLOTS,
-            if give_back {
-                "a slot given back when its thread's task is freed"
-            } else {
-                "never given back (Linux >= 5.19 gives them back): a target that starts threads for every step runs out"
-            }
         );
     }
     r.check(
