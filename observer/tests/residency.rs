@@ -782,3 +782,91 @@ fn residency_is_sampled_once_a_target_maps_its_model_after_its_session_started()
         }
     }
 }
+
+/// Scans follow the churn (`residency`'s spec): a due scan is skipped while the kernel counted no
+/// page-cache change of the file since the last scan began; any change makes the next sample scan,
+/// and that scan is what `fincore` sees; the age cap scans anyway; on tmpfs every due scan is
+/// taken.
+#[test]
+fn residency_is_rescanned_when_the_page_cache_changed_and_only_then() {
+    let _l = machine_lock();
+    common::assert_root();
+    let path = write_model(&scratch_dir("resid").join("follow.gguf"), 2, 8, 256, 32);
+    read_all(&path);
+    let mut ebpf = churn::load_standalone().unwrap();
+    let mut sampler = Sampler::new(&path, None).unwrap();
+    sampler.enable_churn(&mut ebpf).unwrap();
+    assert!(sampler.skips_unchanged_scans(), "{} is on a regular file system", path.display());
+    let events = |s: &Sampler| {
+        let c = s.churn_counts().unwrap();
+        (c.add_events, c.del_events)
+    };
+    let agrees_with_fincore = |s: &observer::capture::residency::Sample, what: &str| {
+        let ours = s.snapshot.file_resident_pages * s.snapshot.page_size;
+        assert_eq!(ours, fincore_bytes(&path), "{what}: the sample's scan vs fincore");
+    };
+
+    let first = sampler.sample().unwrap();
+    assert_eq!(sampler.scans(), 1);
+    agrees_with_fincore(&first, "first sample");
+    // Nothing touches the file: no sample scans again (unless the kernel moved its pages, which
+    // the churn then counted: DAMON pages out page cache left alone).
+    let before = events(&sampler);
+    for _ in 0..5 {
+        std::thread::sleep(Duration::from_millis(20));
+        sampler.sample().unwrap();
+    }
+    let after = events(&sampler);
+    if before == after {
+        assert_eq!(sampler.scans(), 1, "no page-cache change, yet the samples scanned again");
+    } else {
+        eprintln!("the kernel moved the file's pages during the idle samples ({before:?} -> {after:?})");
+        assert!(sampler.scans() > 1, "the churn counted a change ({before:?} -> {after:?}) and no sample scanned");
+    }
+
+    // Each change is seen by the next sample, and its scan is what fincore sees.
+    let experts: Vec<Range<u64>> = sampler
+        .regions()
+        .regions
+        .iter()
+        .filter(|r| matches!(r.kind, RegionKind::Expert { .. }))
+        .map(|r| r.range.clone())
+        .collect();
+    let n = sampler.scans();
+    // The whole file (a partial `DONTNEED` skips the large folios of the first read).
+    testkit::evict(&path).unwrap();
+    let s = sampler.sample().unwrap();
+    assert_eq!(sampler.scans(), n + 1, "an eviction makes the next sample scan");
+    assert!(s.pagecache_evicted.unwrap() > 0);
+    agrees_with_fincore(&s, "after evicting the file");
+    read_range(&path, experts[1].clone());
+    let s = sampler.sample().unwrap();
+    assert_eq!(sampler.scans(), n + 2, "a read makes the next sample scan");
+    assert!(s.pagecache_added.unwrap() > 0);
+    agrees_with_fincore(&s, "after reading one back");
+
+    // The age cap: a scan this long after the last one even with no change.
+    sampler.set_unchanged_max_age(Duration::from_millis(100));
+    std::thread::sleep(Duration::from_millis(150));
+    sampler.sample().unwrap();
+    assert_eq!(sampler.scans(), n + 3, "the age cap scans anyway");
+
+    // On tmpfs (shmem's pages come and go without the tracepoints) every sample scans.
+    let shm = std::path::PathBuf::from(format!("/dev/shm/moe-resid-follow-{}.gguf", std::process::id()));
+    std::fs::copy(&path, &shm).unwrap();
+    drop(sampler);
+    drop(ebpf);
+    let mut ebpf = churn::load_standalone().unwrap();
+    let mut on_shm = Sampler::new(&shm, None).unwrap();
+    let r = on_shm.enable_churn(&mut ebpf).map(|()| {
+        let skips = on_shm.skips_unchanged_scans();
+        for _ in 0..3 {
+            on_shm.sample().unwrap();
+        }
+        (skips, on_shm.scans())
+    });
+    let _ = std::fs::remove_file(&shm);
+    let (skips, scans) = r.expect("churn on the tmpfs copy");
+    assert!(!skips, "a model on tmpfs is never left unscanned");
+    assert_eq!(scans, 3);
+}

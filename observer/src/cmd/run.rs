@@ -50,7 +50,8 @@ pub struct RunArgs {
     pub model: Option<PathBuf>,
     /// Rescan the model file's residency (mincore, pagemap) at most this often.
     /// Default: every second, and never for more than 0.5 % of one CPU; a
-    /// given interval is kept whatever the scans cost.
+    /// given interval is kept whatever the scans cost. Either way a scan is
+    /// skipped while the model's page cache has not changed (up to 30 s).
     #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
     pub residency_interval: Option<Duration>,
     /// How often to sample the target's memory and swap.

@@ -26,6 +26,14 @@
 //!   and evicted since the previous sample (per token when sampled at each token end; the
 //!   boundary is the moment the observer processes the token's end mark, typically within a
 //!   millisecond of it).
+//! - **Scans follow the churn** ([`Sampler::sample`]): with churn attached, a scan due by its
+//!   interval is skipped while the kernel has counted no page of the file added to or removed
+//!   from the page cache since the last scan began (every insertion and removal on a regular
+//!   file system passes the `filemap` tracepoints: reads, read-ahead, reclaim, DAMON,
+//!   `drop_caches`, fadvise, truncation), so the last scan is still exact; one is taken anyway
+//!   [`UNCHANGED_MAX_AGE`] after it, and on tmpfs, where shmem adds and swaps out pages without
+//!   those tracepoints, every due scan is taken. A steady decode whose model stays put then
+//!   costs the observer no scans.
 //! - **Who evicted** ([`evict`]): each evicted page of the churn counters is also counted for the
 //!   task in whose context it left the page cache, with a kind (kswapd, direct or memcg reclaim,
 //!   DAMON, fadvise/madvise, truncation/`drop_caches`, other), per region class
@@ -345,7 +353,8 @@ pub struct Sample {
     /// regions (for the `pagecache_added` / `pagecache_evicted` counters); `None` without churn.
     pub pagecache_added: Option<u64>,
     pub pagecache_evicted: Option<u64>,
-    /// The scan the residency numbers come from (may be up to the scan interval old).
+    /// The scan the residency numbers come from: up to the scan interval old, or older while the
+    /// churn counted no change since it (module spec).
     pub snapshot: Snapshot,
     /// The engine's anonymous dense copy, when it publishes one.
     pub anon: Option<AnonResidency>,
@@ -354,6 +363,26 @@ pub struct Sample {
 /// The default budget for file scans: at most 1/`SCAN_BUDGET` of one CPU
 /// (the observer shares the machine with the engine it measures).
 pub const SCAN_BUDGET: u32 = 200;
+
+/// With churn attached, a scan is taken this long after the last one even when the churn
+/// counted no change (module spec, "Scans follow the churn").
+pub const UNCHANGED_MAX_AGE: Duration = Duration::from_secs(30);
+
+/// `statfs`'s `f_type` of tmpfs (`TMPFS_MAGIC`, include/uapi/linux/magic.h).
+const TMPFS_MAGIC: i64 = 0x0102_1994;
+
+/// Whether every page-cache insertion and removal of `file` passes the `filemap` tracepoints that
+/// churn counts: not on tmpfs (module spec). A file system that cannot be asked counts as not.
+fn churn_sees_every_change(file: &std::fs::File) -> bool {
+    use std::os::fd::AsRawFd;
+    // SAFETY: an open descriptor and a zeroed struct for the kernel to fill.
+    let mut st: libc::statfs = unsafe { std::mem::zeroed() };
+    // SAFETY: as above.
+    if unsafe { libc::fstatfs(file.as_raw_fd(), &mut st) } != 0 {
+        return false;
+    }
+    st.f_type as i64 != TMPFS_MAGIC
+}
 
 /// Residency of one model (and optionally one engine process) sampled at a configurable rate.
 #[derive(Debug)]
@@ -371,6 +400,13 @@ pub struct Sampler {
     last_scan_cost: Duration,
     scan_budget: Option<u32>,
     last_scan: Option<(Instant, Snapshot)>,
+    /// The churn's (add, delete) event counts read just before the last scan began, when a scan
+    /// may be skipped while they stay (module spec, "Scans follow the churn").
+    scanned_at: Option<(u64, u64)>,
+    /// Whether churn sees every change of the file's page cache ([`churn_sees_every_change`]).
+    churn_exact: bool,
+    unchanged_max_age: Duration,
+    scans: u64,
     last_anon: Option<(Instant, Option<AnonResidency>)>,
 }
 
@@ -391,6 +427,10 @@ impl Sampler {
             last_scan_cost: Duration::ZERO,
             scan_budget: None,
             last_scan: None,
+            scanned_at: None,
+            churn_exact: false,
+            unchanged_max_age: UNCHANGED_MAX_AGE,
+            scans: 0,
             last_anon: None,
             model,
         })
@@ -422,7 +462,25 @@ impl Sampler {
         let c = churn::Churn::attach(ebpf, &self.path, &self.model.map, self.model.file.page)?;
         self.last_counts = Some(c.read());
         self.churn = Some(c);
+        self.churn_exact = churn_sees_every_change(&self.model.file.file);
         Ok(())
+    }
+
+    /// Whether a scan due by its interval is skipped while the churn counts no change (module
+    /// spec, "Scans follow the churn"): churn attached, and not on tmpfs.
+    pub fn skips_unchanged_scans(&self) -> bool {
+        self.churn.is_some() && self.churn_exact
+    }
+
+    /// Take a scan this long after the last one even when nothing changed (default
+    /// [`UNCHANGED_MAX_AGE`]).
+    pub fn set_unchanged_max_age(&mut self, d: Duration) {
+        self.unchanged_max_age = d;
+    }
+
+    /// File scans taken so far.
+    pub fn scans(&self) -> u64 {
+        self.scans
     }
 
     /// Charge the target's explicit reads of the model to its regions (`xread`), on the churn
@@ -473,12 +531,20 @@ impl Sampler {
             None => self.scan_interval,
         };
         let due = |t: Option<Instant>| t.is_none_or(|t| now.duration_since(t) >= spacing);
+        // Read before any scan, so that a change during one makes the next one due.
+        let counts = self.churn.as_ref().map(churn::Churn::read);
+        let events = counts.as_ref().map(|c| (c.add_events, c.del_events));
+        let unchanged = |t: Instant| {
+            self.skips_unchanged_scans() && events == self.scanned_at && now.duration_since(t) < self.unchanged_max_age
+        };
         let snapshot = match &self.last_scan {
-            Some((t, s)) if !due(Some(*t)) => s.clone(),
+            Some((t, s)) if !due(Some(*t)) || unchanged(*t) => s.clone(),
             _ => {
                 let s = self.model.scan()?;
                 self.last_scan_cost = now.elapsed();
                 self.last_scan = Some((now, s.clone()));
+                self.scanned_at = events;
+                self.scans += 1;
                 s
             }
         };
@@ -508,8 +574,7 @@ impl Sampler {
 
         let (mut added, mut evicted, mut total_added, mut total_evicted) = (None, None, None, None);
         let (mut refault_faults, mut refault_io_ns) = (None, None);
-        if let Some(c) = &self.churn {
-            let now_counts = c.read();
+        if let Some(now_counts) = counts {
             let last = self.last_counts.take().unwrap_or_default();
             let d = |a: &[u64], b: &[u64]| -> Vec<u32> {
                 a.iter()
