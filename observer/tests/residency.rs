@@ -804,6 +804,13 @@ fn residency_is_rescanned_when_the_page_cache_changed_and_only_then() {
     let agrees_with_fincore = |s: &observer::capture::residency::Sample, what: &str| {
         let ours = s.snapshot.file_resident_pages * s.snapshot.page_size;
         assert_eq!(ours, fincore_bytes(&path), "{what}: the sample's scan vs fincore");
+        // No read was in flight (they all returned), so the scan may be reused.
+        assert!(
+            s.snapshot.settled(),
+            "{what}: cachestat {:?} vs mincore {}",
+            s.snapshot.cachestat,
+            s.snapshot.file_resident_pages
+        );
     };
 
     let first = sampler.sample().unwrap();

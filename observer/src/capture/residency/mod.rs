@@ -30,7 +30,11 @@
 //!   interval is skipped while the kernel has counted no page of the file added to or removed
 //!   from the page cache since the last scan began (every insertion and removal on a regular
 //!   file system passes the `filemap` tracepoints: reads, read-ahead, reclaim, DAMON,
-//!   `drop_caches`, fadvise, truncation), so the last scan is still exact; one is taken anyway
+//!   `drop_caches`, fadvise, truncation), so the last scan is still exact, provided no read was
+//!   in flight during it: `mincore` counts a page once its read completed, which raises no
+//!   event, so a scan whose whole-file `cachestat` holds more pages than `mincore` saw is never
+//!   reused past the next due scan ([`Snapshot::settled`]; without `cachestat`, Linux < 6.5,
+//!   no scan is skipped); one is taken anyway
 //!   [`UNCHANGED_MAX_AGE`] after it, and on tmpfs, where shmem adds and swaps out pages without
 //!   those tracepoints, every due scan is taken. A steady decode whose model stays put then
 //!   costs the observer no scans.
@@ -144,6 +148,20 @@ pub struct Snapshot {
 }
 
 impl Snapshot {
+    /// Whether no page of the file was on its way in when it was scanned, so that it stays true
+    /// until the page cache changes (module spec, "Scans follow the churn"): `mincore` reports a
+    /// page only once its read completed, while the page cache (and `cachestat`'s `nr_cache`)
+    /// holds it from the start of the read, so the two agree unless a read was in flight. Without
+    /// `cachestat` this cannot be told: never. A `cachestat` scan counts pages from the start of
+    /// their read: always.
+    pub fn settled(&self) -> bool {
+        match (self.source, self.cachestat) {
+            (Source::Cachestat, _) => true,
+            (Source::Mincore, Some(c)) => c.nr_cache == self.file_resident_pages,
+            (Source::Mincore, None) => false,
+        }
+    }
+
     pub fn file_resident_frac(&self) -> Option<f64> {
         (self.file_pages > 0).then(|| self.file_resident_pages as f64 / self.file_pages as f64)
     }
@@ -543,7 +561,8 @@ impl Sampler {
                 let s = self.model.scan()?;
                 self.last_scan_cost = now.elapsed();
                 self.last_scan = Some((now, s.clone()));
-                self.scanned_at = events;
+                // A scan that saw a read in flight is not trusted past the next due one.
+                self.scanned_at = if s.settled() { events } else { None };
                 self.scans += 1;
                 s
             }
