@@ -73,7 +73,8 @@
 //!   histogram mean 1.075–1.078 (3 runs with the vmtest guest beside). `fault_minor` is lower than
 //!   the histogram because the cap trims a sample slower than the faults it stands for. The test
 //!   allows 20 %, which a wrong weight or a lost estimate (a factor of 8) still fails. At a thread's end
-//!   (or a mark), up to 7 untimed faults may wait for a sample: counted, in no histogram, their
+//!   (or a mark), up to `2 × STORM_SAMPLE − 2` (14: the longest gap drawn) untimed faults may
+//!   wait for a sample: counted, in no histogram, their
 //!   time in `compute`.
 //! - Overflow threads (no slot) and the perf close time every fault.
 //!

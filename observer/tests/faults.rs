@@ -561,7 +561,9 @@ fn a_fault_storm_is_sampled_with_exact_counts_and_its_time_estimated() {
         let tid = u(r, "tid");
         assert_eq!(u(r, "minflt"), bt.get(&tid).copied().unwrap_or(0), "thread {tid}: minor faults: {r}");
         untimed += u(r, "minflt_untimed");
-        waiting_at_most += 7.min(u(r, "minflt_untimed"));
+        // At most the longest gap drawn between two timed faults (`Storm::draw`'s use).
+        let longest_gap = 2 * observer_common::attrib::STORM_SAMPLE as u64 - 2;
+        waiting_at_most += longest_gap.min(u(r, "minflt_untimed"));
     }
     let totals = &v["totals"];
     let minflt = u(totals, "minflt");
