@@ -386,20 +386,19 @@ pub const SCAN_BUDGET: u32 = 200;
 /// counted no change (module spec, "Scans follow the churn").
 pub const UNCHANGED_MAX_AGE: Duration = Duration::from_secs(30);
 
-/// `statfs`'s `f_type` of tmpfs (`TMPFS_MAGIC`, include/uapi/linux/magic.h).
-const TMPFS_MAGIC: i64 = 0x0102_1994;
-
 /// Whether every page-cache insertion and removal of `file` passes the `filemap` tracepoints that
-/// churn counts: not on tmpfs (module spec). A file system that cannot be asked counts as not.
+/// churn counts: not on tmpfs (module spec). A file system that cannot be asked counts as not
+/// (every due scan is taken, as without churn), and the log says why.
 fn churn_sees_every_change(file: &std::fs::File) -> bool {
     use std::os::fd::AsRawFd;
-    // SAFETY: an open descriptor and a zeroed struct for the kernel to fill.
+    // SAFETY: a zeroed statfs is a valid out-parameter.
     let mut st: libc::statfs = unsafe { std::mem::zeroed() };
-    // SAFETY: as above.
+    // SAFETY: an open descriptor and a valid out-pointer.
     if unsafe { libc::fstatfs(file.as_raw_fd(), &mut st) } != 0 {
+        log::debug!("fstatfs of the model: {}: every due residency scan is taken", std::io::Error::last_os_error());
         return false;
     }
-    st.f_type as i64 != TMPFS_MAGIC
+    st.f_type != libc::TMPFS_MAGIC
 }
 
 /// Residency of one model (and optionally one engine process) sampled at a configurable rate.
