@@ -1147,18 +1147,24 @@ fn check_idle_server(pid: u32, summary: &Value, before: &[(u32, u64)]) {
 }
 
 /// The prompts a server test sends, each for [`SERVED_TOKENS`] tokens.
-const PROMPTS: [&str; 3] =
-    ["the quick brown fox jumps over the lazy dog", "once upon a time there was", "hello world, said the"];
+const PROMPTS: [&str; 5] = [
+    "the quick brown fox jumps over the lazy dog",
+    "once upon a time there was",
+    "hello world, said the",
+    "in the beginning",
+    "a long way from home",
+];
 const SERVED_TOKENS: usize = 64;
 
 /// The observation of a server serving [`PROMPTS`] (`summary`; the server's `replies`; bpftrace's
 /// count of its decode `calls`):
 /// - one record per decode call; each request is one prompt record of the server's own `prompt_n`
 ///   tokens and `predicted_n − 1` one-token records (its first token comes from the prompt's logits);
-/// - the generation rate, steps over the span from the end of the prompt's call to the end of the
-///   last call, against the server's own `timings.predicted_per_second` (steps over the span from
-///   after the first token's sampling to after the last one's): the spans within 5 % plus 2 ms
-///   per request, as they differ by the first token's sampling against the last one's;
+/// - the generation rate, steps over the span from the start of the first generation call to the
+///   end of the last call, against the server's own `timings.predicted_per_second` (steps over
+///   the span from after the first token's sampling to after the last one's), per request: the
+///   spans within 2 % plus 0.5 ms for a majority of the requests (a preemption at one end moves one
+///   span by a slice);
 /// - the server's other threads (HTTP, its queue) do not dilute the per-token means: the
 ///   components are the mean over the threads that ran the step (the decode thread and ggml's
 ///   workers), as the thread rows of each record show.
@@ -1175,15 +1181,16 @@ fn check_serving_server(s: &Value, replies: &[Value], calls: &[(String, u64)]) {
     let got: Vec<u64> = recs.iter().map(|r| u(r, "n_tokens")).collect();
     assert_eq!(got, expected, "n_tokens per record vs the server's prompt_n and predicted_n − 1 per request");
 
-    let (mut steps, mut span_ns, mut server_ns) = (0u64, 0u64, 0f64);
+    // Each request's span: ours (start of its first generation call to end of its last call)
+    // and the server's (steps over its predicted_per_second).
+    let mut spans = Vec::new();
     let mut at = 0;
     for t in &timings {
         let steps_of = u(t, "predicted_n") as usize - 1;
-        let (prompt, last) = (&recs[at], &recs[at + steps_of]);
+        let (first, last) = (&recs[at + 1], &recs[at + steps_of]);
         let end = |r: &Value| u(r, "start_ns") + u(r, "wall_ns");
-        steps += steps_of as u64;
-        span_ns += end(last) - end(prompt);
-        server_ns += steps_of as f64 / t["predicted_per_second"].as_f64().expect("predicted_per_second") * 1e9;
+        let theirs = steps_of as f64 / t["predicted_per_second"].as_f64().expect("predicted_per_second") * 1e9;
+        spans.push((steps_of, (end(last) - u(first, "start_ns")) as f64, theirs));
         at += steps_of + 1;
     }
     // The means are over the threads that ran the step (rows with time on a CPU); the server's
@@ -1203,23 +1210,38 @@ fn check_serving_server(s: &Value, replies: &[Value], calls: &[(String, u64)]) {
         }
     }
     assert!(idle_rows > 0, "the server's idle threads are rows of its steps, outside their means");
-    let (ours, theirs) = (steps as f64 / (span_ns as f64 / 1e9), steps as f64 / (server_ns / 1e9));
-    let diff = (ours - theirs).abs() / theirs;
-    // The spans differ by what lies at their ends (the first token's sampling against the last
-    // one's, and the bookkeeping after them), a fixed time per request that a preemption there
-    // lengthens: 5 % plus 2 ms per request.
-    let allowed = 0.05 * server_ns + 2e6 * replies.len() as f64;
+    // The spans differ by what lies at their ends: the batch's assembly before the first call
+    // against the last token's sampling after the last call, 50-130 µs here. A preemption of the
+    // decode thread in one of those windows moves one span by a scheduler slice (-3.9 ms was seen
+    // beside a CPU-bound load), so a majority of the requests must agree, each within 2 % plus
+    // 0.5 ms, and every request is printed. (The window after the prompt's call, where the server
+    // spends 2-3.6 ms in about one request of four, lies outside both spans: anchored
+    // at the prompt call's end instead, the CI saw 9.7 ms over 3 requests.)
+    let within: Vec<bool> =
+        spans.iter().map(|(_, ours, theirs)| (ours - theirs).abs() <= 0.02 * theirs + 0.5e6).collect();
+    let lines: Vec<String> = spans
+        .iter()
+        .zip(&within)
+        .map(|((n, ours, theirs), ok)| {
+            format!(
+                "{n} steps: observer {:.2} steps/s vs the server's {:.2} ({:+.2} %; spans {ours:.0} vs {theirs:.0} ns){}",
+                *n as f64 / ours * 1e9,
+                *n as f64 / theirs * 1e9,
+                (theirs / ours - 1.0) * 100.0,
+                if *ok { "" } else { " outside 2 % + 0.5 ms" }
+            )
+        })
+        .collect();
     assert!(
-        (span_ns as f64 - server_ns).abs() <= allowed,
-        "generation: observer {ours:.2} steps/s vs the server's {theirs:.2} ({:.2} %; spans {span_ns} vs {server_ns:.0} ns)",
-        diff * 100.0
+        within.iter().filter(|ok| **ok).count() * 2 > within.len(),
+        "generation rate per request, a majority must agree:\n{}",
+        lines.join("\n")
     );
     eprintln!(
-        "llama-server: {} requests, {} records = bpftrace {calls:?}; generation {ours:.2} steps/s vs the server's \
-         predicted_per_second {theirs:.2} ({:.2} %)",
+        "llama-server: {} requests, {} records = bpftrace {calls:?}; generation per request:\n  {}",
         replies.len(),
         recs.len(),
-        diff * 100.0
+        lines.join("\n  ")
     );
 }
 
