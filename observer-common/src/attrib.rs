@@ -72,7 +72,7 @@
 //!   `io_wait_peer` — approximate, within the microseconds a peer spends in a
 //!   syscall between its I/O and its wake call.
 //! - Waits closed by a snapshot (a token mark) before the wakeup stay `sleep`:
-//!   the waker is not known yet when they are charged.
+//!   the waker is not known yet when they are charged ("Closed time stays closed").
 //!
 //! A thread that exists before the probes are attached is seeded at attach
 //! (`F_SEEDED`) with what `/proc` shows, but the probes are attached after
@@ -90,6 +90,19 @@
 //! from `now - runtime` (`ThreadState::ran`; `runtime` is on the scheduler's task clock, which
 //! leaves out IRQ and steal time where those are accounted, so the repaired switch-in is late by
 //! them) and counts a missed switch-in (`C_MISSED_SWITCH_IN`).
+//!
+//! ## Closed time stays closed
+//! A snapshot (a token mark, a window) closes each thread's copy at its instant with the
+//! context the copy shows ([`ThreadState::account`] in user space), and a token is the
+//! difference of two closed copies. Two events decide a context only later, for time the
+//! kernel has not charged yet: a repaired switch-in (above) and a wakeup by a peer's I/O. If
+//! they charged time before a snapshot differently than the snapshot did, the next token would
+//! take it twice (a thread would show 4 ms of `compute` in a 1 ms token, seen in CI). So the
+//! kernel keeps the instant the latest snapshot began (`closed`: the start of the latest mark,
+//! or a window's instant written by user space), and these two charge their new context from
+//! `closed` on at the earliest; the time before keeps the context the snapshot gave it. Exact
+//! but for a thread whose event falls during a mark: the mark's own few µs may be counted
+//! twice, and a token's component is then over by at most that.
 //!
 //! Hence the components of a thread add up to the time since it was first
 //! seen, exactly, by construction; what is approximate is *which* component
@@ -357,21 +370,29 @@ impl ThreadState {
     /// Charge `last_ts → now` to the current context and move `last_ts`.
     #[inline(always)]
     pub fn account(&mut self, now: u64) {
-        self.account_waiting(now, false);
+        self.charge(now, self.current_component());
     }
 
-    /// [`Self::account`]; with `peer_io`, a `sleep` is `io_wait_peer` (module spec).
+    /// [`Self::account`]; with `peer_io`, a `sleep` is `io_wait_peer` from `closed` on (module
+    /// spec, "Closed time stays closed").
     #[inline(always)]
-    fn account_waiting(&mut self, now: u64, peer_io: bool) {
+    fn account_waiting(&mut self, now: u64, peer_io: bool, closed: u64) {
+        if peer_io && self.current_component() == T_SLEEP {
+            self.account(closed.min(now));
+            self.charge(now, T_IO_WAIT_PEER);
+        } else {
+            self.charge(now, self.current_component());
+        }
+    }
+
+    /// Charge `last_ts → now` to component `c` and move `last_ts`.
+    #[inline(always)]
+    fn charge(&mut self, now: u64, c: usize) {
         if self.flags & F_EXITED != 0 || now <= self.last_ts {
             return;
         }
         let dt = now - self.last_ts;
         self.last_ts = now;
-        let mut c = self.current_component();
-        if peer_io && c == T_SLEEP {
-            c = T_IO_WAIT_PEER;
-        }
         if let Some(t) = self.time.get_mut(c) {
             *t += dt;
         }
@@ -634,13 +655,14 @@ impl ThreadState {
     /// `sched:sched_stat_runtime`: the scheduler charged the thread `runtime` ns of CPU time
     /// up to `now`, the time since its switch-in or its previous charge, so it is running and has
     /// been since `now - runtime` at the latest. If our events have it off the CPU, its switch-in
-    /// came without a `sched_switch` (module spec): it went on the CPU at `now - runtime`.
+    /// came without a `sched_switch` (module spec): it went on the CPU at `now - runtime`, or at
+    /// `closed` if that is later (the latest snapshot's instant: "Closed time stays closed").
     #[inline(always)]
-    pub fn ran(&mut self, now: u64, runtime: u64) {
+    pub fn ran(&mut self, now: u64, runtime: u64, closed: u64) {
         if self.flags & (F_ON_CPU | F_EXITED) != 0 {
             return;
         }
-        self.account(now.saturating_sub(runtime));
+        self.account(now.saturating_sub(runtime).max(closed).min(now));
         self.flags = (self.flags | F_ON_CPU) & !(F_RUNNABLE | F_UNKNOWN);
         self.cnt[C_MISSED_SWITCH_IN] += 1;
     }
@@ -649,9 +671,10 @@ impl ThreadState {
     /// fault, the disk read it waited for is done: the rest of the fault's
     /// CPU work is `fault_minor` again (until it issues another read).
     /// `peer_io`: the waker woke it with the end of an I/O
-    /// ([`Self::wakes_with_io`]), so a wait that would be `sleep` is `io_wait_peer`.
+    /// ([`Self::wakes_with_io`]), so a wait that would be `sleep` is `io_wait_peer`, from
+    /// `closed` on (the latest snapshot's instant: "Closed time stays closed").
     #[inline(always)]
-    pub fn wakeup(&mut self, now: u64, peer_io: bool) {
+    pub fn wakeup(&mut self, now: u64, peer_io: bool, closed: u64) {
         // (An unknown context is no reason to ignore it: the thread was blocked.)
         if self.flags & F_UNKNOWN == 0 && self.flags & (F_ON_CPU | F_RUNNABLE) != 0 {
             return;
@@ -663,7 +686,7 @@ impl ThreadState {
             self.io_done = now;
             self.flags |= F_DEVICE_IO;
         }
-        self.account_waiting(now, peer_io);
+        self.account_waiting(now, peer_io, closed);
         self.flags &= !F_UNKNOWN;
         self.flags = (self.flags | F_RUNNABLE) & !(F_ON_CPU | F_FAULT_DISK);
     }
@@ -1151,6 +1174,14 @@ pub const MAX_SLOTS: u32 = 256;
 /// CLOCK_MONOTONIC; 0: never) ([`MAX_SLOTS`], "Slots").
 pub const SEQ_LAST_MISS: u32 = 2;
 
+/// Index of `SEQS` that holds when the latest snapshot began (ns, CLOCK_MONOTONIC; 0: none): a
+/// mark's start, written by the mark, or a window's instant, written by user space (module
+/// spec, "Closed time stays closed").
+pub const SEQ_CLOSED: u32 = 3;
+
+/// Entries of `SEQS`.
+pub const SEQS_N: u32 = 4;
+
 /// Name of the programs' read-only global (a `u32`, 0 unless the loader sets it) that holds
 /// `struct task_struct`'s `start_time` offset from the kernel's BTF ([`MAX_SLOTS`], "Slots").
 pub const TASK_START_TIME: &str = "TASK_START_TIME";
@@ -1255,7 +1286,7 @@ mod tests {
         // the seed guessed "on CPU".
         let mut t = thread();
         t.flags |= F_SEEDED | F_UNKNOWN;
-        t.wakeup(1400, false);
+        t.wakeup(1400, false, 0);
         assert_eq!((t.time[T_UNATTRIBUTED], t.flags & (F_RUNNABLE | F_ON_CPU | F_UNKNOWN)), (400, F_RUNNABLE));
         t.switch_in(1450);
         assert_eq!(t.time[T_RUNQUEUE], 50);
@@ -1266,21 +1297,68 @@ mod tests {
         let mut t = thread();
         t.switch_out(1100, true); // preempted at 1100
         // On a CPU again at 1300 without a `sched_switch`; the tick at 1500 charges it 200 ns.
-        t.ran(1500, 200);
+        t.ran(1500, 200, 0);
         assert_eq!((t.time[T_RUNQUEUE], t.cnt[C_MISSED_SWITCH_IN]), (200, 1));
-        t.ran(1600, 100); // on the CPU by our events: nothing to repair
+        t.ran(1600, 100, 0); // on the CPU by our events: nothing to repair
         t.switch_out(1700, false);
         assert_eq!((t.time[T_COMPUTE], t.time[T_RUNQUEUE], t.cnt[C_MISSED_SWITCH_IN]), (100 + 400, 200, 1));
         // Blocked, woken, then running unseen: the wait is charged up to the repaired switch-in.
-        t.wakeup(1900, false);
-        t.ran(2100, 50);
+        t.wakeup(1900, false, 0);
+        t.ran(2100, 50, 0);
         assert_eq!((t.time[T_SLEEP], t.time[T_RUNQUEUE]), (200, 200 + 150));
         assert_eq!(t.accounted(), 2050 - 1000);
         // A charge longer than the time since the last event moves nothing back.
         let mut t = thread();
         t.switch_out(1100, true);
-        t.ran(1150, 500);
+        t.ran(1150, 500, 0);
         assert_eq!((t.time[T_RUNQUEUE], t.time[T_COMPUTE], t.flags & F_ON_CPU), (0, 100, F_ON_CPU));
+    }
+
+    /// A token as user space takes it: the differences of two copies, each closed at its
+    /// snapshot's instant. Panics if a component went down (time taken twice).
+    fn token(begin: &ThreadState, end: &ThreadState, b_ts: u64, e_ts: u64) -> [u64; N_TIME] {
+        let (mut b, mut e) = (*begin, *end);
+        b.account(b_ts);
+        e.account(e_ts);
+        core::array::from_fn(|i| {
+            e.time[i].checked_sub(b.time[i]).unwrap_or_else(|| panic!("component {i} went down: {b:?} → {e:?}"))
+        })
+    }
+
+    #[test]
+    fn a_repaired_switch_in_charges_no_time_a_snapshot_closed() {
+        // Preempted at 1100; a mark at 1400 closes its copy as run-queue time; the tick at 1600
+        // charges it 400 ns of CPU, a switch-in at 1200 that no `sched_switch` showed. The token
+        // from 1400 to 1700 is 300 ns: 1400 → 1600 are not known to be run-queue time any more,
+        // but 1100 → 1400 are closed.
+        let mut t = thread();
+        t.switch_out(1100, true);
+        let begin = t;
+        t.ran(1600, 400, 1400);
+        let d = token(&begin, &t, 1400, 1700);
+        assert_eq!((d[T_RUNQUEUE], d[T_COMPUTE]), (0, 300));
+        assert_eq!(d.iter().sum::<u64>(), 300, "{d:?}");
+        // A switch-in after the snapshot is repaired as before.
+        let mut t = thread();
+        t.switch_out(1100, true);
+        let begin = t;
+        t.ran(1600, 100, 1400);
+        let d = token(&begin, &t, 1400, 1700);
+        assert_eq!((d[T_RUNQUEUE], d[T_COMPUTE]), (100, 200));
+    }
+
+    #[test]
+    fn a_wait_closed_as_sleep_stays_sleep_when_a_peer_s_io_ends_it() {
+        // Blocked at 1000; a mark at 1300 closes the wait as sleep; a peer that did I/O wakes it
+        // at 1500: the token from 1300 to 1600 has 200 ns of io_wait_peer and 100 of run queue.
+        let mut t = thread();
+        t.switch_out(1000, false);
+        let begin = t;
+        t.wakeup(1500, true, 1300);
+        let d = token(&begin, &t, 1300, 1600);
+        assert_eq!((d[T_SLEEP], d[T_IO_WAIT_PEER], d[T_RUNQUEUE]), (0, 200, 100));
+        // Over the whole life, the closed part is sleep.
+        assert_eq!((t.time[T_SLEEP], t.time[T_IO_WAIT_PEER]), (300, 200));
     }
 
     #[test]
@@ -1328,12 +1406,12 @@ mod tests {
         let mut t = thread();
         t.syscall_enter(1100, true); // 100 compute
         t.switch_out(1150, false); // 50 io_wait (on CPU, explicit I/O)
-        t.wakeup(1400, false); // 250 io_wait
+        t.wakeup(1400, false, 0); // 250 io_wait
         t.switch_in(1420); // 20 runqueue
         t.syscall_exit(1430); // 10 io_wait
         t.fault_enter(1500, &mut Storm::zeroed(), false, 0); // 70 compute
         t.switch_out(1510, false); // 10 fault_minor (on cpu, no zram)
-        t.wakeup(1600, false); // 90 fault_io
+        t.wakeup(1600, false, 0); // 90 fault_io
         t.switch_in(1605); // 5 runqueue
         t.fault_exit(1610, true); // 5 fault_minor ; major file
         t.switch_out(1700, true); // 90 compute, preempted
@@ -1521,7 +1599,7 @@ mod tests {
             match slow {
                 0 => {
                     t.switch_out(1010, false);
-                    t.wakeup(1050, false); // 40 fault_io
+                    t.wakeup(1050, false, 0); // 40 fault_io
                     t.switch_in(1050);
                 }
                 1 => t.fault_read(1010, true, true),
@@ -1563,7 +1641,7 @@ mod tests {
         t.fault_enter(1000, &mut Storm::zeroed(), false, 0);
         t.fault_read(1004, false, false); // 4 fault_minor (setting up)
         t.switch_out(1006, false); // 2 fault_io (on CPU, read in flight)
-        t.wakeup(1050, false); // 44 fault_io (blocked)
+        t.wakeup(1050, false, 0); // 44 fault_io (blocked)
         t.switch_in(1060); // 10 runqueue
         let (_, class) = t.fault_exit(1063, true); // 3 fault_minor (after the read)
         assert_eq!(class, 1);
@@ -1611,7 +1689,7 @@ mod tests {
         let mut t = thread();
         t.syscall_enter(1000, false);
         t.switch_out(1000, false);
-        t.wakeup(1500, false);
+        t.wakeup(1500, false, 0);
         t.switch_in(1500);
         t.syscall_exit(1500);
         t.fault_enter(1500, &mut Storm::zeroed(), false, 0);
@@ -1636,14 +1714,14 @@ mod tests {
         waiter.switch_out(1110, false); // 10 syscall; blocked from here
         worker.syscall_enter(1120, true);
         worker.switch_out(1130, false);
-        worker.wakeup(1500, false); // the disk read completed
+        worker.wakeup(1500, false, 0); // the disk read completed
         assert_eq!(worker.io_done, 1500);
         worker.switch_in(1510);
         worker.syscall_exit(1520);
         assert_eq!(worker.io_done, 1520, "the I/O ends when its result reaches the worker's code");
         worker.syscall_enter(1530, false); // futex wake
         assert!(worker.wakes_with_io(&waiter));
-        waiter.wakeup(1540, worker.wakes_with_io(&waiter)); // 430 io_wait_peer
+        waiter.wakeup(1540, worker.wakes_with_io(&waiter), 0); // 430 io_wait_peer
         waiter.switch_in(1560); // 20 runqueue
         waiter.syscall_exit(1565); // 5 syscall
         waiter.account(1600); // 35 compute
@@ -1657,7 +1735,7 @@ mod tests {
         waiter.switch_out(1600, false);
         worker.syscall_enter(1700, false);
         assert!(!worker.wakes_with_io(&waiter), "I/O before the wait began");
-        waiter.wakeup(1800, worker.wakes_with_io(&waiter));
+        waiter.wakeup(1800, worker.wakes_with_io(&waiter), 0);
         assert_eq!((waiter.time[T_SLEEP], waiter.time[T_IO_WAIT_PEER]), (200, 430));
         // In user mode the current task is not the waker (an interrupt woke the wakee).
         waiter.switch_in(1800);
@@ -1669,7 +1747,7 @@ mod tests {
         let mut t = thread();
         t.syscall_enter(1000, true);
         t.switch_out(1000, false);
-        t.wakeup(1300, true);
+        t.wakeup(1300, true, 0);
         assert_eq!((t.time[T_IO_WAIT], t.time[T_IO_WAIT_PEER]), (300, 0));
         // A non-blocking I/O syscall, or a fault without a disk read, is not I/O done.
         let mut w = thread();
@@ -1677,13 +1755,13 @@ mod tests {
         w.syscall_exit(1010);
         w.fault_enter(1020, &mut Storm::zeroed(), false, 0);
         w.switch_out(1030, false);
-        w.wakeup(1040, false);
+        w.wakeup(1040, false, 0);
         assert_eq!(w.io_done, 0);
         // A fault's disk read is.
         w.switch_in(1050);
         w.fault_read(1060, false, false);
         w.switch_out(1070, false);
-        w.wakeup(1090, false);
+        w.wakeup(1090, false, 0);
         assert_eq!(w.io_done, 1090);
         w.switch_in(1095);
         w.fault_exit(1100, true);
@@ -1698,13 +1776,13 @@ mod tests {
         worker.syscall_enter(1100, true);
         worker.switch_out(1110, false);
         waiter.syscall_enter(1200, false);
-        worker.wakeup(1500, false);
+        worker.wakeup(1500, false, 0);
         waiter.switch_out(1505, false);
         worker.switch_in(1510);
         worker.syscall_exit(1520);
         worker.syscall_enter(1530, false); // futex wake
         assert!(worker.wakes_with_io(&waiter));
-        waiter.wakeup(1540, true);
+        waiter.wakeup(1540, true, 0);
         assert_eq!(waiter.time[T_IO_WAIT_PEER], 35);
         // A later non-I/O syscall does not move the end of that I/O.
         worker.syscall_exit(1550);

@@ -14,7 +14,8 @@
 //! sent as a `ThreadRecord`; then one `MarkRecord` (with a copy of the
 //! engine's per-token record at `end`, `moe_abi::markers`). User space closes each copy at the
 //! mark's instant (`ThreadState::account`) and subtracts consecutive marks.
-//! Minimum kernel: 5.8 (ring buffer).
+//! The mark's record wakes the reader only once an eighth of the ring is unread
+//! (`maps::batch_wakeup`); otherwise user space polls. Minimum kernel: 5.8 (ring buffer).
 
 use core::{
     ptr::{addr_of, addr_of_mut, read_volatile},
@@ -29,13 +30,8 @@ use aya_ebpf::{
 };
 use observer_common::{
     GlobalCounter,
-    attrib::{MAX_SLOTS, MarkRecord, PHASE_BEGIN, PHASE_END, REC_MARK, REC_THREAD, ThreadRecord, call_arg},
+    attrib::{MAX_SLOTS, MarkRecord, PHASE_BEGIN, PHASE_END, REC_MARK, REC_THREAD, SEQ_CLOSED, ThreadRecord, call_arg},
 };
-
-/// No reader wakeup per record: waking the observer at every token would
-/// make it compete with the engine for a CPU at exactly the wrong moment.
-/// User space polls the ring on a timer instead.
-const BPF_RB_NO_WAKEUP: u64 = 1;
 
 use observer_common::{
     evict::N_KINDS,
@@ -43,7 +39,8 @@ use observer_common::{
 };
 
 use crate::maps::{
-    CALL_DEPTH, COUNTERS, EVENTS, MARK_LOST, MARK_N_TOKENS, SEQS, SLOTS, THREADS, bump, is_target, target_tid,
+    BPF_RB_NO_WAKEUP, CALL_DEPTH, COUNTERS, EVENTS, MARK_LOST, MARK_N_TOKENS, SEQS, SLOTS, THREADS, batch_wakeup, bump,
+    is_target, target_tid,
 };
 use crate::{
     evict::{EVICT_KIND_PAGES, EVICT_REFAULT_FAULTS, EVICT_REFAULT_IO, EVICT_REFAULTS},
@@ -139,6 +136,13 @@ fn mark_inner(phase: u32, index: u64, engine_rec: u64) -> u32 {
     let id = bpf_get_current_pid_tgid();
     if !is_target((id >> 32) as u32) {
         return 0;
+    }
+    // The snapshot begins: from now on no event charges a context it decides late to time
+    // before this instant (`attrib`, "Closed time stays closed"). A plain store: two marks at
+    // once may leave the earlier instant, off by their overlap.
+    if let Some(c) = SEQS.get_ptr_mut(SEQ_CLOSED) {
+        // SAFETY: map value, one 8-byte store; helper without preconditions.
+        unsafe { core::ptr::write_volatile(c, bpf_ktime_get_ns()) };
     }
     let Some(seqs) = SEQS.get_ptr_mut(1) else { return 0 };
     // SAFETY: only the marking thread writes this slot.
@@ -240,7 +244,8 @@ fn mark_inner(phase: u32, index: u64, engine_rec: u64) -> u32 {
         // SAFETY: per-CPU slot.
         unsafe { *c += lost as u64 };
     }
-    e.submit(BPF_RB_NO_WAKEUP);
+    // The mark's record ends its batch: it wakes the reader once the ring fills (`batch_wakeup`).
+    e.submit(batch_wakeup());
     0
 }
 

@@ -33,8 +33,8 @@ use observer_common::{
 };
 
 use crate::maps::{
-    EVENTS, TARGETS, THREADS, bump, config, current_known, current_slot, current_state, forget_current, offsets,
-    retire, slot_of, state_of, switched_in, target_tid, update,
+    BPF_RB_FORCE_WAKEUP, EVENTS, TARGETS, THREADS, bump, closed, config, current_known, current_slot, current_state,
+    forget_current, offsets, retire, slot_of, state_of, switched_in, target_tid, update,
 };
 
 #[inline(always)]
@@ -177,7 +177,8 @@ fn on_runtime(pid: u32, runtime: impl FnOnce() -> u64) {
     }
     let runtime = runtime();
     let now = clock();
-    update(s, |s| s.ran(now, runtime));
+    let closed = closed();
+    update(s, |s| s.ran(now, runtime, closed));
 }
 
 #[tracepoint]
@@ -219,7 +220,9 @@ fn on_waking(pid: u32) {
         Some(w) => unsafe { (*w).wakes_with_io(&*s) },
         None => false,
     };
-    update(s, |s| s.wakeup(now, peer_io));
+    // The latest snapshot's instant matters only to a wait that becomes `io_wait_peer`.
+    let closed = if peer_io { closed() } else { 0 };
+    update(s, |s| s.wakeup(now, peer_io, closed));
 }
 
 /// `task:task_rename`: a task's name changes (`prctl(PR_SET_NAME)`, a write to its `comm` file,
@@ -313,8 +316,6 @@ pub fn sched_exec(_ctx: TracePointContext) -> u32 {
     e.submit(BPF_RB_FORCE_WAKEUP);
     0
 }
-
-const BPF_RB_FORCE_WAKEUP: u64 = 2;
 const SIGSTOP: u32 = 19;
 
 /// `CLONE_THREAD` (include/uapi/linux/sched.h): the new task is a thread of

@@ -28,13 +28,8 @@ use observer_common::{
 use crate::{
     evict::EVICT_CLASS,
     filemap::find,
-    maps::{EVENTS, atomic_add},
+    maps::{BPF_RB_FORCE_WAKEUP, EVENTS, atomic_add, batch_wakeup},
 };
-
-/// No reader wakeup per read record (as the marks: user space polls) …
-const BPF_RB_NO_WAKEUP: u64 = 1;
-/// … but a question about an fd wakes it: its answer decides how the next reads are charged.
-const BPF_RB_FORCE_WAKEUP: u64 = 2;
 
 #[map]
 pub static XREAD_CONFIG: Array<XreadConfig> = Array::with_max_entries(1, 0);
@@ -89,6 +84,7 @@ fn query(tgid: u32, fd: u32) {
     if let Some(mut e) = EVENTS.reserve::<FdQuery>(0) {
         // SAFETY: a reserved record of its type.
         unsafe { e.as_mut_ptr().write(FdQuery { kind: REC_FD, tgid, fd, _pad: 0 }) };
+        // A question wakes the reader: its answer decides how the next reads are charged.
         e.submit(BPF_RB_FORCE_WAKEUP);
     } else {
         // Nobody will answer: forget it, so that the next read asks again.
@@ -188,7 +184,7 @@ pub fn exit(ret: i64, tid: u32, slot: u32, tgid: u32, now: u64) {
         if let Some(mut e) = EVENTS.reserve::<ReadRecord>(0) {
             // SAFETY: a reserved record of its type.
             unsafe { e.as_mut_ptr().write(ReadRecord { kind: REC_READ, tid, interval, _pad: 0, bytes }) };
-            e.submit(BPF_RB_NO_WAKEUP);
+            e.submit(batch_wakeup());
         } else {
             total_add(T_LOST_EVENTS, 1);
             total_add(T_LOST_BYTES, bytes);

@@ -20,8 +20,8 @@ use aya::{
 use observer_common::{
     Config, FaultTimes, GlobalCounter, OverflowFaults,
     attrib::{
-        DEV_SWAP, DevIo, HOST_STORES_IN_ORDER, Hist, MAX_SLOTS, N_HIST, SEQ_LAST_MISS, STORES_IN_ORDER, TASK_PID,
-        TASK_START_TIME, ThreadState, TpOffsets,
+        DEV_SWAP, DevIo, HOST_STORES_IN_ORDER, Hist, MAX_SLOTS, N_HIST, SEQ_CLOSED, SEQ_LAST_MISS, STORES_IN_ORDER,
+        TASK_PID, TASK_START_TIME, ThreadState, TpOffsets,
     },
     faults::{GLOBAL_COUNTERS, OTHER_CLOSES, OTHER_MAJFLT, OTHER_MINFLT},
     filemap::NO_FIELD,
@@ -1060,6 +1060,12 @@ impl Probes {
     /// Per-device totals of the target's block reads: (kernel dev_t, totals).
     pub fn devices(&self) -> Result<Vec<(u32, DevIo)>, ProbeError> {
         self.entries("DEV_IO")
+    }
+
+    /// A window's snapshot begins at `now`: no event charges a context it decides late to time
+    /// before it (`observer_common::attrib`, "Closed time stays closed").
+    pub fn close_at(&mut self, now: u64) -> Result<(), ProbeError> {
+        set(&mut self.ebpf, "SEQS", SEQ_CLOSED, now)
     }
 
     /// Stop process `pid` at its next `exec`, or none (see `Config::stop_on_exec`).

@@ -529,8 +529,9 @@ impl Session {
     async fn run_ebpf(&mut self, mut probes: Probes, sinks: &mut [Box<dyn Sink>]) -> Result<(Option<Ending>, Probes)> {
         let pid = self.target.pid();
         let ring = probes.take_events()?;
-        // Token records are polled; only an `exec` of the target wakes us (to
-        // attach the new program's markers before its first token).
+        // Token records are polled; the kernel wakes us at an `exec` of the target (to attach
+        // the new program's markers before its first token), at a question about an fd, and
+        // when an eighth of the ring is unread (`observer-ebpf` `maps::batch_wakeup`).
         // SAFETY: the ring buffer owns its fd and outlives the registration.
         let mut ring =
             unsafe { AsyncFd::register(ring) }.map_err(|e| e.into_parts().1).context("registering the ring buffer")?;
@@ -566,7 +567,7 @@ impl Session {
             self.degraded.clone(),
         );
         emit(sinks, &Event::Header(header))?;
-        // The kernel side never wakes us (see observer-ebpf/src/marks.rs): poll.
+        // Otherwise the kernel side does not wake us (`maps::batch_wakeup`): poll.
         let mut poll = interval(self.opts.poll);
         let mut sampler = interval(self.opts.sample_interval);
         let use_windows = self.opts.window.is_some() && probes.markers.is_none();
@@ -588,7 +589,7 @@ impl Session {
         self.target.release()?;
         if use_windows {
             ticker.tick().await; // the first tick is immediate
-            asm.window(window_snapshot(&probes, &asm)?);
+            asm.window(window_snapshot(&mut probes, &asm)?);
         }
 
         let mut silent = SilentMarkers::default();
@@ -630,7 +631,7 @@ impl Session {
                     // The read records of the ending window first, and the final states of threads
                     // gone before its snapshot after it (see `Assembler::window`).
                     drain(ring.get_mut(), &mut asm, &mut resid, sinks)?;
-                    let snap = window_snapshot(&probes, &asm)?;
+                    let snap = window_snapshot(&mut probes, &asm)?;
                     drain(ring.get_mut(), &mut asm, &mut resid, sinks)?;
                     if let Some(t) = asm.window(snap) {
                         tokens(vec![t], &mut resid, sinks)?;
@@ -906,8 +907,9 @@ fn interval(d: Duration) -> tokio::time::Interval {
 
 /// Every thread's state now (and the explicit-read totals, when `asm` folds reads), as a window
 /// boundary.
-fn window_snapshot(probes: &Probes, asm: &Assembler) -> Result<Snapshot> {
+fn window_snapshot(probes: &mut Probes, asm: &Assembler) -> Result<Snapshot> {
     let now = seed::mono_ns();
+    probes.close_at(now)?;
     window_snapshot_of(probes, asm, now, probes.snapshot(now)?)
 }
 
