@@ -74,6 +74,12 @@ impl CallCount {
         CallCount(Bpftrace::start(&script))
     }
 
+    /// … of every decode entry point of `llama`'s library by process `pid`.
+    fn decode_calls(llama: &Llama, pid: u32) -> CallCount {
+        let lib = llama.bin.join("libllama.so").canonicalize().unwrap();
+        CallCount::start_pid(&lib, &["llama_process", "llama_decode", "llama_encode"], pid)
+    }
+
     /// Stop bpftrace and return its count per function.
     fn finish(self) -> Vec<(String, u64)> {
         self.finish_with_pids().0
@@ -1327,8 +1333,7 @@ fn llama_server_idle_then_serving_charges_no_phantom_compute_and_records_each_de
         observe_pid(pid, "llama-server-idle.json", || std::thread::sleep(std::time::Duration::from_secs(3)));
     check_idle_server(pid, &idle, &before);
 
-    let lib = llama.bin.join("libllama.so").canonicalize().unwrap();
-    let count = CallCount::start_pid(&lib, &["llama_process", "llama_decode", "llama_encode"], pid);
+    let count = CallCount::decode_calls(&llama, pid);
     let (s, replies) = observe_pid(pid, "llama-server-serving.json", || {
         PROMPTS.iter().map(|p| server.complete(p, SERVED_TOKENS)).collect::<Vec<Value>>()
     });
@@ -1350,8 +1355,7 @@ fn a_burst_of_steps_across_many_threads_is_read_as_it_fills_the_ring() {
     let pid = server.pid();
     let threads = std::fs::read_dir(format!("/proc/{pid}/task")).unwrap().count();
     assert!(threads >= 32, "the server's threads: {threads}");
-    let lib = llama.bin.join("libllama.so").canonicalize().unwrap();
-    let count = CallCount::start_pid(&lib, &["llama_process", "llama_decode", "llama_encode"], pid);
+    let count = CallCount::decode_calls(&llama, pid);
     let (s, _) = observe_pid(pid, "llama-server-burst.json", || {
         PROMPTS.iter().map(|p| server.complete(p, SERVED_TOKENS)).collect::<Vec<Value>>()
     });
@@ -1360,6 +1364,58 @@ fn a_burst_of_steps_across_many_threads_is_read_as_it_fills_the_ring() {
     eprintln!("burst beside {threads} threads: {kept} of {calls} steps kept, {lost} events lost");
     assert!(kept <= calls && kept * 100 >= calls * 99, "{kept} of {calls} steps kept, {lost} events lost");
     assert!(kept == calls || lost > 0, "{} steps missing and no event counted lost", calls - kept);
+}
+
+/// `observer run --pid` whose stderr nobody reads while a server serves 2560 steps: its
+/// per-token lines (about 180 bytes each) fill the pipe's 64 KB and then the writer's queue
+/// (`observer::sinks::lines`), and the capture goes on. When the lines were written in line with
+/// the capture, the observer stopped at the full pipe and 728 events of 1280 steps were lost behind
+/// it. Now no event is lost, every step is a record (bpftrace's count), and every step is
+/// either a printed line or counted in a "token lines not printed" note.
+#[test]
+fn a_stalled_stderr_costs_printed_lines_not_events() {
+    let _l = machine_lock();
+    let llama = llama();
+    let model = tiny_model();
+    let server = Server::start(&llama, &model);
+    let pid = server.pid();
+    let count = CallCount::decode_calls(&llama, pid);
+    let json = scratch_dir("json").join("llama-server-stalled-stderr.json");
+    let mut obs = Command::new(OBSERVER)
+        .args(["run", "--force", "--pid", &pid.to_string(), "--json"])
+        .arg(&json)
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("observer");
+    let mut err = BufReader::new(obs.stderr.take().unwrap());
+    let mut seen = wait_attached(&mut err);
+    for p in PROMPTS.iter().chain(&PROMPTS) {
+        server.complete(p, SERVED_TOKENS);
+    }
+    // SAFETY: kill(2) of our own child.
+    unsafe { libc::kill(obs.id() as i32, libc::SIGINT) };
+    err.read_to_string(&mut seen).unwrap();
+    assert!(obs.wait().unwrap().success(), "observer failed:\n{seen}");
+    let calls: u64 = count.finish().iter().map(|(_, n)| n).sum();
+    let s: Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).expect("JSON");
+    assert_eq!(u(&s, "lost_events"), 0, "no event lost behind a stalled stderr");
+    let recs = records(&s).len() as u64;
+    assert_eq!(recs, calls, "records vs bpftrace's count of the server's calls");
+    // Token lines: "   123 gen   …"; notes: "observer: N token lines not printed: …".
+    let printed = seen
+        .lines()
+        .filter(|l| {
+            let mut w = l.split_whitespace();
+            w.next().is_some_and(|n| n.parse::<u64>().is_ok()) && w.next().is_some_and(|k| k == "gen" || k == "prompt")
+        })
+        .count() as u64;
+    let skipped: u64 = seen
+        .lines()
+        .filter_map(|l| l.strip_prefix("observer: ")?.split_once(" token lines not printed")?.0.parse::<u64>().ok())
+        .sum();
+    eprintln!("stalled stderr: {recs} steps = bpftrace {calls}; {printed} lines printed, {skipped} said skipped");
+    assert!(skipped > 0, "2560 lines do not fit a 64 KB pipe and the queue: some must be skipped");
+    assert_eq!(printed + skipped, recs, "every step printed or counted as not printed");
 }
 
 /// `observer tui --pid PID` on a terminal (tmux), with `--json` and `--record`: the TUI's live
@@ -1453,8 +1509,7 @@ fn llama_server_under_the_tui_shows_no_step_while_idle_and_each_decode_call_whil
     let tokens = app.header.as_ref().map(|h| h.tokens.clone()).unwrap_or_default();
     assert!(tokens.starts_with("engine profile llama.cpp"), "the TUI's header names what marks the steps: {tokens}");
 
-    let lib = llama.bin.join("libllama.so").canonicalize().unwrap();
-    let count = CallCount::start_pid(&lib, &["llama_process", "llama_decode", "llama_encode"], pid);
+    let count = CallCount::decode_calls(&llama, pid);
     let tui = TuiPid::start(pid, "llama-server-tui-serving");
     let replies: Vec<Value> = PROMPTS.iter().map(|p| server.complete(p, SERVED_TOKENS)).collect();
     let calls = count.finish();

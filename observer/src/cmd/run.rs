@@ -117,7 +117,8 @@ pub struct RunArgs {
     /// dispatch of those hooks.
     #[arg(long, hide = true, conflicts_with = "time_every_fault")]
     pub fault_dispatch_only: bool,
-    /// Print every Nth token line while running (0: none).
+    /// Print every Nth token line while running (0: none). Lines that stderr does not take fast
+    /// enough are skipped, and a note counts them.
     #[arg(long, default_value_t = 1, value_name = "N")]
     pub every: u64,
     /// Serve Prometheus/OpenMetrics metrics at http://ADDR/metrics while
