@@ -66,11 +66,9 @@ impl Writer {
     }
 
     /// Write out what is queued (and the count of what was skipped), then stop the thread.
-    fn finish(mut self) {
+    fn finish(self) {
         if self.skipped > 0 {
-            let note = skipped_note(self.skipped);
-            self.skipped = 0;
-            let _ = self.tx.send(note);
+            let _ = self.tx.send(skipped_note(self.skipped));
         }
         drop(self.tx);
         let _ = self.thread.join();
