@@ -22,5 +22,6 @@ pub mod config;
 pub use engine::output;
 pub mod plot;
 pub mod sinks;
+pub mod stderr;
 pub mod store;
 pub mod style;

@@ -75,6 +75,8 @@ fn main() {
         }),
         Err(e) => Err(anyhow::Error::from(e).context("starting the runtime")),
     };
+    // Lines still queued for stderr (`observer::stderr`) come before the exit and its message.
+    observer::stderr::drain();
     match result {
         Ok(code) => std::process::exit(code),
         Err(e) => {

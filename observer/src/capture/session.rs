@@ -465,6 +465,8 @@ impl Session {
     /// Observe until the target ends or a stop is requested, feeding every
     /// event to `sinks` in order (module doc).
     pub async fn run(mut self, sinks: &mut [Box<dyn Sink>]) -> Result<Outcome> {
+        // While the capture runs, a stalled reader of stderr must not stop it.
+        let queued = crate::stderr::Queued::begin();
         let capture = std::mem::replace(&mut self.capture, Capture::Procfs(String::new()));
         let (ending, detach) = match capture {
             Capture::Ebpf(probes) => {
@@ -478,6 +480,7 @@ impl Session {
             Some(Ending::Exited(c)) => Some(c),
             _ => None,
         };
+        drop(queued);
         if let Some(line) = self.target.oom_report(exit_code) {
             log::warn!("{line}");
         }

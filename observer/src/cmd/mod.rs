@@ -59,6 +59,8 @@ pub fn init_logging(verbose: u8, quiet: u8) {
     env_logger::Builder::new()
         .filter_level(level)
         .parse_default_env()
+        // Through the queue a capture holds (`observer::stderr`), so a stalled reader cannot stop it.
+        .target(env_logger::Target::Pipe(Box::new(observer::stderr::LogPipe::default())))
         .format(|f, r| {
             let level = match r.level() {
                 log::Level::Error => "error: ",

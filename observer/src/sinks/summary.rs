@@ -30,6 +30,8 @@ impl Sink for SummarySink {
             return Ok(());
         }
         let summary = self.collector.summary();
+        // The lines queued during the capture come before the table.
+        crate::stderr::drain();
         summary.print(&mut std::io::stderr().lock())?;
         if let Some(out) = self.json.take() {
             let mut bytes = serde_json::to_vec_pretty(&summary)?;
