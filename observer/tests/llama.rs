@@ -1390,7 +1390,7 @@ fn a_burst_of_steps_across_many_threads_is_read_as_it_fills_the_ring() {
 
 /// `observer run --pid` whose stderr nobody reads while a server serves 2560 steps: its
 /// per-token lines (about 180 bytes each) fill the pipe's 64 KB and then the writer's queue
-/// (`observer::sinks::lines`), and the capture goes on. When the lines were written in line with
+/// (`observer::stderr`), and the capture goes on. When the lines were written in line with
 /// the capture, the observer stopped at the full pipe and lost 3352 events behind it, steps
 /// among them. Now every step is a record (bpftrace's count), next to none are lost ([`few_lost`]),
 /// and every step is either a printed line or counted in a "token lines not printed" note.
