@@ -25,6 +25,9 @@
 //! `file<TAB>PATH<TAB>VALUE` per saved file, `VALUE` with `\`, newline and tab escaped as `\\`,
 //! `\n`, `\t`.
 //!
+//! [`Damon::paused`] saves the tree the same way and turns every kdamond off; its restore is the
+//! same as above (for a test that the host's own pageout scheme would disturb).
+//!
 //! The new kdamond monitors physical addresses (`paddr`) over the given ranges only, and pages
 //! out what was not accessed in one aggregation interval, restricted by two operation filters to
 //! non-anonymous folios charged to one memory cgroup (`memcg_path`, the path inside the memory
@@ -233,6 +236,33 @@ impl Damon {
             );
         }
         ensure!(!scheme.regions.is_empty(), "a DAMON scheme needs at least one physical address range");
+        let mut d = Damon::saved(admin)?;
+        d.start(scheme)?;
+        Ok(d)
+    }
+
+    /// Saves the admin tree and turns every kdamond off, for a test that the host's own DAMON
+    /// schemes would disturb (a `pageout` of page cache left untouched for a minute); the drop
+    /// or [`Damon::restore`] turns back on those that were on, configured as before. `None` on a
+    /// kernel without DAMON's sysfs interface: no kdamond runs there to turn off.
+    pub fn paused() -> Result<Option<Damon>> {
+        let admin = PathBuf::from(ADMIN);
+        if !admin.join("nr_kdamonds").exists() {
+            return Ok(None);
+        }
+        let mut d = Damon::saved(admin)?;
+        d.touched = true;
+        d.all_off()?;
+        Ok(Some(d))
+    }
+
+    /// Whether any kdamond was on when the tree was saved.
+    pub fn any_was_on(&self) -> bool {
+        self.saved.iter().any(|s| s.on)
+    }
+
+    /// The tree under `admin` saved, in memory and in [`STATE_FILE`] (module doc), nothing changed.
+    fn saved(admin: PathBuf) -> Result<Damon> {
         recover()?;
         let n: usize = read(&admin.join("nr_kdamonds"))?.parse().context("nr_kdamonds")?;
         let saved = (0..n).map(|i| save(&admin.join(i.to_string()))).collect::<Result<Vec<_>>>()?;
@@ -240,9 +270,7 @@ impl Damon {
         std::fs::create_dir_all(state.parent().expect("a directory"))
             .with_context(|| format!("making the directory of {STATE_FILE}"))?;
         std::fs::write(state, encode(&saved)).with_context(|| format!("writing {STATE_FILE}"))?;
-        let mut d = Damon { admin, saved, ours: None, touched: false, restored: false };
-        d.start(scheme)?;
-        Ok(d)
+        Ok(Damon { admin, saved, ours: None, touched: false, restored: false })
     }
 
     fn kdamond(&self, i: usize) -> PathBuf {
