@@ -362,13 +362,8 @@ fn a_diagnostic_while_stderr_stalls_does_not_stop_the_capture() {
     assert_eq!(records, steps, "every marked step a record\n{}", tail(&err));
     assert_eq!(lost, 0, "no event lost\n{}", tail(&err));
     // And the lines: printed, or counted as not printed.
-    let printed =
-        err.lines().filter(|l| l.split_whitespace().nth(1).is_some_and(|k| k == "gen" || k == "prompt")).count();
-    let skipped: u64 = err
-        .lines()
-        .filter_map(|l| l.strip_prefix("observer: ")?.split_once(" token lines not printed")?.0.parse::<u64>().ok())
-        .sum();
-    assert_eq!(printed as u64 + skipped, records, "every record printed or counted as not printed");
+    let (printed, skipped) = token_lines_printed_and_skipped(&err);
+    assert_eq!(printed + skipped, records, "every record printed or counted as not printed");
 }
 
 /// The last lines of a long stderr.

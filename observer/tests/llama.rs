@@ -1411,18 +1411,7 @@ fn a_stalled_stderr_costs_printed_lines_not_events() {
     let recs = records(&s).len() as u64;
     assert_eq!(recs, calls, "records vs bpftrace's count of the server's calls: no step lost behind a stalled stderr");
     few_lost(&s);
-    // Token lines: "   123 gen   …"; notes: "observer: N token lines not printed: …".
-    let printed = seen
-        .lines()
-        .filter(|l| {
-            let mut w = l.split_whitespace();
-            w.next().is_some_and(|n| n.parse::<u64>().is_ok()) && w.next().is_some_and(|k| k == "gen" || k == "prompt")
-        })
-        .count() as u64;
-    let skipped: u64 = seen
-        .lines()
-        .filter_map(|l| l.strip_prefix("observer: ")?.split_once(" token lines not printed")?.0.parse::<u64>().ok())
-        .sum();
+    let (printed, skipped) = token_lines_printed_and_skipped(&seen);
     eprintln!("stalled stderr: {recs} steps = bpftrace {calls}; {printed} lines printed, {skipped} said skipped");
     assert!(skipped > 0, "2560 lines do not fit a 64 KB pipe and the queue: some must be skipped");
     assert_eq!(printed + skipped, recs, "every step printed or counted as not printed");

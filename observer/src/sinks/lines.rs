@@ -3,8 +3,8 @@
 //! token, none when `every` is 0.
 //!
 //! They go through stderr's queue (`crate::stderr`): a reader of stderr that stalls costs printed
-//! lines, counted and said, never the capture's events. At the end of the run the queue is
-//! written out before anything else is printed.
+//! lines, counted and said, never the capture's events. The summary drains the queue before its
+//! table.
 
 use observer_common::model::Event;
 
@@ -32,7 +32,6 @@ impl Sink for Lines {
                 }
                 stderr::token_line(attribution::line(t));
             }
-            Event::End(_) => stderr::drain(),
             _ => {}
         }
         Ok(())

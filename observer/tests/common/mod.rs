@@ -144,6 +144,23 @@ pub fn observe(json_name: &str, args: &[&str]) -> ObserverRun {
     ObserverRun { output, summary, workload }
 }
 
+/// In `observer run`'s stderr: the per-token lines printed ("   123 gen   …") and those said not
+/// printed ("observer: N token lines not printed: …", `observer::stderr`).
+pub fn token_lines_printed_and_skipped(stderr: &str) -> (u64, u64) {
+    let printed = stderr
+        .lines()
+        .filter(|l| {
+            let mut w = l.split_whitespace();
+            w.next().is_some_and(|n| n.parse::<u64>().is_ok()) && w.next().is_some_and(|k| k == "gen" || k == "prompt")
+        })
+        .count() as u64;
+    let skipped = stderr
+        .lines()
+        .filter_map(|l| l.strip_prefix("observer: ")?.split_once(" token lines not printed")?.0.parse::<u64>().ok())
+        .sum();
+    (printed, skipped)
+}
+
 pub fn u(v: &Value, key: &str) -> u64 {
     v[key].as_u64().unwrap_or_else(|| panic!("missing numeric `{key}` in {v}"))
 }
