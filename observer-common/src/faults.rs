@@ -259,6 +259,10 @@ pub enum GlobalCounter {
     // Slot 1 is unused: the programs' runs are the kernel's `run_cnt` (`bpf_programs`).
     /// Descendants not followed because the set of followed processes was full.
     FollowOverflow = 2,
+    /// Thread copies a mark could not take whole: an update of the thread's state (on another
+    /// CPU, or a switch of the marking thread itself) ran through every attempt (`observer-ebpf`'s
+    /// `marks`). Each is also one of `LostEvents`.
+    TornCopies = 3,
 }
 /// Number of slots in `COUNTERS`.
 pub const GLOBAL_COUNTERS: u32 = 4;

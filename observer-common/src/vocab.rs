@@ -958,7 +958,7 @@ pub static HEALTH: [Row; 1] = [row(
     "lost_events",
     "lost_events",
     "lost",
-    "records the kernel side could not deliver (its 4 MiB ring was full: the observer reads it every 100 ms, and at once when an eighth of it is unread); shown in red when not 0",
+    "records the kernel side could not deliver (its 4 MiB ring was full: the observer reads it every 100 ms, and at once when an eighth of it is unread), and thread copies a token's mark could not take whole (an update of that thread on another CPU, for example on a vCPU the host preempted, ran through every attempt; their number is said at the end); shown in red when not 0",
 )
 .prom(&F_LOST_EVENTS, None)];
 

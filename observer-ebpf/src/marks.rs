@@ -10,7 +10,8 @@
 //! thread's last, then the mark's instant is read (so that no copy is newer
 //! than the mark; the marking thread's copy and the instant are retaken if a
 //! switch of that thread fell between them, see `emit_current`). Each copy (checking its update
-//! sequence, so torn copies are retried once and then counted as lost) and
+//! sequence, so torn copies are retried, `COPY_ATTEMPTS` in all, and then counted as lost and
+//! as torn) and
 //! sent as a `ThreadRecord`; then one `MarkRecord` (with a copy of the
 //! engine's per-token record at `end`, `moe_abi::markers`). User space closes each copy at the
 //! mark's instant (`ThreadState::account`) and subtracts consecutive marks.
@@ -49,6 +50,12 @@ use crate::{
 };
 use observer_common::xread::N_TOTALS as XREAD_N;
 
+/// Attempts at a whole copy of another thread's state. An update on another CPU takes well under
+/// a microsecond, and an attempt about 50 ns; a copy torn through every attempt (an interrupt, or
+/// on a VM a vCPU the host preempted, in the middle of an update) is counted as `TornCopies`, and
+/// lost.
+const COPY_ATTEMPTS: usize = 2;
+
 /// Copy slot `i` into the ring buffer; false when it could not be sent.
 #[inline(always)]
 fn emit_thread(i: u32, phase: u32, mark_seq: u64) -> bool {
@@ -56,8 +63,7 @@ fn emit_thread(i: u32, phase: u32, mark_seq: u64) -> bool {
     let Some(mut e) = EVENTS.reserve::<ThreadRecord>(0) else { return false };
     let r = e.as_mut_ptr();
     let mut ok = false;
-    // Two attempts; an update on another CPU takes well under a microsecond.
-    for _ in 0..2 {
+    for _ in 0..COPY_ATTEMPTS {
         // SAFETY: `t` is a map value, `r` a reserved ring-buffer record of the right size.
         unsafe {
             let s1 = read_volatile(addr_of!((*t).seq));
@@ -73,6 +79,7 @@ fn emit_thread(i: u32, phase: u32, mark_seq: u64) -> bool {
     }
     if !ok {
         e.discard(0);
+        bump(GlobalCounter::TornCopies);
         return false;
     }
     // SAFETY: as above.
@@ -119,6 +126,7 @@ fn emit_current(i: u32, phase: u32, mark_seq: u64) -> Option<u64> {
         }
     }
     e.discard(0);
+    bump(GlobalCounter::TornCopies);
     None
 }
 

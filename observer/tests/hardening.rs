@@ -358,12 +358,28 @@ fn a_diagnostic_while_stderr_stalls_does_not_stop_the_capture() {
     let summary: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
     let records = summary["tokens"].as_array().unwrap().len() as u64;
     let lost = u(&summary, "lost_events");
-    eprintln!("steps {steps} (the engines' own counts), records {records}, events lost {lost}");
+    let torn = torn_copies(&err);
+    eprintln!(
+        "steps {steps} (the engines' own counts), records {records}, events lost {lost}, {torn} of them torn copies"
+    );
     assert_eq!(records, steps, "every marked step a record\n{}", tail(&err));
-    assert_eq!(lost, 0, "no event lost\n{}", tail(&err));
+    // A thread copy torn by an update through every attempt is lost whatever stderr does (on a VM
+    // the host may preempt a vCPU in the middle of an update; 1 in 11 000 steps in one CI run):
+    // counted apart, and bounded. Every other loss would be the capture falling behind.
+    assert_eq!(lost - torn, 0, "no event lost but torn thread copies\n{}", tail(&err));
+    assert!(torn * 1000 <= steps, "at most one torn thread copy in 1000 steps: {torn}\n{}", tail(&err));
     // And the lines: printed, or counted as not printed.
     let (printed, skipped) = token_lines_printed_and_skipped(&err);
     assert_eq!(printed + skipped, records, "every record printed or counted as not printed");
+}
+
+/// The thread copies torn through every attempt, from the observer's closing warning (0 without it).
+fn torn_copies(err: &str) -> u64 {
+    let line = err.lines().find(|l| l.contains("lost events are thread copies"));
+    line.map_or(0, |l| {
+        let n = l.split(" of the ").next().and_then(|h| h.rsplit(' ').next()).and_then(|n| n.parse().ok());
+        n.unwrap_or_else(|| panic!("a torn-copies line without its count: {l}"))
+    })
 }
 
 /// The last lines of a long stderr.

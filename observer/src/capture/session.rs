@@ -701,6 +701,14 @@ impl Session {
         emit(sinks, &Event::Totals(totals))?;
         let lost = probes.counter(GlobalCounter::LostEvents)? + asm.malformed;
         silent.check(&probes, asm.records(), true, pid, sinks)?;
+        let torn = probes.counter(GlobalCounter::TornCopies)?;
+        if torn > 0 {
+            log::warn!(
+                "{torn} of the {lost} lost events are thread copies a token's mark could not take whole \
+                 (another CPU was updating that thread's state through every attempt): those threads are \
+                 missing from their tokens"
+            );
+        }
         let unfollowed = probes.counter(GlobalCounter::FollowOverflow)?;
         if unfollowed > 0 {
             log::warn!(
