@@ -14,6 +14,9 @@ use std::{
 
 use observer::stderr::{self, QUEUE_LINES, Queued};
 
+mod common;
+use common::said_not_printed;
+
 const TOKENS: u64 = 5000;
 const DIAGNOSTICS: u64 = 600;
 
@@ -22,15 +25,6 @@ fn dup2(fd: i32, target: i32, what: &str) {
     // SAFETY: plain system call on descriptors this process owns.
     let r = unsafe { libc::dup2(fd, target) };
     assert!(r >= 0, "{what}: {}", std::io::Error::last_os_error());
-}
-
-/// The count `N` of "observer: N {what} not printed: …", summed over the notes.
-fn said(text: &str, what: &str) -> u64 {
-    let count = |l: &str| -> Option<u64> {
-        let (n, rest) = l.strip_prefix("observer: ")?.split_once(' ')?;
-        if rest.starts_with(&format!("{what} not printed:")) { n.parse().ok() } else { None }
-    };
-    text.lines().filter_map(count).sum()
 }
 
 #[test]
@@ -73,7 +67,8 @@ fn every_line_is_printed_or_counted_and_diagnostics_keep_their_quarter() {
 
     let printed = |p: &str| text.lines().filter(|l| l.starts_with(p)).count() as u64;
     let (tokens, diagnostics) = (printed("T "), printed("D "));
-    let (skipped_tokens, skipped_diagnostics) = (said(&text, "token lines"), said(&text, "diagnostics"));
+    let (skipped_tokens, skipped_diagnostics) =
+        (said_not_printed(&text, "token lines"), said_not_printed(&text, "diagnostics"));
     eprintln!(
         "token lines: {tokens} printed, {skipped_tokens} said not printed; diagnostics: {diagnostics} printed, \
          {skipped_diagnostics} said not printed"

@@ -154,11 +154,16 @@ pub fn token_lines_printed_and_skipped(stderr: &str) -> (u64, u64) {
             w.next().is_some_and(|n| n.parse::<u64>().is_ok()) && w.next().is_some_and(|k| k == "gen" || k == "prompt")
         })
         .count() as u64;
-    let skipped = stderr
-        .lines()
-        .filter_map(|l| l.strip_prefix("observer: ")?.split_once(" token lines not printed")?.0.parse::<u64>().ok())
-        .sum();
-    (printed, skipped)
+    (printed, said_not_printed(stderr, "token lines"))
+}
+
+/// The count `N` of `observer::stderr`'s notes "observer: N {what} not printed: …", summed.
+pub fn said_not_printed(stderr: &str, what: &str) -> u64 {
+    let count = |l: &str| -> Option<u64> {
+        let (n, rest) = l.strip_prefix("observer: ")?.split_once(' ')?;
+        if rest.starts_with(&format!("{what} not printed:")) { n.parse().ok() } else { None }
+    };
+    stderr.lines().filter_map(count).sum()
 }
 
 pub fn u(v: &Value, key: &str) -> u64 {
