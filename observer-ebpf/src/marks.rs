@@ -205,6 +205,13 @@ fn mark_inner(phase: u32, index: u64, engine_rec: u64) -> u32 {
     }
     // SAFETY: per-CPU scratch.
     let lost = MARK_LOST.get(0).map(|v| *v).unwrap_or(0) as u32;
+    // The threads not copied are lost whether or not the mark's own record can be sent.
+    if lost > 0
+        && let Some(c) = COUNTERS.get_ptr_mut(GlobalCounter::LostEvents as u32)
+    {
+        // SAFETY: per-CPU slot.
+        unsafe { *c += lost as u64 };
+    }
     let Some(mut e) = EVENTS.reserve::<MarkRecord>(0) else {
         bump(GlobalCounter::LostEvents);
         return 0;
@@ -245,12 +252,6 @@ fn mark_inner(phase: u32, index: u64, engine_rec: u64) -> u32 {
         {
             (*r).has_engine = 1;
         }
-    }
-    if lost > 0
-        && let Some(c) = COUNTERS.get_ptr_mut(GlobalCounter::LostEvents as u32)
-    {
-        // SAFETY: per-CPU slot.
-        unsafe { *c += lost as u64 };
     }
     // The mark's record ends its batch: it wakes the reader once the ring fills (`batch_wakeup`).
     e.submit(batch_wakeup());
