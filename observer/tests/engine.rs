@@ -349,6 +349,9 @@ fn cache_stalls_are_io_wait_peer_beside_the_engines_stall() {
 /// of the model, per token, against three sources on the same run: the engine's own `read_bytes`
 /// (its clock around the same calls), a bpftrace count of the engine's `pread64` returns between
 /// its token markers (the kernel's), and the experts the engine logged as loaded (`--cache-log`).
+/// The interval index is held to 16 buckets (`MOE_OBSERVER_XREAD_BUCKETS`), so that each read's
+/// interval takes the search steps of a large model's (the default index of this small one needs
+/// none: `per_expert_explicit_reads_fill_the_grid_the_trace_and_the_heatmap` runs that).
 #[test]
 fn cache_reads_are_charged_per_region_to_the_experts_the_engine_loaded() {
     let _l = machine_lock();
@@ -366,6 +369,7 @@ fn cache_reads_are_charged_per_region_to_the_experts_the_engine_loaded() {
         e = engine.display()
     ));
     let out = Command::new(OBSERVER)
+        .env("MOE_OBSERVER_XREAD_BUCKETS", "16")
         .args(["run", "--every", "0", "--force", "--json", json.to_str().unwrap(), "--"])
         .arg(&engine)
         .args(["run", "-m", model.to_str().unwrap(), "-p", "The quick brown fox", "-n", "48"])
@@ -374,7 +378,13 @@ fn cache_reads_are_charged_per_region_to_the_experts_the_engine_loaded() {
         .output()
         .unwrap();
     let text = bt.finish();
-    assert!(out.status.success(), "observer run failed: {}", String::from_utf8_lossy(&out.stderr));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "observer run failed: {stderr}");
+    let span: u32 = stderr
+        .lines()
+        .find_map(|l| l.strip_prefix("observer: MOE_OBSERVER_XREAD_BUCKETS=16: ")?.rsplit_once("span ")?.1.parse().ok())
+        .unwrap_or_else(|| panic!("no line on the interval index: {stderr}"));
+    assert!(span >= 4, "16 buckets of the tiny model: each covers several intervals, span {span}");
     let v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
     let pid = v["target"]["pid"].as_u64().unwrap_or_else(|| panic!("no target pid: {}", v["target"]));
     // bpftrace: pread64 bytes per token index of this engine process, of its I/O workers (the
