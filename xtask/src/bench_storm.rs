@@ -57,6 +57,23 @@
 //! per read is its cost), and the reads B charged to the model's regions against the workload's
 //! calls.
 //!
+//! The bench fails when B charged fewer reads than the workload made (its explicit-read programs
+//! did not run, so B − C would measure nothing).
+//!
+//! `--kind churn`: a storm of page-cache insertions and removals (the programs on
+//! `filemap:mm_filemap_add_to_page_cache` / `mm_filemap_delete_from_page_cache`, which run for
+//! every file's pages). The target is the workload's `churn-storm` (`--passes` passes over the
+//! `cliff-small` model, each dropping it from the page cache with `POSIX_FADV_DONTNEED` and
+//! reading it whole again in 1 MiB `pread64`s), run alone (A), under `observer run --model` with
+//! a copy of the model churned instead (O: another file's events, which the programs drop after
+//! comparing its inode), and under `observer run --model` on the file it churns (B: the pages
+//! counted into the model's intervals and their eviction actors), in A-O-B / B-O-A order over
+//! the rounds. Printed: every round, the slowdowns O / A and B / A of the median times, each
+//! program's ns per run (net of the statistics, F) and runs per page for O and B with its
+//! budget, and the page-cache work on the model per page (B − O of `filemap_add` +
+//! `filemap_delete`). One run is one folio: with large folios in the page cache a run counts
+//! many pages.
+//!
 //! `--kind switch`: a storm of the scheduler's events. The target is the workload's
 //! `switch-storm` (`--exchanges` round trips of a byte between two threads over pipes) pinned to
 //! one CPU, so that each round trip is two context switches, two wakeups and four system calls,
@@ -340,7 +357,7 @@ impl Arms {
 
 pub fn main(args: &[String]) -> Result<()> {
     let (mut rounds, mut size, mut kind) = (4usize, "64M".to_string(), "anon".to_string());
-    let (mut repeat, mut calls, mut exchanges) = (64u32, 400_000u64, 200_000u64);
+    let (mut repeat, mut calls, mut exchanges, mut passes) = (64u32, 400_000u64, 200_000u64, 8u64);
     let mut threads_repeat = 250u32;
     let mut it = args.iter();
     while let Some(a) = it.next() {
@@ -352,17 +369,18 @@ pub fn main(args: &[String]) -> Result<()> {
             "--kind" => kind = val("--kind")?,
             "--calls" => calls = val("--calls")?.parse()?,
             "--exchanges" => exchanges = val("--exchanges")?.parse()?,
+            "--passes" => passes = val("--passes")?.parse()?,
             "--thread-rounds" => threads_repeat = val("--thread-rounds")?.parse()?,
             _ => bail!(
-                "usage: cargo xtask bench storm [--rounds N] [--kind anon|pread|switch|threads] [--size 64M] \
-                 [--repeat R] [--calls N] [--exchanges N] [--thread-rounds N]"
+                "usage: cargo xtask bench storm [--rounds N] [--kind anon|pread|churn|switch|threads] [--size 64M] \
+                 [--repeat R] [--calls N] [--passes N] [--exchanges N] [--thread-rounds N]"
             ),
         }
     }
-    if !matches!(kind.as_str(), "anon" | "pread" | "switch" | "threads") {
+    if !matches!(kind.as_str(), "anon" | "pread" | "churn" | "switch" | "threads") {
         bail!(
-            "--kind {kind}: the storms are `anon` (minor faults), `pread` (explicit reads of the model), `switch` \
-             (context switches) and `threads` (threads started and ended)"
+            "--kind {kind}: the storms are `anon` (minor faults), `pread` (explicit reads of the model), `churn` \
+             (page-cache insertions and removals), `switch` (context switches) and `threads` (threads started and ended)"
         );
     }
     let bin = bench_util::build()?;
@@ -381,6 +399,11 @@ pub fn main(args: &[String]) -> Result<()> {
         let model = crate::bench_cliff::small_model(&bin.join("engine"))?;
         let _lock = testkit::machine_lock();
         return pread_storm(&observer, &workload, &scratch, &model, rounds, calls);
+    }
+    if kind == "churn" {
+        let model = crate::bench_cliff::small_model(&bin.join("engine"))?;
+        let _lock = testkit::machine_lock();
+        return churn_storm(&observer, &workload, &scratch, &model, rounds, passes);
     }
     if kind == "switch" {
         let _lock = testkit::machine_lock();
@@ -559,6 +582,15 @@ pub fn main(args: &[String]) -> Result<()> {
     Ok(())
 }
 
+/// `model` linked as `scratch/name`, a name without `.gguf`: without `--model` the observer finds
+/// no model on the command line.
+fn model_link(scratch: &Path, model: &Path, name: &str) -> Result<std::path::PathBuf> {
+    let link = scratch.join(name);
+    let _ = std::fs::remove_file(&link);
+    std::os::unix::fs::symlink(model, &link).with_context(|| format!("linking {}", link.display()))?;
+    Ok(link)
+}
+
 /// `--kind pread` (module spec).
 fn pread_storm(
     observer: &Path,
@@ -568,10 +600,7 @@ fn pread_storm(
     rounds: usize,
     calls: u64,
 ) -> Result<()> {
-    // The model under a name without `.gguf`: without `--model` the observer finds none.
-    let link = scratch.join("pread-storm-model.bin");
-    let _ = std::fs::remove_file(&link);
-    std::os::unix::fs::symlink(model, &link).with_context(|| format!("linking {}", link.display()))?;
+    let link = model_link(scratch, model, "pread-storm-model.bin")?;
     let wl_args: Vec<String> =
         vec!["pread-storm".into(), "--path".into(), link.display().to_string(), "--calls".into(), calls.to_string()];
     println!(
@@ -618,6 +647,15 @@ fn pread_storm(
         mb / ma
     );
     println!("reads charged to the model (explicit_reads calls of the tokens): {charged} of the workload's {reads_b}");
+    if charged < reads_b {
+        bail!(
+            "the observer charged {charged} of the workload's {reads_b} reads to the model: its explicit-read programs \
+             did not run (run `observer run --model {} -- {} {}` to see its warnings)",
+            link.display(),
+            workload.display(),
+            wl_args.join(" ")
+        );
+    }
     let stats_ns = statistics_cost(observer, workload, scratch)?;
     println!("with the model (B), kernel BPF statistics over its runs:");
     print_programs(&progs_b, reads_b, "read", stats_ns);
@@ -629,6 +667,83 @@ fn pread_storm(
     println!(
         "explicit-read work (sys_enter + sys_exit, B − C): {xread:.1} ns per read; the alone run's time per read: {:.1} ns",
         ma / calls as f64
+    );
+    Ok(())
+}
+
+/// `--kind churn` (module spec).
+fn churn_storm(
+    observer: &Path,
+    workload: &Path,
+    scratch: &Path,
+    model: &Path,
+    rounds: usize,
+    passes: u64,
+) -> Result<()> {
+    // A copy of the model: the other file.
+    let link = model_link(scratch, model, "churn-storm-model.bin")?;
+    let copy = scratch.join("churn-storm-copy.bin");
+    let len = |p: &Path| std::fs::metadata(p).map(|m| m.len()).ok();
+    if len(&copy) != len(model) {
+        std::fs::copy(model, &copy).with_context(|| format!("copying {} to {}", model.display(), copy.display()))?;
+    }
+    let args = |path: &Path| -> Vec<String> {
+        vec!["churn-storm".into(), "--path".into(), path.display().to_string(), "--passes".into(), passes.to_string()]
+    };
+    let (wl_model, wl_copy) = (args(&link), args(&copy));
+    println!(
+        "workload churn-storm --passes {passes} (each: {} dropped with POSIX_FADV_DONTNEED and read whole) alone (A), \
+         under `observer run --model` on it with a copy churned instead (O) and on the file it churns (B), \
+         {rounds} rounds A-O-B / B-O-A",
+        model.display()
+    );
+    let mut on_model = Observed { observer, workload, wl_args: &wl_model, kind: "churn", scratch, n: 0 };
+    let mut on_copy = Observed { observer, workload, wl_args: &wl_copy, kind: "churn", scratch, n: 1000 };
+    let (mut progs_b, mut progs_o) = (Programs::new(), Programs::new());
+    let mut arms = Arms::new(&[('A', "alone"), ('O', "other file"), ('B', "model")]);
+    let (mut pages_b, mut pages_o, mut pages) = (0u64, 0u64, 0u64);
+    for r in 0..rounds {
+        let order: [char; 3] = if r.is_multiple_of(2) { ['A', 'O', 'B'] } else { ['B', 'O', 'A'] };
+        let (mut a, mut b, mut o) = (0u64, 0u64, 0u64);
+        for side in order {
+            match side {
+                'A' => (a, pages) = phase(&run(Command::new(workload).args(&wl_model))?, "churn")?,
+                'B' => {
+                    let ((ns, n), _) = on_model.run(Some(link.as_path()), true, &[], &mut progs_b)?;
+                    (b, pages_b) = (ns, pages_b + n);
+                }
+                _ => {
+                    let ((ns, n), _) = on_copy.run(Some(link.as_path()), true, &[], &mut progs_o)?;
+                    (o, pages_o) = (ns, pages_o + n);
+                }
+            }
+        }
+        arms.round(r, &[a, o, b], pages, "page");
+    }
+    let (ma, mb, mo) = (arms.median('A'), arms.median('B'), arms.median('O'));
+    println!(
+        "median: alone {:.3} s, other file {:.3} s, model {:.3} s; slowdown with another file's events {:.3}, with \
+         the model's {:.3}",
+        ma / 1e9,
+        mo / 1e9,
+        mb / 1e9,
+        mo / ma,
+        mb / ma
+    );
+    let stats_ns = statistics_cost(observer, workload, scratch)?;
+    println!("the model churned (B), kernel BPF statistics over its runs:");
+    print_programs(&progs_b, pages_b, "page", stats_ns);
+    println!("another file churned (O):");
+    print_programs(&progs_o, pages_o, "page", stats_ns);
+    let per = |p: &Programs, name: &str, n: u64| p.get(name).map_or(0.0, |v| v.1 as f64 / n.max(1) as f64);
+    let work: f64 = ["filemap_add", "filemap_delete"]
+        .iter()
+        .map(|name| per(&progs_b, name, pages_b) - per(&progs_o, name, pages_o))
+        .sum();
+    println!(
+        "page-cache work on the model (filemap_add + filemap_delete, B − O): {work:.1} ns per page; the alone run's \
+         time per page: {:.1} ns",
+        ma / pages.max(1) as f64
     );
     Ok(())
 }
