@@ -71,8 +71,10 @@
 //! the rounds. Printed: every round, the slowdowns O / A and B / A of the median times, each
 //! program's ns per run (net of the statistics, F) and runs per page for O and B with its
 //! budget, and the page-cache work on the model per page (B − O of `filemap_add` +
-//! `filemap_delete`). One run is one folio: with large folios in the page cache a run counts
-//! many pages.
+//! `filemap_delete`). One run is one folio: with large folios in the page cache (read-ahead) a
+//! run counts many pages. `--random` reads in 4 KiB `pread64`s with `POSIX_FADV_RANDOM` instead
+//! (no read-ahead: one page a folio, as random faults of an evicted model bring in), 2 passes
+//! unless `--passes` says otherwise.
 //!
 //! `--kind switch`: a storm of the scheduler's events. The target is the workload's
 //! `switch-storm` (`--exchanges` round trips of a byte between two threads over pipes) pinned to
@@ -357,7 +359,8 @@ impl Arms {
 
 pub fn main(args: &[String]) -> Result<()> {
     let (mut rounds, mut size, mut kind) = (4usize, "64M".to_string(), "anon".to_string());
-    let (mut repeat, mut calls, mut exchanges, mut passes) = (64u32, 400_000u64, 200_000u64, 8u64);
+    let (mut repeat, mut calls, mut exchanges, mut passes) = (64u32, 400_000u64, 200_000u64, None);
+    let mut random = false;
     let mut threads_repeat = 250u32;
     let mut it = args.iter();
     while let Some(a) = it.next() {
@@ -369,11 +372,12 @@ pub fn main(args: &[String]) -> Result<()> {
             "--kind" => kind = val("--kind")?,
             "--calls" => calls = val("--calls")?.parse()?,
             "--exchanges" => exchanges = val("--exchanges")?.parse()?,
-            "--passes" => passes = val("--passes")?.parse()?,
+            "--passes" => passes = Some(val("--passes")?.parse()?),
+            "--random" => random = true,
             "--thread-rounds" => threads_repeat = val("--thread-rounds")?.parse()?,
             _ => bail!(
                 "usage: cargo xtask bench storm [--rounds N] [--kind anon|pread|churn|switch|threads] [--size 64M] \
-                 [--repeat R] [--calls N] [--passes N] [--exchanges N] [--thread-rounds N]"
+                 [--repeat R] [--calls N] [--passes N] [--random] [--exchanges N] [--thread-rounds N]"
             ),
         }
     }
@@ -403,7 +407,8 @@ pub fn main(args: &[String]) -> Result<()> {
     if kind == "churn" {
         let model = crate::bench_cliff::small_model(&bin.join("engine"))?;
         let _lock = testkit::machine_lock();
-        return churn_storm(&observer, &workload, &scratch, &model, rounds, passes);
+        let passes = passes.unwrap_or(if random { 2 } else { 8 });
+        return churn_storm(&observer, &workload, &scratch, &model, rounds, passes, random);
     }
     if kind == "switch" {
         let _lock = testkit::machine_lock();
@@ -679,6 +684,7 @@ fn churn_storm(
     model: &Path,
     rounds: usize,
     passes: u64,
+    random: bool,
 ) -> Result<()> {
     // A copy of the model: the other file.
     let link = model_link(scratch, model, "churn-storm-model.bin")?;
@@ -688,13 +694,24 @@ fn churn_storm(
         std::fs::copy(model, &copy).with_context(|| format!("copying {} to {}", model.display(), copy.display()))?;
     }
     let args = |path: &Path| -> Vec<String> {
-        vec!["churn-storm".into(), "--path".into(), path.display().to_string(), "--passes".into(), passes.to_string()]
+        let mut a: Vec<String> = vec![
+            "churn-storm".into(),
+            "--path".into(),
+            path.display().to_string(),
+            "--passes".into(),
+            passes.to_string(),
+        ];
+        if random {
+            a.extend(["--random".into(), "--block".into(), "4K".into()]);
+        }
+        a
     };
     let (wl_model, wl_copy) = (args(&link), args(&copy));
     println!(
-        "workload churn-storm --passes {passes} (each: {} dropped with POSIX_FADV_DONTNEED and read whole) alone (A), \
+        "workload churn-storm --passes {passes}{} (each: {} dropped with POSIX_FADV_DONTNEED and read whole) alone (A), \
          under `observer run --model` on it with a copy churned instead (O) and on the file it churns (B), \
          {rounds} rounds A-O-B / B-O-A",
+        if random { " --random --block 4K" } else { "" },
         model.display()
     );
     let mut on_model = Observed { observer, workload, wl_args: &wl_model, kind: "churn", scratch, n: 0 };
