@@ -58,7 +58,8 @@
 //! calls.
 //!
 //! The bench fails when B charged fewer reads than the workload made (its explicit-read programs
-//! did not run, so B − C would measure nothing).
+//! did not run, so B − C would measure nothing); `--kind churn` fails likewise when `filemap_add`
+//! never ran in B.
 //!
 //! `--kind churn`: a storm of page-cache insertions and removals (the programs on
 //! `filemap:mm_filemap_add_to_page_cache` / `mm_filemap_delete_from_page_cache`, which run for
@@ -747,6 +748,15 @@ fn churn_storm(
         mo / ma,
         mb / ma
     );
+    if progs_b.get("filemap_add").is_none_or(|p| p.0 == 0) {
+        bail!(
+            "the observer's filemap_add never ran on the churned model: its page-cache programs did not attach (run \
+             `observer run --model {} -- {} {}` to see its warnings)",
+            link.display(),
+            workload.display(),
+            wl_model.join(" ")
+        );
+    }
     let stats_ns = statistics_cost(observer, workload, scratch)?;
     println!("the model churned (B), kernel BPF statistics over its runs:");
     print_programs(&progs_b, pages_b, "page", stats_ns);
