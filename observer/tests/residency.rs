@@ -103,6 +103,8 @@ fn whole_file_residency_equals_fincore() {
 #[test]
 fn evicting_experts_makes_exactly_those_cells_cold_and_touching_one_makes_only_it_warm() {
     let _l = machine_lock();
+    // The host's DAMON pageout would take pages the test reads as whole (as in the next test).
+    let _damon = testkit::damon::Damon::paused().expect("pausing the host's DAMON");
     // Page-aligned tensors and experts of 17 pages each: cells do not share pages.
     let path = write_model(&scratch_dir("resid").join("aligned.gguf"), 2, 8, 256, 4096);
     let mut m = ModelFile::open(&path).unwrap();
@@ -151,31 +153,63 @@ fn evicting_experts_makes_exactly_those_cells_cold_and_touching_one_makes_only_i
     assert!((experts - s.experts.frac().unwrap()).abs() < 1e-12 && experts > 0.0, "{j}");
 }
 
+/// Cells that share pages: after reading every region and evicting one expert's slices, that cell
+/// keeps at most its edge pages and every other cell is whole. Pages may leave the page cache
+/// behind the test's back (a CI run beside the vmtest guest: cell 7 at 0.98): the host's DAMON
+/// schemes are off while it runs (restored after, as they were), and when the scan finds a cell
+/// short that an independent `mincore` of the file confirms lost (reclaim), that is said and the
+/// read is redone, at most twice. A scan that misattributes fails every attempt.
 #[test]
 fn unaligned_experts_share_at_most_their_edge_pages() {
     let _l = machine_lock();
+    let _damon = testkit::damon::Damon::paused().expect("pausing the host's DAMON");
     // 32-byte alignment (as real files): expert slices start and end inside pages.
     let path = write_model(&scratch_dir("resid").join("unaligned.gguf"), 2, 8, 256, 32);
     let mut m = ModelFile::open(&path).unwrap();
     let n_e = m.map.n_experts as usize;
-    testkit::evict(&path).unwrap();
-    read_regions(&m);
     let (l, e) = (1u32, 4u32);
-    for r in m.map.expert_ranges(l, e) {
-        evict(&path, r);
-    }
-    let s = m.scan().unwrap();
-    let page = s.page_size;
-    for (i, c) in s.cells.iter().enumerate() {
-        if i == l as usize * n_e + e as usize {
-            // fadvise drops only whole pages inside the range: at most one partial page per end
-            // of each of the three slices stays.
-            assert!(c.resident_bytes <= 3 * 2 * page, "evicted cell keeps {} bytes", c.resident_bytes);
-            assert!(c.resident_bytes < c.bytes / 4);
-        } else {
-            assert_eq!(c.frac(), Some(1.0), "cell {i}");
+    let evicted = l as usize * n_e + e as usize;
+    for attempt in 1..=3 {
+        testkit::evict(&path).unwrap();
+        read_regions(&m);
+        for r in m.map.expert_ranges(l, e) {
+            evict(&path, r);
         }
+        let s = m.scan().unwrap();
+        let page = s.page_size;
+        let short: Vec<usize> =
+            (0..s.cells.len()).filter(|&i| i != evicted && s.cells[i].frac() != Some(1.0)).collect();
+        let lost = pages_lost_outside(&path, &m, RegionKind::Expert { layer: l, expert: e }, page);
+        if !short.is_empty() && lost > 0 && attempt < 3 {
+            eprintln!(
+                "attempt {attempt}: cells {short:?} short; mincore: {lost} pages of the kept regions left the page cache (reclaim); again"
+            );
+            continue;
+        }
+        for (i, c) in s.cells.iter().enumerate() {
+            if i == evicted {
+                // fadvise drops only whole pages inside the range: at most one partial page per
+                // end of each of the three slices stays.
+                assert!(c.resident_bytes <= 3 * 2 * page, "evicted cell keeps {} bytes", c.resident_bytes);
+                assert!(c.resident_bytes < c.bytes / 4);
+            } else {
+                assert_eq!(
+                    c.frac(),
+                    Some(1.0),
+                    "cell {i} (mincore: {lost} pages of the kept regions left the page cache)"
+                );
+            }
+        }
+        return;
     }
+}
+
+/// Pages of every region but those of `kind` that an independent `mincore` of `path` finds out of
+/// the page cache.
+fn pages_lost_outside(path: &Path, m: &ModelFile, kind: RegionKind, page: u64) -> usize {
+    let resident = resident_pages(path);
+    let kept = m.map.regions.iter().filter(|r| r.kind != kind);
+    kept.flat_map(|r| r.range.start / page..r.range.end.div_ceil(page)).filter(|&p| !resident[p as usize]).count()
 }
 
 /// Scan until two consecutive scans agree (read-ahead I/O in flight settles).
