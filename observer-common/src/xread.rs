@@ -9,28 +9,12 @@
 //! - the region is the page interval of the model's churn map (`filemap`: a page belongs to the
 //!   region holding its middle byte) that holds the read's middle byte `offset + n / 2`; the
 //!   engine's cache reads one expert slice per call (widened to page boundaries), so its middle
-//!   byte is that slice's. A read that spans several regions counts for the middle one only;
+//!   byte is that slice's, found through churn's bucket index (`filemap`, "Finding a page's
+//!   interval"). A read that spans several regions counts for the middle one only;
 //! - the kind ([`K_DENSE`], [`K_EXPERTS`], [`K_OTHER`]) is the interval's class
 //!   (`evict::C_*`: dense tensors and shared experts are `dense`, routed experts `experts`, bytes
 //!   outside tensors `other`). `read`/`readv`, and `preadv2` at offset −1 (the file position), give
 //!   no offset: they count as `other`.
-//!
-//! ## Finding a read's interval: the bucket index
-//! The interval of page `p` is the last `i` with `start[i] <= p` (`filemap`'s `FILEMAP_STARTS`).
-//! A binary search over all of them costs one dependent load per step, each of them mispredicted
-//! half the time on the random pages of a read storm. The explicit-read program first reads
-//! `XREAD_INDEX`, built once by user space ([`IntervalIndex`]):
-//! - the pages are cut into buckets of `2^shift` pages, the fewest that give at most
-//!   [`MAX_BUCKETS`] buckets (or fewer, when a test asks: `IntervalIndex::build`'s `most`); entry
-//!   `b` is the interval of bucket `b`'s first page. A small index stays in the cache between
-//!   reads: with 65 536 entries its misses cost more than the steps they saved;
-//! - a page's interval is then one of the `span` intervals from that entry on (`span`, a power of
-//!   two, covers the most intervals any bucket touches: one for a file whose intervals start only
-//!   on bucket boundaries), found by `log2(span)` steps of a binary search that add `step` to the
-//!   position when `start[pos + step] <= p`, computed without a jump;
-//! - a page past the last bucket uses the last bucket; when the intervals are too many for
-//!   `pos + span` to stay inside `FILEMAP_STARTS`, the index is one bucket (entry 0) and `span`
-//!   `filemap::MAX_INTERVALS`: the whole search.
 //!
 //! Per kind the kernel adds the bytes, the call's duration (entry to exit: what the thread waited
 //! for, `io_wait` and any run-queue time inside the call; summed over threads, so overlapping
@@ -130,67 +114,8 @@ pub struct XreadConfig {
     /// Byte offsets in `struct pt_regs` of a system call's first four arguments
     /// (`sys::ARG_REGS`), read from the raw `sys_enter`'s `regs`.
     pub arg_regs: [u32; 4],
-    /// log2 of the pages in a bucket of `XREAD_INDEX` ("Finding a read's interval").
-    pub index_shift: u32,
-    /// How many intervals from a bucket's entry on a page's can be (a power of two, at most
-    /// `filemap::MAX_INTERVALS`).
-    pub index_span: u32,
 }
-const _: () = assert!(core::mem::size_of::<XreadConfig>() == 32);
-
-/// Entries of `XREAD_INDEX`, one `u16` interval number each (`filemap::MAX_INTERVALS` of them
-/// fit).
-pub const MAX_BUCKETS: u32 = 1 << 12;
-const _: () = assert!(crate::filemap::MAX_INTERVALS <= 1 << 16);
-
-/// `XREAD_INDEX` and its two numbers ("Finding a read's interval").
-#[cfg(feature = "user")]
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct IntervalIndex {
-    pub shift: u32,
-    pub span: u32,
-    /// Per bucket, the interval of its first page.
-    pub first: std::vec::Vec<u16>,
-}
-
-#[cfg(feature = "user")]
-use crate::filemap::MAX_INTERVALS;
-
-#[cfg(feature = "user")]
-impl IntervalIndex {
-    /// The index of intervals starting at pages `starts` (ascending) of a file of `pages` pages,
-    /// in at most `most` buckets (at least 1, at most [`MAX_BUCKETS`]).
-    pub fn build(starts: &[u64], pages: u64, most: u32) -> IntervalIndex {
-        use std::vec::Vec;
-        let most = most.clamp(1, MAX_BUCKETS) as u64;
-        let of = |p: u64| starts.partition_point(|&s| s <= p).saturating_sub(1);
-        let shift = (0..63).find(|&g| pages.div_ceil(1 << g) <= most).unwrap_or(63);
-        let buckets = pages.div_ceil(1 << shift).max(1);
-        let first: Vec<usize> = (0..buckets).map(|b| of(b << shift)).collect();
-        let touched =
-            (0..buckets as usize).map(|b| of(((b as u64 + 1) << shift) - 1) - first[b] + 1).max().unwrap_or(1);
-        let span = touched.next_power_of_two() as u32;
-        if starts.len() + span as usize > MAX_INTERVALS as usize + 1 {
-            return IntervalIndex { shift: 63, span: MAX_INTERVALS, first: std::vec![0] };
-        }
-        IntervalIndex { shift, span, first: first.into_iter().map(|i| i as u16).collect() }
-    }
-
-    /// The interval of page `page`, found as the kernel finds it (the unit tests hold it to a
-    /// linear scan; the kernel's is held to the engine's own log by `observer/tests/engine.rs`).
-    pub fn find(&self, starts: &[u64], page: u64) -> u32 {
-        let b = ((page >> self.shift) as usize).min(self.first.len() - 1);
-        let mut pos = self.first[b] as u32;
-        let mut step = MAX_INTERVALS / 2;
-        while step > 0 {
-            if step < self.span && starts.get((pos + step) as usize).is_some_and(|&s| s <= page) {
-                pos += step;
-            }
-            step /= 2;
-        }
-        pos
-    }
-}
+const _: () = assert!(core::mem::size_of::<XreadConfig>() == 24);
 
 /// A read (or open) in progress, `XREAD_OPEN[tid]`.
 #[repr(C)]
@@ -283,83 +208,6 @@ pub mod sys {
     pub const ARG_REGS: [u32; 4] = [0, 8, 16, 24];
     #[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
     pub const ARG_REGS: [u32; 4] = [0; 4];
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use std::vec::Vec;
-
-    /// The last interval starting at or before `page` (0 when none), by a linear scan.
-    fn linear(starts: &[u64], page: u64) -> u32 {
-        starts.iter().rposition(|&s| s <= page).unwrap_or(0) as u32
-    }
-
-    fn check(starts: &[u64], pages: u64) -> IntervalIndex {
-        let ix = IntervalIndex::build(starts, pages, MAX_BUCKETS);
-        assert!(ix.span.is_power_of_two() && ix.span <= MAX_INTERVALS, "span {}", ix.span);
-        assert!(ix.first.len() <= MAX_BUCKETS as usize);
-        for page in (0..pages + 3).chain([u64::MAX >> 12, 1 << 40]) {
-            assert_eq!(
-                ix.find(starts, page),
-                linear(starts, page),
-                "page {page} of {pages}, shift {} span {}",
-                ix.shift,
-                ix.span
-            );
-        }
-        ix
-    }
-
-    /// A small-step generator, so that the cases are the same on every run.
-    fn lcg(x: &mut u64) -> u64 {
-        *x = x.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
-        *x >> 33
-    }
-
-    #[test]
-    fn the_index_finds_what_a_linear_scan_finds() {
-        // Intervals only on page boundaries of a small file: one step at most per bucket.
-        let ix = check(&[0, 3, 4, 10, 11, 12, 40], 64);
-        assert_eq!((ix.shift, ix.span), (0, 1));
-        // Intervals sharing a first page: the last of them is the page's.
-        check(&[0, 5, 5, 5, 9], 20);
-        // No intervals, one interval, a file of no pages (intervals start inside the file).
-        check(&[], 10);
-        check(&[0], 10);
-        check(&[0], 0);
-        // Random layouts, small and large files (buckets of many pages, several intervals each).
-        let mut x = 7;
-        for case in 0..200 {
-            let pages = 1 + lcg(&mut x) % if case % 2 == 0 { 5000 } else { 3_000_000 };
-            let n = 1 + lcg(&mut x) % 300;
-            let mut starts: Vec<u64> = (0..n).map(|_| lcg(&mut x) % pages).collect();
-            starts.push(0);
-            starts.sort_unstable();
-            let most = [MAX_BUCKETS, 1, 64][case % 3];
-            let ix = IntervalIndex::build(&starts, pages, most);
-            assert!(ix.first.len() <= most as usize, "{} buckets, at most {most}", ix.first.len());
-            for _ in 0..2000 {
-                let page = lcg(&mut x) % (pages + 10);
-                assert_eq!(
-                    ix.find(&starts, page),
-                    linear(&starts, page),
-                    "case {case}: page {page} of {pages}, shift {} span {}",
-                    ix.shift,
-                    ix.span
-                );
-            }
-        }
-    }
-
-    #[test]
-    fn too_many_intervals_for_the_span_search_the_whole_array() {
-        // 65 000 intervals, one bucket of them touching 1024: 65 000 + 1024 > 65 537.
-        let mut starts: Vec<u64> = (0..64_000u64).map(|i| i * 4).collect();
-        starts.extend((0..1000u64).map(|i| 256_000 + i / 100));
-        let ix = check(&starts, 300_000);
-        assert_eq!((ix.shift, ix.span, ix.first.len()), (63, MAX_INTERVALS, 1));
-    }
 }
 
 #[cfg(feature = "user")]

@@ -27,7 +27,7 @@ use observer_common::{
 };
 
 use crate::{
-    filemap::{FILEMAP_SCRATCH, find},
+    filemap::{FILEMAP_CONFIG, find},
     maps::{atomic_add, atomic_fetch_and, atomic_fetch_or, state_of, target_tid, update},
 };
 
@@ -253,10 +253,8 @@ fn refault_in_fault(kind: u32, page: u64) {
     {
         return;
     }
-    let Some(scratch) = FILEMAP_SCRATCH.get_ptr_mut(0) else { return };
-    find(scratch, page);
-    // SAFETY: this CPU's scratch, just written by `find`.
-    let interval = unsafe { core::ptr::read_volatile(&raw const (*scratch).lo) } as u32 & (MAX_INTERVALS - 1);
+    let Some(cfg) = FILEMAP_CONFIG.get(0) else { return };
+    let interval = find(cfg, page);
     let v = RefaultFault { fault_start: start, io_at, kind, interval };
     if EVICT_REFAULT_OPEN.insert(&tid, &v, 0).is_err() {
         if let Some(s) = EVICT_STATS.get_ptr_mut(S_REFAULT_FAULT_LOST) {

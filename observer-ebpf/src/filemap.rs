@@ -20,8 +20,9 @@ use aya_ebpf::{
     programs::TracePointContext,
 };
 use observer_common::filemap::{
-    Churn, FilemapConfig, FilemapFields, FilemapScratch, MAX_INTERVALS, MAX_SPAN, N_TOTALS, NO_FIELD, SEARCH_STEPS,
-    T_ADD_EVENTS, T_ADD_PAGES, T_ADD_SPILL, T_DEL_EVENTS, T_DEL_PAGES, T_DEL_SPILL, T_OTHER_DEV, T_OTHER_DEV_LAST,
+    Churn, FilemapConfig, FilemapFields, FilemapScratch, MAX_BUCKETS, MAX_INTERVALS, MAX_SPAN, N_TOTALS, NO_FIELD,
+    SEARCH_STEPS, T_ADD_EVENTS, T_ADD_PAGES, T_ADD_SPILL, T_DEL_EVENTS, T_DEL_PAGES, T_DEL_SPILL, T_OTHER_DEV,
+    T_OTHER_DEV_LAST,
 };
 
 use observer_common::evict::ActorPages;
@@ -42,6 +43,11 @@ pub static FILEMAP_CHURN: Array<Churn> = Array::with_max_entries(MAX_INTERVALS, 
 #[map]
 pub static FILEMAP_TOTALS: Array<u64> = Array::with_max_entries(N_TOTALS, BPF_F_MMAPABLE);
 
+/// Per bucket of pages, the interval of its first page (`observer_common::filemap`, "Finding a
+/// page's interval"), one value that [`find`] indexes directly.
+#[map]
+pub static FILEMAP_INDEX: Array<[u16; MAX_BUCKETS as usize]> = Array::with_max_entries(1, 0);
+
 #[map]
 pub static FILEMAP_SCRATCH: PerCpuArray<FilemapScratch> = PerCpuArray::with_max_entries(1, 0);
 
@@ -52,31 +58,54 @@ fn total_add(i: u32, v: u64) {
     }
 }
 
-/// The interval holding page `page`: the last `i` with `start[i] <= page`. The position lives in
-/// the per-CPU scratch so that both outcomes of each step leave the verifier one state.
+/// All ones when `a < b`, else 0, in arithmetic: the borrow out of `a − b` (Hacker's Delight
+/// 2-13) spread by an arithmetic shift written in assembly, which the compiler cannot turn back
+/// into a comparison and a jump (as it does with `a < b`, and with the shift in Rust).
 #[inline(always)]
-pub fn find(s: *mut FilemapScratch, page: u64) {
-    // SAFETY: `s` is this CPU's scratch value; programs do not nest on one CPU.
-    unsafe { write_volatile(&raw mut (*s).lo, 0) };
-    for k in 0..SEARCH_STEPS {
-        let step = 1u32 << (SEARCH_STEPS - 1 - k);
-        // SAFETY: as above.
-        let lo = unsafe { read_volatile(&raw const (*s).lo) } as u32 & (MAX_INTERVALS - 1);
-        let cand = lo | step;
-        if let Some(v) = FILEMAP_STARTS.get(cand)
+fn below_mask(a: u64, b: u64) -> u64 {
+    let mut borrow = (!a & b) | (!(a ^ b) & a.wrapping_sub(b));
+    // SAFETY: register arithmetic only.
+    unsafe { core::arch::asm!("{b} s>>= 63", b = inout(reg) borrow, options(pure, nomem, nostack)) };
+    borrow
+}
+
+/// The interval holding page `page` (the last `i` with `start[i] <= page`): its bucket's entry
+/// of `FILEMAP_INDEX`, then the steps below `index_span` (`observer_common::filemap`, "Finding a
+/// page's interval"; `IntervalIndex::find` is the same in user space). The branches on
+/// `index_span` go the same way on every call.
+///
+/// The bucket goes through this CPU's scratch before it indexes the map value: an offset
+/// computed from `page` itself would make the verifier track `page` precisely back into the
+/// caller's loops (`evict::refault`), whose states then no longer prune (`filemap_add` went past
+/// the verifier's 1M instructions; 238 459 with the round trip).
+#[inline(always)]
+pub fn find(cfg: &FilemapConfig, page: u64) -> u32 {
+    let (Some(index), Some(s)) = (FILEMAP_INDEX.get_ptr(0), FILEMAP_SCRATCH.get_ptr_mut(0)) else { return 0 };
+    // SAFETY: this CPU's scratch; programs do not nest on one CPU, and callers write it only
+    // after `find` returns.
+    let bucket = unsafe {
+        write_volatile(&raw mut (*s).lo, (page >> (cfg.index_shift & 63)).min(MAX_BUCKETS as u64 - 1));
+        read_volatile(&raw const (*s).lo)
+    } as usize;
+    // SAFETY: the map's value, the index bounded into it.
+    let mut pos = unsafe { read_volatile(&raw const (*index)[bucket & (MAX_BUCKETS as usize - 1)]) } as u32;
+    let mut step = MAX_INTERVALS / 2;
+    for _ in 0..SEARCH_STEPS {
+        if step < cfg.index_span {
+            let at = (pos + step) & (MAX_INTERVALS - 1);
             // SAFETY: map value; user space only writes it before enabling.
-            && unsafe { read_volatile(v) } <= page
-        {
-            // SAFETY: as above.
-            unsafe { write_volatile(&raw mut (*s).lo, cand as u64) };
+            let start = FILEMAP_STARTS.get(at).map(|v| unsafe { read_volatile(v) }).unwrap_or(u64::MAX);
+            pos += step & !(below_mask(page, start) as u32);
         }
+        step >>= 1;
     }
+    pos & (MAX_INTERVALS - 1)
 }
 
 /// Count the `1 << order` pages at `index` into the intervals they fall in, and for the
 /// eviction's actor (`evict`: its counters and kind) when there is one.
 #[inline(always)]
-fn count(index: u64, order: u32, evicted: bool, actor: Option<(*mut ActorPages, u32)>) {
+fn count(cfg: &FilemapConfig, index: u64, order: u32, evicted: bool, actor: Option<(*mut ActorPages, u32)>) {
     let pages = 1u64 << (order & 15);
     let end = index.saturating_add(pages);
     total_add(if evicted { T_DEL_EVENTS } else { T_ADD_EVENTS }, 1);
@@ -96,9 +125,12 @@ fn count(index: u64, order: u32, evicted: bool, actor: Option<(*mut ActorPages, 
         }
         return;
     };
-    find(s, index);
+    let first = find(cfg, index);
     // SAFETY: this CPU's scratch.
-    unsafe { write_volatile(&raw mut (*s).cur, index) };
+    unsafe {
+        write_volatile(&raw mut (*s).lo, first as u64);
+        write_volatile(&raw mut (*s).cur, index);
+    }
     for _ in 0..MAX_SPAN {
         // SAFETY: this CPU's scratch.
         let (i, cur) = unsafe { (read_volatile(&raw const (*s).lo) as u32, read_volatile(&raw const (*s).cur)) };
@@ -165,7 +197,7 @@ fn on_event(ctx: &TracePointContext, evicted: bool) -> u32 {
         // SAFETY: as above.
         unsafe { ctx.read_at::<u8>(f.order as usize) }.unwrap_or(0) as u32
     };
-    count(index, order, evicted, if evicted { evict::actor() } else { None });
+    count(cfg, index, order, evicted, if evicted { evict::actor() } else { None });
     0
 }
 

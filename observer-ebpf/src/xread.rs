@@ -1,15 +1,12 @@
 //! Explicit reads of the model file per region (rule and layout: `observer_common::xread`).
 //!
 //! Driven from the syscall programs (`syscalls`): [`enter`] keeps a read's `fd` and offset (read
-//! from the call's registers),
-//! [`exit`] charges its returned bytes to the churn interval of its middle byte (found through
-//! the bucket index `XREAD_INDEX` in churn's `FILEMAP_STARTS`, `EVICT_CLASS` for its kind). Off
-//! (`XREAD_CONFIG.enabled` 0) until user space has the churn intervals and the index in place.
-//! Per read: one array lookup at entry for the role, at exit a hash lookup of the fd's verdict,
-//! and for a model-file read the index entry and `log2(index_span)` search steps; a ring-buffer
-//! record only for a read of a routed expert.
-
-use core::ptr::read_volatile;
+//! from the call's registers), [`exit`] charges its returned bytes to the churn interval of its
+//! middle byte (found through churn's bucket index, `filemap::find`; `EVICT_CLASS` for its kind).
+//! Off (`XREAD_CONFIG.enabled` 0) until user space has the churn intervals and their index in
+//! place. Per read: one array lookup at entry for the role, at exit a hash lookup of the fd's
+//! verdict, and for a model-file read the index entry and `log2(index_span)` search steps; a
+//! ring-buffer record only for a read of a routed expert.
 
 use aya_ebpf::{
     helpers::bpf_probe_read_kernel,
@@ -18,17 +15,16 @@ use aya_ebpf::{
 };
 use observer_common::{
     attrib::{MAX_SLOTS, REC_FD, REC_READ},
-    filemap::{MAX_INTERVALS, SEARCH_STEPS},
     xread::{
-        FD_MODEL, FD_PENDING, FdQuery, K_EXPERTS, K_OTHER, MAX_BUCKETS, MAX_FDS, MAX_SYSCALL, N_TOTALS, R_CLOSE, R_DUP,
-        R_OPEN, R_PREAD, R_READ, ReadOpen, ReadRecord, T_BYTES, T_CALLS, T_LOST_BYTES, T_LOST_EVENTS, T_NS,
-        T_UNRESOLVED_BYTES, T_UNRESOLVED_CALLS, XreadConfig, fd_key, kind_of_class,
+        FD_MODEL, FD_PENDING, FdQuery, K_EXPERTS, K_OTHER, MAX_FDS, MAX_SYSCALL, N_TOTALS, R_CLOSE, R_DUP, R_OPEN,
+        R_PREAD, R_READ, ReadOpen, ReadRecord, T_BYTES, T_CALLS, T_LOST_BYTES, T_LOST_EVENTS, T_NS, T_UNRESOLVED_BYTES,
+        T_UNRESOLVED_CALLS, XreadConfig, fd_key, kind_of_class,
     },
 };
 
 use crate::{
     evict::EVICT_CLASS,
-    filemap::FILEMAP_STARTS,
+    filemap::{FILEMAP_CONFIG, find},
     maps::{BPF_RB_FORCE_WAKEUP, EVENTS, atomic_add, batch_wakeup},
 };
 
@@ -47,11 +43,6 @@ pub static XREAD_FDS: HashMap<u64, u32> = HashMap::with_max_entries(MAX_FDS, 0);
 #[map]
 pub static XREAD_OPEN: Array<ReadOpen> = Array::with_max_entries(MAX_SLOTS, 0);
 
-/// Per bucket of pages, the interval of its first page (`observer_common::xread`, "Finding a
-/// read's interval"), one value that [`find`] indexes directly.
-#[map]
-pub static XREAD_INDEX: Array<[u16; MAX_BUCKETS as usize]> = Array::with_max_entries(1, 0);
-
 /// Cumulative totals (`xread::T_*`), copied by every mark.
 #[map]
 pub static XREAD_TOTALS: Array<u64> = Array::with_max_entries(N_TOTALS as u32, 0);
@@ -61,39 +52,6 @@ fn total_add(i: usize, v: u64) {
     if let Some(p) = XREAD_TOTALS.get_ptr_mut(i as u32) {
         atomic_add(p, v);
     }
-}
-
-/// All ones when `a < b`, else 0, in arithmetic: the borrow out of `a − b` (Hacker's Delight
-/// 2-13) spread by an arithmetic shift written in assembly, which the compiler cannot turn back
-/// into a comparison and a jump (as it does with `a < b`, and with the shift in Rust).
-#[inline(always)]
-fn below_mask(a: u64, b: u64) -> u64 {
-    let mut borrow = (!a & b) | (!(a ^ b) & a.wrapping_sub(b));
-    // SAFETY: register arithmetic only.
-    unsafe { core::arch::asm!("{b} s>>= 63", b = inout(reg) borrow, options(pure, nomem, nostack)) };
-    borrow
-}
-
-/// The churn interval of page `page`: its bucket's entry, then the steps below `index_span`
-/// (`observer_common::xread`, "Finding a read's interval"; `IntervalIndex::find` is the same in
-/// user space). The branches on `index_span` go the same way on every call.
-#[inline(always)]
-fn find(cfg: &XreadConfig, page: u64) -> u32 {
-    let Some(index) = XREAD_INDEX.get_ptr(0) else { return 0 };
-    let bucket = (page >> (cfg.index_shift & 63)).min(MAX_BUCKETS as u64 - 1) as usize;
-    // SAFETY: the map's value, the index bounded into it.
-    let mut pos = unsafe { read_volatile(&raw const (*index)[bucket & (MAX_BUCKETS as usize - 1)]) } as u32;
-    let mut step = MAX_INTERVALS / 2;
-    for _ in 0..SEARCH_STEPS {
-        if step < cfg.index_span {
-            let at = (pos + step) & (MAX_INTERVALS - 1);
-            // SAFETY: map value; user space only writes it before enabling.
-            let start = FILEMAP_STARTS.get(at).map(|v| unsafe { read_volatile(v) }).unwrap_or(u64::MAX);
-            pos += step & !(below_mask(page, start) as u32);
-        }
-        step >>= 1;
-    }
-    pos & (MAX_INTERVALS - 1)
 }
 
 #[inline(always)]
@@ -202,9 +160,11 @@ pub fn exit(ret: i64, tid: u32, slot: u32, tgid: u32, now: u64) {
     }
     let mut kind = K_OTHER;
     let mut interval = 0u32;
-    if open.offset != u64::MAX {
+    if open.offset != u64::MAX
+        && let Some(churn) = FILEMAP_CONFIG.get(0)
+    {
         let middle = open.offset.saturating_add(bytes / 2);
-        interval = find(cfg, middle >> (cfg.page_shift & 63));
+        interval = find(churn, middle >> (cfg.page_shift & 63));
         kind = kind_of_class(EVICT_CLASS.get(interval).copied().unwrap_or(u32::MAX));
     }
     let kind = kind.min(K_OTHER);

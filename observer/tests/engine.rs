@@ -349,9 +349,11 @@ fn cache_stalls_are_io_wait_peer_beside_the_engines_stall() {
 /// of the model, per token, against three sources on the same run: the engine's own `read_bytes`
 /// (its clock around the same calls), a bpftrace count of the engine's `pread64` returns between
 /// its token markers (the kernel's), and the experts the engine logged as loaded (`--cache-log`).
-/// The interval index is held to 16 buckets (`MOE_OBSERVER_XREAD_BUCKETS`), so that each read's
+/// The interval index is held to 16 buckets (`MOE_OBSERVER_INDEX_BUCKETS`), so that each read's
 /// interval takes the search steps of a large model's (the default index of this small one needs
-/// none: `per_expert_explicit_reads_fill_the_grid_the_trace_and_the_heatmap` runs that).
+/// none: `per_expert_explicit_reads_fill_the_grid_the_trace_and_the_heatmap` runs that). The
+/// churn of the same run goes through the same index and steps: `residency.rs` holds it to
+/// `mincore`.
 #[test]
 fn cache_reads_are_charged_per_region_to_the_experts_the_engine_loaded() {
     let _l = machine_lock();
@@ -369,7 +371,7 @@ fn cache_reads_are_charged_per_region_to_the_experts_the_engine_loaded() {
         e = engine.display()
     ));
     let out = Command::new(OBSERVER)
-        .env("MOE_OBSERVER_XREAD_BUCKETS", "16")
+        .env("MOE_OBSERVER_INDEX_BUCKETS", "16")
         .args(["run", "--every", "0", "--force", "--json", json.to_str().unwrap(), "--"])
         .arg(&engine)
         .args(["run", "-m", model.to_str().unwrap(), "-p", "The quick brown fox", "-n", "48"])
@@ -382,7 +384,9 @@ fn cache_reads_are_charged_per_region_to_the_experts_the_engine_loaded() {
     assert!(out.status.success(), "observer run failed: {stderr}");
     let span: u32 = stderr
         .lines()
-        .find_map(|l| l.strip_prefix("observer: MOE_OBSERVER_XREAD_BUCKETS=16: ")?.rsplit_once("span ")?.1.parse().ok())
+        .find_map(|l| {
+            l.strip_prefix("observer: the interval index has 16 buckets ")?.rsplit_once("span ")?.1.parse().ok()
+        })
         .unwrap_or_else(|| panic!("no line on the interval index: {stderr}"));
     assert!(span >= 4, "16 buckets of the tiny model: each covers several intervals, span {span}");
     let v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
@@ -926,9 +930,19 @@ fn heatmap_of_a_live_pid_lists_its_explicit_reads_per_expert() {
         .spawn()
         .unwrap();
     let mut out = BufReader::new(h.stdout.take().unwrap());
+    // Drained beside: a long error (a verifier log) must not fill the pipe and stall the heatmap
+    // before its first line.
+    let mut err = h.stderr.take().unwrap();
+    let err = std::thread::spawn(move || {
+        let mut s = String::new();
+        _ = std::io::Read::read_to_string(&mut err, &mut s);
+        s
+    });
     let mut first = String::new();
     out.read_line(&mut first).unwrap();
-    assert!(!first.is_empty(), "observer heatmap --pid ended at once: {:?}", h.wait_with_output().unwrap());
+    if first.is_empty() {
+        panic!("observer heatmap --pid ended at once: {}; {}", h.wait().unwrap(), err.join().unwrap());
+    }
     let first: serde_json::Value = serde_json::from_str(&first).unwrap();
     let r0 = &first["reads"];
     assert_eq!((u(r0, "pid"), &r0["exited"]), (u64::from(pid), &serde_json::json!(false)), "{r0}");
@@ -941,8 +955,8 @@ fn heatmap_of_a_live_pid_lists_its_explicit_reads_per_expert() {
     assert!(st.success(), "the engine failed: {st}");
     let mut rest = String::new();
     std::io::Read::read_to_string(&mut out, &mut rest).unwrap();
-    let hst = h.wait_with_output().unwrap();
-    assert!(hst.status.success(), "observer heatmap --pid: {}", String::from_utf8_lossy(&hst.stderr));
+    let hst = h.wait().unwrap();
+    assert!(hst.success(), "observer heatmap --pid: {hst}: {}", err.join().unwrap());
     let text = bt.finish();
     let refreshes: Vec<serde_json::Value> =
         std::iter::once(first).chain(rest.lines().map(|l| serde_json::from_str(l).unwrap())).collect();

@@ -227,10 +227,22 @@ fn settled(m: &mut ModelFile) -> scan::Bitmap {
     panic!("page cache of the model did not settle within 2 s");
 }
 
-fn churn_matches_mincore(path: &Path, work: impl FnOnce(&ModelFile)) -> churn::Counts {
+/// `work`'s churn per interval against `mincore`'s deltas, with the interval index in at most
+/// `buckets` buckets (`None`: the observer's default).
+fn churn_matches_mincore(path: &Path, buckets: Option<u32>, work: impl FnOnce(&ModelFile)) -> churn::Counts {
     let mut m = ModelFile::open(path).unwrap();
     let mut ebpf = churn::load_standalone().unwrap();
-    let c = Churn::attach(&mut ebpf, path, &m.map, m.file.page).unwrap();
+    let c = Churn::attach_bucketed(&mut ebpf, path, &m.map, m.file.page, buckets).unwrap();
+    if buckets.is_some() {
+        // The kernel's search steps are what such a bound is for.
+        assert!(
+            c.index.span >= 4,
+            "{:?} buckets of {} intervals: span {}",
+            buckets,
+            c.intervals.starts.len(),
+            c.index.span
+        );
+    }
     let b0 = settled(&mut m);
     let c0 = c.read();
     work(&m);
@@ -291,6 +303,8 @@ fn mixed_work(m: &ModelFile) {
     std::hint::black_box(sum);
 }
 
+/// Twice: with the default interval index (one interval a bucket on this small model, no search
+/// step) and with 16 buckets, whose folios' first intervals take the kernel's search steps.
 #[test]
 fn churn_per_region_matches_mincore_deltas_exactly() {
     let _l = machine_lock();
@@ -298,9 +312,11 @@ fn churn_per_region_matches_mincore_deltas_exactly() {
     // 32-byte alignment: folios straddle region edges; experts of 17 pages, so large folios
     // (up to 512 pages) are split over ~30 intervals.
     let path = write_model(&scratch_dir("resid").join("churn.gguf"), 4, 16, 256, 32);
-    let c = churn_matches_mincore(&path, mixed_work);
-    assert!(c.add_pages > 0 && c.del_pages > 0, "{c:?}");
-    assert_eq!((c.add_spill, c.del_spill), (0, 0), "no folio should span > 64 intervals here");
+    for buckets in [None, Some(16)] {
+        let c = churn_matches_mincore(&path, buckets, mixed_work);
+        assert!(c.add_pages > 0 && c.del_pages > 0, "{buckets:?} buckets: {c:?}");
+        assert_eq!((c.add_spill, c.del_spill), (0, 0), "no folio should span > 64 intervals here");
+    }
 }
 
 #[test]

@@ -20,8 +20,8 @@ use aya::{
 };
 use engine::regions::{RegionKind, RegionMap};
 use observer_common::filemap::{
-    FilemapConfig, FilemapFields, MAX_INTERVALS, N_TOTALS, NO_FIELD, T_ADD_EVENTS, T_ADD_PAGES, T_ADD_SPILL,
-    T_DEL_EVENTS, T_DEL_PAGES, T_DEL_SPILL, T_OTHER_DEV, T_OTHER_DEV_LAST, kernel_dev,
+    FilemapConfig, FilemapFields, IntervalIndex, MAX_BUCKETS, MAX_INTERVALS, N_TOTALS, NO_FIELD, T_ADD_EVENTS,
+    T_ADD_PAGES, T_ADD_SPILL, T_DEL_EVENTS, T_DEL_PAGES, T_DEL_SPILL, T_OTHER_DEV, T_OTHER_DEV_LAST, kernel_dev,
 };
 
 use super::ResidencyError;
@@ -224,6 +224,8 @@ fn fields(category: &str, name: &str) -> Result<FilemapFields, ResidencyError> {
 /// The attached churn counters of one model file.
 pub struct Churn {
     pub intervals: Intervals,
+    /// Their bucket index, as the kernel has it (`FILEMAP_INDEX`).
+    pub index: IntervalIndex,
     n_cells: usize,
     churn: MapMem,
     totals: MapMem,
@@ -247,10 +249,41 @@ impl std::fmt::Debug for Churn {
 const TRACEPOINTS: [(&str, &str); 2] =
     [("filemap_add", "mm_filemap_add_to_page_cache"), ("filemap_delete", "mm_filemap_delete_from_page_cache")];
 
+/// A test's bound on the buckets of the interval index (`observer_common::filemap`, "Finding a
+/// page's interval"): a small model then needs the search steps that only large ones do. The
+/// observer says so on stderr when it is set.
+pub const BUCKETS_VAR: &str = "MOE_OBSERVER_INDEX_BUCKETS";
+
+/// [`BUCKETS_VAR`]'s bound, when it is set.
+fn buckets_from_env() -> Result<Option<u32>, ResidencyError> {
+    let Ok(v) = std::env::var(BUCKETS_VAR) else { return Ok(None) };
+    let n = v.parse::<u32>().ok().filter(|n| (1..=MAX_BUCKETS).contains(n));
+    n.map(Some).ok_or_else(|| {
+        ResidencyError::Churn(format!("{BUCKETS_VAR}={v:?}: expected a number of buckets from 1 to {MAX_BUCKETS}"))
+    })
+}
+
 impl Churn {
     /// Configure and attach the `filemap` programs of `ebpf` (the observer's loaded object,
     /// `Probes::ebpf_mut()`, or [`load_standalone`]) for the model at `path`.
     pub fn attach(ebpf: &mut Ebpf, path: &Path, map: &RegionMap, page: u64) -> Result<Churn, ResidencyError> {
+        let most = buckets_from_env()?;
+        if let Some(n) = most {
+            eprintln!("observer: {BUCKETS_VAR}={n}: a test's bound on the interval index's buckets");
+        }
+        Churn::attach_bucketed(ebpf, path, map, page, most)
+    }
+
+    /// [`Churn::attach`] with the interval index in at most `most` buckets (a test's bound; the
+    /// default [`MAX_BUCKETS`]). It says on stderr how many buckets of how many pages it made,
+    /// and their span, when `most` is given.
+    pub fn attach_bucketed(
+        ebpf: &mut Ebpf,
+        path: &Path,
+        map: &RegionMap,
+        page: u64,
+        most: Option<u32>,
+    ) -> Result<Churn, ResidencyError> {
         use std::os::unix::fs::MetadataExt;
         preflight::ensure_tracefs().map_err(|e| ResidencyError::Churn(format!("{e:#}")))?;
         let meta = std::fs::metadata(path).map_err(|source| ResidencyError::Io {
@@ -282,6 +315,26 @@ impl Churn {
             starts.set_u64(i, intervals.starts.get(i).copied().unwrap_or(u64::MAX));
         }
         drop(starts);
+        // The index before the configuration that turns the programs on.
+        let index = IntervalIndex::build(&intervals.starts, meta.len().div_ceil(page), most.unwrap_or(MAX_BUCKETS));
+        if most.is_some() {
+            eprintln!(
+                "observer: the interval index has {} buckets of {} pages, span {}",
+                index.first.len(),
+                1u64 << index.shift.min(63),
+                index.span
+            );
+        }
+        {
+            let m = ebpf
+                .map_mut("FILEMAP_INDEX")
+                .ok_or_else(|| ResidencyError::Churn("the eBPF object has no map FILEMAP_INDEX".into()))?;
+            let mut a: Array<_, [u16; MAX_BUCKETS as usize]> =
+                Array::try_from(m).map_err(|e| ResidencyError::Churn(format!("FILEMAP_INDEX: {e}")))?;
+            let mut first = [0u16; MAX_BUCKETS as usize];
+            first[..index.first.len()].copy_from_slice(&index.first);
+            a.set(0, first, 0).map_err(|e| ResidencyError::Churn(format!("FILEMAP_INDEX: {e}")))?;
+        }
         let churn = MapMem::new(
             array_data(ebpf, "FILEMAP_CHURN")?,
             round_page(MAX_INTERVALS as usize * 16),
@@ -300,8 +353,9 @@ impl Churn {
                 .ok_or_else(|| ResidencyError::Churn("the eBPF object has no map FILEMAP_CONFIG".into()))?;
             let mut a: Array<_, FilemapConfig> =
                 Array::try_from(m).map_err(|e| ResidencyError::Churn(format!("FILEMAP_CONFIG: {e}")))?;
-            a.set(0, FilemapConfig { ino, dev, enabled: 1, add, del }, 0)
-                .map_err(|e| ResidencyError::Churn(format!("FILEMAP_CONFIG: {e}")))?;
+            let config =
+                FilemapConfig { ino, dev, enabled: 1, add, del, index_shift: index.shift, index_span: index.span };
+            a.set(0, config, 0).map_err(|e| ResidencyError::Churn(format!("FILEMAP_CONFIG: {e}")))?;
         }
         // Blame first: the delete program counts actors from its first event on.
         let blame = super::evict::attach(ebpf, &intervals).map_err(|e| e.to_string());
@@ -328,7 +382,7 @@ impl Churn {
                 "EVICT_REFAULT_CELLS",
             )?);
         }
-        Ok(Churn { intervals, n_cells: map.n_cells(), churn, totals, refault, dev, ino, attached, blame })
+        Ok(Churn { intervals, index, n_cells: map.n_cells(), churn, totals, refault, dev, ino, attached, blame })
     }
 
     /// Who evicted the file's pages so far (cumulative), when blame is attached.

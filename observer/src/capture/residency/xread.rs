@@ -19,7 +19,7 @@ use aya::{
 use engine::regions::RegionMap;
 use observer_common::{
     model::{ExplicitReads, StepKind},
-    xread::{FD_MODEL, FD_OTHER, IntervalIndex, MAX_BUCKETS, MAX_SYSCALL, XreadConfig, fd_key, sys},
+    xread::{FD_MODEL, FD_OTHER, MAX_SYSCALL, XreadConfig, fd_key, sys},
 };
 
 use super::{
@@ -27,11 +27,6 @@ use super::{
     churn::{Intervals, Owner},
 };
 use crate::capture::tokens::{Assembler, Snapshot};
-
-/// A test's bound on the buckets of the interval index (`observer_common::xread`, "Finding a
-/// read's interval"): a small model then needs the search steps that only large ones do. The
-/// observer says so on stderr when it is set.
-pub const BUCKETS_VAR: &str = "MOE_OBSERVER_XREAD_BUCKETS";
 
 /// The kernel side, configured and on.
 pub struct Xread {
@@ -60,8 +55,8 @@ fn identity(path: &Path) -> Option<(u64, u64)> {
 
 impl Xread {
     /// Configure the kernel side for the model at `path` (its churn `intervals` already in
-    /// `FILEMAP_STARTS` and `EVICT_CLASS`, with pages of `page` bytes), build its interval index
-    /// (`XREAD_INDEX`) and turn it on.
+    /// `FILEMAP_STARTS`, their index in `FILEMAP_INDEX` and their classes in `EVICT_CLASS`, with
+    /// pages of `page` bytes) and turn it on.
     pub fn attach(
         ebpf: &mut Ebpf,
         path: &Path,
@@ -69,14 +64,6 @@ impl Xread {
         intervals: &Intervals,
         page: u64,
     ) -> Result<Xread, ResidencyError> {
-        let most = match std::env::var(BUCKETS_VAR) {
-            Ok(v) => Some(v.parse::<u32>().ok().filter(|n| (1..=MAX_BUCKETS).contains(n)).ok_or_else(|| {
-                ResidencyError::Churn(format!(
-                    "{BUCKETS_VAR}={v:?}: expected a number of buckets from 1 to {MAX_BUCKETS}"
-                ))
-            })?),
-            Err(_) => None,
-        };
         let meta = std::fs::metadata(path).map_err(|source| ResidencyError::Io {
             path: path.to_owned(),
             what: "stat",
@@ -93,33 +80,10 @@ impl Xread {
         }
         let fds = ebpf.take_map("XREAD_FDS").ok_or_else(|| ResidencyError::Churn("no map XREAD_FDS".into()))?;
         let fds = HashMap::try_from(fds).map_err(err("XREAD_FDS"))?;
-        // The index before the switch that turns the programs on.
-        let index = IntervalIndex::build(&intervals.starts, meta.len().div_ceil(page), most.unwrap_or(MAX_BUCKETS));
-        if let Some(n) = most {
-            eprintln!(
-                "observer: {BUCKETS_VAR}={n}: the explicit reads' interval index has {} buckets of {} pages, span {}",
-                index.first.len(),
-                1u64 << index.shift.min(63),
-                index.span
-            );
-        }
-        {
-            let m = ebpf.map_mut("XREAD_INDEX").ok_or_else(|| ResidencyError::Churn("no map XREAD_INDEX".into()))?;
-            let mut a: Array<_, [u16; MAX_BUCKETS as usize]> = Array::try_from(m).map_err(err("XREAD_INDEX"))?;
-            let mut first = [0u16; MAX_BUCKETS as usize];
-            first[..index.first.len()].copy_from_slice(&index.first);
-            a.set(0, first, 0).map_err(err("XREAD_INDEX"))?;
-        }
         {
             let m = ebpf.map_mut("XREAD_CONFIG").ok_or_else(|| ResidencyError::Churn("no map XREAD_CONFIG".into()))?;
             let mut a: Array<_, XreadConfig> = Array::try_from(m).map_err(err("XREAD_CONFIG"))?;
-            let config = XreadConfig {
-                enabled: 1,
-                page_shift: page.trailing_zeros(),
-                arg_regs: sys::ARG_REGS,
-                index_shift: index.shift,
-                index_span: index.span,
-            };
+            let config = XreadConfig { enabled: 1, page_shift: page.trailing_zeros(), arg_regs: sys::ARG_REGS };
             a.set(0, config, 0).map_err(err("XREAD_CONFIG"))?;
         }
         let cells = intervals
