@@ -6,7 +6,9 @@
 //! cache (read-in and readahead; reclaim, `fadvise(DONTNEED)`, truncation, `drop_caches`). A folio
 //! is `1 << order` pages starting at page `index` of the file (`order` is 0 on kernels whose
 //! format has no `order` field). Events whose `(s_dev, i_ino)` is not the model file's are
-//! dropped first; `s_dev` uses the kernel's encoding `(major << 20) | minor`.
+//! dropped first; `s_dev` uses the kernel's encoding `(major << 20) | minor`. The fields are read
+//! at the offsets of the events' format files: with plain loads when both formats put them where
+//! [`DIRECT_FIELDS`] says, else through `bpf_probe_read`.
 //!
 //! The file's pages are partitioned into *intervals* `[start[i], start[i + 1])` (sorted page
 //! indices, `start[0] = 0`, the last interval open-ended), which user space derives from the
@@ -92,8 +94,18 @@ pub struct FilemapConfig {
     /// How many intervals from a bucket's entry on a page's can be (a power of two, at most
     /// [`MAX_INTERVALS`]).
     pub index_span: u32,
+    /// 1: both events' fields are at [`DIRECT_FIELDS`], read with plain loads of the record;
+    /// 0: read through `bpf_probe_read` at `add`'s and `del`'s offsets.
+    pub direct: u32,
+    pub _pad: u32,
 }
-const _: () = assert!(core::mem::size_of::<FilemapConfig>() == 56);
+const _: () = assert!(core::mem::size_of::<FilemapConfig>() == 64);
+
+/// Where both events keep their fields on the kernels this project has met (Linux 6.x, with
+/// `order`). A program's context is the event's record, so a field at an offset known when the
+/// program is compiled is one load; the verifier refuses a load at an offset from a map (the
+/// format's), which then takes a `bpf_probe_read` call.
+pub const DIRECT_FIELDS: FilemapFields = FilemapFields { ino: 16, dev: 32, index: 24, order: 36 };
 
 /// Cumulative pages of one interval, a value of `FILEMAP_CHURN`.
 #[repr(C)]

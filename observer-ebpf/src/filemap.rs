@@ -14,15 +14,16 @@
 use core::ptr::{read_volatile, write_volatile};
 
 use aya_ebpf::{
+    EbpfContext,
     bindings::BPF_F_MMAPABLE,
     macros::{map, tracepoint},
     maps::{Array, PerCpuArray},
     programs::TracePointContext,
 };
 use observer_common::filemap::{
-    Churn, FilemapConfig, FilemapFields, FilemapScratch, MAX_BUCKETS, MAX_INTERVALS, MAX_SPAN, N_TOTALS, NO_FIELD,
-    SEARCH_STEPS, T_ADD_EVENTS, T_ADD_PAGES, T_ADD_SPILL, T_DEL_EVENTS, T_DEL_PAGES, T_DEL_SPILL, T_OTHER_DEV,
-    T_OTHER_DEV_LAST,
+    Churn, DIRECT_FIELDS, FilemapConfig, FilemapFields, FilemapScratch, MAX_BUCKETS, MAX_INTERVALS, MAX_SPAN, N_TOTALS,
+    NO_FIELD, SEARCH_STEPS, T_ADD_EVENTS, T_ADD_PAGES, T_ADD_SPILL, T_DEL_EVENTS, T_DEL_PAGES, T_DEL_SPILL,
+    T_OTHER_DEV, T_OTHER_DEV_LAST,
 };
 
 use observer_common::evict::ActorPages;
@@ -167,6 +168,21 @@ fn count(cfg: &FilemapConfig, index: u64, order: u32, evicted: bool, actor: Opti
     }
 }
 
+/// The event's field of type `T` at `off` (its format's offset): a plain load of the record at
+/// `at`, a constant, when the formats match `DIRECT_FIELDS` (`FilemapConfig::direct`), else a
+/// `bpf_probe_read` at `off`.
+#[inline(always)]
+fn field<T: Copy + Default>(ctx: &TracePointContext, direct: bool, at: usize, off: u32) -> T {
+    if direct {
+        // SAFETY: a tracepoint program's context is the event's record; user space compared the
+        // format with `DIRECT_FIELDS`, whose offsets are inside it and aligned for `T`.
+        unsafe { core::ptr::read((ctx.as_ptr() as *const u8).add(at).cast::<T>()) }
+    } else {
+        // SAFETY: an offset from the tracepoint's format file; the helper fails cleanly.
+        unsafe { ctx.read_at::<T>(off as usize) }.unwrap_or_default()
+    }
+}
+
 #[inline(always)]
 fn on_event(ctx: &TracePointContext, evicted: bool) -> u32 {
     let Some(cfg) = FILEMAP_CONFIG.get(0) else { return 0 };
@@ -174,13 +190,12 @@ fn on_event(ctx: &TracePointContext, evicted: bool) -> u32 {
         return 0;
     }
     let f: &FilemapFields = if evicted { &cfg.del } else { &cfg.add };
-    // SAFETY: offsets from the tracepoint's format file.
-    let ino: u64 = unsafe { ctx.read_at(f.ino as usize) }.unwrap_or(0);
+    let direct = cfg.direct != 0;
+    let ino: u64 = field(ctx, direct, DIRECT_FIELDS.ino as usize, f.ino);
     if ino != cfg.ino {
         return 0;
     }
-    // SAFETY: as above.
-    let dev: u32 = unsafe { ctx.read_at(f.dev as usize) }.unwrap_or(0);
+    let dev: u32 = field(ctx, direct, DIRECT_FIELDS.dev as usize, f.dev);
     if dev != cfg.dev {
         total_add(T_OTHER_DEV, 1);
         if let Some(p) = FILEMAP_TOTALS.get_ptr_mut(T_OTHER_DEV_LAST) {
@@ -189,14 +204,9 @@ fn on_event(ctx: &TracePointContext, evicted: bool) -> u32 {
         }
         return 0;
     }
-    // SAFETY: as above.
-    let index: u64 = unsafe { ctx.read_at(f.index as usize) }.unwrap_or(0);
-    let order: u32 = if f.order == NO_FIELD {
-        0
-    } else {
-        // SAFETY: as above.
-        unsafe { ctx.read_at::<u8>(f.order as usize) }.unwrap_or(0) as u32
-    };
+    let index: u64 = field(ctx, direct, DIRECT_FIELDS.index as usize, f.index);
+    let order =
+        if f.order == NO_FIELD { 0 } else { field::<u8>(ctx, direct, DIRECT_FIELDS.order as usize, f.order) as u32 };
     count(cfg, index, order, evicted, if evicted { evict::actor() } else { None });
     0
 }

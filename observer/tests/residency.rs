@@ -227,21 +227,14 @@ fn settled(m: &mut ModelFile) -> scan::Bitmap {
     panic!("page cache of the model did not settle within 2 s");
 }
 
-/// `work`'s churn per interval against `mincore`'s deltas, with the interval index in at most
-/// `buckets` buckets (`None`: the observer's default).
-fn churn_matches_mincore(path: &Path, buckets: Option<u32>, work: impl FnOnce(&ModelFile)) -> churn::Counts {
+/// `work`'s churn per interval against `mincore`'s deltas, attached with `tuning`.
+fn churn_matches_mincore(path: &Path, tuning: churn::Tuning, work: impl FnOnce(&ModelFile)) -> churn::Counts {
     let mut m = ModelFile::open(path).unwrap();
     let mut ebpf = churn::load_standalone().unwrap();
-    let c = Churn::attach_bucketed(&mut ebpf, path, &m.map, m.file.page, buckets).unwrap();
-    if buckets.is_some() {
+    let c = Churn::attach_with(&mut ebpf, path, &m.map, m.file.page, tuning).unwrap();
+    if tuning.most_buckets.is_some() {
         // The kernel's search steps are what such a bound is for.
-        assert!(
-            c.index.span >= 4,
-            "{:?} buckets of {} intervals: span {}",
-            buckets,
-            c.intervals.starts.len(),
-            c.index.span
-        );
+        assert!(c.index.span >= 4, "{tuning:?}: {} intervals, span {}", c.intervals.starts.len(), c.index.span);
     }
     let b0 = settled(&mut m);
     let c0 = c.read();
@@ -303,8 +296,10 @@ fn mixed_work(m: &ModelFile) {
     std::hint::black_box(sum);
 }
 
-/// Twice: with the default interval index (one interval a bucket on this small model, no search
-/// step) and with 16 buckets, whose folios' first intervals take the kernel's search steps.
+/// Twice: as the observer attaches (the default interval index, one interval a bucket on this
+/// small model, no search step; the events' fields read with plain loads where the formats
+/// allow), and with 16 buckets, whose folios' first intervals take the kernel's search steps,
+/// and the fields read through `bpf_probe_read` (the path of kernels with other formats).
 #[test]
 fn churn_per_region_matches_mincore_deltas_exactly() {
     let _l = machine_lock();
@@ -312,9 +307,10 @@ fn churn_per_region_matches_mincore_deltas_exactly() {
     // 32-byte alignment: folios straddle region edges; experts of 17 pages, so large folios
     // (up to 512 pages) are split over ~30 intervals.
     let path = write_model(&scratch_dir("resid").join("churn.gguf"), 4, 16, 256, 32);
-    for buckets in [None, Some(16)] {
-        let c = churn_matches_mincore(&path, buckets, mixed_work);
-        assert!(c.add_pages > 0 && c.del_pages > 0, "{buckets:?} buckets: {c:?}");
+    let tests = churn::Tuning { most_buckets: Some(16), probe_reads: true };
+    for tuning in [churn::Tuning::default(), tests] {
+        let c = churn_matches_mincore(&path, tuning, mixed_work);
+        assert!(c.add_pages > 0 && c.del_pages > 0, "{tuning:?}: {c:?}");
         assert_eq!((c.add_spill, c.del_spill), (0, 0), "no folio should span > 64 intervals here");
     }
 }

@@ -20,8 +20,9 @@ use aya::{
 };
 use engine::regions::{RegionKind, RegionMap};
 use observer_common::filemap::{
-    FilemapConfig, FilemapFields, IntervalIndex, MAX_BUCKETS, MAX_INTERVALS, N_TOTALS, NO_FIELD, T_ADD_EVENTS,
-    T_ADD_PAGES, T_ADD_SPILL, T_DEL_EVENTS, T_DEL_PAGES, T_DEL_SPILL, T_OTHER_DEV, T_OTHER_DEV_LAST, kernel_dev,
+    DIRECT_FIELDS, FilemapConfig, FilemapFields, IntervalIndex, MAX_BUCKETS, MAX_INTERVALS, N_TOTALS, NO_FIELD,
+    T_ADD_EVENTS, T_ADD_PAGES, T_ADD_SPILL, T_DEL_EVENTS, T_DEL_PAGES, T_DEL_SPILL, T_OTHER_DEV, T_OTHER_DEV_LAST,
+    kernel_dev,
 };
 
 use super::ResidencyError;
@@ -263,26 +264,35 @@ fn buckets_from_env() -> Result<Option<u32>, ResidencyError> {
     })
 }
 
+/// A test's choices for [`Churn::attach_with`]; the observer takes the defaults.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Tuning {
+    /// At most this many buckets in the interval index (default [`MAX_BUCKETS`]).
+    pub most_buckets: Option<u32>,
+    /// Read the events' fields through `bpf_probe_read` even where plain loads would do
+    /// (`observer_common::filemap::DIRECT_FIELDS`).
+    pub probe_reads: bool,
+}
+
 impl Churn {
     /// Configure and attach the `filemap` programs of `ebpf` (the observer's loaded object,
     /// `Probes::ebpf_mut()`, or [`load_standalone`]) for the model at `path`.
     pub fn attach(ebpf: &mut Ebpf, path: &Path, map: &RegionMap, page: u64) -> Result<Churn, ResidencyError> {
-        let most = buckets_from_env()?;
-        if let Some(n) = most {
+        let most_buckets = buckets_from_env()?;
+        if let Some(n) = most_buckets {
             eprintln!("observer: {BUCKETS_VAR}={n}: a test's bound on the interval index's buckets");
         }
-        Churn::attach_bucketed(ebpf, path, map, page, most)
+        Churn::attach_with(ebpf, path, map, page, Tuning { most_buckets, ..Tuning::default() })
     }
 
-    /// [`Churn::attach`] with the interval index in at most `most` buckets (a test's bound; the
-    /// default [`MAX_BUCKETS`]). It says on stderr how many buckets of how many pages it made,
-    /// and their span, when `most` is given.
-    pub fn attach_bucketed(
+    /// [`Churn::attach`] with a test's [`Tuning`]. It says on stderr how many buckets of how many
+    /// pages it made, and their span, when `most_buckets` is given.
+    pub fn attach_with(
         ebpf: &mut Ebpf,
         path: &Path,
         map: &RegionMap,
         page: u64,
-        most: Option<u32>,
+        tuning: Tuning,
     ) -> Result<Churn, ResidencyError> {
         use std::os::unix::fs::MetadataExt;
         preflight::ensure_tracefs().map_err(|e| ResidencyError::Churn(format!("{e:#}")))?;
@@ -316,8 +326,12 @@ impl Churn {
         }
         drop(starts);
         // The index before the configuration that turns the programs on.
-        let index = IntervalIndex::build(&intervals.starts, meta.len().div_ceil(page), most.unwrap_or(MAX_BUCKETS));
-        if most.is_some() {
+        let index = IntervalIndex::build(
+            &intervals.starts,
+            meta.len().div_ceil(page),
+            tuning.most_buckets.unwrap_or(MAX_BUCKETS),
+        );
+        if tuning.most_buckets.is_some() {
             eprintln!(
                 "observer: the interval index has {} buckets of {} pages, span {}",
                 index.first.len(),
@@ -353,8 +367,17 @@ impl Churn {
                 .ok_or_else(|| ResidencyError::Churn("the eBPF object has no map FILEMAP_CONFIG".into()))?;
             let mut a: Array<_, FilemapConfig> =
                 Array::try_from(m).map_err(|e| ResidencyError::Churn(format!("FILEMAP_CONFIG: {e}")))?;
-            let config =
-                FilemapConfig { ino, dev, enabled: 1, add, del, index_shift: index.shift, index_span: index.span };
+            let config = FilemapConfig {
+                ino,
+                dev,
+                enabled: 1,
+                add,
+                del,
+                index_shift: index.shift,
+                index_span: index.span,
+                direct: (add == DIRECT_FIELDS && del == DIRECT_FIELDS && !tuning.probe_reads) as u32,
+                _pad: 0,
+            };
             a.set(0, config, 0).map_err(|e| ResidencyError::Churn(format!("FILEMAP_CONFIG: {e}")))?;
         }
         // Blame first: the delete program counts actors from its first event on.
