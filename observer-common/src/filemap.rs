@@ -101,8 +101,8 @@ pub struct FilemapConfig {
 }
 const _: () = assert!(core::mem::size_of::<FilemapConfig>() == 64);
 
-/// Where both events keep their fields on the kernels this project has met (Linux 6.x, with
-/// `order`). A program's context is the event's record, so a field at an offset known when the
+/// Where both events keep their fields on the development VM's kernel (6.18; the format files
+/// decide, per kernel). A program's context is the event's record, so a field at an offset known when the
 /// program is compiled is one load; the verifier refuses a load at an offset from a map (the
 /// format's), which then takes a `bpf_probe_read` call.
 pub const DIRECT_FIELDS: FilemapFields = FilemapFields { ino: 16, dev: 32, index: 24, order: 36 };
