@@ -230,10 +230,16 @@ pub fn refault(index: u64, pages: u64) {
 fn refault_in_fault(kind: u32, page: u64) {
     let Some(tid) = target_tid() else { return };
     let Some(s) = state_of(tid) else { return };
+    // SAFETY: as below.
+    let (flags, open) = unsafe { ((*s).flags, (*s).fault_start) };
+    // Outside a fault (an explicit read, another task's read-ahead) nothing below applies:
+    // return before the clock read (issue 19: a one-page refault storm of reads).
+    if flags & F_FAULT_UNTIMED == 0 && open == 0 {
+        return;
+    }
     // SAFETY: helper without preconditions.
     let now = unsafe { bpf_ktime_get_ns() };
-    // SAFETY: as below.
-    if unsafe { (*s).flags } & F_FAULT_UNTIMED != 0 {
+    if flags & F_FAULT_UNTIMED != 0 {
         // Bringing back an evicted page is no plain minor fault: timed from here.
         update(s, |s| s.slow(now));
     }

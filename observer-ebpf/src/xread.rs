@@ -6,7 +6,8 @@
 //! Off (`XREAD_CONFIG.enabled` 0) until user space has the churn intervals and their index in
 //! place. Per read: one array lookup at entry for the role, at exit a hash lookup of the fd's
 //! verdict, and for a model-file read the index entry and `log2(index_span)` search steps; a
-//! ring-buffer record only for a read of a routed expert.
+//! ring-buffer record only for a read of a routed expert (asking whether to wake the reader only
+//! every `QUERY_EVERY`th time).
 
 use aya_ebpf::{
     helpers::bpf_probe_read_kernel,
@@ -16,17 +17,23 @@ use aya_ebpf::{
 use observer_common::{
     attrib::{MAX_SLOTS, REC_FD, REC_READ},
     xread::{
-        FD_MODEL, FD_PENDING, FdQuery, K_EXPERTS, K_OTHER, MAX_FDS, MAX_SYSCALL, N_TOTALS, R_CLOSE, R_DUP, R_OPEN,
-        R_PREAD, R_READ, ReadOpen, ReadRecord, T_BYTES, T_CALLS, T_LOST_BYTES, T_LOST_EVENTS, T_NS, T_UNRESOLVED_BYTES,
-        T_UNRESOLVED_CALLS, XreadConfig, fd_key, kind_of_class,
+        FD_MODEL, FD_PENDING, FdQuery, K_EXPERTS, K_OTHER, MAX_FDS, MAX_SYSCALL, N_TOTALS, QUERY_EVERY, R_CLOSE, R_DUP,
+        R_OPEN, R_PREAD, R_READ, ReadOpen, ReadRecord, T_BYTES, T_CALLS, T_LOST_BYTES, T_LOST_EVENTS, T_NS,
+        T_UNRESOLVED_BYTES, T_UNRESOLVED_CALLS, XreadConfig, fd_key, kind_of_class,
     },
 };
 
 use crate::{
     evict::EVICT_CLASS,
     filemap::{FILEMAP_CONFIG, find},
-    maps::{BPF_RB_FORCE_WAKEUP, EVENTS, atomic_add, batch_wakeup},
+    maps::{BPF_RB_FORCE_WAKEUP, BPF_RB_NO_WAKEUP, EVENTS, EVENTS_BYTES, atomic_add, batch_wakeup},
 };
+
+// The lateness `QUERY_EVERY` allows the wake rule: every thread's records since its last query,
+// each with the ring's 8-byte header, fit in an eighth of the ring beyond the eighth that wakes.
+const _: () = assert!(
+    MAX_SLOTS as usize * QUERY_EVERY as usize * (core::mem::size_of::<ReadRecord>() + 8) <= EVENTS_BYTES as usize / 8
+);
 
 #[map]
 pub static XREAD_CONFIG: Array<XreadConfig> = Array::with_max_entries(1, 0);
@@ -107,9 +114,13 @@ pub fn enter(regs: u64, slot: u32, tgid: u32, id: i64, now: u64) {
         R_PREAD | R_READ | R_OPEN => {
             let offset = if role == R_PREAD { arg(regs, cfg, 3) } else { u64::MAX };
             if let Some(p) = XREAD_OPEN.get_ptr_mut(slot) {
-                let open = ReadOpen { fd: arg(regs, cfg, 0) as u32, role, offset, start: now };
                 // SAFETY: map value at the thread's slot; only its own syscall events write it.
-                unsafe { *p = open };
+                unsafe {
+                    (*p).fd = arg(regs, cfg, 0) as u32;
+                    (*p).role = role;
+                    (*p).offset = offset;
+                    (*p).start = now;
+                }
             }
         }
         _ => {}
@@ -175,7 +186,10 @@ pub fn exit(ret: i64, tid: u32, slot: u32, tgid: u32, now: u64) {
         if let Some(mut e) = EVENTS.reserve::<ReadRecord>(0) {
             // SAFETY: a reserved record of its type.
             unsafe { e.as_mut_ptr().write(ReadRecord { kind: REC_READ, tid, interval, _pad: 0, bytes }) };
-            e.submit(batch_wakeup());
+            let records = open.records.wrapping_add(1);
+            // SAFETY: as above.
+            unsafe { (*p).records = records };
+            e.submit(if records % QUERY_EVERY == 0 { batch_wakeup() } else { BPF_RB_NO_WAKEUP });
         } else {
             total_add(T_LOST_EVENTS, 1);
             total_add(T_LOST_BYTES, bytes);
