@@ -53,9 +53,13 @@
 //! `.gguf` suffix, so that C finds no model on the command line. Printed: every round, the
 //! slowdowns B / A and C / A of the median times, each program's ns per run (gross and net of
 //! the statistics, their cost measured as for `--kind switch`, F) and runs per read for B and C,
-//! with its budget judged net (the explicit-read work is in `sys_enter` and `sys_exit`, so B − C
-//! per read is its cost), and the reads B charged to the model's regions against the workload's
-//! calls.
+//! with its budget judged net, and the reads B charged to the model's regions against the
+//! workload's calls. The explicit-read work is in `sys_enter` and `sys_exit`, so B − C per read is
+//! its cost; it is judged on its own (`observer_common::budget`, module spec: B's table says
+//! "apart" for the two programs, C's judges their work on any syscall) against a share of the read
+//! of the model it stands for: `--calls / 100` (at least 200) `pread64`s of the model's smallest
+//! routed-expert part (E: one expert's slice of one `ffn_*_exps` tensor widened to 4 KiB pages,
+//! page-cache hits), timed alone in every round (A-E-C-B / B-C-E-A), their median time a read.
 //!
 //! The bench fails when B charged fewer reads than the workload made (its explicit-read programs
 //! did not run, so B − C would measure nothing); `--kind churn` fails likewise when `filemap_add`
@@ -226,7 +230,9 @@ impl Observed<'_> {
 /// The programs that ran, most expensive first: per program, runs, ns per run, runs per event and
 /// ns per event (`events`: the workload's faults or reads over the observed runs); with
 /// `stats_ns` (what the statistics add to a run), ns per run and per event net of it too.
-fn print_programs(progs: &Programs, events: u64, event: &str, stats_ns: Option<f64>) {
+/// Programs named in `apart` also do another event's work in this arm, judged on its own by the
+/// caller (`observer_common::budget`, module spec): their column says "apart".
+fn print_programs(progs: &Programs, events: u64, event: &str, stats_ns: Option<f64>, apart: &[&str]) {
     let per = |x: f64| x / events.max(1) as f64;
     let net = |w: usize, v: f64| stats_ns.map(|_| format!(" {v:>w$.1}")).unwrap_or_default();
     let head = |w: usize, t: &str| stats_ns.map(|_| format!(" {t:>w$}")).unwrap_or_default();
@@ -253,6 +259,7 @@ fn print_programs(progs: &Programs, events: u64, event: &str, stats_ns: Option<f
         let net_ns = ns - n * stats_ns.unwrap_or(0.0);
         let budget = observer_common::budget::budget(name).map(|b| b.ns_per_run as f64);
         let within = match budget {
+            _ if apart.contains(&name.as_str()) => "apart",
             None => "NO BUDGET",
             Some(_) if per(n) < 0.01 => "rare",
             Some(b) if net_ns / n <= b => "yes",
@@ -568,7 +575,7 @@ pub fn main(args: &[String]) -> Result<()> {
         ),
         None => println!("  (the F runs' summaries name no fault_floor runs: no net ns/run)"),
     }
-    print_programs(&progs_total, observed_faults, "fault", stats_ns);
+    print_programs(&progs_total, observed_faults, "fault", stats_ns, &[]);
     let total: u64 = progs_total.values().map(|v| v.1).sum();
     let runs: u64 = progs_total.values().map(|v| v.0).sum();
     // Judged net of the statistics, as every budget is (`observer_common::budget`): their clock
@@ -609,21 +616,39 @@ fn pread_storm(
     let link = model_link(scratch, model, "pread-storm-model.bin")?;
     let wl_args: Vec<String> =
         vec!["pread-storm".into(), "--path".into(), link.display().to_string(), "--calls".into(), calls.to_string()];
+    // The event the explicit-read work is judged against (`observer_common::budget::XREAD_EVENT`).
+    let part = smallest_expert_part(model)?;
+    let part_calls = (calls / 100).max(200);
+    let part_args: Vec<String> = vec![
+        "pread-storm".into(),
+        "--path".into(),
+        link.display().to_string(),
+        "--calls".into(),
+        part_calls.to_string(),
+        "--block".into(),
+        part.to_string(),
+    ];
     println!(
         "workload pread-storm --calls {calls} (4 KiB pread64s of {}, page-cache hits) alone (A), under `observer run` \
-         without a model (C) and with it as --model (B), {rounds} rounds A-C-B / B-C-A",
+         without a model (C) and with it as --model (B); and {part_calls} reads of {part} bytes alone (E: the \
+         model's smallest routed-expert part), {rounds} rounds A-E-C-B / B-C-E-A",
         model.display()
     );
     let mut obs = Observed { observer, workload, wl_args: &wl_args, kind: "pread", scratch, n: 0 };
     let (mut progs_b, mut progs_c) = (Programs::new(), Programs::new());
     let mut arms = Arms::new(&[('A', "alone"), ('C', "no model"), ('B', "model")]);
     let (mut reads_b, mut reads_c, mut charged) = (0u64, 0u64, 0u64);
+    let mut part_ns = Vec::new();
     for r in 0..rounds {
-        let order: [char; 3] = if r.is_multiple_of(2) { ['A', 'C', 'B'] } else { ['B', 'C', 'A'] };
+        let order: [char; 4] = if r.is_multiple_of(2) { ['A', 'E', 'C', 'B'] } else { ['B', 'C', 'E', 'A'] };
         let (mut a, mut b, mut c) = (0u64, 0u64, 0u64);
         for side in order {
             match side {
                 'A' => a = phase(&run(Command::new(workload).args(&wl_args))?, "pread")?.0,
+                'E' => {
+                    let ns = phase(&run(Command::new(workload).args(&part_args))?, "pread")?.0;
+                    part_ns.push(ns as f64 / part_calls as f64);
+                }
                 'B' => {
                     let ((ns, n), v) = obs.run(Some(link.as_path()), true, &[], &mut progs_b)?;
                     b = ns;
@@ -664,17 +689,49 @@ fn pread_storm(
     }
     let stats_ns = statistics_cost(observer, workload, scratch)?;
     println!("with the model (B), kernel BPF statistics over its runs:");
-    print_programs(&progs_b, reads_b, "read", stats_ns);
+    println!(
+        "  (\"apart\": the program also charges the reads to the model's regions here; that work is judged below, the \
+         program's own work per syscall in C)"
+    );
+    print_programs(&progs_b, reads_b, "read", stats_ns, &["sys_enter", "sys_exit"]);
     println!("without a model (C):");
-    print_programs(&progs_c, reads_c, "read", stats_ns);
+    print_programs(&progs_c, reads_c, "read", stats_ns, &[]);
     let per = |p: &Programs, name: &str, reads: u64| p.get(name).map_or(0.0, |v| v.1 as f64 / reads.max(1) as f64);
     let xread: f64 =
         ["sys_enter", "sys_exit"].iter().map(|n| per(&progs_b, n, reads_b) - per(&progs_c, n, reads_c)).sum();
+    let small = ma / calls as f64;
     println!(
-        "explicit-read work (sys_enter + sys_exit, B − C): {xread:.1} ns per read; the alone run's time per read: {:.1} ns",
-        ma / calls as f64
+        "explicit-read work (sys_enter + sys_exit, B − C): {xread:.1} ns per read; the alone run's time per read: \
+         {small:.1} ns ({:.1} % of it)",
+        100.0 * xread / small
+    );
+    // Its budget (`observer_common::budget`, module spec): a share of the read of the model it
+    // stands for, timed alone here (E).
+    let event = median(&mut part_ns);
+    let budget = observer_common::budget::XREAD_SHARE * event;
+    println!(
+        "  budget: {:.0} % of {}: {part} bytes, {:.1} µs a read alone (E, median of {rounds}), so {budget:.0} ns; \
+         the work is {:.2} % of it: {}",
+        100.0 * observer_common::budget::XREAD_SHARE,
+        observer_common::budget::XREAD_EVENT,
+        event / 1e3,
+        100.0 * xread / event,
+        if xread <= budget { "within" } else { "OVER" }
     );
     Ok(())
+}
+
+/// The model's smallest routed-expert part in bytes (one expert's slice of one `ffn_*_exps`
+/// tensor), widened to whole 4 KiB pages as the engine's cache reads it (`engine::cache::io`).
+fn smallest_expert_part(model: &Path) -> Result<u64> {
+    let g = engine::gguf::Gguf::open(model).with_context(|| format!("reading {}", model.display()))?;
+    let page = engine::cache::io::ALIGN as u64;
+    g.tensors
+        .iter()
+        .filter(|t| t.is_routed_expert() && t.n_slices() > 0)
+        .map(|t| (t.size / t.n_slices()).div_ceil(page) * page)
+        .min()
+        .with_context(|| format!("{} has no routed-expert tensor", model.display()))
 }
 
 /// `--kind churn` (module spec).
@@ -759,9 +816,9 @@ fn churn_storm(
     }
     let stats_ns = statistics_cost(observer, workload, scratch)?;
     println!("the model churned (B), kernel BPF statistics over its runs:");
-    print_programs(&progs_b, pages_b, "page", stats_ns);
+    print_programs(&progs_b, pages_b, "page", stats_ns, &[]);
     println!("another file churned (O):");
-    print_programs(&progs_o, pages_o, "page", stats_ns);
+    print_programs(&progs_o, pages_o, "page", stats_ns, &[]);
     let per = |p: &Programs, name: &str, n: u64| p.get(name).map_or(0.0, |v| v.1 as f64 / n.max(1) as f64);
     let work: f64 = ["filemap_add", "filemap_delete"]
         .iter()
@@ -855,7 +912,7 @@ fn statistics_cost(observer: &Path, workload: &Path, scratch: &Path) -> Result<O
 
 /// [`print_programs`], then their sum per event (net of the statistics with `stats_ns`).
 fn print_all_programs(progs: &Programs, n: u64, event: &str, stats_ns: Option<f64>) {
-    print_programs(progs, n, event, stats_ns);
+    print_programs(progs, n, event, stats_ns, &[]);
     let total: u64 = progs.values().map(|v| v.1).sum();
     let runs: u64 = progs.values().map(|v| v.0).sum();
     println!(
