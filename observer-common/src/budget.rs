@@ -26,6 +26,12 @@
 //!   pread` measures both (the work as B − C of the two programs per read of its 4 KiB storm, the
 //!   event alone beside it). An engine that read the model 4 KiB at a time would pay the work
 //!   against that smaller read; the bench prints the ratio to it too.
+//! - Likewise `filemap_add` and `filemap_delete`: they run for every file's page (their budgets
+//!   here, judged on another file's pages), and on the model's pages they also count them into
+//!   the model's intervals and blame their eviction (`filemap`, `evict`). A model page that
+//!   leaves the page cache and is used again comes back from storage: that work is judged per
+//!   page against [`MODEL_PAGE_SHARE`] of [`MODEL_PAGE_EVENT`], as `bench storm --kind churn`
+//!   measures both (the work as B − O of the two programs per page, the event as the run alone).
 //! - Work added to a program later (a growing set of followed processes, eviction actors,
 //!   histogram sums) stays within its budget, or the budget changes here with its reason.
 
@@ -36,6 +42,14 @@ pub const XREAD_SHARE: f64 = 0.10;
 /// … this event, timed alone in the same `bench storm --kind pread` run.
 pub const XREAD_EVENT: &str = "a page-cache read of the model's smallest routed-expert part (one expert's slice of \
      one `ffn_*_exps` tensor, widened to 4 KiB pages): the least an engine reads of the model for an expert";
+
+/// The page-cache work on the model's own pages (`observer_common::filemap`, `evict`) is
+/// budgeted apart too (module spec): what `filemap_add` and `filemap_delete` add on the model's
+/// pages, beyond what they do for any file's page, may be at most this share of …
+pub const MODEL_PAGE_SHARE: f64 = 0.10;
+/// … this event, per page, timed alone in the same `bench storm --kind churn` run.
+pub const MODEL_PAGE_EVENT: &str = "a page of the model leaving the page cache and entering it again, read back \
+     from storage";
 
 /// One program's budget (module spec).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
