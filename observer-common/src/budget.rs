@@ -22,7 +22,7 @@
 //!   run for every syscall of the target (their budgets here, against a 4 KiB page-cache read,
 //!   the cheapest I/O call), and on a read of the model they also charge it to its region
 //!   (`xread`). That work is an explicit read of the model: it is judged against what such a read
-//!   costs at least ([`XREAD_SHARE`] of [`XREAD_EVENT`], the rule's 10 %), as `bench storm --kind
+//!   costs at least ([`XREAD_WORK`], the rule's 10 %), as `bench storm --kind
 //!   pread` measures both (the work as B − C of the two programs per read of its 4 KiB storm, the
 //!   event alone beside it). An engine that read the model 4 KiB at a time would pay the work
 //!   against that smaller read; the bench prints the ratio to it too.
@@ -30,26 +30,45 @@
 //!   here, judged on another file's pages), and on the model's pages they also count them into
 //!   the model's intervals and blame their eviction (`filemap`, `evict`). A model page that
 //!   leaves the page cache and is used again comes back from storage: that work is judged per
-//!   page against [`MODEL_PAGE_SHARE`] of [`MODEL_PAGE_EVENT`], as `bench storm --kind churn`
+//!   page against [`MODEL_PAGE_WORK`], as `bench storm --kind churn`
 //!   measures both (the work as B − O of the two programs per page, the event as the run alone).
 //! - Work added to a program later (a growing set of followed processes, eviction actors,
 //!   histogram sums) stays within its budget, or the budget changes here with its reason.
 
-/// The explicit-read work (`observer_common::xread`) is budgeted apart (module spec): what
-/// `sys_enter` and `sys_exit` add on a read of the model, beyond what they do on any syscall (the
-/// programs' own budgets), may be at most this share of …
-pub const XREAD_SHARE: f64 = 0.10;
-/// … this event, timed alone in the same `bench storm --kind pread` run.
-pub const XREAD_EVENT: &str = "a page-cache read of the model's smallest routed-expert part (one expert's slice of \
-     one `ffn_*_exps` tensor, widened to 4 KiB pages): the least an engine reads of the model for an expert";
+/// Work a program does on one of the model's own events beside its own event's (module spec),
+/// budgeted apart: at most `share` of `event`, which the bench times alone in the same run.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct ApartBudget {
+    /// The work, and the programs that do it.
+    pub work: &'static str,
+    pub share: f64,
+    /// The event the work stands for.
+    pub event: &'static str,
+}
 
-/// The page-cache work on the model's own pages (`observer_common::filemap`, `evict`) is
-/// budgeted apart too (module spec): what `filemap_add` and `filemap_delete` add on the model's
-/// pages, beyond what they do for any file's page, may be at most this share of …
-pub const MODEL_PAGE_SHARE: f64 = 0.10;
-/// … this event, per page, timed alone in the same `bench storm --kind churn` run.
-pub const MODEL_PAGE_EVENT: &str = "a page of the model leaving the page cache and entering it again, read back \
-     from storage";
+impl ApartBudget {
+    /// The budget in ns for an event that took `event_ns`.
+    pub fn ns(&self, event_ns: f64) -> f64 {
+        self.share * event_ns
+    }
+}
+
+/// What `sys_enter` and `sys_exit` add on a read of the model (`observer_common::xread`), beyond
+/// what they do on any syscall; timed by `bench storm --kind pread`.
+pub const XREAD_WORK: ApartBudget = ApartBudget {
+    work: "explicit-read work (sys_enter + sys_exit)",
+    share: 0.10,
+    event: "a page-cache read of the model's smallest routed-expert part (one expert's slice of one `ffn_*_exps` \
+            tensor, widened to 4 KiB pages): the least an engine reads of the model for an expert",
+};
+
+/// What `filemap_add` and `filemap_delete` add on the model's own pages (`observer_common::filemap`,
+/// `evict`), beyond what they do for any file's page, per page; timed by `bench storm --kind churn`.
+pub const MODEL_PAGE_WORK: ApartBudget = ApartBudget {
+    work: "page-cache work on the model (filemap_add + filemap_delete)",
+    share: 0.10,
+    event: "a page of the model leaving the page cache and entering it again, read back from storage",
+};
 
 /// One program's budget (module spec).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -618,7 +618,7 @@ fn pread_storm(
     let link = model_link(scratch, model, "pread-storm-model.bin")?;
     let wl_args: Vec<String> =
         vec!["pread-storm".into(), "--path".into(), link.display().to_string(), "--calls".into(), calls.to_string()];
-    // The event the explicit-read work is judged against (`observer_common::budget::XREAD_EVENT`).
+    // The event the explicit-read work is judged against (`observer_common::budget::XREAD_WORK`).
     let part = smallest_expert_part(model)?;
     let part_calls = (calls / 100).max(200);
     let part_args: Vec<String> = vec![
@@ -707,20 +707,28 @@ fn pread_storm(
          {small:.1} ns ({:.1} % of it)",
         100.0 * xread / small
     );
-    // Its budget (`observer_common::budget`, module spec): a share of the read of the model it
-    // stands for, timed alone here (E).
-    let event = median(&mut part_ns);
-    let budget = observer_common::budget::XREAD_SHARE * event;
-    println!(
-        "  budget: {:.0} % of {}: {part} bytes, {:.1} µs a read alone (E, median of {rounds}), so {budget:.0} ns; \
-         the work is {:.2} % of it: {}",
-        100.0 * observer_common::budget::XREAD_SHARE,
-        observer_common::budget::XREAD_EVENT,
-        event / 1e3,
-        100.0 * xread / event,
-        if xread <= budget { "within" } else { "OVER" }
+    print_apart(
+        &observer_common::budget::XREAD_WORK,
+        xread,
+        median(&mut part_ns),
+        &format!("{part} bytes, E, median of {rounds}"),
     );
     Ok(())
+}
+
+/// Work judged apart from its programs' budgets (`observer_common::budget`, module spec): `work`
+/// ns against `b`'s share of `event_ns`, the event as measured (`how`).
+fn print_apart(b: &observer_common::budget::ApartBudget, work: f64, event_ns: f64, how: &str) {
+    let budget = b.ns(event_ns);
+    println!(
+        "  budget of the {}: {:.0} % of {} ({how}): {:.1} µs, so {budget:.0} ns; the work is {:.2} % of it: {}",
+        b.work,
+        100.0 * b.share,
+        b.event,
+        event_ns / 1e3,
+        100.0 * work / event_ns,
+        if work <= budget { "within" } else { "OVER" }
+    );
 }
 
 /// The model's smallest routed-expert part in bytes (one expert's slice of one `ffn_*_exps`
@@ -835,16 +843,7 @@ fn churn_storm(
         "page-cache work on the model (filemap_add + filemap_delete, B − O): {work:.1} ns per page; the alone run's \
          time per page: {event:.1} ns"
     );
-    // Its budget (`observer_common::budget`, module spec): a share of the page's trip out of the
-    // page cache and back from storage, the alone run's time per page (A).
-    let budget = observer_common::budget::MODEL_PAGE_SHARE * event;
-    println!(
-        "  budget: {:.0} % of {} (A, per page), so {budget:.0} ns; the work is {:.2} % of it: {}",
-        100.0 * observer_common::budget::MODEL_PAGE_SHARE,
-        observer_common::budget::MODEL_PAGE_EVENT,
-        100.0 * work / event,
-        if work <= budget { "within" } else { "OVER" }
-    );
+    print_apart(&observer_common::budget::MODEL_PAGE_WORK, work, event, "A, per page");
     Ok(())
 }
 
